@@ -1,0 +1,25 @@
+import pytest
+import torch
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_cuda: needs a CUDA GPU; skipped where none is present")
+    config.addinivalue_line("markers", "slow: takes tens of seconds (compiles with inductor or AOTInductor)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False on this machine")
+    for item in items:
+        if "needs_cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_rng():
+    """Each test starts from the same seed and leaves the global RNG as it found it."""
+    state = torch.get_rng_state()
+    torch.manual_seed(0)
+    yield
+    torch.set_rng_state(state)

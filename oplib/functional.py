@@ -1,0 +1,70 @@
+"""The Python API: argument normalisation in front of ``torch.ops.oplib.*``.
+
+Custom ops take only explicit pairs (no list defaults, no strings), so ints, pairs and
+``padding="same"/"valid"`` are resolved here, as ``torch.nn.functional`` accepts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from .ops._common import as_pair
+
+IntOrPair = Union[int, Sequence[int]]
+
+
+def exp(x: Tensor) -> Tensor:
+    """e^x elementwise. x: any shape."""
+    return torch.ops.oplib.exp(x)
+
+
+def linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """input: (*, in_features), weight: (out_features, in_features), bias: (out_features,)
+    -> (*, out_features)."""
+    return torch.ops.oplib.linear(input, weight, bias)
+
+
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    stride: IntOrPair = 1,
+    padding: Union[IntOrPair, str] = 0,
+    dilation: IntOrPair = 1,
+    groups: int = 1,
+) -> Tensor:
+    """input: (N, C, H, W) or (C, H, W); weight: (O, C / groups, KH, KW); bias: (O,).
+    Returns (N, O, Ho, Wo) (or (O, Ho, Wo)). ``padding`` may be an int, a pair,
+    ``"valid"`` (no padding) or ``"same"`` (output size = input size; stride 1 only)."""
+    stride = as_pair("conv2d", "stride", stride)
+    dilation = as_pair("conv2d", "dilation", dilation)
+    if isinstance(padding, str):
+        input, padding = _resolve_string_padding(input, weight, padding, stride, dilation)
+    else:
+        padding = as_pair("conv2d", "padding", padding)
+    return torch.ops.oplib.conv2d(input, weight, bias, stride, padding, dilation, groups)
+
+
+def _resolve_string_padding(input, weight, padding: str, stride, dilation):
+    if padding == "valid":
+        return input, [0, 0]
+    if padding != "same":
+        raise ValueError(f"oplib.conv2d: padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
+    if any(s != 1 for s in stride):
+        raise ValueError(f"oplib.conv2d: padding='same' is not supported for strided convolutions, got stride={stride}")
+    if weight.dim() != 4:
+        raise ValueError(f"oplib.conv2d: expected weight to be 4-D, got size {list(weight.shape)}")
+    symmetric, extra = [], []
+    for axis in (0, 1):
+        total = dilation[axis] * (weight.shape[2 + axis] - 1)
+        symmetric.append(total // 2)
+        extra.append(total - 2 * (total // 2))
+    if any(extra):
+        # An even dilated kernel needs one more row/column at the bottom/right, which
+        # symmetric padding cannot express: pad that side explicitly, as torch does.
+        input = torch.nn.functional.pad(input, [0, extra[1], 0, extra[0]])
+    return input, symmetric

@@ -1,0 +1,3 @@
+"""One module per custom op; importing this package registers ``torch.ops.oplib.*``."""
+
+from . import conv2d, exp, linear  # noqa: F401

@@ -1,0 +1,118 @@
+"""Pieces every oplib op shares: argument checks, autocast policies, pair normalisation.
+
+The checks use ``torch._check*`` so that the same code raises the same error in eager
+mode (real tensors) and while tracing (fake tensors with symbolic sizes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Optional
+
+import torch
+from torch import Tensor
+
+# One Library object for the registrations that torch.library has no helper for
+# (our autocast kernels); kept alive for the life of the process.
+_LIB = torch.library.Library("oplib", "FRAGMENT")
+
+AutocastPolicy = Literal["lower_precision", "fp32"]
+
+
+def check_floating(op: str, name: str, tensor: Tensor) -> None:
+    torch._check(
+        tensor.is_floating_point(),
+        lambda: f"oplib.{op}: expected {name} to have a floating-point dtype, got {tensor.dtype}",
+    )
+
+
+def check_same_dtype_and_device(op: str, reference_name: str, reference: Tensor, **others: Optional[Tensor]) -> None:
+    """Every tensor in ``others`` must match ``reference`` in dtype and device."""
+    for name, tensor in others.items():
+        if tensor is None:
+            continue
+        torch._check(
+            tensor.dtype == reference.dtype,
+            lambda: f"oplib.{op}: expected {name} and {reference_name} to have the same dtype, "
+            f"got {name}.dtype={tensor.dtype} and {reference_name}.dtype={reference.dtype}",
+        )
+        torch._check(
+            tensor.device == reference.device,
+            lambda: f"oplib.{op}: expected {name} and {reference_name} to be on the same device, "
+            f"got {name} on {tensor.device} and {reference_name} on {reference.device}",
+        )
+
+
+def check_dim(op: str, name: str, tensor: Tensor, allowed: Sequence[int], layout: str) -> None:
+    torch._check(
+        tensor.dim() in allowed,
+        lambda: f"oplib.{op}: expected {name} to be {layout}, "
+        f"got a {tensor.dim()}-D tensor of size {list(tensor.shape)}",
+    )
+
+
+def check_window_params(op: str, stride: Sequence, padding: Sequence, dilation: Sequence) -> None:
+    """Stride and dilation must be positive pairs, padding a non-negative pair."""
+    for name, values, lowest in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
+        torch._check_value(
+            len(values) == 2,
+            lambda: f"oplib.{op}: expected {name} to have 2 elements (height, width), got {list(values)}",
+        )
+        for v in values:
+            torch._check_value(
+                v >= lowest,
+                lambda: f"oplib.{op}: expected {name} to be {'positive' if lowest else 'non-negative'}, "
+                f"got {name}={list(values)}",
+            )
+
+
+def window_output_size(size, kernel, stride, padding, dilation):
+    """Output length of a sliding window (conv, involution), the same formula as torch's."""
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def as_pair(op: str, name: str, value: int | Sequence[int]) -> list[int]:
+    """Normalise ``3`` or ``(3, 3)`` to ``[3, 3]`` (custom ops cannot take list defaults)."""
+    if isinstance(value, (int, torch.SymInt)):
+        return [value, value]
+    values = list(value)
+    if len(values) == 1:
+        return values * 2
+    if len(values) != 2:
+        raise ValueError(f"oplib.{op}: expected {name} to be an int or a pair, got {value!r}")
+    return values
+
+
+def _autocast_cast(value, device_type: str, dtype: torch.dtype):
+    # Same eligibility rule as torch's autocast: only floating tensors of the autocast
+    # device, never float64.
+    if (
+        isinstance(value, Tensor)
+        and value.is_floating_point()
+        and value.dtype != torch.float64
+        and value.device.type == device_type
+    ):
+        return value.to(dtype)
+    return value
+
+
+def register_autocast_policy(qualname: str, device_type: str, policy: AutocastPolicy) -> None:
+    """Register an autocast kernel following one of torch's autocast policies.
+
+    ``lower_precision``: inputs are cast to the autocast dtype in force at call time
+    (``torch.get_autocast_dtype``), as torch does for ``linear`` and ``conv2d``.
+    ``torch.library.register_autocast`` fixes the dtype at registration, which would
+    ignore ``torch.autocast(dtype=...)``, hence this helper.
+    ``fp32``: inputs are cast to float32, as torch does for ``exp`` on CUDA.
+    """
+    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    namespace, name = qualname.split("::")
+    op = getattr(getattr(torch.ops, namespace), name).default
+
+    def kernel(_keyset, *args):
+        dtype = torch.get_autocast_dtype(device_type) if policy == "lower_precision" else torch.float32
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            return op(*(_autocast_cast(a, device_type, dtype) for a in args))
+
+    _LIB.impl(name, kernel, key, with_keyset=True)

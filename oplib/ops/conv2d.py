@@ -1,0 +1,189 @@
+"""``oplib::conv2d(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride,
+SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor``.
+
+``torch.nn.functional.conv2d`` semantics for batched ``(N, C, H, W)`` and unbatched
+``(C, H, W)`` input, with an explicit backward through ``aten.convolution_backward``
+(the kernel torch's own autograd uses; it is differentiable again, so double backward
+works).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ._common import (
+    check_dim,
+    check_floating,
+    check_same_dtype_and_device,
+    check_window_params,
+    register_autocast_policy,
+    window_output_size,
+)
+
+
+def _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups) -> None:
+    check_dim("conv2d", "input", input, (3, 4), "3-D (C, H, W) or 4-D (N, C, H, W)")
+    check_dim("conv2d", "weight", weight, (4,), "4-D (out_channels, in_channels / groups, KH, KW)")
+    check_floating("conv2d", "input", input)
+    check_same_dtype_and_device("conv2d", "input", input, weight=weight, bias=bias)
+    check_window_params("conv2d", stride, padding, dilation)
+    torch._check_value(groups > 0, lambda: f"oplib.conv2d: expected groups to be positive, got groups={groups}")
+    channels = input.shape[-3]
+    out_channels = weight.shape[0]
+    torch._check(
+        channels % groups == 0,
+        lambda: f"oplib.conv2d: expected input channels ({channels}) to be divisible by groups ({groups})",
+    )
+    torch._check(
+        out_channels % groups == 0,
+        lambda: f"oplib.conv2d: expected weight's out_channels ({out_channels}) to be divisible by groups ({groups})",
+    )
+    torch._check(
+        weight.shape[1] * groups == channels,
+        lambda: f"oplib.conv2d: expected input of size {list(input.shape)} to have "
+        f"{weight.shape[1] * groups} channels (weight of size {list(weight.shape)}, groups={groups}), "
+        f"got {channels} channels",
+    )
+    if bias is not None:
+        torch._check(
+            bias.dim() == 1 and bias.shape[0] == out_channels,
+            lambda: f"oplib.conv2d: expected bias of size [{out_channels}] (out_channels), "
+            f"got bias of size {list(bias.shape)}",
+        )
+    for axis, name in ((0, "height"), (1, "width")):
+        size = input.shape[-2 + axis]
+        kernel = weight.shape[2 + axis]
+        extent = dilation[axis] * (kernel - 1) + 1
+        torch._check(
+            size + 2 * padding[axis] >= extent,
+            lambda: f"oplib.conv2d: input {name} with padding ({size} + 2*{padding[axis]}) is smaller "
+            f"than the dilated kernel {name} ({extent})",
+        )
+
+
+def _output_memory_format(input: Tensor, weight: Tensor) -> torch.memory_format:
+    """channels_last when either operand is laid out channels_last, as torch's CPU/cuDNN
+    convolutions do. The real kernel enforces it so that fake and real strides agree."""
+
+    def _is_channels_last(t: Tensor) -> bool:
+        return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+
+    return torch.channels_last if _is_channels_last(input) or _is_channels_last(weight) else torch.contiguous_format
+
+
+def _output_shape(input, weight, stride, padding, dilation) -> list:
+    height, width = (
+        window_output_size(input.shape[-2 + a], weight.shape[2 + a], stride[a], padding[a], dilation[a]) for a in (0, 1)
+    )
+    return [*input.shape[:-3], weight.shape[0], height, width]
+
+
+@torch.library.custom_op("oplib::conv2d", mutates_args=())
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+) -> Tensor:
+    """input: (N, C, H, W) or (C, H, W); weight: (O, C / groups, KH, KW); bias: (O,) or None.
+    Returns (N, O, Ho, Wo) (or (O, Ho, Wo)), Ho = (H + 2 ph - dh (KH - 1) - 1) // sh + 1."""
+    _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups)
+    out = torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    if input.dim() == 3:
+        return out.contiguous()
+    return out.contiguous(memory_format=_output_memory_format(input, weight))
+
+
+@conv2d.register_fake
+def _conv2d_fake(input, weight, bias, stride, padding, dilation, groups) -> Tensor:
+    _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups)
+    shape = _output_shape(input, weight, stride, padding, dilation)
+    if input.dim() == 3:
+        return input.new_empty(shape)
+    return torch.empty(
+        shape, dtype=input.dtype, device=input.device, memory_format=_output_memory_format(input, weight)
+    )
+
+
+def _conv2d_setup_context(ctx, inputs, output) -> None:
+    input, weight, bias, stride, padding, dilation, groups = inputs
+    needs_input, needs_weight, _ = ctx.needs_input_grad[:3]
+    # grad_input needs the weight, grad_weight the input; otherwise only their shapes.
+    ctx.save_for_backward(input if needs_weight else None, weight if needs_input else None)
+    ctx.input_shape, ctx.weight_shape = input.shape, weight.shape
+    ctx.has_bias = bias is not None
+    ctx.params = (stride, padding, dilation, groups)
+
+
+def _conv2d_backward(ctx, grad: Tensor):
+    input, weight = ctx.saved_tensors
+    stride, padding, dilation, groups = ctx.params
+    needs_input, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+    # convolution_backward reads only the sizes of an operand whose own gradient is not
+    # needed; a zero-stride expand stands in for it without allocating.
+    if input is None:
+        input = grad.new_zeros(()).expand(ctx.input_shape)
+    if weight is None:
+        weight = grad.new_zeros(()).expand(ctx.weight_shape)
+    unbatched = input.dim() == 3
+    if unbatched:
+        input, grad = input.unsqueeze(0), grad.unsqueeze(0)
+    grad_input, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
+        grad,
+        input,
+        weight,
+        [weight.shape[0]] if ctx.has_bias else None,
+        stride,
+        padding,
+        dilation,
+        False,
+        [0, 0],
+        groups,
+        [needs_input, needs_weight, needs_bias and ctx.has_bias],
+    )
+    if unbatched and grad_input is not None:
+        grad_input = grad_input.squeeze(0)
+    return grad_input, grad_weight, grad_bias, None, None, None, None
+
+
+conv2d.register_autograd(_conv2d_backward, setup_context=_conv2d_setup_context)
+
+
+def _conv2d_vmap(info, in_dims, input, weight, bias, stride, padding, dilation, groups):
+    input_dim, weight_dim, bias_dim = in_dims[:3]
+    batch = info.batch_size
+    per_sample_unbatched = input.dim() - (input_dim is not None) == 3
+    x = input.movedim(input_dim, 0) if input_dim is not None else input.expand(batch, *input.shape)
+    if per_sample_unbatched:
+        x = x.unsqueeze(1)  # (B, 1, C, H, W): each sample is a batch of one
+    fused_bias = bias if bias_dim is None else None
+    if weight_dim is None:
+        # Fold the vmapped dimension into N.
+        out = conv2d(x.flatten(0, 1), weight, fused_bias, stride, padding, dilation, groups)
+        out = out.unflatten(0, (batch, -1))
+    else:
+        # Per-sample weights: fold the vmapped dimension into the groups,
+        # (N, B*C, H, W) * (B*O, C/g, KH, KW) with B*g groups.
+        w = weight.movedim(weight_dim, 0)
+        folded = x.movedim(0, 1).flatten(1, 2)
+        b = fused_bias.repeat(batch) if fused_bias is not None else None
+        out = conv2d(folded, w.flatten(0, 1), b, stride, padding, dilation, groups * batch)
+        out = out.unflatten(1, (batch, -1)).movedim(1, 0)
+    if bias_dim is not None:
+        out = out + bias.movedim(bias_dim, 0)[:, None, :, None, None]
+    if per_sample_unbatched:
+        out = out.squeeze(1)
+    return out, 0
+
+
+conv2d.register_vmap(_conv2d_vmap)
+
+# torch runs conv2d in the autocast dtype on both devices.
+register_autocast_policy("oplib::conv2d", "cpu", "lower_precision")
+register_autocast_policy("oplib::conv2d", "cuda", "lower_precision")

@@ -1,0 +1,55 @@
+"""``oplib::exp(Tensor x) -> Tensor``: the custom activation y = e^x.
+
+Backward saves the output rather than the input, since d/dx e^x = e^x = y.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._common import check_floating, register_autocast_policy
+
+
+def _check_exp_args(x: Tensor) -> None:
+    check_floating("exp", "x", x)
+
+
+@torch.library.custom_op("oplib::exp", mutates_args=())
+def exp(x: Tensor) -> Tensor:
+    """Elementwise e^x. x: any shape, floating dtype. Returns a tensor laid out like x."""
+    _check_exp_args(x)
+    # Writing into empty_like(x) makes the output strides exactly those of the fake.
+    out = torch.empty_like(x)
+    return torch.exp(x, out=out)
+
+
+@exp.register_fake
+def _exp_fake(x: Tensor) -> Tensor:
+    _check_exp_args(x)
+    return torch.empty_like(x)
+
+
+def _exp_setup_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(output if ctx.needs_input_grad[0] else None)
+
+
+def _exp_backward(ctx, grad: Tensor) -> Tensor:
+    (y,) = ctx.saved_tensors
+    # d/dx e^x = e^x. y keeps its graph, so this product is differentiable again.
+    return grad * y
+
+
+exp.register_autograd(_exp_backward, setup_context=_exp_setup_context)
+
+
+def _exp_vmap(info, in_dims, x: Tensor):
+    # Elementwise: the vmapped dimension is just another dimension.
+    return exp(x), in_dims[0]
+
+
+exp.register_vmap(_exp_vmap)
+
+# torch.exp is on CUDA autocast's float32 list and on no CPU autocast list (it keeps
+# its input dtype there), so only CUDA gets a kernel.
+register_autocast_policy("oplib::exp", "cuda", "fp32")

@@ -1,0 +1,100 @@
+"""``oplib::linear(Tensor input, Tensor weight, Tensor? bias) -> Tensor``: y = x W^T + b.
+
+Same semantics as ``torch.nn.functional.linear``; the backward is written out with
+matrix products and computes only the gradients autograd asks for.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ._common import check_dim, check_floating, check_same_dtype_and_device, register_autocast_policy
+
+
+def _check_linear_args(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
+    check_dim("linear", "input", input, range(1, 64), "at least 1-D (*, in_features)")
+    check_dim("linear", "weight", weight, (2,), "2-D (out_features, in_features)")
+    check_floating("linear", "input", input)
+    check_same_dtype_and_device("linear", "input", input, weight=weight, bias=bias)
+    torch._check(
+        input.shape[-1] == weight.shape[1],
+        lambda: f"oplib.linear: expected input's last dimension to equal weight's in_features, "
+        f"got input of size {list(input.shape)} and weight of size {list(weight.shape)}",
+    )
+    if bias is not None:
+        torch._check(
+            bias.dim() == 1 and bias.shape[0] == weight.shape[0],
+            lambda: f"oplib.linear: expected bias of size [{weight.shape[0]}] (out_features), "
+            f"got bias of size {list(bias.shape)}",
+        )
+
+
+@torch.library.custom_op("oplib::linear", mutates_args=())
+def linear(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """input: (*, in), weight: (out, in), bias: (out,) or None -> (*, out), contiguous."""
+    _check_linear_args(input, weight, bias)
+    return torch.nn.functional.linear(input, weight, bias).contiguous()
+
+
+@linear.register_fake
+def _linear_fake(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    _check_linear_args(input, weight, bias)
+    return input.new_empty((*input.shape[:-1], weight.shape[0]))
+
+
+def _linear_setup_context(ctx, inputs, output) -> None:
+    input, weight, bias = inputs
+    needs_input, needs_weight, _ = ctx.needs_input_grad[:3]
+    # grad_input needs only the weight and grad_weight only the input.
+    ctx.save_for_backward(input if needs_weight else None, weight if needs_input else None)
+
+
+def _linear_backward(ctx, grad: Tensor):
+    input, weight = ctx.saved_tensors
+    needs_input, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+    grad_input = grad_weight = grad_bias = None
+    grad_2d = grad.reshape(-1, grad.shape[-1])  # (M, out), M = product of leading dims
+    if needs_input:
+        grad_input = grad @ weight  # (*, out) @ (out, in) -> (*, in)
+    if needs_weight:
+        grad_weight = grad_2d.t() @ input.reshape(-1, input.shape[-1])  # (out, M) @ (M, in)
+    if needs_bias:
+        grad_bias = grad_2d.sum(0)
+    return grad_input, grad_weight, grad_bias
+
+
+linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+
+
+def _linear_vmap(info, in_dims, input: Tensor, weight: Tensor, bias: Optional[Tensor]):
+    input_dim, weight_dim, bias_dim = in_dims
+    batch = info.batch_size
+    x = input.movedim(input_dim, 0) if input_dim is not None else input
+    if weight_dim is None and bias_dim is None:
+        # A batched input is one more leading dimension of a single linear.
+        return linear(x, weight, bias), (0 if input_dim is not None else None)
+    if weight_dim is None:
+        out = linear(x, weight, None)
+        if input_dim is None:
+            out = out.expand(batch, *out.shape)
+    else:
+        # Per-sample weights: a batched matrix product (B, M, in) @ (B, in, out).
+        if input_dim is None:
+            x = x.expand(batch, *x.shape)
+        w = weight.movedim(weight_dim, 0)
+        leading = x.shape[1:-1]
+        out = torch.bmm(x.reshape(batch, -1, x.shape[-1]), w.transpose(1, 2)).reshape(batch, *leading, w.shape[1])
+    if bias is not None:
+        b = bias.movedim(bias_dim, 0) if bias_dim is not None else bias.expand(batch, *bias.shape)
+        out = out + b.reshape(batch, *([1] * (out.dim() - 2)), b.shape[-1])
+    return out, 0
+
+
+linear.register_vmap(_linear_vmap)
+
+# torch runs linear in the autocast dtype on both devices.
+register_autocast_policy("oplib::linear", "cpu", "lower_precision")
+register_autocast_policy("oplib::linear", "cuda", "lower_precision")

@@ -1,0 +1,67 @@
+"""Test helpers shared by ``tests/``, ``compile_tests/`` and the self-check: pytest
+parametrisation over the registry and comparison against the float64 reference."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import registry
+from ..registry import OpSpec, SampleInput
+
+
+def cpu_and_cuda():
+    """("cpu", cuda marked ``needs_cuda``): conftest skips the mark where there is no GPU."""
+    import pytest
+
+    return ("cpu", pytest.param("cuda", marks=pytest.mark.needs_cuda))
+
+
+def spec_params(specs: Optional[Iterable[OpSpec]] = None):
+    """One pytest param per (spec, device)."""
+    import pytest
+
+    params = []
+    for spec in specs if specs is not None else registry.all_specs():
+        for device in spec.devices:
+            marks = [pytest.mark.needs_cuda] if device == "cuda" else []
+            params.append(pytest.param(spec, device, id=f"{spec.name}-{device}", marks=marks))
+    return params
+
+
+def spec_dtype_params(specs: Optional[Iterable[OpSpec]] = None, dtypes: Optional[Iterable[torch.dtype]] = None):
+    """One pytest param per (spec, device, dtype) the spec supports, optionally only ``dtypes``."""
+    import pytest
+
+    params = []
+    for spec in specs if specs is not None else registry.all_specs():
+        for device, supported in spec.dtypes.items():
+            marks = [pytest.mark.needs_cuda] if device == "cuda" else []
+            for dtype in supported:
+                if dtypes is None or dtype in dtypes:
+                    name = f"{spec.name}-{device}-{str(dtype).removeprefix('torch.')}"
+                    params.append(pytest.param(spec, device, dtype, id=name, marks=marks))
+    return params
+
+
+def reference_output(spec: OpSpec, sample: SampleInput) -> Tensor:
+    """The float64 reference output for ``sample`` (inputs cast to float64, not re-drawn)."""
+    with torch.no_grad():
+        return spec.reference(*registry.cast_sample(sample, torch.float64, requires_grad=False).args)
+
+
+def assert_matches_reference(spec: OpSpec, sample: SampleInput, out: Tensor, dtype: torch.dtype) -> None:
+    expected = reference_output(spec, sample)
+    atol, rtol = spec.tolerance(dtype)
+    assert out.dtype == dtype, f"{spec.name}[{sample.name}]: output dtype {out.dtype}, expected {dtype}"
+    torch.testing.assert_close(
+        out.detach().double(), expected, atol=atol, rtol=rtol, msg=lambda m: f"{spec.name}[{sample.name}]: {m}"
+    )
+
+
+def tensor_args(sample: SampleInput) -> list[int]:
+    """Positions of the tensor arguments of a sample."""
+    return [i for i, a in enumerate(sample.args) if isinstance(a, Tensor)]
