@@ -9,9 +9,8 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from oplib import registry
-from oplib.registry import cast_sample
-from oplib.testing import spec_params, tensor_args
+from oplib import selfcheck
+from oplib.testing import spec_params
 
 from _models import SmallNet
 
@@ -25,24 +24,7 @@ def _fresh_dynamo():
 
 @pytest.mark.parametrize("spec,device", spec_params())
 def test_compiled_forward_and_backward_match_eager(spec, device):
-    """Each sample compiled with the sizes of its first argument dynamic (weights stay
-    static, as parameters do under torch.compile)."""
-    for sample in spec.sample_inputs(device, torch.float32, True):
-        torch._dynamo.reset()
-        compiled = torch.compile(spec.op, fullgraph=True)
-        positions = tensor_args(sample)
-        eager_sample = cast_sample(sample, torch.float32)
-        for dim in range(sample.args[0].dim()):
-            torch._dynamo.maybe_mark_dynamic(sample.args[0], dim)
-        out = compiled(*sample.args)
-        expected = spec.op(*eager_sample.args)
-        torch.testing.assert_close(out, expected, msg=sample.name)
-        assert out.stride() == expected.stride() or out.numel() == 0, sample.name
-        grad_out = torch.randn_like(expected)
-        grads = torch.autograd.grad(out, [sample.args[i] for i in positions], grad_out)
-        expected_grads = torch.autograd.grad(expected, [eager_sample.args[i] for i in positions], grad_out)
-        for i, got, want in zip(positions, grads, expected_grads):
-            torch.testing.assert_close(got, want, msg=f"{sample.name}: gradient of argument {i}")
+    selfcheck.check_compile(spec, device)
 
 
 @pytest.mark.parametrize("spec,device", spec_params())

@@ -3,7 +3,6 @@ dynamic sizes loads in a fresh process, and an AOTInductor package runs."""
 
 from __future__ import annotations
 
-import io
 import subprocess
 import sys
 import textwrap
@@ -13,34 +12,15 @@ import pytest
 import torch
 from torch.export import Dim
 
+from oplib import selfcheck
 from oplib.testing import spec_params
 
 from _models import SmallNet
 
 
-class _CallOp(torch.nn.Module):
-    """Calls ``op`` with the sample's tensors as inputs and its other arguments as constants."""
-
-    def __init__(self, op, args):
-        super().__init__()
-        self.op, self.args = op, args
-
-    def forward(self, *tensors):
-        it = iter(tensors)
-        return self.op(*(next(it) if isinstance(a, torch.Tensor) else a for a in self.args))
-
-
 @pytest.mark.parametrize("spec,device", spec_params())
 def test_export_save_load_round_trip(spec, device):
-    for sample in spec.sample_inputs(device, torch.float32, False):
-        tensors = tuple(a for a in sample.args if isinstance(a, torch.Tensor))
-        module = _CallOp(spec.op, sample.args)
-        program = torch.export.export(module, tensors)
-        buffer = io.BytesIO()
-        torch.export.save(program, buffer)
-        buffer.seek(0)
-        loaded = torch.export.load(buffer)
-        torch.testing.assert_close(loaded.module()(*tensors), module(*tensors), msg=sample.name)
+    selfcheck.check_export(spec, device)
 
 
 def _export_small_net(tmp_path):

@@ -65,3 +65,16 @@ def assert_matches_reference(spec: OpSpec, sample: SampleInput, out: Tensor, dty
 def tensor_args(sample: SampleInput) -> list[int]:
     """Positions of the tensor arguments of a sample."""
     return [i for i, a in enumerate(sample.args) if isinstance(a, Tensor)]
+
+
+class OpCall(torch.nn.Module):
+    """A module calling ``op`` on a sample: its tensors are the forward's inputs, its other
+    arguments constants. Used to export one op call."""
+
+    def __init__(self, op, sample: SampleInput):
+        super().__init__()
+        self.op, self.args = op, sample.args
+
+    def forward(self, *tensors: Tensor) -> Tensor:
+        it = iter(tensors)
+        return self.op(*(next(it) if isinstance(a, Tensor) else a for a in self.args))

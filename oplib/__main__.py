@@ -1,0 +1,64 @@
+"""``python -m oplib``: the op table and a self-check of every op on every device.
+
+    python -m oplib              # table, then the self-check (exit code 1 on any failure)
+    python -m oplib list         # the table only
+    python -m oplib check --op conv2d --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from . import registry, selfcheck
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m oplib", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("list", help="print the registry as a table")
+    check = commands.add_parser("check", help="print the table, then self-check every op (the default)")
+    for p in (parser, check):
+        p.add_argument("--op", action="append", help="only this op (repeatable)")
+        p.add_argument("--device", action="append", help="only this device (repeatable)")
+    return parser.parse_args(argv)
+
+
+def _check(args: argparse.Namespace) -> int:
+    specs = [s for s in registry.all_specs() if not args.op or s.name in args.op]
+    devices = [d for d in registry.available_devices() if not args.device or d in args.device]
+    if not specs or not devices:
+        print(f"nothing to check: ops {args.op}, devices {args.device}", file=sys.stderr)
+        return 2
+    print(f"self-check on {', '.join(devices)} (torch {torch.__version__}, {torch.get_num_threads()} threads)")
+
+    def report(result: selfcheck.CheckResult) -> None:
+        status = "pass" if result.passed else "FAIL"
+        print(f"  {result.op:<10} {result.device:<5} {result.check:<20} {status} {result.seconds:6.1f}s", flush=True)
+
+    start = time.perf_counter()
+    results = selfcheck.run(specs, devices, report)
+    print()
+    print(selfcheck.results_matrix(results))
+    failures = [r for r in results if not r.passed]
+    for r in failures:
+        print(f"\n--- {r.op} on {r.device}: {r.check} failed ---\n{r.detail}", file=sys.stderr)
+    total = len(results)
+    print(f"\n{total - len(failures)} passed, {len(failures)} failed in {time.perf_counter() - start:.1f}s")
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    print(selfcheck.registry_table(registry.all_specs()))
+    print()
+    if args.command == "list":
+        return 0
+    return _check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

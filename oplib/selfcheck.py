@@ -1,0 +1,148 @@
+"""The self-check behind ``python -m oplib``: every registered op on every available
+device, against its reference, through opcheck, torch.compile and a torch.export round
+trip. A user on a new machine runs it to know oplib works there."""
+
+from __future__ import annotations
+
+import io
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from .registry import OpSpec, cast_sample
+from .testing import OpCall, assert_matches_reference, tensor_args
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    op: str
+    device: str
+    check: str
+    passed: bool
+    seconds: float
+    detail: str = ""
+
+
+def check_eager(spec: OpSpec, device: str) -> None:
+    for dtype in spec.dtypes[device]:
+        for sample in spec.sample_inputs(device, dtype, False):
+            assert_matches_reference(spec, sample, spec.op(*sample.args), dtype)
+
+
+def check_gradients(spec: OpSpec, device: str) -> None:
+    """gradcheck (and gradgradcheck) in float64, in fast mode: the test suite runs the
+    full Jacobians."""
+    for sample in spec.sample_inputs(device, torch.float64, True):
+        torch.autograd.gradcheck(spec.op, sample.args, fast_mode=True)
+        if spec.double_backward:
+            torch.autograd.gradgradcheck(spec.op, sample.args, fast_mode=True)
+
+
+def check_opcheck(spec: OpSpec, device: str) -> None:
+    for sample in spec.sample_inputs(device, torch.float64, True):
+        torch.library.opcheck(spec.op, sample.args)
+
+
+def check_compile(spec: OpSpec, device: str) -> None:
+    """Each sample compiled with the sizes of its first argument dynamic (weights stay
+    static, as parameters do under torch.compile): forward, strides and gradients match eager."""
+    for sample in spec.sample_inputs(device, torch.float32, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(spec.op, fullgraph=True)
+        eager = cast_sample(sample, torch.float32)
+        for dim in range(sample.args[0].dim()):
+            torch._dynamo.maybe_mark_dynamic(sample.args[0], dim)
+        out, expected = compiled(*sample.args), spec.op(*eager.args)
+        torch.testing.assert_close(out, expected, msg=lambda m: f"{sample.name}: {m}")
+        assert out.stride() == expected.stride() or out.numel() == 0, f"{sample.name}: strides differ"
+        positions = tensor_args(sample)
+        grad = torch.randn_like(expected)
+        got = torch.autograd.grad(out, [sample.args[i] for i in positions], grad)
+        want = torch.autograd.grad(expected, [eager.args[i] for i in positions], grad)
+        torch.testing.assert_close(got, want, msg=lambda m: f"{sample.name} (gradients): {m}")
+    torch._dynamo.reset()
+
+
+def check_export(spec: OpSpec, device: str) -> None:
+    """Each sample exported, saved, loaded back and run: outputs equal eager."""
+    for sample in spec.sample_inputs(device, torch.float32, False):
+        tensors = tuple(a for a in sample.args if isinstance(a, torch.Tensor))
+        module = OpCall(spec.op, sample)
+        buffer = io.BytesIO()
+        torch.export.save(torch.export.export(module, tensors), buffer)
+        buffer.seek(0)
+        loaded = torch.export.load(buffer).module()
+        torch.testing.assert_close(loaded(*tensors), module(*tensors), msg=lambda m: f"{sample.name}: {m}")
+
+
+CHECKS: dict[str, Callable[[OpSpec, str], None]] = {
+    "eager vs reference": check_eager,
+    "gradcheck": check_gradients,
+    "opcheck": check_opcheck,
+    "torch.compile": check_compile,
+    "export round trip": check_export,
+}
+
+
+def run(specs: Iterable[OpSpec], devices: Iterable[str], report: Callable[[CheckResult], None] = lambda r: None):
+    """Run every check for every (spec, device); ``report`` sees each result as it comes."""
+    results = []
+    for spec in specs:
+        for device in devices:
+            if device not in spec.dtypes:
+                continue
+            for name, check in CHECKS.items():
+                start = time.perf_counter()
+                try:
+                    check(spec, device)
+                    result = CheckResult(spec.name, device, name, True, time.perf_counter() - start)
+                except Exception:  # noqa: BLE001  (a failing check is reported, not raised)
+                    result = CheckResult(
+                        spec.name, device, name, False, time.perf_counter() - start, traceback.format_exc()
+                    )
+                report(result)
+                results.append(result)
+    return results
+
+
+def format_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def registry_table(specs: Iterable[OpSpec]) -> str:
+    yes = lambda flag: "yes" if flag else "no"  # noqa: E731
+    rows = []
+    for spec in specs:
+        dtypes = sorted({str(d).removeprefix("torch.") for ds in spec.dtypes.values() for d in ds})
+        rows.append(
+            [
+                spec.name,
+                spec.schema,
+                ",".join(spec.devices),
+                ",".join(dtypes),
+                yes(spec.has_fake),
+                yes(spec.has_autograd),
+                yes(spec.double_backward),
+                yes(spec.has_vmap),
+                ",".join(spec.autocast_devices()) or "-",
+            ]
+        )
+    headers = ["op", "schema", "devices", "dtypes", "fake", "autograd", "double bwd", "vmap", "autocast kernel"]
+    return format_table(headers, rows)
+
+
+def results_matrix(results: list[CheckResult]) -> str:
+    rows, index = [], {}
+    for r in results:
+        key = (r.op, r.device)
+        if key not in index:
+            index[key] = len(rows)
+            rows.append([r.op, r.device] + [""] * len(CHECKS))
+        column = 2 + list(CHECKS).index(r.check)
+        rows[index[key]][column] = f"{'pass' if r.passed else 'FAIL'} {r.seconds:5.1f}s"
+    return format_table(["op", "device", *CHECKS], rows)
