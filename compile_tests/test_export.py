@@ -13,7 +13,7 @@ import torch
 from torch.export import Dim
 
 from oplib import selfcheck
-from oplib.testing import spec_params
+from oplib.testing import OpCall, spec_params
 
 from _models import SmallNet
 
@@ -21,6 +21,15 @@ from _models import SmallNet
 @pytest.mark.parametrize("spec,device", spec_params())
 def test_export_save_load_round_trip(spec, device):
     selfcheck.check_export(spec, device)
+
+
+@pytest.mark.parametrize("spec,device", spec_params())
+def test_error_inputs_while_exporting(spec, device):
+    """torch.export raises the eager error itself: same type, same message."""
+    for error in spec.error_inputs(device):
+        tensors = tuple(a for a in error.sample.args if isinstance(a, torch.Tensor))
+        with pytest.raises(error.error_type, match=error.match):
+            torch.export.export(OpCall(spec.op, error.sample), tensors)
 
 
 def _export_small_net(tmp_path):
