@@ -64,6 +64,9 @@ class OpSpec:
     error_inputs: Callable[[str], Iterator[ErrorInput]]
     random_sample: Callable[[Draw, str, torch.dtype, bool], SampleInput]
     dtypes: Mapping[str, tuple[torch.dtype, ...]]
+    # Autocast policy per device: "lower_precision" (runs in the autocast dtype), "fp32"
+    # (runs in float32), or absent (autocast passes the op through, dtypes unchanged).
+    autocast_policy: Mapping[str, str] = field(default_factory=dict)
     # The torch function whose autocast policy the op follows (called with the same args).
     torch_equivalent: Optional[Callable[..., Tensor]] = None
     tolerances: Mapping[torch.dtype, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
@@ -207,6 +210,7 @@ register(
         op=torch.ops.oplib.exp.default,
         reference=_exp_reference,
         torch_equivalent=torch.exp,
+        autocast_policy={"cuda": "fp32"},
         sample_inputs=_exp_samples,
         error_inputs=_exp_errors,
         random_sample=_exp_random,
@@ -274,6 +278,7 @@ register(
         op=torch.ops.oplib.linear.default,
         reference=_linear_reference,
         torch_equivalent=F.linear,
+        autocast_policy={"cpu": "lower_precision", "cuda": "lower_precision"},
         sample_inputs=_linear_samples,
         error_inputs=_linear_errors,
         random_sample=_linear_random,
@@ -387,6 +392,7 @@ register(
         op=torch.ops.oplib.conv2d.default,
         reference=_conv2d_reference,
         torch_equivalent=F.conv2d,
+        autocast_policy={"cpu": "lower_precision", "cuda": "lower_precision"},
         sample_inputs=_conv2d_samples,
         error_inputs=_conv2d_errors,
         random_sample=_conv2d_random,
@@ -405,3 +411,214 @@ def cast_sample(sample: SampleInput, dtype: torch.dtype, requires_grad: Optional
         return value
 
     return SampleInput(tuple(cast(a) for a in sample.args), sample.name)
+
+
+# ---------------------------------------------------------------------------------------
+# involution and its backward ops
+# ---------------------------------------------------------------------------------------
+
+
+def _involution_reference(input, weight, stride, padding, dilation) -> Tensor:
+    """The unfold formulation of the paper's reference code: every output pixel's K*K
+    neighbourhood, weighted by that pixel's kernel."""
+    n, channels = input.shape[:2]
+    _, groups, kh, kw, out_h, out_w = weight.shape
+    columns = F.unfold(input, (kh, kw), dilation=dilation, padding=padding, stride=stride)
+    columns = columns.view(n, groups, channels // groups, kh * kw, out_h, out_w)
+    return (columns * weight.view(n, groups, 1, kh * kw, out_h, out_w)).sum(3).view(n, channels, out_h, out_w)
+
+
+def _involution_backward_input_reference(grad_output, weight, input_size, stride, padding, dilation) -> Tensor:
+    """The vector-Jacobian product of the reference with respect to its input."""
+    n, channels = grad_output.shape[:2]
+    with torch.enable_grad():
+        input = grad_output.new_zeros((n, channels, *input_size), requires_grad=True)
+        out = _involution_reference(input, weight, stride, padding, dilation)
+        (grad,) = torch.autograd.grad(out, input, grad_output, create_graph=True)
+    return grad
+
+
+def _involution_backward_weight_reference(grad_output, input, kernel_size, stride, padding, dilation, groups):
+    """The vector-Jacobian product of the reference with respect to its weight."""
+    n, _, out_h, out_w = grad_output.shape
+    with torch.enable_grad():
+        weight = input.new_zeros((n, groups, *kernel_size, out_h, out_w), requires_grad=True)
+        out = _involution_reference(input, weight, stride, padding, dilation)
+        (grad,) = torch.autograd.grad(out, weight, grad_output, create_graph=True)
+    return grad
+
+
+# (name, (N, C, H, W), groups, kernel, stride, padding, dilation, input layout, weight layout)
+_INVOLUTION_CASES = (
+    ("3x3-g2", (2, 4, 9, 8), 2, (3, 3), [1, 1], [1, 1], [1, 1], "contiguous", "contiguous"),
+    ("rect-kernel-hw-params", (2, 4, 9, 8), 1, (3, 2), [2, 1], [1, 0], [1, 2], "contiguous", "contiguous"),
+    ("stride2-odd-size-g=c", (1, 4, 7, 7), 4, (3, 3), [2, 2], [1, 1], [1, 1], "contiguous", "contiguous"),
+    ("dilation2", (1, 2, 8, 8), 1, (3, 3), [1, 1], [2, 2], [2, 2], "contiguous", "contiguous"),
+    ("stride3-wide-kernel", (2, 6, 10, 11), 3, (2, 4), [3, 2], [2, 1], [1, 1], "contiguous", "contiguous"),
+    ("empty-batch", (0, 4, 6, 6), 2, (3, 3), [1, 1], [1, 1], [1, 1], "contiguous", "contiguous"),
+    ("channels_last", (2, 4, 6, 5), 2, (3, 3), [1, 1], [1, 1], [1, 1], "channels_last", "noncontiguous"),
+    ("transposed", (1, 4, 6, 7), 1, (3, 3), [2, 1], [1, 1], [1, 1], "transposed", "contiguous"),
+)
+
+
+def _involution_case_tensors(case, device, dtype, requires_grad):
+    _, (n, channels, height, width), groups, kernel, stride, padding, dilation, layout, w_layout = case
+    out_size = [
+        (size + 2 * padding[a] - dilation[a] * (kernel[a] - 1) - 1) // stride[a] + 1
+        for a, size in enumerate((height, width))
+    ]
+    input = make((n, channels, height, width), device, dtype, requires_grad, layout)
+    weight = make((n, groups, *kernel, *out_size), device, dtype, requires_grad, w_layout)
+    grad_output = make((n, channels, *out_size), device, dtype, requires_grad, layout)
+    return input, weight, grad_output
+
+
+def _involution_samples(device, dtype, requires_grad) -> Iterator[SampleInput]:
+    for case in _INVOLUTION_CASES:
+        input, weight, _ = _involution_case_tensors(case, device, dtype, requires_grad)
+        yield SampleInput((input, weight, *case[4:7]), case[0])
+
+
+def _involution_backward_input_samples(device, dtype, requires_grad) -> Iterator[SampleInput]:
+    for case in _INVOLUTION_CASES:
+        input, weight, grad_output = _involution_case_tensors(case, device, dtype, requires_grad)
+        yield SampleInput((grad_output, weight, list(input.shape[2:]), *case[4:7]), case[0])
+
+
+def _involution_backward_weight_samples(device, dtype, requires_grad) -> Iterator[SampleInput]:
+    for case in _INVOLUTION_CASES:
+        input, weight, grad_output = _involution_case_tensors(case, device, dtype, requires_grad)
+        yield SampleInput((grad_output, input, list(case[3]), *case[4:7], case[2]), case[0])
+
+
+def _random_involution_case(draw: Draw) -> tuple:
+    groups = draw(1, 3)
+    kernel = (draw(1, 4), draw(1, 4))
+    stride, padding, dilation = [draw(1, 3), draw(1, 3)], [draw(0, 2), draw(0, 2)], [draw(1, 2), draw(1, 2)]
+    size = [max(1, dilation[a] * (kernel[a] - 1) + 1 - 2 * padding[a]) + draw(0, 6) for a in (0, 1)]
+    shape = (draw(0, 3), groups * draw(1, 3), *size)
+    return ("random", shape, groups, kernel, stride, padding, dilation, LAYOUTS[draw(0, 3)], LAYOUTS[draw(0, 2)])
+
+
+def _random_name(case) -> str:
+    return f"random-{list(case[1])}-g{case[2]}-k{list(case[3])}-s{case[4]}-p{case[5]}-d{case[6]}"
+
+
+def _involution_random(draw, device, dtype, requires_grad) -> SampleInput:
+    case = _random_involution_case(draw)
+    input, weight, _ = _involution_case_tensors(case, device, dtype, requires_grad)
+    return SampleInput((input, weight, *case[4:7]), _random_name(case))
+
+
+def _involution_backward_input_random(draw, device, dtype, requires_grad) -> SampleInput:
+    case = _random_involution_case(draw)
+    input, weight, grad_output = _involution_case_tensors(case, device, dtype, requires_grad)
+    return SampleInput((grad_output, weight, list(input.shape[2:]), *case[4:7]), _random_name(case))
+
+
+def _involution_backward_weight_random(draw, device, dtype, requires_grad) -> SampleInput:
+    case = _random_involution_case(draw)
+    input, weight, grad_output = _involution_case_tensors(case, device, dtype, requires_grad)
+    return SampleInput((grad_output, input, list(case[3]), *case[4:7], case[2]), _random_name(case))
+
+
+def _involution_errors(device: str) -> Iterator[ErrorInput]:
+    f32 = dict(device=device, dtype=torch.float32)
+    x = torch.randn(2, 4, 7, 7, **f32)
+    w = torch.randn(2, 2, 3, 3, 7, 7, **f32)
+    same = ([1, 1], [1, 1], [1, 1])
+    cases = (
+        ((torch.randn(4, 7, 7, **f32), w, *same), RuntimeError, "3d-input",
+         r"expected input to be 4-D \(N, C, H, W\), got a 3-D tensor of size \[4, 7, 7\]"),
+        ((x, torch.randn(2, 2, 9, 7, 7, **f32), *same), RuntimeError, "5d-weight",
+         r"expected weight to be 6-D \(N, G, KH, KW, Ho, Wo\), got a 5-D tensor of size \[2, 2, 9, 7, 7\]"),
+        ((x, torch.randn(3, 2, 3, 3, 7, 7, **f32), *same), RuntimeError, "batch-mismatch",
+         r"weight's batch size to equal input's, got input of size \[2, 4, 7, 7\] and weight of size \[3, 2, 3, 3, 7, 7\]"),
+        ((x, torch.randn(2, 3, 3, 3, 7, 7, **f32), *same), RuntimeError, "groups-divide",
+         r"input channels \(4\) to be divisible by the groups of weight \(3\)"),
+        ((x, w, [2, 2], [1, 1], [1, 1]), RuntimeError, "output-size",
+         r"expected weight's output size \(Ho, Wo\) to be \(4, 4\), .* got \(7, 7\)"),
+        ((x, w.double(), *same), RuntimeError, "dtype-mismatch",
+         r"weight and input to have the same dtype, got weight\.dtype=torch\.float64 and input\.dtype=torch\.float32"),
+        ((x.long(), w.long(), *same), RuntimeError, "integer", r"expected input to have a floating-point dtype, got torch\.int64"),
+        ((x, w, [0, 1], [1, 1], [1, 1]), ValueError, "zero-stride", r"expected stride to be positive, got stride=\[0, 1\]"),
+        ((x, w, [1, 1], [1, 1], [1, 0]), ValueError, "zero-dilation", r"expected dilation to be positive, got dilation=\[1, 0\]"),
+        ((x, w, [1, 1], [-1, 1], [1, 1]), ValueError, "negative-padding", r"expected padding to be non-negative, got padding=\[-1, 1\]"),
+    )
+    for args, error_type, name, match in cases:
+        yield ErrorInput(SampleInput(args, name), error_type, match)
+
+
+def _involution_backward_input_errors(device: str) -> Iterator[ErrorInput]:
+    f32 = dict(device=device, dtype=torch.float32)
+    g = torch.randn(2, 4, 7, 7, **f32)
+    w = torch.randn(2, 2, 3, 3, 7, 7, **f32)
+    same = ([1, 1], [1, 1], [1, 1])
+    cases = (
+        ((g, w, [8, 7], *same), RuntimeError, "input-size",
+         r"expected grad_output and weight to have the output size \[8, 7\] of input size \[8, 7\]"),
+        ((g, w, [7], *same), ValueError, "input-size-length", r"expected input_size to be \(H, W\), got \[7\]"),
+        ((g, torch.randn(2, 3, 3, 3, 7, 7, **f32), [7, 7], *same), RuntimeError, "groups-divide",
+         r"G dividing its channels, got grad_output of size \[2, 4, 7, 7\] and weight of size \[2, 3, 3, 3, 7, 7\]"),
+        ((g.long(), w.long(), [7, 7], *same), RuntimeError, "integer",
+         r"expected grad_output to have a floating-point dtype, got torch\.int64"),
+    )
+    for args, error_type, name, match in cases:
+        yield ErrorInput(SampleInput(args, name), error_type, match)
+
+
+def _involution_backward_weight_errors(device: str) -> Iterator[ErrorInput]:
+    f32 = dict(device=device, dtype=torch.float32)
+    g = torch.randn(2, 4, 7, 7, **f32)
+    x = torch.randn(2, 4, 7, 7, **f32)
+    same = ([1, 1], [1, 1], [1, 1])
+    cases = (
+        ((g, x, [3, 3], *same, 3), RuntimeError, "groups-divide", r"input channels \(4\) to be divisible by groups \(3\)"),
+        ((g, x, [3, 3], [2, 2], [1, 1], [1, 1], 2), RuntimeError, "grad-size",
+         r"expected grad_output of size \[2, 4, 4, 4\], got \[2, 4, 7, 7\]"),
+        ((g, x, [3, 0], *same, 2), ValueError, "kernel-size", r"expected kernel_size to be a positive \(KH, KW\), got \[3, 0\]"),
+        ((g, x.double(), [3, 3], *same, 2), RuntimeError, "dtype-mismatch",
+         r"input and grad_output to have the same dtype"),
+    )
+    for args, error_type, name, match in cases:
+        yield ErrorInput(SampleInput(args, name), error_type, match)
+
+
+_INVOLUTION_AUTOCAST = {"cpu": "lower_precision", "cuda": "lower_precision"}
+
+register(
+    OpSpec(
+        name="involution",
+        op=torch.ops.oplib.involution.default,
+        reference=_involution_reference,
+        sample_inputs=_involution_samples,
+        error_inputs=_involution_errors,
+        random_sample=_involution_random,
+        dtypes={"cpu": FLOAT_DTYPES, "cuda": FLOAT_DTYPES},
+        autocast_policy=_INVOLUTION_AUTOCAST,
+    )
+)
+register(
+    OpSpec(
+        name="involution_backward_input",
+        op=torch.ops.oplib.involution_backward_input.default,
+        reference=_involution_backward_input_reference,
+        sample_inputs=_involution_backward_input_samples,
+        error_inputs=_involution_backward_input_errors,
+        random_sample=_involution_backward_input_random,
+        dtypes={"cpu": FLOAT_DTYPES, "cuda": FLOAT_DTYPES},
+        autocast_policy=_INVOLUTION_AUTOCAST,
+    )
+)
+register(
+    OpSpec(
+        name="involution_backward_weight",
+        op=torch.ops.oplib.involution_backward_weight.default,
+        reference=_involution_backward_weight_reference,
+        sample_inputs=_involution_backward_weight_samples,
+        error_inputs=_involution_backward_weight_errors,
+        random_sample=_involution_backward_weight_random,
+        dtypes={"cpu": FLOAT_DTYPES, "cuda": FLOAT_DTYPES},
+        autocast_policy=_INVOLUTION_AUTOCAST,
+    )
+)

@@ -1,3 +1,3 @@
 """One module per custom op; importing this package registers ``torch.ops.oplib.*``."""
 
-from . import conv2d, exp, linear  # noqa: F401
+from . import conv2d, exp, involution, linear  # noqa: F401

@@ -54,6 +54,7 @@ def reference_output(spec: OpSpec, sample: SampleInput) -> Tensor:
 
 
 def assert_matches_reference(spec: OpSpec, sample: SampleInput, out: Tensor, dtype: torch.dtype) -> None:
+    """``out`` has ``dtype`` and matches the float64 reference within ``dtype``'s tolerance."""
     expected = reference_output(spec, sample)
     atol, rtol = spec.tolerance(dtype)
     assert out.dtype == dtype, f"{spec.name}[{sample.name}]: output dtype {out.dtype}, expected {dtype}"

@@ -1,0 +1,409 @@
+"""Involution (Li et al., CVPR 2021) and its two backward ops.
+
+    out[n, c, i, j] = sum_{a < KH, b < KW} weight[n, c // (C/G), a, b, i, j]
+                      * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]     (0 outside the image)
+
+input: (N, C, H, W); weight: (N, G, KH, KW, Ho, Wo), the layout of the paper's code, so the
+output (N, G*KH*KW, Ho, Wo) of a kernel-generating conv views into it.
+
+Involution is bilinear in (input, weight), so every derivative of the three ops here is
+again one of them:
+
+    involution(x, w)               d/dx: backward_input(g, w)     d/dw: backward_weight(g, x)
+    backward_input(g, w)  (-> dx)  d/dg: involution(u, w)         d/dw: backward_weight(g, u)
+    backward_weight(g, x) (-> dw)  d/dg: involution(x, u)         d/dx: backward_input(g, u)
+
+(u is the incoming gradient). Each op registers that rule, so derivatives of any order
+work in eager mode.
+
+CPU kernels are plain PyTorch: K*K passes over strided views of the padded input, never
+``unfold`` (which would hold K*K copies of the input). CUDA kernels live in
+``oplib/kernels/involution.cu`` and run through ``oplib.cuda`` (CuPy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._common import (
+    check_dim,
+    check_floating,
+    check_same_dtype_and_device,
+    check_window_params,
+    register_autocast_policy,
+    window_output_size,
+)
+
+# ---------------------------------------------------------------------------------------
+# Argument checks shared by the kernels and the fakes
+# ---------------------------------------------------------------------------------------
+
+
+def _output_size(height, width, kernel_size, stride, padding, dilation) -> tuple:
+    return tuple(
+        window_output_size(size, kernel_size[a], stride[a], padding[a], dilation[a])
+        for a, size in enumerate((height, width))
+    )
+
+
+def _check_output_size(op, height, width, kernel_size, stride, padding, dilation):
+    for a, (name, size) in enumerate((("height", height), ("width", width))):
+        extent = dilation[a] * (kernel_size[a] - 1) + 1
+        torch._check(
+            size + 2 * padding[a] >= extent,
+            lambda: f"oplib.{op}: input {name} with padding ({size} + 2*{padding[a]}) is smaller than "
+            f"the dilated kernel {name} ({extent})",
+        )
+    return _output_size(height, width, kernel_size, stride, padding, dilation)
+
+
+def _check_involution_args(input: Tensor, weight: Tensor, stride, padding, dilation) -> None:
+    check_dim("involution", "input", input, (4,), "4-D (N, C, H, W)")
+    check_dim("involution", "weight", weight, (6,), "6-D (N, G, KH, KW, Ho, Wo)")
+    check_floating("involution", "input", input)
+    check_same_dtype_and_device("involution", "input", input, weight=weight)
+    check_window_params("involution", stride, padding, dilation)
+    n, channels, height, width = input.shape
+    groups = weight.shape[1]
+    torch._check(
+        weight.shape[0] == n,
+        lambda: f"oplib.involution: expected weight's batch size to equal input's, got input of size "
+        f"{list(input.shape)} and weight of size {list(weight.shape)}",
+    )
+    torch._check(groups > 0, lambda: f"oplib.involution: expected at least one group, got weight of size {list(weight.shape)}")
+    torch._check(
+        channels % groups == 0,
+        lambda: f"oplib.involution: expected input channels ({channels}) to be divisible by the groups "
+        f"of weight ({groups}), got input of size {list(input.shape)} and weight of size {list(weight.shape)}",
+    )
+    out_h, out_w = _check_output_size("involution", height, width, weight.shape[2:4], stride, padding, dilation)
+    torch._check(
+        (weight.shape[4] == out_h) & (weight.shape[5] == out_w),
+        lambda: f"oplib.involution: expected weight's output size (Ho, Wo) to be ({out_h}, {out_w}), the "
+        f"output size of input {list(input.shape)} with kernel {list(weight.shape[2:4])}, stride {list(stride)}, "
+        f"padding {list(padding)}, dilation {list(dilation)}; got ({weight.shape[4]}, {weight.shape[5]})",
+    )
+
+
+def _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation) -> None:
+    op = "involution_backward_input"
+    check_dim(op, "grad_output", grad_output, (4,), "4-D (N, C, Ho, Wo)")
+    check_dim(op, "weight", weight, (6,), "6-D (N, G, KH, KW, Ho, Wo)")
+    check_floating(op, "grad_output", grad_output)
+    check_same_dtype_and_device(op, "grad_output", grad_output, weight=weight)
+    check_window_params(op, stride, padding, dilation)
+    torch._check_value(
+        len(input_size) == 2, lambda: f"oplib.{op}: expected input_size to be (H, W), got {list(input_size)}"
+    )
+    n, channels, out_h, out_w = grad_output.shape
+    groups = weight.shape[1]
+    mismatch = lambda: (  # noqa: E731
+        f"oplib.{op}: expected weight (N, G, ...) with the batch size of grad_output and G dividing its "
+        f"channels, got grad_output of size {list(grad_output.shape)} and weight of size {list(weight.shape)}"
+    )
+    torch._check((weight.shape[0] == n) & (groups > 0), mismatch)
+    torch._check(channels % groups == 0, mismatch)
+    expected = _check_output_size(op, *input_size, weight.shape[2:4], stride, padding, dilation)
+    torch._check(
+        (weight.shape[4] == out_h) & (weight.shape[5] == out_w) & (expected[0] == out_h) & (expected[1] == out_w),
+        lambda: f"oplib.{op}: expected grad_output and weight to have the output size {list(expected)} of input "
+        f"size {list(input_size)}, got grad_output of size {list(grad_output.shape)} and weight of size "
+        f"{list(weight.shape)}",
+    )
+
+
+def _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups) -> None:
+    op = "involution_backward_weight"
+    check_dim(op, "grad_output", grad_output, (4,), "4-D (N, C, Ho, Wo)")
+    check_dim(op, "input", input, (4,), "4-D (N, C, H, W)")
+    check_floating(op, "grad_output", grad_output)
+    check_same_dtype_and_device(op, "grad_output", grad_output, input=input)
+    check_window_params(op, stride, padding, dilation)
+    torch._check_value(
+        len(kernel_size) == 2 and kernel_size[0] > 0 and kernel_size[1] > 0,
+        lambda: f"oplib.{op}: expected kernel_size to be a positive (KH, KW), got {list(kernel_size)}",
+    )
+    torch._check_value(groups > 0, lambda: f"oplib.{op}: expected groups to be positive, got groups={groups}")
+    n, channels, height, width = input.shape
+    torch._check(
+        channels % groups == 0,
+        lambda: f"oplib.{op}: expected input channels ({channels}) to be divisible by groups ({groups})",
+    )
+    expected = _check_output_size(op, height, width, kernel_size, stride, padding, dilation)
+    torch._check(
+        (grad_output.shape[0] == n)
+        & (grad_output.shape[1] == channels)
+        & (grad_output.shape[2] == expected[0])
+        & (grad_output.shape[3] == expected[1]),
+        lambda: f"oplib.{op}: expected grad_output of size {[n, channels, *expected]}, got "
+        f"{list(grad_output.shape)} (input of size {list(input.shape)})",
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# CPU kernels: K*K passes over strided views, accumulating in float32 (float64 for float64)
+# ---------------------------------------------------------------------------------------
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# Work on slices of the N*G (sample, group) pairs whose accumulator fits in L2, so the
+# K*K passes over it hit cache instead of memory.
+_CHUNK_BYTES = 1 << 19
+
+
+def _chunks(items: int, bytes_per_item: int):
+    step = max(1, _CHUNK_BYTES // max(1, bytes_per_item))
+    return (slice(start, start + step) for start in range(0, items, step))
+
+
+def _taps(kernel_size, out_h: int, out_w: int, stride, dilation):
+    """For each kernel tap (a, b): the rows and columns of the padded input it reads for
+    every output pixel."""
+    (sh, sw), (dh, dw) = stride, dilation
+    for a in range(kernel_size[0]):
+        for b in range(kernel_size[1]):
+            rows = slice(a * dh, a * dh + sh * (out_h - 1) + 1, sh)
+            cols = slice(b * dw, b * dw + sw * (out_w - 1) + 1, sw)
+            yield a, b, rows, cols
+
+
+def _padded_groups(input: Tensor, groups: int, padding, dtype: torch.dtype) -> Tensor:
+    """(N, C, H, W) -> zero-padded (N*G, C/G, H + 2ph, W + 2pw) in ``dtype``."""
+    ph, pw = padding
+    padded = F.pad(input.to(dtype), (pw, pw, ph, ph))
+    n, channels = input.shape[:2]
+    return padded.reshape(n * groups, channels // groups, *padded.shape[2:])
+
+
+def _involution_cpu(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tensor:
+    n, channels, _, _ = input.shape
+    _, groups, kh, kw, out_h, out_w = weight.shape
+    acc = _accumulation_dtype(input.dtype)
+    x = _padded_groups(input, groups, padding, acc)  # (N*G, C/G, Hp, Wp)
+    w = weight.to(acc).reshape(n * groups, 1, kh, kw, out_h, out_w)  # shared by a group's channels
+    out = torch.empty(n * groups, channels // groups, out_h, out_w, dtype=acc, device=input.device)
+    for chunk in _chunks(n * groups, out.shape[1:].numel() * out.element_size()):
+        out_chunk, x_chunk, w_chunk = out[chunk], x[chunk], w[chunk]
+        out_chunk.zero_()
+        for a, b, rows, cols in _taps((kh, kw), out_h, out_w, stride, dilation):
+            out_chunk.addcmul_(x_chunk[..., rows, cols], w_chunk[:, :, a, b])
+    return out.reshape(n, channels, out_h, out_w).to(input.dtype)
+
+
+def _involution_backward_input_cpu(grad_output, weight, input_size, stride, padding, dilation) -> Tensor:
+    n, channels, out_h, out_w = grad_output.shape
+    _, groups, kh, kw, _, _ = weight.shape
+    (height, width), (ph, pw) = input_size, padding
+    acc = _accumulation_dtype(grad_output.dtype)
+    g = grad_output.to(acc).reshape(n * groups, channels // groups, out_h, out_w)
+    w = weight.to(acc).reshape(n * groups, 1, kh, kw, out_h, out_w)
+    grad = torch.empty(n * groups, channels // groups, height + 2 * ph, width + 2 * pw, dtype=acc, device=g.device)
+    for chunk in _chunks(n * groups, grad.shape[1:].numel() * grad.element_size()):
+        grad_chunk, g_chunk, w_chunk = grad[chunk], g[chunk], w[chunk]
+        grad_chunk.zero_()
+        for a, b, rows, cols in _taps((kh, kw), out_h, out_w, stride, dilation):
+            # Adjoint of the forward's read: add g * w back where tap (a, b) read from.
+            grad_chunk[..., rows, cols].addcmul_(g_chunk, w_chunk[:, :, a, b])
+    # Crop the padding into a fresh tensor: a view would carry a storage offset the fake has not.
+    cropped = torch.empty(n, channels, height, width, dtype=grad_output.dtype, device=g.device)
+    cropped.view(n * groups, channels // groups, height, width).copy_(grad[..., ph : ph + height, pw : pw + width])
+    return cropped
+
+
+def _involution_backward_weight_cpu(grad_output, input, kernel_size, stride, padding, dilation, groups) -> Tensor:
+    n, channels, out_h, out_w = grad_output.shape
+    kh, kw = kernel_size
+    acc = _accumulation_dtype(input.dtype)
+    x = _padded_groups(input, groups, padding, acc)
+    g = grad_output.to(acc).reshape(n * groups, channels // groups, out_h, out_w)
+    grad = torch.empty(n * groups, kh, kw, out_h, out_w, dtype=acc, device=g.device)
+    for chunk in _chunks(n * groups, g.shape[1:].numel() * g.element_size()):
+        g_chunk, x_chunk, grad_chunk = g[chunk], x[chunk], grad[chunk]
+        product = torch.empty_like(g_chunk)
+        for a, b, rows, cols in _taps((kh, kw), out_h, out_w, stride, dilation):
+            # dw[n, g, a, b, i, j] = sum over the group's channels of g * (what tap (a, b) read)
+            torch.mul(g_chunk, x_chunk[..., rows, cols], out=product)
+            torch.sum(product, dim=1, out=grad_chunk[:, a, b])
+    return grad.reshape(n, groups, kh, kw, out_h, out_w).to(input.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# The three custom ops
+# ---------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("oplib::involution", mutates_args=())
+def involution(input: Tensor, weight: Tensor, stride: list[int], padding: list[int], dilation: list[int]) -> Tensor:
+    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo), contiguous."""
+    _check_involution_args(input, weight, stride, padding, dilation)
+    return _involution_cpu(input, weight, stride, padding, dilation)
+
+
+@involution.register_fake
+def _involution_fake(input, weight, stride, padding, dilation) -> Tensor:
+    _check_involution_args(input, weight, stride, padding, dilation)
+    return input.new_empty((input.shape[0], input.shape[1], weight.shape[4], weight.shape[5]))
+
+
+@torch.library.custom_op("oplib::involution_backward_input", mutates_args=())
+def involution_backward_input(
+    grad_output: Tensor,
+    weight: Tensor,
+    input_size: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo), input_size: (H, W)
+    -> grad_input: (N, C, H, W)."""
+    _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
+    return _involution_backward_input_cpu(grad_output, weight, input_size, stride, padding, dilation)
+
+
+@involution_backward_input.register_fake
+def _involution_backward_input_fake(grad_output, weight, input_size, stride, padding, dilation) -> Tensor:
+    _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
+    return grad_output.new_empty((grad_output.shape[0], grad_output.shape[1], *input_size))
+
+
+@torch.library.custom_op("oplib::involution_backward_weight", mutates_args=())
+def involution_backward_weight(
+    grad_output: Tensor,
+    input: Tensor,
+    kernel_size: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
+    _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups)
+    return _involution_backward_weight_cpu(grad_output, input, kernel_size, stride, padding, dilation, groups)
+
+
+@involution_backward_weight.register_fake
+def _involution_backward_weight_fake(grad_output, input, kernel_size, stride, padding, dilation, groups) -> Tensor:
+    _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups)
+    n, _, out_h, out_w = grad_output.shape
+    return grad_output.new_empty((n, groups, *kernel_size, out_h, out_w))
+
+
+# ---------------------------------------------------------------------------------------
+# Autograd: the bilinear rules of the module docstring
+# ---------------------------------------------------------------------------------------
+
+
+def _save_operands(ctx, first: Tensor, second: Tensor, params: tuple) -> None:
+    """Save the first operand only if the second needs a gradient and vice versa: the
+    derivative with respect to one operand of a bilinear op needs only the other."""
+    needs_first, needs_second = ctx.needs_input_grad[:2]
+    ctx.save_for_backward(first if needs_second else None, second if needs_first else None)
+    ctx.shapes = (first.shape, second.shape)
+    ctx.params = params
+
+
+def _involution_setup_context(ctx, inputs, output) -> None:
+    input, weight, stride, padding, dilation = inputs
+    _save_operands(ctx, input, weight, (stride, padding, dilation))
+
+
+def _involution_backward(ctx, grad: Tensor):
+    input, weight = ctx.saved_tensors
+    (input_shape, weight_shape), (stride, padding, dilation) = ctx.shapes, ctx.params
+    grad_input = grad_weight = None
+    if ctx.needs_input_grad[0]:
+        grad_input = involution_backward_input(grad, weight, list(input_shape[2:]), stride, padding, dilation)
+    if ctx.needs_input_grad[1]:
+        grad_weight = involution_backward_weight(
+            grad, input, list(weight_shape[2:4]), stride, padding, dilation, weight_shape[1]
+        )
+    return grad_input, grad_weight, None, None, None
+
+
+def _backward_input_setup_context(ctx, inputs, output) -> None:
+    grad_output, weight, input_size, stride, padding, dilation = inputs
+    _save_operands(ctx, grad_output, weight, (stride, padding, dilation))
+
+
+def _backward_input_backward(ctx, upstream: Tensor):
+    grad_output, weight = ctx.saved_tensors
+    (grad_output_shape, weight_shape), (stride, padding, dilation) = ctx.shapes, ctx.params
+    d_grad_output = d_weight = None
+    if ctx.needs_input_grad[0]:
+        d_grad_output = involution(upstream, weight, stride, padding, dilation)
+    if ctx.needs_input_grad[1]:
+        d_weight = involution_backward_weight(
+            grad_output, upstream, list(weight_shape[2:4]), stride, padding, dilation, weight_shape[1]
+        )
+    return d_grad_output, d_weight, None, None, None, None
+
+
+def _backward_weight_setup_context(ctx, inputs, output) -> None:
+    grad_output, input, kernel_size, stride, padding, dilation, groups = inputs
+    _save_operands(ctx, grad_output, input, (stride, padding, dilation))
+
+
+def _backward_weight_backward(ctx, upstream: Tensor):
+    grad_output, input = ctx.saved_tensors
+    (grad_output_shape, input_shape), (stride, padding, dilation) = ctx.shapes, ctx.params
+    d_grad_output = d_input = None
+    if ctx.needs_input_grad[0]:
+        d_grad_output = involution(input, upstream, stride, padding, dilation)
+    if ctx.needs_input_grad[1]:
+        d_input = involution_backward_input(grad_output, upstream, list(input_shape[2:]), stride, padding, dilation)
+    return d_grad_output, d_input, None, None, None, None, None
+
+
+involution.register_autograd(_involution_backward, setup_context=_involution_setup_context)
+involution_backward_input.register_autograd(_backward_input_backward, setup_context=_backward_input_setup_context)
+involution_backward_weight.register_autograd(_backward_weight_backward, setup_context=_backward_weight_setup_context)
+
+
+# ---------------------------------------------------------------------------------------
+# vmap: fold the vmapped dimension into N (every operand has N first)
+# ---------------------------------------------------------------------------------------
+
+
+def _fold_batch(info, in_dims: Sequence, tensors: Sequence[Tensor]) -> list[Tensor]:
+    """Move each vmapped dim to the front (expanding unbatched operands) and merge it into N."""
+    folded = []
+    for tensor, dim in zip(tensors, in_dims):
+        t = tensor.movedim(dim, 0) if dim is not None else tensor.expand(info.batch_size, *tensor.shape)
+        folded.append(t.flatten(0, 1))
+    return folded
+
+
+def _unfold_batch(info, out: Tensor):
+    return out.unflatten(0, (info.batch_size, out.shape[0] // info.batch_size)), 0
+
+
+def _involution_vmap(info, in_dims, input, weight, stride, padding, dilation):
+    x, w = _fold_batch(info, in_dims[:2], (input, weight))
+    return _unfold_batch(info, involution(x, w, stride, padding, dilation))
+
+
+def _backward_input_vmap(info, in_dims, grad_output, weight, input_size, stride, padding, dilation):
+    g, w = _fold_batch(info, in_dims[:2], (grad_output, weight))
+    return _unfold_batch(info, involution_backward_input(g, w, input_size, stride, padding, dilation))
+
+
+def _backward_weight_vmap(info, in_dims, grad_output, input, kernel_size, stride, padding, dilation, groups):
+    g, x = _fold_batch(info, in_dims[:2], (grad_output, input))
+    out = involution_backward_weight(g, x, kernel_size, stride, padding, dilation, groups)
+    return _unfold_batch(info, out)
+
+
+involution.register_vmap(_involution_vmap)
+involution_backward_input.register_vmap(_backward_input_vmap)
+involution_backward_weight.register_vmap(_backward_weight_vmap)
+
+for _qualname in ("oplib::involution", "oplib::involution_backward_input", "oplib::involution_backward_weight"):
+    register_autocast_policy(_qualname, "cpu", "lower_precision")
+    register_autocast_policy(_qualname, "cuda", "lower_precision")
