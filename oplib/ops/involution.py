@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..kernels import Launcher, cupy_launcher, launch_elementwise, load_source
 from ._common import (
     check_dim,
     check_floating,
@@ -235,15 +236,80 @@ def _involution_backward_weight_cpu(grad_output, input, kernel_size, stride, pad
 
 
 # ---------------------------------------------------------------------------------------
+# CUDA dispatch: output allocation, argument order and launch, through a launcher
+# (CuPy on a GPU; the host emulation of oplib.testing in the tests)
+# ---------------------------------------------------------------------------------------
+
+_SOURCE = "involution.cu"
+
+
+def _kernel_args(channels, height, width, weight_shape, stride, padding, dilation) -> tuple:
+    """The kernels' shared trailing arguments, in their order."""
+    _, groups, kh, kw, out_h, out_w = weight_shape
+    return (channels, height, width, groups, kh, kw, out_h, out_w, *stride, *padding, *dilation)
+
+
+def launch_involution(input: Tensor, weight: Tensor, stride, padding, dilation, launcher: Launcher) -> Tensor:
+    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo) by the
+    ``involution_forward`` kernel. Strided inputs are made contiguous first."""
+    input, weight = input.contiguous(), weight.contiguous()
+    n, channels, height, width = input.shape
+    out = input.new_empty((n, channels, weight.shape[4], weight.shape[5]))
+    args = _kernel_args(channels, height, width, weight.shape, stride, padding, dilation)
+    launch_elementwise(launcher, load_source(_SOURCE), "involution_forward", out, (input, weight, out, out.numel(), *args))
+    return out
+
+
+def launch_involution_backward_input(
+    grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation, launcher: Launcher
+) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> grad_input: (N, C, H, W)."""
+    grad_output, weight = grad_output.contiguous(), weight.contiguous()
+    n, channels = grad_output.shape[:2]
+    grad_input = grad_output.new_empty((n, channels, *input_size))
+    args = _kernel_args(channels, *input_size, weight.shape, stride, padding, dilation)
+    launch_elementwise(
+        launcher,
+        load_source(_SOURCE),
+        "involution_backward_input",
+        grad_input,
+        (grad_output, weight, grad_input, grad_input.numel(), *args),
+    )
+    return grad_input
+
+
+def launch_involution_backward_weight(
+    grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation, groups: int, launcher: Launcher
+) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
+    grad_output, input = grad_output.contiguous(), input.contiguous()
+    n, channels, height, width = input.shape
+    grad_weight = input.new_empty((n, groups, *kernel_size, *grad_output.shape[2:]))
+    args = _kernel_args(channels, height, width, grad_weight.shape, stride, padding, dilation)
+    launch_elementwise(
+        launcher,
+        load_source(_SOURCE),
+        "involution_backward_weight",
+        grad_weight,
+        (grad_output, input, grad_weight, grad_weight.numel(), *args),
+    )
+    return grad_weight
+
+
+# ---------------------------------------------------------------------------------------
 # The three custom ops
 # ---------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("oplib::involution", mutates_args=())
-def involution(input: Tensor, weight: Tensor, stride: list[int], padding: list[int], dilation: list[int]) -> Tensor:
+def _involution_kernel(input: Tensor, weight: Tensor, stride: list[int], padding: list[int], dilation: list[int]) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo), contiguous."""
     _check_involution_args(input, weight, stride, padding, dilation)
     return _involution_cpu(input, weight, stride, padding, dilation)
+
+
+
+# The default kernel (CPU); CUDA registers its own below.
+involution = torch.library.custom_op("oplib::involution", _involution_kernel, mutates_args=())
 
 
 @involution.register_fake
@@ -252,8 +318,7 @@ def _involution_fake(input, weight, stride, padding, dilation) -> Tensor:
     return input.new_empty((input.shape[0], input.shape[1], weight.shape[4], weight.shape[5]))
 
 
-@torch.library.custom_op("oplib::involution_backward_input", mutates_args=())
-def involution_backward_input(
+def _involution_backward_input_kernel(
     grad_output: Tensor,
     weight: Tensor,
     input_size: list[int],
@@ -267,14 +332,17 @@ def involution_backward_input(
     return _involution_backward_input_cpu(grad_output, weight, input_size, stride, padding, dilation)
 
 
+# The default kernel (CPU); CUDA registers its own below.
+involution_backward_input = torch.library.custom_op("oplib::involution_backward_input", _involution_backward_input_kernel, mutates_args=())
+
+
 @involution_backward_input.register_fake
 def _involution_backward_input_fake(grad_output, weight, input_size, stride, padding, dilation) -> Tensor:
     _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
     return grad_output.new_empty((grad_output.shape[0], grad_output.shape[1], *input_size))
 
 
-@torch.library.custom_op("oplib::involution_backward_weight", mutates_args=())
-def involution_backward_weight(
+def _involution_backward_weight_kernel(
     grad_output: Tensor,
     input: Tensor,
     kernel_size: list[int],
@@ -288,11 +356,35 @@ def involution_backward_weight(
     return _involution_backward_weight_cpu(grad_output, input, kernel_size, stride, padding, dilation, groups)
 
 
+# The default kernel (CPU); CUDA registers its own below.
+involution_backward_weight = torch.library.custom_op("oplib::involution_backward_weight", _involution_backward_weight_kernel, mutates_args=())
+
+
 @involution_backward_weight.register_fake
 def _involution_backward_weight_fake(grad_output, input, kernel_size, stride, padding, dilation, groups) -> Tensor:
     _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups)
     n, _, out_h, out_w = grad_output.shape
     return grad_output.new_empty((n, groups, *kernel_size, out_h, out_w))
+
+
+@involution.register_kernel("cuda")
+def _involution_cuda(input, weight, stride, padding, dilation) -> Tensor:
+    _check_involution_args(input, weight, stride, padding, dilation)
+    return launch_involution(input, weight, stride, padding, dilation, cupy_launcher())
+
+
+@involution_backward_input.register_kernel("cuda")
+def _involution_backward_input_cuda(grad_output, weight, input_size, stride, padding, dilation) -> Tensor:
+    _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
+    return launch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, cupy_launcher())
+
+
+@involution_backward_weight.register_kernel("cuda")
+def _involution_backward_weight_cuda(grad_output, input, kernel_size, stride, padding, dilation, groups) -> Tensor:
+    _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups)
+    return launch_involution_backward_weight(
+        grad_output, input, kernel_size, stride, padding, dilation, groups, cupy_launcher()
+    )
 
 
 # ---------------------------------------------------------------------------------------

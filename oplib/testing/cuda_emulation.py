@@ -1,0 +1,113 @@
+"""Run oplib's CUDA kernels on the CPU: the very same ``.cu`` source, compiled by the host
+C++ compiler against ``cuda_host_shim.h``, launched over the whole grid.
+
+``EmulatedLauncher`` is a drop-in for ``oplib.kernels.CuPyLauncher``: the ops' dispatch code
+(output allocation, argument order, dtype selection, launch configuration) runs unchanged on
+CPU tensors. Built with ``sanitize=True`` the library is instrumented by AddressSanitizer, so
+an out-of-bounds access (an illegal address on a GPU) aborts with a report; such a library
+only loads into a process started with the ASan runtime preloaded (see ``asan_environment``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..kernels import CTYPES, KERNEL_DIR, KernelArg, KernelSource
+
+SHIM = Path(__file__).resolve().parent / "cuda_host_shim.h"
+_CACHE_DIR = Path(os.environ.get("OPLIB_EMULATION_CACHE", Path(tempfile.gettempdir()) / "oplib-emulation"))
+
+
+def cxx() -> str:
+    return os.environ.get("CXX", "g++")
+
+
+def asan_environment() -> dict[str, str]:
+    """The environment a process needs to load a ``sanitize=True`` library."""
+    runtime = subprocess.run([cxx(), "-print-file-name=libasan.so"], capture_output=True, text=True, check=True)
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = runtime.stdout.strip()
+    env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=0:halt_on_error=1"
+    return env
+
+
+def _launcher_source(source: KernelSource) -> str:
+    """A C++ file including the kernel source plus, per kernel and dtype, an exported
+    ``extern "C"`` function that runs the kernel over a grid."""
+    lines = [f'#include "{SHIM}"', f'#include "{source.path}"', ""]
+    for signature in source.kernels.values():
+        arg_names = ", ".join(name for _, name in signature.params)
+        for ctype in CTYPES.values():
+            lines += [
+                f'extern "C" void oplib_emulate_{signature.name}__{ctype}(long long grid, long long block, '
+                f"{signature.instantiated_params(ctype)}) {{",
+                f"    oplib_emulation::launch(grid, block, [&] {{ {signature.name}<{ctype}>({arg_names}); }});",
+                "}",
+                "",
+            ]
+    return "\n".join(lines)
+
+
+def build(source: KernelSource, sanitize: bool = False) -> Path:
+    """Compile the emulation library of ``source`` (cached by content and flags)."""
+    flags = ["-O1" if sanitize else "-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-I{KERNEL_DIR}"]
+    flags += ["-Wall", "-Wextra", "-Werror"]
+    if sanitize:
+        flags += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
+    code = _launcher_source(source)
+    key = hashlib.sha256("\0".join([code, source.sha256, SHIM.read_text(), *flags]).encode()).hexdigest()[:16]
+    library = _CACHE_DIR / f"{source.path.stem}-{key}.so"
+    if not library.exists():
+        _CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        launcher_cpp = _CACHE_DIR / f"{source.path.stem}-{key}.cpp"
+        launcher_cpp.write_text(code)
+        partial = library.with_suffix(f".{os.getpid()}.tmp")
+        result = subprocess.run([cxx(), *flags, str(launcher_cpp), "-o", str(partial)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"host compile of {source.path.name} failed:\n{result.stderr}")
+        partial.replace(library)  # atomic: concurrent builders never load a half-written file
+    return library
+
+
+@functools.cache
+def _load(library: Path) -> ctypes.CDLL:
+    return ctypes.CDLL(str(library))
+
+
+class EmulatedLauncher:
+    """Launches kernels of a ``KernelSource`` on CPU tensors, one host library per source."""
+
+    def __init__(self, sanitize: bool = False):
+        self.sanitize = sanitize
+        self.launches: list[tuple[str, torch.dtype, int, int]] = []
+
+    def launch(
+        self, source: KernelSource, kernel: str, dtype: torch.dtype, grid: int, block: int, args: Sequence[KernelArg]
+    ) -> None:
+        for arg in args:
+            if isinstance(arg, Tensor) and (arg.device.type != "cpu" or arg.dtype != dtype):
+                raise ValueError(f"emulated {kernel}<{CTYPES[dtype]}> got a {arg.dtype} tensor on {arg.device}")
+        function = getattr(_load(build(source, self.sanitize)), f"oplib_emulate_{kernel}__{CTYPES[dtype]}")
+        signature = source.kernels[kernel]
+        if len(args) != len(signature.params):
+            raise ValueError(f"{kernel} takes {len(signature.params)} arguments, got {len(args)}")
+        c_args = [ctypes.c_longlong(grid), ctypes.c_longlong(block)]
+        for (ctype, name), arg in zip(signature.params, args):
+            if "*" in ctype:
+                if not isinstance(arg, Tensor):
+                    raise TypeError(f"{kernel}: argument {name} is a pointer, got {type(arg).__name__}")
+                c_args.append(ctypes.c_void_p(arg.data_ptr()))
+            else:
+                c_args.append(ctypes.c_longlong(int(arg)))
+        self.launches.append((kernel, dtype, grid, block))
+        function(*c_args)

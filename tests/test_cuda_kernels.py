@@ -1,0 +1,215 @@
+"""The CUDA kernels, proven without a GPU: nvcc compiles every instantiation for every
+target, and the same source compiled for the host runs the ops' real dispatch code on CPU
+tensors (under AddressSanitizer too). With a GPU, the CuPy path is compared with the CPU path."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import oplib.kernels
+from oplib import registry
+from oplib.kernels import CTYPES, KERNEL_DIR, KernelSource, load_source
+from oplib.ops import involution as involution_ops
+from oplib.testing import assert_matches_reference
+from oplib.testing.cuda_emulation import EmulatedLauncher, asan_environment, build
+
+CUDA_SOURCES = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
+ARCHITECTURES = ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_120"]
+PLANTED = KernelSource(Path(__file__).parent / "cuda_sources" / "planted_overrun.cu",
+                       (Path(__file__).parent / "cuda_sources" / "planted_overrun.cu").read_text())
+
+# spec name -> the dispatch function its CUDA kernel registration calls (with a launcher last)
+LAUNCHES = {
+    "involution": involution_ops.launch_involution,
+    "involution_backward_input": involution_ops.launch_involution_backward_input,
+    "involution_backward_weight": involution_ops.launch_involution_backward_weight,
+}
+
+
+def _instantiations(source: KernelSource) -> str:
+    """A translation unit that explicitly instantiates every kernel for every dtype."""
+    lines = [f'#include "{source.path}"']
+    for signature in source.kernels.values():
+        for ctype in CTYPES.values():
+            lines.append(
+                f"template __global__ void {signature.name}<{ctype}>({signature.instantiated_params(ctype)});"
+            )
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("filename", CUDA_SOURCES)
+def test_nvcc_compiles_every_instantiation(filename, arch, tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on the PATH (CUDA 13's nvcc is on the development machines and CI)")
+    source = load_source(filename)
+    assert source.kernels, f"no kernels found in {filename}"
+    unit = tmp_path / "instantiate.cu"
+    unit.write_text(_instantiations(source))
+    result = subprocess.run(
+        [nvcc, f"-arch={arch}", "-std=c++17", f"-I{KERNEL_DIR}", "-Werror", "all-warnings", "-Xcompiler", "-Wall",
+         "-c", str(unit), "-o", str(tmp_path / "instantiate.o")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def _random_samples(spec, dtype, count, seed):
+    rng = random.Random(seed)
+    return [spec.random_sample(rng.randint, "cpu", dtype, False) for _ in range(count)]
+
+
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(LAUNCHES))
+def test_emulated_kernels_match_reference(name, dtype):
+    """Registry samples plus random shapes (strides 1-3, dilations 1-2, odd sizes, non-square
+    kernels, G = 1 and G = C), through the dispatch code the CUDA registration uses."""
+    spec = registry.get(name)
+    launcher = EmulatedLauncher()
+    samples = [*spec.sample_inputs("cpu", dtype, False), *_random_samples(spec, dtype, 40, seed=hash(name) % 1000)]
+    for sample in samples:
+        out = LAUNCHES[name](*sample.args, launcher)
+        assert_matches_reference(spec, sample, out, dtype)
+    assert any(launch[0] == name.replace("involution", "involution_forward", 1) or launch[0] == name
+               for launch in launcher.launches)
+
+
+def test_grid_stride_loops_cover_tensors_larger_than_the_grid(monkeypatch):
+    monkeypatch.setattr(oplib.kernels, "MAX_BLOCKS", 2)
+    spec = registry.get("involution")
+    launcher = EmulatedLauncher()
+    for sample in _random_samples(spec, torch.float64, 10, seed=7):
+        assert_matches_reference(spec, sample, involution_ops.launch_involution(*sample.args, launcher), torch.float64)
+    assert all(grid <= 2 for _, _, grid, _ in launcher.launches)
+
+
+@pytest.mark.parametrize("dtype,bits", [(torch.float16, torch.int16), (torch.bfloat16, torch.int16)], ids=str)
+def test_16_bit_conversions_are_bit_exact(dtype, bits):
+    """A 1x1 involution computes store(load(w) * load(x)): over every 16-bit pattern of x it
+    must round exactly as torch does (nearest even, subnormals, inf and nan included)."""
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(bits).view(dtype).reshape(1, 1, 256, 256)
+    for scale in (1.0, 1 / 3, 3.0, 1e-3):
+        w = torch.full((1, 1, 1, 1, 256, 256), scale, dtype=dtype)
+        out = involution_ops.launch_involution(x, w, [1, 1], [0, 0], [1, 1], EmulatedLauncher())
+        # The kernels accumulate from +0, so a -0 product sums to +0, as in torch's reductions.
+        expected = (0.0 + x.float() * w.float()).to(dtype)
+        same = (out.view(bits) == expected.view(bits)) | (out.isnan() & expected.isnan())
+        assert bool(same.all()), f"scale {scale}: {int((~same).sum())} patterns differ"
+
+
+@pytest.fixture
+def emulated_cpu_kernels():
+    """Route the three involution ops' CPU kernels through the emulated CUDA dispatch."""
+    launcher = EmulatedLauncher()
+    ops = {
+        involution_ops.involution: lambda *a: involution_ops.launch_involution(*a, launcher),
+        involution_ops.involution_backward_input: lambda *a: involution_ops.launch_involution_backward_input(*a, launcher),
+        involution_ops.involution_backward_weight: lambda *a: involution_ops.launch_involution_backward_weight(*a, launcher),
+    }
+    for op, kernel in ops.items():
+        op.register_kernel("cpu")(kernel)
+    yield launcher
+    # Back to the plain-PyTorch CPU kernels.
+    involution_ops.involution.register_kernel("cpu")(involution_ops._involution_kernel)
+    involution_ops.involution_backward_input.register_kernel("cpu")(involution_ops._involution_backward_input_kernel)
+    involution_ops.involution_backward_weight.register_kernel("cpu")(involution_ops._involution_backward_weight_kernel)
+
+
+@pytest.mark.parametrize("name", list(LAUNCHES))
+def test_gradcheck_through_emulated_kernels(name, emulated_cpu_kernels):
+    spec = registry.get(name)
+    # Three samples: the full Jacobians take thousands of kernel launches each.
+    for sample in list(spec.sample_inputs("cpu", torch.float64, True))[1:4]:
+        assert torch.autograd.gradcheck(spec.op, sample.args), sample.name
+        assert torch.autograd.gradgradcheck(spec.op, sample.args, fast_mode=True), sample.name
+    kernels = {launch[0] for launch in emulated_cpu_kernels.launches}
+    assert kernels == {"involution_forward", "involution_backward_input", "involution_backward_weight"}
+
+
+_ASAN_SCRIPT = textwrap.dedent(
+    """
+    import random, sys, torch
+    from oplib import registry
+    from oplib.ops import involution as ops
+    from oplib.testing import assert_matches_reference
+    from oplib.testing.cuda_emulation import EmulatedLauncher
+    launcher = EmulatedLauncher(sanitize=True)
+    rng = random.Random(0)
+    launches = {"involution": ops.launch_involution,
+                "involution_backward_input": ops.launch_involution_backward_input,
+                "involution_backward_weight": ops.launch_involution_backward_weight}
+    for name, launch in launches.items():
+        spec = registry.get(name)
+        for dtype in registry.FLOAT_DTYPES:
+            samples = list(spec.sample_inputs("cpu", dtype, False))
+            samples += [spec.random_sample(rng.randint, "cpu", dtype, False) for _ in range(15)]
+            for sample in samples:
+                assert_matches_reference(spec, sample, launch(*sample.args, launcher), dtype)
+    print("asan: clean,", len(launcher.launches), "launches")
+    """
+)
+
+
+def _run_under_asan(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=asan_environment(), timeout=900
+    )
+
+
+def test_kernels_are_clean_under_address_sanitizer():
+    for filename in CUDA_SOURCES:
+        build(load_source(filename), sanitize=True)  # compile errors surface here, not as an ASan abort
+    result = _run_under_asan(_ASAN_SCRIPT)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert "asan: clean" in result.stdout
+
+
+def test_address_sanitizer_catches_a_planted_off_by_one():
+    """Proof the harness would catch an illegal address: a kernel reading one element past
+    the end of a torch tensor must abort with a heap-buffer-overflow report."""
+    build(PLANTED, sanitize=True)
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from pathlib import Path
+        from oplib.kernels import KernelSource
+        from oplib.testing.cuda_emulation import EmulatedLauncher
+        path = Path({str(PLANTED.path)!r})
+        source = KernelSource(path, path.read_text())
+        x = torch.randn(1000)
+        out = torch.empty(1000)
+        EmulatedLauncher(sanitize=True).launch(source, "copy_next", torch.float32, 4, 256, (x, out, 1000))
+        print("no error reported")
+        """
+    )
+    result = _run_under_asan(script)
+    assert result.returncode != 0
+    assert "heap-buffer-overflow" in result.stderr
+    assert "no error reported" not in result.stdout
+
+
+def test_cuda_tensors_without_cupy_name_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` raise ImportError
+    with pytest.raises(RuntimeError, match=r"pip install 'oplib\[cuda12\]' or 'oplib\[cuda13\]'"):
+        oplib.kernels.CuPyLauncher()
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(LAUNCHES))
+def test_cupy_kernels_match_the_cpu_path(name, dtype):
+    spec = registry.get(name)
+    for sample in [*spec.sample_inputs("cuda", dtype, False), *_random_samples(spec, dtype, 20, seed=3)]:
+        args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in sample.args]
+        cpu_args = [a.cpu() if isinstance(a, torch.Tensor) else a for a in sample.args]
+        atol, rtol = spec.tolerance(dtype)
+        torch.testing.assert_close(spec.op(*args).cpu(), spec.op(*cpu_args), atol=atol, rtol=rtol, msg=sample.name)
