@@ -28,3 +28,36 @@ class SmallNet(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(self.act(self.conv(x)).mean((-2, -1)))
+
+
+class _PlainInvolution2d(oplib.nn.Involution2d):
+    """The same layer from torch.nn convolutions and the unfold formulation: no oplib op."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in ("reduce", "span"):
+            conv = getattr(self, name)
+            plain = torch.nn.Conv2d(conv.in_channels, conv.out_channels, 1, bias=conv.bias is not None)
+            plain.load_state_dict(conv.state_dict())
+            setattr(self, name, plain)
+
+    def forward(self, x: Tensor) -> Tensor:
+        reference = oplib.registry.get("involution").reference
+        return reference(x, self.kernel_weights(x), self.stride, self.padding, self.dilation)
+
+
+class InvolutionNet(torch.nn.Module):
+    """conv2d -> Involution2d (stride 2) -> global mean -> linear. input: (N, 3, H, W) -> (N, 4).
+
+    ``use_oplib=False``: the same network from torch.nn and plain-torch involution."""
+
+    def __init__(self, use_oplib: bool = True):
+        super().__init__()
+        nn = oplib.nn if use_oplib else torch.nn
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        involution = oplib.nn.Involution2d if use_oplib else _PlainInvolution2d
+        self.involution = involution(16, kernel_size=3, stride=2, group_channels=4)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.involution(self.stem(x)).mean((-2, -1)))

@@ -15,7 +15,7 @@ from torch.export import Dim
 from oplib import selfcheck
 from oplib.testing import OpCall, spec_params
 
-from _models import SmallNet
+from _models import InvolutionNet, SmallNet
 
 
 @pytest.mark.parametrize("spec,device", spec_params())
@@ -76,6 +76,17 @@ def test_aoti_package_runs_and_matches_eager(tmp_path):
         for n, h, w in ((1, 7, 9), (4, 10, 12), (6, 21, 13)):
             x = torch.randn(n, 3, h, w)
             torch.testing.assert_close(runner(x), model(x))
+
+
+def test_involution_net_exports_with_dynamic_batch_height_width():
+    torch.manual_seed(0)
+    model = InvolutionNet().eval()
+    dynamic = {"x": {0: Dim("batch", max=64), 2: Dim("height", min=4, max=512), 3: Dim("width", min=4, max=512)}}
+    program = torch.export.export(model, (torch.randn(2, 3, 16, 12),), dynamic_shapes=dynamic)
+    with torch.no_grad():
+        for n, h, w in ((1, 7, 9), (3, 15, 15), (5, 32, 21)):
+            x = torch.randn(n, 3, h, w)
+            torch.testing.assert_close(program.module()(x), model(x))
 
 
 class TestExportedGraph(expecttest.TestCase):

@@ -68,3 +68,22 @@ def _resolve_string_padding(input, weight, padding: str, stride, dilation):
         # symmetric padding cannot express: pad that side explicitly, as torch does.
         input = torch.nn.functional.pad(input, [0, extra[1], 0, extra[0]])
     return input, symmetric
+
+
+def involution(
+    input: Tensor,
+    weight: Tensor,
+    stride: IntOrPair = 1,
+    padding: IntOrPair = 0,
+    dilation: IntOrPair = 1,
+) -> Tensor:
+    """input: (N, C, H, W); weight: (N, G, KH, KW, Ho, Wo), one K*K kernel per output pixel,
+    shared by the C/G channels of a group. Returns (N, C, Ho, Wo) with
+    Ho = (H + 2 ph - dh (KH - 1) - 1) // sh + 1 (likewise Wo)."""
+    return torch.ops.oplib.involution(
+        input,
+        weight,
+        as_pair("involution", "stride", stride),
+        as_pair("involution", "padding", padding),
+        as_pair("involution", "dilation", dilation),
+    )

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from . import functional as F
+from .ops._common import as_pair, window_output_size
 
 
 class Exp(torch.nn.Module):
@@ -34,4 +35,87 @@ class Conv2d(torch.nn.Conv2d):
         return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
-__all__ = ["Conv2d", "Exp", "Linear"]
+class Involution2d(torch.nn.Module):
+    """The involution layer of Li et al. (CVPR 2021). input: (N, C, H, W) -> (N, C, Ho, Wo).
+
+    Each output pixel's K*K kernel is generated from the input: (average-pool to the output
+    size when stride > 1) -> 1x1 conv to C / reduction_ratio -> BatchNorm -> ReLU -> 1x1 conv
+    to G*K*K -> viewed as the (N, G, KH, KW, Ho, Wo) weight of ``torch.ops.oplib.involution``,
+    G = C / group_channels. Padding defaults to dilation * (K - 1) / 2, which keeps the size
+    at stride 1. The pooling yields exactly the op's output size, so odd sizes at stride 2
+    get a weight of the right size (the published code pooled to floor(H / 2) while its
+    output had ceil(H / 2) rows, and read out of bounds).
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int | tuple[int, int] = 7,
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] | None = None,
+        dilation: int | tuple[int, int] = 1,
+        group_channels: int = 16,
+        reduction_ratio: int = 4,
+    ):
+        super().__init__()
+        if channels % group_channels != 0:
+            raise ValueError(f"Involution2d: channels ({channels}) must be divisible by group_channels ({group_channels})")
+        self.kernel_size = tuple(as_pair("Involution2d", "kernel_size", kernel_size))
+        self.stride = tuple(as_pair("Involution2d", "stride", stride))
+        self.dilation = tuple(as_pair("Involution2d", "dilation", dilation))
+        same = tuple(d * (k - 1) // 2 for d, k in zip(self.dilation, self.kernel_size))
+        self.padding = same if padding is None else tuple(as_pair("Involution2d", "padding", padding))
+        self.groups = channels // group_channels
+        reduced = max(1, channels // reduction_ratio)
+        # Pooling is decided by the configuration, never by the input size, so tracing adds no guard.
+        self.pools = self.stride != (1, 1) or 2 * self.padding[0] != self.dilation[0] * (self.kernel_size[0] - 1) \
+            or 2 * self.padding[1] != self.dilation[1] * (self.kernel_size[1] - 1)
+        self.reduce = Conv2d(channels, reduced, 1, bias=False)
+        self.norm = torch.nn.BatchNorm2d(reduced)
+        self.span = Conv2d(reduced, self.groups * self.kernel_size[0] * self.kernel_size[1], 1)
+
+    def output_size(self, height, width) -> tuple:
+        return tuple(
+            window_output_size(size, self.kernel_size[a], self.stride[a], self.padding[a], self.dilation[a])
+            for a, size in enumerate((height, width))
+        )
+
+    def kernel_weights(self, input: Tensor) -> Tensor:
+        """input: (N, C, H, W) -> the generated weight (N, G, KH, KW, Ho, Wo)."""
+        n, _, height, width = input.shape
+        out_h, out_w = self.output_size(height, width)
+        source = self._pool(input, out_h, out_w) if self.pools else input
+        weight = self.span(torch.relu(self.norm(self.reduce(source))))
+        return weight.view(n, self.groups, *self.kernel_size, out_h, out_w)
+
+    def _pool(self, input: Tensor, out_h, out_w) -> Tensor:
+        """(N, C, H, W) -> (N, C, Ho, Wo): output pixel (i, j) gets the mean of the input over
+        the stride x stride cell at its window's centre, rows o + i*s ... o + i*s + s - 1 with
+        o = d (K - 1) // 2 - p (0 for the default padding: plain s x s average pooling, as in
+        the paper). Parts of a cell outside the image are left out of its mean, so odd sizes
+        at stride 2 work. Written as a sum over a shifted, zero-extended input divided by
+        the in-image count: the output size is then the op's own formula, which torch.export
+        can prove equal for every input size, and inductor lowers it with dynamic shapes."""
+        height, width = input.shape[2:]
+        offsets = [d * (k - 1) // 2 - p for d, k, p in zip(self.dilation, self.kernel_size, self.padding)]
+        # F.pad crops where an amount is negative.
+        pad = (
+            -offsets[1], out_w * self.stride[1] + offsets[1] - width,
+            -offsets[0], out_h * self.stride[0] + offsets[0] - height,
+        )
+        summed = torch.nn.functional.avg_pool2d(torch.nn.functional.pad(input, pad), self.stride, divisor_override=1)
+        inside = torch.nn.functional.pad(input.new_ones((1, 1, height, width)), pad)
+        count = torch.nn.functional.avg_pool2d(inside, self.stride, divisor_override=1)
+        return summed / count.clamp(min=1)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.involution(input, self.kernel_weights(input), self.stride, self.padding, self.dilation)
+
+    def extra_repr(self) -> str:
+        return (
+            f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+            f"dilation={self.dilation}, groups={self.groups}"
+        )
+
+
+__all__ = ["Conv2d", "Exp", "Involution2d", "Linear"]

@@ -76,3 +76,73 @@ def test_conv2d_api_errors():
 def test_linear_api_optional_bias():
     x, w = torch.randn(4, 5), torch.randn(3, 5)
     torch.testing.assert_close(oplib.linear(x, w), F.linear(x, w))
+
+
+def _cell_means(layer: oplib.nn.Involution2d, x: torch.Tensor, out_h: int, out_w: int) -> torch.Tensor:
+    """Pixel by pixel: the mean over the in-image part of the stride x stride cell at each
+    output pixel's window centre."""
+    source = x.new_zeros(*x.shape[:2], out_h, out_w)
+    offsets = [d * (k - 1) // 2 - p for d, k, p in zip(layer.dilation, layer.kernel_size, layer.padding)]
+    (sh, sw), (height, width) = layer.stride, x.shape[2:]
+    for i in range(out_h):
+        for j in range(out_w):
+            rows = slice(max(0, offsets[0] + i * sh), max(0, min(height, offsets[0] + (i + 1) * sh)))
+            cols = slice(max(0, offsets[1] + j * sw), max(0, min(width, offsets[1] + (j + 1) * sw)))
+            cell = x[:, :, rows, cols]
+            if cell.numel():
+                source[:, :, i, j] = cell.mean((-2, -1))
+    return source
+
+
+def _involution_layer_reference(layer: oplib.nn.Involution2d, x: torch.Tensor) -> torch.Tensor:
+    """The layer in plain torch: the same sub-modules' parameters, the unfold formulation."""
+    out_h, out_w = layer.output_size(*x.shape[2:])
+    source = _cell_means(layer, x, out_h, out_w) if layer.pools else x
+    hidden = F.relu(layer.norm(F.conv2d(source, layer.reduce.weight)))
+    weight = F.conv2d(hidden, layer.span.weight, layer.span.bias)
+    kh, kw = layer.kernel_size
+    n, c = x.shape[:2]
+    columns = F.unfold(x, layer.kernel_size, layer.dilation, layer.padding, layer.stride)
+    columns = columns.view(n, layer.groups, c // layer.groups, kh * kw, out_h, out_w)
+    return (columns * weight.view(n, layer.groups, 1, kh * kw, out_h, out_w)).sum(3).view(n, c, out_h, out_w)
+
+
+@pytest.mark.parametrize(
+    "kwargs,size",
+    [
+        (dict(channels=32, kernel_size=7), (9, 11)),
+        (dict(channels=32, kernel_size=7, stride=2), (7, 9)),  # odd sizes at stride 2
+        (dict(channels=16, kernel_size=3, stride=2), (8, 8)),
+        (dict(channels=16, kernel_size=(3, 5), stride=(2, 1), dilation=(1, 2), group_channels=4), (9, 10)),
+        (dict(channels=8, kernel_size=3, padding=0, group_channels=8, reduction_ratio=2), (6, 7)),
+        (dict(channels=8, kernel_size=4, stride=2, padding=3, group_channels=4), (7, 8)),
+        (dict(channels=8, kernel_size=4, group_channels=2), (5, 6)),
+    ],
+)
+@pytest.mark.parametrize("train", [True, False])
+def test_involution2d_matches_plain_torch(kwargs, size, train):
+    torch.manual_seed(0)
+    layer = oplib.nn.Involution2d(**kwargs).double().train(train)
+    x = torch.randn(3, kwargs["channels"], *size, dtype=torch.float64, requires_grad=True)
+    out = layer(x)
+    expected = _involution_layer_reference(layer, x)
+    assert out.shape == (3, kwargs["channels"], *layer.output_size(*size))
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    params = [x, *layer.parameters()]
+    for got, want in zip(torch.autograd.grad(out, params, grad), torch.autograd.grad(expected, params, grad)):
+        torch.testing.assert_close(got, want)
+
+
+def test_involution2d_default_padding_keeps_size_and_rejects_bad_groups():
+    layer = oplib.nn.Involution2d(32, kernel_size=7, dilation=2)
+    assert layer.padding == (6, 6) and not layer.pools
+    assert layer(torch.randn(2, 32, 13, 10)).shape == (2, 32, 13, 10)
+    with pytest.raises(ValueError, match=r"channels \(24\) must be divisible by group_channels \(16\)"):
+        oplib.nn.Involution2d(24)
+
+
+def test_involution_api_accepts_ints():
+    x = torch.randn(1, 4, 7, 7, dtype=torch.float64)
+    w = torch.randn(1, 2, 3, 3, 4, 4, dtype=torch.float64)
+    torch.testing.assert_close(oplib.involution(x, w, 2, 1), torch.ops.oplib.involution(x, w, [2, 2], [1, 1], [1, 1]))
