@@ -24,6 +24,7 @@ test: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) bench/dense.py
+	$(PY) bench/involution.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
