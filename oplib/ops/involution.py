@@ -164,75 +164,145 @@ def _chunks(items: int, bytes_per_item: int):
     return (slice(start, start + step) for start in range(0, items, step))
 
 
-def _taps(kernel_size, out_h: int, out_w: int, stride, dilation):
-    """For each kernel tap (a, b): the rows and columns of the padded input it reads for
-    every output pixel."""
-    (sh, sw), (dh, dw) = stride, dilation
-    for a in range(kernel_size[0]):
-        for b in range(kernel_size[1]):
-            rows = slice(a * dh, a * dh + sh * (out_h - 1) + 1, sh)
-            cols = slice(b * dw, b * dw + sw * (out_w - 1) + 1, sw)
-            yield a, b, rows, cols
+class _TapLayout:
+    """How the CPU kernels see the zero-padded input: one view per kernel tap (a, b) holding,
+    for every output pixel, the input value that tap reads.
 
+    ``flat`` (stride 1): the padded image is flattened row by row, rows ``row`` long, and the
+    outputs are computed on a grid ``row`` wide (columns past Wo are discarded). Output
+    m = i*row + j then reads input m + a*dh*row + b*dw: every tap is one contiguous shift,
+    so each pass is a long vectorised 1-D loop (2x faster than 2-D slices on 7x7 maps).
+    Otherwise: strided 2-D slices of the padded image, no discarded columns (at stride 2
+    the flat grid would compute twice the outputs needed).
+    """
 
-def _padded_groups(input: Tensor, groups: int, padding, dtype: torch.dtype) -> Tensor:
-    """(N, C, H, W) -> zero-padded (N*G, C/G, H + 2ph, W + 2pw) in ``dtype``."""
-    ph, pw = padding
-    padded = F.pad(input.to(dtype), (pw, pw, ph, ph))
-    n, channels = input.shape[:2]
-    return padded.reshape(n * groups, channels // groups, *padded.shape[2:])
+    def __init__(self, input_size, weight_shape, stride, padding, dilation):
+        (self.height, self.width), (self.ph, self.pw) = input_size, padding
+        _, _, self.kh, self.kw, self.out_h, self.out_w = weight_shape
+        self.stride, self.dilation = stride, dilation
+        self.flat = tuple(stride) == (1, 1)
+        taps = [(a, b) for a in range(self.kh) for b in range(self.kw)]
+        if self.flat:
+            (dh, dw) = dilation
+            self.row = self.width + 2 * self.pw
+            self.length = self.out_h * self.row
+            self.offsets = [a * dh * self.row + b * dw for a, b in taps]
+            # Rows of the padded buffer: the image with its padding, plus what the last
+            # tap's shift reads past it on the discarded columns.
+            self.rows = max(self.height + 2 * self.ph, -(-(max(self.offsets) + self.length) // self.row))
+        else:
+            (sh, sw), (dh, dw) = stride, dilation
+            self.windows = [
+                (
+                    slice(a * dh, a * dh + sh * (self.out_h - 1) + 1, sh),
+                    slice(b * dw, b * dw + sw * (self.out_w - 1) + 1, sw),
+                )
+                for a, b in taps
+            ]
+
+    @property
+    def taps(self) -> int:
+        return self.kh * self.kw
+
+    def output_shape(self) -> tuple:
+        """Trailing shape of the output grid the kernels compute on."""
+        return (self.length,) if self.flat else (self.out_h, self.out_w)
+
+    def padded_input(self, input: Tensor, groups: int, dtype: torch.dtype) -> Tensor:
+        """(N, C, H, W) -> (N*G, C/G, *padded) zero-padded in ``dtype``."""
+        n, channels = input.shape[:2]
+        bottom = (self.rows - self.height - self.ph) if self.flat else self.ph
+        padded = F.pad(input.to(dtype), (self.pw, self.pw, self.ph, bottom))
+        padded = padded.reshape(n * groups, channels // groups, *padded.shape[2:])
+        return padded.flatten(2) if self.flat else padded
+
+    def empty_padded_input(self, items: int, channels: int, dtype, device) -> Tensor:
+        shape = (self.rows * self.row,) if self.flat else (self.height + 2 * self.ph, self.width + 2 * self.pw)
+        return torch.empty(items, channels, *shape, dtype=dtype, device=device)
+
+    def tap(self, padded: Tensor, t: int) -> Tensor:
+        """The view of ``padded`` (items, C/G, *padded) that tap t reads, (items, C/G, *grid)."""
+        if self.flat:
+            return padded[..., self.offsets[t] : self.offsets[t] + self.length]
+        rows, cols = self.windows[t]
+        return padded[..., rows, cols]
+
+    def on_grid(self, per_pixel: Tensor) -> Tensor:
+        """(..., Ho, Wo) -> (..., *grid); zeros on the discarded columns of the flat grid."""
+        if not self.flat:
+            return per_pixel
+        return F.pad(per_pixel, (0, self.row - self.out_w)).flatten(-2)
+
+    def off_grid(self, on_grid: Tensor) -> Tensor:
+        """(..., *grid) -> (..., Ho, Wo) view."""
+        if not self.flat:
+            return on_grid
+        return on_grid.unflatten(-1, (self.out_h, self.row))[..., : self.out_w]
+
+    def unpadded(self, padded: Tensor) -> Tensor:
+        """(items, C/G, *padded) -> the (items, C/G, H, W) view of the image inside the padding."""
+        if self.flat:
+            padded = padded.unflatten(-1, (self.rows, self.row))
+        return padded[..., self.ph : self.ph + self.height, self.pw : self.pw + self.width]
 
 
 def _involution_cpu(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tensor:
-    n, channels, _, _ = input.shape
-    _, groups, kh, kw, out_h, out_w = weight.shape
+    n, channels, height, width = input.shape
+    groups = weight.shape[1]
+    layout = _TapLayout((height, width), weight.shape, stride, padding, dilation)
     acc = _accumulation_dtype(input.dtype)
-    x = _padded_groups(input, groups, padding, acc)  # (N*G, C/G, Hp, Wp)
-    w = weight.to(acc).reshape(n * groups, 1, kh, kw, out_h, out_w)  # shared by a group's channels
-    out = torch.empty(n * groups, channels // groups, out_h, out_w, dtype=acc, device=input.device)
+    x = layout.padded_input(input, groups, acc)
+    # (N*G, 1, K*K, *grid): one kernel per pixel, shared by the channels of a group.
+    w = layout.on_grid(weight.to(acc).reshape(n * groups, 1, layout.taps, layout.out_h, layout.out_w))
+    out = torch.empty(n * groups, channels // groups, *layout.output_shape(), dtype=acc, device=input.device)
     for chunk in _chunks(n * groups, out.shape[1:].numel() * out.element_size()):
         out_chunk, x_chunk, w_chunk = out[chunk], x[chunk], w[chunk]
         out_chunk.zero_()
-        for a, b, rows, cols in _taps((kh, kw), out_h, out_w, stride, dilation):
-            out_chunk.addcmul_(x_chunk[..., rows, cols], w_chunk[:, :, a, b])
-    return out.reshape(n, channels, out_h, out_w).to(input.dtype)
+        for t in range(layout.taps):
+            out_chunk.addcmul_(layout.tap(x_chunk, t), w_chunk[:, :, t])
+    result = torch.empty(n, channels, layout.out_h, layout.out_w, dtype=input.dtype, device=input.device)
+    result.view(n * groups, channels // groups, layout.out_h, layout.out_w).copy_(layout.off_grid(out))
+    return result
 
 
 def _involution_backward_input_cpu(grad_output, weight, input_size, stride, padding, dilation) -> Tensor:
-    n, channels, out_h, out_w = grad_output.shape
-    _, groups, kh, kw, _, _ = weight.shape
-    (height, width), (ph, pw) = input_size, padding
+    n, channels = grad_output.shape[:2]
+    groups = weight.shape[1]
+    layout = _TapLayout(input_size, weight.shape, stride, padding, dilation)
     acc = _accumulation_dtype(grad_output.dtype)
-    g = grad_output.to(acc).reshape(n * groups, channels // groups, out_h, out_w)
-    w = weight.to(acc).reshape(n * groups, 1, kh, kw, out_h, out_w)
-    grad = torch.empty(n * groups, channels // groups, height + 2 * ph, width + 2 * pw, dtype=acc, device=g.device)
+    g = layout.on_grid(grad_output.to(acc).reshape(n * groups, channels // groups, layout.out_h, layout.out_w))
+    w = layout.on_grid(weight.to(acc).reshape(n * groups, 1, layout.taps, layout.out_h, layout.out_w))
+    grad = layout.empty_padded_input(n * groups, channels // groups, acc, g.device)
     for chunk in _chunks(n * groups, grad.shape[1:].numel() * grad.element_size()):
         grad_chunk, g_chunk, w_chunk = grad[chunk], g[chunk], w[chunk]
         grad_chunk.zero_()
-        for a, b, rows, cols in _taps((kh, kw), out_h, out_w, stride, dilation):
-            # Adjoint of the forward's read: add g * w back where tap (a, b) read from.
-            grad_chunk[..., rows, cols].addcmul_(g_chunk, w_chunk[:, :, a, b])
+        for t in range(layout.taps):
+            # Adjoint of the forward's read: add g * w back where tap t read from.
+            layout.tap(grad_chunk, t).addcmul_(g_chunk, w_chunk[:, :, t])
     # Crop the padding into a fresh tensor: a view would carry a storage offset the fake has not.
-    cropped = torch.empty(n, channels, height, width, dtype=grad_output.dtype, device=g.device)
-    cropped.view(n * groups, channels // groups, height, width).copy_(grad[..., ph : ph + height, pw : pw + width])
-    return cropped
+    result = torch.empty(n, channels, *input_size, dtype=grad_output.dtype, device=g.device)
+    result.view(n * groups, channels // groups, *input_size).copy_(layout.unpadded(grad))
+    return result
 
 
 def _involution_backward_weight_cpu(grad_output, input, kernel_size, stride, padding, dilation, groups) -> Tensor:
     n, channels, out_h, out_w = grad_output.shape
-    kh, kw = kernel_size
+    weight_shape = (n, groups, *kernel_size, out_h, out_w)
+    layout = _TapLayout(input.shape[2:], weight_shape, stride, padding, dilation)
     acc = _accumulation_dtype(input.dtype)
-    x = _padded_groups(input, groups, padding, acc)
-    g = grad_output.to(acc).reshape(n * groups, channels // groups, out_h, out_w)
-    grad = torch.empty(n * groups, kh, kw, out_h, out_w, dtype=acc, device=g.device)
+    x = layout.padded_input(input, groups, acc)
+    g = layout.on_grid(grad_output.to(acc).reshape(n * groups, channels // groups, out_h, out_w))
+    grad = torch.empty(n * groups, layout.taps, *layout.output_shape(), dtype=acc, device=g.device)
     for chunk in _chunks(n * groups, g.shape[1:].numel() * g.element_size()):
         g_chunk, x_chunk, grad_chunk = g[chunk], x[chunk], grad[chunk]
         product = torch.empty_like(g_chunk)
-        for a, b, rows, cols in _taps((kh, kw), out_h, out_w, stride, dilation):
-            # dw[n, g, a, b, i, j] = sum over the group's channels of g * (what tap (a, b) read)
-            torch.mul(g_chunk, x_chunk[..., rows, cols], out=product)
-            torch.sum(product, dim=1, out=grad_chunk[:, a, b])
-    return grad.reshape(n, groups, kh, kw, out_h, out_w).to(input.dtype)
+        for t in range(layout.taps):
+            # dw[n, g, t, pixel] = sum over the group's channels of g * (what tap t read)
+            torch.mul(g_chunk, layout.tap(x_chunk, t), out=product)
+            torch.sum(product, dim=1, out=grad_chunk[:, t])
+    result = torch.empty(weight_shape, dtype=input.dtype, device=g.device)
+    result.view(n * groups, layout.taps, out_h, out_w).copy_(layout.off_grid(grad))
+    return result
 
 
 # ---------------------------------------------------------------------------------------
