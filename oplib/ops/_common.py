@@ -19,8 +19,22 @@ _LIB = torch.library.Library("oplib", "FRAGMENT")
 AutocastPolicy = Literal["lower_precision", "fp32"]
 
 
+def check(condition, message) -> None:
+    """``torch._check`` (RuntimeError), skipped when ``condition`` is a plain True: in eager
+    mode sizes are ints and every check costs a comparison. A symbolic condition still
+    goes to torch._check, which records it instead of specialising the shape."""
+    if condition is not True:
+        torch._check(condition, message)
+
+
+def check_value(condition, message) -> None:
+    """``torch._check_value`` (ValueError) with the same fast path as ``check``."""
+    if condition is not True:
+        torch._check_value(condition, message)
+
+
 def check_floating(op: str, name: str, tensor: Tensor) -> None:
-    torch._check(
+    check(
         tensor.is_floating_point(),
         lambda: f"oplib.{op}: expected {name} to have a floating-point dtype, got {tensor.dtype}",
     )
@@ -31,12 +45,12 @@ def check_same_dtype_and_device(op: str, reference_name: str, reference: Tensor,
     for name, tensor in others.items():
         if tensor is None:
             continue
-        torch._check(
+        check(
             tensor.dtype == reference.dtype,
             lambda: f"oplib.{op}: expected {name} and {reference_name} to have the same dtype, "
             f"got {name}.dtype={tensor.dtype} and {reference_name}.dtype={reference.dtype}",
         )
-        torch._check(
+        check(
             tensor.device == reference.device,
             lambda: f"oplib.{op}: expected {name} and {reference_name} to be on the same device, "
             f"got {name} on {tensor.device} and {reference_name} on {reference.device}",
@@ -44,7 +58,7 @@ def check_same_dtype_and_device(op: str, reference_name: str, reference: Tensor,
 
 
 def check_dim(op: str, name: str, tensor: Tensor, allowed: Sequence[int], layout: str) -> None:
-    torch._check(
+    check(
         tensor.dim() in allowed,
         lambda: f"oplib.{op}: expected {name} to be {layout}, "
         f"got a {tensor.dim()}-D tensor of size {list(tensor.shape)}",
@@ -54,12 +68,12 @@ def check_dim(op: str, name: str, tensor: Tensor, allowed: Sequence[int], layout
 def check_window_params(op: str, stride: Sequence, padding: Sequence, dilation: Sequence) -> None:
     """Stride and dilation must be positive pairs, padding a non-negative pair."""
     for name, values, lowest in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
-        torch._check_value(
+        check_value(
             len(values) == 2,
             lambda: f"oplib.{op}: expected {name} to have 2 elements (height, width), got {list(values)}",
         )
         for v in values:
-            torch._check_value(
+            check_value(
                 v >= lowest,
                 lambda: f"oplib.{op}: expected {name} to be {'positive' if lowest else 'non-negative'}, "
                 f"got {name}={list(values)}",

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor
 
 from ._common import (
+    check,
+    check_value,
     check_dim,
     check_floating,
     check_same_dtype_and_device,
@@ -30,25 +32,25 @@ def _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups) -
     check_floating("conv2d", "input", input)
     check_same_dtype_and_device("conv2d", "input", input, weight=weight, bias=bias)
     check_window_params("conv2d", stride, padding, dilation)
-    torch._check_value(groups > 0, lambda: f"oplib.conv2d: expected groups to be positive, got groups={groups}")
+    check_value(groups > 0, lambda: f"oplib.conv2d: expected groups to be positive, got groups={groups}")
     channels = input.shape[-3]
     out_channels = weight.shape[0]
-    torch._check(
+    check(
         channels % groups == 0,
         lambda: f"oplib.conv2d: expected input channels ({channels}) to be divisible by groups ({groups})",
     )
-    torch._check(
+    check(
         out_channels % groups == 0,
         lambda: f"oplib.conv2d: expected weight's out_channels ({out_channels}) to be divisible by groups ({groups})",
     )
-    torch._check(
+    check(
         weight.shape[1] * groups == channels,
         lambda: f"oplib.conv2d: expected input of size {list(input.shape)} to have "
         f"{weight.shape[1] * groups} channels (weight of size {list(weight.shape)}, groups={groups}), "
         f"got {channels} channels",
     )
     if bias is not None:
-        torch._check(
+        check(
             bias.dim() == 1 and bias.shape[0] == out_channels,
             lambda: f"oplib.conv2d: expected bias of size [{out_channels}] (out_channels), "
             f"got bias of size {list(bias.shape)}",
@@ -57,7 +59,7 @@ def _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups) -
         size = input.shape[-2 + axis]
         kernel = weight.shape[2 + axis]
         extent = dilation[axis] * (kernel - 1) + 1
-        torch._check(
+        check(
             size + 2 * padding[axis] >= extent,
             lambda: f"oplib.conv2d: input {name} with padding ({size} + 2*{padding[axis]}) is smaller "
             f"than the dilated kernel {name} ({extent})",

@@ -31,6 +31,8 @@ from torch import Tensor
 
 from ..kernels import Launcher, cupy_launcher, launch_elementwise, load_source
 from ._common import (
+    check,
+    check_value,
     check_dim,
     check_floating,
     check_same_dtype_and_device,
@@ -54,7 +56,7 @@ def _output_size(height, width, kernel_size, stride, padding, dilation) -> tuple
 def _check_output_size(op, height, width, kernel_size, stride, padding, dilation):
     for a, (name, size) in enumerate((("height", height), ("width", width))):
         extent = dilation[a] * (kernel_size[a] - 1) + 1
-        torch._check(
+        check(
             size + 2 * padding[a] >= extent,
             lambda: f"oplib.{op}: input {name} with padding ({size} + 2*{padding[a]}) is smaller than "
             f"the dilated kernel {name} ({extent})",
@@ -70,19 +72,19 @@ def _check_involution_args(input: Tensor, weight: Tensor, stride, padding, dilat
     check_window_params("involution", stride, padding, dilation)
     n, channels, height, width = input.shape
     groups = weight.shape[1]
-    torch._check(
+    check(
         weight.shape[0] == n,
         lambda: f"oplib.involution: expected weight's batch size to equal input's, got input of size "
         f"{list(input.shape)} and weight of size {list(weight.shape)}",
     )
-    torch._check(groups > 0, lambda: f"oplib.involution: expected at least one group, got weight of size {list(weight.shape)}")
-    torch._check(
+    check(groups > 0, lambda: f"oplib.involution: expected at least one group, got weight of size {list(weight.shape)}")
+    check(
         channels % groups == 0,
         lambda: f"oplib.involution: expected input channels ({channels}) to be divisible by the groups "
         f"of weight ({groups}), got input of size {list(input.shape)} and weight of size {list(weight.shape)}",
     )
     out_h, out_w = _check_output_size("involution", height, width, weight.shape[2:4], stride, padding, dilation)
-    torch._check(
+    check(
         (weight.shape[4] == out_h) & (weight.shape[5] == out_w),
         lambda: f"oplib.involution: expected weight's output size (Ho, Wo) to be ({out_h}, {out_w}), the "
         f"output size of input {list(input.shape)} with kernel {list(weight.shape[2:4])}, stride {list(stride)}, "
@@ -97,7 +99,7 @@ def _check_backward_input_args(grad_output, weight, input_size, stride, padding,
     check_floating(op, "grad_output", grad_output)
     check_same_dtype_and_device(op, "grad_output", grad_output, weight=weight)
     check_window_params(op, stride, padding, dilation)
-    torch._check_value(
+    check_value(
         len(input_size) == 2, lambda: f"oplib.{op}: expected input_size to be (H, W), got {list(input_size)}"
     )
     n, channels, out_h, out_w = grad_output.shape
@@ -106,10 +108,10 @@ def _check_backward_input_args(grad_output, weight, input_size, stride, padding,
         f"oplib.{op}: expected weight (N, G, ...) with the batch size of grad_output and G dividing its "
         f"channels, got grad_output of size {list(grad_output.shape)} and weight of size {list(weight.shape)}"
     )
-    torch._check((weight.shape[0] == n) & (groups > 0), mismatch)
-    torch._check(channels % groups == 0, mismatch)
+    check((weight.shape[0] == n) & (groups > 0), mismatch)
+    check(channels % groups == 0, mismatch)
     expected = _check_output_size(op, *input_size, weight.shape[2:4], stride, padding, dilation)
-    torch._check(
+    check(
         (weight.shape[4] == out_h) & (weight.shape[5] == out_w) & (expected[0] == out_h) & (expected[1] == out_w),
         lambda: f"oplib.{op}: expected grad_output and weight to have the output size {list(expected)} of input "
         f"size {list(input_size)}, got grad_output of size {list(grad_output.shape)} and weight of size "
@@ -124,18 +126,18 @@ def _check_backward_weight_args(grad_output, input, kernel_size, stride, padding
     check_floating(op, "grad_output", grad_output)
     check_same_dtype_and_device(op, "grad_output", grad_output, input=input)
     check_window_params(op, stride, padding, dilation)
-    torch._check_value(
+    check_value(
         len(kernel_size) == 2 and kernel_size[0] > 0 and kernel_size[1] > 0,
         lambda: f"oplib.{op}: expected kernel_size to be a positive (KH, KW), got {list(kernel_size)}",
     )
-    torch._check_value(groups > 0, lambda: f"oplib.{op}: expected groups to be positive, got groups={groups}")
+    check_value(groups > 0, lambda: f"oplib.{op}: expected groups to be positive, got groups={groups}")
     n, channels, height, width = input.shape
-    torch._check(
+    check(
         channels % groups == 0,
         lambda: f"oplib.{op}: expected input channels ({channels}) to be divisible by groups ({groups})",
     )
     expected = _check_output_size(op, height, width, kernel_size, stride, padding, dilation)
-    torch._check(
+    check(
         (grad_output.shape[0] == n)
         & (grad_output.shape[1] == channels)
         & (grad_output.shape[2] == expected[0])
@@ -496,7 +498,7 @@ def _backward_input_setup_context(ctx, inputs, output) -> None:
 
 def _backward_input_backward(ctx, upstream: Tensor):
     grad_output, weight = ctx.saved_tensors
-    (grad_output_shape, weight_shape), (stride, padding, dilation) = ctx.shapes, ctx.params
+    (_, weight_shape), (stride, padding, dilation) = ctx.shapes, ctx.params
     d_grad_output = d_weight = None
     if ctx.needs_input_grad[0]:
         d_grad_output = involution(upstream, weight, stride, padding, dilation)
@@ -514,7 +516,7 @@ def _backward_weight_setup_context(ctx, inputs, output) -> None:
 
 def _backward_weight_backward(ctx, upstream: Tensor):
     grad_output, input = ctx.saved_tensors
-    (grad_output_shape, input_shape), (stride, padding, dilation) = ctx.shapes, ctx.params
+    (_, input_shape), (stride, padding, dilation) = ctx.shapes, ctx.params
     d_grad_output = d_input = None
     if ctx.needs_input_grad[0]:
         d_grad_output = involution(input, upstream, stride, padding, dilation)

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import check_dim, check_floating, check_same_dtype_and_device, register_autocast_policy
+from ._common import check, check_dim, check_floating, check_same_dtype_and_device, register_autocast_policy
 
 
 def _check_linear_args(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
@@ -19,13 +19,13 @@ def _check_linear_args(input: Tensor, weight: Tensor, bias: Optional[Tensor]) ->
     check_dim("linear", "weight", weight, (2,), "2-D (out_features, in_features)")
     check_floating("linear", "input", input)
     check_same_dtype_and_device("linear", "input", input, weight=weight, bias=bias)
-    torch._check(
+    check(
         input.shape[-1] == weight.shape[1],
         lambda: f"oplib.linear: expected input's last dimension to equal weight's in_features, "
         f"got input of size {list(input.shape)} and weight of size {list(weight.shape)}",
     )
     if bias is not None:
-        torch._check(
+        check(
             bias.dim() == 1 and bias.shape[0] == weight.shape[0],
             lambda: f"oplib.linear: expected bias of size [{weight.shape[0]}] (out_features), "
             f"got bias of size {list(bias.shape)}",
