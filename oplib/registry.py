@@ -71,6 +71,9 @@ class OpSpec:
     torch_equivalent: Optional[Callable[..., Tensor]] = None
     tolerances: Mapping[torch.dtype, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     double_backward: bool = True
+    # gradgradcheck builds full second-order Jacobians; fast mode checks random projections
+    # of them instead, for ops where the full matrices take minutes.
+    fast_gradgradcheck: bool = False
 
     @property
     def qualname(self) -> str:
@@ -589,6 +592,7 @@ _INVOLUTION_AUTOCAST = {"cpu": "lower_precision", "cuda": "lower_precision"}
 register(
     OpSpec(
         name="involution",
+        fast_gradgradcheck=True,
         op=torch.ops.oplib.involution.default,
         reference=_involution_reference,
         sample_inputs=_involution_samples,
@@ -601,6 +605,7 @@ register(
 register(
     OpSpec(
         name="involution_backward_input",
+        fast_gradgradcheck=True,
         op=torch.ops.oplib.involution_backward_input.default,
         reference=_involution_backward_input_reference,
         sample_inputs=_involution_backward_input_samples,
@@ -613,6 +618,7 @@ register(
 register(
     OpSpec(
         name="involution_backward_weight",
+        fast_gradgradcheck=True,
         op=torch.ops.oplib.involution_backward_weight.default,
         reference=_involution_backward_weight_reference,
         sample_inputs=_involution_backward_weight_samples,

@@ -44,7 +44,7 @@ def test_gradcheck(spec, device):
 @pytest.mark.parametrize("spec,device", spec_params([s for s in registry.all_specs() if s.double_backward]))
 def test_gradgradcheck(spec, device):
     for sample in spec.sample_inputs(device, torch.float64, True):
-        assert torch.autograd.gradgradcheck(spec.op, sample.args), sample.name
+        assert torch.autograd.gradgradcheck(spec.op, sample.args, fast_mode=spec.fast_gradgradcheck), sample.name
 
 
 @pytest.mark.parametrize("spec,device", spec_params())
