@@ -18,6 +18,7 @@ import ctypes
 import datetime
 import os
 import platform
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,22 +151,38 @@ def _machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), Python {platform.python_version()}"
 
 
-def run_cpu(shapes, min_run_time: float, bandwidth: float):
+def run_cpu(shapes, min_run_time: float, bandwidth: float, rounds: int):
+    """Times every (candidate, mode) in ``rounds`` interleaved rounds and keeps the median,
+    so a burst of load from elsewhere skews one round, not a whole row. Peak memory is
+    measured afterwards, with malloc told to return large blocks (which slows allocation,
+    so never while timing)."""
+    candidates = (("oplib", _oplib), ("unfold", _unfold_involution))
     rows = []
     for shape in shapes:
         torch.manual_seed(0)
         x, w = shape.tensors("cpu", requires_grad=True)
         grad = torch.randn(shape.batch, shape.channels, shape.out_size, shape.out_size)
-        times = {}
-        for label, fn in (("oplib", _oplib), ("unfold", _unfold_involution)):
-            with torch.no_grad():
-                times[label, "fwd"] = _median_time("fn(x, w, shape)", fn, x, w, shape, grad, min_run_time)
-            times[label, "fwd+bwd"] = _median_time("_fwd_bwd(fn, x, w, shape, grad)", fn, x, w, shape, grad, min_run_time)
-            times[label, "peak"] = _peak_extra_bytes(lambda: _fwd_bwd(fn, x, w, shape, grad))
-        floor = shape.floor_bytes() / bandwidth
-        rows.append((shape, times, floor))
+        samples = {}
+        for _ in range(rounds):
+            for label, fn in candidates:
+                with torch.no_grad():
+                    samples.setdefault((label, "fwd"), []).append(
+                        _median_time("fn(x, w, shape)", fn, x, w, shape, grad, min_run_time)
+                    )
+                samples.setdefault((label, "fwd+bwd"), []).append(
+                    _median_time("_fwd_bwd(fn, x, w, shape, grad)", fn, x, w, shape, grad, min_run_time)
+                )
+        times = {key: statistics.median(values) for key, values in samples.items()}
+        rows.append((shape, times, shape.floor_bytes() / bandwidth))
         print(f"{shape.name}: oplib fwd {times['oplib', 'fwd'] * 1e3:.1f} ms, fwd+bwd {times['oplib', 'fwd+bwd'] * 1e3:.1f} ms; "
               f"unfold fwd {times['unfold', 'fwd'] * 1e3:.1f} ms, fwd+bwd {times['unfold', 'fwd+bwd'] * 1e3:.1f} ms", flush=True)
+    _limit_malloc_caching()
+    for shape, times, _ in rows:
+        torch.manual_seed(0)
+        x, w = shape.tensors("cpu", requires_grad=True)
+        grad = torch.randn(shape.batch, shape.channels, shape.out_size, shape.out_size)
+        for label, fn in candidates:
+            times[label, "peak"] = _peak_extra_bytes(lambda: _fwd_bwd(fn, x, w, shape, grad))
     return rows
 
 
@@ -191,8 +208,9 @@ def _markdown(cpu_rows, cuda_rows, bandwidth, failures, args) -> str:
         "",
         f"- machine: {_machine()}",
         f"- copy bandwidth measured in this run: {bandwidth / 1e9:.1f} GB/s (bytes read + written)",
-        "- float32, K = 7, 16 channels per group, padding 3; times are medians of torch.utils.benchmark",
-        "  blocked_autorange; peak = highest resident memory above the inputs during one forward+backward",
+        f"- float32, K = 7, 16 channels per group, padding 3; times: median over {1 if args.quick else args.rounds} interleaved rounds",
+        "  of torch.utils.benchmark blocked_autorange medians; peak = highest resident memory above the",
+        "  inputs during one forward+backward (measured after the timings)",
         "",
         "## CPU",
         "",
@@ -223,15 +241,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two small shapes, short timings")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median kept)")
     parser.add_argument("--output", type=Path, default=None, help="markdown file (default bench/results/involution[-quick].md)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    _limit_malloc_caching()
     shapes = QUICK_SHAPES if args.quick else SHAPES
     min_run_time = 0.2 if args.quick else 1.0
     bandwidth = copy_bandwidth()
     print(f"{_machine()}\ncopy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
-    cpu_rows = run_cpu(shapes, min_run_time, bandwidth)
+    cpu_rows = run_cpu(shapes, min_run_time, bandwidth, 1 if args.quick else args.rounds)
     cuda_rows = run_cuda(shapes, min_run_time) if torch.cuda.is_available() else []
     failures = [
         shape.name

@@ -168,84 +168,71 @@ def _chunks(items: int, bytes_per_item: int):
 
 class _TapLayout:
     """How the CPU kernels see the zero-padded input: one view per kernel tap (a, b) holding,
-    for every output pixel, the input value that tap reads.
+    for every output pixel, the input value that tap reads, as a contiguous 1-D shift.
 
-    ``flat`` (stride 1): the padded image is flattened row by row, rows ``row`` long, and the
-    outputs are computed on a grid ``row`` wide (columns past Wo are discarded). Output
-    m = i*row + j then reads input m + a*dh*row + b*dw: every tap is one contiguous shift,
-    so each pass is a long vectorised 1-D loop (2x faster than 2-D slices on 7x7 maps).
-    Otherwise: strided 2-D slices of the padded image, no discarded columns (at stride 2
-    the flat grid would compute twice the outputs needed).
+    The padded image is split into stride_h x stride_w phases (phase (p, q) holds the pixels
+    at rows p, p + sh, ... and columns q, q + sw, ...), each flattened row by row with rows
+    ``row`` long. Tap (a, b) reads phase (a*dh % sh, b*dw % sw) shifted by
+    (a*dh // sh, b*dw // sw), so output m = i*row + j reads element m + offset of one phase:
+    every pass of the kernels is a long vectorised 1-D loop, at any stride. Outputs are
+    computed on a grid ``row`` wide; its columns past Wo are discarded (row - Wo is at most
+    about (K - 1) * d / s).
     """
 
     def __init__(self, input_size, weight_shape, stride, padding, dilation):
         (self.height, self.width), (self.ph, self.pw) = input_size, padding
         _, _, self.kh, self.kw, self.out_h, self.out_w = weight_shape
-        self.stride, self.dilation = stride, dilation
-        self.flat = tuple(stride) == (1, 1)
-        taps = [(a, b) for a in range(self.kh) for b in range(self.kw)]
-        if self.flat:
-            (dh, dw) = dilation
-            self.row = self.width + 2 * self.pw
-            self.length = self.out_h * self.row
-            self.offsets = [a * dh * self.row + b * dw for a, b in taps]
-            # Rows of the padded buffer: the image with its padding, plus what the last
-            # tap's shift reads past it on the discarded columns.
-            self.rows = max(self.height + 2 * self.ph, -(-(max(self.offsets) + self.length) // self.row))
-        else:
-            (sh, sw), (dh, dw) = stride, dilation
-            self.windows = [
-                (
-                    slice(a * dh, a * dh + sh * (self.out_h - 1) + 1, sh),
-                    slice(b * dw, b * dw + sw * (self.out_w - 1) + 1, sw),
-                )
-                for a, b in taps
-            ]
-
-    @property
-    def taps(self) -> int:
-        return self.kh * self.kw
-
-    def output_shape(self) -> tuple:
-        """Trailing shape of the output grid the kernels compute on."""
-        return (self.length,) if self.flat else (self.out_h, self.out_w)
+        (self.sh, self.sw), (dh, dw) = stride, dilation
+        # The padded image, extended with zeros to whole phases.
+        self.padded_h = -(-(self.height + 2 * self.ph) // self.sh) * self.sh
+        self.padded_w = -(-(self.width + 2 * self.pw) // self.sw) * self.sw
+        self.row = self.padded_w // self.sw
+        self.length = self.out_h * self.row
+        self.phase_rows = self.padded_h // self.sh
+        self.taps = [
+            ((a * dh % self.sh) * self.sw + b * dw % self.sw, (a * dh // self.sh) * self.row + b * dw // self.sw)
+            for a in range(self.kh)
+            for b in range(self.kw)
+        ]
+        # Rows of each phase buffer: the phase image plus what the largest shift reads past
+        # it on the discarded columns.
+        self.rows = max(self.phase_rows, -(-(max(offset for _, offset in self.taps) + self.length) // self.row))
 
     def padded_input(self, input: Tensor, groups: int, dtype: torch.dtype) -> Tensor:
-        """(N, C, H, W) -> (N*G, C/G, *padded) zero-padded in ``dtype``."""
+        """(N, C, H, W) -> the phase buffer (N*G, C/G, sh*sw, rows*row) in ``dtype``."""
         n, channels = input.shape[:2]
-        bottom = (self.rows - self.height - self.ph) if self.flat else self.ph
-        padded = F.pad(input.to(dtype), (self.pw, self.pw, self.ph, bottom))
-        padded = padded.reshape(n * groups, channels // groups, *padded.shape[2:])
-        return padded.flatten(2) if self.flat else padded
+        padded = F.pad(
+            input.to(dtype),
+            (self.pw, self.padded_w - self.width - self.pw, self.ph, self.padded_h - self.height - self.ph),
+        )
+        phases = padded.reshape(n * groups, channels // groups, self.phase_rows, self.sh, self.row, self.sw)
+        phases = phases.permute(0, 1, 3, 5, 2, 4)  # (items, C/G, sh, sw, phase_rows, row)
+        phases = F.pad(phases, (0, 0, 0, self.rows - self.phase_rows))
+        return phases.reshape(n * groups, channels // groups, self.sh * self.sw, self.rows * self.row)
 
     def empty_padded_input(self, items: int, channels: int, dtype, device) -> Tensor:
-        shape = (self.rows * self.row,) if self.flat else (self.height + 2 * self.ph, self.width + 2 * self.pw)
-        return torch.empty(items, channels, *shape, dtype=dtype, device=device)
+        return torch.empty(items, channels, self.sh * self.sw, self.rows * self.row, dtype=dtype, device=device)
 
-    def tap(self, padded: Tensor, t: int) -> Tensor:
-        """The view of ``padded`` (items, C/G, *padded) that tap t reads, (items, C/G, *grid)."""
-        if self.flat:
-            return padded[..., self.offsets[t] : self.offsets[t] + self.length]
-        rows, cols = self.windows[t]
-        return padded[..., rows, cols]
+    def tap(self, phases: Tensor, t: int) -> Tensor:
+        """The (items, C/G, length) view of the phase buffer that tap t reads."""
+        phase, offset = self.taps[t]
+        return phases[:, :, phase, offset : offset + self.length]
 
     def on_grid(self, per_pixel: Tensor) -> Tensor:
-        """(..., Ho, Wo) -> (..., *grid); zeros on the discarded columns of the flat grid."""
-        if not self.flat:
-            return per_pixel
+        """(..., Ho, Wo) -> (..., length), zeros on the discarded columns."""
         return F.pad(per_pixel, (0, self.row - self.out_w)).flatten(-2)
 
     def off_grid(self, on_grid: Tensor) -> Tensor:
-        """(..., *grid) -> (..., Ho, Wo) view."""
-        if not self.flat:
-            return on_grid
+        """(..., length) -> the (..., Ho, Wo) view of the kept columns."""
         return on_grid.unflatten(-1, (self.out_h, self.row))[..., : self.out_w]
 
-    def unpadded(self, padded: Tensor) -> Tensor:
-        """(items, C/G, *padded) -> the (items, C/G, H, W) view of the image inside the padding."""
-        if self.flat:
-            padded = padded.unflatten(-1, (self.rows, self.row))
-        return padded[..., self.ph : self.ph + self.height, self.pw : self.pw + self.width]
+    def unpadded(self, phases: Tensor) -> Tensor:
+        """Phase buffer -> (items, C/G, H, W): the image inside the padding, reassembled."""
+        items, channels = phases.shape[:2]
+        image = phases.unflatten(-1, (self.rows, self.row))[..., : self.phase_rows, :]
+        image = image.unflatten(2, (self.sh, self.sw)).permute(0, 1, 4, 2, 5, 3)
+        image = image.reshape(items, channels, self.padded_h, self.padded_w)
+        return image[..., self.ph : self.ph + self.height, self.pw : self.pw + self.width]
 
 
 def _involution_cpu(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tensor:
@@ -255,12 +242,12 @@ def _involution_cpu(input: Tensor, weight: Tensor, stride, padding, dilation) ->
     acc = _accumulation_dtype(input.dtype)
     x = layout.padded_input(input, groups, acc)
     # (N*G, 1, K*K, *grid): one kernel per pixel, shared by the channels of a group.
-    w = layout.on_grid(weight.to(acc).reshape(n * groups, 1, layout.taps, layout.out_h, layout.out_w))
-    out = torch.empty(n * groups, channels // groups, *layout.output_shape(), dtype=acc, device=input.device)
+    w = layout.on_grid(weight.to(acc).reshape(n * groups, 1, len(layout.taps), layout.out_h, layout.out_w))
+    out = torch.empty(n * groups, channels // groups, layout.length, dtype=acc, device=input.device)
     for chunk in _chunks(n * groups, out.shape[1:].numel() * out.element_size()):
         out_chunk, x_chunk, w_chunk = out[chunk], x[chunk], w[chunk]
         out_chunk.zero_()
-        for t in range(layout.taps):
+        for t in range(len(layout.taps)):
             out_chunk.addcmul_(layout.tap(x_chunk, t), w_chunk[:, :, t])
     result = torch.empty(n, channels, layout.out_h, layout.out_w, dtype=input.dtype, device=input.device)
     result.view(n * groups, channels // groups, layout.out_h, layout.out_w).copy_(layout.off_grid(out))
@@ -273,12 +260,12 @@ def _involution_backward_input_cpu(grad_output, weight, input_size, stride, padd
     layout = _TapLayout(input_size, weight.shape, stride, padding, dilation)
     acc = _accumulation_dtype(grad_output.dtype)
     g = layout.on_grid(grad_output.to(acc).reshape(n * groups, channels // groups, layout.out_h, layout.out_w))
-    w = layout.on_grid(weight.to(acc).reshape(n * groups, 1, layout.taps, layout.out_h, layout.out_w))
+    w = layout.on_grid(weight.to(acc).reshape(n * groups, 1, len(layout.taps), layout.out_h, layout.out_w))
     grad = layout.empty_padded_input(n * groups, channels // groups, acc, g.device)
     for chunk in _chunks(n * groups, grad.shape[1:].numel() * grad.element_size()):
         grad_chunk, g_chunk, w_chunk = grad[chunk], g[chunk], w[chunk]
         grad_chunk.zero_()
-        for t in range(layout.taps):
+        for t in range(len(layout.taps)):
             # Adjoint of the forward's read: add g * w back where tap t read from.
             layout.tap(grad_chunk, t).addcmul_(g_chunk, w_chunk[:, :, t])
     # Crop the padding into a fresh tensor: a view would carry a storage offset the fake has not.
@@ -294,16 +281,16 @@ def _involution_backward_weight_cpu(grad_output, input, kernel_size, stride, pad
     acc = _accumulation_dtype(input.dtype)
     x = layout.padded_input(input, groups, acc)
     g = layout.on_grid(grad_output.to(acc).reshape(n * groups, channels // groups, out_h, out_w))
-    grad = torch.empty(n * groups, layout.taps, *layout.output_shape(), dtype=acc, device=g.device)
+    grad = torch.empty(n * groups, len(layout.taps), layout.length, dtype=acc, device=g.device)
     for chunk in _chunks(n * groups, g.shape[1:].numel() * g.element_size()):
         g_chunk, x_chunk, grad_chunk = g[chunk], x[chunk], grad[chunk]
         product = torch.empty_like(g_chunk)
-        for t in range(layout.taps):
+        for t in range(len(layout.taps)):
             # dw[n, g, t, pixel] = sum over the group's channels of g * (what tap t read)
             torch.mul(g_chunk, layout.tap(x_chunk, t), out=product)
             torch.sum(product, dim=1, out=grad_chunk[:, t])
     result = torch.empty(weight_shape, dtype=input.dtype, device=g.device)
-    result.view(n * groups, layout.taps, out_h, out_w).copy_(layout.off_grid(grad))
+    result.view(n * groups, len(layout.taps), out_h, out_w).copy_(layout.off_grid(grad))
     return result
 
 
