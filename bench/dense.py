@@ -1,0 +1,640 @@
+#!/usr/bin/env python
+"""Benchmark oplib's dense ops against torch on CPU, float32, in one run.
+
+1. ``oplib.conv2d`` vs ``F.conv2d``, forward+backward, at ResNet-50 stage shapes (batch 8).
+2. ``oplib.linear`` vs ``F.linear``, forward+backward (ResNet-50 fc, a ViT-B MLP layer).
+3. The conv2d backward route: one ``aten.convolution_backward`` call (what oplib uses)
+   vs ``torch.nn.grad.conv2d_input`` + ``conv2d_weight`` + a bias sum, backward only.
+4. Per-call eager overhead on tiny tensors: oplib op vs plain torch op vs an equivalent
+   ``torch.autograd.Function``, with and without ``requires_grad``.
+
+Candidates are timed with ``torch.utils.benchmark.Timer.blocked_autorange`` in
+interleaved rounds (the order rotates every round). A time is the median of the
+candidate's per-round medians; a ratio is the median of the per-round ratios, each
+taken between measurements made seconds apart, so that a change in the machine's load
+(other processes stealing a core stall every OpenMP region) cancels out.
+The results are printed and written as markdown (``bench/results/dense.md``). The
+script exits with status 1 if an oplib/torch forward+backward ratio of section 1 or 2
+exceeds ``--max-ratio``.
+
+Usage (from the repo root)::
+
+    python bench/dense.py            # full run, several minutes
+    python bench/dense.py --quick    # smoke test: smallest shapes, short timing
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.grad import conv2d_input, conv2d_weight
+from torch.utils.benchmark import Compare, Measurement, Timer
+
+import oplib
+
+_RESULTS_DIR = Path(__file__).resolve().parent / "results"
+_BATCH = 8
+
+# Timed statements. ``_FWD_BWD`` drops the gradients after each step (as
+# ``zero_grad(set_to_none=True)`` does), so no step pays for accumulating into the last.
+_CALL = "fn(*args)"
+_FWD_BWD = "fn(*args).backward(grad)\nfor leaf in leaves:\n    leaf.grad = None"
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """How long and on how many threads to time."""
+
+    threads: int
+    rounds: int
+    min_run_time: float  # seconds per candidate per round, sections 1-3
+    tiny_min_run_time: float  # seconds per candidate per round, section 4
+    quick: bool
+
+
+@dataclass(frozen=True)
+class _ConvShape:
+    """A stride-1 'same' convolution of a ResNet-50 stage: (N, C, S, S) -> (N, O, S, S)."""
+
+    stage: int
+    in_channels: int
+    out_channels: int
+    size: int
+    kernel: int
+
+    @property
+    def padding(self) -> int:
+        return self.kernel // 2
+
+    @property
+    def name(self) -> str:
+        return (
+            f"stage {self.stage} {self.kernel}x{self.kernel} "
+            f"{self.in_channels}->{self.out_channels} @{self.size}x{self.size}"
+        )
+
+
+@dataclass(frozen=True)
+class _LinearShape:
+    """(M, in) -> (M, out)."""
+
+    what: str
+    rows: int
+    in_features: int
+    out_features: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.what} ({self.rows}, {self.in_features}) -> {self.out_features}"
+
+
+_CONV_SHAPES = (
+    _ConvShape(1, 64, 64, 56, 3),
+    _ConvShape(2, 128, 128, 28, 3),
+    _ConvShape(3, 256, 256, 14, 3),
+    _ConvShape(4, 512, 512, 7, 3),
+    _ConvShape(1, 256, 64, 56, 1),
+    _ConvShape(2, 512, 128, 28, 1),
+    _ConvShape(3, 1024, 256, 14, 1),
+    _ConvShape(4, 2048, 512, 7, 1),
+)
+_QUICK_CONV_SHAPES = (_ConvShape(4, 512, 512, 7, 3), _ConvShape(4, 2048, 512, 7, 1))
+
+_LINEAR_SHAPES = (
+    _LinearShape("ResNet-50 fc", _BATCH, 2048, 1000),
+    _LinearShape("ViT-B MLP up", _BATCH * 196, 768, 3072),
+)
+_QUICK_LINEAR_SHAPES = _LINEAR_SHAPES[:1]
+
+
+@dataclass
+class _Result:
+    """One candidate's timings: every round merged (for Compare), and each round's median
+    (seconds)."""
+
+    measurement: Measurement
+    round_medians: list[float]
+
+    @property
+    def median(self) -> float:
+        return median(self.round_medians)
+
+
+@dataclass
+class _Row:
+    """One shape of a head-to-head: ``candidate`` timed against ``baseline``."""
+
+    name: str
+    baseline: _Result
+    candidate: _Result
+
+    @property
+    def round_ratios(self) -> list[float]:
+        """candidate/baseline of each round's medians."""
+        return [c / b for c, b in zip(self.candidate.round_medians, self.baseline.round_medians, strict=True)]
+
+    @property
+    def ratio(self) -> float:
+        return median(self.round_ratios)
+
+
+@dataclass
+class _OverheadRow:
+    """One tiny op in one grad mode: a result per implementation."""
+
+    op: str
+    requires_grad: bool
+    results: dict[str, _Result]
+
+
+# ---------------------------------------------------------------------------------------
+# Reference autograd.Functions for section 4: the same math and backward as oplib's ops
+# (oplib/ops/*.py), without the custom-op machinery or oplib's argument checks.
+# ---------------------------------------------------------------------------------------
+
+
+class _ExpFunction(torch.autograd.Function):
+    """e^x, saving the output: d/dx e^x = e^x."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        y = torch.exp(x)
+        ctx.save_for_backward(y if ctx.needs_input_grad[0] else None)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        return grad * y
+
+
+class _LinearFunction(torch.autograd.Function):
+    """x W^T + b with a matrix-product backward."""
+
+    @staticmethod
+    def forward(ctx: Any, input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        needs_input, needs_weight, _ = ctx.needs_input_grad
+        ctx.save_for_backward(input if needs_weight else None, weight if needs_input else None)
+        return F.linear(input, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
+        input, weight = ctx.saved_tensors
+        needs_input, needs_weight, needs_bias = ctx.needs_input_grad
+        grad_2d = grad.reshape(-1, grad.shape[-1])
+        grad_input = grad @ weight if needs_input else None
+        grad_weight = grad_2d.t() @ input.reshape(-1, input.shape[-1]) if needs_weight else None
+        grad_bias = grad_2d.sum(0) if needs_bias else None
+        return grad_input, grad_weight, grad_bias
+
+
+class _Conv2dFunction(torch.autograd.Function):
+    """Batched conv2d (square stride and padding, no dilation or groups) with a single
+    ``aten.convolution_backward`` backward."""
+
+    @staticmethod
+    def forward(ctx: Any, input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: int, padding: int) -> Tensor:
+        needs_input, needs_weight = ctx.needs_input_grad[:2]
+        ctx.save_for_backward(input if needs_weight else None, weight if needs_input else None)
+        ctx.shapes = input.shape, weight.shape
+        ctx.has_bias = bias is not None
+        ctx.stride, ctx.padding = stride, padding
+        return F.conv2d(input, weight, bias, stride, padding)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
+        input, weight = ctx.saved_tensors
+        needs_input, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        input_shape, weight_shape = ctx.shapes
+        if input is None:
+            input = grad.new_zeros(()).expand(input_shape)
+        if weight is None:
+            weight = grad.new_zeros(()).expand(weight_shape)
+        grads = torch.ops.aten.convolution_backward(
+            grad,
+            input,
+            weight,
+            [weight_shape[0]] if ctx.has_bias else None,
+            [ctx.stride, ctx.stride],
+            [ctx.padding, ctx.padding],
+            [1, 1],
+            False,
+            [0, 0],
+            1,
+            [needs_input, needs_weight, needs_bias and ctx.has_bias],
+        )
+        return (*grads, None, None)
+
+
+# ---------------------------------------------------------------------------------------
+# Timing helpers
+# ---------------------------------------------------------------------------------------
+
+
+def _timer(stmt: str, env: dict[str, Any], label: str, sub_label: str, description: str, threads: int) -> Timer:
+    """A Timer on ``threads`` threads (Timer otherwise times on one thread)."""
+    return Timer(
+        stmt=stmt,
+        globals=env,
+        label=label,
+        sub_label=sub_label,
+        description=description,
+        num_threads=threads,
+    )
+
+
+def _leaves(args: Sequence[Any]) -> list[Tensor]:
+    return [a for a in args if isinstance(a, Tensor) and a.requires_grad]
+
+
+def _step_env(fn: Callable[..., Any], args: Sequence[Any], grad: Optional[Tensor]) -> dict[str, Any]:
+    """Globals for ``_CALL`` (grad None) or ``_FWD_BWD``."""
+    return {"fn": fn, "args": tuple(args), "grad": grad, "leaves": _leaves(args)}
+
+
+def _measure(timers: Sequence[Timer], rounds: int, min_run_time: float) -> list[_Result]:
+    """Time every timer ``rounds`` times, interleaved: round r starts with timer r mod n,
+    so that neither order nor a change in load between rounds favours a candidate."""
+    measured: list[list[Measurement]] = [[] for _ in timers]
+    for r in range(rounds):
+        for k in range(len(timers)):
+            i = (r + k) % len(timers)
+            measured[i].append(timers[i].blocked_autorange(min_run_time=min_run_time))
+    return [_Result(Measurement.merge(ms)[0], [m.median for m in ms]) for ms in measured]
+
+
+def _fwd_bwd_grads(fn: Callable[..., Tensor], args: Sequence[Any], grad: Tensor) -> list[Tensor]:
+    """The output and the gradients of every leaf, from one forward+backward."""
+    out = fn(*args)
+    out.backward(grad)
+    grads = [out.detach()]
+    for leaf in _leaves(args):
+        grads.append(leaf.grad)
+        leaf.grad = None
+    return grads
+
+
+def _assert_same(expected: Sequence[Tensor], actual: Sequence[Tensor], what: str) -> None:
+    """Sanity check that two candidates compute the same thing (loose: different reduction
+    orders are fine, this is not an accuracy test)."""
+    for e, a in zip(expected, actual, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-3, msg=lambda m: f"{what}: {m}")
+
+
+def _fwd_bwd_row(
+    label: str,
+    name: str,
+    args: Sequence[Any],
+    grad: Tensor,
+    torch_fn: Callable[..., Tensor],
+    oplib_fn: Callable[..., Tensor],
+    settings: _Settings,
+) -> _Row:
+    """oplib vs torch forward+backward on the same tensors."""
+    _assert_same(_fwd_bwd_grads(torch_fn, args, grad), _fwd_bwd_grads(oplib_fn, args, grad), f"{label}, {name}")
+    timers = [
+        _timer(_FWD_BWD, _step_env(fn, args, grad), label, name, description, settings.threads)
+        for description, fn in (("torch", torch_fn), ("oplib", oplib_fn))
+    ]
+    baseline, candidate = _measure(timers, settings.rounds, settings.min_run_time)
+    return _Row(name, baseline, candidate)
+
+
+def _print_compare(results: Sequence[_Result]) -> None:
+    """Print a section's measurements side by side, as torch.utils.benchmark lays them out."""
+    Compare([r.measurement for r in results]).print()
+
+
+# ---------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------
+
+
+def _conv_tensors(shape: _ConvShape, requires_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """input, weight, bias and an output gradient for ``shape`` at batch ``_BATCH``."""
+    c, o, s, k = shape.in_channels, shape.out_channels, shape.size, shape.kernel
+    input = torch.randn(_BATCH, c, s, s, requires_grad=requires_grad)
+    weight = torch.randn(o, c, k, k, requires_grad=requires_grad)
+    bias = torch.randn(o, requires_grad=requires_grad)
+    return input, weight, bias, torch.randn(_BATCH, o, s, s)
+
+
+def _bench_conv2d(shapes: Sequence[_ConvShape], settings: _Settings) -> list[_Row]:
+    """Section 1: oplib.conv2d vs F.conv2d, forward+backward."""
+    rows = []
+    for shape in shapes:
+        input, weight, bias, grad = _conv_tensors(shape, requires_grad=True)
+        args = (input, weight, bias, 1, shape.padding)
+        rows.append(_fwd_bwd_row("conv2d fwd+bwd", shape.name, args, grad, F.conv2d, oplib.conv2d, settings))
+    return rows
+
+
+def _bench_linear(shapes: Sequence[_LinearShape], settings: _Settings) -> list[_Row]:
+    """Section 2: oplib.linear vs F.linear, forward+backward."""
+    rows = []
+    for shape in shapes:
+        input = torch.randn(shape.rows, shape.in_features, requires_grad=True)
+        weight = torch.randn(shape.out_features, shape.in_features, requires_grad=True)
+        bias = torch.randn(shape.out_features, requires_grad=True)
+        grad = torch.randn(shape.rows, shape.out_features)
+        rows.append(
+            _fwd_bwd_row("linear fwd+bwd", shape.name, (input, weight, bias), grad, F.linear, oplib.linear, settings)
+        )
+    return rows
+
+
+def _conv_backward_fused(grad: Tensor, input: Tensor, weight: Tensor, padding: int) -> tuple[Tensor, ...]:
+    """All three conv2d gradients from one ``aten.convolution_backward`` (oplib's route)."""
+    return torch.ops.aten.convolution_backward(
+        grad, input, weight, [weight.shape[0]], [1, 1], [padding, padding], [1, 1], False, [0, 0], 1, [True] * 3
+    )
+
+
+def _conv_backward_split(grad: Tensor, input: Tensor, weight: Tensor, padding: int) -> tuple[Tensor, ...]:
+    """The same gradients from ``torch.nn.grad`` (one convolution_backward call each for
+    input and weight) and a sum over (N, H, W) for the bias."""
+    return (
+        conv2d_input(input.shape, weight, grad, 1, padding),
+        conv2d_weight(input, weight.shape, grad, 1, padding),
+        grad.sum((0, 2, 3)),
+    )
+
+
+def _bench_conv_backward(shapes: Sequence[_ConvShape], settings: _Settings) -> list[_Row]:
+    """Section 3: fused convolution_backward vs the torch.nn.grad route, backward only."""
+    label = "conv2d backward only"
+    rows = []
+    for shape in shapes:
+        input, weight, _, grad = _conv_tensors(shape, requires_grad=False)
+        args = (grad, input, weight, shape.padding)
+        fused, split = _conv_backward_fused(*args), _conv_backward_split(*args)
+        _assert_same(fused, split, f"{label}, {shape.name}")
+        timers = [
+            _timer(_CALL, _step_env(fn, args, None), label, shape.name, description, settings.threads)
+            for description, fn in (
+                ("convolution_backward", _conv_backward_fused),
+                ("nn.grad input+weight+sum", _conv_backward_split),
+            )
+        ]
+        baseline, candidate = _measure(timers, settings.rounds, settings.min_run_time)
+        rows.append(_Row(shape.name, baseline, candidate))
+    return rows
+
+
+def _tiny_cases(requires_grad: bool) -> list[tuple[str, tuple[Any, ...], Tensor, dict[str, Callable[..., Tensor]]]]:
+    """(op description, args, output gradient, implementation name -> callable)."""
+
+    def make(*shape: int) -> Tensor:
+        return torch.randn(*shape, requires_grad=requires_grad)
+
+    return [
+        (
+            "exp, 8 elements",
+            (make(8),),
+            torch.randn(8),
+            {"torch": torch.exp, "oplib": oplib.exp, "autograd.Function": _ExpFunction.apply},
+        ),
+        (
+            "linear (2, 4) x (3, 4)^T + b",
+            (make(2, 4), make(3, 4), make(3)),
+            torch.randn(2, 3),
+            {"torch": F.linear, "oplib": oplib.linear, "autograd.Function": _LinearFunction.apply},
+        ),
+        (
+            "conv2d 1x1x3x3 * 1x1x1x1 + b",
+            (make(1, 1, 3, 3), make(1, 1, 1, 1), make(1), 1, 0),
+            torch.randn(1, 1, 3, 3),
+            {"torch": F.conv2d, "oplib": oplib.conv2d, "autograd.Function": _Conv2dFunction.apply},
+        ),
+    ]
+
+
+_TINY_IMPLS = ("torch", "oplib", "autograd.Function")
+
+
+def _bench_overhead(settings: _Settings) -> list[_OverheadRow]:
+    """Section 4: per-call time on tiny tensors, forward only without grad, forward+backward
+    with grad."""
+    rows = []
+    for requires_grad in (False, True):
+        label = "per-call, fwd+bwd, requires_grad" if requires_grad else "per-call, forward, no grad"
+        for op, args, grad, impls in _tiny_cases(requires_grad):
+            if requires_grad:
+                expected = _fwd_bwd_grads(impls["torch"], args, grad)
+                for name in _TINY_IMPLS[1:]:
+                    _assert_same(expected, _fwd_bwd_grads(impls[name], args, grad), f"{label}, {op}, {name}")
+            stmt = _FWD_BWD if requires_grad else _CALL
+            env_grad = grad if requires_grad else None
+            timers = [
+                _timer(stmt, _step_env(impls[name], args, env_grad), label, op, name, settings.threads)
+                for name in _TINY_IMPLS
+            ]
+            results = _measure(timers, settings.rounds, settings.tiny_min_run_time)
+            rows.append(_OverheadRow(op, requires_grad, dict(zip(_TINY_IMPLS, results))))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _load_average() -> str:
+    """1/5/15-minute load averages: other processes competing for the cores skew timings."""
+    try:
+        return "/".join(f"{load:.2f}" for load in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def _machine_lines(settings: _Settings, load_before: str) -> list[str]:
+    return [
+        f"- CPU: {_cpu_model()}",
+        f"- cores (os.cpu_count()): {os.cpu_count()}; torch threads: {torch.get_num_threads()}",
+        f"- torch {torch.__version__} (mkldnn {'on' if torch.backends.mkldnn.is_available() else 'off'}), "
+        f"Python {platform.python_version()}, oplib {oplib.__version__}",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- load average (1/5/15 min) before: {load_before}, now: {_load_average()} (this benchmark "
+        f"adds about {settings.threads}; more means other processes competed for the cores, and with "
+        "every core in use a single busy core stalls each parallel region: see the per-round ratio spread)",
+        f"- timing: `torch.utils.benchmark.Timer.blocked_autorange`, {settings.rounds} interleaved "
+        f"round(s) per candidate of >= {settings.min_run_time:g} s (section 4: >= {settings.tiny_min_run_time:g} s); "
+        "times are medians of the per-round medians, ratios medians of the per-round ratios"
+        + (" (**--quick: smoke-test timing, not for conclusions**)" if settings.quick else ""),
+    ]
+
+
+def _ratio_table(rows: Sequence[_Row], baseline: str, candidate: str, max_ratio: Optional[float]) -> list[str]:
+    """Markdown table of candidate vs baseline in ms; a pass column when ``max_ratio`` is set."""
+    header = f"| shape | {baseline} (ms) | {candidate} (ms) | {candidate} / {baseline} | per-round ratio min-max |"
+    rule = "|---|---:|---:|---:|---:|"
+    if max_ratio is not None:
+        header += f" <= {max_ratio:g} |"
+        rule += ":---:|"
+    lines = [header, rule]
+    for row in rows:
+        low, high = min(row.round_ratios), max(row.round_ratios)
+        line = (
+            f"| {row.name} | {row.baseline.median * 1e3:.2f} | {row.candidate.median * 1e3:.2f} "
+            f"| **{row.ratio:.3f}** | {low:.3f}-{high:.3f} |"
+        )
+        if max_ratio is not None:
+            line += f" {'ok' if row.ratio <= max_ratio else 'FAIL'} |"
+        lines.append(line)
+    return lines
+
+
+def _overhead_table(rows: Sequence[_OverheadRow]) -> list[str]:
+    lines = [
+        "| op | requires_grad (timed) | torch (us) | oplib (us) | autograd.Function (us) "
+        "| oplib - torch (us) | Function - torch (us) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        t, o, f = (row.results[name].median * 1e6 for name in _TINY_IMPLS)
+        mode = "yes (fwd+bwd)" if row.requires_grad else "no (forward)"
+        lines.append(f"| {row.op} | {mode} | {t:.1f} | {o:.1f} | {f:.1f} | {o - t:+.1f} | {f - t:+.1f} |")
+    return lines
+
+
+def _report(
+    settings: _Settings,
+    load_before: str,
+    conv: Sequence[_Row],
+    linear: Sequence[_Row],
+    backward: Sequence[_Row],
+    overhead: Sequence[_OverheadRow],
+    max_ratio: float,
+) -> str:
+    failures = [row.name for row in (*conv, *linear) if row.ratio > max_ratio]
+    verdict = (
+        f"**FAIL**: oplib/torch fwd+bwd ratio above {max_ratio:g} at: {', '.join(failures)}."
+        if failures
+        else f"**PASS**: every oplib/torch fwd+bwd ratio is <= {max_ratio:g}."
+    )
+    lines = [
+        "# Dense ops: oplib vs torch (CPU, float32)",
+        "",
+        "Written by `python bench/dense.py" + (" --quick" if settings.quick else "") + "`.",
+        "",
+        *_machine_lines(settings, load_before),
+        "",
+        verdict,
+        "",
+        f"## 1. conv2d forward+backward (batch {_BATCH}, stride 1, 'same' padding, with bias)",
+        "",
+        "Input, weight and bias require grad; one step is `conv2d(...).backward(grad)` with a "
+        "precomputed `grad`, then the gradients are set to None.",
+        "",
+        *_ratio_table(conv, "torch", "oplib", max_ratio),
+        "",
+        "## 2. linear forward+backward (with bias)",
+        "",
+        *_ratio_table(linear, "torch", "oplib", max_ratio),
+        "",
+        "## 3. conv2d backward route (backward only, same shapes as section 1)",
+        "",
+        "`convolution_backward`: one `aten.convolution_backward` call for input, weight and bias "
+        "gradients (oplib's backward). `nn.grad`: `torch.nn.grad.conv2d_input` + `conv2d_weight` "
+        "+ `grad.sum((0, 2, 3))`. A ratio above 1 means oplib's route is faster.",
+        "",
+        *_ratio_table(backward, "convolution_backward", "nn.grad", None),
+        "",
+        "## 4. Per-call eager overhead (tiny tensors)",
+        "",
+        "Without grad: one forward call. With grad: forward, then `backward(grad)` with a "
+        "precomputed `grad`, then the gradients set to None. `autograd.Function` implements the "
+        "same forward and backward as oplib's op without the custom-op machinery and without "
+        "oplib's argument checks.",
+        "",
+        *_overhead_table(overhead),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------
+
+
+def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: os.cpu_count())")
+    parser.add_argument(
+        "--max-ratio",
+        type=float,
+        default=1.10,
+        help="fail (exit 1) if an oplib/torch fwd+bwd time ratio exceeds this (default: 1.10; inf disables)",
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke test: smallest shapes, two short rounds")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds per candidate (default: 10; --quick: 2)")
+    parser.add_argument(
+        "--min-run-time", type=float, help="seconds per candidate per round, sections 1-3 (default: 0.5; --quick: 0.2)"
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help="markdown output (default: bench/results/dense.md; --quick: bench/results/dense-quick.md)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parse_args(argv)
+    torch.set_num_threads(args.threads)
+    min_run_time = args.min_run_time if args.min_run_time is not None else (0.2 if args.quick else 0.5)
+    settings = _Settings(
+        threads=args.threads,
+        rounds=args.rounds if args.rounds is not None else (2 if args.quick else 10),
+        min_run_time=min_run_time,
+        tiny_min_run_time=min_run_time / 2,
+        quick=args.quick,
+    )
+    output = args.output or _RESULTS_DIR / ("dense-quick.md" if args.quick else "dense.md")
+    torch.manual_seed(0)
+
+    load_before = _load_average()
+    print("\n".join(_machine_lines(settings, load_before)), flush=True)
+    conv_shapes = _QUICK_CONV_SHAPES if args.quick else _CONV_SHAPES
+    conv = _bench_conv2d(conv_shapes, settings)
+    _print_compare([r for row in conv for r in (row.baseline, row.candidate)])
+    linear = _bench_linear(_QUICK_LINEAR_SHAPES if args.quick else _LINEAR_SHAPES, settings)
+    _print_compare([r for row in linear for r in (row.baseline, row.candidate)])
+    backward = _bench_conv_backward(conv_shapes, settings)
+    _print_compare([r for row in backward for r in (row.baseline, row.candidate)])
+    overhead = _bench_overhead(settings)
+    _print_compare([r for row in overhead for r in row.results.values()])
+
+    report = _report(settings, load_before, conv, linear, backward, overhead, args.max_ratio)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(report)
+    print(f"\n{report}\nwritten to {output}")
+    return 1 if any(row.ratio > args.max_ratio for row in (*conv, *linear)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
