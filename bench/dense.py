@@ -19,8 +19,11 @@ exceeds ``--max-ratio``.
 
 Usage (from the repo root)::
 
-    python bench/dense.py            # full run, several minutes
-    python bench/dense.py --quick    # smoke test: smallest shapes, short timing
+    python bench/dense.py                          # full run, about 6 minutes
+    python bench/dense.py --quick --max-ratio inf  # smoke test (< 30 s), no ratio gate
+
+Timings are only meaningful on an otherwise idle machine: each section reports how many
+cores other processes kept busy while it ran, and warns when that was too many.
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ import argparse
 import datetime
 import os
 import platform
+import resource
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any, Optional
+from typing import Any, Generic, Optional, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +51,9 @@ import oplib
 
 _RESULTS_DIR = Path(__file__).resolve().parent / "results"
 _BATCH = 8
+# Other processes keeping more than this many cores busy on average make a section's
+# timings unreliable when every core runs a torch thread.
+_BUSY_CORES_WARNING = 0.1
 
 # Timed statements. ``_FWD_BWD`` drops the gradients after each step (as
 # ``zero_grad(set_to_none=True)`` does), so no step pays for accumulating into the last.
@@ -159,6 +167,55 @@ class _OverheadRow:
     results: dict[str, _Result]
 
 
+@dataclass(frozen=True)
+class _CpuSnapshot:
+    """CPU seconds used so far by the whole machine (None without /proc/stat) and by this
+    process, and a wall-clock reading."""
+
+    machine: Optional[float]
+    process: float
+    wall: float
+
+    @staticmethod
+    def take() -> _CpuSnapshot:
+        """Read the counters now."""
+        try:
+            with open("/proc/stat") as f:
+                ticks = [int(v) for v in f.readline().split()[1:9]]
+            user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
+            machine: Optional[float] = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            machine = None
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return _CpuSnapshot(machine, usage.ru_utime + usage.ru_stime, time.monotonic())
+
+    def other_cores_since(self, start: _CpuSnapshot) -> Optional[float]:
+        """How many cores other processes (and the hypervisor's steal) kept busy on
+        average since ``start``."""
+        if self.machine is None or start.machine is None:
+            return None
+        others = (self.machine - start.machine) - (self.process - start.process)
+        return max(others, 0.0) / (self.wall - start.wall)
+
+
+_RowT = TypeVar("_RowT")
+
+
+@dataclass
+class _Section(Generic[_RowT]):
+    """A section's rows and how busy the rest of the machine was while it ran."""
+
+    rows: list[_RowT]
+    other_cores: Optional[float]
+
+
+def _run_section(bench: Callable[[], list[_RowT]]) -> _Section[_RowT]:
+    """Run one benchmark section, watching the rest of the machine meanwhile."""
+    start = _CpuSnapshot.take()
+    rows = bench()
+    return _Section(rows, _CpuSnapshot.take().other_cores_since(start))
+
+
 # ---------------------------------------------------------------------------------------
 # Reference autograd.Functions for section 4: the same math and backward as oplib's ops
 # (oplib/ops/*.py), without the custom-op machinery or oplib's argument checks.
@@ -256,6 +313,7 @@ def _timer(stmt: str, env: dict[str, Any], label: str, sub_label: str, descripti
 
 
 def _leaves(args: Sequence[Any]) -> list[Tensor]:
+    """The arguments that receive gradients."""
     return [a for a in args if isinstance(a, Tensor) and a.requires_grad]
 
 
@@ -452,6 +510,7 @@ def _bench_overhead(settings: _Settings) -> list[_OverheadRow]:
 
 
 def _cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -462,24 +521,14 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _load_average() -> str:
-    """1/5/15-minute load averages: other processes competing for the cores skew timings."""
-    try:
-        return "/".join(f"{load:.2f}" for load in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
-def _machine_lines(settings: _Settings, load_before: str) -> list[str]:
+def _machine_lines(settings: _Settings) -> list[str]:
+    """Markdown bullets: machine, versions, date and timing method."""
     return [
         f"- CPU: {_cpu_model()}",
         f"- cores (os.cpu_count()): {os.cpu_count()}; torch threads: {torch.get_num_threads()}",
         f"- torch {torch.__version__} (mkldnn {'on' if torch.backends.mkldnn.is_available() else 'off'}), "
         f"Python {platform.python_version()}, oplib {oplib.__version__}",
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- load average (1/5/15 min) before: {load_before}, now: {_load_average()} (this benchmark "
-        f"adds about {settings.threads}; more means other processes competed for the cores, and with "
-        "every core in use a single busy core stalls each parallel region: see the per-round ratio spread)",
         f"- timing: `torch.utils.benchmark.Timer.blocked_autorange`, {settings.rounds} interleaved "
         f"round(s) per candidate of >= {settings.min_run_time:g} s (section 4: >= {settings.tiny_min_run_time:g} s); "
         "times are medians of the per-round medians, ratios medians of the per-round ratios"
@@ -507,7 +556,21 @@ def _ratio_table(rows: Sequence[_Row], baseline: str, candidate: str, max_ratio:
     return lines
 
 
+def _contention_line(section: _Section[Any]) -> str:
+    """How busy the rest of the machine was during ``section``, with a warning if too busy."""
+    if section.other_cores is None:
+        return "Other processes' CPU use during this section: unknown (no /proc/stat)."
+    line = f"Other processes kept {section.other_cores:.2f} cores busy on average during this section."
+    if section.other_cores > _BUSY_CORES_WARNING:
+        line += (
+            " **Warning: timings unreliable** (with a torch thread on every core, one busy core "
+            "stalls every parallel region; see the per-round ratio spread). Rerun on a quiet machine."
+        )
+    return line
+
+
 def _overhead_table(rows: Sequence[_OverheadRow]) -> list[str]:
+    """Markdown table of section 4 in microseconds, with each implementation's extra over torch."""
     lines = [
         "| op | requires_grad (timed) | torch (us) | oplib (us) | autograd.Function (us) "
         "| oplib - torch (us) | Function - torch (us) |",
@@ -520,27 +583,34 @@ def _overhead_table(rows: Sequence[_OverheadRow]) -> list[str]:
     return lines
 
 
+def _failures(conv: _Section[_Row], linear: _Section[_Row], max_ratio: float) -> list[str]:
+    """The shapes whose oplib/torch fwd+bwd ratio exceeds ``max_ratio``."""
+    return [row.name for row in (*conv.rows, *linear.rows) if row.ratio > max_ratio]
+
+
 def _report(
     settings: _Settings,
-    load_before: str,
-    conv: Sequence[_Row],
-    linear: Sequence[_Row],
-    backward: Sequence[_Row],
-    overhead: Sequence[_OverheadRow],
+    conv: _Section[_Row],
+    linear: _Section[_Row],
+    backward: _Section[_Row],
+    overhead: _Section[_OverheadRow],
     max_ratio: float,
 ) -> str:
-    failures = [row.name for row in (*conv, *linear) if row.ratio > max_ratio]
+    """The whole markdown report."""
+    failures = _failures(conv, linear, max_ratio)
     verdict = (
         f"**FAIL**: oplib/torch fwd+bwd ratio above {max_ratio:g} at: {', '.join(failures)}."
         if failures
         else f"**PASS**: every oplib/torch fwd+bwd ratio is <= {max_ratio:g}."
     )
+    if any(s.other_cores is not None and s.other_cores > _BUSY_CORES_WARNING for s in (conv, linear)):
+        verdict += " Measured while other processes were busy: see the warnings below."
     lines = [
         "# Dense ops: oplib vs torch (CPU, float32)",
         "",
         "Written by `python bench/dense.py" + (" --quick" if settings.quick else "") + "`.",
         "",
-        *_machine_lines(settings, load_before),
+        *_machine_lines(settings),
         "",
         verdict,
         "",
@@ -549,11 +619,15 @@ def _report(
         "Input, weight and bias require grad; one step is `conv2d(...).backward(grad)` with a "
         "precomputed `grad`, then the gradients are set to None.",
         "",
-        *_ratio_table(conv, "torch", "oplib", max_ratio),
+        _contention_line(conv),
+        "",
+        *_ratio_table(conv.rows, "torch", "oplib", max_ratio),
         "",
         "## 2. linear forward+backward (with bias)",
         "",
-        *_ratio_table(linear, "torch", "oplib", max_ratio),
+        _contention_line(linear),
+        "",
+        *_ratio_table(linear.rows, "torch", "oplib", max_ratio),
         "",
         "## 3. conv2d backward route (backward only, same shapes as section 1)",
         "",
@@ -561,7 +635,9 @@ def _report(
         "gradients (oplib's backward). `nn.grad`: `torch.nn.grad.conv2d_input` + `conv2d_weight` "
         "+ `grad.sum((0, 2, 3))`. A ratio above 1 means oplib's route is faster.",
         "",
-        *_ratio_table(backward, "convolution_backward", "nn.grad", None),
+        _contention_line(backward),
+        "",
+        *_ratio_table(backward.rows, "convolution_backward", "nn.grad", None),
         "",
         "## 4. Per-call eager overhead (tiny tensors)",
         "",
@@ -570,7 +646,9 @@ def _report(
         "same forward and backward as oplib's op without the custom-op machinery and without "
         "oplib's argument checks.",
         "",
-        *_overhead_table(overhead),
+        _contention_line(overhead),
+        "",
+        *_overhead_table(overhead.rows),
         "",
     ]
     return "\n".join(lines)
@@ -582,6 +660,7 @@ def _report(
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    """The command line; see --help."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: os.cpu_count())")
     parser.add_argument(
@@ -590,7 +669,11 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         default=1.10,
         help="fail (exit 1) if an oplib/torch fwd+bwd time ratio exceeds this (default: 1.10; inf disables)",
     )
-    parser.add_argument("--quick", action="store_true", help="smoke test: smallest shapes, two short rounds")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: smallest shapes, two short rounds (too noisy for the ratio gate: add --max-ratio inf)",
+    )
     parser.add_argument("--rounds", type=int, help="interleaved rounds per candidate (default: 10; --quick: 2)")
     parser.add_argument(
         "--min-run-time", type=float, help="seconds per candidate per round, sections 1-3 (default: 0.5; --quick: 0.2)"
@@ -604,6 +687,7 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run every section, print and write the report; 1 if a fwd+bwd ratio is above --max-ratio."""
     args = _parse_args(argv)
     torch.set_num_threads(args.threads)
     min_run_time = args.min_run_time if args.min_run_time is not None else (0.2 if args.quick else 0.5)
@@ -617,23 +701,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     output = args.output or _RESULTS_DIR / ("dense-quick.md" if args.quick else "dense.md")
     torch.manual_seed(0)
 
-    load_before = _load_average()
-    print("\n".join(_machine_lines(settings, load_before)), flush=True)
+    print("\n".join(_machine_lines(settings)), flush=True)
     conv_shapes = _QUICK_CONV_SHAPES if args.quick else _CONV_SHAPES
-    conv = _bench_conv2d(conv_shapes, settings)
-    _print_compare([r for row in conv for r in (row.baseline, row.candidate)])
-    linear = _bench_linear(_QUICK_LINEAR_SHAPES if args.quick else _LINEAR_SHAPES, settings)
-    _print_compare([r for row in linear for r in (row.baseline, row.candidate)])
-    backward = _bench_conv_backward(conv_shapes, settings)
-    _print_compare([r for row in backward for r in (row.baseline, row.candidate)])
-    overhead = _bench_overhead(settings)
-    _print_compare([r for row in overhead for r in row.results.values()])
+    linear_shapes = _QUICK_LINEAR_SHAPES if args.quick else _LINEAR_SHAPES
+    conv = _run_section(lambda: _bench_conv2d(conv_shapes, settings))
+    _print_compare([r for row in conv.rows for r in (row.baseline, row.candidate)])
+    linear = _run_section(lambda: _bench_linear(linear_shapes, settings))
+    _print_compare([r for row in linear.rows for r in (row.baseline, row.candidate)])
+    backward = _run_section(lambda: _bench_conv_backward(conv_shapes, settings))
+    _print_compare([r for row in backward.rows for r in (row.baseline, row.candidate)])
+    overhead = _run_section(lambda: _bench_overhead(settings))
+    _print_compare([r for row in overhead.rows for r in row.results.values()])
 
-    report = _report(settings, load_before, conv, linear, backward, overhead, args.max_ratio)
+    report = _report(settings, conv, linear, backward, overhead, args.max_ratio)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(report)
     print(f"\n{report}\nwritten to {output}")
-    return 1 if any(row.ratio > args.max_ratio for row in (*conv, *linear)) else 0
+    return 1 if _failures(conv, linear, args.max_ratio) else 0
 
 
 if __name__ == "__main__":
