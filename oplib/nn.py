@@ -67,18 +67,17 @@ class Involution2d(torch.nn.Module):
         self.padding = same if padding is None else tuple(as_pair("Involution2d", "padding", padding))
         self.groups = channels // group_channels
         reduced = max(1, channels // reduction_ratio)
-        # Pooling is decided by the configuration, never by the input size, so tracing adds no guard.
-        self.pools = self.stride != (1, 1) or 2 * self.padding[0] != self.dilation[0] * (self.kernel_size[0] - 1) \
-            or 2 * self.padding[1] != self.dilation[1] * (self.kernel_size[1] - 1)
+        # The output keeps the input's size only at stride 1 with exactly "same" padding; else
+        # the kernel source is pooled. Decided by the configuration, never by the input size,
+        # so tracing adds no guard.
+        keeps_size = all(2 * p == d * (k - 1) for p, d, k in zip(self.padding, self.dilation, self.kernel_size))
+        self.pools = self.stride != (1, 1) or not keeps_size
         self.reduce = Conv2d(channels, reduced, 1, bias=False)
         self.norm = torch.nn.BatchNorm2d(reduced)
         self.span = Conv2d(reduced, self.groups * self.kernel_size[0] * self.kernel_size[1], 1)
 
     def output_size(self, height, width) -> tuple:
-        return tuple(
-            window_output_size(size, self.kernel_size[a], self.stride[a], self.padding[a], self.dilation[a])
-            for a, size in enumerate((height, width))
-        )
+        return window_output_size((height, width), self.kernel_size, self.stride, self.padding, self.dilation)
 
     def kernel_weights(self, input: Tensor) -> Tensor:
         """input: (N, C, H, W) -> the generated weight (N, G, KH, KW, Ho, Wo)."""

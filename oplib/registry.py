@@ -373,13 +373,20 @@ def _conv2d_errors(device: str) -> Iterator[ErrorInput]:
         yield ErrorInput(SampleInput(args, name), error_type, match)
 
 
+def _draw_window(draw: Draw) -> tuple:
+    """A random sliding window: kernel 1-4, stride 1-3, padding 0-2, dilation 1-2 per axis,
+    and an input (H, W) of the smallest valid size plus a random margin, so every drawn
+    case is a valid call."""
+    kernel = [draw(1, 4), draw(1, 4)]
+    stride, padding, dilation = [draw(1, 3), draw(1, 3)], [draw(0, 2), draw(0, 2)], [draw(1, 2), draw(1, 2)]
+    size = [max(1, dilation[a] * (kernel[a] - 1) + 1 - 2 * padding[a]) + draw(0, 6) for a in (0, 1)]
+    return kernel, stride, padding, dilation, size
+
+
 def _conv2d_random(draw: Draw, device: str, dtype: torch.dtype, requires_grad: bool) -> SampleInput:
     groups = draw(1, 3)
     channels, out_channels = groups * draw(1, 3), groups * draw(1, 3)
-    kernel = [draw(1, 4), draw(1, 4)]
-    stride, padding, dilation = [draw(1, 3), draw(1, 3)], [draw(0, 2), draw(0, 2)], [draw(1, 2), draw(1, 2)]
-    # Smallest valid size plus a random margin, so every drawn case is a valid call.
-    size = [max(1, dilation[a] * (kernel[a] - 1) + 1 - 2 * padding[a]) + draw(0, 6) for a in (0, 1)]
+    kernel, stride, padding, dilation, size = _draw_window(draw)
     batch_shape = [] if draw(0, 4) == 0 else [draw(0, 3)]
     layout = LAYOUTS[draw(0, 3)] if batch_shape else LAYOUTS[draw(0, 2)]
     input = make((*batch_shape, channels, *size), device, dtype, requires_grad, layout)
@@ -496,9 +503,7 @@ def _involution_backward_weight_samples(device, dtype, requires_grad) -> Iterato
 
 def _random_involution_case(draw: Draw) -> tuple:
     groups = draw(1, 3)
-    kernel = (draw(1, 4), draw(1, 4))
-    stride, padding, dilation = [draw(1, 3), draw(1, 3)], [draw(0, 2), draw(0, 2)], [draw(1, 2), draw(1, 2)]
-    size = [max(1, dilation[a] * (kernel[a] - 1) + 1 - 2 * padding[a]) + draw(0, 6) for a in (0, 1)]
+    kernel, stride, padding, dilation, size = _draw_window(draw)
     shape = (draw(0, 3), groups * draw(1, 3), *size)
     return ("random", shape, groups, kernel, stride, padding, dilation, LAYOUTS[draw(0, 3)], LAYOUTS[draw(0, 2)])
 

@@ -23,8 +23,8 @@ from oplib.testing.cuda_emulation import EmulatedLauncher, asan_environment, bui
 
 CUDA_SOURCES = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
 ARCHITECTURES = ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_120"]
-PLANTED = KernelSource(Path(__file__).parent / "cuda_sources" / "planted_overrun.cu",
-                       (Path(__file__).parent / "cuda_sources" / "planted_overrun.cu").read_text())
+_PLANTED_PATH = Path(__file__).parent / "cuda_sources" / "planted_overrun.cu"
+PLANTED = KernelSource(_PLANTED_PATH, _PLANTED_PATH.read_text())
 
 # spec name -> the dispatch function its CUDA kernel registration calls (with a launcher last)
 LAUNCHES = {

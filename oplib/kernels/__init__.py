@@ -49,9 +49,10 @@ class KernelSource:
     path: Path
     text: str
 
-    @property
+    @functools.cached_property
     def sha256(self) -> str:
-        """Hash of the source and of the shared headers it may include."""
+        """Hash of the source and of the shared headers it may include (read once: the
+        launchers key their caches by it on every launch)."""
         digest = hashlib.sha256(self.text.encode())
         for header in sorted(KERNEL_DIR.glob("*.cuh")):
             digest.update(header.read_bytes())

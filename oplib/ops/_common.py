@@ -80,9 +80,21 @@ def check_window_params(op: str, stride: Sequence, padding: Sequence, dilation: 
             )
 
 
-def window_output_size(size, kernel, stride, padding, dilation):
-    """Output length of a sliding window (conv, involution), the same formula as torch's."""
-    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+def window_output_size(size, kernel, stride, padding, dilation) -> tuple:
+    """(Ho, Wo) of a sliding window (conv, involution) over ``size`` = (H, W), every parameter
+    a (height, width) pair; the same formula as torch's."""
+    return tuple((size[a] + 2 * padding[a] - dilation[a] * (kernel[a] - 1) - 1) // stride[a] + 1 for a in (0, 1))
+
+
+def check_window_fits(op: str, size, kernel, padding, dilation) -> None:
+    """The padded input must hold the dilated kernel along height and width."""
+    for a, name in enumerate(("height", "width")):
+        extent = dilation[a] * (kernel[a] - 1) + 1
+        check(
+            size[a] + 2 * padding[a] >= extent,
+            lambda: f"oplib.{op}: input {name} with padding ({size[a]} + 2*{padding[a]}) is smaller than "
+            f"the dilated kernel {name} ({extent})",
+        )
 
 
 def as_pair(op: str, name: str, value: int | Sequence[int]) -> list[int]:

@@ -20,6 +20,7 @@ from ._common import (
     check_dim,
     check_floating,
     check_same_dtype_and_device,
+    check_window_fits,
     check_window_params,
     register_autocast_policy,
     window_output_size,
@@ -55,15 +56,7 @@ def _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups) -
             lambda: f"oplib.conv2d: expected bias of size [{out_channels}] (out_channels), "
             f"got bias of size {list(bias.shape)}",
         )
-    for axis, name in ((0, "height"), (1, "width")):
-        size = input.shape[-2 + axis]
-        kernel = weight.shape[2 + axis]
-        extent = dilation[axis] * (kernel - 1) + 1
-        check(
-            size + 2 * padding[axis] >= extent,
-            lambda: f"oplib.conv2d: input {name} with padding ({size} + 2*{padding[axis]}) is smaller "
-            f"than the dilated kernel {name} ({extent})",
-        )
+    check_window_fits("conv2d", input.shape[-2:], weight.shape[2:], padding, dilation)
 
 
 def _output_memory_format(input: Tensor, weight: Tensor) -> torch.memory_format:
@@ -77,10 +70,8 @@ def _output_memory_format(input: Tensor, weight: Tensor) -> torch.memory_format:
 
 
 def _output_shape(input, weight, stride, padding, dilation) -> list:
-    height, width = (
-        window_output_size(input.shape[-2 + a], weight.shape[2 + a], stride[a], padding[a], dilation[a]) for a in (0, 1)
-    )
-    return [*input.shape[:-3], weight.shape[0], height, width]
+    out_size = window_output_size(input.shape[-2:], weight.shape[2:], stride, padding, dilation)
+    return [*input.shape[:-3], weight.shape[0], *out_size]
 
 
 @torch.library.custom_op("oplib::conv2d", mutates_args=())

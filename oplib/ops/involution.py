@@ -16,9 +16,10 @@ again one of them:
 (u is the incoming gradient). Each op registers that rule, so derivatives of any order
 work in eager mode.
 
-CPU kernels are plain PyTorch: K*K passes over strided views of the padded input, never
-``unfold`` (which would hold K*K copies of the input). CUDA kernels live in
-``oplib/kernels/involution.cu`` and run through ``oplib.cuda`` (CuPy).
+CPU kernels are plain PyTorch: K*K passes, each over a contiguous shift of the padded
+input (see ``_TapLayout``), never ``unfold`` (which would hold K*K copies of the input).
+CUDA kernels live in ``oplib/kernels/involution.cu`` and run through
+``oplib.kernels.CuPyLauncher``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ._common import (
     check_dim,
     check_floating,
     check_same_dtype_and_device,
+    check_window_fits,
     check_window_params,
     register_autocast_policy,
     window_output_size,
@@ -46,22 +48,10 @@ from ._common import (
 # ---------------------------------------------------------------------------------------
 
 
-def _output_size(height, width, kernel_size, stride, padding, dilation) -> tuple:
-    return tuple(
-        window_output_size(size, kernel_size[a], stride[a], padding[a], dilation[a])
-        for a, size in enumerate((height, width))
-    )
-
-
-def _check_output_size(op, height, width, kernel_size, stride, padding, dilation):
-    for a, (name, size) in enumerate((("height", height), ("width", width))):
-        extent = dilation[a] * (kernel_size[a] - 1) + 1
-        check(
-            size + 2 * padding[a] >= extent,
-            lambda: f"oplib.{op}: input {name} with padding ({size} + 2*{padding[a]}) is smaller than "
-            f"the dilated kernel {name} ({extent})",
-        )
-    return _output_size(height, width, kernel_size, stride, padding, dilation)
+def _check_output_size(op, size, kernel_size, stride, padding, dilation) -> tuple:
+    """Check that the window fits the padded input; return the output size (Ho, Wo)."""
+    check_window_fits(op, size, kernel_size, padding, dilation)
+    return window_output_size(size, kernel_size, stride, padding, dilation)
 
 
 def _check_involution_args(input: Tensor, weight: Tensor, stride, padding, dilation) -> None:
@@ -83,7 +73,7 @@ def _check_involution_args(input: Tensor, weight: Tensor, stride, padding, dilat
         lambda: f"oplib.involution: expected input channels ({channels}) to be divisible by the groups "
         f"of weight ({groups}), got input of size {list(input.shape)} and weight of size {list(weight.shape)}",
     )
-    out_h, out_w = _check_output_size("involution", height, width, weight.shape[2:4], stride, padding, dilation)
+    out_h, out_w = _check_output_size("involution", (height, width), weight.shape[2:4], stride, padding, dilation)
     check(
         (weight.shape[4] == out_h) & (weight.shape[5] == out_w),
         lambda: f"oplib.involution: expected weight's output size (Ho, Wo) to be ({out_h}, {out_w}), the "
@@ -110,7 +100,7 @@ def _check_backward_input_args(grad_output, weight, input_size, stride, padding,
     )
     check((weight.shape[0] == n) & (groups > 0), mismatch)
     check(channels % groups == 0, mismatch)
-    expected = _check_output_size(op, *input_size, weight.shape[2:4], stride, padding, dilation)
+    expected = _check_output_size(op, input_size, weight.shape[2:4], stride, padding, dilation)
     check(
         (weight.shape[4] == out_h) & (weight.shape[5] == out_w) & (expected[0] == out_h) & (expected[1] == out_w),
         lambda: f"oplib.{op}: expected grad_output and weight to have the output size {list(expected)} of input "
@@ -136,7 +126,7 @@ def _check_backward_weight_args(grad_output, input, kernel_size, stride, padding
         channels % groups == 0,
         lambda: f"oplib.{op}: expected input channels ({channels}) to be divisible by groups ({groups})",
     )
-    expected = _check_output_size(op, height, width, kernel_size, stride, padding, dilation)
+    expected = _check_output_size(op, (height, width), kernel_size, stride, padding, dilation)
     check(
         (grad_output.shape[0] == n)
         & (grad_output.shape[1] == channels)
@@ -360,11 +350,12 @@ def launch_involution_backward_weight(
 # ---------------------------------------------------------------------------------------
 
 
-def _involution_kernel(input: Tensor, weight: Tensor, stride: list[int], padding: list[int], dilation: list[int]) -> Tensor:
+def _involution_kernel(
+    input: Tensor, weight: Tensor, stride: list[int], padding: list[int], dilation: list[int]
+) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo), contiguous."""
     _check_involution_args(input, weight, stride, padding, dilation)
     return _involution_cpu(input, weight, stride, padding, dilation)
-
 
 
 # The default kernel (CPU); CUDA registers its own below.
@@ -392,7 +383,9 @@ def _involution_backward_input_kernel(
 
 
 # The default kernel (CPU); CUDA registers its own below.
-involution_backward_input = torch.library.custom_op("oplib::involution_backward_input", _involution_backward_input_kernel, mutates_args=())
+involution_backward_input = torch.library.custom_op(
+    "oplib::involution_backward_input", _involution_backward_input_kernel, mutates_args=()
+)
 
 
 @involution_backward_input.register_fake
@@ -416,7 +409,9 @@ def _involution_backward_weight_kernel(
 
 
 # The default kernel (CPU); CUDA registers its own below.
-involution_backward_weight = torch.library.custom_op("oplib::involution_backward_weight", _involution_backward_weight_kernel, mutates_args=())
+involution_backward_weight = torch.library.custom_op(
+    "oplib::involution_backward_weight", _involution_backward_weight_kernel, mutates_args=()
+)
 
 
 @involution_backward_weight.register_fake

@@ -58,8 +58,10 @@ def _launcher_source(source: KernelSource) -> str:
     return "\n".join(lines)
 
 
+@functools.cache
 def build(source: KernelSource, sanitize: bool = False) -> Path:
-    """Compile the emulation library of ``source`` (cached by content and flags)."""
+    """Compile the emulation library of ``source`` (on disk, cached by content and flags;
+    in the process, once per source and flags)."""
     flags = ["-O1" if sanitize else "-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-I{KERNEL_DIR}"]
     flags += ["-Wall", "-Wextra", "-Werror"]
     if sanitize:
