@@ -16,10 +16,10 @@ again one of them:
 (u is the incoming gradient). Each op registers that rule, so derivatives of any order
 work in eager mode.
 
-CPU kernels are plain PyTorch: K*K passes, each over a contiguous shift of the padded
-input (see ``_TapLayout``), never ``unfold`` (which would hold K*K copies of the input).
-CUDA kernels live in ``oplib/kernels/involution.cu`` and run through
-``oplib.kernels.CuPyLauncher``.
+CPU kernels are plain PyTorch, in ``oplib/kernels/involution_cpu.py`` (matrix products on
+small maps, K*K passes over shifts of the padded input on larger ones; never ``unfold``,
+which would hold K*K copies of the input). CUDA kernels live in
+``oplib/kernels/involution.cu`` and run through ``oplib.kernels.CuPyLauncher``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ..kernels import Launcher, cupy_launcher, launch_elementwise, load_source
+from ..kernels import Launcher, cupy_launcher, involution_cpu, launch_elementwise, load_source
 from ._common import (
     check,
     check_value,
@@ -138,153 +137,6 @@ def _check_backward_weight_args(grad_output, input, kernel_size, stride, padding
 
 
 # ---------------------------------------------------------------------------------------
-# CPU kernels: K*K passes over strided views, accumulating in float32 (float64 for float64)
-# ---------------------------------------------------------------------------------------
-
-
-def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-# Work on slices of the N*G (sample, group) pairs whose accumulator fits in L2, so the
-# K*K passes over it hit cache instead of memory.
-_CHUNK_BYTES = 1 << 19
-
-
-def _chunks(items: int, bytes_per_item: int):
-    step = max(1, _CHUNK_BYTES // max(1, bytes_per_item))
-    return (slice(start, start + step) for start in range(0, items, step))
-
-
-class _TapLayout:
-    """How the CPU kernels see the zero-padded input: one view per kernel tap (a, b) holding,
-    for every output pixel, the input value that tap reads, as a contiguous 1-D shift.
-
-    The padded image is split into stride_h x stride_w phases (phase (p, q) holds the pixels
-    at rows p, p + sh, ... and columns q, q + sw, ...), each flattened row by row with rows
-    ``row`` long. Tap (a, b) reads phase (a*dh % sh, b*dw % sw) shifted by
-    (a*dh // sh, b*dw // sw), so output m = i*row + j reads element m + offset of one phase:
-    every pass of the kernels is a long vectorised 1-D loop, at any stride. Outputs are
-    computed on a grid ``row`` wide; its columns past Wo are discarded (row - Wo is at most
-    about (K - 1) * d / s).
-    """
-
-    def __init__(self, input_size, weight_shape, stride, padding, dilation):
-        (self.height, self.width), (self.ph, self.pw) = input_size, padding
-        _, _, self.kh, self.kw, self.out_h, self.out_w = weight_shape
-        (self.sh, self.sw), (dh, dw) = stride, dilation
-        # The padded image, extended with zeros to whole phases.
-        self.padded_h = -(-(self.height + 2 * self.ph) // self.sh) * self.sh
-        self.padded_w = -(-(self.width + 2 * self.pw) // self.sw) * self.sw
-        self.row = self.padded_w // self.sw
-        self.length = self.out_h * self.row
-        self.phase_rows = self.padded_h // self.sh
-        self.taps = [
-            ((a * dh % self.sh) * self.sw + b * dw % self.sw, (a * dh // self.sh) * self.row + b * dw // self.sw)
-            for a in range(self.kh)
-            for b in range(self.kw)
-        ]
-        # Rows of each phase buffer: the phase image plus what the largest shift reads past
-        # it on the discarded columns.
-        self.rows = max(self.phase_rows, -(-(max(offset for _, offset in self.taps) + self.length) // self.row))
-
-    def padded_input(self, input: Tensor, groups: int, dtype: torch.dtype) -> Tensor:
-        """(N, C, H, W) -> the phase buffer (N*G, C/G, sh*sw, rows*row) in ``dtype``."""
-        n, channels = input.shape[:2]
-        padded = F.pad(
-            input.to(dtype),
-            (self.pw, self.padded_w - self.width - self.pw, self.ph, self.padded_h - self.height - self.ph),
-        )
-        phases = padded.reshape(n * groups, channels // groups, self.phase_rows, self.sh, self.row, self.sw)
-        phases = phases.permute(0, 1, 3, 5, 2, 4)  # (items, C/G, sh, sw, phase_rows, row)
-        phases = F.pad(phases, (0, 0, 0, self.rows - self.phase_rows))
-        return phases.reshape(n * groups, channels // groups, self.sh * self.sw, self.rows * self.row)
-
-    def empty_padded_input(self, items: int, channels: int, dtype, device) -> Tensor:
-        return torch.empty(items, channels, self.sh * self.sw, self.rows * self.row, dtype=dtype, device=device)
-
-    def tap(self, phases: Tensor, t: int) -> Tensor:
-        """The (items, C/G, length) view of the phase buffer that tap t reads."""
-        phase, offset = self.taps[t]
-        return phases[:, :, phase, offset : offset + self.length]
-
-    def on_grid(self, per_pixel: Tensor) -> Tensor:
-        """(..., Ho, Wo) -> (..., length), zeros on the discarded columns."""
-        return F.pad(per_pixel, (0, self.row - self.out_w)).flatten(-2)
-
-    def off_grid(self, on_grid: Tensor) -> Tensor:
-        """(..., length) -> the (..., Ho, Wo) view of the kept columns."""
-        return on_grid.unflatten(-1, (self.out_h, self.row))[..., : self.out_w]
-
-    def unpadded(self, phases: Tensor) -> Tensor:
-        """Phase buffer -> (items, C/G, H, W): the image inside the padding, reassembled."""
-        items, channels = phases.shape[:2]
-        image = phases.unflatten(-1, (self.rows, self.row))[..., : self.phase_rows, :]
-        image = image.unflatten(2, (self.sh, self.sw)).permute(0, 1, 4, 2, 5, 3)
-        image = image.reshape(items, channels, self.padded_h, self.padded_w)
-        return image[..., self.ph : self.ph + self.height, self.pw : self.pw + self.width]
-
-
-def _involution_cpu(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tensor:
-    n, channels, height, width = input.shape
-    groups = weight.shape[1]
-    layout = _TapLayout((height, width), weight.shape, stride, padding, dilation)
-    acc = _accumulation_dtype(input.dtype)
-    x = layout.padded_input(input, groups, acc)
-    # (N*G, 1, K*K, *grid): one kernel per pixel, shared by the channels of a group.
-    w = layout.on_grid(weight.to(acc).reshape(n * groups, 1, len(layout.taps), layout.out_h, layout.out_w))
-    out = torch.empty(n * groups, channels // groups, layout.length, dtype=acc, device=input.device)
-    for chunk in _chunks(n * groups, out.shape[1:].numel() * out.element_size()):
-        out_chunk, x_chunk, w_chunk = out[chunk], x[chunk], w[chunk]
-        out_chunk.zero_()
-        for t in range(len(layout.taps)):
-            out_chunk.addcmul_(layout.tap(x_chunk, t), w_chunk[:, :, t])
-    result = torch.empty(n, channels, layout.out_h, layout.out_w, dtype=input.dtype, device=input.device)
-    result.view(n * groups, channels // groups, layout.out_h, layout.out_w).copy_(layout.off_grid(out))
-    return result
-
-
-def _involution_backward_input_cpu(grad_output, weight, input_size, stride, padding, dilation) -> Tensor:
-    n, channels = grad_output.shape[:2]
-    groups = weight.shape[1]
-    layout = _TapLayout(input_size, weight.shape, stride, padding, dilation)
-    acc = _accumulation_dtype(grad_output.dtype)
-    g = layout.on_grid(grad_output.to(acc).reshape(n * groups, channels // groups, layout.out_h, layout.out_w))
-    w = layout.on_grid(weight.to(acc).reshape(n * groups, 1, len(layout.taps), layout.out_h, layout.out_w))
-    grad = layout.empty_padded_input(n * groups, channels // groups, acc, g.device)
-    for chunk in _chunks(n * groups, grad.shape[1:].numel() * grad.element_size()):
-        grad_chunk, g_chunk, w_chunk = grad[chunk], g[chunk], w[chunk]
-        grad_chunk.zero_()
-        for t in range(len(layout.taps)):
-            # Adjoint of the forward's read: add g * w back where tap t read from.
-            layout.tap(grad_chunk, t).addcmul_(g_chunk, w_chunk[:, :, t])
-    # Crop the padding into a fresh tensor: a view would carry a storage offset the fake has not.
-    result = torch.empty(n, channels, *input_size, dtype=grad_output.dtype, device=g.device)
-    result.view(n * groups, channels // groups, *input_size).copy_(layout.unpadded(grad))
-    return result
-
-
-def _involution_backward_weight_cpu(grad_output, input, kernel_size, stride, padding, dilation, groups) -> Tensor:
-    n, channels, out_h, out_w = grad_output.shape
-    weight_shape = (n, groups, *kernel_size, out_h, out_w)
-    layout = _TapLayout(input.shape[2:], weight_shape, stride, padding, dilation)
-    acc = _accumulation_dtype(input.dtype)
-    x = layout.padded_input(input, groups, acc)
-    g = layout.on_grid(grad_output.to(acc).reshape(n * groups, channels // groups, out_h, out_w))
-    grad = torch.empty(n * groups, len(layout.taps), layout.length, dtype=acc, device=g.device)
-    for chunk in _chunks(n * groups, g.shape[1:].numel() * g.element_size()):
-        g_chunk, x_chunk, grad_chunk = g[chunk], x[chunk], grad[chunk]
-        product = torch.empty_like(g_chunk)
-        for t in range(len(layout.taps)):
-            # dw[n, g, t, pixel] = sum over the group's channels of g * (what tap t read)
-            torch.mul(g_chunk, layout.tap(x_chunk, t), out=product)
-            torch.sum(product, dim=1, out=grad_chunk[:, t])
-    result = torch.empty(weight_shape, dtype=input.dtype, device=g.device)
-    result.view(n * groups, len(layout.taps), out_h, out_w).copy_(layout.off_grid(grad))
-    return result
-
-
-# ---------------------------------------------------------------------------------------
 # CUDA dispatch: output allocation, argument order and launch, through a launcher
 # (CuPy on a GPU; the host emulation of oplib.testing in the tests)
 # ---------------------------------------------------------------------------------------
@@ -355,7 +207,7 @@ def _involution_kernel(
 ) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo), contiguous."""
     _check_involution_args(input, weight, stride, padding, dilation)
-    return _involution_cpu(input, weight, stride, padding, dilation)
+    return involution_cpu.involution(input, weight, stride, padding, dilation)
 
 
 # The default kernel (CPU); CUDA registers its own below.
@@ -379,7 +231,7 @@ def _involution_backward_input_kernel(
     """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo), input_size: (H, W)
     -> grad_input: (N, C, H, W)."""
     _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
-    return _involution_backward_input_cpu(grad_output, weight, input_size, stride, padding, dilation)
+    return involution_cpu.involution_backward_input(grad_output, weight, input_size, stride, padding, dilation)
 
 
 # The default kernel (CPU); CUDA registers its own below.
@@ -405,7 +257,9 @@ def _involution_backward_weight_kernel(
 ) -> Tensor:
     """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
     _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups)
-    return _involution_backward_weight_cpu(grad_output, input, kernel_size, stride, padding, dilation, groups)
+    return involution_cpu.involution_backward_weight(
+        grad_output, input, kernel_size, stride, padding, dilation, groups
+    )
 
 
 # The default kernel (CPU); CUDA registers its own below.

@@ -1,0 +1,81 @@
+"""The two CPU strategies of involution (dense matrices on small maps, tap passes on larger
+ones) each checked against the float64 reference on the same inputs, whichever the size
+rule would pick; and both deterministic."""
+
+import random
+
+import pytest
+import torch
+
+from oplib import registry
+from oplib.kernels import involution_cpu
+
+STRATEGIES = {"dense-map": 10**9, "taps": 0}  # DENSE_MAP_MAX_PIXELS_PER_TAP forcing each
+
+
+def _random_cases(count: int, seed: int):
+    rng = random.Random(seed)
+    cases = []
+    while len(cases) < count:
+        kernel = (rng.randint(1, 5), rng.randint(1, 5))
+        stride, dilation = (rng.randint(1, 3), rng.randint(1, 3)), (rng.randint(1, 2), rng.randint(1, 2))
+        padding = (rng.randint(0, 3), rng.randint(0, 3))
+        size = (rng.randint(1, 13), rng.randint(1, 13))
+        if any(size[i] + 2 * padding[i] < dilation[i] * (kernel[i] - 1) + 1 for i in range(2)):
+            continue
+        groups = rng.choice([1, 2, 3])
+        cases.append((rng.randint(0, 2), groups * rng.randint(1, 3), size, groups, kernel, stride, padding, dilation))
+    return cases
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("case", _random_cases(40, seed=3), ids=lambda case: f"{case}")
+def test_strategy_matches_reference(monkeypatch, strategy, case):
+    monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", STRATEGIES[strategy])
+    n, channels, size, groups, kernel, stride, padding, dilation = case
+    out_size = [(size[i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1 for i in range(2)]
+    x = torch.randn(n, channels, *size, dtype=torch.float64)
+    w = torch.randn(n, groups, *kernel, *out_size, dtype=torch.float64)
+    g = torch.randn(n, channels, *out_size, dtype=torch.float64)
+    params = (stride, padding, dilation)
+    assert involution_cpu.uses_dense_map(size, kernel) == (strategy == "dense-map")
+
+    torch.testing.assert_close(involution_cpu.involution(x, w, *params), registry.get("involution").reference(x, w, *params))
+    torch.testing.assert_close(
+        involution_cpu.involution_backward_input(g, w, list(size), *params),
+        registry.get("involution_backward_input").reference(g, w, list(size), *params),
+    )
+    torch.testing.assert_close(
+        involution_cpu.involution_backward_weight(g, x, list(kernel), *params, groups),
+        registry.get("involution_backward_weight").reference(g, x, list(kernel), *params, groups),
+    )
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_strategy_is_deterministic(monkeypatch, strategy):
+    monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", STRATEGIES[strategy])
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(4, 32, 12, 12)
+        w = torch.randn(4, 2, 5, 5, 12, 12)
+        g = torch.randn(4, 32, 12, 12)
+        params = ((1, 1), (2, 2), (1, 1))
+        runs = [
+            (
+                involution_cpu.involution(x, w, *params),
+                involution_cpu.involution_backward_input(g, w, [12, 12], *params),
+                involution_cpu.involution_backward_weight(g, x, [5, 5], *params, 2),
+            )
+            for _ in range(3)
+        ]
+    finally:
+        torch.set_num_threads(1)
+    for run in runs[1:]:
+        for first, again in zip(runs[0], run):
+            assert torch.equal(first, again)
+
+
+def test_rednet_shapes_pick_the_expected_strategy():
+    # 7x7 kernels: the 7x7 and 14x14 stages use the matrices, 28x28 and 56x56 the taps.
+    assert involution_cpu.uses_dense_map((7, 7), (7, 7)) and involution_cpu.uses_dense_map((14, 14), (7, 7))
+    assert not involution_cpu.uses_dense_map((28, 28), (7, 7)) and not involution_cpu.uses_dense_map((56, 56), (7, 7))
