@@ -102,6 +102,13 @@ class OpSpec:
     def has_vmap(self) -> bool:
         return self._opdef()._vmap_fn is not None
 
+    @property
+    def has_flop_formula(self) -> bool:
+        """Whether torch.utils.flop_counter.FlopCounterMode can count the op."""
+        from torch.utils.flop_counter import flop_registry
+
+        return self.op._overloadpacket in flop_registry
+
     def autocast_devices(self) -> tuple[str, ...]:
         """Devices with an autocast kernel; elsewhere autocast passes the op through."""
         return tuple(

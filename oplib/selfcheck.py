@@ -130,9 +130,10 @@ def registry_table(specs: Iterable[OpSpec]) -> str:
                 yes(spec.double_backward),
                 yes(spec.has_vmap),
                 ",".join(spec.autocast_devices()) or "-",
+                yes(spec.has_flop_formula),
             ]
         )
-    headers = ["op", "schema", "devices", "dtypes", "fake", "autograd", "double bwd", "vmap", "autocast kernel"]
+    headers = ["op", "schema", "devices", "dtypes", "fake", "autograd", "double bwd", "vmap", "autocast kernel", "flops"]
     return format_table(headers, rows)
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
 from ._common import (
     check,
@@ -180,3 +181,12 @@ conv2d.register_vmap(_conv2d_vmap)
 # torch runs conv2d in the autocast dtype on both devices.
 register_autocast_policy("oplib::conv2d", "cpu", "lower_precision")
 register_autocast_policy("oplib::conv2d", "cuda", "lower_precision")
+
+
+@register_flop_formula(torch.ops.oplib.conv2d)
+def _conv2d_flops(input_shape, weight_shape, bias_shape, stride, padding, dilation, groups, out_shape=None, **kwargs) -> int:
+    """2 * N * Ho * Wo * (Cout * Cin/groups * KH * KW), torch's count for aten.convolution
+    (bias not counted); an unbatched input counts as N = 1."""
+    batch = out_shape[0] if len(out_shape) == 4 else 1
+    per_pixel = weight_shape[0] * weight_shape[1] * weight_shape[2] * weight_shape[3]
+    return 2 * batch * out_shape[-2] * out_shape[-1] * per_pixel

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
 from ._common import check_floating, register_autocast_policy
 
@@ -53,3 +54,9 @@ exp.register_vmap(_exp_vmap)
 # torch.exp is on CUDA autocast's float32 list and on no CPU autocast list (it keeps
 # its input dtype there), so only CUDA gets a kernel.
 register_autocast_policy("oplib::exp", "cuda", "fp32")
+
+
+@register_flop_formula(torch.ops.oplib.exp)
+def _exp_flops(x_shape, out_shape=None, **kwargs) -> int:
+    # FlopCounterMode counts no FLOPs for torch's pointwise ops (torch.exp included).
+    return 0

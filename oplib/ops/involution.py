@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
 from ..kernels import Launcher, cupy_launcher, involution_cpu, launch_elementwise, load_source
 from ._common import (
@@ -407,3 +408,23 @@ involution_backward_weight.register_vmap(_backward_weight_vmap)
 for _qualname in ("oplib::involution", "oplib::involution_backward_input", "oplib::involution_backward_weight"):
     register_autocast_policy(_qualname, "cpu", "lower_precision")
     register_autocast_policy(_qualname, "cuda", "lower_precision")
+
+
+# FLOPs as FlopCounterMode counts convolutions: 2 per multiply-add. Each of the three ops
+# does one multiply-add per (output element, kernel tap).
+@register_flop_formula(torch.ops.oplib.involution)
+def _involution_flops(input_shape, weight_shape, stride, padding, dilation, out_shape=None, **kwargs) -> int:
+    n, channels, out_h, out_w = out_shape
+    return 2 * n * channels * out_h * out_w * weight_shape[2] * weight_shape[3]
+
+
+@register_flop_formula(torch.ops.oplib.involution_backward_input)
+def _involution_backward_input_flops(grad_output_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
+    n, channels, out_h, out_w = grad_output_shape
+    return 2 * n * channels * out_h * out_w * weight_shape[2] * weight_shape[3]
+
+
+@register_flop_formula(torch.ops.oplib.involution_backward_weight)
+def _involution_backward_weight_flops(grad_output_shape, input_shape, kernel_size, *args, out_shape=None, **kwargs) -> int:
+    n, channels, out_h, out_w = grad_output_shape
+    return 2 * n * channels * out_h * out_w * kernel_size[0] * kernel_size[1]

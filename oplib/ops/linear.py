@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
 from ._common import check, check_dim, check_floating, check_same_dtype_and_device, register_autocast_policy
 
@@ -98,3 +99,12 @@ linear.register_vmap(_linear_vmap)
 # torch runs linear in the autocast dtype on both devices.
 register_autocast_policy("oplib::linear", "cpu", "lower_precision")
 register_autocast_policy("oplib::linear", "cuda", "lower_precision")
+
+
+@register_flop_formula(torch.ops.oplib.linear)
+def _linear_flops(input_shape, weight_shape, bias_shape=None, out_shape=None, **kwargs) -> int:
+    """2 * M * in * out for M rows, as FlopCounterMode counts torch's addmm / mm (bias not counted)."""
+    rows = 1
+    for size in input_shape[:-1]:
+        rows *= size
+    return 2 * rows * weight_shape[0] * weight_shape[1]

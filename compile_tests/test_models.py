@@ -1,0 +1,79 @@
+"""RedNet: the published architecture (parameter counts of the paper's models), any input
+size, torch.compile(fullgraph=True) without graph breaks, and torch.export with dynamic
+batch and image size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import Dim
+
+import oplib.models
+from oplib.models import RedNet
+
+# Parameters (millions) the paper and its reference code list for the ImageNet models.
+PUBLISHED_MILLIONS = {26: 9.23, 38: 12.39, 50: 15.54, 101: 25.65, 152: 33.99}
+DEPTHS = sorted(PUBLISHED_MILLIONS)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    # Each test compiles new models; dynamo's per-function cache limit counts them all.
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _narrow(depth: int, **kwargs) -> RedNet:
+    """The depth's block counts at a width that keeps the tests fast."""
+    torch.manual_seed(0)
+    return getattr(oplib.models, f"rednet{depth}")(width=16, group_channels=8, num_classes=10, **kwargs)
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_parameter_count_matches_the_paper(depth):
+    model = getattr(oplib.models, f"rednet{depth}")()
+    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    # The paper rounds to two decimals (33.9846 M is listed as 33.99).
+    assert abs(millions - PUBLISHED_MILLIONS[depth]) < 0.006, millions
+
+
+@pytest.mark.parametrize("size", [(1, 1), (7, 9), (33, 32), (64, 64)])
+def test_any_input_size(size):
+    model = _narrow(26, in_channels=1).eval()
+    assert model(torch.randn(2, 1, *size)).shape == (2, 10)
+
+
+def test_rejects_group_channels_that_do_not_divide_the_stem():
+    with pytest.raises(ValueError, match="group_channels"):
+        RedNet((1, 1, 1, 1), width=16, group_channels=16)
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_compiles_with_fullgraph(depth):
+    """fullgraph=True raises on any graph break. Graph breaks are dynamo's business, so its
+    plain "eager" backend checks every depth quickly; RedNet-26 also goes through AOTAutograd
+    with a backward (inductor compiles it in the training tests)."""
+    model = _narrow(depth)
+    x = torch.randn(2, 3, 32, 32)
+    backend = "aot_eager" if depth == 26 else "eager"
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    torch.testing.assert_close(compiled(x), model(x))
+    if depth == 26:
+        compiled(x).sum().backward()
+        assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("depth", [26, 50])
+def test_exports_with_dynamic_batch_and_size(depth, tmp_path):
+    model = _narrow(depth).eval()
+    # The five stride-2 steps leave (H - 1) // 32 + 1 pixels; export needs every symbolic
+    # size to stay >= 2 over the whole range (it treats sizes 0 and 1 as special), so images
+    # are at least 33 pixels a side. Eager mode takes any size.
+    dynamic = {"x": {0: Dim("batch", max=256), 2: Dim("height", min=33, max=512), 3: Dim("width", min=33, max=512)}}
+    program = torch.export.export(model, (torch.randn(2, 3, 64, 64),), dynamic_shapes=dynamic)
+    torch.export.save(program, tmp_path / "rednet.pt2")
+    loaded = torch.export.load(tmp_path / "rednet.pt2").module()
+    for shape in [(1, 3, 33, 40), (5, 3, 47, 64), (2, 3, 96, 81)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(loaded(x), model(x))

@@ -1,0 +1,170 @@
+"""RedNet (Li et al., CVPR 2021): ResNet-shaped backbones whose 3x3 convolutions are 7x7
+involutions, built from oplib's ops.
+
+The architecture follows the paper's reference code (its mmcls ``RedNet`` with a
+``GlobalAveragePooling`` neck and a linear head): the involution stem (3x3 conv stride 2 ->
+3x3 involution -> BN -> ReLU -> 3x3 conv), a 3x3 max pool stride 2, four stages of
+bottlenecks (1x1 conv -> 7x7 involution, stride on the involution -> 1x1 conv, expansion 4,
+a 1x1 conv + BN shortcut where the shape changes), global average pooling and a linear
+classifier. Initialisation as there: Kaiming normal (fan_out) for convolutions, BN weights 1
+and the last BN of every bottleneck 0, the classifier N(0, 0.01).
+
+    input: (N, in_channels, H, W), any H, W >= 1 -> logits: (N, num_classes)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .nn import Conv2d, Involution2d, Linear
+
+BLOCK_COUNTS = {
+    26: (1, 2, 4, 1),
+    38: (2, 3, 5, 2),
+    50: (3, 4, 6, 3),
+    101: (3, 4, 23, 3),
+    152: (3, 8, 36, 3),
+}
+
+
+def _conv_bn_relu(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1) -> nn.Sequential:
+    return nn.Sequential(
+        Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2, bias=False),
+        nn.BatchNorm2d(out_channels),
+        nn.ReLU(inplace=True),
+    )
+
+
+class Bottleneck(nn.Module):
+    """1x1 conv -> BN -> ReLU -> KxK involution (carrying the stride) -> BN -> ReLU -> 1x1 conv
+    -> BN, plus the shortcut, -> ReLU. input: (N, in_channels, H, W) -> (N, out_channels, Ho, Wo)."""
+
+    expansion = 4
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1, kernel_size: int = 7, group_channels: int = 16):
+        super().__init__()
+        mid = out_channels // self.expansion
+        self.reduce = _conv_bn_relu(in_channels, mid, 1)
+        self.involution = Involution2d(mid, kernel_size, stride, group_channels=group_channels)
+        self.involution_norm = nn.BatchNorm2d(mid)
+        self.expand = Conv2d(mid, out_channels, 1, bias=False)
+        self.expand_norm = nn.BatchNorm2d(out_channels)
+        self.shortcut = None
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = torch.relu(self.involution_norm(self.involution(self.reduce(x))))
+        out = self.expand_norm(self.expand(out))
+        identity = x if self.shortcut is None else self.shortcut(x)
+        return torch.relu(out + identity)
+
+
+class RedNet(nn.Module):
+    """RedNet with ``block_counts`` bottlenecks in its four stages.
+
+    width: the stem's output channels and the first stage's bottleneck width (64 in the
+    paper); stage i has width * 2**i bottleneck channels and 4x that many outputs.
+    group_channels: channels sharing one involution kernel (16 in the paper; narrow models
+    need it to divide every involution's channels, the stem's width // 2 included).
+    input: (N, in_channels, H, W) -> logits (N, num_classes).
+    """
+
+    def __init__(
+        self,
+        block_counts: Sequence[int],
+        num_classes: int = 1000,
+        in_channels: int = 3,
+        width: int = 64,
+        group_channels: int = 16,
+        kernel_size: int = 7,
+    ):
+        super().__init__()
+        if len(block_counts) != 4 or min(block_counts) < 1:
+            raise ValueError(f"RedNet: expected four positive block counts, got {list(block_counts)}")
+        if width % 2 or (width // 2) % group_channels:
+            raise ValueError(
+                f"RedNet: the stem's involution has width // 2 = {width // 2} channels, which group_channels "
+                f"({group_channels}) must divide"
+            )
+        self.block_counts = tuple(block_counts)
+        self.stem = nn.Sequential(
+            _conv_bn_relu(in_channels, width // 2, 3, stride=2),
+            Involution2d(width // 2, 3, 1, group_channels=group_channels),
+            nn.BatchNorm2d(width // 2),
+            nn.ReLU(inplace=True),
+            _conv_bn_relu(width // 2, width, 3),
+        )
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        stages, channels = [], width
+        for index, count in enumerate(block_counts):
+            out_channels = width * 2**index * Bottleneck.expansion
+            blocks = []
+            for block in range(count):
+                stride = 2 if index > 0 and block == 0 else 1
+                blocks.append(Bottleneck(channels, out_channels, stride, kernel_size, group_channels))
+                channels = out_channels
+            stages.append(nn.Sequential(*blocks))
+        self.stages = nn.Sequential(*stages)
+        self.features = channels
+        self.classifier = Linear(channels, num_classes)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.BatchNorm2d):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        for module in self.modules():
+            if isinstance(module, Bottleneck):
+                # Every residual branch starts as zero, so each block starts as its shortcut.
+                nn.init.zeros_(module.expand_norm.weight)
+        nn.init.normal_(self.classifier.weight, std=0.01)
+        nn.init.zeros_(self.classifier.bias)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """(N, in_channels, H, W) -> pooled features (N, self.features)."""
+        x = self.stages(self.pool(self.stem(x)))
+        return x.mean(dim=(2, 3))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.forward_features(x))
+
+
+def _rednet(depth: int, **kwargs) -> RedNet:
+    return RedNet(BLOCK_COUNTS[depth], **kwargs)
+
+
+def rednet26(**kwargs) -> RedNet:
+    """RedNet-26: block counts (1, 2, 4, 1). Keyword arguments go to ``RedNet``."""
+    return _rednet(26, **kwargs)
+
+
+def rednet38(**kwargs) -> RedNet:
+    """RedNet-38: block counts (2, 3, 5, 2)."""
+    return _rednet(38, **kwargs)
+
+
+def rednet50(**kwargs) -> RedNet:
+    """RedNet-50: block counts (3, 4, 6, 3)."""
+    return _rednet(50, **kwargs)
+
+
+def rednet101(**kwargs) -> RedNet:
+    """RedNet-101: block counts (3, 4, 23, 3)."""
+    return _rednet(101, **kwargs)
+
+
+def rednet152(**kwargs) -> RedNet:
+    """RedNet-152: block counts (3, 8, 36, 3)."""
+    return _rednet(152, **kwargs)
+
+
+__all__ = ["BLOCK_COUNTS", "Bottleneck", "RedNet", "rednet26", "rednet38", "rednet50", "rednet101", "rednet152"]
