@@ -3,6 +3,7 @@
     python -m oplib              # table, then the self-check (exit code 1 on any failure)
     python -m oplib list         # the table only
     python -m oplib check --op conv2d --device cpu
+    python -m oplib train --help  # train a RedNet on scikit-learn's digits (oplib.train)
 """
 
 from __future__ import annotations
@@ -52,7 +53,12 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:
+        from . import train
+
+        return train.main(argv[1:])
+    args = _parse_args(argv)
     print(selfcheck.registry_table(registry.all_specs()))
     print()
     if args.command == "list":
