@@ -13,18 +13,21 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,train]"
 	touch $@
 
+# The main job: the op table and self-check, then the RedNet training run on the digits.
 run: $(VENV)/.installed
 	$(PY) -m oplib
+	$(PY) -m oplib train --out runs/digits
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
 
 # Both benchmarks always run and write their tables; the target fails if either misses its bar.
 bench: $(VENV)/.installed
-	status=0; $(PY) bench/dense.py || status=1; $(PY) bench/involution.py || status=1; exit $$status
+	status=0; $(PY) bench/dense.py || status=1; $(PY) bench/involution.py || status=1; \
+	$(PY) bench/rednet.py || status=1; exit $$status
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -190,18 +190,23 @@ def train(args: argparse.Namespace) -> dict:
     model = build_model(args).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4, nesterov=True)
     steps_per_epoch = len(data.train_labels) // args.batch_size
-    total_steps = args.epochs * steps_per_epoch if args.steps is None else min(args.steps, args.epochs * steps_per_epoch)
+    if steps_per_epoch == 0:
+        raise ValueError(f"--batch-size {args.batch_size} is larger than the {len(data.train_labels)} training images")
+    # The schedule spans all epochs; --steps only stops the run early (a later --resume
+    # continues it on the same schedule).
+    total_steps = args.epochs * steps_per_epoch
+    stop_at = total_steps if args.steps is None else min(args.steps, total_steps)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=max(total_steps, 1), pct_start=0.15)
-    history, step, first_epoch = [], 0, 0
+    history, step = [], 0
     checkpoint_path = args.out / "checkpoint.pt"
     if args.resume:
         checkpoint = torch.load(checkpoint_path, map_location=device, weights_only=False)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         schedule.load_state_dict(checkpoint["schedule"])
-        history, step, first_epoch = checkpoint["history"], checkpoint["step"], checkpoint["epoch"] + 1
+        history, step = checkpoint["history"], checkpoint["step"]
         if main_process:
-            print(f"resumed from {checkpoint_path}: epoch {first_epoch}, step {step}")
+            print(f"resumed from {checkpoint_path} at step {step} (epoch {step // steps_per_epoch + 1})")
 
     trained = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
     forward = torch.compile(trained) if args.compile else trained
@@ -210,13 +215,13 @@ def train(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     if main_process and args.compile:
         print("the first step compiles the model (about a minute on 2 cores)", flush=True)
-    for epoch in range(first_epoch, args.epochs):
-        if step >= total_steps:
-            break
+    record = None
+    while step < stop_at:
+        epoch, done_in_epoch = divmod(step, steps_per_epoch)
         model.train()
         ranks = [rank] if distributed else list(range(shares))
         batches = list(zip(*(shard_batches(len(labels), args.batch_size, epoch, args.seed, shares, r) for r in ranks)))
-        batches = batches[: total_steps - step]
+        batches = batches[done_in_epoch : done_in_epoch + stop_at - step]
         shifts = epoch_shifts(len(labels), epoch, args.seed).to(device)
         progress = _progress(batches, f"epoch {epoch + 1}/{args.epochs}", disable=args.quiet or not main_process)
         loss_sum = correct = seen = 0.0
@@ -243,10 +248,12 @@ def train(args: argparse.Namespace) -> dict:
             "test_accuracy": accuracy(model, test_images, test_labels),
             "seconds": time.perf_counter() - start,
         }
-        history.append(record)
+        complete = step % steps_per_epoch == 0
+        if complete:  # a run stopped inside an epoch reports it, and records it once finished
+            history.append(record)
         if main_process:
             print(
-                f"epoch {record['epoch']}: loss {record['train_loss']:.4f}, train accuracy {record['train_accuracy']:.4f}, "
+                f"epoch {record['epoch']}{'' if complete else ' (stopped inside it)'}: loss {record['train_loss']:.4f}, train accuracy {record['train_accuracy']:.4f}, "
                 f"held-out accuracy {record['test_accuracy']:.4f} ({record['seconds']:.0f} s)",
                 flush=True,
             )
@@ -256,17 +263,16 @@ def train(args: argparse.Namespace) -> dict:
                 "schedule": schedule.state_dict(),
                 "history": history,
                 "step": step,
-                "epoch": epoch,
                 "args": vars(args) | {"out": str(args.out)},
             }
             torch.save(state, checkpoint_path)
-            _save_curve(history, args.out / "curve.png")
+            _save_curve(history if complete else history + [record], args.out / "curve.png")
 
     summary = {"steps": step, "seconds": time.perf_counter() - start, "world_size": world}
-    if history:
-        summary["test_accuracy"] = history[-1]["test_accuracy"]
-    if main_process and args.export and history:
-        summary["exported_test_accuracy"] = _export_and_check(model, data, args.out, history[-1]["test_accuracy"])
+    if record is not None:
+        summary["test_accuracy"] = record["test_accuracy"]
+    if main_process and args.export and record is not None:
+        summary["exported_test_accuracy"] = _export_and_check(model, data, args.out, record["test_accuracy"])
         print(f"exported program {args.out / 'model.pt2'}: held-out accuracy {summary['exported_test_accuracy']:.4f} (equal to eager)")
     if main_process:
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
