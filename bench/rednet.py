@@ -1,0 +1,153 @@
+"""RedNet-26 throughput on CPU: images/second of training and inference, eager vs torch.compile.
+
+    python bench/rednet.py            # writes bench/results/rednet.md
+    python bench/rednet.py --quick    # smaller batches, one round (smoke test)
+
+Two models: RedNet-26 at the paper's width (64) on 64x64 images, and the narrow RedNet-26 that
+``python -m oplib train`` fits to the 32x32 digits. A training step is forward, cross-entropy,
+backward and an SGD step; inference is a forward pass in eval mode under no_grad. Eager and
+compiled are timed in the same run, interleaved (torch.utils.benchmark medians; the median of
+the rounds is kept). Compile time (the first call) is reported separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.benchmark import Timer
+
+from oplib.models import rednet26
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    width: int
+    group_channels: int
+    in_channels: int
+    image_size: int
+    batch: int
+
+
+CONFIGS = [
+    Config("RedNet-26, width 64 (paper), 64x64 RGB", 64, 16, 3, 64, 16),
+    Config("RedNet-26, width 16 (digits model), 32x32 gray", 16, 8, 1, 32, 64),
+]
+
+
+def _machine() -> str:
+    cpu = "unknown CPU"
+    if Path("/proc/cpuinfo").exists():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), Python {platform.python_version()}"
+
+
+def _candidates(config: Config, batch: int):
+    torch.manual_seed(0)
+    model = rednet26(num_classes=10, in_channels=config.in_channels, width=config.width, group_channels=config.group_channels)
+    images = torch.randn(batch, config.in_channels, config.image_size, config.image_size)
+    labels = torch.randint(0, 10, (batch,))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    compiled = torch.compile(model)
+
+    def train_step(forward):
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(forward(images), labels).backward()
+        optimizer.step()
+
+    @torch.no_grad()
+    def infer(forward):
+        model.eval()
+        forward(images)
+
+    return {
+        ("train", "eager"): lambda: train_step(model),
+        ("train", "compiled"): lambda: train_step(compiled),
+        ("inference", "eager"): lambda: infer(model),
+        ("inference", "compiled"): lambda: infer(compiled),
+    }
+
+
+def run(config: Config, batch: int, rounds: int, min_run_time: float):
+    # A fresh dynamo per model: otherwise the second model's compile is a recompile of the same
+    # forward code, which dynamo then makes shape-generic (and much slower to compile).
+    torch._dynamo.reset()
+    steps = _candidates(config, batch)
+    compile_seconds = {}
+    for key in (("train", "compiled"), ("inference", "compiled")):
+        start = time.perf_counter()
+        steps[key]()
+        compile_seconds[key[0]] = time.perf_counter() - start
+    samples = {key: [] for key in steps}
+    for _ in range(rounds):
+        for key, step in steps.items():
+            timer = Timer("step()", globals={"step": step}, num_threads=torch.get_num_threads())
+            samples[key].append(timer.blocked_autorange(min_run_time=min_run_time).median)
+    seconds = {key: statistics.median(values) for key, values in samples.items()}
+    for mode in ("train", "inference"):
+        print(
+            f"{config.name} {mode}: eager {batch / seconds[mode, 'eager']:.1f} img/s, "
+            f"compiled {batch / seconds[mode, 'compiled']:.1f} img/s (compile {compile_seconds[mode]:.0f} s)",
+            flush=True,
+        )
+    return seconds, compile_seconds
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rounds, min_run_time = (1, 0.2) if args.quick else (args.rounds, 2.0)
+    lines = [
+        "# RedNet-26 throughput on CPU: eager vs torch.compile",
+        "",
+        f"Written by `python bench/rednet.py{' --quick' if args.quick else ''}` on {datetime.date.today()}.",
+        "",
+        f"- machine: {_machine()}",
+        f"- float32; times: median over {rounds} interleaved round(s) of torch.utils.benchmark blocked_autorange medians",
+        "- train step = forward + cross-entropy + backward + SGD step (BatchNorm in training mode);"
+        " inference = eval-mode forward under no_grad; compile = wall time of the first compiled call",
+        "",
+        "| model | batch | mode | eager (img/s) | compiled (img/s) | compiled / eager | compile (s) |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    print(_machine(), flush=True)
+    for config in CONFIGS:
+        batch = max(2, config.batch // 4) if args.quick else config.batch
+        seconds, compile_seconds = run(config, batch, rounds, min_run_time)
+        for mode in ("train", "inference"):
+            eager, compiled = batch / seconds[mode, "eager"], batch / seconds[mode, "compiled"]
+            lines.append(
+                f"| {config.name} | {batch} | {mode} | {eager:.1f} | {compiled:.1f} | {compiled / eager:.2f}x | "
+                f"{compile_seconds[mode]:.0f} |"
+            )
+    report = "\n".join(lines) + "\n"
+    output = args.output or RESULTS / ("rednet-quick.md" if args.quick else "rednet.md")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(report)
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
