@@ -48,6 +48,7 @@ from torch.nn.grad import conv2d_input, conv2d_weight
 from torch.utils.benchmark import Compare, Measurement, Timer
 
 import oplib
+from machine import cpu_model
 
 _RESULTS_DIR = Path(__file__).resolve().parent / "results"
 _BATCH = 8
@@ -509,22 +510,10 @@ def _bench_overhead(settings: _Settings) -> list[_OverheadRow]:
 # ---------------------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def _machine_lines(settings: _Settings) -> list[str]:
     """Markdown bullets: machine, versions, date and timing method."""
     return [
-        f"- CPU: {_cpu_model()}",
+        f"- CPU: {cpu_model()}",
         f"- cores (os.cpu_count()): {os.cpu_count()}; torch threads: {torch.get_num_threads()}",
         f"- torch {torch.__version__} (mkldnn {'on' if torch.backends.mkldnn.is_available() else 'off'}), "
         f"Python {platform.python_version()}, oplib {oplib.__version__}",

@@ -17,7 +17,6 @@ import argparse
 import ctypes
 import datetime
 import os
-import platform
 import statistics
 import sys
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from torch.utils.benchmark import Timer
 
 import oplib
 from oplib import registry
+
+from machine import describe
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -141,16 +142,6 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / seconds.blocked_autorange(min_run_time=1.0).median
 
 
-def _machine() -> str:
-    cpu = "unknown CPU"
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), Python {platform.python_version()}"
-
-
 def run_cpu(shapes, min_run_time: float, bandwidth: float, rounds: int):
     """Times every (candidate, mode) in ``rounds`` interleaved rounds and keeps the median,
     so a burst of load from elsewhere skews one round, not a whole row. Peak memory is
@@ -206,7 +197,7 @@ def _markdown(cpu_rows, cuda_rows, bandwidth, failures, args) -> str:
         "",
         f"Written by `python bench/involution.py{' --quick' if args.quick else ''}` on {datetime.date.today()}.",
         "",
-        f"- machine: {_machine()}",
+        f"- machine: {describe()}",
         f"- copy bandwidth measured in this run: {bandwidth / 1e9:.1f} GB/s (bytes read + written)",
         f"- float32, K = 7, 16 channels per group, padding 3; times: median over {1 if args.quick else args.rounds} interleaved rounds",
         "  of torch.utils.benchmark blocked_autorange medians; peak = highest resident memory above the",
@@ -248,7 +239,7 @@ def main(argv=None) -> int:
     shapes = QUICK_SHAPES if args.quick else SHAPES
     min_run_time = 0.2 if args.quick else 1.0
     bandwidth = copy_bandwidth()
-    print(f"{_machine()}\ncopy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
+    print(f"{describe()}\ncopy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
     cpu_rows = run_cpu(shapes, min_run_time, bandwidth, 1 if args.quick else args.rounds)
     cuda_rows = run_cuda(shapes, min_run_time) if torch.cuda.is_available() else []
     failures = [

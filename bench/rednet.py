@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import statistics
 import sys
 import time
@@ -27,6 +26,8 @@ import torch.nn.functional as F
 from torch.utils.benchmark import Timer
 
 from oplib.models import rednet26
+
+from machine import describe
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -45,16 +46,6 @@ CONFIGS = [
     Config("RedNet-26, width 64 (paper), 64x64 RGB", 64, 16, 3, 64, 16),
     Config("RedNet-26, width 16 (digits model), 32x32 gray", 16, 8, 1, 32, 64),
 ]
-
-
-def _machine() -> str:
-    cpu = "unknown CPU"
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), Python {platform.python_version()}"
 
 
 def _candidates(config: Config, batch: int):
@@ -123,7 +114,7 @@ def main(argv=None) -> int:
         "",
         f"Written by `python bench/rednet.py{' --quick' if args.quick else ''}` on {datetime.date.today()}.",
         "",
-        f"- machine: {_machine()}",
+        f"- machine: {describe()}",
         f"- float32; times: median over {rounds} interleaved round(s) of torch.utils.benchmark blocked_autorange medians",
         "- train step = forward + cross-entropy + backward + SGD step (BatchNorm in training mode);"
         " inference = eval-mode forward under no_grad; compile = wall time of the first compiled call",
@@ -131,7 +122,7 @@ def main(argv=None) -> int:
         "| model | batch | mode | eager (img/s) | compiled (img/s) | compiled / eager | compile (s) |",
         "|---|---:|---|---:|---:|---:|---:|",
     ]
-    print(_machine(), flush=True)
+    print(describe(), flush=True)
     for config in CONFIGS:
         batch = max(2, config.batch // 4) if args.quick else config.batch
         seconds, compile_seconds = run(config, batch, rounds, min_run_time)
