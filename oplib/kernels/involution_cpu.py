@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 # A map is "small" when its pixels are at most this many times the kernel's taps: the dense
@@ -113,6 +113,18 @@ def _dense_map_for(input_size, weight_shape, stride, padding, dilation) -> Dense
 # ---------------------------------------------------------------------------------------
 
 
+class TapClass(NamedTuple):
+    """Taps weight[rows, cols] (slices of (KH, KW)), read from one phase of the buffer at
+    ``offset`` + k * steps[0] + l * steps[1] for the (k, l)-th tap of the class."""
+
+    rows: slice
+    cols: slice
+    phase: int
+    offset: int
+    counts: tuple[int, int]
+    steps: tuple[int, int]
+
+
 class TapLayout:
     """How the elementwise kernels see the zero-padded input: one view per kernel tap (a, b)
     holding, for every output pixel, the input value that tap reads, as a contiguous 1-D shift.
@@ -185,25 +197,23 @@ class TapLayout:
         phase, offset = self.taps[t]
         return phases[:, :, phase, offset : offset + self.length]
 
-    def tap_classes(self):
-        """The taps grouped so that each group is one strided view: taps a0 + k*mh, b0 + l*mw
-        read one phase at offsets growing by fixed steps. Yields (a0, mh, b0, mw, phase,
-        offset, count_a, count_b, step_a, step_b); one group at stride 1."""
+    def tap_classes(self) -> list[TapClass]:
+        """The taps grouped so that each group is one strided view of one phase: taps
+        (a0 + k*mh, b0 + l*mw) with m = s / gcd(s, d) share a phase and their offsets grow by
+        fixed steps. A single group at stride 1."""
         mh, mw = self.sh // math.gcd(self.sh, self.dh), self.sw // math.gcd(self.sw, self.dw)
-        for a0 in range(min(mh, self.kh)):
-            for b0 in range(min(mw, self.kw)):
-                yield (
-                    a0,
-                    mh,
-                    b0,
-                    mw,
-                    self._phase(a0, b0),
-                    (a0 * self.dh // self.sh) * self.row + b0 * self.dw // self.sw,
-                    len(range(a0, self.kh, mh)),
-                    len(range(b0, self.kw, mw)),
-                    (mh * self.dh // self.sh) * self.row,
-                    mw * self.dw // self.sw,
-                )
+        return [
+            TapClass(
+                rows=slice(a0, None, mh),
+                cols=slice(b0, None, mw),
+                phase=self._phase(a0, b0),
+                offset=(a0 * self.dh // self.sh) * self.row + b0 * self.dw // self.sw,
+                counts=(len(range(a0, self.kh, mh)), len(range(b0, self.kw, mw))),
+                steps=((mh * self.dh // self.sh) * self.row, mw * self.dw // self.sw),
+            )
+            for a0 in range(min(mh, self.kh))
+            for b0 in range(min(mw, self.kw))
+        ]
 
     def on_grid(self, per_pixel: Tensor, dtype: torch.dtype) -> Tensor:
         """(..., Ho, Wo) -> (..., length) in ``dtype``, zeros on the discarded columns."""
@@ -293,16 +303,20 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
     # dw[n, g, a, b, pixel] = sum over the group's channels c of g[c, pixel] * (what tap (a, b)
     # read from channel c): one pass per channel and tap class, each over all of its taps at
     # once through a strided view of the phase buffer.
-    x_strides = x.stride()
+    x_strides, tap_classes = x.stride(), layout.tap_classes()
     for chunk in _slices(items, grad.shape[1:].numel() * grad.element_size()):
         count = chunk.stop - chunk.start
-        for a0, mh, b0, mw, phase, offset, count_a, count_b, step_a, step_b in layout.tap_classes():
-            grad_taps = grad[chunk, a0::mh, b0::mw]
+        for taps in tap_classes:
+            grad_taps = grad[chunk, taps.rows, taps.cols]
             for c in range(per_group):
                 read = x.as_strided(
-                    (count, count_a, count_b, layout.length),
-                    (x_strides[0], step_a, step_b, 1),
-                    x.storage_offset() + chunk.start * x_strides[0] + c * x_strides[1] + phase * x_strides[2] + offset,
+                    (count, *taps.counts, layout.length),
+                    (x_strides[0], *taps.steps, 1),
+                    x.storage_offset()
+                    + chunk.start * x_strides[0]
+                    + c * x_strides[1]
+                    + taps.phase * x_strides[2]
+                    + taps.offset,
                 )
                 grad_taps.addcmul_(read, g[chunk, c, None, None, :])
     result = torch.empty(weight_shape, dtype=input.dtype, device=g.device)

@@ -410,21 +410,23 @@ for _qualname in ("oplib::involution", "oplib::involution_backward_input", "opli
     register_autocast_policy(_qualname, "cuda", "lower_precision")
 
 
-# FLOPs as FlopCounterMode counts convolutions: 2 per multiply-add. Each of the three ops
-# does one multiply-add per (output element, kernel tap).
+def _involution_flop_count(output_shape, kernel_size) -> int:
+    """FLOPs as FlopCounterMode counts convolutions, 2 per multiply-add: each of the three ops
+    does one multiply-add per (element of the (N, C, Ho, Wo) output or grad_output, kernel tap)."""
+    n, channels, out_h, out_w = output_shape
+    return 2 * n * channels * out_h * out_w * kernel_size[0] * kernel_size[1]
+
+
 @register_flop_formula(torch.ops.oplib.involution)
 def _involution_flops(input_shape, weight_shape, stride, padding, dilation, out_shape=None, **kwargs) -> int:
-    n, channels, out_h, out_w = out_shape
-    return 2 * n * channels * out_h * out_w * weight_shape[2] * weight_shape[3]
+    return _involution_flop_count(out_shape, weight_shape[2:4])
 
 
 @register_flop_formula(torch.ops.oplib.involution_backward_input)
 def _involution_backward_input_flops(grad_output_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
-    n, channels, out_h, out_w = grad_output_shape
-    return 2 * n * channels * out_h * out_w * weight_shape[2] * weight_shape[3]
+    return _involution_flop_count(grad_output_shape, weight_shape[2:4])
 
 
 @register_flop_formula(torch.ops.oplib.involution_backward_weight)
 def _involution_backward_weight_flops(grad_output_shape, input_shape, kernel_size, *args, out_shape=None, **kwargs) -> int:
-    n, channels, out_h, out_w = grad_output_shape
-    return 2 * n * channels * out_h * out_w * kernel_size[0] * kernel_size[1]
+    return _involution_flop_count(grad_output_shape, kernel_size)
