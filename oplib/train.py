@@ -66,6 +66,7 @@ class Digits:
     train_labels: torch.Tensor  # (N,)
     test_images: torch.Tensor
     test_labels: torch.Tensor
+    background: float  # a blank pixel, normalised (the data's minimum)
 
 
 def load_digits() -> Digits:
@@ -80,17 +81,17 @@ def load_digits() -> Digits:
     test, train = order[:test_count], order[test_count:]
     mean, std = images[train].mean(), images[train].std()
     images = (images - mean) / std
-    return Digits(images[train], labels[train], images[test], labels[test])
+    return Digits(images[train], labels[train], images[test], labels[test], images.min().item())
 
 
 MAX_SHIFT = 3  # pixels of random translation (of the 32x32 image) in training
 
 
-def shifted(images: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+def shifted(images: torch.Tensor, shifts: torch.Tensor, background: float) -> torch.Tensor:
     """images: (B, 1, S, S), shifts: (B, 2) in [-MAX_SHIFT, MAX_SHIFT] -> each image translated
-    by its shift, zero (the normalised background's minimum) filled."""
+    by its shift, the uncovered pixels set to ``background``."""
     size = images.shape[-1]
-    padded = F.pad(images, (MAX_SHIFT,) * 4, value=images.min().item())
+    padded = F.pad(images, (MAX_SHIFT,) * 4, value=background)
     base = torch.arange(size, device=images.device) + MAX_SHIFT
     rows = (base - shifts[:, :1]).unsqueeze(2)  # (B, S, 1)
     cols = (base - shifts[:, 1:]).unsqueeze(1)  # (B, 1, S)
@@ -228,7 +229,7 @@ def train(args: argparse.Namespace) -> dict:
         for batch in progress:
             optimizer.zero_grad(set_to_none=True)
             for share in batch:  # one share per process (several when emulating)
-                logits = forward(shifted(images[share], shifts[share]))
+                logits = forward(shifted(images[share], shifts[share], data.background))
                 loss = F.cross_entropy(logits, labels[share], label_smoothing=0.1) / len(batch)
                 loss.backward()
                 loss_sum += loss.item() * len(batch) * len(share)
