@@ -15,13 +15,6 @@ from oplib.testing import spec_params
 from _models import InvolutionNet, SmallNet
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("spec,device", spec_params())
 def test_compiled_forward_and_backward_match_eager(spec, device):
     selfcheck.check_compile(spec, device)

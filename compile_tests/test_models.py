@@ -16,14 +16,6 @@ PUBLISHED_MILLIONS = {26: 9.23, 38: 12.39, 50: 15.54, 101: 25.65, 152: 33.99}
 DEPTHS = sorted(PUBLISHED_MILLIONS)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    # Each test compiles new models; dynamo's per-function cache limit counts them all.
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def _narrow(depth: int, **kwargs) -> RedNet:
     """The depth's block counts at a width that keeps the tests fast."""
     torch.manual_seed(0)

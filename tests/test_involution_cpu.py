@@ -9,6 +9,7 @@ import torch
 
 from oplib import registry
 from oplib.kernels import involution_cpu
+from oplib.ops._common import window_output_size
 
 STRATEGIES = {"dense-map": 10**9, "taps": 0}  # DENSE_MAP_MAX_PIXELS_PER_TAP forcing each
 
@@ -33,7 +34,7 @@ def _random_cases(count: int, seed: int):
 def test_strategy_matches_reference(monkeypatch, strategy, case):
     monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", STRATEGIES[strategy])
     n, channels, size, groups, kernel, stride, padding, dilation = case
-    out_size = [(size[i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1 for i in range(2)]
+    out_size = window_output_size(size, kernel, stride, padding, dilation)
     x = torch.randn(n, channels, *size, dtype=torch.float64)
     w = torch.randn(n, groups, *kernel, *out_size, dtype=torch.float64)
     g = torch.randn(n, channels, *out_size, dtype=torch.float64)
