@@ -1,6 +1,6 @@
 """The two CPU strategies of involution (dense matrices on small maps, tap passes on larger
 ones) each checked against the float64 reference on the same inputs, whichever the size
-rule would pick; and both deterministic."""
+rule would pick, with finite and with non-finite values; and both deterministic."""
 
 import random
 
@@ -49,6 +49,51 @@ def test_strategy_matches_reference(monkeypatch, strategy, case):
     torch.testing.assert_close(
         involution_cpu.involution_backward_weight(g, x, list(kernel), *params, groups),
         registry.get("involution_backward_weight").reference(g, x, list(kernel), *params, groups),
+    )
+
+
+NON_FINITE_PLACES = {
+    # Where one inf or nan goes: each can meet a zero that the padded formulation never
+    # multiplies it by (a wrapped-around read, or an empty entry of the dense matrix).
+    "input corner": ("input", (0, 1, 0, 0)),
+    "input right edge": ("input", (1, 2, 5, 9)),
+    "input interior": ("input", (0, 0, 4, 4)),
+    "weight on padding": ("weight", (0, 1, 0, 0, 0, 0)),
+    "weight inside": ("weight", (1, 0, 1, 1, 3, 3)),
+    "grad_output edge": ("grad_output", (1, 3, 0, 4)),
+}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
+@pytest.mark.parametrize("place", NON_FINITE_PLACES)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_non_finite_values_propagate_as_in_the_reference(monkeypatch, strategy, value, place, stride):
+    monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", STRATEGIES[strategy])
+    size, kernel, padding = (10, 10), (3, 3), (1, 1)
+    params = ((stride, stride), padding, (1, 1))
+    out_size = window_output_size(size, kernel, *params)
+    tensors = {
+        "input": torch.randn(2, 4, *size, dtype=torch.float64),
+        "weight": torch.randn(2, 2, *kernel, *out_size, dtype=torch.float64),
+        "grad_output": torch.randn(2, 4, *out_size, dtype=torch.float64),
+    }
+    name, index = NON_FINITE_PLACES[place]
+    tensors[name][index] = value
+    x, w, g = tensors["input"], tensors["weight"], tensors["grad_output"]
+
+    def same(actual, expected):
+        torch.testing.assert_close(actual, expected, equal_nan=True)
+        assert torch.equal(actual.isnan(), expected.isnan()) and torch.equal(actual.isinf(), expected.isinf())
+
+    same(involution_cpu.involution(x, w, *params), registry.get("involution").reference(x, w, *params))
+    same(
+        involution_cpu.involution_backward_input(g, w, list(size), *params),
+        registry.get("involution_backward_input").reference(g, w, list(size), *params),
+    )
+    same(
+        involution_cpu.involution_backward_weight(g, x, list(kernel), *params, 2),
+        registry.get("involution_backward_weight").reference(g, x, list(kernel), *params, 2),
     )
 
 

@@ -11,8 +11,14 @@ Two strategies, chosen per call by the size of the map (``uses_dense_map``):
   entries. Written out densely, M is at most that factor times the weight's size, and the
   products run as one ``bmm`` over the N*G (sample, group) pairs: a few large calls instead
   of K*K small ones, where the per-call cost would dominate.
-- Larger maps: K*K elementwise passes over contiguous shifts of the padded input
-  (``TapLayout``), on slices of the N*G pairs small enough to stay in cache.
+- Larger maps: K*K elementwise passes, each one long loop over a contiguous shift of the
+  input laid out without padding, with the weight of the taps that would read the padding
+  multiplied by zero (``TapLayout``).
+
+Both skip the zero padding, so a non-finite value can meet a zero it would not have met in
+the padded formulation (inf * 0 is nan). With finite inputs the results are exact; a
+non-finite result is therefore recomputed by the plain padded formulation (``_padded``),
+which gives the reference's nan and inf pattern.
 
 Every result is a fresh contiguous tensor of the input's dtype; 16-bit inputs accumulate in
 float32. No atomics and no reduction whose order depends on threads: results are
@@ -26,14 +32,15 @@ import math
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 # A map is "small" when its pixels are at most this many times the kernel's taps: the dense
 # matrix then holds at most this many times the weight's elements.
 DENSE_MAP_MAX_PIXELS_PER_TAP = 4
 
-# The elementwise passes work on slices of the N*G pairs of about this many bytes: big
-# enough that each pass is one long loop, small enough to stay in the 1-2 MB L2.
+# The elementwise passes work on slices of the N*G items whose accumulator is about this
+# many bytes: big enough that each pass is one long loop, small enough to stay in cache.
 CHUNK_BYTES = 1 << 21
 
 
@@ -48,6 +55,12 @@ def uses_dense_map(input_size, kernel_size) -> bool:
 def _slices(items: int, bytes_per_item: int):
     step = max(1, CHUNK_BYTES // max(1, bytes_per_item))
     return [slice(start, min(items, start + step)) for start in range(0, items, step)]
+
+
+def _finite(*tensors: Tensor) -> bool:
+    """True when no element is inf or nan (a sum is non-finite if any element is; one that
+    overflows only sends a call to the exact path)."""
+    return all(bool(torch.isfinite(t.sum(dtype=accumulation_dtype(t.dtype)))) for t in tensors)
 
 
 # ---------------------------------------------------------------------------------------
@@ -126,76 +139,78 @@ class TapClass(NamedTuple):
 
 
 class TapLayout:
-    """How the elementwise kernels see the zero-padded input: one view per kernel tap (a, b)
-    holding, for every output pixel, the input value that tap reads, as a contiguous 1-D shift.
+    """How the elementwise passes see the input: for every kernel tap (a, b), one contiguous
+    1-D shift of a buffer holding, at each output pixel's position, the input value that tap
+    reads -- for all N*G (sample, group) items and all channels of a group at once.
 
-    The padded image is split into stride_h x stride_w phases (phase (p, q) holds the pixels
-    at rows p, p + sh, ... and columns q, q + sw, ...), each flattened row by row with rows
-    ``row`` long. Tap (a, b) reads phase (a*dh % sh, b*dw % sw) shifted by
-    (a*dh // sh, b*dw // sw), so output m = i*row + j reads element m + offset of one phase:
-    every pass is a long vectorised 1-D loop, at any stride. Outputs are computed on a grid
-    ``row`` wide; its columns past Wo are discarded (row - Wo is at most about (K - 1) * d / s).
+    The image is split into stride_h x stride_w phases (phase (p, q) holds rows p, p + sh, ...
+    and columns q, q + sw, ...). Per channel of a group and per phase, the items follow each
+    other ``pitch`` = item_rows * row elements apart, each item's phase image at the top left
+    of an item_rows x row block (the block is the phase image itself when the output is no
+    bigger, as in RedNet). Output pixel (i, j) of item k sits at k * pitch + i * row + j, and
+    tap (a, b), reading image row i*sh + a*dh - ph and column j*sw + b*dw - pw, finds it in
+    phase ((a*dh - ph) % sh, (b*dw - pw) % sw) at that position plus the offset
+    ((a*dh - ph) // sh) * row + (b*dw - pw) // sw (``head`` zeros in front of the first item
+    keep negative offsets in the buffer).
+
+    There is no padding: a tap that would read it reads a neighbouring pixel, row or item
+    instead, and ``mask`` (1 where the tap reads the image, 0 where it reads padding) zeroes
+    its weight. Every pass is one long vectorised loop over (channels, items * pitch).
     """
 
     def __init__(self, input_size, weight_shape, stride, padding, dilation):
         (self.height, self.width), (self.ph, self.pw) = input_size, padding
         _, _, self.kh, self.kw, self.out_h, self.out_w = weight_shape
         (self.sh, self.sw), (self.dh, self.dw) = stride, dilation
-        # The padded image, extended with zeros to whole phases.
-        self.padded_h = -(-(self.height + 2 * self.ph) // self.sh) * self.sh
-        self.padded_w = -(-(self.width + 2 * self.pw) // self.sw) * self.sw
-        self.row = self.padded_w // self.sw
-        self.length = self.out_h * self.row
-        self.phase_rows = self.padded_h // self.sh
-        self.taps = [
-            (self._phase(a, b), (a * self.dh // self.sh) * self.row + b * self.dw // self.sw)
-            for a in range(self.kh)
-            for b in range(self.kw)
-        ]
-        # Rows of each phase buffer: the phase image plus what the largest shift reads past
-        # it on the discarded columns.
-        self.rows = max(self.phase_rows, -(-(max(offset for _, offset in self.taps) + self.length) // self.row))
+        self.item_rows = max(-(-self.height // self.sh), self.out_h)
+        self.row = max(-(-self.width // self.sw), self.out_w)
+        self.pitch = self.item_rows * self.row
+        shifts = [self._shift(a, b) for a in range(self.kh) for b in range(self.kw)]
+        self.head = max(0, -min(offset for _, offset in shifts))
+        self.tail = max(0, max(offset for _, offset in shifts))
+        self.taps = [(phase, self.head + offset) for phase, offset in shifts]
+        rows = torch.arange(self.out_h).view(1, 1, -1, 1) * self.sh - self.ph + torch.arange(self.kh).view(-1, 1, 1, 1) * self.dh
+        cols = torch.arange(self.out_w).view(1, 1, 1, -1) * self.sw - self.pw + torch.arange(self.kw).view(1, -1, 1, 1) * self.dw
+        inside = (rows >= 0) & (rows < self.height) & (cols >= 0) & (cols < self.width)
+        self.mask = inside.expand(self.kh, self.kw, self.out_h, self.out_w).reshape(-1, 1, self.out_h, self.out_w)
 
-    def _phase(self, a: int, b: int) -> int:
-        return (a * self.dh % self.sh) * self.sw + b * self.dw % self.sw
+    def _shift(self, a: int, b: int) -> tuple[int, int]:
+        """(phase, offset from the output position) of tap (a, b)."""
+        row, col = a * self.dh - self.ph, b * self.dw - self.pw
+        return (row % self.sh) * self.sw + col % self.sw, (row // self.sh) * self.row + col // self.sw
+
+    def _items(self, flat: Tensor, items: int, start: int = 0) -> Tensor:
+        """(..., items * pitch at ``start`` ...) -> the (..., items, item_rows, row) view."""
+        return flat[..., start : start + items * self.pitch].unflatten(-1, (items, self.item_rows, self.row))
 
     def _phase_blocks(self):
-        """For each phase: (phase, first input row, first input column, its row and column
-        in the phase buffer), for the phases that hold input pixels."""
-        for p in range(self.sh):
-            first_row = (p - self.ph) % self.sh
-            for q in range(self.sw):
-                first_col = (q - self.pw) % self.sw
-                if first_row < self.height and first_col < self.width:
-                    yield (
-                        p * self.sw + q,
-                        first_row,
-                        first_col,
-                        (first_row + self.ph) // self.sh,
-                        (first_col + self.pw) // self.sw,
-                    )
+        """For each phase that holds pixels: (phase, its first image row, first column)."""
+        for p in range(min(self.sh, self.height)):
+            for q in range(min(self.sw, self.width)):
+                yield p * self.sw + q, p, q
 
-    def padded_input(self, input: Tensor, groups: int, dtype: torch.dtype) -> Tensor:
-        """(N, C, H, W) -> the phase buffer (N*G, C/G, sh*sw, rows*row) in ``dtype``."""
+    def buffer(self, input: Tensor, groups: int, dtype: torch.dtype) -> Tensor:
+        """(N, C, H, W) -> the buffer (C/G, sh*sw, head + N*G*pitch + tail) in ``dtype``."""
         n, channels = input.shape[:2]
-        image = input.reshape(n * groups, channels // groups, self.height, self.width)
-        phases = image.new_zeros((n * groups, channels // groups, self.sh * self.sw, self.rows, self.row), dtype=dtype)
-        for phase, row0, col0, buffer_row, buffer_col in self._phase_blocks():
+        items, per_group = n * groups, channels // groups
+        image = input.reshape(items, per_group, self.height, self.width).transpose(0, 1)
+        phases = image.new_zeros((per_group, self.sh * self.sw, self.head + items * self.pitch + self.tail), dtype=dtype)
+        for phase, row0, col0 in self._phase_blocks():
             pixels = image[:, :, row0 :: self.sh, col0 :: self.sw]
-            phases[:, :, phase, buffer_row : buffer_row + pixels.shape[2], buffer_col : buffer_col + pixels.shape[3]].copy_(pixels)
-        return phases.view(n * groups, channels // groups, self.sh * self.sw, self.rows * self.row)
+            self._items(phases[:, phase], items, self.head)[:, :, : pixels.shape[2], : pixels.shape[3]].copy_(pixels)
+        return phases
 
-    def unpadded_into(self, phases: Tensor, out: Tensor) -> None:
-        """The adjoint of ``padded_input``: phase buffer -> out (items, C/G, H, W)."""
-        phases = phases.view(*phases.shape[:3], self.rows, self.row)
-        for phase, row0, col0, buffer_row, buffer_col in self._phase_blocks():
+    def image_into(self, phases: Tensor, out: Tensor) -> None:
+        """The adjoint of ``buffer``: buffer -> out (N*G, C/G, H, W)."""
+        out = out.transpose(0, 1)
+        for phase, row0, col0 in self._phase_blocks():
             pixels = out[:, :, row0 :: self.sh, col0 :: self.sw]
-            pixels.copy_(phases[:, :, phase, buffer_row : buffer_row + pixels.shape[2], buffer_col : buffer_col + pixels.shape[3]])
+            pixels.copy_(self._items(phases[:, phase], out.shape[1], self.head)[:, :, : pixels.shape[2], : pixels.shape[3]])
 
-    def tap(self, phases: Tensor, t: int) -> Tensor:
-        """The (items, C/G, length) view of the phase buffer that tap t reads."""
+    def tap(self, phases: Tensor, t: int, items: slice) -> Tensor:
+        """The (C/G, len(items) * pitch) view of the buffer that tap t reads for ``items``."""
         phase, offset = self.taps[t]
-        return phases[:, :, phase, offset : offset + self.length]
+        return phases[:, phase, items.start * self.pitch + offset : items.stop * self.pitch + offset]
 
     def tap_classes(self) -> list[TapClass]:
         """The taps grouped so that each group is one strided view of one phase: taps
@@ -206,8 +221,8 @@ class TapLayout:
             TapClass(
                 rows=slice(a0, None, mh),
                 cols=slice(b0, None, mw),
-                phase=self._phase(a0, b0),
-                offset=(a0 * self.dh // self.sh) * self.row + b0 * self.dw // self.sw,
+                phase=self.taps[a0 * self.kw + b0][0],
+                offset=self.taps[a0 * self.kw + b0][1],
                 counts=(len(range(a0, self.kh, mh)), len(range(b0, self.kw, mw))),
                 steps=((mh * self.dh // self.sh) * self.row, mw * self.dw // self.sw),
             )
@@ -215,15 +230,71 @@ class TapLayout:
             for b0 in range(min(mw, self.kw))
         ]
 
-    def on_grid(self, per_pixel: Tensor, dtype: torch.dtype) -> Tensor:
-        """(..., Ho, Wo) -> (..., length) in ``dtype``, zeros on the discarded columns."""
-        grid = per_pixel.new_zeros((*per_pixel.shape[:-2], self.out_h, self.row), dtype=dtype)
-        grid[..., : self.out_w].copy_(per_pixel)
-        return grid.flatten(-2)
+    def on_grid(self, per_pixel: Tensor, dtype: torch.dtype, masked: bool = False) -> Tensor:
+        """(items, D, Ho, Wo) -> (D, items * pitch) in ``dtype``, zeros off the output pixels;
+        ``masked``: D = KH*KW taps, each multiplied by ``mask``."""
+        items, depth = per_pixel.shape[:2]
+        tight = self.pitch == self.out_h * self.out_w
+        grid = (torch.empty if tight else torch.zeros)((depth, items * self.pitch), dtype=dtype, device=per_pixel.device)
+        pixels = self._items(grid, items)[..., : self.out_h, : self.out_w]
+        if masked:
+            torch.mul(per_pixel.transpose(0, 1), self.mask.to(dtype), out=pixels)
+        else:
+            pixels.copy_(per_pixel.transpose(0, 1))
+        return grid
 
-    def off_grid(self, on_grid: Tensor) -> Tensor:
-        """(..., length) -> the (..., Ho, Wo) view of the kept columns."""
-        return on_grid.unflatten(-1, (self.out_h, self.row))[..., : self.out_w]
+    def off_grid(self, on_grid: Tensor, items: int) -> Tensor:
+        """(D, items * pitch) -> the (items, D, Ho, Wo) view of the output pixels."""
+        return self._items(on_grid, items)[..., : self.out_h, : self.out_w].transpose(0, 1)
+
+
+# ---------------------------------------------------------------------------------------
+# Exact padded formulation, for non-finite values
+# ---------------------------------------------------------------------------------------
+
+
+def _window(padded: Tensor, a: int, b: int, output_size, stride, dilation) -> Tensor:
+    """The (..., Ho, Wo) view of a padded image (..., H + 2ph, W + 2pw) read by tap (a, b)."""
+    (out_h, out_w), (sh, sw), (dh, dw) = output_size, stride, dilation
+    return padded[..., a * dh : a * dh + (out_h - 1) * sh + 1 : sh, b * dw : b * dw + (out_w - 1) * sw + 1 : sw]
+
+
+def _padded_involution(input, weight, stride, padding, dilation) -> Tensor:
+    n, channels, height, width = input.shape
+    groups, kh, kw, out_h, out_w = weight.shape[1:]
+    acc = accumulation_dtype(input.dtype)
+    x = F.pad(input.to(acc).view(n, groups, channels // groups, height, width), (padding[1], padding[1], padding[0], padding[0]))
+    out = torch.zeros(n, groups, channels // groups, out_h, out_w, dtype=acc, device=input.device)
+    for a in range(kh):
+        for b in range(kw):
+            out.addcmul_(_window(x, a, b, (out_h, out_w), stride, dilation), weight[:, :, None, a, b].to(acc))
+    return out.to(input.dtype).view(n, channels, out_h, out_w)
+
+
+def _padded_backward_input(grad_output, weight, input_size, stride, padding, dilation) -> Tensor:
+    n, channels, out_h, out_w = grad_output.shape
+    groups, kh, kw = weight.shape[1:4]
+    (height, width), (ph, pw) = input_size, padding
+    acc = accumulation_dtype(grad_output.dtype)
+    g = grad_output.to(acc).view(n, groups, channels // groups, out_h, out_w)
+    grad = torch.zeros(n, groups, channels // groups, height + 2 * ph, width + 2 * pw, dtype=acc, device=g.device)
+    for a in range(kh):
+        for b in range(kw):
+            _window(grad, a, b, (out_h, out_w), stride, dilation).addcmul_(g, weight[:, :, None, a, b].to(acc))
+    return grad[..., ph : ph + height, pw : pw + width].to(grad_output.dtype).reshape(n, channels, height, width)
+
+
+def _padded_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups) -> Tensor:
+    n, channels, out_h, out_w = grad_output.shape
+    height, width = input.shape[2:]
+    acc = accumulation_dtype(input.dtype)
+    x = F.pad(input.to(acc).view(n, groups, channels // groups, height, width), (padding[1], padding[1], padding[0], padding[0]))
+    g = grad_output.to(acc).view(n, groups, channels // groups, out_h, out_w)
+    grad = torch.empty(n, groups, *kernel_size, out_h, out_w, dtype=acc, device=g.device)
+    for a in range(kernel_size[0]):
+        for b in range(kernel_size[1]):
+            torch.sum(g * _window(x, a, b, (out_h, out_w), stride, dilation), dim=2, out=grad[:, :, a, b])
+    return grad.to(input.dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -238,23 +309,29 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tens
     items, per_group = n * groups, channels // groups
     acc = accumulation_dtype(input.dtype)
     if uses_dense_map((height, width), weight.shape[2:4]):
+        if not _finite(input, weight):
+            return _padded_involution(input, weight, stride, padding, dilation)
         dense = _dense_map_for((height, width), weight.shape, stride, padding, dilation)
         matrices = dense.matrices(weight.reshape(items, dense.weight_numel).to(acc))
         out = torch.bmm(input.reshape(items, per_group, dense.inputs).to(acc), matrices)
         return out.to(input.dtype).view(n, channels, out_h, out_w)
 
     layout = TapLayout((height, width), weight.shape, stride, padding, dilation)
-    x = layout.padded_input(input, groups, acc)
-    # (N*G, 1, K*K, length): one kernel per pixel, shared by the channels of a group.
-    w = layout.on_grid(weight.reshape(items, 1, layout.kh * layout.kw, out_h, out_w), acc)
-    out = torch.empty(items, per_group, layout.length, dtype=acc, device=input.device)
-    for chunk in _slices(items, out.shape[1:].numel() * out.element_size()):
-        out_chunk, x_chunk, w_chunk = out[chunk], x[chunk], w[chunk]
-        torch.mul(layout.tap(x_chunk, 0), w_chunk[:, :, 0], out=out_chunk)
+    x = layout.buffer(input, groups, acc)
+    # (K*K, N*G*pitch): one kernel per pixel, shared by the channels of a group.
+    w = layout.on_grid(weight.reshape(items, layout.kh * layout.kw, out_h, out_w), acc, masked=True)
+    out = torch.empty(per_group, items * layout.pitch, dtype=acc, device=input.device)
+    for chunk in _slices(items, per_group * layout.pitch * out.element_size()):
+        on_chunk = slice(chunk.start * layout.pitch, chunk.stop * layout.pitch)
+        out_chunk, w_chunk = out[:, on_chunk], w[:, on_chunk]
+        torch.mul(layout.tap(x, 0, chunk), w_chunk[0], out=out_chunk)
         for t in range(1, len(layout.taps)):
-            out_chunk.addcmul_(layout.tap(x_chunk, t), w_chunk[:, :, t])
+            out_chunk.addcmul_(layout.tap(x, t, chunk), w_chunk[t])
+    pixels = layout.off_grid(out, items)
+    if not _finite(pixels):
+        return _padded_involution(input, weight, stride, padding, dilation)
     result = torch.empty(n, channels, out_h, out_w, dtype=input.dtype, device=input.device)
-    result.view(items, per_group, out_h, out_w).copy_(layout.off_grid(out))
+    result.view(items, per_group, out_h, out_w).copy_(pixels)
     return result
 
 
@@ -265,6 +342,8 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
     items, per_group = n * groups, channels // groups
     acc = accumulation_dtype(grad_output.dtype)
     if uses_dense_map(input_size, weight.shape[2:4]):
+        if not _finite(grad_output, weight):
+            return _padded_backward_input(grad_output, weight, input_size, stride, padding, dilation)
         dense = _dense_map_for(input_size, weight.shape, stride, padding, dilation)
         matrices = dense.matrices(weight.reshape(items, dense.weight_numel).to(acc))
         grad = torch.bmm(grad_output.reshape(items, per_group, dense.outputs).to(acc), matrices.transpose(1, 2))
@@ -272,15 +351,20 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
 
     layout = TapLayout(input_size, weight.shape, stride, padding, dilation)
     g = layout.on_grid(grad_output.reshape(items, per_group, out_h, out_w), acc)
-    w = layout.on_grid(weight.reshape(items, 1, layout.kh * layout.kw, out_h, out_w), acc)
-    grad = torch.zeros(items, per_group, layout.sh * layout.sw, layout.rows * layout.row, dtype=acc, device=g.device)
-    for chunk in _slices(items, grad.shape[1:].numel() * grad.element_size()):
-        grad_chunk, g_chunk, w_chunk = grad[chunk], g[chunk], w[chunk]
+    w = layout.on_grid(weight.reshape(items, layout.kh * layout.kw, out_h, out_w), acc, masked=True)
+    grad = torch.zeros(
+        per_group, layout.sh * layout.sw, layout.head + items * layout.pitch + layout.tail, dtype=acc, device=g.device
+    )
+    for chunk in _slices(items, per_group * layout.pitch * grad.element_size()):
+        on_chunk = slice(chunk.start * layout.pitch, chunk.stop * layout.pitch)
+        g_chunk, w_chunk = g[:, on_chunk], w[:, on_chunk]
         for t in range(len(layout.taps)):
             # Adjoint of the forward's read: add g * w back where tap t read from.
-            layout.tap(grad_chunk, t).addcmul_(g_chunk, w_chunk[:, :, t])
+            layout.tap(grad, t, chunk).addcmul_(g_chunk, w_chunk[t])
     result = torch.empty(n, channels, *input_size, dtype=grad_output.dtype, device=g.device)
-    layout.unpadded_into(grad, result.view(items, per_group, *input_size))
+    layout.image_into(grad, result.view(items, per_group, *input_size))
+    if not _finite(result):
+        return _padded_backward_input(grad_output, weight, input_size, stride, padding, dilation)
     return result
 
 
@@ -291,34 +375,43 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
     weight_shape = (n, groups, *kernel_size, out_h, out_w)
     acc = accumulation_dtype(input.dtype)
     if uses_dense_map(input.shape[2:], kernel_size):
+        if not _finite(grad_output, input):
+            return _padded_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
         dense = _dense_map_for(input.shape[2:], weight_shape, stride, padding, dilation)
         x = input.reshape(items, per_group, dense.inputs).to(acc)
         products = torch.bmm(x.transpose(1, 2), grad_output.reshape(items, per_group, dense.outputs).to(acc))
         return dense.weight_of(products).to(input.dtype).view(weight_shape)
 
     layout = TapLayout(input.shape[2:], weight_shape, stride, padding, dilation)
-    x = layout.padded_input(input, groups, acc)
+    x = layout.buffer(input, groups, acc)
     g = layout.on_grid(grad_output.reshape(items, per_group, out_h, out_w), acc)
-    grad = torch.zeros(items, layout.kh, layout.kw, layout.length, dtype=acc, device=g.device)
+    grad = torch.empty(layout.kh, layout.kw, items * layout.pitch, dtype=acc, device=g.device)
     # dw[n, g, a, b, pixel] = sum over the group's channels c of g[c, pixel] * (what tap (a, b)
     # read from channel c): one pass per channel and tap class, each over all of its taps at
-    # once through a strided view of the phase buffer.
+    # once through a strided view of the buffer.
     x_strides, tap_classes = x.stride(), layout.tap_classes()
-    for chunk in _slices(items, grad.shape[1:].numel() * grad.element_size()):
-        count = chunk.stop - chunk.start
+    for chunk in _slices(items, layout.kh * layout.kw * layout.pitch * grad.element_size()):
+        on_chunk = slice(chunk.start * layout.pitch, chunk.stop * layout.pitch)
+        length = on_chunk.stop - on_chunk.start
         for taps in tap_classes:
-            grad_taps = grad[chunk, taps.rows, taps.cols]
+            grad_taps = grad[taps.rows, taps.cols, on_chunk]
             for c in range(per_group):
                 read = x.as_strided(
-                    (count, *taps.counts, layout.length),
-                    (x_strides[0], *taps.steps, 1),
-                    x.storage_offset()
-                    + chunk.start * x_strides[0]
-                    + c * x_strides[1]
-                    + taps.phase * x_strides[2]
-                    + taps.offset,
+                    (*taps.counts, length),
+                    (*taps.steps, 1),
+                    x.storage_offset() + c * x_strides[0] + taps.phase * x_strides[1] + on_chunk.start + taps.offset,
                 )
-                grad_taps.addcmul_(read, g[chunk, c, None, None, :])
+                if c == 0:
+                    torch.mul(read, g[c, on_chunk], out=grad_taps)
+                else:
+                    grad_taps.addcmul_(read, g[c, on_chunk])
     result = torch.empty(weight_shape, dtype=input.dtype, device=g.device)
-    result.view(items, layout.kh, layout.kw, out_h, out_w).copy_(layout.off_grid(grad))
+    # Taps that read the padding have no gradient: the mask zeroes what they read instead.
+    torch.mul(
+        layout.off_grid(grad.flatten(0, 1), items),
+        layout.mask.view(1, -1, out_h, out_w).to(acc),
+        out=result.view(items, layout.kh * layout.kw, out_h, out_w),
+    )
+    if not _finite(result):
+        return _padded_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
     return result
