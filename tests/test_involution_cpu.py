@@ -29,8 +29,17 @@ def _random_cases(count: int, seed: int):
     return cases
 
 
+# Sizes that are multiples of the stride, with outputs no bigger than a phase: the taps split
+# the image into phases with one gather (TapLayout.phase_order).
+PHASE_GATHER_CASES = [
+    (2, 6, (12, 12), 2, (3, 3), (2, 2), (1, 1), (1, 1)),
+    (1, 4, (12, 9), 2, (5, 3), (2, 3), (2, 1), (1, 2)),
+    (3, 3, (6, 8), 3, (7, 3), (3, 2), (3, 1), (1, 1)),
+]
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("case", _random_cases(40, seed=3), ids=lambda case: f"{case}")
+@pytest.mark.parametrize("case", _random_cases(40, seed=3) + PHASE_GATHER_CASES, ids=lambda case: f"{case}")
 def test_strategy_matches_reference(monkeypatch, strategy, case):
     monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", STRATEGIES[strategy])
     n, channels, size, groups, kernel, stride, padding, dilation = case
@@ -40,6 +49,9 @@ def test_strategy_matches_reference(monkeypatch, strategy, case):
     g = torch.randn(n, channels, *out_size, dtype=torch.float64)
     params = (stride, padding, dilation)
     assert involution_cpu.uses_dense_map(size, kernel) == (strategy == "dense-map")
+    if case in PHASE_GATHER_CASES:
+        layout = involution_cpu.TapLayout(size, w.shape, stride, padding, dilation)
+        assert layout.phase_order is not None
 
     torch.testing.assert_close(involution_cpu.involution(x, w, *params), registry.get("involution").reference(x, w, *params))
     torch.testing.assert_close(
