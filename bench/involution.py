@@ -127,11 +127,13 @@ def _status_kib(field: str) -> int:
 
 
 def _peak_extra_bytes(fn) -> int:
-    """Peak resident memory above the current level while ``fn`` runs (Linux)."""
+    """Peak resident memory above the current level while ``fn`` runs (Linux). The kernel
+    counts resident pages per thread in batches, so readings move by a few hundred KB: a
+    peak below that can read as slightly negative, and counts as 0."""
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current VmRSS
     before = _status_kib("VmRSS")
     fn()
-    return 1024 * (_status_kib("VmHWM") - before)
+    return max(0, 1024 * (_status_kib("VmHWM") - before))
 
 
 def copy_bandwidth() -> float:

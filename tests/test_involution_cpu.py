@@ -48,7 +48,7 @@ def test_strategy_matches_reference(monkeypatch, strategy, case):
     w = torch.randn(n, groups, *kernel, *out_size, dtype=torch.float64)
     g = torch.randn(n, channels, *out_size, dtype=torch.float64)
     params = (stride, padding, dilation)
-    assert involution_cpu.uses_dense_map(size, kernel) == (strategy == "dense-map")
+    assert involution_cpu.uses_dense_map(size, kernel, stride) == (strategy == "dense-map")
     if case in PHASE_GATHER_CASES:
         layout = involution_cpu.TapLayout(size, w.shape, stride, padding, dilation)
         assert layout.phase_order is not None
@@ -134,6 +134,8 @@ def test_strategy_is_deterministic(monkeypatch, strategy):
 
 
 def test_rednet_shapes_pick_the_expected_strategy():
-    # 7x7 kernels: the 7x7 and 14x14 stages use the matrices, 28x28 and 56x56 the taps.
-    assert involution_cpu.uses_dense_map((7, 7), (7, 7)) and involution_cpu.uses_dense_map((14, 14), (7, 7))
-    assert not involution_cpu.uses_dense_map((28, 28), (7, 7)) and not involution_cpu.uses_dense_map((56, 56), (7, 7))
+    # 7x7 kernels: the 7x7 stage and the stride-2 14x14 -> 7x7 involution use the matrices;
+    # the 14x14 stage, 28x28 and 56x56 (either stride) the taps.
+    dense = lambda size, stride: involution_cpu.uses_dense_map((size, size), (7, 7), (stride, stride))  # noqa: E731
+    assert dense(7, 1) and dense(14, 2)
+    assert not dense(14, 1) and not dense(28, 1) and not dense(28, 2) and not dense(56, 1) and not dense(56, 2)

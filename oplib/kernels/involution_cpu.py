@@ -4,8 +4,8 @@
 
 Two strategies, chosen per call by the size of the map (``uses_dense_map``):
 
-- Small maps (H*W at most ``DENSE_MAP_MAX_PIXELS_PER_TAP`` times KH*KW, e.g. RedNet's 7x7 and
-  14x14 stages): the op is a matrix product. For one (sample, group) the weight is a sparse
+- Small maps (H*W at most ``DENSE_MAP_MAX_PIXELS_PER_TAP`` times KH*KW per stride phase, e.g.
+  RedNet's 7x7 stage and its 14x14 -> 7x7 involution): the op is a matrix product. For one (sample, group) the weight is a sparse
   (H*W, Ho*Wo) matrix M with at most KH*KW entries per column (``DenseMap``); then
   out = x @ M, grad_input = grad @ M^T and grad_weight is (x^T @ grad) read back at M's
   entries. Written out densely, M is at most that factor times the weight's size, and the
@@ -35,9 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# A map is "small" when its pixels are at most this many times the kernel's taps: the dense
-# matrix then holds at most this many times the weight's elements.
-DENSE_MAP_MAX_PIXELS_PER_TAP = 4
+# A map is "small" when its pixels are at most this many times the kernel's taps per stride
+# phase (sh*sw phases): the dense matrix then holds at most that many times the weight's
+# elements. The tap passes pay for their buffers once per phase, so strided maps stay dense
+# up to larger sizes. Measured on RedNet-50's shapes (bench/involution.py): the matrices are
+# 2.5x faster at 7x7 and 1.3x at 14x14 stride 2, the taps 1.2x faster at 14x14 stride 1.
+DENSE_MAP_MAX_PIXELS_PER_TAP = 2
 
 # The elementwise passes work on slices of the N*G items whose accumulator is about this
 # many bytes: big enough that each pass is one long loop, small enough to stay in cache.
@@ -48,8 +51,9 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def uses_dense_map(input_size, kernel_size) -> bool:
-    return input_size[0] * input_size[1] <= DENSE_MAP_MAX_PIXELS_PER_TAP * kernel_size[0] * kernel_size[1]
+def uses_dense_map(input_size, kernel_size, stride) -> bool:
+    phases = stride[0] * stride[1]
+    return input_size[0] * input_size[1] <= DENSE_MAP_MAX_PIXELS_PER_TAP * kernel_size[0] * kernel_size[1] * phases
 
 
 def _slices(items: int, bytes_per_item: int):
@@ -329,7 +333,7 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tens
     groups, out_h, out_w = weight.shape[1], weight.shape[4], weight.shape[5]
     items, per_group = n * groups, channels // groups
     acc = accumulation_dtype(input.dtype)
-    if uses_dense_map((height, width), weight.shape[2:4]):
+    if uses_dense_map((height, width), weight.shape[2:4], stride):
         if not _finite(input, weight):
             return _padded_involution(input, weight, stride, padding, dilation)
         dense = _dense_map_for((height, width), weight.shape, stride, padding, dilation)
@@ -362,7 +366,7 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
     groups = weight.shape[1]
     items, per_group = n * groups, channels // groups
     acc = accumulation_dtype(grad_output.dtype)
-    if uses_dense_map(input_size, weight.shape[2:4]):
+    if uses_dense_map(input_size, weight.shape[2:4], stride):
         if not _finite(grad_output, weight):
             return _padded_backward_input(grad_output, weight, input_size, stride, padding, dilation)
         dense = _dense_map_for(input_size, weight.shape, stride, padding, dilation)
@@ -395,7 +399,7 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
     items, per_group = n * groups, channels // groups
     weight_shape = (n, groups, *kernel_size, out_h, out_w)
     acc = accumulation_dtype(input.dtype)
-    if uses_dense_map(input.shape[2:], kernel_size):
+    if uses_dense_map(input.shape[2:], kernel_size, stride):
         if not _finite(grad_output, input):
             return _padded_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
         dense = _dense_map_for(input.shape[2:], weight_shape, stride, padding, dilation)
