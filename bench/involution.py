@@ -18,6 +18,7 @@ import ctypes
 import datetime
 import os
 import statistics
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,7 +111,8 @@ def _median_time(stmt, fn, x, w, shape, grad, min_run_time):
 
 def _limit_malloc_caching() -> None:
     """Large blocks go straight to mmap and back to the OS on free, so the resident set
-    tracks the live tensors and its high-water mark measures peak memory."""
+    tracks the live tensors and its high-water mark measures peak memory. Only effective
+    before the process has freed large blocks: malloc reuses free heap memory first."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD
@@ -128,12 +130,37 @@ def _status_kib(field: str) -> int:
 
 def _peak_extra_bytes(fn) -> int:
     """Peak resident memory above the current level while ``fn`` runs (Linux). The kernel
-    counts resident pages per thread in batches, so readings move by a few hundred KB: a
+    counts resident pages per CPU in batches, so readings move by a few hundred KB: a
     peak below that can read as slightly negative, and counts as 0."""
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current VmRSS
     before = _status_kib("VmRSS")
     fn()
     return max(0, 1024 * (_status_kib("VmHWM") - before))
+
+
+def _measure_peak(shape_name: str, batch: str, label: str, threads: int) -> int:
+    """In a fresh process (``--peak``): peak extra memory of one forward+backward, after one
+    warm-up call (whose one-time caches are then resident)."""
+    _limit_malloc_caching()
+    torch.set_num_threads(threads)
+    shape = next(s for s in SHAPES + QUICK_SHAPES if s.name == shape_name and s.batch == int(batch))
+    fn = dict(_candidates())[label]
+    torch.manual_seed(0)
+    x, w = shape.tensors("cpu", requires_grad=True)
+    grad = torch.randn(shape.batch, shape.channels, shape.out_size, shape.out_size)
+    _fwd_bwd(fn, x, w, shape, grad)
+    return _peak_extra_bytes(lambda: _fwd_bwd(fn, x, w, shape, grad))
+
+
+def peak_memory(shape: Shape, label: str) -> int:
+    """Peak extra bytes of one forward+backward, measured in a fresh process: in this one,
+    the timings have left freed memory in malloc's heap, which later calls reuse without
+    the resident set growing, so a peak read here would be too low."""
+    result = subprocess.run(
+        [sys.executable, __file__, "--peak", shape.name, str(shape.batch), label, "--threads", str(torch.get_num_threads())],
+        check=True, capture_output=True, text=True,
+    )
+    return int(result.stdout.split()[-1])
 
 
 def copy_bandwidth() -> float:
@@ -144,12 +171,16 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / seconds.blocked_autorange(min_run_time=1.0).median
 
 
+def _candidates():
+    return (("oplib", _oplib), ("unfold", _unfold_involution))
+
+
 def run_cpu(shapes, min_run_time: float, bandwidth: float, rounds: int):
     """Times every (candidate, mode) in ``rounds`` interleaved rounds and keeps the median,
     so a burst of load from elsewhere skews one round, not a whole row. Peak memory is
-    measured afterwards, with malloc told to return large blocks (which slows allocation,
-    so never while timing)."""
-    candidates = (("oplib", _oplib), ("unfold", _unfold_involution))
+    measured afterwards, each in a fresh process with malloc told to return large blocks
+    (which slows allocation, so never while timing)."""
+    candidates = _candidates()
     rows = []
     for shape in shapes:
         torch.manual_seed(0)
@@ -169,13 +200,9 @@ def run_cpu(shapes, min_run_time: float, bandwidth: float, rounds: int):
         rows.append((shape, times, shape.floor_bytes() / bandwidth))
         print(f"{shape.name}: oplib fwd {times['oplib', 'fwd'] * 1e3:.1f} ms, fwd+bwd {times['oplib', 'fwd+bwd'] * 1e3:.1f} ms; "
               f"unfold fwd {times['unfold', 'fwd'] * 1e3:.1f} ms, fwd+bwd {times['unfold', 'fwd+bwd'] * 1e3:.1f} ms", flush=True)
-    _limit_malloc_caching()
     for shape, times, _ in rows:
-        torch.manual_seed(0)
-        x, w = shape.tensors("cpu", requires_grad=True)
-        grad = torch.randn(shape.batch, shape.channels, shape.out_size, shape.out_size)
-        for label, fn in candidates:
-            times[label, "peak"] = _peak_extra_bytes(lambda: _fwd_bwd(fn, x, w, shape, grad))
+        for label, _ in candidates:
+            times[label, "peak"] = peak_memory(shape, label)
     return rows
 
 
@@ -203,7 +230,7 @@ def _markdown(cpu_rows, cuda_rows, bandwidth, failures, args) -> str:
         f"- copy bandwidth measured in this run: {bandwidth / 1e9:.1f} GB/s (bytes read + written)",
         f"- float32, K = 7, 16 channels per group, padding 3; times: median over {1 if args.quick else args.rounds} interleaved rounds",
         "  of torch.utils.benchmark blocked_autorange medians; peak = highest resident memory above the",
-        "  inputs during one forward+backward (measured after the timings)",
+        "  inputs during one forward+backward (measured after the timings, each in a fresh process)",
         "",
         "## CPU",
         "",
@@ -236,7 +263,11 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median kept)")
     parser.add_argument("--output", type=Path, default=None, help="markdown file (default bench/results/involution[-quick].md)")
+    parser.add_argument("--peak", nargs=3, metavar=("SHAPE", "BATCH", "CANDIDATE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.peak:
+        print(_measure_peak(*args.peak, args.threads))
+        return 0
     torch.set_num_threads(args.threads)
     shapes = QUICK_SHAPES if args.quick else SHAPES
     min_run_time = 0.2 if args.quick else 1.0
