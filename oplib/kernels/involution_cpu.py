@@ -209,7 +209,7 @@ class TapLayout:
             phases = input.new_empty((per_group, count, self.head + items * self.pitch + self.tail), dtype=dtype)
             phases[..., : self.head].zero_()
             phases[..., self.head + items * self.pitch :].zero_()
-            split = input.reshape(items * per_group, -1).index_select(1, self.phase_order)
+            split = input.reshape(items * per_group, self.height * self.width).index_select(1, self.phase_order)
             self._items(phases, items, self.head).copy_(split.view(items, per_group, count, self.item_rows, self.row).permute(1, 2, 0, 3, 4))
             return phases
         image = input.reshape(items, per_group, self.height, self.width).transpose(0, 1)
@@ -225,7 +225,8 @@ class TapLayout:
             items, per_group = out.shape[:2]
             split = out.new_empty((items, per_group, self.sh * self.sw, self.pitch))
             split.permute(1, 2, 0, 3).copy_(phases[..., self.head : self.head + items * self.pitch].unflatten(-1, (items, self.pitch)))
-            torch.index_select(split.view(items * per_group, -1), 1, self.image_order, out=out.view(items * per_group, -1))
+            pixels = self.height * self.width
+            torch.index_select(split.view(items * per_group, pixels), 1, self.image_order, out=out.view(items * per_group, pixels))
             return
         out = out.transpose(0, 1)
         for phase, row0, col0 in self._phase_blocks():
