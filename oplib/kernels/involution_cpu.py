@@ -143,32 +143,35 @@ class TapClass(NamedTuple):
 
 
 class TapLayout:
-    """How the elementwise passes see the input: for every kernel tap (a, b), one contiguous
-    1-D shift of a buffer holding, at each output pixel's position, the input value that tap
+    """How the elementwise passes see the input: for every kernel tap (a, b), one strided
+    view of a buffer holding, at each output pixel's position, the input value that tap
     reads -- for all N*G (sample, group) items and all channels of a group at once.
 
-    The image is split into stride_h x stride_w phases (phase (p, q) holds rows p, p + sh, ...
-    and columns q, q + sw, ...). Per channel of a group and per phase, the items follow each
-    other ``pitch`` = item_rows * row elements apart, each item's phase image at the top left
-    of an item_rows x row block (the block is the phase image itself when the output is no
-    bigger, as in RedNet). Output pixel (i, j) of item k sits at k * pitch + i * row + j, and
-    tap (a, b), reading image row i*sh + a*dh - ph and column j*sw + b*dw - pw, finds it in
-    phase ((a*dh - ph) % sh, (b*dw - pw) % sw) at that position plus the offset
-    ((a*dh - ph) // sh) * row + (b*dw - pw) // sw (``head`` zeros in front of the first item
-    keep negative offsets in the buffer).
+    Each (sample, channel) image is split into stride_h x stride_w phases (phase (p, q) holds
+    rows p, p + sh, ... and columns q, q + sw, ...), each stored at the top left of an
+    item_rows x row block of ``pitch`` elements; the blocks follow the input's own (N, C)
+    order, with ``head`` zeros in front and ``tail`` zeros after. Output pixel (i, j) sits at
+    i * row + j of a block, and tap (a, b), reading image row i*sh + a*dh - ph and column
+    j*sw + b*dw - pw, finds it in phase ((a*dh - ph) % sh, (b*dw - pw) % sw) at that
+    position plus the offset ((a*dh - ph) // sh) * row + (b*dw - pw) // sw. A pass is one
+    ``addcmul_`` over (items, C/G, pitch) with the tap's weight broadcast over the channels of
+    a group. When the blocks are exactly the output (pitch = Ho*Wo, as in RedNet) the
+    output, grad_output and weight are used in their own layout, without copies.
 
-    There is no padding: a tap that would read it reads a neighbouring pixel, row or item
-    instead, and ``mask`` (1 where the tap reads the image, 0 where it reads padding) zeroes
-    its weight. Every pass is one long vectorised loop over (channels, items * pitch).
+    There is no padding: a tap that would read it reads a neighbouring pixel, row, phase or
+    image instead, and ``mask`` (1 where the tap reads the image, 0 where it reads padding)
+    zeroes its weight.
     """
 
     def __init__(self, input_size, weight_shape, stride, padding, dilation):
         (self.height, self.width), (self.ph, self.pw) = input_size, padding
         _, _, self.kh, self.kw, self.out_h, self.out_w = weight_shape
         (self.sh, self.sw), (self.dh, self.dw) = stride, dilation
+        self.phases = self.sh * self.sw
         self.item_rows = max(-(-self.height // self.sh), self.out_h)
         self.row = max(-(-self.width // self.sw), self.out_w)
         self.pitch = self.item_rows * self.row
+        self.tight = self.pitch == self.out_h * self.out_w
         shifts = [self._shift(a, b) for a in range(self.kh) for b in range(self.kw)]
         self.head = max(0, -min(offset for _, offset in shifts))
         self.tail = max(0, max(offset for _, offset in shifts))
@@ -176,12 +179,12 @@ class TapLayout:
         rows = torch.arange(self.out_h).view(1, 1, -1, 1) * self.sh - self.ph + torch.arange(self.kh).view(-1, 1, 1, 1) * self.dh
         cols = torch.arange(self.out_w).view(1, 1, 1, -1) * self.sw - self.pw + torch.arange(self.kw).view(1, -1, 1, 1) * self.dw
         inside = (rows >= 0) & (rows < self.height) & (cols >= 0) & (cols < self.width)
-        self.mask = inside.expand(self.kh, self.kw, self.out_h, self.out_w).reshape(-1, 1, self.out_h, self.out_w)
-        # When the phases tile every item exactly (H, W multiples of the stride, output no
-        # bigger than a phase), splitting an image into its phases is one permutation of its
-        # pixels: a single gather, much faster than sh*sw strided copies.
-        self.phase_order = None
-        if (self.sh > 1 or self.sw > 1) and self.pitch * self.sh * self.sw == self.height * self.width:
+        self.mask = inside.expand(self.kh, self.kw, self.out_h, self.out_w).reshape(-1, self.out_h, self.out_w)
+        # When the phases fill their blocks exactly (H, W multiples of the stride, output no
+        # bigger than a phase), the buffer is a permutation of each image's pixels: a
+        # single gather (a plain copy at stride 1), much faster than strided copies.
+        self.fills_blocks = self.pitch * self.phases == self.height * self.width
+        if self.fills_blocks and self.phases > 1:
             pixels = torch.arange(self.height * self.width).view(self.item_rows, self.sh, self.row, self.sw)
             self.phase_order = pixels.permute(1, 3, 0, 2).reshape(-1)
             self.image_order = self.phase_order.argsort()
@@ -191,52 +194,68 @@ class TapLayout:
         row, col = a * self.dh - self.ph, b * self.dw - self.pw
         return (row % self.sh) * self.sw + col % self.sw, (row // self.sh) * self.row + col // self.sw
 
-    def _items(self, flat: Tensor, items: int, start: int = 0) -> Tensor:
-        """(..., items * pitch at ``start`` ...) -> the (..., items, item_rows, row) view."""
-        return flat[..., start : start + items * self.pitch].unflatten(-1, (items, self.item_rows, self.row))
-
     def _phase_blocks(self):
         """For each phase that holds pixels: (phase, its first image row, first column)."""
         for p in range(min(self.sh, self.height)):
             for q in range(min(self.sw, self.width)):
                 yield p * self.sw + q, p, q
 
-    def buffer(self, input: Tensor, groups: int, dtype: torch.dtype) -> Tensor:
-        """(N, C, H, W) -> the buffer (C/G, sh*sw, head + N*G*pitch + tail) in ``dtype``."""
-        n, channels = input.shape[:2]
-        items, per_group, count = n * groups, channels // groups, self.sh * self.sw
-        if self.phase_order is not None:
-            phases = input.new_empty((per_group, count, self.head + items * self.pitch + self.tail), dtype=dtype)
-            phases[..., : self.head].zero_()
-            phases[..., self.head + items * self.pitch :].zero_()
-            split = input.reshape(items * per_group, self.height * self.width).index_select(1, self.phase_order)
-            self._items(phases, items, self.head).copy_(split.view(items, per_group, count, self.item_rows, self.row).permute(1, 2, 0, 3, 4))
-            return phases
-        image = input.reshape(items, per_group, self.height, self.width).transpose(0, 1)
-        phases = image.new_zeros((per_group, count, self.head + items * self.pitch + self.tail), dtype=dtype)
-        for phase, row0, col0 in self._phase_blocks():
-            pixels = image[:, :, row0 :: self.sh, col0 :: self.sw]
-            self._items(phases[:, phase], items, self.head)[:, :, : pixels.shape[2], : pixels.shape[3]].copy_(pixels)
-        return phases
+    def _body(self, flat: Tensor, images: int) -> Tensor:
+        """The (images, phases, pitch) view of a buffer, between its head and tail."""
+        return flat[self.head : self.head + images * self.phases * self.pitch].view(images, self.phases, self.pitch)
 
-    def image_into(self, phases: Tensor, out: Tensor) -> None:
-        """The adjoint of ``buffer``: buffer -> out (N*G, C/G, H, W)."""
-        if self.phase_order is not None:
-            items, per_group = out.shape[:2]
-            split = out.new_empty((items, per_group, self.sh * self.sw, self.pitch))
-            split.permute(1, 2, 0, 3).copy_(phases[..., self.head : self.head + items * self.pitch].unflatten(-1, (items, self.pitch)))
-            pixels = self.height * self.width
-            torch.index_select(split.view(items * per_group, pixels), 1, self.image_order, out=out.view(items * per_group, pixels))
+    def buffer(self, input: Tensor, dtype: torch.dtype) -> Tensor:
+        """(N, C, H, W) -> the flat buffer (head + N*C*phases*pitch + tail) in ``dtype``."""
+        images = input.shape[0] * input.shape[1]
+        flat = input.new_empty(self.head + images * self.phases * self.pitch + self.tail, dtype=dtype)
+        body = self._body(flat, images)
+        if self.fills_blocks:
+            flat[: self.head].zero_()
+            flat[self.head + body.numel() :].zero_()
+            pixels, into = input.reshape(images, self.height * self.width), body.view(images, self.height * self.width)
+            if self.phases == 1:
+                into.copy_(pixels)
+            elif pixels.dtype == dtype:
+                torch.index_select(pixels, 1, self.phase_order, out=into)
+            else:
+                into.copy_(pixels.index_select(1, self.phase_order))
+            return flat
+        flat.zero_()
+        image = input.reshape(images, self.height, self.width)
+        blocks = body.view(images, self.phases, self.item_rows, self.row)
+        for phase, row0, col0 in self._phase_blocks():
+            pixels = image[:, row0 :: self.sh, col0 :: self.sw]
+            blocks[:, phase, : pixels.shape[1], : pixels.shape[2]].copy_(pixels)
+        return flat
+
+    def image_into(self, flat: Tensor, out: Tensor) -> None:
+        """The adjoint of ``buffer``: buffer -> out (N, C, H, W), contiguous."""
+        images = out.shape[0] * out.shape[1]
+        body = self._body(flat, images)
+        if self.fills_blocks:
+            pixels = out.view(images, self.height * self.width)
+            if self.phases == 1:
+                pixels.copy_(body.view(images, self.height * self.width))
+            elif body.dtype == out.dtype:
+                torch.index_select(body.view(images, self.height * self.width), 1, self.image_order, out=pixels)
+            else:
+                pixels.copy_(body.view(images, self.height * self.width).index_select(1, self.image_order))
             return
-        out = out.transpose(0, 1)
+        image = out.view(images, self.height, self.width)
+        blocks = body.view(images, self.phases, self.item_rows, self.row)
         for phase, row0, col0 in self._phase_blocks():
-            pixels = out[:, :, row0 :: self.sh, col0 :: self.sw]
-            pixels.copy_(self._items(phases[:, phase], out.shape[1], self.head)[:, :, : pixels.shape[2], : pixels.shape[3]])
+            pixels = image[:, row0 :: self.sh, col0 :: self.sw]
+            pixels.copy_(blocks[:, phase, : pixels.shape[1], : pixels.shape[2]])
 
-    def tap(self, phases: Tensor, t: int, items: slice) -> Tensor:
-        """The (C/G, len(items) * pitch) view of the buffer that tap t reads for ``items``."""
+    def tap(self, flat: Tensor, t: int, items: slice, per_group: int) -> Tensor:
+        """The (len(items), C/G, pitch) view of the buffer that tap t reads for ``items``."""
         phase, offset = self.taps[t]
-        return phases[:, phase, items.start * self.pitch + offset : items.stop * self.pitch + offset]
+        block = self.phases * self.pitch
+        return flat.as_strided(
+            (items.stop - items.start, per_group, self.pitch),
+            (per_group * block, block, 1),
+            flat.storage_offset() + items.start * per_group * block + phase * self.pitch + offset,
+        )
 
     def tap_classes(self) -> list[TapClass]:
         """The taps grouped so that each group is one strided view of one phase: taps
@@ -257,21 +276,23 @@ class TapLayout:
         ]
 
     def on_grid(self, per_pixel: Tensor, dtype: torch.dtype, masked: bool = False) -> Tensor:
-        """(items, D, Ho, Wo) -> (D, items * pitch) in ``dtype``, zeros off the output pixels;
-        ``masked``: D = KH*KW taps, each multiplied by ``mask``."""
+        """(items, D, Ho, Wo) -> (items, D, pitch) in ``dtype``, zeros off the output pixels
+        (``per_pixel`` itself when that is already the layout); ``masked``: D = KH*KW taps,
+        each multiplied by ``mask``."""
         items, depth = per_pixel.shape[:2]
-        tight = self.pitch == self.out_h * self.out_w
-        grid = (torch.empty if tight else torch.zeros)((depth, items * self.pitch), dtype=dtype, device=per_pixel.device)
-        pixels = self._items(grid, items)[..., : self.out_h, : self.out_w]
+        if self.tight and not masked and per_pixel.dtype == dtype and per_pixel.is_contiguous():
+            return per_pixel.view(items, depth, self.pitch)
+        grid = (torch.empty if self.tight else torch.zeros)((items, depth, self.pitch), dtype=dtype, device=per_pixel.device)
+        pixels = self.off_grid(grid)
         if masked:
-            torch.mul(per_pixel.transpose(0, 1), self.mask.to(dtype), out=pixels)
+            torch.mul(per_pixel, self.mask.to(dtype), out=pixels)
         else:
-            pixels.copy_(per_pixel.transpose(0, 1))
+            pixels.copy_(per_pixel)
         return grid
 
-    def off_grid(self, on_grid: Tensor, items: int) -> Tensor:
-        """(D, items * pitch) -> the (items, D, Ho, Wo) view of the output pixels."""
-        return self._items(on_grid, items)[..., : self.out_h, : self.out_w].transpose(0, 1)
+    def off_grid(self, on_grid: Tensor) -> Tensor:
+        """(items, D, pitch) -> the (items, D, Ho, Wo) view of the output pixels."""
+        return on_grid.unflatten(-1, (self.item_rows, self.row))[..., : self.out_h, : self.out_w]
 
 
 # ---------------------------------------------------------------------------------------
@@ -343,21 +364,24 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tens
         return out.to(input.dtype).view(n, channels, out_h, out_w)
 
     layout = TapLayout((height, width), weight.shape, stride, padding, dilation)
-    x = layout.buffer(input, groups, acc)
-    # (K*K, N*G*pitch): one kernel per pixel, shared by the channels of a group.
+    x = layout.buffer(input, acc)
+    # (N*G, K*K, pitch): one kernel per pixel, shared by the channels of a group.
     w = layout.on_grid(weight.reshape(items, layout.kh * layout.kw, out_h, out_w), acc, masked=True)
-    out = torch.empty(per_group, items * layout.pitch, dtype=acc, device=input.device)
-    for chunk in _slices(items, per_group * layout.pitch * out.element_size()):
-        on_chunk = slice(chunk.start * layout.pitch, chunk.stop * layout.pitch)
-        out_chunk, w_chunk = out[:, on_chunk], w[:, on_chunk]
-        torch.mul(layout.tap(x, 0, chunk), w_chunk[0], out=out_chunk)
-        for t in range(1, len(layout.taps)):
-            out_chunk.addcmul_(layout.tap(x, t, chunk), w_chunk[t])
-    pixels = layout.off_grid(out, items)
-    if not _finite(pixels):
-        return _padded_involution(input, weight, stride, padding, dilation)
     result = torch.empty(n, channels, out_h, out_w, dtype=input.dtype, device=input.device)
-    result.view(items, per_group, out_h, out_w).copy_(pixels)
+    in_place = layout.tight and acc == input.dtype
+    if in_place:
+        out = result.view(items, per_group, layout.pitch)
+    else:
+        out = torch.empty(items, per_group, layout.pitch, dtype=acc, device=input.device)
+    for chunk in _slices(items, per_group * layout.pitch * out.element_size()):
+        out_chunk, w_chunk = out[chunk], w[chunk]
+        torch.mul(layout.tap(x, 0, chunk, per_group), w_chunk[:, :1], out=out_chunk)
+        for t in range(1, len(layout.taps)):
+            out_chunk.addcmul_(layout.tap(x, t, chunk, per_group), w_chunk[:, t : t + 1])
+    if not in_place:
+        result.view(items, per_group, out_h, out_w).copy_(layout.off_grid(out))
+    if not _finite(result):
+        return _padded_involution(input, weight, stride, padding, dilation)
     return result
 
 
@@ -378,17 +402,14 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
     layout = TapLayout(input_size, weight.shape, stride, padding, dilation)
     g = layout.on_grid(grad_output.reshape(items, per_group, out_h, out_w), acc)
     w = layout.on_grid(weight.reshape(items, layout.kh * layout.kw, out_h, out_w), acc, masked=True)
-    grad = torch.zeros(
-        per_group, layout.sh * layout.sw, layout.head + items * layout.pitch + layout.tail, dtype=acc, device=g.device
-    )
+    grad = g.new_zeros(layout.head + n * channels * layout.phases * layout.pitch + layout.tail)
     for chunk in _slices(items, per_group * layout.pitch * grad.element_size()):
-        on_chunk = slice(chunk.start * layout.pitch, chunk.stop * layout.pitch)
-        g_chunk, w_chunk = g[:, on_chunk], w[:, on_chunk]
+        g_chunk, w_chunk = g[chunk], w[chunk]
         for t in range(len(layout.taps)):
             # Adjoint of the forward's read: add g * w back where tap t read from.
-            layout.tap(grad, t, chunk).addcmul_(g_chunk, w_chunk[t])
+            layout.tap(grad, t, chunk, per_group).addcmul_(g_chunk, w_chunk[:, t : t + 1])
     result = torch.empty(n, channels, *input_size, dtype=grad_output.dtype, device=g.device)
-    layout.image_into(grad, result.view(items, per_group, *input_size))
+    layout.image_into(grad, result)
     if not _finite(result):
         return _padded_backward_input(grad_output, weight, input_size, stride, padding, dilation)
     return result
@@ -409,35 +430,39 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
         return dense.weight_of(products).to(input.dtype).view(weight_shape)
 
     layout = TapLayout(input.shape[2:], weight_shape, stride, padding, dilation)
-    x = layout.buffer(input, groups, acc)
+    x = layout.buffer(input, acc)
     g = layout.on_grid(grad_output.reshape(items, per_group, out_h, out_w), acc)
-    grad = torch.empty(layout.kh, layout.kw, items * layout.pitch, dtype=acc, device=g.device)
+    taps = layout.kh * layout.kw
+    result = torch.empty(weight_shape, dtype=input.dtype, device=g.device)
+    in_place = layout.tight and acc == input.dtype
+    if in_place:
+        grad = result.view(items, taps, layout.pitch)
+    else:
+        grad = torch.empty(items, taps, layout.pitch, dtype=acc, device=g.device)
     # dw[n, g, a, b, pixel] = sum over the group's channels c of g[c, pixel] * (what tap (a, b)
     # read from channel c): one pass per channel and tap class, each over all of its taps at
     # once through a strided view of the buffer.
-    x_strides, tap_classes = x.stride(), layout.tap_classes()
-    for chunk in _slices(items, layout.kh * layout.kw * layout.pitch * grad.element_size()):
-        on_chunk = slice(chunk.start * layout.pitch, chunk.stop * layout.pitch)
-        length = on_chunk.stop - on_chunk.start
-        for taps in tap_classes:
-            grad_taps = grad[taps.rows, taps.cols, on_chunk]
+    block, tap_classes = layout.phases * layout.pitch, layout.tap_classes()
+    grad_by_tap = grad.view(items, layout.kh, layout.kw, layout.pitch)
+    for chunk in _slices(items, taps * layout.pitch * grad.element_size()):
+        count, g_chunk = chunk.stop - chunk.start, g[chunk, :, None, None, :]
+        for taps_of in tap_classes:
+            grad_taps = grad_by_tap[chunk, taps_of.rows, taps_of.cols]
             for c in range(per_group):
                 read = x.as_strided(
-                    (*taps.counts, length),
-                    (*taps.steps, 1),
-                    x.storage_offset() + c * x_strides[0] + taps.phase * x_strides[1] + on_chunk.start + taps.offset,
+                    (count, *taps_of.counts, layout.pitch),
+                    (per_group * block, *taps_of.steps, 1),
+                    x.storage_offset() + (chunk.start * per_group + c) * block + taps_of.phase * layout.pitch + taps_of.offset,
                 )
                 if c == 0:
-                    torch.mul(read, g[c, on_chunk], out=grad_taps)
+                    torch.mul(read, g_chunk[:, c], out=grad_taps)
                 else:
-                    grad_taps.addcmul_(read, g[c, on_chunk])
-    result = torch.empty(weight_shape, dtype=input.dtype, device=g.device)
+                    grad_taps.addcmul_(read, g_chunk[:, c])
     # Taps that read the padding have no gradient: the mask zeroes what they read instead.
-    torch.mul(
-        layout.off_grid(grad.flatten(0, 1), items),
-        layout.mask.view(1, -1, out_h, out_w).to(acc),
-        out=result.view(items, layout.kh * layout.kw, out_h, out_w),
-    )
+    if in_place:
+        grad.view(items, taps, out_h, out_w).mul_(layout.mask.to(acc))
+    else:
+        torch.mul(layout.off_grid(grad), layout.mask.to(acc), out=result.view(items, taps, out_h, out_w))
     if not _finite(result):
         return _padded_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
     return result
