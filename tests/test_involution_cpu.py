@@ -51,7 +51,7 @@ def test_strategy_matches_reference(monkeypatch, strategy, case):
     params = (stride, padding, dilation)
     assert involution_cpu.uses_dense_map(size, kernel, stride) == (strategy == "dense-map")
     if case in PHASE_GATHER_CASES:
-        layout = involution_cpu.TapLayout(size, w.shape, stride, padding, dilation)
+        layout = involution_cpu.TapLayout(size, kernel, out_size, stride, padding, dilation)
         assert layout.fills_blocks and layout.phases > 1
 
     torch.testing.assert_close(involution_cpu.involution(x, w, *params), registry.get("involution").reference(x, w, *params))

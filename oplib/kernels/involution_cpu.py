@@ -109,13 +109,15 @@ class DenseMap:
 
 
 @functools.lru_cache(maxsize=64)
-def _dense_map(input_size, kernel_size, output_size, stride, padding, dilation) -> DenseMap:
-    return DenseMap(input_size, kernel_size, output_size, stride, padding, dilation)
+def _geometry(kind, input_size, kernel_size, output_size, stride, padding, dilation):
+    return kind(input_size, kernel_size, output_size, stride, padding, dilation)
 
 
-def _dense_map_for(input_size, weight_shape, stride, padding, dilation) -> DenseMap:
+def _geometry_for(kind, input_size, weight_shape, stride, padding, dilation):
+    """``kind`` (DenseMap or TapLayout) for these sizes, built once per distinct geometry."""
     as_ints = lambda values: tuple(int(v) for v in values)  # noqa: E731
-    return _dense_map(
+    return _geometry(
+        kind,
         as_ints(input_size),
         as_ints(weight_shape[2:4]),
         as_ints(weight_shape[4:6]),
@@ -163,9 +165,9 @@ class TapLayout:
     zeroes its weight.
     """
 
-    def __init__(self, input_size, weight_shape, stride, padding, dilation):
+    def __init__(self, input_size, kernel_size, output_size, stride, padding, dilation):
         (self.height, self.width), (self.ph, self.pw) = input_size, padding
-        _, _, self.kh, self.kw, self.out_h, self.out_w = weight_shape
+        (self.kh, self.kw), (self.out_h, self.out_w) = kernel_size, output_size
         (self.sh, self.sw), (self.dh, self.dw) = stride, dilation
         self.phases = self.sh * self.sw
         self.item_rows = max(-(-self.height // self.sh), self.out_h)
@@ -358,12 +360,12 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tens
     if uses_dense_map((height, width), weight.shape[2:4], stride):
         if not _finite(input, weight):
             return _padded_involution(input, weight, stride, padding, dilation)
-        dense = _dense_map_for((height, width), weight.shape, stride, padding, dilation)
+        dense = _geometry_for(DenseMap, (height, width), weight.shape, stride, padding, dilation)
         matrices = dense.matrices(weight.reshape(items, dense.weight_numel).to(acc))
         out = torch.bmm(input.reshape(items, per_group, dense.inputs).to(acc), matrices)
         return out.to(input.dtype).view(n, channels, out_h, out_w)
 
-    layout = TapLayout((height, width), weight.shape, stride, padding, dilation)
+    layout = _geometry_for(TapLayout, (height, width), weight.shape, stride, padding, dilation)
     x = layout.buffer(input, acc)
     # (N*G, K*K, pitch): one kernel per pixel, shared by the channels of a group.
     w = layout.on_grid(weight.reshape(items, layout.kh * layout.kw, out_h, out_w), acc, masked=True)
@@ -394,12 +396,12 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
     if uses_dense_map(input_size, weight.shape[2:4], stride):
         if not _finite(grad_output, weight):
             return _padded_backward_input(grad_output, weight, input_size, stride, padding, dilation)
-        dense = _dense_map_for(input_size, weight.shape, stride, padding, dilation)
+        dense = _geometry_for(DenseMap, input_size, weight.shape, stride, padding, dilation)
         matrices = dense.matrices(weight.reshape(items, dense.weight_numel).to(acc))
         grad = torch.bmm(grad_output.reshape(items, per_group, dense.outputs).to(acc), matrices.transpose(1, 2))
         return grad.to(grad_output.dtype).view(n, channels, *input_size)
 
-    layout = TapLayout(input_size, weight.shape, stride, padding, dilation)
+    layout = _geometry_for(TapLayout, input_size, weight.shape, stride, padding, dilation)
     g = layout.on_grid(grad_output.reshape(items, per_group, out_h, out_w), acc)
     w = layout.on_grid(weight.reshape(items, layout.kh * layout.kw, out_h, out_w), acc, masked=True)
     grad = g.new_zeros(layout.head + n * channels * layout.phases * layout.pitch + layout.tail)
@@ -424,12 +426,12 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
     if uses_dense_map(input.shape[2:], kernel_size, stride):
         if not _finite(grad_output, input):
             return _padded_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
-        dense = _dense_map_for(input.shape[2:], weight_shape, stride, padding, dilation)
+        dense = _geometry_for(DenseMap, input.shape[2:], weight_shape, stride, padding, dilation)
         x = input.reshape(items, per_group, dense.inputs).to(acc)
         products = torch.bmm(x.transpose(1, 2), grad_output.reshape(items, per_group, dense.outputs).to(acc))
         return dense.weight_of(products).to(input.dtype).view(weight_shape)
 
-    layout = TapLayout(input.shape[2:], weight_shape, stride, padding, dilation)
+    layout = _geometry_for(TapLayout, input.shape[2:], weight_shape, stride, padding, dilation)
     x = layout.buffer(input, acc)
     g = layout.on_grid(grad_output.reshape(items, per_group, out_h, out_w), acc)
     taps = layout.kh * layout.kw
