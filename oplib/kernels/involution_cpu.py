@@ -45,6 +45,10 @@ DENSE_MAP_MAX_PIXELS_PER_TAP = 2
 # The elementwise passes work on slices of the N*G items whose accumulator is about this
 # many bytes: big enough that each pass is one long loop, small enough to stay in cache.
 CHUNK_BYTES = 1 << 21
+# The weight gradient's slices are larger: it makes one call per (channel, tap class) rather
+# than per tap, over K*K values per pixel, and fewer, longer calls measured 1.05-1.14x
+# faster on RedNet-50's shapes at 8 MB than at 2 MB.
+WEIGHT_GRAD_CHUNK_BYTES = 1 << 23
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -56,8 +60,8 @@ def uses_dense_map(input_size, kernel_size, stride) -> bool:
     return input_size[0] * input_size[1] <= DENSE_MAP_MAX_PIXELS_PER_TAP * kernel_size[0] * kernel_size[1] * phases
 
 
-def _slices(items: int, bytes_per_item: int):
-    step = max(1, CHUNK_BYTES // max(1, bytes_per_item))
+def _slices(items: int, bytes_per_item: int, chunk_bytes: int = CHUNK_BYTES):
+    step = max(1, chunk_bytes // max(1, bytes_per_item))
     return [slice(start, min(items, start + step)) for start in range(0, items, step)]
 
 
@@ -446,7 +450,7 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
     # once through a strided view of the buffer.
     block, tap_classes = layout.phases * layout.pitch, layout.tap_classes()
     grad_by_tap = grad.view(items, layout.kh, layout.kw, layout.pitch)
-    for chunk in _slices(items, taps * layout.pitch * grad.element_size()):
+    for chunk in _slices(items, taps * layout.pitch * grad.element_size(), WEIGHT_GRAD_CHUNK_BYTES):
         count, g_chunk = chunk.stop - chunk.start, g[chunk, :, None, None, :]
         for taps_of in tap_classes:
             grad_taps = grad_by_tap[chunk, taps_of.rows, taps_of.cols]
