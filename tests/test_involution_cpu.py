@@ -11,7 +11,16 @@ from oplib import registry
 from oplib.kernels import involution_cpu
 from oplib.ops._common import window_output_size
 
-STRATEGIES = {"dense-map": 10**9, "taps": 0}  # DENSE_MAP_MAX_PIXELS_PER_TAP forcing each
+# DENSE_MAP_MAX_PIXELS_PER_TAP forcing each strategy, and the taps once more with slices of
+# one item each (the test tensors otherwise fit in one slice).
+STRATEGIES = {"dense-map": 10**9, "taps": 0, "taps-sliced": 0}
+
+
+def _force(monkeypatch, strategy):
+    monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", STRATEGIES[strategy])
+    if strategy == "taps-sliced":
+        monkeypatch.setattr(involution_cpu, "CHUNK_BYTES", 1)
+        monkeypatch.setattr(involution_cpu, "WEIGHT_GRAD_CHUNK_BYTES", 1)
 
 
 def _random_cases(count: int, seed: int):
@@ -42,7 +51,7 @@ PHASE_GATHER_CASES = [
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("case", _random_cases(40, seed=3) + PHASE_GATHER_CASES, ids=lambda case: f"{case}")
 def test_strategy_matches_reference(monkeypatch, strategy, case):
-    monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", STRATEGIES[strategy])
+    _force(monkeypatch, strategy)
     n, channels, size, groups, kernel, stride, padding, dilation = case
     out_size = window_output_size(size, kernel, stride, padding, dilation)
     x = torch.randn(n, channels, *size, dtype=torch.float64)
@@ -82,7 +91,7 @@ NON_FINITE_PLACES = {
 @pytest.mark.parametrize("place", NON_FINITE_PLACES)
 @pytest.mark.parametrize("stride", [1, 2])
 def test_non_finite_values_propagate_as_in_the_reference(monkeypatch, strategy, value, place, stride):
-    monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", STRATEGIES[strategy])
+    _force(monkeypatch, strategy)
     size, kernel, padding = (10, 10), (3, 3), (1, 1)
     params = ((stride, stride), padding, (1, 1))
     out_size = window_output_size(size, kernel, *params)
@@ -112,7 +121,7 @@ def test_non_finite_values_propagate_as_in_the_reference(monkeypatch, strategy, 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_strategy_is_deterministic(monkeypatch, strategy):
-    monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", STRATEGIES[strategy])
+    _force(monkeypatch, strategy)
     torch.set_num_threads(2)
     try:
         x = torch.randn(4, 32, 12, 12)

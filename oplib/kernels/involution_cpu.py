@@ -60,8 +60,8 @@ def uses_dense_map(input_size, kernel_size, stride) -> bool:
     return input_size[0] * input_size[1] <= DENSE_MAP_MAX_PIXELS_PER_TAP * kernel_size[0] * kernel_size[1] * phases
 
 
-def _slices(items: int, bytes_per_item: int, chunk_bytes: int = CHUNK_BYTES):
-    step = max(1, chunk_bytes // max(1, bytes_per_item))
+def _slices(items: int, bytes_per_item: int, chunk_bytes: int | None = None):
+    step = max(1, (chunk_bytes or CHUNK_BYTES) // max(1, bytes_per_item))
     return [slice(start, min(items, start + step)) for start in range(0, items, step)]
 
 
