@@ -5,15 +5,16 @@
 Two strategies, chosen per call by the size of the map (``uses_dense_map``):
 
 - Small maps (H*W at most ``DENSE_MAP_MAX_PIXELS_PER_TAP`` times KH*KW per stride phase, e.g.
-  RedNet's 7x7 stage and its 14x14 -> 7x7 involution): the op is a matrix product. For one (sample, group) the weight is a sparse
-  (H*W, Ho*Wo) matrix M with at most KH*KW entries per column (``DenseMap``); then
+  RedNet's 7x7 stage and its 14x14 -> 7x7 involution): the op is a matrix product. For one
+  (sample, group) the weight is a sparse (H*W, Ho*Wo) matrix M with at most KH*KW entries
+  per column (``DenseMap``); then
   out = x @ M, grad_input = grad @ M^T and grad_weight is (x^T @ grad) read back at M's
   entries. Written out densely, M is at most that factor times the weight's size, and the
   products run as one ``bmm`` over the N*G (sample, group) pairs: a few large calls instead
   of K*K small ones, where the per-call cost would dominate.
-- Larger maps: K*K elementwise passes, each one long loop over a contiguous shift of the
-  input laid out without padding, with the weight of the taps that would read the padding
-  multiplied by zero (``TapLayout``).
+- Larger maps: K*K elementwise passes, each over one shifted view of the input (split into
+  stride phases, without padding) for all samples, groups and channels at once, with the
+  weight of the taps that would read the padding multiplied by zero (``TapLayout``).
 
 Both skip the zero padding, so a non-finite value can meet a zero it would not have met in
 the padded formulation (inf * 0 is nan). With finite inputs the results are exact; a
