@@ -44,7 +44,8 @@ from torch import Tensor
 DENSE_MAP_MAX_PIXELS_PER_TAP = 2
 
 # The elementwise passes work on slices of the N*G items whose accumulator is about this
-# many bytes: big enough that each pass is one long loop, small enough to stay in cache.
+# many bytes: big enough that a call's fixed cost is small against its work, small enough
+# that the slice stays in cache across the K*K passes.
 CHUNK_BYTES = 1 << 21
 # The weight gradient's slices are larger: it makes one call per (channel, tap class) rather
 # than per tap, over K*K values per pixel, and fewer, longer calls measured 1.05-1.14x
