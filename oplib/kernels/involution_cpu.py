@@ -73,6 +73,17 @@ def _finite(*tensors: Tensor) -> bool:
     return all(bool(torch.isfinite(t.sum(dtype=accumulation_dtype(t.dtype)))) for t in tensors)
 
 
+def _tap_reads(input_size, kernel_size, output_size, stride, padding, dilation):
+    """For tap (a, b) at output pixel (i, j): the image row (KH, 1, Ho, 1) and column
+    (1, KW, 1, Wo) it reads, and whether that is inside the image (KH, KW, Ho, Wo)."""
+    (height, width), (kh, kw), (out_h, out_w) = input_size, kernel_size, output_size
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    rows = torch.arange(out_h).view(1, 1, out_h, 1) * sh - ph + torch.arange(kh).view(kh, 1, 1, 1) * dh
+    cols = torch.arange(out_w).view(1, 1, 1, out_w) * sw - pw + torch.arange(kw).view(1, kw, 1, 1) * dw
+    inside = ((rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)).expand(kh, kw, out_h, out_w)
+    return rows, cols, inside
+
+
 # ---------------------------------------------------------------------------------------
 # Small maps: one matrix per (sample, group)
 # ---------------------------------------------------------------------------------------
@@ -87,10 +98,7 @@ class DenseMap:
 
     def __init__(self, input_size, kernel_size, output_size, stride, padding, dilation):
         (height, width), (kh, kw), (out_h, out_w) = input_size, kernel_size, output_size
-        (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-        rows = torch.arange(out_h).view(1, 1, out_h, 1) * sh - ph + torch.arange(kh).view(kh, 1, 1, 1) * dh
-        cols = torch.arange(out_w).view(1, 1, 1, out_w) * sw - pw + torch.arange(kw).view(1, kw, 1, 1) * dw
-        inside = ((rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)).expand(kh, kw, out_h, out_w)
+        rows, cols, inside = _tap_reads(input_size, kernel_size, output_size, stride, padding, dilation)
         output_pixel = torch.arange(out_h * out_w).view(1, 1, out_h, out_w)
         entry = ((rows * width + cols) * (out_h * out_w) + output_pixel).expand(kh, kw, out_h, out_w)
         self.inputs, self.outputs = height * width, out_h * out_w
@@ -184,10 +192,8 @@ class TapLayout:
         self.head = max(0, -min(offset for _, offset in shifts))
         self.tail = max(0, max(offset for _, offset in shifts))
         self.taps = [(phase, self.head + offset) for phase, offset in shifts]
-        rows = torch.arange(self.out_h).view(1, 1, -1, 1) * self.sh - self.ph + torch.arange(self.kh).view(-1, 1, 1, 1) * self.dh
-        cols = torch.arange(self.out_w).view(1, 1, 1, -1) * self.sw - self.pw + torch.arange(self.kw).view(1, -1, 1, 1) * self.dw
-        inside = (rows >= 0) & (rows < self.height) & (cols >= 0) & (cols < self.width)
-        self.mask = inside.expand(self.kh, self.kw, self.out_h, self.out_w).reshape(-1, self.out_h, self.out_w)
+        inside = _tap_reads(input_size, kernel_size, output_size, stride, padding, dilation)[2]
+        self.mask = inside.reshape(-1, self.out_h, self.out_w)
         # When the phases fill their blocks exactly (H, W multiples of the stride, output no
         # bigger than a phase), the buffer is a permutation of each image's pixels: a
         # single gather (a plain copy at stride 1), much faster than strided copies.
@@ -212,10 +218,15 @@ class TapLayout:
         """The (images, phases, pitch) view of a buffer, between its head and tail."""
         return flat[self.head : self.head + images * self.phases * self.pitch].view(images, self.phases, self.pitch)
 
+    def new_buffer(self, images: int, dtype: torch.dtype, device, zeros: bool = False) -> Tensor:
+        """A flat buffer (head + images*phases*pitch + tail) for ``images`` (sample, channel) pairs."""
+        numel = self.head + images * self.phases * self.pitch + self.tail
+        return (torch.zeros if zeros else torch.empty)(numel, dtype=dtype, device=device)
+
     def buffer(self, input: Tensor, dtype: torch.dtype) -> Tensor:
         """(N, C, H, W) -> the flat buffer (head + N*C*phases*pitch + tail) in ``dtype``."""
         images = input.shape[0] * input.shape[1]
-        flat = input.new_empty(self.head + images * self.phases * self.pitch + self.tail, dtype=dtype)
+        flat = self.new_buffer(images, dtype, input.device)
         body = self._body(flat, images)
         if self.fills_blocks:
             flat[: self.head].zero_()
@@ -255,15 +266,26 @@ class TapLayout:
             pixels = image[:, row0 :: self.sh, col0 :: self.sw]
             pixels.copy_(blocks[:, phase, : pixels.shape[1], : pixels.shape[2]])
 
+    def _view(self, flat: Tensor, items: slice, per_group: int, sizes, strides, start: int) -> Tensor:
+        """The (len(items), *sizes, pitch) view of the buffer from element ``start`` of the
+        first item's first block."""
+        item_stride = per_group * self.phases * self.pitch
+        return flat.as_strided(
+            (items.stop - items.start, *sizes, self.pitch),
+            (item_stride, *strides, 1),
+            flat.storage_offset() + items.start * item_stride + start,
+        )
+
     def tap(self, flat: Tensor, t: int, items: slice, per_group: int) -> Tensor:
         """The (len(items), C/G, pitch) view of the buffer that tap t reads for ``items``."""
         phase, offset = self.taps[t]
-        block = self.phases * self.pitch
-        return flat.as_strided(
-            (items.stop - items.start, per_group, self.pitch),
-            (per_group * block, block, 1),
-            flat.storage_offset() + items.start * per_group * block + phase * self.pitch + offset,
-        )
+        return self._view(flat, items, per_group, (per_group,), (self.phases * self.pitch,), phase * self.pitch + offset)
+
+    def taps_read(self, flat: Tensor, taps: TapClass, items: slice, per_group: int, channel: int) -> Tensor:
+        """The (len(items), rows, cols, pitch) view of what a class of taps reads from one
+        channel of the group for ``items``."""
+        start = (channel * self.phases + taps.phase) * self.pitch + taps.offset
+        return self._view(flat, items, per_group, taps.counts, taps.steps, start)
 
     def tap_classes(self) -> list[TapClass]:
         """The taps grouped so that each group is one strided view of one phase: taps
@@ -314,11 +336,18 @@ def _window(padded: Tensor, a: int, b: int, output_size, stride, dilation) -> Te
     return padded[..., a * dh : a * dh + (out_h - 1) * sh + 1 : sh, b * dw : b * dw + (out_w - 1) * sw + 1 : sw]
 
 
-def _padded_involution(input, weight, stride, padding, dilation) -> Tensor:
+def _padded_groups(input: Tensor, groups: int, padding, dtype: torch.dtype) -> Tensor:
+    """(N, C, H, W) -> (N, G, C/G, H + 2ph, W + 2pw) in ``dtype``, zero-padded."""
     n, channels, height, width = input.shape
+    grouped = input.to(dtype).view(n, groups, channels // groups, height, width)
+    return F.pad(grouped, (padding[1], padding[1], padding[0], padding[0]))
+
+
+def _padded_involution(input, weight, stride, padding, dilation) -> Tensor:
+    n, channels = input.shape[:2]
     groups, kh, kw, out_h, out_w = weight.shape[1:]
     acc = accumulation_dtype(input.dtype)
-    x = F.pad(input.to(acc).view(n, groups, channels // groups, height, width), (padding[1], padding[1], padding[0], padding[0]))
+    x = _padded_groups(input, groups, padding, acc)
     out = torch.zeros(n, groups, channels // groups, out_h, out_w, dtype=acc, device=input.device)
     for a in range(kh):
         for b in range(kw):
@@ -341,9 +370,8 @@ def _padded_backward_input(grad_output, weight, input_size, stride, padding, dil
 
 def _padded_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups) -> Tensor:
     n, channels, out_h, out_w = grad_output.shape
-    height, width = input.shape[2:]
     acc = accumulation_dtype(input.dtype)
-    x = F.pad(input.to(acc).view(n, groups, channels // groups, height, width), (padding[1], padding[1], padding[0], padding[0]))
+    x = _padded_groups(input, groups, padding, acc)
     g = grad_output.to(acc).view(n, groups, channels // groups, out_h, out_w)
     grad = torch.empty(n, groups, *kernel_size, out_h, out_w, dtype=acc, device=g.device)
     for a in range(kernel_size[0]):
@@ -410,7 +438,7 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
     layout = _geometry_for(TapLayout, input_size, weight.shape, stride, padding, dilation)
     g = layout.on_grid(grad_output.reshape(items, per_group, out_h, out_w), acc)
     w = layout.on_grid(weight.reshape(items, layout.kh * layout.kw, out_h, out_w), acc, masked=True)
-    grad = g.new_zeros(layout.head + n * channels * layout.phases * layout.pitch + layout.tail)
+    grad = layout.new_buffer(n * channels, acc, g.device, zeros=True)
     for chunk in _slices(items, per_group * layout.pitch * grad.element_size()):
         g_chunk, w_chunk = g[chunk], w[chunk]
         for t in range(len(layout.taps)):
@@ -450,18 +478,14 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
     # dw[n, g, a, b, pixel] = sum over the group's channels c of g[c, pixel] * (what tap (a, b)
     # read from channel c): one pass per channel and tap class, each over all of its taps at
     # once through a strided view of the buffer.
-    block, tap_classes = layout.phases * layout.pitch, layout.tap_classes()
+    tap_classes = layout.tap_classes()
     grad_by_tap = grad.view(items, layout.kh, layout.kw, layout.pitch)
     for chunk in _slices(items, taps * layout.pitch * grad.element_size(), WEIGHT_GRAD_CHUNK_BYTES):
-        count, g_chunk = chunk.stop - chunk.start, g[chunk, :, None, None, :]
+        g_chunk = g[chunk, :, None, None, :]
         for taps_of in tap_classes:
             grad_taps = grad_by_tap[chunk, taps_of.rows, taps_of.cols]
             for c in range(per_group):
-                read = x.as_strided(
-                    (count, *taps_of.counts, layout.pitch),
-                    (per_group * block, *taps_of.steps, 1),
-                    x.storage_offset() + (chunk.start * per_group + c) * block + taps_of.phase * layout.pitch + taps_of.offset,
-                )
+                read = layout.taps_read(x, taps_of, chunk, per_group, c)
                 if c == 0:
                     torch.mul(read, g_chunk[:, c], out=grad_taps)
                 else:
