@@ -23,6 +23,20 @@ def _force(monkeypatch, strategy):
         monkeypatch.setattr(involution_cpu, "WEIGHT_GRAD_CHUNK_BYTES", 1)
 
 
+def _check_three_ops(x, w, g, groups, params, same=torch.testing.assert_close):
+    """Each of the three CPU kernels against its float64 reference on (x, w, g)."""
+    size, kernel = list(x.shape[2:]), list(w.shape[2:4])
+    same(involution_cpu.involution(x, w, *params), registry.get("involution").reference(x, w, *params))
+    same(
+        involution_cpu.involution_backward_input(g, w, size, *params),
+        registry.get("involution_backward_input").reference(g, w, size, *params),
+    )
+    same(
+        involution_cpu.involution_backward_weight(g, x, kernel, *params, groups),
+        registry.get("involution_backward_weight").reference(g, x, kernel, *params, groups),
+    )
+
+
 def _random_cases(count: int, seed: int):
     rng = random.Random(seed)
     cases = []
@@ -62,16 +76,7 @@ def test_strategy_matches_reference(monkeypatch, strategy, case):
     if case in PHASE_GATHER_CASES:
         layout = involution_cpu.TapLayout(size, kernel, out_size, stride, padding, dilation)
         assert layout.fills_blocks and layout.phases > 1
-
-    torch.testing.assert_close(involution_cpu.involution(x, w, *params), registry.get("involution").reference(x, w, *params))
-    torch.testing.assert_close(
-        involution_cpu.involution_backward_input(g, w, list(size), *params),
-        registry.get("involution_backward_input").reference(g, w, list(size), *params),
-    )
-    torch.testing.assert_close(
-        involution_cpu.involution_backward_weight(g, x, list(kernel), *params, groups),
-        registry.get("involution_backward_weight").reference(g, x, list(kernel), *params, groups),
-    )
+    _check_three_ops(x, w, g, groups, params)
 
 
 NON_FINITE_PLACES = {
@@ -108,15 +113,7 @@ def test_non_finite_values_propagate_as_in_the_reference(monkeypatch, strategy, 
         torch.testing.assert_close(actual, expected, equal_nan=True)
         assert torch.equal(actual.isnan(), expected.isnan()) and torch.equal(actual.isinf(), expected.isinf())
 
-    same(involution_cpu.involution(x, w, *params), registry.get("involution").reference(x, w, *params))
-    same(
-        involution_cpu.involution_backward_input(g, w, list(size), *params),
-        registry.get("involution_backward_input").reference(g, w, list(size), *params),
-    )
-    same(
-        involution_cpu.involution_backward_weight(g, x, list(kernel), *params, 2),
-        registry.get("involution_backward_weight").reference(g, x, list(kernel), *params, 2),
-    )
+    _check_three_ops(x, w, g, 2, params, same)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
