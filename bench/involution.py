@@ -98,6 +98,16 @@ def _depthwise(x, w, shape):
     return F.conv2d(x, w, None, shape.stride, shape.kernel // 2, 1, shape.channels)
 
 
+CANDIDATES = (("oplib", _oplib), ("unfold", _unfold_involution))
+
+
+def _cpu_inputs(shape: Shape):
+    """The same (input, weight, grad_output) for every candidate and measurement of a shape."""
+    torch.manual_seed(0)
+    x, w = shape.tensors("cpu", requires_grad=True)
+    return x, w, torch.randn(shape.batch, shape.channels, shape.out_size, shape.out_size)
+
+
 def _fwd_bwd(fn, x, w, shape, grad):
     fn(x, w, shape).backward(grad)
     x.grad = w.grad = None
@@ -144,10 +154,8 @@ def _measure_peak(shape_name: str, batch: str, label: str, threads: int) -> int:
     _limit_malloc_caching()
     torch.set_num_threads(threads)
     shape = next(s for s in SHAPES + QUICK_SHAPES if s.name == shape_name and s.batch == int(batch))
-    fn = dict(_candidates())[label]
-    torch.manual_seed(0)
-    x, w = shape.tensors("cpu", requires_grad=True)
-    grad = torch.randn(shape.batch, shape.channels, shape.out_size, shape.out_size)
+    fn = dict(CANDIDATES)[label]
+    x, w, grad = _cpu_inputs(shape)
     _fwd_bwd(fn, x, w, shape, grad)
     return _peak_extra_bytes(lambda: _fwd_bwd(fn, x, w, shape, grad))
 
@@ -171,24 +179,17 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / seconds.blocked_autorange(min_run_time=1.0).median
 
 
-def _candidates():
-    return (("oplib", _oplib), ("unfold", _unfold_involution))
-
-
 def run_cpu(shapes, min_run_time: float, bandwidth: float, rounds: int):
     """Times every (candidate, mode) in ``rounds`` interleaved rounds and keeps the median,
     so a burst of load from elsewhere skews one round, not a whole row. Peak memory is
     measured afterwards, each in a fresh process with malloc told to return large blocks
     (which slows allocation, so never while timing)."""
-    candidates = _candidates()
     rows = []
     for shape in shapes:
-        torch.manual_seed(0)
-        x, w = shape.tensors("cpu", requires_grad=True)
-        grad = torch.randn(shape.batch, shape.channels, shape.out_size, shape.out_size)
+        x, w, grad = _cpu_inputs(shape)
         samples = {}
         for _ in range(rounds):
-            for label, fn in candidates:
+            for label, fn in CANDIDATES:
                 with torch.no_grad():
                     samples.setdefault((label, "fwd"), []).append(
                         _median_time("fn(x, w, shape)", fn, x, w, shape, grad, min_run_time)
@@ -201,7 +202,7 @@ def run_cpu(shapes, min_run_time: float, bandwidth: float, rounds: int):
         print(f"{shape.name}: oplib fwd {times['oplib', 'fwd'] * 1e3:.1f} ms, fwd+bwd {times['oplib', 'fwd+bwd'] * 1e3:.1f} ms; "
               f"unfold fwd {times['unfold', 'fwd'] * 1e3:.1f} ms, fwd+bwd {times['unfold', 'fwd+bwd'] * 1e3:.1f} ms", flush=True)
     for shape, times, _ in rows:
-        for label, _ in candidates:
+        for label, _ in CANDIDATES:
             times[label, "peak"] = peak_memory(shape, label)
     return rows
 
