@@ -142,7 +142,7 @@ def _geometry_for(kind, input_size, weight_shape, stride, padding, dilation):
 
 
 # ---------------------------------------------------------------------------------------
-# Larger maps: K*K passes over contiguous shifts
+# Larger maps: K*K passes over shifted views of the unpadded input
 # ---------------------------------------------------------------------------------------
 
 
