@@ -1,6 +1,7 @@
-"""The two CPU strategies of involution (dense matrices on small maps, tap passes on larger
-ones) each checked against the float64 reference on the same inputs, whichever the size
-rule would pick, with finite and with non-finite values; and both deterministic."""
+"""The three CPU strategies of involution (dense matrices on small maps, one banded matrix per
+output row on medium ones, tap passes on larger ones) each checked against the float64
+reference on the same inputs, whichever the size rule would pick, with finite and with
+non-finite values; and each deterministic."""
 
 import random
 
@@ -11,13 +12,15 @@ from oplib import registry
 from oplib.kernels import involution_cpu
 from oplib.ops._common import window_output_size
 
-# DENSE_MAP_MAX_PIXELS_PER_TAP forcing each strategy, and the taps once more with slices of
-# one item each (the test tensors otherwise fit in one slice).
-STRATEGIES = {"dense-map": 10**9, "taps": 0, "taps-sliced": 0}
+# (DENSE_MAP_MAX_PIXELS_PER_TAP, ROW_BANDS_MAX_WORK) forcing each strategy, and the taps once
+# more with slices of one item each (the test tensors otherwise fit in one slice).
+STRATEGIES = {"dense-map": (10**9, 0), "bands": (0, 10**9), "taps": (0, 0), "taps-sliced": (0, 0)}
 
 
 def _force(monkeypatch, strategy):
-    monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", STRATEGIES[strategy])
+    dense_limit, bands_limit = STRATEGIES[strategy]
+    monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", dense_limit)
+    monkeypatch.setattr(involution_cpu, "ROW_BANDS_MAX_WORK", bands_limit)
     if strategy == "taps-sliced":
         monkeypatch.setattr(involution_cpu, "CHUNK_BYTES", 1)
         monkeypatch.setattr(involution_cpu, "WEIGHT_GRAD_CHUNK_BYTES", 1)
@@ -72,7 +75,13 @@ def test_strategy_matches_reference(monkeypatch, strategy, case):
     w = torch.randn(n, groups, *kernel, *out_size, dtype=torch.float64)
     g = torch.randn(n, channels, *out_size, dtype=torch.float64)
     params = (stride, padding, dilation)
-    assert involution_cpu.uses_dense_map(size, kernel, stride) == (strategy == "dense-map")
+    expected = {"dense-map": "dense", "bands": "bands"}.get(strategy, "taps")
+    if expected == "bands" and not involution_cpu.RowBands(size, kernel, out_size, *params).fits:
+        # A kernel about as wide as the image: the bands would put a padding tap's zero on a
+        # real entry, so these take the taps (bands fit whenever (KW-1)*dw < W).
+        assert (kernel[1] - 1) * dilation[1] >= size[1]
+        expected = "taps"
+    assert involution_cpu.strategy(size, w.shape, *params) == expected
     if case in PHASE_GATHER_CASES:
         layout = involution_cpu.TapLayout(size, kernel, out_size, stride, padding, dilation)
         assert layout.fills_blocks and layout.phases > 1
@@ -141,8 +150,13 @@ def test_strategy_is_deterministic(monkeypatch, strategy):
 
 
 def test_rednet_shapes_pick_the_expected_strategy():
-    # 7x7 kernels: the 7x7 stage and the stride-2 14x14 -> 7x7 involution use the matrices;
-    # the 14x14 stage, 28x28 and 56x56 (either stride) the taps.
-    dense = lambda size, stride: involution_cpu.uses_dense_map((size, size), (7, 7), (stride, stride))  # noqa: E731
-    assert dense(7, 1) and dense(14, 2)
-    assert not dense(14, 1) and not dense(28, 1) and not dense(28, 2) and not dense(56, 1) and not dense(56, 2)
+    # 7x7 kernels, padding 3: the 7x7 stage and the stride-2 14x14 -> 7x7 involution use the
+    # dense matrices, the 14x14 stage and the stride-2 28x28 -> 14x14 one the row bands, the
+    # 28x28 stage and the 56x56 maps (either stride) the taps.
+    def picked(size, stride):
+        out = (size - 1) // stride + 1
+        return involution_cpu.strategy((size, size), (8, 4, 7, 7, out, out), (stride,) * 2, (3, 3), (1, 1))
+
+    assert picked(7, 1) == picked(14, 2) == "dense"
+    assert picked(14, 1) == picked(28, 2) == "bands"
+    assert picked(28, 1) == picked(56, 1) == picked(56, 2) == "taps"

@@ -2,7 +2,7 @@
 
     out[n, c, i, j] = sum_{a, b} weight[n, c // (C/G), a, b, i, j] * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
 
-Two strategies, chosen per call by the size of the map (``uses_dense_map``):
+Three strategies, chosen per call by the size of the map (``strategy``):
 
 - Small maps (H*W at most ``DENSE_MAP_MAX_PIXELS_PER_TAP`` times KH*KW per stride phase, e.g.
   RedNet's 7x7 stage and its 14x14 -> 7x7 involution): the op is a matrix product. For one
@@ -12,6 +12,11 @@ Two strategies, chosen per call by the size of the map (``uses_dense_map``):
   entries. Written out densely, M is at most that factor times the weight's size, and the
   products run as one ``bmm`` over the N*G (sample, group) pairs: a few large calls instead
   of K*K small ones, where the per-call cost would dominate.
+- Medium maps (an output row's band of image rows at most ``ROW_BANDS_MAX_WORK`` times the
+  stride_w times KH*KW elements, e.g. RedNet's 14x14 stage and its 28x28 -> 14x14
+  involution): the same products one output row at a time, over the band of image rows
+  that row reads (``RowBands``): Ho ``bmm`` calls whose matrices hold that factor times the
+  weight's elements.
 - Larger maps: K*K elementwise passes, each over one shifted view of the input (split into
   stride phases, without padding) for all samples, groups and channels at once, with the
   weight of the taps that would read the padding multiplied by zero (``TapLayout``).
@@ -43,6 +48,14 @@ from torch import Tensor
 # 2.5x faster at 7x7 and 1.3x at 14x14 stride 2, the taps 1.2x faster at 14x14 stride 1.
 DENSE_MAP_MAX_PIXELS_PER_TAP = 2
 
+# A map is "medium" when the band of image rows one output row reads, (KH-1)*dh + 1 rows of W
+# pixels, is at most this many times KH*KW times the column stride: each band matrix then does
+# that many times the multiply-adds the taps need, at matrix-product speed. Measured on
+# RedNet-50's shapes (bench/involution.py): the bands are 1.3-1.6x faster than the taps at
+# 28x28 -> 14x14 and 1.0-1.4x at 14x14 stride 1, and 2-4x slower at 28x28 stride 1 and
+# 56x56 stride 2 (4 and 8 times the work), where the strided-phase taps lose less.
+ROW_BANDS_MAX_WORK = 2
+
 # The elementwise passes work on slices of the N*G items whose accumulator is about this
 # many bytes: big enough that a call's fixed cost is small against its work, small enough
 # that the slice stays in cache across the K*K passes.
@@ -57,9 +70,17 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def uses_dense_map(input_size, kernel_size, stride) -> bool:
-    phases = stride[0] * stride[1]
-    return input_size[0] * input_size[1] <= DENSE_MAP_MAX_PIXELS_PER_TAP * kernel_size[0] * kernel_size[1] * phases
+def strategy(input_size, weight_shape, stride, padding, dilation) -> str:
+    """"dense", "bands" or "taps": how the three kernels compute this geometry
+    (weight_shape: (N, G, KH, KW, Ho, Wo))."""
+    (height, width), (kh, kw) = input_size, weight_shape[2:4]
+    if height * width <= DENSE_MAP_MAX_PIXELS_PER_TAP * kh * kw * stride[0] * stride[1]:
+        return "dense"
+    band = ((kh - 1) * dilation[0] + 1) * width
+    if band <= ROW_BANDS_MAX_WORK * kh * kw * stride[1]:
+        if _geometry_for(RowBands, input_size, weight_shape, stride, padding, dilation).fits:
+            return "bands"
+    return "taps"
 
 
 def _slices(items: int, bytes_per_item: int, chunk_bytes: int | None = None):
@@ -128,7 +149,8 @@ def _geometry(kind, input_size, kernel_size, output_size, stride, padding, dilat
 
 
 def _geometry_for(kind, input_size, weight_shape, stride, padding, dilation):
-    """``kind`` (DenseMap or TapLayout) for these sizes, built once per distinct geometry."""
+    """``kind`` (DenseMap, RowBands or TapLayout) for these sizes, built once per distinct
+    geometry."""
     as_ints = lambda values: tuple(int(v) for v in values)  # noqa: E731
     return _geometry(
         kind,
@@ -139,6 +161,191 @@ def _geometry_for(kind, input_size, weight_shape, stride, padding, dilation):
         as_ints(padding),
         as_ints(dilation),
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Medium maps: one banded matrix per output row
+# ---------------------------------------------------------------------------------------
+
+
+def _block_margins(positions: Tensor, reads_image_column: Tensor, core: int):
+    """(head, tail): the spare elements a block of ``core`` elements needs before and after
+    it to hold every entry (``positions`` relative to the block); None when an entry of a tap
+    that reads a padding column lands on one of a tap that reads the image."""
+    on_image, off_image = positions[reads_image_column], positions[~reads_image_column]
+    if bool(torch.isin(off_image, on_image).any()):
+        return None
+    return max(0, -int(positions.min())), max(0, int(positions.max()) - core + 1)
+
+
+class RowBands:
+    """Involution as one matrix product per output row, for all N*G (sample, group) items in
+    one ``bmm``.
+
+    Forward and weight gradient: output row i reads the ``slab_rows`` = (KH-1)*dh + 1 image
+    rows from i*sh - ph on (clipped to the image), a contiguous (C/G, slab_rows*W) slice of
+    an item's input. Its map is the (slab_rows*W, Wo) matrix holding weight[a, b, i, j] at
+    row a*dh*W + c, column j, where c = j*sw - pw + b*dw is the image column the tap reads:
+    out[:, :, i] = slice @ map, and the weight gradient of row i is slice^T @ grad[:, :, i]
+    read back at those entries.
+
+    Input gradient: scattering row i's slice back would add overlapping slices, so each
+    block of sh image rows [k*sh, (k+1)*sh) gathers from the T output rows that read it,
+    i = k - ka for the tap rows' ka = floor((a*dh - ph) / sh); their (T*Wo, sh*W + spare)
+    matrix holds weight[a, b, i, j] at row (ka - ka_min)*Wo + j, column
+    ((a*dh - ph) mod sh)*W + c, and grad_input[:, :, rows of k] = grad[:, :, those i] @ map.
+
+    The entries of every row's (or block's) map sit at the same positions, so the forward
+    and the input gradient fill one zeroed buffer per call: each row writes its
+    mask-multiplied weights over the previous row's and is multiplied while the buffer is in
+    cache. No padding is needed: a tap that reads a padding column writes its zero where that
+    column would wrap to -- the row before or after in the matrix, a margin (``*_head`` /
+    ``*_tail``) or the spare columns -- never onto a real entry. ``fits`` is False when it
+    would (a kernel about as wide as the image); those geometries take the tap passes.
+    """
+
+    def __init__(self, input_size, kernel_size, output_size, stride, padding, dilation):
+        (self.height, self.width), (self.kh, self.kw) = input_size, kernel_size
+        (self.out_h, self.out_w), (self.sh, self.sw) = output_size, stride
+        (self.ph, self.pw), (self.dh, self.dw) = padding, dilation
+        width, out_w = self.width, self.out_w
+        rows, cols, inside = _tap_reads(input_size, kernel_size, output_size, stride, padding, dilation)
+        self.mask = inside.contiguous()
+        reads_image_column = ((cols >= 0) & (cols < width)).expand(self.kh, self.kw, 1, out_w).reshape(-1)
+        tap_row = torch.arange(self.kh).view(self.kh, 1, 1, 1)
+        out_col = torch.arange(out_w).view(1, 1, 1, out_w)
+
+        self.slab_rows = (self.kh - 1) * self.dh + 1
+        self.band = self.slab_rows * width * out_w
+        band_entries = ((tap_row * self.dh * width + cols) * out_w + out_col).expand(self.kh, self.kw, 1, out_w)
+        band_margins = _block_margins(band_entries.reshape(-1), reads_image_column, self.band)
+
+        reach = [a * self.dh - self.ph for a in range(self.kh)]
+        self.steps_down = [r // self.sh for r in reach]
+        self.phase_row = [r % self.sh for r in reach]
+        self.gather_rows = max(self.steps_down) - min(self.steps_down) + 1
+        self.spare = max(self.pw, int(cols.max()) - (width - 1), 0)
+        self.block_cols = self.sh * width + self.spare
+        self.row_blocks = -(-self.height // self.sh)
+        steps_down, phase_row = torch.tensor(self.steps_down).view(-1, 1, 1, 1), torch.tensor(self.phase_row).view(-1, 1, 1, 1)
+        gather_entries = ((steps_down - min(self.steps_down)) * out_w + out_col) * self.block_cols + phase_row * width + cols
+        self.gather = self.gather_rows * out_w * self.block_cols
+        gather_margins = _block_margins(gather_entries.expand(self.kh, self.kw, 1, out_w).reshape(-1), reads_image_column, self.gather)
+        self.fits = band_margins is not None and gather_margins is not None
+        if not self.fits:
+            return
+        self.band_head, self.band_tail = band_margins
+        self.band_block = self.band_head + self.band + self.band_tail
+        self.gather_head, gather_tail = gather_margins
+        self.gather_block = self.gather_head + self.gather + gather_tail
+
+    # Forward and weight gradient: one (slab_rows*W, Wo) matrix per output row.
+
+    def row_span(self, i: int) -> tuple[int, int, int]:
+        """(first image row, end image row, first slab row) read by output row i."""
+        top = i * self.sh - self.ph
+        first, end = max(0, top), min(self.height, top + self.slab_rows)
+        return first, end, first - top
+
+    def new_band_maps(self, items: int, dtype: torch.dtype, device) -> Tensor:
+        """The zeroed flat buffer of one row's maps: (items, band_block), margins included."""
+        return torch.zeros(items * self.band_block, dtype=dtype, device=device)
+
+    def fill_band_maps(self, maps: Tensor, weight: Tensor, mask: Tensor, i: int) -> None:
+        """Writes output row i's taps: weight (items, KH, KW, Ho, Wo) times mask (KH, KW, Ho, Wo)."""
+        entries = self._band_entries(maps, weight.shape[0], self.band_block, 0, self.band_head)[..., 0, :]
+        torch.mul(weight[..., i, :], mask[..., i, :], out=entries)
+
+    def band_maps(self, maps: Tensor, items: int, i: int) -> Tensor:
+        """The (items, rows*W, Wo) maps of output row i, for the image rows it reads."""
+        first, end, slab_row = self.row_span(i)
+        start = self.band_head + slab_row * self.width * self.out_w
+        return maps.as_strided((items, (end - first) * self.width, self.out_w), (self.band_block, self.out_w, 1), start)
+
+    def new_products(self, items: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
+        """A flat buffer for the weight gradient's products of all rows, and its (Ho, items,
+        slab_rows*W, Wo) view: no margins between the blocks, so each row's product is one
+        contiguous output (a margin only before the first and after the last)."""
+        flat = torch.empty(self.band_head + self.out_h * items * self.band + self.band_tail, dtype=dtype, device=device)
+        core = flat[self.band_head : self.band_head + self.out_h * items * self.band]
+        return flat, core.view(self.out_h, items, self.slab_rows * self.width, self.out_w)
+
+    def weight_of(self, products: Tensor, items: int) -> Tensor:
+        """The flat products -> (items, KH, KW, Ho, Wo): each tap's entry, 0 where it reads
+        padding (whatever the buffer holds there)."""
+        entries = self._band_entries(products, items, self.band, items * self.band, self.band_head)
+        return torch.where(self.mask, entries, torch.zeros((), dtype=products.dtype))
+
+    def _band_entries(self, flat: Tensor, items: int, block: int, row_step: int, head: int) -> Tensor:
+        """The (items, KH, KW, Ho, Wo) view of where the taps sit in the band matrices
+        (``block`` elements per item, ``row_step`` per output row)."""
+        return flat.as_strided(
+            (items, self.kh, self.kw, self.out_h, self.out_w),
+            (block, self.dh * self.width * self.out_w, self.dw * self.out_w, row_step, self.sw * self.out_w + 1),
+            head - self.pw * self.out_w,
+        )
+
+    # Input gradient: one (T*Wo, sh*W + spare) matrix per block of sh image rows.
+
+    def gather_span(self, k: int) -> tuple[int, int, int]:
+        """(first, end) row of the row-flipped grad_output that block k gathers from, and the
+        first matrix row / Wo they meet. Matrix row t holds output row i = k - ka_min - t:
+        rows in descending i, so that the tap rows' entries step forward through both the
+        matrix and the weight."""
+        low, high = max(min(self.steps_down), k - self.out_h + 1), min(k, max(self.steps_down)) + 1  # valid ka
+        flipped = self.out_h - 1 - k
+        return flipped + low, flipped + high, low - min(self.steps_down)
+
+    def new_gather_maps(self, items: int, dtype: torch.dtype, device) -> Tensor:
+        """The zeroed flat buffer of one block's maps: (items, gather_block), margins included."""
+        return torch.zeros(items * self.gather_block, dtype=dtype, device=device)
+
+    def fill_gather_maps(self, maps: Tensor, weight: Tensor, mask: Tensor, k: int) -> None:
+        """Writes the taps that read block k: weight (items, KH, KW, Ho, Wo) times mask
+        (KH, KW, Ho, Wo), both contiguous."""
+        items = weight.shape[0]
+        # Tap rows a0, a0 + m, a0 + 2m, ... (m = sh / gcd(sh, dh)) share a phase row and step
+        # down by the same number of blocks each: one strided view per such class.
+        every = self.sh // math.gcd(self.sh, self.dh)
+        block_step = every * self.dh // self.sh
+        tap_rows_step = every * self.kw * self.out_h * self.out_w - block_step * self.out_w
+        for a0 in range(min(every, self.kh)):
+            rows = [a for a in range(a0, self.kh, every) if 0 <= k - self.steps_down[a] < self.out_h]
+            if not rows:
+                continue
+            a, i = rows[0], k - self.steps_down[rows[0]]
+            start = (
+                self.gather_head
+                + (self.steps_down[a] - min(self.steps_down)) * self.out_w * self.block_cols
+                + self.phase_row[a] * self.width
+                - self.pw
+            )
+            entries = maps.as_strided(
+                (items, len(rows), self.kw, self.out_w),
+                (self.gather_block, block_step * self.out_w * self.block_cols, self.dw, self.block_cols + self.sw),
+                start,
+            )
+            taps = (a * self.kw * self.out_h + i) * self.out_w
+            sizes, strides = (len(rows), self.kw, self.out_w), (tap_rows_step, self.out_h * self.out_w, 1)
+            torch.mul(
+                weight.as_strided((items, *sizes), (weight.stride(0), *strides), weight.storage_offset() + taps),
+                mask.as_strided(sizes, strides, mask.storage_offset() + taps),
+                out=entries,
+            )
+
+    def gather_maps(self, maps: Tensor, items: int, k: int) -> Tensor:
+        """The (items, rows*Wo, sh*W + spare) maps of block k, for the output rows that read it."""
+        first, end, matrix_row = self.gather_span(k)
+        start = self.gather_head + matrix_row * self.out_w * self.block_cols
+        return maps.as_strided((items, (end - first) * self.out_w, self.block_cols), (self.gather_block, self.block_cols, 1), start)
+
+    def image_into(self, gathered: Tensor, image: Tensor) -> None:
+        """(row_blocks, items, C/G, sh*W + spare) -> image: (items, C/G, H, W)."""
+        blocks = gathered[..., : self.sh * self.width].unflatten(-1, (self.sh, self.width))
+        whole = self.height // self.sh
+        image[:, :, : whole * self.sh].unflatten(2, (whole, self.sh)).copy_(blocks[:whole].permute(1, 2, 0, 3, 4))
+        if whole < self.row_blocks:
+            image[:, :, whole * self.sh :].copy_(blocks[whole, :, :, : self.height - whole * self.sh])
 
 
 # ---------------------------------------------------------------------------------------
@@ -391,13 +598,30 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tens
     groups, out_h, out_w = weight.shape[1], weight.shape[4], weight.shape[5]
     items, per_group = n * groups, channels // groups
     acc = accumulation_dtype(input.dtype)
-    if uses_dense_map((height, width), weight.shape[2:4], stride):
-        if not _finite(input, weight):
-            return _padded_involution(input, weight, stride, padding, dilation)
+    how = strategy((height, width), weight.shape, stride, padding, dilation)
+    if how != "taps" and not _finite(input, weight):
+        return _padded_involution(input, weight, stride, padding, dilation)
+    if how == "dense":
         dense = _geometry_for(DenseMap, (height, width), weight.shape, stride, padding, dilation)
         matrices = dense.matrices(weight.reshape(items, dense.weight_numel).to(acc))
         out = torch.bmm(input.reshape(items, per_group, dense.inputs).to(acc), matrices)
         return out.to(input.dtype).view(n, channels, out_h, out_w)
+    if how == "bands":
+        bands = _geometry_for(RowBands, (height, width), weight.shape, stride, padding, dilation)
+        x = input.to(acc).reshape(items, per_group, height * width)
+        taps, mask = weight.reshape(items, *weight.shape[2:]), bands.mask.to(acc)
+        maps = bands.new_band_maps(items, acc, input.device)
+        rows = torch.empty(out_h, items, per_group, out_w, dtype=acc, device=input.device)
+        for i in range(out_h):
+            first, end, _ = bands.row_span(i)
+            if end <= first:  # the whole row reads padding
+                rows[i].zero_()
+                continue
+            bands.fill_band_maps(maps, taps, mask, i)
+            torch.bmm(x[:, :, first * width : end * width], bands.band_maps(maps, items, i), out=rows[i])
+        result = torch.empty(n, channels, out_h, out_w, dtype=input.dtype, device=input.device)
+        result.view(items, per_group, out_h, out_w).copy_(rows.permute(1, 2, 0, 3))
+        return result
 
     layout = _geometry_for(TapLayout, (height, width), weight.shape, stride, padding, dilation)
     x = layout.buffer(input, acc)
@@ -427,13 +651,31 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
     groups = weight.shape[1]
     items, per_group = n * groups, channels // groups
     acc = accumulation_dtype(grad_output.dtype)
-    if uses_dense_map(input_size, weight.shape[2:4], stride):
-        if not _finite(grad_output, weight):
-            return _padded_backward_input(grad_output, weight, input_size, stride, padding, dilation)
+    how = strategy(input_size, weight.shape, stride, padding, dilation)
+    if how != "taps" and not _finite(grad_output, weight):
+        return _padded_backward_input(grad_output, weight, input_size, stride, padding, dilation)
+    if how == "dense":
         dense = _geometry_for(DenseMap, input_size, weight.shape, stride, padding, dilation)
         matrices = dense.matrices(weight.reshape(items, dense.weight_numel).to(acc))
         grad = torch.bmm(grad_output.reshape(items, per_group, dense.outputs).to(acc), matrices.transpose(1, 2))
         return grad.to(grad_output.dtype).view(n, channels, *input_size)
+    if how == "bands":
+        bands = _geometry_for(RowBands, input_size, weight.shape, stride, padding, dilation)
+        # grad_output with its rows in reverse order, to match the maps' rows.
+        g = grad_output.to(acc).flip(2).reshape(items, per_group, out_h * out_w)
+        taps, mask = weight.reshape(items, *weight.shape[2:]).contiguous(), bands.mask.to(acc)
+        maps = bands.new_gather_maps(items, acc, g.device)
+        gathered = torch.empty(bands.row_blocks, items, per_group, bands.block_cols, dtype=acc, device=g.device)
+        for k in range(bands.row_blocks):
+            first, end, _ = bands.gather_span(k)
+            if end <= first:  # no output row reads these image rows
+                gathered[k].zero_()
+                continue
+            bands.fill_gather_maps(maps, taps, mask, k)
+            torch.bmm(g[:, :, first * out_w : end * out_w], bands.gather_maps(maps, items, k), out=gathered[k])
+        result = torch.empty(n, channels, *input_size, dtype=grad_output.dtype, device=g.device)
+        bands.image_into(gathered, result.view(items, per_group, *input_size))
+        return result
 
     layout = _geometry_for(TapLayout, input_size, weight.shape, stride, padding, dilation)
     g = layout.on_grid(grad_output.reshape(items, per_group, out_h, out_w), acc)
@@ -457,13 +699,30 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
     items, per_group = n * groups, channels // groups
     weight_shape = (n, groups, *kernel_size, out_h, out_w)
     acc = accumulation_dtype(input.dtype)
-    if uses_dense_map(input.shape[2:], kernel_size, stride):
-        if not _finite(grad_output, input):
-            return _padded_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
+    how = strategy(input.shape[2:], weight_shape, stride, padding, dilation)
+    if how != "taps" and not _finite(grad_output, input):
+        return _padded_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
+    if how == "dense":
         dense = _geometry_for(DenseMap, input.shape[2:], weight_shape, stride, padding, dilation)
         x = input.reshape(items, per_group, dense.inputs).to(acc)
         products = torch.bmm(x.transpose(1, 2), grad_output.reshape(items, per_group, dense.outputs).to(acc))
         return dense.weight_of(products).to(input.dtype).view(weight_shape)
+    if how == "bands":
+        bands = _geometry_for(RowBands, input.shape[2:], weight_shape, stride, padding, dilation)
+        height, width = input.shape[2:]
+        x = input.to(acc).reshape(items, per_group, height * width)
+        g = grad_output.to(acc).reshape(items, per_group, out_h * out_w)
+        products, by_row = bands.new_products(items, acc, g.device)
+        for i in range(out_h):
+            first, end, slab_row = bands.row_span(i)
+            if end <= first:
+                continue
+            slab, grad_row = x[:, :, first * width : end * width].transpose(1, 2), g[:, :, i * out_w : (i + 1) * out_w]
+            if end - first == bands.slab_rows:
+                torch.bmm(slab, grad_row, out=by_row[i])
+            else:  # clipped at the image's edge: the rows outside it are masked out below
+                by_row[i, :, slab_row * width : (slab_row + end - first) * width] = torch.bmm(slab, grad_row)
+        return bands.weight_of(products, items).to(input.dtype).view(weight_shape)
 
     layout = _geometry_for(TapLayout, input.shape[2:], weight_shape, stride, padding, dilation)
     x = layout.buffer(input, acc)
