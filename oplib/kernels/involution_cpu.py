@@ -402,13 +402,13 @@ class TapLayout:
         inside = _tap_reads(input_size, kernel_size, output_size, stride, padding, dilation)[2]
         self.mask = inside.reshape(-1, self.out_h, self.out_w)
         # When the phases fill their blocks exactly (H, W multiples of the stride, output no
-        # bigger than a phase), the buffer is a permutation of each image's pixels: a
-        # single gather (a plain copy at stride 1), much faster than strided copies.
+        # bigger than a phase), the buffer is a permutation of each image's pixels: one
+        # permuting copy (a plain copy at stride 1), much faster than a copy per phase; back
+        # to the image, a gather of each pixel's position in the buffer is faster still.
         self.fills_blocks = self.pitch * self.phases == self.height * self.width
         if self.fills_blocks and self.phases > 1:
-            pixels = torch.arange(self.height * self.width).view(self.item_rows, self.sh, self.row, self.sw)
-            self.phase_order = pixels.permute(1, 3, 0, 2).reshape(-1)
-            self.image_order = self.phase_order.argsort()
+            positions = torch.arange(self.height * self.width).view(self.sh, self.sw, self.item_rows, self.row)
+            self.image_order = positions.permute(2, 0, 3, 1).reshape(-1)
 
     def _shift(self, a: int, b: int) -> tuple[int, int]:
         """(phase, offset from the output position) of tap (a, b)."""
@@ -438,13 +438,8 @@ class TapLayout:
         if self.fills_blocks:
             flat[: self.head].zero_()
             flat[self.head + body.numel() :].zero_()
-            pixels, into = input.reshape(images, self.height * self.width), body.view(images, self.height * self.width)
-            if self.phases == 1:
-                into.copy_(pixels)
-            elif pixels.dtype == dtype:
-                torch.index_select(pixels, 1, self.phase_order, out=into)
-            else:
-                into.copy_(pixels.index_select(1, self.phase_order))
+            image = input.reshape(images, self.item_rows, self.sh, self.row, self.sw)
+            body.view(images, self.sh, self.sw, self.item_rows, self.row).copy_(image.permute(0, 2, 4, 1, 3))
             return flat
         flat.zero_()
         image = input.reshape(images, self.height, self.width)
