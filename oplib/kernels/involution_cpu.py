@@ -51,9 +51,9 @@ DENSE_MAP_MAX_PIXELS_PER_TAP = 2
 # A map is "medium" when the band of image rows one output row reads, (KH-1)*dh + 1 rows of W
 # pixels, is at most this many times KH*KW times the column stride: each band matrix then does
 # that many times the multiply-adds the taps need, at matrix-product speed. Measured on
-# RedNet-50's shapes (bench/involution.py): the bands are 1.3-1.6x faster than the taps at
-# 28x28 -> 14x14 and 1.0-1.4x at 14x14 stride 1, and 2-4x slower at 28x28 stride 1 and
-# 56x56 stride 2 (4 and 8 times the work), where the strided-phase taps lose less.
+# RedNet-50's shapes (paired runs, forward+backward): the bands are 1.45x faster than the
+# taps at 28x28 -> 14x14 (4x the work) and even at 14x14 stride 1 (2x), and 2-4x slower at
+# 28x28 stride 1 (4x) and 56x56 stride 2 (8x): the taps lose most to the stride phases.
 ROW_BANDS_MAX_WORK = 2
 
 # The elementwise passes work on slices of the N*G items whose accumulator is about this

@@ -17,8 +17,8 @@ again one of them:
 work in eager mode.
 
 CPU kernels are plain PyTorch, in ``oplib/kernels/involution_cpu.py`` (matrix products on
-small maps, K*K passes over contiguous shifts of the input on larger ones; never ``unfold``,
-which would hold K*K copies of the input). CUDA kernels live in
+small maps, one per output row on medium ones, K*K passes over contiguous shifts of the input
+on larger ones; never ``unfold``, which would hold K*K copies of the input). CUDA kernels live in
 ``oplib/kernels/involution.cu`` and run through ``oplib.kernels.CuPyLauncher``.
 """
 
