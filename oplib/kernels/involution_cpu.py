@@ -21,10 +21,10 @@ Three strategies, chosen per call by the size of the map (``strategy``):
   stride phases, without padding) for all samples, groups and channels at once, with the
   weight of the taps that would read the padding multiplied by zero (``TapLayout``).
 
-Both skip the zero padding, so a non-finite value can meet a zero it would not have met in
-the padded formulation (inf * 0 is nan). With finite inputs the results are exact; a
-non-finite result is therefore recomputed by the plain padded formulation (``_padded``),
-which gives the reference's nan and inf pattern.
+All three skip the zero padding, so a non-finite value can meet a zero it would not have met
+in the padded formulation (inf * 0 is nan). With finite inputs the results are exact; the
+matrix strategies send non-finite inputs, and the taps a non-finite result, to the plain
+padded formulation (``_padded_*``), which gives the reference's nan and inf pattern.
 
 Every result is a fresh contiguous tensor of the input's dtype; 16-bit inputs accumulate in
 float32. No atomics and no reduction whose order depends on threads: results are
