@@ -274,7 +274,9 @@ class RowBands:
         """The flat products -> (items, KH, KW, Ho, Wo): each tap's entry, 0 where it reads
         padding (whatever the buffer holds there)."""
         entries = self._band_entries(products, items, self.band, items * self.band, self.band_head)
-        return torch.where(self.mask, entries, torch.zeros((), dtype=products.dtype))
+        # (into a contiguous tensor: by itself, where would follow the strided view's layout)
+        out = torch.empty(entries.shape, dtype=products.dtype, device=products.device)
+        return torch.where(self.mask, entries, torch.zeros((), dtype=products.dtype), out=out)
 
     def _band_entries(self, flat: Tensor, items: int, block: int, row_step: int, head: int) -> Tensor:
         """The (items, KH, KW, Ho, Wo) view of where the taps sit in the band matrices
@@ -326,7 +328,10 @@ class RowBands:
                 start,
             )
             taps = (a * self.kw * self.out_h + i) * self.out_w
-            sizes, strides = (len(rows), self.kw, self.out_w), (tap_rows_step, self.out_h * self.out_w, 1)
+            # The step is negative only if KW*Ho*m < block_step, and then no two tap rows of
+            # the class read the same block; as_strided rejects it even on a size-1 dimension.
+            step = tap_rows_step if len(rows) > 1 else 0
+            sizes, strides = (len(rows), self.kw, self.out_w), (step, self.out_h * self.out_w, 1)
             torch.mul(
                 weight.as_strided((items, *sizes), (weight.stride(0), *strides), weight.storage_offset() + taps),
                 mask.as_strided(sizes, strides, mask.storage_offset() + taps),
@@ -567,7 +572,7 @@ def _padded_backward_input(grad_output, weight, input_size, stride, padding, dil
     for a in range(kh):
         for b in range(kw):
             _window(grad, a, b, (out_h, out_w), stride, dilation).addcmul_(g, weight[:, :, None, a, b].to(acc))
-    return grad[..., ph : ph + height, pw : pw + width].to(grad_output.dtype).reshape(n, channels, height, width)
+    return grad[..., ph : ph + height, pw : pw + width].to(grad_output.dtype).reshape(n, channels, height, width).contiguous()
 
 
 def _padded_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups) -> Tensor:
