@@ -473,26 +473,21 @@ class TapLayout:
             pixels = image[:, row0 :: self.sh, col0 :: self.sw]
             pixels.copy_(blocks[:, phase, : pixels.shape[1], : pixels.shape[2]])
 
-    def _view(self, flat: Tensor, items: slice, per_group: int, sizes, strides, start: int) -> Tensor:
-        """The (len(items), *sizes, pitch) view of the buffer from element ``start`` of the
-        first item's first block."""
+    def tap_views(self, flat: Tensor, items: slice, per_group: int) -> list[Tensor]:
+        """For each tap, the (len(items), C/G, pitch) view of the buffer it reads for
+        ``items`` (built in one go: per-view Python overhead adds up over K*K passes)."""
         item_stride = per_group * self.phases * self.pitch
-        return flat.as_strided(
-            (items.stop - items.start, *sizes, self.pitch),
-            (item_stride, *strides, 1),
-            flat.storage_offset() + items.start * item_stride + start,
-        )
+        size, stride = (items.stop - items.start, per_group, self.pitch), (item_stride, self.phases * self.pitch, 1)
+        first = flat.storage_offset() + items.start * item_stride
+        return [flat.as_strided(size, stride, first + phase * self.pitch + offset) for phase, offset in self.taps]
 
-    def tap(self, flat: Tensor, t: int, items: slice, per_group: int) -> Tensor:
-        """The (len(items), C/G, pitch) view of the buffer that tap t reads for ``items``."""
-        phase, offset = self.taps[t]
-        return self._view(flat, items, per_group, (per_group,), (self.phases * self.pitch,), phase * self.pitch + offset)
-
-    def taps_read(self, flat: Tensor, taps: TapClass, items: slice, per_group: int, channel: int) -> Tensor:
-        """The (len(items), rows, cols, pitch) view of what a class of taps reads from one
-        channel of the group for ``items``."""
-        start = (channel * self.phases + taps.phase) * self.pitch + taps.offset
-        return self._view(flat, items, per_group, taps.counts, taps.steps, start)
+    def taps_read(self, flat: Tensor, taps: TapClass, items: slice, per_group: int) -> list[Tensor]:
+        """For each channel of the group, the (len(items), rows, cols, pitch) view of what a
+        class of taps reads from it for ``items``."""
+        item_stride = per_group * self.phases * self.pitch
+        size, stride = (items.stop - items.start, *taps.counts, self.pitch), (item_stride, *taps.steps, 1)
+        first = flat.storage_offset() + items.start * item_stride + taps.phase * self.pitch + taps.offset
+        return [flat.as_strided(size, stride, first + c * self.phases * self.pitch) for c in range(per_group)]
 
     def tap_classes(self) -> list[TapClass]:
         """The taps grouped so that each group is one strided view of one phase: taps
@@ -634,10 +629,11 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tens
     else:
         out = torch.empty(items, per_group, layout.pitch, dtype=acc, device=input.device)
     for chunk in _slices(items, per_group * layout.pitch * out.element_size()):
-        out_chunk, w_chunk = out[chunk], w[chunk]
-        torch.mul(layout.tap(x, 0, chunk, per_group), w_chunk[:, :1], out=out_chunk)
-        for t in range(1, len(layout.taps)):
-            out_chunk.addcmul_(layout.tap(x, t, chunk, per_group), w_chunk[:, t : t + 1])
+        out_chunk = out[chunk]
+        reads, tap_weights = layout.tap_views(x, chunk, per_group), w[chunk].split(1, dim=1)
+        torch.mul(reads[0], tap_weights[0], out=out_chunk)
+        for read, tap_weight in zip(reads[1:], tap_weights[1:]):
+            out_chunk.addcmul_(read, tap_weight)
     if not in_place:
         result.view(items, per_group, out_h, out_w).copy_(layout.off_grid(out))
     if not _finite(result):
@@ -682,10 +678,10 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
     w = layout.on_grid(weight.reshape(items, layout.kh * layout.kw, out_h, out_w), acc, masked=True)
     grad = layout.new_buffer(n * channels, acc, g.device, zeros=True)
     for chunk in _slices(items, per_group * layout.pitch * grad.element_size()):
-        g_chunk, w_chunk = g[chunk], w[chunk]
-        for t in range(len(layout.taps)):
-            # Adjoint of the forward's read: add g * w back where tap t read from.
-            layout.tap(grad, t, chunk, per_group).addcmul_(g_chunk, w_chunk[:, t : t + 1])
+        g_chunk = g[chunk]
+        for write, tap_weight in zip(layout.tap_views(grad, chunk, per_group), w[chunk].split(1, dim=1)):
+            # Adjoint of the forward's read: add g * w back where the tap read from.
+            write.addcmul_(g_chunk, tap_weight)
     result = torch.empty(n, channels, *input_size, dtype=grad_output.dtype, device=g.device)
     layout.image_into(grad, result)
     if not _finite(result):
@@ -740,15 +736,13 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
     tap_classes = layout.tap_classes()
     grad_by_tap = grad.view(items, layout.kh, layout.kw, layout.pitch)
     for chunk in _slices(items, taps * layout.pitch * grad.element_size(), WEIGHT_GRAD_CHUNK_BYTES):
-        g_chunk = g[chunk, :, None, None, :]
+        g_channels = g[chunk, :, None, None, :].unbind(1)
         for taps_of in tap_classes:
             grad_taps = grad_by_tap[chunk, taps_of.rows, taps_of.cols]
-            for c in range(per_group):
-                read = layout.taps_read(x, taps_of, chunk, per_group, c)
-                if c == 0:
-                    torch.mul(read, g_chunk[:, c], out=grad_taps)
-                else:
-                    grad_taps.addcmul_(read, g_chunk[:, c])
+            reads = layout.taps_read(x, taps_of, chunk, per_group)
+            torch.mul(reads[0], g_channels[0], out=grad_taps)
+            for read, g_channel in zip(reads[1:], g_channels[1:]):
+                grad_taps.addcmul_(read, g_channel)
     # Taps that read the padding have no gradient: the mask zeroes what they read instead.
     if in_place:
         grad.view(items, taps, out_h, out_w).mul_(layout.mask.to(acc))
