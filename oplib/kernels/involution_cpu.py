@@ -91,7 +91,7 @@ def _slices(items: int, bytes_per_item: int, chunk_bytes: int | None = None):
 def _finite(*tensors: Tensor) -> bool:
     """True when no element is inf or nan (a sum is non-finite if any element is; one that
     overflows only sends a call to the exact path)."""
-    return all(bool(torch.isfinite(t.sum(dtype=accumulation_dtype(t.dtype)))) for t in tensors)
+    return all(math.isfinite(t.sum(dtype=accumulation_dtype(t.dtype)).item()) for t in tensors)
 
 
 def _tap_reads(input_size, kernel_size, output_size, stride, padding, dilation):
@@ -151,16 +151,8 @@ def _geometry(kind, input_size, kernel_size, output_size, stride, padding, dilat
 def _geometry_for(kind, input_size, weight_shape, stride, padding, dilation):
     """``kind`` (DenseMap, RowBands or TapLayout) for these sizes, built once per distinct
     geometry."""
-    as_ints = lambda values: tuple(int(v) for v in values)  # noqa: E731
-    return _geometry(
-        kind,
-        as_ints(input_size),
-        as_ints(weight_shape[2:4]),
-        as_ints(weight_shape[4:6]),
-        as_ints(stride),
-        as_ints(padding),
-        as_ints(dilation),
-    )
+    sizes = (input_size, weight_shape[2:4], weight_shape[4:6], stride, padding, dilation)
+    return _geometry(kind, *(tuple(map(int, values)) for values in sizes))
 
 
 # ---------------------------------------------------------------------------------------
