@@ -228,12 +228,27 @@ class RowBands:
             return
         self.band_head, self.band_tail = band_margins
         self.band_block = self.band_head + self.band + self.band_tail
+        # Where tap (a, b) of output column j sits in a row's band matrix: a*dh*W*Wo +
+        # b*dw*Wo + j*(sw*Wo + 1) past first_tap (after the head margin).
+        self.tap_strides = (self.dh * width * out_w, self.dw * out_w, self.sw * out_w + 1)
+        self.first_tap = self.band_head - self.pw * out_w
         self.gather_head, gather_tail = gather_margins
         self.gather_block = self.gather_head + self.gather + gather_tail
+        # Tap rows a0, a0 + m, a0 + 2m, ... (m = sh / gcd(sh, dh)) share a phase row and step
+        # down by the same number of blocks: each such class fills a block's maps through one
+        # strided view, stepping these many elements per tap row, then per column tap and per
+        # output column.
+        self.class_every = self.sh // math.gcd(self.sh, self.dh)
+        self.class_blocks = self.class_every * self.dh // self.sh
+        self.gather_fill_strides = (self.class_blocks * out_w * self.block_cols, self.dw, self.block_cols + self.sw)
+        # Spans and fill plans per row and block, computed once: each call walks them all.
+        self.row_spans = [self._row_span(i) for i in range(self.out_h)]
+        self.gather_spans = [self._gather_span(k) for k in range(self.row_blocks)]
+        self.gather_fills = [self._gather_fills(k) for k in range(self.row_blocks)]
 
     # Forward and weight gradient: one (slab_rows*W, Wo) matrix per output row.
 
-    def row_span(self, i: int) -> tuple[int, int, int]:
+    def _row_span(self, i: int) -> tuple[int, int, int]:
         """(first image row, end image row, first slab row) read by output row i."""
         top = i * self.sh - self.ph
         first, end = max(0, top), min(self.height, top + self.slab_rows)
@@ -245,12 +260,13 @@ class RowBands:
 
     def fill_band_maps(self, maps: Tensor, weight: Tensor, mask: Tensor, i: int) -> None:
         """Writes output row i's taps: weight (items, KH, KW, Ho, Wo) times mask (KH, KW, Ho, Wo)."""
-        entries = self._band_entries(maps, weight.shape[0], self.band_block, 0, self.band_head)[..., 0, :]
+        (a, b, j), items = self.tap_strides, weight.shape[0]
+        entries = maps.as_strided((items, self.kh, self.kw, self.out_w), (self.band_block, a, b, j), self.first_tap)
         torch.mul(weight[..., i, :], mask[..., i, :], out=entries)
 
     def band_maps(self, maps: Tensor, items: int, i: int) -> Tensor:
         """The (items, rows*W, Wo) maps of output row i, for the image rows it reads."""
-        first, end, slab_row = self.row_span(i)
+        first, end, slab_row = self.row_spans[i]
         start = self.band_head + slab_row * self.width * self.out_w
         return maps.as_strided((items, (end - first) * self.width, self.out_w), (self.band_block, self.out_w, 1), start)
 
@@ -265,23 +281,15 @@ class RowBands:
     def weight_of(self, products: Tensor, items: int) -> Tensor:
         """The flat products -> (items, KH, KW, Ho, Wo): each tap's entry, 0 where it reads
         padding (whatever the buffer holds there)."""
-        entries = self._band_entries(products, items, self.band, items * self.band, self.band_head)
+        (a, b, j), sizes = self.tap_strides, (items, self.kh, self.kw, self.out_h, self.out_w)
+        entries = products.as_strided(sizes, (self.band, a, b, items * self.band, j), self.first_tap)
         # (into a contiguous tensor: by itself, where would follow the strided view's layout)
-        out = torch.empty(entries.shape, dtype=products.dtype, device=products.device)
+        out = torch.empty(sizes, dtype=products.dtype, device=products.device)
         return torch.where(self.mask, entries, torch.zeros((), dtype=products.dtype), out=out)
-
-    def _band_entries(self, flat: Tensor, items: int, block: int, row_step: int, head: int) -> Tensor:
-        """The (items, KH, KW, Ho, Wo) view of where the taps sit in the band matrices
-        (``block`` elements per item, ``row_step`` per output row)."""
-        return flat.as_strided(
-            (items, self.kh, self.kw, self.out_h, self.out_w),
-            (block, self.dh * self.width * self.out_w, self.dw * self.out_w, row_step, self.sw * self.out_w + 1),
-            head - self.pw * self.out_w,
-        )
 
     # Input gradient: one (T*Wo, sh*W + spare) matrix per block of sh image rows.
 
-    def gather_span(self, k: int) -> tuple[int, int, int]:
+    def _gather_span(self, k: int) -> tuple[int, int, int]:
         """(first, end) row of the row-flipped grad_output that block k gathers from, and the
         first matrix row / Wo they meet. Matrix row t holds output row i = k - ka_min - t:
         rows in descending i, so that the tap rows' entries step forward through both the
@@ -294,15 +302,12 @@ class RowBands:
         """The zeroed flat buffer of one block's maps: (items, gather_block), margins included."""
         return torch.zeros(items * self.gather_block, dtype=dtype, device=device)
 
-    def fill_gather_maps(self, maps: Tensor, weight: Tensor, mask: Tensor, k: int) -> None:
-        """Writes the taps that read block k: weight (items, KH, KW, Ho, Wo) times mask
-        (KH, KW, Ho, Wo), both contiguous."""
-        items = weight.shape[0]
-        # Tap rows a0, a0 + m, a0 + 2m, ... (m = sh / gcd(sh, dh)) share a phase row and step
-        # down by the same number of blocks each: one strided view per such class.
-        every = self.sh // math.gcd(self.sh, self.dh)
-        block_step = every * self.dh // self.sh
-        tap_rows_step = every * self.kw * self.out_h * self.out_w - block_step * self.out_w
+    def _gather_fills(self, k: int) -> list[tuple[int, int, int, int]]:
+        """How block k's taps are written: per class of tap rows, the (start in the block,
+        number of rows, start in a contiguous (KH, KW, Ho, Wo) weight, step between rows
+        there) of one strided view."""
+        every, block_step = self.class_every, self.class_blocks
+        fills = []
         for a0 in range(min(every, self.kh)):
             rows = [a for a in range(a0, self.kh, every) if 0 <= k - self.steps_down[a] < self.out_h]
             if not rows:
@@ -314,25 +319,27 @@ class RowBands:
                 + self.phase_row[a] * self.width
                 - self.pw
             )
-            entries = maps.as_strided(
-                (items, len(rows), self.kw, self.out_w),
-                (self.gather_block, block_step * self.out_w * self.block_cols, self.dw, self.block_cols + self.sw),
-                start,
-            )
-            taps = (a * self.kw * self.out_h + i) * self.out_w
             # The step is negative only if KW*Ho*m < block_step, and then no two tap rows of
             # the class read the same block; as_strided rejects it even on a size-1 dimension.
-            step = tap_rows_step if len(rows) > 1 else 0
-            sizes, strides = (len(rows), self.kw, self.out_w), (step, self.out_h * self.out_w, 1)
+            step = every * self.kw * self.out_h * self.out_w - block_step * self.out_w if len(rows) > 1 else 0
+            fills.append((start, len(rows), (a * self.kw * self.out_h + i) * self.out_w, step))
+        return fills
+
+    def fill_gather_maps(self, maps: Tensor, weight: Tensor, mask: Tensor, k: int) -> None:
+        """Writes the taps that read block k: weight (items, KH, KW, Ho, Wo) times mask
+        (KH, KW, Ho, Wo), both contiguous."""
+        items = weight.shape[0]
+        for start, rows, taps, step in self.gather_fills[k]:
+            sizes, strides = (rows, self.kw, self.out_w), (step, self.out_h * self.out_w, 1)
             torch.mul(
                 weight.as_strided((items, *sizes), (weight.stride(0), *strides), weight.storage_offset() + taps),
                 mask.as_strided(sizes, strides, mask.storage_offset() + taps),
-                out=entries,
+                out=maps.as_strided((items, *sizes), (self.gather_block, *self.gather_fill_strides), start),
             )
 
     def gather_maps(self, maps: Tensor, items: int, k: int) -> Tensor:
         """The (items, rows*Wo, sh*W + spare) maps of block k, for the output rows that read it."""
-        first, end, matrix_row = self.gather_span(k)
+        first, end, matrix_row = self.gather_spans[k]
         start = self.gather_head + matrix_row * self.out_w * self.block_cols
         return maps.as_strided((items, (end - first) * self.out_w, self.block_cols), (self.gather_block, self.block_cols, 1), start)
 
@@ -600,7 +607,7 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tens
         maps = bands.new_band_maps(items, acc, input.device)
         rows = torch.empty(out_h, items, per_group, out_w, dtype=acc, device=input.device)
         for i in range(out_h):
-            first, end, _ = bands.row_span(i)
+            first, end, _ = bands.row_spans[i]
             if end <= first:  # the whole row reads padding
                 rows[i].zero_()
                 continue
@@ -655,7 +662,7 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
         maps = bands.new_gather_maps(items, acc, g.device)
         gathered = torch.empty(bands.row_blocks, items, per_group, bands.block_cols, dtype=acc, device=g.device)
         for k in range(bands.row_blocks):
-            first, end, _ = bands.gather_span(k)
+            first, end, _ = bands.gather_spans[k]
             if end <= first:  # no output row reads these image rows
                 gathered[k].zero_()
                 continue
@@ -702,7 +709,7 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
         g = grad_output.to(acc).reshape(items, per_group, out_h * out_w)
         products, by_row = bands.new_products(items, acc, g.device)
         for i in range(out_h):
-            first, end, slab_row = bands.row_span(i)
+            first, end, slab_row = bands.row_spans[i]
             if end <= first:
                 continue
             slab, grad_row = x[:, :, first * width : end * width].transpose(1, 2), g[:, :, i * out_w : (i + 1) * out_w]
