@@ -12,18 +12,25 @@ from oplib import registry
 from oplib.kernels import involution_cpu
 from oplib.ops._common import window_output_size
 
-# (DENSE_MAP_MAX_PIXELS_PER_TAP, ROW_BANDS_MAX_WORK) forcing each strategy, and the taps once
-# more with slices of one item each (the test tensors otherwise fit in one slice).
-STRATEGIES = {"dense-map": (10**9, 0), "bands": (0, 10**9), "taps": (0, 0), "taps-sliced": (0, 0)}
+# (DENSE_MAP_MAX_PIXELS_PER_TAP, ROW_BANDS_MAX_WORK) forcing each strategy, and the dense
+# matrices and the taps once more with slices of one item each (the test tensors otherwise
+# fit in one slice).
+STRATEGIES = {
+    "dense-map": (10**9, 0),
+    "dense-map-sliced": (10**9, 0),
+    "bands": (0, 10**9),
+    "taps": (0, 0),
+    "taps-sliced": (0, 0),
+}
 
 
 def _force(monkeypatch, strategy):
     dense_limit, bands_limit = STRATEGIES[strategy]
     monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", dense_limit)
     monkeypatch.setattr(involution_cpu, "ROW_BANDS_MAX_WORK", bands_limit)
-    if strategy == "taps-sliced":
-        monkeypatch.setattr(involution_cpu, "CHUNK_BYTES", 1)
-        monkeypatch.setattr(involution_cpu, "WEIGHT_GRAD_CHUNK_BYTES", 1)
+    if strategy.endswith("-sliced"):
+        for constant in ("DENSE_CHUNK_BYTES", "CHUNK_BYTES", "WEIGHT_GRAD_CHUNK_BYTES"):
+            monkeypatch.setattr(involution_cpu, constant, 1)
 
 
 def _check_three_ops(x, w, g, groups, params, same=torch.testing.assert_close):
@@ -101,7 +108,7 @@ def test_strategy_matches_reference(monkeypatch, strategy, case):
     w = torch.randn(n, groups, *kernel, *out_size, dtype=torch.float64)
     g = torch.randn(n, channels, *out_size, dtype=torch.float64)
     params = (stride, padding, dilation)
-    expected = {"dense-map": "dense", "bands": "bands"}.get(strategy, "taps")
+    expected = {"dense-map": "dense", "dense-map-sliced": "dense", "bands": "bands"}.get(strategy, "taps")
     if expected == "bands" and not involution_cpu.RowBands(size, kernel, out_size, *params).fits:
         # A kernel about as wide as the image: the bands would put a padding tap's zero on a
         # real entry, so these take the taps (bands fit whenever (KW-1)*dw < W).

@@ -10,8 +10,9 @@ Three strategies, chosen per call by the size of the map (``strategy``):
   per column (``DenseMap``); then
   out = x @ M, grad_input = grad @ M^T and grad_weight is (x^T @ grad) read back at M's
   entries. Written out densely, M is at most that factor times the weight's size, and the
-  products run as one ``bmm`` over the N*G (sample, group) pairs: a few large calls instead
-  of K*K small ones, where the per-call cost would dominate.
+  products run as ``bmm`` calls over slices of the N*G (sample, group) pairs, about
+  ``DENSE_CHUNK_BYTES`` of matrices each: a few large calls instead of K*K small ones, where
+  the per-call cost would dominate.
 - Medium maps (an output row's band of image rows at most ``ROW_BANDS_MAX_WORK`` times the
   stride_w times KH*KW elements, e.g. RedNet's 14x14 stage and its 28x28 -> 14x14
   involution): the same products one output row at a time, over the band of image rows
@@ -55,6 +56,12 @@ DENSE_MAP_MAX_PIXELS_PER_TAP = 2
 # taps at 28x28 -> 14x14 (4x the work) and even at 14x14 stride 1 (2x), and 2-4x slower at
 # 28x28 stride 1 (4x) and 56x56 stride 2 (8x): the taps lose most to the stride phases.
 ROW_BANDS_MAX_WORK = 2
+
+# The dense matrices are built and multiplied this many bytes of them at a time, in one
+# zeroed buffer that stays in cache: all of them at once is a fresh multi-megabyte allocation
+# per call, whose page faults cost more than the products (paired forward+backward runs:
+# 1.24-1.27x at 14x14 -> 7x7, even at 7x7).
+DENSE_CHUNK_BYTES = 1 << 20
 
 # The elementwise passes work on slices of the N*G items whose accumulator is about this
 # many bytes: big enough that a call's fixed cost is small against its work, small enough
@@ -129,18 +136,25 @@ class DenseMap:
         # ... and their positions in the flattened (H*W, Ho*Wo) matrix.
         self.entries = entry.reshape(-1)[self.taps]
 
-    def matrices(self, weight: Tensor) -> Tensor:
-        """weight: (items, KH*KW*Ho*Wo) -> M: (items, H*W, Ho*Wo)."""
-        matrix = weight.new_zeros(weight.shape[0], self.inputs * self.outputs)
-        matrix.index_copy_(1, self.entries, weight.index_select(1, self.taps))
-        return matrix.view(-1, self.inputs, self.outputs)
+    def slices(self, items: int, dtype: torch.dtype) -> list[slice]:
+        """Slices of the items whose matrices take about DENSE_CHUNK_BYTES."""
+        return _slices(items, self.inputs * self.outputs * torch.finfo(dtype).bits // 8, DENSE_CHUNK_BYTES)
 
-    def weight_of(self, matrix: Tensor) -> Tensor:
-        """The adjoint of ``matrices``: M: (items, H*W, Ho*Wo) -> (items, KH*KW*Ho*Wo)."""
-        matrix = matrix.reshape(matrix.shape[0], self.inputs * self.outputs)
-        weight = matrix.new_zeros(matrix.shape[0], self.weight_numel)
-        weight.index_copy_(1, self.taps, matrix.index_select(1, self.entries))
-        return weight
+    def new_matrices(self, items: int, dtype: torch.dtype, device) -> Tensor:
+        """Zeroed room for the matrices of ``items`` items: (items, H*W, Ho*Wo). Every item's
+        entries sit at the same positions, so refilling it for other items keeps the zeros."""
+        return torch.zeros(items, self.inputs, self.outputs, dtype=dtype, device=device)
+
+    def fill(self, matrices: Tensor, weight: Tensor) -> Tensor:
+        """weight: (n, KH*KW*Ho*Wo) -> the first n of ``matrices`` (n, H*W, Ho*Wo) holding it."""
+        matrix = matrices[: weight.shape[0]]
+        matrix.view(weight.shape[0], -1).index_copy_(1, self.entries, weight.index_select(1, self.taps).to(matrix.dtype))
+        return matrix
+
+    def weight_into(self, matrix: Tensor, weight: Tensor) -> None:
+        """The adjoint of ``fill``: matrix (n, H*W, Ho*Wo) -> weight (n, KH*KW*Ho*Wo), whose
+        entries for taps that read padding are left as they are (zero)."""
+        weight.index_copy_(1, self.taps, matrix.reshape(matrix.shape[0], -1).index_select(1, self.entries))
 
 
 @functools.lru_cache(maxsize=64)
@@ -597,8 +611,12 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tens
         return _padded_involution(input, weight, stride, padding, dilation)
     if how == "dense":
         dense = _geometry_for(DenseMap, (height, width), weight.shape, stride, padding, dilation)
-        matrices = dense.matrices(weight.reshape(items, dense.weight_numel).to(acc))
-        out = torch.bmm(input.reshape(items, per_group, dense.inputs).to(acc), matrices)
+        x, w = input.reshape(items, per_group, dense.inputs).to(acc), weight.reshape(items, dense.weight_numel)
+        chunks = dense.slices(items, acc)
+        matrices = dense.new_matrices(chunks[0].stop if chunks else 0, acc, input.device)
+        out = torch.empty(items, per_group, dense.outputs, dtype=acc, device=input.device)
+        for chunk in chunks:
+            torch.bmm(x[chunk], dense.fill(matrices, w[chunk]), out=out[chunk])
         return out.to(input.dtype).view(n, channels, out_h, out_w)
     if how == "bands":
         bands = _geometry_for(RowBands, (height, width), weight.shape, stride, padding, dilation)
@@ -651,8 +669,12 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
         return _padded_backward_input(grad_output, weight, input_size, stride, padding, dilation)
     if how == "dense":
         dense = _geometry_for(DenseMap, input_size, weight.shape, stride, padding, dilation)
-        matrices = dense.matrices(weight.reshape(items, dense.weight_numel).to(acc))
-        grad = torch.bmm(grad_output.reshape(items, per_group, dense.outputs).to(acc), matrices.transpose(1, 2))
+        g, w = grad_output.reshape(items, per_group, dense.outputs).to(acc), weight.reshape(items, dense.weight_numel)
+        chunks = dense.slices(items, acc)
+        matrices = dense.new_matrices(chunks[0].stop if chunks else 0, acc, g.device)
+        grad = torch.empty(items, per_group, dense.inputs, dtype=acc, device=g.device)
+        for chunk in chunks:
+            torch.bmm(g[chunk], dense.fill(matrices, w[chunk]).transpose(1, 2), out=grad[chunk])
         return grad.to(grad_output.dtype).view(n, channels, *input_size)
     if how == "bands":
         bands = _geometry_for(RowBands, input_size, weight.shape, stride, padding, dilation)
@@ -700,8 +722,15 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
     if how == "dense":
         dense = _geometry_for(DenseMap, input.shape[2:], weight_shape, stride, padding, dilation)
         x = input.reshape(items, per_group, dense.inputs).to(acc)
-        products = torch.bmm(x.transpose(1, 2), grad_output.reshape(items, per_group, dense.outputs).to(acc))
-        return dense.weight_of(products).to(input.dtype).view(weight_shape)
+        g = grad_output.reshape(items, per_group, dense.outputs).to(acc)
+        chunks = dense.slices(items, acc)
+        products = torch.empty(chunks[0].stop if chunks else 0, dense.inputs, dense.outputs, dtype=acc, device=g.device)
+        grad = torch.zeros(items, dense.weight_numel, dtype=acc, device=g.device)
+        for chunk in chunks:
+            count = chunk.stop - chunk.start
+            torch.bmm(x[chunk].transpose(1, 2), g[chunk], out=products[:count])
+            dense.weight_into(products[:count], grad[chunk])
+        return grad.to(input.dtype).view(weight_shape)
     if how == "bands":
         bands = _geometry_for(RowBands, input.shape[2:], weight_shape, stride, padding, dilation)
         height, width = input.shape[2:]
