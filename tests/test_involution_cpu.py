@@ -69,7 +69,7 @@ def _random_cases(count: int, seed: int):
 
 
 # Sizes that are multiples of the stride, with outputs no bigger than a phase: the taps split
-# the image into phases with one gather (TapLayout.fills_blocks).
+# the image into phases with one permuting copy (TapLayout.fills_blocks).
 PHASE_GATHER_CASES = [
     (2, 6, (12, 12), 2, (3, 3), (2, 2), (1, 1), (1, 1)),
     (1, 4, (12, 9), 2, (5, 3), (2, 3), (2, 1), (1, 2)),

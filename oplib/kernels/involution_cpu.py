@@ -77,17 +77,25 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def strategy(input_size, weight_shape, stride, padding, dilation) -> str:
-    """"dense", "bands" or "taps": how the three kernels compute this geometry
+def _geometry_of(input_size, weight_shape, stride, padding, dilation):
+    """The DenseMap, RowBands or TapLayout the three kernels compute this geometry with
     (weight_shape: (N, G, KH, KW, Ho, Wo))."""
     (height, width), (kh, kw) = input_size, weight_shape[2:4]
+    geometry = (input_size, weight_shape, stride, padding, dilation)
     if height * width <= DENSE_MAP_MAX_PIXELS_PER_TAP * kh * kw * stride[0] * stride[1]:
-        return "dense"
+        return _geometry_for(DenseMap, *geometry)
     band = ((kh - 1) * dilation[0] + 1) * width
     if band <= ROW_BANDS_MAX_WORK * kh * kw * stride[1]:
-        if _geometry_for(RowBands, input_size, weight_shape, stride, padding, dilation).fits:
-            return "bands"
-    return "taps"
+        bands = _geometry_for(RowBands, *geometry)
+        if bands.fits:
+            return bands
+    return _geometry_for(TapLayout, *geometry)
+
+
+def strategy(input_size, weight_shape, stride, padding, dilation) -> str:
+    """"dense", "bands" or "taps": how the three kernels compute this geometry."""
+    kind = type(_geometry_of(input_size, weight_shape, stride, padding, dilation))
+    return {DenseMap: "dense", RowBands: "bands", TapLayout: "taps"}[kind]
 
 
 def _slices(items: int, bytes_per_item: int, chunk_bytes: int | None = None):
@@ -140,10 +148,12 @@ class DenseMap:
         """Slices of the items whose matrices take about DENSE_CHUNK_BYTES."""
         return _slices(items, self.inputs * self.outputs * torch.finfo(dtype).bits // 8, DENSE_CHUNK_BYTES)
 
-    def new_matrices(self, items: int, dtype: torch.dtype, device) -> Tensor:
-        """Zeroed room for the matrices of ``items`` items: (items, H*W, Ho*Wo). Every item's
-        entries sit at the same positions, so refilling it for other items keeps the zeros."""
-        return torch.zeros(items, self.inputs, self.outputs, dtype=dtype, device=device)
+    def new_matrices(self, chunks: list[slice], dtype: torch.dtype, device, zeros: bool = True) -> Tensor:
+        """Room for the matrices of the largest of ``chunks``: (items, H*W, Ho*Wo), zeroed
+        unless ``zeros`` is False. Every item's entries sit at the same positions, so
+        refilling it for other items keeps the zeros."""
+        items = chunks[0].stop - chunks[0].start if chunks else 0
+        return (torch.zeros if zeros else torch.empty)(items, self.inputs, self.outputs, dtype=dtype, device=device)
 
     def fill(self, matrices: Tensor, weight: Tensor) -> Tensor:
         """weight: (n, KH*KW*Ho*Wo) -> the first n of ``matrices`` (n, H*W, Ho*Wo) holding it."""
@@ -215,7 +225,7 @@ class RowBands:
         (self.out_h, self.out_w), (self.sh, self.sw) = output_size, stride
         (self.ph, self.pw), (self.dh, self.dw) = padding, dilation
         width, out_w = self.width, self.out_w
-        rows, cols, inside = _tap_reads(input_size, kernel_size, output_size, stride, padding, dilation)
+        _, cols, inside = _tap_reads(input_size, kernel_size, output_size, stride, padding, dilation)
         self.mask = inside.contiguous()
         reads_image_column = ((cols >= 0) & (cols < width)).expand(self.kh, self.kw, 1, out_w).reshape(-1)
         tap_row = torch.arange(self.kh).view(self.kh, 1, 1, 1)
@@ -606,20 +616,20 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tens
     groups, out_h, out_w = weight.shape[1], weight.shape[4], weight.shape[5]
     items, per_group = n * groups, channels // groups
     acc = accumulation_dtype(input.dtype)
-    how = strategy((height, width), weight.shape, stride, padding, dilation)
-    if how != "taps" and not _finite(input, weight):
+    geometry = _geometry_of((height, width), weight.shape, stride, padding, dilation)
+    if not isinstance(geometry, TapLayout) and not _finite(input, weight):
         return _padded_involution(input, weight, stride, padding, dilation)
-    if how == "dense":
-        dense = _geometry_for(DenseMap, (height, width), weight.shape, stride, padding, dilation)
+    if isinstance(geometry, DenseMap):
+        dense = geometry
         x, w = input.reshape(items, per_group, dense.inputs).to(acc), weight.reshape(items, dense.weight_numel)
         chunks = dense.slices(items, acc)
-        matrices = dense.new_matrices(chunks[0].stop if chunks else 0, acc, input.device)
+        matrices = dense.new_matrices(chunks, acc, input.device)
         out = torch.empty(items, per_group, dense.outputs, dtype=acc, device=input.device)
         for chunk in chunks:
             torch.bmm(x[chunk], dense.fill(matrices, w[chunk]), out=out[chunk])
         return out.to(input.dtype).view(n, channels, out_h, out_w)
-    if how == "bands":
-        bands = _geometry_for(RowBands, (height, width), weight.shape, stride, padding, dilation)
+    if isinstance(geometry, RowBands):
+        bands = geometry
         x = input.to(acc).reshape(items, per_group, height * width)
         taps, mask = weight.reshape(items, *weight.shape[2:]), bands.mask.to(acc)
         maps = bands.new_band_maps(items, acc, input.device)
@@ -635,7 +645,7 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tens
         result.view(items, per_group, out_h, out_w).copy_(rows.permute(1, 2, 0, 3))
         return result
 
-    layout = _geometry_for(TapLayout, (height, width), weight.shape, stride, padding, dilation)
+    layout = geometry
     x = layout.buffer(input, acc)
     # (N*G, K*K, pitch): one kernel per pixel, shared by the channels of a group.
     w = layout.on_grid(weight.reshape(items, layout.kh * layout.kw, out_h, out_w), acc, masked=True)
@@ -664,20 +674,20 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
     groups = weight.shape[1]
     items, per_group = n * groups, channels // groups
     acc = accumulation_dtype(grad_output.dtype)
-    how = strategy(input_size, weight.shape, stride, padding, dilation)
-    if how != "taps" and not _finite(grad_output, weight):
+    geometry = _geometry_of(input_size, weight.shape, stride, padding, dilation)
+    if not isinstance(geometry, TapLayout) and not _finite(grad_output, weight):
         return _padded_backward_input(grad_output, weight, input_size, stride, padding, dilation)
-    if how == "dense":
-        dense = _geometry_for(DenseMap, input_size, weight.shape, stride, padding, dilation)
+    if isinstance(geometry, DenseMap):
+        dense = geometry
         g, w = grad_output.reshape(items, per_group, dense.outputs).to(acc), weight.reshape(items, dense.weight_numel)
         chunks = dense.slices(items, acc)
-        matrices = dense.new_matrices(chunks[0].stop if chunks else 0, acc, g.device)
+        matrices = dense.new_matrices(chunks, acc, g.device)
         grad = torch.empty(items, per_group, dense.inputs, dtype=acc, device=g.device)
         for chunk in chunks:
             torch.bmm(g[chunk], dense.fill(matrices, w[chunk]).transpose(1, 2), out=grad[chunk])
         return grad.to(grad_output.dtype).view(n, channels, *input_size)
-    if how == "bands":
-        bands = _geometry_for(RowBands, input_size, weight.shape, stride, padding, dilation)
+    if isinstance(geometry, RowBands):
+        bands = geometry
         # grad_output with its rows in reverse order, to match the maps' rows.
         g = grad_output.to(acc).flip(2).reshape(items, per_group, out_h * out_w)
         taps, mask = weight.reshape(items, *weight.shape[2:]).contiguous(), bands.mask.to(acc)
@@ -694,7 +704,7 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
         bands.image_into(gathered, result.view(items, per_group, *input_size))
         return result
 
-    layout = _geometry_for(TapLayout, input_size, weight.shape, stride, padding, dilation)
+    layout = geometry
     g = layout.on_grid(grad_output.reshape(items, per_group, out_h, out_w), acc)
     w = layout.on_grid(weight.reshape(items, layout.kh * layout.kw, out_h, out_w), acc, masked=True)
     grad = layout.new_buffer(n * channels, acc, g.device, zeros=True)
@@ -716,23 +726,23 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
     items, per_group = n * groups, channels // groups
     weight_shape = (n, groups, *kernel_size, out_h, out_w)
     acc = accumulation_dtype(input.dtype)
-    how = strategy(input.shape[2:], weight_shape, stride, padding, dilation)
-    if how != "taps" and not _finite(grad_output, input):
+    geometry = _geometry_of(input.shape[2:], weight_shape, stride, padding, dilation)
+    if not isinstance(geometry, TapLayout) and not _finite(grad_output, input):
         return _padded_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
-    if how == "dense":
-        dense = _geometry_for(DenseMap, input.shape[2:], weight_shape, stride, padding, dilation)
+    if isinstance(geometry, DenseMap):
+        dense = geometry
         x = input.reshape(items, per_group, dense.inputs).to(acc)
         g = grad_output.reshape(items, per_group, dense.outputs).to(acc)
         chunks = dense.slices(items, acc)
-        products = torch.empty(chunks[0].stop if chunks else 0, dense.inputs, dense.outputs, dtype=acc, device=g.device)
+        products = dense.new_matrices(chunks, acc, g.device, zeros=False)
         grad = torch.zeros(items, dense.weight_numel, dtype=acc, device=g.device)
         for chunk in chunks:
             count = chunk.stop - chunk.start
             torch.bmm(x[chunk].transpose(1, 2), g[chunk], out=products[:count])
             dense.weight_into(products[:count], grad[chunk])
         return grad.to(input.dtype).view(weight_shape)
-    if how == "bands":
-        bands = _geometry_for(RowBands, input.shape[2:], weight_shape, stride, padding, dilation)
+    if isinstance(geometry, RowBands):
+        bands = geometry
         height, width = input.shape[2:]
         x = input.to(acc).reshape(items, per_group, height * width)
         g = grad_output.to(acc).reshape(items, per_group, out_h * out_w)
@@ -748,7 +758,7 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
                 by_row[i, :, slab_row * width : (slab_row + end - first) * width] = torch.bmm(slab, grad_row)
         return bands.weight_of(products, items).to(input.dtype).view(weight_shape)
 
-    layout = _geometry_for(TapLayout, input.shape[2:], weight_shape, stride, padding, dilation)
+    layout = geometry
     x = layout.buffer(input, acc)
     g = layout.on_grid(grad_output.reshape(items, per_group, out_h, out_w), acc)
     taps = layout.kh * layout.kw
