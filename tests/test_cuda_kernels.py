@@ -199,7 +199,7 @@ def test_address_sanitizer_catches_a_planted_off_by_one():
 
 def test_cuda_tensors_without_cupy_name_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` raise ImportError
-    with pytest.raises(RuntimeError, match=r"pip install 'oplib\[cuda12\]' or 'oplib\[cuda13\]'"):
+    with pytest.raises(RuntimeError, match=r"pip install 'torch-oplib\[cuda12\]' or 'torch-oplib\[cuda13\]'"):
         oplib.kernels.CuPyLauncher()
 
 

@@ -107,7 +107,7 @@ class CuPyLauncher:
             import cupy
         except ImportError as error:
             raise RuntimeError(
-                "oplib's CUDA kernels need CuPy: pip install 'oplib[cuda12]' or 'oplib[cuda13]' "
+                "oplib's CUDA kernels need CuPy: pip install 'torch-oplib[cuda12]' or 'torch-oplib[cuda13]' "
                 "(the extra matching your CUDA major version)"
             ) from error
         self._cupy = cupy
