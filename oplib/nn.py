@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from . import functional as F
-from .ops._common import as_pair, window_output_size
+from .ops._common import as_pair, check, check_window_fits, window_output_size
 
 
 class Exp(torch.nn.Module):
@@ -36,7 +36,8 @@ class Conv2d(torch.nn.Conv2d):
 
 
 class Involution2d(torch.nn.Module):
-    """The involution layer of Li et al. (CVPR 2021). input: (N, C, H, W) -> (N, C, Ho, Wo).
+    """The involution layer of Li et al. (CVPR 2021). input: (N, C, H, W) -> (N, C, Ho, Wo),
+    or unbatched (C, H, W) -> (C, Ho, Wo) as ``torch.nn.Conv2d`` accepts.
 
     Each output pixel's K*K kernel is generated from the input: (average-pool to the output
     size when stride > 1) -> 1x1 conv to C / reduction_ratio -> BatchNorm -> ReLU -> 1x1 conv
@@ -58,13 +59,17 @@ class Involution2d(torch.nn.Module):
         reduction_ratio: int = 4,
     ):
         super().__init__()
+        for name, value in (("channels", channels), ("group_channels", group_channels), ("reduction_ratio", reduction_ratio)):
+            if not (isinstance(value, int) and value > 0):
+                raise ValueError(f"Involution2d: expected {name} to be a positive int, got {name}={value!r}")
         if channels % group_channels != 0:
             raise ValueError(f"Involution2d: channels ({channels}) must be divisible by group_channels ({group_channels})")
-        self.kernel_size = tuple(as_pair("Involution2d", "kernel_size", kernel_size))
-        self.stride = tuple(as_pair("Involution2d", "stride", stride))
-        self.dilation = tuple(as_pair("Involution2d", "dilation", dilation))
+        self.channels = channels
+        self.kernel_size = _positive_pair("kernel_size", kernel_size, lowest=1)
+        self.stride = _positive_pair("stride", stride, lowest=1)
+        self.dilation = _positive_pair("dilation", dilation, lowest=1)
         same = tuple(d * (k - 1) // 2 for d, k in zip(self.dilation, self.kernel_size))
-        self.padding = same if padding is None else tuple(as_pair("Involution2d", "padding", padding))
+        self.padding = same if padding is None else _positive_pair("padding", padding, lowest=0)
         self.groups = channels // group_channels
         reduced = max(1, channels // reduction_ratio)
         # The output keeps the input's size only at stride 1 with exactly "same" padding; else
@@ -81,6 +86,7 @@ class Involution2d(torch.nn.Module):
 
     def kernel_weights(self, input: Tensor) -> Tensor:
         """input: (N, C, H, W) -> the generated weight (N, G, KH, KW, Ho, Wo)."""
+        self._check_input(input, (4,), "4-D (N, C, H, W)")
         n, _, height, width = input.shape
         out_h, out_w = self.output_size(height, width)
         source = self._pool(input, out_h, out_w) if self.pools else input
@@ -107,7 +113,24 @@ class Involution2d(torch.nn.Module):
         count = torch.nn.functional.avg_pool2d(inside, self.stride, divisor_override=1)
         return summed / count.clamp(min=1)
 
+    def _check_input(self, input: Tensor, dims: tuple, layout: str) -> None:
+        # Checked here, before the pooling and the 1x1 convs, whose own errors would not
+        # say what is wrong with the layer's input.
+        check(
+            input.dim() in dims,
+            lambda: f"Involution2d: expected input to be {layout}, got a {input.dim()}-D tensor of size {list(input.shape)}",
+        )
+        check(
+            input.shape[-3] == self.channels,
+            lambda: f"Involution2d: expected input with {self.channels} channels, got input of size {list(input.shape)}",
+        )
+        check_window_fits("Involution2d", input.shape[-2:], self.kernel_size, self.padding, self.dilation)
+
     def forward(self, input: Tensor) -> Tensor:
+        """input: (N, C, H, W) or (C, H, W) -> (N, C, Ho, Wo) or (C, Ho, Wo)."""
+        self._check_input(input, (3, 4), "3-D (C, H, W) or 4-D (N, C, H, W)")
+        if input.dim() == 3:
+            return self.forward(input.unsqueeze(0)).squeeze(0)
         return F.involution(input, self.kernel_weights(input), self.stride, self.padding, self.dilation)
 
     def extra_repr(self) -> str:
@@ -115,6 +138,15 @@ class Involution2d(torch.nn.Module):
             f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
             f"dilation={self.dilation}, groups={self.groups}"
         )
+
+
+def _positive_pair(name: str, value, lowest: int) -> tuple[int, int]:
+    """``value`` as an (height, width) pair of ints >= ``lowest``, else ValueError."""
+    pair = tuple(as_pair("Involution2d", name, value))
+    if not all(isinstance(v, int) and v >= lowest for v in pair):
+        kind = "positive" if lowest else "non-negative"
+        raise ValueError(f"Involution2d: expected {name} to be {kind} ints, got {name}={value!r}")
+    return pair
 
 
 __all__ = ["Conv2d", "Exp", "Involution2d", "Linear"]

@@ -559,6 +559,10 @@ def _involution_errors(device: str) -> Iterator[ErrorInput]:
         ((x, w, [0, 1], [1, 1], [1, 1]), ValueError, "zero-stride", r"expected stride to be positive, got stride=\[0, 1\]"),
         ((x, w, [1, 1], [1, 1], [1, 0]), ValueError, "zero-dilation", r"expected dilation to be positive, got dilation=\[1, 0\]"),
         ((x, w, [1, 1], [-1, 1], [1, 1]), ValueError, "negative-padding", r"expected padding to be non-negative, got padding=\[-1, 1\]"),
+        ((x, torch.randn(2, 2, 0, 3, 10, 7, **f32), *same), RuntimeError, "zero-kernel-height",
+         r"oplib\.involution: expected weight's kernel size \(KH, KW\) to be positive, got weight of size \[2, 2, 0, 3, 10, 7\]"),
+        ((x, torch.randn(2, 2, 3, 0, 7, 10, **f32), *same), RuntimeError, "zero-kernel-width",
+         r"expected weight's kernel size \(KH, KW\) to be positive, got weight of size \[2, 2, 3, 0, 7, 10\]"),
     )
     for args, error_type, name, match in cases:
         yield ErrorInput(SampleInput(args, name), error_type, match)
@@ -577,6 +581,8 @@ def _involution_backward_input_errors(device: str) -> Iterator[ErrorInput]:
          r"G dividing its channels, got grad_output of size \[2, 4, 7, 7\] and weight of size \[2, 3, 3, 3, 7, 7\]"),
         ((g.long(), w.long(), [7, 7], *same), RuntimeError, "integer",
          r"expected grad_output to have a floating-point dtype, got torch\.int64"),
+        ((g, torch.randn(2, 2, 0, 3, 7, 7, **f32), [4, 7], *same), RuntimeError, "zero-kernel-height",
+         r"oplib\.involution_backward_input: expected weight's kernel size \(KH, KW\) to be positive"),
     )
     for args, error_type, name, match in cases:
         yield ErrorInput(SampleInput(args, name), error_type, match)

@@ -146,3 +146,55 @@ def test_involution_api_accepts_ints():
     x = torch.randn(1, 4, 7, 7, dtype=torch.float64)
     w = torch.randn(1, 2, 3, 3, 4, 4, dtype=torch.float64)
     torch.testing.assert_close(oplib.involution(x, w, 2, 1), torch.ops.oplib.involution(x, w, [2, 2], [1, 1], [1, 1]))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(channels=16, stride=0), r"expected stride to be positive ints, got stride=0"),
+        (dict(channels=16, kernel_size=(3, 0)), r"expected kernel_size to be positive ints, got kernel_size=\(3, 0\)"),
+        (dict(channels=16, dilation=-1), r"expected dilation to be positive ints"),
+        (dict(channels=16, padding=(1, -1)), r"expected padding to be non-negative ints"),
+        (dict(channels=16, group_channels=0), r"expected group_channels to be a positive int, got group_channels=0"),
+        (dict(channels=16, reduction_ratio=0), r"expected reduction_ratio to be a positive int, got reduction_ratio=0"),
+        (dict(channels=0), r"expected channels to be a positive int, got channels=0"),
+    ],
+    ids=["stride-0", "kernel-0", "dilation-negative", "padding-negative", "group-channels-0", "reduction-0", "channels-0"],
+)
+def test_involution2d_rejects_bad_configuration_at_construction(kwargs, match):
+    """Before: stride=0, group_channels=0 and reduction_ratio=0 constructed and then raised
+    ZeroDivisionError in forward."""
+    with pytest.raises(ValueError, match=match):
+        oplib.nn.Involution2d(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "shape,match",
+    [
+        ((16, 9), r"Involution2d: expected input to be 3-D \(C, H, W\) or 4-D \(N, C, H, W\), got a 2-D tensor of size \[16, 9\]"),
+        ((1, 1, 16, 9, 9), r"got a 5-D tensor of size \[1, 1, 16, 9, 9\]"),
+        ((2, 8, 9, 9), r"Involution2d: expected input with 16 channels, got input of size \[2, 8, 9, 9\]"),
+    ],
+    ids=["2d", "5d", "channels"],
+)
+def test_involution2d_rejects_bad_input_shapes(shape, match):
+    """Before: 3-D or 5-D input raised "not enough values to unpack"."""
+    with pytest.raises(RuntimeError, match=match):
+        oplib.nn.Involution2d(16, kernel_size=3)(torch.randn(shape))
+
+
+def test_involution2d_input_smaller_than_kernel_names_the_sizes():
+    """Before: "narrow(): length must be non-negative" from the pooling code."""
+    layer = oplib.nn.Involution2d(16, kernel_size=7, padding=0)
+    with pytest.raises(RuntimeError, match=r"input height with padding \(5 \+ 2\*0\) is smaller than the dilated kernel height \(7\)"):
+        layer(torch.randn(1, 16, 5, 9))
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match=r"input height with padding \(5 \+ 2\*0\) is smaller than the dilated kernel height \(7\)"):
+        compiled(torch.randn(1, 16, 5, 9))
+
+
+def test_involution2d_accepts_unbatched_input_like_conv2d():
+    torch.manual_seed(0)
+    layer = oplib.nn.Involution2d(8, kernel_size=3, stride=2, group_channels=4).double().eval()
+    x = torch.randn(8, 7, 9, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), layer(x.unsqueeze(0)).squeeze(0))

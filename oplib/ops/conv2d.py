@@ -26,6 +26,7 @@ from ._common import (
     register_autocast_policy,
     window_output_size,
 )
+from ._transforms import register_jvp, sum_tangents
 
 
 def _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups) -> None:
@@ -177,6 +178,23 @@ def _conv2d_vmap(info, in_dims, input, weight, bias, stride, padding, dilation, 
 
 
 conv2d.register_vmap(_conv2d_vmap)
+
+
+def _conv2d_jvp(inputs, output: Tensor, tangents) -> Tensor:
+    input, weight, _, stride, padding, dilation, groups = inputs
+    input_dot, weight_dot, bias_dot = tangents[:3]
+    # Bilinear in (input, weight) plus the bias, like linear.
+    tangent = sum_tangents(
+        conv2d(input_dot, weight, None, stride, padding, dilation, groups) if input_dot is not None else None,
+        conv2d(input, weight_dot, None, stride, padding, dilation, groups) if weight_dot is not None else None,
+    )
+    if bias_dot is None:
+        return tangent
+    bias_dot = bias_dot[:, None, None]  # (O,) -> (O, 1, 1), broadcast over (N, O, Ho, Wo)
+    return bias_dot.expand_as(output) if tangent is None else tangent + bias_dot
+
+
+register_jvp(conv2d, _conv2d_jvp)
 
 # torch runs conv2d in the autocast dtype on both devices.
 register_autocast_policy("oplib::conv2d", "cpu", "lower_precision")

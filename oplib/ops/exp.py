@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from ._common import check_floating, register_autocast_policy
+from ._transforms import register_jvp
 
 
 def _check_exp_args(x: Tensor) -> None:
@@ -50,6 +51,14 @@ def _exp_vmap(info, in_dims, x: Tensor):
 
 
 exp.register_vmap(_exp_vmap)
+
+
+def _exp_jvp(inputs, output: Tensor, tangents) -> Tensor:
+    (x_dot,) = tangents
+    return x_dot * output  # d/dx e^x = e^x
+
+
+register_jvp(exp, _exp_jvp)
 
 # torch.exp is on CUDA autocast's float32 list and on no CPU autocast list (it keeps
 # its input dtype there), so only CUDA gets a kernel.

@@ -42,6 +42,7 @@ from ._common import (
     register_autocast_policy,
     window_output_size,
 )
+from ._transforms import register_jvp, sum_tangents
 
 # ---------------------------------------------------------------------------------------
 # Argument checks shared by the kernels and the fakes
@@ -52,6 +53,15 @@ def _check_output_size(op, size, kernel_size, stride, padding, dilation) -> tupl
     """Check that the window fits the padded input; return the output size (Ho, Wo)."""
     check_window_fits(op, size, kernel_size, padding, dilation)
     return window_output_size(size, kernel_size, stride, padding, dilation)
+
+
+def _check_kernel_size(op: str, weight: Tensor) -> None:
+    """The kernel dims (KH, KW) of a (N, G, KH, KW, Ho, Wo) weight must be positive."""
+    check(
+        (weight.shape[2] > 0) & (weight.shape[3] > 0),
+        lambda: f"oplib.{op}: expected weight's kernel size (KH, KW) to be positive, "
+        f"got weight of size {list(weight.shape)}",
+    )
 
 
 def _check_involution_args(input: Tensor, weight: Tensor, stride, padding, dilation) -> None:
@@ -68,6 +78,7 @@ def _check_involution_args(input: Tensor, weight: Tensor, stride, padding, dilat
         f"{list(input.shape)} and weight of size {list(weight.shape)}",
     )
     check(groups > 0, lambda: f"oplib.involution: expected at least one group, got weight of size {list(weight.shape)}")
+    _check_kernel_size("involution", weight)
     check(
         channels % groups == 0,
         lambda: f"oplib.involution: expected input channels ({channels}) to be divisible by the groups "
@@ -100,6 +111,7 @@ def _check_backward_input_args(grad_output, weight, input_size, stride, padding,
     )
     check((weight.shape[0] == n) & (groups > 0), mismatch)
     check(channels % groups == 0, mismatch)
+    _check_kernel_size(op, weight)
     expected = _check_output_size(op, input_size, weight.shape[2:4], stride, padding, dilation)
     check(
         (weight.shape[4] == out_h) & (weight.shape[5] == out_w) & (expected[0] == out_h) & (expected[1] == out_w),
@@ -404,6 +416,52 @@ def _backward_weight_vmap(info, in_dims, grad_output, input, kernel_size, stride
 involution.register_vmap(_involution_vmap)
 involution_backward_input.register_vmap(_backward_input_vmap)
 involution_backward_weight.register_vmap(_backward_weight_vmap)
+
+
+# ---------------------------------------------------------------------------------------
+# Forward-mode AD: each op is bilinear, so its tangent is the op applied to one tangent and
+# the other primal, summed over the two operands
+# ---------------------------------------------------------------------------------------
+
+
+def _involution_jvp(inputs, output, tangents) -> Tensor:
+    input, weight, stride, padding, dilation = inputs
+    input_dot, weight_dot = tangents[:2]
+    return sum_tangents(
+        involution(input_dot, weight, stride, padding, dilation) if input_dot is not None else None,
+        involution(input, weight_dot, stride, padding, dilation) if weight_dot is not None else None,
+    )
+
+
+def _backward_input_jvp(inputs, output, tangents) -> Tensor:
+    grad_output, weight, input_size, stride, padding, dilation = inputs
+    grad_output_dot, weight_dot = tangents[:2]
+    return sum_tangents(
+        involution_backward_input(grad_output_dot, weight, input_size, stride, padding, dilation)
+        if grad_output_dot is not None
+        else None,
+        involution_backward_input(grad_output, weight_dot, input_size, stride, padding, dilation)
+        if weight_dot is not None
+        else None,
+    )
+
+
+def _backward_weight_jvp(inputs, output, tangents) -> Tensor:
+    grad_output, input, kernel_size, stride, padding, dilation, groups = inputs
+    grad_output_dot, input_dot = tangents[:2]
+    return sum_tangents(
+        involution_backward_weight(grad_output_dot, input, kernel_size, stride, padding, dilation, groups)
+        if grad_output_dot is not None
+        else None,
+        involution_backward_weight(grad_output, input_dot, kernel_size, stride, padding, dilation, groups)
+        if input_dot is not None
+        else None,
+    )
+
+
+register_jvp(involution, _involution_jvp)
+register_jvp(involution_backward_input, _backward_input_jvp)
+register_jvp(involution_backward_weight, _backward_weight_jvp)
 
 for _qualname in ("oplib::involution", "oplib::involution_backward_input", "oplib::involution_backward_weight"):
     register_autocast_policy(_qualname, "cpu", "lower_precision")

@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from ._common import check, check_dim, check_floating, check_same_dtype_and_device, register_autocast_policy
+from ._transforms import register_jvp, sum_tangents
 
 
 def _check_linear_args(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
@@ -95,6 +96,22 @@ def _linear_vmap(info, in_dims, input: Tensor, weight: Tensor, bias: Optional[Te
 
 
 linear.register_vmap(_linear_vmap)
+
+
+def _linear_jvp(inputs, output: Tensor, tangents) -> Tensor:
+    input, weight, _ = inputs
+    input_dot, weight_dot, bias_dot = tangents
+    # Bilinear in (input, weight) plus the bias: d(x W^T + b) = dx W^T + x dW^T + db.
+    tangent = sum_tangents(
+        linear(input_dot, weight, None) if input_dot is not None else None,
+        linear(input, weight_dot, None) if weight_dot is not None else None,
+    )
+    if bias_dot is None:
+        return tangent
+    return bias_dot.expand_as(output) if tangent is None else tangent + bias_dot
+
+
+register_jvp(linear, _linear_jvp)
 
 # torch runs linear in the autocast dtype on both devices.
 register_autocast_policy("oplib::linear", "cpu", "lower_precision")

@@ -1,0 +1,131 @@
+"""Forward-mode AD and the torch.func transforms for oplib's custom ops: ``register_jvp``.
+
+``torch.library.custom_op`` (torch 2.13) gives an op reverse-mode autograd
+(``register_autograd``) and vmap (``register_vmap``) but leaves two gaps that a native op
+does not have:
+
+- **No forward-mode rule.** The Autograd kernel that custom_op installs takes its no-grad
+  path for dual tensors (they do not require grad), so ``torch.autograd.forward_ad`` gets a
+  ``None`` tangent and ``torch.func.jvp`` / ``jacfwd`` get zeros, silently. A
+  ``register_jvp`` for custom ops was proposed upstream (pytorch/pytorch#131116) and not merged.
+- **No torch.func.grad / jacrev.** Under a functorch grad level, custom_op's generated
+  ``autograd.Function`` is rejected because it has no ``setup_context`` staticmethod.
+
+Both are closed by the route torch.func supports for Python-defined derivatives, an
+``autograd.Function`` with ``setup_context``, ``backward``, ``jvp`` and ``vmap``, built here
+from the op's own registrations (``setup_context``/``backward`` from ``register_autograd``,
+``vmap`` from ``register_vmap``, ``jvp`` given to ``register_jvp``) and reached through two
+more kernels of the same op, so ``torch.ops.oplib.*``, the Python API and the modules all get
+it:
+
+- a ``FuncTorchDynamicLayerFrontMode`` kernel: while any torch.func transform is active the
+  call goes to functorch's ``custom_function_call``, exactly as ``Function.apply`` would from
+  user code, and functorch applies its rule for each level (grad, jvp, vmap, nested);
+- an ``Autograd`` kernel, in place of custom_op's: an input with a tangent at the active
+  forward-AD level goes through the same ``autograd.Function``; otherwise the call takes
+  custom_op's own reverse-mode kernel, or a redispatch below autograd when nothing needs a
+  gradient (the path custom_op takes, without its per-call metadata object).
+
+torch.compile, torch.export and AOTInductor trace the op above these keys (dynamo) or through
+custom_op's reverse-mode kernel (AOTAutograd), so what they see is unchanged.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+import torch.autograd.forward_ad as forward_ad
+from torch import Tensor
+from torch._functorch.autograd_function import custom_function_call
+from torch._library.autograd import make_autograd_impl
+from torch._library.custom_ops import CustomOpDef
+
+# jvp(inputs, output, tangents) -> the output's tangent. ``inputs`` are the op's arguments,
+# ``tangents`` one per argument: a tensor, or None where the argument has no tangent.
+JvpRule = Callable[[tuple, Tensor, tuple], Tensor]
+
+_LIB = torch.library.Library("oplib", "FRAGMENT")
+
+
+def sum_tangents(*terms: Optional[Tensor]) -> Optional[Tensor]:
+    """The sum of the terms that are not None (None if all are): each term of a product
+    rule is missing when its tangent is."""
+    total = None
+    for term in terms:
+        if term is not None:
+            total = term if total is None else total + term
+    return total
+
+
+def _has_tangent(args: tuple) -> bool:
+    return any(
+        isinstance(a, Tensor) and forward_ad.unpack_dual(a).tangent is not None for a in args
+    )
+
+
+def _function_for(opdef: CustomOpDef, jvp: JvpRule) -> type[torch.autograd.Function]:
+    op = opdef._opoverload
+
+    def forward(*args):
+        return op(*args)
+
+    def setup_context(ctx, inputs, output):
+        ctx.primal_inputs, ctx.primal_output = inputs, output
+        opdef._setup_context_fn(ctx=ctx, inputs=inputs, output=output)
+
+    def backward(ctx, *grads):
+        return opdef._backward_fn(ctx, *grads)
+
+    def function_jvp(ctx, *tangents):
+        tangent = jvp(ctx.primal_inputs, ctx.primal_output, tangents)
+        if tangent is None:
+            raise RuntimeError(f"{opdef._qualname}: the jvp rule returned no tangent for tangents {tangents}")
+        return tangent
+
+    def vmap(info, in_dims, *args):
+        return opdef._vmap_fn(info, in_dims, *args)
+
+    return type(
+        f"{opdef._name}_function",
+        (torch.autograd.Function,),
+        {
+            "forward": staticmethod(forward),
+            "setup_context": staticmethod(setup_context),
+            "backward": staticmethod(backward),
+            "jvp": staticmethod(function_jvp),
+            "vmap": staticmethod(vmap),
+        },
+    )
+
+
+def register_jvp(opdef: CustomOpDef, jvp: JvpRule) -> None:
+    """Give ``opdef`` forward-mode AD and the torch.func transforms (see the module
+    docstring). Call after ``register_autograd`` and ``register_vmap``."""
+    if opdef._backward_fn is None or opdef._vmap_fn is None:
+        raise RuntimeError(f"register_jvp({opdef._qualname}): register_autograd and register_vmap come first")
+    function = _function_for(opdef, jvp)
+    reverse_mode = make_autograd_impl(opdef._opoverload, opdef)
+    op = opdef._opoverload
+    after_autograd = torch._C._after_autograd_keyset
+    is_grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
+
+    def autograd_kernel(keyset, *args: Any):
+        if forward_ad._current_level >= 0 and _has_tangent(args):
+            return function.apply(*args)
+        if is_grad_enabled() and any_requires_grad(*args):
+            return reverse_mode(keyset, *args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op.redispatch(keyset & after_autograd, *args)
+
+    def functorch_kernel(*args: Any):
+        return custom_function_call(function, *args)
+
+    with warnings.catch_warnings():
+        # torch warns once that a kernel is overridden: replacing custom_op's Autograd kernel
+        # is the point here.
+        warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
+        _LIB.impl(opdef._name, autograd_kernel, "Autograd", with_keyset=True, allow_override=True)
+    _LIB.impl(opdef._name, functorch_kernel, "FuncTorchDynamicLayerFrontMode")
