@@ -21,6 +21,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m oplib", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("list", help="print the registry as a table")
+    # Parsed by oplib.train (main() hands it the rest of the command line); listed here for --help.
+    commands.add_parser("train", help="train a RedNet on scikit-learn's digits (python -m oplib train --help)")
     check = commands.add_parser("check", help="print the table, then self-check every op (the default)")
     for p in (parser, check):
         p.add_argument("--op", action="append", help="only this op (repeatable)")

@@ -2,7 +2,7 @@
 
 >>> import oplib
 >>> [spec.name for spec in oplib.registry.all_specs()]
-['exp', 'linear', 'conv2d']
+['exp', 'linear', 'conv2d', 'involution', 'involution_backward_input', 'involution_backward_weight']
 
 A spec says what the op is (its ``torch.ops`` overload), how to check it (a plain-torch
 float64 reference, sample inputs, error inputs, a random-input builder for property

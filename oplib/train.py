@@ -36,23 +36,64 @@ TEST_FRACTION = 0.2
 IMAGE_SIZE = 32  # the digits are upsampled so that RedNet's five stride-2 steps end at 1x1
 
 
+def _positive(kind: type):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def _block_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        counts = ()
+    if len(counts) != 4 or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected four positive counts separated by commas, got {text!r}")
+    return counts
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse and validate the flags: a bad value exits with code 2 and a one-line message."""
+    positive_int, positive_float = _positive(int), _positive(float)
     parser = argparse.ArgumentParser(prog="python -m oplib train", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/digits"), help="output directory")
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=None, help="stop after this many optimizer steps in total")
-    parser.add_argument("--batch-size", type=int, default=64, help="global batch size (split across processes)")
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--width", type=int, default=16, help="RedNet width (64 in the paper)")
-    parser.add_argument("--group-channels", type=int, default=8)
-    parser.add_argument("--blocks", default="1,2,4,1", help="bottlenecks per stage (RedNet-26: 1,2,4,1)")
+    parser.add_argument("--epochs", type=positive_int, default=30)
+    parser.add_argument("--steps", type=positive_int, default=None, help="stop after this many optimizer steps in total")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="global batch size (split across processes)")
+    parser.add_argument("--lr", type=positive_float, default=0.1)
+    parser.add_argument("--width", type=positive_int, default=16, help="RedNet width (64 in the paper)")
+    parser.add_argument("--group-channels", type=positive_int, default=8)
+    parser.add_argument("--blocks", type=_block_counts, default=(1, 2, 4, 1), help="bottlenecks per stage (RedNet-26: 1,2,4,1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="train in eager mode")
     parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
     parser.add_argument("--no-export", dest="export", action="store_false", help="skip the torch.export check")
-    parser.add_argument("--emulate-world-size", type=int, default=1, help="reproduce an N-process run in one process")
+    parser.add_argument(
+        "--emulate-world-size", type=positive_int, default=1, help="reproduce an N-process run in one process"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.resume and not (args.out / "checkpoint.pt").is_file():
+        parser.error(f"--resume: no checkpoint at {args.out / 'checkpoint.pt'} (a run with --out {args.out} writes it)")
+    if args.batch_size % args.emulate_world_size:
+        parser.error(f"--batch-size {args.batch_size} must be divisible by --emulate-world-size {args.emulate_world_size}")
+    images = len(load_digits().train_labels)
+    if args.batch_size > images:
+        parser.error(f"--batch-size {args.batch_size} is larger than the {images} training images")
+    try:
+        with torch.device("meta"):  # the model's own checks, without allocating it
+            build_model(args)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
 
 
 # ---------------------------------------------------------------------------------------
@@ -123,9 +164,8 @@ def shard_batches(count: int, batch_size: int, epoch: int, seed: int, world: int
 
 
 def build_model(args: argparse.Namespace) -> RedNet:
-    blocks = tuple(int(b) for b in args.blocks.split(","))
     torch.manual_seed(args.seed)
-    return RedNet(blocks, num_classes=10, in_channels=1, width=args.width, group_channels=args.group_channels)
+    return RedNet(args.blocks, num_classes=10, in_channels=1, width=args.width, group_channels=args.group_channels)
 
 
 @torch.no_grad()
@@ -191,8 +231,6 @@ def train(args: argparse.Namespace) -> dict:
     model = build_model(args).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4, nesterov=True)
     steps_per_epoch = len(data.train_labels) // args.batch_size
-    if steps_per_epoch == 0:
-        raise ValueError(f"--batch-size {args.batch_size} is larger than the {len(data.train_labels)} training images")
     # The schedule spans all epochs; --steps only stops the run early (a later --resume
     # continues it on the same schedule).
     total_steps = args.epochs * steps_per_epoch

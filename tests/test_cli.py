@@ -1,7 +1,10 @@
 """The main job, ``python -m oplib``."""
 
+import re
 import subprocess
 import sys
+
+import pytest
 
 from oplib import __main__ as cli
 from oplib import registry, selfcheck
@@ -29,3 +32,40 @@ def test_a_failing_check_gives_a_nonzero_exit_code(monkeypatch, capsys):
     assert cli.main(["check", "--op", "exp"]) == 1
     captured = capsys.readouterr()
     assert "FAIL" in captured.out and "planted failure" in captured.err
+
+
+def test_help_lists_every_command():
+    result = subprocess.run([sys.executable, "-m", "oplib", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for command in ("list", "check", "train"):
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--epochs", "0"], r"--epochs: expected a positive int, got 0"),
+        (["--epochs", "-1"], r"--epochs: expected a positive int, got -1"),
+        (["--batch-size", "-8"], r"--batch-size: expected a positive int, got -8"),
+        (["--batch-size", "0"], r"--batch-size: expected a positive int, got 0"),
+        (["--steps", "-3"], r"--steps: expected a positive int, got -3"),
+        (["--emulate-world-size", "0"], r"--emulate-world-size: expected a positive int, got 0"),
+        (["--group-channels", "0"], r"--group-channels: expected a positive int, got 0"),
+        (["--lr", "0"], r"--lr: expected a positive float, got 0"),
+        (["--blocks", "1,2"], r"--blocks: expected four positive counts separated by commas, got '1,2'"),
+        (["--width", "12", "--group-channels", "4"], r"RedNet: the stem's involution has width // 2 = 6 channels"),
+        (["--batch-size", "10", "--emulate-world-size", "3"], r"--batch-size 10 must be divisible by --emulate-world-size 3"),
+        (["--batch-size", "100000"], r"--batch-size 100000 is larger than the \d+ training images"),
+        (["--resume", "--out", "{tmp}"], r"--resume: no checkpoint at .*checkpoint\.pt"),
+    ],
+)
+def test_train_rejects_bad_flags_with_a_usage_error(flags, message, tmp_path, capsys):
+    """Before: --epochs 0/-1, --batch-size -8 and --steps -3 trained nothing and exited 0; the
+    others ended in tracebacks."""
+    flags = [f.format(tmp=tmp_path / "empty") for f in flags]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", *flags])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("python -m oplib train: error: ")
+    assert re.search(message, error), error
