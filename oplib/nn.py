@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from . import functional as F
-from .ops._common import as_pair, check, check_window_fits, window_output_size
+from .ops._common import as_pair, window_output_size
 
 
 class Exp(torch.nn.Module):
@@ -114,17 +114,31 @@ class Involution2d(torch.nn.Module):
         return summed / count.clamp(min=1)
 
     def _check_input(self, input: Tensor, dims: tuple, layout: str) -> None:
-        # Checked here, before the pooling and the 1x1 convs, whose own errors would not
-        # say what is wrong with the layer's input.
-        check(
-            input.dim() in dims,
-            lambda: f"Involution2d: expected input to be {layout}, got a {input.dim()}-D tensor of size {list(input.shape)}",
-        )
-        check(
-            input.shape[-3] == self.channels,
-            lambda: f"Involution2d: expected input with {self.channels} channels, got input of size {list(input.shape)}",
-        )
-        check_window_fits("Involution2d", input.shape[-2:], self.kernel_size, self.padding, self.dilation)
+        # Checked here, before the pooling and the 1x1 convs, whose own errors would not say
+        # what is wrong with the layer's input. Dynamo traces this code (the ops' checks run
+        # inside the ops, where it does not look): the number of dims and the channels are
+        # static there, and a symbolic size is checked with a message closure over a string,
+        # the only kind of closure dynamo accepts, that does not print the size (printing a
+        # symbolic size would specialise it).
+        if input.dim() not in dims:
+            raise RuntimeError(
+                f"Involution2d: expected input to be {layout}, got a {input.dim()}-D tensor of size {list(input.shape)}"
+            )
+        if input.shape[-3] != self.channels:
+            raise RuntimeError(
+                f"Involution2d: expected input with {self.channels} channels, got input of size {list(input.shape)}"
+            )
+        for size, kernel, padding, dilation, name in zip(
+            input.shape[-2:], self.kernel_size, self.padding, self.dilation, ("height", "width")
+        ):
+            extent = dilation * (kernel - 1) + 1
+            # (dynamo specialises a size that isinstance looks at, so ask whether it traces first)
+            shown = name[0].upper() if torch.compiler.is_compiling() or not isinstance(size, int) else size
+            message = (
+                f"Involution2d: input {name} with padding ({shown} + 2*{padding}) is smaller than the dilated "
+                f"kernel {name} ({extent})"
+            )
+            torch._check(size + 2 * padding >= extent, lambda: message)
 
     def forward(self, input: Tensor) -> Tensor:
         """input: (N, C, H, W) or (C, H, W) -> (N, C, Ho, Wo) or (C, Ho, Wo)."""

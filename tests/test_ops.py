@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from oplib import registry
+from oplib.ops._common import ARGUMENT_PREDICATES
 from oplib.registry import SampleInput, cast_sample
 from oplib.testing import assert_matches_reference, spec_dtype_params, spec_params, tensor_args
 
@@ -130,6 +131,18 @@ def test_error_inputs_fake(spec, device):
         with FakeTensorMode() as mode:
             args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in error.sample.args]
             _check_raises(spec, error, lambda: spec.op(*args))
+
+
+@pytest.mark.parametrize("spec,device", spec_params())
+def test_argument_predicate_agrees_with_checks(spec, device):
+    """The eager fast path in front of each op's argument checks accepts every sample input and
+    rejects every error input, so an invalid call always reaches the check that names it."""
+    predicate = ARGUMENT_PREDICATES[spec.qualname]
+    for dtype in spec.dtypes[device]:
+        for sample in spec.sample_inputs(device, dtype, False):
+            assert predicate(*sample.args), f"{sample.name}: valid input refused by the fast path"
+    for error in spec.error_inputs(device):
+        assert not predicate(*error.sample.args), f"{error.sample.name}: invalid input accepted by the fast path"
 
 
 @pytest.mark.parametrize("spec", registry.all_specs(), ids=lambda s: s.name)

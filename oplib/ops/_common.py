@@ -6,7 +6,7 @@ mode (real tensors) and while tracing (fake tensors with symbolic sizes).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, Optional
 
 import torch
@@ -17,6 +17,51 @@ from torch import Tensor
 _LIB = torch.library.Library("oplib", "FRAGMENT")
 
 AutocastPolicy = Literal["lower_precision", "fp32"]
+
+
+# Eager fast paths. Each op's ``_check_<op>_args`` states every condition with its message,
+# through ``check`` (one call and one message closure per condition: 4-9 us a call for linear
+# and conv2d, a third of custom_op's own per-call cost). Its kernel first asks a predicate
+# that evaluates the same conditions as plain comparisons (~1 us), and runs the checks only
+# when the predicate says no, so an invalid call still raises the checks' error. The fakes
+# always run the checks: there sizes may be symbolic, and a plain comparison would specialise
+# them. The registry's tests hold each predicate to its checks: True on every sample input,
+# False on every error input.
+ARGUMENT_PREDICATES: dict[str, Callable[..., bool]] = {}
+
+
+def argument_predicate(qualname: str):
+    """Register the decorated function as the eager fast path of ``qualname``'s checks."""
+
+    def register(predicate: Callable[..., bool]) -> Callable[..., bool]:
+        ARGUMENT_PREDICATES[qualname] = predicate
+        return predicate
+
+    return register
+
+
+def window_params_valid(stride: Sequence, padding: Sequence, dilation: Sequence) -> bool:
+    """``check_window_params`` as a predicate: positive stride and dilation pairs, a
+    non-negative padding pair."""
+    return (
+        len(stride) == 2
+        and len(padding) == 2
+        and len(dilation) == 2
+        and stride[0] >= 1
+        and stride[1] >= 1
+        and dilation[0] >= 1
+        and dilation[1] >= 1
+        and padding[0] >= 0
+        and padding[1] >= 0
+    )
+
+
+def window_fits(size, kernel, padding, dilation) -> bool:
+    """``check_window_fits`` as a predicate."""
+    return (
+        size[0] + 2 * padding[0] >= dilation[0] * (kernel[0] - 1) + 1
+        and size[1] + 2 * padding[1] >= dilation[1] * (kernel[1] - 1) + 1
+    )
 
 
 def check(condition, message) -> None:

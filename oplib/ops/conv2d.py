@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from ._common import (
+    argument_predicate,
     check,
     check_value,
     check_dim,
@@ -24,7 +25,9 @@ from ._common import (
     check_window_fits,
     check_window_params,
     register_autocast_policy,
+    window_fits,
     window_output_size,
+    window_params_valid,
 )
 from ._transforms import register_jvp, sum_tangents
 
@@ -61,6 +64,29 @@ def _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups) -
     check_window_fits("conv2d", input.shape[-2:], weight.shape[2:], padding, dilation)
 
 
+@argument_predicate("oplib::conv2d")
+def _conv2d_args_valid(input, weight, bias, stride, padding, dilation, groups) -> bool:
+    input_shape, weight_shape = input.shape, weight.shape
+    if not (len(input_shape) in (3, 4) and len(weight_shape) == 4 and input.is_floating_point()):
+        return False
+    dtype, device = input.dtype, input.device
+    if not (weight.dtype == dtype and weight.device == device and window_params_valid(stride, padding, dilation)):
+        return False
+    channels, height, width = input_shape[-3:]
+    out_channels, group_channels, kernel_h, kernel_w = weight_shape
+    return (
+        groups > 0
+        and channels % groups == 0
+        and out_channels % groups == 0
+        and group_channels * groups == channels
+        and (
+            bias is None
+            or (bias.dtype == dtype and bias.device == device and bias.dim() == 1 and bias.shape[0] == out_channels)
+        )
+        and window_fits((height, width), (kernel_h, kernel_w), padding, dilation)
+    )
+
+
 def _output_memory_format(input: Tensor, weight: Tensor) -> torch.memory_format:
     """channels_last when either operand is laid out channels_last, as torch's CPU/cuDNN
     convolutions do. The real kernel enforces it so that fake and real strides agree."""
@@ -88,9 +114,10 @@ def conv2d(
 ) -> Tensor:
     """input: (N, C, H, W) or (C, H, W); weight: (O, C / groups, KH, KW); bias: (O,) or None.
     Returns (N, O, Ho, Wo) (or (O, Ho, Wo)), Ho = (H + 2 ph - dh (KH - 1) - 1) // sh + 1."""
-    _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups)
+    if not _conv2d_args_valid(input, weight, bias, stride, padding, dilation, groups):
+        _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups)
     out = torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)
-    if input.dim() == 3:
+    if input.dim() == 3 or (input.is_contiguous() and weight.is_contiguous()):
         return out.contiguous()
     return out.contiguous(memory_format=_output_memory_format(input, weight))
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ._common import check_floating, register_autocast_policy
+from ._common import argument_predicate, check_floating, register_autocast_policy
 from ._transforms import register_jvp
 
 
@@ -17,13 +17,21 @@ def _check_exp_args(x: Tensor) -> None:
     check_floating("exp", "x", x)
 
 
+@argument_predicate("oplib::exp")
+def _exp_args_valid(x: Tensor) -> bool:
+    return x.is_floating_point()
+
+
 @torch.library.custom_op("oplib::exp", mutates_args=())
 def exp(x: Tensor) -> Tensor:
     """Elementwise e^x. x: any shape, floating dtype. Returns a tensor laid out like x."""
-    _check_exp_args(x)
-    # Writing into empty_like(x) makes the output strides exactly those of the fake.
-    out = torch.empty_like(x)
-    return torch.exp(x, out=out)
+    if not _exp_args_valid(x):
+        _check_exp_args(x)
+    if x.is_contiguous():
+        return torch.exp(x)
+    # Writing into empty_like(x) makes the output strides exactly those of the fake (for an
+    # input with gaps, torch.exp would order the output's strides like the input's).
+    return torch.exp(x, out=torch.empty_like(x))
 
 
 @exp.register_fake

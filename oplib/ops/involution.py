@@ -32,6 +32,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from ..kernels import Launcher, cupy_launcher, involution_cpu, launch_elementwise, load_source
 from ._common import (
+    argument_predicate,
     check,
     check_value,
     check_dim,
@@ -40,7 +41,9 @@ from ._common import (
     check_window_fits,
     check_window_params,
     register_autocast_policy,
+    window_fits,
     window_output_size,
+    window_params_valid,
 )
 from ._transforms import register_jvp, sum_tangents
 
@@ -163,6 +166,88 @@ def _kernel_args(channels, height, width, weight_shape, stride, padding, dilatio
     return (channels, height, width, groups, kh, kw, out_h, out_w, *stride, *padding, *dilation)
 
 
+# Eager fast paths of the three checks above (see ARGUMENT_PREDICATES in _common.py).
+
+
+@argument_predicate("oplib::involution")
+def _involution_args_valid(input: Tensor, weight: Tensor, stride, padding, dilation) -> bool:
+    input_shape, weight_shape = input.shape, weight.shape
+    if not (
+        len(input_shape) == 4
+        and len(weight_shape) == 6
+        and input.is_floating_point()
+        and weight.dtype == input.dtype
+        and weight.device == input.device
+        and window_params_valid(stride, padding, dilation)
+    ):
+        return False
+    n, channels, height, width = input_shape
+    weight_n, groups, kernel_h, kernel_w, out_h, out_w = weight_shape
+    size, kernel = (height, width), (kernel_h, kernel_w)
+    return (
+        weight_n == n
+        and groups > 0
+        and kernel_h > 0
+        and kernel_w > 0
+        and channels % groups == 0
+        and window_fits(size, kernel, padding, dilation)
+        and window_output_size(size, kernel, stride, padding, dilation) == (out_h, out_w)
+    )
+
+
+@argument_predicate("oplib::involution_backward_input")
+def _backward_input_args_valid(grad_output, weight, input_size, stride, padding, dilation) -> bool:
+    grad_shape, weight_shape = grad_output.shape, weight.shape
+    if not (
+        len(grad_shape) == 4
+        and len(weight_shape) == 6
+        and grad_output.is_floating_point()
+        and weight.dtype == grad_output.dtype
+        and weight.device == grad_output.device
+        and window_params_valid(stride, padding, dilation)
+        and len(input_size) == 2
+    ):
+        return False
+    n, channels, out_h, out_w = grad_shape
+    weight_n, groups, kernel_h, kernel_w, weight_h, weight_w = weight_shape
+    kernel = (kernel_h, kernel_w)
+    return (
+        weight_n == n
+        and groups > 0
+        and channels % groups == 0
+        and kernel_h > 0
+        and kernel_w > 0
+        and window_fits(input_size, kernel, padding, dilation)
+        and (weight_h, weight_w) == (out_h, out_w)
+        and window_output_size(input_size, kernel, stride, padding, dilation) == (out_h, out_w)
+    )
+
+
+@argument_predicate("oplib::involution_backward_weight")
+def _backward_weight_args_valid(grad_output, input, kernel_size, stride, padding, dilation, groups) -> bool:
+    grad_shape, input_shape = grad_output.shape, input.shape
+    if not (
+        len(grad_shape) == 4
+        and len(input_shape) == 4
+        and grad_output.is_floating_point()
+        and input.dtype == grad_output.dtype
+        and input.device == grad_output.device
+        and window_params_valid(stride, padding, dilation)
+        and len(kernel_size) == 2
+        and kernel_size[0] > 0
+        and kernel_size[1] > 0
+        and groups > 0
+    ):
+        return False
+    n, channels, height, width = input_shape
+    size = (height, width)
+    return (
+        channels % groups == 0
+        and window_fits(size, kernel_size, padding, dilation)
+        and tuple(grad_shape) == (n, channels, *window_output_size(size, kernel_size, stride, padding, dilation))
+    )
+
+
 def launch_involution(input: Tensor, weight: Tensor, stride, padding, dilation, launcher: Launcher) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo) by the
     ``involution_forward`` kernel. Strided inputs are made contiguous first."""
@@ -219,7 +304,8 @@ def _involution_kernel(
     input: Tensor, weight: Tensor, stride: list[int], padding: list[int], dilation: list[int]
 ) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo), contiguous."""
-    _check_involution_args(input, weight, stride, padding, dilation)
+    if not _involution_args_valid(input, weight, stride, padding, dilation):
+        _check_involution_args(input, weight, stride, padding, dilation)
     return involution_cpu.involution(input, weight, stride, padding, dilation)
 
 
@@ -243,7 +329,8 @@ def _involution_backward_input_kernel(
 ) -> Tensor:
     """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo), input_size: (H, W)
     -> grad_input: (N, C, H, W)."""
-    _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
+    if not _backward_input_args_valid(grad_output, weight, input_size, stride, padding, dilation):
+        _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
     return involution_cpu.involution_backward_input(grad_output, weight, input_size, stride, padding, dilation)
 
 
@@ -269,7 +356,8 @@ def _involution_backward_weight_kernel(
     groups: int,
 ) -> Tensor:
     """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
-    _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups)
+    if not _backward_weight_args_valid(grad_output, input, kernel_size, stride, padding, dilation, groups):
+        _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups)
     return involution_cpu.involution_backward_weight(
         grad_output, input, kernel_size, stride, padding, dilation, groups
     )
@@ -290,19 +378,22 @@ def _involution_backward_weight_fake(grad_output, input, kernel_size, stride, pa
 
 @involution.register_kernel("cuda")
 def _involution_cuda(input, weight, stride, padding, dilation) -> Tensor:
-    _check_involution_args(input, weight, stride, padding, dilation)
+    if not _involution_args_valid(input, weight, stride, padding, dilation):
+        _check_involution_args(input, weight, stride, padding, dilation)
     return launch_involution(input, weight, stride, padding, dilation, cupy_launcher())
 
 
 @involution_backward_input.register_kernel("cuda")
 def _involution_backward_input_cuda(grad_output, weight, input_size, stride, padding, dilation) -> Tensor:
-    _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
+    if not _backward_input_args_valid(grad_output, weight, input_size, stride, padding, dilation):
+        _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
     return launch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, cupy_launcher())
 
 
 @involution_backward_weight.register_kernel("cuda")
 def _involution_backward_weight_cuda(grad_output, input, kernel_size, stride, padding, dilation, groups) -> Tensor:
-    _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups)
+    if not _backward_weight_args_valid(grad_output, input, kernel_size, stride, padding, dilation, groups):
+        _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups)
     return launch_involution_backward_weight(
         grad_output, input, kernel_size, stride, padding, dilation, groups, cupy_launcher()
     )

@@ -12,7 +12,14 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ._common import check, check_dim, check_floating, check_same_dtype_and_device, register_autocast_policy
+from ._common import (
+    argument_predicate,
+    check,
+    check_dim,
+    check_floating,
+    check_same_dtype_and_device,
+    register_autocast_policy,
+)
 from ._transforms import register_jvp, sum_tangents
 
 
@@ -34,10 +41,28 @@ def _check_linear_args(input: Tensor, weight: Tensor, bias: Optional[Tensor]) ->
         )
 
 
+@argument_predicate("oplib::linear")
+def _linear_args_valid(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    dtype, device = input.dtype, input.device
+    return (
+        1 <= input.dim() < 64
+        and weight.dim() == 2
+        and input.is_floating_point()
+        and weight.dtype == dtype
+        and weight.device == device
+        and input.shape[-1] == weight.shape[1]
+        and (
+            bias is None
+            or (bias.dtype == dtype and bias.device == device and bias.dim() == 1 and bias.shape[0] == weight.shape[0])
+        )
+    )
+
+
 @torch.library.custom_op("oplib::linear", mutates_args=())
 def linear(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     """input: (*, in), weight: (out, in), bias: (out,) or None -> (*, out), contiguous."""
-    _check_linear_args(input, weight, bias)
+    if not _linear_args_valid(input, weight, bias):
+        _check_linear_args(input, weight, bias)
     return torch.nn.functional.linear(input, weight, bias).contiguous()
 
 
