@@ -169,20 +169,25 @@ def _kernel_args(channels, height, width, weight_shape, stride, padding, dilatio
 # Eager fast paths of the three checks above (see ARGUMENT_PREDICATES in _common.py).
 
 
+def _operands_valid(first: Tensor, first_dims: int, second: Tensor, second_dims: int, stride, padding, dilation) -> bool:
+    """The checks every involution op starts with: the operands' dims, a floating dtype shared
+    by both, one device, and the window parameters."""
+    return (
+        first.dim() == first_dims
+        and second.dim() == second_dims
+        and first.is_floating_point()
+        and second.dtype == first.dtype
+        and second.device == first.device
+        and window_params_valid(stride, padding, dilation)
+    )
+
+
 @argument_predicate("oplib::involution")
 def _involution_args_valid(input: Tensor, weight: Tensor, stride, padding, dilation) -> bool:
-    input_shape, weight_shape = input.shape, weight.shape
-    if not (
-        len(input_shape) == 4
-        and len(weight_shape) == 6
-        and input.is_floating_point()
-        and weight.dtype == input.dtype
-        and weight.device == input.device
-        and window_params_valid(stride, padding, dilation)
-    ):
+    if not _operands_valid(input, 4, weight, 6, stride, padding, dilation):
         return False
-    n, channels, height, width = input_shape
-    weight_n, groups, kernel_h, kernel_w, out_h, out_w = weight_shape
+    n, channels, height, width = input.shape
+    weight_n, groups, kernel_h, kernel_w, out_h, out_w = weight.shape
     size, kernel = (height, width), (kernel_h, kernel_w)
     return (
         weight_n == n
@@ -197,19 +202,10 @@ def _involution_args_valid(input: Tensor, weight: Tensor, stride, padding, dilat
 
 @argument_predicate("oplib::involution_backward_input")
 def _backward_input_args_valid(grad_output, weight, input_size, stride, padding, dilation) -> bool:
-    grad_shape, weight_shape = grad_output.shape, weight.shape
-    if not (
-        len(grad_shape) == 4
-        and len(weight_shape) == 6
-        and grad_output.is_floating_point()
-        and weight.dtype == grad_output.dtype
-        and weight.device == grad_output.device
-        and window_params_valid(stride, padding, dilation)
-        and len(input_size) == 2
-    ):
+    if not (_operands_valid(grad_output, 4, weight, 6, stride, padding, dilation) and len(input_size) == 2):
         return False
-    n, channels, out_h, out_w = grad_shape
-    weight_n, groups, kernel_h, kernel_w, weight_h, weight_w = weight_shape
+    n, channels, out_h, out_w = grad_output.shape
+    weight_n, groups, kernel_h, kernel_w, weight_h, weight_w = weight.shape
     kernel = (kernel_h, kernel_w)
     return (
         weight_n == n
@@ -225,26 +221,20 @@ def _backward_input_args_valid(grad_output, weight, input_size, stride, padding,
 
 @argument_predicate("oplib::involution_backward_weight")
 def _backward_weight_args_valid(grad_output, input, kernel_size, stride, padding, dilation, groups) -> bool:
-    grad_shape, input_shape = grad_output.shape, input.shape
     if not (
-        len(grad_shape) == 4
-        and len(input_shape) == 4
-        and grad_output.is_floating_point()
-        and input.dtype == grad_output.dtype
-        and input.device == grad_output.device
-        and window_params_valid(stride, padding, dilation)
+        _operands_valid(grad_output, 4, input, 4, stride, padding, dilation)
         and len(kernel_size) == 2
         and kernel_size[0] > 0
         and kernel_size[1] > 0
         and groups > 0
     ):
         return False
-    n, channels, height, width = input_shape
+    n, channels, height, width = input.shape
     size = (height, width)
     return (
         channels % groups == 0
         and window_fits(size, kernel_size, padding, dilation)
-        and tuple(grad_shape) == (n, channels, *window_output_size(size, kernel_size, stride, padding, dilation))
+        and tuple(grad_output.shape) == (n, channels, *window_output_size(size, kernel_size, stride, padding, dilation))
     )
 
 
