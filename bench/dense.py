@@ -560,10 +560,40 @@ def _bench_floor(settings: _Settings) -> list[_OverheadRow]:
     return rows
 
 
+_FC_FLOOR_IMPLS = ("torch", "bare custom_op", "torch.ops.oplib")
+
+
+def _bench_fc_floor(shape: _LinearShape, settings: _Settings) -> _OverheadRow:
+    """Section 5b: linear forward+backward at ``shape``, torch vs the bare custom_op vs oplib:
+    how much of oplib's ratio to torch is custom_op's own."""
+    x = torch.randn(shape.rows, shape.in_features, requires_grad=True)
+    weight = torch.randn(shape.out_features, shape.in_features, requires_grad=True)
+    bias = torch.randn(shape.out_features, requires_grad=True)
+    grad = torch.randn(shape.rows, shape.out_features)
+    impls = dict(zip(_FC_FLOOR_IMPLS, (F.linear, _bare_custom_op(registry.get("linear")), torch.ops.oplib.linear.default)))
+    args = (x, weight, bias)
+    label = "fc floor"
+    timers = [_timer(_FWD_BWD, _step_env(impls[name], args, grad), label, shape.name, name, settings.threads) for name in _FC_FLOOR_IMPLS]
+    return _OverheadRow(shape.name, True, dict(zip(_FC_FLOOR_IMPLS, _measure(timers, settings.rounds, settings.min_run_time))))
+
+
+def _ratio_to(row: _OverheadRow, name: str, baseline: str) -> float:
+    """Median over rounds of row[name] / row[baseline]."""
+    ours, base = (row.results[n].round_medians for n in (name, baseline))
+    return median(o / b for o, b in zip(ours, base, strict=True))
+
+
+def _fc_floor_table(row: _OverheadRow) -> list[str]:
+    """Markdown table of section 5b."""
+    lines = ["| candidate | fwd+bwd (ms) | / torch |", "|---|---:|---:|"]
+    for name in _FC_FLOOR_IMPLS:
+        lines.append(f"| {name} | {row.results[name].median * 1e3:.3f} | **{_ratio_to(row, name, 'torch'):.3f}** |")
+    return lines
+
+
 def _floor_ratio(row: _OverheadRow) -> float:
     """Median over rounds of oplib / bare."""
-    bare, ours = (row.results[name].round_medians for name in _FLOOR_IMPLS)
-    return median(o / b for o, b in zip(ours, bare, strict=True))
+    return _ratio_to(row, "torch.ops.oplib", "bare custom_op")
 
 
 # ---------------------------------------------------------------------------------------
@@ -666,6 +696,7 @@ def _report(
     backward: _Section[_Row],
     overhead: _Section[_OverheadRow],
     floor: _Section[_OverheadRow],
+    fc_floor: _Section[_OverheadRow],
     max_ratio: float,
     max_floor_ratio: float,
 ) -> str:
@@ -735,6 +766,15 @@ def _report(
         _contention_line(floor),
         "",
         *_floor_table(floor.rows, max_floor_ratio),
+        "",
+        f"### 5b. custom_op's share at {fc_floor.rows[0].op}",
+        "",
+        "Forward+backward of the same linear by torch, by the bare custom_op above and by oplib, "
+        "interleaved: the bare custom_op's ratio to torch is what any custom op pays there.",
+        "",
+        _contention_line(fc_floor),
+        "",
+        *_fc_floor_table(fc_floor.rows[0]),
         "",
     ]
     return "\n".join(lines)
@@ -806,8 +846,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _print_compare([r for row in overhead.rows for r in row.results.values()])
     floor = _run_section(lambda: _bench_floor(settings))
     _print_compare([r for row in floor.rows for r in row.results.values()])
+    fc_floor = _run_section(lambda: [_bench_fc_floor(_LINEAR_SHAPES[0], settings)])
+    _print_compare(list(fc_floor.rows[0].results.values()))
 
-    report = _report(settings, conv, linear, backward, overhead, floor, args.max_ratio, args.max_floor_ratio)
+    report = _report(settings, conv, linear, backward, overhead, floor, fc_floor, args.max_ratio, args.max_floor_ratio)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(report)
     print(f"\n{report}\nwritten to {output}")
