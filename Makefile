@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test bench clean
+.PHONY: run test bench dist clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,5 +29,12 @@ bench: $(VENV)/.installed
 	status=0; $(PY) bench/dense.py || status=1; $(PY) bench/involution.py || status=1; \
 	$(PY) bench/rednet.py || status=1; exit $$status
 
+# The sdist, then the wheel built from it, by the standard frontend; metadata checked as the
+# package index checks it. (tests/test_package.py also installs that wheel and runs it.)
+dist: $(VENV)/.installed
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m twine check --strict dist/*
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

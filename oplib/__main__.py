@@ -4,6 +4,7 @@
     python -m oplib list         # the table only
     python -m oplib check --op conv2d --device cpu
     python -m oplib train --help  # train a RedNet on scikit-learn's digits (oplib.train)
+    python -m oplib --version
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import time
 
 import torch
 
-from . import registry, selfcheck
+from . import __version__, registry, selfcheck
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m oplib", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"torch-oplib {__version__}")
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("list", help="print the registry as a table")
     # Parsed by oplib.train (main() hands it the rest of the command line); listed here for --help.
@@ -39,8 +41,8 @@ def _check(args: argparse.Namespace) -> int:
     print(f"self-check on {', '.join(devices)} (torch {torch.__version__}, {torch.get_num_threads()} threads)")
 
     def report(result: selfcheck.CheckResult) -> None:
-        status = "pass" if result.passed else "FAIL"
-        print(f"  {result.op:<10} {result.device:<5} {result.check:<20} {status} {result.seconds:6.1f}s", flush=True)
+        note = f"  ({result.detail})" if not result.applicable else ""
+        print(f"  {result.op:<10} {result.device:<5} {result.check:<20} {result.status} {result.seconds:6.1f}s{note}", flush=True)
 
     start = time.perf_counter()
     results = selfcheck.run(specs, devices, report)
@@ -49,8 +51,9 @@ def _check(args: argparse.Namespace) -> int:
     failures = [r for r in results if not r.passed]
     for r in failures:
         print(f"\n--- {r.op} on {r.device}: {r.check} failed ---\n{r.detail}", file=sys.stderr)
-    total = len(results)
-    print(f"\n{total - len(failures)} passed, {len(failures)} failed in {time.perf_counter() - start:.1f}s")
+    passed = sum(r.passed and r.applicable for r in results)
+    skipped = sum(not r.applicable for r in results)
+    print(f"\n{passed} passed, {len(failures)} failed, {skipped} not applicable in {time.perf_counter() - start:.1f}s")
     return 1 if failures else 0
 
 

@@ -1,10 +1,12 @@
 """The self-check behind ``python -m oplib``: every registered op on every available
 device, against its reference, through opcheck, torch.compile and a torch.export round
-trip. A user on a new machine runs it to know oplib works there."""
+trip, and, for ops with CUDA kernels, those kernels' installed sources compiled for the host
+and run on CPU. A user on a new machine runs it to know oplib works there."""
 
 from __future__ import annotations
 
 import io
+import shutil
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -16,6 +18,10 @@ from .registry import OpSpec, cast_sample
 from .testing import OpCall, assert_matches_reference, tensor_args
 
 
+class NotApplicable(Exception):
+    """Raised by a check that does not apply to an (op, device); its message says why."""
+
+
 @dataclass(frozen=True)
 class CheckResult:
     op: str
@@ -24,6 +30,11 @@ class CheckResult:
     passed: bool
     seconds: float
     detail: str = ""
+    applicable: bool = True
+
+    @property
+    def status(self) -> str:
+        return "n/a" if not self.applicable else "pass" if self.passed else "FAIL"
 
 
 def check_eager(spec: OpSpec, device: str) -> None:
@@ -78,12 +89,35 @@ def check_export(spec: OpSpec, device: str) -> None:
         torch.testing.assert_close(loaded(*tensors), module(*tensors), msg=lambda m: f"{sample.name}: {m}")
 
 
+def check_cuda_sources(spec: OpSpec, device: str) -> None:
+    """On CPU: the op's CUDA dispatch (allocation, argument order, launch configuration) runs
+    its installed ``.cu`` source compiled for the host by the C++ compiler (oplib's host
+    emulation), on every sample in float64 and float32, against the reference. On a GPU the
+    eager check already runs the real kernels."""
+    from .kernels import CUDA_DISPATCH
+
+    dispatch = CUDA_DISPATCH.get(spec.qualname)
+    if dispatch is None:
+        raise NotApplicable("no CUDA kernels of its own (the CUDA path is torch's)")
+    if device != "cpu":
+        raise NotApplicable("the eager check runs the real CUDA kernels here")
+    from .testing.cuda_emulation import EmulatedLauncher, cxx
+
+    if shutil.which(cxx()) is None:
+        raise NotApplicable(f"no C++ compiler ({cxx()}) to build the host emulation")
+    launcher = EmulatedLauncher()
+    for dtype in (torch.float64, torch.float32):
+        for sample in spec.sample_inputs("cpu", dtype, False):
+            assert_matches_reference(spec, sample, dispatch(*sample.args, launcher), dtype)
+
+
 CHECKS: dict[str, Callable[[OpSpec, str], None]] = {
     "eager vs reference": check_eager,
     "gradcheck": check_gradients,
     "opcheck": check_opcheck,
     "torch.compile": check_compile,
     "export round trip": check_export,
+    "CUDA sources": check_cuda_sources,
 }
 
 
@@ -99,6 +133,8 @@ def run(specs: Iterable[OpSpec], devices: Iterable[str], report: Callable[[Check
                 try:
                     check(spec, device)
                     result = CheckResult(spec.name, device, name, True, time.perf_counter() - start)
+                except NotApplicable as reason:
+                    result = CheckResult(spec.name, device, name, True, time.perf_counter() - start, str(reason), False)
                 except Exception:  # noqa: BLE001  (a failing check is reported, not raised)
                     result = CheckResult(
                         spec.name, device, name, False, time.perf_counter() - start, traceback.format_exc()
@@ -145,5 +181,5 @@ def results_matrix(results: list[CheckResult]) -> str:
             index[key] = len(rows)
             rows.append([r.op, r.device] + [""] * len(CHECKS))
         column = 2 + list(CHECKS).index(r.check)
-        rows[index[key]][column] = f"{'pass' if r.passed else 'FAIL'} {r.seconds:5.1f}s"
+        rows[index[key]][column] = "n/a" if not r.applicable else f"{r.status} {r.seconds:5.1f}s"
     return format_table(["op", "device", *CHECKS], rows)

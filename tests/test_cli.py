@@ -20,7 +20,7 @@ def test_list_prints_every_registered_op():
 def test_check_passes_and_prints_the_matrix(capsys):
     assert cli.main(["check", "--op", "linear", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "5 passed, 0 failed" in out
+    assert "5 passed, 0 failed, 1 not applicable" in out
     assert all(name in out for name in selfcheck.CHECKS)
 
 
@@ -69,3 +69,21 @@ def test_train_rejects_bad_flags_with_a_usage_error(flags, message, tmp_path, ca
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("python -m oplib train: error: ")
     assert re.search(message, error), error
+
+
+def test_check_runs_the_cuda_sources_through_the_host_emulation(capsys):
+    assert cli.main(["check", "--op", "involution", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "6 passed, 0 failed, 0 not applicable" in out
+
+
+def test_version_is_the_declared_one(capsys):
+    import importlib.metadata
+
+    import oplib
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"torch-oplib {oplib.__version__}"
+    assert importlib.metadata.version("torch-oplib") == oplib.__version__

@@ -16,7 +16,7 @@ import torch
 
 import oplib.kernels
 from oplib import registry
-from oplib.kernels import CTYPES, KERNEL_DIR, KernelSource, load_source
+from oplib.kernels import CTYPES, CUDA_DISPATCH, KERNEL_DIR, KernelSource, load_source
 from oplib.ops import involution as involution_ops
 from oplib.testing import assert_matches_reference
 from oplib.testing.cuda_emulation import EmulatedLauncher, asan_environment, build
@@ -27,11 +27,7 @@ _PLANTED_PATH = Path(__file__).parent / "cuda_sources" / "planted_overrun.cu"
 PLANTED = KernelSource(_PLANTED_PATH, _PLANTED_PATH.read_text())
 
 # spec name -> the dispatch function its CUDA kernel registration calls (with a launcher last)
-LAUNCHES = {
-    "involution": involution_ops.launch_involution,
-    "involution_backward_input": involution_ops.launch_involution_backward_input,
-    "involution_backward_weight": involution_ops.launch_involution_backward_weight,
-}
+LAUNCHES = {spec.name: CUDA_DISPATCH[spec.qualname] for spec in registry.all_specs() if spec.qualname in CUDA_DISPATCH}
 
 
 def _instantiations(source: KernelSource) -> str:

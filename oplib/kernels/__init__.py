@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Union
@@ -74,6 +74,22 @@ class KernelSource:
 def load_source(filename: str) -> KernelSource:
     path = KERNEL_DIR / filename
     return KernelSource(path, path.read_text())
+
+
+# qualname -> the dispatch function the op's CUDA kernel registration calls, which takes the
+# op's arguments and a launcher last; the self-check and the tests run it with the host
+# emulation's launcher.
+CUDA_DISPATCH: dict[str, Callable[..., Tensor]] = {}
+
+
+def cuda_dispatch(qualname: str):
+    """Register the decorated function as ``qualname``'s CUDA dispatch (see CUDA_DISPATCH)."""
+
+    def register(function: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        CUDA_DISPATCH[qualname] = function
+        return function
+
+    return register
 
 
 class Launcher(Protocol):

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ..kernels import Launcher, cupy_launcher, involution_cpu, launch_elementwise, load_source
+from ..kernels import Launcher, cuda_dispatch, cupy_launcher, involution_cpu, launch_elementwise, load_source
 from ._common import (
     argument_predicate,
     check,
@@ -238,6 +238,7 @@ def _backward_weight_args_valid(grad_output, input, kernel_size, stride, padding
     )
 
 
+@cuda_dispatch("oplib::involution")
 def launch_involution(input: Tensor, weight: Tensor, stride, padding, dilation, launcher: Launcher) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo) by the
     ``involution_forward`` kernel. Strided inputs are made contiguous first."""
@@ -249,6 +250,7 @@ def launch_involution(input: Tensor, weight: Tensor, stride, padding, dilation, 
     return out
 
 
+@cuda_dispatch("oplib::involution_backward_input")
 def launch_involution_backward_input(
     grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation, launcher: Launcher
 ) -> Tensor:
@@ -267,6 +269,7 @@ def launch_involution_backward_input(
     return grad_input
 
 
+@cuda_dispatch("oplib::involution_backward_weight")
 def launch_involution_backward_weight(
     grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation, groups: int, launcher: Launcher
 ) -> Tensor:
