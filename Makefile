@@ -32,7 +32,7 @@ bench: $(VENV)/.installed
 # The sdist, then the wheel built from it, by the standard frontend; metadata checked as the
 # package index checks it. (tests/test_package.py also installs that wheel and runs it.)
 dist: $(VENV)/.installed
-	rm -rf dist
+	rm -rf dist build
 	$(PY) -m build --outdir dist .
 	$(PY) -m twine check --strict dist/*
 

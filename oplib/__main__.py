@@ -4,6 +4,8 @@
     python -m oplib list         # the table only
     python -m oplib check --op conv2d --device cpu
     python -m oplib train --help  # train a RedNet on scikit-learn's digits (oplib.train)
+    python -m oplib evaluate --depth 50 --weights FILE DATA_DIR   # ImageNet accuracy (oplib.imagenet)
+    python -m oplib predict --depth 50 --weights FILE IMAGE...    # top-5 classes per image
     python -m oplib --version
 """
 
@@ -23,8 +25,10 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--version", action="version", version=f"torch-oplib {__version__}")
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("list", help="print the registry as a table")
-    # Parsed by oplib.train (main() hands it the rest of the command line); listed here for --help.
+    # Parsed by their own modules (main() hands them the rest of the command line); listed here for --help.
     commands.add_parser("train", help="train a RedNet on scikit-learn's digits (python -m oplib train --help)")
+    commands.add_parser("evaluate", help="ImageNet top-1/top-5 of a pretrained RedNet (python -m oplib evaluate --help)")
+    commands.add_parser("predict", help="the top-5 ImageNet classes of images (python -m oplib predict --help)")
     check = commands.add_parser("check", help="print the table, then self-check every op (the default)")
     for p in (parser, check):
         p.add_argument("--op", action="append", help="only this op (repeatable)")
@@ -63,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import train
 
         return train.main(argv[1:])
+    if argv[:1] in (["evaluate"], ["predict"]):
+        from . import imagenet
+
+        return (imagenet.evaluate_main if argv[0] == "evaluate" else imagenet.predict_main)(argv[1:])
     args = _parse_args(argv)
     print(selfcheck.registry_table(registry.all_specs()))
     print()

@@ -10,6 +10,10 @@ classifier. Initialisation as there: Kaiming normal (fan_out) for convolutions, 
 and the last BN of every bottleneck 0, the classifier N(0, 0.01).
 
     input: (N, in_channels, H, W), any H, W >= 1 -> logits: (N, num_classes)
+
+``rednet26(weights=...)`` and the other depths load weights: the paper's released ImageNet
+checkpoints (mmcls files, renamed by ``oplib.checkpoints.convert_official_state_dict``) or an
+oplib RedNet's ``state_dict()``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from .checkpoints import Weights, convert_official_state_dict, state_dict_of
 from .nn import Conv2d, Involution2d, Linear
 
 BLOCK_COUNTS = {
@@ -138,33 +143,107 @@ class RedNet(nn.Module):
         return self.classifier(self.forward_features(x))
 
 
-def _rednet(depth: int, **kwargs) -> RedNet:
-    return RedNet(BLOCK_COUNTS[depth], **kwargs)
+def _block_counts_of(state_dict) -> tuple[int, ...]:
+    """The bottlenecks per stage that an oplib-named RedNet state dict holds."""
+    counts = [0, 0, 0, 0]
+    for key in state_dict:
+        parts = key.split(".")
+        if parts[0] == "stages" and len(parts) > 2 and parts[1].isdigit() and parts[2].isdigit() and int(parts[1]) < 4:
+            counts[int(parts[1])] = max(counts[int(parts[1])], int(parts[2]) + 1)
+    return tuple(counts)
 
 
-def rednet26(**kwargs) -> RedNet:
-    """RedNet-26: block counts (1, 2, 4, 1). Keyword arguments go to ``RedNet``."""
-    return _rednet(26, **kwargs)
+def _first(keys, count: int = 3) -> str:
+    keys = sorted(keys)
+    shown = ", ".join(keys[:count])
+    return shown + (f" and {len(keys) - count} more" if len(keys) > count else "")
 
 
-def rednet38(**kwargs) -> RedNet:
-    """RedNet-38: block counts (2, 3, 5, 2)."""
-    return _rednet(38, **kwargs)
+def load_weights(model: RedNet, weights: Weights, name: str = "RedNet") -> RedNet:
+    """Load ``weights`` (see ``oplib.checkpoints.state_dict_of``) into ``model``, strictly:
+    every backbone tensor must be there with its shape, and nothing else. The classifier is
+    loaded when the checkpoint has one of the model's size; a checkpoint without a head (a
+    backbone-only one) or with another number of classes loads only into a model built with
+    ``num_classes`` other than 1000, whose new head keeps its initialisation."""
+    state_dict = state_dict_of(weights)
+    expected = model.state_dict()
+    head = {key for key in expected if key.startswith("classifier.")}
+    missing, unexpected = set(expected) - head - set(state_dict), set(state_dict) - set(expected)
+    if missing or unexpected:
+        message = f"{name}: the checkpoint does not fit this model"
+        if missing:
+            message += f"; missing: {_first(missing)}"
+        if unexpected:
+            message += f"; unexpected: {_first(unexpected)}"
+        fits = [depth for depth, counts in BLOCK_COUNTS.items() if counts == _block_counts_of(state_dict)]
+        if fits:
+            message += f"; its keys fit RedNet-{fits[0]}"
+        raise ValueError(message)
+    head_fits = all(key in state_dict and state_dict[key].shape == expected[key].shape for key in head)
+    if not head_fits:
+        if model.classifier.out_features == 1000:
+            found = state_dict.get("classifier.weight")
+            what = "no classifier" if found is None else f"a classifier of {found.shape[0]} classes"
+            raise ValueError(
+                f"{name}: the checkpoint has {what}; build the model with num_classes=N (N != 1000) to load "
+                "its backbone under a new, freshly initialised head"
+            )
+        state_dict = {k: v for k, v in state_dict.items() if not k.startswith("classifier.")}
+    try:
+        model.load_state_dict(state_dict, strict=head_fits)
+    except RuntimeError as error:  # shapes: another width, or another number of input channels
+        raise ValueError(f"{name}: {error}") from None
+    return model
 
 
-def rednet50(**kwargs) -> RedNet:
-    """RedNet-50: block counts (3, 4, 6, 3)."""
-    return _rednet(50, **kwargs)
+def _rednet(depth: int, weights: Weights | None, kwargs) -> RedNet:
+    model = RedNet(BLOCK_COUNTS[depth], **kwargs)
+    return model if weights is None else load_weights(model, weights, f"RedNet-{depth}")
 
 
-def rednet101(**kwargs) -> RedNet:
-    """RedNet-101: block counts (3, 4, 23, 3)."""
-    return _rednet(101, **kwargs)
+def rednet26(weights: Weights | None = None, **kwargs) -> RedNet:
+    """RedNet-26: block counts (1, 2, 4, 1). ``weights``: a checkpoint path or a loaded dict
+    (see ``load_weights``); keyword arguments go to ``RedNet``."""
+    return _rednet(26, weights, kwargs)
 
 
-def rednet152(**kwargs) -> RedNet:
-    """RedNet-152: block counts (3, 8, 36, 3)."""
-    return _rednet(152, **kwargs)
+def rednet38(weights: Weights | None = None, **kwargs) -> RedNet:
+    """RedNet-38: block counts (2, 3, 5, 2). Arguments as ``rednet26``."""
+    return _rednet(38, weights, kwargs)
 
 
-__all__ = ["BLOCK_COUNTS", "Bottleneck", "RedNet", "rednet26", "rednet38", "rednet50", "rednet101", "rednet152"]
+def rednet50(weights: Weights | None = None, **kwargs) -> RedNet:
+    """RedNet-50: block counts (3, 4, 6, 3). Arguments as ``rednet26``."""
+    return _rednet(50, weights, kwargs)
+
+
+def rednet101(weights: Weights | None = None, **kwargs) -> RedNet:
+    """RedNet-101: block counts (3, 4, 23, 3). Arguments as ``rednet26``."""
+    return _rednet(101, weights, kwargs)
+
+
+def rednet152(weights: Weights | None = None, **kwargs) -> RedNet:
+    """RedNet-152: block counts (3, 8, 36, 3). Arguments as ``rednet26``."""
+    return _rednet(152, weights, kwargs)
+
+
+def rednet(depth: int, weights: Weights | None = None, **kwargs) -> RedNet:
+    """The RedNet of ``depth`` (26, 38, 50, 101 or 152); arguments as ``rednet26``."""
+    if depth not in BLOCK_COUNTS:
+        raise ValueError(f"RedNet: expected a depth in {sorted(BLOCK_COUNTS)}, got {depth}")
+    return _rednet(depth, weights, kwargs)
+
+
+__all__ = [
+    "BLOCK_COUNTS",
+    "Bottleneck",
+    "RedNet",
+    "convert_official_state_dict",
+    "load_weights",
+    "rednet",
+    "rednet26",
+    "rednet38",
+    "rednet50",
+    "rednet101",
+    "rednet152",
+]
