@@ -6,6 +6,7 @@
     python -m oplib train --help  # train a RedNet on scikit-learn's digits (oplib.train)
     python -m oplib evaluate --depth 50 --weights FILE DATA_DIR   # ImageNet accuracy (oplib.imagenet)
     python -m oplib predict --depth 50 --weights FILE IMAGE...    # top-5 classes per image
+    python -m oplib export --depth 26 --format onnx|pt2|aoti OUT   # a deployable file (oplib.deploy)
     python -m oplib --version
 """
 
@@ -29,6 +30,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     commands.add_parser("train", help="train a RedNet on scikit-learn's digits (python -m oplib train --help)")
     commands.add_parser("evaluate", help="ImageNet top-1/top-5 of a pretrained RedNet (python -m oplib evaluate --help)")
     commands.add_parser("predict", help="the top-5 ImageNet classes of images (python -m oplib predict --help)")
+    commands.add_parser("export", help="a RedNet as ONNX, torch.export or AOTInductor file (python -m oplib export --help)")
     check = commands.add_parser("check", help="print the table, then self-check every op (the default)")
     for p in (parser, check):
         p.add_argument("--op", action="append", help="only this op (repeatable)")
@@ -71,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import imagenet
 
         return (imagenet.evaluate_main if argv[0] == "evaluate" else imagenet.predict_main)(argv[1:])
+    if argv[:1] == ["export"]:
+        from . import deploy
+
+        return deploy.main(argv[1:])
     args = _parse_args(argv)
     print(selfcheck.registry_table(registry.all_specs()))
     print()
