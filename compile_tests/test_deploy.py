@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import oplib.models
+import oplib.onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +34,7 @@ def test_export_command_writes_a_checked_file(fmt, tmp_path):
     weights = tmp_path / "weights.pth"
     model = oplib.models.rednet26().eval()
     torch.save(model.state_dict(), weights)
-    out = tmp_path / f"rednet26.{fmt}"
+    out = tmp_path / ("rednet26-aoti.pt2" if fmt == "aoti" else f"rednet26.{fmt}")
     summary = _export(fmt, out, "--weights", str(weights))
     assert summary["format"] == fmt and out.is_file() and summary["relative_error"] <= 1e-4
     # Loaded again elsewhere, at another size and batch (dynamic): the same logits as eager.
@@ -41,8 +42,6 @@ def test_export_command_writes_a_checked_file(fmt, tmp_path):
     with torch.no_grad():
         expected = model(x)
     if fmt == "onnx":
-        import oplib.onnx
-
         got = oplib.onnx.run(out, (x,))[0]
     elif fmt == "aoti":
         got = torch._inductor.aoti_load_package(str(out))(x)
@@ -57,3 +56,8 @@ def test_export_command_rejects_bad_arguments(tmp_path):
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert result.returncode == 2 and "--size: expected at least 33" in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "oplib", "export", "--depth", "26", "--format", "aoti", str(tmp_path / "x.aoti")],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 2 and "must end in .pt2" in result.stderr

@@ -74,6 +74,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--num-classes", type=int, default=1000)
     parser.add_argument("out", type=Path)
     args = parser.parse_args(argv)
+    if args.format == "aoti" and args.out.suffix != ".pt2":
+        parser.error(f"OUT: an AOTInductor package's name must end in .pt2, got {args.out.name}")
     if args.size < 33:
         parser.error(f"--size: expected at least 33 (five stride-2 steps), got {args.size}")
     if args.weights is not None and not args.weights.is_file():
