@@ -87,6 +87,10 @@ class Involution2d(torch.nn.Module):
     def kernel_weights(self, input: Tensor) -> Tensor:
         """input: (N, C, H, W) -> the generated weight (N, G, KH, KW, Ho, Wo)."""
         self._check_input(input, (4,), "4-D (N, C, H, W)")
+        return self._kernel_weights(input)
+
+    def _kernel_weights(self, input: Tensor) -> Tensor:
+        """``kernel_weights`` for an input already checked."""
         n, _, height, width = input.shape
         out_h, out_w = self.output_size(height, width)
         source = self._pool(input, out_h, out_w) if self.pools else input
@@ -143,9 +147,9 @@ class Involution2d(torch.nn.Module):
     def forward(self, input: Tensor) -> Tensor:
         """input: (N, C, H, W) or (C, H, W) -> (N, C, Ho, Wo) or (C, Ho, Wo)."""
         self._check_input(input, (3, 4), "3-D (C, H, W) or 4-D (N, C, H, W)")
-        if input.dim() == 3:
-            return self.forward(input.unsqueeze(0)).squeeze(0)
-        return F.involution(input, self.kernel_weights(input), self.stride, self.padding, self.dilation)
+        batched = input if input.dim() == 4 else input.unsqueeze(0)
+        out = F.involution(batched, self._kernel_weights(batched), self.stride, self.padding, self.dilation)
+        return out if input.dim() == 4 else out.squeeze(0)
 
     def extra_repr(self) -> str:
         return (
