@@ -1,36 +1,21 @@
-"""torch.compile tests generated from the registry: parity with eager, errors while tracing,
-and recompilation counts of a small model against its torch.nn twin."""
+"""torch.compile and torch.export of every op (generated from the registry: parity with eager,
+errors while tracing, export round trip), and recompilation counts of a small model against
+its torch.nn twin."""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from oplib import selfcheck
-from oplib.testing import spec_params
+from oplib import registry
+from oplib.testing import generated_tests
 
 from _models import InvolutionNet, SmallNet
 
 
-@pytest.mark.parametrize("spec,device", spec_params())
-def test_compiled_forward_and_backward_match_eager(spec, device):
-    selfcheck.check_compile(spec, device)
-
-
-@pytest.mark.parametrize("spec,device", spec_params())
-def test_error_inputs_while_tracing(spec, device):
-    """The eager error (type and message) is what tracing reports as the cause."""
-    for error in spec.error_inputs(device):
-        torch._dynamo.reset()
-        compiled = torch.compile(spec.op, fullgraph=True, dynamic=False, backend="eager")
-        with pytest.raises(RuntimeError) as info:
-            compiled(*error.sample.args)
-        message = str(info.value)
-        assert f"{error.error_type.__name__}(" in message, f"{error.sample.name}: {message}"
-        assert re.search(error.match, message), f"{error.sample.name}: {message}"
+# torch.compile and torch.export of every op: the tracing half of the generated checks.
+TestTracedOps = generated_tests(registry.all_specs(), eager=False)
 
 
 # (batch, height, width): a first shape, then five new ones. No size of the first repeats

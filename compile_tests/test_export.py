@@ -1,5 +1,6 @@
-"""torch.export and AOTInductor: every op round-trips through save/load, a model with
-dynamic sizes loads in a fresh process, and an AOTInductor package runs."""
+"""torch.export and AOTInductor (each op's save/load round trip is generated in
+test_compile.py): a model with dynamic sizes loads in a fresh
+process, and an AOTInductor package runs."""
 
 from __future__ import annotations
 
@@ -12,24 +13,7 @@ import pytest
 import torch
 from torch.export import Dim
 
-from oplib import selfcheck
-from oplib.testing import OpCall, spec_params
-
 from _models import InvolutionNet, SmallNet
-
-
-@pytest.mark.parametrize("spec,device", spec_params())
-def test_export_save_load_round_trip(spec, device):
-    selfcheck.check_export(spec, device)
-
-
-@pytest.mark.parametrize("spec,device", spec_params())
-def test_error_inputs_while_exporting(spec, device):
-    """torch.export raises the eager error itself: same type, same message."""
-    for error in spec.error_inputs(device):
-        tensors = tuple(a for a in error.sample.args if isinstance(a, torch.Tensor))
-        with pytest.raises(error.error_type, match=error.match):
-            torch.export.export(OpCall(spec.op, error.sample), tensors)
 
 
 def _export_small_net(tmp_path):

@@ -3,6 +3,7 @@
     python -m oplib              # table, then the self-check (exit code 1 on any failure)
     python -m oplib list         # the table only
     python -m oplib check --op conv2d --device cpu
+    python -m oplib check --import my_specs   # also your ops: the OpSpec list my_specs.SPECS
     python -m oplib train --help  # train a RedNet on scikit-learn's digits (oplib.train)
     python -m oplib evaluate --depth 50 --weights FILE DATA_DIR   # ImageNet accuracy (oplib.imagenet)
     python -m oplib predict --depth 50 --weights FILE IMAGE...    # top-5 classes per image
@@ -13,6 +14,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Iterable
 import sys
 import time
 
@@ -33,6 +36,10 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     commands.add_parser("export", help="a RedNet as ONNX, torch.export or AOTInductor file (python -m oplib export --help)")
     check = commands.add_parser("check", help="print the table, then self-check every op (the default)")
     for p in (parser, check):
+        p.add_argument(
+            "--import", dest="imports", action="append", default=[], metavar="MODULE",
+            help="import MODULE and list and check the specs in its SPECS too (repeatable)",
+        )
         p.add_argument("--op", action="append", help="only this op (repeatable)")
         p.add_argument("--device", action="append", help="only this device (repeatable)")
     return parser.parse_args(argv)
@@ -63,6 +70,13 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def _specs_of(module) -> Iterable[registry.OpSpec]:
+    specs = getattr(module, "SPECS", None)
+    if specs is None:
+        raise SystemExit(f"python -m oplib: --import {module.__name__}: the module has no SPECS (a list of OpSpec)")
+    return specs
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:
@@ -78,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return deploy.main(argv[1:])
     args = _parse_args(argv)
+    for module in args.imports:
+        for spec in _specs_of(importlib.import_module(module)):
+            registry.register(spec)
     print(selfcheck.registry_table(registry.all_specs()))
     print()
     if args.command == "list":

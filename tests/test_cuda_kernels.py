@@ -17,7 +17,6 @@ import torch
 import oplib.kernels
 from oplib import registry
 from oplib.kernels import CTYPES, CUDA_DISPATCH, KERNEL_DIR, KernelSource, load_source
-from oplib.ops import involution as involution_ops
 from oplib.testing import assert_matches_reference
 from oplib.testing.cuda_emulation import EmulatedLauncher, asan_environment, build
 
@@ -26,7 +25,8 @@ ARCHITECTURES = ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_120"]
 _PLANTED_PATH = Path(__file__).parent / "cuda_sources" / "planted_overrun.cu"
 PLANTED = KernelSource(_PLANTED_PATH, _PLANTED_PATH.read_text())
 
-# spec name -> the dispatch function its CUDA kernel registration calls (with a launcher last)
+# spec name -> its CUDA dispatch (oplib.kernels.CudaDispatch): the function its CUDA kernel
+# registration calls with a launcher last, the .cu file and the kernels it launches
 LAUNCHES = {spec.name: CUDA_DISPATCH[spec.qualname] for spec in registry.all_specs() if spec.qualname in CUDA_DISPATCH}
 
 
@@ -67,57 +67,41 @@ def _random_samples(spec, dtype, count, seed):
 @pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(LAUNCHES))
 def test_emulated_kernels_match_reference(name, dtype):
-    """Registry samples plus random shapes (strides 1-3, dilations 1-2, odd sizes, non-square
-    kernels, G = 1 and G = C), through the dispatch code the CUDA registration uses."""
+    """Registry samples plus random shapes, through the dispatch code the CUDA registration
+    uses; only the kernels the dispatch declares are launched."""
     spec = registry.get(name)
     launcher = EmulatedLauncher()
     samples = [*spec.sample_inputs("cpu", dtype, False), *_random_samples(spec, dtype, 40, seed=hash(name) % 1000)]
     for sample in samples:
         out = LAUNCHES[name](*sample.args, launcher)
         assert_matches_reference(spec, sample, out, dtype)
-    assert any(launch[0] == name.replace("involution", "involution_forward", 1) or launch[0] == name
-               for launch in launcher.launches)
+    launched = {launch[0] for launch in launcher.launches}
+    assert launched and launched <= set(LAUNCHES[name].kernels), launched
 
 
-def test_grid_stride_loops_cover_tensors_larger_than_the_grid(monkeypatch):
+@pytest.mark.parametrize("name", list(LAUNCHES))
+def test_grid_stride_loops_cover_tensors_larger_than_the_grid(monkeypatch, name):
     monkeypatch.setattr(oplib.kernels, "MAX_BLOCKS", 2)
-    spec = registry.get("involution")
+    spec = registry.get(name)
     launcher = EmulatedLauncher()
     for sample in _random_samples(spec, torch.float64, 10, seed=7):
-        assert_matches_reference(spec, sample, involution_ops.launch_involution(*sample.args, launcher), torch.float64)
-    assert all(grid <= 2 for _, _, grid, _ in launcher.launches)
-
-
-@pytest.mark.parametrize("dtype,bits", [(torch.float16, torch.int16), (torch.bfloat16, torch.int16)], ids=str)
-def test_16_bit_conversions_are_bit_exact(dtype, bits):
-    """A 1x1 involution computes store(load(w) * load(x)): over every 16-bit pattern of x it
-    must round exactly as torch does (nearest even, subnormals, inf and nan included)."""
-    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(bits).view(dtype).reshape(1, 1, 256, 256)
-    for scale in (1.0, 1 / 3, 3.0, 1e-3):
-        w = torch.full((1, 1, 1, 1, 256, 256), scale, dtype=dtype)
-        out = involution_ops.launch_involution(x, w, [1, 1], [0, 0], [1, 1], EmulatedLauncher())
-        # The kernels accumulate from +0, so a -0 product sums to +0, as in torch's reductions.
-        expected = (0.0 + x.float() * w.float()).to(dtype)
-        same = (out.view(bits) == expected.view(bits)) | (out.isnan() & expected.isnan())
-        assert bool(same.all()), f"scale {scale}: {int((~same).sum())} patterns differ"
+        assert_matches_reference(spec, sample, LAUNCHES[name](*sample.args, launcher), torch.float64)
+    assert launcher.launches and all(grid <= 2 for _, _, grid, _ in launcher.launches)
 
 
 @pytest.fixture
 def emulated_cpu_kernels():
-    """Route the three involution ops' CPU kernels through the emulated CUDA dispatch."""
+    """Route every op with CUDA kernels through its CUDA dispatch on CPU tensors, with the
+    host emulation's launcher in place of CuPy's."""
     launcher = EmulatedLauncher()
-    ops = {
-        involution_ops.involution: lambda *a: involution_ops.launch_involution(*a, launcher),
-        involution_ops.involution_backward_input: lambda *a: involution_ops.launch_involution_backward_input(*a, launcher),
-        involution_ops.involution_backward_weight: lambda *a: involution_ops.launch_involution_backward_weight(*a, launcher),
-    }
-    for op, kernel in ops.items():
-        op.register_kernel("cpu")(kernel)
+    opdefs = [torch._library.custom_ops._maybe_get_opdef(qualname) for qualname in CUDA_DISPATCH]
+    for opdef, dispatch in zip(opdefs, CUDA_DISPATCH.values()):
+        opdef.register_kernel("cpu")(lambda *args, dispatch=dispatch: dispatch(*args, launcher))
+        opdef.set_kernel_enabled("cpu", True)
     yield launcher
-    # Back to the plain-PyTorch CPU kernels.
-    involution_ops.involution.register_kernel("cpu")(involution_ops._involution_kernel)
-    involution_ops.involution_backward_input.register_kernel("cpu")(involution_ops._involution_backward_input_kernel)
-    involution_ops.involution_backward_weight.register_kernel("cpu")(involution_ops._involution_backward_weight_kernel)
+    # Back to each op's own CPU kernel, the function custom_op was given.
+    for opdef in opdefs:
+        opdef.set_kernel_enabled("cpu", False)
 
 
 @pytest.mark.parametrize("name", list(LAUNCHES))
@@ -127,29 +111,28 @@ def test_gradcheck_through_emulated_kernels(name, emulated_cpu_kernels):
     for sample in list(spec.sample_inputs("cpu", torch.float64, True))[1:4]:
         assert torch.autograd.gradcheck(spec.op, sample.args), sample.name
         assert torch.autograd.gradgradcheck(spec.op, sample.args, fast_mode=True), sample.name
-    kernels = {launch[0] for launch in emulated_cpu_kernels.launches}
-    assert kernels == {"involution_forward", "involution_backward_input", "involution_backward_weight"}
+    launched = {launch[0] for launch in emulated_cpu_kernels.launches}
+    assert set(LAUNCHES[name].kernels) <= launched, launched
 
 
 _ASAN_SCRIPT = textwrap.dedent(
     """
     import random, sys, torch
     from oplib import registry
-    from oplib.ops import involution as ops
+    from oplib.kernels import CUDA_DISPATCH
     from oplib.testing import assert_matches_reference
     from oplib.testing.cuda_emulation import EmulatedLauncher
     launcher = EmulatedLauncher(sanitize=True)
     rng = random.Random(0)
-    launches = {"involution": ops.launch_involution,
-                "involution_backward_input": ops.launch_involution_backward_input,
-                "involution_backward_weight": ops.launch_involution_backward_weight}
-    for name, launch in launches.items():
-        spec = registry.get(name)
+    for spec in registry.all_specs():
+        dispatch = CUDA_DISPATCH.get(spec.qualname)
+        if dispatch is None:
+            continue
         for dtype in registry.FLOAT_DTYPES:
             samples = list(spec.sample_inputs("cpu", dtype, False))
             samples += [spec.random_sample(rng.randint, "cpu", dtype, False) for _ in range(15)]
             for sample in samples:
-                assert_matches_reference(spec, sample, launch(*sample.args, launcher), dtype)
+                assert_matches_reference(spec, sample, dispatch(*sample.args, launcher), dtype)
     print("asan: clean,", len(launcher.launches), "launches")
     """
 )

@@ -76,18 +76,32 @@ def load_source(filename: str) -> KernelSource:
     return KernelSource(path, path.read_text())
 
 
-# qualname -> the dispatch function the op's CUDA kernel registration calls, which takes the
-# op's arguments and a launcher last; the self-check and the tests run it with the host
-# emulation's launcher.
-CUDA_DISPATCH: dict[str, Callable[..., Tensor]] = {}
+@dataclass(frozen=True)
+class CudaDispatch:
+    """An op's CUDA dispatch: ``launch(*op_args, launcher)`` allocates the output and launches
+    ``kernels`` of the ``.cu`` file ``source``. The op's CUDA kernel registration calls it with
+    CuPy's launcher; the self-check and the tests call it with the host emulation's."""
+
+    qualname: str
+    launch: Callable[..., Tensor]
+    source: str
+    kernels: tuple[str, ...]
+
+    def __call__(self, *args) -> Tensor:
+        return self.launch(*args)
 
 
-def cuda_dispatch(qualname: str):
-    """Register the decorated function as ``qualname``'s CUDA dispatch (see CUDA_DISPATCH)."""
+# qualname -> its CUDA dispatch, for every op with CUDA kernels of its own.
+CUDA_DISPATCH: dict[str, CudaDispatch] = {}
 
-    def register(function: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        CUDA_DISPATCH[qualname] = function
-        return function
+
+def cuda_dispatch(qualname: str, source: str, kernels: Sequence[str]):
+    """Register the decorated launch function as ``qualname``'s CUDA dispatch, which launches
+    ``kernels`` from the file ``source`` in this folder (see CudaDispatch)."""
+
+    def register(launch: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        CUDA_DISPATCH[qualname] = CudaDispatch(qualname, launch, source, tuple(kernels))
+        return launch
 
     return register
 
@@ -114,6 +128,16 @@ def launch_elementwise(
     launcher.launch(source, kernel, out.dtype, grid, BLOCK_SIZE, args)
 
 
+class _StreamHandle:
+    """A raw cudaStream_t in the CUDA stream protocol, which CuPy's Stream.from_external reads."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
 class CuPyLauncher:
     """Compiles each ``.cu`` file once per device with NVRTC (every kernel, every dtype) and
     launches on PyTorch's current stream of the tensors' device."""
@@ -129,31 +153,65 @@ class CuPyLauncher:
         self._cupy = cupy
         self._modules: dict[tuple[str, int], object] = {}
 
-    def _function(self, source: KernelSource, kernel: str, dtype: torch.dtype, device: int):
+    def load(self, source: KernelSource, device: int) -> None:
+        """Compile ``source`` for ``device`` and load it there, unless that was done before."""
         key = (source.sha256, device)
-        module = self._modules.get(key)
-        if module is None:
-            names = [f"{name}<{ctype}>" for name in source.kernels for ctype in CTYPES.values()]
-            with self._cupy.cuda.Device(device):
-                module = self._cupy.RawModule(
-                    code=source.text, options=("--std=c++17", f"-I{KERNEL_DIR}"), name_expressions=names
-                )
-                module.compile()
-            self._modules[key] = module
-        return module.get_function(f"{kernel}<{CTYPES[dtype]}>")
+        if key in self._modules:
+            return
+        if torch.cuda.is_current_stream_capturing():
+            # Loading a module is not a legal call while a stream captures a CUDA graph, and
+            # the failed call would invalidate the capture: say what to do instead.
+            raise RuntimeError(
+                f"oplib: the CUDA kernels of {source.path.name} are not loaded on cuda:{device} yet, and they cannot "
+                f"be loaded while a CUDA graph is being captured; call oplib.kernels.load('cuda:{device}') (or run "
+                f"the op once) before the capture"
+            )
+        names = [f"{name}<{ctype}>" for name in source.kernels for ctype in CTYPES.values()]
+        with self._cupy.cuda.Device(device):
+            module = self._cupy.RawModule(
+                code=source.text, options=("--std=c++17", f"-I{KERNEL_DIR}"), name_expressions=names
+            )
+            module.compile()
+        self._modules[key] = module
 
     def launch(self, source, kernel, dtype, grid, block, args) -> None:
         import numpy
 
         device = next(a.device for a in args if isinstance(a, Tensor))
-        function = self._function(source, kernel, dtype, device.index)
+        self.load(source, device.index)
+        function = self._modules[source.sha256, device.index].get_function(f"{kernel}<{CTYPES[dtype]}>")
         # Pointers go as 64-bit integers: the kernel parameters are 8-byte pointers and index_t.
         packed = tuple(numpy.uint64(a.data_ptr()) if isinstance(a, Tensor) else numpy.int64(a) for a in args)
-        stream = self._cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream, device_id=device.index)
+        stream = self._stream(torch.cuda.current_stream(device).cuda_stream, device.index)
         with self._cupy.cuda.Device(device.index), stream:
             function((grid,), (block,), packed)
+
+    def _stream(self, handle: int, device: int):
+        """PyTorch's stream as a CuPy stream (ExternalStream before CuPy 14, which deprecates it)."""
+        from_external = getattr(self._cupy.cuda.Stream, "from_external", None)
+        if from_external is not None:
+            return from_external(_StreamHandle(handle))
+        return self._cupy.cuda.ExternalStream(handle, device_id=device)
 
 
 @functools.cache
 def cupy_launcher() -> CuPyLauncher:
     return CuPyLauncher()
+
+
+def load(device: Union[torch.device, str, int, None] = None) -> None:
+    """Compile and load every op's CUDA kernels on ``device`` (default: the current CUDA
+    device) now, rather than at each op's first call: needed before that first call happens
+    inside a CUDA graph capture (``torch.cuda.graph``), where loading a module is not allowed.
+
+    Compiling takes seconds on a cold cache (CuPy keeps the results on disk)."""
+    if device is None:
+        index = torch.cuda.current_device()
+    else:
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"oplib.kernels.load: expected a CUDA device, got {device}")
+        index = torch.cuda.current_device() if device.index is None else device.index
+    launcher = cupy_launcher()
+    for filename in sorted({dispatch.source for dispatch in CUDA_DISPATCH.values()}):
+        launcher.load(load_source(filename), index)

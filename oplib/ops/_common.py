@@ -12,11 +12,16 @@ from typing import Literal, Optional
 import torch
 from torch import Tensor
 
-# One Library object for the registrations that torch.library has no helper for
-# (our autocast kernels); kept alive for the life of the process.
-_LIB = torch.library.Library("oplib", "FRAGMENT")
+# One Library object per namespace for the registrations that torch.library has no helper
+# for (autocast kernels that read the autocast dtype at call time); kept alive for the life
+# of the process.
+_LIBRARIES: dict[str, torch.library.Library] = {}
 
 AutocastPolicy = Literal["lower_precision", "fp32"]
+
+# qualname -> {device type: policy}, as each op declared it through register_autocast_policy;
+# the registry's specs read it from here.
+AUTOCAST_POLICIES: dict[str, dict[str, AutocastPolicy]] = {}
 
 
 # Eager fast paths. Each op's ``_check_<op>_args`` states every condition with its message,
@@ -78,11 +83,30 @@ def check_value(condition, message) -> None:
         torch._check_value(condition, message)
 
 
+# Error messages are templates, formatted by the checks and, with the values a test expects,
+# by the registry's error inputs (oplib.testing.specs.expect_message): one wording, one place.
+FLOATING_DTYPE = "oplib.{op}: expected {name} to have a floating-point dtype, got {dtype}"
+SAME_DTYPE = (
+    "oplib.{op}: expected {name} and {reference_name} to have the same dtype, "
+    "got {name}.dtype={dtype} and {reference_name}.dtype={reference_dtype}"
+)
+SAME_DEVICE = (
+    "oplib.{op}: expected {name} and {reference_name} to be on the same device, "
+    "got {name} on {device} and {reference_name} on {reference_device}"
+)
+DIM = "oplib.{op}: expected {name} to be {layout}, got a {dim}-D tensor of size {size}"
+PAIR_LENGTH = "oplib.{op}: expected {name} to have 2 elements (height, width), got {values}"
+PAIR_RANGE = "oplib.{op}: expected {name} to be {bound}, got {name}={values}"
+GROUPS_POSITIVE = "oplib.{op}: expected groups to be positive, got groups={groups}"
+CHANNELS_DIVISIBLE = "oplib.{op}: expected input channels ({channels}) to be divisible by groups ({groups})"
+BIAS_SIZE = "oplib.{op}: expected bias of size [{size}] ({dim_name}), got bias of size {bias_size}"
+WINDOW_FITS = (
+    "oplib.{op}: input {axis} with padding ({size} + 2*{padding}) is smaller than the dilated kernel {axis} ({extent})"
+)
+
+
 def check_floating(op: str, name: str, tensor: Tensor) -> None:
-    check(
-        tensor.is_floating_point(),
-        lambda: f"oplib.{op}: expected {name} to have a floating-point dtype, got {tensor.dtype}",
-    )
+    check(tensor.is_floating_point(), lambda: FLOATING_DTYPE.format(op=op, name=name, dtype=tensor.dtype))
 
 
 def check_same_dtype_and_device(op: str, reference_name: str, reference: Tensor, **others: Optional[Tensor]) -> None:
@@ -92,36 +116,35 @@ def check_same_dtype_and_device(op: str, reference_name: str, reference: Tensor,
             continue
         check(
             tensor.dtype == reference.dtype,
-            lambda: f"oplib.{op}: expected {name} and {reference_name} to have the same dtype, "
-            f"got {name}.dtype={tensor.dtype} and {reference_name}.dtype={reference.dtype}",
+            lambda: SAME_DTYPE.format(
+                op=op, name=name, reference_name=reference_name, dtype=tensor.dtype, reference_dtype=reference.dtype
+            ),
         )
         check(
             tensor.device == reference.device,
-            lambda: f"oplib.{op}: expected {name} and {reference_name} to be on the same device, "
-            f"got {name} on {tensor.device} and {reference_name} on {reference.device}",
+            lambda: SAME_DEVICE.format(
+                op=op, name=name, reference_name=reference_name, device=tensor.device, reference_device=reference.device
+            ),
         )
 
 
 def check_dim(op: str, name: str, tensor: Tensor, allowed: Sequence[int], layout: str) -> None:
     check(
         tensor.dim() in allowed,
-        lambda: f"oplib.{op}: expected {name} to be {layout}, "
-        f"got a {tensor.dim()}-D tensor of size {list(tensor.shape)}",
+        lambda: DIM.format(op=op, name=name, layout=layout, dim=tensor.dim(), size=list(tensor.shape)),
     )
 
 
 def check_window_params(op: str, stride: Sequence, padding: Sequence, dilation: Sequence) -> None:
     """Stride and dilation must be positive pairs, padding a non-negative pair."""
     for name, values, lowest in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
-        check_value(
-            len(values) == 2,
-            lambda: f"oplib.{op}: expected {name} to have 2 elements (height, width), got {list(values)}",
-        )
+        check_value(len(values) == 2, lambda: PAIR_LENGTH.format(op=op, name=name, values=list(values)))
         for v in values:
             check_value(
                 v >= lowest,
-                lambda: f"oplib.{op}: expected {name} to be {'positive' if lowest else 'non-negative'}, "
-                f"got {name}={list(values)}",
+                lambda: PAIR_RANGE.format(
+                    op=op, name=name, bound="positive" if lowest else "non-negative", values=list(values)
+                ),
             )
 
 
@@ -137,8 +160,7 @@ def check_window_fits(op: str, size, kernel, padding, dilation) -> None:
         extent = dilation[a] * (kernel[a] - 1) + 1
         check(
             size[a] + 2 * padding[a] >= extent,
-            lambda: f"oplib.{op}: input {name} with padding ({size[a]} + 2*{padding[a]}) is smaller than "
-            f"the dilated kernel {name} ({extent})",
+            lambda: WINDOW_FITS.format(op=op, axis=name, size=size[a], padding=padding[a], extent=extent),
         )
 
 
@@ -186,4 +208,7 @@ def register_autocast_policy(qualname: str, device_type: str, policy: AutocastPo
         with torch._C._ExcludeDispatchKeyGuard(excluded):
             return op(*(_autocast_cast(a, device_type, dtype) for a in args))
 
-    _LIB.impl(name, kernel, key, with_keyset=True)
+    if namespace not in _LIBRARIES:
+        _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
+    _LIBRARIES[namespace].impl(name, kernel, key, with_keyset=True)
+    AUTOCAST_POLICIES.setdefault(qualname, {})[device_type] = policy

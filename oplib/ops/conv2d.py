@@ -16,6 +16,9 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from ._common import (
+    BIAS_SIZE,
+    CHANNELS_DIVISIBLE,
+    GROUPS_POSITIVE,
     argument_predicate,
     check,
     check_value,
@@ -32,34 +35,45 @@ from ._common import (
 from ._transforms import register_jvp, sum_tangents
 
 
+OUT_CHANNELS_DIVISIBLE = "oplib.conv2d: expected weight's out_channels ({out_channels}) to be divisible by groups ({groups})"
+CHANNELS = (
+    "oplib.conv2d: expected input of size {input_size} to have {expected} channels "
+    "(weight of size {weight_size}, groups={groups}), got {channels} channels"
+)
+
+
 def _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups) -> None:
     check_dim("conv2d", "input", input, (3, 4), "3-D (C, H, W) or 4-D (N, C, H, W)")
     check_dim("conv2d", "weight", weight, (4,), "4-D (out_channels, in_channels / groups, KH, KW)")
     check_floating("conv2d", "input", input)
     check_same_dtype_and_device("conv2d", "input", input, weight=weight, bias=bias)
     check_window_params("conv2d", stride, padding, dilation)
-    check_value(groups > 0, lambda: f"oplib.conv2d: expected groups to be positive, got groups={groups}")
+    check_value(groups > 0, lambda: GROUPS_POSITIVE.format(op="conv2d", groups=groups))
     channels = input.shape[-3]
     out_channels = weight.shape[0]
     check(
-        channels % groups == 0,
-        lambda: f"oplib.conv2d: expected input channels ({channels}) to be divisible by groups ({groups})",
+        channels % groups == 0, lambda: CHANNELS_DIVISIBLE.format(op="conv2d", channels=channels, groups=groups)
     )
     check(
         out_channels % groups == 0,
-        lambda: f"oplib.conv2d: expected weight's out_channels ({out_channels}) to be divisible by groups ({groups})",
+        lambda: OUT_CHANNELS_DIVISIBLE.format(out_channels=out_channels, groups=groups),
     )
     check(
         weight.shape[1] * groups == channels,
-        lambda: f"oplib.conv2d: expected input of size {list(input.shape)} to have "
-        f"{weight.shape[1] * groups} channels (weight of size {list(weight.shape)}, groups={groups}), "
-        f"got {channels} channels",
+        lambda: CHANNELS.format(
+            input_size=list(input.shape),
+            expected=weight.shape[1] * groups,
+            weight_size=list(weight.shape),
+            groups=groups,
+            channels=channels,
+        ),
     )
     if bias is not None:
         check(
             bias.dim() == 1 and bias.shape[0] == out_channels,
-            lambda: f"oplib.conv2d: expected bias of size [{out_channels}] (out_channels), "
-            f"got bias of size {list(bias.shape)}",
+            lambda: BIAS_SIZE.format(
+                op="conv2d", size=out_channels, dim_name="out_channels", bias_size=list(bias.shape)
+            ),
         )
     check_window_fits("conv2d", input.shape[-2:], weight.shape[2:], padding, dilation)
 

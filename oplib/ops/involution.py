@@ -32,6 +32,8 @@ from torch.utils.flop_counter import register_flop_formula
 
 from ..kernels import Launcher, cuda_dispatch, cupy_launcher, involution_cpu, launch_elementwise, load_source
 from ._common import (
+    CHANNELS_DIVISIBLE,
+    GROUPS_POSITIVE,
     argument_predicate,
     check,
     check_value,
@@ -52,6 +54,33 @@ from ._transforms import register_jvp, sum_tangents
 # ---------------------------------------------------------------------------------------
 
 
+KERNEL_SIZE = "oplib.{op}: expected weight's kernel size (KH, KW) to be positive, got weight of size {weight_size}"
+BATCH = (
+    "oplib.involution: expected weight's batch size to equal input's, "
+    "got input of size {input_size} and weight of size {weight_size}"
+)
+NO_GROUPS = "oplib.involution: expected at least one group, got weight of size {weight_size}"
+GROUPS_DIVIDE = (
+    "oplib.involution: expected input channels ({channels}) to be divisible by the groups of weight ({groups}), "
+    "got input of size {input_size} and weight of size {weight_size}"
+)
+OUTPUT_SIZE = (
+    "oplib.involution: expected weight's output size (Ho, Wo) to be {expected}, the output size of input "
+    "{input_size} with kernel {kernel}, stride {stride}, padding {padding}, dilation {dilation}; got {got}"
+)
+INPUT_SIZE_PAIR = "oplib.involution_backward_input: expected input_size to be (H, W), got {input_size}"
+WEIGHT_FOR_GRAD = (
+    "oplib.involution_backward_input: expected weight (N, G, ...) with the batch size of grad_output and G "
+    "dividing its channels, got grad_output of size {grad_size} and weight of size {weight_size}"
+)
+OUTPUT_SIZE_OF_INPUT = (
+    "oplib.involution_backward_input: expected grad_output and weight to have the output size {expected} of "
+    "input size {input_size}, got grad_output of size {grad_size} and weight of size {weight_size}"
+)
+KERNEL_SIZE_PAIR = "oplib.involution_backward_weight: expected kernel_size to be a positive (KH, KW), got {kernel_size}"
+GRAD_OUTPUT_SIZE = "oplib.involution_backward_weight: expected grad_output of size {expected}, got {got} (input of size {input_size})"
+
+
 def _check_output_size(op, size, kernel_size, stride, padding, dilation) -> tuple:
     """Check that the window fits the padded input; return the output size (Ho, Wo)."""
     check_window_fits(op, size, kernel_size, padding, dilation)
@@ -62,8 +91,7 @@ def _check_kernel_size(op: str, weight: Tensor) -> None:
     """The kernel dims (KH, KW) of a (N, G, KH, KW, Ho, Wo) weight must be positive."""
     check(
         (weight.shape[2] > 0) & (weight.shape[3] > 0),
-        lambda: f"oplib.{op}: expected weight's kernel size (KH, KW) to be positive, "
-        f"got weight of size {list(weight.shape)}",
+        lambda: KERNEL_SIZE.format(op=op, weight_size=list(weight.shape)),
     )
 
 
@@ -75,24 +103,23 @@ def _check_involution_args(input: Tensor, weight: Tensor, stride, padding, dilat
     check_window_params("involution", stride, padding, dilation)
     n, channels, height, width = input.shape
     groups = weight.shape[1]
-    check(
-        weight.shape[0] == n,
-        lambda: f"oplib.involution: expected weight's batch size to equal input's, got input of size "
-        f"{list(input.shape)} and weight of size {list(weight.shape)}",
-    )
-    check(groups > 0, lambda: f"oplib.involution: expected at least one group, got weight of size {list(weight.shape)}")
+    sizes = dict(input_size=list(input.shape), weight_size=list(weight.shape))
+    check(weight.shape[0] == n, lambda: BATCH.format(**sizes))
+    check(groups > 0, lambda: NO_GROUPS.format(**sizes))
     _check_kernel_size("involution", weight)
-    check(
-        channels % groups == 0,
-        lambda: f"oplib.involution: expected input channels ({channels}) to be divisible by the groups "
-        f"of weight ({groups}), got input of size {list(input.shape)} and weight of size {list(weight.shape)}",
-    )
+    check(channels % groups == 0, lambda: GROUPS_DIVIDE.format(channels=channels, groups=groups, **sizes))
     out_h, out_w = _check_output_size("involution", (height, width), weight.shape[2:4], stride, padding, dilation)
     check(
         (weight.shape[4] == out_h) & (weight.shape[5] == out_w),
-        lambda: f"oplib.involution: expected weight's output size (Ho, Wo) to be ({out_h}, {out_w}), the "
-        f"output size of input {list(input.shape)} with kernel {list(weight.shape[2:4])}, stride {list(stride)}, "
-        f"padding {list(padding)}, dilation {list(dilation)}; got ({weight.shape[4]}, {weight.shape[5]})",
+        lambda: OUTPUT_SIZE.format(
+            expected=(out_h, out_w),
+            input_size=list(input.shape),
+            kernel=list(weight.shape[2:4]),
+            stride=list(stride),
+            padding=list(padding),
+            dilation=list(dilation),
+            got=(weight.shape[4], weight.shape[5]),
+        ),
     )
 
 
@@ -103,24 +130,17 @@ def _check_backward_input_args(grad_output, weight, input_size, stride, padding,
     check_floating(op, "grad_output", grad_output)
     check_same_dtype_and_device(op, "grad_output", grad_output, weight=weight)
     check_window_params(op, stride, padding, dilation)
-    check_value(
-        len(input_size) == 2, lambda: f"oplib.{op}: expected input_size to be (H, W), got {list(input_size)}"
-    )
+    check_value(len(input_size) == 2, lambda: INPUT_SIZE_PAIR.format(input_size=list(input_size)))
     n, channels, out_h, out_w = grad_output.shape
     groups = weight.shape[1]
-    mismatch = lambda: (  # noqa: E731
-        f"oplib.{op}: expected weight (N, G, ...) with the batch size of grad_output and G dividing its "
-        f"channels, got grad_output of size {list(grad_output.shape)} and weight of size {list(weight.shape)}"
-    )
-    check((weight.shape[0] == n) & (groups > 0), mismatch)
-    check(channels % groups == 0, mismatch)
+    sizes = dict(grad_size=list(grad_output.shape), weight_size=list(weight.shape))
+    check((weight.shape[0] == n) & (groups > 0), lambda: WEIGHT_FOR_GRAD.format(**sizes))
+    check(channels % groups == 0, lambda: WEIGHT_FOR_GRAD.format(**sizes))
     _check_kernel_size(op, weight)
     expected = _check_output_size(op, input_size, weight.shape[2:4], stride, padding, dilation)
     check(
         (weight.shape[4] == out_h) & (weight.shape[5] == out_w) & (expected[0] == out_h) & (expected[1] == out_w),
-        lambda: f"oplib.{op}: expected grad_output and weight to have the output size {list(expected)} of input "
-        f"size {list(input_size)}, got grad_output of size {list(grad_output.shape)} and weight of size "
-        f"{list(weight.shape)}",
+        lambda: OUTPUT_SIZE_OF_INPUT.format(expected=list(expected), input_size=list(input_size), **sizes),
     )
 
 
@@ -133,22 +153,20 @@ def _check_backward_weight_args(grad_output, input, kernel_size, stride, padding
     check_window_params(op, stride, padding, dilation)
     check_value(
         len(kernel_size) == 2 and kernel_size[0] > 0 and kernel_size[1] > 0,
-        lambda: f"oplib.{op}: expected kernel_size to be a positive (KH, KW), got {list(kernel_size)}",
+        lambda: KERNEL_SIZE_PAIR.format(kernel_size=list(kernel_size)),
     )
-    check_value(groups > 0, lambda: f"oplib.{op}: expected groups to be positive, got groups={groups}")
+    check_value(groups > 0, lambda: GROUPS_POSITIVE.format(op=op, groups=groups))
     n, channels, height, width = input.shape
-    check(
-        channels % groups == 0,
-        lambda: f"oplib.{op}: expected input channels ({channels}) to be divisible by groups ({groups})",
-    )
+    check(channels % groups == 0, lambda: CHANNELS_DIVISIBLE.format(op=op, channels=channels, groups=groups))
     expected = _check_output_size(op, (height, width), kernel_size, stride, padding, dilation)
     check(
         (grad_output.shape[0] == n)
         & (grad_output.shape[1] == channels)
         & (grad_output.shape[2] == expected[0])
         & (grad_output.shape[3] == expected[1]),
-        lambda: f"oplib.{op}: expected grad_output of size {[n, channels, *expected]}, got "
-        f"{list(grad_output.shape)} (input of size {list(input.shape)})",
+        lambda: GRAD_OUTPUT_SIZE.format(
+            expected=[n, channels, *expected], got=list(grad_output.shape), input_size=list(input.shape)
+        ),
     )
 
 
@@ -238,7 +256,7 @@ def _backward_weight_args_valid(grad_output, input, kernel_size, stride, padding
     )
 
 
-@cuda_dispatch("oplib::involution")
+@cuda_dispatch("oplib::involution", _SOURCE, ["involution_forward"])
 def launch_involution(input: Tensor, weight: Tensor, stride, padding, dilation, launcher: Launcher) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo) by the
     ``involution_forward`` kernel. Strided inputs are made contiguous first."""
@@ -250,7 +268,7 @@ def launch_involution(input: Tensor, weight: Tensor, stride, padding, dilation, 
     return out
 
 
-@cuda_dispatch("oplib::involution_backward_input")
+@cuda_dispatch("oplib::involution_backward_input", _SOURCE, ["involution_backward_input"])
 def launch_involution_backward_input(
     grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation, launcher: Launcher
 ) -> Tensor:
@@ -269,7 +287,7 @@ def launch_involution_backward_input(
     return grad_input
 
 
-@cuda_dispatch("oplib::involution_backward_weight")
+@cuda_dispatch("oplib::involution_backward_weight", _SOURCE, ["involution_backward_weight"])
 def launch_involution_backward_weight(
     grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation, groups: int, launcher: Launcher
 ) -> Tensor:

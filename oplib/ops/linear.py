@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from ._common import (
+    BIAS_SIZE,
     argument_predicate,
     check,
     check_dim,
@@ -23,6 +24,12 @@ from ._common import (
 from ._transforms import register_jvp, sum_tangents
 
 
+IN_FEATURES = (
+    "oplib.linear: expected input's last dimension to equal weight's in_features, "
+    "got input of size {input_size} and weight of size {weight_size}"
+)
+
+
 def _check_linear_args(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
     check_dim("linear", "input", input, range(1, 64), "at least 1-D (*, in_features)")
     check_dim("linear", "weight", weight, (2,), "2-D (out_features, in_features)")
@@ -30,14 +37,14 @@ def _check_linear_args(input: Tensor, weight: Tensor, bias: Optional[Tensor]) ->
     check_same_dtype_and_device("linear", "input", input, weight=weight, bias=bias)
     check(
         input.shape[-1] == weight.shape[1],
-        lambda: f"oplib.linear: expected input's last dimension to equal weight's in_features, "
-        f"got input of size {list(input.shape)} and weight of size {list(weight.shape)}",
+        lambda: IN_FEATURES.format(input_size=list(input.shape), weight_size=list(weight.shape)),
     )
     if bias is not None:
         check(
             bias.dim() == 1 and bias.shape[0] == weight.shape[0],
-            lambda: f"oplib.linear: expected bias of size [{weight.shape[0]}] (out_features), "
-            f"got bias of size {list(bias.shape)}",
+            lambda: BIAS_SIZE.format(
+                op="linear", size=weight.shape[0], dim_name="out_features", bias_size=list(bias.shape)
+            ),
         )
 
 

@@ -1,5 +1,7 @@
-"""Test helpers shared by ``tests/``, ``compile_tests/`` and the self-check: pytest
-parametrisation over the registry and comparison against the float64 reference."""
+"""Test helpers for oplib's ops and yours: pytest parametrisation over specs, comparison
+against the float64 reference, input builders (``oplib.testing.inputs``) and the generated
+test class ``generated_tests`` (``oplib.testing.generated``, imported on first use because
+it needs pytest, which oplib does not)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,15 @@ from torch import Tensor
 
 from .. import registry
 from ..registry import OpSpec, SampleInput
+from .inputs import LAYOUTS, draw_window, expect_message, make  # noqa: F401  (public)
+
+
+def __getattr__(name: str):
+    if name == "generated_tests":
+        from .generated import generated_tests
+
+        return generated_tests
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cpu_and_cuda():

@@ -1,0 +1,234 @@
+"""The checks every op gets, as a pytest test class generated for a list of specs.
+
+In a test module of your own, for specs of your own ops (see "Adding an op" in the README):
+
+    from oplib.testing import generated_tests
+    from my_package.specs import MY_SPECS
+
+    TestMyOps = generated_tests(MY_SPECS)
+
+pytest then collects, per op, device and (where it applies) dtype: eager against the float64
+reference in every layout, gradcheck and gradgradcheck, gradients computed one input at a
+time, ``torch.library.opcheck``, vmap against a loop, the autocast policy, error inputs in
+eager mode and under fake tensors, random shapes (with hypothesis installed), and, with
+``tracing=True``, torch.compile against eager, error inputs while tracing, the torch.export
+save/load round trip and error inputs while exporting. Needs pytest (oplib itself does not).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Sequence
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from .. import selfcheck
+from ..registry import OpSpec, SampleInput, cast_sample
+from . import OpCall, assert_matches_reference, spec_dtype_params, spec_params, tensor_args
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _check_raises(error, call):
+    with pytest.raises(error.error_type) as info:
+        call()
+    assert re.search(error.match, str(info.value)), f"{error.sample.name}: {info.value}"
+
+
+def _vmap_in_dims(sample: SampleInput, batched: list[int]) -> tuple:
+    return tuple(0 if i in batched else None for i in range(len(sample.args)))
+
+
+def _property_test(specs: Sequence[OpSpec]):
+    """Random shapes and parameters from each spec's ``random_sample``, drawn by hypothesis
+    (so failures shrink): forward and every input gradient match the reference."""
+    random_specs = [spec for spec in specs if spec.random_sample is not None]
+    try:
+        from hypothesis import HealthCheck, given, settings, strategies as st
+    except ImportError:
+        @pytest.mark.parametrize("spec", random_specs, ids=lambda s: s.name)
+        def test_property_random_shapes(self, spec):
+            pytest.skip("hypothesis is not installed")
+
+        return test_property_random_shapes
+
+    @pytest.mark.parametrize("spec", random_specs, ids=lambda s: s.name)
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(data=st.data())
+    def test_property_random_shapes(self, spec, data):
+        draw = lambda low, high: data.draw(st.integers(low, high))  # noqa: E731
+        sample = spec.random_sample(draw, "cpu", torch.float64, True)
+        out = spec.op(*sample.args)
+        assert_matches_reference(spec, sample, out, torch.float64)
+        positions = tensor_args(sample)
+        if out.numel() == 0:
+            return
+        grad_out = torch.randn_like(out)
+        grads = torch.autograd.grad(out, [sample.args[i] for i in positions], grad_out)
+        expected = torch.autograd.grad(spec.reference(*sample.args), [sample.args[i] for i in positions], grad_out)
+        for i, got, want in zip(positions, grads, expected):
+            torch.testing.assert_close(got, want, msg=f"{sample.name}: gradient of argument {i}")
+
+    return test_property_random_shapes
+
+
+def generated_tests(specs: Sequence[OpSpec], *, eager: bool = True, tracing: bool = True) -> type:
+    """A test class (assign it to a ``Test*`` name in a test module) checking ``specs``.
+
+    ``eager``: the checks that run the op directly; ``tracing``: torch.compile and
+    torch.export (each compiles, so they take seconds per sample)."""
+    specs = list(specs)
+    by_device = spec_params(specs)
+    by_dtype = spec_dtype_params(specs)
+    namespace: dict = {"__doc__": f"Generated checks of {', '.join(s.name for s in specs)}."}
+
+    if eager:
+
+        @pytest.mark.parametrize("spec,device,dtype", by_dtype)
+        def test_forward_matches_reference(self, spec, device, dtype):
+            for sample in spec.sample_inputs(device, dtype, False):
+                assert_matches_reference(spec, sample, spec.op(*sample.args), dtype)
+
+        @pytest.mark.parametrize("spec,device,dtype", by_dtype)
+        def test_layout_does_not_change_values(self, spec, device, dtype):
+            """Transposed, sliced and channels_last inputs give what their contiguous copies
+            give (up to summation order: BLAS picks other kernels for other layouts)."""
+            atol, rtol = spec.tolerance(dtype)
+            for sample in spec.sample_inputs(device, dtype, False):
+                contiguous = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in sample.args)
+                torch.testing.assert_close(
+                    spec.op(*sample.args), spec.op(*contiguous), atol=atol, rtol=rtol, msg=sample.name
+                )
+
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_gradcheck(self, spec, device):
+            for sample in spec.sample_inputs(device, torch.float64, True):
+                assert torch.autograd.gradcheck(spec.op, sample.args, nondet_tol=spec.gradcheck_nondet_tol), sample.name
+
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_gradgradcheck(self, spec, device):
+            for sample in spec.sample_inputs(device, torch.float64, True):
+                assert torch.autograd.gradgradcheck(
+                    spec.op, sample.args, fast_mode=spec.fast_gradgradcheck, nondet_tol=spec.gradcheck_nondet_tol
+                ), sample.name
+
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_backward_computes_only_needed_gradients(self, spec, device):
+            """Gradients of one input at a time equal those of a call where all require grad."""
+            for sample in spec.sample_inputs(device, torch.float64, True):
+                positions = tensor_args(sample)
+                out = spec.op(*sample.args)
+                grad_out = torch.randn_like(out)
+                full = torch.autograd.grad(out, [sample.args[i] for i in positions], grad_out, allow_unused=True)
+                for k, i in enumerate(positions):
+                    args = list(cast_sample(sample, torch.float64, requires_grad=False).args)
+                    args[i] = args[i].requires_grad_(True)
+                    (grad,) = torch.autograd.grad(spec.op(*args), args[i], grad_out)
+                    torch.testing.assert_close(grad, full[k], msg=f"{sample.name}: argument {i}")
+
+        @pytest.mark.parametrize("spec,device,dtype", spec_dtype_params(specs, dtypes=(torch.float64, torch.float32)))
+        def test_opcheck(self, spec, device, dtype):
+            for requires_grad in (False, True):
+                for sample in spec.sample_inputs(device, dtype, requires_grad):
+                    torch.library.opcheck(spec.op, sample.args)
+
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_vmap_matches_loop(self, spec, device):
+            batch = 3
+            for sample in spec.sample_inputs(device, torch.float64, False):
+                positions = tensor_args(sample)
+                for batched in ([positions[0]], positions[1:], positions):
+                    if not batched:
+                        continue
+                    stacked = [
+                        torch.stack([torch.randn_like(a) for _ in range(batch)]) if i in batched else a
+                        for i, a in enumerate(sample.args)
+                    ]
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("error", message=".*performance drop.*")
+                        out = torch.vmap(spec.op, in_dims=_vmap_in_dims(sample, batched))(*stacked)
+                    expected = torch.stack(
+                        [spec.op(*(a[b] if i in batched else a for i, a in enumerate(stacked))) for b in range(batch)]
+                    )
+                    torch.testing.assert_close(out, expected, msg=f"{sample.name}: vmap over arguments {batched}")
+
+        @pytest.mark.parametrize("spec", specs, ids=lambda s: s.name)
+        def test_autocast_policy_is_registered(self, spec):
+            """The devices whose policy the spec reads are those with an autocast kernel."""
+            assert set(spec.autocast_policy) == set(spec.autocast_devices())
+
+        @pytest.mark.parametrize("spec,device", by_device)
+        @pytest.mark.parametrize("autocast_dtype", LOW_PRECISION)
+        def test_autocast_policy(self, spec, device, autocast_dtype):
+            """Under autocast, float32 inputs give the dtype of the op's policy, which is the
+            dtype the matching torch op gives."""
+            policy = spec.autocast_policy.get(device)
+            expected_dtype = {"lower_precision": autocast_dtype, "fp32": torch.float32, None: torch.float32}[policy]
+            for sample in spec.sample_inputs(device, torch.float32, False):
+                with torch.autocast(device, dtype=autocast_dtype):
+                    out = spec.op(*sample.args)
+                    torch_out = spec.torch_equivalent(*sample.args) if spec.torch_equivalent else None
+                assert out.dtype == expected_dtype, f"{sample.name}: {out.dtype}, policy {policy} says {expected_dtype}"
+                if torch_out is not None:
+                    assert torch_out.dtype == out.dtype, f"{sample.name}: {out.dtype} vs torch's {torch_out.dtype}"
+                # The op ran in expected_dtype: it matches the reference on inputs rounded to it.
+                assert_matches_reference(spec, cast_sample(sample, expected_dtype), out, expected_dtype)
+
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_error_inputs_eager(self, spec, device):
+            for error in spec.error_inputs(device):
+                _check_raises(error, lambda: spec.op(*error.sample.args))
+
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_error_inputs_fake(self, spec, device):
+            for error in spec.error_inputs(device):
+                with FakeTensorMode() as mode:
+                    args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in error.sample.args]
+                    _check_raises(error, lambda: spec.op(*args))
+
+        namespace.update(
+            {name: value for name, value in locals().items() if name.startswith("test_")},
+            test_property_random_shapes=_property_test(specs),
+        )
+
+    if tracing:
+
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_compiled_forward_and_backward_match_eager(self, spec, device):
+            selfcheck.check_compile(spec, device)
+
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_error_inputs_while_tracing(self, spec, device):
+            """The eager error (type and message) is what tracing reports as the cause."""
+            for error in spec.error_inputs(device):
+                torch._dynamo.reset()
+                compiled = torch.compile(spec.op, fullgraph=True, dynamic=False, backend="eager")
+                with pytest.raises(RuntimeError) as info:
+                    compiled(*error.sample.args)
+                message = str(info.value)
+                assert f"{error.error_type.__name__}(" in message, f"{error.sample.name}: {message}"
+                assert re.search(error.match, message), f"{error.sample.name}: {message}"
+
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_export_save_load_round_trip(self, spec, device):
+            selfcheck.check_export(spec, device)
+
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_error_inputs_while_exporting(self, spec, device):
+            """torch.export raises the eager error itself: same type, same message."""
+            for error in spec.error_inputs(device):
+                tensors = tuple(a for a in error.sample.args if isinstance(a, torch.Tensor))
+                with pytest.raises(error.error_type, match=error.match):
+                    torch.export.export(OpCall(spec.op, error.sample), tensors)
+
+        namespace.update(
+            test_compiled_forward_and_backward_match_eager=test_compiled_forward_and_backward_match_eager,
+            test_error_inputs_while_tracing=test_error_inputs_while_tracing,
+            test_export_save_load_round_trip=test_export_save_load_round_trip,
+            test_error_inputs_while_exporting=test_error_inputs_while_exporting,
+        )
+
+    return type("GeneratedOpTests", (), namespace)
