@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test bench dist clean
+.PHONY: run test bench dist clean gpu-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,19 @@ dist: $(VENV)/.installed
 	rm -rf dist build
 	$(PY) -m build --outdir dist .
 	$(PY) -m twine check --strict dist/*
+
+# On a machine with a GPU, with the Python that holds its CUDA torch (GPU_PYTHON): CuPy if
+# missing (the only download), then the self-check matrix on CUDA, every needs_cuda test, and
+# the CUDA section of the involution benchmark. oplib runs from this checkout (no install).
+GPU_PYTHON ?= python3
+CUDA_EXTRA ?= cupy-cuda13x>=13
+gpu-check:
+	$(GPU_PYTHON) -c "import cupy" 2>/dev/null || $(GPU_PYTHON) -m pip install "$(CUDA_EXTRA)"
+	status=0; \
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m oplib check --device cuda || status=1; \
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -m needs_cuda -p no:cacheprovider tests compile_tests examples || status=1; \
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) bench/involution.py --cuda-only || status=1; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import oplib
+from oplib.testing.specs.involution import reference as involution_reference
 
 MODULE_PAIRS = [
     (lambda nn: nn.Linear(5, 3), (4, 5)),
@@ -95,16 +96,14 @@ def _cell_means(layer: oplib.nn.Involution2d, x: torch.Tensor, out_h: int, out_w
 
 
 def _involution_layer_reference(layer: oplib.nn.Involution2d, x: torch.Tensor) -> torch.Tensor:
-    """The layer in plain torch: the same sub-modules' parameters, the unfold formulation."""
+    """The layer in plain torch: the same sub-modules' parameters, and the registry's unfold
+    reference of the op."""
     out_h, out_w = layer.output_size(*x.shape[2:])
     source = _cell_means(layer, x, out_h, out_w) if layer.pools else x
     hidden = F.relu(layer.norm(F.conv2d(source, layer.reduce.weight)))
     weight = F.conv2d(hidden, layer.span.weight, layer.span.bias)
-    kh, kw = layer.kernel_size
-    n, c = x.shape[:2]
-    columns = F.unfold(x, layer.kernel_size, layer.dilation, layer.padding, layer.stride)
-    columns = columns.view(n, layer.groups, c // layer.groups, kh * kw, out_h, out_w)
-    return (columns * weight.view(n, layer.groups, 1, kh * kw, out_h, out_w)).sum(3).view(n, c, out_h, out_w)
+    shape = (x.shape[0], layer.groups, *layer.kernel_size, out_h, out_w)
+    return involution_reference(x, weight.view(shape), layer.stride, layer.padding, layer.dilation)
 
 
 @pytest.mark.parametrize(
