@@ -25,9 +25,10 @@ AUTOCAST_POLICIES: dict[str, dict[str, AutocastPolicy]] = {}
 
 
 # Eager fast paths. Each op's ``_check_<op>_args`` states every condition with its message,
-# through ``check`` (one call and one message closure per condition: 4-9 us a call for linear
-# and conv2d, a third of custom_op's own per-call cost). Its kernel first asks a predicate
-# that evaluates the same conditions as plain comparisons (~1 us), and runs the checks only
+# through ``check`` (one call and one message closure per condition, which adds up to a
+# sizeable share of custom_op's own per-call cost: bench/dense.py's section on oplib's
+# overhead measures it). Its kernel first asks a predicate that evaluates the same
+# conditions as plain comparisons, and runs the checks only
 # when the predicate says no, so an invalid call still raises the checks' error. The fakes
 # always run the checks: there sizes may be symbolic, and a plain comparison would specialise
 # them. The registry's tests hold each predicate to its checks: True on every sample input,
