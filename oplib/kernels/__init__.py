@@ -30,6 +30,14 @@ CTYPES: dict[torch.dtype, str] = {
     torch.bfloat16: "oplib_bfloat16",
 }
 
+# What CuPyLauncher hands NVRTC besides the source; the NVRTC tests compile with the same.
+NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17", f"-I{KERNEL_DIR}")
+
+
+def name_expression(kernel: str, dtype: torch.dtype) -> str:
+    """The C++ name of ``kernel``'s instantiation for ``dtype``, e.g. ``involution_forward<float>``."""
+    return f"{kernel}<{CTYPES[dtype]}>"
+
 _KERNEL_PATTERN = re.compile(r"template\s*<\s*typename\s+scalar_t\s*>\s*__global__\s+void\s+(\w+)\s*\(([^)]*)\)")
 
 KernelArg = Union[Tensor, int]
@@ -74,6 +82,11 @@ class KernelSource:
 def load_source(filename: str) -> KernelSource:
     path = KERNEL_DIR / filename
     return KernelSource(path, path.read_text())
+
+
+def name_expressions(source: KernelSource) -> list[str]:
+    """Every kernel of ``source`` for every dtype: the instantiations a module compiles."""
+    return [name_expression(kernel, dtype) for kernel in source.kernels for dtype in CTYPES]
 
 
 # qualname -> the dispatch function the op's CUDA kernel registration calls, which takes the
@@ -133,14 +146,13 @@ class CuPyLauncher:
         key = (source.sha256, device)
         module = self._modules.get(key)
         if module is None:
-            names = [f"{name}<{ctype}>" for name in source.kernels for ctype in CTYPES.values()]
             with self._cupy.cuda.Device(device):
                 module = self._cupy.RawModule(
-                    code=source.text, options=("--std=c++17", f"-I{KERNEL_DIR}"), name_expressions=names
+                    code=source.text, options=NVRTC_OPTIONS, name_expressions=name_expressions(source)
                 )
                 module.compile()
             self._modules[key] = module
-        return module.get_function(f"{kernel}<{CTYPES[dtype]}>")
+        return module.get_function(name_expression(kernel, dtype))
 
     def launch(self, source, kernel, dtype, grid, block, args) -> None:
         import numpy
