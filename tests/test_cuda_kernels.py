@@ -1,8 +1,8 @@
 """The CUDA kernels, proven without a GPU: nvcc compiles every instantiation for every
 target; NVRTC compiles every source as CuPy does on a GPU (same options, same name
-expressions); and the same source compiled for the host runs the ops' real dispatch code on
-CPU tensors (under AddressSanitizer too). With a GPU, the CuPy path is compared with the CPU
-path."""
+expressions), within a register budget and without spills; and the same source compiled for
+the host runs the ops' real dispatch code on CPU tensors (under AddressSanitizer too). With a
+GPU, the CuPy path is compared with the CPU path."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from oplib.testing import assert_matches_reference, nvrtc
 from oplib.testing.cuda_emulation import EmulatedLauncher, asan_environment, build
 from oplib.testing.nvrtc import ARCHITECTURES, CUDA_SOURCES
 
+RESOURCE_TABLE = Path(__file__).resolve().parents[1] / "bench" / "results" / "cuda-resources.md"
 _PLANTED_PATH = Path(__file__).parent / "cuda_sources" / "planted_overrun.cu"
 PLANTED = KernelSource(_PLANTED_PATH, _PLANTED_PATH.read_text())
 
@@ -115,6 +116,29 @@ def test_cupy_hands_nvrtc_the_options_the_nvrtc_tests_use(arch, monkeypatch):
     includes = [o for o in options if o.startswith("-I") and o != own]
     assert [o for o in options if o not in includes] == list(nvrtc.cupy_options(arch))
     assert all(Path(o[2:]).is_absolute() for o in includes), includes
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("filename", CUDA_SOURCES)
+def test_kernels_stay_within_the_register_budget(filename, arch):
+    """No spills, and at most nvrtc.REGISTER_BUDGET registers a thread, so that two blocks of
+    the launch size stay resident on an SM of every target (see oplib/testing/nvrtc.py)."""
+    source = load_source(filename)
+    usage = nvrtc.resource_usage(source, arch)
+    assert len(usage) == len(name_expressions(source))
+    for u in usage:
+        where = f"{u.kernel} {u.dtype} {arch}"
+        assert u.spill_stores == 0 and u.spill_loads == 0, f"{where} spills: {u}"
+        assert u.registers <= nvrtc.REGISTER_BUDGET, f"{where} uses {u.registers} registers"
+
+
+def test_resource_table_is_current():
+    """bench/results/cuda-resources.md is what bench/cuda_resources.py writes from these
+    sources, wherever the NVRTC that wrote it is the one installed here."""
+    written = RESOURCE_TABLE.read_text()
+    if f"NVRTC {nvrtc.nvrtc_version()}," not in written:
+        pytest.skip(f"the table was written by another NVRTC than this one ({nvrtc.nvrtc_version()})")
+    assert written == nvrtc.resource_table(nvrtc.all_resource_usage()), "run: python bench/cuda_resources.py"
 
 
 def test_nvrtc_rejects_a_host_header_that_nvcc_accepts(tmp_path):

@@ -17,15 +17,32 @@ CUDA's headers happen to be installed. ``tests/test_cuda_kernels.py`` checks the
 against what CuPy really passes. CuPy itself cannot compile without a driver (it asks the
 device for its architecture first), so the compile goes through NVRTC's own bindings
 (``cuda-bindings`` with the ``nvidia-cuda-nvrtc`` wheel), which need none.
+
+``--ptxas-options=-v`` makes ptxas report each kernel's registers, spills and shared memory;
+``resource_usage`` reads them, ``resident_blocks`` turns registers into occupancy, and
+``resource_table`` is what ``bench/cuda_resources.py`` writes to
+``bench/results/cuda-resources.md``.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass
 
+import torch
 from cuda.bindings import nvrtc
 
-from ..kernels import KERNEL_DIR, NVRTC_OPTIONS, KernelSource, name_expressions
+from ..kernels import (
+    BLOCK_SIZE,
+    CTYPES,
+    KERNEL_DIR,
+    NVRTC_OPTIONS,
+    KernelSource,
+    load_source,
+    name_expression,
+    name_expressions,
+)
 
 CUDA_SOURCES = sorted(path.name for path in KERNEL_DIR.glob("*.cu"))
 # The targets oplib's kernels are checked for: every architecture CUDA 13 still compiles,
@@ -46,7 +63,7 @@ class NvrtcError(RuntimeError):
 @dataclass(frozen=True)
 class Compiled:
     lowered_names: dict[str, str]  # name expression -> mangled name in the cubin
-    log: str  # NVRTC's warnings
+    log: str  # NVRTC's warnings, and ptxas's report when asked for
 
 
 def _check(result: tuple, call: str) -> tuple:
@@ -85,3 +102,134 @@ def compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ..
         return Compiled(lowered, log)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
+
+
+def nvrtc_version() -> str:
+    major, minor = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
+    return f"{major}.{minor}"
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    kernel: str
+    dtype: torch.dtype
+    arch: str
+    registers: int
+    spill_stores: int  # bytes
+    spill_loads: int  # bytes
+    shared_memory: int  # bytes, static
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '\w+'(.*?)(?=Compiling entry function|\Z)", re.DOTALL)
+
+
+def _number(pattern: str, text: str, default: int | None = None) -> int:
+    match = re.search(pattern, text)
+    if match is None:
+        if default is None:
+            raise NvrtcError(f"ptxas reported no {pattern!r} in:\n{text}")
+        return default
+    return int(match.group(1))
+
+
+@functools.cache
+def resource_usage(source: KernelSource, arch: str) -> tuple[KernelResources, ...]:
+    """Registers, spills and shared memory of every kernel x dtype of ``source`` on ``arch``, as
+    ptxas reports them when CuPy's options compile it."""
+    compiled = compile_source(source, arch, ("--ptxas-options=-v",))
+    reported = {match.group(1): match.group(2) for match in _ENTRY.finditer(compiled.log)}
+    usage = []
+    for kernel in source.kernels:
+        for dtype in CTYPES:
+            report = reported.get(compiled.lowered_names[name_expression(kernel, dtype)])
+            if report is None:
+                raise NvrtcError(f"ptxas reported nothing for {name_expression(kernel, dtype)} on {arch}")
+            usage.append(KernelResources(
+                kernel, dtype, arch,
+                registers=_number(r"Used (\d+) registers", report),
+                spill_stores=_number(r"(\d+) bytes spill stores", report),
+                spill_loads=_number(r"(\d+) bytes spill loads", report),
+                shared_memory=_number(r"(\d+) bytes smem", report, default=0),  # absent when 0
+            ))
+    return tuple(usage)
+
+
+# Per SM: resident threads, resident blocks (CUDA Programming Guide, "Technical
+# Specifications per Compute Capability"); every one of these has 64K 32-bit registers.
+_SM_LIMITS = {
+    "sm_75": (1024, 16),
+    "sm_80": (2048, 32),
+    "sm_86": (1536, 16),
+    "sm_89": (1536, 24),
+    "sm_90": (2048, 32),
+    "sm_120": (1536, 24),
+}
+_REGISTERS_PER_SM = 65536
+_SUB_PARTITIONS = 4  # the register file is split among 4 schedulers, each allocating to whole warps
+_WARP_ALLOCATION = 256  # registers are given to a warp in multiples of 256
+
+
+def resident_blocks(registers: int, arch: str, block_size: int = BLOCK_SIZE) -> int:
+    """How many blocks of ``block_size`` threads using ``registers`` each fit on one SM of
+    ``arch`` (the occupancy calculator's rule; no shared memory, as oplib's kernels use none)."""
+    max_threads, max_blocks = _SM_LIMITS[arch]
+    warps_per_block = -(-block_size // 32)
+    per_warp = -(-registers * 32 // _WARP_ALLOCATION) * _WARP_ALLOCATION
+    warps_by_registers = _SUB_PARTITIONS * (_REGISTERS_PER_SM // _SUB_PARTITIONS // per_warp)
+    return min(max_blocks, max_threads // block_size, warps_by_registers // warps_per_block)
+
+
+# The kernels are memory-bound (one multiply-add per two loads): an SM hides load latency only
+# by running other warps meanwhile. Above this register count some target fits just one block
+# of BLOCK_SIZE threads per SM (8 warps, 1/8 of what an sm_80/sm_90 SM holds), too few to keep
+# its memory busy; at or below it, two or more fit on every target. Whether fewer registers
+# (three or four blocks) would pay is for a GPU to measure; the resource table shows each
+# kernel's blocks per SM.
+MIN_RESIDENT_BLOCKS = 2
+REGISTER_BUDGET = max(
+    r for r in range(1, 256) if all(resident_blocks(r, arch) >= MIN_RESIDENT_BLOCKS for arch in ARCHITECTURES)
+)  # 128 for 256-thread blocks
+
+
+def all_resource_usage() -> list[KernelResources]:
+    """``resource_usage`` of every source on every target, by kernel, dtype, then target."""
+    usage = []
+    for filename in CUDA_SOURCES:
+        per_arch = [resource_usage(load_source(filename), arch) for arch in ARCHITECTURES]
+        usage += [rows[i] for i in range(len(per_arch[0])) for rows in per_arch]
+    return usage
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def resource_table(usage: list[KernelResources]) -> str:
+    """The markdown of ``bench/results/cuda-resources.md``."""
+    spills = sum(u.spill_stores + u.spill_loads for u in usage)
+    options = " ".join(cupy_options("sm_XY")).replace(str(KERNEL_DIR), "oplib/kernels")  # the same in every checkout
+    lines = [
+        "# CUDA kernels: registers, spills and shared memory",
+        "",
+        f"Written by `python bench/cuda_resources.py` from NVRTC {nvrtc_version()}, with the options CuPy compiles",
+        f"with on a GPU (`{options}`; its include directories left out) plus `--ptxas-options=-v`.",
+        f"Blocks per SM: resident blocks of {BLOCK_SIZE} threads (the launch size) that the registers",
+        "allow; occupancy: their threads over the SM's maximum.",
+        "",
+        f"- register budget: {REGISTER_BUDGET} per thread, the most at which {MIN_RESIDENT_BLOCKS} blocks stay resident on",
+        "  an SM of every target; `tests/test_cuda_kernels.py` requires every kernel within it, with no spills",
+        f"- most registers: {max(u.registers for u in usage)}; spilled bytes in all: {spills}; "
+        f"most static shared memory: {max(u.shared_memory for u in usage)} B",
+        "",
+        "| kernel | dtype | arch | registers | spill stores (B) | spill loads (B) | shared memory (B) "
+        "| blocks per SM | occupancy |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for u in usage:
+        blocks = resident_blocks(u.registers, u.arch)
+        occupancy = blocks * BLOCK_SIZE / _SM_LIMITS[u.arch][0]
+        lines.append(
+            f"| {u.kernel} | {_dtype_name(u.dtype)} | {u.arch} | {u.registers} | {u.spill_stores} | {u.spill_loads} "
+            f"| {u.shared_memory} | {blocks} | {occupancy:.0%} |"
+        )
+    return "\n".join(lines) + "\n"
