@@ -1,6 +1,8 @@
 """The CUDA kernels, proven without a GPU: nvcc compiles every instantiation for every
-target, and the same source compiled for the host runs the ops' real dispatch code on CPU
-tensors (under AddressSanitizer too). With a GPU, the CuPy path is compared with the CPU path."""
+target; NVRTC compiles every source as CuPy does on a GPU (same options, same name
+expressions), within a register budget and without spills; and the same source compiled for
+the host runs the ops' real dispatch code on CPU tensors (under AddressSanitizer too). With a
+GPU, the CuPy path is compared with the CPU path."""
 
 from __future__ import annotations
 
@@ -16,12 +18,12 @@ import torch
 
 import oplib.kernels
 from oplib import registry
-from oplib.kernels import CTYPES, CUDA_DISPATCH, KERNEL_DIR, KernelSource, load_source
-from oplib.testing import assert_matches_reference
+from oplib.kernels import CTYPES, CUDA_DISPATCH, KERNEL_DIR, NVRTC_OPTIONS, KernelSource, load_source, name_expressions
+from oplib.testing import assert_matches_reference, nvrtc
 from oplib.testing.cuda_emulation import EmulatedLauncher, asan_environment, build
+from oplib.testing.nvrtc import ARCHITECTURES, CUDA_SOURCES
 
-CUDA_SOURCES = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
-ARCHITECTURES = ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_120"]
+RESOURCE_TABLE = Path(__file__).resolve().parents[1] / "bench" / "results" / "cuda-resources.md"
 _PLANTED_PATH = Path(__file__).parent / "cuda_sources" / "planted_overrun.cu"
 PLANTED = KernelSource(_PLANTED_PATH, _PLANTED_PATH.read_text())
 
@@ -41,21 +43,116 @@ def _instantiations(source: KernelSource) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-@pytest.mark.parametrize("filename", CUDA_SOURCES)
-def test_nvcc_compiles_every_instantiation(filename, arch, tmp_path):
+def _nvcc(source: KernelSource, arch: str, tmp_path: Path) -> subprocess.CompletedProcess:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on the PATH (CUDA 13's nvcc is on the development machines and CI)")
-    source = load_source(filename)
-    assert source.kernels, f"no kernels found in {filename}"
     unit = tmp_path / "instantiate.cu"
     unit.write_text(_instantiations(source))
-    result = subprocess.run(
+    return subprocess.run(
         [nvcc, f"-arch={arch}", "-std=c++17", f"-I{KERNEL_DIR}", "-Werror", "all-warnings", "-Xcompiler", "-Wall",
          "-c", str(unit), "-o", str(tmp_path / "instantiate.o")],
         capture_output=True, text=True, timeout=600,
     )
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("filename", CUDA_SOURCES)
+def test_nvcc_compiles_every_instantiation(filename, arch, tmp_path):
+    source = load_source(filename)
+    assert source.kernels, f"no kernels found in {filename}"
+    result = _nvcc(source, arch, tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("filename", CUDA_SOURCES)
+def test_nvrtc_compiles_what_cupy_compiles(filename, arch):
+    """The compile a GPU user's first launch does: CuPy's NVRTC options, every name
+    expression the launcher asks for resolved to a kernel, and no warning."""
+    source = load_source(filename)
+    compiled = nvrtc.compile_source(source, arch)
+    assert set(compiled.lowered_names) == set(name_expressions(source))
+    assert "warning" not in compiled.log, compiled.log
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_cupy_hands_nvrtc_the_options_the_nvrtc_tests_use(arch, monkeypatch):
+    """What CuPy's RawModule passes to NVRTC for the launcher's source, options and name
+    expressions, recorded at the NVRTC call: it must be ``nvrtc.cupy_options(arch)`` plus only
+    CuPy's and CUDA's include directories. CuPy cannot get this far without a driver (it asks
+    the device for its architecture), so its per-device memoisation of that question is
+    bypassed with the unmemoised function, and the recording stops before the real compile.
+    This goes through CuPy internals on purpose: it fails when a CuPy release changes what
+    it compiles with."""
+    import cupy.cuda.compiler
+    from cupy._core import core
+
+    source = load_source(CUDA_SOURCES[0])
+    recorded = []
+
+    class Recorded(Exception):
+        pass
+
+    class RecordingProgram(cupy.cuda.compiler._NVRTCProgram):
+        def compile(self, options=(), log_stream=None):
+            if self.src == "":  # CuPy's probe of the compiler version: an empty file, really compiled
+                return super().compile(options, log_stream)
+            recorded.append((self.src, tuple(options), tuple(self.name_expressions)))
+            raise Recorded
+
+    monkeypatch.setenv("CUPY_CACHE_IN_MEMORY", "1")  # no kernel-cache lookup on disk
+    monkeypatch.setattr(cupy.cuda.compiler, "_NVRTCProgram", RecordingProgram)
+    monkeypatch.setattr(cupy.cuda.compiler, "_get_arch_for_options_for_nvrtc",
+                        cupy.cuda.compiler._get_arch_for_options_for_nvrtc.__wrapped__)
+    with pytest.raises(Recorded):
+        # What RawModule(code=..., options=..., name_expressions=...).compile() calls.
+        core.compile_with_cache(source.text, NVRTC_OPTIONS, arch=arch.removeprefix("sm_"),
+                                prepend_cupy_headers=False, backend="nvrtc", name_expressions=name_expressions(source))
+    (text, options, names), = recorded
+    assert text == source.text
+    assert sorted(names) == sorted(name_expressions(source))
+    own = f"-I{KERNEL_DIR}"
+    includes = [o for o in options if o.startswith("-I") and o != own]
+    assert [o for o in options if o not in includes] == list(nvrtc.cupy_options(arch))
+    assert all(Path(o[2:]).is_absolute() for o in includes), includes
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("filename", CUDA_SOURCES)
+def test_kernels_stay_within_the_register_budget(filename, arch):
+    """No spills, and at most nvrtc.REGISTER_BUDGET registers a thread, so that two blocks of
+    the launch size stay resident on an SM of every target (see oplib/testing/nvrtc.py)."""
+    source = load_source(filename)
+    usage = nvrtc.resource_usage(source, arch)
+    assert len(usage) == len(name_expressions(source))
+    for u in usage:
+        where = f"{u.kernel} {u.dtype} {arch}"
+        assert u.spill_stores == 0 and u.spill_loads == 0, f"{where} spills: {u}"
+        assert u.registers <= nvrtc.REGISTER_BUDGET, f"{where} uses {u.registers} registers"
+
+
+def test_resource_table_is_current():
+    """bench/results/cuda-resources.md is what bench/cuda_resources.py writes from these
+    sources, wherever the NVRTC that wrote it is the one installed here."""
+    written = RESOURCE_TABLE.read_text()
+    if f"NVRTC {nvrtc.nvrtc_version()}," not in written:
+        pytest.skip(f"the table was written by another NVRTC than this one ({nvrtc.nvrtc_version()})")
+    assert written == nvrtc.resource_table(nvrtc.all_resource_usage()), "run: python bench/cuda_resources.py"
+
+
+def test_nvrtc_rejects_a_host_header_that_nvcc_accepts(tmp_path):
+    """NVRTC has no host C++ headers: a kernel including <cstdio> must fail NVRTC's compile,
+    as it would on a user's GPU, with NVRTC's own message, while nvcc accepts it; the nvcc
+    test alone would let it through."""
+    original = load_source(CUDA_SOURCES[0])
+    path = tmp_path / original.path.name
+    path.write_text("#include <cstdio>\n" + original.text)
+    planted = KernelSource(path, path.read_text())
+    with pytest.raises(nvrtc.NvrtcError, match=r'cannot open source file "cstdio"') as error:
+        nvrtc.compile_source(planted, "sm_80")
+    assert f"NVRTC cannot compile {path.name} for sm_80" in str(error.value)
+    result = _nvcc(planted, "sm_80", tmp_path)
     assert result.returncode == 0, result.stderr
 
 

@@ -30,6 +30,14 @@ CTYPES: dict[torch.dtype, str] = {
     torch.bfloat16: "oplib_bfloat16",
 }
 
+# What CuPyLauncher hands NVRTC besides the source; the NVRTC tests compile with the same.
+NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17", f"-I{KERNEL_DIR}")
+
+
+def name_expression(kernel: str, dtype: torch.dtype) -> str:
+    """The C++ name of ``kernel``'s instantiation for ``dtype``, e.g. ``involution_forward<float>``."""
+    return f"{kernel}<{CTYPES[dtype]}>"
+
 _KERNEL_PATTERN = re.compile(r"template\s*<\s*typename\s+scalar_t\s*>\s*__global__\s+void\s+(\w+)\s*\(([^)]*)\)")
 
 KernelArg = Union[Tensor, int]
@@ -74,6 +82,11 @@ class KernelSource:
 def load_source(filename: str) -> KernelSource:
     path = KERNEL_DIR / filename
     return KernelSource(path, path.read_text())
+
+
+def name_expressions(source: KernelSource) -> list[str]:
+    """Every kernel of ``source`` for every dtype: the instantiations a module compiles."""
+    return [name_expression(kernel, dtype) for kernel in source.kernels for dtype in CTYPES]
 
 
 @dataclass(frozen=True)
@@ -166,10 +179,9 @@ class CuPyLauncher:
                 f"be loaded while a CUDA graph is being captured; call oplib.kernels.load('cuda:{device}') (or run "
                 f"the op once) before the capture"
             )
-        names = [f"{name}<{ctype}>" for name in source.kernels for ctype in CTYPES.values()]
         with self._cupy.cuda.Device(device):
             module = self._cupy.RawModule(
-                code=source.text, options=("--std=c++17", f"-I{KERNEL_DIR}"), name_expressions=names
+                code=source.text, options=NVRTC_OPTIONS, name_expressions=name_expressions(source)
             )
             module.compile()
         self._modules[key] = module
@@ -179,7 +191,7 @@ class CuPyLauncher:
 
         device = next(a.device for a in args if isinstance(a, Tensor))
         self.load(source, device.index)
-        function = self._modules[source.sha256, device.index].get_function(f"{kernel}<{CTYPES[dtype]}>")
+        function = self._modules[source.sha256, device.index].get_function(name_expression(kernel, dtype))
         # Pointers go as 64-bit integers: the kernel parameters are 8-byte pointers and index_t.
         packed = tuple(numpy.uint64(a.data_ptr()) if isinstance(a, Tensor) else numpy.int64(a) for a in args)
         stream = self._stream(torch.cuda.current_stream(device).cuda_stream, device.index)

@@ -1,0 +1,235 @@
+"""Compile oplib's ``.cu`` files as CuPy compiles them on a GPU, with NVRTC and no GPU.
+
+On a user's GPU, ``CuPyLauncher`` hands ``cupy.RawModule`` the source, ``NVRTC_OPTIONS`` and
+``name_expressions(source)``; CuPy 14 (``cupy._core.core.compile_with_cache`` and
+``cupy/cuda/compiler.py``) then adds, in its default configuration:
+
+- ``-I`` directories of its own headers (bundled CCCL, ``cupy/_core/include``) before and
+  after the user's options, and ``-I<CUDA path>/include``;
+- ``-ftz=true`` (float32 denormals flushed to zero);
+- ``-arch=sm_XY`` for the device's compute capability (a cubin, not PTX);
+- ``--device-as-default-execution-space``.
+
+``cupy_options`` is that list without the include directories: they depend on where CuPy
+and CUDA are installed, and oplib's sources include no header but their own
+(``element.cuh``), so a source that needs one fails here instead of compiling only where
+CUDA's headers happen to be installed. ``tests/test_cuda_kernels.py`` checks the list
+against what CuPy really passes. CuPy itself cannot compile without a driver (it asks the
+device for its architecture first), so the compile goes through NVRTC's own bindings
+(``cuda-bindings`` with the ``nvidia-cuda-nvrtc`` wheel), which need none.
+
+``--ptxas-options=-v`` makes ptxas report each kernel's registers, spills and shared memory;
+``resource_usage`` reads them, ``resident_blocks`` turns registers into occupancy, and
+``resource_table`` is what ``bench/cuda_resources.py`` writes to
+``bench/results/cuda-resources.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+import torch
+from cuda.bindings import nvrtc
+
+from ..kernels import (
+    BLOCK_SIZE,
+    CTYPES,
+    KERNEL_DIR,
+    NVRTC_OPTIONS,
+    KernelSource,
+    load_source,
+    name_expression,
+    name_expressions,
+)
+
+CUDA_SOURCES = sorted(path.name for path in KERNEL_DIR.glob("*.cu"))
+# The targets oplib's kernels are checked for: every architecture CUDA 13 still compiles,
+# from Turing to consumer Blackwell.
+ARCHITECTURES = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_120")
+
+
+def cupy_options(arch: str) -> tuple[str, ...]:
+    """NVRTC's options when CuPy compiles an oplib source for a GPU of ``arch`` (e.g. ``sm_86``),
+    less CuPy's include directories (see the module docstring)."""
+    return (*NVRTC_OPTIONS, "-ftz=true", f"-arch={arch}", "--device-as-default-execution-space")
+
+
+class NvrtcError(RuntimeError):
+    """NVRTC rejected a source, or a kernel instantiation has no lowered name."""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    lowered_names: dict[str, str]  # name expression -> mangled name in the cubin
+    log: str  # NVRTC's warnings, and ptxas's report when asked for
+
+
+def _check(result: tuple, call: str) -> tuple:
+    error, *values = result
+    if error != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise NvrtcError(f"{call} failed: {nvrtc.nvrtcGetErrorString(error)[1].decode()}")
+    return tuple(values)
+
+
+def compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ...] = ()) -> Compiled:
+    """Compile ``source`` with ``cupy_options(arch)`` plus ``extra_options`` and resolve every
+    name expression the launcher asks for; raises ``NvrtcError`` with NVRTC's log."""
+    options = (*cupy_options(arch), *extra_options)
+    names = name_expressions(source)
+    # The program is named by the file's name only, as CuPy names it by a file in a temporary
+    # folder: quoted includes resolve through -I, never through the source's own folder.
+    (program,) = _check(nvrtc.nvrtcCreateProgram(source.text.encode(), source.path.name.encode(), 0, [], []),
+                        "nvrtcCreateProgram")
+    try:
+        for name in names:
+            _check(nvrtc.nvrtcAddNameExpression(program, name.encode()), "nvrtcAddNameExpression")
+        encoded = [option.encode() for option in options]
+        (status,) = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)
+        (size,) = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
+        buffer = b" " * size
+        _check(nvrtc.nvrtcGetProgramLog(program, buffer), "nvrtcGetProgramLog")
+        log = buffer.rstrip(b"\0").decode()
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise NvrtcError(f"NVRTC cannot compile {source.path.name} for {arch} with {' '.join(options)}:\n{log}")
+        lowered = {}
+        for name in names:
+            error, mangled = nvrtc.nvrtcGetLoweredName(program, name.encode())
+            if error != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+                raise NvrtcError(f"{source.path.name} for {arch}: no lowered name for {name} ({error.name})")
+            lowered[name] = mangled.decode()
+        return Compiled(lowered, log)
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+
+
+def nvrtc_version() -> str:
+    major, minor = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
+    return f"{major}.{minor}"
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    kernel: str
+    dtype: torch.dtype
+    arch: str
+    registers: int
+    spill_stores: int  # bytes
+    spill_loads: int  # bytes
+    shared_memory: int  # bytes, static
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '\w+'(.*?)(?=Compiling entry function|\Z)", re.DOTALL)
+
+
+def _number(pattern: str, text: str, default: int | None = None) -> int:
+    match = re.search(pattern, text)
+    if match is None:
+        if default is None:
+            raise NvrtcError(f"ptxas reported no {pattern!r} in:\n{text}")
+        return default
+    return int(match.group(1))
+
+
+@functools.cache
+def resource_usage(source: KernelSource, arch: str) -> tuple[KernelResources, ...]:
+    """Registers, spills and shared memory of every kernel x dtype of ``source`` on ``arch``, as
+    ptxas reports them when CuPy's options compile it."""
+    compiled = compile_source(source, arch, ("--ptxas-options=-v",))
+    reported = {match.group(1): match.group(2) for match in _ENTRY.finditer(compiled.log)}
+    usage = []
+    for kernel in source.kernels:
+        for dtype in CTYPES:
+            report = reported.get(compiled.lowered_names[name_expression(kernel, dtype)])
+            if report is None:
+                raise NvrtcError(f"ptxas reported nothing for {name_expression(kernel, dtype)} on {arch}")
+            usage.append(KernelResources(
+                kernel, dtype, arch,
+                registers=_number(r"Used (\d+) registers", report),
+                spill_stores=_number(r"(\d+) bytes spill stores", report),
+                spill_loads=_number(r"(\d+) bytes spill loads", report),
+                shared_memory=_number(r"(\d+) bytes smem", report, default=0),  # absent when 0
+            ))
+    return tuple(usage)
+
+
+# Per SM: resident threads, resident blocks (CUDA Programming Guide, "Technical
+# Specifications per Compute Capability"); every one of these has 64K 32-bit registers.
+_SM_LIMITS = {
+    "sm_75": (1024, 16),
+    "sm_80": (2048, 32),
+    "sm_86": (1536, 16),
+    "sm_89": (1536, 24),
+    "sm_90": (2048, 32),
+    "sm_120": (1536, 24),
+}
+_REGISTERS_PER_SM = 65536
+_SUB_PARTITIONS = 4  # the register file is split among 4 schedulers, each allocating to whole warps
+_WARP_ALLOCATION = 256  # registers are given to a warp in multiples of 256
+
+
+def resident_blocks(registers: int, arch: str, block_size: int = BLOCK_SIZE) -> int:
+    """How many blocks of ``block_size`` threads using ``registers`` each fit on one SM of
+    ``arch`` (the occupancy calculator's rule; no shared memory, as oplib's kernels use none)."""
+    max_threads, max_blocks = _SM_LIMITS[arch]
+    warps_per_block = -(-block_size // 32)
+    per_warp = -(-registers * 32 // _WARP_ALLOCATION) * _WARP_ALLOCATION
+    warps_by_registers = _SUB_PARTITIONS * (_REGISTERS_PER_SM // _SUB_PARTITIONS // per_warp)
+    return min(max_blocks, max_threads // block_size, warps_by_registers // warps_per_block)
+
+
+# The kernels are memory-bound (one multiply-add per two loads): an SM hides load latency only
+# by running other warps meanwhile. Above this register count some target fits just one block
+# of BLOCK_SIZE threads per SM (8 warps, 1/8 of what an sm_80/sm_90 SM holds), too few to keep
+# its memory busy; at or below it, two or more fit on every target. Whether fewer registers
+# (three or four blocks) would pay is for a GPU to measure; the resource table shows each
+# kernel's blocks per SM.
+MIN_RESIDENT_BLOCKS = 2
+REGISTER_BUDGET = max(
+    r for r in range(1, 256) if all(resident_blocks(r, arch) >= MIN_RESIDENT_BLOCKS for arch in ARCHITECTURES)
+)  # 128 for 256-thread blocks
+
+
+def all_resource_usage() -> list[KernelResources]:
+    """``resource_usage`` of every source on every target, by kernel, dtype, then target."""
+    usage = []
+    for filename in CUDA_SOURCES:
+        per_arch = [resource_usage(load_source(filename), arch) for arch in ARCHITECTURES]
+        usage += [rows[i] for i in range(len(per_arch[0])) for rows in per_arch]
+    return usage
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def resource_table(usage: list[KernelResources]) -> str:
+    """The markdown of ``bench/results/cuda-resources.md``."""
+    spills = sum(u.spill_stores + u.spill_loads for u in usage)
+    options = " ".join(cupy_options("sm_XY")).replace(str(KERNEL_DIR), "oplib/kernels")  # the same in every checkout
+    lines = [
+        "# CUDA kernels: registers, spills and shared memory",
+        "",
+        f"Written by `python bench/cuda_resources.py` from NVRTC {nvrtc_version()}, with the options CuPy compiles",
+        f"with on a GPU (`{options}`; its include directories left out) plus `--ptxas-options=-v`.",
+        f"Blocks per SM: resident blocks of {BLOCK_SIZE} threads (the launch size) that the registers",
+        "allow; occupancy: their threads over the SM's maximum.",
+        "",
+        f"- register budget: {REGISTER_BUDGET} per thread, the most at which {MIN_RESIDENT_BLOCKS} blocks stay resident on",
+        "  an SM of every target; `tests/test_cuda_kernels.py` requires every kernel within it, with no spills",
+        f"- most registers: {max(u.registers for u in usage)}; spilled bytes in all: {spills}; "
+        f"most static shared memory: {max(u.shared_memory for u in usage)} B",
+        "",
+        "| kernel | dtype | arch | registers | spill stores (B) | spill loads (B) | shared memory (B) "
+        "| blocks per SM | occupancy |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for u in usage:
+        blocks = resident_blocks(u.registers, u.arch)
+        occupancy = blocks * BLOCK_SIZE / _SM_LIMITS[u.arch][0]
+        lines.append(
+            f"| {u.kernel} | {_dtype_name(u.dtype)} | {u.arch} | {u.registers} | {u.spill_stores} | {u.spill_loads} "
+            f"| {u.shared_memory} | {blocks} | {occupancy:.0%} |"
+        )
+    return "\n".join(lines) + "\n"
