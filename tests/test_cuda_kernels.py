@@ -7,6 +7,7 @@ GPU, the CuPy path is compared with the CPU path."""
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -74,6 +75,11 @@ def test_nvrtc_compiles_what_cupy_compiles(filename, arch):
     compiled = nvrtc.compile_source(source, arch)
     assert set(compiled.lowered_names) == set(name_expressions(source))
     assert "warning" not in compiled.log, compiled.log
+    # CuPy's -ftz=true flushes float32 subnormals in every .ftz instruction; the kernels keep
+    # them, as torch does, by naming the IEEE instructions (element.cuh). Only a float-to-integer
+    # conversion may flush: a subnormal converts to the integer 0 either way.
+    flushing = set(re.findall(r"\b[a-z]+(?:\.[a-z0-9]+)*\.ftz(?:\.[a-z0-9]+)*", compiled.ptx))
+    assert flushing <= {"cvt.rzi.ftz.u32.f32", "cvt.rzi.ftz.s32.f32"}, flushing
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)

@@ -8,6 +8,32 @@
 
 typedef long long index_t;
 
+// CuPy compiles with -ftz=true, and an option of ours cannot undo it: float32 arithmetic would
+// then flush subnormal inputs and results to zero, where torch's kernels and oplib's CPU path
+// keep them. Every float32 multiply and multiply-add here goes through these two, which name
+// the IEEE instructions (no .ftz) on the GPU; the host emulation computes the same in C++.
+__device__ __forceinline__ float oplib_mul(float a, float b) {
+#ifdef __CUDA_ARCH__
+    float product;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(product) : "f"(a), "f"(b));
+    return product;
+#else
+    return a * b;
+#endif
+}
+
+__device__ __forceinline__ float oplib_fma(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+    float result;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(result) : "f"(a), "f"(b), "f"(c));
+    return result;
+#else
+    return a * b + c;
+#endif
+}
+
+__device__ __forceinline__ double oplib_fma(double a, double b, double c) { return a * b + c; }
+
 // Storage types of the 16-bit floats: the raw bits of an IEEE binary16 / bfloat16.
 struct oplib_half {
     unsigned short bits;
@@ -22,8 +48,8 @@ __device__ __forceinline__ float oplib_half_to_float(unsigned short h) {
     const unsigned int mantissa = h & 0x3ffu;
     if (exponent == 0) {
         // Zero or subnormal: mantissa * 2^-24, exact in float32.
-        const float magnitude = (float)mantissa * 5.9604644775390625e-8f;
-        return sign ? -magnitude : magnitude;
+        const float magnitude = oplib_mul((float)mantissa, 5.9604644775390625e-8f);
+        return __uint_as_float(sign | __float_as_uint(magnitude));
     }
     if (exponent == 0x1fu) {
         return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));  // inf / nan
@@ -44,7 +70,7 @@ __device__ __forceinline__ unsigned short oplib_float_to_half(float f) {
     if (u < 0x38800000u) {
         // Below the smallest normal half (2^-14): the result is round(|f| * 2^24) units of 2^-24,
         // rounded to nearest even; a result of 1024 is the smallest normal, as it should be.
-        return (unsigned short)(sign | (unsigned short)rintf(__uint_as_float(u) * 16777216.0f));
+        return (unsigned short)(sign | (unsigned short)rintf(oplib_mul(__uint_as_float(u), 16777216.0f)));
     }
     // Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even.
     const unsigned int odd = (u >> 13) & 1u;

@@ -38,8 +38,8 @@ __global__ void involution_forward(
             for (index_t b = 0; b < kernel_w; ++b) {
                 const index_t x = j * stride_w - pad_w + b * dilation_w;
                 if (x < 0 || x >= width) continue;
-                sum += Element<scalar_t>::load(kernel + (a * kernel_w + b) * out_plane) *
-                       Element<scalar_t>::load(image + y * width + x);
+                sum = oplib_fma(Element<scalar_t>::load(kernel + (a * kernel_w + b) * out_plane),
+                                Element<scalar_t>::load(image + y * width + x), sum);
             }
         }
         output[index] = Element<scalar_t>::store(sum);
@@ -75,8 +75,8 @@ __global__ void involution_backward_input(
                 if (col < 0 || col % stride_w != 0) continue;
                 const index_t j = col / stride_w;
                 if (j >= out_w) continue;
-                sum += Element<scalar_t>::load(kernel + (a * kernel_w + b) * out_plane + i * out_w + j) *
-                       Element<scalar_t>::load(grad + i * out_w + j);
+                sum = oplib_fma(Element<scalar_t>::load(kernel + (a * kernel_w + b) * out_plane + i * out_w + j),
+                                Element<scalar_t>::load(grad + i * out_w + j), sum);
             }
         }
         grad_input[index] = Element<scalar_t>::store(sum);
@@ -110,7 +110,8 @@ __global__ void involution_backward_weight(
             const scalar_t* grad = grad_output + first_channel * out_plane + i * out_w + j;
             const scalar_t* image = input + first_channel * image_plane + y * width + x;
             for (index_t k = 0; k < channels_per_group; ++k) {
-                sum += Element<scalar_t>::load(grad + k * out_plane) * Element<scalar_t>::load(image + k * image_plane);
+                sum = oplib_fma(Element<scalar_t>::load(grad + k * out_plane),
+                                Element<scalar_t>::load(image + k * image_plane), sum);
             }
         }
         grad_weight[index] = Element<scalar_t>::store(sum);

@@ -64,6 +64,7 @@ class NvrtcError(RuntimeError):
 class Compiled:
     lowered_names: dict[str, str]  # name expression -> mangled name in the cubin
     log: str  # NVRTC's warnings, and ptxas's report when asked for
+    ptx: str  # the PTX the cubin was assembled from
 
 
 def _check(result: tuple, call: str) -> tuple:
@@ -99,7 +100,10 @@ def compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ..
             if error != nvrtc.nvrtcResult.NVRTC_SUCCESS:
                 raise NvrtcError(f"{source.path.name} for {arch}: no lowered name for {name} ({error.name})")
             lowered[name] = mangled.decode()
-        return Compiled(lowered, log)
+        (size,) = _check(nvrtc.nvrtcGetPTXSize(program), "nvrtcGetPTXSize")
+        buffer = b" " * size
+        _check(nvrtc.nvrtcGetPTX(program, buffer), "nvrtcGetPTX")
+        return Compiled(lowered, log, buffer.rstrip(b"\0").decode())
     finally:
         nvrtc.nvrtcDestroyProgram(program)
 
