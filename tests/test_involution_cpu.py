@@ -10,6 +10,7 @@ import torch
 
 from oplib import registry
 from oplib.kernels import involution_cpu
+from oplib.kernels.involution_cpu import Geometry, dense_map, taps
 from oplib.ops._common import window_output_size
 
 # (DENSE_MAP_MAX_PIXELS_PER_TAP, ROW_BANDS_MAX_WORK) forcing each strategy, and the dense
@@ -29,8 +30,8 @@ def _force(monkeypatch, strategy):
     monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", dense_limit)
     monkeypatch.setattr(involution_cpu, "ROW_BANDS_MAX_WORK", bands_limit)
     if strategy.endswith("-sliced"):
-        for constant in ("DENSE_CHUNK_BYTES", "CHUNK_BYTES", "WEIGHT_GRAD_CHUNK_BYTES"):
-            monkeypatch.setattr(involution_cpu, constant, 1)
+        for module, constant in ((dense_map, "CHUNK_BYTES"), (taps, "CHUNK_BYTES"), (taps, "WEIGHT_GRAD_CHUNK_BYTES")):
+            monkeypatch.setattr(module, constant, 1)
 
 
 def _check_three_ops(x, w, g, groups, params, same=torch.testing.assert_close):
@@ -109,14 +110,14 @@ def test_strategy_matches_reference(monkeypatch, strategy, case):
     g = torch.randn(n, channels, *out_size, dtype=torch.float64)
     params = (stride, padding, dilation)
     expected = {"dense-map": "dense", "dense-map-sliced": "dense", "bands": "bands"}.get(strategy, "taps")
-    if expected == "bands" and not involution_cpu.RowBands(size, kernel, out_size, *params).fits:
+    if expected == "bands" and not involution_cpu.RowBands(Geometry(size, kernel, out_size, *params)).fits:
         # A kernel about as wide as the image: the bands would put a padding tap's zero on a
         # real entry, so these take the taps (bands fit whenever (KW-1)*dw < W).
         assert (kernel[1] - 1) * dilation[1] >= size[1]
         expected = "taps"
-    assert involution_cpu.strategy(size, w.shape, *params) == expected
+    assert involution_cpu.strategy_name(size, w.shape, *params) == expected
     if case in PHASE_GATHER_CASES:
-        layout = involution_cpu.TapLayout(size, kernel, out_size, stride, padding, dilation)
+        layout = involution_cpu.TapLayout(Geometry(size, kernel, out_size, stride, padding, dilation))
         assert layout.fills_blocks and layout.phases > 1
     _check_three_ops(x, w, g, groups, params)
 
@@ -188,7 +189,7 @@ def test_rednet_shapes_pick_the_expected_strategy():
     # 28x28 stage and the 56x56 maps (either stride) the taps.
     def picked(size, stride):
         out = (size - 1) // stride + 1
-        return involution_cpu.strategy((size, size), (8, 4, 7, 7, out, out), (stride,) * 2, (3, 3), (1, 1))
+        return involution_cpu.strategy_name((size, size), (8, 4, 7, 7, out, out), (stride,) * 2, (3, 3), (1, 1))
 
     assert picked(7, 1) == picked(14, 2) == "dense"
     assert picked(14, 1) == picked(28, 2) == "bands"

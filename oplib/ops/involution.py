@@ -16,10 +16,9 @@ again one of them:
 (u is the incoming gradient). Each op registers that rule, so derivatives of any order
 work in eager mode.
 
-CPU kernels are plain PyTorch, in ``oplib/kernels/involution_cpu.py`` (matrix products on
-small maps, one per output row on medium ones, K*K passes over contiguous shifts of the input
-on larger ones; never ``unfold``, which would hold K*K copies of the input). CUDA kernels live in
-``oplib/kernels/involution.cu`` and run through ``oplib.kernels.CuPyLauncher``.
+CPU kernels are plain PyTorch, in ``oplib.kernels.involution_cpu`` (its docstring describes
+the strategies). CUDA kernels live in ``oplib/kernels/involution.cu`` and run through
+``oplib.kernels.CuPyLauncher``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,181 @@
+"""CPU kernels of involution and its two backward ops, in plain PyTorch.
+
+    out[n, c, i, j] = sum_{a, b} weight[n, c // (C/G), a, b, i, j] * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
+
+Never ``unfold``, which would hold K*K copies of the input. Three strategies, each a class
+that computes the forward and both backward ops of a geometry, chosen per call by the size
+of the map (``strategy_name``):
+
+- Small maps (H*W at most ``DENSE_MAP_MAX_PIXELS_PER_TAP`` times KH*KW per stride phase, e.g.
+  RedNet's 7x7 stage and its 14x14 -> 7x7 involution), ``DenseMap``: the op is a matrix
+  product. For one (sample, group) the weight is a sparse (H*W, Ho*Wo) matrix M with at most
+  KH*KW entries per column; then out = x @ M, grad_input = grad @ M^T and grad_weight is
+  (x^T @ grad) read back at M's entries. Written out densely, M is at most that factor times
+  the weight's size, and the products run as ``bmm`` calls over slices of the N*G (sample,
+  group) items, about ``dense_map.CHUNK_BYTES`` of matrices each: a few large calls instead
+  of K*K small ones, whose per-call cost would dominate.
+- Medium maps (an output row's band of image rows at most ``ROW_BANDS_MAX_WORK`` times
+  stride_w times KH*KW elements, e.g. RedNet's 14x14 stage and its 28x28 -> 14x14
+  involution), ``RowBands``: the same products one output row at a time, over the band of
+  image rows that row reads: Ho ``bmm`` calls whose matrices hold that factor times the
+  weight's elements.
+- Larger maps, ``TapLayout``: K*K elementwise passes, each over one shifted view of the input
+  (split into stride phases, without padding) for all samples, groups and channels at once,
+  with the weight of the taps that would read the padding multiplied by zero.
+
+All three skip the zero padding, so a non-finite value can meet a zero it would not meet in
+the padded formulation (inf * 0 is nan) or miss one it would. With finite values the results
+are exact. The matrix strategies drop the taps that read padding, so a non-finite value
+could vanish: their calls go to ``PaddedFormulation``, which gives the reference's nan and
+inf pattern, when an operand is not finite. The taps can only add a nan: their calls go
+there when the result is not finite.
+
+Every result is a fresh contiguous tensor of the operands' dtype; 16-bit operands are
+converted to float32 here, and the strategies compute in the dtype they are given. No
+atomics and no reduction whose order depends on threads: results are deterministic.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from .dense_map import DenseMap
+from .geometry import Geometry
+from .padded import PaddedFormulation
+from .row_bands import RowBands
+from .taps import TapLayout
+
+__all__ = [
+    "DenseMap",
+    "Geometry",
+    "PaddedFormulation",
+    "RowBands",
+    "Strategy",
+    "TapLayout",
+    "involution",
+    "involution_backward_input",
+    "involution_backward_weight",
+    "strategy_name",
+]
+
+# A map is "small" when its pixels are at most this many times the kernel's taps per stride
+# phase (sh*sw phases): the dense matrix then holds at most that many times the weight's
+# elements. The tap passes pay for their buffers once per phase, so strided maps stay dense
+# up to larger sizes. Set by timing the dense matrices against the taps, forward+backward,
+# at RedNet-50's shapes (each forced through these limits as tests/test_involution_cpu.py
+# does); bench/results/involution.md holds the chosen strategies' times.
+DENSE_MAP_MAX_PIXELS_PER_TAP = 2
+
+# A map is "medium" when the band of image rows one output row reads, (KH-1)*dh + 1 rows of W
+# pixels, is at most this many times KH*KW times the column stride: each band matrix then does
+# that many times the multiply-adds the taps need, at matrix-product speed. Set by timing the
+# bands against the taps in the same way: the bands win at RedNet-50's 28x28 -> 14x14 (4x the
+# taps' work) and 14x14 stride 1 (2x) and lose at 28x28 stride 1 (4x) and 56x56 stride 2
+# (8x), where the taps lose least to the stride phases.
+ROW_BANDS_MAX_WORK = 2
+
+
+class Strategy(Protocol):
+    """What ``DenseMap``, ``RowBands``, ``TapLayout`` and ``PaddedFormulation`` have in
+    common: built once per ``Geometry``, they compute the three ops in the dtype they are
+    given and may return a view, or a layout other than contiguous."""
+
+    def forward(self, input: Tensor, weight: Tensor) -> Tensor:
+        """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo)."""
+
+    def backward_input(self, grad_output: Tensor, weight: Tensor) -> Tensor:
+        """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> grad_input: (N, C, H, W)."""
+
+    def backward_weight(self, grad_output: Tensor, input: Tensor, groups: int) -> Tensor:
+        """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
+
+
+def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tensor:
+    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo)."""
+    geometry = Geometry.of_call(input.shape[2:], weight.shape, stride, padding, dilation)
+    return _exact(geometry, lambda strategy, x, w: strategy.forward(x, w), input, weight)
+
+
+def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> grad_input: (N, C, H, W)."""
+    geometry = Geometry.of_call(input_size, weight.shape, stride, padding, dilation)
+    return _exact(geometry, lambda strategy, g, w: strategy.backward_input(g, w), grad_output, weight)
+
+
+def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation, groups) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
+    weight_shape = (input.shape[0], groups, *kernel_size, *grad_output.shape[2:])
+    geometry = Geometry.of_call(input.shape[2:], weight_shape, stride, padding, dilation)
+    return _exact(geometry, lambda strategy, g, x: strategy.backward_weight(g, x, groups), grad_output, input)
+
+
+def strategy_name(input_size: Sequence[int], weight_shape: Sequence[int], stride, padding, dilation) -> str:
+    """"dense", "bands" or "taps": how the three kernels compute this geometry
+    (weight_shape: (N, G, KH, KW, Ho, Wo)).
+
+    >>> strategy_name((56, 56), (8, 4, 7, 7, 28, 28), [2, 2], [3, 3], [1, 1])
+    'taps'
+    """
+    return _chosen_strategy(Geometry.of_call(input_size, weight_shape, stride, padding, dilation)).name
+
+
+def _chosen_strategy(geometry: Geometry) -> DenseMap | RowBands | TapLayout:
+    """The strategy for this geometry's map size (the limits are read on every call, so that
+    the tests can force each strategy)."""
+    (height, width), (kh, kw) = geometry.input_size, geometry.kernel_size
+    (sh, sw), dh = geometry.stride, geometry.dilation[0]
+    if height * width <= DENSE_MAP_MAX_PIXELS_PER_TAP * kh * kw * sh * sw:
+        return _cached_strategy(DenseMap, geometry)
+    band = ((kh - 1) * dh + 1) * width
+    if band <= ROW_BANDS_MAX_WORK * kh * kw * sw:
+        bands = _cached_strategy(RowBands, geometry)
+        if bands.fits:
+            return bands
+    return _cached_strategy(TapLayout, geometry)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_strategy(kind: type, geometry: Geometry) -> Strategy:
+    """``kind`` built for ``geometry``, once: the index tables are reused by every call."""
+    return kind(geometry)
+
+
+def _exact(geometry: Geometry, compute: Callable[..., Tensor], *operands: Tensor) -> Tensor:
+    """compute(chosen strategy, *operands), or compute(PaddedFormulation, *operands) where a
+    non-finite value could make the two differ (see the module docstring)."""
+    chosen = _chosen_strategy(geometry)
+    if chosen.drops_padding_taps:
+        if _finite(*operands):
+            return _in_operand_dtype(compute, chosen, operands)
+    else:
+        result = _in_operand_dtype(compute, chosen, operands)
+        if _finite(result):
+            return result
+    return _in_operand_dtype(compute, _cached_strategy(PaddedFormulation, geometry), operands)
+
+
+def _in_operand_dtype(compute: Callable[..., Tensor], strategy: Strategy, operands: tuple[Tensor, ...]) -> Tensor:
+    """compute(strategy, *operands) in the accumulation dtype, as a fresh contiguous tensor of
+    the operands' dtype (a strategy's own result when it already is one: no copy)."""
+    dtype = operands[0].dtype
+    accumulate = _accumulation_dtype(dtype)
+    values = compute(strategy, *(operand.to(accumulate) for operand in operands))
+    if values.dtype == dtype and values.is_contiguous():
+        return values
+    return torch.empty(values.shape, dtype=dtype, device=values.device).copy_(values)
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _finite(*tensors: Tensor) -> bool:
+    """True when no element is inf or nan (a sum is non-finite if any element is; one that
+    overflows only sends a call to the exact path)."""
+    return all(math.isfinite(t.sum(dtype=_accumulation_dtype(t.dtype)).item()) for t in tensors)
