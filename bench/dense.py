@@ -3,13 +3,14 @@
 
 1. ``oplib.conv2d`` vs ``F.conv2d``, forward+backward, at ResNet-50 stage shapes (batch 8).
 2. ``oplib.linear`` vs ``F.linear``, forward+backward (ResNet-50 fc, a ViT-B MLP layer).
-3. The conv2d backward route: one ``aten.convolution_backward`` call (what oplib uses)
-   vs ``torch.nn.grad.conv2d_input`` + ``conv2d_weight`` + a bias sum, backward only.
 4. Per-call eager overhead on tiny tensors: oplib op vs plain torch op vs an equivalent
    ``torch.autograd.Function``, with and without ``requires_grad``.
 5. oplib's own cost over custom_op's: every registry op on its first sample input vs a bare
    ``torch.library.custom_op`` of the same schema that runs the same kernel with the same
    ``register_autograd`` backward and no argument checks (custom_op's floor).
+
+(Section 3, the conv2d backward route, is settled: see ``_conv2d_backward`` in
+oplib/ops/conv2d.py.)
 
 Candidates are timed with ``torch.utils.benchmark.Timer.blocked_autorange`` in
 interleaved rounds (the order rotates every round). A time is the median of the
@@ -47,7 +48,6 @@ from typing import Any, Generic, Optional, TypeVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.grad import conv2d_input, conv2d_weight
 from torch.utils.benchmark import Compare, Measurement, Timer
 
 import oplib
@@ -73,7 +73,7 @@ class _Settings:
 
     threads: int
     rounds: int
-    min_run_time: float  # seconds per candidate per round, sections 1-3
+    min_run_time: float  # seconds per candidate per round, sections 1, 2 and 5b
     tiny_min_run_time: float  # seconds per candidate per round, section 4
     quick: bool
 
@@ -419,44 +419,6 @@ def _bench_linear(shapes: Sequence[_LinearShape], settings: _Settings) -> list[_
     return rows
 
 
-def _conv_backward_fused(grad: Tensor, input: Tensor, weight: Tensor, padding: int) -> tuple[Tensor, ...]:
-    """All three conv2d gradients from one ``aten.convolution_backward`` (oplib's route)."""
-    return torch.ops.aten.convolution_backward(
-        grad, input, weight, [weight.shape[0]], [1, 1], [padding, padding], [1, 1], False, [0, 0], 1, [True] * 3
-    )
-
-
-def _conv_backward_split(grad: Tensor, input: Tensor, weight: Tensor, padding: int) -> tuple[Tensor, ...]:
-    """The same gradients from ``torch.nn.grad`` (one convolution_backward call each for
-    input and weight) and a sum over (N, H, W) for the bias."""
-    return (
-        conv2d_input(input.shape, weight, grad, 1, padding),
-        conv2d_weight(input, weight.shape, grad, 1, padding),
-        grad.sum((0, 2, 3)),
-    )
-
-
-def _bench_conv_backward(shapes: Sequence[_ConvShape], settings: _Settings) -> list[_Row]:
-    """Section 3: fused convolution_backward vs the torch.nn.grad route, backward only."""
-    label = "conv2d backward only"
-    rows = []
-    for shape in shapes:
-        input, weight, _, grad = _conv_tensors(shape, requires_grad=False)
-        args = (grad, input, weight, shape.padding)
-        fused, split = _conv_backward_fused(*args), _conv_backward_split(*args)
-        _assert_same(fused, split, f"{label}, {shape.name}")
-        timers = [
-            _timer(_CALL, _step_env(fn, args, None), label, shape.name, description, settings.threads)
-            for description, fn in (
-                ("convolution_backward", _conv_backward_fused),
-                ("nn.grad input+weight+sum", _conv_backward_split),
-            )
-        ]
-        baseline, candidate = _measure(timers, settings.rounds, settings.min_run_time)
-        rows.append(_Row(shape.name, baseline, candidate))
-    return rows
-
-
 def _tiny_cases(requires_grad: bool) -> list[tuple[str, tuple[Any, ...], Tensor, dict[str, Callable[..., Tensor]]]]:
     """(op description, args, output gradient, implementation name -> callable)."""
 
@@ -616,23 +578,18 @@ def _machine_lines(settings: _Settings) -> list[str]:
     ]
 
 
-def _ratio_table(rows: Sequence[_Row], baseline: str, candidate: str, max_ratio: Optional[float]) -> list[str]:
-    """Markdown table of candidate vs baseline in ms; a pass column when ``max_ratio`` is set."""
-    header = f"| shape | {baseline} (ms) | {candidate} (ms) | {candidate} / {baseline} | per-round ratio min-max |"
-    rule = "|---|---:|---:|---:|---:|"
-    if max_ratio is not None:
-        header += f" <= {max_ratio:g} |"
-        rule += ":---:|"
-    lines = [header, rule]
+def _ratio_table(rows: Sequence[_Row], baseline: str, candidate: str, max_ratio: float) -> list[str]:
+    """Markdown table of candidate vs baseline in ms, with a pass column."""
+    lines = [
+        f"| shape | {baseline} (ms) | {candidate} (ms) | {candidate} / {baseline} | per-round ratio min-max | <= {max_ratio:g} |",
+        "|---|---:|---:|---:|---:|:---:|",
+    ]
     for row in rows:
         low, high = min(row.round_ratios), max(row.round_ratios)
-        line = (
+        lines.append(
             f"| {row.name} | {row.baseline.median * 1e3:.2f} | {row.candidate.median * 1e3:.2f} "
-            f"| **{row.ratio:.3f}** | {low:.3f}-{high:.3f} |"
+            f"| **{row.ratio:.3f}** | {low:.3f}-{high:.3f} | {'ok' if row.ratio <= max_ratio else 'FAIL'} |"
         )
-        if max_ratio is not None:
-            line += f" {'ok' if row.ratio <= max_ratio else 'FAIL'} |"
-        lines.append(line)
     return lines
 
 
@@ -693,7 +650,6 @@ def _report(
     settings: _Settings,
     conv: _Section[_Row],
     linear: _Section[_Row],
-    backward: _Section[_Row],
     overhead: _Section[_OverheadRow],
     floor: _Section[_OverheadRow],
     fc_floor: _Section[_OverheadRow],
@@ -733,16 +689,6 @@ def _report(
         _contention_line(linear),
         "",
         *_ratio_table(linear.rows, "torch", "oplib", max_ratio),
-        "",
-        "## 3. conv2d backward route (backward only, same shapes as section 1)",
-        "",
-        "`convolution_backward`: one `aten.convolution_backward` call for input, weight and bias "
-        "gradients (oplib's backward). `nn.grad`: `torch.nn.grad.conv2d_input` + `conv2d_weight` "
-        "+ `grad.sum((0, 2, 3))`. A ratio above 1 means oplib's route is faster.",
-        "",
-        _contention_line(backward),
-        "",
-        *_ratio_table(backward.rows, "convolution_backward", "nn.grad", None),
         "",
         "## 4. Per-call eager overhead (tiny tensors)",
         "",
@@ -808,7 +754,7 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, help="interleaved rounds per candidate (default: 10; --quick: 2)")
     parser.add_argument(
-        "--min-run-time", type=float, help="seconds per candidate per round, sections 1-3 (default: 0.5; --quick: 0.2)"
+        "--min-run-time", type=float, help="seconds per candidate per round, sections 1, 2 and 5b (default: 0.5; --quick: 0.2)"
     )
     parser.add_argument(
         "--output",
@@ -840,8 +786,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _print_compare([r for row in conv.rows for r in (row.baseline, row.candidate)])
     linear = _run_section(lambda: _bench_linear(linear_shapes, settings))
     _print_compare([r for row in linear.rows for r in (row.baseline, row.candidate)])
-    backward = _run_section(lambda: _bench_conv_backward(conv_shapes, settings))
-    _print_compare([r for row in backward.rows for r in (row.baseline, row.candidate)])
     overhead = _run_section(lambda: _bench_overhead(settings))
     _print_compare([r for row in overhead.rows for r in row.results.values()])
     floor = _run_section(lambda: _bench_floor(settings))
@@ -849,7 +793,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fc_floor = _run_section(lambda: [_bench_fc_floor(_LINEAR_SHAPES[0], settings)])
     _print_compare(list(fc_floor.rows[0].results.values()))
 
-    report = _report(settings, conv, linear, backward, overhead, floor, fc_floor, args.max_ratio, args.max_floor_ratio)
+    report = _report(settings, conv, linear, overhead, floor, fc_floor, args.max_ratio, args.max_floor_ratio)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(report)
     print(f"\n{report}\nwritten to {output}")
