@@ -3,8 +3,9 @@
 
 1. ``oplib.conv2d`` vs ``F.conv2d``, forward+backward, at ResNet-50 stage shapes (batch 8).
 2. ``oplib.linear`` vs ``F.linear``, forward+backward (ResNet-50 fc, a ViT-B MLP layer).
-4. Per-call eager overhead on tiny tensors: oplib op vs plain torch op vs an equivalent
-   ``torch.autograd.Function``, with and without ``requires_grad``.
+4. Per-call eager overhead on tiny tensors: oplib op vs plain torch op vs a
+   ``torch.autograd.Function`` made of the op's own registered setup_context and backward,
+   with and without ``requires_grad``.
 5. oplib's own cost over custom_op's: every registry op on its first sample input vs a bare
    ``torch.library.custom_op`` of the same schema that runs the same kernel with the same
    ``register_autograd`` backward and no argument checks (custom_op's floor).
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import platform
 import resource
@@ -53,7 +55,6 @@ from torch.utils.benchmark import Compare, Measurement, Timer
 import oplib
 from machine import cpu_model
 from oplib import registry
-from oplib.kernels import involution_cpu
 
 _RESULTS_DIR = Path(__file__).resolve().parent / "results"
 _BATCH = 8
@@ -223,82 +224,51 @@ def _run_section(bench: Callable[[], list[_RowT]]) -> _Section[_RowT]:
 
 
 # ---------------------------------------------------------------------------------------
-# Reference autograd.Functions for section 4: the same math and backward as oplib's ops
-# (oplib/ops/*.py), without the custom-op machinery or oplib's argument checks.
+# Baselines made of the ops' own pieces, so that they follow any change to an op
 # ---------------------------------------------------------------------------------------
 
 
-class _ExpFunction(torch.autograd.Function):
-    """e^x, saving the output: d/dx e^x = e^x."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:
-        y = torch.exp(x)
-        ctx.save_for_backward(y if ctx.needs_input_grad[0] else None)
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
-        (y,) = ctx.saved_tensors
-        return grad * y
+def _opdef(spec: registry.OpSpec) -> Any:
+    return torch._library.custom_ops._maybe_get_opdef(spec.qualname)
 
 
-class _LinearFunction(torch.autograd.Function):
-    """x W^T + b with a matrix-product backward."""
-
-    @staticmethod
-    def forward(ctx: Any, input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-        needs_input, needs_weight, _ = ctx.needs_input_grad
-        ctx.save_for_backward(input if needs_weight else None, weight if needs_input else None)
-        return F.linear(input, weight, bias)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-        input, weight = ctx.saved_tensors
-        needs_input, needs_weight, needs_bias = ctx.needs_input_grad
-        grad_2d = grad.reshape(-1, grad.shape[-1])
-        grad_input = grad @ weight if needs_input else None
-        grad_weight = grad_2d.t() @ input.reshape(-1, input.shape[-1]) if needs_weight else None
-        grad_bias = grad_2d.sum(0) if needs_bias else None
-        return grad_input, grad_weight, grad_bias
+def _bare_kernel(spec: registry.OpSpec) -> Callable[..., Tensor]:
+    """The kernel an op ends in, without oplib around it: the torch function it wraps, or for
+    the involution ops (whose CPU kernels are private) the op's own registered CPU kernel."""
+    return spec.torch_equivalent or _opdef(spec)._init_fn
 
 
-class _Conv2dFunction(torch.autograd.Function):
-    """Batched conv2d (square stride and padding, no dilation or groups) with a single
-    ``aten.convolution_backward`` backward."""
+def _autograd_function(spec: registry.OpSpec) -> Callable[..., Tensor]:
+    """``apply`` of a ``torch.autograd.Function`` that runs the op's bare kernel, then the op's
+    registered setup_context, and whose backward is the op's registered one: the op's math and
+    backward without the custom-op machinery or oplib's argument checks. (A Function with a
+    separate setup_context staticmethod would bind its arguments with ``inspect`` on every call;
+    custom_op's own Function calls setup_context from forward, as this one does.)"""
+    opdef = _opdef(spec)
+    kernel, setup_context = _bare_kernel(spec), opdef._setup_context_fn
 
-    @staticmethod
-    def forward(ctx: Any, input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: int, padding: int) -> Tensor:
-        needs_input, needs_weight = ctx.needs_input_grad[:2]
-        ctx.save_for_backward(input if needs_weight else None, weight if needs_input else None)
-        ctx.shapes = input.shape, weight.shape
-        ctx.has_bias = bias is not None
-        ctx.stride, ctx.padding = stride, padding
-        return F.conv2d(input, weight, bias, stride, padding)
+    def forward(ctx: Any, *args: Any) -> Tensor:
+        output = kernel(*args)
+        setup_context(ctx, args, output)
+        return output
 
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-        input, weight = ctx.saved_tensors
-        needs_input, needs_weight, needs_bias = ctx.needs_input_grad[:3]
-        input_shape, weight_shape = ctx.shapes
-        if input is None:
-            input = grad.new_zeros(()).expand(input_shape)
-        if weight is None:
-            weight = grad.new_zeros(()).expand(weight_shape)
-        grads = torch.ops.aten.convolution_backward(
-            grad,
-            input,
-            weight,
-            [weight_shape[0]] if ctx.has_bias else None,
-            [ctx.stride, ctx.stride],
-            [ctx.padding, ctx.padding],
-            [1, 1],
-            False,
-            [0, 0],
-            1,
-            [needs_input, needs_weight, needs_bias and ctx.has_bias],
-        )
-        return (*grads, None, None)
+    methods = {"forward": staticmethod(forward), "backward": staticmethod(opdef._backward_fn)}
+    return type(f"{spec.name}_function", (torch.autograd.Function,), methods).apply
+
+
+@functools.cache
+def _bare_custom_op(name: str) -> Callable[..., Tensor]:
+    """A ``torch.library.custom_op`` with the op's schema whose kernel is the op's bare
+    kernel (no argument checks, no layout normalisation) and whose autograd is the op's own
+    ``register_autograd`` pair: the least any custom op with that math costs per call.
+    Defined once per op (sections 5 and 5b share linear's)."""
+    spec = registry.get(name)
+    opdef = _opdef(spec)
+    kernel = _bare_kernel(spec)
+    schema = "(" + str(spec.op._schema).split("(", 1)[1]
+    bare = torch.library.custom_op(f"oplib_bench::{name}", lambda *args: kernel(*args), mutates_args=(), schema=schema)
+    bare.register_autograd(opdef._backward_fn, setup_context=opdef._setup_context_fn)
+    return getattr(torch.ops.oplib_bench, name).default
 
 
 # ---------------------------------------------------------------------------------------
@@ -425,24 +395,18 @@ def _tiny_cases(requires_grad: bool) -> list[tuple[str, tuple[Any, ...], Tensor,
     def make(*shape: int) -> Tensor:
         return torch.randn(*shape, requires_grad=requires_grad)
 
+    def impls(name: str, oplib_fn: Callable[..., Tensor]) -> dict[str, Callable[..., Tensor]]:
+        spec = registry.get(name)
+        return {"torch": spec.torch_equivalent, "oplib": oplib_fn, "autograd.Function": _autograd_function(spec)}
+
     return [
-        (
-            "exp, 8 elements",
-            (make(8),),
-            torch.randn(8),
-            {"torch": torch.exp, "oplib": oplib.exp, "autograd.Function": _ExpFunction.apply},
-        ),
-        (
-            "linear (2, 4) x (3, 4)^T + b",
-            (make(2, 4), make(3, 4), make(3)),
-            torch.randn(2, 3),
-            {"torch": F.linear, "oplib": oplib.linear, "autograd.Function": _LinearFunction.apply},
-        ),
+        ("exp, 8 elements", (make(8),), torch.randn(8), impls("exp", oplib.exp)),
+        ("linear (2, 4) x (3, 4)^T + b", (make(2, 4), make(3, 4), make(3)), torch.randn(2, 3), impls("linear", oplib.linear)),
         (
             "conv2d 1x1x3x3 * 1x1x1x1 + b",
-            (make(1, 1, 3, 3), make(1, 1, 1, 1), make(1), 1, 0),
+            (make(1, 1, 3, 3), make(1, 1, 1, 1), make(1), [1, 1], [0, 0], [1, 1], 1),
             torch.randn(1, 1, 3, 3),
-            {"torch": F.conv2d, "oplib": oplib.conv2d, "autograd.Function": _Conv2dFunction.apply},
+            impls("conv2d", oplib.conv2d),
         ),
     ]
 
@@ -472,29 +436,6 @@ def _bench_overhead(settings: _Settings) -> list[_OverheadRow]:
     return rows
 
 
-# Section 5's bare ops: each registry op's kernel with nothing of oplib's around it.
-_BARE_KERNELS: dict[str, Callable[..., Tensor]] = {
-    "exp": torch.exp,
-    "linear": F.linear,
-    "conv2d": F.conv2d,
-    "involution": involution_cpu.involution,
-    "involution_backward_input": involution_cpu.involution_backward_input,
-    "involution_backward_weight": involution_cpu.involution_backward_weight,
-}
-
-
-def _bare_custom_op(spec: registry.OpSpec) -> Callable[..., Tensor]:
-    """A ``torch.library.custom_op`` with the spec's schema whose kernel is the op's bare
-    kernel (no argument checks, no layout normalisation) and whose autograd is the op's own
-    ``register_autograd`` pair: the least any custom op with that math costs per call."""
-    opdef = torch._library.custom_ops._maybe_get_opdef(spec.qualname)
-    schema = str(spec.op._schema).split("(", 1)[1]
-    kernel = _BARE_KERNELS[spec.name]
-    bare = torch.library.custom_op(f"oplib_bench::{spec.name}", lambda *args: kernel(*args), mutates_args=(), schema="(" + schema)
-    bare.register_autograd(opdef._backward_fn, setup_context=opdef._setup_context_fn)
-    return torch.ops.oplib_bench.__getattr__(spec.name).default
-
-
 _FLOOR_IMPLS = ("bare custom_op", "torch.ops.oplib")
 
 
@@ -503,7 +444,7 @@ def _bench_floor(settings: _Settings) -> list[_OverheadRow]:
     forward+backward with grad, on the op's first float32 sample input."""
     rows = []
     for spec in registry.all_specs():
-        impls = {"bare custom_op": _bare_custom_op(spec), "torch.ops.oplib": spec.op}
+        impls = {"bare custom_op": _bare_custom_op(spec.name), "torch.ops.oplib": spec.op}
         for requires_grad in (False, True):
             sample = next(iter(spec.sample_inputs("cpu", torch.float32, requires_grad)))
             args = sample.args
@@ -532,7 +473,7 @@ def _bench_fc_floor(shape: _LinearShape, settings: _Settings) -> _OverheadRow:
     weight = torch.randn(shape.out_features, shape.in_features, requires_grad=True)
     bias = torch.randn(shape.out_features, requires_grad=True)
     grad = torch.randn(shape.rows, shape.out_features)
-    impls = dict(zip(_FC_FLOOR_IMPLS, (F.linear, _bare_custom_op(registry.get("linear")), torch.ops.oplib.linear.default)))
+    impls = dict(zip(_FC_FLOOR_IMPLS, (F.linear, _bare_custom_op("linear"), torch.ops.oplib.linear.default)))
     args = (x, weight, bias)
     label = "fc floor"
     timers = [_timer(_FWD_BWD, _step_env(impls[name], args, grad), label, shape.name, name, settings.threads) for name in _FC_FLOOR_IMPLS]
@@ -693,9 +634,10 @@ def _report(
         "## 4. Per-call eager overhead (tiny tensors)",
         "",
         "Without grad: one forward call. With grad: forward, then `backward(grad)` with a "
-        "precomputed `grad`, then the gradients set to None. `autograd.Function` implements the "
-        "same forward and backward as oplib's op without the custom-op machinery and without "
-        "oplib's argument checks.",
+        "precomputed `grad`, then the gradients set to None. `autograd.Function`: a Function whose "
+        "forward is the torch op and whose setup_context and backward are the ones oplib's op "
+        "registers, so it has the op's math and backward without the custom-op machinery and "
+        "without oplib's argument checks.",
         "",
         _contention_line(overhead),
         "",
@@ -703,11 +645,11 @@ def _report(
         "",
         "## 5. oplib's own cost over custom_op's (each registry op's first float32 sample)",
         "",
-        "`bare custom_op`: a `torch.library.custom_op` defined in this script with the op's schema, "
-        "whose kernel calls the same kernel oplib's op ends in (the aten op, or oplib's involution "
-        "CPU kernel) with no argument checks and no layout normalisation, and whose autograd is the "
-        "op's own `register_autograd` pair (for the involution ops that backward calls oplib's "
-        "backward ops). What is left in the ratio is what oplib adds per call.",
+        "`bare custom_op`: a `torch.library.custom_op` defined in this script with the op's schema "
+        "and the op's own `register_autograd` pair, whose kernel is the torch function the op wraps "
+        "with no argument checks and no layout normalisation; for the involution ops (whose CPU "
+        "kernels are private) it is the op's own registered CPU kernel, so there the ratio leaves "
+        "out oplib's argument predicate. What is left in the ratio is what oplib adds per call.",
         "",
         _contention_line(floor),
         "",
