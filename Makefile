@@ -24,7 +24,9 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest
 
-# Every benchmark always runs and writes its table; the target fails if any misses its bar.
+# Every benchmark always runs and writes its table (bench/results/); the target fails if
+# dense.py or involution.py misses its bar, or if any step fails (rednet.py and
+# cuda_resources.py have no bar).
 bench: $(VENV)/.installed
 	status=0; $(PY) bench/dense.py || status=1; $(PY) bench/involution.py || status=1; \
 	$(PY) bench/rednet.py || status=1; $(PY) bench/cuda_resources.py || status=1; exit $$status

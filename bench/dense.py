@@ -1,81 +1,46 @@
 #!/usr/bin/env python
 """Benchmark oplib's dense ops against torch on CPU, float32, in one run.
 
-1. ``oplib.conv2d`` vs ``F.conv2d``, forward+backward, at ResNet-50 stage shapes (batch 8).
+1. ``oplib.conv2d`` vs ``F.conv2d``, forward+backward, at ResNet-50 stage shapes (batch 8),
+   with the peak memory of one step.
 2. ``oplib.linear`` vs ``F.linear``, forward+backward (ResNet-50 fc, a ViT-B MLP layer).
-3. The conv2d backward route: one ``aten.convolution_backward`` call (what oplib uses)
-   vs ``torch.nn.grad.conv2d_input`` + ``conv2d_weight`` + a bias sum, backward only.
-4. Per-call eager overhead on tiny tensors: oplib op vs plain torch op vs an equivalent
-   ``torch.autograd.Function``, with and without ``requires_grad``.
+4. Per-call eager overhead on tiny tensors: oplib op vs plain torch op vs a
+   ``torch.autograd.Function`` made of the op's own registered setup_context and backward,
+   with and without ``requires_grad``.
 5. oplib's own cost over custom_op's: every registry op on its first sample input vs a bare
    ``torch.library.custom_op`` of the same schema that runs the same kernel with the same
    ``register_autograd`` backward and no argument checks (custom_op's floor).
 
-Candidates are timed with ``torch.utils.benchmark.Timer.blocked_autorange`` in
-interleaved rounds (the order rotates every round). A time is the median of the
-candidate's per-round medians; a ratio is the median of the per-round ratios, each
-taken between measurements made seconds apart, so that a change in the machine's load
-(other processes stealing a core stall every OpenMP region) cancels out.
-The results are printed and written as markdown (``bench/results/dense.md``). The
-script exits with status 1 if an oplib/torch forward+backward ratio of section 1 or 2
-exceeds ``--max-ratio``, or an oplib/bare ratio of section 5 exceeds ``--max-floor-ratio``.
+(Section 3, the conv2d backward route, is settled: see ``_conv2d_backward`` in
+oplib/ops/conv2d.py.) Timing, load monitoring, peak memory and the report come from
+bench/_harness.py. The script exits with status 1 if an oplib/torch forward+backward ratio
+of section 1 or 2 exceeds ``--max-ratio``, or an oplib/bare ratio of section 5 exceeds
+``--max-floor-ratio``.
 
 Usage (from the repo root)::
 
-    python bench/dense.py                          # full run, about 6 minutes
-    python bench/dense.py --quick --max-ratio inf  # smoke test (< 30 s), no ratio gate
-
-Timings are only meaningful on an otherwise idle machine: each section reports how many
-cores other processes kept busy while it ran, and warns when that was too many.
+    python bench/dense.py                          # full run, about 7 minutes; bench/results/dense.md
+    python bench/dense.py --quick --max-ratio inf  # smoke test (< 1 minute), no ratio gate
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import os
-import platform
-import resource
+import functools
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from statistics import median
-from typing import Any, Generic, Optional, TypeVar
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.grad import conv2d_input, conv2d_weight
-from torch.utils.benchmark import Compare, Measurement, Timer
 
+import _harness
 import oplib
-from machine import cpu_model
+from _harness import Section, Timing, fwd_bwd, megabytes, ratio, round_ratios
 from oplib import registry
-from oplib.kernels import involution_cpu
 
-_RESULTS_DIR = Path(__file__).resolve().parent / "results"
 _BATCH = 8
-# Other processes keeping more than this many cores busy on average make a section's
-# timings unreliable when every core runs a torch thread.
-_BUSY_CORES_WARNING = 0.1
-
-# Timed statements. ``_FWD_BWD`` drops the gradients after each step (as
-# ``zero_grad(set_to_none=True)`` does), so no step pays for accumulating into the last.
-_CALL = "fn(*args)"
-_FWD_BWD = "fn(*args).backward(grad)\nfor leaf in leaves:\n    leaf.grad = None"
-
-
-@dataclass(frozen=True)
-class _Settings:
-    """How long and on how many threads to time."""
-
-    threads: int
-    rounds: int
-    min_run_time: float  # seconds per candidate per round, sections 1-3
-    tiny_min_run_time: float  # seconds per candidate per round, section 4
-    quick: bool
 
 
 @dataclass(frozen=True)
@@ -89,15 +54,19 @@ class _ConvShape:
     kernel: int
 
     @property
-    def padding(self) -> int:
-        return self.kernel // 2
-
-    @property
     def name(self) -> str:
         return (
             f"stage {self.stage} {self.kernel}x{self.kernel} "
             f"{self.in_channels}->{self.out_channels} @{self.size}x{self.size}"
         )
+
+    def tensors(self) -> tuple[tuple[Any, ...], Tensor]:
+        """(input, weight, bias, stride, padding) requiring grad, and an output gradient."""
+        c, o, s, k = self.in_channels, self.out_channels, self.size, self.kernel
+        input = torch.randn(_BATCH, c, s, s, requires_grad=True)
+        weight = torch.randn(o, c, k, k, requires_grad=True)
+        bias = torch.randn(o, requires_grad=True)
+        return (input, weight, bias, 1, k // 2), torch.randn(_BATCH, o, s, s)
 
 
 @dataclass(frozen=True)
@@ -112,6 +81,13 @@ class _LinearShape:
     @property
     def name(self) -> str:
         return f"{self.what} ({self.rows}, {self.in_features}) -> {self.out_features}"
+
+    def tensors(self) -> tuple[tuple[Any, ...], Tensor]:
+        """(input, weight, bias) requiring grad, and an output gradient."""
+        input = torch.randn(self.rows, self.in_features, requires_grad=True)
+        weight = torch.randn(self.out_features, self.in_features, requires_grad=True)
+        bias = torch.randn(self.out_features, requires_grad=True)
+        return (input, weight, bias), torch.randn(self.rows, self.out_features)
 
 
 _CONV_SHAPES = (
@@ -132,211 +108,64 @@ _LINEAR_SHAPES = (
 )
 _QUICK_LINEAR_SHAPES = _LINEAR_SHAPES[:1]
 
-
-@dataclass
-class _Result:
-    """One candidate's timings: every round merged (for Compare), and each round's median
-    (seconds)."""
-
-    measurement: Measurement
-    round_medians: list[float]
-
-    @property
-    def median(self) -> float:
-        return median(self.round_medians)
-
-
-@dataclass
-class _Row:
-    """One shape of a head-to-head: ``candidate`` timed against ``baseline``."""
-
-    name: str
-    baseline: _Result
-    candidate: _Result
-
-    @property
-    def round_ratios(self) -> list[float]:
-        """candidate/baseline of each round's medians."""
-        return [c / b for c, b in zip(self.candidate.round_medians, self.baseline.round_medians, strict=True)]
-
-    @property
-    def ratio(self) -> float:
-        return median(self.round_ratios)
-
-
-@dataclass
-class _OverheadRow:
-    """One tiny op in one grad mode: a result per implementation."""
-
-    op: str
-    requires_grad: bool
-    results: dict[str, _Result]
-
-
-@dataclass(frozen=True)
-class _CpuSnapshot:
-    """CPU seconds used so far by the whole machine (None without /proc/stat) and by this
-    process, and a wall-clock reading."""
-
-    machine: Optional[float]
-    process: float
-    wall: float
-
-    @staticmethod
-    def take() -> _CpuSnapshot:
-        """Read the counters now."""
-        try:
-            with open("/proc/stat") as f:
-                ticks = [int(v) for v in f.readline().split()[1:9]]
-            user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
-            machine: Optional[float] = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError):
-            machine = None
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return _CpuSnapshot(machine, usage.ru_utime + usage.ru_stime, time.monotonic())
-
-    def other_cores_since(self, start: _CpuSnapshot) -> Optional[float]:
-        """How many cores other processes (and the hypervisor's steal) kept busy on
-        average since ``start``."""
-        if self.machine is None or start.machine is None:
-            return None
-        others = (self.machine - start.machine) - (self.process - start.process)
-        return max(others, 0.0) / (self.wall - start.wall)
-
-
-_RowT = TypeVar("_RowT")
-
-
-@dataclass
-class _Section(Generic[_RowT]):
-    """A section's rows and how busy the rest of the machine was while it ran."""
-
-    rows: list[_RowT]
-    other_cores: Optional[float]
-
-
-def _run_section(bench: Callable[[], list[_RowT]]) -> _Section[_RowT]:
-    """Run one benchmark section, watching the rest of the machine meanwhile."""
-    start = _CpuSnapshot.take()
-    rows = bench()
-    return _Section(rows, _CpuSnapshot.take().other_cores_since(start))
+# Sections 1 and 2: the candidates by name, per op.
+_HEAD_TO_HEAD: dict[str, dict[str, Callable[..., Tensor]]] = {
+    "conv2d": {"torch": F.conv2d, "oplib": oplib.conv2d},
+    "linear": {"torch": F.linear, "oplib": oplib.linear},
+}
 
 
 # ---------------------------------------------------------------------------------------
-# Reference autograd.Functions for section 4: the same math and backward as oplib's ops
-# (oplib/ops/*.py), without the custom-op machinery or oplib's argument checks.
+# Baselines made of the ops' own pieces, so that they follow any change to an op
 # ---------------------------------------------------------------------------------------
 
 
-class _ExpFunction(torch.autograd.Function):
-    """e^x, saving the output: d/dx e^x = e^x."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:
-        y = torch.exp(x)
-        ctx.save_for_backward(y if ctx.needs_input_grad[0] else None)
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
-        (y,) = ctx.saved_tensors
-        return grad * y
+def _opdef(spec: registry.OpSpec) -> Any:
+    return torch._library.custom_ops._maybe_get_opdef(spec.qualname)
 
 
-class _LinearFunction(torch.autograd.Function):
-    """x W^T + b with a matrix-product backward."""
-
-    @staticmethod
-    def forward(ctx: Any, input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-        needs_input, needs_weight, _ = ctx.needs_input_grad
-        ctx.save_for_backward(input if needs_weight else None, weight if needs_input else None)
-        return F.linear(input, weight, bias)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-        input, weight = ctx.saved_tensors
-        needs_input, needs_weight, needs_bias = ctx.needs_input_grad
-        grad_2d = grad.reshape(-1, grad.shape[-1])
-        grad_input = grad @ weight if needs_input else None
-        grad_weight = grad_2d.t() @ input.reshape(-1, input.shape[-1]) if needs_weight else None
-        grad_bias = grad_2d.sum(0) if needs_bias else None
-        return grad_input, grad_weight, grad_bias
+def _bare_kernel(spec: registry.OpSpec) -> Callable[..., Tensor]:
+    """The kernel an op ends in, without oplib around it: the torch function it wraps, or for
+    the involution ops (whose CPU kernels are private) the op's own registered CPU kernel."""
+    return spec.torch_equivalent or _opdef(spec)._init_fn
 
 
-class _Conv2dFunction(torch.autograd.Function):
-    """Batched conv2d (square stride and padding, no dilation or groups) with a single
-    ``aten.convolution_backward`` backward."""
+def _autograd_function(spec: registry.OpSpec) -> Callable[..., Tensor]:
+    """``apply`` of a ``torch.autograd.Function`` that runs the op's bare kernel, then the op's
+    registered setup_context, and whose backward is the op's registered one: the op's math and
+    backward without the custom-op machinery or oplib's argument checks. (A Function with a
+    separate setup_context staticmethod would bind its arguments with ``inspect`` on every call;
+    custom_op's own Function calls setup_context from forward, as this one does.)"""
+    opdef = _opdef(spec)
+    kernel, setup_context = _bare_kernel(spec), opdef._setup_context_fn
 
-    @staticmethod
-    def forward(ctx: Any, input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: int, padding: int) -> Tensor:
-        needs_input, needs_weight = ctx.needs_input_grad[:2]
-        ctx.save_for_backward(input if needs_weight else None, weight if needs_input else None)
-        ctx.shapes = input.shape, weight.shape
-        ctx.has_bias = bias is not None
-        ctx.stride, ctx.padding = stride, padding
-        return F.conv2d(input, weight, bias, stride, padding)
+    def forward(ctx: Any, *args: Any) -> Tensor:
+        output = kernel(*args)
+        setup_context(ctx, args, output)
+        return output
 
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-        input, weight = ctx.saved_tensors
-        needs_input, needs_weight, needs_bias = ctx.needs_input_grad[:3]
-        input_shape, weight_shape = ctx.shapes
-        if input is None:
-            input = grad.new_zeros(()).expand(input_shape)
-        if weight is None:
-            weight = grad.new_zeros(()).expand(weight_shape)
-        grads = torch.ops.aten.convolution_backward(
-            grad,
-            input,
-            weight,
-            [weight_shape[0]] if ctx.has_bias else None,
-            [ctx.stride, ctx.stride],
-            [ctx.padding, ctx.padding],
-            [1, 1],
-            False,
-            [0, 0],
-            1,
-            [needs_input, needs_weight, needs_bias and ctx.has_bias],
-        )
-        return (*grads, None, None)
+    methods = {"forward": staticmethod(forward), "backward": staticmethod(opdef._backward_fn)}
+    return type(f"{spec.name}_function", (torch.autograd.Function,), methods).apply
+
+
+@functools.cache
+def _bare_custom_op(name: str) -> Callable[..., Tensor]:
+    """A ``torch.library.custom_op`` with the spec's schema whose kernel is the op's bare
+    kernel (no argument checks, no layout normalisation) and whose autograd is the op's own
+    ``register_autograd`` pair: the least any custom op with that math costs per call.
+    Defined once per op (sections 5 and 5b share linear's)."""
+    spec = registry.get(name)
+    opdef = _opdef(spec)
+    kernel = _bare_kernel(spec)
+    schema = "(" + str(spec.op._schema).split("(", 1)[1]
+    bare = torch.library.custom_op(f"oplib_bench::{spec.name}", lambda *args: kernel(*args), mutates_args=(), schema=schema)
+    bare.register_autograd(opdef._backward_fn, setup_context=opdef._setup_context_fn)
+    return getattr(torch.ops.oplib_bench, spec.name).default
 
 
 # ---------------------------------------------------------------------------------------
-# Timing helpers
+# Checks that candidates compute the same thing
 # ---------------------------------------------------------------------------------------
-
-
-def _timer(stmt: str, env: dict[str, Any], label: str, sub_label: str, description: str, threads: int) -> Timer:
-    """A Timer on ``threads`` threads (Timer otherwise times on one thread)."""
-    return Timer(
-        stmt=stmt,
-        globals=env,
-        label=label,
-        sub_label=sub_label,
-        description=description,
-        num_threads=threads,
-    )
-
-
-def _leaves(args: Sequence[Any]) -> list[Tensor]:
-    """The arguments that receive gradients."""
-    return [a for a in args if isinstance(a, Tensor) and a.requires_grad]
-
-
-def _step_env(fn: Callable[..., Any], args: Sequence[Any], grad: Optional[Tensor]) -> dict[str, Any]:
-    """Globals for ``_CALL`` (grad None) or ``_FWD_BWD``."""
-    return {"fn": fn, "args": tuple(args), "grad": grad, "leaves": _leaves(args)}
-
-
-def _measure(timers: Sequence[Timer], rounds: int, min_run_time: float) -> list[_Result]:
-    """Time every timer ``rounds`` times, interleaved: round r starts with timer r mod n,
-    so that neither order nor a change in load between rounds favours a candidate."""
-    measured: list[list[Measurement]] = [[] for _ in timers]
-    for r in range(rounds):
-        for k in range(len(timers)):
-            i = (r + k) % len(timers)
-            measured[i].append(timers[i].blocked_autorange(min_run_time=min_run_time))
-    return [_Result(Measurement.merge(ms)[0], [m.median for m in ms]) for ms in measured]
 
 
 def _fwd_bwd_grads(fn: Callable[..., Tensor], args: Sequence[Any], grad: Tensor) -> list[Tensor]:
@@ -344,41 +173,20 @@ def _fwd_bwd_grads(fn: Callable[..., Tensor], args: Sequence[Any], grad: Tensor)
     out = fn(*args)
     out.backward(grad)
     grads = [out.detach()]
-    for leaf in _leaves(args):
+    for leaf in _harness.leaves(args):
         grads.append(leaf.grad)
         leaf.grad = None
     return grads
 
 
-def _assert_same(expected: Sequence[Tensor], actual: Sequence[Tensor], what: str) -> None:
-    """Sanity check that two candidates compute the same thing (loose: different reduction
-    orders are fine, this is not an accuracy test)."""
-    for e, a in zip(expected, actual, strict=True):
-        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-3, msg=lambda m: f"{what}: {m}")
-
-
-def _fwd_bwd_row(
-    label: str,
-    name: str,
-    args: Sequence[Any],
-    grad: Tensor,
-    torch_fn: Callable[..., Tensor],
-    oplib_fn: Callable[..., Tensor],
-    settings: _Settings,
-) -> _Row:
-    """oplib vs torch forward+backward on the same tensors."""
-    _assert_same(_fwd_bwd_grads(torch_fn, args, grad), _fwd_bwd_grads(oplib_fn, args, grad), f"{label}, {name}")
-    timers = [
-        _timer(_FWD_BWD, _step_env(fn, args, grad), label, name, description, settings.threads)
-        for description, fn in (("torch", torch_fn), ("oplib", oplib_fn))
-    ]
-    baseline, candidate = _measure(timers, settings.rounds, settings.min_run_time)
-    return _Row(name, baseline, candidate)
-
-
-def _print_compare(results: Sequence[_Result]) -> None:
-    """Print a section's measurements side by side, as torch.utils.benchmark lays them out."""
-    Compare([r.measurement for r in results]).print()
+def _assert_same(impls: dict[str, Callable[..., Tensor]], args: Sequence[Any], grad: Tensor, what: str) -> None:
+    """Every implementation's output and gradients against the first's (loose: different
+    reduction orders are fine, this is not an accuracy test)."""
+    first, *others = impls
+    expected = _fwd_bwd_grads(impls[first], args, grad)
+    for name in others:
+        for e, a in zip(expected, _fwd_bwd_grads(impls[name], args, grad), strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-3, msg=lambda m: f"{what}, {name}: {m}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -386,214 +194,114 @@ def _print_compare(results: Sequence[_Result]) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def _conv_tensors(shape: _ConvShape, requires_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """input, weight, bias and an output gradient for ``shape`` at batch ``_BATCH``."""
-    c, o, s, k = shape.in_channels, shape.out_channels, shape.size, shape.kernel
-    input = torch.randn(_BATCH, c, s, s, requires_grad=requires_grad)
-    weight = torch.randn(o, c, k, k, requires_grad=requires_grad)
-    bias = torch.randn(o, requires_grad=requires_grad)
-    return input, weight, bias, torch.randn(_BATCH, o, s, s)
+@dataclass
+class _Row:
+    """One case of a section: a Timing per implementation, peak bytes where measured."""
+
+    name: str
+    times: dict[str, Timing]
+    peaks: Optional[dict[str, int]] = None
+    requires_grad: bool = True
+
+    def ratio(self, numerator: str, denominator: str) -> float:
+        return ratio(self.times[numerator], self.times[denominator])
+
+    @property
+    def mode(self) -> str:
+        return "fwd+bwd" if self.requires_grad else "forward"
 
 
-def _bench_conv2d(shapes: Sequence[_ConvShape], settings: _Settings) -> list[_Row]:
-    """Section 1: oplib.conv2d vs F.conv2d, forward+backward."""
+def _head_to_head_step(op: str, shape: _ConvShape | _LinearShape, impl: str) -> Callable[[], None]:
+    """One forward+backward of ``impl`` at ``shape`` (for the peak, in a fresh process)."""
+    torch.manual_seed(0)
+    args, grad = shape.tensors()
+    return _harness.fwd_bwd_step(_HEAD_TO_HEAD[op][impl], args, grad)
+
+
+def _bench_head_to_head(section: Section, op: str, shapes: Sequence[_ConvShape | _LinearShape]) -> list[_Row]:
+    """Sections 1 and 2: oplib vs torch forward+backward on the same tensors; then the peak
+    memory of each, in fresh processes."""
+    impls = _HEAD_TO_HEAD[op]
     rows = []
     for shape in shapes:
-        input, weight, bias, grad = _conv_tensors(shape, requires_grad=True)
-        args = (input, weight, bias, 1, shape.padding)
-        rows.append(_fwd_bwd_row("conv2d fwd+bwd", shape.name, args, grad, F.conv2d, oplib.conv2d, settings))
+        args, grad = shape.tensors()
+        _assert_same(impls, args, grad, f"{op}, {shape.name}")
+        times = section.measure(f"{op} {shape.name}", {name: fwd_bwd(fn, args, grad) for name, fn in impls.items()})
+        rows.append(_Row(shape.name, times))
+    for shape, row in zip(shapes, rows):
+        row.peaks = {name: _harness.peak_memory(_head_to_head_step, op, shape, name) for name in impls}
     return rows
-
-
-def _bench_linear(shapes: Sequence[_LinearShape], settings: _Settings) -> list[_Row]:
-    """Section 2: oplib.linear vs F.linear, forward+backward."""
-    rows = []
-    for shape in shapes:
-        input = torch.randn(shape.rows, shape.in_features, requires_grad=True)
-        weight = torch.randn(shape.out_features, shape.in_features, requires_grad=True)
-        bias = torch.randn(shape.out_features, requires_grad=True)
-        grad = torch.randn(shape.rows, shape.out_features)
-        rows.append(
-            _fwd_bwd_row("linear fwd+bwd", shape.name, (input, weight, bias), grad, F.linear, oplib.linear, settings)
-        )
-    return rows
-
-
-def _conv_backward_fused(grad: Tensor, input: Tensor, weight: Tensor, padding: int) -> tuple[Tensor, ...]:
-    """All three conv2d gradients from one ``aten.convolution_backward`` (oplib's route)."""
-    return torch.ops.aten.convolution_backward(
-        grad, input, weight, [weight.shape[0]], [1, 1], [padding, padding], [1, 1], False, [0, 0], 1, [True] * 3
-    )
-
-
-def _conv_backward_split(grad: Tensor, input: Tensor, weight: Tensor, padding: int) -> tuple[Tensor, ...]:
-    """The same gradients from ``torch.nn.grad`` (one convolution_backward call each for
-    input and weight) and a sum over (N, H, W) for the bias."""
-    return (
-        conv2d_input(input.shape, weight, grad, 1, padding),
-        conv2d_weight(input, weight.shape, grad, 1, padding),
-        grad.sum((0, 2, 3)),
-    )
-
-
-def _bench_conv_backward(shapes: Sequence[_ConvShape], settings: _Settings) -> list[_Row]:
-    """Section 3: fused convolution_backward vs the torch.nn.grad route, backward only."""
-    label = "conv2d backward only"
-    rows = []
-    for shape in shapes:
-        input, weight, _, grad = _conv_tensors(shape, requires_grad=False)
-        args = (grad, input, weight, shape.padding)
-        fused, split = _conv_backward_fused(*args), _conv_backward_split(*args)
-        _assert_same(fused, split, f"{label}, {shape.name}")
-        timers = [
-            _timer(_CALL, _step_env(fn, args, None), label, shape.name, description, settings.threads)
-            for description, fn in (
-                ("convolution_backward", _conv_backward_fused),
-                ("nn.grad input+weight+sum", _conv_backward_split),
-            )
-        ]
-        baseline, candidate = _measure(timers, settings.rounds, settings.min_run_time)
-        rows.append(_Row(shape.name, baseline, candidate))
-    return rows
-
-
-def _tiny_cases(requires_grad: bool) -> list[tuple[str, tuple[Any, ...], Tensor, dict[str, Callable[..., Tensor]]]]:
-    """(op description, args, output gradient, implementation name -> callable)."""
-
-    def make(*shape: int) -> Tensor:
-        return torch.randn(*shape, requires_grad=requires_grad)
-
-    return [
-        (
-            "exp, 8 elements",
-            (make(8),),
-            torch.randn(8),
-            {"torch": torch.exp, "oplib": oplib.exp, "autograd.Function": _ExpFunction.apply},
-        ),
-        (
-            "linear (2, 4) x (3, 4)^T + b",
-            (make(2, 4), make(3, 4), make(3)),
-            torch.randn(2, 3),
-            {"torch": F.linear, "oplib": oplib.linear, "autograd.Function": _LinearFunction.apply},
-        ),
-        (
-            "conv2d 1x1x3x3 * 1x1x1x1 + b",
-            (make(1, 1, 3, 3), make(1, 1, 1, 1), make(1), 1, 0),
-            torch.randn(1, 1, 3, 3),
-            {"torch": F.conv2d, "oplib": oplib.conv2d, "autograd.Function": _Conv2dFunction.apply},
-        ),
-    ]
 
 
 _TINY_IMPLS = ("torch", "oplib", "autograd.Function")
 
 
-def _bench_overhead(settings: _Settings) -> list[_OverheadRow]:
+def _tiny_cases(requires_grad: bool) -> list[tuple[str, registry.OpSpec, Callable[..., Tensor], tuple[Any, ...], Tensor]]:
+    """(description, spec, oplib's function, args, output gradient)."""
+
+    def make(*shape: int) -> Tensor:
+        return torch.randn(*shape, requires_grad=requires_grad)
+
+    return [
+        ("exp, 8 elements", registry.get("exp"), oplib.exp, (make(8),), torch.randn(8)),
+        ("linear (2, 4) x (3, 4)^T + b", registry.get("linear"), oplib.linear, (make(2, 4), make(3, 4), make(3)), torch.randn(2, 3)),
+        (
+            "conv2d 1x1x3x3 * 1x1x1x1 + b",
+            registry.get("conv2d"),
+            oplib.conv2d,
+            (make(1, 1, 3, 3), make(1, 1, 1, 1), make(1), [1, 1], [0, 0], [1, 1], 1),
+            torch.randn(1, 1, 3, 3),
+        ),
+    ]
+
+
+def _bench_overhead(section: Section) -> list[_Row]:
     """Section 4: per-call time on tiny tensors, forward only without grad, forward+backward
     with grad."""
     rows = []
     for requires_grad in (False, True):
-        label = "per-call, fwd+bwd, requires_grad" if requires_grad else "per-call, forward, no grad"
-        for op, args, grad, impls in _tiny_cases(requires_grad):
+        for what, spec, oplib_fn, args, grad in _tiny_cases(requires_grad):
+            impls = dict(zip(_TINY_IMPLS, (spec.torch_equivalent, oplib_fn, _autograd_function(spec))))
             if requires_grad:
-                expected = _fwd_bwd_grads(impls["torch"], args, grad)
-                for name in _TINY_IMPLS[1:]:
-                    _assert_same(expected, _fwd_bwd_grads(impls[name], args, grad), f"{label}, {op}, {name}")
-            stmt = _FWD_BWD if requires_grad else _CALL
-            env_grad = grad if requires_grad else None
-            timers = [
-                _timer(stmt, _step_env(impls[name], args, env_grad), label, op, name, settings.threads)
-                for name in _TINY_IMPLS
-            ]
-            results = _measure(timers, settings.rounds, settings.tiny_min_run_time)
-            rows.append(_OverheadRow(op, requires_grad, dict(zip(_TINY_IMPLS, results))))
+                _assert_same(impls, args, grad, f"per-call, {what}")
+            stmts = {
+                name: fwd_bwd(fn, args, grad) if requires_grad else _harness.call(fn, *args) for name, fn in impls.items()
+            }
+            rows.append(_Row(what, section.measure(f"per-call {what}", stmts), requires_grad=requires_grad))
     return rows
-
-
-# Section 5's bare ops: each registry op's kernel with nothing of oplib's around it.
-_BARE_KERNELS: dict[str, Callable[..., Tensor]] = {
-    "exp": torch.exp,
-    "linear": F.linear,
-    "conv2d": F.conv2d,
-    "involution": involution_cpu.involution,
-    "involution_backward_input": involution_cpu.involution_backward_input,
-    "involution_backward_weight": involution_cpu.involution_backward_weight,
-}
-
-
-def _bare_custom_op(spec: registry.OpSpec) -> Callable[..., Tensor]:
-    """A ``torch.library.custom_op`` with the spec's schema whose kernel is the op's bare
-    kernel (no argument checks, no layout normalisation) and whose autograd is the op's own
-    ``register_autograd`` pair: the least any custom op with that math costs per call."""
-    opdef = torch._library.custom_ops._maybe_get_opdef(spec.qualname)
-    schema = str(spec.op._schema).split("(", 1)[1]
-    kernel = _BARE_KERNELS[spec.name]
-    bare = torch.library.custom_op(f"oplib_bench::{spec.name}", lambda *args: kernel(*args), mutates_args=(), schema="(" + schema)
-    bare.register_autograd(opdef._backward_fn, setup_context=opdef._setup_context_fn)
-    return torch.ops.oplib_bench.__getattr__(spec.name).default
 
 
 _FLOOR_IMPLS = ("bare custom_op", "torch.ops.oplib")
 
 
-def _bench_floor(settings: _Settings) -> list[_OverheadRow]:
+def _bench_floor(section: Section) -> list[_Row]:
     """Section 5: every registry op vs its bare custom_op, forward without grad and
     forward+backward with grad, on the op's first float32 sample input."""
     rows = []
     for spec in registry.all_specs():
-        impls = {"bare custom_op": _bare_custom_op(spec), "torch.ops.oplib": spec.op}
+        impls = dict(zip(_FLOOR_IMPLS, (_bare_custom_op(spec.name), spec.op)))
         for requires_grad in (False, True):
             sample = next(iter(spec.sample_inputs("cpu", torch.float32, requires_grad)))
-            args = sample.args
-            grad = torch.randn_like(spec.op(*args)) if requires_grad else None
-            label = "vs bare custom_op, " + ("fwd+bwd" if requires_grad else "forward")
             what = f"{spec.name} {sample.name}"
             if requires_grad:
-                expected = _fwd_bwd_grads(impls["bare custom_op"], args, grad)
-                _assert_same(expected, _fwd_bwd_grads(spec.op, args, grad), f"{label}, {what}")
-            timers = [
-                _timer(_FWD_BWD if requires_grad else _CALL, _step_env(impls[name], args, grad), label, what, name, settings.threads)
-                for name in _FLOOR_IMPLS
-            ]
-            results = _measure(timers, settings.rounds, settings.tiny_min_run_time)
-            rows.append(_OverheadRow(what, requires_grad, dict(zip(_FLOOR_IMPLS, results))))
+                grad = torch.randn_like(spec.op(*sample.args))
+                _assert_same(impls, sample.args, grad, f"vs bare custom_op, {what}")
+                stmts = {name: fwd_bwd(fn, sample.args, grad) for name, fn in impls.items()}
+            else:
+                stmts = {name: _harness.call(fn, *sample.args) for name, fn in impls.items()}
+            rows.append(_Row(what, section.measure(f"floor {what}", stmts), requires_grad=requires_grad))
     return rows
 
 
 _FC_FLOOR_IMPLS = ("torch", "bare custom_op", "torch.ops.oplib")
 
 
-def _bench_fc_floor(shape: _LinearShape, settings: _Settings) -> _OverheadRow:
+def _bench_fc_floor(section: Section, shape: _LinearShape) -> _Row:
     """Section 5b: linear forward+backward at ``shape``, torch vs the bare custom_op vs oplib:
     how much of oplib's ratio to torch is custom_op's own."""
-    x = torch.randn(shape.rows, shape.in_features, requires_grad=True)
-    weight = torch.randn(shape.out_features, shape.in_features, requires_grad=True)
-    bias = torch.randn(shape.out_features, requires_grad=True)
-    grad = torch.randn(shape.rows, shape.out_features)
-    impls = dict(zip(_FC_FLOOR_IMPLS, (F.linear, _bare_custom_op(registry.get("linear")), torch.ops.oplib.linear.default)))
-    args = (x, weight, bias)
-    label = "fc floor"
-    timers = [_timer(_FWD_BWD, _step_env(impls[name], args, grad), label, shape.name, name, settings.threads) for name in _FC_FLOOR_IMPLS]
-    return _OverheadRow(shape.name, True, dict(zip(_FC_FLOOR_IMPLS, _measure(timers, settings.rounds, settings.min_run_time))))
-
-
-def _ratio_to(row: _OverheadRow, name: str, baseline: str) -> float:
-    """Median over rounds of row[name] / row[baseline]."""
-    ours, base = (row.results[n].round_medians for n in (name, baseline))
-    return median(o / b for o, b in zip(ours, base, strict=True))
-
-
-def _fc_floor_table(row: _OverheadRow) -> list[str]:
-    """Markdown table of section 5b."""
-    lines = ["| candidate | fwd+bwd (ms) | / torch |", "|---|---:|---:|"]
-    for name in _FC_FLOOR_IMPLS:
-        lines.append(f"| {name} | {row.results[name].median * 1e3:.3f} | **{_ratio_to(row, name, 'torch'):.3f}** |")
-    return lines
-
-
-def _floor_ratio(row: _OverheadRow) -> float:
-    """Median over rounds of oplib / bare."""
-    return _ratio_to(row, "torch.ops.oplib", "bare custom_op")
+    args, grad = shape.tensors()
+    impls = dict(zip(_FC_FLOOR_IMPLS, (F.linear, _bare_custom_op("linear"), registry.get("linear").op)))
+    return _Row(shape.name, section.measure(f"fc floor {shape.name}", {n: fwd_bwd(fn, args, grad) for n, fn in impls.items()}))
 
 
 # ---------------------------------------------------------------------------------------
@@ -601,194 +309,76 @@ def _floor_ratio(row: _OverheadRow) -> float:
 # ---------------------------------------------------------------------------------------
 
 
-def _machine_lines(settings: _Settings) -> list[str]:
-    """Markdown bullets: machine, versions, date and timing method."""
-    return [
-        f"- CPU: {cpu_model()}",
-        f"- cores (os.cpu_count()): {os.cpu_count()}; torch threads: {torch.get_num_threads()}",
-        f"- torch {torch.__version__} (mkldnn {'on' if torch.backends.mkldnn.is_available() else 'off'}), "
-        f"Python {platform.python_version()}, oplib {oplib.__version__}",
-        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- timing: `torch.utils.benchmark.Timer.blocked_autorange`, {settings.rounds} interleaved "
-        f"round(s) per candidate of >= {settings.min_run_time:g} s (section 4: >= {settings.tiny_min_run_time:g} s); "
-        "times are medians of the per-round medians, ratios medians of the per-round ratios"
-        + (" (**--quick: smoke-test timing, not for conclusions**)" if settings.quick else ""),
-    ]
+def _pass(value: float, bar: float) -> str:
+    return "ok" if value <= bar else "FAIL"
 
 
-def _ratio_table(rows: Sequence[_Row], baseline: str, candidate: str, max_ratio: Optional[float]) -> list[str]:
-    """Markdown table of candidate vs baseline in ms; a pass column when ``max_ratio`` is set."""
-    header = f"| shape | {baseline} (ms) | {candidate} (ms) | {candidate} / {baseline} | per-round ratio min-max |"
-    rule = "|---|---:|---:|---:|---:|"
-    if max_ratio is not None:
-        header += f" <= {max_ratio:g} |"
-        rule += ":---:|"
-    lines = [header, rule]
+def _ratio_table(rows: Sequence[_Row], max_ratio: float) -> list[str]:
+    """Sections 1 and 2: oplib vs torch in ms, the bar, the peak memory of each."""
+    cells = []
     for row in rows:
-        low, high = min(row.round_ratios), max(row.round_ratios)
-        line = (
-            f"| {row.name} | {row.baseline.median * 1e3:.2f} | {row.candidate.median * 1e3:.2f} "
-            f"| **{row.ratio:.3f}** | {low:.3f}-{high:.3f} |"
+        ratios = round_ratios(row.times["oplib"], row.times["torch"])
+        r = row.ratio("oplib", "torch")
+        cells.append(
+            (
+                row.name,
+                f"{row.times['torch'].median * 1e3:.2f}",
+                f"{row.times['oplib'].median * 1e3:.2f}",
+                f"**{r:.3f}**",
+                f"{min(ratios):.3f}-{max(ratios):.3f}",
+                _pass(r, max_ratio),
+                megabytes(row.peaks["torch"]),
+                megabytes(row.peaks["oplib"]),
+            )
         )
-        if max_ratio is not None:
-            line += f" {'ok' if row.ratio <= max_ratio else 'FAIL'} |"
-        lines.append(line)
-    return lines
+    columns = ("shape", "torch (ms)", "oplib (ms)", "oplib / torch", "per-round ratio min-max", f"<= {max_ratio:g}",
+               "torch peak (MB)", "oplib peak (MB)")  # fmt: skip
+    return _harness.table(columns, "lrrrrcrr", cells)
 
 
-def _contention_line(section: _Section[Any]) -> str:
-    """How busy the rest of the machine was during ``section``, with a warning if too busy."""
-    if section.other_cores is None:
-        return "Other processes' CPU use during this section: unknown (no /proc/stat)."
-    line = f"Other processes kept {section.other_cores:.2f} cores busy on average during this section."
-    if section.other_cores > _BUSY_CORES_WARNING:
-        line += (
-            " **Warning: timings unreliable** (with a torch thread on every core, one busy core "
-            "stalls every parallel region; see the per-round ratio spread). Rerun on a quiet machine."
-        )
-    return line
-
-
-def _overhead_table(rows: Sequence[_OverheadRow]) -> list[str]:
-    """Markdown table of section 4 in microseconds, with each implementation's extra over torch."""
-    lines = [
-        "| op | requires_grad (timed) | torch (us) | oplib (us) | autograd.Function (us) "
-        "| oplib - torch (us) | Function - torch (us) |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
+def _overhead_table(rows: Sequence[_Row]) -> list[str]:
+    """Section 4 in microseconds, with each implementation's extra over torch."""
+    cells = []
     for row in rows:
-        t, o, f = (row.results[name].median * 1e6 for name in _TINY_IMPLS)
+        t, o, f = (row.times[name].median * 1e6 for name in _TINY_IMPLS)
         mode = "yes (fwd+bwd)" if row.requires_grad else "no (forward)"
-        lines.append(f"| {row.op} | {mode} | {t:.1f} | {o:.1f} | {f:.1f} | {o - t:+.1f} | {f - t:+.1f} |")
-    return lines
+        cells.append((row.name, mode, f"{t:.1f}", f"{o:.1f}", f"{f:.1f}", f"{o - t:+.1f}", f"{f - t:+.1f}"))
+    columns = ("op", "requires_grad (timed)", "torch (us)", "oplib (us)", "autograd.Function (us)", "oplib - torch (us)",
+               "Function - torch (us)")  # fmt: skip
+    return _harness.table(columns, "llrrrrr", cells)
 
 
-def _floor_table(rows: Sequence[_OverheadRow], max_ratio: float) -> list[str]:
-    """Markdown table of section 5."""
-    lines = [
-        f"| op (sample) | timed | bare custom_op (us) | torch.ops.oplib (us) | oplib / bare | <= {max_ratio:g} |",
-        "|---|---|---:|---:|---:|:---:|",
-    ]
+def _floor_table(rows: Sequence[_Row], max_floor_ratio: float) -> list[str]:
+    """Section 5 in microseconds, with the bar."""
+    cells = []
     for row in rows:
-        bare, ours = (row.results[name].median * 1e6 for name in _FLOOR_IMPLS)
-        ratio = _floor_ratio(row)
-        mode = "fwd+bwd" if row.requires_grad else "forward"
-        lines.append(f"| {row.op} | {mode} | {bare:.1f} | {ours:.1f} | **{ratio:.3f}** | {'ok' if ratio <= max_ratio else 'FAIL'} |")
-    return lines
+        bare, ours = (row.times[name].median * 1e6 for name in _FLOOR_IMPLS)
+        r = row.ratio("torch.ops.oplib", "bare custom_op")
+        cells.append((row.name, row.mode, f"{bare:.1f}", f"{ours:.1f}", f"**{r:.3f}**", _pass(r, max_floor_ratio)))
+    columns = ("op (sample)", "timed", "bare custom_op (us)", "torch.ops.oplib (us)", "oplib / bare", f"<= {max_floor_ratio:g}")
+    return _harness.table(columns, "llrrrc", cells)
 
 
-def _failures(
-    conv: _Section[_Row], linear: _Section[_Row], floor: _Section[_OverheadRow], max_ratio: float, max_floor_ratio: float
-) -> list[str]:
+def _fc_floor_table(row: _Row) -> list[str]:
+    """Section 5b: each candidate in ms and over torch."""
+    cells = [
+        (name, f"{row.times[name].median * 1e3:.3f}", f"**{row.ratio(name, 'torch'):.3f}**") for name in _FC_FLOOR_IMPLS
+    ]
+    return _harness.table(("candidate", "fwd+bwd (ms)", "/ torch"), "lrr", cells)
+
+
+def _failures(head_to_head: Sequence[_Row], floor: Sequence[_Row], max_ratio: float, max_floor_ratio: float) -> list[str]:
     """The shapes whose oplib/torch fwd+bwd ratio exceeds ``max_ratio`` and the ops whose
     oplib/bare ratio exceeds ``max_floor_ratio``."""
-    return [row.name for row in (*conv.rows, *linear.rows) if row.ratio > max_ratio] + [
-        f"{row.op} ({'fwd+bwd' if row.requires_grad else 'forward'}) vs bare custom_op"
-        for row in floor.rows
-        if _floor_ratio(row) > max_floor_ratio
+    return [row.name for row in head_to_head if row.ratio("oplib", "torch") > max_ratio] + [
+        f"{row.name} ({row.mode}) vs bare custom_op"
+        for row in floor
+        if row.ratio("torch.ops.oplib", "bare custom_op") > max_floor_ratio
     ]
 
 
-def _report(
-    settings: _Settings,
-    conv: _Section[_Row],
-    linear: _Section[_Row],
-    backward: _Section[_Row],
-    overhead: _Section[_OverheadRow],
-    floor: _Section[_OverheadRow],
-    fc_floor: _Section[_OverheadRow],
-    max_ratio: float,
-    max_floor_ratio: float,
-) -> str:
-    """The whole markdown report."""
-    failures = _failures(conv, linear, floor, max_ratio, max_floor_ratio)
-    verdict = (
-        f"**FAIL**: above its bar at: {', '.join(failures)}."
-        if failures
-        else f"**PASS**: every oplib/torch fwd+bwd ratio is <= {max_ratio:g} and every oplib/bare custom_op "
-        f"ratio <= {max_floor_ratio:g}."
-    )
-    if any(s.other_cores is not None and s.other_cores > _BUSY_CORES_WARNING for s in (conv, linear)):
-        verdict += " Measured while other processes were busy: see the warnings below."
-    lines = [
-        "# Dense ops: oplib vs torch (CPU, float32)",
-        "",
-        "Written by `python bench/dense.py" + (" --quick" if settings.quick else "") + "`.",
-        "",
-        *_machine_lines(settings),
-        "",
-        verdict,
-        "",
-        f"## 1. conv2d forward+backward (batch {_BATCH}, stride 1, 'same' padding, with bias)",
-        "",
-        "Input, weight and bias require grad; one step is `conv2d(...).backward(grad)` with a "
-        "precomputed `grad`, then the gradients are set to None.",
-        "",
-        _contention_line(conv),
-        "",
-        *_ratio_table(conv.rows, "torch", "oplib", max_ratio),
-        "",
-        "## 2. linear forward+backward (with bias)",
-        "",
-        _contention_line(linear),
-        "",
-        *_ratio_table(linear.rows, "torch", "oplib", max_ratio),
-        "",
-        "## 3. conv2d backward route (backward only, same shapes as section 1)",
-        "",
-        "`convolution_backward`: one `aten.convolution_backward` call for input, weight and bias "
-        "gradients (oplib's backward). `nn.grad`: `torch.nn.grad.conv2d_input` + `conv2d_weight` "
-        "+ `grad.sum((0, 2, 3))`. A ratio above 1 means oplib's route is faster.",
-        "",
-        _contention_line(backward),
-        "",
-        *_ratio_table(backward.rows, "convolution_backward", "nn.grad", None),
-        "",
-        "## 4. Per-call eager overhead (tiny tensors)",
-        "",
-        "Without grad: one forward call. With grad: forward, then `backward(grad)` with a "
-        "precomputed `grad`, then the gradients set to None. `autograd.Function` implements the "
-        "same forward and backward as oplib's op without the custom-op machinery and without "
-        "oplib's argument checks.",
-        "",
-        _contention_line(overhead),
-        "",
-        *_overhead_table(overhead.rows),
-        "",
-        "## 5. oplib's own cost over custom_op's (each registry op's first float32 sample)",
-        "",
-        "`bare custom_op`: a `torch.library.custom_op` defined in this script with the op's schema, "
-        "whose kernel calls the same kernel oplib's op ends in (the aten op, or oplib's involution "
-        "CPU kernel) with no argument checks and no layout normalisation, and whose autograd is the "
-        "op's own `register_autograd` pair (for the involution ops that backward calls oplib's "
-        "backward ops). What is left in the ratio is what oplib adds per call.",
-        "",
-        _contention_line(floor),
-        "",
-        *_floor_table(floor.rows, max_floor_ratio),
-        "",
-        f"### 5b. custom_op's share at {fc_floor.rows[0].op}",
-        "",
-        "Forward+backward of the same linear by torch, by the bare custom_op above and by oplib, "
-        "interleaved: the bare custom_op's ratio to torch is what any custom op pays there.",
-        "",
-        _contention_line(fc_floor),
-        "",
-        *_fc_floor_table(fc_floor.rows[0]),
-        "",
-    ]
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------
-# Entry point
-# ---------------------------------------------------------------------------------------
-
-
-def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    """The command line; see --help."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: os.cpu_count())")
+def _parse_args(argv: Optional[Sequence[str]]) -> tuple[Any, _harness.Settings]:
+    parser = _harness.parser(__doc__, rounds=10, min_run_time=0.5, quick_rounds=2)
     parser.add_argument(
         "--max-ratio",
         type=float,
@@ -801,59 +391,94 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         default=1.15,
         help="fail if an oplib/bare custom_op time ratio of section 5 exceeds this (default: 1.15; inf disables)",
     )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke test: smallest shapes, two short rounds (too noisy for the ratio gate: add --max-ratio inf)",
-    )
-    parser.add_argument("--rounds", type=int, help="interleaved rounds per candidate (default: 10; --quick: 2)")
-    parser.add_argument(
-        "--min-run-time", type=float, help="seconds per candidate per round, sections 1-3 (default: 0.5; --quick: 0.2)"
-    )
-    parser.add_argument(
-        "--output",
-        type=Path,
-        help="markdown output (default: bench/results/dense.md; --quick: bench/results/dense-quick.md)",
-    )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    return args, _harness.start(args, __file__)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run every section, print and write the report; 1 if a ratio is above its bar."""
-    args = _parse_args(argv)
-    torch.set_num_threads(args.threads)
-    min_run_time = args.min_run_time if args.min_run_time is not None else (0.2 if args.quick else 0.5)
-    settings = _Settings(
-        threads=args.threads,
-        rounds=args.rounds if args.rounds is not None else (2 if args.quick else 10),
-        min_run_time=min_run_time,
-        tiny_min_run_time=min_run_time / 2,
-        quick=args.quick,
-    )
-    output = args.output or _RESULTS_DIR / ("dense-quick.md" if args.quick else "dense.md")
+    args, settings = _parse_args(argv)
     torch.manual_seed(0)
+    conv, linear, fc = Section(settings), Section(settings), Section(settings)
+    tiny, floor = Section(settings, settings.min_run_time / 2), Section(settings, settings.min_run_time / 2)
+    conv_rows = _bench_head_to_head(conv, "conv2d", _QUICK_CONV_SHAPES if settings.quick else _CONV_SHAPES)
+    linear_rows = _bench_head_to_head(linear, "linear", _QUICK_LINEAR_SHAPES if settings.quick else _LINEAR_SHAPES)
+    tiny_rows = _bench_overhead(tiny)
+    floor_rows = _bench_floor(floor)
+    fc_row = _bench_fc_floor(fc, _LINEAR_SHAPES[0])
 
-    print("\n".join(_machine_lines(settings)), flush=True)
-    conv_shapes = _QUICK_CONV_SHAPES if args.quick else _CONV_SHAPES
-    linear_shapes = _QUICK_LINEAR_SHAPES if args.quick else _LINEAR_SHAPES
-    conv = _run_section(lambda: _bench_conv2d(conv_shapes, settings))
-    _print_compare([r for row in conv.rows for r in (row.baseline, row.candidate)])
-    linear = _run_section(lambda: _bench_linear(linear_shapes, settings))
-    _print_compare([r for row in linear.rows for r in (row.baseline, row.candidate)])
-    backward = _run_section(lambda: _bench_conv_backward(conv_shapes, settings))
-    _print_compare([r for row in backward.rows for r in (row.baseline, row.candidate)])
-    overhead = _run_section(lambda: _bench_overhead(settings))
-    _print_compare([r for row in overhead.rows for r in row.results.values()])
-    floor = _run_section(lambda: _bench_floor(settings))
-    _print_compare([r for row in floor.rows for r in row.results.values()])
-    fc_floor = _run_section(lambda: [_bench_fc_floor(_LINEAR_SHAPES[0], settings)])
-    _print_compare(list(fc_floor.rows[0].results.values()))
-
-    report = _report(settings, conv, linear, backward, overhead, floor, fc_floor, args.max_ratio, args.max_floor_ratio)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(report)
-    print(f"\n{report}\nwritten to {output}")
-    return 1 if _failures(conv, linear, floor, args.max_ratio, args.max_floor_ratio) else 0
+    failures = _failures(conv_rows + linear_rows, floor_rows, args.max_ratio, args.max_floor_ratio)
+    verdict = (
+        f"**FAIL**: above its bar at: {', '.join(failures)}."
+        if failures
+        else f"**PASS**: every oplib/torch fwd+bwd ratio is <= {args.max_ratio:g} and every oplib/bare custom_op "
+        f"ratio <= {args.max_floor_ratio:g}."
+    )
+    verdict += _harness.busy_note((conv, linear, tiny, floor, fc))
+    peak_note = (
+        "Peak: the highest resident memory above the inputs during one step, measured after the timings "
+        "in a fresh process."
+    )
+    lines = [
+        *_harness.header(
+            settings,
+            "Dense ops: oplib vs torch (CPU, float32)",
+            f"- sections 4 and 5 time each candidate for >= {tiny.min_run_time:g} s per round",
+        ),
+        verdict,
+        "",
+        f"## 1. conv2d forward+backward (batch {_BATCH}, stride 1, 'same' padding, with bias)",
+        "",
+        "Input, weight and bias require grad; one step is `conv2d(...).backward(grad)` with a "
+        "precomputed `grad`, then the gradients are set to None. " + peak_note,
+        "",
+        conv.load_line(),
+        "",
+        *_ratio_table(conv_rows, args.max_ratio),
+        "",
+        "## 2. linear forward+backward (with bias)",
+        "",
+        peak_note,
+        "",
+        linear.load_line(),
+        "",
+        *_ratio_table(linear_rows, args.max_ratio),
+        "",
+        "## 4. Per-call eager overhead (tiny tensors)",
+        "",
+        "Without grad: one forward call. With grad: forward, then `backward(grad)` with a "
+        "precomputed `grad`, then the gradients set to None. `autograd.Function`: a Function whose "
+        "forward is the torch op and whose setup_context and backward are the ones oplib's op "
+        "registers, so it has the op's math and backward without the custom-op machinery and "
+        "without oplib's argument checks.",
+        "",
+        tiny.load_line(),
+        "",
+        *_overhead_table(tiny_rows),
+        "",
+        "## 5. oplib's own cost over custom_op's (each registry op's first float32 sample)",
+        "",
+        "`bare custom_op`: a `torch.library.custom_op` defined in this script with the op's schema "
+        "and the op's own `register_autograd` pair, whose kernel is the torch function the op wraps "
+        "with no argument checks and no layout normalisation; for the involution ops (whose CPU "
+        "kernels are private) it is the op's own registered CPU kernel, so there the ratio leaves "
+        "out oplib's argument predicate. What is left in the ratio is what oplib adds per call.",
+        "",
+        floor.load_line(),
+        "",
+        *_floor_table(floor_rows, args.max_floor_ratio),
+        "",
+        f"### 5b. custom_op's share at {fc_row.name}",
+        "",
+        "Forward+backward of the same linear by torch, by the bare custom_op above and by oplib, "
+        "interleaved: the bare custom_op's ratio to torch is what any custom op pays there.",
+        "",
+        fc.load_line(),
+        "",
+        *_fc_floor_table(fc_row),
+    ]
+    _harness.write_report(settings, lines)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ and inference in ONNX Runtime.
 Two models: RedNet-26 at the paper's width (64) on 64x64 images, and the narrow RedNet-26 that
 ``python -m oplib train`` fits to the 32x32 digits. A training step is forward, cross-entropy,
 backward and an SGD step; inference is a forward pass in eval mode under no_grad. Eager and
-compiled are timed in the same run, interleaved (torch.utils.benchmark medians; the median of
-the rounds is kept). Compile time (the first call) is reported separately.
+compiled are timed in the same run, interleaved, by bench/_harness.py; compile time (the first
+call) is reported separately, and the peak memory of an eager step.
 
 The deployment table: the paper's RedNet-26 (width 64, 1000 classes) at 224x224, inference at
 batch 1 and 16 in eager mode, compiled, and from the three files ``python -m oplib export``
@@ -19,24 +19,20 @@ torch has.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import os
-import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch.utils.benchmark import Timer
 
+import _harness
+from _harness import Section, call, ratio
 from oplib.models import rednet26
-
-from machine import describe
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclass(frozen=True)
@@ -82,39 +78,41 @@ def _candidates(config: Config, batch: int):
     }
 
 
-def run(config: Config, batch: int, rounds: int, min_run_time: float):
+def _eager_step(config: Config, batch: int, mode: str) -> Callable[[], None]:
+    """An eager train or inference step (for the peak, in a fresh process)."""
+    return _candidates(config, batch)[mode, "eager"]
+
+
+def run(section: Section, config: Config, batch: int) -> list[list[str]]:
+    """The table rows of one model: train and inference, eager vs compiled."""
     # A fresh dynamo per model: otherwise the second model's compile is a recompile of the same
     # forward code, which dynamo then makes shape-generic (and much slower to compile).
     torch._dynamo.reset()
     steps = _candidates(config, batch)
     compile_seconds = {}
-    for key in (("train", "compiled"), ("inference", "compiled")):
-        start = time.perf_counter()
-        steps[key]()
-        compile_seconds[key[0]] = time.perf_counter() - start
-    samples = {key: [] for key in steps}
-    for _ in range(rounds):
-        for key, step in steps.items():
-            timer = Timer("step()", globals={"step": step}, num_threads=torch.get_num_threads())
-            samples[key].append(timer.blocked_autorange(min_run_time=min_run_time).median)
-    seconds = {key: statistics.median(values) for key, values in samples.items()}
     for mode in ("train", "inference"):
-        print(
-            f"{config.name} {mode}: eager {batch / seconds[mode, 'eager']:.1f} img/s, "
-            f"compiled {batch / seconds[mode, 'compiled']:.1f} img/s (compile {compile_seconds[mode]:.0f} s)",
-            flush=True,
-        )
-    return seconds, compile_seconds
+        start = time.perf_counter()
+        steps[mode, "compiled"]()
+        compile_seconds[mode] = time.perf_counter() - start
+    times = section.measure(config.name, {key: call(step) for key, step in steps.items()})
+    rows = []
+    for mode in ("train", "inference"):
+        eager, compiled = times[mode, "eager"], times[mode, "compiled"]
+        rows.append([
+            config.name, str(batch), mode, f"{batch / eager.median:.1f}", f"{batch / compiled.median:.1f}",
+            f"{ratio(eager, compiled):.2f}x", f"{compile_seconds[mode]:.0f}",
+            _harness.megabytes(_harness.peak_memory(_eager_step, config, batch, mode)),
+        ])  # fmt: skip
+    return rows
 
 
 DEPLOY_SIZE = 224
 DEPLOY_BATCHES = (1, 16)
+RUNTIMES = ("eager", "compiled", "torch.export", "AOTInductor", "ONNX Runtime")
 
 
-def run_deployment(batches, size: int, rounds: int, min_run_time: float) -> dict:
-    """img/s of RedNet-26 inference per (batch, runtime): eager, compiled, ONNX Runtime."""
-    import tempfile
-
+def run_deployment(section: Section, batches: tuple[int, ...], size: int) -> list[list[str]]:
+    """The table rows: img/s of RedNet-26 inference per batch and runtime, and / eager."""
     import onnxruntime
 
     import oplib.onnx
@@ -138,7 +136,7 @@ def run_deployment(batches, size: int, rounds: int, min_run_time: float) -> dict
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    results = {}
+    rows = []
     for batch in batches:
         images = torch.randn(batch, 3, size, size)
         feed = {session.get_inputs()[0].name: images.numpy()}
@@ -155,52 +153,38 @@ def run_deployment(batches, size: int, rounds: int, min_run_time: float) -> dict
             "ONNX Runtime": lambda: session.run(None, feed),
         }
         steps["compiled"]()  # compile outside the timing
-        samples = {name: [] for name in steps}
-        for _ in range(rounds):
-            for name, step in steps.items():
-                timer = Timer("step()", globals={"step": step}, num_threads=torch.get_num_threads())
-                samples[name].append(timer.blocked_autorange(min_run_time=min_run_time).median)
-        results[batch] = {name: batch / statistics.median(values) for name, values in samples.items()}
-        print(f"batch {batch}: " + ", ".join(f"{k} {v:.1f} img/s" for k, v in results[batch].items()), flush=True)
-    return results
+        times = section.measure(f"batch {batch}", {name: call(step) for name, step in steps.items()})
+        eager = times["eager"]
+        cells = [f"{batch / times[k].median:.1f} ({ratio(eager, times[k]):.2f}x)" for k in RUNTIMES[1:]]
+        rows.append([str(batch), f"{batch / eager.median:.1f}", *cells])
+    return rows
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--output", type=Path, default=None)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    rounds, min_run_time = (1, 0.2) if args.quick else (args.rounds, 2.0)
-    lines = [
-        "# RedNet-26 throughput on CPU: eager vs torch.compile, and ONNX Runtime",
-        "",
-        f"Written by `python bench/rednet.py{' --quick' if args.quick else ''}` on {datetime.date.today()}.",
-        "",
-        f"- machine: {describe()}",
-        f"- float32; times: median over {rounds} interleaved round(s) of torch.utils.benchmark blocked_autorange medians",
-        "- train step = forward + cross-entropy + backward + SGD step (BatchNorm in training mode);"
-        " inference = eval-mode forward under no_grad; compile = wall time of the first compiled call",
-        "",
-        "| model | batch | mode | eager (img/s) | compiled (img/s) | compiled / eager | compile (s) |",
-        "|---|---:|---|---:|---:|---:|---:|",
-    ]
-    print(describe(), flush=True)
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = _harness.parser(__doc__, rounds=3, min_run_time=2.0)
+    settings = _harness.start(parser.parse_args(argv), __file__)
+    throughput, deploy = Section(settings), Section(settings)
+    rows = []
     for config in CONFIGS:
-        batch = max(2, config.batch // 4) if args.quick else config.batch
-        seconds, compile_seconds = run(config, batch, rounds, min_run_time)
-        for mode in ("train", "inference"):
-            eager, compiled = batch / seconds[mode, "eager"], batch / seconds[mode, "compiled"]
-            lines.append(
-                f"| {config.name} | {batch} | {mode} | {eager:.1f} | {compiled:.1f} | {compiled / eager:.2f}x | "
-                f"{compile_seconds[mode]:.0f} |"
-            )
-    deploy_batches = (1, 2) if args.quick else DEPLOY_BATCHES
-    deploy_size = 64 if args.quick else DEPLOY_SIZE
-    deployment = run_deployment(deploy_batches, deploy_size, rounds, min_run_time)
-    lines += [
+        rows += run(throughput, config, max(2, config.batch // 4) if settings.quick else config.batch)
+    deploy_size = 64 if settings.quick else DEPLOY_SIZE
+    deploy_rows = run_deployment(deploy, (1, 2) if settings.quick else DEPLOY_BATCHES, deploy_size)
+    lines = [
+        *_harness.header(
+            settings,
+            "RedNet-26 throughput on CPU: eager vs torch.compile, and ONNX Runtime",
+            "- float32; train step = forward + cross-entropy + backward + SGD step (BatchNorm in training mode);"
+            " inference = eval-mode forward under no_grad; compile = wall time of the first compiled call;"
+            " eager peak = highest resident memory above the model and optimizer state during one eager step"
+            " (after the timings, in a fresh process)",
+        ),
+        throughput.load_line(),
+        "",
+        *_harness.table(
+            ("model", "batch", "mode", "eager (img/s)", "compiled (img/s)", "compiled / eager", "compile (s)", "eager peak (MB)"),
+            "lrlrrrrr",
+            rows,
+        ),
         "",
         f"## Inference by runtime: RedNet-26 (width 64, 1000 classes), {deploy_size}x{deploy_size} RGB",
         "",
@@ -208,17 +192,11 @@ def main(argv=None) -> int:
         "back (`torch.export.load(...).module()`), the AOTInductor package (`aoti_load_package`), and the "
         "standard ONNX file in ONNX Runtime (CPU provider, intra-op threads = torch's). img/s, and / eager.",
         "",
-        "| batch | eager | compiled | torch.export | AOTInductor | ONNX Runtime |",
-        "|---:|---:|---:|---:|---:|---:|",
+        deploy.load_line(),
+        "",
+        *_harness.table(("batch", *RUNTIMES), "rrrrrr", deploy_rows),
     ]
-    for batch, speeds in deployment.items():
-        cells = [f"{speeds[k]:.1f} ({speeds[k] / speeds['eager']:.2f}x)" for k in ("compiled", "torch.export", "AOTInductor", "ONNX Runtime")]
-        lines.append(f"| {batch} | {speeds['eager']:.1f} | " + " | ".join(cells) + " |")
-    report = "\n".join(lines) + "\n"
-    output = args.output or RESULTS / ("rednet-quick.md" if args.quick else "rednet.md")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(report)
-    print(report)
+    _harness.write_report(settings, lines)
     return 0
 
 

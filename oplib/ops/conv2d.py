@@ -157,6 +157,9 @@ def _conv2d_setup_context(ctx, inputs, output) -> None:
     ctx.params = (stride, padding, dilation, groups)
 
 
+# One convolution_backward call for all three gradients: at ResNet-50's stage shapes it was
+# never slower than torch.nn.grad's conv2d_input + conv2d_weight + a bias sum (settled by the
+# former section 3 of bench/dense.py; its last table is bench/results/dense.md at 7b14f82).
 def _conv2d_backward(ctx, grad: Tensor):
     input, weight = ctx.saved_tensors
     stride, padding, dilation, groups = ctx.params
