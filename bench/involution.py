@@ -188,19 +188,8 @@ def _cpu_table(rows: list[_Row]) -> list[str]:
     return _harness.table(columns, "lrrrrrrrrrrr", cells)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = _harness.parser(__doc__, rounds=3, min_run_time=1.0)
-    settings = _harness.start(parser.parse_args(argv), __file__)
-    shapes = QUICK_SHAPES if settings.quick else SHAPES
-    cpu = Section(settings)
-    bandwidth = copy_bandwidth(cpu)
-    print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
-    cpu_rows = run_cpu(cpu, shapes, bandwidth)
-    cuda = Section(settings)
-    cuda_rows = run_cuda(cuda, shapes) if torch.cuda.is_available() else []
-    failures = [row.shape.name for row in cpu_rows if row.failed]
-    verdict = "**met**." if not failures else f"**not met** at {', '.join(failures)}."
-    lines = [
+def _cpu_report(settings, cpu: Section, cpu_rows, bandwidth: float, verdict: str) -> list[str]:
+    return [
         *_harness.header(
             settings,
             "Involution: oplib vs the unfold formulation",
@@ -219,6 +208,36 @@ def main(argv: Optional[list[str]] = None) -> int:
         + _harness.busy_note([cpu]),
         "",
     ]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = _harness.parser(__doc__, rounds=3, min_run_time=1.0)
+    parser.add_argument(
+        "--cuda-only", action="store_true",
+        help="only the CUDA table (make gpu-check), written to bench/results/involution-cuda.md by default",
+    )
+    args = parser.parse_args(argv)
+    if args.cuda_only:
+        if not torch.cuda.is_available():
+            parser.error("--cuda-only: no GPU (torch.cuda.is_available() is False)")
+        args.output = args.output or _harness.RESULTS / f"involution-cuda{'-quick' if args.quick else ''}.md"
+    settings = _harness.start(args, __file__)
+    shapes = QUICK_SHAPES if settings.quick else SHAPES
+    cpu = Section(settings)
+    bandwidth = 0.0 if args.cuda_only else copy_bandwidth(cpu)
+    if not args.cuda_only:
+        print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
+    cpu_rows = [] if args.cuda_only else run_cpu(cpu, shapes, bandwidth)
+    cuda = Section(settings)
+    cuda_rows = run_cuda(cuda, shapes) if torch.cuda.is_available() else []
+    failures = [row.shape.name for row in cpu_rows if row.failed]
+    verdict = "**met**." if not failures else f"**not met** at {', '.join(failures)}."
+    if args.cuda_only:
+        lines = [*_harness.header(settings, "Involution on CUDA: oplib vs the unfold formulation",
+                                  "- run with `--cuda-only` (`make gpu-check`): the CUDA table alone",
+                                  "- float32, K = 7, 16 channels per group, padding 3; forward only")]
+    else:
+        lines = _cpu_report(settings, cpu, cpu_rows, bandwidth, verdict)
     if cuda_rows:
         lines += ["## CUDA (forward)", "", cuda.load_line(), ""]
         lines += _harness.table(
