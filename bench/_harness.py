@@ -105,10 +105,11 @@ def cpu_model() -> str:
 
 
 def describe_machine() -> str:
-    """One line: CPU, cores, torch version, threads and mkldnn, Python, oplib."""
+    """One line: the GPU if there is one, CPU, cores, torch version, threads and mkldnn, Python, oplib."""
     mkldnn = "mkldnn on" if torch.backends.mkldnn.is_available() else "mkldnn off"
+    gpu = f"{torch.cuda.get_device_name()}, " if torch.cuda.is_available() else ""
     return (
-        f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads, {mkldnn}), "
+        f"{gpu}{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads, {mkldnn}), "
         f"Python {platform.python_version()}, oplib {oplib.__version__}"
     )
 
