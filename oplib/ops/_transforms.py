@@ -43,8 +43,6 @@ from torch._functorch.autograd_function import custom_function_call
 from torch._library.autograd import make_autograd_impl
 from torch._library.custom_ops import CustomOpDef
 
-from .._compat import any_requires_grad, impl_override
-
 # jvp(inputs, output, tangents) -> the output's tangent. ``inputs`` are the op's arguments,
 # ``tangents`` one per argument: a tensor, or None where the argument has no tangent.
 JvpRule = Callable[[tuple, Tensor, tuple], Tensor]
@@ -112,7 +110,7 @@ def register_jvp(opdef: CustomOpDef, jvp: JvpRule) -> None:
     reverse_mode = make_autograd_impl(opdef._opoverload, opdef)
     op = opdef._opoverload
     after_autograd = torch._C._after_autograd_keyset
-    is_grad_enabled = torch._C.is_grad_enabled
+    is_grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
 
     def autograd_kernel(keyset, *args: Any):
         if forward_ad._current_level >= 0 and _has_tangent(args):
@@ -129,5 +127,5 @@ def register_jvp(opdef: CustomOpDef, jvp: JvpRule) -> None:
         # torch warns once that a kernel is overridden: replacing custom_op's Autograd kernel
         # is the point here.
         warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
-        impl_override(_LIB, opdef._name, autograd_kernel, "Autograd", with_keyset=True)
+        _LIB.impl(opdef._name, autograd_kernel, "Autograd", with_keyset=True, allow_override=True)
     _LIB.impl(opdef._name, functorch_kernel, "FuncTorchDynamicLayerFrontMode")
