@@ -121,9 +121,10 @@ class Involution2d(torch.nn.Module):
         # Checked here, before the pooling and the 1x1 convs, whose own errors would not say
         # what is wrong with the layer's input. Dynamo traces this code (the ops' checks run
         # inside the ops, where it does not look): the number of dims and the channels are
-        # static there, and a symbolic size is checked with a message closure over a string,
-        # the only kind of closure dynamo accepts, that does not print the size (printing a
-        # symbolic size would specialise it).
+        # static there, and a symbolic size is checked with a message function that does not
+        # print the size (printing a symbolic size would specialise it). The function takes its
+        # string as a default argument: dynamo in torch 2.10 and 2.11 refuses a message function
+        # that refers to a variable of the enclosing function, even when the check passes.
         if input.dim() not in dims:
             raise RuntimeError(
                 f"Involution2d: expected input to be {layout}, got a {input.dim()}-D tensor of size {list(input.shape)}"
@@ -142,7 +143,7 @@ class Involution2d(torch.nn.Module):
                 f"Involution2d: input {name} with padding ({shown} + 2*{padding}) is smaller than the dilated "
                 f"kernel {name} ({extent})"
             )
-            torch._check(size + 2 * padding >= extent, lambda: message)
+            torch._check(size + 2 * padding >= extent, lambda message=message: message)
 
     def forward(self, input: Tensor) -> Tensor:
         """input: (N, C, H, W) or (C, H, W) -> (N, C, Ho, Wo) or (C, Ho, Wo)."""
