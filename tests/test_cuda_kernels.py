@@ -200,11 +200,13 @@ def emulated_cpu_kernels():
     opdefs = [torch._library.custom_ops._maybe_get_opdef(qualname) for qualname in CUDA_DISPATCH]
     for opdef, dispatch in zip(opdefs, CUDA_DISPATCH.values()):
         opdef.register_kernel("cpu")(lambda *args, dispatch=dispatch: dispatch(*args, launcher))
-        opdef.set_kernel_enabled("cpu", True)
     yield launcher
-    # Back to each op's own CPU kernel, the function custom_op was given.
+    # Back to each op's own CPU kernel: the function custom_op was given (what torch itself
+    # falls back to when a device kernel is disabled). Without this the emulated kernels stay
+    # registered for the rest of the session; they skip the argument checks and return
+    # tensors over the emulation's buffers.
     for opdef in opdefs:
-        opdef.set_kernel_enabled("cpu", False)
+        opdef.register_kernel("cpu")(opdef._init_fn)
 
 
 @pytest.mark.parametrize("name", list(LAUNCHES))
