@@ -26,12 +26,14 @@ device for its architecture first), so the compile goes through NVRTC's own bind
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import functools
+import multiprocessing
 import re
 from dataclasses import dataclass
 
 import torch
-from cuda.bindings import nvrtc
 
 from ..kernels import (
     BLOCK_SIZE,
@@ -67,7 +69,24 @@ class Compiled:
     ptx: str  # the PTX the cubin was assembled from
 
 
+@functools.cache
+def _child() -> concurrent.futures.ProcessPoolExecutor:
+    executor = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    atexit.register(executor.shutdown)  # before interpreter teardown, or its callback fails then
+    return executor
+
+
+def _in_child(function, *args):
+    """``function(*args)`` in a spawned child process. Once NVRTC's library is loaded into a
+    process, checkpoints that torch.save writes there no longer load ("record size ... does
+    not match expected size"; seen with torch 2.13 and nvidia-cuda-nvrtc 13.5 in a full test
+    run), so NVRTC never runs in the caller's process."""
+    return _child().submit(function, *args).result()
+
+
 def _check(result: tuple, call: str) -> tuple:
+    from cuda.bindings import nvrtc
+
     error, *values = result
     if error != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise NvrtcError(f"{call} failed: {nvrtc.nvrtcGetErrorString(error)[1].decode()}")
@@ -76,7 +95,14 @@ def _check(result: tuple, call: str) -> tuple:
 
 def compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ...] = ()) -> Compiled:
     """Compile ``source`` with ``cupy_options(arch)`` plus ``extra_options`` and resolve every
-    name expression the launcher asks for; raises ``NvrtcError`` with NVRTC's log."""
+    name expression the launcher asks for; raises ``NvrtcError`` with NVRTC's log. Runs in a
+    child process (``_in_child``)."""
+    return _in_child(_compile_source, source, arch, tuple(extra_options))
+
+
+def _compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ...]) -> Compiled:
+    from cuda.bindings import nvrtc
+
     options = (*cupy_options(arch), *extra_options)
     names = name_expressions(source)
     # The program is named by the file's name only, as CuPy names it by a file in a temporary
@@ -109,6 +135,12 @@ def compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ..
 
 
 def nvrtc_version() -> str:
+    return _in_child(_nvrtc_version)
+
+
+def _nvrtc_version() -> str:
+    from cuda.bindings import nvrtc
+
     major, minor = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
     return f"{major}.{minor}"
 
