@@ -1,13 +1,16 @@
 # The two commands of the README: `make run` (the main job) and `make test` (the suite).
 # Each creates .venv and installs what it needs; torch is pinned to the CPU build that
 # lies on this kind of machine's disk (a plain `torch` requirement pulls a CUDA build).
+# `make test-oldest` runs the same suite in .venv-oldest on the oldest torch that
+# pyproject.toml accepts (from the package index: a CUDA build of a few GB, run on CPU).
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
+TORCH_OLDEST ?= torch==2.12.0
 
-.PHONY: run test bench dist clean gpu-check
+.PHONY: run test test-oldest bench dist clean gpu-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +26,9 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
+
+test-oldest:
+	$(MAKE) test VENV=.venv-oldest TORCH_SPEC="$(TORCH_OLDEST)"
 
 # Every benchmark always runs and writes its table (bench/results/); the target fails if
 # dense.py or involution.py misses its bar, or if any step fails (rednet.py and
@@ -52,4 +58,4 @@ gpu-check:
 	exit $$status
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) .venv-oldest build dist *.egg-info

@@ -23,8 +23,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ._compat import pooling_sizes_without_parity_guard
 from .checkpoints import Weights, convert_official_state_dict, state_dict_of
 from .nn import Conv2d, Involution2d, Linear
+
+# The stem's max pool exports with a dynamic image size on every supported torch.
+pooling_sizes_without_parity_guard()
 
 BLOCK_COUNTS = {
     26: (1, 2, 4, 1),

@@ -123,7 +123,7 @@ class Involution2d(torch.nn.Module):
         # inside the ops, where it does not look): the number of dims and the channels are
         # static there, and a symbolic size is checked with a message function that does not
         # print the size (printing a symbolic size would specialise it). The function takes its
-        # string as a default argument: dynamo in torch 2.10 and 2.11 refuses a message function
+        # string as a default argument: dynamo in torch 2.10 to 2.12 refuses a message function
         # that refers to a variable of the enclosing function, even when the check passes.
         if input.dim() not in dims:
             raise RuntimeError(
