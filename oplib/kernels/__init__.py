@@ -166,24 +166,25 @@ class CuPyLauncher:
         self._cupy = cupy
         self._modules: dict[tuple[str, int], object] = {}
 
-    def load(self, source: KernelSource, device: int) -> None:
-        """Compile ``source`` for ``device`` and load it there, unless that was done before."""
+    def load(self, source: KernelSource, device: int):
+        """Compile ``source`` for ``device`` and load it there, unless that was done before;
+        returns the module."""
         key = (source.sha256, device)
-        if key in self._modules:
-            return
-        with self._cupy.cuda.Device(device):
-            module = self._cupy.RawModule(
-                code=source.text, options=NVRTC_OPTIONS, name_expressions=name_expressions(source)
-            )
-            module.compile()
-        self._modules[key] = module
+        module = self._modules.get(key)
+        if module is None:
+            with self._cupy.cuda.Device(device):
+                module = self._cupy.RawModule(
+                    code=source.text, options=NVRTC_OPTIONS, name_expressions=name_expressions(source)
+                )
+                module.compile()
+            self._modules[key] = module
+        return module
 
     def launch(self, source, kernel, dtype, grid, block, args) -> None:
         import numpy
 
         device = next(a.device for a in args if isinstance(a, Tensor))
-        self.load(source, device.index)
-        function = self._modules[source.sha256, device.index].get_function(name_expression(kernel, dtype))
+        function = self.load(source, device.index).get_function(name_expression(kernel, dtype))
         # Pointers go as 64-bit integers: the kernel parameters are 8-byte pointers and index_t.
         packed = tuple(numpy.uint64(a.data_ptr()) if isinstance(a, Tensor) else numpy.int64(a) for a in args)
         stream = self._stream(torch.cuda.current_stream(device).cuda_stream, device.index)
@@ -209,13 +210,10 @@ def load(device: Union[torch.device, str, int, None] = None) -> None:
     works without it (the module loads during the capture; tests/test_cuda_streams.py), but
     compiling takes seconds on a cold cache (CuPy keeps the results on disk), which this moves
     out of timed or latency-bound code."""
-    if device is None:
-        index = torch.cuda.current_device()
-    else:
-        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-        if device.type != "cuda":
-            raise ValueError(f"oplib.kernels.load: expected a CUDA device, got {device}")
-        index = torch.cuda.current_device() if device.index is None else device.index
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
+    if device.type != "cuda":
+        raise ValueError(f"oplib.kernels.load: expected a CUDA device, got {device}")
+    index = torch.cuda.current_device() if device.index is None else device.index
     launcher = cupy_launcher()
     for filename in sorted({dispatch.source for dispatch in CUDA_DISPATCH.values()}):
         launcher.load(load_source(filename), index)
