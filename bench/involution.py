@@ -26,6 +26,7 @@ import _harness
 import oplib
 from _harness import Section, call, fwd_bwd, megabytes, ratio
 from oplib import registry
+from oplib.kernels import involution_cpu
 
 MIN_SPEEDUP = 10  # fwd+bwd time of unfold / oplib, at least
 MAX_PEAK_RATIO = 0.25  # peak memory of oplib / unfold, at most
@@ -57,6 +58,13 @@ class Shape:
     @property
     def params(self) -> tuple[list[int], list[int], list[int]]:
         return [self.stride] * 2, [self.kernel // 2] * 2, [1, 1]
+
+    @property
+    def cpu_strategy(self) -> str:
+        """How oplib's CPU kernels compute this shape ("dense" or "taps")."""
+        groups = self.channels // self.group_channels
+        weight_shape = (self.batch, groups, self.kernel, self.kernel, self.out_size, self.out_size)
+        return involution_cpu.strategy_name((self.size, self.size), weight_shape, *self.params)
 
     def floor_bytes(self) -> int:
         """Bytes the forward must move at least: read input and weight, write output (float32)."""
@@ -175,17 +183,17 @@ def _cpu_table(rows: list[_Row]) -> list[str]:
 
     cells = [
         (
-            row.shape.name, row.shape.batch, ms(row, "oplib", "fwd"), ms(row, "unfold", "fwd"), ms(row, "oplib", "fwd+bwd"),
+            row.shape.name, row.shape.batch, row.shape.cpu_strategy, ms(row, "oplib", "fwd"), ms(row, "unfold", "fwd"), ms(row, "oplib", "fwd+bwd"),
             ms(row, "unfold", "fwd+bwd"), f"**{row.speedup:.1f}x**", megabytes(row.peaks["oplib"]),
             megabytes(row.peaks["unfold"]), f"**{row.peak_ratio:.2f}**", f"{row.floor_seconds * 1e3:.2f}",
             f"{row.times['oplib', 'fwd'].median / row.floor_seconds:.1f}x",
         )  # fmt: skip
         for row in rows
     ]
-    columns = ("shape", "batch", "oplib fwd (ms)", "unfold fwd (ms)", "oplib fwd+bwd (ms)", "unfold fwd+bwd (ms)",
+    columns = ("shape", "batch", "CPU strategy", "oplib fwd (ms)", "unfold fwd (ms)", "oplib fwd+bwd (ms)", "unfold fwd+bwd (ms)",
                "fwd+bwd speed-up", "oplib peak (MB)", "unfold peak (MB)", "peak ratio", "memory floor (ms)",
                "oplib fwd / floor")  # fmt: skip
-    return _harness.table(columns, "lrrrrrrrrrrr", cells)
+    return _harness.table(columns, "lrlrrrrrrrrrr", cells)
 
 
 def _cpu_report(settings, cpu: Section, cpu_rows, bandwidth: float, verdict: str) -> list[str]:

@@ -1,7 +1,6 @@
-"""The three CPU strategies of involution (dense matrices on small maps, one banded matrix per
-output row on medium ones, tap passes on larger ones) each checked against the float64
-reference on the same inputs, whichever the size rule would pick, with finite and with
-non-finite values; and each deterministic."""
+"""The two CPU strategies of involution (dense matrices on small maps, tap passes on larger
+ones) each checked against the float64 reference on the same inputs, whichever the size rule
+would pick, with finite and with non-finite values; and each deterministic."""
 
 import random
 
@@ -13,22 +12,13 @@ from oplib.kernels import involution_cpu
 from oplib.kernels.involution_cpu import Geometry, dense_map, taps
 from oplib.ops._common import window_output_size
 
-# (DENSE_MAP_MAX_PIXELS_PER_TAP, ROW_BANDS_MAX_WORK) forcing each strategy, and the dense
-# matrices and the taps once more with slices of one item each (the test tensors otherwise
-# fit in one slice).
-STRATEGIES = {
-    "dense-map": (10**9, 0),
-    "dense-map-sliced": (10**9, 0),
-    "bands": (0, 10**9),
-    "taps": (0, 0),
-    "taps-sliced": (0, 0),
-}
+# DENSE_MAP_MAX_PIXELS_PER_TAP forcing each strategy, and each once more with slices of one
+# item each (the test tensors otherwise fit in one slice).
+STRATEGIES = {"dense-map": 10**9, "dense-map-sliced": 10**9, "taps": 0, "taps-sliced": 0}
 
 
 def _force(monkeypatch, strategy):
-    dense_limit, bands_limit = STRATEGIES[strategy]
-    monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", dense_limit)
-    monkeypatch.setattr(involution_cpu, "ROW_BANDS_MAX_WORK", bands_limit)
+    monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", STRATEGIES[strategy])
     if strategy.endswith("-sliced"):
         for module, constant in ((dense_map, "CHUNK_BYTES"), (taps, "CHUNK_BYTES"), (taps, "WEIGHT_GRAD_CHUNK_BYTES")):
             monkeypatch.setattr(module, constant, 1)
@@ -80,17 +70,16 @@ PHASE_GATHER_CASES = [
 
 
 # RedNet-50's geometries (7x7 kernels, padding 3) at a small batch and width: the random
-# cases above stay below 14 pixels, where the row bands hold few rows.
+# cases above stay below 14 pixels.
 REDNET_CASES = [
     (2, 4, (size, size), 2, (7, 7), (stride, stride), (3, 3), (1, 1))
     for size, stride in [(7, 1), (14, 1), (28, 1), (14, 2), (28, 2), (56, 2)]
 ]
 
 
-# Found by a randomized review of the row bands: a tap-row class with a single row whose
-# step to the next would be negative (input gradient raised), and 1-row kernels whose weight
-# gradient came back non-contiguous.
-BANDS_EDGE_CASES = [
+# Found by a randomized review of a strategy since dropped (the row bands), and edge cases for
+# any strategy: one-pixel-wide images under dilated kernels, and one-row kernels.
+EDGE_CASES = [
     (1, 1, (5, 1), 1, (2, 1), (1, 1), (0, 0), (3, 1)),
     (2, 6, (7, 21), 3, (3, 1), (2, 4), (0, 3), (3, 1)),
     (2, 1, (5, 1), 1, (1, 1), (1, 1), (2, 1), (1, 1)),
@@ -99,7 +88,7 @@ BANDS_EDGE_CASES = [
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize(
-    "case", _random_cases(40, seed=3) + PHASE_GATHER_CASES + REDNET_CASES + BANDS_EDGE_CASES, ids=lambda case: f"{case}"
+    "case", _random_cases(40, seed=3) + PHASE_GATHER_CASES + REDNET_CASES + EDGE_CASES, ids=lambda case: f"{case}"
 )
 def test_strategy_matches_reference(monkeypatch, strategy, case):
     _force(monkeypatch, strategy)
@@ -109,12 +98,7 @@ def test_strategy_matches_reference(monkeypatch, strategy, case):
     w = torch.randn(n, groups, *kernel, *out_size, dtype=torch.float64)
     g = torch.randn(n, channels, *out_size, dtype=torch.float64)
     params = (stride, padding, dilation)
-    expected = {"dense-map": "dense", "dense-map-sliced": "dense", "bands": "bands"}.get(strategy, "taps")
-    if expected == "bands" and not involution_cpu.RowBands(Geometry(size, kernel, out_size, *params)).fits:
-        # A kernel about as wide as the image: the bands would put a padding tap's zero on a
-        # real entry, so these take the taps (bands fit whenever (KW-1)*dw < W).
-        assert (kernel[1] - 1) * dilation[1] >= size[1]
-        expected = "taps"
+    expected = "dense" if strategy.startswith("dense") else "taps"
     assert involution_cpu.strategy_name(size, w.shape, *params) == expected
     if case in PHASE_GATHER_CASES:
         layout = involution_cpu.TapLayout(Geometry(size, kernel, out_size, stride, padding, dilation))
@@ -185,12 +169,10 @@ def test_strategy_is_deterministic(monkeypatch, strategy):
 
 def test_rednet_shapes_pick_the_expected_strategy():
     # 7x7 kernels, padding 3: the 7x7 stage and the stride-2 14x14 -> 7x7 involution use the
-    # dense matrices, the 14x14 stage and the stride-2 28x28 -> 14x14 one the row bands, the
-    # 28x28 stage and the 56x56 maps (either stride) the taps.
+    # dense matrices, the larger maps the taps.
     def picked(size, stride):
         out = (size - 1) // stride + 1
         return involution_cpu.strategy_name((size, size), (8, 4, 7, 7, out, out), (stride,) * 2, (3, 3), (1, 1))
 
     assert picked(7, 1) == picked(14, 2) == "dense"
-    assert picked(14, 1) == picked(28, 2) == "bands"
-    assert picked(28, 1) == picked(56, 1) == picked(56, 2) == "taps"
+    assert picked(14, 1) == picked(28, 2) == picked(28, 1) == picked(56, 1) == picked(56, 2) == "taps"

@@ -2,7 +2,7 @@
 
     out[n, c, i, j] = sum_{a, b} weight[n, c // (C/G), a, b, i, j] * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
 
-Never ``unfold``, which would hold K*K copies of the input. Three strategies, each a class
+Never ``unfold``, which would hold K*K copies of the input. Two strategies, each a class
 that computes the forward and both backward ops of a geometry, chosen per call by the size
 of the map (``strategy_name``):
 
@@ -14,18 +14,13 @@ of the map (``strategy_name``):
   the weight's size, and the products run as ``bmm`` calls over slices of the N*G (sample,
   group) items, about ``dense_map.CHUNK_BYTES`` of matrices each: a few large calls instead
   of K*K small ones, whose per-call cost would dominate.
-- Medium maps (an output row's band of image rows at most ``ROW_BANDS_MAX_WORK`` times
-  stride_w times KH*KW elements, e.g. RedNet's 14x14 stage and its 28x28 -> 14x14
-  involution), ``RowBands``: the same products one output row at a time, over the band of
-  image rows that row reads: Ho ``bmm`` calls whose matrices hold that factor times the
-  weight's elements.
 - Larger maps, ``TapLayout``: K*K elementwise passes, each over one shifted view of the input
   (split into stride phases, without padding) for all samples, groups and channels at once,
   with the weight of the taps that would read the padding multiplied by zero.
 
-All three skip the zero padding, so a non-finite value can meet a zero it would not meet in
+Both skip the zero padding, so a non-finite value can meet a zero it would not meet in
 the padded formulation (inf * 0 is nan) or miss one it would. With finite values the results
-are exact. The matrix strategies drop the taps that read padding, so a non-finite value
+are exact. The dense matrices drop the taps that read padding, so a non-finite value
 could vanish: their calls go to ``PaddedFormulation``, which gives the reference's nan and
 inf pattern, when an operand is not finite. The taps can only add a nan: their calls go
 there when the result is not finite.
@@ -48,14 +43,12 @@ from torch import Tensor
 from .dense_map import DenseMap
 from .geometry import Geometry
 from .padded import PaddedFormulation
-from .row_bands import RowBands
 from .taps import TapLayout
 
 __all__ = [
     "DenseMap",
     "Geometry",
     "PaddedFormulation",
-    "RowBands",
     "Strategy",
     "TapLayout",
     "involution",
@@ -68,23 +61,15 @@ __all__ = [
 # phase (sh*sw phases): the dense matrix then holds at most that many times the weight's
 # elements. The tap passes pay for their buffers once per phase, so strided maps stay dense
 # up to larger sizes. Set by timing the dense matrices against the taps, forward+backward,
-# at RedNet-50's shapes (each forced through these limits as tests/test_involution_cpu.py
+# at RedNet-50's shapes (each forced through this limit as tests/test_involution_cpu.py
 # does); bench/results/involution.md holds the chosen strategies' times.
 DENSE_MAP_MAX_PIXELS_PER_TAP = 2
 
-# A map is "medium" when the band of image rows one output row reads, (KH-1)*dh + 1 rows of W
-# pixels, is at most this many times KH*KW times the column stride: each band matrix then does
-# that many times the multiply-adds the taps need, at matrix-product speed. Set by timing the
-# bands against the taps in the same way: the bands win at RedNet-50's 28x28 -> 14x14 (4x the
-# taps' work) and 14x14 stride 1 (2x) and lose at 28x28 stride 1 (4x) and 56x56 stride 2
-# (8x), where the taps lose least to the stride phases.
-ROW_BANDS_MAX_WORK = 2
-
 
 class Strategy(Protocol):
-    """What ``DenseMap``, ``RowBands``, ``TapLayout`` and ``PaddedFormulation`` have in
-    common: built once per ``Geometry``, they compute the three ops in the dtype they are
-    given and may return a view, or a layout other than contiguous."""
+    """What ``DenseMap``, ``TapLayout`` and ``PaddedFormulation`` have in common: built once
+    per ``Geometry``, they compute the three ops in the dtype they are given and may return a
+    view, or a layout other than contiguous."""
 
     def forward(self, input: Tensor, weight: Tensor) -> Tensor:
         """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo)."""
@@ -116,7 +101,7 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
 
 
 def strategy_name(input_size: Sequence[int], weight_shape: Sequence[int], stride, padding, dilation) -> str:
-    """"dense", "bands" or "taps": how the three kernels compute this geometry
+    """"dense" or "taps": how the three kernels compute this geometry
     (weight_shape: (N, G, KH, KW, Ho, Wo)).
 
     >>> strategy_name((56, 56), (8, 4, 7, 7, 28, 28), [2, 2], [3, 3], [1, 1])
@@ -125,18 +110,12 @@ def strategy_name(input_size: Sequence[int], weight_shape: Sequence[int], stride
     return _chosen_strategy(Geometry.of_call(input_size, weight_shape, stride, padding, dilation)).name
 
 
-def _chosen_strategy(geometry: Geometry) -> DenseMap | RowBands | TapLayout:
-    """The strategy for this geometry's map size (the limits are read on every call, so that
+def _chosen_strategy(geometry: Geometry) -> DenseMap | TapLayout:
+    """The strategy for this geometry's map size (the limit is read on every call, so that
     the tests can force each strategy)."""
-    (height, width), (kh, kw) = geometry.input_size, geometry.kernel_size
-    (sh, sw), dh = geometry.stride, geometry.dilation[0]
+    (height, width), (kh, kw), (sh, sw) = geometry.input_size, geometry.kernel_size, geometry.stride
     if height * width <= DENSE_MAP_MAX_PIXELS_PER_TAP * kh * kw * sh * sw:
         return _cached_strategy(DenseMap, geometry)
-    band = ((kh - 1) * dh + 1) * width
-    if band <= ROW_BANDS_MAX_WORK * kh * kw * sw:
-        bands = _cached_strategy(RowBands, geometry)
-        if bands.fits:
-            return bands
     return _cached_strategy(TapLayout, geometry)
 
 
