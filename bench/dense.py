@@ -4,18 +4,17 @@
 1. ``oplib.conv2d`` vs ``F.conv2d``, forward+backward, at ResNet-50 stage shapes (batch 8),
    with the peak memory of one step.
 2. ``oplib.linear`` vs ``F.linear``, forward+backward (ResNet-50 fc, a ViT-B MLP layer).
-4. Per-call eager overhead on tiny tensors: oplib op vs plain torch op vs a
+3. Per-call eager overhead on tiny tensors: oplib op vs plain torch op vs a
    ``torch.autograd.Function`` made of the op's own registered setup_context and backward,
    with and without ``requires_grad``.
-5. oplib's own cost over custom_op's: every registry op on its first sample input vs a bare
+4. oplib's own cost over custom_op's: every registry op on its first sample input vs a bare
    ``torch.library.custom_op`` of the same schema that runs the same kernel with the same
    ``register_autograd`` backward and no argument checks (custom_op's floor).
 
-(Section 3, the conv2d backward route, is settled: see ``_conv2d_backward`` in
-oplib/ops/conv2d.py.) Timing, load monitoring, peak memory and the report come from
-bench/_harness.py. The script exits with status 1 if an oplib/torch forward+backward ratio
-of section 1 or 2 exceeds ``--max-ratio``, or an oplib/bare ratio of section 5 exceeds
-``--max-floor-ratio``.
+(The conv2d backward route is settled: see ``_conv2d_backward`` in oplib/ops/conv2d.py.)
+Timing, load monitoring, peak memory and the report come from bench/_harness.py. The script
+exits with status 1 if an oplib/torch forward+backward ratio of section 1 or 2 exceeds
+``--max-ratio``, or an oplib/bare ratio of section 4 exceeds ``--max-floor-ratio``.
 
 Usage (from the repo root)::
 
@@ -153,7 +152,7 @@ def _bare_custom_op(name: str) -> Callable[..., Tensor]:
     """A ``torch.library.custom_op`` with the spec's schema whose kernel is the op's bare
     kernel (no argument checks, no layout normalisation) and whose autograd is the op's own
     ``register_autograd`` pair: the least any custom op with that math costs per call.
-    Defined once per op (sections 5 and 5b share linear's)."""
+    Defined once per op (sections 4 and 4b share linear's)."""
     spec = registry.get(name)
     opdef = _opdef(spec)
     kernel = _bare_kernel(spec)
@@ -256,7 +255,7 @@ def _tiny_cases(requires_grad: bool) -> list[tuple[str, registry.OpSpec, Callabl
 
 
 def _bench_overhead(section: Section) -> list[_Row]:
-    """Section 4: per-call time on tiny tensors, forward only without grad, forward+backward
+    """Section 3: per-call time on tiny tensors, forward only without grad, forward+backward
     with grad."""
     rows = []
     for requires_grad in (False, True):
@@ -275,7 +274,7 @@ _FLOOR_IMPLS = ("bare custom_op", "torch.ops.oplib")
 
 
 def _bench_floor(section: Section) -> list[_Row]:
-    """Section 5: every registry op vs its bare custom_op, forward without grad and
+    """Section 4: every registry op vs its bare custom_op, forward without grad and
     forward+backward with grad, on the op's first float32 sample input."""
     rows = []
     for spec in registry.all_specs():
@@ -297,7 +296,7 @@ _FC_FLOOR_IMPLS = ("torch", "bare custom_op", "torch.ops.oplib")
 
 
 def _bench_fc_floor(section: Section, shape: _LinearShape) -> _Row:
-    """Section 5b: linear forward+backward at ``shape``, torch vs the bare custom_op vs oplib:
+    """Section 4b: linear forward+backward at ``shape``, torch vs the bare custom_op vs oplib:
     how much of oplib's ratio to torch is custom_op's own."""
     args, grad = shape.tensors()
     impls = dict(zip(_FC_FLOOR_IMPLS, (F.linear, _bare_custom_op("linear"), registry.get("linear").op)))
@@ -337,7 +336,7 @@ def _ratio_table(rows: Sequence[_Row], max_ratio: float) -> list[str]:
 
 
 def _overhead_table(rows: Sequence[_Row]) -> list[str]:
-    """Section 4 in microseconds, with each implementation's extra over torch."""
+    """Section 3 in microseconds, with each implementation's extra over torch."""
     cells = []
     for row in rows:
         t, o, f = (row.times[name].median * 1e6 for name in _TINY_IMPLS)
@@ -349,7 +348,7 @@ def _overhead_table(rows: Sequence[_Row]) -> list[str]:
 
 
 def _floor_table(rows: Sequence[_Row], max_floor_ratio: float) -> list[str]:
-    """Section 5 in microseconds, with the bar."""
+    """Section 4 in microseconds, with the bar."""
     cells = []
     for row in rows:
         bare, ours = (row.times[name].median * 1e6 for name in _FLOOR_IMPLS)
@@ -360,7 +359,7 @@ def _floor_table(rows: Sequence[_Row], max_floor_ratio: float) -> list[str]:
 
 
 def _fc_floor_table(row: _Row) -> list[str]:
-    """Section 5b: each candidate in ms and over torch."""
+    """Section 4b: each candidate in ms and over torch."""
     cells = [
         (name, f"{row.times[name].median * 1e3:.3f}", f"**{row.ratio(name, 'torch'):.3f}**") for name in _FC_FLOOR_IMPLS
     ]
@@ -389,7 +388,7 @@ def _parse_args(argv: Optional[Sequence[str]]) -> tuple[Any, _harness.Settings]:
         "--max-floor-ratio",
         type=float,
         default=1.15,
-        help="fail if an oplib/bare custom_op time ratio of section 5 exceeds this (default: 1.15; inf disables)",
+        help="fail if an oplib/bare custom_op time ratio of section 4 exceeds this (default: 1.15; inf disables)",
     )
     args = parser.parse_args(argv)
     return args, _harness.start(args, __file__)
@@ -423,7 +422,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         *_harness.header(
             settings,
             "Dense ops: oplib vs torch (CPU, float32)",
-            f"- sections 4 and 5 time each candidate for >= {tiny.min_run_time:g} s per round",
+            f"- sections 3 and 4 time each candidate for >= {tiny.min_run_time:g} s per round",
         ),
         verdict,
         "",
@@ -444,7 +443,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "",
         *_ratio_table(linear_rows, args.max_ratio),
         "",
-        "## 4. Per-call eager overhead (tiny tensors)",
+        "## 3. Per-call eager overhead (tiny tensors)",
         "",
         "Without grad: one forward call. With grad: forward, then `backward(grad)` with a "
         "precomputed `grad`, then the gradients set to None. `autograd.Function`: a Function whose "
@@ -456,7 +455,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "",
         *_overhead_table(tiny_rows),
         "",
-        "## 5. oplib's own cost over custom_op's (each registry op's first float32 sample)",
+        "## 4. oplib's own cost over custom_op's (each registry op's first float32 sample)",
         "",
         "`bare custom_op`: a `torch.library.custom_op` defined in this script with the op's schema "
         "and the op's own `register_autograd` pair, whose kernel is the torch function the op wraps "
@@ -468,7 +467,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "",
         *_floor_table(floor_rows, args.max_floor_ratio),
         "",
-        f"### 5b. custom_op's share at {fc_row.name}",
+        f"### 4b. custom_op's share at {fc_row.name}",
         "",
         "Forward+backward of the same linear by torch, by the bare custom_op above and by oplib, "
         "interleaved: the bare custom_op's ratio to torch is what any custom op pays there.",
