@@ -6,11 +6,8 @@ them with CuPy's options (no GPU needed): writes bench/results/cuda-resources.md
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from _harness import RESULTS
 from oplib.testing.nvrtc import all_resource_usage, resource_table
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main() -> None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Iterable
 import sys
 import time
+from collections.abc import Iterable
 
 import torch
 

@@ -56,7 +56,7 @@ class SampleInput:
 @dataclass(frozen=True)
 class ErrorInput:
     """A call that must raise ``error_type`` with a message matching the regex ``match``
-    (``oplib.testing.specs.expect_message`` builds one from the op's own message template)."""
+    (``oplib.testing.expect_message`` builds one from the op's own message template)."""
 
     sample: SampleInput
     error_type: type[Exception]

@@ -28,10 +28,9 @@ AUTOCAST_POLICIES: dict[str, dict[str, AutocastPolicy]] = {}
 # through ``check`` (one call and one message closure per condition, which adds up to a
 # sizeable share of custom_op's own per-call cost: bench/dense.py's section on oplib's
 # overhead measures it). Its kernel first asks a predicate that evaluates the same
-# conditions as plain comparisons, and runs the checks only
-# when the predicate says no, so an invalid call still raises the checks' error. The fakes
-# always run the checks: there sizes may be symbolic, and a plain comparison would specialise
-# them. The registry's tests hold each predicate to its checks: True on every sample input,
+# conditions as plain comparisons, and runs the checks only when the predicate says no, so an
+# invalid call still raises the checks' error. The fakes always run the checks: there sizes
+# may be symbolic, and a plain comparison would specialise them. The registry's tests hold each predicate to its checks: True on every sample input,
 # False on every error input.
 ARGUMENT_PREDICATES: dict[str, Callable[..., bool]] = {}
 
@@ -85,7 +84,7 @@ def check_value(condition, message) -> None:
 
 
 # Error messages are templates, formatted by the checks and, with the values a test expects,
-# by the registry's error inputs (oplib.testing.specs.expect_message): one wording, one place.
+# by the specs' error inputs (oplib.testing.expect_message): one wording, one place.
 FLOATING_DTYPE = "oplib.{op}: expected {name} to have a floating-point dtype, got {dtype}"
 SAME_DTYPE = (
     "oplib.{op}: expected {name} and {reference_name} to have the same dtype, "
