@@ -26,7 +26,6 @@ from typing import Any, Optional
 
 import torch
 
-from . import registry
 
 OPSET = 18
 
@@ -190,14 +189,17 @@ _TRANSLATIONS: dict[str, Callable[..., Any]] = {
 
 
 def translation_table() -> dict[torch._ops.OpOverload, Callable[..., Any]]:
-    """``{torch.ops.oplib.<op>.default: translation}`` for every op in ``oplib.registry``, for
-    ``torch.onnx.export(..., dynamo=True, custom_translation_table=...)``."""
-    table = {}
-    for spec in registry.all_specs():
-        if spec.qualname not in _TRANSLATIONS:
-            raise NotImplementedError(f"oplib.onnx: the registry's op {spec.qualname} has no ONNX translation")
-        table[spec.op] = _TRANSLATIONS[spec.qualname]
-    return table
+    """``{torch.ops.oplib.<op>.default: translation}`` for every op of oplib, for
+    ``torch.onnx.export(..., dynamo=True, custom_translation_table=...)``.
+
+    Only oplib's own ops: an op registered from outside oplib (``oplib.registry.register``)
+    brings its own translation through ``export``'s ``custom_translation_table``."""
+    return {_overload(qualname): translation for qualname, translation in _TRANSLATIONS.items()}
+
+
+def _overload(qualname: str) -> torch._ops.OpOverload:
+    namespace, name = qualname.split("::")
+    return getattr(getattr(torch.ops, namespace), name).default
 
 
 class UntranslatedOpError(RuntimeError):

@@ -1,0 +1,38 @@
+"""What oplib's runtime paths load: ``import oplib`` and the ONNX translation table carry no
+test data (``oplib.testing``, the spec modules) and no test dependency."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+TEST_MODULES = ("oplib.testing", "oplib.testing.specs", "hypothesis", "expecttest", "pytest")
+
+
+def _loaded_after(code: str) -> set[str]:
+    """The modules of TEST_MODULES that a fresh interpreter has loaded after running ``code``."""
+    script = f"import json, sys\n{code}\nprint(json.dumps([m for m in {TEST_MODULES!r} if m in sys.modules]))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import oplib",
+        "import oplib, torch; torch.ops.oplib.involution(torch.randn(1, 4, 5, 5), torch.randn(1, 1, 3, 3, 5, 5), [1, 1], [1, 1], [1, 1])",
+        "import oplib.onnx; oplib.onnx.translation_table()",
+    ],
+    ids=["import", "op call", "onnx translation table"],
+)
+def test_runtime_paths_load_no_test_data(code):
+    assert _loaded_after(code) == set()
+
+
+def test_the_check_can_fail():
+    """The registry loads the specs on its first read: the check above sees that."""
+    assert _loaded_after("import oplib; oplib.registry.all_specs()") >= {"oplib.testing", "oplib.testing.specs"}
