@@ -13,7 +13,7 @@ autograd and a vmap rule, and its autocast policy (``oplib.ops.register_autocast
 oplib's own specs live in ``oplib/testing/specs/``, one module per op file, and are imported
 the first time the registry is read, so ``import oplib`` loads no test data. Any custom op,
 oplib's or not, can be described by the same type and checked by the same generated tests
-(``oplib.testing.generated_tests``) and self-check (``python -m oplib selfcheck --import``):
+(``oplib.testing.generated_tests``) and self-check (``python -m oplib check --import``):
 see "Adding an op" in the README.
 """
 
