@@ -71,6 +71,12 @@ class Strategy(Protocol):
     per ``Geometry``, they compute the three ops in the dtype they are given and may return a
     view, or a layout other than contiguous."""
 
+    # What ``strategy_name`` reports.
+    name: str
+    # Whether taps that read the padding drop out of the products, so that a non-finite
+    # operand could vanish instead of making the reference's nan (see ``_exact``).
+    drops_padding_taps: bool
+
     def forward(self, input: Tensor, weight: Tensor) -> Tensor:
         """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo)."""
 

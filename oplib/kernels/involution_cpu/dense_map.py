@@ -17,7 +17,7 @@ CHUNK_BYTES = 1 << 20
 
 # The matrices are filled and read back along their rows with ``scatter_`` and
 # ``index_select``, not ``index_copy_``: along the last dimension index_copy_ makes one
-# strided pass over the rows per index, and filled the matrices at about a third of the speed.
+# strided pass over the rows per index, which made filling cost as much as the products.
 
 
 class DenseMap:

@@ -16,6 +16,9 @@ class PaddedFormulation:
     reference's; it needs a padded copy of the input and K*K passes over all of it.
     """
 
+    name = "padded"
+    drops_padding_taps = False
+
     def __init__(self, geometry: Geometry):
         self.geometry = geometry
 
