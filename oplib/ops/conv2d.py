@@ -35,6 +35,10 @@ from ._common import (
 from ._transforms import register_jvp, sum_tangents
 
 
+# The layouts the dimension checks name.
+INPUT_LAYOUT = "3-D (C, H, W) or 4-D (N, C, H, W)"
+WEIGHT_LAYOUT = "4-D (out_channels, in_channels / groups, KH, KW)"
+
 OUT_CHANNELS_DIVISIBLE = "oplib.conv2d: expected weight's out_channels ({out_channels}) to be divisible by groups ({groups})"
 CHANNELS = (
     "oplib.conv2d: expected input of size {input_size} to have {expected} channels "
@@ -43,8 +47,8 @@ CHANNELS = (
 
 
 def _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups) -> None:
-    check_dim("conv2d", "input", input, (3, 4), "3-D (C, H, W) or 4-D (N, C, H, W)")
-    check_dim("conv2d", "weight", weight, (4,), "4-D (out_channels, in_channels / groups, KH, KW)")
+    check_dim("conv2d", "input", input, (3, 4), INPUT_LAYOUT)
+    check_dim("conv2d", "weight", weight, (4,), WEIGHT_LAYOUT)
     check_floating("conv2d", "input", input)
     check_same_dtype_and_device("conv2d", "input", input, weight=weight, bias=bias)
     check_window_params("conv2d", stride, padding, dilation)

@@ -53,6 +53,11 @@ from ._transforms import register_jvp, sum_tangents
 # ---------------------------------------------------------------------------------------
 
 
+# The layouts the dimension checks name.
+INPUT_LAYOUT = "4-D (N, C, H, W)"
+WEIGHT_LAYOUT = "6-D (N, G, KH, KW, Ho, Wo)"
+GRAD_OUTPUT_LAYOUT = "4-D (N, C, Ho, Wo)"
+
 KERNEL_SIZE = "oplib.{op}: expected weight's kernel size (KH, KW) to be positive, got weight of size {weight_size}"
 BATCH = (
     "oplib.involution: expected weight's batch size to equal input's, "
@@ -95,8 +100,8 @@ def _check_kernel_size(op: str, weight: Tensor) -> None:
 
 
 def _check_involution_args(input: Tensor, weight: Tensor, stride, padding, dilation) -> None:
-    check_dim("involution", "input", input, (4,), "4-D (N, C, H, W)")
-    check_dim("involution", "weight", weight, (6,), "6-D (N, G, KH, KW, Ho, Wo)")
+    check_dim("involution", "input", input, (4,), INPUT_LAYOUT)
+    check_dim("involution", "weight", weight, (6,), WEIGHT_LAYOUT)
     check_floating("involution", "input", input)
     check_same_dtype_and_device("involution", "input", input, weight=weight)
     check_window_params("involution", stride, padding, dilation)
@@ -124,8 +129,8 @@ def _check_involution_args(input: Tensor, weight: Tensor, stride, padding, dilat
 
 def _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation) -> None:
     op = "involution_backward_input"
-    check_dim(op, "grad_output", grad_output, (4,), "4-D (N, C, Ho, Wo)")
-    check_dim(op, "weight", weight, (6,), "6-D (N, G, KH, KW, Ho, Wo)")
+    check_dim(op, "grad_output", grad_output, (4,), GRAD_OUTPUT_LAYOUT)
+    check_dim(op, "weight", weight, (6,), WEIGHT_LAYOUT)
     check_floating(op, "grad_output", grad_output)
     check_same_dtype_and_device(op, "grad_output", grad_output, weight=weight)
     check_window_params(op, stride, padding, dilation)
@@ -145,8 +150,8 @@ def _check_backward_input_args(grad_output, weight, input_size, stride, padding,
 
 def _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups) -> None:
     op = "involution_backward_weight"
-    check_dim(op, "grad_output", grad_output, (4,), "4-D (N, C, Ho, Wo)")
-    check_dim(op, "input", input, (4,), "4-D (N, C, H, W)")
+    check_dim(op, "grad_output", grad_output, (4,), GRAD_OUTPUT_LAYOUT)
+    check_dim(op, "input", input, (4,), INPUT_LAYOUT)
     check_floating(op, "grad_output", grad_output)
     check_same_dtype_and_device(op, "grad_output", grad_output, input=input)
     check_window_params(op, stride, padding, dilation)

@@ -24,6 +24,10 @@ from ._common import (
 from ._transforms import register_jvp, sum_tangents
 
 
+# The layouts the dimension checks name.
+INPUT_LAYOUT = "at least 1-D (*, in_features)"
+WEIGHT_LAYOUT = "2-D (out_features, in_features)"
+
 IN_FEATURES = (
     "oplib.linear: expected input's last dimension to equal weight's in_features, "
     "got input of size {input_size} and weight of size {weight_size}"
@@ -31,8 +35,8 @@ IN_FEATURES = (
 
 
 def _check_linear_args(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
-    check_dim("linear", "input", input, range(1, 64), "at least 1-D (*, in_features)")
-    check_dim("linear", "weight", weight, (2,), "2-D (out_features, in_features)")
+    check_dim("linear", "input", input, range(1, 64), INPUT_LAYOUT)
+    check_dim("linear", "weight", weight, (2,), WEIGHT_LAYOUT)
     check_floating("linear", "input", input)
     check_same_dtype_and_device("linear", "input", input, weight=weight, bias=bias)
     check(

@@ -20,7 +20,7 @@ from ...ops._common import (
     SAME_DTYPE,
     WINDOW_FITS,
 )
-from ...ops.conv2d import CHANNELS
+from ...ops.conv2d import CHANNELS, INPUT_LAYOUT, WEIGHT_LAYOUT
 from ...registry import FLOAT_DTYPES, Draw, ErrorInput, OpSpec, SampleInput, register
 from ..inputs import LAYOUTS, draw_window, expect_message, make
 
@@ -90,12 +90,11 @@ def error_inputs(device: str) -> Iterator[ErrorInput]:
     w = torch.randn(6, 4, 3, 3, **f32)
     ones, zeros = [1, 1], [0, 0]
     op = dict(op="conv2d")
-    weight_layout = "4-D (out_channels, in_channels / groups, KH, KW)"
     cases = (
         ((torch.randn(4, 6, **f32), w, None, ones, zeros, ones, 1), RuntimeError, "2d-input",
-         expect_message(DIM, **op, name="input", layout="3-D (C, H, W) or 4-D (N, C, H, W)", dim=2, size=[4, 6])),
+         expect_message(DIM, **op, name="input", layout=INPUT_LAYOUT, dim=2, size=[4, 6])),
         ((x, torch.randn(6, 4, 3, **f32), None, ones, zeros, ones, 1), RuntimeError, "3d-weight",
-         expect_message(DIM, **op, name="weight", layout=weight_layout, dim=3, size=[6, 4, 3])),
+         expect_message(DIM, **op, name="weight", layout=WEIGHT_LAYOUT, dim=3, size=[6, 4, 3])),
         ((torch.randn(2, 5, 6, 6, **f32), w, None, ones, zeros, ones, 1), RuntimeError, "channels",
          expect_message(CHANNELS, input_size=[2, 5, 6, 6], expected=4, weight_size=[6, 4, 3, 3], groups=1, channels=5)),
         ((x, torch.randn(6, 2, 3, 3, **f32), None, ones, zeros, ones, 3), RuntimeError, "groups-divide",

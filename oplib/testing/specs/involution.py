@@ -122,14 +122,13 @@ def _errors(device: str) -> dict[str, list]:
     g = torch.randn(2, 4, 7, 7, **f32)
     same = ([1, 1], [1, 1], [1, 1])
     fwd, bwd_in, bwd_w = (dict(op=name) for name in ("involution", "involution_backward_input", "involution_backward_weight"))
-    weight_layout = "6-D (N, G, KH, KW, Ho, Wo)"
     dtype_mismatch = dict(dtype=torch.float64, reference_dtype=torch.float32)
     return {
         "involution": [
             ((torch.randn(4, 7, 7, **f32), w, *same), RuntimeError, "3d-input",
-             expect_message(DIM, **fwd, name="input", layout="4-D (N, C, H, W)", dim=3, size=[4, 7, 7])),
+             expect_message(DIM, **fwd, name="input", layout=ops.INPUT_LAYOUT, dim=3, size=[4, 7, 7])),
             ((x, torch.randn(2, 2, 9, 7, 7, **f32), *same), RuntimeError, "5d-weight",
-             expect_message(DIM, **fwd, name="weight", layout=weight_layout, dim=5, size=[2, 2, 9, 7, 7])),
+             expect_message(DIM, **fwd, name="weight", layout=ops.WEIGHT_LAYOUT, dim=5, size=[2, 2, 9, 7, 7])),
             ((x, torch.randn(3, 2, 3, 3, 7, 7, **f32), *same), RuntimeError, "batch-mismatch",
              expect_message(ops.BATCH, input_size=[2, 4, 7, 7], weight_size=[3, 2, 3, 3, 7, 7])),
             ((x, torch.randn(2, 3, 3, 3, 7, 7, **f32), *same), RuntimeError, "groups-divide",

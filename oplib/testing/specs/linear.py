@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...ops._common import BIAS_SIZE, DIM, FLOATING_DTYPE, SAME_DTYPE
-from ...ops.linear import IN_FEATURES
+from ...ops.linear import IN_FEATURES, INPUT_LAYOUT, WEIGHT_LAYOUT
 from ...registry import FLOAT_DTYPES, Draw, ErrorInput, OpSpec, SampleInput, register
 from ..inputs import LAYOUTS, expect_message, make
 
@@ -45,9 +45,9 @@ def error_inputs(device: str) -> Iterator[ErrorInput]:
     op = dict(op="linear")
     cases = (
         ((torch.randn((), **f32), w, None), "scalar-input",
-         expect_message(DIM, **op, name="input", layout="at least 1-D (*, in_features)", dim=0, size=[])),
+         expect_message(DIM, **op, name="input", layout=INPUT_LAYOUT, dim=0, size=[])),
         ((x, torch.randn(15, **f32), None), "1d-weight",
-         expect_message(DIM, **op, name="weight", layout="2-D (out_features, in_features)", dim=1, size=[15])),
+         expect_message(DIM, **op, name="weight", layout=WEIGHT_LAYOUT, dim=1, size=[15])),
         ((torch.randn(4, 6, **f32), w, None), "in-features",
          expect_message(IN_FEATURES, input_size=[4, 6], weight_size=[3, 5])),
         ((x, w, torch.randn(4, **f32)), "bias-size",
