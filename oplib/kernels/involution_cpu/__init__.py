@@ -7,16 +7,12 @@ that computes the forward and both backward ops of a geometry, chosen per call b
 of the map (``strategy_name``):
 
 - Small maps (H*W at most ``DENSE_MAP_MAX_PIXELS_PER_TAP`` times KH*KW per stride phase, e.g.
-  RedNet's 7x7 stage and its 14x14 -> 7x7 involution), ``DenseMap``: the op is a matrix
-  product. For one (sample, group) the weight is a sparse (H*W, Ho*Wo) matrix M with at most
-  KH*KW entries per column; then out = x @ M, grad_input = grad @ M^T and grad_weight is
-  (x^T @ grad) read back at M's entries. Written out densely, M is at most that factor times
-  the weight's size, and the products run as ``bmm`` calls over slices of the N*G (sample,
-  group) items, about ``dense_map.CHUNK_BYTES`` of matrices each: a few large calls instead
-  of K*K small ones, whose per-call cost would dominate.
+  RedNet's 7x7 stage and its 14x14 -> 7x7 involution), ``DenseMap``: one matrix product per
+  (sample, group), batched.
 - Larger maps, ``TapLayout``: K*K elementwise passes, each over one shifted view of the input
-  (split into stride phases, without padding) for all samples, groups and channels at once,
-  with the weight of the taps that would read the padding multiplied by zero.
+  for all samples, groups and channels at once.
+
+Each class's docstring says how it computes the three ops.
 
 Both skip the zero padding, so a non-finite value can meet a zero it would not meet in
 the padded formulation (inf * 0 is nan) or miss one it would. With finite values the results
