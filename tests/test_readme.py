@@ -37,3 +37,16 @@ def test_every_op_supports_the_dtypes_the_readme_names():
     everything = {torch.float64, torch.float32, torch.bfloat16, torch.float16}
     for spec in _oplib_specs():
         assert {device: set(dtypes) for device, dtypes in spec.dtypes.items()} == {"cpu": everything, "cuda": everything}, spec.name
+
+
+def test_autocast_sentence_matches_the_policies():
+    """"Autocast: `linear`, `conv2d` and the involution ops run in the autocast dtype (CPU and
+    CUDA); `exp` runs in float32 under CUDA autocast and keeps its dtype under CPU autocast"."""
+    section = " ".join(_ops_section().split())
+    assert "Autocast: `linear`, `conv2d` and the involution ops run in the autocast dtype (CPU and CUDA);" in section
+    assert "`exp` runs in float32 under CUDA autocast and keeps its dtype under CPU autocast" in section
+    both = {"cpu": "lower_precision", "cuda": "lower_precision"}
+    expected = {name: both for name in ("linear", "conv2d")}
+    expected |= {spec.name: both for spec in _oplib_specs() if spec.name.startswith("involution")}
+    expected["exp"] = {"cuda": "fp32"}
+    assert {spec.name: dict(spec.autocast_policy) for spec in _oplib_specs()} == expected
