@@ -1,7 +1,7 @@
 """One module per custom op; importing this package registers ``torch.ops.oplib.*``.
 
 Every module here that does not start with an underscore is an op file and is imported, so a
-new op is one new file. ``register_autocast_policy`` is public: any custom op, in any
+new op's file needs no import added here. ``register_autocast_policy`` is public: any custom op, in any
 namespace, can follow one of torch's autocast policies with it.
 """
 
