@@ -8,6 +8,8 @@ from torch import Tensor
 
 from . import functional as F
 from .ops._common import as_pair, window_output_size
+from .ops.conv2d import INPUT_LAYOUT as BATCHED_OR_NOT
+from .ops.involution import INPUT_LAYOUT as INVOLUTION_INPUT
 
 
 class Exp(torch.nn.Module):
@@ -86,7 +88,7 @@ class Involution2d(torch.nn.Module):
 
     def kernel_weights(self, input: Tensor) -> Tensor:
         """input: (N, C, H, W) -> the generated weight (N, G, KH, KW, Ho, Wo)."""
-        self._check_input(input, (4,), "4-D (N, C, H, W)")
+        self._check_input(input, (4,), INVOLUTION_INPUT)
         return self._kernel_weights(input)
 
     def _kernel_weights(self, input: Tensor) -> Tensor:
@@ -147,7 +149,7 @@ class Involution2d(torch.nn.Module):
 
     def forward(self, input: Tensor) -> Tensor:
         """input: (N, C, H, W) or (C, H, W) -> (N, C, Ho, Wo) or (C, Ho, Wo)."""
-        self._check_input(input, (3, 4), "3-D (C, H, W) or 4-D (N, C, H, W)")
+        self._check_input(input, (3, 4), BATCHED_OR_NOT)
         batched = input if input.dim() == 4 else input.unsqueeze(0)
         out = F.involution(batched, self._kernel_weights(batched), self.stride, self.padding, self.dilation)
         return out if input.dim() == 4 else out.squeeze(0)

@@ -199,7 +199,10 @@ def translation_table() -> dict[torch._ops.OpOverload, Callable[..., Any]]:
 
 def _overload(qualname: str) -> torch._ops.OpOverload:
     namespace, name = qualname.split("::")
-    return getattr(getattr(torch.ops, namespace), name).default
+    try:
+        return getattr(getattr(torch.ops, namespace), name).default
+    except AttributeError:
+        raise RuntimeError(f"oplib.onnx: a translation is registered for {qualname}, which is not a registered op") from None
 
 
 class UntranslatedOpError(RuntimeError):

@@ -190,7 +190,9 @@ def test_grid_stride_loops_cover_tensors_larger_than_the_grid(monkeypatch, name)
     monkeypatch.setattr(oplib.kernels, "MAX_BLOCKS", 2)
     spec = registry.get(name)
     launcher = EmulatedLauncher()
-    samples = _random_samples(spec, torch.float64, 10, seed=7) or list(spec.sample_inputs("cpu", torch.float64, False))
+    samples = _random_samples(spec, torch.float64, 10, seed=7)
+    if not samples:
+        pytest.skip(f"{name}'s spec has no random_sample, whose shapes outgrow a two-block grid")
     for sample in samples:
         assert_matches_reference(spec, sample, LAUNCHES[name](*sample.args, launcher), torch.float64)
     assert launcher.launches and all(grid <= 2 for _, _, grid, _ in launcher.launches)

@@ -10,14 +10,16 @@ import sys
 import pytest
 
 TEST_MODULES = ("oplib.testing", "oplib.testing.specs", "hypothesis", "expecttest", "pytest")
+MARKER = "loaded test modules: "
 
 
 def _loaded_after(code: str) -> set[str]:
     """The modules of TEST_MODULES that a fresh interpreter has loaded after running ``code``."""
-    script = f"import json, sys\n{code}\nprint(json.dumps([m for m in {TEST_MODULES!r} if m in sys.modules]))"
+    script = f"import json, sys\n{code}\nprint({MARKER!r} + json.dumps([m for m in {TEST_MODULES!r} if m in sys.modules]))"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return set(json.loads(result.stdout.splitlines()[-1]))
+    reports = [line.removeprefix(MARKER) for line in result.stdout.splitlines() if line.startswith(MARKER)]
+    assert result.returncode == 0 and len(reports) == 1, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return set(json.loads(reports[0]))
 
 
 @pytest.mark.parametrize(

@@ -15,16 +15,13 @@ from .geometry import Geometry, item_chunks, tap_reads
 # forward+backward both ways at RedNet's 7x7 and 14x14 -> 7x7 shapes).
 CHUNK_BYTES = 1 << 20
 
-# The matrices are filled and read back along their rows with ``scatter_`` and
-# ``index_select``, not ``index_copy_``: along the last dimension index_copy_ makes one
-# strided pass over the rows per index, which made filling cost as much as the products.
-
 
 class DenseMap:
     """For one (sample, group) item, the weight as a sparse (H*W, Ho*Wo) matrix M, written
     out densely: weight[a, b, i, j] multiplies input pixel q = r*W + c (r = i*sh - ph + a*dh,
     c = j*sw - pw + b*dw) into output pixel p = i*Wo + j, so it is M[q, p]. Taps that read
-    the zero padding have no entry. No two taps share an entry, so filling M is a plain copy.
+    the zero padding have no entry. No two taps share an entry, so filling M is a plain copy
+    (a ``scatter_`` whose indices are distinct: well defined and deterministic).
 
     Then out = x @ M, grad_input = grad @ M^T, and grad_weight is x^T @ grad read back at M's
     entries, as ``bmm`` calls over slices of the N*G items of about ``CHUNK_BYTES`` of
@@ -79,6 +76,8 @@ class DenseMap:
         for chunk in chunks:
             count = chunk.stop - chunk.start
             torch.bmm(x[chunk].transpose(1, 2), g[chunk], out=products[:count])
+            # Along rows, scatter_ and index_select: index_copy_ along the last dimension makes
+            # one strided pass over the rows per index, which cost as much as the products.
             entries = products[:count].view(count, -1).index_select(1, self.entries)
             grad[chunk].scatter_(1, self.taps.expand(count, -1), entries)
         return grad.view(n, groups, *self.kernel_size, *self.output_size)
@@ -101,5 +100,6 @@ class DenseMap:
         for chunk in chunks:
             matrices = buffer[: chunk.stop - chunk.start]
             count = matrices.shape[0]
+            # scatter_ along rows, not index_copy_ (see backward_weight).
             matrices.view(count, -1).scatter_(1, self.entries.expand(count, -1), w[chunk].index_select(1, self.taps))
             yield chunk, matrices

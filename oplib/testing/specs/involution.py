@@ -153,6 +153,8 @@ def _errors(device: str) -> dict[str, list]:
              expect_message(ops.KERNEL_SIZE, **fwd, weight_size=[2, 2, 3, 0, 7, 10])),
         ],
         "involution_backward_input": [
+            ((g[0], w, [7, 7], *same), RuntimeError, "3d-grad_output",
+             expect_message(DIM, **bwd_in, name="grad_output", layout=ops.GRAD_OUTPUT_LAYOUT, dim=3, size=[4, 7, 7])),
             ((g, w, [8, 7], *same), RuntimeError, "input-size",
              expect_message(ops.OUTPUT_SIZE_OF_INPUT, expected=[8, 7], input_size=[8, 7], grad_size=[2, 4, 7, 7],
                             weight_size=[2, 2, 3, 3, 7, 7])),
@@ -165,6 +167,8 @@ def _errors(device: str) -> dict[str, list]:
              expect_message(ops.KERNEL_SIZE, **bwd_in, weight_size=[2, 2, 0, 3, 7, 7])),
         ],
         "involution_backward_weight": [
+            ((g[0], x, [3, 3], *same, 2), RuntimeError, "3d-grad_output",
+             expect_message(DIM, **bwd_w, name="grad_output", layout=ops.GRAD_OUTPUT_LAYOUT, dim=3, size=[4, 7, 7])),
             ((g, x, [3, 3], *same, 3), RuntimeError, "groups-divide",
              expect_message(CHANNELS_DIVISIBLE, **bwd_w, channels=4, groups=3)),
             ((g, x, [3, 3], [2, 2], [1, 1], [1, 1], 2), RuntimeError, "grad-size",
