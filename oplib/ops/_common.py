@@ -30,8 +30,8 @@ AUTOCAST_POLICIES: dict[str, dict[str, AutocastPolicy]] = {}
 # overhead measures it). Its kernel first asks a predicate that evaluates the same
 # conditions as plain comparisons, and runs the checks only when the predicate says no, so an
 # invalid call still raises the checks' error. The fakes always run the checks: there sizes
-# may be symbolic, and a plain comparison would specialise them. The registry's tests hold each predicate to its checks: True on every sample input,
-# False on every error input.
+# may be symbolic, and a plain comparison would specialise them. The registry's tests hold
+# each predicate to its checks: True on every sample input, False on every error input.
 ARGUMENT_PREDICATES: dict[str, Callable[..., bool]] = {}
 
 

@@ -98,8 +98,8 @@ class DenseMap:
         chunks = item_chunks(w.shape[0], self._matrix_bytes(w.dtype), CHUNK_BYTES)
         buffer = self._new_matrices(chunks, w.dtype, w.device, zeros=True)
         for chunk in chunks:
-            matrices = buffer[: chunk.stop - chunk.start]
-            count = matrices.shape[0]
+            count = chunk.stop - chunk.start
+            matrices = buffer[:count]
             # scatter_ along rows, not index_copy_ (see backward_weight).
             matrices.view(count, -1).scatter_(1, self.entries.expand(count, -1), w[chunk].index_select(1, self.taps))
             yield chunk, matrices
