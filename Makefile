@@ -1,7 +1,8 @@
-# The two commands of the README: `make run` (the main job) and `make test` (the suite).
-# Each creates .venv and installs what it needs; torch is pinned to the CPU build that
-# lies on this kind of machine's disk (a plain `torch` requirement pulls a CUDA build).
-# `make test-oldest` runs the same suite in .venv-oldest on the oldest torch that
+# The commands of the README: `make run` (the main job), `make test` (the unit tier, for
+# every change) and `make test-all` (every test: the unit tier plus the integration tier,
+# what CI runs). Each creates .venv and installs what it needs; torch is pinned to the CPU
+# build that lies on this kind of machine's disk (a plain `torch` requirement pulls a CUDA
+# build). `make test-oldest` runs the whole suite in .venv-oldest on the oldest torch that
 # pyproject.toml accepts (from the package index: a CUDA build of a few GB, run on CPU).
 
 PYTHON ?= python3
@@ -9,8 +10,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 TORCH_OLDEST ?= torch==2.12.0
+# pytest-xdist workers: one per core (conftest.py gives each one torch thread).
+WORKERS ?= auto
+# Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k involution"`.
+PYTEST_ARGS ?=
+PYTEST := $(PY) -m pytest -n $(WORKERS) --durations=15 $(PYTEST_ARGS)
 
-.PHONY: run test test-oldest bench dist clean gpu-check
+.PHONY: run test test-all test-oldest bench dist clean gpu-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -24,11 +30,15 @@ run: $(VENV)/.installed
 	$(PY) -m oplib
 	$(PY) -m oplib train --out runs/digits
 
+# The unit tier: every test not marked `integration` (tests/README.md says what each tier holds).
 test: $(VENV)/.installed
-	$(PY) -m pytest
+	$(PYTEST) -m "not integration"
+
+test-all: $(VENV)/.installed
+	$(PYTEST)
 
 test-oldest:
-	$(MAKE) test VENV=.venv-oldest TORCH_SPEC="$(TORCH_OLDEST)"
+	$(MAKE) test-all VENV=.venv-oldest TORCH_SPEC="$(TORCH_OLDEST)"
 
 # Every benchmark always runs and writes its table (bench/results/); the target fails if
 # dense.py or involution.py misses its bar, or if any step fails (rednet.py and

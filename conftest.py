@@ -8,7 +8,11 @@ def pytest_configure(config):
     # gradgradcheck took 315 s instead of 17 s). Correctness does not depend on the count.
     torch.set_num_threads(1)
     config.addinivalue_line("markers", "needs_cuda: needs a CUDA GPU; skipped where none is present")
-    config.addinivalue_line("markers", "slow: takes tens of seconds (compiles with inductor or AOTInductor)")
+    config.addinivalue_line(
+        "markers",
+        "integration: the long tier (whole models exported, trained or packaged, wheels built, torchrun, "
+        "every sample compiled): run by `make test-all` and CI, left out of `make test`",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

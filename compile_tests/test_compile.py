@@ -40,7 +40,7 @@ def _count_compiles(model: torch.nn.Module, train: bool, dynamic) -> int:
     return counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("train,dynamic", [(True, None), (True, True), (False, None), (False, True)])
 def test_recompiles_no_more_than_torch_nn(train, dynamic):
     oplib_model, torch_model = SmallNet(use_oplib=True), SmallNet(use_oplib=False)
@@ -54,7 +54,7 @@ def test_recompiles_no_more_than_torch_nn(train, dynamic):
         assert oplib_count == 1
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_involution_net_compiles_fullgraph_and_matches_eager():
     """Training steps over odd and even sizes in one fullgraph compile: eager-equal results."""
     torch.manual_seed(0)
@@ -69,7 +69,7 @@ def test_involution_net_compiles_fullgraph_and_matches_eager():
         torch.testing.assert_close(grads, expected_grads, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_involution_net_inference_compiles_once_like_plain_torch():
     oplib_model, torch_model = InvolutionNet(use_oplib=True), InvolutionNet(use_oplib=False)
     torch_model.load_state_dict(oplib_model.state_dict())

@@ -27,7 +27,7 @@ def _export(fmt: str, out: Path, *extra: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("fmt", ["pt2", "aoti", "onnx"])
 def test_export_command_writes_a_checked_file(fmt, tmp_path):
     torch.manual_seed(0)

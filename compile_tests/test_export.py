@@ -53,7 +53,7 @@ def test_export_dynamic_sizes_load_in_fresh_process(tmp_path):
     assert "outputs equal" in result.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_aoti_package_runs_and_matches_eager(tmp_path):
     model, program = _export_small_net(tmp_path)
     path = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "small_net_aoti.pt2"))

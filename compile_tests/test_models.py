@@ -41,7 +41,10 @@ def test_rejects_group_channels_that_do_not_divide_the_stem():
         RedNet((1, 1, 1, 1), width=16, group_channels=16)
 
 
-@pytest.mark.parametrize("depth", DEPTHS)
+# RedNet-26 (with a backward) and RedNet-50 in the unit tier, the deeper ones in the integration tier.
+@pytest.mark.parametrize(
+    "depth", [d if d in (26, 50) else pytest.param(d, marks=pytest.mark.integration) for d in DEPTHS]
+)
 def test_compiles_with_fullgraph(depth):
     """fullgraph=True raises on any graph break. Graph breaks are dynamo's business, so its
     plain "eager" backend checks every depth quickly; RedNet-26 also goes through AOTAutograd
@@ -56,7 +59,7 @@ def test_compiles_with_fullgraph(depth):
         assert all(p.grad is not None for p in model.parameters())
 
 
-@pytest.mark.parametrize("depth", [26, 50])
+@pytest.mark.parametrize("depth", [26, pytest.param(50, marks=pytest.mark.integration)])
 def test_exports_with_dynamic_batch_and_size(depth, tmp_path):
     model = _narrow(depth).eval()
     # The five stride-2 steps leave (H - 1) // 32 + 1 pixels; export needs every symbolic

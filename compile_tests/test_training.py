@@ -31,6 +31,7 @@ def _parameters(out: Path) -> dict[str, torch.Tensor]:
     return {name: value for name, value in state.items() if "running" not in name and "num_batches" not in name}
 
 
+@pytest.mark.integration
 def test_compiled_run_writes_checkpoint_curve_and_exported_program(tmp_path):
     result = _run("--out", str(tmp_path), "--epochs", "2", "--steps", "12", *TINY)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -60,6 +61,7 @@ def test_resume_continues_the_same_run(tmp_path):
     assert resumed["optimizer"]["state"].keys() == reference["optimizer"]["state"].keys()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_torchrun_ddp_matches_one_process_over_the_same_global_batches(tmp_path, compiled):
     # A few steps at a small learning rate: this tiny model's last stages normalise 1x1 maps

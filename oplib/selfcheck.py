@@ -58,10 +58,11 @@ def check_opcheck(spec: OpSpec, device: str) -> None:
         torch.library.opcheck(spec.op, sample.args)
 
 
-def check_compile(spec: OpSpec, device: str) -> None:
-    """Each sample compiled with the sizes of its first argument dynamic (weights stay
-    static, as parameters do under torch.compile): forward, strides and gradients match eager."""
-    for sample in spec.sample_inputs(device, torch.float32, True):
+def check_compile(spec: OpSpec, device: str, samples: slice = slice(None)) -> None:
+    """Each sample (or the ``samples`` slice of them) compiled with the sizes of its first
+    argument dynamic (weights stay static, as parameters do under torch.compile): forward,
+    strides and gradients match eager."""
+    for sample in list(spec.sample_inputs(device, torch.float32, True))[samples]:
         torch._dynamo.reset()
         compiled = torch.compile(spec.op, fullgraph=True)
         eager = cast_sample(sample, torch.float32)
@@ -78,9 +79,10 @@ def check_compile(spec: OpSpec, device: str) -> None:
     torch._dynamo.reset()
 
 
-def check_export(spec: OpSpec, device: str) -> None:
-    """Each sample exported, saved, loaded back and run: outputs equal eager."""
-    for sample in spec.sample_inputs(device, torch.float32, False):
+def check_export(spec: OpSpec, device: str, samples: slice = slice(None)) -> None:
+    """Each sample (or the ``samples`` slice of them) exported, saved, loaded back and run:
+    outputs equal eager."""
+    for sample in list(spec.sample_inputs(device, torch.float32, False))[samples]:
         tensors = tuple(a for a in sample.args if isinstance(a, torch.Tensor))
         module = OpCall(spec.op, sample)
         buffer = io.BytesIO()

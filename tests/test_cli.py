@@ -18,9 +18,12 @@ def test_list_prints_every_registered_op():
 
 
 def test_check_passes_and_prints_the_matrix(capsys):
-    assert cli.main(["check", "--op", "linear", "--device", "cpu"]) == 0
+    """One op's whole self-check: involution's, the one op where every check applies (its
+    CUDA sources run through the host emulation). The generated tests run the same checks on
+    every op; this proves the command and its matrix."""
+    assert cli.main(["check", "--op", "involution", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "5 passed, 0 failed, 1 not applicable" in out
+    assert f"{len(selfcheck.CHECKS)} passed, 0 failed, 0 not applicable" in out
     assert all(name in out for name in selfcheck.CHECKS)
 
 
@@ -28,7 +31,8 @@ def test_a_failing_check_gives_a_nonzero_exit_code(monkeypatch, capsys):
     def broken(spec, device):
         raise AssertionError("planted failure")
 
-    monkeypatch.setitem(selfcheck.CHECKS, "eager vs reference", broken)
+    # The broken check alone: the others pass in the test above.
+    monkeypatch.setattr(selfcheck, "CHECKS", {"eager vs reference": broken})
     assert cli.main(["check", "--op", "exp"]) == 1
     captured = capsys.readouterr()
     assert "FAIL" in captured.out and "planted failure" in captured.err
@@ -69,12 +73,6 @@ def test_train_rejects_bad_flags_with_a_usage_error(flags, message, tmp_path, ca
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("python -m oplib train: error: ")
     assert re.search(message, error), error
-
-
-def test_check_runs_the_cuda_sources_through_the_host_emulation(capsys):
-    assert cli.main(["check", "--op", "involution", "--device", "cpu"]) == 0
-    out = capsys.readouterr().out
-    assert "6 passed, 0 failed, 0 not applicable" in out
 
 
 def test_version_is_the_declared_one(capsys):

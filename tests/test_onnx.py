@@ -30,6 +30,7 @@ def _export_and_run(spec, sample, path):
     return oplib.onnx.run(path, tensors)[0], spec.op(*sample.args)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("spec,device", [p for p in spec_params() if p.values[1] == "cpu"])
 def test_every_sample_round_trips_through_onnx_runtime(spec, device, tmp_path):
     atol, rtol = spec.tolerance(torch.float32)
@@ -96,11 +97,11 @@ def _rednet_round_trip(depth: int, tmp_path):
         assert float((got - expected).abs().max()) <= 1e-4 * float(expected.abs().max()), shape
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_rednet26_exports_with_dynamic_batch_and_size(tmp_path):
     _rednet_round_trip(26, tmp_path)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_rednet50_exports_with_dynamic_batch_and_size(tmp_path):
     _rednet_round_trip(50, tmp_path)

@@ -57,7 +57,7 @@ def reference_checkpoint(request, tmp_path_factory):
     return depth, model, path, x
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-10), (torch.float32, 1e-5)], ids=["float64", "float32"])
 def test_pretrained_weights_give_the_reference_outputs(reference_checkpoint, dtype, rtol):
     """Eval mode, the same weights: oplib's logits equal the reference's."""
@@ -73,7 +73,7 @@ def test_pretrained_weights_give_the_reference_outputs(reference_checkpoint, dty
     assert (got - expected).abs().max() <= rtol * scale, float((got - expected).abs().max() / scale)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_odd_sizes_the_reference_cannot_run(reference_checkpoint):
     """At 225 px the reference's stride-2 involution pools to floor(H / 2) rows while its
     unfold yields ceil(H / 2): it fails; oplib runs (README: "Pretrained models")."""
@@ -234,7 +234,7 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "oplib", *args], capture_output=True, text=True, timeout=900, cwd=ROOT)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_evaluate_reports_the_accuracy_recomputed_here(image_folder, biased_checkpoint):
     result = _run_cli("evaluate", "--depth", "26", "--weights", str(biased_checkpoint), str(image_folder), "--workers", "2", "--batch-size", "4")
     assert result.returncode == 0, result.stderr
@@ -258,7 +258,7 @@ def test_evaluate_reports_the_accuracy_recomputed_here(image_folder, biased_chec
     assert json.loads(limited.stdout.strip().splitlines()[-1])["images"] == 3
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_predict_prints_five_classes_per_photograph(biased_checkpoint):
     photos = [str(p) for p in _photographs()]
     result = _run_cli("predict", "--depth", "26", "--weights", str(biased_checkpoint), *photos, "--json")

@@ -74,6 +74,30 @@ def assert_matches_reference(spec: OpSpec, sample: SampleInput, out: Tensor, dty
     )
 
 
+def layout_class(sample: SampleInput) -> tuple:
+    """What tells two samples apart for opcheck and tracing: per tensor argument, its number
+    of dimensions, whether it is empty, and its memory layout (contiguous, channels_last or
+    other strides)."""
+
+    def layout(t: Tensor) -> str:
+        if t.is_contiguous():
+            return "contiguous"
+        return "channels_last" if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) else "strided"
+
+    return tuple((a.dim(), a.numel() == 0, layout(a)) for a in sample.args if isinstance(a, Tensor))
+
+
+def representative_samples(samples: Iterable[SampleInput]) -> list[SampleInput]:
+    """The first sample of each ``layout_class``, in order."""
+    seen, picked = set(), []
+    for sample in samples:
+        key = layout_class(sample)
+        if key not in seen:
+            seen.add(key)
+            picked.append(sample)
+    return picked
+
+
 def tensor_args(sample: SampleInput) -> list[int]:
     """Positions of the tensor arguments of a sample."""
     return [i for i, a in enumerate(sample.args) if isinstance(a, Tensor)]

@@ -71,7 +71,8 @@ def build(source: KernelSource, sanitize: bool = False) -> Path:
     library = _CACHE_DIR / f"{source.path.stem}-{key}.so"
     if not library.exists():
         _CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        launcher_cpp = _CACHE_DIR / f"{source.path.stem}-{key}.cpp"
+        # Per process, as the partial library: parallel test workers may build the same key.
+        launcher_cpp = _CACHE_DIR / f"{source.path.stem}-{key}.{os.getpid()}.cpp"
         launcher_cpp.write_text(code)
         partial = library.with_suffix(f".{os.getpid()}.tmp")
         result = subprocess.run([cxx(), *flags, str(launcher_cpp), "-o", str(partial)], capture_output=True, text=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
@@ -27,9 +27,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import selfcheck
 from ..registry import OpSpec, SampleInput, cast_sample
-from . import OpCall, assert_matches_reference, spec_dtype_params, spec_params, tensor_args
+from . import OpCall, assert_matches_reference, representative_samples, spec_dtype_params, spec_params, tensor_args
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+# The unit tier compiles and exports each op's first sample; the integration tier the others.
+FIRST_SAMPLE, OTHER_SAMPLES = slice(0, 1), slice(1, None)
 
 
 def _check_raises(error, call):
@@ -38,8 +40,33 @@ def _check_raises(error, call):
     assert re.search(error.match, str(info.value)), f"{error.sample.name}: {info.value}"
 
 
-def _vmap_in_dims(sample: SampleInput, batched: list[int]) -> tuple:
-    return tuple(0 if i in batched else None for i in range(len(sample.args)))
+def _vmap_placements(sample: SampleInput, batched: list[int]) -> list[tuple[dict[int, int], int]]:
+    """Where to put the vmapped dimension: ``({argument: its dimension}, out_dims)`` pairs.
+
+    First every batched argument at dimension 0 with ``out_dims=0``; then each at a non-zero
+    dimension where it has one (after its first dimension for the first batched argument,
+    last for the others, so two arguments batched at different places are covered too) with
+    ``out_dims=-1``. A rule that ignores ``in_dims``, or reports the wrong output dimension,
+    passes the first placement and fails the second."""
+    front = {i: 0 for i in batched}
+    moved = {i: (0 if sample.args[i].dim() == 0 else 1 if k == 0 else -1) for k, i in enumerate(batched)}
+    return [(front, 0), (moved, -1)]
+
+
+OPCHECK_DTYPES = (torch.float64, torch.float32)
+
+
+def _opcheck_samples(spec: OpSpec, device: str, representative: bool) -> Iterator[SampleInput]:
+    """The calls opcheck checks: every sample in ``OPCHECK_DTYPES``, with and without
+    requires_grad. ``representative=True`` gives the unit tier's share, each layout class of
+    samples (``representative_samples``) requiring grad, in each dtype; False, the rest."""
+    for dtype in OPCHECK_DTYPES:
+        if dtype not in spec.dtypes[device]:
+            continue
+        for requires_grad in (True, False):
+            samples = list(spec.sample_inputs(device, dtype, requires_grad))
+            picked = {id(s) for s in representative_samples(samples)} if requires_grad else set()
+            yield from (s for s in samples if (id(s) in picked) == representative)
 
 
 def _property_test(specs: Sequence[OpSpec]):
@@ -129,31 +156,50 @@ def generated_tests(specs: Sequence[OpSpec], *, eager: bool = True, tracing: boo
                     (grad,) = torch.autograd.grad(spec.op(*args), args[i], grad_out)
                     torch.testing.assert_close(grad, full[k], msg=f"{sample.name}: argument {i}")
 
-        @pytest.mark.parametrize("spec,device,dtype", spec_dtype_params(specs, dtypes=(torch.float64, torch.float32)))
-        def test_opcheck(self, spec, device, dtype):
-            for requires_grad in (False, True):
-                for sample in spec.sample_inputs(device, dtype, requires_grad):
-                    torch.library.opcheck(spec.op, sample.args)
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_opcheck(self, spec, device):
+            """``torch.library.opcheck`` on each layout class of samples, in each dtype class
+            (``_opcheck_samples``); the other combinations are the integration tier's."""
+            for sample in _opcheck_samples(spec, device, representative=True):
+                torch.library.opcheck(spec.op, sample.args)
+
+        @pytest.mark.integration
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_opcheck_remaining_samples(self, spec, device):
+            """opcheck on every sample x dtype x requires_grad that ``test_opcheck`` leaves out."""
+            for sample in _opcheck_samples(spec, device, representative=False):
+                torch.library.opcheck(spec.op, sample.args)
 
         @pytest.mark.parametrize("spec,device", by_device)
         def test_vmap_matches_loop(self, spec, device):
+            """vmap over the first tensor argument, over the others (the first unbatched:
+            ``in_dims`` None), and over all, each with the vmapped dimension first and
+            elsewhere (``_vmap_placements``): equal to a loop over the batch."""
             batch = 3
             for sample in spec.sample_inputs(device, torch.float64, False):
                 positions = tensor_args(sample)
                 for batched in ([positions[0]], positions[1:], positions):
                     if not batched:
                         continue
-                    stacked = [
-                        torch.stack([torch.randn_like(a) for _ in range(batch)]) if i in batched else a
-                        for i, a in enumerate(sample.args)
-                    ]
-                    with warnings.catch_warnings():
-                        warnings.filterwarnings("error", message=".*performance drop.*")
-                        out = torch.vmap(spec.op, in_dims=_vmap_in_dims(sample, batched))(*stacked)
-                    expected = torch.stack(
-                        [spec.op(*(a[b] if i in batched else a for i, a in enumerate(stacked))) for b in range(batch)]
-                    )
-                    torch.testing.assert_close(out, expected, msg=f"{sample.name}: vmap over arguments {batched}")
+                    for dims, out_dim in _vmap_placements(sample, batched):
+                        stacked = [
+                            torch.stack([torch.randn_like(a) for _ in range(batch)], dim=dims[i]) if i in dims else a
+                            for i, a in enumerate(sample.args)
+                        ]
+                        in_dims = tuple(dims.get(i) for i in range(len(sample.args)))
+                        with warnings.catch_warnings():
+                            warnings.filterwarnings("error", message=".*performance drop.*")
+                            out = torch.vmap(spec.op, in_dims=in_dims, out_dims=out_dim)(*stacked)
+                        expected = torch.stack(
+                            [
+                                spec.op(*(a.select(dims[i], b) if i in dims else a for i, a in enumerate(stacked)))
+                                for b in range(batch)
+                            ],
+                            dim=out_dim,
+                        )
+                        torch.testing.assert_close(
+                            out, expected, msg=f"{sample.name}: vmap with in_dims {in_dims}, out_dims {out_dim}"
+                        )
 
         @pytest.mark.parametrize("spec", specs, ids=lambda s: s.name)
         def test_autocast_policy_is_registered(self, spec):
@@ -195,7 +241,13 @@ def generated_tests(specs: Sequence[OpSpec], *, eager: bool = True, tracing: boo
 
         @pytest.mark.parametrize("spec,device", by_device)
         def test_compiled_forward_and_backward_match_eager(self, spec, device):
-            selfcheck.check_compile(spec, device)
+            """The first sample compiled (the others: the integration tier's next test)."""
+            selfcheck.check_compile(spec, device, FIRST_SAMPLE)
+
+        @pytest.mark.integration
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_compiled_forward_and_backward_match_eager_other_samples(self, spec, device):
+            selfcheck.check_compile(spec, device, OTHER_SAMPLES)
 
         @pytest.mark.parametrize("spec,device", by_device)
         def test_error_inputs_while_tracing(self, spec, device):
@@ -211,7 +263,13 @@ def generated_tests(specs: Sequence[OpSpec], *, eager: bool = True, tracing: boo
 
         @pytest.mark.parametrize("spec,device", by_device)
         def test_export_save_load_round_trip(self, spec, device):
-            selfcheck.check_export(spec, device)
+            """The first sample exported (the others: the integration tier's next test)."""
+            selfcheck.check_export(spec, device, FIRST_SAMPLE)
+
+        @pytest.mark.integration
+        @pytest.mark.parametrize("spec,device", by_device)
+        def test_export_save_load_round_trip_other_samples(self, spec, device):
+            selfcheck.check_export(spec, device, OTHER_SAMPLES)
 
         @pytest.mark.parametrize("spec,device", by_device)
         def test_error_inputs_while_exporting(self, spec, device):
