@@ -22,6 +22,7 @@ from collections.abc import Iterable
 import torch
 
 from . import __version__, registry, selfcheck
+from .kernels import native
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -52,6 +53,7 @@ def _check(args: argparse.Namespace) -> int:
         print(f"nothing to check: ops {args.op}, devices {args.device}", file=sys.stderr)
         return 2
     print(f"self-check on {', '.join(devices)} (torch {torch.__version__}, {torch.get_num_threads()} threads)")
+    print(f"involution's CPU kernels: {native.status()}")
 
     def report(result: selfcheck.CheckResult) -> None:
         note = f"  ({result.detail})" if not result.applicable else ""

@@ -17,14 +17,16 @@ def test_list_prints_every_registered_op():
         assert spec.schema in result.stdout
 
 
-def test_check_passes_and_prints_the_matrix(capsys):
+def test_check_passes_and_prints_the_matrix(capsys, monkeypatch):
     """One op's whole self-check: involution's, the one op where every check applies (its
     CUDA sources run through the host emulation). The generated tests run the same checks on
     every op; this proves the command and its matrix."""
+    monkeypatch.delenv("OPLIB_CPU_KERNELS", raising=False)
     assert cli.main(["check", "--op", "involution", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert f"{len(selfcheck.CHECKS)} passed, 0 failed, 0 not applicable" in out
     assert all(name in out for name in selfcheck.CHECKS)
+    assert "involution's CPU kernels: plain PyTorch (OPLIB_CPU_KERNELS=pytorch, the default)" in out
 
 
 def test_a_failing_check_gives_a_nonzero_exit_code(monkeypatch, capsys):

@@ -1,6 +1,7 @@
-"""The two CPU strategies of involution (dense matrices on small maps, tap passes on larger
-ones) each checked against the float64 reference on the same inputs, whichever the size rule
-would pick, with finite and with non-finite values; and each deterministic."""
+"""The two plain-PyTorch CPU strategies of involution (dense matrices on small maps, tap passes
+on larger ones) and the native kernels, each checked against the float64 reference on the
+same inputs, whichever the size rule would pick, with finite and with non-finite values; and
+each deterministic."""
 
 import random
 
@@ -8,16 +9,21 @@ import pytest
 import torch
 
 from oplib import registry
-from oplib.kernels import involution_cpu
+from oplib.kernels import involution_cpu, native
 from oplib.kernels.involution_cpu import Geometry, dense_map, taps
 from oplib.ops._common import window_output_size
+from oplib.testing.native import force_native
 
 # DENSE_MAP_MAX_PIXELS_PER_TAP forcing each strategy, and each once more with slices of one
-# item each (the test tensors otherwise fit in one slice).
-STRATEGIES = {"dense-map": 10**9, "dense-map-sliced": 10**9, "taps": 0, "taps-sliced": 0}
+# item each (the test tensors otherwise fit in one slice); "native": the C++ kernels.
+STRATEGIES = {"dense-map": 10**9, "dense-map-sliced": 10**9, "taps": 0, "taps-sliced": 0, "native": None}
 
 
 def _force(monkeypatch, strategy):
+    if strategy == "native":
+        force_native(monkeypatch)
+        return
+    monkeypatch.setenv(native.ENV, "pytorch")
     monkeypatch.setattr(involution_cpu, "DENSE_MAP_MAX_PIXELS_PER_TAP", STRATEGIES[strategy])
     if strategy.endswith("-sliced"):
         for module, constant in ((dense_map, "CHUNK_BYTES"), (taps, "CHUNK_BYTES"), (taps, "WEIGHT_GRAD_CHUNK_BYTES")):
@@ -98,9 +104,10 @@ def test_strategy_matches_reference(monkeypatch, strategy, case):
     w = torch.randn(n, groups, *kernel, *out_size, dtype=torch.float64)
     g = torch.randn(n, channels, *out_size, dtype=torch.float64)
     params = (stride, padding, dilation)
-    expected = "dense" if strategy.startswith("dense") else "taps"
-    assert involution_cpu.strategy_name(size, w.shape, *params) == expected
-    if case in PHASE_GATHER_CASES:
+    if strategy != "native":
+        expected = "dense" if strategy.startswith("dense") else "taps"
+        assert involution_cpu.strategy_name(size, w.shape, *params) == expected
+    if case in PHASE_GATHER_CASES and strategy != "native":
         layout = involution_cpu.TapLayout(Geometry(size, kernel, out_size, stride, padding, dilation))
         assert layout.fills_blocks and layout.phases > 1
     _check_three_ops(x, w, g, groups, params)

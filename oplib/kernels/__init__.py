@@ -209,10 +209,17 @@ def load(device: Union[torch.device, str, int, None] = None) -> None:
     device) now, rather than at each op's first call. A first call inside a CUDA graph capture
     works without it (the module loads during the capture; tests/test_cuda_streams.py), but
     compiling takes seconds on a cold cache (CuPy keeps the results on disk), which this moves
-    out of timed or latency-bound code."""
+    out of timed or latency-bound code. ``load("cpu")`` builds the native CPU kernels where
+    ``OPLIB_CPU_KERNELS`` asks for them (``oplib.kernels.native``): about a minute, once per
+    machine."""
     device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
+    if device.type == "cpu":
+        from . import native
+
+        native.involution()
+        return
     if device.type != "cuda":
-        raise ValueError(f"oplib.kernels.load: expected a CUDA device, got {device}")
+        raise ValueError(f"oplib.kernels.load: expected a CPU or CUDA device, got {device}")
     index = torch.cuda.current_device() if device.index is None else device.index
     launcher = cupy_launcher()
     for filename in sorted({dispatch.source for dispatch in CUDA_DISPATCH.values()}):

@@ -1,4 +1,6 @@
-"""CPU kernels of involution and its two backward ops, in plain PyTorch.
+"""CPU kernels of involution and its two backward ops: native (``involution.cpp``, built on
+first use by ``oplib.kernels.native``, where ``OPLIB_CPU_KERNELS`` asks for it) or in plain
+PyTorch, the strategies below.
 
     out[n, c, i, j] = sum_{a, b} weight[n, c // (C/G), a, b, i, j] * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
 
@@ -36,6 +38,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from .. import native
 from .dense_map import DenseMap
 from .geometry import Geometry
 from .padded import PaddedFormulation
@@ -85,18 +88,27 @@ class Strategy(Protocol):
 
 def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo)."""
+    module = native.involution()
+    if module is not None:
+        return module.involution_forward(input, weight, stride, padding, dilation)
     geometry = Geometry.of_call(input.shape[2:], weight.shape, stride, padding, dilation)
     return _exact(geometry, lambda strategy, x, w: strategy.forward(x, w), input, weight)
 
 
 def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation) -> Tensor:
     """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> grad_input: (N, C, H, W)."""
+    module = native.involution()
+    if module is not None:
+        return module.involution_backward_input(grad_output, weight, input_size, stride, padding, dilation)
     geometry = Geometry.of_call(input_size, weight.shape, stride, padding, dilation)
     return _exact(geometry, lambda strategy, g, w: strategy.backward_input(g, w), grad_output, weight)
 
 
 def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation, groups) -> Tensor:
     """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
+    module = native.involution()
+    if module is not None:
+        return module.involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
     weight_shape = (input.shape[0], groups, *kernel_size, *grad_output.shape[2:])
     geometry = Geometry.of_call(input.shape[2:], weight_shape, stride, padding, dilation)
     return _exact(geometry, lambda strategy, g, x: strategy.backward_weight(g, x, groups), grad_output, input)

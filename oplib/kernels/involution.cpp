@@ -1,0 +1,425 @@
+// Involution's CPU kernels: the forward and its two backward ops, built on first use by
+// oplib.kernels.native (torch.utils.cpp_extension) and called from the ops' CPU kernels.
+//
+//   out[n, c, i, j] = sum_{a, b} weight[n, g, a, b, i, j] * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
+//
+// with g = c / (C / G). Work is split over (sample, group) pairs with at::parallel_for. Each
+// pair first copies its C/G input planes (or, for grad_input, accumulates into them) in a
+// scratch holding the zero border the windows reach, converted to the accumulation type
+// (float for 16-bit operands, else the dtype itself). Every window then reads the scratch
+// with no bounds test, and a tap that reads the border multiplies a real zero, so inf and nan
+// give what the padded (unfold) reference gives. One thread computes each output element,
+// in an order that depends on the geometry alone: results are the same for any thread count.
+//
+// Operands may have any strides (channels_last included): they are read element by element
+// into the scratch buffers. Results are contiguous tensors of the operands' dtype.
+
+#include <torch/extension.h>
+
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// GCC/Clang vector extensions: one AVX2 register (two halves of an AVX-512 one), portable to
+// any target the compiler knows; -march=native picks the instructions.
+// (GCC ignores the attribute on an alias template, hence one typedef per type.)
+constexpr int64_t kVectorBytes = 32;
+template <typename T>
+struct VectorOf;
+template <>
+struct VectorOf<float> {
+  typedef float type __attribute__((vector_size(kVectorBytes)));
+};
+template <>
+struct VectorOf<double> {
+  typedef double type __attribute__((vector_size(kVectorBytes)));
+};
+template <typename T>
+using Vec = typename VectorOf<T>::type;
+template <typename T>
+constexpr int64_t kLanes = kVectorBytes / sizeof(T);
+
+static_assert(sizeof(Vec<float>) == kVectorBytes && sizeof(Vec<double>) == kVectorBytes, "vector types");
+
+template <typename T>
+inline Vec<T> load(const T* p) {
+  Vec<T> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <typename T>
+inline void store(T* p, const Vec<T>& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// dst[j] = src[j * stride] for j < count, converted; the contiguous case vectorises.
+template <typename scalar_t, typename acc_t>
+inline void convert(const scalar_t* src, int64_t stride, int64_t count, acc_t* dst) {
+  if (stride == 1) {
+    for (int64_t j = 0; j < count; ++j) dst[j] = static_cast<acc_t>(src[j]);
+  } else {
+    for (int64_t j = 0; j < count; ++j) dst[j] = static_cast<acc_t>(src[j * stride]);
+  }
+}
+
+// Register blocks: CHANNELS x VECTORS accumulators in the forward (the group's channels share
+// each weight vector), TAPS x VECTORS in grad_weight (each grad_output vector serves every
+// tap), enough independent sums to keep both FMA units busy.
+constexpr int kChannelBlock = 4;
+constexpr int kTapBlock = 4;
+constexpr int kVectorBlock = 2;
+
+struct Geometry {
+  int64_t batch, channels, height, width, groups, kernel_h, kernel_w, out_h, out_w;
+  int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+
+  int64_t group_channels() const { return channels / groups; }
+  int64_t taps() const { return kernel_h * kernel_w; }
+  // The rows the windows reach, from -pad_h on: scratch row r is input row r - pad_h.
+  int64_t scratch_rows() const { return (out_h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1; }
+};
+
+Geometry make_geometry(at::IntArrayRef input_shape, at::IntArrayRef weight_shape, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation) {
+  return Geometry{input_shape[0], input_shape[1], input_shape[2], input_shape[3], weight_shape[1],
+                  weight_shape[2], weight_shape[3], weight_shape[4], weight_shape[5], stride[0], stride[1],
+                  padding[0], padding[1], dilation[0], dilation[1]};
+}
+
+// How a (sample, group) pair's planes sit in its scratch buffer. Rows are split by column
+// phase: padded column x (input column x - pad_w) is stored at phase x % stride_w, index
+// x / stride_w, so output column j of tap b reads index j + (b * dw) / sw of phase
+// (b * dw) % sw: consecutive outputs read consecutive values for any stride. Output rows are
+// computed out_w_padded wide (a whole number of vectors); the extra columns read zeros or
+// values whose products are dropped.
+template <typename T>
+struct ScratchLayout {
+  int64_t out_w_padded, phase_width, row_length, plane;
+  std::vector<int64_t> tap_offset;  // tap t = a * KW + b -> offset of its window's first value
+
+  explicit ScratchLayout(const Geometry& geo) {
+    out_w_padded = (geo.out_w + kLanes<T> - 1) / kLanes<T> * kLanes<T>;
+    phase_width = out_w_padded + (geo.kernel_w - 1) * geo.dilation_w / geo.stride_w + 1;
+    row_length = geo.stride_w * phase_width;
+    plane = geo.scratch_rows() * row_length;
+    for (int64_t a = 0; a < geo.kernel_h; ++a) {
+      for (int64_t b = 0; b < geo.kernel_w; ++b) {
+        const int64_t column = b * geo.dilation_w;
+        tap_offset.push_back(a * geo.dilation_h * row_length + (column % geo.stride_w) * phase_width + column / geo.stride_w);
+      }
+    }
+  }
+
+  // Where padded column x of a row lives.
+  int64_t column(const Geometry& geo, int64_t x) const { return (x % geo.stride_w) * phase_width + x / geo.stride_w; }
+  // The start of output row i's windows in a plane.
+  int64_t row(const Geometry& geo, int64_t i) const { return i * geo.stride_h * row_length; }
+};
+
+// A 4-D operand (N, C, H, W) of any strides.
+template <typename scalar_t>
+struct Planes {
+  const scalar_t* data;
+  int64_t stride_n, stride_c, stride_h, stride_w;
+
+  explicit Planes(const at::Tensor& t)
+      : data(t.data_ptr<scalar_t>()), stride_n(t.stride(0)), stride_c(t.stride(1)), stride_h(t.stride(2)),
+        stride_w(t.stride(3)) {}
+
+  const scalar_t* at(int64_t n, int64_t c, int64_t h) const { return data + n * stride_n + c * stride_c + h * stride_h; }
+
+  // Row (n, c, h) as acc_t, zero from out_w on up to padded_width.
+  template <typename acc_t>
+  void copy_row(int64_t n, int64_t c, int64_t h, int64_t width, int64_t padded_width, acc_t* dst) const {
+    convert(at(n, c, h), stride_w, width, dst);
+    std::fill(dst + width, dst + padded_width, acc_t(0));
+  }
+};
+
+// The weight (N, G, KH, KW, Ho, Wo) of any strides.
+template <typename scalar_t>
+struct Weight {
+  const scalar_t* data;
+  int64_t stride[6];
+
+  explicit Weight(const at::Tensor& t) : data(t.data_ptr<scalar_t>()) {
+    for (int d = 0; d < 6; ++d) stride[d] = t.stride(d);
+  }
+
+  // Row i of every tap of (n, g) as acc_t: taps rows of padded_width values, zero from Wo on.
+  // The taps' rows lie a whole (Ho, Wo) plane apart, more streams than the hardware
+  // prefetcher follows, so the next output row's are prefetched while this one is copied.
+  template <typename acc_t>
+  void copy_rows(const Geometry& geo, int64_t n, int64_t g, int64_t i, int64_t padded_width, acc_t* rows) const {
+    constexpr int64_t kLine = 64 / sizeof(scalar_t);
+    for (int64_t a = 0; a < geo.kernel_h; ++a) {
+      for (int64_t b = 0; b < geo.kernel_w; ++b) {
+        const scalar_t* src = data + n * stride[0] + g * stride[1] + a * stride[2] + b * stride[3] + i * stride[4];
+        if (i + 1 < geo.out_h) {
+          for (int64_t j = 0; j < geo.out_w; j += kLine) __builtin_prefetch(src + stride[4] + j * stride[5]);
+        }
+        acc_t* dst = rows + (a * geo.kernel_w + b) * padded_width;
+        convert(src, stride[5], geo.out_w, dst);
+        std::fill(dst + geo.out_w, dst + padded_width, acc_t(0));
+      }
+    }
+  }
+};
+
+// The group's input planes in the scratch layout, as acc_t, with zeros where the windows
+// reach past the image.
+template <typename scalar_t, typename acc_t>
+void fill_scratch(const Geometry& geo, const ScratchLayout<acc_t>& layout, const Planes<scalar_t>& input, int64_t n,
+                  int64_t g, acc_t* scratch) {
+  const int64_t cpg = geo.group_channels();
+  std::fill(scratch, scratch + cpg * layout.plane, acc_t(0));
+  const int64_t rows = std::min(geo.height + geo.pad_h, geo.scratch_rows());
+  const int64_t sw = geo.stride_w, padded_columns = std::min(geo.width + geo.pad_w, sw * layout.phase_width);
+  for (int64_t k = 0; k < cpg; ++k) {
+    for (int64_t r = geo.pad_h; r < rows; ++r) {
+      const scalar_t* src = input.at(n, g * cpg + k, r - geo.pad_h);
+      acc_t* dst = scratch + k * layout.plane + r * layout.row_length;
+      // Phase p holds padded columns p, p + sw, ...: from the first at or past pad_w on.
+      for (int64_t p = 0; p < sw; ++p) {
+        const int64_t first = p >= geo.pad_w ? p : p + (geo.pad_w - p + sw - 1) / sw * sw;
+        if (first >= padded_columns) continue;
+        const int64_t count = (padded_columns - first + sw - 1) / sw;
+        convert(src + (first - geo.pad_w) * input.stride_w, sw * input.stride_w, count, dst + p * layout.phase_width + first / sw);
+      }
+    }
+  }
+}
+
+// sums[c][j0 .. j0 + VECTORS * lanes) for CHANNELS planes: the sum over taps of weight row
+// values times window values, in registers across the taps.
+template <int CHANNELS, int VECTORS, typename T>
+inline void forward_block(const T* weight_rows, int64_t padded_width, const std::vector<int64_t>& tap_offset,
+                          const T* const* windows, int64_t j0, T* const* sums) {
+  constexpr int64_t L = kLanes<T>;
+  Vec<T> acc[CHANNELS][VECTORS] = {};
+  for (size_t t = 0; t < tap_offset.size(); ++t) {
+    Vec<T> w[VECTORS];
+    for (int v = 0; v < VECTORS; ++v) w[v] = load(weight_rows + t * padded_width + j0 + v * L);
+    for (int c = 0; c < CHANNELS; ++c) {
+      const T* x = windows[c] + tap_offset[t] + j0;
+      for (int v = 0; v < VECTORS; ++v) acc[c][v] += w[v] * load(x + v * L);
+    }
+  }
+  for (int c = 0; c < CHANNELS; ++c) {
+    for (int v = 0; v < VECTORS; ++v) store(sums[c] + j0 + v * L, acc[c][v]);
+  }
+}
+
+template <int CHANNELS, typename T>
+inline void forward_channels(const T* weight_rows, int64_t padded_width, const std::vector<int64_t>& tap_offset,
+                             const T* const* windows, T* const* sums) {
+  constexpr int64_t L = kLanes<T>;
+  int64_t j0 = 0;
+  for (; j0 + kVectorBlock * L <= padded_width; j0 += kVectorBlock * L) {
+    forward_block<CHANNELS, kVectorBlock>(weight_rows, padded_width, tap_offset, windows, j0, sums);
+  }
+  for (; j0 < padded_width; j0 += L) forward_block<CHANNELS, 1>(weight_rows, padded_width, tap_offset, windows, j0, sums);
+}
+
+template <typename scalar_t>
+void forward_kernel(const Geometry& geo, const at::Tensor& input, const at::Tensor& weight, at::Tensor& out) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const ScratchLayout<acc_t> layout(geo);
+  const Planes<scalar_t> x(input);
+  const Weight<scalar_t> w(weight);
+  scalar_t* out_data = out.data_ptr<scalar_t>();
+  const int64_t cpg = geo.group_channels(), width = layout.out_w_padded;
+  at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> scratch(cpg * layout.plane), weight_rows(geo.taps() * width), sums(cpg * width);
+    std::vector<const acc_t*> windows(cpg);
+    std::vector<acc_t*> sum_rows(cpg);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t n = item / geo.groups, g = item % geo.groups;
+      fill_scratch(geo, layout, x, n, g, scratch.data());
+      for (int64_t i = 0; i < geo.out_h; ++i) {
+        w.copy_rows(geo, n, g, i, width, weight_rows.data());
+        for (int64_t k = 0; k < cpg; ++k) {
+          windows[k] = scratch.data() + k * layout.plane + layout.row(geo, i);
+          sum_rows[k] = sums.data() + k * width;
+        }
+        int64_t k = 0;
+        for (; k + kChannelBlock <= cpg; k += kChannelBlock) {
+          forward_channels<kChannelBlock>(weight_rows.data(), width, layout.tap_offset, &windows[k], &sum_rows[k]);
+        }
+        for (; k < cpg; ++k) forward_channels<1>(weight_rows.data(), width, layout.tap_offset, &windows[k], &sum_rows[k]);
+        for (int64_t k = 0; k < cpg; ++k) {
+          scalar_t* dst = out_data + ((n * geo.channels + g * cpg + k) * geo.out_h + i) * geo.out_w;
+          for (int64_t j = 0; j < geo.out_w; ++j) dst[j] = static_cast<scalar_t>(sum_rows[k][j]);
+        }
+      }
+    }
+  });
+}
+
+template <typename scalar_t>
+void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, const at::Tensor& weight,
+                           at::Tensor& grad_input) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int64_t L = kLanes<acc_t>;
+  const ScratchLayout<acc_t> layout(geo);
+  const Planes<scalar_t> grad(grad_output);
+  const Weight<scalar_t> w(weight);
+  scalar_t* result = grad_input.data_ptr<scalar_t>();
+  const int64_t cpg = geo.group_channels(), width = layout.out_w_padded;
+  at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> scratch(cpg * layout.plane), weight_rows(geo.taps() * width), grad_rows(cpg * width);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t n = item / geo.groups, g = item % geo.groups;
+      std::fill(scratch.begin(), scratch.end(), acc_t(0));
+      for (int64_t i = 0; i < geo.out_h; ++i) {
+        w.copy_rows(geo, n, g, i, width, weight_rows.data());
+        for (int64_t k = 0; k < cpg; ++k) grad.copy_row(n, g * cpg + k, i, geo.out_w, width, grad_rows.data() + k * width);
+        // d input[window value of tap t at (i, j)] += weight[t, i, j] * grad[c, i, j], border
+        // included. A whole row per (tap, channel): the next tap's row overlaps this one's
+        // shifted by a column, and reading a vector just stored, shifted, stalls the CPU.
+        for (size_t t = 0; t < layout.tap_offset.size(); ++t) {
+          const acc_t* weight_row = weight_rows.data() + t * width;
+          for (int64_t k = 0; k < cpg; ++k) {
+            acc_t* dst = scratch.data() + k * layout.plane + layout.row(geo, i) + layout.tap_offset[t];
+            const acc_t* grad_row = grad_rows.data() + k * width;
+            for (int64_t j0 = 0; j0 < width; j0 += L) {
+              store(dst + j0, load(dst + j0) + load(weight_row + j0) * load(grad_row + j0));
+            }
+          }
+        }
+      }
+      // The image without its border; rows no window reaches stay zero.
+      const int64_t rows = geo.scratch_rows(), columns = geo.stride_w * layout.phase_width;
+      for (int64_t k = 0; k < cpg; ++k) {
+        const acc_t* plane = scratch.data() + k * layout.plane;
+        scalar_t* dst = result + (n * geo.channels + g * cpg + k) * geo.height * geo.width;
+        for (int64_t y = 0; y < geo.height; ++y) {
+          const int64_t r = y + geo.pad_h;
+          for (int64_t x = 0; x < geo.width; ++x) {
+            const int64_t column = x + geo.pad_w;
+            const bool reached = r < rows && column < columns;
+            dst[y * geo.width + x] =
+                static_cast<scalar_t>(reached ? plane[r * layout.row_length + layout.column(geo, column)] : acc_t(0));
+          }
+        }
+      }
+    }
+  });
+}
+
+// grad_weight[t][j0 .. j0 + VECTORS * lanes) for TAPS taps from t0: the sum over the group's
+// channels of grad_output values times window values, in registers across the channels.
+template <int TAPS, int VECTORS, typename T>
+inline void backward_weight_block(const T* grad_rows, int64_t padded_width, int64_t channels, int64_t plane,
+                                  const T* windows, const int64_t* tap_offset, int64_t j0, T* const* sums) {
+  constexpr int64_t L = kLanes<T>;
+  Vec<T> acc[TAPS][VECTORS] = {};
+  for (int64_t k = 0; k < channels; ++k) {
+    Vec<T> g[VECTORS];
+    for (int v = 0; v < VECTORS; ++v) g[v] = load(grad_rows + k * padded_width + j0 + v * L);
+    const T* x = windows + k * plane + j0;
+    for (int t = 0; t < TAPS; ++t) {
+      for (int v = 0; v < VECTORS; ++v) acc[t][v] += g[v] * load(x + tap_offset[t] + v * L);
+    }
+  }
+  for (int t = 0; t < TAPS; ++t) {
+    for (int v = 0; v < VECTORS; ++v) store(sums[t] + j0 + v * L, acc[t][v]);
+  }
+}
+
+template <int TAPS, typename T>
+inline void backward_weight_taps(const T* grad_rows, int64_t padded_width, int64_t channels, int64_t plane,
+                                 const T* windows, const int64_t* tap_offset, T* const* sums) {
+  constexpr int64_t L = kLanes<T>;
+  int64_t j0 = 0;
+  for (; j0 + kVectorBlock * L <= padded_width; j0 += kVectorBlock * L) {
+    backward_weight_block<TAPS, kVectorBlock>(grad_rows, padded_width, channels, plane, windows, tap_offset, j0, sums);
+  }
+  for (; j0 < padded_width; j0 += L) {
+    backward_weight_block<TAPS, 1>(grad_rows, padded_width, channels, plane, windows, tap_offset, j0, sums);
+  }
+}
+
+template <typename scalar_t>
+void backward_weight_kernel(const Geometry& geo, const at::Tensor& grad_output, const at::Tensor& input,
+                            at::Tensor& grad_weight) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const ScratchLayout<acc_t> layout(geo);
+  const Planes<scalar_t> grad(grad_output), x(input);
+  scalar_t* result = grad_weight.data_ptr<scalar_t>();
+  const int64_t cpg = geo.group_channels(), width = layout.out_w_padded, taps = geo.taps();
+  at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> scratch(cpg * layout.plane), grad_rows(cpg * width), sums(taps * width);
+    std::vector<acc_t*> sum_rows(taps);
+    for (int64_t t = 0; t < taps; ++t) sum_rows[t] = sums.data() + t * width;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t n = item / geo.groups, g = item % geo.groups;
+      fill_scratch(geo, layout, x, n, g, scratch.data());
+      for (int64_t i = 0; i < geo.out_h; ++i) {
+        for (int64_t k = 0; k < cpg; ++k) grad.copy_row(n, g * cpg + k, i, geo.out_w, width, grad_rows.data() + k * width);
+        const acc_t* windows = scratch.data() + layout.row(geo, i);
+        int64_t t = 0;
+        for (; t + kTapBlock <= taps; t += kTapBlock) {
+          backward_weight_taps<kTapBlock>(grad_rows.data(), width, cpg, layout.plane, windows, &layout.tap_offset[t], &sum_rows[t]);
+        }
+        for (; t < taps; ++t) {
+          backward_weight_taps<1>(grad_rows.data(), width, cpg, layout.plane, windows, &layout.tap_offset[t], &sum_rows[t]);
+        }
+        for (int64_t t = 0; t < taps; ++t) {
+          scalar_t* dst = result + (((n * geo.groups + g) * taps + t) * geo.out_h + i) * geo.out_w;
+          for (int64_t j = 0; j < geo.out_w; ++j) dst[j] = static_cast<scalar_t>(sum_rows[t][j]);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor involution_forward(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                              at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const Geometry geo = make_geometry(input.sizes(), weight.sizes(), stride, padding, dilation);
+  at::Tensor out = at::empty({geo.batch, geo.channels, geo.out_h, geo.out_w}, input.options());
+  if (out.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "involution_forward",
+                                  [&] { forward_kernel<scalar_t>(geo, input, weight, out); });
+  return out;
+}
+
+at::Tensor involution_backward_input(const at::Tensor& grad_output, const at::Tensor& weight,
+                                     at::IntArrayRef input_size, at::IntArrayRef stride, at::IntArrayRef padding,
+                                     at::IntArrayRef dilation) {
+  const std::vector<int64_t> input_shape{grad_output.size(0), grad_output.size(1), input_size[0], input_size[1]};
+  const Geometry geo = make_geometry(input_shape, weight.sizes(), stride, padding, dilation);
+  at::Tensor grad_input = at::empty(input_shape, grad_output.options());
+  if (grad_input.numel() == 0) return grad_input;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad_output.scalar_type(), "involution_backward_input",
+                                  [&] { backward_input_kernel<scalar_t>(geo, grad_output, weight, grad_input); });
+  return grad_input;
+}
+
+at::Tensor involution_backward_weight(const at::Tensor& grad_output, const at::Tensor& input,
+                                      at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+                                      at::IntArrayRef dilation, int64_t groups) {
+  const std::vector<int64_t> weight_shape{input.size(0), groups, kernel_size[0], kernel_size[1], grad_output.size(2),
+                                          grad_output.size(3)};
+  const Geometry geo = make_geometry(input.sizes(), weight_shape, stride, padding, dilation);
+  at::Tensor grad_weight = at::empty(weight_shape, input.options());
+  if (grad_weight.numel() == 0) return grad_weight;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "involution_backward_weight",
+                                  [&] { backward_weight_kernel<scalar_t>(geo, grad_output, input, grad_weight); });
+  return grad_weight;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("involution_forward", &involution_forward);
+  m.def("involution_backward_input", &involution_backward_input);
+  m.def("involution_backward_weight", &involution_backward_weight);
+}

@@ -1,0 +1,117 @@
+"""The native CPU kernels (``involution.cpp``), compiled on first use by torch's own JIT
+build (``torch.utils.cpp_extension.load``: ninja, the host C++ compiler, a cache directory
+keyed here by the source, the flags and this CPU's instruction sets).
+
+``OPLIB_CPU_KERNELS`` picks the path, read at each call:
+
+- ``pytorch`` (the default for now): the plain-PyTorch kernels of ``involution_cpu``. The
+  native kernels are not yet faster than them at every RedNet shape (grad_input at the
+  smaller maps); ``bench/results/involution.md`` compares the two.
+- ``auto``: the native kernels, built on first use; where there is no compiler or ninja, or
+  the build fails, the plain-PyTorch kernels, with one warning saying why and what to do.
+- ``native``: the native kernels, and an error where they cannot be built.
+
+``involution()`` returns the built module, or None where the plain-PyTorch kernels run.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+KERNEL_DIR = Path(__file__).resolve().parent
+SOURCE = KERNEL_DIR / "involution.cpp"
+ENV = "OPLIB_CPU_KERNELS"
+CHOICES = ("pytorch", "auto", "native")
+DEFAULT = "pytorch"
+# -march=native: the build runs on the machine that runs it (the cache key holds its CPU).
+# -fopenmp: at::parallel_for is inline in torch's headers, an OpenMP region; without the flag
+# it runs on one thread.
+CFLAGS = ("-O3", "-march=native", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
+
+
+class NativeBuildWarning(UserWarning):
+    """The native CPU kernels could not be built; the plain-PyTorch kernels run instead."""
+
+
+def requested() -> str:
+    choice = os.environ.get(ENV, DEFAULT).strip().lower() or DEFAULT
+    if choice not in CHOICES:
+        raise ValueError(f"{ENV}={choice!r}: expected one of {', '.join(CHOICES)}")
+    return choice
+
+
+def _cpu_identity() -> str:
+    """What -march=native compiles for: the CPU's model and instruction-set flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
+    return "\n".join(dict.fromkeys(keep))
+
+
+def _extension_name() -> str:
+    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *CFLAGS, *LDFLAGS, _cpu_identity()]).encode())
+    return f"oplib_involution_cpu_{digest.hexdigest()[:16]}"
+
+
+def _missing_tool() -> Optional[str]:
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler!r}) on the PATH"
+    if not cpp_extension.is_ninja_available():
+        return "ninja is not installed (pip install ninja)"
+    return None
+
+
+def involution() -> Optional[ModuleType]:
+    """The built module, or None where the plain-PyTorch kernels run (see the module docstring)."""
+    return _load(requested())
+
+
+@functools.cache
+def _load(choice: str) -> Optional[ModuleType]:
+    """Built once per process and choice; a fallback warns once."""
+    if choice == "pytorch":
+        return None
+    reason = _missing_tool()
+    if reason is None:
+        from torch.utils import cpp_extension
+
+        try:
+            return cpp_extension.load(
+                name=_extension_name(), sources=[str(SOURCE)], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS)
+            )
+        except Exception as error:  # noqa: BLE001  (any build failure falls back, with its reason)
+            lines = str(error).strip().splitlines() or [repr(error)]
+            reason = f"building {SOURCE.name} failed: {lines[-1]}"
+    if choice == "native":
+        raise RuntimeError(f"{ENV}=native, but the native CPU kernels are unavailable: {reason}")
+    warnings.warn(
+        f"oplib: involution runs its plain-PyTorch CPU kernels (slower): {reason}. A C++ compiler and ninja "
+        f"give the native kernels, built once on first use; {ENV}=pytorch silences this.",
+        NativeBuildWarning,
+        stacklevel=3,
+    )
+    return None
+
+
+def status() -> str:
+    """One line for ``python -m oplib``: which CPU path involution takes here, and why."""
+    module = involution()
+    if module is not None:
+        return f"native ({Path(module.__file__).parent})"
+    if requested() == "pytorch":
+        return f"plain PyTorch ({ENV}=pytorch{'' if ENV in os.environ else ', the default'})"
+    return f"plain PyTorch ({_missing_tool() or 'the native build failed'})"
