@@ -92,3 +92,69 @@ def test_generated_checks_of_the_involution_ops_pass_on_the_native_path():
     )
     assert result.returncode == 0, result.stdout[-5000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
+
+
+_ASAN_SCRIPT = textwrap.dedent(
+    """
+    import random, sys, torch
+    from pathlib import Path
+    from oplib import registry
+    from oplib.kernels import native
+    from oplib.testing import assert_matches_reference
+
+    module = native.build(Path(sys.argv[1]), sanitize=True)
+    calls = {
+        "involution": module.involution_forward,
+        "involution_backward_input": module.involution_backward_input,
+        "involution_backward_weight": module.involution_backward_weight,
+    }
+    rng = random.Random(0)
+    count = 0
+    for name, call in calls.items():
+        spec = registry.get(name)
+        for dtype in registry.FLOAT_DTYPES:
+            samples = list(spec.sample_inputs("cpu", dtype, False))
+            samples += [spec.random_sample(rng.randint, "cpu", dtype, False) for _ in range(15)]
+            for sample in samples:
+                assert_matches_reference(spec, sample, call(*sample.args), dtype)
+                count += 1
+    print("asan: clean,", count, "calls")
+    """
+)
+
+
+def _run_under_asan(source: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    from oplib.testing.cuda_emulation import asan_environment
+
+    env = dict(asan_environment(), TORCH_EXTENSIONS_DIR=str(tmp_path / "cache"))
+    return subprocess.run(
+        [sys.executable, "-c", _ASAN_SCRIPT, str(source)], capture_output=True, text=True, env=env, timeout=1200
+    )
+
+
+@pytest.mark.integration
+def test_native_kernels_are_clean_under_address_sanitizer(tmp_path):
+    """Every registry sample and 15 random geometries per op and dtype, through the kernels
+    built with AddressSanitizer: no invalid access, and the reference's results."""
+    if native._missing_tool() is not None:
+        pytest.skip(native._missing_tool())
+    result = _run_under_asan(native.SOURCE, tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-5000:]
+    assert "asan: clean" in result.stdout
+
+
+@pytest.mark.integration
+def test_address_sanitizer_catches_a_planted_off_by_one_in_the_native_kernels(tmp_path):
+    """The same run over a copy of the source whose grad_output rows are read one element too
+    far: the read past the last row of a tensor must abort with a heap-buffer-overflow."""
+    if native._missing_tool() is not None:
+        pytest.skip(native._missing_tool())
+    text = native.SOURCE.read_text()
+    exact = "convert(at(n, c, h), stride_w, width, dst);"
+    assert text.count(exact) == 1
+    planted = tmp_path / "involution.cpp"
+    planted.write_text(text.replace(exact, "convert(at(n, c, h), stride_w, width + 1, dst);"))
+    result = _run_under_asan(planted, tmp_path)
+    assert result.returncode != 0
+    assert "heap-buffer-overflow" in result.stderr, result.stderr[-3000:]
+    assert "asan: clean" not in result.stdout

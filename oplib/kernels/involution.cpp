@@ -282,15 +282,19 @@ void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, c
         w.copy_rows(geo, n, g, i, width, weight_rows.data());
         for (int64_t k = 0; k < cpg; ++k) grad.copy_row(n, g * cpg + k, i, geo.out_w, width, grad_rows.data() + k * width);
         // d input[window value of tap t at (i, j)] += weight[t, i, j] * grad[c, i, j], border
-        // included. A whole row per (tap, channel): the next tap's row overlaps this one's
-        // shifted by a column, and reading a vector just stored, shifted, stalls the CPU.
-        for (size_t t = 0; t < layout.tap_offset.size(); ++t) {
-          const acc_t* weight_row = weight_rows.data() + t * width;
-          for (int64_t k = 0; k < cpg; ++k) {
-            acc_t* dst = scratch.data() + k * layout.plane + layout.row(geo, i) + layout.tap_offset[t];
-            const acc_t* grad_row = grad_rows.data() + k * width;
-            for (int64_t j0 = 0; j0 < width; j0 += L) {
-              store(dst + j0, load(dst + j0) + load(weight_row + j0) * load(grad_row + j0));
+        // included. Channels in blocks whose rows under the windows stay in L1 across the
+        // taps; a whole row per (tap, channel), since the next tap's row overlaps this one's
+        // shifted by a column, and reading back a vector just stored, shifted, stalls the CPU.
+        for (int64_t k0 = 0; k0 < cpg; k0 += kChannelBlock) {
+          const int64_t k_end = std::min(cpg, k0 + kChannelBlock);
+          for (size_t t = 0; t < layout.tap_offset.size(); ++t) {
+            const acc_t* weight_row = weight_rows.data() + t * width;
+            for (int64_t k = k0; k < k_end; ++k) {
+              acc_t* dst = scratch.data() + k * layout.plane + layout.row(geo, i) + layout.tap_offset[t];
+              const acc_t* grad_row = grad_rows.data() + k * width;
+              for (int64_t j0 = 0; j0 < width; j0 += L) {
+                store(dst + j0, load(dst + j0) + load(weight_row + j0) * load(grad_row + j0));
+              }
             }
           }
         }

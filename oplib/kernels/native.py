@@ -59,9 +59,21 @@ def _cpu_identity() -> str:
     return "\n".join(dict.fromkeys(keep))
 
 
-def _extension_name() -> str:
-    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *CFLAGS, *LDFLAGS, _cpu_identity()]).encode())
-    return f"oplib_involution_cpu_{digest.hexdigest()[:16]}"
+# AddressSanitizer builds (the tests): such a module loads only into a process started with
+# the ASan runtime preloaded (oplib.testing.cuda_emulation.asan_environment).
+SANITIZE_FLAGS = ("-fsanitize=address", "-fno-omit-frame-pointer", "-g")
+
+
+def build(source: Path = SOURCE, sanitize: bool = False) -> ModuleType:
+    """Build (or find in the cache) and import the module of ``source``; raises on failure."""
+    from torch.utils import cpp_extension
+
+    cflags, ldflags = list(CFLAGS), list(LDFLAGS)
+    if sanitize:
+        cflags, ldflags = cflags + list(SANITIZE_FLAGS), ldflags + ["-fsanitize=address"]
+    digest = hashlib.sha256("\0".join([source.read_text(), *cflags, *ldflags, _cpu_identity()]).encode())
+    name = f"oplib_involution_cpu_{digest.hexdigest()[:16]}"
+    return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=cflags, extra_ldflags=ldflags)
 
 
 def _missing_tool() -> Optional[str]:
@@ -87,12 +99,8 @@ def _load(choice: str) -> Optional[ModuleType]:
         return None
     reason = _missing_tool()
     if reason is None:
-        from torch.utils import cpp_extension
-
         try:
-            return cpp_extension.load(
-                name=_extension_name(), sources=[str(SOURCE)], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS)
-            )
+            return build()
         except Exception as error:  # noqa: BLE001  (any build failure falls back, with its reason)
             lines = str(error).strip().splitlines() or [repr(error)]
             reason = f"building {SOURCE.name} failed: {lines[-1]}"
