@@ -6,7 +6,10 @@
 CPU: forward and forward+backward time, peak extra memory of one forward+backward, and the
 forward's distance from the memory floor: (bytes of input + weight + output) / (copy bandwidth
 measured in this run). The bar: forward+backward at least 10x faster than unfold and at most
-1/4 of its peak memory at every shape. With a GPU, the CuPy kernels are also timed against
+1/4 of its peak memory at every shape. A second CPU table times each of the three ops on
+both CPU paths (native, where it builds, and plain PyTorch) against its depthwise 7x7
+yardstick: the depthwise forward for the forward and grad_weight (the same multiply-adds),
+the depthwise input gradient for grad_input. With a GPU, the CuPy kernels are also timed against
 unfold and against a depthwise 7x7 F.conv2d of the same size. Timing, load monitoring, peak
 memory and the report come from bench/_harness.py.
 """
@@ -26,7 +29,7 @@ import _harness
 import oplib
 from _harness import Section, call, fwd_bwd, megabytes, ratio
 from oplib import registry
-from oplib.kernels import involution_cpu
+from oplib.kernels import involution_cpu, native
 
 MIN_SPEEDUP = 10  # fwd+bwd time of unfold / oplib, at least
 MAX_PEAK_RATIO = 0.25  # peak memory of oplib / unfold, at most
@@ -162,6 +165,58 @@ def run_cpu(section: Section, shapes: list[Shape], bandwidth: float) -> list[_Ro
     return rows
 
 
+# (op, CPU path) -> the statement timed, for a shape's (input, weight, grad_output).
+PER_OP = ("forward", "grad_input", "grad_weight")
+
+
+def run_per_op(section: Section, shapes: list[Shape]) -> list[tuple[Shape, dict[str, _harness.Timing]]]:
+    """Each op on each CPU path and its depthwise yardstick, interleaved per shape."""
+    try:
+        module = native.build()
+    except Exception as error:  # noqa: BLE001  (the table says why the native column is empty)
+        print(f"native CPU kernels not built: {error}", flush=True)
+        module = None
+    rows = []
+    for shape in shapes:
+        x, w, grad = (t.detach() for t in _cpu_inputs(shape))
+        stride, padding, dilation = shape.params
+        groups, size, kernel = w.shape[1], [shape.size] * 2, [shape.kernel] * 2
+        depthwise = torch.randn(shape.channels, 1, shape.kernel, shape.kernel)
+        mask = [True, False, False]
+        stmts = {
+            "depthwise forward": call(_depthwise, x, depthwise, shape),
+            "depthwise grad_input": call(
+                torch.ops.aten.convolution_backward, grad, x, depthwise, None, stride, padding, dilation, False,
+                [0, 0], shape.channels, mask,
+            ),
+            ("pytorch", "forward"): call(involution_cpu.involution, x, w, *shape.params),
+            ("pytorch", "grad_input"): call(involution_cpu.involution_backward_input, grad, w, size, *shape.params),
+            ("pytorch", "grad_weight"): call(involution_cpu.involution_backward_weight, grad, x, kernel, *shape.params, groups),
+        }  # fmt: skip
+        if module is not None:
+            stmts["native", "forward"] = call(module.involution_forward, x, w, *shape.params)
+            stmts["native", "grad_input"] = call(module.involution_backward_input, grad, w, size, *shape.params)
+            stmts["native", "grad_weight"] = call(module.involution_backward_weight, grad, x, kernel, *shape.params, groups)
+        rows.append((shape, section.measure(f"per op {shape.name}", stmts)))
+    return rows
+
+
+def _per_op_table(rows: list[tuple[Shape, dict]]) -> list[str]:
+    yardstick = {"forward": "depthwise forward", "grad_input": "depthwise grad_input", "grad_weight": "depthwise forward"}
+    cells = []
+    for shape, times in rows:
+        row = [shape.name]
+        for op in PER_OP:
+            for path in ("native", "pytorch"):
+                timing = times.get((path, op))
+                row.append("-" if timing is None else f"{timing.median * 1e3:.2f} ({ratio(timing, times[yardstick[op]]):.1f}x)")
+        row += [f"{times[name].median * 1e3:.2f}" for name in ("depthwise forward", "depthwise grad_input")]
+        cells.append(row)
+    columns = ("shape", "forward native", "forward pytorch", "grad_input native", "grad_input pytorch",
+               "grad_weight native", "grad_weight pytorch", "depthwise fwd (ms)", "depthwise grad_input (ms)")  # fmt: skip
+    return _harness.table(columns, "lrrrrrrrr", cells)
+
+
 def run_cuda(section: Section, shapes: list[Shape]) -> list[tuple[Shape, dict[str, _harness.Timing]]]:
     rows = []
     for shape in shapes:
@@ -236,6 +291,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not args.cuda_only:
         print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
     cpu_rows = [] if args.cuda_only else run_cpu(cpu, shapes, bandwidth)
+    per_op = Section(settings)
+    per_op_rows = [] if args.cuda_only else run_per_op(per_op, shapes)
     cuda = Section(settings)
     cuda_rows = run_cuda(cuda, shapes) if torch.cuda.is_available() else []
     failures = [row.shape.name for row in cpu_rows if row.failed]
@@ -246,6 +303,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                                   "- float32, K = 7, 16 channels per group, padding 3; forward only")]
     else:
         lines = _cpu_report(settings, cpu, cpu_rows, bandwidth, verdict)
+        lines += [
+            "## CPU, per op: native and plain-PyTorch kernels vs a depthwise 7x7 convolution",
+            "",
+            "Each op's time in ms and, in brackets, its ratio (median of the per-round ratios) to its "
+            "yardstick: the depthwise forward for the forward and grad_weight, the depthwise input "
+            "gradient for grad_input. oplib's ops take the plain-PyTorch path unless "
+            "OPLIB_CPU_KERNELS asks for the native one.",
+            "",
+            per_op.load_line(),
+            "",
+            *_per_op_table(per_op_rows),
+            "",
+        ]
     if cuda_rows:
         lines += ["## CUDA (forward)", "", cuda.load_line(), ""]
         lines += _harness.table(

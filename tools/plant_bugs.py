@@ -1,14 +1,14 @@
 """Plant one bug at a time in an op's backward, fake, vmap rule (one that ignores ``in_dims``),
-forward-mode rule or error message, run the unit tier on the op test files with ``-x``, and
+forward-mode rule or error message, run the unit tier's checks of that op with ``-x``, and
 report whether it failed (it must) and which test caught the bug first.
 
     python tools/plant_bugs.py            # every planted bug
     python tools/plant_bugs.py exp-fake   # the named ones
 
 Each bug is a text edit of an op file, undone after its run (also on Ctrl-C). The run is
-``make test`` (the unit tier: ``-m "not integration"``) restricted to the files that check
-every op (tests/test_ops.py, tests/test_transforms.py, compile_tests/test_compile.py), so a
-bug caught there fails ``make test``.
+``make test`` (the unit tier: ``-m "not integration"``) restricted to the planted op's tests
+in the files that check every op (tests/test_ops.py, tests/test_transforms.py,
+compile_tests/test_compile.py), so a bug caught there fails ``make test``.
 """
 
 from __future__ import annotations
@@ -88,6 +88,12 @@ BUGS = [
 ]
 
 
+def _selection(bug: Bug) -> str:
+    """The -k expression of the planted op's tests: their ids hold "<op>-cpu" or "[<op>]"."""
+    op = bug.name.rsplit("-", 1)[0]
+    return f"{op}-cpu or [{op}]"
+
+
 def run(bug: Bug) -> tuple[bool, str, float]:
     """(caught, first failing test, seconds) for ``bug``, planted alone."""
     path = ROOT / bug.path
@@ -98,7 +104,7 @@ def run(bug: Bug) -> tuple[bool, str, float]:
     start = time.perf_counter()
     try:
         result = subprocess.run(
-            ["make", "test", f"PYTEST_ARGS=-x -q -p no:cacheprovider {FILES}"],
+            ["make", "test", f"PYTEST_ARGS=-x -q -p no:cacheprovider {FILES} -k '{_selection(bug)}'"],
             cwd=ROOT, capture_output=True, text=True,
         )
     finally:

@@ -197,66 +197,83 @@ void fill_scratch(const Geometry& geo, const ScratchLayout<acc_t>& layout, const
   }
 }
 
-// sums[c][j0 .. j0 + VECTORS * lanes) for CHANNELS planes: the sum over taps of weight row
-// values times window values, in registers across the taps.
+// A vector of outputs: its window values start at plane + window, its weights at
+// weight_rows + weight (+ tap * padded_width), its sums at sum_row + sum.
+struct Slot {
+  int64_t window, weight, sum;
+};
+
+// The sums of VECTORS slots for CHANNELS planes: weight values times window values over the
+// taps, in registers across the taps (each weight vector serves every channel).
 template <int CHANNELS, int VECTORS, typename T>
 inline void forward_block(const T* weight_rows, int64_t padded_width, const std::vector<int64_t>& tap_offset,
-                          const T* const* windows, int64_t j0, T* const* sums) {
-  constexpr int64_t L = kLanes<T>;
+                          const T* const* planes, const Slot* slots, T* const* sums) {
   Vec<T> acc[CHANNELS][VECTORS] = {};
   for (size_t t = 0; t < tap_offset.size(); ++t) {
     Vec<T> w[VECTORS];
-    for (int v = 0; v < VECTORS; ++v) w[v] = load(weight_rows + t * padded_width + j0 + v * L);
+    for (int v = 0; v < VECTORS; ++v) w[v] = load(weight_rows + slots[v].weight + t * padded_width);
     for (int c = 0; c < CHANNELS; ++c) {
-      const T* x = windows[c] + tap_offset[t] + j0;
-      for (int v = 0; v < VECTORS; ++v) acc[c][v] += w[v] * load(x + v * L);
+      const T* x = planes[c] + tap_offset[t];
+      for (int v = 0; v < VECTORS; ++v) acc[c][v] += w[v] * load(x + slots[v].window);
     }
   }
   for (int c = 0; c < CHANNELS; ++c) {
-    for (int v = 0; v < VECTORS; ++v) store(sums[c] + j0 + v * L, acc[c][v]);
+    for (int v = 0; v < VECTORS; ++v) store(sums[c] + slots[v].sum, acc[c][v]);
   }
 }
 
 template <int CHANNELS, typename T>
 inline void forward_channels(const T* weight_rows, int64_t padded_width, const std::vector<int64_t>& tap_offset,
-                             const T* const* windows, T* const* sums) {
-  constexpr int64_t L = kLanes<T>;
-  int64_t j0 = 0;
-  for (; j0 + kVectorBlock * L <= padded_width; j0 += kVectorBlock * L) {
-    forward_block<CHANNELS, kVectorBlock>(weight_rows, padded_width, tap_offset, windows, j0, sums);
+                             const T* const* planes, const std::vector<Slot>& slots, T* const* sums) {
+  size_t s = 0;
+  for (; s + kVectorBlock <= slots.size(); s += kVectorBlock) {
+    forward_block<CHANNELS, kVectorBlock>(weight_rows, padded_width, tap_offset, planes, &slots[s], sums);
   }
-  for (; j0 < padded_width; j0 += L) forward_block<CHANNELS, 1>(weight_rows, padded_width, tap_offset, windows, j0, sums);
+  for (; s < slots.size(); ++s) forward_block<CHANNELS, 1>(weight_rows, padded_width, tap_offset, planes, &slots[s], sums);
 }
+
+// Output rows are computed kRowBlock at a time: on small maps one row is a vector or two,
+// too few independent sums for the FMA units, and each row's bookkeeping would dominate.
+constexpr int64_t kRowBlock = 2;
 
 template <typename scalar_t>
 void forward_kernel(const Geometry& geo, const at::Tensor& input, const at::Tensor& weight, at::Tensor& out) {
   using acc_t = at::opmath_type<scalar_t>;
+  constexpr int64_t L = kLanes<acc_t>;
   const ScratchLayout<acc_t> layout(geo);
   const Planes<scalar_t> x(input);
   const Weight<scalar_t> w(weight);
   scalar_t* out_data = out.data_ptr<scalar_t>();
-  const int64_t cpg = geo.group_channels(), width = layout.out_w_padded;
+  const int64_t cpg = geo.group_channels(), width = layout.out_w_padded, taps = geo.taps();
   at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> scratch(cpg * layout.plane), weight_rows(geo.taps() * width), sums(cpg * width);
-    std::vector<const acc_t*> windows(cpg);
+    std::vector<acc_t> scratch(cpg * layout.plane), weight_rows(kRowBlock * taps * width), sums(cpg * kRowBlock * width);
+    std::vector<const acc_t*> planes(cpg);
     std::vector<acc_t*> sum_rows(cpg);
+    std::vector<Slot> slots;
+    for (int64_t k = 0; k < cpg; ++k) sum_rows[k] = sums.data() + k * kRowBlock * width;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t n = item / geo.groups, g = item % geo.groups;
       fill_scratch(geo, layout, x, n, g, scratch.data());
-      for (int64_t i = 0; i < geo.out_h; ++i) {
-        w.copy_rows(geo, n, g, i, width, weight_rows.data());
-        for (int64_t k = 0; k < cpg; ++k) {
-          windows[k] = scratch.data() + k * layout.plane + layout.row(geo, i);
-          sum_rows[k] = sums.data() + k * width;
+      for (int64_t k = 0; k < cpg; ++k) planes[k] = scratch.data() + k * layout.plane;
+      for (int64_t i0 = 0; i0 < geo.out_h; i0 += kRowBlock) {
+        const int64_t rows = std::min(kRowBlock, geo.out_h - i0);
+        slots.clear();
+        for (int64_t r = 0; r < rows; ++r) {
+          w.copy_rows(geo, n, g, i0 + r, width, weight_rows.data() + r * taps * width);
+          for (int64_t j0 = 0; j0 < width; j0 += L) {
+            slots.push_back(Slot{layout.row(geo, i0 + r) + j0, r * taps * width + j0, r * width + j0});
+          }
         }
         int64_t k = 0;
         for (; k + kChannelBlock <= cpg; k += kChannelBlock) {
-          forward_channels<kChannelBlock>(weight_rows.data(), width, layout.tap_offset, &windows[k], &sum_rows[k]);
+          forward_channels<kChannelBlock>(weight_rows.data(), width, layout.tap_offset, &planes[k], slots, &sum_rows[k]);
         }
-        for (; k < cpg; ++k) forward_channels<1>(weight_rows.data(), width, layout.tap_offset, &windows[k], &sum_rows[k]);
+        for (; k < cpg; ++k) forward_channels<1>(weight_rows.data(), width, layout.tap_offset, &planes[k], slots, &sum_rows[k]);
         for (int64_t k = 0; k < cpg; ++k) {
-          scalar_t* dst = out_data + ((n * geo.channels + g * cpg + k) * geo.out_h + i) * geo.out_w;
-          for (int64_t j = 0; j < geo.out_w; ++j) dst[j] = static_cast<scalar_t>(sum_rows[k][j]);
+          for (int64_t r = 0; r < rows; ++r) {
+            scalar_t* dst = out_data + ((n * geo.channels + g * cpg + k) * geo.out_h + i0 + r) * geo.out_w;
+            for (int64_t j = 0; j < geo.out_w; ++j) dst[j] = static_cast<scalar_t>(sum_rows[k][r * width + j]);
+          }
         }
       }
     }
