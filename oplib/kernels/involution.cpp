@@ -280,54 +280,123 @@ void forward_kernel(const Geometry& geo, const at::Tensor& input, const at::Tens
   });
 }
 
+// grad_input gathers: each of its values is the sum, over the (tap, output) pairs whose window
+// reads it, of weight times grad_output. For padded column X = x + pad_w of phase q = X % sw
+// at index m = X / sw, tap b contributes when (b * dw) % sw == q, from output column
+// j = m - (b * dw) / sw; consecutive m read consecutive j. grad_output and weight rows are
+// held with zero margins, so j outside [0, Wo) reads zeros, and a vector of m needs no test.
+struct GatherLayout {
+  int64_t margin, row;  // zeros before column 0; values per held row
+  explicit GatherLayout(const Geometry& geo, int64_t lanes) {
+    margin = (geo.kernel_w - 1) * geo.dilation_w / geo.stride_w;
+    const int64_t m_end = (geo.width + geo.pad_w - 1) / geo.stride_w + 1;
+    row = margin + std::max(geo.out_w, m_end) + kVectorBlock * lanes;
+  }
+};
+
+// grad_input values m0 .. m0 + VECTORS * lanes of CHANNELS channels in one row and phase:
+// the sum over the contributing (row, tap) pairs, in registers across them.
+template <int CHANNELS, int VECTORS, typename T>
+inline void gather_block(const std::vector<const T*>& weight_rows, const std::vector<int64_t>& grad_rows,
+                         const std::vector<int64_t>& shifts, const T* const* grads, int64_t m0, T* const* sums) {
+  constexpr int64_t L = kLanes<T>;
+  Vec<T> acc[CHANNELS][VECTORS] = {};
+  for (size_t p = 0; p < shifts.size(); ++p) {
+    const int64_t at = m0 - shifts[p];
+    Vec<T> w[VECTORS];
+    for (int v = 0; v < VECTORS; ++v) w[v] = load(weight_rows[p] + at + v * L);
+    for (int c = 0; c < CHANNELS; ++c) {
+      const T* g = grads[c] + grad_rows[p] + at;
+      for (int v = 0; v < VECTORS; ++v) acc[c][v] += w[v] * load(g + v * L);
+    }
+  }
+  for (int c = 0; c < CHANNELS; ++c) {
+    for (int v = 0; v < VECTORS; ++v) store(sums[c] + m0 + v * L, acc[c][v]);
+  }
+}
+
+template <int CHANNELS, typename T>
+inline void gather_channels(const std::vector<const T*>& weight_rows, const std::vector<int64_t>& grad_rows,
+                            const std::vector<int64_t>& shifts, const T* const* grads, int64_t m_begin,
+                            int64_t m_end, T* const* sums) {
+  constexpr int64_t L = kLanes<T>;
+  int64_t m0 = m_begin;
+  for (; m0 + kVectorBlock * L <= m_end; m0 += kVectorBlock * L) {
+    gather_block<CHANNELS, kVectorBlock>(weight_rows, grad_rows, shifts, grads, m0, sums);
+  }
+  for (; m0 < m_end; m0 += L) gather_block<CHANNELS, 1>(weight_rows, grad_rows, shifts, grads, m0, sums);
+}
+
 template <typename scalar_t>
 void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, const at::Tensor& weight,
                            at::Tensor& grad_input) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int64_t L = kLanes<acc_t>;
-  const ScratchLayout<acc_t> layout(geo);
+  const GatherLayout layout(geo, L);
   const Planes<scalar_t> grad(grad_output);
   const Weight<scalar_t> w(weight);
   scalar_t* result = grad_input.data_ptr<scalar_t>();
-  const int64_t cpg = geo.group_channels(), width = layout.out_w_padded;
+  const int64_t cpg = geo.group_channels(), sw = geo.stride_w, taps = geo.taps();
+  const int64_t plane = geo.out_h * layout.row;
   at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> scratch(cpg * layout.plane), weight_rows(geo.taps() * width), grad_rows(cpg * width);
+    // The group's grad_output rows, then per grad_input row the weight rows of the taps that
+    // reach it, each with its margins; the sums of one grad_input row per channel.
+    std::vector<acc_t> grads(cpg * plane), weights(taps * layout.row), sums(cpg * layout.row);
+    std::vector<const acc_t*> grad_planes(cpg), weight_rows;
+    std::vector<acc_t*> sum_rows(cpg);
+    std::vector<int64_t> grad_rows, shifts;
+    for (int64_t k = 0; k < cpg; ++k) sum_rows[k] = sums.data() + k * layout.row;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t n = item / geo.groups, g = item % geo.groups;
-      std::fill(scratch.begin(), scratch.end(), acc_t(0));
-      for (int64_t i = 0; i < geo.out_h; ++i) {
-        w.copy_rows(geo, n, g, i, width, weight_rows.data());
-        for (int64_t k = 0; k < cpg; ++k) grad.copy_row(n, g * cpg + k, i, geo.out_w, width, grad_rows.data() + k * width);
-        // d input[window value of tap t at (i, j)] += weight[t, i, j] * grad[c, i, j], border
-        // included. Channels in blocks whose rows under the windows stay in L1 across the
-        // taps; a whole row per (tap, channel), since the next tap's row overlaps this one's
-        // shifted by a column, and reading back a vector just stored, shifted, stalls the CPU.
-        for (int64_t k0 = 0; k0 < cpg; k0 += kChannelBlock) {
-          const int64_t k_end = std::min(cpg, k0 + kChannelBlock);
-          for (size_t t = 0; t < layout.tap_offset.size(); ++t) {
-            const acc_t* weight_row = weight_rows.data() + t * width;
-            for (int64_t k = k0; k < k_end; ++k) {
-              acc_t* dst = scratch.data() + k * layout.plane + layout.row(geo, i) + layout.tap_offset[t];
-              const acc_t* grad_row = grad_rows.data() + k * width;
-              for (int64_t j0 = 0; j0 < width; j0 += L) {
-                store(dst + j0, load(dst + j0) + load(weight_row + j0) * load(grad_row + j0));
-              }
-            }
-          }
+      for (int64_t k = 0; k < cpg; ++k) {
+        grad_planes[k] = grads.data() + k * plane + layout.margin;
+        for (int64_t i = 0; i < geo.out_h; ++i) {
+          acc_t* row = grads.data() + k * plane + i * layout.row;
+          std::fill(row, row + layout.margin, acc_t(0));
+          grad.copy_row(n, g * cpg + k, i, geo.out_w, layout.row - layout.margin, row + layout.margin);
         }
       }
-      // The image without its border; rows no window reaches stay zero.
-      const int64_t rows = geo.scratch_rows(), columns = geo.stride_w * layout.phase_width;
-      for (int64_t k = 0; k < cpg; ++k) {
-        const acc_t* plane = scratch.data() + k * layout.plane;
-        scalar_t* dst = result + (n * geo.channels + g * cpg + k) * geo.height * geo.width;
-        for (int64_t y = 0; y < geo.height; ++y) {
-          const int64_t r = y + geo.pad_h;
-          for (int64_t x = 0; x < geo.width; ++x) {
-            const int64_t column = x + geo.pad_w;
-            const bool reached = r < rows && column < columns;
-            dst[y * geo.width + x] =
-                static_cast<scalar_t>(reached ? plane[r * layout.row_length + layout.column(geo, column)] : acc_t(0));
+      for (int64_t y = 0; y < geo.height; ++y) {
+        const int64_t r = y + geo.pad_h;
+        // The kernel rows a whose windows read padded row r, from output row i = (r - a dh) / sh.
+        std::vector<std::pair<int64_t, int64_t>> reaching;
+        for (int64_t a = 0; a < geo.kernel_h; ++a) {
+          const int64_t from = r - a * geo.dilation_h;
+          if (from >= 0 && from % geo.stride_h == 0 && from / geo.stride_h < geo.out_h) reaching.emplace_back(a, from / geo.stride_h);
+        }
+        for (size_t e = 0; e < reaching.size(); ++e) {
+          const auto [a, i] = reaching[e];
+          for (int64_t b = 0; b < geo.kernel_w; ++b) {
+            acc_t* row = weights.data() + (e * geo.kernel_w + b) * layout.row;
+            std::fill(row, row + layout.margin, acc_t(0));
+            const scalar_t* src = w.data + n * w.stride[0] + g * w.stride[1] + a * w.stride[2] + b * w.stride[3] + i * w.stride[4];
+            convert(src, w.stride[5], geo.out_w, row + layout.margin);
+            std::fill(row + layout.margin + geo.out_w, row + layout.row, acc_t(0));
+          }
+        }
+        for (int64_t q = 0; q < sw; ++q) {
+          // This phase's grad_input columns x = m * sw + q - pad_w in [0, W).
+          const int64_t m_begin = (geo.pad_w - q + sw - 1) / sw, m_end = (geo.width + geo.pad_w - q + sw - 1) / sw;
+          if (m_begin >= m_end) continue;
+          weight_rows.clear();
+          grad_rows.clear();
+          shifts.clear();
+          for (size_t e = 0; e < reaching.size(); ++e) {
+            for (int64_t b = 0; b < geo.kernel_w; ++b) {
+              if ((b * geo.dilation_w) % sw != q) continue;
+              weight_rows.push_back(weights.data() + (e * geo.kernel_w + b) * layout.row + layout.margin);
+              grad_rows.push_back(reaching[e].second * layout.row);
+              shifts.push_back(b * geo.dilation_w / sw);
+            }
+          }
+          int64_t k = 0;
+          for (; k + kChannelBlock <= cpg; k += kChannelBlock) {
+            gather_channels<kChannelBlock>(weight_rows, grad_rows, shifts, &grad_planes[k], m_begin, m_end, &sum_rows[k]);
+          }
+          for (; k < cpg; ++k) gather_channels<1>(weight_rows, grad_rows, shifts, &grad_planes[k], m_begin, m_end, &sum_rows[k]);
+          for (int64_t k = 0; k < cpg; ++k) {
+            scalar_t* dst = result + ((n * geo.channels + g * cpg + k) * geo.height + y) * geo.width;
+            for (int64_t m = m_begin; m < m_end; ++m) dst[m * sw + q - geo.pad_w] = static_cast<scalar_t>(sum_rows[k][m]);
           }
         }
       }
