@@ -20,7 +20,7 @@ from ...ops._common import (
     SAME_DTYPE,
     WINDOW_FITS,
 )
-from ...ops.conv2d import CHANNELS, INPUT_LAYOUT, WEIGHT_LAYOUT
+from ...ops.conv2d import CHANNELS, INPUT_LAYOUT, OUT_CHANNELS_DIVISIBLE, WEIGHT_LAYOUT
 from ...registry import FLOAT_DTYPES, Draw, ErrorInput, OpSpec, SampleInput, register
 from ..inputs import LAYOUTS, draw_window, expect_message, make
 
@@ -99,6 +99,9 @@ def error_inputs(device: str) -> Iterator[ErrorInput]:
          expect_message(CHANNELS, input_size=[2, 5, 6, 6], expected=4, weight_size=[6, 4, 3, 3], groups=1, channels=5)),
         ((x, torch.randn(6, 2, 3, 3, **f32), None, ones, zeros, ones, 3), RuntimeError, "groups-divide",
          expect_message(CHANNELS_DIVISIBLE, **op, channels=4, groups=3)),
+        # Found by tools/plant_bugs.py: no error input reached this check, so a wrong message passed.
+        ((x, torch.randn(5, 2, 3, 3, **f32), None, ones, zeros, ones, 2), RuntimeError, "out-channels-divide",
+         expect_message(OUT_CHANNELS_DIVISIBLE, out_channels=5, groups=2)),
         ((x, w, None, [0, 1], zeros, ones, 1), ValueError, "zero-stride",
          expect_message(PAIR_RANGE, **op, name="stride", bound="positive", values=[0, 1])),
         ((x, w, None, ones, zeros, [1, -1], 1), ValueError, "negative-dilation",
