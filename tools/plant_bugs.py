@@ -110,7 +110,8 @@ def run(bug: Bug) -> tuple[bool, str, float]:
     finally:
         path.write_text(original)
     failed = re.findall(r"^FAILED (\S+)", result.stdout, re.MULTILINE)
-    return result.returncode != 0, failed[0] if failed else result.stdout[-300:], time.perf_counter() - start
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "no output"
+    return result.returncode != 0, failed[0] if failed else summary, time.perf_counter() - start
 
 
 def main(names: list[str]) -> int:

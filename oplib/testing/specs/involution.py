@@ -161,6 +161,9 @@ def _errors(device: str) -> dict[str, list]:
             ((g, w, [7], *same), ValueError, "input-size-length", expect_message(ops.INPUT_SIZE_PAIR, input_size=[7])),
             ((g, torch.randn(2, 3, 3, 3, 7, 7, **f32), [7, 7], *same), RuntimeError, "groups-divide",
              expect_message(ops.WEIGHT_FOR_GRAD, grad_size=[2, 4, 7, 7], weight_size=[2, 3, 3, 3, 7, 7])),
+            # Found by tools/plant_bugs.py: the batch check had no error input of its own.
+            ((g, torch.randn(3, 2, 3, 3, 7, 7, **f32), [7, 7], *same), RuntimeError, "batch",
+             expect_message(ops.WEIGHT_FOR_GRAD, grad_size=[2, 4, 7, 7], weight_size=[3, 2, 3, 3, 7, 7])),
             ((g.long(), w.long(), [7, 7], *same), RuntimeError, "integer",
              expect_message(FLOATING_DTYPE, **bwd_in, name="grad_output", dtype=torch.int64)),
             ((g, torch.randn(2, 2, 0, 3, 7, 7, **f32), [4, 7], *same), RuntimeError, "zero-kernel-height",
