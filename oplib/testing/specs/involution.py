@@ -176,6 +176,10 @@ def _errors(device: str) -> dict[str, list]:
              expect_message(CHANNELS_DIVISIBLE, **bwd_w, channels=4, groups=3)),
             ((g, x, [3, 3], [2, 2], [1, 1], [1, 1], 2), RuntimeError, "grad-size",
              expect_message(ops.GRAD_OUTPUT_SIZE, expected=[2, 4, 4, 4], got=[2, 4, 7, 7], input_size=[2, 4, 7, 7])),
+            # Found by tools/plant_bugs.py: above, grad_output and input have one size, so a
+            # message that swapped them passed.
+            ((g, torch.randn(2, 4, 9, 9, **f32), [3, 3], *same, 2), RuntimeError, "grad-size-of-another-input",
+             expect_message(ops.GRAD_OUTPUT_SIZE, expected=[2, 4, 9, 9], got=[2, 4, 7, 7], input_size=[2, 4, 9, 9])),
             ((g, x, [3, 0], *same, 2), ValueError, "kernel-size", expect_message(ops.KERNEL_SIZE_PAIR, kernel_size=[3, 0])),
             ((g, x.double(), [3, 3], *same, 2), RuntimeError, "dtype-mismatch",
              expect_message(SAME_DTYPE, **bwd_w, name="input", reference_name="grad_output", **dtype_mismatch)),
