@@ -13,6 +13,11 @@ time, ``torch.library.opcheck``, vmap against a loop, the autocast policy, error
 eager mode and under fake tensors, random shapes (with hypothesis installed), and, with
 ``tracing=True``, torch.compile against eager, error inputs while tracing, the torch.export
 save/load round trip and error inputs while exporting. Needs pytest (oplib itself does not).
+
+opcheck runs on each layout class of samples and torch.compile / torch.export on the first
+sample; the rest of those sweeps are tests of their own marked ``integration`` (oplib's
+``make test`` leaves them out, ``make test-all`` runs them; register the mark in your
+conftest.py to use it).
 """
 
 from __future__ import annotations
