@@ -9,16 +9,14 @@ import os
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import pytest
-import torch
 
 from oplib import registry
 from oplib.kernels import native
 from oplib.testing import assert_matches_reference
-from oplib.testing.native import force_native
+from oplib.testing.native import force_native, require_native_build
 
 ROOT = Path(__file__).resolve().parents[1]
 INVOLUTION_OPS = ("involution", "involution_backward_input", "involution_backward_weight")
@@ -82,9 +80,7 @@ def test_a_broken_compiler_falls_back_to_correct_results(tmp_path):
 def test_generated_checks_of_the_involution_ops_pass_on_the_native_path():
     """tests/test_ops.py's checks of the three ops (eager, layouts, gradcheck, gradgradcheck,
     opcheck, vmap, autocast, error inputs, random shapes) with OPLIB_CPU_KERNELS=native."""
-    missing = native._missing_tool()
-    if missing is not None:
-        pytest.skip(f"the native CPU kernels cannot be built here: {missing}")
+    require_native_build()
     env = dict(os.environ, OPLIB_CPU_KERNELS="native")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_ops.py", "-k", "involution"],
@@ -136,8 +132,7 @@ def _run_under_asan(source: Path, tmp_path: Path) -> subprocess.CompletedProcess
 def test_native_kernels_are_clean_under_address_sanitizer(tmp_path):
     """Every registry sample and 15 random geometries per op and dtype, through the kernels
     built with AddressSanitizer: no invalid access, and the reference's results."""
-    if native._missing_tool() is not None:
-        pytest.skip(native._missing_tool())
+    require_native_build()
     result = _run_under_asan(native.SOURCE, tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-5000:]
     assert "asan: clean" in result.stdout
@@ -147,8 +142,7 @@ def test_native_kernels_are_clean_under_address_sanitizer(tmp_path):
 def test_address_sanitizer_catches_a_planted_off_by_one_in_the_native_kernels(tmp_path):
     """The same run over a copy of the source whose grad_output rows are read one element too
     far: the read past the last row of a tensor must abort with a heap-buffer-overflow."""
-    if native._missing_tool() is not None:
-        pytest.skip(native._missing_tool())
+    require_native_build()
     text = native.SOURCE.read_text()
     exact = "convert(at(n, c, h), stride_w, width, dst);"
     assert text.count(exact) == 1

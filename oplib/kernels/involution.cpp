@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -75,6 +76,16 @@ inline void convert(const scalar_t* src, int64_t stride, int64_t count, acc_t* d
 constexpr int kChannelBlock = 4;
 constexpr int kTapBlock = 4;
 constexpr int kVectorBlock = 2;
+
+// body(std::integral_constant<int, BLOCK>{}, at) for at = begin, begin + BLOCK * unit, ... while
+// a whole block fits before end, then body(std::integral_constant<int, 1>{}, at) for the rest:
+// the register blocks above, with a block size known at compile time.
+template <int BLOCK, typename Body>
+inline void in_blocks(int64_t begin, int64_t end, int64_t unit, Body&& body) {
+  int64_t at = begin;
+  for (; at + BLOCK * unit <= end; at += BLOCK * unit) body(std::integral_constant<int, BLOCK>{}, at);
+  for (; at < end; at += unit) body(std::integral_constant<int, 1>{}, at);
+}
 
 struct Geometry {
   int64_t batch, channels, height, width, groups, kernel_h, kernel_w, out_h, out_w;
@@ -153,7 +164,19 @@ struct Weight {
     for (int d = 0; d < 6; ++d) stride[d] = t.stride(d);
   }
 
-  // Row i of every tap of (n, g) as acc_t: taps rows of padded_width values, zero from Wo on.
+  const scalar_t* row(int64_t n, int64_t g, int64_t a, int64_t b, int64_t i) const {
+    return data + n * stride[0] + g * stride[1] + a * stride[2] + b * stride[3] + i * stride[4];
+  }
+
+  // Row i of tap (a, b) of (n, g) as acc_t: padded_width values, zero from Wo on.
+  template <typename acc_t>
+  void copy_row(const Geometry& geo, int64_t n, int64_t g, int64_t a, int64_t b, int64_t i, int64_t padded_width,
+                acc_t* dst) const {
+    convert(row(n, g, a, b, i), stride[5], geo.out_w, dst);
+    std::fill(dst + geo.out_w, dst + padded_width, acc_t(0));
+  }
+
+  // Row i of every tap of (n, g): taps rows of padded_width values (tap t = a * KW + b).
   // The taps' rows lie a whole (Ho, Wo) plane apart, more streams than the hardware
   // prefetcher follows, so the next output row's are prefetched while this one is copied.
   template <typename acc_t>
@@ -161,13 +184,11 @@ struct Weight {
     constexpr int64_t kLine = 64 / sizeof(scalar_t);
     for (int64_t a = 0; a < geo.kernel_h; ++a) {
       for (int64_t b = 0; b < geo.kernel_w; ++b) {
-        const scalar_t* src = data + n * stride[0] + g * stride[1] + a * stride[2] + b * stride[3] + i * stride[4];
         if (i + 1 < geo.out_h) {
-          for (int64_t j = 0; j < geo.out_w; j += kLine) __builtin_prefetch(src + stride[4] + j * stride[5]);
+          const scalar_t* next = row(n, g, a, b, i + 1);
+          for (int64_t j = 0; j < geo.out_w; j += kLine) __builtin_prefetch(next + j * stride[5]);
         }
-        acc_t* dst = rows + (a * geo.kernel_w + b) * padded_width;
-        convert(src, stride[5], geo.out_w, dst);
-        std::fill(dst + geo.out_w, dst + padded_width, acc_t(0));
+        copy_row(geo, n, g, a, b, i, padded_width, rows + (a * geo.kernel_w + b) * padded_width);
       }
     }
   }
@@ -222,16 +243,6 @@ inline void forward_block(const T* weight_rows, int64_t padded_width, const std:
   }
 }
 
-template <int CHANNELS, typename T>
-inline void forward_channels(const T* weight_rows, int64_t padded_width, const std::vector<int64_t>& tap_offset,
-                             const T* const* planes, const std::vector<Slot>& slots, T* const* sums) {
-  size_t s = 0;
-  for (; s + kVectorBlock <= slots.size(); s += kVectorBlock) {
-    forward_block<CHANNELS, kVectorBlock>(weight_rows, padded_width, tap_offset, planes, &slots[s], sums);
-  }
-  for (; s < slots.size(); ++s) forward_block<CHANNELS, 1>(weight_rows, padded_width, tap_offset, planes, &slots[s], sums);
-}
-
 // Output rows are computed kRowBlock at a time: on small maps one row is a vector or two,
 // too few independent sums for the FMA units, and each row's bookkeeping would dominate.
 constexpr int64_t kRowBlock = 2;
@@ -264,11 +275,12 @@ void forward_kernel(const Geometry& geo, const at::Tensor& input, const at::Tens
             slots.push_back(Slot{layout.row(geo, i0 + r) + j0, r * taps * width + j0, r * width + j0});
           }
         }
-        int64_t k = 0;
-        for (; k + kChannelBlock <= cpg; k += kChannelBlock) {
-          forward_channels<kChannelBlock>(weight_rows.data(), width, layout.tap_offset, &planes[k], slots, &sum_rows[k]);
-        }
-        for (; k < cpg; ++k) forward_channels<1>(weight_rows.data(), width, layout.tap_offset, &planes[k], slots, &sum_rows[k]);
+        in_blocks<kChannelBlock>(0, cpg, 1, [&](auto channels, int64_t k) {
+          in_blocks<kVectorBlock>(0, static_cast<int64_t>(slots.size()), 1, [&](auto vectors, int64_t s) {
+            forward_block<decltype(channels)::value, decltype(vectors)::value>(
+                weight_rows.data(), width, layout.tap_offset, &planes[k], &slots[s], &sum_rows[k]);
+          });
+        });
         for (int64_t k = 0; k < cpg; ++k) {
           for (int64_t r = 0; r < rows; ++r) {
             scalar_t* dst = out_data + ((n * geo.channels + g * cpg + k) * geo.out_h + i0 + r) * geo.out_w;
@@ -315,18 +327,6 @@ inline void gather_block(const std::vector<const T*>& weight_rows, const std::ve
   }
 }
 
-template <int CHANNELS, typename T>
-inline void gather_channels(const std::vector<const T*>& weight_rows, const std::vector<int64_t>& grad_rows,
-                            const std::vector<int64_t>& shifts, const T* const* grads, int64_t m_begin,
-                            int64_t m_end, T* const* sums) {
-  constexpr int64_t L = kLanes<T>;
-  int64_t m0 = m_begin;
-  for (; m0 + kVectorBlock * L <= m_end; m0 += kVectorBlock * L) {
-    gather_block<CHANNELS, kVectorBlock>(weight_rows, grad_rows, shifts, grads, m0, sums);
-  }
-  for (; m0 < m_end; m0 += L) gather_block<CHANNELS, 1>(weight_rows, grad_rows, shifts, grads, m0, sums);
-}
-
 template <typename scalar_t>
 void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, const at::Tensor& weight,
                            at::Tensor& grad_input) {
@@ -369,9 +369,7 @@ void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, c
           for (int64_t b = 0; b < geo.kernel_w; ++b) {
             acc_t* row = weights.data() + (e * geo.kernel_w + b) * layout.row;
             std::fill(row, row + layout.margin, acc_t(0));
-            const scalar_t* src = w.data + n * w.stride[0] + g * w.stride[1] + a * w.stride[2] + b * w.stride[3] + i * w.stride[4];
-            convert(src, w.stride[5], geo.out_w, row + layout.margin);
-            std::fill(row + layout.margin + geo.out_w, row + layout.row, acc_t(0));
+            w.copy_row(geo, n, g, a, b, i, layout.row - layout.margin, row + layout.margin);
           }
         }
         for (int64_t q = 0; q < sw; ++q) {
@@ -389,11 +387,12 @@ void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, c
               shifts.push_back(b * geo.dilation_w / sw);
             }
           }
-          int64_t k = 0;
-          for (; k + kChannelBlock <= cpg; k += kChannelBlock) {
-            gather_channels<kChannelBlock>(weight_rows, grad_rows, shifts, &grad_planes[k], m_begin, m_end, &sum_rows[k]);
-          }
-          for (; k < cpg; ++k) gather_channels<1>(weight_rows, grad_rows, shifts, &grad_planes[k], m_begin, m_end, &sum_rows[k]);
+          in_blocks<kChannelBlock>(0, cpg, 1, [&](auto channels, int64_t k) {
+            in_blocks<kVectorBlock>(m_begin, m_end, L, [&](auto vectors, int64_t m0) {
+              gather_block<decltype(channels)::value, decltype(vectors)::value>(
+                  weight_rows, grad_rows, shifts, &grad_planes[k], m0, &sum_rows[k]);
+            });
+          });
           for (int64_t k = 0; k < cpg; ++k) {
             scalar_t* dst = result + ((n * geo.channels + g * cpg + k) * geo.height + y) * geo.width;
             for (int64_t m = m_begin; m < m_end; ++m) dst[m * sw + q - geo.pad_w] = static_cast<scalar_t>(sum_rows[k][m]);
@@ -424,23 +423,11 @@ inline void backward_weight_block(const T* grad_rows, int64_t padded_width, int6
   }
 }
 
-template <int TAPS, typename T>
-inline void backward_weight_taps(const T* grad_rows, int64_t padded_width, int64_t channels, int64_t plane,
-                                 const T* windows, const int64_t* tap_offset, T* const* sums) {
-  constexpr int64_t L = kLanes<T>;
-  int64_t j0 = 0;
-  for (; j0 + kVectorBlock * L <= padded_width; j0 += kVectorBlock * L) {
-    backward_weight_block<TAPS, kVectorBlock>(grad_rows, padded_width, channels, plane, windows, tap_offset, j0, sums);
-  }
-  for (; j0 < padded_width; j0 += L) {
-    backward_weight_block<TAPS, 1>(grad_rows, padded_width, channels, plane, windows, tap_offset, j0, sums);
-  }
-}
-
 template <typename scalar_t>
 void backward_weight_kernel(const Geometry& geo, const at::Tensor& grad_output, const at::Tensor& input,
                             at::Tensor& grad_weight) {
   using acc_t = at::opmath_type<scalar_t>;
+  constexpr int64_t L = kLanes<acc_t>;
   const ScratchLayout<acc_t> layout(geo);
   const Planes<scalar_t> grad(grad_output), x(input);
   scalar_t* result = grad_weight.data_ptr<scalar_t>();
@@ -455,13 +442,12 @@ void backward_weight_kernel(const Geometry& geo, const at::Tensor& grad_output, 
       for (int64_t i = 0; i < geo.out_h; ++i) {
         for (int64_t k = 0; k < cpg; ++k) grad.copy_row(n, g * cpg + k, i, geo.out_w, width, grad_rows.data() + k * width);
         const acc_t* windows = scratch.data() + layout.row(geo, i);
-        int64_t t = 0;
-        for (; t + kTapBlock <= taps; t += kTapBlock) {
-          backward_weight_taps<kTapBlock>(grad_rows.data(), width, cpg, layout.plane, windows, &layout.tap_offset[t], &sum_rows[t]);
-        }
-        for (; t < taps; ++t) {
-          backward_weight_taps<1>(grad_rows.data(), width, cpg, layout.plane, windows, &layout.tap_offset[t], &sum_rows[t]);
-        }
+        in_blocks<kTapBlock>(0, taps, 1, [&](auto tap_block, int64_t t) {
+          in_blocks<kVectorBlock>(0, width, L, [&](auto vectors, int64_t j0) {
+            backward_weight_block<decltype(tap_block)::value, decltype(vectors)::value>(
+                grad_rows.data(), width, cpg, layout.plane, windows, &layout.tap_offset[t], j0, &sum_rows[t]);
+          });
+        });
         for (int64_t t = 0; t < taps; ++t) {
           scalar_t* dst = result + (((n * geo.groups + g) * taps + t) * geo.out_h + i) * geo.out_w;
           for (int64_t j = 0; j < geo.out_w; ++j) dst[j] = static_cast<scalar_t>(sum_rows[t][j]);
