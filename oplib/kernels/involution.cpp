@@ -70,10 +70,8 @@ inline void convert(const scalar_t* src, int64_t stride, int64_t count, acc_t* d
   }
 }
 
-// Register blocks: CHANNELS x VECTORS accumulators in the forward (the group's channels share
-// each weight vector), TAPS x VECTORS in grad_weight (each grad_output vector serves every
-// tap), enough independent sums to keep both FMA units busy.
-constexpr int kChannelBlock = 4;
+// grad_weight's register blocks: TAPS x VECTORS accumulators (each grad_output vector serves
+// every tap), enough independent sums to keep both FMA units busy.
 constexpr int kTapBlock = 4;
 constexpr int kVectorBlock = 2;
 
@@ -168,6 +166,34 @@ struct Weight {
     return data + n * stride[0] + g * stride[1] + a * stride[2] + b * stride[3] + i * stride[4];
   }
 
+  // Whether each (n, g)'s taps, rows and columns lie as in a contiguous tensor.
+  bool standard(const Geometry& geo) const {
+    return stride[5] == 1 && stride[4] == geo.out_w && stride[3] == geo.out_h * geo.out_w &&
+           stride[2] == geo.kernel_w * geo.out_h * geo.out_w;
+  }
+
+  // The weight of (n, g) as acc_t values [tap][i][j] (tap stride Ho * Wo, row stride Wo): the
+  // tensor's own memory where it already is that and `direct` allows it, else a copy in
+  // buffer, which holds `slack` zeros after the values for reads past the last row.
+  template <typename acc_t>
+  const acc_t* planes(const Geometry& geo, int64_t n, int64_t g, bool direct, int64_t slack, std::vector<acc_t>& buffer) const {
+    const int64_t plane = geo.out_h * geo.out_w, count = geo.taps() * plane;
+    if constexpr (std::is_same_v<scalar_t, acc_t>) {
+      if (direct && standard(geo)) return row(n, g, 0, 0, 0);
+    }
+    if (static_cast<int64_t>(buffer.size()) != count + slack) buffer.assign(count + slack, acc_t(0));
+    if (standard(geo)) {
+      convert(row(n, g, 0, 0, 0), 1, count, buffer.data());
+    } else {
+      for (int64_t t = 0; t < geo.taps(); ++t) {
+        for (int64_t i = 0; i < geo.out_h; ++i) {
+          convert(row(n, g, t / geo.kernel_w, t % geo.kernel_w, i), stride[5], geo.out_w, buffer.data() + t * plane + i * geo.out_w);
+        }
+      }
+    }
+    return buffer.data();
+  }
+
   // Row i of tap (a, b) of (n, g) as acc_t: padded_width values, zero from Wo on.
   template <typename acc_t>
   void copy_row(const Geometry& geo, int64_t n, int64_t g, int64_t a, int64_t b, int64_t i, int64_t padded_width,
@@ -218,188 +244,309 @@ void fill_scratch(const Geometry& geo, const ScratchLayout<acc_t>& layout, const
   }
 }
 
-// A vector of outputs: its window values start at plane + window, its weights at
-// weight_rows + weight (+ tap * padded_width), its sums at sum_row + sum.
-struct Slot {
-  int64_t window, weight, sum;
-};
+// ---- The forward and grad_input: channels in the vector lanes --------------------------
+//
+// The group's channels share every weight value, so these two kernels hold a (sample, group)
+// pair's planes pixel by pixel, the group's channels side by side ("channel rows": value
+// (row, column, k) at (row * columns + column) * cpg + k), and put the channels in the vector
+// lanes: one weight value, broadcast, multiplies a whole vector of channels, and no lane is
+// wasted on a narrow map (RedNet's 7- and 14-wide maps). A block of kPixelBlock outputs of
+// one row keeps its sums in registers across all the taps.
 
-// The sums of VECTORS slots for CHANNELS planes: weight values times window values over the
-// taps, in registers across the taps (each weight vector serves every channel).
-template <int CHANNELS, int VECTORS, typename T>
-inline void forward_block(const T* weight_rows, int64_t padded_width, const std::vector<int64_t>& tap_offset,
-                          const T* const* planes, const Slot* slots, T* const* sums) {
-  Vec<T> acc[CHANNELS][VECTORS] = {};
-  for (size_t t = 0; t < tap_offset.size(); ++t) {
-    Vec<T> w[VECTORS];
-    for (int v = 0; v < VECTORS; ++v) w[v] = load(weight_rows + slots[v].weight + t * padded_width);
-    for (int c = 0; c < CHANNELS; ++c) {
-      const T* x = planes[c] + tap_offset[t];
-      for (int v = 0; v < VECTORS; ++v) acc[c][v] += w[v] * load(x + slots[v].window);
-    }
-  }
-  for (int c = 0; c < CHANNELS; ++c) {
-    for (int v = 0; v < VECTORS; ++v) store(sums[c] + slots[v].sum, acc[c][v]);
+// Vectors of LANES values (LANES a power of two up to the widest vector the target has).
+template <typename T, int LANES>
+struct Lanes {
+  typedef T type __attribute__((vector_size(sizeof(T) * LANES)));
+};
+#if defined(__AVX512F__)
+constexpr int kWideBytes = 64;
+#else
+constexpr int kWideBytes = 32;
+#endif
+template <typename T>
+constexpr int kMaxLanes = kWideBytes / static_cast<int>(sizeof(T));
+
+template <typename V, typename T>
+inline V load_lanes(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <typename T, typename V>
+inline void store_lanes(T* p, const V& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// body(std::integral_constant<int, LANES>{}) with LANES the widest power of two up to
+// kMaxLanes<T> that divides the group's channels (1 for an odd count).
+template <typename T, typename Body>
+inline void with_lanes(int64_t group_channels, Body&& body) {
+  static_assert(kMaxLanes<T> <= 16, "lane choices");
+  if (kMaxLanes<T> >= 16 && group_channels % 16 == 0) return body(std::integral_constant<int, kMaxLanes<T> >= 16 ? 16 : 1>{});
+  if (kMaxLanes<T> >= 8 && group_channels % 8 == 0) return body(std::integral_constant<int, kMaxLanes<T> >= 8 ? 8 : 1>{});
+  if (group_channels % 4 == 0) return body(std::integral_constant<int, 4>{});
+  if (group_channels % 2 == 0) return body(std::integral_constant<int, 2>{});
+  body(std::integral_constant<int, 1>{});
+}
+
+// body(kernel_w, stride_w) as compile-time constants for the kernel widths and strides that
+// RedNet and most involution models use (3, 5, 7; 1, 2; no dilation along the row), where
+// the taps' loops unroll and each loaded vector serves every tap that reads it. Returns false
+// (body not called) for any other geometry, which the kernels' general loops compute.
+template <typename Body>
+inline bool with_fixed_row_window(const Geometry& geo, Body&& body) {
+  if (geo.dilation_w != 1 || (geo.stride_w != 1 && geo.stride_w != 2)) return false;
+  const auto strides = [&](auto kernel_w) {
+    if (geo.stride_w == 1) body(kernel_w, std::integral_constant<int, 1>{});
+    else body(kernel_w, std::integral_constant<int, 2>{});
+    return true;
+  };
+  switch (geo.kernel_w) {
+    case 3: return strides(std::integral_constant<int, 3>{});
+    case 5: return strides(std::integral_constant<int, 5>{});
+    case 7: return strides(std::integral_constant<int, 7>{});
+    default: return false;
   }
 }
 
-// Output rows are computed kRowBlock at a time: on small maps one row is a vector or two,
-// too few independent sums for the FMA units, and each row's bookkeeping would dominate.
-constexpr int64_t kRowBlock = 2;
+// Output blocks of the forward: 7 divides RedNet's map widths (7, 14, 28, 56), and 7 sums
+// of one vector each leave room in the registers for the loads.
+constexpr int kPixelBlock = 7;
+// grad_input blocks: a whole number of stride phases (2 for stride 2).
+constexpr int kGatherBlock = 8;
+
+inline int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+// The group's planes of a 4-D operand (N, C, H, W) of any strides as channel rows of acc_t:
+// rows [0, rows) and columns [0, columns) of the operand shifted by (row_shift, column_shift)
+// (operand row y at row y + row_shift), zero where the operand has no value.
+template <typename scalar_t, typename acc_t>
+void fill_channel_rows(const Planes<scalar_t>& src, int64_t n, int64_t first_channel, int64_t cpg, int64_t height,
+                       int64_t width, int64_t rows, int64_t columns, int64_t row_shift, int64_t column_shift, acc_t* dst) {
+  const int64_t begin = std::clamp<int64_t>(column_shift, 0, columns), end = std::clamp<int64_t>(width + column_shift, begin, columns);
+  for (int64_t r = 0; r < rows; ++r) {
+    acc_t* row = dst + r * columns * cpg;
+    const int64_t y = r - row_shift;
+    if (y < 0 || y >= height || begin == end) {
+      std::fill(row, row + columns * cpg, acc_t(0));
+      continue;
+    }
+    std::fill(row, row + begin * cpg, acc_t(0));
+    std::fill(row + end * cpg, row + columns * cpg, acc_t(0));
+    if (src.stride_c == 1) {  // channels_last: each pixel's channels are consecutive
+      for (int64_t x = begin; x < end; ++x) convert(src.at(n, first_channel, y) + (x - column_shift) * src.stride_w, 1, cpg, row + x * cpg);
+    } else {
+      for (int64_t k = 0; k < cpg; ++k) {
+        const scalar_t* from = src.at(n, first_channel + k, y) + (begin - column_shift) * src.stride_w;
+        for (int64_t x = begin; x < end; ++x) row[x * cpg + k] = static_cast<acc_t>(from[(x - begin) * src.stride_w]);
+      }
+    }
+  }
+}
+
+// One row of channel rows, out_w pixels from sums (pixel stride cpg), into a contiguous
+// (N, C, H, W) result at (n, first_channel, y).
+template <typename scalar_t, typename acc_t>
+void store_channel_row(const acc_t* sums, int64_t cpg, int64_t count, scalar_t* dst, int64_t channel_stride) {
+  for (int64_t k = 0; k < cpg; ++k) {
+    scalar_t* to = dst + k * channel_stride;
+    for (int64_t j = 0; j < count; ++j) to[j] = static_cast<scalar_t>(sums[j * cpg + k]);
+  }
+}
+
+// Forward sums of kPixelBlock outputs of one row, LANES channels: window values from x (the
+// block's first window, kernel row 0; kernel row a at x + a * row_step), weights from w
+// (tap t of output p at w[t * w_stride + p]). Input column c of the block's span serves
+// output p through tap c - p * SW: each loaded vector is used by every output that reads it.
+template <int KW, int SW, typename V, typename T>
+inline void forward_fixed(const T* x, int64_t row_step, int64_t cpg, int64_t kernel_h, const T* w, int64_t w_stride,
+                          T* sums) {
+  constexpr int P = kPixelBlock;
+  V acc[P] = {};
+  for (int64_t a = 0; a < kernel_h; ++a) {
+    const T* xa = x + a * row_step;
+    const T* wa = w + a * KW * w_stride;
+#pragma GCC unroll 64
+    for (int c = 0; c < (P - 1) * SW + KW; ++c) {
+      const V v = load_lanes<V>(xa + c * cpg);
+#pragma GCC unroll 16
+      for (int p = 0; p < P; ++p) {
+        const int b = c - p * SW;
+        if (b >= 0 && b < KW) acc[p] += wa[b * w_stride + p] * v;
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p) store_lanes(sums + p * cpg, acc[p]);
+}
+
+// The same for any geometry: tap t's window value of output p at x + window[t] + p * pixel_step.
+template <typename V, typename T>
+inline void forward_general(const T* x, const int64_t* window, int64_t taps, int64_t pixel_step, const T* w,
+                            int64_t w_stride, int64_t cpg, T* sums) {
+  constexpr int P = kPixelBlock;
+  V acc[P] = {};
+  for (int64_t t = 0; t < taps; ++t) {
+    const T* xt = x + window[t];
+    const T* wt = w + t * w_stride;
+    for (int p = 0; p < P; ++p) acc[p] += wt[p] * load_lanes<V>(xt + p * pixel_step);
+  }
+  for (int p = 0; p < P; ++p) store_lanes(sums + p * cpg, acc[p]);
+}
 
 template <typename scalar_t>
 void forward_kernel(const Geometry& geo, const at::Tensor& input, const at::Tensor& weight, at::Tensor& out) {
   using acc_t = at::opmath_type<scalar_t>;
-  constexpr int64_t L = kLanes<acc_t>;
-  const ScratchLayout<acc_t> layout(geo);
   const Planes<scalar_t> x(input);
   const Weight<scalar_t> w(weight);
   scalar_t* out_data = out.data_ptr<scalar_t>();
-  const int64_t cpg = geo.group_channels(), width = layout.out_w_padded, taps = geo.taps();
-  at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> scratch(cpg * layout.plane), weight_rows(kRowBlock * taps * width), sums(cpg * kRowBlock * width);
-    std::vector<const acc_t*> planes(cpg);
-    std::vector<acc_t*> sum_rows(cpg);
-    std::vector<Slot> slots;
-    for (int64_t k = 0; k < cpg; ++k) sum_rows[k] = sums.data() + k * kRowBlock * width;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t n = item / geo.groups, g = item % geo.groups;
-      fill_scratch(geo, layout, x, n, g, scratch.data());
-      for (int64_t k = 0; k < cpg; ++k) planes[k] = scratch.data() + k * layout.plane;
-      for (int64_t i0 = 0; i0 < geo.out_h; i0 += kRowBlock) {
-        const int64_t rows = std::min(kRowBlock, geo.out_h - i0);
-        slots.clear();
-        for (int64_t r = 0; r < rows; ++r) {
-          w.copy_rows(geo, n, g, i0 + r, width, weight_rows.data() + r * taps * width);
-          for (int64_t j0 = 0; j0 < width; j0 += L) {
-            slots.push_back(Slot{layout.row(geo, i0 + r) + j0, r * taps * width + j0, r * width + j0});
-          }
-        }
-        in_blocks<kChannelBlock>(0, cpg, 1, [&](auto channels, int64_t k) {
-          in_blocks<kVectorBlock>(0, static_cast<int64_t>(slots.size()), 1, [&](auto vectors, int64_t s) {
-            forward_block<decltype(channels)::value, decltype(vectors)::value>(
-                weight_rows.data(), width, layout.tap_offset, &planes[k], &slots[s], &sum_rows[k]);
+  const int64_t cpg = geo.group_channels(), taps = geo.taps(), plane = geo.out_h * geo.out_w;
+  const int64_t width = round_up(geo.out_w, kPixelBlock);  // outputs computed per row
+  const int64_t rows = geo.scratch_rows(), columns = (width - 1) * geo.stride_w + (geo.kernel_w - 1) * geo.dilation_w + 1;
+  const int64_t row_step = geo.dilation_h * columns * cpg, pixel_step = geo.stride_w * cpg;
+  std::vector<int64_t> window(taps);  // tap t's offset from an output's window start
+  for (int64_t t = 0; t < taps; ++t) window[t] = ((t / geo.kernel_w) * geo.dilation_h * columns + (t % geo.kernel_w) * geo.dilation_w) * cpg;
+  with_lanes<acc_t>(cpg, [&](auto lanes) {
+    using V = typename Lanes<acc_t, decltype(lanes)::value>::type;
+    at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> planes(rows * columns * cpg), weight_copy, sums(width * cpg);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t n = item / geo.groups, g = item % geo.groups;
+        fill_channel_rows(x, n, g * cpg, cpg, geo.height, geo.width, rows, columns, geo.pad_h, geo.pad_w, planes.data());
+        // The last block of a row reads weights past Wo (its extra sums are dropped): the
+        // tensor itself only where no row has such a block.
+        const acc_t* weights = w.planes(geo, n, g, geo.out_w % kPixelBlock == 0, kPixelBlock, weight_copy);
+        for (int64_t i = 0; i < geo.out_h; ++i) {
+          const acc_t* weight_row = weights + i * geo.out_w;
+          const acc_t* row = planes.data() + i * geo.stride_h * columns * cpg;
+          const bool fixed = with_fixed_row_window(geo, [&](auto kernel_w, auto stride_w) {
+            for (int64_t j0 = 0; j0 < width; j0 += kPixelBlock) {
+              for (int64_t k = 0; k < cpg; k += lanes) {
+                forward_fixed<decltype(kernel_w)::value, decltype(stride_w)::value, V>(
+                    row + j0 * pixel_step + k, row_step, cpg, geo.kernel_h, weight_row + j0, plane, sums.data() + j0 * cpg + k);
+              }
+            }
           });
-        });
-        for (int64_t k = 0; k < cpg; ++k) {
-          for (int64_t r = 0; r < rows; ++r) {
-            scalar_t* dst = out_data + ((n * geo.channels + g * cpg + k) * geo.out_h + i0 + r) * geo.out_w;
-            for (int64_t j = 0; j < geo.out_w; ++j) dst[j] = static_cast<scalar_t>(sum_rows[k][r * width + j]);
+          if (!fixed) {
+            for (int64_t j0 = 0; j0 < width; j0 += kPixelBlock) {
+              for (int64_t k = 0; k < cpg; k += lanes) {
+                forward_general<V>(row + j0 * pixel_step + k, window.data(), taps, pixel_step, weight_row + j0, plane, cpg,
+                                   sums.data() + j0 * cpg + k);
+              }
+            }
           }
+          store_channel_row(sums.data(), cpg, geo.out_w, out_data + ((n * geo.channels + g * cpg) * geo.out_h + i) * geo.out_w,
+                            geo.out_h * geo.out_w);
         }
       }
-    }
+    });
   });
 }
 
-// grad_input gathers: each of its values is the sum, over the (tap, output) pairs whose window
-// reads it, of weight times grad_output. For padded column X = x + pad_w of phase q = X % sw
-// at index m = X / sw, tap b contributes when (b * dw) % sw == q, from output column
-// j = m - (b * dw) / sw; consecutive m read consecutive j. grad_output and weight rows are
-// held with zero margins, so j outside [0, Wo) reads zeros, and a vector of m needs no test.
-struct GatherLayout {
-  int64_t margin, row;  // zeros before column 0; values per held row
-  explicit GatherLayout(const Geometry& geo, int64_t lanes) {
-    margin = (geo.kernel_w - 1) * geo.dilation_w / geo.stride_w;
-    const int64_t m_end = (geo.width + geo.pad_w - 1) / geo.stride_w + 1;
-    row = margin + std::max(geo.out_w, m_end) + kVectorBlock * lanes;
-  }
+// grad_input gathers: grad_input at padded position (Y, X) (input (Y - pad_h, X - pad_w)) is
+// the sum, over the taps (a, b) and outputs (i, j) with i * sh + a * dh = Y and
+// j * sw + b * dw = X, of weight[a, b, i, j] times grad_output[i, j]. For each padded row Y
+// the kernel rows that reach it are listed once ("reaching").
+struct Reaching {
+  int64_t kernel_row, out_row;
 };
 
-// grad_input values m0 .. m0 + VECTORS * lanes of CHANNELS channels in one row and phase:
-// the sum over the contributing (row, tap) pairs, in registers across them.
-template <int CHANNELS, int VECTORS, typename T>
-inline void gather_block(const std::vector<const T*>& weight_rows, const std::vector<int64_t>& grad_rows,
-                         const std::vector<int64_t>& shifts, const T* const* grads, int64_t m0, T* const* sums) {
-  constexpr int64_t L = kLanes<T>;
-  Vec<T> acc[CHANNELS][VECTORS] = {};
-  for (size_t p = 0; p < shifts.size(); ++p) {
-    const int64_t at = m0 - shifts[p];
-    Vec<T> w[VECTORS];
-    for (int v = 0; v < VECTORS; ++v) w[v] = load(weight_rows[p] + at + v * L);
-    for (int c = 0; c < CHANNELS; ++c) {
-      const T* g = grads[c] + grad_rows[p] + at;
-      for (int v = 0; v < VECTORS; ++v) acc[c][v] += w[v] * load(g + v * L);
+// Sums of kGatherBlock padded columns X0 + q (X0 = SW * J0) of one padded row, LANES
+// channels: grad_output column J0 + j of each reaching output row serves X0 + j * SW + b for
+// every tap b, so each loaded vector is used by every column it reaches. Only j in
+// [first, last] exist (the block's columns near the image's edges reach past the output).
+// grads[e] + channel is column J0 of reaching row e (pixel stride cpg), weights[e] points
+// at its weight of tap (a, 0), column J0 (tap b at + b * w_stride).
+template <int KW, int SW, typename V, typename T>
+inline void gather_fixed(const T* const* grads, const T* const* weights, int64_t reaching, int64_t w_stride, int64_t cpg,
+                         int64_t channel, int64_t first, int64_t last, T* sums) {
+  constexpr int P = kGatherBlock, FIRST = -((KW - 1) / SW), LAST = (P - 1) / SW;
+  static_assert(P % SW == 0, "a block spans whole stride phases");
+  V acc[P] = {};
+  for (int64_t e = 0; e < reaching; ++e) {
+    const T* g = grads[e] + channel;
+    const T* w = weights[e];
+#pragma GCC unroll 16
+    for (int j = FIRST; j <= LAST; ++j) {
+      if (j < first || j > last) continue;
+      const V v = load_lanes<V>(g + j * cpg);
+#pragma GCC unroll 16
+      for (int q = 0; q < P; ++q) {
+        const int b = q - j * SW;
+        if (b >= 0 && b < KW) acc[q] += w[b * w_stride + j] * v;
+      }
     }
   }
-  for (int c = 0; c < CHANNELS; ++c) {
-    for (int v = 0; v < VECTORS; ++v) store(sums[c] + m0 + v * L, acc[c][v]);
-  }
+  for (int q = 0; q < P; ++q) store_lanes(sums + q * cpg, acc[q]);
 }
 
 template <typename scalar_t>
 void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, const at::Tensor& weight,
                            at::Tensor& grad_input) {
   using acc_t = at::opmath_type<scalar_t>;
-  constexpr int64_t L = kLanes<acc_t>;
-  const GatherLayout layout(geo, L);
   const Planes<scalar_t> grad(grad_output);
   const Weight<scalar_t> w(weight);
   scalar_t* result = grad_input.data_ptr<scalar_t>();
-  const int64_t cpg = geo.group_channels(), sw = geo.stride_w, taps = geo.taps();
-  const int64_t plane = geo.out_h * layout.row;
-  at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
-    // The group's grad_output rows, then per grad_input row the weight rows of the taps that
-    // reach it, each with its margins; the sums of one grad_input row per channel.
-    std::vector<acc_t> grads(cpg * plane), weights(taps * layout.row), sums(cpg * layout.row);
-    std::vector<const acc_t*> grad_planes(cpg), weight_rows;
-    std::vector<acc_t*> sum_rows(cpg);
-    std::vector<int64_t> grad_rows, shifts;
-    for (int64_t k = 0; k < cpg; ++k) sum_rows[k] = sums.data() + k * layout.row;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t n = item / geo.groups, g = item % geo.groups;
-      for (int64_t k = 0; k < cpg; ++k) {
-        grad_planes[k] = grads.data() + k * plane + layout.margin;
-        for (int64_t i = 0; i < geo.out_h; ++i) {
-          acc_t* row = grads.data() + k * plane + i * layout.row;
-          std::fill(row, row + layout.margin, acc_t(0));
-          grad.copy_row(n, g * cpg + k, i, geo.out_w, layout.row - layout.margin, row + layout.margin);
-        }
-      }
-      for (int64_t y = 0; y < geo.height; ++y) {
-        const int64_t r = y + geo.pad_h;
-        // The kernel rows a whose windows read padded row r, from output row i = (r - a dh) / sh.
-        std::vector<std::pair<int64_t, int64_t>> reaching;
-        for (int64_t a = 0; a < geo.kernel_h; ++a) {
-          const int64_t from = r - a * geo.dilation_h;
-          if (from >= 0 && from % geo.stride_h == 0 && from / geo.stride_h < geo.out_h) reaching.emplace_back(a, from / geo.stride_h);
-        }
-        for (size_t e = 0; e < reaching.size(); ++e) {
-          const auto [a, i] = reaching[e];
-          for (int64_t b = 0; b < geo.kernel_w; ++b) {
-            acc_t* row = weights.data() + (e * geo.kernel_w + b) * layout.row;
-            std::fill(row, row + layout.margin, acc_t(0));
-            w.copy_row(geo, n, g, a, b, i, layout.row - layout.margin, row + layout.margin);
+  const int64_t cpg = geo.group_channels(), taps = geo.taps(), sw = geo.stride_w, dw = geo.dilation_w;
+  const int64_t plane = geo.out_h * geo.out_w;
+  // Padded columns computed: from the first real one rounded down to a stride phase, in whole blocks.
+  const int64_t x_begin = geo.pad_w / sw * sw, x_end = x_begin + round_up(geo.width + geo.pad_w - x_begin, kGatherBlock);
+  with_lanes<acc_t>(cpg, [&](auto lanes) {
+    using V = typename Lanes<acc_t, decltype(lanes)::value>::type;
+    at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> grads(plane * cpg), weight_copy, sums((x_end - x_begin) * cpg);
+      std::vector<const acc_t*> grad_rows, weight_rows;
+      std::vector<Reaching> reaching;
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t n = item / geo.groups, g = item % geo.groups;
+        fill_channel_rows(grad, n, g * cpg, cpg, geo.out_h, geo.out_w, geo.out_h, geo.out_w, 0, 0, grads.data());
+        const acc_t* weights = w.planes(geo, n, g, true, 0, weight_copy);
+        for (int64_t y = 0; y < geo.height; ++y) {
+          const int64_t r = y + geo.pad_h;
+          reaching.clear();
+          for (int64_t a = 0; a < geo.kernel_h; ++a) {
+            const int64_t from = r - a * geo.dilation_h;
+            if (from >= 0 && from % geo.stride_h == 0 && from / geo.stride_h < geo.out_h) reaching.push_back({a, from / geo.stride_h});
           }
-        }
-        for (int64_t q = 0; q < sw; ++q) {
-          // This phase's grad_input columns x = m * sw + q - pad_w in [0, W).
-          const int64_t m_begin = (geo.pad_w - q + sw - 1) / sw, m_end = (geo.width + geo.pad_w - q + sw - 1) / sw;
-          if (m_begin >= m_end) continue;
-          weight_rows.clear();
-          grad_rows.clear();
-          shifts.clear();
-          for (size_t e = 0; e < reaching.size(); ++e) {
-            for (int64_t b = 0; b < geo.kernel_w; ++b) {
-              if ((b * geo.dilation_w) % sw != q) continue;
-              weight_rows.push_back(weights.data() + (e * geo.kernel_w + b) * layout.row + layout.margin);
-              grad_rows.push_back(reaching[e].second * layout.row);
-              shifts.push_back(b * geo.dilation_w / sw);
+          const bool fixed = with_fixed_row_window(geo, [&](auto kernel_w, auto stride_w) {
+            constexpr int KW = decltype(kernel_w)::value, SW = decltype(stride_w)::value;
+            for (int64_t x0 = x_begin; x0 < x_end; x0 += kGatherBlock) {
+              const int64_t j0 = x0 / SW;
+              grad_rows.clear();
+              weight_rows.clear();
+              for (const Reaching& e : reaching) {
+                grad_rows.push_back(grads.data() + (e.out_row * geo.out_w + j0) * cpg);
+                weight_rows.push_back(weights + e.kernel_row * KW * plane + e.out_row * geo.out_w + j0);
+              }
+              for (int64_t k = 0; k < cpg; k += lanes) {
+                gather_fixed<KW, SW, V>(grad_rows.data(), weight_rows.data(), static_cast<int64_t>(reaching.size()), plane, cpg, k,
+                                        -j0, geo.out_w - 1 - j0, sums.data() + (x0 - x_begin) * cpg + k);
+              }
+            }
+          });
+          if (!fixed) {
+            // Any geometry: each padded column X sums over the taps b whose j = (X - b dw) / sw is whole.
+            for (int64_t x = 0; x < geo.width; ++x) {
+              const int64_t X = x + geo.pad_w;
+              for (int64_t k = 0; k < cpg; k += lanes) {
+                V acc = {};
+                for (const Reaching& e : reaching) {
+                  for (int64_t b = 0; b < geo.kernel_w; ++b) {
+                    const int64_t from = X - b * dw;
+                    if (from < 0 || from % sw != 0 || from / sw >= geo.out_w) continue;
+                    const int64_t j = from / sw, at = e.out_row * geo.out_w + j;
+                    acc += weights[(e.kernel_row * geo.kernel_w + b) * plane + at] * load_lanes<V>(grads.data() + at * cpg + k);
+                  }
+                }
+                store_lanes(sums.data() + (X - x_begin) * cpg + k, acc);
+              }
             }
           }
-          in_blocks<kChannelBlock>(0, cpg, 1, [&](auto channels, int64_t k) {
-            in_blocks<kVectorBlock>(m_begin, m_end, L, [&](auto vectors, int64_t m0) {
-              gather_block<decltype(channels)::value, decltype(vectors)::value>(
-                  weight_rows, grad_rows, shifts, &grad_planes[k], m0, &sum_rows[k]);
-            });
-          });
-          for (int64_t k = 0; k < cpg; ++k) {
-            scalar_t* dst = result + ((n * geo.channels + g * cpg + k) * geo.height + y) * geo.width;
-            for (int64_t m = m_begin; m < m_end; ++m) dst[m * sw + q - geo.pad_w] = static_cast<scalar_t>(sum_rows[k][m]);
-          }
+          store_channel_row(sums.data() + (geo.pad_w - x_begin) * cpg, cpg, geo.width,
+                            result + ((n * geo.channels + g * cpg) * geo.height + y) * geo.width, geo.height * geo.width);
         }
       }
-    }
+    });
   });
 }
 
