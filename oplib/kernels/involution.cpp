@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -223,7 +224,7 @@ struct Weight {
 // The group's input planes in the scratch layout, as acc_t, with zeros where the windows
 // reach past the image.
 template <typename scalar_t, typename acc_t>
-void fill_scratch(const Geometry& geo, const ScratchLayout<acc_t>& layout, const Planes<scalar_t>& input, int64_t n,
+__attribute__((noinline)) void fill_scratch(const Geometry& geo, const ScratchLayout<acc_t>& layout, const Planes<scalar_t>& input, int64_t n,
                   int64_t g, acc_t* scratch) {
   const int64_t cpg = geo.group_channels();
   std::fill(scratch, scratch + cpg * layout.plane, acc_t(0));
@@ -318,12 +319,54 @@ constexpr int kGatherBlock = 8;
 
 inline int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
+// LANES x LANES blocks are transposed in registers, between a plane's rows (one channel,
+// LANES columns per vector) and channel rows (one column, LANES channels per vector): each
+// round of two-input shuffles swaps one bit of the row index with that bit of the lane index.
+template <typename T>
+using IndexOf = std::conditional_t<sizeof(T) == 8, int64_t, int32_t>;
+
+template <typename M, int LANES, int BIT, bool UPPER, size_t... I>
+constexpr M butterfly(std::index_sequence<I...>) {
+  // Row r (bit clear) takes lane i from row r + BIT's lane i - BIT where i has the bit, row
+  // r + BIT takes lane i from row r's lane i + BIT where i lacks it; index LANES + i is b[i].
+  return M{static_cast<typename std::remove_reference_t<decltype(M{}[0])>>(
+      UPPER ? ((I & BIT) ? LANES + I : I + BIT) : ((I & BIT) ? LANES + I - BIT : I))...};
+}
+
+template <typename T, int LANES, int BIT = 1>
+inline void transpose(typename Lanes<T, LANES>::type* rows) {
+  if constexpr (BIT < LANES) {
+    using M = typename Lanes<IndexOf<T>, LANES>::type;
+    constexpr M lower = butterfly<M, LANES, BIT, false>(std::make_index_sequence<LANES>{});
+    constexpr M upper = butterfly<M, LANES, BIT, true>(std::make_index_sequence<LANES>{});
+    for (int r = 0; r < LANES; ++r) {
+      if (r & BIT) continue;
+      const auto a = rows[r], b = rows[r + BIT];
+      rows[r] = __builtin_shuffle(a, b, lower);
+      rows[r + BIT] = __builtin_shuffle(a, b, upper);
+    }
+    transpose<T, LANES, BIT * 2>(rows);
+  }
+}
+
+// LANES values from src, stride apart, converted.
+template <typename V, typename acc_t, int LANES, typename scalar_t>
+inline V load_converted(const scalar_t* src, int64_t stride) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    if (stride == 1) return load_lanes<V>(src);
+  }
+  V v;
+  for (int l = 0; l < LANES; ++l) v[l] = static_cast<acc_t>(src[l * stride]);
+  return v;
+}
+
 // The group's planes of a 4-D operand (N, C, H, W) of any strides as channel rows of acc_t:
 // rows [0, rows) and columns [0, columns) of the operand shifted by (row_shift, column_shift)
 // (operand row y at row y + row_shift), zero where the operand has no value.
-template <typename scalar_t, typename acc_t>
+template <int LANES, typename scalar_t, typename acc_t>
 void fill_channel_rows(const Planes<scalar_t>& src, int64_t n, int64_t first_channel, int64_t cpg, int64_t height,
                        int64_t width, int64_t rows, int64_t columns, int64_t row_shift, int64_t column_shift, acc_t* dst) {
+  using V = typename Lanes<acc_t, LANES>::type;
   const int64_t begin = std::clamp<int64_t>(column_shift, 0, columns), end = std::clamp<int64_t>(width + column_shift, begin, columns);
   for (int64_t r = 0; r < rows; ++r) {
     acc_t* row = dst + r * columns * cpg;
@@ -336,22 +379,51 @@ void fill_channel_rows(const Planes<scalar_t>& src, int64_t n, int64_t first_cha
     std::fill(row + end * cpg, row + columns * cpg, acc_t(0));
     if (src.stride_c == 1) {  // channels_last: each pixel's channels are consecutive
       for (int64_t x = begin; x < end; ++x) convert(src.at(n, first_channel, y) + (x - column_shift) * src.stride_w, 1, cpg, row + x * cpg);
-    } else {
-      for (int64_t k = 0; k < cpg; ++k) {
-        const scalar_t* from = src.at(n, first_channel + k, y) + (begin - column_shift) * src.stride_w;
-        for (int64_t x = begin; x < end; ++x) row[x * cpg + k] = static_cast<acc_t>(from[(x - begin) * src.stride_w]);
+      continue;
+    }
+    // Whole LANES x LANES blocks through the registers, the last columns one value at a time.
+    const int64_t whole_end = begin + (end - begin) / LANES * LANES;
+    for (int64_t k = 0; k < cpg; k += LANES) {
+      for (int64_t x = begin; x < whole_end; x += LANES) {
+        V block[LANES];
+        for (int c = 0; c < LANES; ++c) {
+          block[c] = load_converted<V, acc_t, LANES>(src.at(n, first_channel + k + c, y) + (x - column_shift) * src.stride_w, src.stride_w);
+        }
+        transpose<acc_t, LANES>(block);
+        for (int c = 0; c < LANES; ++c) store_lanes(row + (x + c) * cpg + k, block[c]);
       }
+    }
+    for (int64_t k = 0; k < cpg; ++k) {
+      const scalar_t* from = src.at(n, first_channel + k, y) + (whole_end - column_shift) * src.stride_w;
+      for (int64_t x = whole_end; x < end; ++x) row[x * cpg + k] = static_cast<acc_t>(from[(x - whole_end) * src.stride_w]);
     }
   }
 }
 
-// One row of channel rows, out_w pixels from sums (pixel stride cpg), into a contiguous
-// (N, C, H, W) result at (n, first_channel, y).
-template <typename scalar_t, typename acc_t>
+// count pixels of channel rows (sums, pixel stride cpg) into the contiguous planes of a result:
+// channel k's values at dst + k * channel_stride.
+template <int LANES, typename scalar_t, typename acc_t>
 void store_channel_row(const acc_t* sums, int64_t cpg, int64_t count, scalar_t* dst, int64_t channel_stride) {
+  using V = typename Lanes<acc_t, LANES>::type;
+  const int64_t whole_end = count / LANES * LANES;
+  for (int64_t k = 0; k < cpg; k += LANES) {
+    for (int64_t j = 0; j < whole_end; j += LANES) {
+      V block[LANES];
+      for (int c = 0; c < LANES; ++c) block[c] = load_lanes<V>(sums + (j + c) * cpg + k);
+      transpose<acc_t, LANES>(block);
+      for (int c = 0; c < LANES; ++c) {
+        scalar_t* to = dst + (k + c) * channel_stride + j;
+        if constexpr (std::is_same_v<scalar_t, acc_t>) {
+          store_lanes(to, block[c]);
+        } else {
+          for (int l = 0; l < LANES; ++l) to[l] = static_cast<scalar_t>(block[c][l]);
+        }
+      }
+    }
+  }
   for (int64_t k = 0; k < cpg; ++k) {
     scalar_t* to = dst + k * channel_stride;
-    for (int64_t j = 0; j < count; ++j) to[j] = static_cast<scalar_t>(sums[j * cpg + k]);
+    for (int64_t j = whole_end; j < count; ++j) to[j] = static_cast<scalar_t>(sums[j * cpg + k]);
   }
 }
 
@@ -412,7 +484,7 @@ void forward_kernel(const Geometry& geo, const at::Tensor& input, const at::Tens
       std::vector<acc_t> planes(rows * columns * cpg), weight_copy, sums(width * cpg);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t n = item / geo.groups, g = item % geo.groups;
-        fill_channel_rows(x, n, g * cpg, cpg, geo.height, geo.width, rows, columns, geo.pad_h, geo.pad_w, planes.data());
+        fill_channel_rows<decltype(lanes)::value>(x, n, g * cpg, cpg, geo.height, geo.width, rows, columns, geo.pad_h, geo.pad_w, planes.data());
         // The last block of a row reads weights past Wo (its extra sums are dropped): the
         // tensor itself only where no row has such a block.
         const acc_t* weights = w.planes(geo, n, g, geo.out_w % kPixelBlock == 0, kPixelBlock, weight_copy);
@@ -435,7 +507,7 @@ void forward_kernel(const Geometry& geo, const at::Tensor& input, const at::Tens
               }
             }
           }
-          store_channel_row(sums.data(), cpg, geo.out_w, out_data + ((n * geo.channels + g * cpg) * geo.out_h + i) * geo.out_w,
+          store_channel_row<decltype(lanes)::value>(sums.data(), cpg, geo.out_w, out_data + ((n * geo.channels + g * cpg) * geo.out_h + i) * geo.out_w,
                             geo.out_h * geo.out_w);
         }
       }
@@ -499,7 +571,7 @@ void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, c
       std::vector<Reaching> reaching;
       for (int64_t item = begin; item < end; ++item) {
         const int64_t n = item / geo.groups, g = item % geo.groups;
-        fill_channel_rows(grad, n, g * cpg, cpg, geo.out_h, geo.out_w, geo.out_h, geo.out_w, 0, 0, grads.data());
+        fill_channel_rows<decltype(lanes)::value>(grad, n, g * cpg, cpg, geo.out_h, geo.out_w, geo.out_h, geo.out_w, 0, 0, grads.data());
         const acc_t* weights = w.planes(geo, n, g, true, 0, weight_copy);
         for (int64_t y = 0; y < geo.height; ++y) {
           const int64_t r = y + geo.pad_h;
@@ -542,7 +614,7 @@ void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, c
               }
             }
           }
-          store_channel_row(sums.data() + (geo.pad_w - x_begin) * cpg, cpg, geo.width,
+          store_channel_row<decltype(lanes)::value>(sums.data() + (geo.pad_w - x_begin) * cpg, cpg, geo.width,
                             result + ((n * geo.channels + g * cpg) * geo.height + y) * geo.width, geo.height * geo.width);
         }
       }
@@ -550,23 +622,66 @@ void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, c
   });
 }
 
-// grad_weight[t][j0 .. j0 + VECTORS * lanes) for TAPS taps from t0: the sum over the group's
-// channels of grad_output values times window values, in registers across the channels.
-template <int TAPS, int VECTORS, typename T>
-inline void backward_weight_block(const T* grad_rows, int64_t padded_width, int64_t channels, int64_t plane,
-                                  const T* windows, const int64_t* tap_offset, int64_t j0, T* const* sums) {
-  constexpr int64_t L = kLanes<T>;
-  Vec<T> acc[TAPS][VECTORS] = {};
-  for (int64_t k = 0; k < channels; ++k) {
-    Vec<T> g[VECTORS];
-    for (int v = 0; v < VECTORS; ++v) g[v] = load(grad_rows + k * padded_width + j0 + v * L);
-    const T* x = windows + k * plane + j0;
-    for (int t = 0; t < TAPS; ++t) {
-      for (int v = 0; v < VECTORS; ++v) acc[t][v] += g[v] * load(x + tap_offset[t] + v * L);
-    }
+// grad_weight sums over the group's channels, which lie in the vector lanes: the products of
+// LANES outputs (pixels of the flattened (Ho, Wo) plane, across rows, so a narrow map wastes
+// no lane) are summed across the lanes together, pairs of vectors shuffled and added as in
+// transpose, halves first (few vectors live at once): lane c ends with output c's sum.
+template <typename M, int LANES, int BIT, bool FROM_A, size_t... I>
+constexpr M blend_mask(std::index_sequence<I...>) {
+  // Lanes that have BIT from one input, the others from the second (index LANES + i is b[i]).
+  return M{static_cast<typename std::remove_reference_t<decltype(M{}[0])>>(((I & BIT) != 0) == FROM_A ? I : LANES + I)...};
+}
+
+template <typename M, int BIT, size_t... I>
+constexpr M swap_mask(std::index_sequence<I...>) {
+  return M{static_cast<typename std::remove_reference_t<decltype(M{}[0])>>(I ^ BIT)...};
+}
+
+template <typename T, int LANES, int FIRST, int SPAN, typename Product>
+inline typename Lanes<T, LANES>::type sum_lanes(Product&& product) {
+  if constexpr (SPAN == 1) {
+    return product(FIRST);
+  } else {
+    // Pairing a (outputs FIRST...) with b (outputs FIRST + BIT...): lane i keeps a's lane
+    // where i lacks BIT, b's where it has it, and adds the partner lane i ^ BIT of the same input.
+    using M = typename Lanes<IndexOf<T>, LANES>::type;
+    constexpr int BIT = SPAN / 2;
+    constexpr M keep = blend_mask<M, LANES, BIT, false>(std::make_index_sequence<LANES>{});
+    constexpr M partner = blend_mask<M, LANES, BIT, true>(std::make_index_sequence<LANES>{});
+    constexpr M swap = swap_mask<M, BIT>(std::make_index_sequence<LANES>{});
+    const auto a = sum_lanes<T, LANES, FIRST, BIT>(product), b = sum_lanes<T, LANES, FIRST + BIT, BIT>(product);
+    return __builtin_shuffle(a, b, keep) + __builtin_shuffle(__builtin_shuffle(a, b, partner), swap);
   }
-  for (int t = 0; t < TAPS; ++t) {
-    for (int v = 0; v < VECTORS; ++v) store(sums[t] + j0 + v * L, acc[t][v]);
+}
+
+// grad_weight of LANES outputs for every tap: output c's grad_output at grads + c * cpg, its
+// window at windows[c] (tap t at + window[t]); tap t's sums to out + t * plane, count of them.
+// VECTORS: cpg / LANES where it is 1 or 2, else 0 (a loop).
+template <int LANES, int VECTORS, typename scalar_t, typename T>
+inline void weight_grad_block(const T* grads, const T* const* windows, const int64_t* window, int64_t taps, int64_t cpg,
+                              scalar_t* out, int64_t plane, int64_t count) {
+  using V = typename Lanes<T, LANES>::type;
+  const int64_t vectors = VECTORS > 0 ? VECTORS : cpg / LANES;
+  V held[LANES];  // with one vector of channels, each output's grad_output stays in a register
+  if constexpr (VECTORS == 1) {
+    for (int c = 0; c < LANES; ++c) held[c] = load_lanes<V>(grads + c * cpg);
+  }
+  for (int64_t t = 0; t < taps; ++t) {
+    const int64_t offset = window[t];
+    const V sums = sum_lanes<T, LANES, 0, LANES>([&](int c) {
+      const T* x = windows[c] + offset;
+      if constexpr (VECTORS == 1) return held[c] * load_lanes<V>(x);
+      const T* g = grads + c * cpg;
+      V sum = load_lanes<V>(g) * load_lanes<V>(x);
+      for (int64_t v = 1; v < vectors; ++v) sum += load_lanes<V>(g + v * LANES) * load_lanes<V>(x + v * LANES);
+      return sum;
+    });
+    scalar_t* to = out + t * plane;
+    if (std::is_same_v<scalar_t, T> && count == LANES) {
+      store_lanes(to, sums);
+    } else {
+      for (int64_t c = 0; c < count; ++c) to[c] = static_cast<scalar_t>(sums[c]);
+    }
   }
 }
 
@@ -574,33 +689,39 @@ template <typename scalar_t>
 void backward_weight_kernel(const Geometry& geo, const at::Tensor& grad_output, const at::Tensor& input,
                             at::Tensor& grad_weight) {
   using acc_t = at::opmath_type<scalar_t>;
-  constexpr int64_t L = kLanes<acc_t>;
-  const ScratchLayout<acc_t> layout(geo);
   const Planes<scalar_t> grad(grad_output), x(input);
   scalar_t* result = grad_weight.data_ptr<scalar_t>();
-  const int64_t cpg = geo.group_channels(), width = layout.out_w_padded, taps = geo.taps();
-  at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> scratch(cpg * layout.plane), grad_rows(cpg * width), sums(taps * width);
-    std::vector<acc_t*> sum_rows(taps);
-    for (int64_t t = 0; t < taps; ++t) sum_rows[t] = sums.data() + t * width;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t n = item / geo.groups, g = item % geo.groups;
-      fill_scratch(geo, layout, x, n, g, scratch.data());
-      for (int64_t i = 0; i < geo.out_h; ++i) {
-        for (int64_t k = 0; k < cpg; ++k) grad.copy_row(n, g * cpg + k, i, geo.out_w, width, grad_rows.data() + k * width);
-        const acc_t* windows = scratch.data() + layout.row(geo, i);
-        in_blocks<kTapBlock>(0, taps, 1, [&](auto tap_block, int64_t t) {
-          in_blocks<kVectorBlock>(0, width, L, [&](auto vectors, int64_t j0) {
-            backward_weight_block<decltype(tap_block)::value, decltype(vectors)::value>(
-                grad_rows.data(), width, cpg, layout.plane, windows, &layout.tap_offset[t], j0, &sum_rows[t]);
-          });
-        });
-        for (int64_t t = 0; t < taps; ++t) {
-          scalar_t* dst = result + (((n * geo.groups + g) * taps + t) * geo.out_h + i) * geo.out_w;
-          for (int64_t j = 0; j < geo.out_w; ++j) dst[j] = static_cast<scalar_t>(sum_rows[t][j]);
+  const int64_t cpg = geo.group_channels(), taps = geo.taps(), plane = geo.out_h * geo.out_w;
+  const int64_t rows = geo.scratch_rows(), columns = (geo.out_w - 1) * geo.stride_w + (geo.kernel_w - 1) * geo.dilation_w + 1;
+  std::vector<int64_t> window(taps);  // tap t's offset from an output's window start
+  for (int64_t t = 0; t < taps; ++t) window[t] = ((t / geo.kernel_w) * geo.dilation_h * columns + (t % geo.kernel_w) * geo.dilation_w) * cpg;
+  with_lanes<acc_t>(cpg, [&](auto lanes) {
+    constexpr int LANES = decltype(lanes)::value;
+    // Output p's window start; past the plane's end, the last one's again (sums dropped).
+    std::vector<int64_t> window_start(plane + LANES);
+    for (int64_t p = 0; p < plane + LANES; ++p) {
+      const int64_t at = std::min(p, plane - 1);
+      window_start[p] = ((at / geo.out_w) * geo.stride_h * columns + (at % geo.out_w) * geo.stride_w) * cpg;
+    }
+    at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
+      // grads: LANES pixels of zeros past the plane, read by its last block.
+      std::vector<acc_t> planes(rows * columns * cpg), grads((plane + LANES) * cpg);
+      const acc_t* windows[LANES];
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t n = item / geo.groups, g = item % geo.groups;
+        fill_channel_rows<LANES>(x, n, g * cpg, cpg, geo.height, geo.width, rows, columns, geo.pad_h, geo.pad_w, planes.data());
+        fill_channel_rows<LANES>(grad, n, g * cpg, cpg, geo.out_h, geo.out_w, geo.out_h, geo.out_w, 0, 0, grads.data());
+        scalar_t* out = result + item * taps * plane;
+        for (int64_t p0 = 0; p0 < plane; p0 += LANES) {
+          const int64_t count = std::min<int64_t>(LANES, plane - p0);
+          for (int c = 0; c < LANES; ++c) windows[c] = planes.data() + window_start[p0 + c];
+          const acc_t* block = grads.data() + p0 * cpg;
+          if (cpg == LANES) weight_grad_block<LANES, 1>(block, windows, window.data(), taps, cpg, out + p0, plane, count);
+          else if (cpg == 2 * LANES) weight_grad_block<LANES, 2>(block, windows, window.data(), taps, cpg, out + p0, plane, count);
+          else weight_grad_block<LANES, 0>(block, windows, window.data(), taps, cpg, out + p0, plane, count);
         }
       }
-    }
+    });
   });
 }
 
