@@ -224,7 +224,7 @@ struct Weight {
 // The group's input planes in the scratch layout, as acc_t, with zeros where the windows
 // reach past the image.
 template <typename scalar_t, typename acc_t>
-__attribute__((noinline)) void fill_scratch(const Geometry& geo, const ScratchLayout<acc_t>& layout, const Planes<scalar_t>& input, int64_t n,
+void fill_scratch(const Geometry& geo, const ScratchLayout<acc_t>& layout, const Planes<scalar_t>& input, int64_t n,
                   int64_t g, acc_t* scratch) {
   const int64_t cpg = geo.group_channels();
   std::fill(scratch, scratch + cpg * layout.plane, acc_t(0));
@@ -655,11 +655,11 @@ inline typename Lanes<T, LANES>::type sum_lanes(Product&& product) {
 }
 
 // grad_weight of LANES outputs for every tap: output c's grad_output at grads + c * cpg, its
-// window at windows[c] (tap t at + window[t]); tap t's sums to out + t * plane, count of them.
+// window at windows[c] (tap t at + window[t]); tap t's LANES sums to out + t * plane.
 // VECTORS: cpg / LANES where it is 1 or 2, else 0 (a loop).
-template <int LANES, int VECTORS, typename scalar_t, typename T>
+template <int LANES, int VECTORS, typename T>
 inline void weight_grad_block(const T* grads, const T* const* windows, const int64_t* window, int64_t taps, int64_t cpg,
-                              scalar_t* out, int64_t plane, int64_t count) {
+                              T* out, int64_t plane) {
   using V = typename Lanes<T, LANES>::type;
   const int64_t vectors = VECTORS > 0 ? VECTORS : cpg / LANES;
   V held[LANES];  // with one vector of channels, each output's grad_output stays in a register
@@ -676,12 +676,7 @@ inline void weight_grad_block(const T* grads, const T* const* windows, const int
       for (int64_t v = 1; v < vectors; ++v) sum += load_lanes<V>(g + v * LANES) * load_lanes<V>(x + v * LANES);
       return sum;
     });
-    scalar_t* to = out + t * plane;
-    if (std::is_same_v<scalar_t, T> && count == LANES) {
-      store_lanes(to, sums);
-    } else {
-      for (int64_t c = 0; c < count; ++c) to[c] = static_cast<scalar_t>(sums[c]);
-    }
+    store_lanes(out + t * plane, sums);
   }
 }
 
@@ -705,7 +700,7 @@ void backward_weight_kernel(const Geometry& geo, const at::Tensor& grad_output, 
     }
     at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
       // grads: LANES pixels of zeros past the plane, read by its last block.
-      std::vector<acc_t> planes(rows * columns * cpg), grads((plane + LANES) * cpg);
+      std::vector<acc_t> planes(rows * columns * cpg), grads((plane + LANES) * cpg), last(taps * LANES);
       const acc_t* windows[LANES];
       for (int64_t item = begin; item < end; ++item) {
         const int64_t n = item / geo.groups, g = item % geo.groups;
@@ -715,10 +710,20 @@ void backward_weight_kernel(const Geometry& geo, const at::Tensor& grad_output, 
         for (int64_t p0 = 0; p0 < plane; p0 += LANES) {
           const int64_t count = std::min<int64_t>(LANES, plane - p0);
           for (int c = 0; c < LANES; ++c) windows[c] = planes.data() + window_start[p0 + c];
+          // Whole vectors of sums straight into the result; a partial last block, or 16-bit
+          // results, through `last`, a plane of LANES outputs per tap.
+          const bool direct = std::is_same_v<scalar_t, acc_t> && count == LANES;
+          acc_t* sums = direct ? reinterpret_cast<acc_t*>(out + p0) : last.data();
+          const int64_t stride = direct ? plane : LANES;
           const acc_t* block = grads.data() + p0 * cpg;
-          if (cpg == LANES) weight_grad_block<LANES, 1>(block, windows, window.data(), taps, cpg, out + p0, plane, count);
-          else if (cpg == 2 * LANES) weight_grad_block<LANES, 2>(block, windows, window.data(), taps, cpg, out + p0, plane, count);
-          else weight_grad_block<LANES, 0>(block, windows, window.data(), taps, cpg, out + p0, plane, count);
+          if (cpg == LANES) weight_grad_block<LANES, 1>(block, windows, window.data(), taps, cpg, sums, stride);
+          else if (cpg == 2 * LANES) weight_grad_block<LANES, 2>(block, windows, window.data(), taps, cpg, sums, stride);
+          else weight_grad_block<LANES, 0>(block, windows, window.data(), taps, cpg, sums, stride);
+          if (!direct) {
+            for (int64_t t = 0; t < taps; ++t) {
+              for (int64_t c = 0; c < count; ++c) out[t * plane + p0 + c] = static_cast<scalar_t>(last[t * LANES + c]);
+            }
+          }
         }
       }
     });
