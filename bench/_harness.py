@@ -1,11 +1,13 @@
-"""What every benchmark script shares: interleaved timing with load monitoring, peak memory
-in a fresh process, the machine description and the markdown report. The scripts
-(``python bench/<name>.py``) import it as a sibling module and hold only their cases and bars:
+"""What every benchmark script shares beyond oplib.benchmark's measuring code (statements,
+interleaved timing, ratios, the machine; what ``python -m oplib bench`` runs for users): the
+flags, load monitoring of the timed rounds, peak memory in a fresh process and the markdown
+report. The scripts (``python bench/<name>.py``) import it as a sibling module and hold only
+their cases and bars:
 
     settings = _harness.start(_harness.parser(__doc__, rounds=3, min_run_time=1.0).parse_args(), __file__)
     section = _harness.Section(settings)
-    times = section.measure("fc", {"torch": _harness.fwd_bwd(F.linear, args, grad), "oplib": ...})
-    _harness.ratio(times["oplib"], times["torch"])     # median of the per-round ratios
+    times = section.measure("fc", {"torch": benchmark.fwd_bwd(F.linear, args, grad), "oplib": ...})
+    benchmark.ratio(times["oplib"], times["torch"])    # median of the per-round ratios
     _harness.peak_memory(make_step, shape, "oplib")    # bytes, one make_step(shape, "oplib")() call
     _harness.write_report(settings, [*_harness.header(settings, title), section.load_line(), ...])
 """
@@ -13,25 +15,21 @@ in a fresh process, the machine description and the markdown report. The scripts
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import multiprocessing
 import os
-import platform
 import resource
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import median
 from typing import Any, Optional, TypeVar
 from unittest import mock
 
 import torch
-from torch import Tensor
-from torch.utils.benchmark import Timer
 
-import oplib
+from oplib import benchmark
+from oplib.benchmark import Clock, Stmt, Timing, describe_machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -44,7 +42,7 @@ BUSY_CORES = 0.1
 
 
 # ---------------------------------------------------------------------------------------
-# Settings and the machine
+# Settings
 # ---------------------------------------------------------------------------------------
 
 
@@ -95,25 +93,6 @@ def start(args: argparse.Namespace, script_file: str) -> Settings:
     return settings
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
-def describe_machine() -> str:
-    """One line: the GPU if there is one, CPU, cores, torch version, threads and mkldnn, Python, oplib."""
-    mkldnn = "mkldnn on" if torch.backends.mkldnn.is_available() else "mkldnn off"
-    gpu = f"{torch.cuda.get_device_name()}, " if torch.cuda.is_available() else ""
-    return (
-        f"{gpu}{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads, {mkldnn}), "
-        f"Python {platform.python_version()}, oplib {oplib.__version__}"
-    )
-
-
 # ---------------------------------------------------------------------------------------
 # Load: CPU time of the other processes
 # ---------------------------------------------------------------------------------------
@@ -153,64 +132,6 @@ class _CpuSnapshot:
 # ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Stmt:
-    """A timed statement and the globals it runs with."""
-
-    code: str
-    env: dict[str, Any]
-
-
-def leaves(args: Sequence[Any]) -> list[Tensor]:
-    """The arguments that receive gradients."""
-    return [a for a in args if isinstance(a, Tensor) and a.requires_grad]
-
-
-def call(fn: Callable[..., Any], *args: Any) -> Stmt:
-    """One call ``fn(*args)``."""
-    return Stmt("fn(*args)", {"fn": fn, "args": args})
-
-
-def fwd_bwd_step(fn: Callable[..., Tensor], args: Sequence[Any], grad: Tensor) -> Callable[[], None]:
-    """A step: ``fn(*args).backward(grad)``, then every leaf's gradient set to None (as
-    ``zero_grad(set_to_none=True)`` does), so that no step pays for accumulating into the last."""
-    args, grad_leaves = tuple(args), leaves(args)
-
-    def step() -> None:
-        fn(*args).backward(grad)
-        for leaf in grad_leaves:
-            leaf.grad = None
-
-    return step
-
-
-def fwd_bwd(fn: Callable[..., Tensor], args: Sequence[Any], grad: Tensor) -> Stmt:
-    """One ``fwd_bwd_step(fn, args, grad)``."""
-    return Stmt("step()", {"step": fwd_bwd_step(fn, args, grad)})
-
-
-@dataclass(frozen=True)
-class Timing:
-    """One candidate's blocked_autorange median of each kept round, in seconds."""
-
-    rounds: tuple[float, ...]
-
-    @property
-    def median(self) -> float:
-        return median(self.rounds)
-
-
-def round_ratios(numerator: Timing, denominator: Timing) -> list[float]:
-    """numerator / denominator of each round: measurements made seconds apart, so that a
-    change in the machine's load between rounds cancels out."""
-    return [n / d for n, d in zip(numerator.rounds, denominator.rounds, strict=True)]
-
-
-def ratio(numerator: Timing, denominator: Timing) -> float:
-    """The median of the per-round ratios."""
-    return median(round_ratios(numerator, denominator))
-
-
 # A candidate's name in ``Section.measure``: a string, or a tuple of them such as (candidate, mode).
 Key = TypeVar("Key", str, tuple[str, ...])
 
@@ -231,41 +152,35 @@ class Section:
         self._other_core_seconds: Optional[float] = 0.0
         self._seconds = 0.0
 
-    def _round(self, timers: Mapping[Key, Timer], first: int) -> tuple[dict[Key, float], Optional[float], float]:
-        """Every timer once, starting with the ``first``-th: the medians, the other processes'
-        cores meanwhile, the wall seconds."""
-        names = list(timers)
+    def _monitored_round(self, clocks: Mapping[Key, Clock], first: int) -> tuple[dict[Key, float], Optional[float], float]:
+        """``benchmark.run_round``: the readings, the other processes' cores meanwhile, the wall seconds."""
         start = _CpuSnapshot.take()
-        medians = {}
-        for k in range(len(names)):
-            name = names[(first + k) % len(names)]
-            medians[name] = timers[name].blocked_autorange(min_run_time=self.min_run_time).median
+        readings = benchmark.run_round(clocks, first)
         end = _CpuSnapshot.take()
-        return medians, end.other_cores_since(start), end.wall - start.wall
+        return readings, end.other_cores_since(start), end.wall - start.wall
 
-    def measure(self, label: str, stmts: Mapping[Key, Stmt]) -> dict[Key, Timing]:
-        """Time every statement in ``rounds`` interleaved rounds (round r starts with the
-        r-th statement, so that neither order nor a drift in load favours one); a round
-        disturbed by other processes is run once more and the quieter of the two kept."""
-        threads = torch.get_num_threads()
-        timers = {name: Timer(s.code, globals=s.env, num_threads=threads) for name, s in stmts.items()}
-        samples: dict[Key, list[float]] = {name: [] for name in stmts}
-        for r in range(self.rounds):
-            medians, others, seconds = self._round(timers, r)
-            if others is not None and others > RERUN_CORES:
-                self.reruns += 1
-                again = self._round(timers, r)
-                if again[1] is not None and again[1] < others:
-                    medians, others, seconds = again
-            for name, value in medians.items():
-                samples[name].append(value)
-            self.kept += 1
-            self._seconds += seconds
-            if others is None or self._other_core_seconds is None:
-                self._other_core_seconds = None
-            else:
-                self._other_core_seconds += others * seconds
-        times = {name: Timing(tuple(values)) for name, values in samples.items()}
+    def _round(self, clocks: Mapping[Key, Clock], first: int) -> dict[Key, float]:
+        """A round, run once more if other processes disturbed it, the quieter of the two kept."""
+        readings, others, seconds = self._monitored_round(clocks, first)
+        if others is not None and others > RERUN_CORES:
+            self.reruns += 1
+            again = self._monitored_round(clocks, first)
+            if again[1] is not None and again[1] < others:
+                readings, others, seconds = again
+        self.kept += 1
+        self._seconds += seconds
+        if others is None or self._other_core_seconds is None:
+            self._other_core_seconds = None
+        else:
+            self._other_core_seconds += others * seconds
+        return readings
+
+    def measure(self, label: str, stmts: Mapping[Key, Stmt], device: str = "cpu") -> dict[Key, Timing]:
+        """Time every statement on ``device`` in ``rounds`` interleaved rounds
+        (``benchmark.interleave``); a round disturbed by other processes is run once more and
+        the quieter of the two kept."""
+        clocks = {name: benchmark.clock(stmt, device, self.min_run_time) for name, stmt in stmts.items()}
+        times = benchmark.interleave(clocks, self.rounds, self._round)
         load = "unknown" if self.other_cores is None else f"{self.other_cores:.2f}"
         print(
             f"{label}: " + ", ".join(f"{_words(name)} {t.median * 1e3:.3f} ms" for name, t in times.items())
@@ -346,7 +261,8 @@ def header(settings: Settings, title: str, *bullets: str) -> list[str]:
         f"Written by `python bench/{settings.script}.py{flag}` on {datetime.date.today()}.",
         "",
         f"- machine: {describe_machine()}",
-        f"- times: `torch.utils.benchmark` blocked_autorange medians (>= {settings.min_run_time:g} s each) in "
+        f"- times: `oplib.benchmark` readings (>= {settings.min_run_time:g} s each: on CPU `torch.utils.benchmark` "
+        f"blocked_autorange medians, on a GPU the median of blocks timed by CUDA events) in "
         f"{settings.rounds} interleaved round(s), the order rotating; a time is the median of its rounds, a ratio "
         f"the median of the per-round ratios; a round during which other processes kept more than {RERUN_CORES:g} "
         "cores busy is run twice and the quieter kept"

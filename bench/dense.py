@@ -36,8 +36,9 @@ from torch import Tensor
 
 import _harness
 import oplib
-from _harness import Section, Timing, fwd_bwd, megabytes, ratio, round_ratios
-from oplib import registry
+from _harness import Section, megabytes
+from oplib import benchmark, registry
+from oplib.benchmark import Timing, fwd_bwd, ratio, round_ratios
 
 _BATCH = 8
 
@@ -172,7 +173,7 @@ def _fwd_bwd_grads(fn: Callable[..., Tensor], args: Sequence[Any], grad: Tensor)
     out = fn(*args)
     out.backward(grad)
     grads = [out.detach()]
-    for leaf in _harness.leaves(args):
+    for leaf in benchmark.leaves(args):
         grads.append(leaf.grad)
         leaf.grad = None
     return grads
@@ -214,7 +215,7 @@ def _head_to_head_step(op: str, shape: _ConvShape | _LinearShape, impl: str) -> 
     """One forward+backward of ``impl`` at ``shape`` (for the peak, in a fresh process)."""
     torch.manual_seed(0)
     args, grad = shape.tensors()
-    return _harness.fwd_bwd_step(_HEAD_TO_HEAD[op][impl], args, grad)
+    return benchmark.fwd_bwd_step(_HEAD_TO_HEAD[op][impl], args, grad)
 
 
 def _bench_head_to_head(section: Section, op: str, shapes: Sequence[_ConvShape | _LinearShape]) -> list[_Row]:
@@ -264,7 +265,7 @@ def _bench_overhead(section: Section) -> list[_Row]:
             if requires_grad:
                 _assert_same(impls, args, grad, f"per-call, {what}")
             stmts = {
-                name: fwd_bwd(fn, args, grad) if requires_grad else _harness.call(fn, *args) for name, fn in impls.items()
+                name: fwd_bwd(fn, args, grad) if requires_grad else benchmark.call(fn, *args) for name, fn in impls.items()
             }
             rows.append(_Row(what, section.measure(f"per-call {what}", stmts), requires_grad=requires_grad))
     return rows
@@ -287,7 +288,7 @@ def _bench_floor(section: Section) -> list[_Row]:
                 _assert_same(impls, sample.args, grad, f"vs bare custom_op, {what}")
                 stmts = {name: fwd_bwd(fn, sample.args, grad) for name, fn in impls.items()}
             else:
-                stmts = {name: _harness.call(fn, *sample.args) for name, fn in impls.items()}
+                stmts = {name: benchmark.call(fn, *sample.args) for name, fn in impls.items()}
             rows.append(_Row(what, section.measure(f"floor {what}", stmts), requires_grad=requires_grad))
     return rows
 

@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 
 import _harness
-from _harness import Section, call, ratio
+from _harness import Section
+from oplib.benchmark import call, ratio
 from oplib.models import rednet26
 
 

@@ -8,6 +8,7 @@
     python -m oplib evaluate --depth 50 --weights FILE DATA_DIR   # ImageNet accuracy (oplib.imagenet)
     python -m oplib predict --depth 50 --weights FILE IMAGE...    # top-5 classes per image
     python -m oplib export --depth 26 --format onnx|pt2|aoti OUT   # a deployable file (oplib.deploy)
+    python -m oplib bench --help  # time involution here against a depthwise conv and unfold (oplib.benchmark)
     python -m oplib --version
 """
 
@@ -35,6 +36,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     commands.add_parser("evaluate", help="ImageNet top-1/top-5 of a pretrained RedNet (python -m oplib evaluate --help)")
     commands.add_parser("predict", help="the top-5 ImageNet classes of images (python -m oplib predict --help)")
     commands.add_parser("export", help="a RedNet as ONNX, torch.export or AOTInductor file (python -m oplib export --help)")
+    commands.add_parser(
+        "bench", help="time involution against a depthwise convolution and unfold on this machine (python -m oplib bench --help)"
+    )
     check = commands.add_parser("check", help="print the table, then self-check every op (the default)")
     for p in (parser, check):
         p.add_argument(
@@ -93,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import deploy
 
         return deploy.main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from . import benchmark
+
+        return benchmark.main(argv[1:])
     args = _parse_args(argv)
     for module in args.imports:
         for spec in _specs_of(importlib.import_module(module)):

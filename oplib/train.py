@@ -29,25 +29,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
+from ._cli import positive
 from .models import BLOCK_COUNTS, RedNet
 
 SPLIT_SEED = 20210617  # fixes the held-out split, whatever --seed is
 TEST_FRACTION = 0.2
 IMAGE_SIZE = 32  # the digits are upsampled so that RedNet's five stride-2 steps end at 1x1
-
-
-def _positive(kind: type):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text}")
-        return value
-
-    parse.__name__ = f"positive {kind.__name__}"
-    return parse
 
 
 def _block_counts(text: str) -> tuple[int, ...]:
@@ -62,7 +49,7 @@ def _block_counts(text: str) -> tuple[int, ...]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse and validate the flags: a bad value exits with code 2 and a one-line message."""
-    positive_int, positive_float = _positive(int), _positive(float)
+    positive_int, positive_float = positive(int), positive(float)
     parser = argparse.ArgumentParser(prog="python -m oplib train", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/digits"), help="output directory")
     parser.add_argument("--epochs", type=positive_int, default=30)
