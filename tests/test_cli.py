@@ -8,6 +8,7 @@ import pytest
 
 from oplib import __main__ as cli
 from oplib import registry, selfcheck
+from oplib.kernels import native
 
 
 def test_list_prints_every_registered_op():
@@ -26,7 +27,10 @@ def test_check_passes_and_prints_the_matrix(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert f"{len(selfcheck.CHECKS)} passed, 0 failed, 0 not applicable" in out
     assert all(name in out for name in selfcheck.CHECKS)
-    assert "involution's CPU kernels: plain PyTorch (OPLIB_CPU_KERNELS=pytorch, the default)" in out
+    if native._missing_tool() is None:
+        assert "involution's CPU kernels: native (OPLIB_CPU_KERNELS=auto, the default; built in " in out
+    else:
+        assert f"involution's CPU kernels: plain PyTorch ({native._missing_tool()})" in out
 
 
 def test_a_failing_check_gives_a_nonzero_exit_code(monkeypatch, capsys):

@@ -30,19 +30,20 @@ def _force(monkeypatch, strategy):
             monkeypatch.setattr(module, constant, 1)
 
 
-def _check_three_ops(x, w, g, groups, params, same=torch.testing.assert_close):
-    """Each of the three CPU kernels against its float64 reference on (x, w, g); each result
-    a contiguous tensor, as the fake kernels promise."""
+def _check_three_ops(x, w, g, groups, params, same=torch.testing.assert_close, reference_inputs=None):
+    """Each of the three CPU kernels against its float64 reference on (x, w, g) (or on
+    reference_inputs); each result a contiguous tensor, as the fake kernels promise."""
     size, kernel = list(x.shape[2:]), list(w.shape[2:4])
+    rx, rw, rg = reference_inputs or (x, w, g)
     results = (
-        (involution_cpu.involution(x, w, *params), registry.get("involution").reference(x, w, *params)),
+        (involution_cpu.involution(x, w, *params), registry.get("involution").reference(rx, rw, *params)),
         (
             involution_cpu.involution_backward_input(g, w, size, *params),
-            registry.get("involution_backward_input").reference(g, w, size, *params),
+            registry.get("involution_backward_input").reference(rg, rw, size, *params),
         ),
         (
             involution_cpu.involution_backward_weight(g, x, kernel, *params, groups),
-            registry.get("involution_backward_weight").reference(g, x, kernel, *params, groups),
+            registry.get("involution_backward_weight").reference(rg, rx, kernel, *params, groups),
         ),
     )
     for actual, expected in results:
@@ -83,6 +84,29 @@ REDNET_CASES = [
 ]
 
 
+def _row_window_cases(count: int, seed: int):
+    """Random geometries of the native kernels' unrolled paths: kernel widths 3, 5, 7 at row
+    strides 1 and 2 without row dilation, with any kernel height, row stride, dilation and
+    padding down the columns, and groups of 8, 16 or 32 channels (whole vectors of channels
+    in float64 and float32); sizes up to 23, so that rows end inside a block and blocks span
+    the padding."""
+    rng = random.Random(seed)
+    cases = []
+    while len(cases) < count:
+        kernel = (rng.randint(1, 7), rng.choice([3, 5, 7]))
+        stride, dilation = (rng.randint(1, 3), rng.choice([1, 2])), (rng.randint(1, 2), 1)
+        padding = (rng.randint(0, 3), rng.randint(0, 4))
+        size = (rng.randint(1, 17), rng.randint(1, 23))
+        if any(size[i] + 2 * padding[i] < dilation[i] * (kernel[i] - 1) + 1 for i in range(2)):
+            continue
+        groups = rng.choice([1, 2])
+        cases.append((rng.randint(0, 2), groups * rng.choice([8, 16, 32]), size, groups, kernel, stride, padding, dilation))
+    return cases
+
+
+ROW_WINDOW_CASES = _row_window_cases(24, seed=5)
+
+
 # Found by a randomized review of a strategy since dropped (the row bands), and edge cases for
 # any strategy: one-pixel-wide images under dilated kernels, and one-row kernels.
 EDGE_CASES = [
@@ -94,7 +118,9 @@ EDGE_CASES = [
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize(
-    "case", _random_cases(40, seed=3) + PHASE_GATHER_CASES + REDNET_CASES + EDGE_CASES, ids=lambda case: f"{case}"
+    "case",
+    _random_cases(40, seed=3) + PHASE_GATHER_CASES + REDNET_CASES + EDGE_CASES + ROW_WINDOW_CASES,
+    ids=lambda case: f"{case}",
 )
 def test_strategy_matches_reference(monkeypatch, strategy, case):
     _force(monkeypatch, strategy)
@@ -111,6 +137,29 @@ def test_strategy_matches_reference(monkeypatch, strategy, case):
         layout = involution_cpu.TapLayout(Geometry(size, kernel, out_size, stride, padding, dilation))
         assert layout.fills_blocks and layout.phases > 1
     _check_three_ops(x, w, g, groups, params)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_native_row_windows_in_every_dtype(monkeypatch, dtype, layout):
+    """The unrolled paths with whole vectors of channels in float32 (16 lanes where the CPU
+    has AVX-512), and 16-bit operands accumulated in float32, against the float64 reference
+    within the registry's tolerance of the dtype; channels_last operands read in place."""
+    force_native(monkeypatch)
+    atol, rtol = registry.get("involution").tolerance(dtype)
+    for n, channels, size, groups, kernel, stride, padding, dilation in ROW_WINDOW_CASES[:12]:
+        params = (stride, padding, dilation)
+        out_size = window_output_size(size, kernel, *params)
+        x, g = torch.randn(n, channels, *size).to(dtype), torch.randn(n, channels, *out_size).to(dtype)
+        w = torch.randn(n, groups, *kernel, *out_size).to(dtype)
+        if layout == "channels_last":
+            x, g = x.to(memory_format=torch.channels_last), g.to(memory_format=torch.channels_last)
+
+        def same(actual, expected):
+            assert actual.dtype == dtype
+            torch.testing.assert_close(actual.double(), expected, atol=atol, rtol=rtol)
+
+        _check_three_ops(x, w, g, groups, params, same, reference_inputs=(x.double(), w.double(), g.double()))
 
 
 NON_FINITE_PLACES = {

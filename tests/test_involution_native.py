@@ -1,6 +1,6 @@
 """The native CPU kernels of involution (``oplib/kernels/involution.cpp``): every registry
 sample of the three ops in every dtype against the float64 reference through the ops
-themselves; the generated checks of the three ops once more on the native path; and what
+themselves; the generated checks of the three ops once more on the plain-PyTorch path; and what
 happens where they cannot be built (a fallback with one warning, or a clear error)."""
 
 from __future__ import annotations
@@ -77,11 +77,11 @@ def test_a_broken_compiler_falls_back_to_correct_results(tmp_path):
 
 
 @pytest.mark.integration
-def test_generated_checks_of_the_involution_ops_pass_on_the_native_path():
+def test_generated_checks_of_the_involution_ops_pass_on_the_plain_pytorch_path():
     """tests/test_ops.py's checks of the three ops (eager, layouts, gradcheck, gradgradcheck,
-    opcheck, vmap, autocast, error inputs, random shapes) with OPLIB_CPU_KERNELS=native."""
-    require_native_build()
-    env = dict(os.environ, OPLIB_CPU_KERNELS="native")
+    opcheck, vmap, autocast, error inputs, random shapes) with OPLIB_CPU_KERNELS=pytorch, the
+    fallback: the unit tier runs them on the default path, the native kernels where they build."""
+    env = dict(os.environ, OPLIB_CPU_KERNELS="pytorch")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_ops.py", "-k", "involution"],
         cwd=ROOT, capture_output=True, text=True, env=env, timeout=1800,
@@ -114,6 +114,23 @@ _ASAN_SCRIPT = textwrap.dedent(
             for sample in samples:
                 assert_matches_reference(spec, sample, call(*sample.args), dtype)
                 count += 1
+    # The unrolled row windows with whole vectors of channels (the samples above have at
+    # most 3 channels a group), at stride 1 and 2, rows ending inside a block.
+    references = [registry.get(name).reference for name in calls]
+    for (n, c, h, w, groups, kernel, stride), dtype in zip(
+        [(2, 32, 9, 11, 2, 7, 1), (1, 16, 14, 13, 1, 7, 2), (2, 32, 5, 17, 1, 3, 2), (1, 48, 8, 8, 3, 5, 1)],
+        [torch.float32, torch.float64, torch.bfloat16, torch.float32],
+    ):
+        params = ([stride] * 2, [kernel // 2] * 2, [1, 1])
+        out = [(s + 2 * (kernel // 2) - kernel) // stride + 1 for s in (h, w)]
+        x, g = torch.randn(n, c, h, w, dtype=dtype), torch.randn(n, c, *out, dtype=dtype)
+        weight = torch.randn(n, groups, kernel, kernel, *out, dtype=dtype)
+        args = [(x, weight, *params), (g, weight, [h, w], *params), (g, x, [kernel, kernel], *params, groups)]
+        atol, rtol = registry.get("involution").tolerance(dtype)
+        for call, reference, arguments in zip(calls.values(), references, args):
+            expected = reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in arguments])
+            torch.testing.assert_close(call(*arguments).double(), expected, atol=atol, rtol=rtol)
+            count += 1
     print("asan: clean,", count, "calls")
     """
 )
@@ -138,16 +155,26 @@ def test_native_kernels_are_clean_under_address_sanitizer(tmp_path):
     assert "asan: clean" in result.stdout
 
 
+# Off-by-ones planted one at a time in a copy of the source: grad_input's unrolled blocks
+# reading one grad_output column past the last; the channel-row copy reading one column past
+# each input row's end.
+PLANTED_OVER_READS = {
+    "gather-block-bound": ("if (j < first || j > last) continue;", "if (j < first || j > last + 1) continue;"),
+    "channel-row-tail": ("for (int64_t x = whole_end; x < end; ++x) row", "for (int64_t x = whole_end; x <= end; ++x) row"),
+}
+
+
 @pytest.mark.integration
-def test_address_sanitizer_catches_a_planted_off_by_one_in_the_native_kernels(tmp_path):
-    """The same run over a copy of the source whose grad_output rows are read one element too
-    far: the read past the last row of a tensor must abort with a heap-buffer-overflow."""
+@pytest.mark.parametrize("plant", PLANTED_OVER_READS)
+def test_address_sanitizer_catches_a_planted_off_by_one_in_the_native_kernels(tmp_path, plant):
+    """The same run over a copy of the source with one planted over-read: the read past the
+    end of a tensor or buffer must abort with a heap-buffer-overflow."""
     require_native_build()
     text = native.SOURCE.read_text()
-    exact = "convert(at(n, c, h), stride_w, width, dst);"
+    exact, wrong = PLANTED_OVER_READS[plant]
     assert text.count(exact) == 1
     planted = tmp_path / "involution.cpp"
-    planted.write_text(text.replace(exact, "convert(at(n, c, h), stride_w, width + 1, dst);"))
+    planted.write_text(text.replace(exact, wrong))
     result = _run_under_asan(planted, tmp_path)
     assert result.returncode != 0
     assert "heap-buffer-overflow" in result.stderr, result.stderr[-3000:]

@@ -209,9 +209,9 @@ def load(device: Union[torch.device, str, int, None] = None) -> None:
     device) now, rather than at each op's first call. A first call inside a CUDA graph capture
     works without it (the module loads during the capture; tests/test_cuda_streams.py), but
     compiling takes seconds on a cold cache (CuPy keeps the results on disk), which this moves
-    out of timed or latency-bound code. ``load("cpu")`` builds the native CPU kernels where
-    ``OPLIB_CPU_KERNELS`` asks for them (``oplib.kernels.native``): about a minute, once per
-    machine."""
+    out of timed or latency-bound code. ``load("cpu")`` builds the native CPU kernels of involution
+    (unless ``OPLIB_CPU_KERNELS=pytorch``; ``oplib.kernels.native``): a minute or two, once
+    per machine and torch."""
     device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
     if device.type == "cpu":
         from . import native

@@ -3,16 +3,18 @@
 //
 //   out[n, c, i, j] = sum_{a, b} weight[n, g, a, b, i, j] * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
 //
-// with g = c / (C / G). Work is split over (sample, group) pairs with at::parallel_for. Each
-// pair first copies its C/G input planes (or, for grad_input, accumulates into them) in a
-// scratch holding the zero border the windows reach, converted to the accumulation type
-// (float for 16-bit operands, else the dtype itself). Every window then reads the scratch
-// with no bounds test, and a tap that reads the border multiplies a real zero, so inf and nan
-// give what the padded (unfold) reference gives. One thread computes each output element,
-// in an order that depends on the geometry alone: results are the same for any thread count.
+// with g = c / (C / G). Work is split over (sample, group) pairs with at::parallel_for. The
+// C/G channels of a group share every weight value, so each pair's planes are copied, in the
+// accumulation type (float for 16-bit operands, else the dtype itself), into "channel rows":
+// pixel by pixel, the group's channels side by side, with the zero border the windows reach.
+// The vector lanes then hold channels: one broadcast weight value multiplies a whole vector,
+// no lane idles on a narrow map, and every window reads the buffer with no bounds test (a tap
+// that reads the border multiplies a real zero, so inf and nan give what the padded (unfold)
+// reference gives). Each output is computed by one thread in an order that depends on the
+// geometry alone: results are the same for any thread count.
 //
-// Operands may have any strides (channels_last included): they are read element by element
-// into the scratch buffers. Results are contiguous tensors of the operands' dtype.
+// Operands may have any strides (channels_last included); results are contiguous tensors of
+// the operands' dtype.
 
 #include <torch/extension.h>
 
@@ -28,39 +30,6 @@
 
 namespace {
 
-// GCC/Clang vector extensions: one AVX2 register (two halves of an AVX-512 one), portable to
-// any target the compiler knows; -march=native picks the instructions.
-// (GCC ignores the attribute on an alias template, hence one typedef per type.)
-constexpr int64_t kVectorBytes = 32;
-template <typename T>
-struct VectorOf;
-template <>
-struct VectorOf<float> {
-  typedef float type __attribute__((vector_size(kVectorBytes)));
-};
-template <>
-struct VectorOf<double> {
-  typedef double type __attribute__((vector_size(kVectorBytes)));
-};
-template <typename T>
-using Vec = typename VectorOf<T>::type;
-template <typename T>
-constexpr int64_t kLanes = kVectorBytes / sizeof(T);
-
-static_assert(sizeof(Vec<float>) == kVectorBytes && sizeof(Vec<double>) == kVectorBytes, "vector types");
-
-template <typename T>
-inline Vec<T> load(const T* p) {
-  Vec<T> v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-template <typename T>
-inline void store(T* p, const Vec<T>& v) {
-  std::memcpy(p, &v, sizeof v);
-}
-
 // dst[j] = src[j * stride] for j < count, converted; the contiguous case vectorises.
 template <typename scalar_t, typename acc_t>
 inline void convert(const scalar_t* src, int64_t stride, int64_t count, acc_t* dst) {
@@ -69,21 +38,6 @@ inline void convert(const scalar_t* src, int64_t stride, int64_t count, acc_t* d
   } else {
     for (int64_t j = 0; j < count; ++j) dst[j] = static_cast<acc_t>(src[j * stride]);
   }
-}
-
-// grad_weight's register blocks: TAPS x VECTORS accumulators (each grad_output vector serves
-// every tap), enough independent sums to keep both FMA units busy.
-constexpr int kTapBlock = 4;
-constexpr int kVectorBlock = 2;
-
-// body(std::integral_constant<int, BLOCK>{}, at) for at = begin, begin + BLOCK * unit, ... while
-// a whole block fits before end, then body(std::integral_constant<int, 1>{}, at) for the rest:
-// the register blocks above, with a block size known at compile time.
-template <int BLOCK, typename Body>
-inline void in_blocks(int64_t begin, int64_t end, int64_t unit, Body&& body) {
-  int64_t at = begin;
-  for (; at + BLOCK * unit <= end; at += BLOCK * unit) body(std::integral_constant<int, BLOCK>{}, at);
-  for (; at < end; at += unit) body(std::integral_constant<int, 1>{}, at);
 }
 
 struct Geometry {
@@ -103,36 +57,6 @@ Geometry make_geometry(at::IntArrayRef input_shape, at::IntArrayRef weight_shape
                   padding[0], padding[1], dilation[0], dilation[1]};
 }
 
-// How a (sample, group) pair's planes sit in its scratch buffer. Rows are split by column
-// phase: padded column x (input column x - pad_w) is stored at phase x % stride_w, index
-// x / stride_w, so output column j of tap b reads index j + (b * dw) / sw of phase
-// (b * dw) % sw: consecutive outputs read consecutive values for any stride. Output rows are
-// computed out_w_padded wide (a whole number of vectors); the extra columns read zeros or
-// values whose products are dropped.
-template <typename T>
-struct ScratchLayout {
-  int64_t out_w_padded, phase_width, row_length, plane;
-  std::vector<int64_t> tap_offset;  // tap t = a * KW + b -> offset of its window's first value
-
-  explicit ScratchLayout(const Geometry& geo) {
-    out_w_padded = (geo.out_w + kLanes<T> - 1) / kLanes<T> * kLanes<T>;
-    phase_width = out_w_padded + (geo.kernel_w - 1) * geo.dilation_w / geo.stride_w + 1;
-    row_length = geo.stride_w * phase_width;
-    plane = geo.scratch_rows() * row_length;
-    for (int64_t a = 0; a < geo.kernel_h; ++a) {
-      for (int64_t b = 0; b < geo.kernel_w; ++b) {
-        const int64_t column = b * geo.dilation_w;
-        tap_offset.push_back(a * geo.dilation_h * row_length + (column % geo.stride_w) * phase_width + column / geo.stride_w);
-      }
-    }
-  }
-
-  // Where padded column x of a row lives.
-  int64_t column(const Geometry& geo, int64_t x) const { return (x % geo.stride_w) * phase_width + x / geo.stride_w; }
-  // The start of output row i's windows in a plane.
-  int64_t row(const Geometry& geo, int64_t i) const { return i * geo.stride_h * row_length; }
-};
-
 // A 4-D operand (N, C, H, W) of any strides.
 template <typename scalar_t>
 struct Planes {
@@ -144,13 +68,6 @@ struct Planes {
         stride_w(t.stride(3)) {}
 
   const scalar_t* at(int64_t n, int64_t c, int64_t h) const { return data + n * stride_n + c * stride_c + h * stride_h; }
-
-  // Row (n, c, h) as acc_t, zero from out_w on up to padded_width.
-  template <typename acc_t>
-  void copy_row(int64_t n, int64_t c, int64_t h, int64_t width, int64_t padded_width, acc_t* dst) const {
-    convert(at(n, c, h), stride_w, width, dst);
-    std::fill(dst + width, dst + padded_width, acc_t(0));
-  }
 };
 
 // The weight (N, G, KH, KW, Ho, Wo) of any strides.
@@ -194,56 +111,7 @@ struct Weight {
     }
     return buffer.data();
   }
-
-  // Row i of tap (a, b) of (n, g) as acc_t: padded_width values, zero from Wo on.
-  template <typename acc_t>
-  void copy_row(const Geometry& geo, int64_t n, int64_t g, int64_t a, int64_t b, int64_t i, int64_t padded_width,
-                acc_t* dst) const {
-    convert(row(n, g, a, b, i), stride[5], geo.out_w, dst);
-    std::fill(dst + geo.out_w, dst + padded_width, acc_t(0));
-  }
-
-  // Row i of every tap of (n, g): taps rows of padded_width values (tap t = a * KW + b).
-  // The taps' rows lie a whole (Ho, Wo) plane apart, more streams than the hardware
-  // prefetcher follows, so the next output row's are prefetched while this one is copied.
-  template <typename acc_t>
-  void copy_rows(const Geometry& geo, int64_t n, int64_t g, int64_t i, int64_t padded_width, acc_t* rows) const {
-    constexpr int64_t kLine = 64 / sizeof(scalar_t);
-    for (int64_t a = 0; a < geo.kernel_h; ++a) {
-      for (int64_t b = 0; b < geo.kernel_w; ++b) {
-        if (i + 1 < geo.out_h) {
-          const scalar_t* next = row(n, g, a, b, i + 1);
-          for (int64_t j = 0; j < geo.out_w; j += kLine) __builtin_prefetch(next + j * stride[5]);
-        }
-        copy_row(geo, n, g, a, b, i, padded_width, rows + (a * geo.kernel_w + b) * padded_width);
-      }
-    }
-  }
 };
-
-// The group's input planes in the scratch layout, as acc_t, with zeros where the windows
-// reach past the image.
-template <typename scalar_t, typename acc_t>
-void fill_scratch(const Geometry& geo, const ScratchLayout<acc_t>& layout, const Planes<scalar_t>& input, int64_t n,
-                  int64_t g, acc_t* scratch) {
-  const int64_t cpg = geo.group_channels();
-  std::fill(scratch, scratch + cpg * layout.plane, acc_t(0));
-  const int64_t rows = std::min(geo.height + geo.pad_h, geo.scratch_rows());
-  const int64_t sw = geo.stride_w, padded_columns = std::min(geo.width + geo.pad_w, sw * layout.phase_width);
-  for (int64_t k = 0; k < cpg; ++k) {
-    for (int64_t r = geo.pad_h; r < rows; ++r) {
-      const scalar_t* src = input.at(n, g * cpg + k, r - geo.pad_h);
-      acc_t* dst = scratch + k * layout.plane + r * layout.row_length;
-      // Phase p holds padded columns p, p + sw, ...: from the first at or past pad_w on.
-      for (int64_t p = 0; p < sw; ++p) {
-        const int64_t first = p >= geo.pad_w ? p : p + (geo.pad_w - p + sw - 1) / sw * sw;
-        if (first >= padded_columns) continue;
-        const int64_t count = (padded_columns - first + sw - 1) / sw;
-        convert(src + (first - geo.pad_w) * input.stride_w, sw * input.stride_w, count, dst + p * layout.phase_width + first / sw);
-      }
-    }
-  }
-}
 
 // ---- The forward and grad_input: channels in the vector lanes --------------------------
 //

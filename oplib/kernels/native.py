@@ -4,12 +4,12 @@ keyed here by the source, the flags and this CPU's instruction sets).
 
 ``OPLIB_CPU_KERNELS`` picks the path, read at each call:
 
-- ``pytorch`` (the default for now): the plain-PyTorch kernels of ``involution_cpu``. The
-  native kernels are not yet faster than them at every RedNet shape (grad_input at the
-  smaller maps); ``bench/results/involution.md`` compares the two.
-- ``auto``: the native kernels, built on first use; where there is no compiler or ninja, or
-  the build fails, the plain-PyTorch kernels, with one warning saying why and what to do.
+- ``auto`` (the default): the native kernels, built on first use; where there is no compiler
+  or ninja, or the build fails, the plain-PyTorch kernels, with one warning saying why and
+  what to do. The native kernels are faster at every RedNet shape
+  (``bench/results/involution.md`` compares the two).
 - ``native``: the native kernels, and an error where they cannot be built.
+- ``pytorch``: the plain-PyTorch kernels of ``involution_cpu``.
 
 ``involution()`` returns the built module, or None where the plain-PyTorch kernels run.
 """
@@ -30,7 +30,7 @@ KERNEL_DIR = Path(__file__).resolve().parent
 SOURCE = KERNEL_DIR / "involution.cpp"
 ENV = "OPLIB_CPU_KERNELS"
 CHOICES = ("pytorch", "auto", "native")
-DEFAULT = "pytorch"
+DEFAULT = "auto"
 # -march=native: the build runs on the machine that runs it (the cache key holds its CPU).
 # -fopenmp: at::parallel_for is inline in torch's headers, an OpenMP region; without the flag
 # it runs on one thread.
@@ -66,12 +66,15 @@ SANITIZE_FLAGS = ("-fsanitize=address", "-fno-omit-frame-pointer", "-g")
 
 def build(source: Path = SOURCE, sanitize: bool = False) -> ModuleType:
     """Build (or find in the cache) and import the module of ``source``; raises on failure."""
+    import torch
     from torch.utils import cpp_extension
 
     cflags, ldflags = list(CFLAGS), list(LDFLAGS)
     if sanitize:
         cflags, ldflags = cflags + list(SANITIZE_FLAGS), ldflags + ["-fsanitize=address"]
-    digest = hashlib.sha256("\0".join([source.read_text(), *cflags, *ldflags, _cpu_identity()]).encode())
+    # The module is built against this torch's headers and library: a cache entry is kept per torch.
+    key = [source.read_text(), *cflags, *ldflags, _cpu_identity(), torch.__version__]
+    digest = hashlib.sha256("\0".join(key).encode())
     name = f"oplib_involution_cpu_{digest.hexdigest()[:16]}"
     return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=cflags, extra_ldflags=ldflags)
 
@@ -117,9 +120,11 @@ def _load(choice: str) -> Optional[ModuleType]:
 
 def status() -> str:
     """One line for ``python -m oplib``: which CPU path involution takes here, and why."""
+    choice = requested()
     module = involution()
     if module is not None:
-        return f"native ({Path(module.__file__).parent})"
-    if requested() == "pytorch":
-        return f"plain PyTorch ({ENV}=pytorch{'' if ENV in os.environ else ', the default'})"
+        default = "" if ENV in os.environ else ", the default"
+        return f"native ({ENV}={choice}{default}; built in {Path(module.__file__).parent})"
+    if choice == "pytorch":
+        return f"plain PyTorch ({ENV}=pytorch)"
     return f"plain PyTorch ({_missing_tool() or 'the native build failed'})"

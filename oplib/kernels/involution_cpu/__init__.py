@@ -1,5 +1,5 @@
 """CPU kernels of involution and its two backward ops: native (``involution.cpp``, built on
-first use by ``oplib.kernels.native``, where ``OPLIB_CPU_KERNELS`` asks for it) or in plain
+first use by ``oplib.kernels.native``, unless ``OPLIB_CPU_KERNELS`` says otherwise) or in plain
 PyTorch, the strategies below.
 
     out[n, c, i, j] = sum_{a, b} weight[n, c // (C/G), a, b, i, j] * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
