@@ -1,11 +1,13 @@
 """RedNet: the published architecture (parameter counts of the paper's models), any input
-size, torch.compile(fullgraph=True) without graph breaks, and torch.export with dynamic
-batch and image size."""
+size, torch.compile(fullgraph=True) without graph breaks, convolutions that inductor sees,
+and torch.export with dynamic batch and image size."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
 from torch.export import Dim
 
 import oplib.models
@@ -57,6 +59,26 @@ def test_compiles_with_fullgraph(depth):
     if depth == 26:
         compiled(x).sum().backward()
         assert all(p.grad is not None for p in model.parameters())
+
+
+def test_inductor_sees_every_convolution_and_only_involution_as_oplib_op():
+    """Inductor folds a BatchNorm into the convolution before it (under freezing) only when it
+    gets ``aten.convolution``; a custom op is opaque to it. The inference graph AOTAutograd
+    hands to the backend holds one ``aten.convolution`` per Conv2d module (the involutions'
+    kernel generation included), and oplib's op there is the involution alone."""
+    model = _narrow(26).eval()
+    targets = []
+
+    def record(graph_module: torch.fx.GraphModule, example_inputs):
+        targets.extend(node.target for node in graph_module.graph.nodes if node.op == "call_function")
+        return make_boxed_func(graph_module.forward)
+
+    with torch.no_grad():
+        torch.compile(model, fullgraph=True, backend=aot_autograd(fw_compiler=record))(torch.randn(2, 3, 32, 32))
+    oplib_ops = {t for t in targets if isinstance(t, torch._ops.OpOverload) and t.namespace == "oplib"}
+    assert oplib_ops == {torch.ops.oplib.involution.default}
+    convolutions = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    assert targets.count(torch.ops.aten.convolution.default) == convolutions > 0
 
 
 @pytest.mark.parametrize("depth", [26, pytest.param(50, marks=pytest.mark.integration)])

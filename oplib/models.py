@@ -1,5 +1,5 @@
 """RedNet (Li et al., CVPR 2021): ResNet-shaped backbones whose 3x3 convolutions are 7x7
-involutions, built from oplib's ops.
+involutions: oplib's ``Involution2d`` between torch.nn's convolutions, BatchNorms and linear head.
 
 The architecture follows the paper's reference code (its mmcls ``RedNet`` with a
 ``GlobalAveragePooling`` neck and a linear head): the involution stem (3x3 conv stride 2 ->
@@ -8,6 +8,12 @@ bottlenecks (1x1 conv -> 7x7 involution, stride on the involution -> 1x1 conv, e
 a 1x1 conv + BN shortcut where the shape changes), global average pooling and a linear
 classifier. Initialisation as there: Kaiming normal (fan_out) for convolutions, BN weights 1
 and the last BN of every bottleneck 0, the classifier N(0, 0.01).
+
+The plain layers are torch.nn's, not ``oplib.nn.Conv2d``/``Linear`` (the same parameters, so
+the same state dicts): under ``torch.compile`` with ``torch._inductor.config.freezing``,
+inductor folds each BatchNorm into the convolution before it and the ReLU or residual add
+after it into the convolution's kernel, which it cannot do through a custom op. The
+involutions are oplib's op.
 
     input: (N, in_channels, H, W), any H, W >= 1 -> logits: (N, num_classes)
 
@@ -25,7 +31,7 @@ from torch import Tensor, nn
 
 from ._compat import pooling_sizes_without_parity_guard
 from .checkpoints import Weights, convert_official_state_dict, state_dict_of
-from .nn import Conv2d, Involution2d, Linear
+from .nn import Involution2d
 
 # The stem's max pool exports with a dynamic image size on every supported torch.
 pooling_sizes_without_parity_guard()
@@ -41,7 +47,7 @@ BLOCK_COUNTS = {
 
 def _conv_bn_relu(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1) -> nn.Sequential:
     return nn.Sequential(
-        Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2, bias=False),
+        nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2, bias=False),
         nn.BatchNorm2d(out_channels),
         nn.ReLU(inplace=True),
     )
@@ -59,11 +65,11 @@ class Bottleneck(nn.Module):
         self.reduce = _conv_bn_relu(in_channels, mid, 1)
         self.involution = Involution2d(mid, kernel_size, stride, group_channels=group_channels)
         self.involution_norm = nn.BatchNorm2d(mid)
-        self.expand = Conv2d(mid, out_channels, 1, bias=False)
+        self.expand = nn.Conv2d(mid, out_channels, 1, bias=False)
         self.expand_norm = nn.BatchNorm2d(out_channels)
         self.shortcut = None
         if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels))
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels))
 
     def forward(self, x: Tensor) -> Tensor:
         out = torch.relu(self.involution_norm(self.involution(self.reduce(x))))
@@ -119,7 +125,7 @@ class RedNet(nn.Module):
             stages.append(nn.Sequential(*blocks))
         self.stages = nn.Sequential(*stages)
         self.features = channels
-        self.classifier = Linear(channels, num_classes)
+        self.classifier = nn.Linear(channels, num_classes)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -48,6 +48,11 @@ class Involution2d(torch.nn.Module):
     at stride 1. The pooling yields exactly the op's output size, so odd sizes at stride 2
     get a weight of the right size (the published code pooled to floor(H / 2) while its
     output had ceil(H / 2) rows, and read out of bounds).
+
+    The two 1x1 convs are ``torch.nn.Conv2d``, not ``Conv2d`` above (same parameters, so the
+    same state dict): inductor sees them, and with ``torch._inductor.config.freezing`` folds
+    the BatchNorm into the first and the ReLU into its kernel, which it cannot do through a
+    custom op.
     """
 
     def __init__(
@@ -79,9 +84,9 @@ class Involution2d(torch.nn.Module):
         # so tracing adds no guard.
         keeps_size = all(2 * p == d * (k - 1) for p, d, k in zip(self.padding, self.dilation, self.kernel_size))
         self.pools = self.stride != (1, 1) or not keeps_size
-        self.reduce = Conv2d(channels, reduced, 1, bias=False)
+        self.reduce = torch.nn.Conv2d(channels, reduced, 1, bias=False)
         self.norm = torch.nn.BatchNorm2d(reduced)
-        self.span = Conv2d(reduced, self.groups * self.kernel_size[0] * self.kernel_size[1], 1)
+        self.span = torch.nn.Conv2d(reduced, self.groups * self.kernel_size[0] * self.kernel_size[1], 1)
 
     def output_size(self, height, width) -> tuple:
         return window_output_size((height, width), self.kernel_size, self.stride, self.padding, self.dilation)
