@@ -1,5 +1,5 @@
-"""RedNet-26 throughput on CPU: images/second of training and inference, eager vs torch.compile,
-and inference in ONNX Runtime.
+"""RedNet throughput on CPU: images/second of RedNet-26 training and inference, eager vs
+torch.compile, and inference in ONNX Runtime; RedNet-50 against a torch.nn ResNet-50.
 
     python bench/rednet.py            # writes bench/results/rednet.md
     python bench/rednet.py --quick    # smaller batches, one round (smoke test)
@@ -15,10 +15,19 @@ batch 1 and 16 in eager mode, compiled, and from the three files ``python -m opl
 writes (dynamic batch and size): the torch.export program loaded back, the AOTInductor
 package, and the ONNX file in ONNX Runtime's CPU provider with as many intra-op threads as
 torch has.
+
+The ResNet table: RedNet-50 against a plain torch.nn ResNet-50 (torchvision's architecture,
+written here: torchvision is not a dependency), 224x224 RGB, 1000 classes, in one process,
+interleaved: inference at batch 1 and 8 in eager mode, compiled, and compiled with inductor's
+freezing (``torch._inductor.config.freezing``: BatchNorm folded into the convolutions, weights
+prepacked), and a training step at batch 8, eager and compiled. The report names the CPU
+kernels involution ran (``oplib.kernels.native.status()``). ``--quick`` runs it at 64x64,
+inference at batch 1 and a training step at batch 2.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import tempfile
 import time
@@ -29,11 +38,13 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
 
 import _harness
 from _harness import Section
-from oplib.benchmark import call, ratio
-from oplib.models import rednet26
+from oplib.benchmark import Timing, call, ratio
+from oplib.kernels import native
+from oplib.models import rednet26, rednet50
 
 
 @dataclass(frozen=True)
@@ -57,14 +68,7 @@ def _candidates(config: Config, batch: int):
     model = rednet26(num_classes=10, in_channels=config.in_channels, width=config.width, group_channels=config.group_channels)
     images = torch.randn(batch, config.in_channels, config.image_size, config.image_size)
     labels = torch.randint(0, 10, (batch,))
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     compiled = torch.compile(model)
-
-    def train_step(forward):
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(forward(images), labels).backward()
-        optimizer.step()
 
     @torch.no_grad()
     def infer(forward):
@@ -72,11 +76,25 @@ def _candidates(config: Config, batch: int):
         forward(images)
 
     return {
-        ("train", "eager"): lambda: train_step(model),
-        ("train", "compiled"): lambda: train_step(compiled),
+        ("train", "eager"): _train_step(model, model, images, labels),
+        ("train", "compiled"): _train_step(model, compiled, images, labels),
         ("inference", "eager"): lambda: infer(model),
         ("inference", "compiled"): lambda: infer(compiled),
     }
+
+
+def _train_step(model: nn.Module, forward: Callable[[Tensor], Tensor], images: Tensor, labels: Tensor) -> Callable[[], None]:
+    """A step of ``model`` in train mode: ``forward(images)`` (the model or its compiled
+    form), cross-entropy against ``labels``, backward and an SGD step (momentum 0.9)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step() -> None:
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(forward(images), labels).backward()
+        optimizer.step()
+
+    return step
 
 
 def _eager_step(config: Config, batch: int, mode: str) -> Callable[[], None]:
@@ -161,19 +179,134 @@ def run_deployment(section: Section, batches: tuple[int, ...], size: int) -> lis
     return rows
 
 
+class _ResNetBottleneck(nn.Module):
+    """torchvision's ResNet bottleneck (v1.5: the stride on the 3x3 conv): 1x1 -> 3x3 -> 1x1
+    convs with BatchNorm, ReLU between, a 1x1 conv + BN shortcut where the shape changes.
+    input: (N, in_channels, H, W) -> (N, out_channels, Ho, Wo)."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int):
+        super().__init__()
+        mid = out_channels // 4
+        self.branch = nn.Sequential(
+            nn.Conv2d(in_channels, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
+            nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
+            nn.Conv2d(mid, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels),
+        )  # fmt: skip
+        self.shortcut = nn.Identity()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.relu(self.branch(x) + self.shortcut(x))
+
+
+def resnet50(num_classes: int = 1000) -> nn.Sequential:
+    """ResNet-50 (He et al., 2016, as torchvision builds it; 25.56 M parameters) from torch.nn,
+    torch's default initialisation. input: (N, 3, H, W) -> logits (N, num_classes)."""
+    layers: list[nn.Module] = [
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
+    ]  # fmt: skip
+    channels = 64
+    for index, count in enumerate((3, 4, 6, 3)):
+        out_channels = 256 * 2**index
+        for block in range(count):
+            layers.append(_ResNetBottleneck(channels, out_channels, 2 if index > 0 and block == 0 else 1))
+            channels = out_channels
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes))
+
+
+RESNET_SIZE = 224
+RESNET_BATCHES = (1, 8)
+TRAIN_BATCH = 8
+MODELS = {"RedNet-50": rednet50, "ResNet-50": resnet50}
+INFERENCE_MODES = ("eager", "compiled", "frozen")
+
+
+def _inference_forwards(model: nn.Module) -> dict[str, Callable[[Tensor], Tensor]]:
+    """The forward of each inference mode. The frozen one is a torch.compile of its own (another
+    backend, so that dynamo keeps its cache entries apart from the compiled one's), and its
+    first calls must run with ``torch._inductor.config.freezing`` set (``_first_calls`` sets
+    it): dynamo reads the flag while tracing, to keep the parameters as graph constants, and
+    ``options`` reaches only inductor."""
+    return {
+        "eager": model,
+        "compiled": torch.compile(model, dynamic=False),
+        "frozen": torch.compile(model, dynamic=False, options={"freezing": True}),
+    }
+
+
+@torch.no_grad()
+def _infer(forward: Callable[[Tensor], Tensor], images: Tensor) -> Tensor:
+    return forward(images)
+
+
+def _first_calls(steps: dict[tuple[str, str], Callable[[], object]]) -> dict[tuple[str, str], float]:
+    """Call every (model, mode) step once, compiling the compiled ones: seconds per step."""
+    seconds = {}
+    for (name, mode), step in steps.items():
+        start = time.perf_counter()
+        with torch._inductor.config.patch(freezing=mode == "frozen"):
+            step()
+        seconds[name, mode] = time.perf_counter() - start
+    return seconds
+
+
+def _resnet_row(
+    label: str, batch: int, times: dict[tuple[str, str], Timing], seconds: dict[tuple[str, str], float], mode: str
+) -> list[str]:
+    """img/s of both models in ``mode``, RedNet-50 / ResNet-50 (throughput), first-call seconds."""
+    rednet, resnet = times["RedNet-50", mode], times["ResNet-50", mode]
+    first = "-" if mode == "eager" else f"{seconds['RedNet-50', mode]:.0f} / {seconds['ResNet-50', mode]:.0f}"
+    return [
+        label, str(batch), f"{batch / rednet.median:.1f}", f"{batch / resnet.median:.1f}", f"{ratio(resnet, rednet):.2f}x", first,
+    ]  # fmt: skip
+
+
+def run_resnet(section: Section, batches: tuple[int, ...], train_batch: int, size: int) -> list[list[str]]:
+    """The table rows: inference per batch and mode, then the training step, eager and compiled."""
+    torch._dynamo.reset()
+    forwards = {}
+    for name, build in MODELS.items():
+        torch.manual_seed(0)
+        forwards[name] = _inference_forwards(build().eval())
+    rows = []
+    for batch in batches:
+        images = torch.randn(batch, 3, size, size)
+        steps = {
+            (name, mode): functools.partial(_infer, forward, images)
+            for name, modes in forwards.items() for mode, forward in modes.items()
+        }  # fmt: skip
+        seconds = _first_calls(steps)
+        times = section.measure(f"inference, batch {batch}", {key: call(step) for key, step in steps.items()})
+        rows += [_resnet_row(f"inference, {mode}", batch, times, seconds, mode) for mode in INFERENCE_MODES]
+    images, labels = torch.randn(train_batch, 3, size, size), torch.randint(0, 1000, (train_batch,))
+    steps = {}
+    for name, build in MODELS.items():
+        torch.manual_seed(0)
+        model = build()
+        steps[name, "eager"] = _train_step(model, model, images, labels)
+        steps[name, "compiled"] = _train_step(model, torch.compile(model, dynamic=False), images, labels)
+    seconds = _first_calls(steps)
+    times = section.measure(f"train, batch {train_batch}", {key: call(step) for key, step in steps.items()})
+    rows += [_resnet_row(f"train, {mode}", train_batch, times, seconds, mode) for mode in ("eager", "compiled")]
+    return rows
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = _harness.parser(__doc__, rounds=3, min_run_time=2.0)
     settings = _harness.start(parser.parse_args(argv), __file__)
-    throughput, deploy = Section(settings), Section(settings)
+    throughput, deploy, resnet = Section(settings), Section(settings), Section(settings)
     rows = []
     for config in CONFIGS:
         rows += run(throughput, config, max(2, config.batch // 4) if settings.quick else config.batch)
     deploy_size = 64 if settings.quick else DEPLOY_SIZE
     deploy_rows = run_deployment(deploy, (1, 2) if settings.quick else DEPLOY_BATCHES, deploy_size)
+    resnet_size, resnet_batches, train_batch = (64, (1,), 2) if settings.quick else (RESNET_SIZE, RESNET_BATCHES, TRAIN_BATCH)
+    resnet_rows = run_resnet(resnet, resnet_batches, train_batch, resnet_size)
     lines = [
         *_harness.header(
             settings,
-            "RedNet-26 throughput on CPU: eager vs torch.compile, and ONNX Runtime",
+            "RedNet throughput on CPU: RedNet-26 eager vs torch.compile and ONNX Runtime, RedNet-50 vs ResNet-50",
             "- float32; train step = forward + cross-entropy + backward + SGD step (BatchNorm in training mode);"
             " inference = eval-mode forward under no_grad; compile = wall time of the first compiled call;"
             " eager peak = highest resident memory above the model and optimizer state during one eager step"
@@ -196,6 +329,23 @@ def main(argv: Optional[list[str]] = None) -> int:
         deploy.load_line(),
         "",
         *_harness.table(("batch", *RUNTIMES), "rrrrrr", deploy_rows),
+        "",
+        f"## RedNet-50 vs ResNet-50 (torch.nn), {resnet_size}x{resnet_size} RGB, 1000 classes",
+        "",
+        "Both models in one process, their candidates interleaved; ResNet-50 is torchvision's architecture in "
+        "torch.nn. inference: eval mode under no_grad, eager, compiled (`torch.compile(model, dynamic=False)`) or "
+        "frozen (compiled with `torch._inductor.config.freezing`: BatchNorm folded into the convolutions, weights "
+        "prepacked); train: forward + cross-entropy + backward + SGD step. RedNet-50 / ResNet-50: the ratio of their "
+        "img/s (above 1: RedNet-50 is faster); first call: seconds of the first (compiling) call. "
+        f"Involution's CPU kernels: {native.status()}.",
+        "",
+        resnet.load_line(),
+        "",
+        *_harness.table(
+            ("mode", "batch", "RedNet-50 (img/s)", "ResNet-50 (img/s)", "RedNet-50 / ResNet-50", "first call (s): RedNet-50 / ResNet-50"),
+            "lrrrrr",
+            resnet_rows,
+        ),
     ]
     _harness.write_report(settings, lines)
     return 0
