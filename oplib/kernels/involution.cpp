@@ -295,6 +295,16 @@ void store_channel_row(const acc_t* sums, int64_t cpg, int64_t count, scalar_t* 
   }
 }
 
+// The next output row's weights: one row per tap, a (Ho, Wo) plane apart, more streams than
+// the hardware prefetcher follows.
+template <typename T>
+inline void prefetch_rows(const T* first, int64_t rows, int64_t row_stride, int64_t count) {
+  constexpr int64_t kLine = 64 / sizeof(T);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < count; j += kLine) __builtin_prefetch(first + r * row_stride + j);
+  }
+}
+
 // Forward sums of kPixelBlock outputs of one row, LANES channels: window values from x (the
 // block's first window, kernel row 0; kernel row a at x + a * row_step), weights from w
 // (tap t of output p at w[t * w_stride + p]). Input column c of the block's span serves
@@ -358,6 +368,7 @@ void forward_kernel(const Geometry& geo, const at::Tensor& input, const at::Tens
         const acc_t* weights = w.planes(geo, n, g, geo.out_w % kPixelBlock == 0, kPixelBlock, weight_copy);
         for (int64_t i = 0; i < geo.out_h; ++i) {
           const acc_t* weight_row = weights + i * geo.out_w;
+          if (i + 1 < geo.out_h) prefetch_rows(weight_row + geo.out_w, taps, plane, geo.out_w);
           const acc_t* row = planes.data() + i * geo.stride_h * columns * cpg;
           const bool fixed = with_fixed_row_window(geo, [&](auto kernel_w, auto stride_w) {
             for (int64_t j0 = 0; j0 < width; j0 += kPixelBlock) {
@@ -441,8 +452,15 @@ void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, c
         const int64_t n = item / geo.groups, g = item % geo.groups;
         fill_channel_rows<decltype(lanes)::value>(grad, n, g * cpg, cpg, geo.out_h, geo.out_w, geo.out_h, geo.out_w, 0, 0, grads.data());
         const acc_t* weights = w.planes(geo, n, g, true, 0, weight_copy);
+        int64_t prefetched = -1;  // the last output row whose weights were prefetched
         for (int64_t y = 0; y < geo.height; ++y) {
           const int64_t r = y + geo.pad_h;
+          // The next padded row first reaches output row (r + 1) / sh, through kernel row 0.
+          const int64_t upcoming = std::min((r + 1) / geo.stride_h, geo.out_h - 1);
+          if (upcoming > prefetched) {
+            prefetch_rows(weights + upcoming * geo.out_w, taps, plane, geo.out_w);
+            prefetched = upcoming;
+          }
           reaching.clear();
           for (int64_t a = 0; a < geo.kernel_h; ++a) {
             const int64_t from = r - a * geo.dilation_h;
