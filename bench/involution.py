@@ -88,7 +88,10 @@ def run_cpu(section: Section, shapes: list[Shape], bandwidth: float) -> list[_Ro
 # The second CPU table: each op on each CPU path (the native one where it builds).
 PER_OP = ("forward", "grad_input", "grad_weight")
 PYTORCH = Involution(
-    "pytorch", involution_cpu.involution, involution_cpu.involution_backward_input, involution_cpu.involution_backward_weight
+    "pytorch",
+    involution_cpu.pytorch_involution,
+    involution_cpu.pytorch_involution_backward_input,
+    involution_cpu.pytorch_involution_backward_weight,
 )
 
 
@@ -215,8 +218,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             "",
             "Each op's time in ms and, in brackets, its ratio (median of the per-round ratios) to its "
             "yardstick: the depthwise forward for the forward and grad_weight, the depthwise input "
-            "gradient for grad_input. oplib's ops take the plain-PyTorch path unless "
-            "OPLIB_CPU_KERNELS asks for the native one.",
+            "gradient for grad_input. The ops themselves take the native path (OPLIB_CPU_KERNELS=auto, "
+            "the default) where it builds, as in the table above.",
             "",
             per_op.load_line(),
             "",

@@ -53,6 +53,9 @@ __all__ = [
     "involution",
     "involution_backward_input",
     "involution_backward_weight",
+    "pytorch_involution",
+    "pytorch_involution_backward_input",
+    "pytorch_involution_backward_weight",
     "strategy_name",
 ]
 
@@ -91,8 +94,7 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tens
     module = native.involution()
     if module is not None:
         return module.involution_forward(input, weight, stride, padding, dilation)
-    geometry = Geometry.of_call(input.shape[2:], weight.shape, stride, padding, dilation)
-    return _exact(geometry, lambda strategy, x, w: strategy.forward(x, w), input, weight)
+    return pytorch_involution(input, weight, stride, padding, dilation)
 
 
 def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation) -> Tensor:
@@ -100,8 +102,7 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
     module = native.involution()
     if module is not None:
         return module.involution_backward_input(grad_output, weight, input_size, stride, padding, dilation)
-    geometry = Geometry.of_call(input_size, weight.shape, stride, padding, dilation)
-    return _exact(geometry, lambda strategy, g, w: strategy.backward_input(g, w), grad_output, weight)
+    return pytorch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation)
 
 
 def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation, groups) -> Tensor:
@@ -109,6 +110,28 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
     module = native.involution()
     if module is not None:
         return module.involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
+    return pytorch_involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
+
+
+# The plain-PyTorch kernels, whatever OPLIB_CPU_KERNELS says (the benchmarks compare the paths).
+
+
+def pytorch_involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tensor:
+    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo)."""
+    geometry = Geometry.of_call(input.shape[2:], weight.shape, stride, padding, dilation)
+    return _exact(geometry, lambda strategy, x, w: strategy.forward(x, w), input, weight)
+
+
+def pytorch_involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> grad_input: (N, C, H, W)."""
+    geometry = Geometry.of_call(input_size, weight.shape, stride, padding, dilation)
+    return _exact(geometry, lambda strategy, g, w: strategy.backward_input(g, w), grad_output, weight)
+
+
+def pytorch_involution_backward_weight(
+    grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation, groups
+) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
     weight_shape = (input.shape[0], groups, *kernel_size, *grad_output.shape[2:])
     geometry = Geometry.of_call(input.shape[2:], weight_shape, stride, padding, dilation)
     return _exact(geometry, lambda strategy, g, x: strategy.backward_weight(g, x, groups), grad_output, input)
