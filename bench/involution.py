@@ -146,16 +146,20 @@ def _cpu_table(rows: list[_Row]) -> list[str]:
     def ms(row: _Row, label: str, mode: str) -> str:
         return f"{row.times[label, mode].median * 1e3:.1f}"
 
+    def kernels(shape: Shape) -> str:
+        """The CPU path the ops took (OPLIB_CPU_KERNELS), with the plain-PyTorch strategy."""
+        return "native" if native.involution() is not None else f"pytorch ({shape.cpu_strategy})"
+
     cells = [
         (
-            row.shape.name, row.shape.batch, row.shape.cpu_strategy, ms(row, "oplib", "forward"), ms(row, "unfold", "forward"),
+            row.shape.name, row.shape.batch, kernels(row.shape), ms(row, "oplib", "forward"), ms(row, "unfold", "forward"),
             ms(row, "oplib", "forward+backward"), ms(row, "unfold", "forward+backward"), f"**{row.speedup:.1f}x**",
             megabytes(row.peaks["oplib"]), megabytes(row.peaks["unfold"]), f"**{row.peak_ratio:.2f}**",
             f"{row.floor_seconds * 1e3:.2f}", f"{row.times['oplib', 'forward'].median / row.floor_seconds:.1f}x",
         )  # fmt: skip
         for row in rows
     ]
-    columns = ("shape", "batch", "CPU strategy", "oplib fwd (ms)", "unfold fwd (ms)", "oplib fwd+bwd (ms)", "unfold fwd+bwd (ms)",
+    columns = ("shape", "batch", "CPU kernels", "oplib fwd (ms)", "unfold fwd (ms)", "oplib fwd+bwd (ms)", "unfold fwd+bwd (ms)",
                "fwd+bwd speed-up", "oplib peak (MB)", "unfold peak (MB)", "peak ratio", "memory floor (ms)",
                "oplib fwd / floor")  # fmt: skip
     return _harness.table(columns, "lrlrrrrrrrrrr", cells)
