@@ -187,6 +187,15 @@ constexpr int kGatherBlock = 8;
 
 inline int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
+// Tap t's offset from an output's window start in channel rows `columns` pixels long.
+inline std::vector<int64_t> window_offsets(const Geometry& geo, int64_t columns) {
+  std::vector<int64_t> window(geo.taps());
+  for (int64_t t = 0; t < geo.taps(); ++t) {
+    window[t] = ((t / geo.kernel_w) * geo.dilation_h * columns + (t % geo.kernel_w) * geo.dilation_w) * geo.group_channels();
+  }
+  return window;
+}
+
 // LANES x LANES blocks are transposed in registers, between a plane's rows (one channel,
 // LANES columns per vector) and channel rows (one column, LANES channels per vector): each
 // round of two-input shuffles swaps one bit of the row index with that bit of the lane index.
@@ -354,8 +363,7 @@ void forward_kernel(const Geometry& geo, const at::Tensor& input, const at::Tens
   const int64_t width = round_up(geo.out_w, kPixelBlock);  // outputs computed per row
   const int64_t rows = geo.scratch_rows(), columns = (width - 1) * geo.stride_w + (geo.kernel_w - 1) * geo.dilation_w + 1;
   const int64_t row_step = geo.dilation_h * columns * cpg, pixel_step = geo.stride_w * cpg;
-  std::vector<int64_t> window(taps);  // tap t's offset from an output's window start
-  for (int64_t t = 0; t < taps; ++t) window[t] = ((t / geo.kernel_w) * geo.dilation_h * columns + (t % geo.kernel_w) * geo.dilation_w) * cpg;
+  const std::vector<int64_t> window = window_offsets(geo, columns);
   with_lanes<acc_t>(cpg, [&](auto lanes) {
     using V = typename Lanes<acc_t, decltype(lanes)::value>::type;
     at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
@@ -387,7 +395,7 @@ void forward_kernel(const Geometry& geo, const at::Tensor& input, const at::Tens
             }
           }
           store_channel_row<decltype(lanes)::value>(sums.data(), cpg, geo.out_w, out_data + ((n * geo.channels + g * cpg) * geo.out_h + i) * geo.out_w,
-                            geo.out_h * geo.out_w);
+                            plane);
         }
       }
     });
@@ -574,8 +582,7 @@ void backward_weight_kernel(const Geometry& geo, const at::Tensor& grad_output, 
   scalar_t* result = grad_weight.data_ptr<scalar_t>();
   const int64_t cpg = geo.group_channels(), taps = geo.taps(), plane = geo.out_h * geo.out_w;
   const int64_t rows = geo.scratch_rows(), columns = (geo.out_w - 1) * geo.stride_w + (geo.kernel_w - 1) * geo.dilation_w + 1;
-  std::vector<int64_t> window(taps);  // tap t's offset from an output's window start
-  for (int64_t t = 0; t < taps; ++t) window[t] = ((t / geo.kernel_w) * geo.dilation_h * columns + (t % geo.kernel_w) * geo.dilation_w) * cpg;
+  const std::vector<int64_t> window = window_offsets(geo, columns);
   with_lanes<acc_t>(cpg, [&](auto lanes) {
     constexpr int LANES = decltype(lanes)::value;
     // Output p's window start; past the plane's end, the last one's again (sums dropped).
