@@ -9,6 +9,9 @@ def pytest_configure(config):
     torch.set_num_threads(1)
     config.addinivalue_line("markers", "needs_cuda: needs a CUDA GPU; skipped where none is present")
     config.addinivalue_line(
+        "markers", "needs_compiler: torch.compile's inductor generates CPU code; skipped where it finds no C++ compiler"
+    )
+    config.addinivalue_line(
         "markers",
         "integration: the long tier (whole models exported, trained or packaged, wheels built, torchrun, "
         "every sample compiled): run by `make test-all` and CI, left out of `make test`",
@@ -16,12 +19,17 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False on this machine")
+    from oplib.testing.toolchain import missing_inductor_compiler
+
+    skips = {}
+    if not torch.cuda.is_available():
+        skips["needs_cuda"] = "needs a CUDA GPU; torch.cuda.is_available() is False on this machine"
+    if missing_inductor_compiler() is not None:
+        skips["needs_compiler"] = missing_inductor_compiler()
     for item in items:
-        if "needs_cuda" in item.keywords:
-            item.add_marker(skip)
+        for marker, reason in skips.items():
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(autouse=True)

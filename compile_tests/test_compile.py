@@ -41,6 +41,7 @@ def _count_compiles(model: torch.nn.Module, train: bool, dynamic) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.needs_compiler
 @pytest.mark.parametrize("train,dynamic", [(True, None), (True, True), (False, None), (False, True)])
 def test_recompiles_no_more_than_torch_nn(train, dynamic):
     oplib_model, torch_model = SmallNet(use_oplib=True), SmallNet(use_oplib=False)
@@ -55,6 +56,7 @@ def test_recompiles_no_more_than_torch_nn(train, dynamic):
 
 
 @pytest.mark.integration
+@pytest.mark.needs_compiler
 def test_involution_net_compiles_fullgraph_and_matches_eager():
     """Training steps over odd and even sizes in one fullgraph compile: eager-equal results."""
     torch.manual_seed(0)
@@ -70,6 +72,7 @@ def test_involution_net_compiles_fullgraph_and_matches_eager():
 
 
 @pytest.mark.integration
+@pytest.mark.needs_compiler
 def test_involution_net_inference_compiles_once_like_plain_torch():
     oplib_model, torch_model = InvolutionNet(use_oplib=True), InvolutionNet(use_oplib=False)
     torch_model.load_state_dict(oplib_model.state_dict())

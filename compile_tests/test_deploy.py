@@ -28,7 +28,7 @@ def _export(fmt: str, out: Path, *extra: str) -> dict:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("fmt", ["pt2", "aoti", "onnx"])
+@pytest.mark.parametrize("fmt", ["pt2", pytest.param("aoti", marks=pytest.mark.needs_compiler), "onnx"])
 def test_export_command_writes_a_checked_file(fmt, tmp_path):
     torch.manual_seed(0)
     weights = tmp_path / "weights.pth"

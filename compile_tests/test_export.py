@@ -54,6 +54,7 @@ def test_export_dynamic_sizes_load_in_fresh_process(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.needs_compiler
 def test_aoti_package_runs_and_matches_eager(tmp_path):
     model, program = _export_small_net(tmp_path)
     path = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "small_net_aoti.pt2"))

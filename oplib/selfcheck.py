@@ -6,7 +6,6 @@ and run on CPU. A user on a new machine runs it to know oplib works there."""
 from __future__ import annotations
 
 import io
-import shutil
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -61,7 +60,12 @@ def check_opcheck(spec: OpSpec, device: str) -> None:
 def check_compile(spec: OpSpec, device: str, samples: slice = slice(None)) -> None:
     """Each sample (or the ``samples`` slice of them) compiled with the sizes of its first
     argument dynamic (weights stay static, as parameters do under torch.compile): forward,
-    strides and gradients match eager."""
+    strides and gradients match eager. Not applicable on a CPU without a C++ compiler, where
+    torch.compile itself cannot generate code."""
+    from .testing.toolchain import missing_inductor_compiler
+
+    if device == "cpu" and missing_inductor_compiler() is not None:
+        raise NotApplicable(missing_inductor_compiler())
     for sample in list(spec.sample_inputs(device, torch.float32, True))[samples]:
         torch._dynamo.reset()
         compiled = torch.compile(spec.op, fullgraph=True)
@@ -104,10 +108,11 @@ def check_cuda_sources(spec: OpSpec, device: str) -> None:
         raise NotApplicable("no CUDA kernels of its own (the CUDA path is torch's)")
     if device != "cpu":
         raise NotApplicable("the eager check runs the real CUDA kernels here")
-    from .testing.cuda_emulation import EmulatedLauncher, cxx
+    from .testing.cuda_emulation import EmulatedLauncher
+    from .testing.toolchain import missing_host_compiler
 
-    if shutil.which(cxx()) is None:
-        raise NotApplicable(f"no C++ compiler ({cxx()}) to build the host emulation")
+    if missing_host_compiler() is not None:
+        raise NotApplicable(missing_host_compiler())
     launcher = EmulatedLauncher()
     for dtype in (torch.float64, torch.float32):
         for sample in spec.sample_inputs("cpu", dtype, False):

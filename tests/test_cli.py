@@ -1,5 +1,6 @@
 """The main job, ``python -m oplib``."""
 
+import os
 import re
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import pytest
 from oplib import __main__ as cli
 from oplib import registry, selfcheck
 from oplib.kernels import native
+from oplib.testing.toolchain import missing_host_compiler, missing_inductor_compiler
 
 
 def test_list_prints_every_registered_op():
@@ -25,7 +27,10 @@ def test_check_passes_and_prints_the_matrix(capsys, monkeypatch):
     monkeypatch.delenv("OPLIB_CPU_KERNELS", raising=False)
     assert cli.main(["check", "--op", "involution", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert f"{len(selfcheck.CHECKS)} passed, 0 failed, 0 not applicable" in out
+    # Without a C++ compiler, torch.compile and the CUDA sources' host emulation cannot run.
+    missing = [reason for reason in (missing_inductor_compiler(), missing_host_compiler()) if reason is not None]
+    assert f"{len(selfcheck.CHECKS) - len(missing)} passed, 0 failed, {len(missing)} not applicable" in out
+    assert all(reason in out for reason in missing)
     assert all(name in out for name in selfcheck.CHECKS)
     if native._missing_tool() is None:
         assert "involution's CPU kernels: native (OPLIB_CPU_KERNELS=auto, the default; built in " in out
@@ -42,6 +47,21 @@ def test_a_failing_check_gives_a_nonzero_exit_code(monkeypatch, capsys):
     assert cli.main(["check", "--op", "exp"]) == 1
     captured = capsys.readouterr()
     assert "FAIL" in captured.out and "planted failure" in captured.err
+
+
+def test_check_without_a_compiler_passes_what_it_can(tmp_path):
+    """On a machine with no C++ compiler, torch.compile cannot generate CPU code (torch's own
+    requirement): the self-check reports that cell as not applicable, with the reason, and
+    passes the rest, instead of failing on InvalidCxxCompiler."""
+    env = dict(os.environ, CXX=str(tmp_path / "no-such-c++"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    result = subprocess.run(
+        [sys.executable, "-m", "oplib", "check", "--op", "exp", "--device", "cpu"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"exp\s+cpu\s+torch\.compile\s+n/a", result.stdout), result.stdout
+    assert "inductor) needs a C++ compiler" in result.stdout
+    assert re.search(r"exp\s+cpu\s+eager vs reference\s+pass", result.stdout), result.stdout
 
 
 def test_help_lists_every_command():

@@ -22,6 +22,7 @@ from oplib import registry
 from oplib.kernels import CTYPES, CUDA_DISPATCH, KERNEL_DIR, NVRTC_OPTIONS, KernelSource, load_source, name_expressions
 from oplib.testing import assert_matches_reference, nvrtc
 from oplib.testing.cuda_emulation import EmulatedLauncher, asan_environment, build
+from oplib.testing.toolchain import require_host_compiler
 from oplib.testing.nvrtc import ARCHITECTURES, CUDA_SOURCES
 
 RESOURCE_TABLE = Path(__file__).resolve().parents[1] / "bench" / "results" / "cuda-resources.md"
@@ -180,6 +181,7 @@ def _random_samples(spec, dtype, count, seed):
 def test_emulated_kernels_match_reference(name, dtype):
     """Registry samples plus random shapes, through the dispatch code the CUDA registration
     uses; only the kernels the dispatch declares are launched."""
+    require_host_compiler()
     spec = registry.get(name)
     launcher = EmulatedLauncher()
     samples = [*spec.sample_inputs("cpu", dtype, False), *_random_samples(spec, dtype, 40, seed=hash(name) % 1000)]
@@ -192,6 +194,7 @@ def test_emulated_kernels_match_reference(name, dtype):
 
 @pytest.mark.parametrize("name", list(LAUNCHES))
 def test_grid_stride_loops_cover_tensors_larger_than_the_grid(monkeypatch, name):
+    require_host_compiler()
     monkeypatch.setattr(oplib.kernels, "MAX_BLOCKS", 2)
     spec = registry.get(name)
     launcher = EmulatedLauncher()
@@ -207,6 +210,7 @@ def test_grid_stride_loops_cover_tensors_larger_than_the_grid(monkeypatch, name)
 def emulated_cpu_kernels():
     """Route every op with CUDA kernels through its CUDA dispatch on CPU tensors, with the
     host emulation's launcher in place of CuPy's."""
+    require_host_compiler()
     launcher = EmulatedLauncher()
     opdefs = [torch._library.custom_ops._maybe_get_opdef(qualname) for qualname in CUDA_DISPATCH]
     for opdef, dispatch in zip(opdefs, CUDA_DISPATCH.values()):
@@ -262,6 +266,7 @@ def _run_under_asan(script: str) -> subprocess.CompletedProcess:
 
 
 def test_kernels_are_clean_under_address_sanitizer():
+    require_host_compiler()
     for filename in CUDA_SOURCES:
         build(load_source(filename), sanitize=True)  # compile errors surface here, not as an ASan abort
     result = _run_under_asan(_ASAN_SCRIPT)
@@ -272,6 +277,7 @@ def test_kernels_are_clean_under_address_sanitizer():
 def test_address_sanitizer_catches_a_planted_off_by_one():
     """Proof the harness would catch an illegal address: a kernel reading one element past
     the end of a torch tensor must abort with a heap-buffer-overflow report."""
+    require_host_compiler()
     build(PLANTED, sanitize=True)
     script = textwrap.dedent(
         f"""

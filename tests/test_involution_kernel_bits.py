@@ -10,12 +10,14 @@ import torch
 from oplib.ops import involution as involution_ops
 from oplib.testing import cpu_and_cuda
 from oplib.testing.cuda_emulation import EmulatedLauncher
+from oplib.testing.toolchain import require_host_compiler
 
 
 def _one_by_one_involution(x: torch.Tensor, w: torch.Tensor, device: str) -> torch.Tensor:
     """store(load(w) * load(x)) per pixel: a 1x1 involution, by the emulated or the real kernel."""
     args = ([1, 1], [0, 0], [1, 1])
     if device == "cpu":
+        require_host_compiler()
         return involution_ops.launch_involution(x, w, *args, EmulatedLauncher())
     return torch.ops.oplib.involution(x.cuda(), w.cuda(), *args).cpu()
 

@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import selfcheck
 from ..registry import OpSpec, SampleInput, cast_sample
-from . import OpCall, assert_matches_reference, representative_samples, spec_dtype_params, spec_params, tensor_args
+from . import OpCall, assert_matches_reference, representative_samples, spec_dtype_params, spec_params, tensor_args, toolchain
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 # The unit tier compiles and exports each op's first sample; the integration tier the others.
@@ -247,11 +247,13 @@ def generated_tests(specs: Sequence[OpSpec], *, eager: bool = True, tracing: boo
         @pytest.mark.parametrize("spec,device", by_device)
         def test_compiled_forward_and_backward_match_eager(self, spec, device):
             """The first sample compiled (the others: the integration tier's next test)."""
+            toolchain.require_inductor_compiler(device)
             selfcheck.check_compile(spec, device, FIRST_SAMPLE)
 
         @pytest.mark.integration
         @pytest.mark.parametrize("spec,device", by_device)
         def test_compiled_forward_and_backward_match_eager_other_samples(self, spec, device):
+            toolchain.require_inductor_compiler(device)
             selfcheck.check_compile(spec, device, OTHER_SAMPLES)
 
         @pytest.mark.parametrize("spec,device", by_device)
