@@ -26,13 +26,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .models import BLOCK_COUNTS, RedNet, rednet
+from .models import BLOCK_COUNTS, PRETRAINED_CFGS, RedNet, rednet
 
-RESIZE = 256  # the short side, before the crop
-CROP = 224
-# Per RGB channel, on 0-255 values (the reference configs' img_norm_cfg).
-MEAN = (123.675, 116.28, 103.53)
-STD = (58.395, 57.12, 57.375)
+
+def settings(cfg: dict) -> tuple[int, int, tuple[float, ...], tuple[float, ...]]:
+    """A ``pretrained_cfg``'s test preprocessing: (short side before the crop, crop, mean,
+    std), the mean and std per RGB channel on 0-255 values."""
+    crop = cfg["input_size"][-1]
+    return (
+        round(crop / cfg["crop_pct"]),
+        crop,
+        tuple(round(255 * m, 6) for m in cfg["mean"]),
+        tuple(round(255 * s, 6) for s in cfg["std"]),
+    )
+
+
+# Every depth's checkpoint shares these (the reference configs' img_norm_cfg): 256, 224,
+# (123.675, 116.28, 103.53), (58.395, 57.12, 57.375).
+RESIZE, CROP, MEAN, STD = settings(PRETRAINED_CFGS[50])
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff"}
 
 

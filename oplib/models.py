@@ -24,9 +24,13 @@ oplib RedNet's ``state_dict()``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Sequence
+from typing import Optional, Union
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from ._compat import pooling_sizes_without_parity_guard
@@ -43,6 +47,41 @@ BLOCK_COUNTS = {
     101: (3, 4, 23, 3),
     152: (3, 8, 36, 3),
 }
+
+
+# What each depth's released ImageNet checkpoint expects and scored, in timm's pretrained_cfg
+# keys (mean and std of 0-1 RGB; oplib.imagenet works on 0-255, the same values times 255).
+# top1/top5: the paper repository's accuracies; gflops: its multiply-adds at 224 px, in
+# billions, which tests/test_models.py recounts with torch's FLOP counter.
+_PAPER_RESULTS = {
+    26: dict(top1=75.96, top5=93.19, gflops=1.73),
+    38: dict(top1=77.48, top5=93.57, gflops=2.22),
+    50: dict(top1=78.35, top5=94.13, gflops=2.71),
+    101: dict(top1=78.92, top5=94.35, gflops=4.74),
+    152: dict(top1=79.12, top5=94.38, gflops=6.79),
+}
+PRETRAINED_CFGS = {
+    depth: dict(
+        architecture=f"rednet{depth}",
+        file=f"rednet{depth}.pth",
+        num_classes=1000,
+        input_size=(3, 224, 224),
+        pool_size=(7, 7),
+        crop_pct=0.875,
+        crop_mode="center",
+        interpolation="bilinear",
+        mean=(0.485, 0.456, 0.406),
+        std=(0.229, 0.224, 0.225),
+        first_conv="stem.0.0",
+        classifier="classifier",
+        paper_ids="arXiv:2103.06255",
+        license="apache-2.0",
+        **results,
+    )
+    for depth, results in _PAPER_RESULTS.items()
+}
+# The feature levels: the stem's output (stride 2) and the four stages' (strides 4 to 32).
+FEATURE_LEVELS = 5
 
 
 def _conv_bn_relu(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1) -> nn.Sequential:
@@ -78,14 +117,166 @@ class Bottleneck(nn.Module):
         return torch.relu(out + identity)
 
 
-class RedNet(nn.Module):
+def _take_indices(indices: Union[int, Sequence[int], None], name: str = "indices") -> list[int]:
+    """Feature levels as timm counts them: None for all, an int n for the last n, or a sequence
+    of levels (negative ones from the end)."""
+    if indices is None:
+        return list(range(FEATURE_LEVELS))
+    if isinstance(indices, int):
+        if not 0 < indices <= FEATURE_LEVELS:
+            raise ValueError(f"RedNet: {name}={indices} asks for the last {indices} of {FEATURE_LEVELS} feature levels")
+        return list(range(FEATURE_LEVELS - indices, FEATURE_LEVELS))
+    levels = []
+    for index in indices:
+        if not -FEATURE_LEVELS <= index < FEATURE_LEVELS:
+            raise ValueError(
+                f"RedNet: {name} must lie in [0, {FEATURE_LEVELS}) (0: the stem, 1-4: the stages), got {list(indices)}"
+            )
+        levels.append(index % FEATURE_LEVELS)
+    if not levels or sorted(set(levels)) != levels:
+        raise ValueError(f"RedNet: {name} must be increasing, without repeats, got {list(indices)}")
+    return levels
+
+
+class FeatureInfo(list):
+    """The feature levels a backbone returns, as timm's ``FeatureInfo``: a list of dicts
+    (``num_chs``, ``reduction``, ``module``), with ``channels()``, ``reduction()`` and
+    ``module_name()`` giving one value per level (or the level ``idx`` asks for)."""
+
+    def _get(self, key: str, idx: Optional[int] = None):
+        return [info[key] for info in self] if idx is None else self[idx][key]
+
+    def channels(self, idx: Optional[int] = None):
+        return self._get("num_chs", idx)
+
+    def reduction(self, idx: Optional[int] = None):
+        return self._get("reduction", idx)
+
+    def module_name(self, idx: Optional[int] = None):
+        return self._get("module", idx)
+
+
+class _Backbone(nn.Module):
+    """The stem, the max pool and the stages, with the fine-tuning knobs of the paper's
+    detection and segmentation backbones (mmdet/mmseg configs): ``frozen_stages``,
+    ``norm_eval`` and activation checkpointing. Subclasses set ``stem``, ``pool``, ``stages``."""
+
+    stem: nn.Sequential
+    pool: nn.MaxPool2d
+    stages: nn.Sequential
+
+    def _init_knobs(self, frozen_stages: int, norm_eval: bool) -> None:
+        if not -1 <= frozen_stages <= len(self.stages):
+            raise ValueError(
+                f"RedNet: frozen_stages must lie in [-1, {len(self.stages)}] (-1: none, 0: the stem, k: the stem "
+                f"and the first k stages), got {frozen_stages}"
+            )
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.grad_checkpointing = False
+        self._freeze()
+
+    def _frozen_modules(self) -> list[nn.Module]:
+        if self.frozen_stages < 0:
+            return []
+        return [self.stem, *list(self.stages)[: self.frozen_stages]]
+
+    def _freeze(self) -> None:
+        for module in self._frozen_modules():
+            module.eval()
+            for parameter in module.parameters():
+                parameter.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        """As ``nn.Module.train``, but frozen stages stay in eval mode and, with ``norm_eval``,
+        every BatchNorm does (its running statistics stay as loaded)."""
+        super().train(mode)
+        self._freeze()
+        if mode and self.norm_eval:
+            for module in self.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+        return self
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each bottleneck's activations in the backward pass instead of saving them
+        (``torch.utils.checkpoint``, non-reentrant; eager and torch.compile). BatchNorm running
+        statistics are updated once per step, as without checkpointing."""
+        self.grad_checkpointing = enable
+
+    def _stage(self, index: int, x: Tensor) -> Tensor:
+        stage = self.stages[index]
+        if not (self.grad_checkpointing and torch.is_grad_enabled()):
+            return stage(x)
+        for block in stage:
+            if torch.compiler.is_compiling():
+                # AOTAutograd recomputes from the traced graph, where the running statistics'
+                # update is a single buffer mutation of the forward.
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = torch.utils.checkpoint.checkpoint(
+                    block, x, use_reentrant=False, context_fn=functools.partial(_recompute_contexts, block)
+                )
+        return x
+
+    def _levels(self, x: Tensor, levels: Sequence[int], stop_early: bool = True) -> tuple[Tensor, list[Tensor]]:
+        """The maps of ``levels`` (0: the stem's output, i: stage i's) and the last map computed."""
+        wanted, last = set(levels), (max(levels) if stop_early and levels else len(self.stages))
+        x = self.stem(x)
+        maps = [x] if 0 in wanted else []
+        x = self.pool(x)
+        for index in range(min(last, len(self.stages))):
+            x = self._stage(index, x)
+            if index + 1 in wanted:
+                maps.append(x)
+        return x, maps
+
+
+class _NoStatUpdates:
+    """While a checkpointed block recomputes its forward for the backward pass, its
+    BatchNorms in training mode normalise with the batch's statistics, as in the first pass,
+    but leave the running statistics alone: the first pass already updated them."""
+
+    def __init__(self, block: nn.Module):
+        self.norms = [
+            m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats
+        ]
+
+    def __enter__(self):
+        self.saved = [(norm, norm.momentum, norm.num_batches_tracked.clone()) for norm in self.norms]
+        for norm in self.norms:
+            norm.momentum = 0.0
+        return self
+
+    def __exit__(self, *exc):
+        for norm, momentum, tracked in self.saved:
+            norm.momentum = momentum
+            norm.num_batches_tracked.copy_(tracked)
+        return False
+
+
+def _recompute_contexts(block: nn.Module):
+    """(the first pass's context, the recomputation's)."""
+    return contextlib.nullcontext(), _NoStatUpdates(block)
+
+
+class RedNet(_Backbone):
     """RedNet with ``block_counts`` bottlenecks in its four stages.
 
     width: the stem's output channels and the first stage's bottleneck width (64 in the
     paper); stage i has width * 2**i bottleneck channels and 4x that many outputs.
     group_channels: channels sharing one involution kernel (16 in the paper; narrow models
     need it to divide every involution's channels, the stem's width // 2 included).
-    input: (N, in_channels, H, W) -> logits (N, num_classes).
+    frozen_stages: -1 (none), 0 (the stem) or k (the stem and the first k stages): their
+    parameters do not train and their BatchNorms stay in eval mode, across ``train()``.
+    norm_eval: every BatchNorm stays in eval mode during training (fine-tuning with small
+    batches, as the paper's detection and segmentation backbones do).
+
+    input: (N, in_channels, H, W) -> logits (N, num_classes). ``forward_features`` gives the
+    last stage's map (N, 32 * width, ceil(H / 32), ceil(W / 32)), ``forward_head`` pools it
+    (``pre_logits=True``: the (N, 32 * width) vector) and classifies, ``forward_intermediates``
+    gives the stem's and stages' maps; ``as_features`` or ``rednet50(features_only=True)``
+    gives a backbone that returns them as a list.
     """
 
     def __init__(
@@ -96,6 +287,8 @@ class RedNet(nn.Module):
         width: int = 64,
         group_channels: int = 16,
         kernel_size: int = 7,
+        frozen_stages: int = -1,
+        norm_eval: bool = False,
     ):
         super().__init__()
         if len(block_counts) != 4 or min(block_counts) < 1:
@@ -115,6 +308,7 @@ class RedNet(nn.Module):
         )
         self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         stages, channels = [], width
+        self.feature_info = FeatureInfo([dict(num_chs=width, reduction=2, module="stem")])
         for index, count in enumerate(block_counts):
             out_channels = width * 2**index * Bottleneck.expansion
             blocks = []
@@ -123,10 +317,14 @@ class RedNet(nn.Module):
                 blocks.append(Bottleneck(channels, out_channels, stride, kernel_size, group_channels))
                 channels = out_channels
             stages.append(nn.Sequential(*blocks))
+            self.feature_info.append(dict(num_chs=out_channels, reduction=2 ** (index + 2), module=f"stages.{index}"))
         self.stages = nn.Sequential(*stages)
-        self.features = channels
-        self.classifier = nn.Linear(channels, num_classes)
+        self.num_features = self.features = channels
+        self.num_classes = num_classes
+        self.classifier = nn.Linear(channels, num_classes) if num_classes > 0 else nn.Identity()
+        self.pretrained_cfg: dict = {}
         self.reset_parameters()
+        self._init_knobs(frozen_stages, norm_eval)
 
     def reset_parameters(self) -> None:
         for module in self.modules():
@@ -141,16 +339,102 @@ class RedNet(nn.Module):
             if isinstance(module, Bottleneck):
                 # Every residual branch starts as zero, so each block starts as its shortcut.
                 nn.init.zeros_(module.expand_norm.weight)
-        nn.init.normal_(self.classifier.weight, std=0.01)
-        nn.init.zeros_(self.classifier.bias)
+        self._init_classifier()
+
+    def _init_classifier(self) -> None:
+        if isinstance(self.classifier, nn.Linear):
+            nn.init.normal_(self.classifier.weight, std=0.01)
+            nn.init.zeros_(self.classifier.bias)
+
+    @property
+    def default_cfg(self) -> dict:
+        """timm's older name of ``pretrained_cfg``."""
+        return self.pretrained_cfg
+
+    def get_classifier(self) -> nn.Module:
+        return self.classifier
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """A new, freshly initialised head of ``num_classes`` classes (0: none, ``forward``
+        returns the pooled features). Only average pooling exists (``global_pool`` "avg")."""
+        if global_pool not in (None, "avg"):
+            raise ValueError(f"RedNet: only global_pool='avg' exists, got {global_pool!r}")
+        self.num_classes = num_classes
+        device = next(self.parameters()).device
+        self.classifier = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        self._init_classifier()
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """(N, in_channels, H, W) -> pooled features (N, self.features)."""
-        x = self.stages(self.pool(self.stem(x)))
-        return x.mean(dim=(2, 3))
+        """(N, in_channels, H, W) -> the last stage's map (N, self.num_features, H', W')."""
+        return self._levels(x, [FEATURE_LEVELS - 1])[0]
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """The last stage's map -> logits (N, num_classes), or the pooled (N, self.num_features)."""
+        x = x.mean(dim=(2, 3))
+        return x if pre_logits else self.classifier(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.classifier(self.forward_features(x))
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: Union[int, Sequence[int], None] = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ):
+        """The maps of the feature levels ``indices`` (0: the stem's, stride 2; 1-4: the
+        stages', strides 4-32; an int n: the last n; None: all) as timm's models give them:
+        ``(last stage's map, [maps])``, or the list alone with ``intermediates_only``.
+        ``stop_early`` stops after the last level asked for (the first value is then that
+        level's map). RedNet has no final norm (``norm`` is accepted and ignored) and only
+        the NCHW format."""
+        if output_fmt != "NCHW":
+            raise ValueError(f"RedNet: only output_fmt='NCHW' exists, got {output_fmt!r}")
+        levels = _take_indices(indices)
+        last, maps = self._levels(x, levels, stop_early=stop_early or intermediates_only)
+        return maps if intermediates_only else (last, maps)
+
+    def prune_intermediate_layers(
+        self, indices: Union[int, Sequence[int]] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop the stages after the last level of ``indices`` (and the head), as timm's
+        feature wrappers ask; returns the levels kept."""
+        levels = _take_indices(indices)
+        self.stages = self.stages[: max(levels)]
+        if prune_head:
+            self.reset_classifier(0)
+        return levels
+
+    def as_features(self, out_indices: Union[int, Sequence[int]] = (1, 2, 3, 4)) -> "RedNetFeatures":
+        """This model's stem and stages (shared, not copied) as a backbone returning the maps of
+        ``out_indices``."""
+        return RedNetFeatures(self, out_indices)
+
+
+class RedNetFeatures(_Backbone):
+    """A RedNet backbone: input (N, in_channels, H, W) -> the list of maps of ``out_indices``
+    (0: the stem's (N, width, ceil(H / 2), ceil(W / 2)); stage i's (N, 2**(i + 1) * width,
+    ceil(H / 2**(i + 1)), ceil(W / 2**(i + 1)))). Holds only the modules those maps need (no
+    head, no later stage: nothing without a gradient for DDP to complain about); its state
+    dict keys are the classifier's. ``feature_info`` describes the maps it returns."""
+
+    def __init__(self, model: RedNet, out_indices: Union[int, Sequence[int]] = (1, 2, 3, 4)):
+        super().__init__()
+        self.out_indices = tuple(_take_indices(out_indices, "out_indices"))
+        self.stem, self.pool = model.stem, model.pool
+        self.stages = model.stages[: max(self.out_indices)]
+        self.feature_info = FeatureInfo(model.feature_info[level] for level in self.out_indices)
+        self.pretrained_cfg = model.pretrained_cfg
+        frozen = min(model.frozen_stages, len(self.stages))
+        self._init_knobs(frozen, model.norm_eval)
+        self.grad_checkpointing = model.grad_checkpointing
+        self.train(model.training)
+
+    def forward(self, x: Tensor) -> list[Tensor]:
+        return self._levels(x, self.out_indices)[1]
 
 
 def _block_counts_of(state_dict) -> tuple[int, ...]:
@@ -176,6 +460,8 @@ def load_weights(model: RedNet, weights: Weights, name: str = "RedNet") -> RedNe
     backbone-only one) or with another number of classes loads only into a model built with
     ``num_classes`` other than 1000, whose new head keeps its initialisation."""
     state_dict = state_dict_of(weights)
+    if not isinstance(model.classifier, nn.Linear):  # no head (num_classes=0): a checkpoint's is not needed
+        state_dict = {k: v for k, v in state_dict.items() if not k.startswith("classifier.")}
     expected = model.state_dict()
     head = {key for key in expected if key.startswith("classifier.")}
     missing, unexpected = set(expected) - head - set(state_dict), set(state_dict) - set(expected)
@@ -191,7 +477,7 @@ def load_weights(model: RedNet, weights: Weights, name: str = "RedNet") -> RedNe
         raise ValueError(message)
     head_fits = all(key in state_dict and state_dict[key].shape == expected[key].shape for key in head)
     if not head_fits:
-        if model.classifier.out_features == 1000:
+        if model.num_classes == 1000:
             found = state_dict.get("classifier.weight")
             what = "no classifier" if found is None else f"a classifier of {found.shape[0]} classes"
             raise ValueError(
@@ -206,14 +492,23 @@ def load_weights(model: RedNet, weights: Weights, name: str = "RedNet") -> RedNe
     return model
 
 
-def _rednet(depth: int, weights: Weights | None, kwargs) -> RedNet:
+def _rednet(depth: int, weights: Weights | None, kwargs) -> Union[RedNet, RedNetFeatures]:
+    features_only = kwargs.pop("features_only", False)
+    if features_only:
+        out_indices = kwargs.pop("out_indices", (1, 2, 3, 4))
+        kwargs.setdefault("num_classes", 0)
     model = RedNet(BLOCK_COUNTS[depth], **kwargs)
-    return model if weights is None else load_weights(model, weights, f"RedNet-{depth}")
+    model.pretrained_cfg = dict(PRETRAINED_CFGS[depth])
+    if weights is not None:
+        load_weights(model, weights, f"RedNet-{depth}")
+    return model.as_features(out_indices) if features_only else model
 
 
 def rednet26(weights: Weights | None = None, **kwargs) -> RedNet:
     """RedNet-26: block counts (1, 2, 4, 1). ``weights``: a checkpoint path or a loaded dict
-    (see ``load_weights``); keyword arguments go to ``RedNet``."""
+    (see ``load_weights``); ``features_only=True`` (with ``out_indices``, default (1, 2, 3, 4))
+    gives a ``RedNetFeatures`` backbone; other keyword arguments go to ``RedNet``
+    (``num_classes``, ``frozen_stages``, ``norm_eval``, ...)."""
     return _rednet(26, weights, kwargs)
 
 
@@ -247,7 +542,11 @@ def rednet(depth: int, weights: Weights | None = None, **kwargs) -> RedNet:
 __all__ = [
     "BLOCK_COUNTS",
     "Bottleneck",
+    "FEATURE_LEVELS",
+    "FeatureInfo",
+    "PRETRAINED_CFGS",
     "RedNet",
+    "RedNetFeatures",
     "convert_official_state_dict",
     "load_weights",
     "rednet",
