@@ -51,14 +51,14 @@ BLOCK_COUNTS = {
 
 # What each depth's released ImageNet checkpoint expects and scored, in timm's pretrained_cfg
 # keys (mean and std of 0-1 RGB; oplib.imagenet works on 0-255, the same values times 255).
-# top1/top5: the paper repository's accuracies; gflops: its multiply-adds at 224 px, in
-# billions, which tests/test_models.py recounts with torch's FLOP counter.
+# params_m, gflops, top1/top5: the paper's parameters (millions), multiply-adds at 224 px
+# (billions) and its repository's accuracies; tests/test_backbones.py recounts the first two.
 _PAPER_RESULTS = {
-    26: dict(top1=75.96, top5=93.19, gflops=1.73),
-    38: dict(top1=77.48, top5=93.57, gflops=2.22),
-    50: dict(top1=78.35, top5=94.13, gflops=2.71),
-    101: dict(top1=78.92, top5=94.35, gflops=4.74),
-    152: dict(top1=79.12, top5=94.38, gflops=6.79),
+    26: dict(params_m=9.23, gflops=1.73, top1=75.96, top5=93.19),
+    38: dict(params_m=12.39, gflops=2.22, top1=77.48, top5=93.57),
+    50: dict(params_m=15.54, gflops=2.71, top1=78.35, top5=94.13),
+    101: dict(params_m=25.65, gflops=4.74, top1=78.92, top5=94.35),
+    152: dict(params_m=33.99, gflops=6.79, top1=79.12, top5=94.38),
 }
 PRETRAINED_CFGS = {
     depth: dict(
