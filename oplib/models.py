@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
+import warnings
 from collections.abc import Sequence
 from typing import Optional, Union
 
@@ -63,7 +65,6 @@ _PAPER_RESULTS = {
 PRETRAINED_CFGS = {
     depth: dict(
         architecture=f"rednet{depth}",
-        file=f"rednet{depth}.pth",
         num_classes=1000,
         input_size=(3, 224, 224),
         pool_size=(7, 7),
@@ -538,6 +539,19 @@ def rednet(depth: int, weights: Weights | None = None, **kwargs) -> RedNet:
         raise ValueError(f"RedNet: expected a depth in {sorted(BLOCK_COUNTS)}, got {depth}")
     return _rednet(depth, weights, kwargs)
 
+
+def _register_with_timm() -> None:
+    """The RedNets in timm's registry where timm is installed (``oplib._timm``)."""
+    if importlib.util.find_spec("timm") is None:
+        return
+    try:
+        from . import _timm  # noqa: F401
+    except Exception as error:  # timm present but broken, e.g. a torchvision built for another torch
+        warnings.warn(f"oplib: timm is installed but does not import ({type(error).__name__}: {error}); "
+                      "the RedNets are not registered with it", stacklevel=2)
+
+
+_register_with_timm()
 
 __all__ = [
     "BLOCK_COUNTS",

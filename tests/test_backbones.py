@@ -255,3 +255,22 @@ def test_readme_accuracy_table_is_the_pretrained_cfg():
     for depth, params, gflops, top1, top5 in rows:
         cfg = PRETRAINED_CFGS[int(depth)]
         assert (float(params), float(gflops), float(top1), float(top5)) == (cfg["params_m"], cfg["gflops"], cfg["top1"], cfg["top5"])
+
+
+def test_timm_creates_oplib_rednets(tmp_path):
+    """Runs where timm imports (not in oplib's CI: timm needs torchvision, which has no CPU
+    build on PyPI to go with the pinned CPU torch)."""
+    timm = pytest.importorskip("timm", exc_type=ImportError)
+    assert timm.list_models("rednet*") == ["rednet26", "rednet38", "rednet50", "rednet101", "rednet152"]
+    backbone = timm.create_model("rednet26", features_only=True, out_indices=(1, 2), width=16, group_channels=8)
+    assert isinstance(backbone, RedNetFeatures) and backbone.feature_info.channels() == [64, 128]
+    reference = _with_statistics(_narrow(26, num_classes=1000)).eval()
+    torch.save(reference.state_dict(), tmp_path / "rednet26.pth")
+    model = timm.create_model(
+        "rednet26", pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "rednet26.pth")), width=16, group_channels=8
+    ).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="needs the checkpoint file"):
+        timm.create_model("rednet26", pretrained=True)
