@@ -1,6 +1,6 @@
 """torch.compile and torch.export of every op (generated from the registry: parity with eager,
-errors while tracing, export round trip), and recompilation counts of a small model against
-its torch.nn twin."""
+errors while tracing, export round trip), recompilation counts of a small model against its
+torch.nn twin, and one compile of a RedNet backbone over image sizes."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+import oplib.models
 from oplib import registry
 from oplib.testing import generated_tests
 
@@ -23,14 +24,14 @@ TestTracedOps = generated_tests(registry.all_specs(), eager=False)
 SHAPES = [(2, 12, 14), (4, 15, 13), (5, 16, 20), (6, 9, 11), (7, 20, 14), (8, 13, 17)]
 
 
-def _count_compiles(model: torch.nn.Module, train: bool, dynamic) -> int:
-    """Graphs compiled over SHAPES. Counted as dynamo's unique graphs: an analysis restart
+def _count_compiles(model: torch.nn.Module, train: bool, dynamic, shapes=SHAPES, backend: str = "inductor") -> int:
+    """Graphs compiled over ``shapes``. Counted as dynamo's unique graphs: an analysis restart
     within one compile (e.g. BatchNorm's float arguments being specialised) is not a
     recompilation, though it calls the backend again."""
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(model, fullgraph=True, dynamic=dynamic)
-    for batch, height, width in SHAPES:
+    compiled = torch.compile(model, fullgraph=True, dynamic=dynamic, backend=backend)
+    for batch, height, width in shapes:
         x = torch.randn(batch, 3, height, width)
         if train:
             compiled(x).sum().backward()
@@ -81,3 +82,23 @@ def test_involution_net_inference_compiles_once_like_plain_torch():
     oplib_count = _count_compiles(oplib_model, False, True)
     assert oplib_count <= _count_compiles(torch_model, False, True)
     assert oplib_count == 1
+
+
+# Odd and even image sizes, 33 px and up a side: five stride-2 steps leave 2 pixels or more,
+# and a size of 1 is specialised (a new graph), as a batch of 1 is. Batches stay in 2-15: on
+# CPU, torch's convolution picks its backend by batch size and dynamo guards that range (a
+# plain nn.Conv2d too). The first shape has no two sizes alike (3 channels included), so duck
+# sizing cannot tie the height to the width or the batch.
+BACKBONE_SHAPES = [(2, 33, 47), (5, 64, 64), (3, 71, 40)]
+
+
+@pytest.mark.parametrize(
+    "backend", ["aot_eager", pytest.param("inductor", marks=[pytest.mark.integration, pytest.mark.needs_compiler])]
+)
+def test_rednet_backbone_compiles_once_over_image_sizes(backend):
+    """A features_only RedNet-26 (a list of four maps) under fullgraph=True, dynamic=True: one
+    graph for three batch and image sizes. aot_eager (AOTAutograd's tracing with dynamic
+    shapes, no code generation) in the unit tier; inductor in the integration tier."""
+    torch.manual_seed(0)
+    model = oplib.models.rednet26(width=16, group_channels=8, features_only=True).eval().requires_grad_(False)
+    assert _count_compiles(model, False, True, BACKBONE_SHAPES, backend) == 1

@@ -1,6 +1,7 @@
 """``python -m oplib export``: each format is written, loaded back as a deployment would load
 it, and checked against eager by the command itself; here the file is loaded once more in a
-fresh process."""
+fresh process. The same for ``--features-only`` (a backbone returning a list of maps), and
+``oplib.deploy.export`` of a narrow backbone in the unit tier."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import oplib.deploy
 import oplib.models
 import oplib.onnx
+from oplib.models import RedNetFeatures
+from oplib.testing import with_batch_norm_statistics
 
 ROOT = Path(__file__).resolve().parents[1]
+FORMATS = ["pt2", pytest.param("aoti", marks=pytest.mark.needs_compiler), "onnx"]
 
 
 def _export(fmt: str, out: Path, *extra: str) -> dict:
@@ -27,8 +32,27 @@ def _export(fmt: str, out: Path, *extra: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def _run_exported(fmt: str, path: Path, x: torch.Tensor) -> list[torch.Tensor]:
+    """The file at ``path`` loaded as a deployment would load it, run on ``x``: its outputs."""
+    if fmt == "onnx":
+        return oplib.onnx.run(path, (x,))
+    with torch.no_grad():
+        if fmt == "aoti":
+            got = torch._inductor.aoti_load_package(str(path))(x)
+        else:
+            got = torch.export.load(path).module()(x)
+    return [got] if isinstance(got, torch.Tensor) else list(got)
+
+
+def _assert_close_to(got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    """Each output within 1e-4 of its largest magnitude, as the command checks."""
+    assert [g.shape for g in got] == [e.shape for e in expected]
+    for g, e in zip(got, expected):
+        assert float((g - e).abs().max()) <= 1e-4 * float(e.abs().max())
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("fmt", ["pt2", pytest.param("aoti", marks=pytest.mark.needs_compiler), "onnx"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_export_command_writes_a_checked_file(fmt, tmp_path):
     torch.manual_seed(0)
     weights = tmp_path / "weights.pth"
@@ -41,13 +65,50 @@ def test_export_command_writes_a_checked_file(fmt, tmp_path):
     x = torch.randn(3, 3, 71, 90)
     with torch.no_grad():
         expected = model(x)
+    _assert_close_to(_run_exported(fmt, out, x), [expected])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_command_writes_a_checked_backbone(fmt, tmp_path):
+    """``--features-only --out-indices 0,2,4`` from a classifier's checkpoint (its head left
+    out): the stem's, the second stage's and the last stage's maps, named ``features_<level>``
+    in ONNX, equal to eager's at another batch and size."""
+    weights = tmp_path / "weights.pth"
+    # Non-trivial BatchNorms: a fresh RedNet's blocks compute their shortcut alone in eval mode.
+    model = with_batch_norm_statistics(oplib.models.rednet26()).eval()
+    torch.save(model.state_dict(), weights)
+    out = tmp_path / ("backbone-aoti.pt2" if fmt == "aoti" else f"backbone.{fmt}")
+    summary = _export(fmt, out, "--weights", str(weights), "--features-only", "--out-indices", "0,2,4")
+    assert summary["format"] == fmt and out.is_file() and summary["relative_error"] <= 1e-4
+    assert summary["output_shapes"] == [[2, 64, 32, 32], [2, 512, 8, 8], [2, 2048, 2, 2]]
     if fmt == "onnx":
-        got = oplib.onnx.run(out, (x,))[0]
-    elif fmt == "aoti":
-        got = torch._inductor.aoti_load_package(str(out))(x)
-    else:
-        got = torch.export.load(out).module()(x)
-    assert float((got - expected).abs().max()) <= 1e-4 * float(expected.abs().max())
+        import onnx
+
+        assert [output.name for output in onnx.load(out).graph.output] == ["features_0", "features_2", "features_4"]
+    x = torch.randn(3, 3, 71, 90)
+    with torch.no_grad():
+        expected = model.as_features((0, 2, 4))(x)
+    _assert_close_to(_run_exported(fmt, out, x), expected)
+
+
+def test_backbone_exports_with_dynamic_batch_and_size(tmp_path):
+    """A narrow features_only RedNet-26 through ``oplib.deploy.export`` (torch.export with a
+    dynamic batch and image size, saved, loaded and checked once), loaded again: its four maps
+    equal eager's at an odd size and an even one, other batches."""
+    torch.manual_seed(0)
+    model = with_batch_norm_statistics(oplib.models.rednet26(width=16, group_channels=8, features_only=True)).eval()
+    path = tmp_path / "backbone.pt2"
+    summary = oplib.deploy.export(model, torch.randn(2, 3, 48, 48), "pt2", path)
+    assert summary["output_shapes"] == [[2, 64, 12, 12], [2, 128, 6, 6], [2, 256, 3, 3], [2, 512, 2, 2]]
+    loaded = torch.export.load(path).module()
+    for shape in [(1, 3, 33, 47), (3, 3, 64, 64)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            expected = model(x)
+        got = loaded(x)
+        assert [g.shape[1] for g in got] == model.feature_info.channels()
+        torch.testing.assert_close(got, expected)
 
 
 def test_export_command_rejects_bad_arguments(tmp_path):
@@ -61,3 +122,40 @@ def test_export_command_rejects_bad_arguments(tmp_path):
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert result.returncode == 2 and "must end in .pt2" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--features-only", "--out-indices", "1,5"], "argument --out-indices: levels must lie in [0, 5) (0: the stem"),
+        (["--features-only", "--out-indices", "3,1"], "argument --out-indices: levels must be increasing, without repeats"),
+        (["--features-only", "--out-indices", "2,2"], "argument --out-indices: levels must be increasing, without repeats"),
+        (["--features-only", "--out-indices", "1,,2"], "argument --out-indices: expected comma-separated feature levels"),
+        (["--features-only", "--out-indices", "stages"], "argument --out-indices: expected comma-separated feature levels"),
+        (["--out-indices", "1,2"], "--out-indices: only with --features-only"),
+        (["--features-only", "--num-classes", "10"], "--num-classes: a --features-only backbone has no classifier"),
+    ],
+)
+def test_export_command_rejects_bad_backbone_arguments(args, message, tmp_path, capsys):
+    out = tmp_path / "x.onnx"
+    with pytest.raises(SystemExit) as exited:
+        oplib.deploy.main(["--depth", "26", "--format", "onnx", *args, str(out)])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_export_command_builds_the_backbone_asked_for(tmp_path, monkeypatch, capsys):
+    """``--features-only`` hands ``export`` a RedNetFeatures of the levels asked for, with the
+    classifier checkpoint's backbone loaded (the export itself: the integration tier)."""
+    weights = tmp_path / "weights.pth"
+    classifier = with_batch_norm_statistics(oplib.models.rednet26())
+    torch.save(classifier.state_dict(), weights)
+    exported = []
+    monkeypatch.setattr(oplib.deploy, "export", lambda model, example, fmt, out: exported.append(model) or {"format": fmt})
+    argv = ["--depth", "26", "--format", "pt2", "--weights", str(weights), "--features-only", "--out-indices", "1,-1"]
+    assert oplib.deploy.main([*argv, str(tmp_path / "x.pt2")]) == 0
+    (model,) = exported
+    assert isinstance(model, RedNetFeatures) and model.out_indices == (1, 4) and len(model.stages) == 4
+    backbone = {key: value for key, value in classifier.state_dict().items() if not key.startswith("classifier.")}
+    torch.testing.assert_close(model.state_dict(), backbone, rtol=0, atol=0)
+    assert json.loads(capsys.readouterr().out) == {"format": "pt2"}

@@ -8,6 +8,7 @@
     python -m oplib evaluate --depth 50 --weights FILE DATA_DIR   # ImageNet accuracy (oplib.imagenet)
     python -m oplib predict --depth 50 --weights FILE IMAGE...    # top-5 classes per image
     python -m oplib export --depth 26 --format onnx|pt2|aoti OUT   # a deployable file (oplib.deploy)
+    python -m oplib export --features-only --depth 50 --format onnx OUT   # the backbone: its feature maps
     python -m oplib bench --help  # time involution here against a depthwise conv and unfold (oplib.benchmark)
     python -m oplib --version
 """
@@ -35,7 +36,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     commands.add_parser("train", help="train a RedNet on scikit-learn's digits (python -m oplib train --help)")
     commands.add_parser("evaluate", help="ImageNet top-1/top-5 of a pretrained RedNet (python -m oplib evaluate --help)")
     commands.add_parser("predict", help="the top-5 ImageNet classes of images (python -m oplib predict --help)")
-    commands.add_parser("export", help="a RedNet as ONNX, torch.export or AOTInductor file (python -m oplib export --help)")
+    commands.add_parser("export", help="a RedNet (or its backbone) as ONNX, torch.export or AOTInductor file (python -m oplib export --help)")
     commands.add_parser(
         "bench", help="time involution against a depthwise convolution and unfold on this machine (python -m oplib bench --help)"
     )

@@ -6,7 +6,9 @@
 ``translation_table()`` maps every oplib op to an ONNX translation written with standard ONNX
 operators only (opset 18; no custom domain, which would run nowhere), for
 ``torch.onnx.export(..., dynamo=True, custom_translation_table=...)``. The ops' non-tensor
-arguments (stride, padding, ...) arrive as Python values.
+arguments (stride, padding, ...) arrive as Python values. It also replaces torch.onnx's
+translation of aten's avg_pool2d, which drops ``divisor_override`` (``Involution2d`` at
+stride 2 uses it).
 
 Involution (and its two backward ops) is written as K*K shifted, strided slices of one padded
 input, each multiplied by its tap of the weight and accumulated: exact for any stride,
@@ -178,6 +180,44 @@ def _involution_backward_input(grad_output, weight, input_size, stride, padding,
     return op.Reshape(cropped, op.Concat(batch_and_channels, _ints(input_size), axis=0))
 
 
+def _pair(values: Sequence[int]) -> list[int]:
+    """aten's int[2] argument (one value for both dims, or two) as two ints."""
+    values = [int(v) for v in values]
+    return values * 2 if len(values) == 1 else values
+
+
+def _avg_pool2d(input, kernel_size, stride=(), padding=(0, 0), ceil_mode=False, count_include_pad=True, divisor_override=None):
+    """aten's avg_pool2d, ``divisor_override`` included: torch.onnx's own translation drops it
+    and divides every window's sum by the window's size. ``Involution2d`` pools its kernel
+    source with a divisor of 1 and divides by the in-image count clamped to 1, so at odd sizes
+    the stride-2 cells partly outside the image (the last row and column) came out halved, the
+    corner quartered, and the layer's output there far off."""
+    op = _opset()
+    kernel, pads = _pair(kernel_size), _pair(padding)
+    strides = _pair(stride) if len(stride) else kernel  # aten's default stride: the kernel's size
+    unbatched = len(input.shape) == 3
+    x = op.Unsqueeze(input, _ints([0])) if unbatched else input
+    out = op.AveragePool(
+        x, kernel_shape=kernel, strides=strides, pads=pads + pads, ceil_mode=int(ceil_mode),
+        count_include_pad=int(count_include_pad),
+    )
+    if divisor_override is not None:
+        if ceil_mode or not (count_include_pad or pads == [0, 0]):
+            raise ValueError(
+                "oplib.onnx: avg_pool2d with divisor_override exports only without ceil_mode and with "
+                "count_include_pad or no padding (every window then holds kernel_size's count)"
+            )
+        # AveragePool divided each window's sum by KH * KW.
+        scale = op.CastLike(op.Constant(value_float=kernel[0] * kernel[1] / int(divisor_override)), out)
+        out = op.Mul(out, scale)
+    return op.Squeeze(out, _ints([0])) if unbatched else out
+
+
+# aten ops whose torch.onnx translation is wrong for what oplib's modules call them with.
+_ATEN_FIXES: dict[str, Callable[..., Any]] = {
+    "aten::avg_pool2d": _avg_pool2d,
+}
+
 _TRANSLATIONS: dict[str, Callable[..., Any]] = {
     "oplib::exp": _exp,
     "oplib::linear": _linear,
@@ -189,12 +229,13 @@ _TRANSLATIONS: dict[str, Callable[..., Any]] = {
 
 
 def translation_table() -> dict[torch._ops.OpOverload, Callable[..., Any]]:
-    """``{torch.ops.oplib.<op>.default: translation}`` for every op of oplib, for
+    """``{torch.ops.oplib.<op>.default: translation}`` for every op of oplib, and aten's
+    avg_pool2d (torch.onnx's own translation drops ``divisor_override``), for
     ``torch.onnx.export(..., dynamo=True, custom_translation_table=...)``.
 
     Only oplib's own ops: an op registered from outside oplib (``oplib.registry.register``)
     brings its own translation through ``export``'s ``custom_translation_table``."""
-    return {_overload(qualname): translation for qualname, translation in _TRANSLATIONS.items()}
+    return {_overload(qualname): translation for qualname, translation in (_TRANSLATIONS | _ATEN_FIXES).items()}
 
 
 def _overload(qualname: str) -> torch._ops.OpOverload:
@@ -235,10 +276,11 @@ def export(
 ):
     """Export ``model`` called on ``args`` to an ONNX file at ``path`` (opset 18, standard
     operators) and check it: the ONNX checker, and with ``check`` one run in ONNX Runtime (CPU)
-    on ``args`` against eager, within ``rtol`` of the largest output magnitude. Returns the
-    ``torch.onnx.ONNXProgram``. ``dynamic_shapes`` as for ``torch.export.export``;
-    ``custom_translation_table`` adds translations for other custom ops; ``kwargs`` go to
-    ``torch.onnx.export``."""
+    on ``args`` against eager, within ``rtol`` of each output's largest magnitude. Returns the
+    ``torch.onnx.ONNXProgram``. A model returning a list or tuple of tensors (a RedNet
+    backbone's maps) gives one ONNX output per tensor, in order; ``output_names=[...]`` names
+    them. ``dynamic_shapes`` as for ``torch.export.export``; ``custom_translation_table`` adds
+    translations for other custom ops; ``kwargs`` go to ``torch.onnx.export``."""
     import onnx
 
     table = translation_table() | dict(custom_translation_table or {})
@@ -254,11 +296,14 @@ def export(
             expected = model(*args)
         got = run(path, args)
         expected = expected if isinstance(expected, (tuple, list)) else (expected,)
-        for e, g in zip(expected, got, strict=True):
+        for index, (e, g) in enumerate(zip(expected, got, strict=True)):
             scale = float(e.abs().max()) if e.numel() else 0.0
             error = float((g - e).abs().max()) if e.numel() else 0.0
             if error > rtol * max(scale, 1e-30):
-                raise RuntimeError(f"oplib.onnx: ONNX Runtime differs from eager by {error:.3g} (largest output {scale:.3g})")
+                which = f"output {index} of {len(expected)}" if len(expected) > 1 else "the output"
+                raise RuntimeError(
+                    f"oplib.onnx: ONNX Runtime differs from eager by {error:.3g} in {which} (largest value {scale:.3g})"
+                )
     return onnx_program
 
 

@@ -103,6 +103,24 @@ def tensor_args(sample: SampleInput) -> list[int]:
     return [i for i, a in enumerate(sample.args) if isinstance(a, Tensor)]
 
 
+def with_batch_norm_statistics(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
+    """``model`` with random running statistics and affine parameters in every BatchNorm,
+    in place. A fresh RedNet's residual branches end in a BatchNorm of scale 0, so in eval
+    mode each block computes its shortcut alone and an export that got a block's involution
+    wrong would still match eager; with these, every layer shows in the outputs."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.running_mean.normal_(0, 0.1, generator=generator)
+                module.running_var.uniform_(0.5, 1.5, generator=generator)
+                module.bias.normal_(0, 0.1, generator=generator)
+                # Scales well below 1: involution's kernels are generated from its input, so
+                # activations grow quadratically through the blocks with scales near 1.
+                module.weight.uniform_(0.1, 0.3, generator=generator)
+    return model
+
+
 class OpCall(torch.nn.Module):
     """A module calling ``op`` on a sample: its tensors are the forward's inputs, its other
     arguments constants. Used to export one op call."""
