@@ -45,7 +45,8 @@ test-oldest:
 # cuda_resources.py have no bar).
 bench: $(VENV)/.installed
 	status=0; $(PY) bench/dense.py || status=1; $(PY) bench/involution.py || status=1; \
-	$(PY) bench/rednet.py || status=1; $(PY) bench/cuda_resources.py || status=1; exit $$status
+	$(PY) bench/rednet.py || status=1; $(PY) bench/backbone.py || status=1; $(PY) bench/cuda_resources.py || status=1; \
+	exit $$status
 
 # The sdist, then the wheel built from it, by the standard frontend; metadata checked as the
 # package index checks it. (tests/test_package.py also installs that wheel and runs it.)

@@ -1,0 +1,122 @@
+"""The memory of a RedNet-50 training step, with and without activation checkpointing
+(``set_grad_checkpointing``), against a torch.nn ResNet-50 (bench/rednet.py's), and what
+checkpointing costs in step time.
+
+    python bench/backbone.py            # writes bench/results/backbone.md
+    python bench/backbone.py --quick    # 64x64, batch 2, one round (smoke test)
+
+A step is forward, cross-entropy, backward and an SGD step, eager, in train mode, 224x224 RGB
+at batch 8. Saved activations: the bytes of the distinct storages autograd saves for the
+backward pass (``torch.autograd.graph.saved_tensors_hooks``), parameters left out; with
+checkpointing, each bottleneck saves only its input, and recomputes the rest in the backward
+pass. Peak: the highest resident memory above the model and optimizer state during a step,
+in a fresh process (``_harness.peak_memory``). Step times: the three steps in one process,
+interleaved.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import _harness
+from _harness import Section
+from oplib.benchmark import call, ratio
+from oplib.kernels import native
+from oplib.models import rednet50
+from rednet import _train_step, resnet50
+
+BATCH, SIZE = 8, 224
+CASES = {
+    "RedNet-50": (rednet50, False),
+    "RedNet-50, checkpointed": (rednet50, True),
+    "ResNet-50 (torch.nn)": (resnet50, False),
+}
+
+
+def _model(case: str) -> nn.Module:
+    build, checkpointed = CASES[case]
+    torch.manual_seed(0)
+    model = build()
+    if checkpointed:
+        model.set_grad_checkpointing(True)
+    return model
+
+
+def _inputs(batch: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(batch, 3, size, size), torch.randint(0, 1000, (batch,))
+
+
+def _step(case: str, batch: int, size: int) -> Callable[[], None]:
+    """A training step of ``case`` (for the peak, in a fresh process)."""
+    model = _model(case)
+    return _train_step(model, model, *_inputs(batch, size))
+
+
+def saved_activation_bytes(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> int:
+    """Bytes of the distinct non-parameter storages autograd saves during one training step."""
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        F.cross_entropy(model(images), labels).backward()
+    model.zero_grad(set_to_none=True)
+    return sum(storages.values())
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = _harness.parser(__doc__, rounds=3, min_run_time=2.0)
+    settings = _harness.start(parser.parse_args(argv), __file__)
+    batch, size = (2, 64) if settings.quick else (BATCH, SIZE)
+    images, labels = _inputs(batch, size)
+    saved = {case: saved_activation_bytes(_model(case), images, labels) for case in CASES}
+    steps = {}
+    for case in CASES:
+        model = _model(case)
+        steps[case,] = _train_step(model, model, images, labels)
+    section = Section(settings)
+    times = section.measure("train step", {key: call(step) for key, step in steps.items()})
+    plain = times["RedNet-50",]
+    rows = []
+    for case in CASES:
+        rows.append([
+            case, _harness.megabytes(saved[case]), f"{saved[case] / saved['ResNet-50 (torch.nn)']:.2f}x",
+            _harness.megabytes(_harness.peak_memory(_step, case, batch, size)),
+            f"{times[case,].median * 1e3:.0f}", f"{ratio(times[case,], plain):.2f}x",
+        ])  # fmt: skip
+    lines = [
+        *_harness.header(
+            settings,
+            "RedNet-50 training memory: activation checkpointing vs ResNet-50",
+            f"- float32, eager, train mode, {size}x{size} RGB, batch {batch}, 1000 classes; step = forward + "
+            "cross-entropy + backward + SGD step (momentum 0.9)",
+            "- saved activations: distinct storages autograd saves for the backward pass, parameters left out; "
+            "peak: highest resident memory above the model and optimizer state during a step (fresh process)",
+            f"- involution's CPU kernels: {native.status()}",
+        ),
+        section.load_line(),
+        "",
+        *_harness.table(
+            ("model", "saved activations (MB)", "/ ResNet-50", "step peak (MB)", "step (ms)", "step / RedNet-50's"),
+            "lrrrrr",
+            rows,
+        ),
+    ]
+    _harness.write_report(settings, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
