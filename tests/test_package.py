@@ -109,3 +109,34 @@ def test_installed_wheel_runs_the_self_check(built, tmp_path):
     check = _run([python, "-m", "oplib", "check", "--op", "involution"], cwd=tmp_path, timeout=1800).stdout
     assert re.search(r"\n\d+ passed, 0 failed, 0 not applicable", check), check[-3000:]
     assert re.search(r"  involution\s+cpu\s+CUDA sources\s+pass", check), check[-3000:]
+
+
+def _readme_checkout_installs() -> list[str]:
+    """The README's install-from-a-checkout commands (``pip install .`` and its extras)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Install") :]
+    block = section[section.index("```") + 3 :]
+    block = block[: block.index("```")]
+    commands = [line.split("#")[0].strip() for line in block.splitlines()]
+    return [command for command in commands if command.startswith(("pip install .", "pip install '.["))]
+
+
+def test_install_from_a_checkout_as_the_readme_says(tmp_path):
+    """The README's first install command, ``pip install .`` in a copy of the checkout, into a
+    fresh virtual environment that has the pinned torch: oplib imports from there and runs."""
+    commands = _readme_checkout_installs()
+    assert commands[0] == "pip install .", commands
+    checkout = tmp_path / "oplib"
+    for name in _project_files():
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, checkout / name)
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
+    python = venv / "bin" / "python"
+    _run([python, "-m", "pip", "install", "--quiet", f"torch=={torch.__version__.split('+')[0]}"], cwd=tmp_path)
+    pip, install, *arguments = commands[0].split()
+    _run([python, "-m", pip, install, "--quiet", *arguments], cwd=checkout)
+    located = _run([python, "-c", "import oplib; print(oplib.__file__)"], cwd=tmp_path).stdout.strip()
+    assert Path(located).is_relative_to(venv), located
+    listed = _run([python, "-m", "oplib", "list"], cwd=tmp_path).stdout
+    assert all(spec.schema in listed for spec in registry.all_specs()), listed
