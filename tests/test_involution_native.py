@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from oplib import registry
 from oplib.kernels import native
@@ -29,6 +30,60 @@ def test_registry_samples_match_the_reference(monkeypatch, name, dtype):
     spec = registry.get(name)
     for sample in spec.sample_inputs("cpu", dtype, False):
         assert_matches_reference(spec, sample, spec.op(*sample.args), dtype)
+
+
+# grad_weight's pixel-lane paths (AVX-512 builds; other builds run these on the channel-lane
+# kernel): maps up to 8 wide row by row in half-width vectors; wider ones by padded row, with
+# a partial last block, the result staged in the cache (an item's result up to 256 KB) or
+# stored in place (40x40 at K = 7: 314 KB); kernels 3, 5 and 7, strides 1 and 2, paddings
+# other than K // 2 and unequal along the axes, 8 to 32 channels a group.
+PIXEL_LANE_GEOMETRIES = {
+    # name: (n, channels, height, width, groups, kernel, stride, padding)
+    "narrow-7x7": (2, 32, 7, 7, 2, 7, 1, (3, 3)),
+    "narrow-stride2-odd": (1, 16, 14, 13, 1, 7, 2, (3, 2)),
+    "wide-partial-block": (2, 48, 9, 19, 3, 5, 1, (1, 2)),
+    "wide-stride2": (1, 32, 21, 33, 2, 3, 2, (0, 1)),
+    "wide-in-place": (1, 16, 40, 40, 1, 7, 1, (3, 3)),
+    "wide-wide-padding": (2, 16, 12, 30, 2, 7, 2, (4, 3)),
+}
+
+
+def _pixel_lane_operands(geometry, dtype, channels_last):
+    n, channels, height, width, groups, kernel, stride, padding = geometry
+    out = [(size + 2 * pad - kernel) // stride + 1 for size, pad in zip((height, width), padding)]
+    x = torch.randn(n, channels, height, width, dtype=torch.float64).to(dtype)
+    grad = torch.randn(n, channels, *out, dtype=torch.float64).to(dtype)
+    if channels_last:
+        x, grad = x.to(memory_format=torch.channels_last), grad.to(memory_format=torch.channels_last)
+    return x, grad, [kernel, kernel], [stride, stride], list(padding), [1, 1], groups
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("geometry", PIXEL_LANE_GEOMETRIES.values(), ids=PIXEL_LANE_GEOMETRIES.keys())
+def test_grad_weight_pixel_lane_windows_match_the_reference(monkeypatch, geometry, dtype, channels_last):
+    force_native(monkeypatch)
+    torch.manual_seed(0)
+    x, grad, kernel, stride, padding, dilation, groups = _pixel_lane_operands(geometry, dtype, channels_last)
+    got = torch.ops.oplib.involution_backward_weight(grad, x, kernel, stride, padding, dilation, groups)
+    expected = registry.get("involution_backward_weight").reference(grad.double(), x.double(), kernel, stride, padding, dilation, groups)
+    atol, rtol = registry.get("involution_backward_weight").tolerance(dtype)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), expected, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("geometry", PIXEL_LANE_GEOMETRIES.values(), ids=PIXEL_LANE_GEOMETRIES.keys())
+def test_grad_weight_pixel_lane_windows_keep_the_reference_nan_and_inf(monkeypatch, geometry):
+    """inf in the input's first and last columns and a nan in grad_output: every output the
+    padded (unfold) reference makes nan or inf is nan or inf here, in the same places."""
+    force_native(monkeypatch)
+    torch.manual_seed(0)
+    x, grad, kernel, stride, padding, dilation, groups = _pixel_lane_operands(geometry, torch.float32, False)
+    x[0, 0, 0, 0], x[-1, -1, -1, -1], grad[0, -1, -1, 0] = float("inf"), float("-inf"), float("nan")
+    got = torch.ops.oplib.involution_backward_weight(grad, x, kernel, stride, padding, dilation, groups)
+    expected = registry.get("involution_backward_weight").reference(grad.double(), x.double(), kernel, stride, padding, dilation, groups)
+    assert expected.isnan().any() and expected.isinf().any()
+    torch.testing.assert_close(got.double(), expected, atol=1e-4, rtol=1e-4, equal_nan=True)
 
 
 def test_auto_without_a_compiler_falls_back_with_one_warning(monkeypatch):
@@ -157,10 +212,12 @@ def test_native_kernels_are_clean_under_address_sanitizer(tmp_path):
 
 # Off-by-ones planted one at a time in a copy of the source: grad_input's unrolled blocks
 # reading one grad_output column past the last; the channel-row copy reading one column past
-# each input row's end.
+# each input row's end; grad_weight's pixel-lane scratch for grad_output short of the zero
+# rows that the last padded rows read.
 PLANTED_OVER_READS = {
     "gather-block-bound": ("if (j < first || j > last) continue;", "if (j < first || j > last + 1) continue;"),
     "channel-row-tail": ("for (int64_t x = whole_end; x < end; ++x) row", "for (int64_t x = whole_end; x <= end; ++x) row"),
+    "pixel-lane-grad-rows": ("g_rows = geo.out_h + 2 * R + K,", "g_rows = geo.out_h + R,"),
 }
 
 
