@@ -6,7 +6,8 @@ Each entry names the releases it is for and does nothing on the others.
 from __future__ import annotations
 
 import torch
-import torch._meta_registrations
+
+from ._torch_private import meta_registrations
 
 
 def _floor_div(x, y):
@@ -23,4 +24,4 @@ def pooling_sizes_without_parity_guard() -> None:
     remainder never changes the result: torch 2.13's div_rtn is ``x // y``, and this puts
     that in place on older releases."""
     if torch.__version__ < (2, 13):
-        torch._meta_registrations.div_rtn = _floor_div
+        meta_registrations.div_rtn = _floor_div

@@ -119,9 +119,9 @@ class _RestrictedUnpickler(pickle.Unpickler):
     "restricting globals" pattern of Python's pickle documentation)."""
 
     def find_class(self, module: str, name: str):
-        from torch._weights_only_unpickler import _get_allowed_globals
+        from . import _torch_private
 
-        return _get_allowed_globals().get(f"{module}.{name}", _Placeholder)
+        return _torch_private.get_allowed_globals().get(f"{module}.{name}", _Placeholder)
 
 
 class _restricted_pickle:  # noqa: N801  (stands in for the pickle module in torch.load)

@@ -32,6 +32,8 @@ import torch
 from torch import Tensor
 from torch.export import Dim
 
+from . import _torch_private as private
+
 from .models import BLOCK_COUNTS, RedNetFeatures, _take_indices, rednet
 
 FORMATS = ("onnx", "pt2", "aoti")
@@ -77,8 +79,8 @@ def export(model: torch.nn.Module, example: torch.Tensor, format: str, out: Path
             torch.export.save(program, out)
             loaded = torch.export.load(out).module()
         else:
-            torch._inductor.aoti_compile_and_package(program, package_path=str(out))
-            loaded = torch._inductor.aoti_load_package(str(out))
+            private.aoti_compile_and_package(program, package_path=str(out))
+            loaded = private.aoti_load_package(str(out))
         run = lambda x: loaded(x)  # noqa: E731
     seconds = time.perf_counter() - start
     with torch.no_grad():

@@ -28,6 +28,8 @@ from typing import Any, Optional
 
 import torch
 
+from ._torch_private import OpOverload
+
 
 OPSET = 18
 
@@ -228,7 +230,7 @@ _TRANSLATIONS: dict[str, Callable[..., Any]] = {
 }
 
 
-def translation_table() -> dict[torch._ops.OpOverload, Callable[..., Any]]:
+def translation_table() -> dict[OpOverload, Callable[..., Any]]:
     """``{torch.ops.oplib.<op>.default: translation}`` for every op of oplib, and aten's
     avg_pool2d (torch.onnx's own translation drops ``divisor_override``), for
     ``torch.onnx.export(..., dynamo=True, custom_translation_table=...)``.
@@ -238,7 +240,7 @@ def translation_table() -> dict[torch._ops.OpOverload, Callable[..., Any]]:
     return {_overload(qualname): translation for qualname, translation in (_TRANSLATIONS | _ATEN_FIXES).items()}
 
 
-def _overload(qualname: str) -> torch._ops.OpOverload:
+def _overload(qualname: str) -> OpOverload:
     namespace, name = qualname.split("::")
     try:
         return getattr(getattr(torch.ops, namespace), name).default
@@ -253,7 +255,7 @@ class UntranslatedOpError(RuntimeError):
 def _check_translated(program: torch.export.ExportedProgram, table) -> None:
     for node in program.graph.nodes:
         target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(target, OpOverload):
             continue
         if target.namespace in ("aten", "prims") or target in table:
             continue

@@ -27,6 +27,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from ._torch_private import OpOverload, dispatch_has_kernel_for_dispatch_key, dispatch_key_for_device, maybe_get_opdef
+
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 # (atol, rtol) against the float64 reference, per dtype of the inputs.
@@ -72,7 +74,7 @@ class OpSpec:
     """
 
     name: str
-    op: torch._ops.OpOverload
+    op: OpOverload
     reference: Callable[..., Tensor]
     sample_inputs: Callable[[str, torch.dtype, bool], Iterator[SampleInput]]
     error_inputs: Callable[[str], Iterator[ErrorInput]] = lambda device: iter(())
@@ -116,7 +118,7 @@ class OpSpec:
         return AUTOCAST_POLICIES.get(self.qualname, {})
 
     def _opdef(self):
-        return torch._library.custom_ops._maybe_get_opdef(self.qualname)
+        return maybe_get_opdef(self.qualname)
 
     @property
     def has_fake(self) -> bool:
@@ -135,16 +137,14 @@ class OpSpec:
         """Whether torch.utils.flop_counter.FlopCounterMode can count the op."""
         from torch.utils.flop_counter import flop_registry
 
-        return self.op._overloadpacket in flop_registry
+        return self.op.overloadpacket in flop_registry
 
     def autocast_devices(self) -> tuple[str, ...]:
         """Devices with an autocast kernel; elsewhere autocast passes the op through."""
         return tuple(
             device
             for device in ("cpu", "cuda")
-            if torch._C._dispatch_has_kernel_for_dispatch_key(
-                self.qualname, "Autocast" + torch._C._dispatch_key_for_device(device)
-            )
+            if dispatch_has_kernel_for_dispatch_key(self.qualname, "Autocast" + dispatch_key_for_device(device))
         )
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:

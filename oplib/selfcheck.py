@@ -5,20 +5,31 @@ and run on CPU. A user on a new machine runs it to know oplib works there."""
 
 from __future__ import annotations
 
-import io
 import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import torch
+from .registry import OpSpec
+from .testing.checks import (  # noqa: F401  (re-exported: the checks the self-check runs)
+    NotApplicable,
+    check_compile,
+    check_cuda_sources,
+    check_eager,
+    check_export,
+    check_gradients,
+    check_opcheck,
+)
 
-from .registry import OpSpec, cast_sample
-from .testing import OpCall, assert_matches_reference, tensor_args
 
-
-class NotApplicable(Exception):
-    """Raised by a check that does not apply to an (op, device); its message says why."""
+CHECKS: dict[str, Callable[[OpSpec, str], None]] = {
+    "eager vs reference": check_eager,
+    "gradcheck": check_gradients,
+    "opcheck": check_opcheck,
+    "torch.compile": check_compile,
+    "export round trip": check_export,
+    "CUDA sources": check_cuda_sources,
+}
 
 
 @dataclass(frozen=True)
@@ -34,99 +45,6 @@ class CheckResult:
     @property
     def status(self) -> str:
         return "n/a" if not self.applicable else "pass" if self.passed else "FAIL"
-
-
-def check_eager(spec: OpSpec, device: str) -> None:
-    for dtype in spec.dtypes[device]:
-        for sample in spec.sample_inputs(device, dtype, False):
-            assert_matches_reference(spec, sample, spec.op(*sample.args), dtype)
-
-
-def check_gradients(spec: OpSpec, device: str) -> None:
-    """gradcheck and gradgradcheck in float64, both in fast mode (random projections of the
-    Jacobians); the test suite builds the full first-order Jacobians, and the full
-    second-order ones where the spec does not ask for fast mode."""
-    for sample in spec.sample_inputs(device, torch.float64, True):
-        tolerance = dict(fast_mode=True, nondet_tol=spec.gradcheck_nondet_tol)
-        torch.autograd.gradcheck(spec.op, sample.args, **tolerance)
-        torch.autograd.gradgradcheck(spec.op, sample.args, **tolerance)
-
-
-def check_opcheck(spec: OpSpec, device: str) -> None:
-    for sample in spec.sample_inputs(device, torch.float64, True):
-        torch.library.opcheck(spec.op, sample.args)
-
-
-def check_compile(spec: OpSpec, device: str, samples: slice = slice(None)) -> None:
-    """Each sample (or the ``samples`` slice of them) compiled with the sizes of its first
-    argument dynamic (weights stay static, as parameters do under torch.compile): forward,
-    strides and gradients match eager. Not applicable on a CPU without a C++ compiler, where
-    torch.compile itself cannot generate code."""
-    from .testing.toolchain import missing_inductor_compiler
-
-    if device == "cpu" and missing_inductor_compiler() is not None:
-        raise NotApplicable(missing_inductor_compiler())
-    for sample in list(spec.sample_inputs(device, torch.float32, True))[samples]:
-        torch._dynamo.reset()
-        compiled = torch.compile(spec.op, fullgraph=True)
-        eager = cast_sample(sample, torch.float32)
-        for dim in range(sample.args[0].dim()):
-            torch._dynamo.maybe_mark_dynamic(sample.args[0], dim)
-        out, expected = compiled(*sample.args), spec.op(*eager.args)
-        torch.testing.assert_close(out, expected, msg=lambda m: f"{sample.name}: {m}")
-        assert out.stride() == expected.stride() or out.numel() == 0, f"{sample.name}: strides differ"
-        positions = tensor_args(sample)
-        grad = torch.randn_like(expected)
-        got = torch.autograd.grad(out, [sample.args[i] for i in positions], grad)
-        want = torch.autograd.grad(expected, [eager.args[i] for i in positions], grad)
-        torch.testing.assert_close(got, want, msg=lambda m: f"{sample.name} (gradients): {m}")
-    torch._dynamo.reset()
-
-
-def check_export(spec: OpSpec, device: str, samples: slice = slice(None)) -> None:
-    """Each sample (or the ``samples`` slice of them) exported, saved, loaded back and run:
-    outputs equal eager."""
-    for sample in list(spec.sample_inputs(device, torch.float32, False))[samples]:
-        tensors = tuple(a for a in sample.args if isinstance(a, torch.Tensor))
-        module = OpCall(spec.op, sample)
-        buffer = io.BytesIO()
-        torch.export.save(torch.export.export(module, tensors), buffer)
-        buffer.seek(0)
-        loaded = torch.export.load(buffer).module()
-        torch.testing.assert_close(loaded(*tensors), module(*tensors), msg=lambda m: f"{sample.name}: {m}")
-
-
-def check_cuda_sources(spec: OpSpec, device: str) -> None:
-    """On CPU: the op's CUDA dispatch (allocation, argument order, launch configuration) runs
-    its installed ``.cu`` source compiled for the host by the C++ compiler (oplib's host
-    emulation), on every sample in float64 and float32, against the reference. On a GPU the
-    eager check already runs the real kernels."""
-    from .kernels import CUDA_DISPATCH
-
-    dispatch = CUDA_DISPATCH.get(spec.qualname)
-    if dispatch is None:
-        raise NotApplicable("no CUDA kernels of its own (the CUDA path is torch's)")
-    if device != "cpu":
-        raise NotApplicable("the eager check runs the real CUDA kernels here")
-    from .testing.cuda_emulation import EmulatedLauncher
-    from .testing.toolchain import missing_host_compiler
-
-    if missing_host_compiler() is not None:
-        raise NotApplicable(missing_host_compiler())
-    launcher = EmulatedLauncher()
-    for dtype in (torch.float64, torch.float32):
-        for sample in spec.sample_inputs("cpu", dtype, False):
-            assert_matches_reference(spec, sample, dispatch(*sample.args, launcher), dtype)
-
-
-CHECKS: dict[str, Callable[[OpSpec, str], None]] = {
-    "eager vs reference": check_eager,
-    "gradcheck": check_gradients,
-    "opcheck": check_opcheck,
-    "torch.compile": check_compile,
-    "export round trip": check_export,
-    "CUDA sources": check_cuda_sources,
-}
 
 
 def run(specs: Iterable[OpSpec], devices: Iterable[str], report: Callable[[CheckResult], None] = lambda r: None):

@@ -12,6 +12,8 @@ from typing import Literal, Optional
 import torch
 from torch import Tensor
 
+from .._torch_private import DispatchKey, DispatchKeySet, ExcludeDispatchKeyGuard, dispatch_key_for_device
+
 # One Library object per namespace for the registrations that torch.library has no helper
 # for (autocast kernels that read the autocast dtype at call time); kept alive for the life
 # of the process.
@@ -198,14 +200,14 @@ def register_autocast_policy(qualname: str, device_type: str, policy: AutocastPo
     ignore ``torch.autocast(dtype=...)``, hence this helper.
     ``fp32``: inputs are cast to float32, as torch does for ``exp`` on CUDA.
     """
-    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
-    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    key = "Autocast" + dispatch_key_for_device(device_type)
+    excluded = DispatchKeySet(getattr(DispatchKey, key))
     namespace, name = qualname.split("::")
     op = getattr(getattr(torch.ops, namespace), name).default
 
     def kernel(_keyset, *args):
         dtype = torch.get_autocast_dtype(device_type) if policy == "lower_precision" else torch.float32
-        with torch._C._ExcludeDispatchKeyGuard(excluded):
+        with ExcludeDispatchKeyGuard(excluded):
             return op(*(_autocast_cast(a, device_type, dtype) for a in args))
 
     if namespace not in _LIBRARIES:

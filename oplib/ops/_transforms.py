@@ -39,9 +39,16 @@ from typing import Any, Optional
 import torch
 import torch.autograd.forward_ad as forward_ad
 from torch import Tensor
-from torch._functorch.autograd_function import custom_function_call
-from torch._library.autograd import make_autograd_impl
-from torch._library.custom_ops import CustomOpDef
+
+from .._torch_private import (
+    AutoDispatchBelowAutograd,
+    CustomOpDef,
+    after_autograd_keyset,
+    any_requires_grad,
+    custom_function_call,
+    forward_ad_level,
+    make_autograd_impl,
+)
 
 # jvp(inputs, output, tangents) -> the output's tangent. ``inputs`` are the op's arguments,
 # ``tangents`` one per argument: a tensor, or None where the argument has no tangent.
@@ -109,15 +116,15 @@ def register_jvp(opdef: CustomOpDef, jvp: JvpRule) -> None:
     function = _function_for(opdef, jvp)
     reverse_mode = make_autograd_impl(opdef._opoverload, opdef)
     op = opdef._opoverload
-    after_autograd = torch._C._after_autograd_keyset
-    is_grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
+    after_autograd = after_autograd_keyset
+    is_grad_enabled = torch.is_grad_enabled
 
     def autograd_kernel(keyset, *args: Any):
-        if forward_ad._current_level >= 0 and _has_tangent(args):
+        if forward_ad_level() >= 0 and _has_tangent(args):
             return function.apply(*args)
         if is_grad_enabled() and any_requires_grad(*args):
             return reverse_mode(keyset, *args)
-        with torch._C._AutoDispatchBelowAutograd():
+        with AutoDispatchBelowAutograd():
             return op.redispatch(keyset & after_autograd, *args)
 
     def functorch_kernel(*args: Any):

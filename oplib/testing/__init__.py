@@ -111,7 +111,7 @@ def with_batch_norm_statistics(model: torch.nn.Module, seed: int = 1) -> torch.n
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            if isinstance(module, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)):
                 module.running_mean.normal_(0, 0.1, generator=generator)
                 module.running_var.uniform_(0.5, 1.5, generator=generator)
                 module.bias.normal_(0, 0.1, generator=generator)

@@ -28,11 +28,10 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .. import selfcheck
+from .. import _torch_private as private
 from ..registry import OpSpec, SampleInput, cast_sample
-from . import OpCall, assert_matches_reference, representative_samples, spec_dtype_params, spec_params, tensor_args, toolchain
+from . import OpCall, assert_matches_reference, checks, representative_samples, spec_dtype_params, spec_params, tensor_args, toolchain
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 # The unit tier compiles and exports each op's first sample; the integration tier the others.
@@ -236,7 +235,7 @@ def generated_tests(specs: Sequence[OpSpec], *, eager: bool = True, tracing: boo
         @pytest.mark.parametrize("spec,device", by_device)
         def test_error_inputs_fake(self, spec, device):
             for error in spec.error_inputs(device):
-                with FakeTensorMode() as mode:
+                with private.FakeTensorMode() as mode:
                     args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in error.sample.args]
                     _check_raises(error, lambda: spec.op(*args))
 
@@ -248,19 +247,19 @@ def generated_tests(specs: Sequence[OpSpec], *, eager: bool = True, tracing: boo
         def test_compiled_forward_and_backward_match_eager(self, spec, device):
             """The first sample compiled (the others: the integration tier's next test)."""
             toolchain.require_inductor_compiler(device)
-            selfcheck.check_compile(spec, device, FIRST_SAMPLE)
+            checks.check_compile(spec, device, FIRST_SAMPLE)
 
         @pytest.mark.integration
         @pytest.mark.parametrize("spec,device", by_device)
         def test_compiled_forward_and_backward_match_eager_other_samples(self, spec, device):
             toolchain.require_inductor_compiler(device)
-            selfcheck.check_compile(spec, device, OTHER_SAMPLES)
+            checks.check_compile(spec, device, OTHER_SAMPLES)
 
         @pytest.mark.parametrize("spec,device", by_device)
         def test_error_inputs_while_tracing(self, spec, device):
             """The eager error (type and message) is what tracing reports as the cause."""
             for error in spec.error_inputs(device):
-                torch._dynamo.reset()
+                torch.compiler.reset()
                 compiled = torch.compile(spec.op, fullgraph=True, dynamic=False, backend="eager")
                 with pytest.raises(RuntimeError) as info:
                     compiled(*error.sample.args)
@@ -271,12 +270,12 @@ def generated_tests(specs: Sequence[OpSpec], *, eager: bool = True, tracing: boo
         @pytest.mark.parametrize("spec,device", by_device)
         def test_export_save_load_round_trip(self, spec, device):
             """The first sample exported (the others: the integration tier's next test)."""
-            selfcheck.check_export(spec, device, FIRST_SAMPLE)
+            checks.check_export(spec, device, FIRST_SAMPLE)
 
         @pytest.mark.integration
         @pytest.mark.parametrize("spec,device", by_device)
         def test_export_save_load_round_trip_other_samples(self, spec, device):
-            selfcheck.check_export(spec, device, OTHER_SAMPLES)
+            checks.check_export(spec, device, OTHER_SAMPLES)
 
         @pytest.mark.parametrize("spec,device", by_device)
         def test_error_inputs_while_exporting(self, spec, device):
