@@ -186,5 +186,6 @@ def forward_ad_level() -> int:
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return resolve(SYMBOLS[name].path)
+        value = globals()[name] = resolve(SYMBOLS[name].path)  # resolved once
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -608,7 +608,7 @@ inline void weight_grad_block(const T* grads, const T* const* windows, const int
 // Registers for sums: the vector registers less those holding grad_output and the load.
 constexpr int kVectorRegisters = kWideBytes == 64 ? 32 : 16;
 
-template <typename T, int LANES, int K, int S>
+template <int K, int S>
 struct PixelLaneWindow {
   static constexpr int kRowSlots = (K + S - 1) / S;  // kernel rows a padded row can serve
   static constexpr int kMaxColumns = std::max(1, (kVectorRegisters - 2 - kRowSlots) / kRowSlots);
@@ -641,7 +641,7 @@ inline void weight_grad_taps(const T* x, int64_t x_channel, const T* g, int64_t 
                              unsigned slot_valid, int64_t a0, int64_t top, int64_t phase_stride, scalar_t* out,
                              int64_t plane, int64_t out_w, int64_t count) {
   using V = typename Lanes<T, LANES>::type;
-  constexpr int R = PixelLaneWindow<T, LANES, K, S>::kRowSlots;
+  constexpr int R = PixelLaneWindow<K, S>::kRowSlots;
   V acc[R][NB] = {};
   for (int64_t c = 0; c < cpg; ++c) {
     const T* xc = x + c * x_channel;
@@ -674,7 +674,7 @@ template <typename T, int LANES, int K, int S, int CHUNK, typename scalar_t>
 inline void weight_grad_chunks(const T* x, int64_t x_channel, const T* g, int64_t g_channel, int64_t g_row, int64_t cpg,
                                unsigned slot_valid, int64_t a0, int64_t top, int64_t phase_stride, scalar_t* out,
                                int64_t plane, int64_t out_w, int64_t count) {
-  using W = PixelLaneWindow<T, LANES, K, S>;
+  using W = PixelLaneWindow<K, S>;
   if constexpr (CHUNK < W::kChunks) {
     constexpr int B0 = CHUNK * K / W::kChunks, B1 = (CHUNK + 1) * K / W::kChunks;
     weight_grad_taps<T, LANES, K, S, B0, B1 - B0>(x, x_channel, g, g_channel, g_row, cpg, slot_valid, a0, top, phase_stride, out,
@@ -774,7 +774,7 @@ inline void weight_grad_row(const T* x, int64_t x_channel, int64_t x_row, const 
 template <typename scalar_t, typename T, int LANES, int K, int S>
 void backward_weight_pixel_lanes(const Geometry& geo, const Planes<scalar_t>& grad, const Planes<scalar_t>& x,
                                  scalar_t* result) {
-  constexpr int R = PixelLaneWindow<T, LANES, K, S>::kRowSlots;
+  constexpr int R = PixelLaneWindow<K, S>::kRowSlots;
   const int64_t cpg = geo.group_channels(), plane = geo.out_h * geo.out_w;
   const int64_t blocks = (geo.out_w + LANES - 1) / LANES;
   // Input: per channel, padded rows [0, rows), each S phases of `phase` values.

@@ -28,10 +28,10 @@ def missing_host_compiler() -> Optional[str]:
 def missing_inductor_compiler() -> Optional[str]:
     """Why torch.compile cannot generate CPU code here (inductor finds no C++ compiler), or
     None where it can."""
-    from .._torch_private import resolve, SYMBOLS
+    from .. import _torch_private
 
     try:
-        resolve(SYMBOLS["get_cpp_compiler"].path)()
+        _torch_private.get_cpp_compiler()
     except Exception as error:  # InvalidCxxCompiler, whose module path differs across torch versions
         return f"torch.compile's CPU code generation (inductor) needs a C++ compiler: {type(error).__name__}: {error}"
     return None
