@@ -57,8 +57,8 @@ def convert_official_state_dict(state_dict: StateDict) -> dict[str, Tensor]:
     """The paper's RedNet weights (mmcls key names, with or without the ``backbone.`` and
     ``head.`` prefixes) under oplib's key names, tensors untouched and in the same order.
 
-    >>> convert_official_state_dict({"backbone.layer2.0.conv2.conv1.bn.weight": torch.ones(1)}).keys()
-    dict_keys(['stages.1.0.involution.norm.weight'])
+        >>> convert_official_state_dict({"backbone.layer2.0.conv2.conv1.bn.weight": torch.ones(1)}).keys()
+        dict_keys(['stages.1.0.involution.norm.weight'])
     """
     converted = {}
     for key, value in state_dict.items():

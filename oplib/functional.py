@@ -23,8 +23,8 @@ def exp(x: Tensor) -> Tensor:
 
 
 def linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """input: (*, in_features), weight: (out_features, in_features), bias: (out_features,)
-    -> (*, out_features)."""
+    """input: ``(*, in_features)``, weight: (out_features, in_features), bias: (out_features,)
+    -> ``(*, out_features)``."""
     return torch.ops.oplib.linear(input, weight, bias)
 
 
@@ -77,7 +77,7 @@ def involution(
     padding: IntOrPair = 0,
     dilation: IntOrPair = 1,
 ) -> Tensor:
-    """input: (N, C, H, W); weight: (N, G, KH, KW, Ho, Wo), one K*K kernel per output pixel,
+    """input: (N, C, H, W); weight: (N, G, KH, KW, Ho, Wo), one ``K*K`` kernel per output pixel,
     shared by the C/G channels of a group. Returns (N, C, Ho, Wo) with
     Ho = (H + 2 ph - dh (KH - 1) - 1) // sh + 1 (likewise Wo)."""
     return torch.ops.oplib.involution(

@@ -265,7 +265,7 @@ class RedNet(_Backbone):
     """RedNet with ``block_counts`` bottlenecks in its four stages.
 
     width: the stem's output channels and the first stage's bottleneck width (64 in the
-    paper); stage i has width * 2**i bottleneck channels and 4x that many outputs.
+    paper); stage i has ``width * 2**i`` bottleneck channels and 4x that many outputs.
     group_channels: channels sharing one involution kernel (16 in the paper; narrow models
     need it to divide every involution's channels, the stem's width // 2 included).
     frozen_stages: -1 (none), 0 (the stem) or k (the stem and the first k stages): their
@@ -417,8 +417,8 @@ class RedNet(_Backbone):
 
 class RedNetFeatures(_Backbone):
     """A RedNet backbone: input (N, in_channels, H, W) -> the list of maps of ``out_indices``
-    (0: the stem's (N, width, ceil(H / 2), ceil(W / 2)); stage i's (N, 2**(i + 1) * width,
-    ceil(H / 2**(i + 1)), ceil(W / 2**(i + 1)))). Holds only the modules those maps need (no
+    (0: the stem's (N, width, ceil(H / 2), ceil(W / 2)); stage i's ``(N, 2**(i + 1) * width,
+    ceil(H / 2**(i + 1)), ceil(W / 2**(i + 1)))``). Holds only the modules those maps need (no
     head, no later stage: nothing without a gradient for DDP to complain about); its state
     dict keys are the classifier's. ``feature_info`` describes the maps it returns."""
 

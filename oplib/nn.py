@@ -20,7 +20,7 @@ class Exp(torch.nn.Module):
 
 
 class Linear(torch.nn.Linear):
-    """``torch.nn.Linear`` computed by ``torch.ops.oplib.linear``. input: (*, in_features)."""
+    """``torch.nn.Linear`` computed by ``torch.ops.oplib.linear``. input: ``(*, in_features)``."""
 
     def forward(self, input: Tensor) -> Tensor:
         return F.linear(input, self.weight, self.bias)
@@ -41,9 +41,9 @@ class Involution2d(torch.nn.Module):
     """The involution layer of Li et al. (CVPR 2021). input: (N, C, H, W) -> (N, C, Ho, Wo),
     or unbatched (C, H, W) -> (C, Ho, Wo) as ``torch.nn.Conv2d`` accepts.
 
-    Each output pixel's K*K kernel is generated from the input: (average-pool to the output
+    Each output pixel's ``K*K`` kernel is generated from the input: (average-pool to the output
     size when stride > 1) -> 1x1 conv to C / reduction_ratio -> BatchNorm -> ReLU -> 1x1 conv
-    to G*K*K -> viewed as the (N, G, KH, KW, Ho, Wo) weight of ``torch.ops.oplib.involution``,
+    to ``G*K*K`` -> viewed as the (N, G, KH, KW, Ho, Wo) weight of ``torch.ops.oplib.involution``,
     G = C / group_channels. Padding defaults to dilation * (K - 1) / 2, which keeps the size
     at stride 1. The pooling yields exactly the op's output size, so odd sizes at stride 2
     get a weight of the right size (the published code pooled to floor(H / 2) while its

@@ -10,9 +10,9 @@ arguments (stride, padding, ...) arrive as Python values. It also replaces torch
 translation of aten's avg_pool2d, which drops ``divisor_override`` (``Involution2d`` at
 stride 2 uses it).
 
-Involution (and its two backward ops) is written as K*K shifted, strided slices of one padded
+Involution (and its two backward ops) is written as ``K*K`` shifted, strided slices of one padded
 input, each multiplied by its tap of the weight and accumulated: exact for any stride,
-padding, dilation, groups and non-square kernel, with memory that does not grow with K*K. The
+padding, dilation, groups and non-square kernel, with memory that does not grow with ``K*K``. The
 backward ops can appear in an inference graph when a model calls them directly (a
 transposed involution, for one), so they are translated too.
 

@@ -1,8 +1,8 @@
 """The op registry: one ``OpSpec`` per op, read by the tests, the benchmarks and the CLI.
 
->>> import oplib
->>> [spec.name for spec in oplib.registry.all_specs()]
-['conv2d', 'exp', 'involution', 'involution_backward_input', 'involution_backward_weight', 'linear']
+    >>> import oplib
+    >>> [spec.name for spec in oplib.registry.all_specs()]
+    ['conv2d', 'exp', 'involution', 'involution_backward_input', 'involution_backward_weight', 'linear']
 
 An ``OpSpec`` is a public contract: it says what the op is (its ``torch.ops`` overload), how
 to check it (a plain-torch float64 reference, sample inputs, error inputs, a random-input
@@ -14,7 +14,7 @@ oplib's own specs live in ``oplib/testing/specs/``, one module per op file, and 
 the first time the registry is read, so ``import oplib`` loads no test data. Any custom op,
 oplib's or not, can be described by the same type and checked by the same generated tests
 (``oplib.testing.generated_tests``) and self-check (``python -m oplib check --import``):
-see "Adding an op" in the README.
+see "Adding an op" in the README and docs/adding-an-op.md.
 """
 
 from __future__ import annotations

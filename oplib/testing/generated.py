@@ -1,6 +1,6 @@
 """The checks every op gets, as a pytest test class generated for a list of specs.
 
-In a test module of your own, for specs of your own ops (see "Adding an op" in the README):
+In a test module of your own, for specs of your own ops (see docs/adding-an-op.md):
 
     from oplib.testing import generated_tests
     from my_package.specs import MY_SPECS
