@@ -1,9 +1,10 @@
 # The commands of the README: `make run` (the main job), `make test` (the unit tier, for
-# every change) and `make test-all` (every test: the unit tier plus the integration tier,
-# what CI runs). Each creates .venv and installs what it needs; torch is pinned to the CPU
-# build that lies on this kind of machine's disk (a plain `torch` requirement pulls a CUDA
-# build). `make test-oldest` runs the whole suite in .venv-oldest on the oldest torch that
-# pyproject.toml accepts (from the package index: a CUDA build of a few GB, run on CPU).
+# every change), `make test-all` (every test: the unit tier plus the integration tier,
+# what CI runs) and `make docs` (the documentation site, into site/). Each creates .venv and
+# installs what it needs; torch is pinned to the CPU build that lies on this kind of
+# machine's disk (a plain `torch` requirement pulls a CUDA build). `make test-oldest` runs
+# the whole suite in .venv-oldest on the oldest torch that pyproject.toml accepts (from the
+# package index: a CUDA build of a few GB, run on CPU).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,13 +17,13 @@ WORKERS ?= auto
 PYTEST_ARGS ?=
 PYTEST := $(PY) -m pytest -n $(WORKERS) --durations=15 $(PYTEST_ARGS)
 
-.PHONY: run test test-all test-oldest bench dist clean gpu-check
+.PHONY: run test test-all test-oldest docs bench dist clean gpu-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,train]"
+	$(PY) -m pip install --quiet -e ".[test,train,docs]"
 	touch $@
 
 # The main job: the op table and self-check, then the RedNet training run on the digits.
@@ -39,6 +40,12 @@ test-all: $(VENV)/.installed
 
 test-oldest:
 	$(MAKE) test-all VENV=.venv-oldest TORCH_SPEC="$(TORCH_OLDEST)"
+
+# The site of docs/ (mkdocs.yml) into site/, every warning an error: a link to a missing page
+# or anchor, a page left out of the nav, a missing bench/results/ table. NO_MKDOCS_2_WARNING
+# quiets the Material theme's banner about its end of life (May 2027), printed on every build.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # Every benchmark always runs and writes its table (bench/results/); the target fails if
 # dense.py or involution.py misses its bar, or if any step fails (rednet.py and
@@ -69,4 +76,4 @@ gpu-check:
 	exit $$status
 
 clean:
-	rm -rf $(VENV) .venv-oldest build dist *.egg-info
+	rm -rf $(VENV) .venv-oldest build dist site *.egg-info

@@ -18,7 +18,7 @@ import oplib.models
 from oplib import imagenet
 from oplib.models import BLOCK_COUNTS, FEATURE_LEVELS, PRETRAINED_CFGS, RedNet, RedNetFeatures
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+MODELS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 
 
 def _narrow(depth: int = 26, **kwargs) -> RedNet:
@@ -249,8 +249,8 @@ def test_imagenet_preprocessing_comes_from_the_pretrained_cfg():
     assert all(imagenet.settings(cfg) == imagenet.settings(PRETRAINED_CFGS[50]) for cfg in PRETRAINED_CFGS.values())
 
 
-def test_readme_accuracy_table_is_the_pretrained_cfg():
-    rows = re.findall(r"^\| RedNet-(\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", README.read_text(), re.M)
+def test_docs_accuracy_table_is_the_pretrained_cfg():
+    rows = re.findall(r"^\| RedNet-(\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", MODELS_PAGE.read_text(), re.M)
     assert sorted(int(r[0]) for r in rows) == sorted(PRETRAINED_CFGS)
     for depth, params, gflops, top1, top5 in rows:
         cfg = PRETRAINED_CFGS[int(depth)]

@@ -76,7 +76,7 @@ def test_pretrained_weights_give_the_reference_outputs(reference_checkpoint, dty
 @pytest.mark.integration
 def test_odd_sizes_the_reference_cannot_run(reference_checkpoint):
     """At 225 px the reference's stride-2 involution pools to floor(H / 2) rows while its
-    unfold yields ceil(H / 2): it fails; oplib runs (README: "Pretrained models")."""
+    unfold yields ceil(H / 2): it fails; oplib runs (docs/models.md: "Pretrained models")."""
     depth, reference, path, _ = reference_checkpoint
     x = torch.randn(1, 3, 225, 225, dtype=torch.float64)
     with pytest.raises(RuntimeError):

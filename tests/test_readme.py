@@ -1,5 +1,8 @@
-"""The README's table of ops, checked against the registry, so that the copy a reader sees on
-the project page cannot drift from the ops themselves: a new op of oplib adds its row."""
+"""The table of ops in the documentation (docs/ops.md, under "## Ops"), checked against the
+registry, so that the copy a reader sees cannot drift from the ops themselves: a new op of
+oplib adds its row. And the README stays what a newcomer reads in five minutes, its
+package-index install line marked as for after the first release. (tests/test_docs.py runs
+the README's code; tests/test_package.py runs its install from a checkout.)"""
 
 from __future__ import annotations
 
@@ -10,14 +13,18 @@ import torch
 
 from oplib import registry
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+OPS_PAGE = ROOT / "docs" / "ops.md"
+README = ROOT / "README.md"
+# About five minutes of reading; the rest belongs in docs/.
+README_MAX_LINES = 150
 
 # The autocast column's words for the policies of ``OpSpec.autocast_policy``.
 POLICY_WORDS = {"autocast dtype": "lower_precision", "float32": "fp32"}
 
 
 def _ops_section() -> str:
-    text = README.read_text()
+    text = OPS_PAGE.read_text()
     start = text.index("\n## Ops\n")
     return text[start : text.index("\n## ", start + 1)]
 
@@ -50,8 +57,25 @@ def test_ops_table_gives_each_autocast_policy():
     assert policies == {spec.name: dict(spec.autocast_policy) for spec in _oplib_specs()}
 
 
-def test_every_op_supports_the_dtypes_the_readme_names():
+def test_every_op_supports_the_dtypes_the_page_names():
     assert "All support float64, float32, bfloat16 and float16 on CPU and CUDA." in " ".join(_ops_section().split())
     everything = {torch.float64, torch.float32, torch.bfloat16, torch.float16}
     for spec in _oplib_specs():
         assert {device: set(dtypes) for device, dtypes in spec.dtypes.items()} == {"cpu": everything, "cuda": everything}, spec.name
+
+
+def test_readme_is_short():
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move the detail into a page of docs/"
+
+
+def test_readme_marks_the_package_index_install_as_after_the_first_release():
+    """Nothing is on the package index yet: a ``pip install torch-oplib`` in the README stands
+    in a paragraph that says it is for after the first release."""
+    text = README.read_text()
+    install = text[text.index("\n## Install\n") :]
+    install = install[: install.index("\n## ", 1)]
+    paragraphs = [p for p in install.split("\n\n") if "pip install torch-oplib" in p or "pip install 'torch-oplib" in p]
+    assert paragraphs, "the README no longer gives the package-index install line"
+    for paragraph in paragraphs:
+        assert "after the first release" in paragraph.lower(), paragraph
