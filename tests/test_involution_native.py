@@ -211,12 +211,12 @@ def test_native_kernels_are_clean_under_address_sanitizer(tmp_path):
 
 
 # Off-by-ones planted one at a time in a copy of the source: grad_input's unrolled blocks
-# reading one grad_output column past the last; the channel-row copy reading one column past
-# each input row's end; grad_weight's pixel-lane scratch for grad_output short of the zero
+# reading one grad_output column past the last; the channel-row copy's partial block reading
+# one column past each input row's end; grad_weight's pixel-lane scratch for grad_output short of the zero
 # rows that the last padded rows read.
 PLANTED_OVER_READS = {
     "gather-block-bound": ("if (j < first || j > last) continue;", "if (j < first || j > last + 1) continue;"),
-    "channel-row-tail": ("for (int64_t x = whole_end; x < end; ++x) row", "for (int64_t x = whole_end; x <= end; ++x) row"),
+    "channel-row-tail": ("count = std::min<int64_t>(LANES, end - x);", "count = std::min<int64_t>(LANES, end - x + 1);"),
     "pixel-lane-grad-rows": ("g_rows = geo.out_h + 2 * R + K,", "g_rows = geo.out_h + R,"),
 }
 
