@@ -1,7 +1,8 @@
 """What every benchmark script shares beyond oplib.benchmark's measuring code (statements,
 interleaved timing, ratios, the machine; what ``python -m oplib bench`` runs for users): the
-flags, load monitoring of the timed rounds, peak memory in a fresh process and the markdown
-report. The scripts (``python bench/<name>.py``) import it as a sibling module and hold only
+flags, load monitoring of the timed rounds, peak memory in a fresh process and the report:
+markdown, the same run as data (JSON: every reading of every round, and each table's
+cells) and charts (PNG). The scripts (``python bench/<name>.py``) import it as a sibling module and hold only
 their cases and bars:
 
     settings = _harness.start(_harness.parser(__doc__, rounds=3, min_run_time=1.0).parse_args(), __file__)
@@ -10,12 +11,14 @@ their cases and bars:
     benchmark.ratio(times["oplib"], times["torch"])    # median of the per-round ratios
     _harness.peak_memory(make_step, shape, "oplib")    # bytes, one make_step(shape, "oplib")() call
     _harness.write_report(settings, [*_harness.header(settings, title), section.load_line(), ...])
+    _harness.write_chart(settings, "speed-up", figure)  # bench/results/<script>-speed-up.png
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import multiprocessing
 import os
 import resource
@@ -32,6 +35,9 @@ from oplib import benchmark
 from oplib.benchmark import Clock, Stmt, Timing, describe_machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+# Every Section.measure of this process, for the report's data file.
+_READINGS: list[dict[str, Any]] = []
 
 # A round during which other processes kept more than this many cores busy on average is
 # run once more, and the quieter of the two kept: with a torch thread on every core, one
@@ -181,6 +187,11 @@ class Section:
         the quieter of the two kept."""
         clocks = {name: benchmark.clock(stmt, device, self.min_run_time) for name, stmt in stmts.items()}
         times = benchmark.interleave(clocks, self.rounds, self._round)
+        _READINGS.extend(
+            {"case": label, "statement": [name] if isinstance(name, str) else list(name), "device": device,
+             "seconds": list(timing.rounds), "median_seconds": timing.median}
+            for name, timing in times.items()
+        )  # fmt: skip
         load = "unknown" if self.other_cores is None else f"{self.other_cores:.2f}"
         print(
             f"{label}: " + ", ".join(f"{_words(name)} {t.median * 1e3:.3f} ms" for name, t in times.items())
@@ -294,10 +305,47 @@ def busy_note(sections: Iterable[Section]) -> str:
     return f" Measured while other processes kept up to {max(busy):.2f} cores busy: see the load warnings."
 
 
+def _tables(lines: Sequence[str]) -> list[dict[str, Any]]:
+    """The markdown tables among ``lines`` (as ``table`` writes them), each with the heading
+    it stands under: {"heading", "columns", "rows"}."""
+    tables: list[dict[str, Any]] = []
+    heading, previous = "", ""
+    for line in lines:
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+        elif line.startswith("|") and not previous.startswith("|"):
+            tables.append({"heading": heading, "columns": _cells(line), "rows": []})
+        elif line.startswith("|") and not line.startswith("|---") and not line.startswith("|:"):
+            tables[-1]["rows"].append(_cells(line))
+        previous = line
+    return tables
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
 def write_report(settings: Settings, lines: Sequence[str]) -> Path:
-    """Write the markdown to ``settings.output`` and print it."""
+    """Write the markdown to ``settings.output`` and print it; beside it, the same run as data
+    (``<name>.json``): the machine, every statement's reading in each kept round, and each
+    table's cells."""
     report = "\n".join(lines).rstrip("\n") + "\n"
     settings.output.parent.mkdir(parents=True, exist_ok=True)
     settings.output.write_text(report)
-    print(f"\n{report}\nwritten to {settings.output}", flush=True)
+    data = {
+        "script": f"bench/{settings.script}.py", "quick": settings.quick, "date": str(datetime.date.today()),
+        "machine": describe_machine(), "rounds": settings.rounds, "min_run_time_seconds": settings.min_run_time,
+        "readings": _READINGS, "tables": _tables(lines),
+    }  # fmt: skip
+    data_path = settings.output.with_suffix(".json")
+    data_path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"\n{report}\nwritten to {settings.output} and {data_path}", flush=True)
     return settings.output
+
+
+def write_chart(settings: Settings, name: str, figure: Any) -> Path:
+    """Save a matplotlib figure beside the report as ``<report name>-<name>.png``."""
+    path = settings.output.with_name(f"{settings.output.stem}-{name}.png")
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    print(f"chart written to {path}", flush=True)
+    return path

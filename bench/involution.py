@@ -12,7 +12,9 @@ yardstick: the depthwise forward for the forward and grad_weight (the same multi
 the depthwise input gradient for grad_input. With a GPU, the CuPy kernels are also timed against
 unfold and against a depthwise 7x7 F.conv2d of the same size. The shapes, the candidates and
 their interleaved timing come from oplib.benchmark (which ``python -m oplib bench`` runs for
-users); load monitoring, peak memory and the report from bench/_harness.py.
+users); load monitoring, peak memory and the report from bench/_harness.py. Beside the
+markdown: the run's data (involution.json) and charts (involution-cpu.png, and
+involution-cuda.png with a GPU).
 """
 
 from __future__ import annotations
@@ -240,7 +242,52 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         lines += ["## CUDA", "", "Not run: no GPU on this machine (torch.cuda.is_available() is False)."]
     _harness.write_report(settings, lines)
+    _charts(settings, cpu_rows, per_op_rows, cuda_rows)
     return 1 if failures else 0
+
+
+def _charts(settings, cpu_rows: list[_Row], per_op_rows, cuda_rows) -> None:
+    """Per shape: each native op's time over its depthwise yardstick and the fwd+bwd speed-up
+    over unfold (CPU); oplib's forward over the depthwise one and unfold's over oplib's (CUDA)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no charts: matplotlib is not installed (pip install matplotlib)", flush=True)
+        return
+    if per_op_rows and cpu_rows:
+        figure, (by_op, against_unfold) = plt.subplots(1, 2, figsize=(13, 4.2))
+        names = [shape.name for shape, _ in per_op_rows]
+        for i, op in enumerate(PER_OP):
+            ratios = [
+                ratio(times[("native", op)], times["depthwise", YARDSTICK[op]]) if ("native", op) in times else 0.0
+                for _, times in per_op_rows
+            ]
+            by_op.bar([x + (i - 1) * 0.27 for x in range(len(names))], ratios, width=0.27, label=f"{op} (native)")
+        by_op.axhline(1.0, color="black", linewidth=0.8)
+        by_op.set(title="CPU: oplib op time / depthwise 7x7 yardstick (lower is better)", ylabel="ratio")
+        against_unfold.bar(range(len(cpu_rows)), [row.speedup for row in cpu_rows], color="tab:green")
+        against_unfold.set(title="CPU: forward+backward speed-up over unfold", ylabel="unfold / oplib")
+        for axes, labels in ((by_op, names), (against_unfold, [row.shape.name for row in cpu_rows])):
+            axes.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+        by_op.legend(fontsize=8)
+        _harness.write_chart(settings, "cpu", figure)
+        plt.close(figure)
+    if cuda_rows:
+        figure, axes = plt.subplots(figsize=(7, 4.2))
+        names = [shape.name for shape, _ in cuda_rows]
+        over_depthwise = [ratio(t["oplib", "forward"], t["depthwise", "forward"]) for _, t in cuda_rows]
+        over_oplib = [ratio(t["unfold", "forward"], t["oplib", "forward"]) for _, t in cuda_rows]
+        axes.bar([x - 0.2 for x in range(len(names))], over_depthwise, width=0.4, label="oplib / depthwise 7x7")
+        axes.bar([x + 0.2 for x in range(len(names))], over_oplib, width=0.4, label="unfold / oplib")
+        axes.axhline(1.0, color="black", linewidth=0.8)
+        axes.set(title=f"CUDA forward ({torch.cuda.get_device_name()})", ylabel="ratio", yscale="log")
+        axes.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        axes.legend(fontsize=8)
+        _harness.write_chart(settings, "cuda", figure)
+        plt.close(figure)
 
 
 if __name__ == "__main__":
