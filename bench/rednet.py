@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 import _harness
 from _harness import Section
-from oplib.benchmark import Timing, call, ratio
+from oplib.benchmark import Timing, call, describe_machine, ratio
 from oplib.kernels import native
 from oplib.models import rednet26, rednet50
 
@@ -348,7 +348,31 @@ def main(argv: Optional[list[str]] = None) -> int:
         ),
     ]
     _harness.write_report(settings, lines)
+    _resnet_chart(settings, resnet_rows)
     return 0
+
+
+def _resnet_chart(settings, resnet_rows: list[list[str]]) -> None:
+    """RedNet-50's and ResNet-50's img/s in each mode and batch of the last table, side by side."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no chart: matplotlib is not installed (pip install matplotlib)", flush=True)
+        return
+    labels = [f"{mode}, batch {batch}" for mode, batch, *_ in resnet_rows]
+    figure, axes = plt.subplots(figsize=(8, 0.45 * len(labels) + 1.2))
+    for offset, column, name in ((-0.2, 2, "RedNet-50"), (0.2, 3, "ResNet-50 (torch.nn)")):
+        axes.barh([y + offset for y in range(len(labels))], [float(row[column]) for row in resnet_rows], height=0.4, label=name)
+    axes.set_yticks(range(len(labels)), labels, fontsize=8)
+    axes.invert_yaxis()
+    axes.set(title=f"RedNet-50 vs ResNet-50 on CPU ({describe_machine()})", xlabel="img/s (higher is better)")
+    axes.title.set_fontsize(9)
+    axes.legend(fontsize=8)
+    _harness.write_chart(settings, "resnet", figure)
+    plt.close(figure)
 
 
 if __name__ == "__main__":

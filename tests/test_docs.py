@@ -194,3 +194,33 @@ def test_planted_fault_fails_the_build(fault, tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode != 0, f"the build passed with a {fault.name}:\n{output}"
     assert re.search(fault.message, output), output
+
+
+# Prose that reads as a measurement: a number with a unit of time, rate or size, or a ratio
+# ("2.5x"). Benchmark pages include their tables from bench/results/ (`--8<--` lines, not
+# prose), so a measured figure in markdown can only be one typed by hand, and goes stale at
+# the next run.
+MEASUREMENT = re.compile(r"\b\d+(?:\.\d+)?(?: ?(?:ms|µs|us|ns|s|min|h|seconds|minutes|hours|GB/s|MB/s|img/s|MB|GB|KB)\b|x\b)")
+PROSE_PAGES = [*PAGES, ROOT / "CHANGELOG.md", ROOT / "tests" / "README.md"]
+
+
+def _prose_lines(page: Path):
+    inside_fence = False
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        if FENCE.match(line):
+            inside_fence = not inside_fence
+        elif not inside_fence:
+            yield number, line
+
+
+@pytest.mark.parametrize("page", PROSE_PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_no_measured_figure_is_typed_into_markdown(page):
+    """Figures come from the files in bench/results/ (included, or drawn as charts), never
+    retyped: a number with a unit or an 'x' ratio outside code blocks fails, naming the line."""
+    typed = [f"{page.relative_to(ROOT)}:{number}: {line.strip()}" for number, line in _prose_lines(page) if MEASUREMENT.search(line)]
+    assert not typed, "measured figures typed into markdown (take them from bench/results/):\n" + "\n".join(typed)
+
+
+def test_the_measurement_pattern_finds_typed_figures():
+    assert all(MEASUREMENT.search(text) for text in ("takes 2.35 ms", "1.7x its yardstick", "38.0 GB/s", "15.5 img/s", "20 min"))
+    assert not any(MEASUREMENT.search(text) for text in ("K = 7", "batch 8", "RedNet-50", "stage1 64@56 s1", "x86_64"))
