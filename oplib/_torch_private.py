@@ -153,7 +153,8 @@ SYMBOLS: dict[str, PrivateSymbol] = {
         "torch._weights_only_unpickler._get_allowed_globals",
         "the weights_only allowlist, so that unknown globals in the paper's (legacy-format) "
         "checkpoints load as inert placeholders; torch.serialization.safe_globals can only "
-        "allow named globals, which would need each checkpoint's list in advance",
+        "allow named globals, and get_unsafe_globals_in_checkpoint, which would name them, "
+        "reads only zipfile checkpoints (it raises ValueError on the legacy format)",
         "loading the paper's RedNet checkpoints (oplib.checkpoints)",
     ),
 }

@@ -168,6 +168,9 @@ def check_window_fits(op: str, size, kernel, padding, dilation) -> None:
 
 def as_pair(op: str, name: str, value: int | Sequence[int]) -> list[int]:
     """Normalise ``3`` or ``(3, 3)`` to ``[3, 3]`` (custom ops cannot take list defaults)."""
+    # Not torch.nn.modules.utils._pair (torchvision's choice): it is private, passes a
+    # sequence of any length through unchecked, and returns a tuple where the ops' schemas
+    # take lists; the error here names the op and the argument.
     if isinstance(value, (int, torch.SymInt)):
         return [value, value]
     values = list(value)
