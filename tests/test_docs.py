@@ -8,7 +8,7 @@ unlabelled block, and the README's links into the repository resolve.
 
 Integration tier: the site builds with ``mkdocs build --strict`` (what ``make docs`` runs),
 and the same build fails on a planted link to a missing page, a planted link to a missing
-anchor and a planted include of a missing benchmark table."""
+anchor, a planted include of a missing benchmark table and a planted link to a missing chart."""
 
 from __future__ import annotations
 
@@ -161,14 +161,16 @@ PLANTED_FAULTS = [
     PlantedFault("link to a missing page", "[missing](no-such-page.md)", r"no-such-page\.md"),
     PlantedFault("link to a missing anchor", "[missing](ops.md#no-such-anchor)", r"no-such-anchor"),
     PlantedFault("include of a missing table", '--8<-- "bench/results/no-such-table.md"', r"no-such-table\.md"),
+    # The charts reach the site through mkdocs_hooks.py; one the results folder lacks fails.
+    PlantedFault("missing chart", "![missing](benchmarks/results/no-such-chart.png)", r"no-such-chart\.png"),
 ]
 
 
 def _copy_of_the_sources(tmp_path: Path) -> Path:
-    """What the site is built from: its config, its pages and the files they include, and
-    oplib (the API reference reads its docstrings)."""
+    """What the site is built from: its config and hooks, its pages and the files they
+    include, and oplib (the API reference reads its docstrings)."""
     copy = tmp_path / "copy"
-    for name in ("mkdocs.yml", "README.md"):
+    for name in ("mkdocs.yml", "mkdocs_hooks.py", "README.md"):
         (copy / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, copy / name)
     for folder in ("docs", "bench/results", "oplib"):
