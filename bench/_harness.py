@@ -343,6 +343,20 @@ def write_report(settings: Settings, lines: Sequence[str]) -> Path:
     return settings.output
 
 
+def pyplot() -> Any:
+    """matplotlib.pyplot on the file-only Agg backend, or None (said once) where matplotlib is
+    not installed: the scripts then write their data and markdown without charts."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no charts: matplotlib is not installed (pip install matplotlib)", flush=True)
+        return None
+    return plt
+
+
 def write_chart(settings: Settings, name: str, figure: Any) -> Path:
     """Save a matplotlib figure beside the report as ``<report name>-<name>.png``."""
     path = settings.output.with_name(f"{settings.output.stem}-{name}.png")

@@ -249,13 +249,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 def _charts(settings, cpu_rows: list[_Row], per_op_rows, cuda_rows) -> None:
     """Per shape: each native op's time over its depthwise yardstick and the fwd+bwd speed-up
     over unfold (CPU); oplib's forward over the depthwise one and unfold's over oplib's (CUDA)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no charts: matplotlib is not installed (pip install matplotlib)", flush=True)
+    plt = _harness.pyplot()
+    if plt is None:
         return
     if per_op_rows and cpu_rows:
         figure, (by_op, against_unfold) = plt.subplots(1, 2, figsize=(13, 4.2))

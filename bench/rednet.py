@@ -354,13 +354,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def _resnet_chart(settings, resnet_rows: list[list[str]]) -> None:
     """RedNet-50's and ResNet-50's img/s in each mode and batch of the last table, side by side."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no chart: matplotlib is not installed (pip install matplotlib)", flush=True)
+    plt = _harness.pyplot()
+    if plt is None:
         return
     labels = [f"{mode}, batch {batch}" for mode, batch, *_ in resnet_rows]
     figure, axes = plt.subplots(figsize=(8, 0.45 * len(labels) + 1.2))

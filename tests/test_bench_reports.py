@@ -51,10 +51,8 @@ def test_the_report_writes_its_readings_and_tables_as_data(settings):
 
 
 def test_a_chart_is_saved_beside_the_report(settings):
-    matplotlib = pytest.importorskip("matplotlib")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    pytest.importorskip("matplotlib")
+    plt = _harness.pyplot()
     figure, axes = plt.subplots()
     axes.bar([0, 1], [1.0, 2.0])
     path = _harness.write_chart(settings, "speed-up", figure)
