@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -98,13 +99,14 @@ class Shape:
         """How oplib's plain-PyTorch CPU kernels compute this shape ("dense" or "taps")."""
         return involution_cpu.strategy_name((self.height, self.width), self.weight_shape, *self.params)
 
-    def floor_bytes(self) -> int:
-        """Bytes the forward must move at least: read input and weight, write output (float32)."""
+    def floor_bytes(self, dtype: torch.dtype = torch.float32) -> int:
+        """Bytes one involution kernel must move at least: two of input, weight and output (or
+        their gradients) read once, the third written once; the same for all three ops."""
         out_h, out_w = self.out_size
         input_ = self.batch * self.channels * self.height * self.width
         weight = self.batch * self.groups * self.kernel**2 * out_h * out_w
         output = self.batch * self.channels * out_h * out_w
-        return 4 * (input_ + weight + output)
+        return (input_ + weight + output) * torch.empty((), dtype=dtype).element_size()
 
     def inputs(self, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Inputs:
         """Random inputs from a fixed seed, the same for every candidate and every call."""
@@ -269,22 +271,60 @@ def blocked(time_block: Callable[[int], float], min_run_time: float) -> float:
     return median(per_call)
 
 
+# Calls in one captured CUDA graph: enough that a replay's own launch cost is small against them.
+GRAPH_CALLS = 20
+
+
+def capture_graph(run: Callable[[], object], calls: int = GRAPH_CALLS) -> "torch.cuda.CUDAGraph":
+    """``calls`` calls of ``run`` captured in one CUDA graph, after one call outside the capture
+    (it compiles kernels and fills caches) and one on a side stream (as torch's documentation
+    asks before a capture). Replaying it runs the calls back to back on the GPU, with no host
+    time between them."""
+    run()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            run()
+    return graph
+
+
 def _cuda_clock(stmt: Stmt, min_run_time: float) -> Clock:
+    """Device time per call: the statement's calls captured in a CUDA graph (``capture_graph``)
+    and replayed in blocks between CUDA events. A statement that cannot be captured (one that
+    synchronises with the host) is timed by events around plain calls, host gaps included."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    try:
+        graph = capture_graph(stmt.run)
+        run, per_run = graph.replay, GRAPH_CALLS
+    except RuntimeError:
+        run, per_run = stmt.run, 1
 
     def time_block(number: int) -> float:
         start.record()
         for _ in range(number):
-            stmt.run()
+            run()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3
+        return start.elapsed_time(end) / 1e3 / per_run
 
     def reading() -> float:
         torch.cuda.synchronize()  # the previous candidate's work, outside this one's blocks
         return blocked(time_block, min_run_time)
 
     return reading
+
+
+def device_copy_bandwidth(device: str = "cuda") -> float:
+    """Bytes per second read + written by a 1 GiB device-to-device copy (device time)."""
+    src = torch.empty(1 << 28, device=device)
+    dst = torch.empty_like(src)
+    read = _cuda_clock(Stmt(dst.copy_, (src,)), min_run_time=0.2)
+    return 2 * src.numel() * src.element_size() / median(read() for _ in range(3))
 
 
 def clock(stmt: Stmt, device: str, min_run_time: float) -> Clock:
@@ -381,6 +421,7 @@ class Result:
     oplib: Timing
     depthwise: Timing
     unfold: Optional[Timing]
+    floor: Optional[float] = None  # seconds: the op's bytes over the device's copy bandwidth (CUDA)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON record: times in ms, ratios as in the table."""
@@ -394,6 +435,8 @@ class Result:
             "oplib_over_depthwise": ratio(self.oplib, self.depthwise),
             "unfold_ms": None if unfold is None else unfold.median * 1e3,
             "unfold_over_oplib": None if unfold is None else ratio(unfold, self.oplib),
+            "floor_ms": None if self.floor is None else self.floor * 1e3,
+            "oplib_over_floor": None if self.floor is None else self.oplib.median / self.floor,
         }
 
 
@@ -407,10 +450,23 @@ def measure(
     if unfold:
         stmts |= UNFOLD.stmts(shape, inputs, ops)
     times = interleave({key: clock(stmt, device, min_run_time) for key, stmt in stmts.items()}, rounds)
+    bandwidth = _copy_bandwidth(torch.device(device).index or 0) if torch.device(device).type == "cuda" else None
     return [
-        Result(device, shape, op, times["oplib", op], times["depthwise", YARDSTICK[op]], times.get(("unfold", op)))
+        Result(
+            device, shape, op, times["oplib", op], times["depthwise", YARDSTICK[op]], times.get(("unfold", op)),
+            None if bandwidth is None or op not in SINGLE_KERNEL_OPS else shape.floor_bytes(dtype) / bandwidth,
+        )
         for op in ops
     ]
+
+
+# The ops that are one kernel each, with a DRAM floor (Shape.floor_bytes).
+SINGLE_KERNEL_OPS = ("forward", "grad_input", "grad_weight")
+
+
+@functools.cache
+def _copy_bandwidth(index: int) -> float:
+    return device_copy_bandwidth(f"cuda:{index}")
 
 
 def _shape(text: str) -> tuple[int, int, int, int]:
@@ -511,14 +567,23 @@ def _report(args: argparse.Namespace, results: Sequence[Result], cpu_kernels: Op
     if cpu_kernels is not None:
         lines.append(f"involution's CPU kernels: {cpu_kernels}")
     unfold = any(r.unfold is not None for r in results)
+    floor = any(r.floor is not None for r in results)
+    if floor:
+        lines.append(
+            "floor (CUDA): the bytes the op's kernel must read and write once over this GPU's device-to-device copy "
+            "bandwidth; CUDA times are device time (calls replayed from a CUDA graph)"
+        )
     headers = ["device", "shape", "batch", "op", "oplib (ms)", "depthwise (ms)", "oplib/depthwise"]
     headers += ["unfold (ms)", "unfold/oplib"] if unfold else []
+    headers += ["floor (ms)", "oplib/floor"] if floor else []
     rows = []
     for r in results:
         row = [r.device, r.shape.name, str(r.shape.batch), r.op, _ms(r.oplib), _ms(r.depthwise)]
         row.append(f"{ratio(r.oplib, r.depthwise):.2f}x")
         if unfold:
             row += [_ms(r.unfold), "-" if r.unfold is None else f"{ratio(r.unfold, r.oplib):.2f}x"]
+        if floor:
+            row += ["-", "-"] if r.floor is None else [f"{r.floor * 1e3:.3f}", f"{r.oplib.median / r.floor:.2f}x"]
         rows.append(row)
     return "\n".join([*lines, "", format_table(headers, rows)])
 

@@ -59,3 +59,32 @@ def test_a_chart_is_saved_beside_the_report(settings):
     plt.close(figure)
     assert path == settings.output.with_name("demo-speed-up.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_cuda_bench_calls_and_report_work_without_a_gpu(monkeypatch):
+    """bench/_cuda.py runs only on a GPU (make gpu-check); what does not need one runs here:
+    every candidate call of a (small) shape in both layouts, the floors, and the report's
+    tables and bars from made-up readings."""
+    import _cuda
+    import involution as involution_bench
+
+    shape = benchmark.Shape("tiny 32@9 s2", 32, 9, 9, 2, batch=2)
+    for layout in _cuda.LAYOUTS:
+        o = _cuda.operands_on(shape, torch.float32, layout, "cpu")
+        for key, call in _cuda.kernel_calls(o).items():
+            out = call()
+            assert out.shape[0] == 2, key
+    assert shape.floor_bytes(torch.bfloat16) == 2 * (2 * 32 * 81 + 2 * 2 * 49 * 25 + 2 * 32 * 25)
+    with _cuda.generic_kernels():
+        from oplib.ops import involution as involution_ops
+
+        assert involution_ops.TILED_KERNEL_SIZES == ()
+    assert involution_ops.TILED_KERNEL_SIZES == (3, 5, 7)
+    rows = [dict(shape="s", batch=32, dtype="float32", layout="NCHW", kernel=k, device_ms=0.02, generic_ms=0.1,
+                 floor_ms=0.01, over_floor=2.5 if k == "grad_weight" else 1.5, wall_ms=0.03, depthwise_ms=0.01,
+                 unfold_ms=0.5 if k == "forward" else None) for k in _cuda.KERNELS]  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a GPU")
+    report = "\n".join(involution_bench._cuda_report(2e12, rows, {"oplib involution": 12e-6,
+                       "custom_op + empty CuPy kernel": 10e-6}, [["train, eager", "32", "100", "90", "1.11x"]]))
+    assert "**not met** (worst 2.50x)" in report and "1.20x (bar: 1.3x, **met**)" in report
+    assert "| s | float32 | NCHW | grad_weight | 0.0200 | 0.0100 | 2.50x |" in report

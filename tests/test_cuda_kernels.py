@@ -6,12 +6,14 @@ GPU, the CuPy path is compared with the CPU path."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,18 @@ import torch
 
 import oplib.kernels
 from oplib import registry
-from oplib.kernels import CTYPES, CUDA_DISPATCH, KERNEL_DIR, NVRTC_OPTIONS, KernelSource, load_source, name_expressions
+from oplib.ops import involution as involution_ops
+from oplib.kernels import (
+    CTYPES,
+    CUDA_DISPATCH,
+    KERNEL_DIR,
+    NVRTC_OPTIONS,
+    KernelSource,
+    instantiations,
+    load_source,
+    name_expression,
+    name_expressions,
+)
 from oplib.testing import assert_matches_reference, nvrtc
 from oplib.testing.cuda_emulation import EmulatedLauncher, asan_environment, build
 from oplib.testing.toolchain import require_host_compiler
@@ -40,13 +53,12 @@ LAUNCHES = {spec.name: CUDA_DISPATCH[spec.qualname] for spec in registry.all_spe
 
 
 def _instantiations(source: KernelSource) -> str:
-    """A translation unit that explicitly instantiates every kernel for every dtype."""
+    """A translation unit that explicitly instantiates every kernel for every dtype and
+    specialisation."""
     lines = [f'#include "{source.path}"']
-    for signature in source.kernels.values():
-        for ctype in CTYPES.values():
-            lines.append(
-                f"template __global__ void {signature.name}<{ctype}>({signature.instantiated_params(ctype)});"
-            )
+    for kernel, dtype, specialisation in instantiations(source):
+        params = source.kernels[kernel].instantiated_params(CTYPES[dtype])
+        lines.append(f"template __global__ void {name_expression(kernel, dtype, specialisation)}({params});")
     return "\n".join(lines) + "\n"
 
 
@@ -144,12 +156,30 @@ def test_kernels_stay_within_the_register_budget(filename, arch):
         assert u.registers <= nvrtc.REGISTER_BUDGET, f"{where} uses {u.registers} registers"
 
 
-def test_resource_table_is_current():
-    """bench/results/cuda-resources.md is what bench/cuda_resources.py writes from these
-    sources, wherever the NVRTC that wrote it is the one installed here."""
+def _written_resource_table() -> str:
     written = RESOURCE_TABLE.read_text()
     if f"NVRTC {nvrtc.nvrtc_version()}," not in written:
         pytest.skip(f"the table was written by another NVRTC than this one ({nvrtc.nvrtc_version()})")
+    return written
+
+
+@pytest.mark.parametrize("arch", ARCH_PARAMS)
+def test_resource_table_rows_are_current(arch):
+    """Each target's rows of bench/results/cuda-resources.md are what bench/cuda_resources.py
+    writes from these sources, wherever the NVRTC that wrote it is the one installed here."""
+    written = _written_resource_table()
+    usage = [u for filename in CUDA_SOURCES for u in nvrtc.resource_usage(load_source(filename), arch)]
+
+    def rows(table: str) -> list[str]:
+        return [line for line in table.splitlines() if f"| {arch} |" in line]
+
+    assert rows(written) and rows(written) == rows(nvrtc.resource_table(usage)), "run: python bench/cuda_resources.py"
+
+
+@pytest.mark.integration
+def test_resource_table_is_current():
+    """The whole table, its summary lines too (every target compiled: minutes)."""
+    written = _written_resource_table()
     assert written == nvrtc.resource_table(nvrtc.all_resource_usage()), "run: python bench/cuda_resources.py"
 
 
@@ -203,7 +233,7 @@ def test_grid_stride_loops_cover_tensors_larger_than_the_grid(monkeypatch, name)
         pytest.skip(f"{name}'s spec has no random_sample, whose shapes outgrow a two-block grid")
     for sample in samples:
         assert_matches_reference(spec, sample, LAUNCHES[name](*sample.args, launcher), torch.float64)
-    assert launcher.launches and all(grid <= 2 for _, _, grid, _ in launcher.launches)
+    assert launcher.launches and all(launch[2] <= 2 for launch in launcher.launches)
 
 
 @pytest.fixture
@@ -254,6 +284,32 @@ _ASAN_SCRIPT = textwrap.dedent(
                 samples += [spec.random_sample(rng.randint, "cpu", dtype, False) for _ in range(15)]
             for sample in samples:
                 assert_matches_reference(spec, sample, dispatch(*sample.args, launcher), dtype)
+    # The specialised kernels: each kernel size, stride and layout, 32- and 64-bit offsets.
+    from oplib.ops import involution as ops
+    for limit in (ops.INDEX32_LIMIT, 0):
+        ops.INDEX32_LIMIT = limit
+        for kernel in (3, 5, 7):
+            for stride in (1, 2):
+                for channels_last in (False, True):
+                    for dtype in registry.FLOAT_DTYPES:
+                        groups, per_group = rng.choice([1, 2]), rng.choice([1, 4, 8, 16, 32])
+                        pad = [rng.randint(0, kernel - 1), rng.randint(0, kernel - 1)]
+                        height = max(rng.randint(1, 11), kernel - 2 * pad[0])
+                        width = max(rng.randint(1, 11), kernel - 2 * pad[1])
+                        out_h, out_w = (height + 2 * pad[0] - kernel) // stride + 1, (width + 2 * pad[1] - kernel) // stride + 1
+                        x = torch.randn(2, groups * per_group, height, width).to(dtype)
+                        w = torch.randn(2, groups, kernel, kernel, out_h, out_w).to(dtype)
+                        g = torch.randn(2, groups * per_group, out_h, out_w).to(dtype)
+                        if channels_last:
+                            x = x.contiguous(memory_format=torch.channels_last)
+                            g = g.contiguous(memory_format=torch.channels_last)
+                            w = w.permute(0, 4, 5, 1, 2, 3).contiguous().permute(0, 3, 4, 5, 1, 2)
+                        window = ([stride, stride], pad, [1, 1])
+                        ops.launch_involution(x, w, *window, launcher)
+                        ops.launch_involution_backward_input(g, w, [height, width], *window, launcher)
+                        ops.launch_involution_backward_weight(g, x, [kernel, kernel], *window, groups, launcher)
+    tiled = {launch[4] for launch in launcher.launches if launch[0].endswith("_tiled")}
+    assert len(tiled) == 24, sorted(tiled)
     print("asan: clean,", len(launcher.launches), "launches")
     """
 )
@@ -305,6 +361,95 @@ def test_cuda_tensors_without_cupy_name_the_extra(monkeypatch):
         oplib.kernels.CuPyLauncher()
 
 
+class _FakeDriver:
+    """cupy_backends' driver module, as far as CuPyLauncher uses it, recording launches."""
+
+    def __init__(self):
+        self.context = 7
+        self.launches = []
+
+    def ctxGetCurrent(self):
+        return self.context
+
+    def launchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        import ctypes
+
+        count = len(self.expected_arguments)
+        pointers = (ctypes.c_void_p * count).from_address(params)
+        values = [ctypes.c_int64.from_address(pointer).value for pointer in pointers]
+        self.launches.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, values, extra, self.context))
+
+
+class _FakeCupy:
+    """The parts of cupy that CuPyLauncher uses: RawModule (recording what it compiles) and Device."""
+
+    def __init__(self, driver: _FakeDriver):
+        self.compiled: list[list[str]] = []
+        self.devices_entered: list[int] = []
+        fake = self
+
+        class RawModule:
+            def __init__(self, code, options, name_expressions):
+                self.names = list(name_expressions)
+                assert tuple(options) == NVRTC_OPTIONS and code == load_source("involution.cu").text
+
+            def compile(self):
+                fake.compiled.append(self.names)
+
+            def get_function(self, name):
+                return types.SimpleNamespace(ptr=1000 + self.names.index(name) + 100 * len(fake.compiled))
+
+        class Device:
+            def __init__(self, index):
+                self.index = index
+
+            def __enter__(self):
+                fake.devices_entered.append(self.index)
+                driver.context = 7  # the device's primary context becomes current
+
+            def __exit__(self, *exc):
+                return False
+
+        self.RawModule = RawModule
+        self.cuda = types.SimpleNamespace(Device=Device)
+
+
+def test_cupy_launcher_compiles_each_instantiation_once_and_packs_its_arguments(monkeypatch):
+    """The launch path without a GPU, against a recording driver: each instantiation compiles
+    on its first launch only (as its own module), the arguments reach cuLaunchKernel as the
+    8-byte values the kernel's parameters are (pointers and index_t), on PyTorch's current
+    stream, and the device is entered only when the thread's current context is not its own."""
+    driver = _FakeDriver()
+    fake_cupy = _FakeCupy(driver)
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setitem(sys.modules, "cupy_backends.cuda.api", types.SimpleNamespace(driver=driver))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=4242))
+    launcher = oplib.kernels.CuPyLauncher()
+    x, w = torch.randn(1, 16, 9, 9), torch.randn(1, 1, 7, 7, 9, 9)
+    out = torch.empty(1, 16, 9, 9)
+    source = load_source("involution.cu")
+    args = (x, w, out, 81, 16, 9, 9, 1, 9, 9, 3, 3, 16)
+    driver.expected_arguments = args
+    specialisation = ("int", "7", "1", "false")
+    for _ in range(3):
+        launcher.launch(source, "involution_forward_tiled", torch.float32, 1, 256, args, specialisation)
+    assert fake_cupy.compiled == [["involution_forward_tiled<float, int, 7, 1, false>"]]
+    assert fake_cupy.devices_entered == [None]  # the compile; the launches found the context current
+    (function, grid, block, shared, stream, values, extra, context), *rest = driver.launches
+    assert len(rest) == 2 and all(launch == driver.launches[0] for launch in rest)
+    assert (grid, block, shared, stream, extra) == ((1, 1, 1), (256, 1, 1), 0, 4242, 0)
+    assert values == [x.data_ptr(), w.data_ptr(), out.data_ptr(), 81, 16, 9, 9, 1, 9, 9, 3, 3, 16]
+    # Another thread's context (another device current): the launch enters the tensors' device.
+    driver.context = 99
+    launcher.launch(source, "involution_forward_tiled", torch.float32, 1, 256, args, specialisation)
+    assert fake_cupy.devices_entered == [None, None] and driver.launches[-1][-1] == 7
+    # Another dtype is another instantiation: compiled on its first launch.
+    args = (x.double(), w.double(), out.double(), *args[3:])
+    driver.expected_arguments = args
+    launcher.launch(source, "involution_forward_tiled", torch.float64, 1, 256, args, specialisation)
+    assert fake_cupy.compiled[-1] == ["involution_forward_tiled<double, int, 7, 1, false>"]
+
+
 @pytest.mark.needs_cuda
 @pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(LAUNCHES))
@@ -315,3 +460,249 @@ def test_cupy_kernels_match_the_cpu_path(name, dtype):
         cpu_args = [a.cpu() if isinstance(a, torch.Tensor) else a for a in sample.args]
         atol, rtol = spec.tolerance(dtype)
         torch.testing.assert_close(spec.op(*args).cpu(), spec.op(*cpu_args), atol=atol, rtol=rtol, msg=sample.name)
+
+
+# ---------------------------------------------------------------------------------------
+# The specialised involution kernels (involution_*_tiled in involution.cu)
+# ---------------------------------------------------------------------------------------
+
+INVOLUTION_SPECS = [registry.get(name) for name in ("involution", "involution_backward_input", "involution_backward_weight")]
+
+
+def _tiled_case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype, channels_last: bool):
+    """Random involution operands of one specialised geometry: (input, weight, grad_output,
+    stride, padding, groups), in the layout a channels_last model hands the kernels or in
+    contiguous NCHW."""
+    groups = rng.choice([1, 2, 3])
+    per_group = rng.choice([1, 2, 3, 4, 8, 16, 24, 32])
+    n, height, width = rng.choice([1, 2]), rng.randint(1, 12), rng.randint(1, 12)
+    pad = [rng.randint(0, kernel - 1), rng.randint(0, kernel - 1)]
+    height, width = max(height, kernel - 2 * pad[0]), max(width, kernel - 2 * pad[1])
+    out_h, out_w = (height + 2 * pad[0] - kernel) // stride + 1, (width + 2 * pad[1] - kernel) // stride + 1
+    channels = groups * per_group
+    x = torch.randn(n, channels, height, width, dtype=torch.float64).to(dtype)
+    w = torch.randn(n, groups, kernel, kernel, out_h, out_w, dtype=torch.float64).to(dtype)
+    g = torch.randn(n, channels, out_h, out_w, dtype=torch.float64).to(dtype)
+    if channels_last:
+        x, g = x.contiguous(memory_format=torch.channels_last), g.contiguous(memory_format=torch.channels_last)
+        w = w.permute(0, 4, 5, 1, 2, 3).contiguous().permute(0, 3, 4, 5, 1, 2)
+    return x, w, g, [stride, stride], pad, groups
+
+
+def _three_ops(x, w, g, stride, pad, groups, launcher):
+    """The three involution ops through their CUDA dispatch code, with ``launcher``."""
+    kernel, (height, width) = w.shape[2], x.shape[2:]
+    return (
+        involution_ops.launch_involution(x, w, stride, pad, [1, 1], launcher),
+        involution_ops.launch_involution_backward_input(g, w, [height, width], stride, pad, [1, 1], launcher),
+        involution_ops.launch_involution_backward_weight(g, x, [kernel, kernel], stride, pad, [1, 1], groups, launcher),
+    )
+
+
+def _check_tiled_against_reference(launcher, cases: int, seed: int) -> set:
+    """``cases`` random specialised geometries per (kernel, stride, layout), every dtype,
+    against the float64 reference; returns the specialisations launched."""
+    rng = random.Random(seed)
+    for kernel, stride, channels_last in itertools.product((3, 5, 7), (1, 2), (False, True)):
+        for case in range(cases):
+            dtype = registry.FLOAT_DTYPES[case % len(registry.FLOAT_DTYPES)]
+            x, w, g, stride_pair, pad, groups = _tiled_case(rng, kernel, stride, dtype, channels_last)
+            outs = _three_ops(x, w, g, stride_pair, pad, groups, launcher)
+            args = ((x, w, stride_pair, pad, [1, 1]),
+                    (g, w, list(x.shape[2:]), stride_pair, pad, [1, 1]),
+                    (g, x, [kernel, kernel], stride_pair, pad, [1, 1], groups))
+            for spec, sample_args, out in zip(INVOLUTION_SPECS, args, outs):
+                sample = registry.SampleInput(sample_args, f"k{kernel}-s{stride}-cl{channels_last}-{dtype}-{case}")
+                assert_matches_reference(spec, sample, out, dtype)
+    return {(launch[0], launch[4]) for launch in launcher.launches}
+
+
+def test_every_specialised_kernel_matches_the_reference():
+    """Every kernel size, stride and layout the specialised kernels cover, all four dtypes,
+    random sizes, groups, channels per group and padding, against the float64 reference; every
+    32-bit instantiation of the three kernels is launched."""
+    require_host_compiler()
+    launched = _check_tiled_against_reference(EmulatedLauncher(), cases=8, seed=11)
+    for kernel in ("involution_forward_tiled", "involution_backward_input_tiled", "involution_backward_weight_tiled"):
+        for specialisation in load_source("involution.cu").specialisations[kernel]:
+            if specialisation[0] == "int":
+                assert (kernel, specialisation) in launched, (kernel, specialisation)
+
+
+def test_the_64_bit_instantiations_match_the_reference(monkeypatch):
+    """With the 32-bit limit at zero every launch takes the long long instantiations, which
+    tensors past 2^31 elements get on a GPU."""
+    require_host_compiler()
+    monkeypatch.setattr(involution_ops, "INDEX32_LIMIT", 0)
+    launched = _check_tiled_against_reference(EmulatedLauncher(), cases=2, seed=12)
+    assert launched and all(specialisation[0] == "long long" for _, specialisation in launched if specialisation)
+
+
+def test_huge_tensors_take_the_64_bit_instantiations():
+    """Meta tensors of 2^31 elements and more (no memory) choose long long offsets; one
+    element fewer than the limit still chooses int."""
+    limit = involution_ops.INDEX32_LIMIT
+    small = torch.empty(limit, device="meta")
+    big = torch.empty(limit + 1, device="meta")
+    huge = torch.empty(2**31 + 5, device="meta")
+    window = ((7, 7), (2, 2), (1, 1))
+    assert involution_ops._tiled_specialisation(*window, False, small)[0] == "int"
+    assert involution_ops._tiled_specialisation(*window, True, small, big)[0] == "long long"
+    assert involution_ops._tiled_specialisation(*window, False, huge)[0] == "long long"
+    # And the limit leaves a whole grid of room below 2^31, so a grid-stride index never wraps.
+    assert limit + oplib.kernels.MAX_BLOCKS * oplib.kernels.BLOCK_SIZE <= 2**31 - 1
+
+
+def test_specialised_kernels_give_the_generic_kernels_bits(monkeypatch):
+    """Each sum adds its terms in the generic kernel's order, so the specialised kernels'
+    results are bit-identical to the generic ones, in every dtype and both layouts."""
+    require_host_compiler()
+    rng = random.Random(13)
+    tiled, generic = EmulatedLauncher(), EmulatedLauncher()
+    for case in range(36):
+        kernel, stride, channels_last = rng.choice((3, 5, 7)), rng.choice((1, 2)), case % 2 == 1
+        dtype = registry.FLOAT_DTYPES[case % len(registry.FLOAT_DTYPES)]
+        x, w, g, stride_pair, pad, groups = _tiled_case(rng, kernel, stride, dtype, channels_last)
+        fast = _three_ops(x, w, g, stride_pair, pad, groups, tiled)
+        with monkeypatch.context() as patch:
+            patch.setattr(involution_ops, "TILED_KERNEL_SIZES", ())
+            slow = _three_ops(x, w, g, stride_pair, pad, groups, generic)
+        for a, b in zip(fast, slow):
+            assert torch.equal(a, b), (kernel, stride, channels_last, dtype)
+    assert all(launch[0].endswith("_tiled") for launch in tiled.launches)
+    assert not any(launch[0].endswith("_tiled") for launch in generic.launches)
+
+
+class _RecordingLauncher(EmulatedLauncher):
+    """The emulation, also keeping each launch's tensor arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.tensors: list[list[torch.Tensor]] = []
+
+    def launch(self, source, kernel, dtype, grid, block, args, specialisation=()):
+        self.tensors.append([a for a in args if isinstance(a, torch.Tensor)])
+        super().launch(source, kernel, dtype, grid, block, args, specialisation)
+
+
+def test_channels_last_operands_are_read_in_place_and_results_keep_the_layout():
+    """A channels_last model's operands (activations channels_last, the weight pixel-major, as a
+    channels_last convolution's output views into it) go to the channels_last kernels as they
+    are, no copy, and every result comes back in the same layout, as the fakes say."""
+    require_host_compiler()
+    launcher = _RecordingLauncher()
+    x = torch.randn(2, 32, 14, 14).contiguous(memory_format=torch.channels_last)
+    # RedNet's weight: a channels_last convolution's (N, G*K*K, Ho, Wo) output, viewed.
+    w = torch.randn(2, 2 * 49, 7, 7).contiguous(memory_format=torch.channels_last).view(2, 2, 7, 7, 7, 7)
+    g = torch.randn(2, 32, 7, 7).contiguous(memory_format=torch.channels_last)
+    out, grad_input, grad_weight = _three_ops(x, w, g, [2, 2], [3, 3], 2, launcher)
+    assert [launch[4][3] for launch in launcher.launches] == ["true"] * 3
+    reads = [{t.data_ptr() for t in tensors} for tensors in launcher.tensors]
+    assert {x.data_ptr(), w.data_ptr()} <= reads[0]
+    assert {g.data_ptr(), w.data_ptr()} <= reads[1]
+    assert {g.data_ptr(), x.data_ptr()} <= reads[2]
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    assert grad_input.is_contiguous(memory_format=torch.channels_last) and not grad_input.is_contiguous()
+    assert grad_weight.permute(0, 4, 5, 1, 2, 3).is_contiguous() and grad_weight.stride() == w.stride()
+    for op, args, result in (
+        (torch.ops.oplib.involution, (x, w, [2, 2], [3, 3], [1, 1]), out),
+        (torch.ops.oplib.involution_backward_input, (g, w, [14, 14], [2, 2], [3, 3], [1, 1]), grad_input),
+        (torch.ops.oplib.involution_backward_weight, (g, x, [7, 7], [2, 2], [3, 3], [1, 1], 2), grad_weight),
+    ):
+        cpu = op(*args)
+        with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+            fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+        assert cpu.stride() == fake.stride() == result.stride(), op
+        torch.testing.assert_close(result, cpu, atol=1e-4, rtol=1e-4)
+
+
+def test_misaligned_channels_last_takes_the_contiguous_kernels():
+    """The channels_last kernels move 16-byte vectors; an input whose data does not start on a
+    16-byte boundary (a view at an odd offset into a buffer) goes to the contiguous layout's
+    kernels instead, and the result is still right and still channels_last."""
+    require_host_compiler()
+    launcher = EmulatedLauncher()
+    buffer = torch.randn(32 * 9 * 9 + 1)
+    x = buffer[1:].view(1, 9, 9, 32).permute(0, 3, 1, 2)  # channels_last, one float past an aligned address
+    assert involution_ops.is_channels_last(x) and x.data_ptr() % 16 != 0
+    w = torch.randn(1, 2, 7, 7, 9, 9)
+    out = involution_ops.launch_involution(x, w, [1, 1], [3, 3], [1, 1], launcher)
+    assert launcher.launches[-1][4][3] == "false"
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, torch.ops.oplib.involution(x.contiguous(), w, [1, 1], [3, 3], [1, 1]),
+                               atol=1e-4, rtol=1e-4)
+
+
+# The planted bug: one tap too many at the bottom and right edges of the image (the end of the
+# valid tap range, computed once per thread, off by one), in every specialised kernel.
+_TAP_BOUND = "*end = room >= KERNEL ? KERNEL : (room > 0 ? (int)room : 0);"
+_TAP_BOUND_OFF_BY_ONE = "*end = room >= KERNEL ? KERNEL : (room > 0 ? (int)room + 1 : 0);"
+
+
+def _planted_tap_bound(tmp_path: Path) -> KernelSource:
+    original = load_source("involution.cu")
+    assert original.text.count(_TAP_BOUND) == 1, "the planted bug no longer applies: update _TAP_BOUND"
+    path = tmp_path / "involution.cu"
+    path.write_text(original.text.replace(_TAP_BOUND, _TAP_BOUND_OFF_BY_ONE))
+    return KernelSource(path, path.read_text())
+
+
+def test_a_planted_off_by_one_tap_bound_fails_the_reference_check(tmp_path, monkeypatch):
+    require_host_compiler()
+    monkeypatch.setattr(involution_ops, "load_source", lambda filename: _planted_tap_bound(tmp_path))
+    with pytest.raises(AssertionError, match="Tensor-likes are not close"):
+        _check_tiled_against_reference(EmulatedLauncher(), cases=2, seed=15)
+
+
+def test_address_sanitizer_catches_a_planted_off_by_one_tap_bound(tmp_path):
+    """The same planted bug, where the extra tap reads past the end of the tensor: the last
+    pixel of the last sample's last row reads one element beyond the input."""
+    require_host_compiler()
+    planted = _planted_tap_bound(tmp_path)
+    build(planted, sanitize=True)
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from pathlib import Path
+        from oplib.kernels import KernelSource
+        from oplib.ops import involution as ops
+        from oplib.testing.cuda_emulation import EmulatedLauncher
+        path = Path({str(planted.path)!r})
+        ops.load_source = lambda filename: KernelSource(path, path.read_text())
+        x, w = torch.randn(1, 4, 8, 8), torch.randn(1, 1, 3, 3, 8, 8)
+        ops.launch_involution(x, w, [1, 1], [1, 1], [1, 1], EmulatedLauncher(sanitize=True))
+        print("no error reported")
+        """
+    )
+    result = _run_under_asan(script)
+    assert result.returncode != 0
+    assert "heap-buffer-overflow" in result.stderr
+    assert "no error reported" not in result.stdout
+
+
+def _ptx_entries(ptx: str) -> dict[str, str]:
+    """Each kernel's mangled name -> its PTX body."""
+    entries = re.split(r"\n(?=\.weak \.entry |\.visible \.entry )", ptx)
+    return {re.match(r"\.\w+ \.entry (\w+)", entry).group(1): entry for entry in entries if ".entry " in entry[:30]}
+
+
+def test_specialised_kernels_vectorise_and_never_divide_in_64_bits():
+    """In the PTX a GPU runs: every channels_last instantiation loads and stores 16-byte vectors,
+    and the 32-bit instantiations hold no 64-bit division or remainder (a 64-bit division is a
+    long software routine; the 32-bit ones decode each thread's index once, outside the loops)."""
+    source = load_source("involution.cu")
+    compiled = nvrtc.compile_source(source, UNIT_ARCH)
+    entries = _ptx_entries(compiled.ptx)
+    checked = 0
+    for kernel, dtype, specialisation in instantiations(source):
+        if not specialisation:
+            continue
+        body = entries[compiled.lowered_names[name_expression(kernel, dtype, specialisation)]]
+        if specialisation[3] == "true":
+            assert re.search(r"ld\.global(\.nc)?(\.v[24])\.", body), (kernel, dtype, specialisation)
+            if not kernel.startswith("involution_backward_weight"):
+                assert re.search(r"st\.global\.v[24]\.", body), (kernel, dtype, specialisation)
+        if specialisation[0] == "int":
+            assert not re.search(r"\b(div|rem)\.[su]64\b", body), (kernel, dtype, specialisation)
+        checked += 1
+    assert checked == 4 * 3 * 24

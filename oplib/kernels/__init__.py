@@ -1,17 +1,24 @@
 """CUDA kernels shipped as ``.cu`` files, and the CuPy launcher that runs them.
 
-Every kernel is a ``template <typename scalar_t> __global__ void name(...)`` whose arguments
-are pointers and ``index_t`` (64-bit) integers. A launcher runs one by name for one dtype:
-``CuPyLauncher`` on a GPU; ``oplib.testing.cuda_emulation.EmulatedLauncher`` compiles the
-same file for the host in the tests. The op files hold the dispatch code (output
-allocation, argument order, launch configuration), shared by both.
+Every kernel is a ``template <typename scalar_t, ...> __global__ void name(...)`` whose
+arguments are pointers and ``index_t`` (64-bit) integers. A kernel templated on more than the
+storage type lists the values of its other template parameters in ``// oplib-template:``
+comment lines of its source, so that every instantiation a host may launch is known here
+(``instantiations``) and compiled by the NVRTC tests. A launcher runs one instantiation by
+name, dtype and those template arguments: ``CuPyLauncher`` on a GPU;
+``oplib.testing.cuda_emulation.EmulatedLauncher`` compiles the same file for the host in the
+tests. The op files hold the dispatch code (output allocation, argument order, the choice of
+instantiation, launch configuration), shared by both.
 """
 
 from __future__ import annotations
 
 import functools
+import ctypes
 import hashlib
+import itertools
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +41,17 @@ CTYPES: dict[torch.dtype, str] = {
 NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17", f"-I{KERNEL_DIR}")
 
 
-def name_expression(kernel: str, dtype: torch.dtype) -> str:
-    """The C++ name of ``kernel``'s instantiation for ``dtype``, e.g. ``involution_forward<float>``."""
-    return f"{kernel}<{CTYPES[dtype]}>"
+def name_expression(kernel: str, dtype: torch.dtype, specialisation: Sequence[str] = ()) -> str:
+    """The C++ name of one instantiation of ``kernel``: ``involution_forward<float>``, or with
+    the template arguments after the storage type, ``involution_forward_tiled<float, int, 7, 1, false>``."""
+    return f"{kernel}<{', '.join((CTYPES[dtype], *specialisation))}>"
 
-_KERNEL_PATTERN = re.compile(r"template\s*<\s*typename\s+scalar_t\s*>\s*__global__\s+void\s+(\w+)\s*\(([^)]*)\)")
+
+_KERNEL_PATTERN = re.compile(r"template\s*<([^>]*)>\s*__global__\s+void\s+(\w+)\s*\(([^)]*)\)")
+# A source lists the template arguments of its specialised kernels in comment lines (see
+# involution.cu): which kernels, then one line per template parameter after scalar_t.
+_INSTANTIATE_PATTERN = re.compile(r"^// oplib-instantiate:(.*)$", re.MULTILINE)
+_TEMPLATE_PATTERN = re.compile(r"^// oplib-template:\s*(\w+)\s*=(.*)$", re.MULTILINE)
 
 KernelArg = Union[Tensor, int]
 
@@ -46,6 +59,7 @@ KernelArg = Union[Tensor, int]
 @dataclass(frozen=True)
 class KernelSignature:
     name: str
+    template_params: tuple[str, ...]  # the parameters after scalar_t, e.g. ("offset_t", "KERNEL")
     params: tuple[tuple[str, str], ...]  # (C++ type, name), as written with scalar_t
 
     def instantiated_params(self, ctype: str) -> str:
@@ -70,12 +84,32 @@ class KernelSource:
     def kernels(self) -> dict[str, KernelSignature]:
         signatures = {}
         for match in _KERNEL_PATTERN.finditer(self.text):
+            template = [" ".join(p.split()) for p in match.group(1).split(",")]
+            if template[0] != "typename scalar_t":
+                raise ValueError(f"{self.path.name}: {match.group(2)}'s first template parameter must be scalar_t")
             params = []
-            for param in " ".join(match.group(2).split()).split(","):
+            for param in " ".join(match.group(3).split()).split(","):
                 *type_words, name = param.strip().split(" ")
                 params.append((" ".join(type_words), name))
-            signatures[match.group(1)] = KernelSignature(match.group(1), tuple(params))
+            template_params = tuple(p.split(" ")[-1] for p in template[1:])
+            signatures[match.group(2)] = KernelSignature(match.group(2), template_params, tuple(params))
         return signatures
+
+    @functools.cached_property
+    def specialisations(self) -> dict[str, tuple[tuple[str, ...], ...]]:
+        """Kernel -> every tuple of template arguments after scalar_t that a host may launch
+        (``()`` alone for a kernel templated on scalar_t only)."""
+        values = {m.group(1): tuple(v.strip() for v in m.group(2).split("|")) for m in _TEMPLATE_PATTERN.finditer(self.text)}
+        listed = {k.strip() for m in _INSTANTIATE_PATTERN.finditer(self.text) for k in m.group(1).split(",")}
+        result = {}
+        for name, signature in self.kernels.items():
+            if not signature.template_params:
+                result[name] = ((),)
+                continue
+            if name not in listed or any(p not in values for p in signature.template_params):
+                raise ValueError(f"{self.path.name}: {name}'s template arguments are not all listed (oplib-template)")
+            result[name] = tuple(itertools.product(*(values[p] for p in signature.template_params)))
+        return result
 
 
 @functools.cache
@@ -84,9 +118,20 @@ def load_source(filename: str) -> KernelSource:
     return KernelSource(path, path.read_text())
 
 
+def instantiations(source: KernelSource) -> list[tuple[str, torch.dtype, tuple[str, ...]]]:
+    """(kernel, dtype, specialisation) of every instantiation a host may launch from ``source``."""
+    return [
+        (kernel, dtype, specialisation)
+        for kernel, specialisations in source.specialisations.items()
+        for specialisation in specialisations
+        for dtype in CTYPES
+    ]
+
+
 def name_expressions(source: KernelSource) -> list[str]:
-    """Every kernel of ``source`` for every dtype: the instantiations a module compiles."""
-    return [name_expression(kernel, dtype) for kernel in source.kernels for dtype in CTYPES]
+    """Every instantiation of ``source`` (every kernel, dtype and specialisation): what the
+    NVRTC tests compile. A GPU compiles only those it launches (CuPyLauncher)."""
+    return [name_expression(*instantiation) for instantiation in instantiations(source)]
 
 
 @dataclass(frozen=True)
@@ -121,7 +166,14 @@ def cuda_dispatch(qualname: str, source: str, kernels: Sequence[str]):
 
 class Launcher(Protocol):
     def launch(
-        self, source: KernelSource, kernel: str, dtype: torch.dtype, grid: int, block: int, args: Sequence[KernelArg]
+        self,
+        source: KernelSource,
+        kernel: str,
+        dtype: torch.dtype,
+        grid: int,
+        block: int,
+        args: Sequence[KernelArg],
+        specialisation: tuple[str, ...] = (),
     ) -> None: ...
 
 
@@ -131,72 +183,97 @@ MAX_BLOCKS = 1 << 16
 
 
 def launch_elementwise(
-    launcher: Launcher, source: KernelSource, kernel: str, out: Tensor, args: Sequence[KernelArg]
+    launcher: Launcher,
+    source: KernelSource,
+    kernel: str,
+    out: Tensor,
+    args: Sequence[KernelArg],
+    threads: int | None = None,
+    specialisation: tuple[str, ...] = (),
 ) -> None:
-    """Launch ``kernel`` with one thread per element of ``out`` (a grid-stride loop)."""
-    total = out.numel()
+    """Launch ``kernel`` over ``threads`` work items (default: one per element of ``out``),
+    as a grid-stride loop."""
+    total = out.numel() if threads is None else threads
     if total == 0:
         return
     grid = min(MAX_BLOCKS, (total + BLOCK_SIZE - 1) // BLOCK_SIZE)
-    launcher.launch(source, kernel, out.dtype, grid, BLOCK_SIZE, args)
-
-
-class _StreamHandle:
-    """A raw cudaStream_t in the CUDA stream protocol, which CuPy's Stream.from_external reads."""
-
-    def __init__(self, handle: int):
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
+    launcher.launch(source, kernel, out.dtype, grid, BLOCK_SIZE, args, specialisation)
 
 
 class CuPyLauncher:
-    """Compiles each ``.cu`` file once per device with NVRTC (every kernel, every dtype) and
-    launches on PyTorch's current stream of the tensors' device."""
+    """Compiles each kernel instantiation the first time a device launches it (CuPy's NVRTC,
+    cached on disk by CuPy) and launches it on PyTorch's current stream of the tensors' device.
+
+    A launch costs a dictionary lookup, the arguments written into a reused parameter block
+    and one cuLaunchKernel: no CuPy stream wrapper, no numpy scalars, and a device switch only
+    when the calling thread's current context is not the tensors' device's.
+    """
 
     def __init__(self):
         try:
             import cupy
+            from cupy_backends.cuda.api import driver
         except ImportError as error:
             raise RuntimeError(
                 "oplib's CUDA kernels need CuPy: pip install 'torch-oplib[cuda12]' or 'torch-oplib[cuda13]' "
                 "(the extra matching your CUDA major version)"
             ) from error
         self._cupy = cupy
-        self._modules: dict[tuple[str, int], object] = {}
+        self._driver = driver
+        self._modules: list[object] = []
+        # (source hash, kernel, dtype, specialisation, device) -> the kernel's CUfunction handle
+        self._functions: dict[tuple, int] = {}
+        self._contexts: dict[int, int] = {}  # device -> its primary context, where the modules load
+        self._parameters = threading.local()
 
-    def load(self, source: KernelSource, device: int):
-        """Compile ``source`` for ``device`` and load it there, unless that was done before;
-        returns the module."""
-        key = (source.sha256, device)
-        module = self._modules.get(key)
-        if module is None:
+    def load(self, source: KernelSource, device: int, which: Sequence[tuple] | None = None) -> None:
+        """Compile the instantiations ``which`` ((kernel, dtype, specialisation) tuples; default:
+        every one of ``source``) in one module for ``device``, and load it there."""
+        which = tuple(instantiations(source) if which is None else which)
+        names = [name_expression(*instantiation) for instantiation in which]
+        with self._cupy.cuda.Device(device):
+            module = self._cupy.RawModule(code=source.text, options=NVRTC_OPTIONS, name_expressions=names)
+            module.compile()
+            self._contexts[device] = self._driver.ctxGetCurrent()
+        self._modules.append(module)  # a module's functions live as long as it does
+        for (kernel, dtype, specialisation), name in zip(which, names):
+            key = (source.sha256, kernel, dtype, specialisation, device)
+            self._functions[key] = module.get_function(name).ptr
+
+    def function(self, source: KernelSource, kernel: str, dtype: torch.dtype, specialisation: tuple[str, ...],
+                 device: int) -> int:
+        """The CUfunction of one instantiation on ``device``, compiled on first use."""
+        key = (source.sha256, kernel, dtype, specialisation, device)
+        handle = self._functions.get(key)
+        if handle is None:
+            self.load(source, device, [(kernel, dtype, specialisation)])
+            handle = self._functions[key]
+        return handle
+
+    def launch(self, source, kernel, dtype, grid, block, args, specialisation=()) -> None:
+        device = next(a.device for a in args if isinstance(a, Tensor)).index
+        function = self.function(source, kernel, dtype, specialisation, device)
+        values, pointers = self._parameter_block(len(args))
+        # Every kernel parameter is 8 bytes: a pointer or an index_t (long long).
+        values[:] = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
+        stream = torch.cuda.current_stream(device).cuda_stream
+        if self._driver.ctxGetCurrent() == self._contexts[device]:
+            self._driver.launchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, ctypes.addressof(pointers), 0)
+        else:
             with self._cupy.cuda.Device(device):
-                module = self._cupy.RawModule(
-                    code=source.text, options=NVRTC_OPTIONS, name_expressions=name_expressions(source)
-                )
-                module.compile()
-            self._modules[key] = module
-        return module
+                self._driver.launchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, ctypes.addressof(pointers), 0)
 
-    def launch(self, source, kernel, dtype, grid, block, args) -> None:
-        import numpy
-
-        device = next(a.device for a in args if isinstance(a, Tensor))
-        function = self.load(source, device.index).get_function(name_expression(kernel, dtype))
-        # Pointers go as 64-bit integers: the kernel parameters are 8-byte pointers and index_t.
-        packed = tuple(numpy.uint64(a.data_ptr()) if isinstance(a, Tensor) else numpy.int64(a) for a in args)
-        stream = self._stream(torch.cuda.current_stream(device).cuda_stream, device.index)
-        with self._cupy.cuda.Device(device.index), stream:
-            function((grid,), (block,), packed)
-
-    def _stream(self, handle: int, device: int):
-        """PyTorch's stream as a CuPy stream (ExternalStream before CuPy 14, which deprecates it)."""
-        from_external = getattr(self._cupy.cuda.Stream, "from_external", None)
-        if from_external is not None:
-            return from_external(_StreamHandle(handle))
-        return self._cupy.cuda.ExternalStream(handle, device_id=device)
+    def _parameter_block(self, count: int):
+        """This thread's argument values (``count`` int64) and the array of pointers to them that
+        cuLaunchKernel reads; the driver copies the values at the launch, so the block is reused."""
+        blocks = self._parameters.__dict__.setdefault("blocks", {})
+        block = blocks.get(count)
+        if block is None:
+            values = (ctypes.c_int64 * count)()
+            base = ctypes.addressof(values)
+            pointers = (ctypes.c_void_p * count)(*(base + 8 * i for i in range(count)))
+            block = blocks[count] = (values, pointers)
+        return block
 
 
 @functools.cache
@@ -206,7 +283,8 @@ def cupy_launcher() -> CuPyLauncher:
 
 def load(device: Union[torch.device, str, int, None] = None) -> None:
     """Compile and load every op's CUDA kernels on ``device`` (default: the current CUDA
-    device) now, rather than at each op's first call. A first call inside a CUDA graph capture
+    device) now, every dtype and specialisation in one NVRTC compile, rather than each at its
+    first call. A first call inside a CUDA graph capture
     works without it (the module loads during the capture; tests/test_cuda_streams.py), but
     compiling takes seconds on a cold cache (CuPy keeps the results on disk), which this moves
     out of timed or latency-bound code. ``load("cpu")`` builds the native CPU kernels of involution

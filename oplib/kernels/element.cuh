@@ -99,6 +99,7 @@ template <>
 struct Element<float> {
     typedef float acc_t;
     static __device__ __forceinline__ float load(const float* p) { return __ldg(p); }
+    static __device__ __forceinline__ float value(float v) { return v; }
     static __device__ __forceinline__ float store(float v) { return v; }
 };
 
@@ -106,6 +107,7 @@ template <>
 struct Element<double> {
     typedef double acc_t;
     static __device__ __forceinline__ double load(const double* p) { return __ldg(p); }
+    static __device__ __forceinline__ double value(double v) { return v; }
     static __device__ __forceinline__ double store(double v) { return v; }
 };
 
@@ -115,6 +117,7 @@ struct Element<oplib_half> {
     static __device__ __forceinline__ float load(const oplib_half* p) {
         return oplib_half_to_float(__ldg(reinterpret_cast<const unsigned short*>(p)));
     }
+    static __device__ __forceinline__ float value(oplib_half v) { return oplib_half_to_float(v.bits); }
     static __device__ __forceinline__ oplib_half store(float v) {
         oplib_half h;
         h.bits = oplib_float_to_half(v);
@@ -128,11 +131,20 @@ struct Element<oplib_bfloat16> {
     static __device__ __forceinline__ float load(const oplib_bfloat16* p) {
         return oplib_bfloat16_to_float(__ldg(reinterpret_cast<const unsigned short*>(p)));
     }
+    static __device__ __forceinline__ float value(oplib_bfloat16 v) { return oplib_bfloat16_to_float(v.bits); }
     static __device__ __forceinline__ oplib_bfloat16 store(float v) {
         oplib_bfloat16 b;
         b.bits = oplib_float_to_bfloat16(v);
         return b;
     }
+};
+
+// Sixteen bytes of one storage type, aligned so that one load or store instruction moves them
+// (ld.global.v4 / st.global.v4); callers check the alignment on the host.
+template <typename scalar_t>
+struct alignas(16) Vector16 {
+    static constexpr int lanes = 16 / sizeof(scalar_t);
+    scalar_t lane[lanes];
 };
 
 __device__ __forceinline__ index_t oplib_first_index() {

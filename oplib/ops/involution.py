@@ -29,7 +29,16 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ..kernels import Launcher, cuda_dispatch, cupy_launcher, involution_cpu, launch_elementwise, load_source
+from ..kernels import (
+    BLOCK_SIZE,
+    MAX_BLOCKS,
+    Launcher,
+    cuda_dispatch,
+    cupy_launcher,
+    involution_cpu,
+    launch_elementwise,
+    load_source,
+)
 from ._common import (
     CHANNELS_DIVISIBLE,
     GROUPS_POSITIVE,
@@ -260,54 +269,186 @@ def _backward_weight_args_valid(grad_output, input, kernel_size, stride, padding
     )
 
 
-@cuda_dispatch("oplib::involution", _SOURCE, ["involution_forward"])
+# Memory formats, the same on every device and in the fakes: the output of the forward is
+# channels_last when its input is, grad_input when grad_output is, and grad_weight pixel-major,
+# (N, Ho, Wo, G, KH, KW) in memory, when the input is (the layout of a channels_last
+# convolution's output viewed as the weight), so that a channels_last model never copies.
+
+
+def is_channels_last(tensor: Tensor) -> bool:
+    """Whether a 4-D tensor is laid out (N, H, W, C) and not also (N, C, H, W) (as when C == 1
+    or H == W == 1, which then counts as contiguous)."""
+    return not tensor.is_contiguous() and tensor.is_contiguous(memory_format=torch.channels_last)
+
+
+def _empty_activation(like: Tensor, shape: Sequence[int], channels_last: bool) -> Tensor:
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=memory_format)
+
+
+def _empty_weight(like: Tensor, shape: Sequence[int], pixel_major: bool) -> Tensor:
+    """An uninitialised (N, G, KH, KW, Ho, Wo) tensor, pixel-major in memory if asked."""
+    if not pixel_major:
+        return like.new_empty(shape)
+    n, groups, kh, kw, out_h, out_w = shape
+    return like.new_empty((n, out_h, out_w, groups, kh, kw)).permute(0, 3, 4, 5, 1, 2)
+
+
+def _is_pixel_major(weight: Tensor) -> bool:
+    return weight.permute(0, 4, 5, 1, 2, 3).is_contiguous()
+
+
+def _as_pixel_major(weight: Tensor) -> Tensor:
+    return weight if _is_pixel_major(weight) else weight.permute(0, 4, 5, 1, 2, 3).contiguous().permute(0, 3, 4, 5, 1, 2)
+
+
+def _in_format(activation: Tensor, channels_last: bool) -> Tensor:
+    return activation.contiguous(memory_format=torch.channels_last) if channels_last else activation.contiguous()
+
+
+def _weight_in_format(weight: Tensor, pixel_major: bool) -> Tensor:
+    return _as_pixel_major(weight) if pixel_major else weight.contiguous()
+
+
+# The specialised kernels of involution.cu (its oplib-template lines): square kernels of
+# these sizes, equal strides of these, dilation 1.
+TILED_KERNEL_SIZES = (3, 5, 7)
+TILED_STRIDES = (1, 2)
+# The 32-bit kernels serve tensors up to this many elements: a grid-stride index then stays
+# below 2^31 even one whole grid past the last element.
+INDEX32_LIMIT = 2**31 - 1 - MAX_BLOCKS * BLOCK_SIZE
+# Channels per thread trade weight reuse (more) against parallelism (fewer): the most channels
+# that still leave this many threads. A guess for an H100 (132 SMs of 2048 threads) until
+# make gpu-check measures it.
+TARGET_THREADS = 1 << 17
+# Tile<scalar_t>::max_channels in involution.cu: accumulators per thread.
+_MAX_CHANNELS = {torch.float64: 8, torch.float32: 16, torch.float16: 16, torch.bfloat16: 16}
+
+
+def _tiled_specialisation(kernel_size, stride, dilation, channels_last: bool, *tensors: Tensor):
+    """The template arguments after scalar_t of the specialised kernel for this geometry, or
+    None when only the generic kernel serves it."""
+    kh, kw = kernel_size
+    if kh != kw or kh not in TILED_KERNEL_SIZES or stride[0] != stride[1] or stride[0] not in TILED_STRIDES:
+        return None
+    if tuple(dilation) != (1, 1):
+        return None
+    offset = "int" if max(t.numel() for t in tensors) <= INDEX32_LIMIT else "long long"
+    return (offset, str(kh), str(stride[0]), "true" if channels_last else "false")
+
+
+def _lanes(dtype: torch.dtype) -> int:
+    """Elements of ``dtype`` in the kernels' 16-byte vectors."""
+    return 16 // torch.empty((), dtype=dtype).element_size()
+
+
+def _vectors_fit(channels: int, per_group: int, *tensors: Tensor) -> bool:
+    """Whether the channels_last kernels' 16-byte vectors fit: each pixel's channels and each
+    group's start at a multiple of the vector, from 16-byte aligned tensors."""
+    lanes = _lanes(tensors[0].dtype)
+    return channels % lanes == 0 and per_group % lanes == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _channels_per_thread(per_group: int, threads_per_channel: int, dtype: torch.dtype, multiple: int) -> int:
+    """The most channels (a divisor of ``per_group``, a multiple of ``multiple``) a thread can own
+    while the launch keeps TARGET_THREADS threads; the fewest when none can."""
+    candidates = [d for d in range(_MAX_CHANNELS[dtype], 0, -1) if per_group % d == 0 and d % multiple == 0]
+    for count in candidates:
+        if threads_per_channel * (per_group // count) >= TARGET_THREADS:
+            return count
+    return candidates[-1]
+
+
+def _run(launcher: Launcher, kernel: str, out: Tensor, writes_out: bool, operands: tuple, scalars: tuple,
+         threads: int | None = None, specialisation: tuple = ()) -> Tensor:
+    """Launch ``kernel`` (operands, then its result, then the scalars) into ``out`` when
+    ``writes_out`` (it writes ``out``'s layout), else into a contiguous buffer copied into ``out``."""
+    result = out if writes_out else out.new_empty(out.shape)
+    args = (*operands, result, *scalars)
+    launch_elementwise(launcher, load_source(_SOURCE), kernel, result, args, threads, specialisation)
+    return out if result is out else out.copy_(result)
+
+
+def _run_generic(launcher: Launcher, kernel: str, out: Tensor, operands: tuple, scalars: tuple) -> Tensor:
+    """A generic kernel of involution.cu: contiguous operands, one thread per element of its
+    contiguous result."""
+    operands = tuple(operand.contiguous() for operand in operands)
+    return _run(launcher, kernel, out, out.is_contiguous(), operands, (out.numel(), *scalars))
+
+
+@cuda_dispatch("oplib::involution", _SOURCE, ["involution_forward", "involution_forward_tiled"])
 def launch_involution(input: Tensor, weight: Tensor, stride, padding, dilation, launcher: Launcher) -> Tensor:
-    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo) by the
-    ``involution_forward`` kernel. Strided inputs are made contiguous first."""
-    input, weight = input.contiguous(), weight.contiguous()
+    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo), channels_last when
+    the input is. The specialised kernel where one serves the geometry, else the generic one."""
     n, channels, height, width = input.shape
-    out = input.new_empty((n, channels, weight.shape[4], weight.shape[5]))
-    args = _kernel_args(channels, height, width, weight.shape, stride, padding, dilation)
-    launch_elementwise(launcher, load_source(_SOURCE), "involution_forward", out, (input, weight, out, out.numel(), *args))
-    return out
+    groups, kh, kw, out_h, out_w = weight.shape[1:]
+    channels_last = is_channels_last(input)
+    out = _empty_activation(input, (n, channels, out_h, out_w), channels_last)
+    per_group = channels // groups
+    layout_last = channels_last and _vectors_fit(channels, per_group, input, out)
+    specialisation = _tiled_specialisation((kh, kw), stride, dilation, layout_last, input, weight, out)
+    if specialisation is None:
+        scalars = _kernel_args(channels, height, width, weight.shape, stride, padding, dilation)
+        return _run_generic(launcher, "involution_forward", out, (input, weight), scalars)
+    input, weight = _in_format(input, layout_last), _weight_in_format(weight, layout_last)
+    per_thread = _channels_per_thread(per_group, n * groups * out_h * out_w, input.dtype, _lanes(input.dtype) if layout_last else 1)
+    threads = n * groups * (per_group // per_thread) * out_h * out_w
+    scalars = (channels, height, width, groups, out_h, out_w, *padding, per_thread)
+    return _run(launcher, "involution_forward_tiled", out, layout_last == channels_last, (input, weight), (threads, *scalars),
+                threads, specialisation)
 
 
-@cuda_dispatch("oplib::involution_backward_input", _SOURCE, ["involution_backward_input"])
+@cuda_dispatch("oplib::involution_backward_input", _SOURCE, ["involution_backward_input", "involution_backward_input_tiled"])
 def launch_involution_backward_input(
     grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation, launcher: Launcher
 ) -> Tensor:
-    """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> grad_input: (N, C, H, W)."""
-    grad_output, weight = grad_output.contiguous(), weight.contiguous()
-    n, channels = grad_output.shape[:2]
-    grad_input = grad_output.new_empty((n, channels, *input_size))
-    args = _kernel_args(channels, *input_size, weight.shape, stride, padding, dilation)
-    launch_elementwise(
-        launcher,
-        load_source(_SOURCE),
-        "involution_backward_input",
-        grad_input,
-        (grad_output, weight, grad_input, grad_input.numel(), *args),
-    )
-    return grad_input
+    """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> grad_input: (N, C, H, W),
+    channels_last when grad_output is."""
+    n, channels, out_h, out_w = grad_output.shape
+    groups, kh, kw = weight.shape[1:4]
+    height, width = input_size
+    channels_last = is_channels_last(grad_output)
+    grad_input = _empty_activation(grad_output, (n, channels, height, width), channels_last)
+    per_group = channels // groups
+    layout_last = channels_last and _vectors_fit(channels, per_group, grad_output, grad_input)
+    specialisation = _tiled_specialisation((kh, kw), stride, dilation, layout_last, grad_output, weight, grad_input)
+    if specialisation is None:
+        scalars = _kernel_args(channels, height, width, weight.shape, stride, padding, dilation)
+        return _run_generic(launcher, "involution_backward_input", grad_input, (grad_output, weight), scalars)
+    grad_output, weight = _in_format(grad_output, layout_last), _weight_in_format(weight, layout_last)
+    lanes = _lanes(grad_output.dtype) if layout_last else 1
+    per_thread = _channels_per_thread(per_group, n * groups * height * width, grad_output.dtype, lanes)
+    threads = n * groups * (per_group // per_thread) * height * width
+    scalars = (channels, height, width, groups, out_h, out_w, *padding, per_thread)
+    return _run(launcher, "involution_backward_input_tiled", grad_input, layout_last == channels_last,
+                (grad_output, weight), (threads, *scalars), threads, specialisation)
 
 
-@cuda_dispatch("oplib::involution_backward_weight", _SOURCE, ["involution_backward_weight"])
+@cuda_dispatch(
+    "oplib::involution_backward_weight", _SOURCE, ["involution_backward_weight", "involution_backward_weight_tiled"]
+)
 def launch_involution_backward_weight(
     grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation, groups: int, launcher: Launcher
 ) -> Tensor:
-    """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
-    grad_output, input = grad_output.contiguous(), input.contiguous()
+    """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo),
+    pixel-major in memory when the input is channels_last."""
     n, channels, height, width = input.shape
-    grad_weight = input.new_empty((n, groups, *kernel_size, *grad_output.shape[2:]))
-    args = _kernel_args(channels, height, width, grad_weight.shape, stride, padding, dilation)
-    launch_elementwise(
-        launcher,
-        load_source(_SOURCE),
-        "involution_backward_weight",
-        grad_weight,
-        (grad_output, input, grad_weight, grad_weight.numel(), *args),
-    )
-    return grad_weight
+    out_h, out_w = grad_output.shape[2:]
+    pixel_major = is_channels_last(input)
+    grad_weight = _empty_weight(input, (n, groups, *kernel_size, out_h, out_w), pixel_major)
+    per_group = channels // groups
+    # A grad_output in the other layout is copied into this one below, and a fresh copy is aligned.
+    aligned = [input, grad_output] if is_channels_last(grad_output) else [input]
+    layout_last = pixel_major and _vectors_fit(channels, per_group, *aligned)
+    specialisation = _tiled_specialisation(kernel_size, stride, dilation, layout_last, grad_output, input, grad_weight)
+    if specialisation is None:
+        scalars = _kernel_args(channels, height, width, grad_weight.shape, stride, padding, dilation)
+        return _run_generic(launcher, "involution_backward_weight", grad_weight, (grad_output, input), scalars)
+    grad_output, input = _in_format(grad_output, layout_last), _in_format(input, layout_last)
+    threads = n * groups * kernel_size[0] * out_h * out_w
+    scalars = (channels, height, width, groups, out_h, out_w, *padding)
+    return _run(launcher, "involution_backward_weight_tiled", grad_weight, layout_last == pixel_major,
+                (grad_output, input), (threads, *scalars), threads, specialisation)
 
 
 # ---------------------------------------------------------------------------------------
@@ -321,7 +462,8 @@ def _involution_kernel(
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo), contiguous."""
     if not _involution_args_valid(input, weight, stride, padding, dilation):
         _check_involution_args(input, weight, stride, padding, dilation)
-    return involution_cpu.involution(input, weight, stride, padding, dilation)
+    out = involution_cpu.involution(input, weight, stride, padding, dilation)
+    return out.contiguous(memory_format=torch.channels_last) if is_channels_last(input) else out
 
 
 # The default kernel (CPU); CUDA registers its own below.
@@ -331,7 +473,7 @@ involution = torch.library.custom_op("oplib::involution", _involution_kernel, mu
 @involution.register_fake
 def _involution_fake(input, weight, stride, padding, dilation) -> Tensor:
     _check_involution_args(input, weight, stride, padding, dilation)
-    return input.new_empty((input.shape[0], input.shape[1], weight.shape[4], weight.shape[5]))
+    return _empty_activation(input, (input.shape[0], input.shape[1], weight.shape[4], weight.shape[5]), is_channels_last(input))
 
 
 def _involution_backward_input_kernel(
@@ -346,7 +488,8 @@ def _involution_backward_input_kernel(
     -> grad_input: (N, C, H, W)."""
     if not _backward_input_args_valid(grad_output, weight, input_size, stride, padding, dilation):
         _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
-    return involution_cpu.involution_backward_input(grad_output, weight, input_size, stride, padding, dilation)
+    grad_input = involution_cpu.involution_backward_input(grad_output, weight, input_size, stride, padding, dilation)
+    return grad_input.contiguous(memory_format=torch.channels_last) if is_channels_last(grad_output) else grad_input
 
 
 # The default kernel (CPU); CUDA registers its own below.
@@ -358,7 +501,8 @@ involution_backward_input = torch.library.custom_op(
 @involution_backward_input.register_fake
 def _involution_backward_input_fake(grad_output, weight, input_size, stride, padding, dilation) -> Tensor:
     _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
-    return grad_output.new_empty((grad_output.shape[0], grad_output.shape[1], *input_size))
+    shape = (grad_output.shape[0], grad_output.shape[1], *input_size)
+    return _empty_activation(grad_output, shape, is_channels_last(grad_output))
 
 
 def _involution_backward_weight_kernel(
@@ -373,9 +517,10 @@ def _involution_backward_weight_kernel(
     """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
     if not _backward_weight_args_valid(grad_output, input, kernel_size, stride, padding, dilation, groups):
         _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups)
-    return involution_cpu.involution_backward_weight(
+    grad_weight = involution_cpu.involution_backward_weight(
         grad_output, input, kernel_size, stride, padding, dilation, groups
     )
+    return _as_pixel_major(grad_weight) if is_channels_last(input) else grad_weight
 
 
 # The default kernel (CPU); CUDA registers its own below.
@@ -388,7 +533,7 @@ involution_backward_weight = torch.library.custom_op(
 def _involution_backward_weight_fake(grad_output, input, kernel_size, stride, padding, dilation, groups) -> Tensor:
     _check_backward_weight_args(grad_output, input, kernel_size, stride, padding, dilation, groups)
     n, _, out_h, out_w = grad_output.shape
-    return grad_output.new_empty((n, groups, *kernel_size, out_h, out_w))
+    return _empty_weight(grad_output, (n, groups, *kernel_size, out_h, out_w), is_channels_last(input))
 
 
 @involution.register_kernel("cuda")

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..kernels import CTYPES, KERNEL_DIR, KernelArg, KernelSource
+from ..kernels import CTYPES, KERNEL_DIR, KernelArg, KernelSource, instantiations, name_expression
 
 SHIM = Path(__file__).resolve().parent / "cuda_host_shim.h"
 _CACHE_DIR = Path(os.environ.get("OPLIB_EMULATION_CACHE", Path(tempfile.gettempdir()) / "oplib-emulation"))
@@ -41,20 +41,27 @@ def asan_environment() -> dict[str, str]:
     return env
 
 
+def emulated_symbol(kernel: str, ctype: str, specialisation: tuple[str, ...] = ()) -> str:
+    """The exported name of one instantiation's launcher in the emulation library."""
+    return "__".join(["oplib_emulate", kernel, ctype, *specialisation]).replace(" ", "_")
+
+
 def _launcher_source(source: KernelSource) -> str:
-    """A C++ file including the kernel source plus, per kernel and dtype, an exported
-    ``extern "C"`` function that runs the kernel over a grid."""
+    """A C++ file including the kernel source plus, per instantiation (kernel, dtype and
+    specialisation), an exported ``extern "C"`` function that runs it over a grid."""
     lines = [f'#include "{SHIM}"', f'#include "{source.path}"', ""]
-    for signature in source.kernels.values():
+    for kernel, dtype, specialisation in instantiations(source):
+        signature = source.kernels[kernel]
+        ctype = CTYPES[dtype]
         arg_names = ", ".join(name for _, name in signature.params)
-        for ctype in CTYPES.values():
-            lines += [
-                f'extern "C" void oplib_emulate_{signature.name}__{ctype}(long long grid, long long block, '
-                f"{signature.instantiated_params(ctype)}) {{",
-                f"    oplib_emulation::launch(grid, block, [&] {{ {signature.name}<{ctype}>({arg_names}); }});",
-                "}",
-                "",
-            ]
+        lines += [
+            f'extern "C" void {emulated_symbol(kernel, ctype, specialisation)}(long long grid, long long block, '
+            f"{signature.instantiated_params(ctype)}) {{",
+            f"    oplib_emulation::launch(grid, block, [&] {{ {name_expression(kernel, dtype, specialisation)}"
+            f"({arg_names}); }});",
+            "}",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -63,7 +70,8 @@ def build(source: KernelSource, sanitize: bool = False) -> Path:
     """Compile the emulation library of ``source`` (on disk, cached by content and flags;
     in the process, once per source and flags)."""
     flags = ["-O1" if sanitize else "-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-I{KERNEL_DIR}"]
-    flags += ["-Wall", "-Wextra", "-Werror"]
+    # -Wno-unknown-pragmas: g++ has no `#pragma unroll` (an NVCC/NVRTC hint; it unrolls on its own).
+    flags += ["-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas"]
     if sanitize:
         flags += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
     code = _launcher_source(source)
@@ -92,15 +100,25 @@ class EmulatedLauncher:
 
     def __init__(self, sanitize: bool = False):
         self.sanitize = sanitize
-        self.launches: list[tuple[str, torch.dtype, int, int]] = []
+        # (kernel, dtype, grid, block, specialisation) of every launch, in order
+        self.launches: list[tuple[str, torch.dtype, int, int, tuple[str, ...]]] = []
 
     def launch(
-        self, source: KernelSource, kernel: str, dtype: torch.dtype, grid: int, block: int, args: Sequence[KernelArg]
+        self,
+        source: KernelSource,
+        kernel: str,
+        dtype: torch.dtype,
+        grid: int,
+        block: int,
+        args: Sequence[KernelArg],
+        specialisation: tuple[str, ...] = (),
     ) -> None:
         for arg in args:
             if isinstance(arg, Tensor) and (arg.device.type != "cpu" or arg.dtype != dtype):
                 raise ValueError(f"emulated {kernel}<{CTYPES[dtype]}> got a {arg.dtype} tensor on {arg.device}")
-        function = getattr(_load(build(source, self.sanitize)), f"oplib_emulate_{kernel}__{CTYPES[dtype]}")
+        if specialisation not in source.specialisations[kernel]:
+            raise ValueError(f"{kernel} has no instantiation {specialisation} in {source.path.name}")
+        function = getattr(_load(build(source, self.sanitize)), emulated_symbol(kernel, CTYPES[dtype], specialisation))
         signature = source.kernels[kernel]
         if len(args) != len(signature.params):
             raise ValueError(f"{kernel} takes {len(signature.params)} arguments, got {len(args)}")
@@ -112,5 +130,5 @@ class EmulatedLauncher:
                 c_args.append(ctypes.c_void_p(arg.data_ptr()))
             else:
                 c_args.append(ctypes.c_longlong(int(arg)))
-        self.launches.append((kernel, dtype, grid, block))
+        self.launches.append((kernel, dtype, grid, block, specialisation))
         function(*c_args)

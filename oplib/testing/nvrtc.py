@@ -38,6 +38,7 @@ import torch
 from ..kernels import (
     BLOCK_SIZE,
     CTYPES,
+    instantiations,
     KERNEL_DIR,
     NVRTC_OPTIONS,
     KernelSource,
@@ -93,10 +94,12 @@ def _check(result: tuple, call: str) -> tuple:
     return tuple(values)
 
 
+@functools.cache
 def compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ...] = ()) -> Compiled:
     """Compile ``source`` with ``cupy_options(arch)`` plus ``extra_options`` and resolve every
     name expression the launcher asks for; raises ``NvrtcError`` with NVRTC's log. Runs in a
-    child process (``_in_child``)."""
+    child process (``_in_child``), once per process for the same arguments (a source with every
+    instantiation takes NVRTC most of a minute)."""
     return _in_child(_compile_source, source, arch, tuple(extra_options))
 
 
@@ -149,6 +152,7 @@ def _nvrtc_version() -> str:
 class KernelResources:
     kernel: str
     dtype: torch.dtype
+    specialisation: tuple[str, ...]  # template arguments after scalar_t; () for a generic kernel
     arch: str
     registers: int
     spill_stores: int  # bytes
@@ -170,23 +174,24 @@ def _number(pattern: str, text: str, default: int | None = None) -> int:
 
 @functools.cache
 def resource_usage(source: KernelSource, arch: str) -> tuple[KernelResources, ...]:
-    """Registers, spills and shared memory of every kernel x dtype of ``source`` on ``arch``, as
-    ptxas reports them when CuPy's options compile it."""
+    """Registers, spills and shared memory of every instantiation (kernel, dtype,
+    specialisation) of ``source`` on ``arch``, as ptxas reports them when CuPy's options
+    compile it."""
     compiled = compile_source(source, arch, ("--ptxas-options=-v",))
     reported = {match.group(1): match.group(2) for match in _ENTRY.finditer(compiled.log)}
     usage = []
-    for kernel in source.kernels:
-        for dtype in CTYPES:
-            report = reported.get(compiled.lowered_names[name_expression(kernel, dtype)])
-            if report is None:
-                raise NvrtcError(f"ptxas reported nothing for {name_expression(kernel, dtype)} on {arch}")
-            usage.append(KernelResources(
-                kernel, dtype, arch,
-                registers=_number(r"Used (\d+) registers", report),
-                spill_stores=_number(r"(\d+) bytes spill stores", report),
-                spill_loads=_number(r"(\d+) bytes spill loads", report),
-                shared_memory=_number(r"(\d+) bytes smem", report, default=0),  # absent when 0
-            ))
+    for kernel, dtype, specialisation in instantiations(source):
+        name = name_expression(kernel, dtype, specialisation)
+        report = reported.get(compiled.lowered_names[name])
+        if report is None:
+            raise NvrtcError(f"ptxas reported nothing for {name} on {arch}")
+        usage.append(KernelResources(
+            kernel, dtype, specialisation, arch,
+            registers=_number(r"Used (\d+) registers", report),
+            spill_stores=_number(r"(\d+) bytes spill stores", report),
+            spill_loads=_number(r"(\d+) bytes spill loads", report),
+            shared_memory=_number(r"(\d+) bytes smem", report, default=0),  # absent when 0
+        ))
     return tuple(usage)
 
 
@@ -228,7 +233,7 @@ REGISTER_BUDGET = max(
 
 
 def all_resource_usage() -> list[KernelResources]:
-    """``resource_usage`` of every source on every target, by kernel, dtype, then target."""
+    """``resource_usage`` of every source on every target, by instantiation, then target."""
     usage = []
     for filename in CUDA_SOURCES:
         per_arch = [resource_usage(load_source(filename), arch) for arch in ARCHITECTURES]
@@ -257,15 +262,24 @@ def resource_table(usage: list[KernelResources]) -> str:
         f"- most registers: {max(u.registers for u in usage)}; spilled bytes in all: {spills}; "
         f"most static shared memory: {max(u.shared_memory for u in usage)} B",
         "",
-        "| kernel | dtype | arch | registers | spill stores (B) | spill loads (B) | shared memory (B) "
-        "| blocks per SM | occupancy |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "One row per kernel, dtype and target: a specialised kernel's row gives the most any of its",
+        "instantiations uses (the template arguments after the dtype of that one), and their spills summed.",
+        "",
+        "| kernel | dtype | arch | instantiations | registers | most at | spill stores (B) | spill loads (B) "
+        "| shared memory (B) | blocks per SM | occupancy |",
+        "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
+    rows: dict[tuple, list[KernelResources]] = {}
     for u in usage:
-        blocks = resident_blocks(u.registers, u.arch)
-        occupancy = blocks * BLOCK_SIZE / _SM_LIMITS[u.arch][0]
+        rows.setdefault((u.kernel, u.dtype, u.arch), []).append(u)
+    for (kernel, dtype, arch), group in rows.items():
+        worst = max(group, key=lambda u: u.registers)
+        blocks = resident_blocks(worst.registers, arch)
+        occupancy = blocks * BLOCK_SIZE / _SM_LIMITS[arch][0]
+        at = ", ".join(worst.specialisation) or "-"
         lines.append(
-            f"| {u.kernel} | {_dtype_name(u.dtype)} | {u.arch} | {u.registers} | {u.spill_stores} | {u.spill_loads} "
-            f"| {u.shared_memory} | {blocks} | {occupancy:.0%} |"
+            f"| {kernel} | {_dtype_name(dtype)} | {arch} | {len(group)} | {worst.registers} | {at} "
+            f"| {sum(u.spill_stores for u in group)} | {sum(u.spill_loads for u in group)} "
+            f"| {max(u.shared_memory for u in group)} | {blocks} | {occupancy:.0%} |"
         )
     return "\n".join(lines) + "\n"

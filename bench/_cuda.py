@@ -1,0 +1,252 @@
+"""The CUDA half of bench/involution.py (``--cuda-only``, which ``make gpu-check`` runs).
+
+Per kernel (forward, grad_input, grad_weight) at RedNet-50's seven shapes, batch 32, float32
+and bfloat16, NCHW and channels_last:
+
+- device time: ``REPEATS`` calls captured in one CUDA graph and replayed between CUDA events,
+  so the GPU runs them back to back and no host time is in the reading;
+- wall time per call: ``time.perf_counter`` around many calls, synchronised once at the end
+  (the host's cost when it is the slower side);
+- the DRAM floor: the bytes the kernel must read and write once (``Shape.floor_bytes``), over
+  the device-to-device copy bandwidth measured in the same run, and the ratio to it;
+- "generic (before)": the same call forced onto the generic kernels of involution.cu (the
+  kernels every geometry took before the specialised ones), timed in the same rounds;
+- yardsticks: the depthwise 7x7 convolution (its forward for the forward and grad_weight, its
+  input gradient for grad_input) and, for the forward, the unfold formulation.
+
+Then the tiny-shape wall time against a bare custom op that launches an empty CuPy kernel, and
+RedNet-50 against a torch.nn ResNet-50 (bf16 autocast, channels_last), training step and
+inference, eager and compiled, in images per second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from statistics import median
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from oplib.benchmark import Shape, capture_graph, device_copy_bandwidth, unfold_involution
+from oplib.ops import involution as involution_ops
+
+BATCH = 32
+DTYPES = (torch.float32, torch.bfloat16)
+LAYOUTS = ("NCHW", "channels_last")
+KERNELS = ("forward", "grad_input", "grad_weight")
+REPEATS = 20  # calls per captured graph
+ROUNDS = 5  # interleaved rounds; a time is the median over them
+
+
+@contextlib.contextmanager
+def generic_kernels() -> Iterator[None]:
+    """Every involution call takes the generic kernels of involution.cu while this is open."""
+    kept = involution_ops.TILED_KERNEL_SIZES
+    involution_ops.TILED_KERNEL_SIZES = ()
+    try:
+        yield
+    finally:
+        involution_ops.TILED_KERNEL_SIZES = kept
+
+
+class DeviceTimer:
+    """A call captured ``REPEATS`` times into a CUDA graph (``oplib.benchmark.capture_graph``):
+    ``read()`` replays it between CUDA events and returns seconds per call."""
+
+    def __init__(self, fn: Callable[[], object]):
+        self.graph = capture_graph(fn, REPEATS)
+        self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def read(self) -> float:
+        torch.cuda.synchronize()
+        self.graph.replay()  # warm
+        self.start.record()
+        self.graph.replay()
+        self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end) / 1e3 / REPEATS
+
+
+def wall_time(fn: Callable[[], object], calls: int = 200) -> float:
+    """Seconds per call on the host: ``calls`` calls, then one synchronise."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls
+
+
+def operands_on(shape: Shape, dtype: torch.dtype, layout: str, device: str = "cuda") -> dict:
+    """input, weight, grad_output and the depthwise weight, in ``layout``; the channels_last
+    weight is pixel-major, as a channels_last convolution's output viewed as the weight is."""
+    inputs = shape.inputs(device, dtype)
+    x, w, g, depthwise = inputs.input, inputs.weight, inputs.grad_output, inputs.depthwise_weight
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+        g = g.contiguous(memory_format=torch.channels_last)
+        w = w.permute(0, 4, 5, 1, 2, 3).contiguous().permute(0, 3, 4, 5, 1, 2)
+        depthwise = depthwise.contiguous(memory_format=torch.channels_last)
+    return {"input": x, "weight": w, "grad_output": g, "depthwise": depthwise, "shape": shape}
+
+
+def kernel_calls(o: dict) -> dict[tuple[str, str], Callable[[], object]]:
+    """(candidate, kernel) -> a call, for oplib, its generic kernels, and the yardsticks."""
+    shape, x, w, g, depthwise = o["shape"], o["input"], o["weight"], o["grad_output"], o["depthwise"]
+    stride, padding, dilation = shape.params
+    ops = torch.ops.oplib
+    oplib_calls = {
+        "forward": lambda: ops.involution(x, w, stride, padding, dilation),
+        "grad_input": lambda: ops.involution_backward_input(g, w, [shape.height, shape.width], stride, padding, dilation),
+        "grad_weight": lambda: ops.involution_backward_weight(
+            g, x, [shape.kernel] * 2, stride, padding, dilation, shape.groups
+        ),
+    }
+
+    def generic(call):
+        def run():
+            with generic_kernels():
+                return call()
+
+        return run
+
+    calls = {("oplib", k): call for k, call in oplib_calls.items()}
+    calls |= {("generic", k): generic(call) for k, call in oplib_calls.items()}
+    conv = (stride, padding, dilation, shape.channels)
+    calls["depthwise", "forward"] = lambda: F.conv2d(x, depthwise, None, *conv)
+    calls["depthwise", "grad_input"] = lambda: torch.nn.grad.conv2d_input(x.shape, depthwise, g, *conv)
+    calls["unfold", "forward"] = lambda: unfold_involution(x, w, stride, padding, dilation)
+    return calls
+
+
+def run_kernels(shapes: list[Shape]) -> tuple[float, list[dict]]:
+    """Every (shape, dtype, layout): device and wall times of every candidate, interleaved over
+    ROUNDS rounds. Returns the copy bandwidth and one row per (shape, dtype, layout, kernel)."""
+    bandwidth = device_copy_bandwidth()
+    print(f"device copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
+    rows = []
+    for shape in shapes:
+        for dtype in DTYPES:
+            for layout in LAYOUTS:
+                o = operands_on(shape, dtype, layout)
+                calls = kernel_calls(o)
+                timers = {key: DeviceTimer(call) for key, call in calls.items()}
+                readings: dict = {key: [] for key in calls}
+                keys = list(calls)
+                for r in range(ROUNDS):
+                    for k in range(len(keys)):
+                        key = keys[(r + k) % len(keys)]
+                        readings[key].append(timers[key].read())
+                device = {key: median(values) for key, values in readings.items()}
+                walls = {key: wall_time(calls[key]) for key in calls if key[0] == "oplib"}
+                for kernel in KERNELS:
+                    floor = shape.floor_bytes(dtype) / bandwidth
+                    yardstick = ("depthwise", "grad_input" if kernel == "grad_input" else "forward")
+                    rows.append({
+                        "shape": shape.name, "batch": shape.batch, "dtype": str(dtype).removeprefix("torch."), "layout": layout,
+                        "kernel": kernel, "device_ms": device["oplib", kernel] * 1e3,
+                        "generic_ms": device["generic", kernel] * 1e3, "floor_ms": floor * 1e3,
+                        "over_floor": device["oplib", kernel] / floor, "wall_ms": walls["oplib", kernel] * 1e3,
+                        "depthwise_ms": device[yardstick] * 1e3,
+                        "unfold_ms": device["unfold", "forward"] * 1e3 if kernel == "forward" else None,
+                    })
+                print(f"{shape.name} {dtype} {layout}: " + ", ".join(
+                    f"{row['kernel']} {row['device_ms']:.3f} ms ({row['over_floor']:.1f}x floor)" for row in rows[-3:]
+                ), flush=True)
+                del timers
+    return bandwidth, rows
+
+
+def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    columns = ["shape", "dtype", "layout", "kernel", "device (ms)", "floor (ms)", "device / floor",
+               "generic (before, ms)", "wall per call (ms)", "depthwise 7x7 (ms)", "unfold (ms)"]  # fmt: skip
+    cells = [
+        [row["shape"], row["dtype"], row["layout"], row["kernel"], f"{row['device_ms']:.4f}", f"{row['floor_ms']:.4f}",
+         f"{row['over_floor']:.2f}x", f"{row['generic_ms']:.4f}", f"{row['wall_ms']:.4f}", f"{row['depthwise_ms']:.4f}",
+         "-" if row["unfold_ms"] is None else f"{row['unfold_ms']:.4f}"]
+        for row in rows
+    ]  # fmt: skip
+    return columns, cells
+
+
+# The tiny shape of the launch-path bar: where the host's cost is all there is.
+TINY = dict(input=(1, 16, 8, 8), weight=(1, 1, 3, 3, 8, 8), window=([1, 1], [1, 1], [1, 1]))
+
+
+def _empty_kernel_op():
+    """A bare custom op: allocate the output and launch an empty CuPy kernel on it."""
+    import cupy
+
+    kernel = cupy.RawKernel('extern "C" __global__ void oplib_bench_empty(float* out) {}', "oplib_bench_empty")
+
+    @torch.library.custom_op("oplib_bench::empty_kernel", mutates_args=())
+    def empty_kernel(x: Tensor) -> Tensor:
+        out = torch.empty_like(x)
+        kernel((1,), (32,), (out.data_ptr(),))  # CuPy's null stream: PyTorch's default stream too
+        return out
+
+    return empty_kernel
+
+
+def run_tiny() -> dict[str, float]:
+    """Wall seconds per call, interleaved over ROUNDS rounds: oplib's involution at the tiny
+    shape and the bare custom op launching an empty kernel on a tensor of the same size."""
+    x = torch.randn(*TINY["input"], device="cuda")
+    w = torch.randn(*TINY["weight"], device="cuda")
+    empty = _empty_kernel_op()
+    calls = {
+        "oplib involution": lambda: torch.ops.oplib.involution(x, w, *TINY["window"]),
+        "custom_op + empty CuPy kernel": lambda: empty(x),
+    }
+    readings: dict = {name: [] for name in calls}
+    for r in range(ROUNDS):
+        for k, name in enumerate(list(calls)[r % 2:] + list(calls)[: r % 2]):
+            readings[name].append(wall_time(calls[name], calls=2000))
+    return {name: median(values) for name, values in readings.items()}
+
+
+def run_models(batch: int = BATCH, size: int = 224) -> list[list[str]]:
+    """RedNet-50 vs ResNet-50: img/s of a training step (bf16 autocast, channels_last, SGD)
+    and of inference, eager and compiled (torch.compile), on the GPU."""
+    from oplib.models import rednet50
+    from rednet import resnet50
+
+    rows = []
+    images = torch.randn(batch, 3, size, size, device="cuda").contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (batch,), device="cuda")
+    for mode in ("eager", "compiled"):
+        for task in ("train", "inference"):
+            seconds = {}
+            for name, build in (("RedNet-50", rednet50), ("ResNet-50", resnet50)):
+                torch.manual_seed(0)
+                model = build().cuda().to(memory_format=torch.channels_last)
+                forward = torch.compile(model) if mode == "compiled" else model
+                optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+                def step(model=model, forward=forward, optimizer=optimizer):
+                    with torch.autocast("cuda", dtype=torch.bfloat16):
+                        if task == "train":
+                            model.train()
+                            optimizer.zero_grad(set_to_none=True)
+                            F.cross_entropy(forward(images), labels).backward()
+                            optimizer.step()
+                        else:
+                            model.eval()
+                            with torch.no_grad():
+                                forward(images)
+
+                for _ in range(3):
+                    step()  # compiles, warms cuDNN's and oplib's caches
+                seconds[name] = median(wall_time(step, calls=10) for _ in range(ROUNDS))
+                del model, forward, optimizer
+                torch.cuda.empty_cache()
+            rows.append([
+                f"{task}, {mode}", str(batch), f"{batch / seconds['RedNet-50']:.0f}", f"{batch / seconds['ResNet-50']:.0f}",
+                f"{seconds['ResNet-50'] / seconds['RedNet-50']:.2f}x",
+            ])  # fmt: skip
+            print(" | ".join(rows[-1]), flush=True)
+    return rows
