@@ -204,7 +204,7 @@ def run_tiny() -> dict[str, float]:
     }
     readings: dict = {name: [] for name in calls}
     for r in range(ROUNDS):
-        for k, name in enumerate(list(calls)[r % 2:] + list(calls)[: r % 2]):
+        for name in list(calls)[r % 2:] + list(calls)[: r % 2]:
             readings[name].append(wall_time(calls[name], calls=2000))
     return {name: median(values) for name, values in readings.items()}
 
