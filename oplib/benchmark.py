@@ -106,7 +106,7 @@ class Shape:
         input_ = self.batch * self.channels * self.height * self.width
         weight = self.batch * self.groups * self.kernel**2 * out_h * out_w
         output = self.batch * self.channels * out_h * out_w
-        return (input_ + weight + output) * torch.empty((), dtype=dtype).element_size()
+        return (input_ + weight + output) * dtype.itemsize
 
     def inputs(self, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Inputs:
         """Random inputs from a fixed seed, the same for every candidate and every call."""

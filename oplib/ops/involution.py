@@ -321,8 +321,11 @@ INDEX32_LIMIT = 2**31 - 1 - MAX_BLOCKS * BLOCK_SIZE
 # that still leave this many threads. A guess for an H100 (132 SMs of 2048 threads) until
 # make gpu-check measures it.
 TARGET_THREADS = 1 << 17
-# Tile<scalar_t>::max_channels in involution.cu: accumulators per thread.
-_MAX_CHANNELS = {torch.float64: 8, torch.float32: 16, torch.float16: 16, torch.bfloat16: 16}
+
+
+def _max_channels(dtype: torch.dtype) -> int:
+    """Tile<scalar_t>::max_channels in involution.cu: accumulators per thread."""
+    return 8 if dtype.itemsize == 8 else 16
 
 
 def _tiled_specialisation(kernel_size, stride, dilation, channels_last: bool, *tensors: Tensor):
@@ -339,7 +342,7 @@ def _tiled_specialisation(kernel_size, stride, dilation, channels_last: bool, *t
 
 def _lanes(dtype: torch.dtype) -> int:
     """Elements of ``dtype`` in the kernels' 16-byte vectors."""
-    return 16 // torch.empty((), dtype=dtype).element_size()
+    return 16 // dtype.itemsize
 
 
 def _vectors_fit(channels: int, per_group: int, *tensors: Tensor) -> bool:
@@ -352,7 +355,7 @@ def _vectors_fit(channels: int, per_group: int, *tensors: Tensor) -> bool:
 def _channels_per_thread(per_group: int, threads_per_channel: int, dtype: torch.dtype, multiple: int) -> int:
     """The most channels (a divisor of ``per_group``, a multiple of ``multiple``) a thread can own
     while the launch keeps TARGET_THREADS threads; the fewest when none can."""
-    candidates = [d for d in range(_MAX_CHANNELS[dtype], 0, -1) if per_group % d == 0 and d % multiple == 0]
+    candidates = [d for d in range(_max_channels(dtype), 0, -1) if per_group % d == 0 and d % multiple == 0]
     for count in candidates:
         if threads_per_channel * (per_group // count) >= TARGET_THREADS:
             return count
@@ -376,26 +379,42 @@ def _run_generic(launcher: Launcher, kernel: str, out: Tensor, operands: tuple, 
     return _run(launcher, kernel, out, out.is_contiguous(), operands, (out.numel(), *scalars))
 
 
+def _launch_channel_tiled(
+    launcher: Launcher, kernel: str, activation: Tensor, weight: Tensor, out_size, stride, padding, dilation
+) -> Tensor:
+    """The forward (``kernel`` "involution_forward") or grad_input ("involution_backward_input"):
+    each reads an activation (input or grad_output) and the weight and writes an activation of
+    ``out_size`` (H, W), channels_last when ``activation`` is; the specialised kernel where one
+    serves the geometry, one thread per pixel and chunk of a group's channels, else the generic one."""
+    n, channels = activation.shape[:2]
+    groups, kh, kw, out_h, out_w = weight.shape[1:]
+    channels_last = is_channels_last(activation)
+    out = _empty_activation(activation, (n, channels, *out_size), channels_last)
+    # The kernels' scalars name the input's size and the output's, whichever of them is read.
+    height, width = out_size if kernel == "involution_backward_input" else activation.shape[2:]
+    per_group = channels // groups
+    layout_last = channels_last and _vectors_fit(channels, per_group, activation, out)
+    specialisation = _tiled_specialisation((kh, kw), stride, dilation, layout_last, activation, weight, out)
+    if specialisation is None:
+        scalars = _kernel_args(channels, height, width, weight.shape, stride, padding, dilation)
+        return _run_generic(launcher, kernel, out, (activation, weight), scalars)
+    activation, weight = _in_format(activation, layout_last), _weight_in_format(weight, layout_last)
+    pixels = out_size[0] * out_size[1]
+    lanes = _lanes(activation.dtype) if layout_last else 1
+    per_thread = _channels_per_thread(per_group, n * groups * pixels, activation.dtype, lanes)
+    threads = n * groups * (per_group // per_thread) * pixels
+    scalars = (threads, channels, height, width, groups, out_h, out_w, *padding, per_thread)
+    return _run(launcher, f"{kernel}_tiled", out, layout_last == channels_last, (activation, weight), scalars,
+                threads, specialisation)
+
+
 @cuda_dispatch("oplib::involution", _SOURCE, ["involution_forward", "involution_forward_tiled"])
 def launch_involution(input: Tensor, weight: Tensor, stride, padding, dilation, launcher: Launcher) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo), channels_last when
-    the input is. The specialised kernel where one serves the geometry, else the generic one."""
-    n, channels, height, width = input.shape
-    groups, kh, kw, out_h, out_w = weight.shape[1:]
-    channels_last = is_channels_last(input)
-    out = _empty_activation(input, (n, channels, out_h, out_w), channels_last)
-    per_group = channels // groups
-    layout_last = channels_last and _vectors_fit(channels, per_group, input, out)
-    specialisation = _tiled_specialisation((kh, kw), stride, dilation, layout_last, input, weight, out)
-    if specialisation is None:
-        scalars = _kernel_args(channels, height, width, weight.shape, stride, padding, dilation)
-        return _run_generic(launcher, "involution_forward", out, (input, weight), scalars)
-    input, weight = _in_format(input, layout_last), _weight_in_format(weight, layout_last)
-    per_thread = _channels_per_thread(per_group, n * groups * out_h * out_w, input.dtype, _lanes(input.dtype) if layout_last else 1)
-    threads = n * groups * (per_group // per_thread) * out_h * out_w
-    scalars = (channels, height, width, groups, out_h, out_w, *padding, per_thread)
-    return _run(launcher, "involution_forward_tiled", out, layout_last == channels_last, (input, weight), (threads, *scalars),
-                threads, specialisation)
+    the input is."""
+    return _launch_channel_tiled(
+        launcher, "involution_forward", input, weight, weight.shape[4:], stride, padding, dilation
+    )
 
 
 @cuda_dispatch("oplib::involution_backward_input", _SOURCE, ["involution_backward_input", "involution_backward_input_tiled"])
@@ -404,24 +423,9 @@ def launch_involution_backward_input(
 ) -> Tensor:
     """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> grad_input: (N, C, H, W),
     channels_last when grad_output is."""
-    n, channels, out_h, out_w = grad_output.shape
-    groups, kh, kw = weight.shape[1:4]
-    height, width = input_size
-    channels_last = is_channels_last(grad_output)
-    grad_input = _empty_activation(grad_output, (n, channels, height, width), channels_last)
-    per_group = channels // groups
-    layout_last = channels_last and _vectors_fit(channels, per_group, grad_output, grad_input)
-    specialisation = _tiled_specialisation((kh, kw), stride, dilation, layout_last, grad_output, weight, grad_input)
-    if specialisation is None:
-        scalars = _kernel_args(channels, height, width, weight.shape, stride, padding, dilation)
-        return _run_generic(launcher, "involution_backward_input", grad_input, (grad_output, weight), scalars)
-    grad_output, weight = _in_format(grad_output, layout_last), _weight_in_format(weight, layout_last)
-    lanes = _lanes(grad_output.dtype) if layout_last else 1
-    per_thread = _channels_per_thread(per_group, n * groups * height * width, grad_output.dtype, lanes)
-    threads = n * groups * (per_group // per_thread) * height * width
-    scalars = (channels, height, width, groups, out_h, out_w, *padding, per_thread)
-    return _run(launcher, "involution_backward_input_tiled", grad_input, layout_last == channels_last,
-                (grad_output, weight), (threads, *scalars), threads, specialisation)
+    return _launch_channel_tiled(
+        launcher, "involution_backward_input", grad_output, weight, tuple(input_size), stride, padding, dilation
+    )
 
 
 @cuda_dispatch(
