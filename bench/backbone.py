@@ -26,7 +26,7 @@ from torch import nn
 
 import _harness
 from _harness import Section
-from oplib.benchmark import call, ratio
+from oplib.benchmark import call, describe_machine, ratio
 from oplib.kernels import native
 from oplib.models import rednet50
 from rednet import _train_step, resnet50
@@ -115,7 +115,28 @@ def main(argv: Optional[list[str]] = None) -> int:
         ),
     ]
     _harness.write_report(settings, lines)
+    _chart(settings, rows)
     return 0
+
+
+def _chart(settings, rows: list[list[str]]) -> None:
+    """The table's memory and time columns, one panel each, a bar per model."""
+    plt = _harness.pyplot()
+    if plt is None:
+        return
+    panels = ((1, "saved activations (MB)"), (3, "step peak (MB)"), (4, "step (ms)"))
+    figure, axes = plt.subplots(1, len(panels), figsize=(12, 2.8), sharey=True)
+    models = [row[0] for row in rows]
+    for panel, (column, title) in zip(axes, panels):
+        panel.barh(range(len(models)), [float(row[column]) for row in rows], color=[f"C{i}" for i in range(len(models))])
+        panel.set(title=title)
+        panel.title.set_fontsize(9)
+    axes[0].set_yticks(range(len(models)), models, fontsize=8)
+    axes[0].invert_yaxis()
+    figure.suptitle(f"RedNet-50 training step, with and without checkpointing, vs ResNet-50 ({describe_machine()})", fontsize=9)
+    figure.tight_layout()
+    _harness.write_chart(settings, "memory", figure)
+    plt.close(figure)
 
 
 if __name__ == "__main__":

@@ -240,7 +240,7 @@ def train(args: argparse.Namespace) -> dict:
     test_images, test_labels = data.test_images.to(device), data.test_labels.to(device)
     start = time.perf_counter()
     if main_process and args.compile:
-        print("the first step compiles the model (about a minute on 2 cores)", flush=True)
+        print("the first step compiles the model, so it takes far longer than the steps after it", flush=True)
     record = None
     while step < stop_at:
         epoch, done_in_epoch = divmod(step, steps_per_epoch)

@@ -88,3 +88,56 @@ def test_the_cuda_bench_calls_and_report_work_without_a_gpu(monkeypatch):
                        "custom_op + empty CuPy kernel": 10e-6}, [["train, eager", "32", "100", "90", "1.11x"]]))
     assert "**not met** (worst 2.50x)" in report and "1.20x (bar: 1.3x, **met**)" in report
     assert "| s | float32 | NCHW | grad_weight | 0.0200 | 0.0100 | 2.50x |" in report
+
+
+def test_the_cuda_chart_is_drawn_from_the_kernel_rows_without_a_gpu(settings, monkeypatch):
+    """The CUDA chart (forward over its floor per shape, both layouts) is drawn only by a GPU
+    run; here it is drawn from made-up rows, so the first GPU run cannot fail on it."""
+    pytest.importorskip("matplotlib")
+    import involution as involution_bench
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a GPU")
+    rows = [dict(shape=shape, dtype=dtype, layout=layout, kernel=kernel, over_floor=over_floor)
+            for shape, over_floor in (("a", 1.5), ("b", 3.0))
+            for dtype in ("float32", "bfloat16") for layout in ("NCHW", "channels_last")
+            for kernel in ("forward", "grad_input")]  # fmt: skip
+    involution_bench._charts(settings, [], [], rows)
+    chart = settings.output.with_name("demo-cuda.png")
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not settings.output.with_name("demo-cpu.png").exists()
+
+
+def test_the_rednet_and_backbone_charts_are_drawn_from_their_table_rows(settings):
+    """Each chart is drawn from the rows of the markdown table it sits beside (the cells as
+    written, so a chart cannot show another run than its table)."""
+    pytest.importorskip("matplotlib")
+    import backbone
+    import rednet
+
+    rednet._resnet_chart(settings, [["inference, eager", "1", "10.5", "12.0", "0.88x"], ["train, compiled", "8", "3.1", "2.9", "1.07x"]])
+    backbone._chart(settings, [["RedNet-50", "938", "1.36x", "898", "1422", "1.00x"], ["ResNet-50", "688", "1.00x", "637", "1382", "0.97x"]])
+    for name in ("demo-resnet.png", "demo-memory.png"):
+        assert settings.output.with_name(name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+TIMED_SCRIPTS = ("dense", "involution", "rednet", "backbone")
+
+
+# Smoke runs (--quick, ``*-quick.md``) are ignored by git and not shown: only kept reports count.
+@pytest.mark.parametrize("report", sorted(p.name for p in RESULTS.glob("*.md") if not p.stem.endswith("-quick")))
+def test_every_timed_report_in_the_results_has_its_data_beside_it(report):
+    """Each table that a timed benchmark wrote to bench/results/ has its JSON beside it, from
+    the same run: the same script and date, and cell for cell the same tables (so a table
+    edited by hand, or one left from an older run than its data, fails here)."""
+    text = (RESULTS / report).read_text()
+    script = text.split("Written by `python bench/", 1)[1].split(".py", 1)[0] if "Written by `python bench/" in text else ""
+    if script not in TIMED_SCRIPTS:
+        pytest.skip(f"{report}: not written by a timed benchmark")
+    data_path = (RESULTS / report).with_suffix(".json")
+    assert data_path.exists(), f"{report} has no {data_path.name} beside it"
+    data = json.loads(data_path.read_text())
+    assert data["script"] == f"bench/{script}.py"
+    assert f" on {data['date']}." in text.splitlines()[2]
+    assert data["tables"] == _harness._tables(text.splitlines())
+    assert data["tables"], f"{report}: no table"
