@@ -357,6 +357,13 @@ def pyplot() -> Any:
     return plt
 
 
+def legend_in_headroom(axes: Any, ncols: int) -> None:
+    """The legend in one row at the top left, above the bars: the y axis grows by a fifth,
+    since a legend drawn over the tallest bars hides them."""
+    axes.set_ylim(top=axes.get_ylim()[1] * 1.2)
+    axes.legend(fontsize=8, ncols=ncols, loc="upper left")
+
+
 def write_chart(settings: Settings, name: str, figure: Any) -> Path:
     """Save a matplotlib figure beside the report as ``<report name>-<name>.png``."""
     path = settings.output.with_name(f"{settings.output.stem}-{name}.png")

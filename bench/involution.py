@@ -288,13 +288,11 @@ def _charts(settings, cpu_rows: list[_Row], per_op_rows, cuda_rows) -> None:
             by_op.bar([x + (i - 1) * 0.27 for x in range(len(names))], ratios, width=0.27, label=f"{op} (native)")
         by_op.axhline(1.0, color="black", linewidth=0.8)
         by_op.set(title="CPU: oplib op time / depthwise 7x7 yardstick (lower is better)", ylabel="ratio")
-        # Headroom above the tallest bar for the legend's one row, which would otherwise hide bars.
-        by_op.set_ylim(top=by_op.get_ylim()[1] * 1.2)
         against_unfold.bar(range(len(cpu_rows)), [row.speedup for row in cpu_rows], color="tab:green")
         against_unfold.set(title="CPU: forward+backward speed-up over unfold", ylabel="unfold / oplib")
         for axes, labels in ((by_op, names), (against_unfold, [row.shape.name for row in cpu_rows])):
             axes.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
-        by_op.legend(fontsize=8, ncols=len(PER_OP), loc="upper left")
+        _harness.legend_in_headroom(by_op, ncols=len(PER_OP))
         _harness.write_chart(settings, "cpu", figure)
         plt.close(figure)
     if cuda_rows:
@@ -307,8 +305,7 @@ def _charts(settings, cpu_rows: list[_Row], per_op_rows, cuda_rows) -> None:
         axes.axhline(2.0, color="black", linewidth=0.8, linestyle="--", label="bar: 2x the floor")
         axes.set(title=f"CUDA forward, float32 ({torch.cuda.get_device_name()})", ylabel="device time / DRAM floor")
         axes.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-        axes.set_ylim(top=max(axes.get_ylim()[1], 2.0) * 1.2)
-        axes.legend(fontsize=8, ncols=3, loc="upper left")
+        _harness.legend_in_headroom(axes, ncols=3)
         _harness.write_chart(settings, "cuda", figure)
         plt.close(figure)
 
