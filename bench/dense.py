@@ -37,6 +37,7 @@ from torch import Tensor
 import _harness
 import oplib
 from _harness import Section, megabytes
+from oplib import _torch_private as private
 from oplib import benchmark, registry
 from oplib.benchmark import Timing, fwd_bwd, ratio, round_ratios
 
@@ -121,7 +122,7 @@ _HEAD_TO_HEAD: dict[str, dict[str, Callable[..., Tensor]]] = {
 
 
 def _opdef(spec: registry.OpSpec) -> Any:
-    return torch._library.custom_ops._maybe_get_opdef(spec.qualname)
+    return private.maybe_get_opdef(spec.qualname)
 
 
 def _bare_kernel(spec: registry.OpSpec) -> Callable[..., Tensor]:

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 import _harness
 from _harness import Section
+from oplib import _torch_private as private
 from oplib.benchmark import Timing, call, describe_machine, ratio
 from oplib.kernels import native
 from oplib.models import rednet26, rednet50
@@ -106,7 +107,7 @@ def run(section: Section, config: Config, batch: int) -> list[list[str]]:
     """The table rows of one model: train and inference, eager vs compiled."""
     # A fresh dynamo per model: otherwise the second model's compile is a recompile of the same
     # forward code, which dynamo then makes shape-generic (and much slower to compile).
-    torch._dynamo.reset()
+    torch.compiler.reset()
     steps = _candidates(config, batch)
     compile_seconds = {}
     for mode in ("train", "inference"):
@@ -137,7 +138,7 @@ def run_deployment(section: Section, batches: tuple[int, ...], size: int) -> lis
     import oplib.onnx
     from oplib.deploy import dynamic_shapes
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     torch.manual_seed(0)
     model = rednet26().eval()
     compiled = torch.compile(model)
@@ -147,8 +148,8 @@ def run_deployment(section: Section, batches: tuple[int, ...], size: int) -> lis
     program = torch.export.export(model, (example,), dynamic_shapes=dynamic_shapes())
     torch.export.save(program, folder / "rednet26.pt2")
     exported = torch.export.load(folder / "rednet26.pt2").module()
-    torch._inductor.aoti_compile_and_package(program, package_path=str(folder / "rednet26-aoti.pt2"))
-    aoti = torch._inductor.aoti_load_package(str(folder / "rednet26-aoti.pt2"))
+    private.aoti_compile_and_package(program, package_path=str(folder / "rednet26-aoti.pt2"))
+    aoti = private.aoti_load_package(str(folder / "rednet26-aoti.pt2"))
     path = folder / "rednet26.onnx"
     oplib.onnx.export(model, (example,), path, dynamic_shapes=dynamic_shapes())
     print(f"exports {time.perf_counter() - start:.0f} s", flush=True)
@@ -245,7 +246,7 @@ def _first_calls(steps: dict[tuple[str, str], Callable[[], object]]) -> dict[tup
     seconds = {}
     for (name, mode), step in steps.items():
         start = time.perf_counter()
-        with torch._inductor.config.patch(freezing=mode == "frozen"):
+        with private.inductor_config.patch(freezing=mode == "frozen"):
             step()
         seconds[name, mode] = time.perf_counter() - start
     return seconds
@@ -264,7 +265,7 @@ def _resnet_row(
 
 def run_resnet(section: Section, batches: tuple[int, ...], train_batch: int, size: int) -> list[list[str]]:
     """The table rows: inference per batch and mode, then the training step, eager and compiled."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     forwards = {}
     for name, build in MODELS.items():
         torch.manual_seed(0)

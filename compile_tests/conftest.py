@@ -6,6 +6,6 @@ import torch
 def _fresh_dynamo():
     """Each test compiles or exports new functions and models; dynamo's caches (and its
     per-function recompile limit) start empty for each."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     yield
-    torch._dynamo.reset()
+    torch.compiler.reset()

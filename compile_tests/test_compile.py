@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
 import oplib.models
 from oplib import registry
+from oplib._torch_private import dynamo_counters
 from oplib.testing import generated_tests
 
 from _models import InvolutionNet, SmallNet
@@ -28,8 +28,8 @@ def _count_compiles(model: torch.nn.Module, train: bool, dynamic, shapes=SHAPES,
     """Graphs compiled over ``shapes``. Counted as dynamo's unique graphs: an analysis restart
     within one compile (e.g. BatchNorm's float arguments being specialised) is not a
     recompilation, though it calls the backend again."""
-    torch._dynamo.reset()
-    counters.clear()
+    torch.compiler.reset()
+    dynamo_counters.clear()
     compiled = torch.compile(model, fullgraph=True, dynamic=dynamic, backend=backend)
     for batch, height, width in shapes:
         x = torch.randn(batch, 3, height, width)
@@ -38,7 +38,7 @@ def _count_compiles(model: torch.nn.Module, train: bool, dynamic, shapes=SHAPES,
         else:
             with torch.no_grad():
                 compiled(x)
-    return counters["stats"]["unique_graphs"]
+    return dynamo_counters["stats"]["unique_graphs"]
 
 
 @pytest.mark.integration

@@ -16,6 +16,7 @@ import torch
 import oplib.deploy
 import oplib.models
 import oplib.onnx
+from oplib._torch_private import aoti_load_package
 from oplib.models import RedNetFeatures
 from oplib.testing import with_batch_norm_statistics
 
@@ -38,7 +39,7 @@ def _run_exported(fmt: str, path: Path, x: torch.Tensor) -> list[torch.Tensor]:
         return oplib.onnx.run(path, (x,))
     with torch.no_grad():
         if fmt == "aoti":
-            got = torch._inductor.aoti_load_package(str(path))(x)
+            got = aoti_load_package(str(path))(x)
         else:
             got = torch.export.load(path).module()(x)
     return [got] if isinstance(got, torch.Tensor) else list(got)

@@ -12,6 +12,8 @@ import pytest
 import torch
 from torch.export import Dim
 
+from oplib._torch_private import aoti_compile_and_package, aoti_load_package
+
 # The test extra has it; a GPU machine's own Python may not, and then only this file is skipped.
 expecttest = pytest.importorskip("expecttest")
 
@@ -57,8 +59,8 @@ def test_export_dynamic_sizes_load_in_fresh_process(tmp_path):
 @pytest.mark.needs_compiler
 def test_aoti_package_runs_and_matches_eager(tmp_path):
     model, program = _export_small_net(tmp_path)
-    path = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "small_net_aoti.pt2"))
-    runner = torch._inductor.aoti_load_package(path)
+    path = aoti_compile_and_package(program, package_path=str(tmp_path / "small_net_aoti.pt2"))
+    runner = aoti_load_package(path)
     with torch.no_grad():
         for n, h, w in ((1, 7, 9), (4, 10, 12), (6, 21, 13)):
             x = torch.randn(n, 3, h, w)

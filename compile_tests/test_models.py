@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from functorch.compile import make_boxed_func
-from torch._dynamo.backends.common import aot_autograd
 from torch.export import Dim
 
 import oplib.models
+from oplib._torch_private import OpOverload, aot_autograd
 from oplib.models import RedNet
 
 DEPTHS = sorted(oplib.models.BLOCK_COUNTS)
@@ -65,7 +65,7 @@ def test_inductor_sees_every_convolution_and_only_involution_as_oplib_op():
 
     with torch.no_grad():
         torch.compile(model, fullgraph=True, backend=aot_autograd(fw_compiler=record))(torch.randn(2, 3, 32, 32))
-    oplib_ops = {t for t in targets if isinstance(t, torch._ops.OpOverload) and t.namespace == "oplib"}
+    oplib_ops = {t for t in targets if isinstance(t, OpOverload) and t.namespace == "oplib"}
     assert oplib_ops == {torch.ops.oplib.involution.default}
     convolutions = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     assert targets.count(torch.ops.aten.convolution.default) == convolutions > 0

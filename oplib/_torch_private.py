@@ -22,6 +22,7 @@ import torch.autograd.forward_ad as _forward_ad
 from torch._C import DispatchKey, DispatchKeySet
 from torch._C import _after_autograd_keyset as after_autograd_keyset
 from torch._C import _any_requires_grad as any_requires_grad
+from torch._C import _dispatch_get_all_op_names as dispatch_get_all_op_names
 from torch._C import _AutoDispatchBelowAutograd as AutoDispatchBelowAutograd
 from torch._C import _dispatch_has_kernel_for_dispatch_key as dispatch_has_kernel_for_dispatch_key
 from torch._C import _dispatch_key_for_device as dispatch_key_for_device
@@ -149,6 +150,33 @@ SYMBOLS: dict[str, PrivateSymbol] = {
         "would meet it",
         "the no-compiler skips of the compile tests and self-check (they would fail instead)",
     ),
+    "dispatch_get_all_op_names": PrivateSymbol(
+        "torch._C._dispatch_get_all_op_names",
+        "every operator the dispatcher knows; torch.ops.<ns> lists only what was accessed",
+        "the test that every oplib op has a forward-mode rule and a registry spec (tests only)",
+    ),
+    "dynamo_counters": PrivateSymbol(
+        "torch._dynamo.utils.counters",
+        "dynamo's tally of unique graphs; torch.compiler exposes no compile count",
+        "the recompilation counts of compile_tests/test_compile.py (tests only)",
+    ),
+    "aot_autograd": PrivateSymbol(
+        "torch._dynamo.backends.common.aot_autograd",
+        "a torch.compile backend that hands a custom compiler the AOTAutograd graph; the "
+        "public backends hide the graph",
+        "the checks that oplib ops stay single nodes in a compiled RedNet's graph (tests only)",
+    ),
+    "inductor_config": PrivateSymbol(
+        "torch._inductor.config",
+        "freezing must be set while dynamo traces (it keeps parameters as graph constants); "
+        "torch.compile(options=...) reaches only inductor",
+        "the frozen rows of bench/rednet.py (benchmarks only)",
+    ),
+    "cuda_sleep": PrivateSymbol(
+        "torch.cuda._sleep",
+        "a GPU-side wait of a given number of cycles, to keep a stream busy; no public one",
+        "the side-stream test of the CUDA ops (a launch on the wrong stream would pass unseen)",
+    ),
     "get_allowed_globals": PrivateSymbol(
         "torch._weights_only_unpickler._get_allowed_globals",
         "the weights_only allowlist, so that unknown globals in the paper's (legacy-format) "
@@ -159,9 +187,11 @@ SYMBOLS: dict[str, PrivateSymbol] = {
     ),
 }
 
-# CustomOpDef attributes oplib reads (ops/_transforms.py, registry.py); the test checks them
-# on oplib's own ops. Without them: forward AD and the torch.func transforms of oplib ops.
-OPDEF_ATTRIBUTES = ("_opoverload", "_setup_context_fn", "_backward_fn", "_vmap_fn", "_abstract_fn", "_qualname", "_name")
+# CustomOpDef attributes oplib reads (ops/_transforms.py, registry.py; ``_init_fn``, the
+# function custom_op was given, in the CUDA emulation tests and bench/dense.py); the test
+# checks them on oplib's own ops. Without them: forward AD and the torch.func transforms of
+# oplib ops.
+OPDEF_ATTRIBUTES = ("_opoverload", "_setup_context_fn", "_backward_fn", "_vmap_fn", "_abstract_fn", "_qualname", "_name", "_init_fn")
 
 
 def resolve(path: str) -> Any:
@@ -177,7 +207,18 @@ def resolve(path: str) -> Any:
         return found
     raise ImportError(path)
 
-_LAZY = ("FakeTensorMode", "maybe_mark_dynamic", "aoti_compile_and_package", "aoti_load_package", "get_cpp_compiler", "get_allowed_globals")
+_LAZY = (
+    "FakeTensorMode",
+    "maybe_mark_dynamic",
+    "aoti_compile_and_package",
+    "aoti_load_package",
+    "get_cpp_compiler",
+    "get_allowed_globals",
+    "dynamo_counters",
+    "aot_autograd",
+    "inductor_config",
+    "cuda_sleep",
+)
 
 
 def forward_ad_level() -> int:

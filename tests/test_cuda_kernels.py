@@ -21,6 +21,7 @@ import torch
 
 import oplib.kernels
 from oplib import registry
+from oplib._torch_private import FakeTensorMode, maybe_get_opdef
 from oplib.ops import involution as involution_ops
 from oplib.kernels import (
     CTYPES,
@@ -242,7 +243,7 @@ def emulated_cpu_kernels():
     host emulation's launcher in place of CuPy's."""
     require_host_compiler()
     launcher = EmulatedLauncher()
-    opdefs = [torch._library.custom_ops._maybe_get_opdef(qualname) for qualname in CUDA_DISPATCH]
+    opdefs = [maybe_get_opdef(qualname) for qualname in CUDA_DISPATCH]
     for opdef, dispatch in zip(opdefs, CUDA_DISPATCH.values()):
         opdef.register_kernel("cpu")(lambda *args, dispatch=dispatch: dispatch(*args, launcher))
     yield launcher
@@ -610,7 +611,7 @@ def test_channels_last_operands_are_read_in_place_and_results_keep_the_layout():
         (torch.ops.oplib.involution_backward_weight, (g, x, [7, 7], [2, 2], [3, 3], [1, 1], 2), grad_weight),
     ):
         cpu = op(*args)
-        with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        with FakeTensorMode() as mode:
             fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
         assert cpu.stride() == fake.stride() == result.stride(), op
         torch.testing.assert_close(result, cpu, atol=1e-4, rtol=1e-4)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from oplib import registry
+from oplib._torch_private import cuda_sleep
 from oplib.kernels import CUDA_DISPATCH
 from oplib.testing import tensor_args
 
@@ -43,7 +44,7 @@ def test_side_stream_keeps_its_order(spec):
         args = list(sample.args)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            torch.cuda._sleep(50_000_000)
+            cuda_sleep(50_000_000)
             for i in tensor_args(sample):
                 args[i].copy_(fresh[i])
             out = spec.op(*args)

@@ -1,6 +1,7 @@
 """oplib's private torch entry points (``oplib/_torch_private.py``): each still exists on the
 torch under test (``make test`` runs the pinned release, ``make test-oldest`` the declared
-minimum), and no other module of oplib reaches into torch's private namespaces."""
+minimum), and no other Python file of the project (package, tests, benchmarks, tools,
+examples) reaches into torch's private namespaces."""
 
 from __future__ import annotations
 
@@ -65,14 +66,27 @@ def _private_names(tree: ast.AST) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def _project_sources() -> list[Path]:
+    """Every Python file of the project (the package, its tests, benchmarks, tools and examples)
+    but the private-API module itself."""
+    root = PACKAGE.parent
+    folders = [PACKAGE, *(root / name for name in ("tests", "compile_tests", "bench", "tools", "examples"))]
+    files = [path for folder in folders for path in folder.rglob("*.py")] + sorted(root.glob("*.py"))
+    return sorted(path for path in files if path != PACKAGE / "_torch_private.py")
+
+
 def test_no_other_module_reaches_into_private_torch():
     offenders = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name == "_torch_private.py":
-            continue
+    for path in _project_sources():
         for line, name in _private_names(ast.parse(path.read_text())):
             offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {name}")
     assert not offenders, "private torch names outside oplib/_torch_private.py:\n" + "\n".join(sorted(set(offenders)))
+
+
+def test_the_scan_covers_the_tests_and_benchmarks():
+    names = {str(path.relative_to(PACKAGE.parent)) for path in _project_sources()}
+    assert {"oplib/ops/involution.py", "tests/test_torch_private.py", "compile_tests/test_compile.py", "bench/rednet.py", "conftest.py"} <= names
+    assert "oplib/_torch_private.py" not in names
 
 
 def test_the_scan_finds_a_private_name():

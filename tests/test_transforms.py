@@ -11,6 +11,7 @@ from torch.func import functional_call, grad, hessian, jacfwd, jacrev, jvp, vmap
 
 import oplib
 from oplib import registry
+from oplib._torch_private import dispatch_get_all_op_names, dispatch_has_kernel_for_dispatch_key
 from oplib.registry import SampleInput
 from oplib.testing import spec_params, tensor_args
 
@@ -75,11 +76,11 @@ def test_every_oplib_op_has_a_forward_rule():
     """No op in the namespace can fall back to custom_op's forward-AD behaviour (a silent
     zero tangent): each has the functorch and Autograd kernels of ``register_jvp``, and the
     registry lists every op."""
-    names = sorted(n.removeprefix("oplib::") for n in torch._C._dispatch_get_all_op_names() if n.startswith("oplib::"))
+    names = sorted(n.removeprefix("oplib::") for n in dispatch_get_all_op_names() if n.startswith("oplib::"))
     assert names == sorted(spec.name for spec in registry.all_specs())
     for name in names:
         for key in ("FuncTorchDynamicLayerFrontMode", "Autograd"):
-            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"oplib::{name}", key), (name, key)
+            assert dispatch_has_kernel_for_dispatch_key(f"oplib::{name}", key), (name, key)
 
 
 @pytest.mark.parametrize("spec,device", spec_params())
