@@ -14,6 +14,7 @@ import oplib
 from oplib import _torch_private, registry
 
 PACKAGE = Path(oplib.__file__).parent
+ROOT = Path(__file__).resolve().parents[1]  # the checkout the tests run from
 # Underscored names torch documents as its public API (the torch._check family).
 DOCUMENTED = {f"torch._check{suffix}" for suffix in ("", "_value", "_index", "_type", "_is_size", "_with", "_not_implemented")}
 
@@ -67,24 +68,27 @@ def _private_names(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def _project_sources() -> list[Path]:
-    """Every Python file of the project (the package, its tests, benchmarks, tools and examples)
-    but the private-API module itself."""
-    root = PACKAGE.parent
-    folders = [PACKAGE, *(root / name for name in ("tests", "compile_tests", "bench", "tools", "examples"))]
-    files = [path for folder in folders for path in folder.rglob("*.py")] + sorted(root.glob("*.py"))
-    return sorted(path for path in files if path != PACKAGE / "_torch_private.py")
+    """Every Python file of the project (the package under test, and the checkout's tests,
+    benchmarks, tools and examples) but the private-API module itself."""
+    folders = [PACKAGE, *(ROOT / name for name in ("tests", "compile_tests", "bench", "tools", "examples"))]
+    files = [path for folder in folders for path in folder.rglob("*.py")] + sorted(ROOT.glob("*.py"))
+    return sorted(set(files) - {PACKAGE / "_torch_private.py"})
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(PACKAGE.parent if path.is_relative_to(PACKAGE) else ROOT))
 
 
 def test_no_other_module_reaches_into_private_torch():
     offenders = []
     for path in _project_sources():
         for line, name in _private_names(ast.parse(path.read_text())):
-            offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {name}")
+            offenders.append(f"{_shown(path)}:{line}: {name}")
     assert not offenders, "private torch names outside oplib/_torch_private.py:\n" + "\n".join(sorted(set(offenders)))
 
 
 def test_the_scan_covers_the_tests_and_benchmarks():
-    names = {str(path.relative_to(PACKAGE.parent)) for path in _project_sources()}
+    names = {_shown(path) for path in _project_sources()}
     assert {"oplib/ops/involution.py", "tests/test_torch_private.py", "compile_tests/test_compile.py", "bench/rednet.py", "conftest.py"} <= names
     assert "oplib/_torch_private.py" not in names
 
