@@ -37,7 +37,6 @@ from torch import Tensor
 import _harness
 import oplib
 from _harness import Section, megabytes
-from oplib import _torch_private as private
 from oplib import benchmark, registry
 from oplib.benchmark import Timing, fwd_bwd, ratio, round_ratios
 
@@ -121,14 +120,10 @@ _HEAD_TO_HEAD: dict[str, dict[str, Callable[..., Tensor]]] = {
 # ---------------------------------------------------------------------------------------
 
 
-def _opdef(spec: registry.OpSpec) -> Any:
-    return private.maybe_get_opdef(spec.qualname)
-
-
 def _bare_kernel(spec: registry.OpSpec) -> Callable[..., Tensor]:
     """The kernel an op ends in, without oplib around it: the torch function it wraps, or for
     the involution ops (whose CPU kernels are private) the op's own registered CPU kernel."""
-    return spec.torch_equivalent or _opdef(spec)._init_fn
+    return spec.torch_equivalent or spec._opdef()._init_fn
 
 
 def _autograd_function(spec: registry.OpSpec) -> Callable[..., Tensor]:
@@ -137,7 +132,7 @@ def _autograd_function(spec: registry.OpSpec) -> Callable[..., Tensor]:
     backward without the custom-op machinery or oplib's argument checks. (A Function with a
     separate setup_context staticmethod would bind its arguments with ``inspect`` on every call;
     custom_op's own Function calls setup_context from forward, as this one does.)"""
-    opdef = _opdef(spec)
+    opdef = spec._opdef()
     kernel, setup_context = _bare_kernel(spec), opdef._setup_context_fn
 
     def forward(ctx: Any, *args: Any) -> Tensor:
@@ -156,7 +151,7 @@ def _bare_custom_op(name: str) -> Callable[..., Tensor]:
     ``register_autograd`` pair: the least any custom op with that math costs per call.
     Defined once per op (sections 4 and 4b share linear's)."""
     spec = registry.get(name)
-    opdef = _opdef(spec)
+    opdef = spec._opdef()
     kernel = _bare_kernel(spec)
     schema = "(" + str(spec.op._schema).split("(", 1)[1]
     bare = torch.library.custom_op(f"oplib_bench::{spec.name}", lambda *args: kernel(*args), mutates_args=(), schema=schema)

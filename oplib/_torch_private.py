@@ -207,19 +207,6 @@ def resolve(path: str) -> Any:
         return found
     raise ImportError(path)
 
-_LAZY = (
-    "FakeTensorMode",
-    "maybe_mark_dynamic",
-    "aoti_compile_and_package",
-    "aoti_load_package",
-    "get_cpp_compiler",
-    "get_allowed_globals",
-    "dynamo_counters",
-    "aot_autograd",
-    "inductor_config",
-    "cuda_sleep",
-)
-
 
 def forward_ad_level() -> int:
     """The innermost open forward-AD level, -1 where none is open (read at each call)."""
@@ -227,7 +214,8 @@ def forward_ad_level() -> int:
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
+    # Only the entries not imported above reach here: those in heavy modules.
+    if name in SYMBOLS:
         value = globals()[name] = resolve(SYMBOLS[name].path)  # resolved once
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
