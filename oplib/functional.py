@@ -87,3 +87,40 @@ def involution(
         as_pair("involution", "padding", padding),
         as_pair("involution", "dilation", dilation),
     )
+
+
+def involution_generated(
+    input: Tensor,
+    feature: Tensor,
+    span_weight: Tensor,
+    span_bias: Optional[Tensor],
+    kernel_size: IntOrPair,
+    stride: IntOrPair = 1,
+    padding: IntOrPair = 0,
+    dilation: IntOrPair = 1,
+) -> Tensor:
+    """Involution whose weight is generated inside the op from ``feature``, never stored.
+
+    Arguments:
+        input: (N, C, H, W).
+        feature: (N, R, Ho, Wo), the kernel-generation branch's output at the output size.
+        span_weight: (G*KH*KW, R), or the span 1x1 conv's weight (G*KH*KW, R, 1, 1).
+        span_bias: (G*KH*KW,) or None.
+        kernel_size, stride, padding, dilation: ints or (height, width) pairs.
+
+    Returns:
+        (N, C, Ho, Wo): ``involution(input, weight, ...)`` with
+        ``weight = conv2d(feature, span_weight, span_bias).view(N, G, KH, KW, Ho, Wo)``.
+    """
+    if span_weight.dim() == 4:
+        span_weight = span_weight.flatten(1)
+    return torch.ops.oplib.involution_generated(
+        input,
+        feature,
+        span_weight,
+        span_bias,
+        as_pair("involution_generated", "kernel_size", kernel_size),
+        as_pair("involution_generated", "stride", stride),
+        as_pair("involution_generated", "padding", padding),
+        as_pair("involution_generated", "dilation", dilation),
+    )

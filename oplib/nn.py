@@ -49,9 +49,16 @@ class Involution2d(torch.nn.Module):
     get a weight of the right size (the published code pooled to floor(H / 2) while its
     output had ceil(H / 2) rows, and read out of bounds).
 
+    With ``fused=True`` (the default) the span conv is not run: its parameters go to
+    ``torch.ops.oplib.involution_generated``, which forms each pixel's weights inside the op,
+    so the (N, G, KH, KW, Ho, Wo) weight map is neither written nor saved for backward.
+    ``fused=False`` (also settable later, ``module.fused = False``) runs the span conv and
+    ``torch.ops.oplib.involution``, as the paper's code does; both give the same result and
+    have the same parameters. ``kernel_weights`` returns the map either way.
+
     The two 1x1 convs are ``torch.nn.Conv2d``, not ``Conv2d`` above (same parameters, so the
-    same state dict): inductor sees them, and with ``torch._inductor.config.freezing`` folds
-    the BatchNorm into the first and the ReLU into its kernel, which it cannot do through a
+    same state dict): inductor sees the reduce conv, and with ``torch._inductor.config.freezing``
+    folds the BatchNorm into it and the ReLU into its kernel, which it cannot do through a
     custom op.
     """
 
@@ -64,6 +71,7 @@ class Involution2d(torch.nn.Module):
         dilation: int | tuple[int, int] = 1,
         group_channels: int = 16,
         reduction_ratio: int = 4,
+        fused: bool = True,
     ):
         super().__init__()
         for name, value in (("channels", channels), ("group_channels", group_channels), ("reduction_ratio", reduction_ratio)):
@@ -78,6 +86,7 @@ class Involution2d(torch.nn.Module):
         same = tuple(d * (k - 1) // 2 for d, k in zip(self.dilation, self.kernel_size))
         self.padding = same if padding is None else _positive_pair("padding", padding, lowest=0)
         self.groups = channels // group_channels
+        self.fused = fused
         reduced = max(1, channels // reduction_ratio)
         # The output keeps the input's size only at stride 1 with exactly "same" padding; else
         # the kernel source is pooled. Decided by the configuration, never by the input size,
@@ -98,11 +107,15 @@ class Involution2d(torch.nn.Module):
 
     def _kernel_weights(self, input: Tensor) -> Tensor:
         """``kernel_weights`` for an input already checked."""
-        n, _, height, width = input.shape
-        out_h, out_w = self.output_size(height, width)
+        n = input.shape[0]
+        weight = self.span(self._feature(input))
+        return weight.view(n, self.groups, *self.kernel_size, *weight.shape[2:])
+
+    def _feature(self, input: Tensor) -> Tensor:
+        """(N, C, H, W) -> (N, R, Ho, Wo): the generation branch before the span conv."""
+        out_h, out_w = self.output_size(*input.shape[2:])
         source = self._pool(input, out_h, out_w) if self.pools else input
-        weight = self.span(torch.relu(self.norm(self.reduce(source))))
-        return weight.view(n, self.groups, *self.kernel_size, out_h, out_w)
+        return torch.relu(self.norm(self.reduce(source)))
 
     def _pool(self, input: Tensor, out_h, out_w) -> Tensor:
         """(N, C, H, W) -> (N, C, Ho, Wo): output pixel (i, j) gets the mean of the input over
@@ -156,13 +169,17 @@ class Involution2d(torch.nn.Module):
         """input: (N, C, H, W) or (C, H, W) -> (N, C, Ho, Wo) or (C, Ho, Wo)."""
         self._check_input(input, (3, 4), BATCHED_OR_NOT)
         batched = input if input.dim() == 4 else input.unsqueeze(0)
-        out = F.involution(batched, self._kernel_weights(batched), self.stride, self.padding, self.dilation)
+        if self.fused:
+            out = F.involution_generated(batched, self._feature(batched), self.span.weight, self.span.bias,
+                                         self.kernel_size, self.stride, self.padding, self.dilation)
+        else:
+            out = F.involution(batched, self._kernel_weights(batched), self.stride, self.padding, self.dilation)
         return out if input.dim() == 4 else out.squeeze(0)
 
     def extra_repr(self) -> str:
         return (
             f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
-            f"dilation={self.dilation}, groups={self.groups}"
+            f"dilation={self.dilation}, groups={self.groups}, fused={self.fused}"
         )
 
 

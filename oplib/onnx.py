@@ -117,9 +117,14 @@ def _weight_tap(weight, a: int, b: int):
 
 
 def _involution(input, weight, stride, padding, dilation):
-    op = _opset()
     groups = _static(weight, 1, "involution's weight (N, G, KH, KW, Ho, Wo)")
     kernel = (_static(weight, 2, "involution's weight"), _static(weight, 3, "involution's weight"))
+    return _aggregate(input, weight, groups, kernel, stride, padding, dilation)
+
+
+def _aggregate(input, weight, groups: int, kernel: Sequence[int], stride, padding, dilation):
+    """involution's forward with the weight's groups and kernel size given."""
+    op = _opset()
     out_size = op.Slice(op.Shape(weight), _ints([4]), _ints([6]))
     source = _grouped(_padded(input, padding), groups)
     out = None
@@ -147,12 +152,16 @@ def _involution_backward_weight(grad_output, input, kernel_size, stride, padding
 
 
 def _involution_backward_input(grad_output, weight, input_size, stride, padding, dilation):
-    """Each tap's grad_output * weight, spread back to the rows and columns it read: dilated by
+    groups = _static(weight, 1, "involution_backward_input's weight")
+    kernel = (_static(weight, 2, "involution_backward_input's weight"), _static(weight, 3, "involution_backward_input's weight"))
+    return _scatter(grad_output, weight, groups, kernel, input_size, stride, padding, dilation)
+
+
+def _scatter(grad_output, weight, groups: int, kernel: Sequence[int], input_size, stride, padding, dilation):
+    """involution's grad_input with the weight's groups and kernel size given. Each tap's grad_output * weight, spread back to the rows and columns it read: dilated by
     the stride (zeros between), cropped to the padded image, shifted to the tap's offset by
     padding; summed over taps, then the padding cut away."""
     op = _opset()
-    groups = _static(weight, 1, "involution_backward_input's weight")
-    kernel = (_static(weight, 2, "involution_backward_input's weight"), _static(weight, 3, "involution_backward_input's weight"))
     grad = _grouped(grad_output, groups)  # (N, G, C/G, Ho, Wo)
     grad_shape = op.Shape(grad)
     out_size = op.Slice(grad_shape, _ints([3]), _ints([5]))
@@ -180,6 +189,30 @@ def _involution_backward_input(grad_output, weight, input_size, stride, padding,
     cropped = op.Slice(total, _ints(padding), ends, _ints([3, 4]))
     batch_and_channels = op.Slice(op.Shape(grad_output), _ints([0]), _ints([2]))
     return op.Reshape(cropped, op.Concat(batch_and_channels, _ints(input_size), axis=0))
+
+
+def _generated_weight(feature, span_weight, span_bias, kernel_size) -> tuple:
+    """The span 1x1 conv (an ONNX Conv) of involution_generated: (N, R, Ho, Wo) -> the weight
+    (N, G, KH, KW, Ho, Wo), with G."""
+    op = _opset()
+    groups = _static(span_weight, 0, "involution_generated's span_weight (G*KH*KW, R)") // (kernel_size[0] * kernel_size[1])
+    kernel = op.Unsqueeze(span_weight, _ints([2, 3]))
+    conv = op.Conv(feature, kernel) if span_bias is None else op.Conv(feature, kernel, span_bias)
+    feature_shape = op.Shape(feature)
+    shape = op.Concat(op.Slice(feature_shape, _ints([0]), _ints([1])), _ints([groups, *kernel_size]),
+                      op.Slice(feature_shape, _ints([2]), _ints([4])), axis=0)
+    return op.Reshape(conv, shape), groups
+
+
+def _involution_generated(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation):
+    weight, groups = _generated_weight(feature, span_weight, span_bias, kernel_size)
+    return _aggregate(input, weight, groups, kernel_size, stride, padding, dilation)
+
+
+def _involution_generated_backward_input(grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride,
+                                         padding, dilation):
+    weight, groups = _generated_weight(feature, span_weight, span_bias, kernel_size)
+    return _scatter(grad_output, weight, groups, kernel_size, input_size, stride, padding, dilation)
 
 
 def _pair(values: Sequence[int]) -> list[int]:
@@ -227,6 +260,8 @@ _TRANSLATIONS: dict[str, Callable[..., Any]] = {
     "oplib::involution": _involution,
     "oplib::involution_backward_input": _involution_backward_input,
     "oplib::involution_backward_weight": _involution_backward_weight,
+    "oplib::involution_generated": _involution_generated,
+    "oplib::involution_generated_backward_input": _involution_generated_backward_input,
 }
 
 

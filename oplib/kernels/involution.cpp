@@ -352,6 +352,198 @@ inline void prefetch_rows(const T* first, int64_t rows, int64_t row_stride, int6
   }
 }
 
+// ---- Weight sources: the stored weight tensor, or weights generated from a feature map ----
+//
+// involution_generated computes each pixel's weights from the kernel-generation branch's
+// feature map instead of reading them:
+//
+//   weight[n, g, t, i, j] = bias[g * taps + t] + sum_r span[g * taps + t, r] * feature[n, r, i, j]
+//
+// (t = a * KW + b). The forward generates one output row's taps at a time into a buffer that
+// stays in L1, used at once by the same loops that read a stored weight; grad_input generates
+// a (sample, group) pair's whole plane into the thread's buffer. The (N, G, KH, KW, Ho, Wo)
+// map is never written to memory.
+
+// Generated sums per block: this many vectors of columns for kGenTaps taps stay in registers
+// while the reduced channels stream past (12 of the 16 AVX2 registers; measured on AVX2 at
+// R = 16-128: 6 x 2 ran at 21-29 GMAC/s per core, 4 x 2 at 18-27).
+constexpr int kGenVectors = 2, kGenTaps = 6;
+template <typename T>
+constexpr int64_t kGenColumns = kGenVectors * kMaxLanes<T>;
+// The forward generates whole output rows, as many as make about this many pixels, so that a
+// narrow map (RedNet's 7- and 14-wide) does not pad each row to whole blocks.
+constexpr int64_t kGenPixels = 64;
+
+// Taps rounded up to whole blocks of kGenTaps (the generated buffers hold the extra rows).
+inline int64_t generated_taps(int64_t taps) { return round_up(taps, kGenTaps); }
+
+// dst[t * dst_stride + j] = bias[t] + sum_{r < reduced} span[t, r] * f[r * f_stride + j] for
+// t < generated_taps(taps) and j < columns, a multiple of kGenColumns<T>. span is packed by
+// tap block, the block's kGenTaps values of one r side by side (tap t0 + u of channel r at
+// packed[(t0 * reduced) + r * kGenTaps + u]): the broadcasts of one r share a cache line
+// (at R = 128 on AVX2, 40 GMAC/s per core packed, 26 unpacked).
+template <typename T>
+void generate_weights(const T* packed, const T* bias, int64_t taps, int64_t reduced, const T* f, int64_t f_stride,
+                      int64_t columns, T* dst, int64_t dst_stride) {
+  constexpr int L = kMaxLanes<T>, VB = kGenVectors, TB = kGenTaps;
+  using V = typename Lanes<T, L>::type;
+  for (int64_t j0 = 0; j0 < columns; j0 += VB * L) {
+    for (int64_t t = 0; t < taps; t += TB) {
+      V acc[TB][VB];
+      for (int u = 0; u < TB; ++u) {
+        for (int v = 0; v < VB; ++v) acc[u][v] = V{} + bias[t + u];
+      }
+      const T* s = packed + t * reduced;
+      for (int64_t r = 0; r < reduced; ++r) {
+        V fv[VB];
+        for (int v = 0; v < VB; ++v) fv[v] = load_lanes<V>(f + r * f_stride + j0 + v * L);
+        for (int u = 0; u < TB; ++u) {
+          for (int v = 0; v < VB; ++v) acc[u][v] += s[r * TB + u] * fv[v];
+        }
+      }
+      for (int u = 0; u < TB; ++u) {
+        for (int v = 0; v < VB; ++v) store_lanes(dst + (t + u) * dst_stride + j0 + v * L, acc[u][v]);
+      }
+    }
+  }
+}
+
+// The generator of involution_generated: the feature map (N, R, Ho, Wo) of any strides, and
+// per group its packed span rows and bias (generate_weights' layouts, zero past the taps).
+template <typename scalar_t>
+struct Generator {
+  using acc_t = at::opmath_type<scalar_t>;
+  Planes<scalar_t> feature;
+  int64_t reduced, taps;
+  std::vector<acc_t> packed, bias;
+
+  Generator(const at::Tensor& feature_map, const at::Tensor& span, const at::Tensor& span_bias, int64_t kernel_taps)
+      : feature(feature_map), reduced(span.size(1)), taps(kernel_taps) {
+    const int64_t groups = span.size(0) / taps, padded = generated_taps(taps);
+    const acc_t* s = span.data_ptr<acc_t>();
+    const acc_t* b = span_bias.data_ptr<acc_t>();
+    packed.assign(groups * padded * reduced, acc_t(0));
+    bias.assign(groups * padded, acc_t(0));
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t t = 0; t < taps; ++t) {
+        const int64_t block = g * padded + t / kGenTaps * kGenTaps;
+        for (int64_t r = 0; r < reduced; ++r) packed[block * reduced + r * kGenTaps + t % kGenTaps] = s[(g * taps + t) * reduced + r];
+        bias[g * padded + t] = b[g * taps + t];
+      }
+    }
+  }
+
+  // Output rows [first, first + rows) of sample n's feature map into f, flattened over the
+  // rows, channel r at f + r * stride, zero past the pixels.
+  void fill(int64_t n, int64_t first, int64_t rows, int64_t out_w, int64_t stride, acc_t* f) const {
+    for (int64_t r = 0; r < reduced; ++r) {
+      acc_t* row = f + r * stride;
+      for (int64_t i = 0; i < rows; ++i) convert(feature.at(n, r, first + i), feature.stride_w, out_w, row + i * out_w);
+      std::fill(row + rows * out_w, row + stride, acc_t(0));
+    }
+  }
+
+  // Group g's weights from features f (fill's layout): tap t at dst + t * stride.
+  void generate(int64_t g, const acc_t* f, int64_t stride, acc_t* dst) const {
+    const int64_t padded = generated_taps(taps);
+    generate_weights(packed.data() + g * padded * reduced, bias.data() + g * padded, padded, reduced, f, stride, stride, dst,
+                     stride);
+  }
+};
+
+// The features a thread filled last: refilled only when the sample or the rows change (the
+// groups of a sample, taken in turn, share them).
+template <typename acc_t>
+struct FeatureCache {
+  std::vector<acc_t> values;
+  int64_t n = -1, first = -1;
+
+  template <typename Gen>
+  const acc_t* get(const Gen& gen, int64_t sample, int64_t first_row, int64_t rows, int64_t out_w, int64_t stride) {
+    if (sample != n || first_row != first || static_cast<int64_t>(values.size()) != gen.reduced * stride) {
+      values.resize(gen.reduced * stride);
+      gen.fill(sample, first_row, rows, out_w, stride, values.data());
+      n = sample, first = first_row;
+    }
+    return values.data();
+  }
+};
+
+// Forward weight rows from the stored tensor: per thread, rows(geo) gives an object whose
+// start(n, g) selects a pair and row(i) returns output row i's weights, tap t at
+// row(i) + t * tap_stride(), readable kPixelBlock - 1 values past Wo.
+template <typename scalar_t>
+struct StoredWeight {
+  using acc_t = at::opmath_type<scalar_t>;
+  Weight<scalar_t> weight;
+
+  struct Rows {
+    const Weight<scalar_t>& w;
+    const Geometry& geo;
+    std::vector<acc_t> copy;
+    const acc_t* planes = nullptr;
+
+    void start(int64_t n, int64_t g) {
+      // The last block of a row reads weights past Wo (its extra sums are dropped): the
+      // tensor itself only where no row has such a block.
+      planes = w.planes(geo, n, g, geo.out_w % kPixelBlock == 0, kPixelBlock, copy);
+    }
+    int64_t tap_stride() const { return geo.out_h * geo.out_w; }
+    const acc_t* row(int64_t i) const {
+      if (i + 1 < geo.out_h) prefetch_rows(planes + (i + 1) * geo.out_w, geo.taps(), tap_stride(), geo.out_w);
+      return planes + i * geo.out_w;
+    }
+  };
+  Rows rows(const Geometry& geo) const { return Rows{weight, geo}; }
+
+  // grad_input's weights of (n, g): [tap][i][j], tap stride tap_stride.
+  const acc_t* planes(const Geometry& geo, int64_t n, int64_t g, std::vector<acc_t>& buffer, FeatureCache<acc_t>&,
+                      int64_t& tap_stride) const {
+    tap_stride = geo.out_h * geo.out_w;
+    return weight.planes(geo, n, g, true, 0, buffer);
+  }
+};
+
+// Forward weight rows generated a block of output rows at a time (see Generator).
+template <typename scalar_t>
+struct GeneratedWeight {
+  using acc_t = at::opmath_type<scalar_t>;
+  Generator<scalar_t> generator;
+
+  struct Rows {
+    const Generator<scalar_t>& gen;
+    const Geometry& geo;
+    int64_t block_rows = std::max<int64_t>(1, kGenPixels / geo.out_w);
+    // The last row of a block is read kPixelBlock - 1 weights past Wo (sums dropped).
+    int64_t columns = round_up(block_rows * geo.out_w + kPixelBlock - 1, kGenColumns<acc_t>);
+    FeatureCache<acc_t> features{};
+    std::vector<acc_t> weights = std::vector<acc_t>(generated_taps(geo.taps()) * columns);
+    int64_t n = 0, g = 0, first = -1;
+
+    void start(int64_t sample, int64_t group) { n = sample, g = group, first = -1; }
+    int64_t tap_stride() const { return columns; }
+    const acc_t* row(int64_t i) {
+      if (first < 0 || i >= first + block_rows) {
+        first = i;
+        const acc_t* f = features.get(gen, n, first, std::min(block_rows, geo.out_h - first), geo.out_w, columns);
+        gen.generate(g, f, columns, weights.data());
+      }
+      return weights.data() + (i - first) * geo.out_w;
+    }
+  };
+  Rows rows(const Geometry& geo) const { return Rows{generator, geo}; }
+
+  // grad_input's weights of (n, g), generated over the whole plane into `buffer` (tap stride:
+  // the plane rounded up to whole generated blocks).
+  const acc_t* planes(const Geometry& geo, int64_t n, int64_t g, std::vector<acc_t>& buffer, FeatureCache<acc_t>& features,
+                      int64_t& tap_stride) const {
+    tap_stride = round_up(geo.out_h * geo.out_w, kGenColumns<acc_t>);
+    buffer.resize(generated_taps(geo.taps()) * tap_stride);
+    generator.generate(g, features.get(generator, n, 0, geo.out_h, geo.out_w, tap_stride), tap_stride, buffer.data());
+    return buffer.data();
+  }
+};
+
 // Forward sums of kPixelBlock outputs of one row, LANES channels: window values from x (the
 // block's first window, kernel row 0; kernel row a at x + a * row_step), weights from w
 // (tap t of output p at w[t * w_stride + p]). Input column c of the block's span serves
@@ -391,11 +583,11 @@ inline void forward_general(const T* x, const int64_t* window, int64_t taps, int
   for (int p = 0; p < P; ++p) store_lanes(sums + p * cpg, acc[p]);
 }
 
-template <typename scalar_t>
-void forward_kernel(const Geometry& geo, const at::Tensor& input, const at::Tensor& weight, at::Tensor& out) {
+// Source: StoredWeight or GeneratedWeight.
+template <typename scalar_t, typename Source>
+void forward_kernel(const Geometry& geo, const at::Tensor& input, const Source& source, at::Tensor& out) {
   using acc_t = at::opmath_type<scalar_t>;
   const Planes<scalar_t> x(input);
-  const Weight<scalar_t> w(weight);
   scalar_t* out_data = out.data_ptr<scalar_t>();
   const int64_t cpg = geo.group_channels(), taps = geo.taps(), plane = geo.out_h * geo.out_w;
   const int64_t width = round_up(geo.out_w, kPixelBlock);  // outputs computed per row
@@ -405,30 +597,29 @@ void forward_kernel(const Geometry& geo, const at::Tensor& input, const at::Tens
   with_lanes<acc_t>(cpg, [&](auto lanes) {
     using V = typename Lanes<acc_t, decltype(lanes)::value>::type;
     at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
-      std::vector<acc_t> planes(rows * columns * cpg), weight_copy, sums(width * cpg);
+      std::vector<acc_t> planes(rows * columns * cpg), sums(width * cpg);
+      auto weight_rows = source.rows(geo);
+      const int64_t w_stride = weight_rows.tap_stride();
       for (int64_t item = begin; item < end; ++item) {
         const int64_t n = item / geo.groups, g = item % geo.groups;
         fill_channel_rows<decltype(lanes)::value>(x, n, g * cpg, cpg, geo.height, geo.width, rows, columns, geo.pad_h, geo.pad_w, item == begin,
                                                   planes.data());
-        // The last block of a row reads weights past Wo (its extra sums are dropped): the
-        // tensor itself only where no row has such a block.
-        const acc_t* weights = w.planes(geo, n, g, geo.out_w % kPixelBlock == 0, kPixelBlock, weight_copy);
+        weight_rows.start(n, g);
         for (int64_t i = 0; i < geo.out_h; ++i) {
-          const acc_t* weight_row = weights + i * geo.out_w;
-          if (i + 1 < geo.out_h) prefetch_rows(weight_row + geo.out_w, taps, plane, geo.out_w);
+          const acc_t* weight_row = weight_rows.row(i);
           const acc_t* row = planes.data() + i * geo.stride_h * columns * cpg;
           const bool fixed = with_fixed_row_window(geo, [&](auto kernel_w, auto stride_w) {
             for (int64_t j0 = 0; j0 < width; j0 += kPixelBlock) {
               for (int64_t k = 0; k < cpg; k += lanes) {
                 forward_fixed<decltype(kernel_w)::value, decltype(stride_w)::value, V>(
-                    row + j0 * pixel_step + k, row_step, cpg, geo.kernel_h, weight_row + j0, plane, sums.data() + j0 * cpg + k);
+                    row + j0 * pixel_step + k, row_step, cpg, geo.kernel_h, weight_row + j0, w_stride, sums.data() + j0 * cpg + k);
               }
             }
           });
           if (!fixed) {
             for (int64_t j0 = 0; j0 < width; j0 += kPixelBlock) {
               for (int64_t k = 0; k < cpg; k += lanes) {
-                forward_general<V>(row + j0 * pixel_step + k, window.data(), taps, pixel_step, weight_row + j0, plane, cpg,
+                forward_general<V>(row + j0 * pixel_step + k, window.data(), taps, pixel_step, weight_row + j0, w_stride, cpg,
                                    sums.data() + j0 * cpg + k);
               }
             }
@@ -478,12 +669,12 @@ inline void gather_fixed(const T* const* grads, const T* const* weights, int64_t
   for (int q = 0; q < P; ++q) store_lanes(sums + q * cpg, acc[q]);
 }
 
-template <typename scalar_t>
-void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, const at::Tensor& weight,
+// Source: StoredWeight or GeneratedWeight.
+template <typename scalar_t, typename Source>
+void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, const Source& source,
                            at::Tensor& grad_input) {
   using acc_t = at::opmath_type<scalar_t>;
   const Planes<scalar_t> grad(grad_output);
-  const Weight<scalar_t> w(weight);
   scalar_t* result = grad_input.data_ptr<scalar_t>();
   const int64_t cpg = geo.group_channels(), taps = geo.taps(), sw = geo.stride_w, dw = geo.dilation_w;
   const int64_t plane = geo.out_h * geo.out_w;
@@ -493,19 +684,21 @@ void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, c
     using V = typename Lanes<acc_t, decltype(lanes)::value>::type;
     at::parallel_for(0, geo.batch * geo.groups, 1, [&](int64_t begin, int64_t end) {
       std::vector<acc_t> grads(plane * cpg), weight_copy, sums((x_end - x_begin) * cpg);
+      FeatureCache<acc_t> feature_copy;
       std::vector<const acc_t*> grad_rows, weight_rows;
       std::vector<Reaching> reaching;
       for (int64_t item = begin; item < end; ++item) {
         const int64_t n = item / geo.groups, g = item % geo.groups;
         fill_channel_rows<decltype(lanes)::value>(grad, n, g * cpg, cpg, geo.out_h, geo.out_w, geo.out_h, geo.out_w, 0, 0, true, grads.data());
-        const acc_t* weights = w.planes(geo, n, g, true, 0, weight_copy);
+        int64_t w_stride = plane;
+        const acc_t* weights = source.planes(geo, n, g, weight_copy, feature_copy, w_stride);
         int64_t prefetched = -1;  // the last output row whose weights were prefetched
         for (int64_t y = 0; y < geo.height; ++y) {
           const int64_t r = y + geo.pad_h;
           // The next padded row first reaches output row (r + 1) / sh, through kernel row 0.
           const int64_t upcoming = std::min((r + 1) / geo.stride_h, geo.out_h - 1);
           if (upcoming > prefetched) {
-            prefetch_rows(weights + upcoming * geo.out_w, taps, plane, geo.out_w);
+            prefetch_rows(weights + upcoming * geo.out_w, taps, w_stride, geo.out_w);
             prefetched = upcoming;
           }
           reaching.clear();
@@ -521,10 +714,10 @@ void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, c
               weight_rows.clear();
               for (const Reaching& e : reaching) {
                 grad_rows.push_back(grads.data() + (e.out_row * geo.out_w + j0) * cpg);
-                weight_rows.push_back(weights + e.kernel_row * KW * plane + e.out_row * geo.out_w + j0);
+                weight_rows.push_back(weights + e.kernel_row * KW * w_stride + e.out_row * geo.out_w + j0);
               }
               for (int64_t k = 0; k < cpg; k += lanes) {
-                gather_fixed<KW, SW, V>(grad_rows.data(), weight_rows.data(), static_cast<int64_t>(reaching.size()), plane, cpg, k,
+                gather_fixed<KW, SW, V>(grad_rows.data(), weight_rows.data(), static_cast<int64_t>(reaching.size()), w_stride, cpg, k,
                                         -j0, geo.out_w - 1 - j0, sums.data() + (x0 - x_begin) * cpg + k);
               }
             }
@@ -540,7 +733,7 @@ void backward_input_kernel(const Geometry& geo, const at::Tensor& grad_output, c
                     const int64_t from = X - b * dw;
                     if (from < 0 || from % sw != 0 || from / sw >= geo.out_w) continue;
                     const int64_t j = from / sw, at = e.out_row * geo.out_w + j;
-                    acc += weights[(e.kernel_row * geo.kernel_w + b) * plane + at] * load_lanes<V>(grads.data() + at * cpg + k);
+                    acc += weights[(e.kernel_row * geo.kernel_w + b) * w_stride + at] * load_lanes<V>(grads.data() + at * cpg + k);
                   }
                 }
                 store_lanes(sums.data() + (X - x_begin) * cpg + k, acc);
@@ -932,7 +1125,7 @@ at::Tensor involution_forward(const at::Tensor& input, const at::Tensor& weight,
   at::Tensor out = at::empty({geo.batch, geo.channels, geo.out_h, geo.out_w}, input.options());
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "involution_forward",
-                                  [&] { forward_kernel<scalar_t>(geo, input, weight, out); });
+                                  [&] { forward_kernel<scalar_t>(geo, input, StoredWeight<scalar_t>{Weight<scalar_t>(weight)}, out); });
   return out;
 }
 
@@ -944,7 +1137,7 @@ at::Tensor involution_backward_input(const at::Tensor& grad_output, const at::Te
   at::Tensor grad_input = at::empty(input_shape, grad_output.options());
   if (grad_input.numel() == 0) return grad_input;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad_output.scalar_type(), "involution_backward_input",
-                                  [&] { backward_input_kernel<scalar_t>(geo, grad_output, weight, grad_input); });
+                                  [&] { backward_input_kernel<scalar_t>(geo, grad_output, StoredWeight<scalar_t>{Weight<scalar_t>(weight)}, grad_input); });
   return grad_input;
 }
 
@@ -961,7 +1154,57 @@ at::Tensor involution_backward_weight(const at::Tensor& grad_output, const at::T
   return grad_weight;
 }
 
+namespace {
+
+// The (N, G, KH, KW, Ho, Wo) weight shape of involution_generated's operands.
+std::vector<int64_t> generated_weight_shape(const at::Tensor& feature, const at::Tensor& span_weight, at::IntArrayRef kernel_size) {
+  const int64_t taps = kernel_size[0] * kernel_size[1];
+  return {feature.size(0), span_weight.size(0) / taps, kernel_size[0], kernel_size[1], feature.size(2), feature.size(3)};
+}
+
+// The span matrix and bias in the accumulation type, contiguous, packed into the Generator
+// that `run` computes with.
+template <typename scalar_t, typename Run>
+void with_generator(const at::Tensor& feature, const at::Tensor& span_weight, const std::optional<at::Tensor>& span_bias,
+                    int64_t taps, Run&& run) {
+  const auto acc_type = c10::CppTypeToScalarType<at::opmath_type<scalar_t>>::value;
+  const at::Tensor span = span_weight.to(acc_type).contiguous();
+  const at::Tensor bias = span_bias.has_value() ? span_bias->to(acc_type).contiguous() : at::zeros({span_weight.size(0)}, span.options());
+  run(GeneratedWeight<scalar_t>{Generator<scalar_t>(feature, span, bias, taps)});
+}
+
+}  // namespace
+
+at::Tensor involution_generated_forward(const at::Tensor& input, const at::Tensor& feature, const at::Tensor& span_weight,
+                                        const std::optional<at::Tensor>& span_bias, at::IntArrayRef kernel_size,
+                                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const Geometry geo = make_geometry(input.sizes(), generated_weight_shape(feature, span_weight, kernel_size), stride, padding, dilation);
+  at::Tensor out = at::empty({geo.batch, geo.channels, geo.out_h, geo.out_w}, input.options());
+  if (out.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "involution_generated_forward", [&] {
+    with_generator<scalar_t>(feature, span_weight, span_bias, geo.taps(), [&](const auto& source) { forward_kernel<scalar_t>(geo, input, source, out); });
+  });
+  return out;
+}
+
+at::Tensor involution_generated_backward_input(const at::Tensor& grad_output, const at::Tensor& feature,
+                                               const at::Tensor& span_weight, const std::optional<at::Tensor>& span_bias,
+                                               at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                               at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const std::vector<int64_t> input_shape{grad_output.size(0), grad_output.size(1), input_size[0], input_size[1]};
+  const Geometry geo = make_geometry(input_shape, generated_weight_shape(feature, span_weight, kernel_size), stride, padding, dilation);
+  at::Tensor grad_input = at::empty(input_shape, grad_output.options());
+  if (grad_input.numel() == 0) return grad_input;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad_output.scalar_type(), "involution_generated_backward_input", [&] {
+    with_generator<scalar_t>(feature, span_weight, span_bias, geo.taps(),
+                             [&](const auto& source) { backward_input_kernel<scalar_t>(geo, grad_output, source, grad_input); });
+  });
+  return grad_input;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("involution_generated_forward", &involution_generated_forward);
+  m.def("involution_generated_backward_input", &involution_generated_backward_input);
   m.def("involution_forward", &involution_forward);
   m.def("involution_backward_input", &involution_backward_input);
   m.def("involution_backward_weight", &involution_backward_weight);
