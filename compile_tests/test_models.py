@@ -12,6 +12,7 @@ from torch.export import Dim
 import oplib.models
 from oplib._torch_private import OpOverload, aot_autograd
 from oplib.models import RedNet
+from oplib.nn import Involution2d
 
 DEPTHS = sorted(oplib.models.BLOCK_COUNTS)
 
@@ -51,11 +52,12 @@ def test_compiles_with_fullgraph(depth):
         assert all(p.grad is not None for p in model.parameters())
 
 
-def test_inductor_sees_every_convolution_and_only_involution_as_oplib_op():
+def test_inductor_sees_every_convolution_but_the_span_and_only_involution_as_oplib_op():
     """Inductor folds a BatchNorm into the convolution before it (under freezing) only when it
     gets ``aten.convolution``; a custom op is opaque to it. The inference graph AOTAutograd
     hands to the backend holds one ``aten.convolution`` per Conv2d module (the involutions'
-    kernel generation included), and oplib's op there is the involution alone."""
+    reduce convs included) but the involutions' span convs, whose parameters go into
+    ``involution_generated``, oplib's only op there."""
     model = _narrow(26).eval()
     targets = []
 
@@ -66,9 +68,10 @@ def test_inductor_sees_every_convolution_and_only_involution_as_oplib_op():
     with torch.no_grad():
         torch.compile(model, fullgraph=True, backend=aot_autograd(fw_compiler=record))(torch.randn(2, 3, 32, 32))
     oplib_ops = {t for t in targets if isinstance(t, OpOverload) and t.namespace == "oplib"}
-    assert oplib_ops == {torch.ops.oplib.involution.default}
+    assert oplib_ops == {torch.ops.oplib.involution_generated.default}
     convolutions = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
-    assert targets.count(torch.ops.aten.convolution.default) == convolutions > 0
+    involutions = sum(isinstance(m, Involution2d) for m in model.modules())
+    assert targets.count(torch.ops.aten.convolution.default) == convolutions - involutions > 0
 
 
 @pytest.mark.parametrize("depth", [26, pytest.param(50, marks=pytest.mark.integration)])

@@ -1,0 +1,109 @@
+"""The whole involution layer (``oplib.nn.Involution2d``: kernel generation and involution)
+with the weight generated inside the op (``fused=True``, the default) and with the span conv
+writing the weight map (``fused=False``), against a depthwise 7x7 convolution of the same
+input, at RedNet-50's four stride-1 shapes.
+
+    python bench/layer.py            # writes bench/results/layer.md
+    python bench/layer.py --quick    # small shapes, one round (smoke test)
+
+float32, NCHW, batch 8, 7x7 kernel, 16 channels per group, reduction ratio 4. Inference:
+eval mode under ``torch.no_grad``. Forward+backward: train mode, the output's sum
+backpropagated to the input and every parameter (the depthwise convolution's input and
+weight). The cases of one shape run interleaved in one section.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Optional
+
+import torch
+from torch import nn
+
+import _harness
+from _harness import Section
+from oplib.benchmark import ratio
+from oplib.kernels import native
+from oplib.nn import Involution2d
+
+BATCH, KERNEL = 8, 7
+SHAPES = ((64, 56), (128, 28), (256, 14), (512, 7))
+QUICK_SHAPES = ((32, 14), (64, 7))
+CASES = ("fused", "unfused", "depthwise 7x7")
+
+
+def _module(case: str, channels: int) -> nn.Module:
+    torch.manual_seed(0)
+    if case == "depthwise 7x7":
+        return nn.Conv2d(channels, channels, KERNEL, padding=KERNEL // 2, groups=channels, bias=False)
+    return Involution2d(channels, KERNEL, group_channels=16, fused=case == "fused")
+
+
+def _inference(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    module.eval()
+
+    def run() -> None:
+        with torch.no_grad():
+            module(x)
+
+    return run
+
+
+def _forward_backward(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    module.train()
+    x = x.detach().requires_grad_()
+
+    def run() -> None:
+        module(x).sum().backward()
+        x.grad = None
+        module.zero_grad(set_to_none=True)
+
+    return run
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = _harness.parser(__doc__, rounds=5, min_run_time=1.0)
+    settings = _harness.start(parser.parse_args(argv), __file__)
+    batch, shapes = (2, QUICK_SHAPES) if settings.quick else (BATCH, SHAPES)
+    section = Section(settings)
+    rows = []
+    for channels, size in shapes:
+        x = torch.randn(batch, channels, size, size)
+        times = {}
+        for mode, make in (("inference", _inference), ("forward+backward", _forward_backward)):
+            stmts = {(case, mode): make(_module(case, channels), x) for case in CASES}
+            times.update(section.measure(f"{channels}@{size} {mode}", stmts))
+        row = [f"{channels}@{size}"]
+        for mode in ("inference", "forward+backward"):
+            depthwise = times["depthwise 7x7", mode]
+            for case in ("fused", "unfused"):
+                row.append(f"{times[case, mode].median * 1e3:.2f}")
+            row.append(f"{depthwise.median * 1e3:.2f}")
+            row.append(f"{ratio(times['fused', mode], depthwise):.2f}x")
+            row.append(f"{ratio(times['unfused', mode], depthwise):.2f}x")
+        rows.append(row)
+    columns = ["shape (C@HxW)"]
+    for mode in ("inference", "fwd+bwd"):
+        columns += [f"{mode} fused (ms)", f"{mode} unfused (ms)", f"{mode} depthwise (ms)", f"{mode} fused / dw",
+                    f"{mode} unfused / dw"]
+    lines = [
+        *_harness.header(
+            settings,
+            "The involution layer, weight generated inside the op vs written by the span conv, against a depthwise 7x7 convolution",
+            f"- oplib.nn.Involution2d(C, 7, group_channels=16), float32, NCHW, batch {batch}; fused: "
+            "torch.ops.oplib.involution_generated, unfused: span conv + torch.ops.oplib.involution",
+            "- inference: eval mode, no_grad; fwd+bwd: train mode, sum of the output backpropagated to the input and "
+            "every parameter",
+            f"- involution's CPU kernels: {native.status()}",
+        ),
+        section.load_line(),
+        "",
+        *_harness.table(columns, "l" + "r" * (len(columns) - 1), rows),
+    ]
+    _harness.write_report(settings, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
