@@ -1,6 +1,8 @@
 """The memory of a RedNet-50 training step, with and without activation checkpointing
-(``set_grad_checkpointing``), against a torch.nn ResNet-50 (bench/rednet.py's), and what
-checkpointing costs in step time.
+(``set_grad_checkpointing``: whole bottlenecks; ``set_generation_checkpointing``: the
+involutions' generation branches), and with the involutions unfused (the span conv writing
+the weight map, as before ``involution_generated``), against a torch.nn ResNet-50
+(bench/rednet.py's), and what each costs in step time.
 
     python bench/backbone.py            # writes bench/results/backbone.md
     python bench/backbone.py --quick    # 64x64, batch 2, one round (smoke test)
@@ -8,9 +10,9 @@ checkpointing costs in step time.
 A step is forward, cross-entropy, backward and an SGD step, eager, in train mode, 224x224 RGB
 at batch 8. Saved activations: the bytes of the distinct storages autograd saves for the
 backward pass (``torch.autograd.graph.saved_tensors_hooks``), parameters left out; with
-checkpointing, each bottleneck saves only its input, and recomputes the rest in the backward
-pass. Peak: the highest resident memory above the model and optimizer state during a step,
-in a fresh process (``_harness.peak_memory``). Step times: the three steps in one process,
+bottleneck checkpointing, each bottleneck saves only its input, and recomputes the rest in the
+backward pass. Peak: the highest resident memory above the model and optimizer state during a step,
+in a fresh process (``_harness.peak_memory``). Step times: the steps in one process,
 interleaved.
 """
 
@@ -29,22 +31,34 @@ from _harness import Section
 from oplib.benchmark import call, describe_machine, ratio
 from oplib.kernels import native
 from oplib.models import rednet50
+from oplib.nn import Involution2d
 from rednet import _train_step, resnet50
 
 BATCH, SIZE = 8, 224
+
+
+def _unfused(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, Involution2d):
+            module.fused = False
+
+
+# case: (builder, what to set on the built model)
 CASES = {
-    "RedNet-50": (rednet50, False),
-    "RedNet-50, checkpointed": (rednet50, True),
-    "ResNet-50 (torch.nn)": (resnet50, False),
+    "RedNet-50": (rednet50, None),
+    "RedNet-50, generation checkpointed": (rednet50, lambda model: model.set_generation_checkpointing(True)),
+    "RedNet-50, checkpointed": (rednet50, lambda model: model.set_grad_checkpointing(True)),
+    "RedNet-50, unfused (span conv + involution)": (rednet50, _unfused),
+    "ResNet-50 (torch.nn)": (resnet50, None),
 }
 
 
 def _model(case: str) -> nn.Module:
-    build, checkpointed = CASES[case]
+    build, configure = CASES[case]
     torch.manual_seed(0)
     model = build()
-    if checkpointed:
-        model.set_grad_checkpointing(True)
+    if configure is not None:
+        configure(model)
     return model
 
 
@@ -99,7 +113,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     lines = [
         *_harness.header(
             settings,
-            "RedNet-50 training memory: activation checkpointing vs ResNet-50",
+            "RedNet-50 training memory: fused and unfused involutions, activation checkpointing, vs ResNet-50",
             f"- float32, eager, train mode, {size}x{size} RGB, batch {batch}, 1000 classes; step = forward + "
             "cross-entropy + backward + SGD step (momentum 0.9)",
             "- saved activations: distinct storages autograd saves for the backward pass, parameters left out; "

@@ -23,7 +23,7 @@ from torch import nn
 
 import _harness
 from _harness import Section
-from oplib.benchmark import ratio
+from oplib.benchmark import call, ratio
 from oplib.kernels import native
 from oplib.nn import Involution2d
 
@@ -72,7 +72,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         x = torch.randn(batch, channels, size, size)
         times = {}
         for mode, make in (("inference", _inference), ("forward+backward", _forward_backward)):
-            stmts = {(case, mode): make(_module(case, channels), x) for case in CASES}
+            stmts = {(case, mode): call(make(_module(case, channels), x)) for case in CASES}
             times.update(section.measure(f"{channels}@{size} {mode}", stmts))
         row = [f"{channels}@{size}"]
         for mode in ("inference", "forward+backward"):

@@ -185,6 +185,13 @@ SYMBOLS: dict[str, PrivateSymbol] = {
         "reads only zipfile checkpoints (it raises ValueError on the legacy format)",
         "loading the paper's RedNet checkpoints (oplib.checkpoints)",
     ),
+    "BatchNormBase": PrivateSymbol(
+        "torch.nn.modules.batchnorm._BatchNorm",
+        "the one base class of every BatchNorm with running statistics (BatchNorm1d/2d/3d, "
+        "SyncBatchNorm, the lazy ones); no public class or predicate names that family",
+        "checkpointed recomputation (oplib.nn.checkpoint_module) updating a BatchNorm's running "
+        "statistics a second time",
+    ),
 }
 
 # CustomOpDef attributes oplib reads (ops/_transforms.py, registry.py; ``_init_fn``, the

@@ -24,20 +24,17 @@ oplib RedNet's ``state_dict()``.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib.util
 import warnings
 from collections.abc import Sequence
 from typing import Optional, Union
 
 import torch
-import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from ._compat import pooling_sizes_without_parity_guard
 from .checkpoints import Weights, convert_official_state_dict, state_dict_of
-from .nn import Involution2d
+from .nn import Involution2d, checkpoint_module
 
 # The stem's max pool exports with a dynamic image size on every supported torch.
 pooling_sizes_without_parity_guard()
@@ -205,19 +202,21 @@ class _Backbone(nn.Module):
         statistics are updated once per step, as without checkpointing."""
         self.grad_checkpointing = enable
 
+    def set_generation_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each involution's kernel-generation branch (pooling, reduce conv,
+        BatchNorm, ReLU) in the backward pass instead of saving its activations
+        (``Involution2d.checkpoint_generation``): a lighter form of ``set_grad_checkpointing``,
+        which recomputes whole bottlenecks. Running statistics are updated once per step."""
+        for module in self.modules():
+            if isinstance(module, Involution2d):
+                module.checkpoint_generation = enable
+
     def _stage(self, index: int, x: Tensor) -> Tensor:
         stage = self.stages[index]
         if not (self.grad_checkpointing and torch.is_grad_enabled()):
             return stage(x)
         for block in stage:
-            if torch.compiler.is_compiling():
-                # AOTAutograd recomputes from the traced graph, where the running statistics'
-                # update is a single buffer mutation of the forward.
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-            else:
-                x = torch.utils.checkpoint.checkpoint(
-                    block, x, use_reentrant=False, context_fn=functools.partial(_recompute_contexts, block)
-                )
+            x = checkpoint_module(block, block, x)
         return x
 
     def _levels(self, x: Tensor, levels: Sequence[int], stop_early: bool = True) -> tuple[Tensor, list[Tensor]]:
@@ -231,34 +230,6 @@ class _Backbone(nn.Module):
             if index + 1 in wanted:
                 maps.append(x)
         return x, maps
-
-
-class _NoStatUpdates:
-    """While a checkpointed block recomputes its forward for the backward pass, its
-    BatchNorms in training mode normalise with the batch's statistics, as in the first pass,
-    but leave the running statistics alone: the first pass already updated them."""
-
-    def __init__(self, block: nn.Module):
-        self.norms = [
-            m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats
-        ]
-
-    def __enter__(self):
-        self.saved = [(norm, norm.momentum, norm.num_batches_tracked.clone()) for norm in self.norms]
-        for norm in self.norms:
-            norm.momentum = 0.0
-        return self
-
-    def __exit__(self, *exc):
-        for norm, momentum, tracked in self.saved:
-            norm.momentum = momentum
-            norm.num_batches_tracked.copy_(tracked)
-        return False
-
-
-def _recompute_contexts(block: nn.Module):
-    """(the first pass's context, the recomputation's)."""
-    return contextlib.nullcontext(), _NoStatUpdates(block)
 
 
 class RedNet(_Backbone):

@@ -3,10 +3,17 @@ arguments, parameter names and initialisation, so state dicts move both ways."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
+import torch.utils.checkpoint
 from torch import Tensor
 
 from . import functional as F
+from ._torch_private import BatchNormBase
 from .ops._common import as_pair, window_output_size
 from .ops.conv2d import INPUT_LAYOUT as BATCHED_OR_NOT
 from .ops.involution import INPUT_LAYOUT as INVOLUTION_INPUT
@@ -56,6 +63,12 @@ class Involution2d(torch.nn.Module):
     ``torch.ops.oplib.involution``, as the paper's code does; both give the same result and
     have the same parameters. ``kernel_weights`` returns the map either way.
 
+    ``checkpoint_generation=True`` (or ``module.checkpoint_generation = True``; RedNet's
+    ``set_generation_checkpointing``) recomputes the generation branch before the span conv
+    (pooling, reduce conv, BatchNorm, ReLU) in the backward pass instead of saving its
+    activations (``checkpoint_module``: the running statistics are updated once). With the
+    fused op the layer then keeps its input and the R-channel feature map.
+
     The two 1x1 convs are ``torch.nn.Conv2d``, not ``Conv2d`` above (same parameters, so the
     same state dict): inductor sees the reduce conv, and with ``torch._inductor.config.freezing``
     folds the BatchNorm into it and the ReLU into its kernel, which it cannot do through a
@@ -72,6 +85,7 @@ class Involution2d(torch.nn.Module):
         group_channels: int = 16,
         reduction_ratio: int = 4,
         fused: bool = True,
+        checkpoint_generation: bool = False,
     ):
         super().__init__()
         for name, value in (("channels", channels), ("group_channels", group_channels), ("reduction_ratio", reduction_ratio)):
@@ -87,6 +101,7 @@ class Involution2d(torch.nn.Module):
         self.padding = same if padding is None else _positive_pair("padding", padding, lowest=0)
         self.groups = channels // group_channels
         self.fused = fused
+        self.checkpoint_generation = checkpoint_generation
         reduced = max(1, channels // reduction_ratio)
         # The output keeps the input's size only at stride 1 with exactly "same" padding; else
         # the kernel source is pooled. Decided by the configuration, never by the input size,
@@ -107,9 +122,8 @@ class Involution2d(torch.nn.Module):
 
     def _kernel_weights(self, input: Tensor) -> Tensor:
         """``kernel_weights`` for an input already checked."""
-        n = input.shape[0]
         weight = self.span(self._feature(input))
-        return weight.view(n, self.groups, *self.kernel_size, *weight.shape[2:])
+        return weight.view(input.shape[0], self.groups, *self.kernel_size, *weight.shape[2:])
 
     def _feature(self, input: Tensor) -> Tensor:
         """(N, C, H, W) -> (N, R, Ho, Wo): the generation branch before the span conv."""
@@ -169,18 +183,67 @@ class Involution2d(torch.nn.Module):
         """input: (N, C, H, W) or (C, H, W) -> (N, C, Ho, Wo) or (C, Ho, Wo)."""
         self._check_input(input, (3, 4), BATCHED_OR_NOT)
         batched = input if input.dim() == 4 else input.unsqueeze(0)
-        if self.fused:
-            out = F.involution_generated(batched, self._feature(batched), self.span.weight, self.span.bias,
-                                         self.kernel_size, self.stride, self.padding, self.dilation)
+        if self.checkpoint_generation and torch.is_grad_enabled():
+            feature = checkpoint_module(self, self._feature, batched)
         else:
-            out = F.involution(batched, self._kernel_weights(batched), self.stride, self.padding, self.dilation)
+            feature = self._feature(batched)
+        if self.fused:
+            out = F.involution_generated(batched, feature, self.span.weight, self.span.bias, self.kernel_size,
+                                         self.stride, self.padding, self.dilation)
+        else:
+            weight = self.span(feature).view(batched.shape[0], self.groups, *self.kernel_size, *feature.shape[2:])
+            out = F.involution(batched, weight, self.stride, self.padding, self.dilation)
         return out if input.dim() == 4 else out.squeeze(0)
 
     def extra_repr(self) -> str:
         return (
             f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
             f"dilation={self.dilation}, groups={self.groups}, fused={self.fused}"
+            + (", checkpoint_generation=True" if self.checkpoint_generation else "")
         )
+
+
+def checkpoint_module(module: torch.nn.Module, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` (a part of ``module``'s forward) with its activations recomputed in
+    the backward pass instead of saved (``torch.utils.checkpoint``, non-reentrant; eager and
+    torch.compile). The BatchNorms of ``module`` update their running statistics once, in the
+    first pass, as without checkpointing."""
+    if torch.compiler.is_compiling():
+        # AOTAutograd recomputes from the traced graph, where the running statistics'
+        # update is a single buffer mutation of the forward.
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
+    return torch.utils.checkpoint.checkpoint(
+        function, *args, use_reentrant=False, context_fn=functools.partial(_recompute_contexts, module)
+    )
+
+
+class _NoStatUpdates:
+    """While a checkpointed block recomputes its forward for the backward pass, its
+    BatchNorms in training mode normalise with the batch's statistics, as in the first pass,
+    but leave the running statistics alone: the first pass already updated them."""
+
+    def __init__(self, block: torch.nn.Module):
+        self.norms = [
+            m for m in block.modules() if isinstance(m, BatchNormBase) and m.training and m.track_running_stats
+        ]
+
+    def __enter__(self):
+        self.saved = [(norm, norm.momentum, norm.num_batches_tracked.clone()) for norm in self.norms]
+        for norm in self.norms:
+            norm.momentum = 0.0
+        return self
+
+    def __exit__(self, *exc):
+        for norm, momentum, tracked in self.saved:
+            norm.momentum = momentum
+            norm.num_batches_tracked.copy_(tracked)
+        return False
+
+
+def _recompute_contexts(block: torch.nn.Module):
+    """(the first pass's context, the recomputation's)."""
+    return contextlib.nullcontext(), _NoStatUpdates(block)
+
 
 
 def _positive_pair(name: str, value, lowest: int) -> tuple[int, int]:
@@ -192,4 +255,4 @@ def _positive_pair(name: str, value, lowest: int) -> tuple[int, int]:
     return pair
 
 
-__all__ = ["Conv2d", "Exp", "Involution2d", "Linear"]
+__all__ = ["Conv2d", "Exp", "Involution2d", "Linear", "checkpoint_module"]

@@ -20,7 +20,8 @@ from oplib.testing import assert_matches_reference
 from oplib.testing.native import force_native, require_native_build
 
 ROOT = Path(__file__).resolve().parents[1]
-INVOLUTION_OPS = ("involution", "involution_backward_input", "involution_backward_weight")
+INVOLUTION_OPS = ("involution", "involution_backward_input", "involution_backward_weight", "involution_generated",
+                  "involution_generated_backward_input")
 
 
 @pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
@@ -159,9 +160,13 @@ _ASAN_SCRIPT = textwrap.dedent(
         "involution_backward_input": module.involution_backward_input,
         "involution_backward_weight": module.involution_backward_weight,
     }
+    generated_calls = {
+        "involution_generated": module.involution_generated_forward,
+        "involution_generated_backward_input": module.involution_generated_backward_input,
+    }
     rng = random.Random(0)
     count = 0
-    for name, call in calls.items():
+    for name, call in {**calls, **generated_calls}.items():
         spec = registry.get(name)
         for dtype in registry.FLOAT_DTYPES:
             samples = list(spec.sample_inputs("cpu", dtype, False))
@@ -183,6 +188,24 @@ _ASAN_SCRIPT = textwrap.dedent(
         args = [(x, weight, *params), (g, weight, [h, w], *params), (g, x, [kernel, kernel], *params, groups)]
         atol, rtol = registry.get("involution").tolerance(dtype)
         for call, reference, arguments in zip(calls.values(), references, args):
+            expected = reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in arguments])
+            torch.testing.assert_close(call(*arguments).double(), expected, atol=atol, rtol=rtol)
+            count += 1
+    # The generated weights with whole vectors of channels and of generated columns: blocks
+    # of several rows ending inside a vector, one row wider than a block, odd R.
+    references = [registry.get(name).reference for name in generated_calls]
+    for (n, c, h, w, groups, kernel, stride, reduced), dtype in zip(
+        [(2, 32, 9, 11, 2, 7, 1, 12), (1, 16, 14, 13, 1, 7, 2, 20), (1, 48, 8, 70, 3, 5, 1, 7), (2, 16, 7, 7, 1, 3, 1, 5)],
+        [torch.float32, torch.float64, torch.bfloat16, torch.float16],
+    ):
+        params = ([kernel] * 2, [stride] * 2, [kernel // 2] * 2, [1, 1])
+        out = [(s + 2 * (kernel // 2) - kernel) // stride + 1 for s in (h, w)]
+        x, g = torch.randn(n, c, h, w, dtype=dtype), torch.randn(n, c, *out, dtype=dtype)
+        feature = torch.randn(n, reduced, *out, dtype=dtype)
+        span, bias = torch.randn(groups * kernel * kernel, reduced, dtype=dtype), torch.randn(groups * kernel * kernel, dtype=dtype)
+        args = [(x, feature, span, bias, *params), (g, feature, span, bias, [h, w], *params)]
+        atol, rtol = registry.get("involution").tolerance(dtype)
+        for call, reference, arguments in zip(generated_calls.values(), references, args):
             expected = reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in arguments])
             torch.testing.assert_close(call(*arguments).double(), expected, atol=atol, rtol=rtol)
             count += 1
@@ -213,11 +236,17 @@ def test_native_kernels_are_clean_under_address_sanitizer(tmp_path):
 # Off-by-ones planted one at a time in a copy of the source: grad_input's unrolled blocks
 # reading one grad_output column past the last; the channel-row copy's partial block reading
 # one column past each input row's end; grad_weight's pixel-lane scratch for grad_output short of the zero
-# rows that the last padded rows read.
+# rows that the last padded rows read; involution_generated's feature rows read one past their end.
 PLANTED_OVER_READS = {
     "gather-block-bound": ("if (j < first || j > last) continue;", "if (j < first || j > last + 1) continue;"),
     "channel-row-tail": ("count = std::min<int64_t>(LANES, end - x);", "count = std::min<int64_t>(LANES, end - x + 1);"),
     "pixel-lane-grad-rows": ("g_rows = geo.out_h + 2 * R + K,", "g_rows = geo.out_h + R,"),
+    # involution_generated's feature rows, read one value past each row's end (past the
+    # tensor's end at the last row of the last channel)
+    "generator-feature-row": (
+        "convert(feature.at(n, r, first + i), feature.stride_w, out_w, row + i * out_w);",
+        "convert(feature.at(n, r, first + i), feature.stride_w, out_w + 1, row + i * out_w);",
+    ),
 }
 
 

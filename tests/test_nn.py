@@ -119,17 +119,39 @@ def _involution_layer_reference(layer: oplib.nn.Involution2d, x: torch.Tensor) -
     ],
 )
 @pytest.mark.parametrize("train", [True, False])
-def test_involution2d_matches_plain_torch(kwargs, size, train):
+@pytest.mark.parametrize(
+    "path",
+    [
+        dict(fused=True),
+        dict(fused=False),
+        dict(fused=True, checkpoint_generation=True),
+        dict(fused=True, channels_last=True),
+    ],
+    ids=["fused", "unfused", "fused-generation-checkpointed", "fused-channels_last"],
+)
+def test_involution2d_matches_plain_torch(kwargs, size, train, path):
+    """The layer's output and the gradients of its input and every parameter (reduce, norm,
+    span) against plain torch in float64, on each path the layer can take."""
     torch.manual_seed(0)
-    layer = oplib.nn.Involution2d(**kwargs).double().train(train)
-    x = torch.randn(3, kwargs["channels"], *size, dtype=torch.float64, requires_grad=True)
+    path = dict(path)
+    channels_last = path.pop("channels_last", False)
+    layer = oplib.nn.Involution2d(**kwargs, **path).double().train(train)
+    x = torch.randn(3, kwargs["channels"], *size, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
     out = layer(x)
     expected = _involution_layer_reference(layer, x)
     assert out.shape == (3, kwargs["channels"], *layer.output_size(*size))
     torch.testing.assert_close(out, expected)
     grad = torch.randn_like(out)
     params = [x, *layer.parameters()]
-    for got, want in zip(torch.autograd.grad(out, params, grad), torch.autograd.grad(expected, params, grad)):
+    # the backward (a recomputation where checkpointed) leaves the running statistics alone
+    statistics = [b.clone() for b in layer.buffers()]
+    grads = torch.autograd.grad(out, params, grad)
+    for buffer, before in zip(layer.buffers(), statistics):
+        torch.testing.assert_close(buffer, before, rtol=0, atol=0)
+    for got, want in zip(grads, torch.autograd.grad(expected, params, grad)):
         torch.testing.assert_close(got, want)
 
 

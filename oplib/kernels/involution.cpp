@@ -364,12 +364,13 @@ inline void prefetch_rows(const T* first, int64_t rows, int64_t row_stride, int6
 // a (sample, group) pair's whole plane into the thread's buffer. The (N, G, KH, KW, Ho, Wo)
 // map is never written to memory.
 
-// Generated sums per block: this many vectors of columns for kGenTaps taps stay in registers
-// while the reduced channels stream past (12 of the 16 AVX2 registers; measured on AVX2 at
-// R = 16-128: 6 x 2 ran at 21-29 GMAC/s per core, 4 x 2 at 18-27).
+// Generated sums per block: kGenVectors vectors of columns for kGenTaps taps stay in
+// registers while the reduced channels stream past (12 of the 16 AVX2 registers; measured on
+// AVX2 at R = 16-128: 6 x 2 ran at 21-29 GMAC/s per core, 4 x 2 at 18-27). Columns come in
+// whole vectors; an odd vector at the end is a block of its own.
 constexpr int kGenVectors = 2, kGenTaps = 6;
 template <typename T>
-constexpr int64_t kGenColumns = kGenVectors * kMaxLanes<T>;
+constexpr int64_t kGenColumns = kMaxLanes<T>;
 // The forward generates whole output rows, as many as make about this many pixels, so that a
 // narrow map (RedNet's 7- and 14-wide) does not pad each row to whole blocks.
 constexpr int64_t kGenPixels = 64;
@@ -382,30 +383,39 @@ inline int64_t generated_taps(int64_t taps) { return round_up(taps, kGenTaps); }
 // tap block, the block's kGenTaps values of one r side by side (tap t0 + u of channel r at
 // packed[(t0 * reduced) + r * kGenTaps + u]): the broadcasts of one r share a cache line
 // (at R = 128 on AVX2, 40 GMAC/s per core packed, 26 unpacked).
+template <int VB, typename T>
+inline void generate_block(const T* packed, const T* bias, int64_t taps, int64_t reduced, const T* f, int64_t f_stride,
+                           T* dst, int64_t dst_stride) {
+  constexpr int L = kMaxLanes<T>, TB = kGenTaps;
+  using V = typename Lanes<T, L>::type;
+  for (int64_t t = 0; t < taps; t += TB) {
+    V acc[TB][VB];
+    for (int u = 0; u < TB; ++u) {
+      for (int v = 0; v < VB; ++v) acc[u][v] = V{} + bias[t + u];
+    }
+    const T* s = packed + t * reduced;
+    for (int64_t r = 0; r < reduced; ++r) {
+      V fv[VB];
+      for (int v = 0; v < VB; ++v) fv[v] = load_lanes<V>(f + r * f_stride + v * L);
+      for (int u = 0; u < TB; ++u) {
+        for (int v = 0; v < VB; ++v) acc[u][v] += s[r * TB + u] * fv[v];
+      }
+    }
+    for (int u = 0; u < TB; ++u) {
+      for (int v = 0; v < VB; ++v) store_lanes(dst + (t + u) * dst_stride + v * L, acc[u][v]);
+    }
+  }
+}
+
 template <typename T>
 void generate_weights(const T* packed, const T* bias, int64_t taps, int64_t reduced, const T* f, int64_t f_stride,
                       int64_t columns, T* dst, int64_t dst_stride) {
-  constexpr int L = kMaxLanes<T>, VB = kGenVectors, TB = kGenTaps;
-  using V = typename Lanes<T, L>::type;
-  for (int64_t j0 = 0; j0 < columns; j0 += VB * L) {
-    for (int64_t t = 0; t < taps; t += TB) {
-      V acc[TB][VB];
-      for (int u = 0; u < TB; ++u) {
-        for (int v = 0; v < VB; ++v) acc[u][v] = V{} + bias[t + u];
-      }
-      const T* s = packed + t * reduced;
-      for (int64_t r = 0; r < reduced; ++r) {
-        V fv[VB];
-        for (int v = 0; v < VB; ++v) fv[v] = load_lanes<V>(f + r * f_stride + j0 + v * L);
-        for (int u = 0; u < TB; ++u) {
-          for (int v = 0; v < VB; ++v) acc[u][v] += s[r * TB + u] * fv[v];
-        }
-      }
-      for (int u = 0; u < TB; ++u) {
-        for (int v = 0; v < VB; ++v) store_lanes(dst + (t + u) * dst_stride + j0 + v * L, acc[u][v]);
-      }
-    }
+  constexpr int64_t L = kMaxLanes<T>;
+  int64_t j0 = 0;
+  for (; j0 + kGenVectors * L <= columns; j0 += kGenVectors * L) {
+    generate_block<kGenVectors>(packed, bias, taps, reduced, f + j0, f_stride, dst + j0, dst_stride);
   }
+  for (; j0 < columns; j0 += L) generate_block<1>(packed, bias, taps, reduced, f + j0, f_stride, dst + j0, dst_stride);
 }
 
 // The generator of involution_generated: the feature map (N, R, Ho, Wo) of any strides, and

@@ -293,42 +293,38 @@ def _backward_input_cuda(grad_output, feature, span_weight, span_bias, input_siz
 # ---------------------------------------------------------------------------------------
 
 
-def _generator_grads(ctx, grad: Tensor, activation: Tensor, feature: Optional[Tensor], span_weight: Optional[Tensor]):
+def _generator_grads(ctx, grad: Tensor, activation: Tensor, feature: Tensor, span_weight: Tensor):
     """The gradients of feature, span_weight and span_bias (None where not needed) from gw,
     the gradient of the generated weight: involution_backward_weight(grad, activation), with
-    ``grad`` the gradient of the output (forward) or the upstream one (grad_input's op)."""
+    ``grad`` the gradient of the output (forward) or the upstream one (grad_input's op). gw
+    goes through the span 1x1 conv's own backward (aten.convolution_backward, differentiable
+    again): the contractions of the module docstring as one GEMM each."""
     needs = ctx.needs_input_grad[1:4]
     if not any(needs):
         return None, None, None
     kernel_size, stride, padding, dilation = ctx.params
-    _, feature_shape, span_shape = ctx.shapes
-    n, reduced, out_h, out_w = feature_shape
-    groups = span_shape[0] // (kernel_size[0] * kernel_size[1])
-    grad_weight = unfused.involution_backward_weight(grad, activation, kernel_size, stride, padding, dilation, groups)
-    gw = grad_weight.reshape(n, span_shape[0], out_h * out_w)
-    grad_feature = grad_span_weight = grad_span_bias = None
-    if needs[0]:
-        grad_feature = torch.matmul(span_weight.t(), gw).view(feature_shape)
-    if needs[1]:
-        grad_span_weight = torch.matmul(gw, feature.reshape(n, reduced, out_h * out_w).transpose(1, 2)).sum(0)
-    if needs[2]:
-        grad_span_bias = gw.sum((0, 2))
-    return grad_feature, grad_span_weight, grad_span_bias
+    n, _, out_h, out_w = feature.shape
+    rows = span_weight.shape[0]
+    grad_weight = unfused.involution_backward_weight(grad, activation, kernel_size, stride, padding, dilation,
+                                                     rows // (kernel_size[0] * kernel_size[1]))
+    gw = grad_weight.reshape(n, rows, out_h, out_w)
+    grad_feature, grad_span_weight, grad_span_bias = torch.ops.aten.convolution_backward(
+        gw, feature, span_weight[:, :, None, None], [rows], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, list(needs))
+    return grad_feature, None if grad_span_weight is None else grad_span_weight.flatten(1), grad_span_bias
 
 
 def _save(ctx, activation: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], params) -> None:
-    """Only the operands a requested gradient reads: the activation for the generator's
-    gradients; feature, span_weight and span_bias for the activation's, and span_weight
-    for the feature's, feature for span_weight's."""
-    needs_activation, needs_feature, needs_span = ctx.needs_input_grad[:3]
-    needs_generator = needs_feature or needs_span or ctx.needs_input_grad[3]
+    """Only what a requested gradient reads: the activation for the generator's gradients,
+    span_bias for the activation's, feature and span_weight for every gradient (span_weight
+    is a parameter, and in Involution2d feature is the output that its ReLU keeps anyway)."""
+    needs_activation = ctx.needs_input_grad[0]
     ctx.save_for_backward(
-        activation if needs_generator else None,
-        feature if needs_activation or needs_span else None,
-        span_weight if needs_activation or needs_feature else None,
+        activation if any(ctx.needs_input_grad[1:4]) else None,
+        feature,
+        span_weight,
         span_bias if needs_activation else None,
     )
-    ctx.shapes = (activation.shape, feature.shape, span_weight.shape)
+    ctx.shapes = (activation.shape,)
     ctx.params = params
 
 
