@@ -1,6 +1,7 @@
-"""``python -m oplib bench``: involution timed on this machine against a depthwise KxK
-convolution and the unfold formulation of the paper's reference code, at RedNet-50's shapes
-or the shapes given; and the measuring code that ``bench/involution.py`` uses too.
+"""``python -m oplib bench``: involution, and the whole ``Involution2d`` layer, timed on this
+machine against a depthwise KxK convolution and the unfold formulation of the paper's reference
+code, at RedNet-50's shapes or the shapes given; and the measuring code that
+``bench/involution.py`` uses too.
 
     python -m oplib bench                                  # RedNet-50's seven shapes, CPU (and CUDA where present)
     python -m oplib bench --shape 8x64x56x56 --stride 2    # one shape: batch x channels x height x width
@@ -10,7 +11,9 @@ Each op has its yardstick, the depthwise convolution of the same input (C groups
 kernel, stride and padding) doing the same multiply-adds with fewer bytes: the forward against
 the depthwise forward, grad_input against the depthwise input gradient, grad_weight against
 the depthwise forward (the depthwise weight gradient reduces over the batch and the image, a
-different computation), forward+backward against the depthwise forward+backward. The unfold
+different computation), forward+backward against the depthwise forward+backward; the layer
+(``oplib.nn.Involution2d``, the kernel generation included) against the depthwise forward in
+inference and its forward+backward in training. The unfold
 formulation is timed for the forward and forward+backward. oplib's CPU ops take the kernels
 ``OPLIB_CPU_KERNELS`` picks (``oplib.kernels.native``); the report names them.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import functools
 import json
@@ -177,9 +181,14 @@ def fwd_bwd(fn: Callable[..., Tensor], args: Sequence[Any], grad: Tensor) -> Stm
     return Stmt(fwd_bwd_step(fn, args, grad))
 
 
-OPS = ("forward", "grad_input", "grad_weight", "forward+backward")
+OPS = ("forward", "grad_input", "grad_weight", "forward+backward", "layer", "layer+backward")
 # The depthwise statement each op is compared with (the module docstring says why).
-YARDSTICK = {"forward": "forward", "grad_input": "grad_input", "grad_weight": "forward", "forward+backward": "forward+backward"}
+YARDSTICK = {
+    "forward": "forward", "grad_input": "grad_input", "grad_weight": "forward", "forward+backward": "forward+backward",
+    "layer": "forward", "layer+backward": "forward+backward",
+}  # fmt: skip
+# The whole Involution2d layer (kernel generation included), as a model runs it.
+LAYER_OPS = ("layer", "layer+backward")
 
 
 def _with_grad(t: Tensor) -> Tensor:
@@ -212,6 +221,32 @@ class Involution:
         if self.differentiable:
             stmts["forward+backward"] = fwd_bwd(self.forward, (_with_grad(x), _with_grad(w), *params), grad)
         return {(self.name, op): stmts[op] for op in ops if op in stmts}
+
+
+def layer_stmts(shape: Shape, inputs: Inputs, ops: Iterable[str]) -> dict[tuple[str, str], Stmt]:
+    """{("oplib", op): statement} for the ops of ``LAYER_OPS`` in ``ops``: ``oplib.nn.Involution2d``
+    (its default path, the weight generated inside the op) on the input: "layer" in eval mode
+    under no_grad, "layer+backward" in train mode with ``grad_output`` backpropagated to the
+    input and every parameter."""
+    from .nn import Involution2d
+
+    x, grad = inputs.input, inputs.grad_output
+    layer = Involution2d(shape.channels, shape.kernel, shape.stride, group_channels=shape.group_channels)
+    layer = layer.to(device=x.device, dtype=x.dtype)
+    stmts = {}
+    if "layer" in ops:
+        inference = copy.deepcopy(layer).eval()
+        stmts["oplib", "layer"] = Stmt(torch.no_grad()(inference), (x,))
+    if "layer+backward" in ops:
+        training, x_grad = copy.deepcopy(layer).train(), _with_grad(x)
+
+        def step() -> None:
+            training(x_grad).backward(grad)
+            x_grad.grad = None
+            training.zero_grad(set_to_none=True)
+
+        stmts["oplib", "layer+backward"] = Stmt(step)
+    return stmts
 
 
 def unfold_involution(input: Tensor, weight: Tensor, stride: list[int], padding: list[int], dilation: list[int]) -> Tensor:
@@ -446,7 +481,7 @@ def measure(
     """Every op of ``ops`` at ``shape``: oplib, the depthwise yardsticks and (if ``unfold``)
     the unfold formulation, all interleaved in the same rounds."""
     inputs = shape.inputs(device, dtype)
-    stmts = {**OPLIB.stmts(shape, inputs, ops), **depthwise_stmts(shape, inputs, ops)}
+    stmts = {**OPLIB.stmts(shape, inputs, ops), **layer_stmts(shape, inputs, ops), **depthwise_stmts(shape, inputs, ops)}
     if unfold:
         stmts |= UNFOLD.stmts(shape, inputs, ops)
     times = interleave({key: clock(stmt, device, min_run_time) for key, stmt in stmts.items()}, rounds)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from oplib import __main__ as cli
+import oplib
 from oplib import benchmark
 from oplib.kernels import native
 
@@ -42,7 +43,7 @@ def test_bench_prints_a_row_per_op_with_its_ratios(plain_cpu_kernels, capsys):
         assert row[1:6] == ["32@10", "k7", "s1", "g16", "2"]
         assert re.fullmatch(r"\d+\.\d{2}x", row[9]), row
     # Unfold only for the forward and forward+backward.
-    assert [row[10:] != ["-", "-"] for row in rows] == [True, False, False, True]
+    assert [row[10:] != ["-", "-"] for row in rows] == [True, False, False, True, False, False]
 
 
 def test_bench_json_holds_the_geometry_times_and_ratios(plain_cpu_kernels, capsys):
@@ -158,6 +159,8 @@ def test_statements_compute_what_their_names_say():
     inputs = shape.inputs(dtype=torch.float64)
     stmts = {**benchmark.OPLIB.stmts(shape, inputs, benchmark.OPS), **benchmark.UNFOLD.stmts(shape, inputs, benchmark.OPS)}
     stmts |= benchmark.depthwise_stmts(shape, inputs, benchmark.OPS)
+    torch.manual_seed(0)
+    stmts |= benchmark.layer_stmts(shape, inputs, benchmark.OPS)
     assert set(stmts) == {("oplib", op) for op in benchmark.OPS} | {
         ("unfold", "forward"), ("unfold", "forward+backward"),
         ("depthwise", "forward"), ("depthwise", "grad_input"), ("depthwise", "forward+backward"),
@@ -173,5 +176,10 @@ def test_statements_compute_what_their_names_say():
     depthwise_x = inputs.input.detach().requires_grad_()
     depthwise = torch.nn.functional.conv2d(depthwise_x, inputs.depthwise_weight, None, *shape.params, shape.channels)
     torch.testing.assert_close(grad_input_only, torch.autograd.grad(depthwise, depthwise_x, inputs.grad_output)[0])
-    for key in [("oplib", "forward+backward"), ("unfold", "forward+backward"), ("depthwise", "forward+backward")]:
+    for key in [("oplib", "forward+backward"), ("unfold", "forward+backward"), ("depthwise", "forward+backward"),
+                ("oplib", "layer+backward")]:
         assert stmts[key].run() is None
+    # the layer: Involution2d of the shape's geometry, built from the same seed, in eval mode
+    torch.manual_seed(0)
+    layer = oplib.nn.Involution2d(32, 3, 2, group_channels=shape.group_channels).double().eval()
+    torch.testing.assert_close(stmts["oplib", "layer"].run(), layer(inputs.input))

@@ -359,10 +359,10 @@ inline void prefetch_rows(const T* first, int64_t rows, int64_t row_stride, int6
 //
 //   weight[n, g, t, i, j] = bias[g * taps + t] + sum_r span[g * taps + t, r] * feature[n, r, i, j]
 //
-// (t = a * KW + b). The forward generates one output row's taps at a time into a buffer that
-// stays in L1, used at once by the same loops that read a stored weight; grad_input generates
-// a (sample, group) pair's whole plane into the thread's buffer. The (N, G, KH, KW, Ho, Wo)
-// map is never written to memory.
+// (t = a * KW + b). The forward generates a block of output rows' taps at a time (about
+// kGenPixels pixels) into a buffer that stays in cache, used at once by the same loops that
+// read a stored weight; grad_input generates a (sample, group) pair's whole plane into the
+// thread's buffer. The (N, G, KH, KW, Ho, Wo) map is never written to memory.
 
 // Generated sums per block: kGenVectors vectors of columns for kGenTaps taps stay in
 // registers while the reduced channels stream past (12 of the 16 AVX2 registers; measured on
