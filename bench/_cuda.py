@@ -14,6 +14,11 @@ and bfloat16, NCHW and channels_last:
 - yardsticks: the depthwise 7x7 convolution (its forward for the forward and grad_weight, its
   input gradient for grad_input) and, for the forward, the unfold formulation.
 
+"generated forward" is ``involution_generated`` (the weight formed inside the kernel from a
+feature map of C/4 channels and the span matrix): its floor is the input, the feature map and
+the output (the weight is never touched), and its "generic (before)" column is the path it
+replaces, the span 1x1 conv writing the weight, then oplib's involution forward.
+
 Then the tiny-shape wall time against a bare custom op that launches an empty CuPy kernel, and
 RedNet-50 against a torch.nn ResNet-50 (bf16 autocast, channels_last), training step and
 inference, eager and compiled, in images per second.
@@ -32,11 +37,12 @@ from torch import Tensor
 
 from oplib.benchmark import Shape, capture_graph, device_copy_bandwidth, unfold_involution
 from oplib.ops import involution as involution_ops
+from oplib.ops.involution_generated import generated_weight
 
 BATCH = 32
 DTYPES = (torch.float32, torch.bfloat16)
 LAYOUTS = ("NCHW", "channels_last")
-KERNELS = ("forward", "grad_input", "grad_weight")
+KERNELS = ("forward", "grad_input", "grad_weight", "generated forward")
 REPEATS = 20  # calls per captured graph
 ROUNDS = 5  # interleaved rounds; a time is the median over them
 
@@ -86,12 +92,31 @@ def operands_on(shape: Shape, dtype: torch.dtype, layout: str, device: str = "cu
     weight is pixel-major, as a channels_last convolution's output viewed as the weight is."""
     inputs = shape.inputs(device, dtype)
     x, w, g, depthwise = inputs.input, inputs.weight, inputs.grad_output, inputs.depthwise_weight
+    # involution_generated's generator, as Involution2d's (reduction ratio 4)
+    generator = torch.Generator(device).manual_seed(1)
+    reduced, rows = max(1, shape.channels // 4), shape.groups * shape.kernel**2
+    feature = torch.randn(shape.batch, reduced, *shape.out_size, generator=generator, device=device, dtype=dtype).relu()
+    span = torch.randn(rows, reduced, generator=generator, device=device, dtype=dtype) / reduced**0.5
+    bias = torch.randn(rows, generator=generator, device=device, dtype=dtype)
     if layout == "channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
         g = g.contiguous(memory_format=torch.channels_last)
         w = w.permute(0, 4, 5, 1, 2, 3).contiguous().permute(0, 3, 4, 5, 1, 2)
         depthwise = depthwise.contiguous(memory_format=torch.channels_last)
-    return {"input": x, "weight": w, "grad_output": g, "depthwise": depthwise, "shape": shape}
+        feature = feature.contiguous(memory_format=torch.channels_last)
+    return {"input": x, "weight": w, "grad_output": g, "depthwise": depthwise, "shape": shape,
+            "feature": feature, "span_weight": span, "span_bias": bias}  # fmt: skip
+
+
+def floor_bytes(shape: Shape, dtype: torch.dtype, kernel: str) -> int:
+    """``Shape.floor_bytes``; for the generated forward, the input, feature map (C/4 channels)
+    and output instead: its weight is never read or written."""
+    if kernel != "generated forward":
+        return shape.floor_bytes(dtype)
+    out_h, out_w = shape.out_size
+    input_ = shape.batch * shape.channels * shape.height * shape.width
+    feature = shape.batch * max(1, shape.channels // 4) * out_h * out_w
+    return (input_ + feature + shape.batch * shape.channels * out_h * out_w) * dtype.itemsize
 
 
 def kernel_calls(o: dict) -> dict[tuple[str, str], Callable[[], object]]:
@@ -116,6 +141,11 @@ def kernel_calls(o: dict) -> dict[tuple[str, str], Callable[[], object]]:
 
     calls = {("oplib", k): call for k, call in oplib_calls.items()}
     calls |= {("generic", k): generic(call) for k, call in oplib_calls.items()}
+    f, s, b, kernel_size = o["feature"], o["span_weight"], o["span_bias"], [shape.kernel] * 2
+    calls["oplib", "generated forward"] = lambda: ops.involution_generated(x, f, s, b, kernel_size, stride, padding, dilation)
+    calls["generic", "generated forward"] = lambda: ops.involution(
+        x, generated_weight(f, s, b, kernel_size), stride, padding, dilation
+    )
     conv = (stride, padding, dilation, shape.channels)
     calls["depthwise", "forward"] = lambda: F.conv2d(x, depthwise, None, *conv)
     calls["depthwise", "grad_input"] = lambda: torch.nn.grad.conv2d_input(x.shape, depthwise, g, *conv)
@@ -144,7 +174,7 @@ def run_kernels(shapes: list[Shape]) -> tuple[float, list[dict]]:
                 device = {key: median(values) for key, values in readings.items()}
                 walls = {key: wall_time(calls[key]) for key in calls if key[0] == "oplib"}
                 for kernel in KERNELS:
-                    floor = shape.floor_bytes(dtype) / bandwidth
+                    floor = floor_bytes(shape, dtype, kernel) / bandwidth
                     yardstick = ("depthwise", "grad_input" if kernel == "grad_input" else "forward")
                     rows.append({
                         "shape": shape.name, "batch": shape.batch, "dtype": str(dtype).removeprefix("torch."), "layout": layout,
@@ -155,7 +185,7 @@ def run_kernels(shapes: list[Shape]) -> tuple[float, list[dict]]:
                         "unfold_ms": device["unfold", "forward"] * 1e3 if kernel == "forward" else None,
                     })
                 print(f"{shape.name} {dtype} {layout}: " + ", ".join(
-                    f"{row['kernel']} {row['device_ms']:.3f} ms ({row['over_floor']:.1f}x floor)" for row in rows[-3:]
+                    f"{row['kernel']} {row['device_ms']:.3f} ms ({row['over_floor']:.1f}x floor)" for row in rows[-len(KERNELS):]
                 ), flush=True)
                 del timers
     return bandwidth, rows

@@ -248,7 +248,9 @@ def _cuda_report(bandwidth: float, rows: list[dict], tiny: dict[str, float], mod
         "CUDA graph, replayed between CUDA events (no host time); the median of "
         f"{_cuda.ROUNDS} interleaved rounds. Floor: the bytes a kernel must read and write once over the "
         f"device-to-device copy bandwidth measured in this run, {bandwidth / 1e9:.0f} GB/s. Generic (before): the "
-        "same call on the generic kernels. Wall: host seconds per call, many calls then one synchronise.",
+        "same call on the generic kernels; for the generated forward (involution_generated, a feature map of C/4 "
+        "channels; floor: input, feature map and output), the path it replaces, the span conv writing the weight "
+        "then the involution forward. Wall: host seconds per call, many calls then one synchronise.",
         "",
         f"Bar: every kernel within 2x its floor: **{'met' if worst <= 2 else 'not met'}** (worst {worst:.2f}x).",
         "",

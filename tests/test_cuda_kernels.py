@@ -683,6 +683,58 @@ def test_address_sanitizer_catches_a_planted_off_by_one_tap_bound(tmp_path):
     assert "no error reported" not in result.stdout
 
 
+# involution_generated.cu's forward with its column bound off by one: the tap one column past
+# a row's end is taken (the next row's first value, or past the tensor at the last one).
+_GENERATED_COLUMN_BOUND = "if (x < 0 || x >= width) continue;"
+_GENERATED_COLUMN_BOUND_OFF_BY_ONE = "if (x < 0 || x > width) continue;"
+
+
+def _planted_generated_column_bound(tmp_path: Path) -> KernelSource:
+    original = load_source("involution_generated.cu")
+    assert original.text.count(_GENERATED_COLUMN_BOUND) == 1, "the planted bug no longer applies: update it"
+    path = tmp_path / "involution_generated.cu"
+    path.write_text(original.text.replace(_GENERATED_COLUMN_BOUND, _GENERATED_COLUMN_BOUND_OFF_BY_ONE))
+    return KernelSource(path, path.read_text())
+
+
+def test_a_planted_off_by_one_in_the_generated_kernels_fails_the_reference_check(tmp_path, monkeypatch):
+    require_host_compiler()
+    planted = _planted_generated_column_bound(tmp_path)
+    monkeypatch.setattr(involution_ops, "load_source", lambda filename: planted)
+    spec = registry.get("involution_generated")
+    launch = LAUNCHES["involution_generated"]
+    with pytest.raises(AssertionError, match="Tensor-likes are not close"):
+        for sample in spec.sample_inputs("cpu", torch.float64, False):
+            assert_matches_reference(spec, sample, launch(*sample.args, EmulatedLauncher()), torch.float64)
+
+
+def test_address_sanitizer_catches_a_planted_off_by_one_in_the_generated_kernels(tmp_path):
+    """The same planted bug: the last pixel of the last sample's last row reads one element
+    beyond the input."""
+    require_host_compiler()
+    planted = _planted_generated_column_bound(tmp_path)
+    build(planted, sanitize=True)
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from pathlib import Path
+        from oplib.kernels import KernelSource
+        from oplib.ops import involution as ops
+        from oplib.ops import involution_generated as generated
+        from oplib.testing.cuda_emulation import EmulatedLauncher
+        path = Path({str(planted.path)!r})
+        ops.load_source = lambda filename: KernelSource(path, path.read_text())
+        x, f, s = torch.randn(1, 4, 8, 8), torch.randn(1, 2, 8, 8), torch.randn(9, 2)
+        generated.launch_involution_generated(x, f, s, None, [3, 3], [1, 1], [1, 1], [1, 1], EmulatedLauncher(sanitize=True))
+        print("no error reported")
+        """
+    )
+    result = _run_under_asan(script)
+    assert result.returncode != 0
+    assert "heap-buffer-overflow" in result.stderr
+    assert "no error reported" not in result.stdout
+
+
 def _ptx_entries(ptx: str) -> dict[str, str]:
     """Each kernel's mangled name -> its PTX body."""
     entries = re.split(r"\n(?=\.weak \.entry |\.visible \.entry )", ptx)

@@ -363,12 +363,12 @@ def _channels_per_thread(per_group: int, threads_per_channel: int, dtype: torch.
 
 
 def _run(launcher: Launcher, kernel: str, out: Tensor, writes_out: bool, operands: tuple, scalars: tuple,
-         threads: int | None = None, specialisation: tuple = ()) -> Tensor:
-    """Launch ``kernel`` (operands, then its result, then the scalars) into ``out`` when
-    ``writes_out`` (it writes ``out``'s layout), else into a contiguous buffer copied into ``out``."""
+         threads: int | None = None, specialisation: tuple = (), source: str = _SOURCE) -> Tensor:
+    """Launch ``kernel`` of ``source`` (operands, then its result, then the scalars) into ``out``
+    when ``writes_out`` (it writes ``out``'s layout), else into a contiguous buffer copied into ``out``."""
     result = out if writes_out else out.new_empty(out.shape)
     args = (*operands, result, *scalars)
-    launch_elementwise(launcher, load_source(_SOURCE), kernel, result, args, threads, specialisation)
+    launch_elementwise(launcher, load_source(source), kernel, result, args, threads, specialisation)
     return out if result is out else out.copy_(result)
 
 

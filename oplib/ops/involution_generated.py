@@ -26,7 +26,9 @@ of the weight's size, made and dropped inside the backward (never saved).
 
 CPU: the native kernels of ``involution.cpp`` (``involution_generated_forward`` and
 ``..._backward_input``), else the plain-PyTorch route (the span conv, then involution's
-own CPU kernels). CUDA: the span conv, then involution's CUDA kernels (no fused CUDA kernel yet).
+own CPU kernels). CUDA: the kernels of ``involution_generated.cu`` (generic: one thread per
+sample, group and pixel; not yet specialised like involution's), which form the weights in
+registers.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ..kernels import involution_cpu, native
+from ..kernels import Launcher, cuda_dispatch, cupy_launcher, involution_cpu, native
 from . import involution as unfused
 from ._common import (
     CHANNELS_DIVISIBLE,
@@ -237,8 +239,8 @@ def _involution_generated_fake(input, feature, span_weight, span_bias, kernel_si
 def _involution_generated_cuda(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation):
     if not _forward_args_valid(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation):
         _check_forward_args(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation)
-    weight = generated_weight(feature, span_weight, span_bias, kernel_size)
-    return unfused._involution_cuda(input, weight, stride, padding, dilation)
+    return launch_involution_generated(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation,
+                                       cupy_launcher())
 
 
 @torch.library.custom_op("oplib::involution_generated_backward_input", mutates_args=())
@@ -284,8 +286,51 @@ def _backward_input_cuda(grad_output, feature, span_weight, span_bias, input_siz
     args = (grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding, dilation)
     if not _backward_input_args_valid(*args):
         _check_backward_input_args(*args)
-    weight = generated_weight(feature, span_weight, span_bias, kernel_size)
-    return unfused._involution_backward_input_cuda(grad_output, weight, input_size, stride, padding, dilation)
+    return launch_involution_generated_backward_input(*args, cupy_launcher())
+
+
+# ---------------------------------------------------------------------------------------
+# CUDA dispatch (involution_generated.cu), through a launcher: CuPy on a GPU, the host
+# emulation of oplib.testing in the tests
+# ---------------------------------------------------------------------------------------
+
+_SOURCE = "involution_generated.cu"
+
+
+def _launch(launcher: Launcher, kernel: str, activation: Tensor, feature: Tensor, span_weight: Tensor,
+            span_bias: Optional[Tensor], out_size, kernel_size, stride, padding, dilation) -> Tensor:
+    """The forward (``kernel`` "involution_generated_forward", ``activation`` the input) or
+    grad_input ("..._backward_input", ``activation`` grad_output): a result of ``out_size``
+    (H, W), channels_last when ``activation`` is, one thread per (sample, group, pixel of it)."""
+    n, channels = activation.shape[:2]
+    out = unfused._empty_activation(activation, (n, channels, *out_size), unfused.is_channels_last(activation))
+    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
+    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias
+    operands = tuple(t.contiguous() for t in (activation, feature, span_weight, bias))
+    # The kernels' scalars name the input's size and the output's, whichever is read.
+    height, width = out_size if kernel.endswith("backward_input") else activation.shape[2:]
+    threads = n * groups * out_size[0] * out_size[1]
+    scalars = (threads, channels, height, width, groups, *kernel_size, *feature.shape[2:], *stride, *padding, *dilation,
+               feature.shape[1])
+    return unfused._run(launcher, kernel, out, out.is_contiguous(), operands, scalars, threads, source=_SOURCE)
+
+
+@cuda_dispatch("oplib::involution_generated", _SOURCE, ["involution_generated_forward"])
+def launch_involution_generated(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
+                                kernel_size, stride, padding, dilation, launcher: Launcher) -> Tensor:
+    """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> (N, C, Ho, Wo), channels_last when the input is."""
+    return _launch(launcher, "involution_generated_forward", input, feature, span_weight, span_bias,
+                   tuple(feature.shape[2:]), kernel_size, stride, padding, dilation)
+
+
+@cuda_dispatch("oplib::involution_generated_backward_input", _SOURCE, ["involution_generated_backward_input"])
+def launch_involution_generated_backward_input(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
+                                               span_bias: Optional[Tensor], input_size, kernel_size, stride, padding,
+                                               dilation, launcher: Launcher) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo) -> grad_input: (N, C, H, W),
+    channels_last when grad_output is."""
+    return _launch(launcher, "involution_generated_backward_input", grad_output, feature, span_weight, span_bias,
+                   tuple(input_size), kernel_size, stride, padding, dilation)
 
 
 # ---------------------------------------------------------------------------------------
