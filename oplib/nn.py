@@ -122,8 +122,11 @@ class Involution2d(torch.nn.Module):
 
     def _kernel_weights(self, input: Tensor) -> Tensor:
         """``kernel_weights`` for an input already checked."""
-        weight = self.span(self._feature(input))
-        return weight.view(input.shape[0], self.groups, *self.kernel_size, *weight.shape[2:])
+        return self._span(self._feature(input))
+
+    def _span(self, feature: Tensor) -> Tensor:
+        """(N, R, Ho, Wo) -> the span conv's output viewed as the weight (N, G, KH, KW, Ho, Wo)."""
+        return self.span(feature).view(feature.shape[0], self.groups, *self.kernel_size, *feature.shape[2:])
 
     def _feature(self, input: Tensor) -> Tensor:
         """(N, C, H, W) -> (N, R, Ho, Wo): the generation branch before the span conv."""
@@ -191,8 +194,7 @@ class Involution2d(torch.nn.Module):
             out = F.involution_generated(batched, feature, self.span.weight, self.span.bias, self.kernel_size,
                                          self.stride, self.padding, self.dilation)
         else:
-            weight = self.span(feature).view(batched.shape[0], self.groups, *self.kernel_size, *feature.shape[2:])
-            out = F.involution(batched, weight, self.stride, self.padding, self.dilation)
+            out = F.involution(batched, self._span(feature), self.stride, self.padding, self.dilation)
         return out if input.dim() == 4 else out.squeeze(0)
 
     def extra_repr(self) -> str:
