@@ -106,7 +106,10 @@ def involution_generated(
         feature: (N, R, Ho, Wo), the kernel-generation branch's output at the output size.
         span_weight: (G*KH*KW, R), or the span 1x1 conv's weight (G*KH*KW, R, 1, 1).
         span_bias: (G*KH*KW,) or None.
-        kernel_size, stride, padding, dilation: ints or (height, width) pairs.
+        kernel_size: an int or a (height, width) pair.
+        stride: an int or a (height, width) pair.
+        padding: an int or a (height, width) pair.
+        dilation: an int or a (height, width) pair.
 
     Returns:
         (N, C, Ho, Wo): ``involution(input, weight, ...)`` with
