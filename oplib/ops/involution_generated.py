@@ -418,12 +418,11 @@ involution_generated_backward_input.register_autograd(_backward_input_backward,
 
 
 def _vmap(info, in_dims, activation, feature, span_weight, span_bias, kernel_size, fused, unfused_op, unfused_args):
+    x, f = unfused._fold_batch(info, in_dims[:2], (activation, feature))
     if in_dims[2] is None and in_dims[3] is None:
-        x, f = unfused._fold_batch(info, in_dims[:2], (activation, feature))
         return unfused._unfold_batch(info, fused(x, f, span_weight, span_bias))
     spans = [s.movedim(d, 0) if d is not None else s.expand(info.batch_size, *s.shape)
              for s, d in zip((span_weight, span_bias), in_dims[2:4]) if s is not None]
-    x, f = unfused._fold_batch(info, in_dims[:2], (activation, feature))
     n = f.shape[0] // info.batch_size
     f = f.unflatten(0, (info.batch_size, n))  # (B, N, R, Ho, Wo)
     weight = torch.einsum("bkr,bnrhw->bnkhw", spans[0], f)
