@@ -17,7 +17,7 @@ WORKERS ?= auto
 PYTEST_ARGS ?=
 PYTEST := $(PY) -m pytest -n $(WORKERS) --durations=15 $(PYTEST_ARGS)
 
-.PHONY: run test test-all test-oldest docs bench dist clean gpu-check
+.PHONY: run test test-all test-oldest docs bench dist clean gpu-check toolchains
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,24 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PYTEST) -m "not integration"
 
-test-all: $(VENV)/.installed
+test-all: $(VENV)/.installed toolchains
 	$(PYTEST)
+
+# The integration tier also builds the native CPU kernels with clang (and its OpenMP) and
+# compiles them for aarch64: Debian's packages, installed here where this runs as root with
+# apt-get (CI, the dev containers) and they are missing; elsewhere those tests skip, naming
+# what to install. A failed install fails nothing: the tests say what is absent.
+TOOLCHAIN_PACKAGES ?= clang libomp-dev g++-aarch64-linux-gnu
+toolchains:
+	@if command -v clang++ >/dev/null && command -v aarch64-linux-gnu-g++ >/dev/null \
+	    && echo '#include <omp.h>' | clang++ -fopenmp -x c++ -fsyntax-only - 2>/dev/null; then \
+	  echo "toolchains: clang++ (with OpenMP) and aarch64-linux-gnu-g++ are installed"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    $(TOOLCHAIN_PACKAGES) >/dev/null) || echo "toolchains: could not install $(TOOLCHAIN_PACKAGES); their tests skip"; \
+	else \
+	  echo "toolchains: not root or no apt-get: install $(TOOLCHAIN_PACKAGES) for the clang and aarch64 tests"; \
+	fi
 
 test-oldest:
 	$(MAKE) test-all VENV=.venv-oldest TORCH_SPEC="$(TORCH_OLDEST)"

@@ -370,3 +370,18 @@ def write_chart(settings: Settings, name: str, figure: Any) -> Path:
     figure.savefig(path, dpi=110, bbox_inches="tight")
     print(f"chart written to {path}", flush=True)
     return path
+
+
+def checkout(rev: str) -> Path:
+    """Git revision ``rev``'s oplib package, extracted (``git archive``) into a temporary
+    directory: a baseline to build and time beside this tree."""
+    import io
+    import subprocess
+    import tarfile
+    import tempfile
+
+    workdir = Path(tempfile.mkdtemp(prefix="oplib-baseline-"))
+    archive = subprocess.run(["git", "-C", str(RESULTS.parents[1]), "archive", rev, "oplib"], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(workdir, filter="data")
+    return workdir

@@ -10,7 +10,10 @@ measured in this run). The bar: forward+backward at least 10x faster than unfold
 both CPU paths (native, where it builds, and plain PyTorch) against its depthwise 7x7
 yardstick: the depthwise forward for the forward and grad_weight (the same multiply-adds),
 the depthwise input gradient for grad_input. With a GPU, the CuPy kernels are also timed against
-unfold and against a depthwise 7x7 F.conv2d of the same size. The shapes, the candidates and
+unfold and against a depthwise 7x7 F.conv2d of the same size. With ``--baseline-rev REV``, a
+third CPU table times the native kernels of this tree against those of git revision REV
+(built by REV's own oplib), every entry point, interleaved: the A/B of a change to the
+native sources. The shapes, the candidates and
 their interleaved timing come from oplib.benchmark (which ``python -m oplib bench`` runs for
 users); load monitoring, peak memory and the report from bench/_harness.py. Beside the
 markdown: the run's data (involution.json) and charts (involution-cpu.png, and
@@ -19,9 +22,14 @@ involution-cuda.png with a GPU).
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
 from typing import Optional
 
 import torch
@@ -118,6 +126,66 @@ def run_per_op(section: Section, shapes: list[Shape]) -> list[tuple[Shape, dict[
     return rows
 
 
+# The A/B table: every entry point of the native module, this tree's against a revision's.
+NATIVE_OPS = ("forward", "grad_input", "grad_weight", "generated forward", "generated grad_input")
+
+
+def baseline_module(rev: str) -> ModuleType:
+    """The native module of git revision ``rev``, built by that revision's own oplib (in a
+    subprocess, from ``git archive``) and imported here beside this tree's."""
+    workdir = _harness.checkout(rev)
+    script = "from oplib.kernels import native; print(native.involution().__file__)"
+    env = dict(os.environ, PYTHONPATH=str(workdir), OPLIB_CPU_KERNELS="native")
+    result = subprocess.run([sys.executable, "-c", script], cwd=workdir, env=env, capture_output=True, text=True, check=True)
+    path = Path(result.stdout.strip().splitlines()[-1])
+    spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _native_stmts(label: str, module: ModuleType, shape: Shape, inputs, generator) -> dict:
+    x, w, grad = inputs.input, inputs.weight, inputs.grad_output
+    kernel, params = [shape.kernel] * 2, shape.params
+    size = [shape.height, shape.width]
+    feature, span, bias = generator
+    calls = {
+        "forward": call(module.involution_forward, x, w, *params),
+        "grad_input": call(module.involution_backward_input, grad, w, size, *params),
+        "grad_weight": call(module.involution_backward_weight, grad, x, kernel, *params, shape.groups),
+        "generated forward": call(module.involution_generated_forward, x, feature, span, bias, kernel, *params),
+        "generated grad_input": call(module.involution_generated_backward_input, grad, feature, span, bias, size, kernel, *params),
+    }
+    return {(label, op): stmt for op, stmt in calls.items()}
+
+
+def run_native_ab(section: Section, shapes: list[Shape], baseline: ModuleType) -> list[tuple[Shape, dict]]:
+    """This tree's native entry points and the baseline's, interleaved per shape (generation
+    branch: C/4 reduced channels, as RedNet's)."""
+    current = native.build()
+    rows = []
+    for shape in shapes:
+        inputs = shape.inputs()
+        n, _, out_h, out_w = inputs.grad_output.shape
+        reduced = shape.channels // 4
+        generator = (torch.randn(n, reduced, out_h, out_w), torch.randn(shape.groups * shape.kernel**2, reduced),
+                     torch.randn(shape.groups * shape.kernel**2))
+        stmts = _native_stmts("this tree", current, shape, inputs, generator) | _native_stmts("baseline", baseline, shape, inputs, generator)
+        rows.append((shape, section.measure(f"native A/B {shape.name}", stmts)))
+    return rows
+
+
+def _native_ab_table(rows: list[tuple[Shape, dict]]) -> list[str]:
+    cells = []
+    for shape, times in rows:
+        row = [shape.name]
+        for op in NATIVE_OPS:
+            mine, theirs = times["this tree", op], times["baseline", op]
+            row.append(f"{mine.median * 1e3:.2f} / {theirs.median * 1e3:.2f} ({ratio(mine, theirs):.3f})")
+        cells.append(row)
+    return _harness.table(("shape", *NATIVE_OPS), "l" + "r" * len(NATIVE_OPS), cells)
+
+
 def _per_op_table(rows: list[tuple[Shape, dict[tuple[str, str], Timing]]]) -> list[str]:
     cells = []
     for shape, times in rows:
@@ -181,6 +249,10 @@ def _cpu_report(settings, cpu: Section, cpu_rows, bandwidth: float, verdict: str
 def main(argv: Optional[list[str]] = None) -> int:
     parser = _harness.parser(__doc__, rounds=3, min_run_time=1.0)
     parser.add_argument(
+        "--baseline-rev", metavar="REV",
+        help="also time this tree's native CPU kernels against those of git revision REV (a third CPU table)",
+    )
+    parser.add_argument(
         "--cuda-only", action="store_true",
         help="only the CUDA table (make gpu-check), written to bench/results/involution-cuda.md by default",
     )
@@ -198,6 +270,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     cpu_rows = [] if args.cuda_only else run_cpu(cpu, shapes, bandwidth)
     per_op = Section(settings)
     per_op_rows = [] if args.cuda_only else run_per_op(per_op, shapes)
+    native_ab = Section(settings)
+    ab_rows = run_native_ab(native_ab, shapes, baseline_module(args.baseline_rev)) if args.baseline_rev and not args.cuda_only else []
     cuda_rows: list[dict] = []
     if torch.cuda.is_available():
         import _cuda
@@ -226,6 +300,19 @@ def main(argv: Optional[list[str]] = None) -> int:
             *_per_op_table(per_op_rows),
             "",
         ]
+        if ab_rows:
+            lines += [
+                f"## CPU, native kernels: this tree against revision {args.baseline_rev}",
+                "",
+                "Each entry point of the native module, called directly, in ms: this tree / revision "
+                f"{args.baseline_rev} (built by that revision's own oplib), and in brackets the median of the "
+                "per-round ratios (below 1: this tree is faster). Generated ops: C/4 reduced channels.",
+                "",
+                native_ab.load_line(),
+                "",
+                *_native_ab_table(ab_rows),
+                "",
+            ]
     if cuda_rows:
         lines += _cuda_report(bandwidth_cuda, cuda_rows, tiny, models)
     else:

@@ -10,6 +10,12 @@ float32, NCHW, batch 8, 7x7 kernel, 16 channels per group, reduction ratio 4. In
 eval mode under ``torch.no_grad``. Forward+backward: train mode, the output's sum
 backpropagated to the input and every parameter (the depthwise convolution's input and
 weight). The cases of one shape run interleaved in one section.
+
+A second table bounds what any implementation of the layer could reach on this machine: the
+layer's multiply-adds per inference (reduce 1x1 conv C -> C/4, span 1x1 conv C/4 -> G*K*K,
+the K*K-tap aggregation of C channels) at the float32 matrix-multiply rate measured in the
+same run (a 1024-square ``torch.mm``, the best case for any of these products), as a
+multiple of the depthwise convolution's time.
 """
 
 from __future__ import annotations
@@ -62,12 +68,31 @@ def _forward_backward(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
     return run
 
 
+GEMM_SIZE = 1024
+REDUCTION, GROUP_CHANNELS = 4, 16
+
+
+def layer_multiply_adds(batch: int, channels: int, size: int) -> int:
+    """Multiply-adds of one Involution2d inference at stride 1 (BatchNorm and ReLU aside)."""
+    reduced, groups, taps = channels // REDUCTION, channels // GROUP_CHANNELS, KERNEL * KERNEL
+    per_pixel = channels * reduced + reduced * groups * taps + channels * taps
+    return batch * size * size * per_pixel
+
+
+def gemm_rate(section: Section) -> float:
+    """float32 multiply-adds per second of a GEMM_SIZE-square torch.mm on this run's threads."""
+    a, b = torch.randn(GEMM_SIZE, GEMM_SIZE), torch.randn(GEMM_SIZE, GEMM_SIZE)
+    seconds = section.measure("gemm", {"mm": call(torch.mm, a, b)})["mm"].median
+    return GEMM_SIZE**3 / seconds
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = _harness.parser(__doc__, rounds=5, min_run_time=1.0)
     settings = _harness.start(parser.parse_args(argv), __file__)
     batch, shapes = (2, QUICK_SHAPES) if settings.quick else (BATCH, SHAPES)
     section = Section(settings)
-    rows = []
+    rate = gemm_rate(section)
+    rows, floors = [], []
     for channels, size in shapes:
         x = torch.randn(batch, channels, size, size)
         times = {}
@@ -83,6 +108,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             row.append(f"{ratio(times['fused', mode], depthwise):.2f}x")
             row.append(f"{ratio(times['unfused', mode], depthwise):.2f}x")
         rows.append(row)
+        macs = layer_multiply_adds(batch, channels, size)
+        floor = macs / rate
+        depthwise = times["depthwise 7x7", "inference"].median
+        floors.append([f"{channels}@{size}", f"{macs / 1e6:.0f}", f"{floor * 1e3:.2f}", f"{depthwise * 1e3:.2f}",
+                       f"{floor / depthwise:.2f}x", f"{times['fused', 'inference'].median / floor:.2f}x"])
     columns = ["shape (C@HxW)"]
     for mode in ("inference", "fwd+bwd"):
         columns += [f"{mode} fused (ms)", f"{mode} unfused (ms)", f"{mode} depthwise (ms)", f"{mode} fused / dw",
@@ -100,6 +130,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         section.load_line(),
         "",
         *_harness.table(columns, "l" + "r" * (len(columns) - 1), rows),
+        "",
+        "## The compute floor",
+        "",
+        f"The layer's multiply-adds per inference at this run's float32 `torch.mm` rate ({GEMM_SIZE}-square: "
+        f"{rate / 1e9:.1f} G multiply-adds/s on {settings.threads} threads): no implementation of the layer runs "
+        "faster than this floor here. Floor / dw above 2.5x means the bar of issue 34 (inference at most 2.5x the "
+        "depthwise convolution) is out of reach on this machine at that shape.",
+        "",
+        *_harness.table(("shape (C@HxW)", "multiply-adds (M)", "floor (ms)", "depthwise (ms)", "floor / dw", "fused / floor"),
+                        "lrrrrr", floors),
     ]
     _harness.write_report(settings, lines)
     return 0

@@ -10,6 +10,7 @@
     python -m oplib export --depth 26 --format onnx|pt2|aoti OUT   # a deployable file (oplib.deploy)
     python -m oplib export --features-only --depth 50 --format onnx OUT   # the backbone: its feature maps
     python -m oplib bench --help  # time involution here against a depthwise conv and unfold (oplib.benchmark)
+    python -m oplib build         # build the native CPU kernels now, not at first use (oplib.kernels.native)
     python -m oplib --version
 """
 
@@ -40,6 +41,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     commands.add_parser(
         "bench", help="time involution against a depthwise convolution and unfold on this machine (python -m oplib bench --help)"
     )
+    commands.add_parser("build", help="build the native CPU kernels ahead of first use (python -m oplib build --help)")
     check = commands.add_parser("check", help="print the table, then self-check every op (the default)")
     for p in (parser, check):
         p.add_argument(
@@ -102,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         from . import benchmark
 
         return benchmark.main(argv[1:])
+    if argv[:1] == ["build"]:
+        return native.main(argv[1:])
     args = _parse_args(argv)
     for module in args.imports:
         for spec in _specs_of(importlib.import_module(module)):

@@ -1,4 +1,4 @@
-"""The native CPU kernels of involution (``oplib/kernels/involution.cpp``): every registry
+"""The native CPU kernels of involution (``oplib/kernels/cpu/``): every registry
 sample of the three ops in every dtype against the float64 reference through the ops
 themselves; the generated checks of the three ops once more on the plain-PyTorch path; and what
 happens where they cannot be built (a fallback with one warning, or a clear error)."""
@@ -6,6 +6,7 @@ happens where they cannot be built (a fallback with one warning, or a clear erro
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -129,7 +130,8 @@ def test_a_broken_compiler_falls_back_to_correct_results(tmp_path):
     env = dict(os.environ, CXX=str(compiler), OPLIB_CPU_KERNELS="auto", TORCH_EXTENSIONS_DIR=str(tmp_path / "cache"))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "building involution.cpp failed" in result.stdout, result.stdout
+    # The warning quotes the compiler's own output.
+    assert "building the native CPU kernels failed: broken compiler" in result.stdout, result.stdout
 
 
 @pytest.mark.integration
@@ -146,70 +148,18 @@ def test_generated_checks_of_the_involution_ops_pass_on_the_plain_pytorch_path()
     assert " passed" in result.stdout and " failed" not in result.stdout
 
 
-_ASAN_SCRIPT = textwrap.dedent(
+# A native module built from the source tree argv[1] (-march argv[2], compiler argv[3] or
+# $CXX, AddressSanitizer where argv[4] is "1"), checked against the float64 reference.
+CHECK_SCRIPT = textwrap.dedent(
     """
-    import random, sys, torch
+    import sys
     from pathlib import Path
-    from oplib import registry
     from oplib.kernels import native
-    from oplib.testing import assert_matches_reference
+    from oplib.testing.native import check_module
 
-    module = native.build(Path(sys.argv[1]), sanitize=True)
-    calls = {
-        "involution": module.involution_forward,
-        "involution_backward_input": module.involution_backward_input,
-        "involution_backward_weight": module.involution_backward_weight,
-    }
-    generated_calls = {
-        "involution_generated": module.involution_generated_forward,
-        "involution_generated_backward_input": module.involution_generated_backward_input,
-    }
-    rng = random.Random(0)
-    count = 0
-    for name, call in {**calls, **generated_calls}.items():
-        spec = registry.get(name)
-        for dtype in registry.FLOAT_DTYPES:
-            samples = list(spec.sample_inputs("cpu", dtype, False))
-            samples += [spec.random_sample(rng.randint, "cpu", dtype, False) for _ in range(15)]
-            for sample in samples:
-                assert_matches_reference(spec, sample, call(*sample.args), dtype)
-                count += 1
-    # The unrolled row windows with whole vectors of channels (the samples above have at
-    # most 3 channels a group), at stride 1 and 2, rows ending inside a block.
-    references = [registry.get(name).reference for name in calls]
-    for (n, c, h, w, groups, kernel, stride), dtype in zip(
-        [(2, 32, 9, 11, 2, 7, 1), (1, 16, 14, 13, 1, 7, 2), (2, 32, 5, 17, 1, 3, 2), (1, 48, 8, 8, 3, 5, 1)],
-        [torch.float32, torch.float64, torch.bfloat16, torch.float32],
-    ):
-        params = ([stride] * 2, [kernel // 2] * 2, [1, 1])
-        out = [(s + 2 * (kernel // 2) - kernel) // stride + 1 for s in (h, w)]
-        x, g = torch.randn(n, c, h, w, dtype=dtype), torch.randn(n, c, *out, dtype=dtype)
-        weight = torch.randn(n, groups, kernel, kernel, *out, dtype=dtype)
-        args = [(x, weight, *params), (g, weight, [h, w], *params), (g, x, [kernel, kernel], *params, groups)]
-        atol, rtol = registry.get("involution").tolerance(dtype)
-        for call, reference, arguments in zip(calls.values(), references, args):
-            expected = reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in arguments])
-            torch.testing.assert_close(call(*arguments).double(), expected, atol=atol, rtol=rtol)
-            count += 1
-    # The generated weights with whole vectors of channels and of generated columns: blocks
-    # of several rows ending inside a vector, one row wider than a block, odd R.
-    references = [registry.get(name).reference for name in generated_calls]
-    for (n, c, h, w, groups, kernel, stride, reduced), dtype in zip(
-        [(2, 32, 9, 11, 2, 7, 1, 12), (1, 16, 14, 13, 1, 7, 2, 20), (1, 48, 8, 70, 3, 5, 1, 7), (2, 16, 7, 7, 1, 3, 1, 5)],
-        [torch.float32, torch.float64, torch.bfloat16, torch.float16],
-    ):
-        params = ([kernel] * 2, [stride] * 2, [kernel // 2] * 2, [1, 1])
-        out = [(s + 2 * (kernel // 2) - kernel) // stride + 1 for s in (h, w)]
-        x, g = torch.randn(n, c, h, w, dtype=dtype), torch.randn(n, c, *out, dtype=dtype)
-        feature = torch.randn(n, reduced, *out, dtype=dtype)
-        span, bias = torch.randn(groups * kernel * kernel, reduced, dtype=dtype), torch.randn(groups * kernel * kernel, dtype=dtype)
-        args = [(x, feature, span, bias, *params), (g, feature, span, bias, [h, w], *params)]
-        atol, rtol = registry.get("involution").tolerance(dtype)
-        for call, reference, arguments in zip(generated_calls.values(), references, args):
-            expected = reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in arguments])
-            torch.testing.assert_close(call(*arguments).double(), expected, atol=atol, rtol=rtol)
-            count += 1
-    print("asan: clean,", count, "calls")
+    source, march, compiler, sanitize = sys.argv[1:5]
+    module = native.build(Path(source), march=march, compiler=compiler or None, sanitize=sanitize == "1")
+    print("checked: clean,", check_module(module), "calls")
     """
 )
 
@@ -219,7 +169,7 @@ def _run_under_asan(source: Path, tmp_path: Path) -> subprocess.CompletedProcess
 
     env = dict(asan_environment(), TORCH_EXTENSIONS_DIR=str(tmp_path / "cache"))
     return subprocess.run(
-        [sys.executable, "-c", _ASAN_SCRIPT, str(source)], capture_output=True, text=True, env=env, timeout=1200
+        [sys.executable, "-c", CHECK_SCRIPT, str(source), "native", "", "1"], capture_output=True, text=True, env=env, timeout=1200
     )
 
 
@@ -228,9 +178,9 @@ def test_native_kernels_are_clean_under_address_sanitizer(tmp_path):
     """Every registry sample and 15 random geometries per op and dtype, through the kernels
     built with AddressSanitizer: no invalid access, and the reference's results."""
     require_native_build()
-    result = _run_under_asan(native.SOURCE, tmp_path)
+    result = _run_under_asan(native.SOURCE_DIR, tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-5000:]
-    assert "asan: clean" in result.stdout
+    assert "checked: clean" in result.stdout
 
 
 # The plants in code that only AVX-512 builds compile (grad_weight's pixel-lane kernels).
@@ -271,12 +221,13 @@ def test_address_sanitizer_catches_a_planted_off_by_one_in_the_native_kernels(tm
     if plant in AVX512_ONLY_PLANTS and "avx512f" not in native_cpu_flags():
         pytest.skip(f"{plant}: the pixel-lane kernels are compiled only for AVX-512 CPUs (-march=native) and this CPU "
                     "has none, so the planted line never runs")
-    text = native.SOURCE.read_text()
     exact, wrong = PLANTED_OVER_READS[plant]
-    assert text.count(exact) == 1
-    planted = tmp_path / "involution.cpp"
-    planted.write_text(text.replace(exact, wrong))
+    planted = tmp_path / "cpu"
+    shutil.copytree(native.SOURCE_DIR, planted)
+    holders = [path for path in planted.iterdir() if exact in path.read_text()]
+    assert len(holders) == 1 and holders[0].read_text().count(exact) == 1, holders
+    holders[0].write_text(holders[0].read_text().replace(exact, wrong))
     result = _run_under_asan(planted, tmp_path)
     assert result.returncode != 0
     assert "heap-buffer-overflow" in result.stderr, result.stderr[-3000:]
-    assert "asan: clean" not in result.stdout
+    assert "checked: clean" not in result.stdout

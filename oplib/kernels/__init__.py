@@ -288,8 +288,8 @@ def load(device: Union[torch.device, str, int, None] = None) -> None:
     works without it (the module loads during the capture; tests/test_cuda_streams.py), but
     compiling takes seconds on a cold cache (CuPy keeps the results on disk), which this moves
     out of timed or latency-bound code. ``load("cpu")`` builds the native CPU kernels of involution
-    (unless ``OPLIB_CPU_KERNELS=pytorch``; ``oplib.kernels.native``): a minute or two, once
-    per machine and torch."""
+    (unless ``OPLIB_CPU_KERNELS=pytorch``; ``oplib.kernels.native``): about a minute, once
+    per machine, compiler and torch, as ``python -m oplib build`` does."""
     device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
     if device.type == "cpu":
         from . import native

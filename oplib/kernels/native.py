@@ -1,45 +1,89 @@
-"""The native CPU kernels (``involution.cpp``), compiled on first use by torch's own JIT
-build (``torch.utils.cpp_extension.load``: ninja, the host C++ compiler, a cache directory
-keyed here by the source, the flags and this CPU's instruction sets).
+"""The native CPU kernels (the sources in ``oplib/kernels/cpu/``), compiled on first use.
+
+The build is oplib's own, not ``torch.utils.cpp_extension.load``, for what a user meets on
+first use:
+
+- it speaks: one line on stderr when a build starts and one when it ends (or when it waits
+  for another process's build);
+- it survives: the lock is an ``fcntl.flock`` on a file in the cache, released by the kernel
+  when its holder dies, so a build killed at any instant (SIGKILL, the OOM killer, a
+  scheduler's time limit) never blocks a later one; each build works in a private directory
+  and moves the finished module into the cache with one rename, so the cache holds either
+  nothing or a whole module, and concurrent first calls (a DDP job's ranks) build once and
+  all load it;
+- it is quick: the kernel units include no ATen tensor header and compile in parallel, one
+  compiler process per core (``MAX_JOBS``, as torch reads it, caps them), and it needs no
+  ninja;
+- a failure says why: the fallback warning quotes the compiler's first error line, and the
+  whole log is kept beside the cache.
 
 ``OPLIB_CPU_KERNELS`` picks the path, read at each call:
 
 - ``auto`` (the default): the native kernels, built on first use; where there is no compiler
-  or ninja, or the build fails, the plain-PyTorch kernels, with one warning saying why and
-  what to do. The native kernels are faster at every RedNet shape
-  (``bench/results/involution.md`` compares the two).
+  or the build fails, the plain-PyTorch kernels, with one warning saying why and what to do.
+  The native kernels are faster at every RedNet shape (``bench/results/involution.md``).
 - ``native``: the native kernels, and an error where they cannot be built.
 - ``pytorch``: the plain-PyTorch kernels of ``involution_cpu``.
 
-``involution()`` returns the built module, or None where the plain-PyTorch kernels run.
+The compiler is ``$CXX`` (else ``c++``): GCC or clang, on x86-64 or aarch64. ``involution()``
+returns the built module, or None where the plain-PyTorch kernels run; ``build()`` builds (or
+finds) a module for a given source tree, target and compiler, which the tests use for the
+sanitized, clang, AVX2-only and baseline builds.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import os
 import platform
+import re
+import shlex
 import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
 KERNEL_DIR = Path(__file__).resolve().parent
-SOURCE = KERNEL_DIR / "involution.cpp"
+SOURCE_DIR = KERNEL_DIR / "cpu"
+# The unit that takes longest (the Python bindings, torch's and pybind11's headers) first,
+# so that the parallel compiles end together.
+FIRST_UNIT = "bindings.cpp"
 ENV = "OPLIB_CPU_KERNELS"
 CHOICES = ("pytorch", "auto", "native")
 DEFAULT = "auto"
-# -march=native: the build runs on the machine that runs it (the cache key holds its CPU).
-# -fopenmp: at::parallel_for is inline in torch's headers, an OpenMP region; without the flag
-# it runs on one thread.
-CFLAGS = ("-O3", "-march=native", "-fopenmp")
-LDFLAGS = ("-fopenmp",)
+# Compiler processes at once: torch's own knob for its extension builds.
+JOBS_ENV = "MAX_JOBS"
+# The most memory one compiler process of these sources takes (the bindings unit, measured
+# with GCC 12 at -O3: 0.76 GB); parallel compiles are limited to what the machine has free.
+UNIT_MEMORY_BYTES = 800 << 20
+# AddressSanitizer builds (the tests): such a module loads only into a process started with
+# the ASan runtime preloaded (oplib.testing.cuda_emulation.asan_environment). -O1, ASan's own
+# advice, replaces -O3 (the last -O counts): the kernels' vector code is explicit, so the
+# accesses checked are the same, and the build is much quicker.
+SANITIZE_FLAGS = ("-fsanitize=address", "-fno-omit-frame-pointer", "-g", "-O1")
 
 
 class NativeBuildWarning(UserWarning):
     """The native CPU kernels could not be built; the plain-PyTorch kernels run instead."""
+
+
+class NativeBuildError(RuntimeError):
+    """A build of the native CPU kernels failed; ``first_error`` is the compiler's first
+    error line, ``log`` the path of the whole log."""
+
+    def __init__(self, first_error: str, log: Path):
+        super().__init__(f"{first_error} (the whole log: {log})")
+        self.first_error, self.log = first_error, log
 
 
 def requested() -> str:
@@ -49,47 +93,203 @@ def requested() -> str:
     return choice
 
 
+def compiler_command() -> str:
+    return os.environ.get("CXX", "c++")
+
+
+def _announce(message: str) -> None:
+    print(f"oplib: {message}", file=sys.stderr, flush=True)
+
+
 def _cpu_identity() -> str:
     """What -march=native compiles for: the CPU's model and instruction-set flags."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return platform.processor() or platform.machine()
-    keep = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
+    keep = [line for line in lines if line.startswith(("model name", "flags", "Features", "CPU part"))]
     return "\n".join(dict.fromkeys(keep))
 
 
-# AddressSanitizer builds (the tests): such a module loads only into a process started with
-# the ASan runtime preloaded (oplib.testing.cuda_emulation.asan_environment). -O1, ASan's own
-# advice, replaces CFLAGS' -O3 (gcc keeps the last -O): the kernels' vector code is written
-# with intrinsics, so the accesses checked are the same, and at -O3 the sanitized build takes
-# more than twice as long (the integration tier makes four).
-SANITIZE_FLAGS = ("-fsanitize=address", "-fno-omit-frame-pointer", "-g", "-O1")
+@functools.cache
+def _compiler_identity(compiler: str) -> str:
+    """The compiler's version line (part of the cache key: another compiler, another module)."""
+    try:
+        result = subprocess.run([*shlex.split(compiler), "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"{compiler}: {error}"
+    return f"{compiler}: " + (result.stdout.strip().splitlines() or [""])[0]
 
 
-def build(source: Path = SOURCE, sanitize: bool = False) -> ModuleType:
-    """Build (or find in the cache) and import the module of ``source``; raises on failure."""
-    import torch
+def cache_dir() -> Path:
+    """Where built modules are kept: torch's extension cache (``TORCH_EXTENSIONS_DIR``, else
+    ``~/.cache/torch_extensions``), in its own ``oplib`` folder."""
     from torch.utils import cpp_extension
 
-    cflags, ldflags = list(CFLAGS), list(LDFLAGS)
-    if sanitize:
-        cflags, ldflags = cflags + list(SANITIZE_FLAGS), ldflags + ["-fsanitize=address"]
-    # The module is built against this torch's headers and library: a cache entry is kept per torch.
-    key = [source.read_text(), *cflags, *ldflags, _cpu_identity(), torch.__version__]
-    digest = hashlib.sha256("\0".join(key).encode())
-    name = f"oplib_involution_cpu_{digest.hexdigest()[:16]}"
-    return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=cflags, extra_ldflags=ldflags)
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()) / "oplib"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one build compiles for and with. ``march``: ``-march``'s value (``native``: this
+    machine's CPU; ``x86-64-v3``: AVX2; ``x86-64``: the baseline; ``armv8-a``: aarch64)."""
+
+    compiler: str
+    march: str = "native"
+    sanitize: bool = False
+
+    def compile_flags(self, name: str) -> list[str]:
+        import torch
+        from torch.utils import cpp_extension
+
+        includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+        flags = ["-std=c++20", "-fPIC", "-O3", f"-march={self.march}", "-fopenmp"]
+        flags += [f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+        flags += [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+        flags += [f for include in includes for f in ("-isystem", include)]
+        return flags + (list(SANITIZE_FLAGS) if self.sanitize else [])
+
+    def link_flags(self) -> list[str]:
+        from torch.utils import cpp_extension
+
+        flags = ["-shared", "-fopenmp", *(f"-L{path}" for path in cpp_extension.library_paths())]
+        flags += ["-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
+        return flags + (["-fsanitize=address"] if self.sanitize else [])
+
+
+def units(source_dir: Path = SOURCE_DIR) -> list[Path]:
+    """The translation units of a source tree, the longest first."""
+    return sorted(source_dir.glob("*.cpp"), key=lambda path: (path.name != FIRST_UNIT, path.name))
+
+
+def module_name(source_dir: Path, target: Target) -> str:
+    """The module's name, a digest of everything it is built from: the sources, the flags, the
+    compiler, the CPU where -march=native, the torch and the Python it is built against."""
+    import torch
+
+    key = [path.name + "\0" + path.read_text() for path in sorted(source_dir.glob("*.[ch]*"))]
+    key += [*target.compile_flags("{name}"), *target.link_flags(), _compiler_identity(target.compiler)]
+    key += [_cpu_identity() if target.march == "native" else platform.machine(), torch.__version__, sysconfig.get_config_var("EXT_SUFFIX")]
+    return f"oplib_cpu_{hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:16]}"
+
+
+_LOADED: dict[Path, ModuleType] = {}
+
+
+def _import(name: str, path: Path) -> ModuleType:
+    if path not in _LOADED:
+        import torch  # noqa: F401  (torch's libraries are loaded before the module that links them)
+
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _LOADED[path] = module
+    return _LOADED[path]
+
+
+def _jobs(count: int) -> int:
+    if os.environ.get(JOBS_ENV, "").strip().isdigit():
+        return max(1, min(count, int(os.environ[JOBS_ENV])))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        free = cores * UNIT_MEMORY_BYTES
+    return max(1, min(count, cores, free // UNIT_MEMORY_BYTES))
+
+
+_ERROR_LINE = re.compile(r"(^|: )(fatal error|error)\b", re.IGNORECASE)
+
+
+def first_error_line(log: str) -> str:
+    """The compiler's first error line in a build log (else its last line)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return next((line for line in lines if _ERROR_LINE.search(line)), lines[-1] if lines else "no output")
+
+
+def _compile(target: Target, name: str, sources: list[Path], workdir: Path) -> Path:
+    """The module built from sources in workdir; raises NativeBuildError with the log."""
+    compiler = shlex.split(target.compiler)
+    flags = target.compile_flags(name)
+
+    def run(command: list[str]) -> tuple[int, str]:
+        result = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
+        return result.returncode, f"$ {shlex.join(command)}\n{result.stdout}{result.stderr}"
+
+    objects = [workdir / f"{source.stem}.o" for source in sources]
+    with ThreadPoolExecutor(_jobs(len(sources))) as pool:
+        results = list(pool.map(run, [[*compiler, *flags, "-c", str(s), "-o", str(o)] for s, o in zip(sources, objects)]))
+    library = workdir / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if all(code == 0 for code, _ in results):
+        results.append(run([*compiler, *map(str, objects), *target.link_flags(), "-o", str(library)]))
+    log = "\n".join(text for _, text in results)
+    (workdir / "build.log").write_text(log)
+    if any(code != 0 for code, _ in results):
+        failed = "\n".join(text for code, text in results if code != 0)
+        raise NativeBuildError(first_error_line(failed), workdir / "build.log")
+    return library
+
+
+def _lock(path: Path, name: str):
+    """An exclusive flock on path (a file object; closing it, or the process's death, releases
+    it), announced when another process holds it."""
+    handle = open(path, "a+")
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): each build still works in its own directory
+        return handle
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _announce(f"waiting for another process building the native CPU kernels ({name}) ...")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
+def build(
+    source_dir: Path = SOURCE_DIR,
+    *,
+    march: str = "native",
+    compiler: Optional[str] = None,
+    sanitize: bool = False,
+    quiet: bool = False,
+) -> ModuleType:
+    """Build (or find in the cache) and import the module of ``source_dir``; raises
+    NativeBuildError on a failed build. ``quiet`` drops the start and end lines."""
+    target = Target(compiler or compiler_command(), march, sanitize)
+    name = module_name(source_dir, target)
+    root = cache_dir()
+    library = root / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if library.exists():
+        return _import(name, library)
+    root.mkdir(parents=True, exist_ok=True)
+    with _lock(root / f"{name}.lock", name):
+        if not library.exists():
+            # Under the lock no other process builds this module: what a killed build left is debris.
+            for debris in root.glob(f"{name}.build-*"):
+                shutil.rmtree(debris, ignore_errors=True)
+            workdir = Path(tempfile.mkdtemp(prefix=f"{name}.build-", dir=root))
+            if not quiet:
+                _announce(f"building the native CPU kernels once for this machine (about a minute) in {root} ...")
+            start = time.monotonic()
+            try:
+                built = _compile(target, name, units(source_dir), workdir)
+            except NativeBuildError as error:
+                kept = root / f"{name}.log"
+                shutil.copyfile(error.log, kept)
+                shutil.rmtree(workdir, ignore_errors=True)
+                raise NativeBuildError(error.first_error, kept) from None
+            os.replace(built, library)
+            shutil.rmtree(workdir, ignore_errors=True)
+            if not quiet:
+                _announce(f"built the native CPU kernels in {time.monotonic() - start:.0f} s; cached as {library}")
+    return _import(name, library)
 
 
 def _missing_tool() -> Optional[str]:
-    from torch.utils import cpp_extension
-
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
+    compiler = compiler_command()
+    if shutil.which(shlex.split(compiler)[0] if compiler.strip() else "c++") is None:
         return f"no C++ compiler ({compiler!r}) on the PATH"
-    if not cpp_extension.is_ninja_available():
-        return "ninja is not installed (pip install ninja)"
     return None
 
 
@@ -107,18 +307,39 @@ def _load(choice: str) -> Optional[ModuleType]:
     if reason is None:
         try:
             return build()
-        except Exception as error:  # noqa: BLE001  (any build failure falls back, with its reason)
+        except NativeBuildError as error:
+            reason = f"building the native CPU kernels failed: {error.first_error} (the whole log: {error.log})"
+        except Exception as error:  # noqa: BLE001  (any other failure falls back too, with its reason)
             lines = str(error).strip().splitlines() or [repr(error)]
-            reason = f"building {SOURCE.name} failed: {lines[-1]}"
+            reason = f"building the native CPU kernels failed: {lines[0]}"
     if choice == "native":
         raise RuntimeError(f"{ENV}=native, but the native CPU kernels are unavailable: {reason}")
     warnings.warn(
-        f"oplib: involution runs its plain-PyTorch CPU kernels (slower): {reason}. A C++ compiler and ninja "
-        f"give the native kernels, built once on first use; {ENV}=pytorch silences this.",
+        f"oplib: involution runs its plain-PyTorch CPU kernels (slower): {reason}. A C++ compiler (GCC or clang, "
+        f"with OpenMP) gives the native kernels, built once on first use; {ENV}=pytorch silences this.",
         NativeBuildWarning,
         stacklevel=3,
     )
     return None
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m oplib build``: build (or find) the native CPU kernels now and say where."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m oplib build", description=main.__doc__.split(": ", 1)[1])
+    parser.add_argument("--march", default="native", help="the -march to compile for (default: native, this CPU)")
+    parser.add_argument("--compiler", default=None, help="the C++ compiler (default: $CXX, else c++)")
+    args = parser.parse_args(argv)
+    try:
+        module = build(march=args.march, compiler=args.compiler)
+    except NativeBuildError as error:
+        print(f"python -m oplib build: the build failed: {error}", file=sys.stderr)
+        return 1
+    print(f"native CPU kernels: {module.__file__}")
+    if args.march == "native" and args.compiler is None and requested() == "pytorch":
+        print(f"note: {ENV}=pytorch in this environment, so the ops will not use them")
+    return 0
 
 
 def status() -> str:

@@ -470,8 +470,9 @@ def _involution_kernel(
     return out.contiguous(memory_format=torch.channels_last) if is_channels_last(input) else out
 
 
-# The default kernel (CPU); CUDA registers its own below.
-involution = torch.library.custom_op("oplib::involution", _involution_kernel, mutates_args=())
+# The CPU kernel; CUDA registers its own below. Any other device type gets torch's own
+# "could not run ... with arguments from the ... backend" error.
+involution = torch.library.custom_op("oplib::involution", _involution_kernel, mutates_args=(), device_types="cpu")
 
 
 @involution.register_fake
@@ -496,9 +497,9 @@ def _involution_backward_input_kernel(
     return grad_input.contiguous(memory_format=torch.channels_last) if is_channels_last(grad_output) else grad_input
 
 
-# The default kernel (CPU); CUDA registers its own below.
+# The CPU kernel; CUDA registers its own below.
 involution_backward_input = torch.library.custom_op(
-    "oplib::involution_backward_input", _involution_backward_input_kernel, mutates_args=()
+    "oplib::involution_backward_input", _involution_backward_input_kernel, mutates_args=(), device_types="cpu"
 )
 
 
@@ -527,9 +528,9 @@ def _involution_backward_weight_kernel(
     return _as_pixel_major(grad_weight) if is_channels_last(input) else grad_weight
 
 
-# The default kernel (CPU); CUDA registers its own below.
+# The CPU kernel; CUDA registers its own below.
 involution_backward_weight = torch.library.custom_op(
-    "oplib::involution_backward_weight", _involution_backward_weight_kernel, mutates_args=()
+    "oplib::involution_backward_weight", _involution_backward_weight_kernel, mutates_args=(), device_types="cpu"
 )
 
 

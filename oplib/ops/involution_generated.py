@@ -24,7 +24,7 @@ with gw, (N, G*KH*KW, Ho*Wo), contracted by ``_generator_grads``: grad_feature =
 grad_span_weight = sum over n, pixels of gw f^T, grad_span_bias = sum of gw. That gw is a map
 of the weight's size, made and dropped inside the backward (never saved).
 
-CPU: the native kernels of ``involution.cpp`` (``involution_generated_forward`` and
+CPU: the native kernels of ``oplib/kernels/cpu/`` (``involution_generated_forward`` and
 ``..._backward_input``), else the plain-PyTorch route (the span conv, then involution's
 own CPU kernels). CUDA: the kernels of ``involution_generated.cu`` (generic: one thread per
 sample, group and pixel; not yet specialised like involution's), which form the weights in
@@ -203,7 +203,7 @@ def _in_input_layout(result: Tensor, like: Tensor) -> Tensor:
     return result.contiguous(memory_format=torch.channels_last) if unfused.is_channels_last(like) else result
 
 
-@torch.library.custom_op("oplib::involution_generated", mutates_args=())
+@torch.library.custom_op("oplib::involution_generated", mutates_args=(), device_types="cpu")
 def involution_generated(
     input: Tensor,
     feature: Tensor,
@@ -243,7 +243,7 @@ def _involution_generated_cuda(input, feature, span_weight, span_bias, kernel_si
                                        cupy_launcher())
 
 
-@torch.library.custom_op("oplib::involution_generated_backward_input", mutates_args=())
+@torch.library.custom_op("oplib::involution_generated_backward_input", mutates_args=(), device_types="cpu")
 def involution_generated_backward_input(
     grad_output: Tensor,
     feature: Tensor,

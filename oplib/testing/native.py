@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from ..kernels import native
 
 
 def require_native_build() -> None:
-    """Skip the calling test where no compiler or ninja can build the native CPU kernels."""
+    """Skip the calling test where no compiler can build the native CPU kernels."""
     import pytest
 
     missing = native._missing_tool()
@@ -19,3 +21,73 @@ def force_native(monkeypatch) -> None:
     ``monkeypatch`` undoes it), or skip the test where they cannot be built."""
     require_native_build()
     monkeypatch.setenv(native.ENV, "native")
+
+
+def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0) -> int:
+    """Every entry point of a built native module against the float64 reference: every
+    registry sample of the five ops in every dtype, ``random_geometries`` random geometries per
+    op and dtype, and hand-picked geometries that reach the unrolled windows with whole
+    vectors of channels and of generated columns. Raises on the first mismatch; returns the
+    number of calls checked. The sanitized, clang, AVX2-only and baseline builds run it."""
+    import random
+
+    import torch
+
+    from .. import registry
+    from . import assert_matches_reference
+
+    calls = {
+        "involution": module.involution_forward,
+        "involution_backward_input": module.involution_backward_input,
+        "involution_backward_weight": module.involution_backward_weight,
+    }
+    generated_calls = {
+        "involution_generated": module.involution_generated_forward,
+        "involution_generated_backward_input": module.involution_generated_backward_input,
+    }
+    rng = random.Random(seed)
+    count = 0
+    for name, call in {**calls, **generated_calls}.items():
+        spec = registry.get(name)
+        for dtype in registry.FLOAT_DTYPES:
+            samples = list(spec.sample_inputs("cpu", dtype, False))
+            samples += [spec.random_sample(rng.randint, "cpu", dtype, False) for _ in range(random_geometries)]
+            for sample in samples:
+                assert_matches_reference(spec, sample, call(*sample.args), dtype)
+                count += 1
+    # The unrolled row windows with whole vectors of channels (the samples above have at
+    # most 3 channels a group), at stride 1 and 2, rows ending inside a block.
+    references = [registry.get(name).reference for name in calls]
+    for (n, c, h, w, groups, kernel, stride), dtype in zip(
+        [(2, 32, 9, 11, 2, 7, 1), (1, 16, 14, 13, 1, 7, 2), (2, 32, 5, 17, 1, 3, 2), (1, 48, 8, 8, 3, 5, 1)],
+        [torch.float32, torch.float64, torch.bfloat16, torch.float32],
+    ):
+        params = ([stride] * 2, [kernel // 2] * 2, [1, 1])
+        out = [(s + 2 * (kernel // 2) - kernel) // stride + 1 for s in (h, w)]
+        x, g = torch.randn(n, c, h, w, dtype=dtype), torch.randn(n, c, *out, dtype=dtype)
+        weight = torch.randn(n, groups, kernel, kernel, *out, dtype=dtype)
+        args = [(x, weight, *params), (g, weight, [h, w], *params), (g, x, [kernel, kernel], *params, groups)]
+        atol, rtol = registry.get("involution").tolerance(dtype)
+        for call, reference, arguments in zip(calls.values(), references, args):
+            expected = reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in arguments])
+            torch.testing.assert_close(call(*arguments).double(), expected, atol=atol, rtol=rtol)
+            count += 1
+    # The generated weights with whole vectors of channels and of generated columns: blocks
+    # of several rows ending inside a vector, one row wider than a block, odd R.
+    references = [registry.get(name).reference for name in generated_calls]
+    for (n, c, h, w, groups, kernel, stride, reduced), dtype in zip(
+        [(2, 32, 9, 11, 2, 7, 1, 12), (1, 16, 14, 13, 1, 7, 2, 20), (1, 48, 8, 70, 3, 5, 1, 7), (2, 16, 7, 7, 1, 3, 1, 5)],
+        [torch.float32, torch.float64, torch.bfloat16, torch.float16],
+    ):
+        params = ([kernel] * 2, [stride] * 2, [kernel // 2] * 2, [1, 1])
+        out = [(s + 2 * (kernel // 2) - kernel) // stride + 1 for s in (h, w)]
+        x, g = torch.randn(n, c, h, w, dtype=dtype), torch.randn(n, c, *out, dtype=dtype)
+        feature = torch.randn(n, reduced, *out, dtype=dtype)
+        span, bias = torch.randn(groups * kernel * kernel, reduced, dtype=dtype), torch.randn(groups * kernel * kernel, dtype=dtype)
+        args = [(x, feature, span, bias, *params), (g, feature, span, bias, [h, w], *params)]
+        atol, rtol = registry.get("involution").tolerance(dtype)
+        for call, reference, arguments in zip(generated_calls.values(), references, args):
+            expected = reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in arguments])
+            torch.testing.assert_close(call(*arguments).double(), expected, atol=atol, rtol=rtol)
+            count += 1
+    return count

@@ -1,4 +1,4 @@
-"""CPU kernels of involution and its two backward ops: native (``involution.cpp``, built on
+"""CPU kernels of involution and its two backward ops: native (``oplib/kernels/cpu/``, built on
 first use by ``oplib.kernels.native``, unless ``OPLIB_CPU_KERNELS`` says otherwise) or in plain
 PyTorch, the strategies below.
 

@@ -1,0 +1,264 @@
+"""The native CPU kernels' build (``oplib.kernels.native``) and their entry points' guards: a
+build that speaks, survives a SIGKILL and builds once for concurrent first calls; builds with
+clang, for AVX2 only and for baseline x86-64, each checked against the float64 reference; an
+aarch64 compile; the entry points' TORCH_CHECKs; torch's own error for another device type."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from oplib.kernels import native
+from oplib.testing.native import force_native, require_native_build
+
+ROOT = Path(__file__).resolve().parents[1]
+IS_X86_64 = platform.machine() in ("x86_64", "AMD64")
+INVOLUTION_OPS = ("involution", "involution_backward_input", "involution_backward_weight", "involution_generated",
+                  "involution_generated_backward_input")
+
+
+# ---- Messages -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "log, expected",
+    [
+        ("$ c++ -c a.cpp\nIn file included from a.cpp:1:\na.h:3:10: fatal error: omp.h: No such file or directory\n"
+         "compilation terminated.\nb.cpp:9:1: error: later", "a.h:3:10: fatal error: omp.h: No such file or directory"),
+        ("a.cpp:4:5: warning: unused\na.cpp:7:3: error: use of undeclared identifier '__builtin_shuffle'\n1 error generated.",
+         "a.cpp:7:3: error: use of undeclared identifier '__builtin_shuffle'"),
+        ("/usr/bin/ld: cannot find -ltorch_python: No such file or directory\ncollect2: error: ld returned 1 exit status",
+         "collect2: error: ld returned 1 exit status"),
+        ("broken compiler\n", "broken compiler"),
+    ],
+)
+def test_the_first_error_line_is_the_compilers_own(log, expected):
+    assert native.first_error_line(log) == expected
+
+
+def test_max_jobs_caps_the_parallel_compiles(monkeypatch):
+    monkeypatch.setenv(native.JOBS_ENV, "1")
+    assert native._jobs(9) == 1
+    monkeypatch.delenv(native.JOBS_ENV)
+    assert 1 <= native._jobs(9) <= 9
+
+
+def test_a_different_target_is_a_different_module():
+    compiler = native.compiler_command()
+    names = {native.module_name(native.SOURCE_DIR, native.Target(compiler, march)) for march in ("native", "x86-64")}
+    names.add(native.module_name(native.SOURCE_DIR, native.Target(compiler, "native", sanitize=True)))
+    assert len(names) == 3
+
+
+# ---- The entry points' guards -----------------------------------------------------------
+
+
+def _module(monkeypatch):
+    force_native(monkeypatch)
+    return native.involution()
+
+
+def test_the_entry_points_refuse_a_tensor_on_another_device(monkeypatch):
+    module = _module(monkeypatch)
+    x, weight = torch.randn(2, 4, 5, 5, device="meta"), torch.randn(2, 1, 3, 3, 5, 5)
+    with pytest.raises(RuntimeError, match=r"input is on meta; expected a CPU tensor"):
+        module.involution_forward(x, weight, [1, 1], [1, 1], [1, 1])
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: {**a, "weight": a["weight"].double()}, r"weight has dtype Double but input has Float"),
+        (lambda a: {**a, "input": a["input"].int()}, r"input has dtype Int; expected float32"),
+        (lambda a: {**a, "weight": a["weight"][0]}, r"weight has 5 dimensions; expected 6"),
+        (lambda a: {**a, "weight": a["weight"][:, :, :, :, :4]}, r"the output is 4x5 but a 3x3 window on the 5x5 input gives 5x5"),
+        (lambda a: {**a, "input": a["input"][:, :3]}, r"2 groups do not divide 3 channels"),
+        (lambda a: {**a, "stride": [0, 1]}, r"stride is \[0, 1\]; each value must be at least 1"),
+        (lambda a: {**a, "padding": [1]}, r"padding has 1 values; expected 2"),
+        (lambda a: {**a, "input": a["input"].to_sparse()}, r"input has layout Sparse; expected a strided"),
+    ],
+)
+def test_the_forward_entry_point_checks_its_tensors(monkeypatch, change, message):
+    module = _module(monkeypatch)
+    args = dict(input=torch.randn(2, 4, 5, 5), weight=torch.randn(2, 2, 3, 3, 5, 5), stride=[1, 1], padding=[1, 1], dilation=[1, 1])
+    with pytest.raises(RuntimeError, match=message):
+        module.involution_forward(*change(args).values())
+
+
+def test_the_generated_entry_points_check_the_generator(monkeypatch):
+    module = _module(monkeypatch)
+    x, feature = torch.randn(2, 4, 5, 5), torch.randn(2, 3, 5, 5)
+    span, bias = torch.randn(2 * 9, 3), torch.randn(2 * 9)
+    params = ([3, 3], [1, 1], [1, 1], [1, 1])
+    with pytest.raises(RuntimeError, match=r"span_weight takes 2 reduced channels but the feature map has 3"):
+        module.involution_generated_forward(x, feature, span[:, :2], bias, *params)
+    with pytest.raises(RuntimeError, match=r"span_weight has 17 rows; expected groups \* 9"):
+        module.involution_generated_forward(x, feature, span[:17], None, *params)
+    with pytest.raises(RuntimeError, match=r"span_bias has 9 values but span_weight has 18 rows"):
+        module.involution_generated_forward(x, feature, span, bias[:9], *params)
+    with pytest.raises(RuntimeError, match=r"grad_output is \[2, 4, 4, 5\] but the feature map is 5x5"):
+        module.involution_generated_backward_input(x[:, :, :4], feature, span, bias, [5, 5], *params)
+    with pytest.raises(RuntimeError, match=r"the feature map's batch 1 differs from input's 2"):
+        module.involution_generated_forward(x, feature[:1], span, bias, *params)
+
+
+class _OnDevice(torch.Tensor):
+    """A tensor of another device type, holding no data: its ops are sent past Python's
+    dispatch straight to that device type's kernel (no such device is on this machine)."""
+
+    @staticmethod
+    def __new__(cls, shape, device):
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32, device=device)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        keys = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, device.type.upper()))
+        return func.redispatch(keys, *args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("device", ["xpu", "mtia"])
+@pytest.mark.parametrize("name", INVOLUTION_OPS)
+def test_another_device_type_gets_torchs_no_kernel_error(name, device):
+    """The ops are registered for CPU and CUDA only: before, the CPU kernel was every device's
+    default and a tensor of another type reached it."""
+    from oplib import registry
+
+    sample = next(iter(registry.get(name).sample_inputs("cpu", torch.float32, False)))
+    args = [_OnDevice(a.shape, device) if isinstance(a, torch.Tensor) else a for a in sample.args]
+    with pytest.raises(NotImplementedError, match=rf"Could not run 'oplib::{name}' with arguments from the '{device.upper()}' backend"):
+        getattr(torch.ops.oplib, name)(*args)
+
+
+# ---- Builds in a fresh cache (integration tier) ---------------------------------------------
+
+# One involution call on the native path (OPLIB_CPU_KERNELS=native), then the path's status.
+FIRST_CALL = textwrap.dedent(
+    """
+    import torch, oplib
+    from oplib import registry
+    from oplib.kernels import native
+    x, w = torch.randn(2, 16, 9, 9), torch.randn(2, 1, 7, 7, 9, 9)
+    out = torch.ops.oplib.involution(x, w, [1, 1], [3, 3], [1, 1])
+    expected = registry.get("involution").reference(x.double(), w.double(), [1, 1], [3, 3], [1, 1])
+    torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-4)
+    print("status:", native.status())
+    """
+)
+
+
+def _fresh_env(tmp_path: Path) -> dict[str, str]:
+    return dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path / "cache"), OPLIB_CPU_KERNELS="native")
+
+
+def _first_call(env: dict[str, str], **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", FIRST_CALL], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+@pytest.mark.integration
+def test_a_build_killed_mid_way_leaves_the_next_call_native(tmp_path):
+    """SIGKILL to the building process group once its first units are compiled: the lock dies
+    with it, so the next call builds at once (it never waits), says so, runs natively and
+    clears the killed build's directory."""
+    require_native_build()
+    env = _fresh_env(tmp_path)
+    first = _first_call(env, start_new_session=True)
+    cache = tmp_path / "cache" / "oplib"
+    deadline = time.monotonic() + 300
+    while not list(cache.glob("*.build-*/*.o")):
+        assert first.poll() is None and time.monotonic() < deadline, "the build ended before it could be killed"
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert not list(cache.glob("*.so")) and list(cache.glob("*.build-*"))
+    second = _first_call(env)
+    stdout, stderr = second.communicate(timeout=600)
+    assert second.returncode == 0, stdout + stderr
+    assert "status: native" in stdout
+    assert "waiting" not in stderr
+    assert "oplib: building the native CPU kernels once for this machine" in stderr
+    assert "oplib: built the native CPU kernels in" in stderr
+    assert len(list(cache.glob("*.so"))) == 1 and not list(cache.glob("*.build-*"))
+
+
+@pytest.mark.integration
+def test_three_first_calls_at_once_build_once_and_all_run_natively(tmp_path):
+    require_native_build()
+    env = _fresh_env(tmp_path)
+    calls = [_first_call(env) for _ in range(3)]
+    outputs = [call.communicate(timeout=900) for call in calls]
+    for call, (stdout, stderr) in zip(calls, outputs):
+        assert call.returncode == 0, stdout + stderr
+        assert "status: native" in stdout
+    stderr = "".join(err for _, err in outputs)
+    assert stderr.count("oplib: building the native CPU kernels") == 1, stderr
+    assert stderr.count("oplib: built the native CPU kernels in") == 1, stderr
+    assert len(list((tmp_path / "cache" / "oplib").glob("*.so"))) == 1
+
+
+CHECK_BUILD = textwrap.dedent(
+    """
+    import sys
+    from oplib.kernels import native
+    from oplib.testing.native import check_module
+    module = native.build(march=sys.argv[1], compiler=sys.argv[2], quiet=True)
+    print("checked:", check_module(module), "calls")
+    """
+)
+
+TARGETS = {
+    # The AVX2-only build (x86-64-v3: AVX2, FMA, no AVX-512) and the baseline (SSE2): the
+    # generic paths beside every AVX-512 block.
+    "gcc-x86-64-v3": ("x86-64-v3", "g++"),
+    "gcc-x86-64": ("x86-64", "g++"),
+    # clang with its OpenMP (Debian's clang and libomp-dev): the vector layer without GCC's builtins.
+    "clang-native": ("native", "clang++"),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_build_for_another_target_or_compiler_matches_the_reference(tmp_path, target):
+    march, compiler = TARGETS[target]
+    if march.startswith("x86-64") and not IS_X86_64:
+        pytest.skip(f"{march} is an x86-64 target; this machine is {platform.machine()}")
+    if shutil.which(compiler) is None:
+        pytest.skip(f"{compiler} is not installed (`make toolchains` installs clang, libomp-dev and the aarch64 cross compiler)")
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path / "cache"))
+    result = subprocess.run([sys.executable, "-c", CHECK_BUILD, march, compiler], env=env, cwd=ROOT, capture_output=True,
+                            text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "checked:" in result.stdout
+
+
+AARCH64_COMPILER = "aarch64-linux-gnu-g++"
+
+
+@pytest.mark.integration
+def test_every_unit_compiles_for_aarch64(tmp_path):
+    """Each unit, bindings included, compiled for aarch64 (NEON) against this torch's headers:
+    a compile check; running needs an aarch64 torch, which tests may not download."""
+    if shutil.which(AARCH64_COMPILER) is None:
+        pytest.skip(f"{AARCH64_COMPILER} is not installed (`make toolchains` installs it)")
+    flags = native.Target(AARCH64_COMPILER, "armv8-a").compile_flags("oplib_cpu_aarch64")
+    procs = {
+        unit: subprocess.Popen([AARCH64_COMPILER, *flags, "-c", str(unit), "-o", str(tmp_path / f"{unit.stem}.o")],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for unit in native.units()
+    }
+    for unit, proc in procs.items():
+        output = proc.communicate(timeout=900)[0]
+        assert proc.returncode == 0, f"{unit.name}: {native.first_error_line(output)}"
+        header = (tmp_path / f"{unit.stem}.o").read_bytes()[:20]
+        assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183, unit  # EM_AARCH64
