@@ -150,8 +150,8 @@ class Section:
     """Cases timed one after another, and how busy other processes kept the machine during
     their kept rounds."""
 
-    def __init__(self, settings: Settings, min_run_time: Optional[float] = None) -> None:
-        self.rounds = settings.rounds
+    def __init__(self, settings: Settings, min_run_time: Optional[float] = None, rounds: Optional[int] = None) -> None:
+        self.rounds = settings.rounds if rounds is None else rounds
         self.min_run_time = settings.min_run_time if min_run_time is None else min_run_time
         self.reruns = 0
         self.kept = 0

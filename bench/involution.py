@@ -159,9 +159,18 @@ def _native_stmts(label: str, module: ModuleType, shape: Shape, inputs, generato
     return {(label, op): stmt for op, stmt in calls.items()}
 
 
-def run_native_ab(section: Section, shapes: list[Shape], baseline: ModuleType) -> list[tuple[Shape, dict]]:
-    """This tree's native entry points and the baseline's, interleaved per shape (generation
-    branch: C/4 reduced channels, as RedNet's)."""
+# The A/B compares two builds of the same code: each op's pair is timed back to back (short
+# readings, many rounds), so that drift between readings seconds apart does not swamp a few
+# per cent. Measured with the section-wide interleaving (1 s readings, 10 statements a round)
+# the same binaries' ratios scattered from 0.7 to 1.3.
+AB_ROUNDS, AB_MIN_RUN_TIME = 15, 0.2
+
+
+def run_native_ab(settings, shapes: list[Shape], baseline: ModuleType) -> tuple[Section, list[tuple[Shape, dict]]]:
+    """This tree's native entry points and the baseline's, each op's pair interleaved on its
+    own (generation branch: C/4 reduced channels, as RedNet's)."""
+    section = Section(settings, min_run_time=AB_MIN_RUN_TIME if not settings.quick else None,
+                      rounds=AB_ROUNDS if not settings.quick else None)
     current = native.build()
     rows = []
     for shape in shapes:
@@ -170,9 +179,14 @@ def run_native_ab(section: Section, shapes: list[Shape], baseline: ModuleType) -
         reduced = shape.channels // 4
         generator = (torch.randn(n, reduced, out_h, out_w), torch.randn(shape.groups * shape.kernel**2, reduced),
                      torch.randn(shape.groups * shape.kernel**2))
-        stmts = _native_stmts("this tree", current, shape, inputs, generator) | _native_stmts("baseline", baseline, shape, inputs, generator)
-        rows.append((shape, section.measure(f"native A/B {shape.name}", stmts)))
-    return rows
+        mine = _native_stmts("this tree", current, shape, inputs, generator)
+        theirs = _native_stmts("baseline", baseline, shape, inputs, generator)
+        times = {}
+        for op in NATIVE_OPS:
+            pair = {key: stmts[key] for stmts, key in ((mine, ("this tree", op)), (theirs, ("baseline", op)))}
+            times |= section.measure(f"native A/B {shape.name} {op}", pair)
+        rows.append((shape, times))
+    return section, rows
 
 
 def _native_ab_table(rows: list[tuple[Shape, dict]]) -> list[str]:
@@ -270,8 +284,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     cpu_rows = [] if args.cuda_only else run_cpu(cpu, shapes, bandwidth)
     per_op = Section(settings)
     per_op_rows = [] if args.cuda_only else run_per_op(per_op, shapes)
-    native_ab = Section(settings)
-    ab_rows = run_native_ab(native_ab, shapes, baseline_module(args.baseline_rev)) if args.baseline_rev and not args.cuda_only else []
+    native_ab, ab_rows = (
+        run_native_ab(settings, shapes, baseline_module(args.baseline_rev)) if args.baseline_rev and not args.cuda_only else (None, [])
+    )
     cuda_rows: list[dict] = []
     if torch.cuda.is_available():
         import _cuda
@@ -306,7 +321,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "",
                 "Each entry point of the native module, called directly, in ms: this tree / revision "
                 f"{args.baseline_rev} (built by that revision's own oplib), and in brackets the median of the "
-                "per-round ratios (below 1: this tree is faster). Generated ops: C/4 reduced channels.",
+                "per-round ratios (below 1: this tree is faster). Each op's pair is timed on its own, back to back, "
+                f"in {AB_ROUNDS} rounds of {AB_MIN_RUN_TIME:g} s readings. Generated ops: C/4 reduced channels.",
                 "",
                 native_ab.load_line(),
                 "",
