@@ -44,11 +44,8 @@ def _create(depth: int, pretrained: bool, pretrained_cfg=None, pretrained_cfg_ov
     if pretrained:
         cfg = resolve_pretrained_cfg(f"rednet{depth}", pretrained_cfg, pretrained_cfg_overlay)
         weights = cfg.state_dict if cfg.state_dict is not None else cfg.file
-        if weights is None:
-            raise ValueError(
-                f"rednet{depth}: pretrained=True needs the checkpoint file, e.g. "
-                f"pretrained_cfg_overlay=dict(file='rednet{depth}.pth') (the paper's release or an oplib state dict)"
-            )
+        if weights is None:  # timm's default: the cfg's url, PaddleClas's file, downloaded once
+            weights = models.PADDLECLAS
     return models.rednet(depth, weights=weights, **kwargs)
 
 

@@ -7,6 +7,16 @@ checkpoints: a dict whose ``state_dict`` entry holds an ``ImageClassifier``'s we
 ``conv1/bn1/conv2/bn2/conv3/bn3/downsample``, an involution's ``conv1.conv``, ``conv1.bn``,
 ``conv2.conv``, the head ``head.fc``). ``convert_official_state_dict`` renames them to
 oplib's, one to one and without touching a tensor.
+
+PaddleClas's port of the same weights (``RedNet{26,38,50,101,152}_pretrained.pdparams``, the
+copy still served) is a pickled dict of parameter names to numpy arrays, written by
+``paddle.save``. Its model (``ppcls/arch/backbone/model_zoo/rednet.py``, the paper's
+architecture on ``paddle.vision.models.resnet``) names its modules as the reference code does,
+without the ``backbone.`` and ``head.`` prefixes; what differs is Paddle's: BatchNorm's
+``_mean`` and ``_variance`` (and no ``num_batches_tracked``), and the linear head's weight
+stored ``[in, out]``. ``read_pdparams`` reads such a file without Paddle and without numpy,
+resolving only numpy's array and dtype constructors (to inert stand-ins) and refusing every
+other global; ``convert_paddleclas_state_dict`` maps it.
 """
 
 from __future__ import annotations
@@ -148,13 +158,189 @@ def _holds_placeholder(value) -> bool:
     return False
 
 
+# ---- PaddleClas's .pdparams ----------------------------------------------------------------
+
+# paddle.save's bookkeeping entry beside the parameters: structured name -> Paddle's own name.
+PADDLE_NAME_TABLE = "StructuredToParameterName@@"
+
+# numpy's dtype codes (kind + item size) in a pickled array -> torch's dtype.
+_NUMPY_DTYPES = {
+    "f2": torch.float16, "f4": torch.float32, "f8": torch.float64, "i1": torch.int8, "i2": torch.int16,
+    "i4": torch.int32, "i8": torch.int64, "u1": torch.uint8, "b1": torch.bool,
+}  # fmt: skip
+
+
+class _PickledDType:
+    """Stands for ``numpy.dtype(spec, align, copy)``: keeps the code and, from its state, the byte order."""
+
+    def __init__(self, spec, align=False, copy=True):
+        self.code, self.byteorder = str(spec), "="
+
+    def __setstate__(self, state):
+        if not isinstance(state, tuple) or len(state) < 2 or state[2:5] != (None, None, None):
+            raise pickle.UnpicklingError(f"a numpy dtype with fields or a subarray ({self.code}): not a parameter array")
+        self.byteorder = state[1]
+
+
+class _NdarrayType:
+    """Stands for ``numpy.ndarray``, the class argument of ``_reconstruct``."""
+
+
+class _PickledArray:
+    """Stands for ``numpy.core.multiarray._reconstruct(ndarray, shape, typecode)``; its state
+    (version, shape, dtype, fortran order, raw bytes) becomes a tensor in ``tensor()``."""
+
+    def __init__(self, cls=None, shape=(0,), typecode=b"b"):
+        if cls is not _NdarrayType:
+            raise pickle.UnpicklingError("numpy's _reconstruct called with another class than ndarray")
+        self.state = None
+
+    def __setstate__(self, state):
+        self.state = state
+
+    def tensor(self) -> Tensor:
+        if not isinstance(self.state, tuple) or len(self.state) != 5:
+            raise pickle.UnpicklingError("a numpy array without the state of a plain array")
+        _, shape, dtype, fortran, data = self.state
+        if not isinstance(dtype, _PickledDType) or not isinstance(data, (bytes, bytearray)):
+            raise pickle.UnpicklingError("a numpy array of objects, not of numbers")
+        code = dtype.code.lstrip("<>=|")
+        if code not in _NUMPY_DTYPES:
+            raise pickle.UnpicklingError(f"a numpy array of dtype {dtype.code!r}, which oplib does not read")
+        target = _NUMPY_DTYPES[code]
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        size = torch.empty(0, dtype=target).element_size()
+        if raw.numel() != size * int(torch.Size(shape).numel()):
+            raise pickle.UnpicklingError(f"a numpy array of shape {tuple(shape)} with {raw.numel()} bytes of data")
+        if dtype.byteorder == ">" and size > 1:  # stored big-endian: reverse each value's bytes
+            raw = raw.view(-1, size).flip(1).reshape(-1)
+        values = raw.view(target)
+        if fortran:
+            return values.reshape(tuple(reversed(shape))).permute(*reversed(range(len(shape)))).contiguous()
+        return values.reshape(tuple(shape))
+
+
+def _pickled_scalar(dtype: _PickledDType, data: bytes) -> _PickledArray:
+    """Stands for ``numpy.core.multiarray.scalar(dtype, raw bytes)``: a 0-d array."""
+    scalar = _PickledArray(_NdarrayType)
+    scalar.__setstate__((1, (), dtype, False, data))
+    return scalar
+
+
+# The only globals a .pdparams pickle may name: numpy's array, scalar and dtype constructors
+# (numpy 1 and 2 spell their module differently) and OrderedDict. Anything else is refused.
+_PDPARAMS_GLOBALS = {
+    "numpy.core.multiarray._reconstruct": _PickledArray,
+    "numpy._core.multiarray._reconstruct": _PickledArray,
+    "numpy.core.multiarray.scalar": _pickled_scalar,
+    "numpy._core.multiarray.scalar": _pickled_scalar,
+    "numpy.ndarray": _NdarrayType,
+    "numpy.dtype": _PickledDType,
+    "collections.OrderedDict": dict,
+}
+
+
+class _PdparamsUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        found = _PDPARAMS_GLOBALS.get(f"{module}.{name}")
+        if found is None:
+            raise pickle.UnpicklingError(f"the file names {module}.{name}, which a .pdparams file of arrays never does")
+        return found
+
+
+def _tensors_of(value):
+    """value with every array stand-in made a tensor (paddle.save may store a parameter as a
+    (name, array) pair)."""
+    if isinstance(value, _PickledArray):
+        return value.tensor()
+    if isinstance(value, dict):
+        return {k: _tensors_of(v) for k, v in value.items()}
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], _PickledArray):
+        return value[1].tensor()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_tensors_of(v) for v in value)
+    return value
+
+
+def read_pdparams(path: Union[str, os.PathLike]) -> dict:
+    """A ``.pdparams`` file (``paddle.save`` of a state dict) as a dict of tensors, without
+    Paddle or numpy and without running code from the file: only numpy's array and dtype
+    constructors resolve, to stand-ins that build tensors from the raw bytes. Anything else,
+    a truncated file or one that is no pickle, raises ``ValueError``."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            loaded = _PdparamsUnpickler(f).load()
+    except (pickle.UnpicklingError, EOFError, OSError, ValueError, TypeError, AttributeError, IndexError, KeyError) as error:
+        raise ValueError(f"cannot read {path} as a PaddlePaddle .pdparams file (truncated, or not a state dict): {error}") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: a .pdparams file holds a dict of parameters, this one a {type(loaded).__name__}")
+    try:
+        return _tensors_of(loaded)
+    except pickle.UnpicklingError as error:
+        raise ValueError(f"cannot read {path} as a PaddlePaddle .pdparams file: {error}") from None
+
+
+def is_paddleclas_state_dict(state_dict: Mapping) -> bool:
+    """Whether ``state_dict`` has Paddle's names (BatchNorm's ``_mean``/``_variance``, or
+    paddle.save's name table)."""
+    return PADDLE_NAME_TABLE in state_dict or any(key.endswith(("._mean", "._variance")) for key in state_dict)
+
+
+def convert_paddleclas_state_dict(state_dict: Mapping) -> dict[str, Tensor]:
+    """PaddleClas's RedNet weights under oplib's key names: Paddle's BatchNorm statistics
+    renamed (``num_batches_tracked`` added as 0, which Paddle does not keep), the linear
+    head's ``[in, out]`` weight transposed, then the reference code's module names mapped as
+    ``convert_official_state_dict`` maps them.
+
+        >>> sorted(convert_paddleclas_state_dict({"layer1.0.bn1._mean": torch.zeros(2)}))
+        ['stages.0.0.reduce.1.num_batches_tracked', 'stages.0.0.reduce.1.running_mean']
+    """
+    torch_names: dict[str, Tensor] = {}
+    for key, value in state_dict.items():
+        if key == PADDLE_NAME_TABLE:
+            continue
+        if not isinstance(value, Tensor):
+            raise ValueError(f"PaddleClas weights: {key!r} holds a {type(value).__name__}, not an array")
+        if key.endswith("._mean"):
+            key = key.removesuffix("._mean") + ".running_mean"
+            torch_names[key.removesuffix("running_mean") + "num_batches_tracked"] = torch.tensor(0)
+        elif key.endswith("._variance"):
+            key = key.removesuffix("._variance") + ".running_var"
+        elif key == "fc.weight":
+            value = value.t().contiguous()  # Paddle's Linear: [in_features, out_features]
+        torch_names[key] = value
+    return convert_official_state_dict(torch_names)
+
+
+def _read_weights_file(path: Path) -> dict:
+    """A .pdparams file by its name; else a PyTorch checkpoint, where a file that is no
+    PyTorch zip is first tried as a .pdparams pickle (which refuses a legacy PyTorch file's
+    globals, so that file then goes to torch.load)."""
+    if path.suffix == ".pdparams":
+        return read_pdparams(path)
+    try:
+        with open(path, "rb") as f:
+            is_zip = f.read(2) == b"PK"
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error}") from None
+    if not is_zip:
+        try:
+            return read_pdparams(path)
+        except ValueError:
+            pass
+    return read_checkpoint(path)
+
+
 def state_dict_of(weights: Weights) -> dict[str, Tensor]:
     """The model weights in ``weights``: a checkpoint file's path or a loaded dict, an mmcls
-    checkpoint (``state_dict`` and ``meta``) or a bare state dict, with the paper's key names
-    or oplib's; returned under oplib's key names."""
-    checkpoint = read_checkpoint(weights) if isinstance(weights, (str, os.PathLike)) else weights
+    checkpoint (``state_dict`` and ``meta``), PaddleClas's ``.pdparams`` or a bare state
+    dict, with the paper's key names, Paddle's or oplib's; returned under oplib's key names."""
+    checkpoint = _read_weights_file(Path(weights)) if isinstance(weights, (str, os.PathLike)) else weights
     if not isinstance(checkpoint, Mapping):
         raise ValueError(f"expected a checkpoint dict or a state dict, got {type(checkpoint).__name__}")
+    if is_paddleclas_state_dict(checkpoint):
+        return convert_paddleclas_state_dict(checkpoint)
     state_dict = checkpoint.get("state_dict", checkpoint)
     if not isinstance(state_dict, Mapping) or not all(isinstance(v, Tensor) for v in state_dict.values()):
         raise ValueError("expected a state dict (names to tensors), or a checkpoint with one under 'state_dict'")

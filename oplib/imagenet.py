@@ -1,7 +1,8 @@
 """ImageNet with pretrained RedNets: the reference code's test preprocessing, an ImageNet-style
 validation folder, the 1000 class names, and two commands.
 
-    python -m oplib evaluate --depth 50 --weights FILE DATA_DIR   # top-1 / top-5 accuracy
+    python -m oplib evaluate --depth 50 --weights paddleclas DATA_DIR   # top-1 / top-5 accuracy
+    python -m oplib evaluate --depth 50 --weights FILE DATA_DIR   # a .pdparams, mmcls or oplib file
     python -m oplib predict --depth 50 --weights FILE IMAGE...    # the top-5 classes per image
 
 The preprocessing is the test pipeline of the paper's configs (mmcls ``imagenet_bs32``): the
@@ -173,16 +174,24 @@ def top_classes(logits: Tensor, k: int = 5) -> list[list[dict]]:
 
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, choices=sorted(BLOCK_COUNTS), required=True, help="RedNet depth")
-    parser.add_argument("--weights", type=Path, required=True, help="the paper's checkpoint or an oplib state dict")
+    parser.add_argument(
+        "--weights", required=True,
+        help="'paddleclas' (PaddleClas's ImageNet weights, downloaded once), a .pdparams file, the paper's mmcls "
+        "checkpoint or an oplib state dict",
+    )
     parser.add_argument("--compile", action="store_true", help="run the model under torch.compile")
 
 
 def _load_model(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    if not args.weights.is_file():
+    from .download import DownloadError
+    from .models import PADDLECLAS
+
+    weights = args.weights if args.weights == PADDLECLAS else Path(args.weights)
+    if weights != PADDLECLAS and not weights.is_file():
         parser.error(f"--weights: no file at {args.weights}")
     try:
-        model = rednet(args.depth, weights=args.weights).eval()
-    except ValueError as error:
+        model = rednet(args.depth, weights=weights).eval()
+    except (ValueError, DownloadError) as error:
         parser.error(str(error))
     return torch.compile(model) if args.compile else model
 

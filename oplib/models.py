@@ -17,9 +17,10 @@ involutions are oplib's op.
 
     input: (N, in_channels, H, W), any H, W >= 1 -> logits: (N, num_classes)
 
-``rednet26(weights=...)`` and the other depths load weights: the paper's released ImageNet
-checkpoints (mmcls files, renamed by ``oplib.checkpoints.convert_official_state_dict``) or an
-oplib RedNet's ``state_dict()``.
+``rednet26(weights=...)`` and the other depths load weights: ``"paddleclas"`` (the paper's
+ImageNet weights as PaddleClas serves them, downloaded once into torch's hub cache), a
+PaddleClas ``.pdparams`` file, the paper's released mmcls checkpoints (renamed by
+``oplib.checkpoints.convert_official_state_dict``) or an oplib RedNet's ``state_dict()``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ BLOCK_COUNTS = {
 }
 
 
+# PaddleClas's copies of the paper's ImageNet weights (MODEL_URLS of PaddleClas's
+# ppcls/arch/backbone/model_zoo/rednet.py): the copy still served; weights="paddleclas".
+PADDLECLAS_URLS = {
+    depth: f"https://paddle-imagenet-models-name.bj.bcebos.com/dygraph/RedNet{depth}_pretrained.pdparams"
+    for depth in BLOCK_COUNTS
+}
+# The paper's own mmcls checkpoints, linked from its repository's README, whose links no
+# longer resolve (d-li14/involution issues #54 and #62); a user who has a file loads its path.
+PAPER_REPOSITORY = "https://github.com/d-li14/involution"
+
+
 # What each depth's released ImageNet checkpoint expects and scored, in timm's pretrained_cfg
 # keys (mean and std of 0-1 RGB; oplib.imagenet works on 0-255, the same values times 255).
 # params_m, gflops, top1/top5: the paper's parameters (millions), multiply-adds at 224 px
@@ -74,6 +86,15 @@ PRETRAINED_CFGS = {
         classifier="classifier",
         paper_ids="arXiv:2103.06255",
         license="apache-2.0",
+        # timm's download field, and both sources: the numbers are the paper's for both (the
+        # same weights; PaddleClas reports the paper's accuracies for its port).
+        url=PADDLECLAS_URLS[depth],
+        sources={
+            "paddleclas": dict(url=PADDLECLAS_URLS[depth], weights="paddleclas", format="pdparams",
+                               top1=results["top1"], top5=results["top5"]),
+            "mmcls": dict(url=PAPER_REPOSITORY, weights="path of the downloaded .pth", format="mmcls checkpoint",
+                          top1=results["top1"], top5=results["top5"], note="the repository's download links are dead"),
+        },
         **results,
     )
     for depth, results in _PAPER_RESULTS.items()
@@ -464,6 +485,10 @@ def load_weights(model: RedNet, weights: Weights, name: str = "RedNet") -> RedNe
     return model
 
 
+# weights=PADDLECLAS: PaddleClas's published file for the model's depth (downloaded once).
+PADDLECLAS = "paddleclas"
+
+
 def _rednet(depth: int, weights: Weights | None, kwargs) -> Union[RedNet, RedNetFeatures]:
     features_only = kwargs.pop("features_only", False)
     if features_only:
@@ -471,14 +496,19 @@ def _rednet(depth: int, weights: Weights | None, kwargs) -> Union[RedNet, RedNet
         kwargs.setdefault("num_classes", 0)
     model = RedNet(BLOCK_COUNTS[depth], **kwargs)
     model.pretrained_cfg = dict(PRETRAINED_CFGS[depth])
+    if isinstance(weights, str) and weights == PADDLECLAS:
+        from .download import cached_download
+
+        weights = cached_download(PADDLECLAS_URLS[depth])
     if weights is not None:
         load_weights(model, weights, f"RedNet-{depth}")
     return model.as_features(out_indices) if features_only else model
 
 
 def rednet26(weights: Weights | None = None, **kwargs) -> RedNet:
-    """RedNet-26: block counts (1, 2, 4, 1). ``weights``: a checkpoint path or a loaded dict
-    (see ``load_weights``); ``features_only=True`` (with ``out_indices``, default (1, 2, 3, 4))
+    """RedNet-26: block counts (1, 2, 4, 1). ``weights``: ``"paddleclas"`` (PaddleClas's
+    ImageNet weights, downloaded once into ``torch.hub.get_dir()/checkpoints``), a checkpoint
+    or ``.pdparams`` path, or a loaded dict (see ``load_weights``); ``features_only=True`` (with ``out_indices``, default (1, 2, 3, 4))
     gives a ``RedNetFeatures`` backbone; other keyword arguments go to ``RedNet``
     (``num_classes``, ``frozen_stages``, ``norm_eval``, ...)."""
     return _rednet(26, weights, kwargs)
@@ -529,6 +559,7 @@ __all__ = [
     "Bottleneck",
     "FEATURE_LEVELS",
     "FeatureInfo",
+    "PADDLECLAS_URLS",
     "PRETRAINED_CFGS",
     "RedNet",
     "RedNetFeatures",

@@ -125,7 +125,7 @@ class ImageClassifier(nn.Module):
         return self.head.fc(self.backbone(x).mean(dim=(2, 3)))
 
 
-def with_consistent_statistics(model: ImageClassifier, batch: Tensor, seed: int = 0) -> ImageClassifier:
+def with_consistent_statistics(model: nn.Module, batch: Tensor, seed: int = 0) -> nn.Module:
     """Random BatchNorm affine parameters, and running statistics taken from ``batch``, so
     that in eval mode on that batch every layer sees inputs of about unit scale. (An
     involution is quadratic in its input: statistics from other inputs let the scale drift
@@ -139,8 +139,8 @@ def with_consistent_statistics(model: ImageClassifier, batch: Tensor, seed: int 
                 module.weight.uniform_(0.5, 1.5, generator=generator)
                 module.bias.uniform_(-0.2, 0.2, generator=generator)
                 module.momentum = 1.0  # the running statistics become the batch's
-        for module in model.modules():
-            if isinstance(module, Bottleneck):
+        for module in model.modules():  # the bottlenecks (PaddleClas's transcription's too)
+            if isinstance(getattr(module, "bn3", None), nn.BatchNorm2d):
                 module.bn3.weight.uniform_(0.05, 0.25, generator=generator)
         model.train()
         model(batch)

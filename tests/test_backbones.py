@@ -16,6 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import oplib.models
 from oplib import imagenet
+from oplib.download import DownloadError
 from oplib.models import BLOCK_COUNTS, FEATURE_LEVELS, PRETRAINED_CFGS, RedNet, RedNetFeatures
 
 MODELS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "models.md"
@@ -258,7 +259,7 @@ def test_docs_accuracy_table_is_the_pretrained_cfg():
         assert (float(params), float(gflops), float(top1), float(top5)) == (cfg["params_m"], cfg["gflops"], cfg["top1"], cfg["top5"])
 
 
-def test_timm_creates_oplib_rednets(tmp_path):
+def test_timm_creates_oplib_rednets(tmp_path, monkeypatch):
     """Runs where timm imports (not in oplib's CI: timm needs torchvision, which has no CPU
     build on PyPI to go with the pinned CPU torch)."""
     timm = pytest.importorskip("timm", exc_type=ImportError)
@@ -273,5 +274,8 @@ def test_timm_creates_oplib_rednets(tmp_path):
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="needs the checkpoint file"):
+    # Without a file: PaddleClas's, downloaded (here from a port where nothing listens).
+    monkeypatch.setitem(oplib.models.PADDLECLAS_URLS, 26, "http://127.0.0.1:9/RedNet26_pretrained.pdparams")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "hub"))
+    with pytest.raises(DownloadError, match=r"cannot reach http://127.0.0.1:9/RedNet26_pretrained.pdparams .*Fetch it by hand"):
         timm.create_model("rednet26", pretrained=True)
