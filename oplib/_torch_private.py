@@ -185,6 +185,13 @@ SYMBOLS: dict[str, PrivateSymbol] = {
         "reads only zipfile checkpoints (it raises ValueError on the legacy format)",
         "loading the paper's RedNet checkpoints (oplib.checkpoints)",
     ),
+    "make_wrapper_subclass": PrivateSymbol(
+        "torch.Tensor._make_wrapper_subclass",
+        "a tensor of a device type this machine lacks (XPU, MTIA), holding no data, whose ops "
+        "reach that device's dispatch key: the only way to show, without the device, that an "
+        "op registered for CPU and CUDA gives torch's own error there",
+        "the test that another device type gets torch's \"could not run\" error (tests/test_native_build.py)",
+    ),
     "BatchNormBase": PrivateSymbol(
         "torch.nn.modules.batchnorm._BatchNorm",
         "the one base class of every BatchNorm with running statistics (BatchNorm1d/2d/3d, "

@@ -277,5 +277,5 @@ def test_timm_creates_oplib_rednets(tmp_path, monkeypatch):
     # Without a file: PaddleClas's, downloaded (here from a port where nothing listens).
     monkeypatch.setitem(oplib.models.PADDLECLAS_URLS, 26, "http://127.0.0.1:9/RedNet26_pretrained.pdparams")
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "hub"))
-    with pytest.raises(DownloadError, match=r"cannot reach http://127.0.0.1:9/RedNet26_pretrained.pdparams .*Fetch it by hand"):
+    with pytest.raises(DownloadError, match=r"cannot reach http://127.0.0.1:9/RedNet26_pretrained.pdparams .*by hand"):
         timm.create_model("rednet26", pretrained=True)

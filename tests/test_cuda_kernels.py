@@ -49,6 +49,10 @@ PLANTED = KernelSource(_PLANTED_PATH, _PLANTED_PATH.read_text())
 # integration tier for every other target.
 UNIT_ARCH = "sm_90"
 ARCH_PARAMS = [arch if arch == UNIT_ARCH else pytest.param(arch, marks=pytest.mark.integration) for arch in ARCHITECTURES]
+# nvcc's compile of every instantiation, every target, in the integration tier only: the unit
+# tier's NVRTC compile for sm_90 (what CuPy runs) already proves the sources compile, and
+# nvcc's -Werror pass over involution.cu took 83 s of the unit tier's 8 minutes.
+NVCC_ARCH_PARAMS = [pytest.param(arch, marks=pytest.mark.integration) for arch in ARCHITECTURES]
 
 LAUNCHES = {spec.name: CUDA_DISPATCH[spec.qualname] for spec in registry.all_specs() if spec.qualname in CUDA_DISPATCH}
 
@@ -77,7 +81,7 @@ def _nvcc(source: KernelSource, arch: str, tmp_path: Path, instantiate: bool = T
     )
 
 
-@pytest.mark.parametrize("arch", ARCH_PARAMS)
+@pytest.mark.parametrize("arch", NVCC_ARCH_PARAMS)
 @pytest.mark.parametrize("filename", CUDA_SOURCES)
 def test_nvcc_compiles_every_instantiation(filename, arch, tmp_path):
     source = load_source(filename)

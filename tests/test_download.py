@@ -112,7 +112,7 @@ def test_a_404_names_the_url_and_where_to_put_the_file(server, tmp_path):
 def test_offline_says_which_url_to_fetch_by_hand(tmp_path):
     with socket_without_listener() as port:
         url = f"http://127.0.0.1:{port}/RedNet26_pretrained.pdparams"
-        with pytest.raises(DownloadError, match=rf"cannot reach {url} .*Fetch it by hand and put it at {tmp_path}/RedNet26"):
+        with pytest.raises(DownloadError, match=rf"cannot reach {url} \(.*\)\. Fetch {url} by hand and put it at {tmp_path}/RedNet26"):
             cached_download(url, tmp_path, progress=False)
 
 

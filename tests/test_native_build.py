@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from oplib import _torch_private
 from oplib.kernels import native
 from oplib.testing.native import force_native, require_native_build
 
@@ -118,12 +119,12 @@ class _OnDevice(torch.Tensor):
 
     @staticmethod
     def __new__(cls, shape, device):
-        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32, device=device)
+        return _torch_private.make_wrapper_subclass(cls, shape, dtype=torch.float32, device=device)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
-        keys = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, device.type.upper()))
+        keys = _torch_private.DispatchKeySet(getattr(_torch_private.DispatchKey, device.type.upper()))
         return func.redispatch(keys, *args, **(kwargs or {}))
 
 

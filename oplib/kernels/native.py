@@ -145,7 +145,7 @@ class Target:
         includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
         flags = ["-std=c++20", "-fPIC", "-O3", f"-march={self.march}", "-fopenmp"]
         flags += [f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
-        flags += [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+        flags += [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"]
         flags += [f for include in includes for f in ("-isystem", include)]
         return flags + (list(SANITIZE_FLAGS) if self.sanitize else [])
 
