@@ -203,6 +203,12 @@ PLANTED_OVER_READS = {
     "gather-block-bound": ("if (j < first || j > last) continue;", "if (j < first || j > last + 1) continue;"),
     "channel-row-tail": ("count = std::min<int64_t>(LANES, end - x);", "count = std::min<int64_t>(LANES, end - x + 1);"),
     "pixel-lane-grad-rows": ("g_rows = geo.out_h + 2 * R + K,", "g_rows = geo.out_h + R,"),
+    # the store of a channels_last result writing one pixel past each row (past the tensor's
+    # end at the last row of the last sample): an over-write, which ASan catches the same way
+    "channels-last-store-row": (
+        "for (int64_t j = 0; j < count; ++j) convert(sums + j * cpg, 1, cpg, dst + j * pixel_stride);",
+        "for (int64_t j = 0; j <= count; ++j) convert(sums + j * cpg, 1, cpg, dst + j * pixel_stride);",
+    ),
     # involution_generated's feature rows, read one value past each row's end (past the
     # tensor's end at the last row of the last channel)
     "generator-feature-row": (

@@ -113,6 +113,52 @@ def test_the_generated_entry_points_check_the_generator(monkeypatch):
         module.involution_generated_forward(x, feature[:1], span, bias, *params)
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_the_entry_points_write_into_the_result_the_op_allocated(monkeypatch, channels_last):
+    """The forward and grad_input write into ``out`` in its own layout (channels_last where
+    the op's fake says so) and return that very tensor, equal to the float64 reference."""
+    from oplib import registry
+
+    module = _module(monkeypatch)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    torch.manual_seed(0)
+    x = torch.randn(2, 32, 9, 11).contiguous(memory_format=fmt)
+    weight, grad = torch.randn(2, 2, 7, 7, 9, 11), torch.randn(2, 32, 9, 11).contiguous(memory_format=fmt)
+    feature, span = torch.randn(2, 8, 9, 11), torch.randn(2 * 49, 8)
+    params = ([1, 1], [3, 3], [1, 1])
+    calls = {
+        "involution": (module.involution_forward, (x, weight, *params)),
+        "involution_backward_input": (module.involution_backward_input, (grad, weight, [9, 11], *params)),
+        "involution_generated": (module.involution_generated_forward, (x, feature, span, None, [7, 7], *params)),
+        "involution_generated_backward_input": (
+            module.involution_generated_backward_input, (grad, feature, span, None, [9, 11], [7, 7], *params)),
+    }  # fmt: skip
+    for name, (call, args) in calls.items():
+        out = torch.full((2, 32, 9, 11), float("nan")).contiguous(memory_format=fmt)
+        assert call(*args, out=out) is out
+        assert out.is_contiguous(memory_format=fmt)
+        expected = registry.get(name).reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in args])
+        torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-4)
+    strided = torch.empty(2, 32, 9, 22)[..., ::2]  # neither layout: the generic store
+    module.involution_forward(x, weight, *params, out=strided)
+    torch.testing.assert_close(strided.double(), registry.get("involution").reference(x.double(), weight.double(), *params),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_the_result_given_must_fit_and_not_overlap(monkeypatch):
+    module = _module(monkeypatch)
+    x, weight = torch.randn(2, 16, 5, 5), torch.randn(2, 1, 3, 3, 5, 5)
+    params = ([1, 1], [1, 1], [1, 1])
+    with pytest.raises(RuntimeError, match=r"out is \[2, 16, 5, 4\]; expected \[2, 16, 5, 5\]"):
+        module.involution_forward(x, weight, *params, out=torch.empty(2, 16, 5, 4))
+    with pytest.raises(RuntimeError, match=r"out has dtype Double but input has Float"):
+        module.involution_forward(x, weight, *params, out=torch.empty(2, 16, 5, 5, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match=r"unsupported operation: some elements of the input tensor and the written-to tensor refer to a single memory location"):
+        module.involution_forward(x, weight, *params, out=x)
+    with pytest.raises(RuntimeError, match=r"unsupported operation: more than one element of the written-to tensor refers to a single memory location"):
+        module.involution_forward(x, weight, *params, out=torch.empty(2, 16, 5, 1).expand(2, 16, 5, 5))
+
+
 class _OnDevice(torch.Tensor):
     """A tensor of another device type, holding no data: its ops are sent past Python's
     dispatch straight to that device type's kernel (no such device is on this machine)."""

@@ -463,11 +463,12 @@ def launch_involution_backward_weight(
 def _involution_kernel(
     input: Tensor, weight: Tensor, stride: list[int], padding: list[int], dilation: list[int]
 ) -> Tensor:
-    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo), contiguous."""
+    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo), channels_last
+    when the input is (the fake's layout, written in place by the CPU kernels)."""
     if not _involution_args_valid(input, weight, stride, padding, dilation):
         _check_involution_args(input, weight, stride, padding, dilation)
-    out = involution_cpu.involution(input, weight, stride, padding, dilation)
-    return out.contiguous(memory_format=torch.channels_last) if is_channels_last(input) else out
+    out = _empty_activation(input, (input.shape[0], input.shape[1], weight.shape[4], weight.shape[5]), is_channels_last(input))
+    return involution_cpu.involution(input, weight, stride, padding, dilation, out=out)
 
 
 # The CPU kernel; CUDA registers its own below. Any other device type gets torch's own
@@ -493,8 +494,8 @@ def _involution_backward_input_kernel(
     -> grad_input: (N, C, H, W)."""
     if not _backward_input_args_valid(grad_output, weight, input_size, stride, padding, dilation):
         _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
-    grad_input = involution_cpu.involution_backward_input(grad_output, weight, input_size, stride, padding, dilation)
-    return grad_input.contiguous(memory_format=torch.channels_last) if is_channels_last(grad_output) else grad_input
+    grad_input = _empty_activation(grad_output, (grad_output.shape[0], grad_output.shape[1], *input_size), is_channels_last(grad_output))
+    return involution_cpu.involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, out=grad_input)
 
 
 # The CPU kernel; CUDA registers its own below.

@@ -199,10 +199,6 @@ def generated_weight(feature: Tensor, span_weight: Tensor, span_bias: Optional[T
 # ---------------------------------------------------------------------------------------
 
 
-def _in_input_layout(result: Tensor, like: Tensor) -> Tensor:
-    return result.contiguous(memory_format=torch.channels_last) if unfused.is_channels_last(like) else result
-
-
 @torch.library.custom_op("oplib::involution_generated", mutates_args=(), device_types="cpu")
 def involution_generated(
     input: Tensor,
@@ -218,14 +214,13 @@ def involution_generated(
     (G*KH*KW,) or None -> (N, C, Ho, Wo), channels_last when the input is."""
     if not _forward_args_valid(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation):
         _check_forward_args(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation)
+    out = unfused._empty_activation(input, (input.shape[0], input.shape[1], *feature.shape[2:]), unfused.is_channels_last(input))
     module = native.involution()
     if module is not None:
-        out = module.involution_generated_forward(input, feature, span_weight, span_bias, kernel_size, stride, padding,
-                                                  dilation)
-    else:
-        weight = generated_weight(feature, span_weight, span_bias, kernel_size)
-        out = involution_cpu.pytorch_involution(input, weight, stride, padding, dilation)
-    return _in_input_layout(out, input)
+        return module.involution_generated_forward(input, feature, span_weight, span_bias, kernel_size, stride, padding,
+                                                   dilation, out=out)
+    weight = generated_weight(feature, span_weight, span_bias, kernel_size)
+    return out.copy_(involution_cpu.pytorch_involution(input, weight, stride, padding, dilation))
 
 
 @involution_generated.register_fake
@@ -261,14 +256,14 @@ def involution_generated_backward_input(
     args = (grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding, dilation)
     if not _backward_input_args_valid(*args):
         _check_backward_input_args(*args)
+    shape = (grad_output.shape[0], grad_output.shape[1], *input_size)
+    grad_input = unfused._empty_activation(grad_output, shape, unfused.is_channels_last(grad_output))
     module = native.involution()
     if module is not None:
-        grad_input = module.involution_generated_backward_input(*args)
-    else:
-        weight = generated_weight(feature, span_weight, span_bias, kernel_size)
-        grad_input = involution_cpu.pytorch_involution_backward_input(grad_output, weight, input_size, stride, padding,
-                                                                      dilation)
-    return _in_input_layout(grad_input, grad_output)
+        return module.involution_generated_backward_input(*args, out=grad_input)
+    weight = generated_weight(feature, span_weight, span_bias, kernel_size)
+    return grad_input.copy_(involution_cpu.pytorch_involution_backward_input(grad_output, weight, input_size, stride, padding,
+                                                                             dilation))
 
 
 @involution_generated_backward_input.register_fake

@@ -68,10 +68,12 @@ def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0)
         weight = torch.randn(n, groups, kernel, kernel, *out, dtype=dtype)
         args = [(x, weight, *params), (g, weight, [h, w], *params), (g, x, [kernel, kernel], *params, groups)]
         atol, rtol = registry.get("involution").tolerance(dtype)
-        for call, reference, arguments in zip(calls.values(), references, args):
+        for index, (call, reference, arguments) in enumerate(zip(calls.values(), references, args)):
             expected = reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in arguments])
             torch.testing.assert_close(call(*arguments).double(), expected, atol=atol, rtol=rtol)
             count += 1
+            if index < 2:  # the forward and grad_input also write into a channels_last result given
+                count += _check_into_channels_last(call, arguments, expected, atol, rtol)
     # The generated weights with whole vectors of channels and of generated columns: blocks
     # of several rows ending inside a vector, one row wider than a block, odd R.
     references = [registry.get(name).reference for name in generated_calls]
@@ -89,5 +91,15 @@ def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0)
         for call, reference, arguments in zip(generated_calls.values(), references, args):
             expected = reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in arguments])
             torch.testing.assert_close(call(*arguments).double(), expected, atol=atol, rtol=rtol)
-            count += 1
+            count += 1 + _check_into_channels_last(call, arguments, expected, atol, rtol)
     return count
+
+
+def _check_into_channels_last(call, arguments, expected, atol: float, rtol: float) -> int:
+    """call(*arguments, out=a channels_last tensor) writes the expected values into it."""
+    import torch
+
+    out = torch.empty(expected.shape, dtype=arguments[0].dtype).contiguous(memory_format=torch.channels_last)
+    assert call(*arguments, out=out) is out
+    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=rtol)
+    return 1

@@ -34,7 +34,8 @@ void gather_row(const Geometry& geo, const acc_t* grads, const acc_t* weights, i
 
 // Source: StoredWeight or GeneratedWeight.
 template <typename scalar_t, typename Source>
-void backward_input_kernel(const Geometry& geo, const Planes<scalar_t>& grad, const Source& source, scalar_t* result) {
+void backward_input_kernel(const Geometry& geo, const Planes<scalar_t>& grad, const Source& source,
+                           const OutputPlanes<scalar_t>& result) {
   using acc_t = Acc<scalar_t>;
   const int64_t cpg = geo.group_channels(), taps = geo.taps(), sw = geo.stride_w;
   const int64_t plane = geo.out_h * geo.out_w;
@@ -66,8 +67,8 @@ void backward_input_kernel(const Geometry& geo, const Planes<scalar_t>& grad, co
             if (from >= 0 && from % geo.stride_h == 0 && from / geo.stride_h < geo.out_h) reaching.push_back({a, from / geo.stride_h});
           }
           gather_row<acc_t, decltype(lanes)::value>(geo, grads.data(), weights, w_stride, reaching, x_begin, x_end, sums.data(), scratch);
-          store_channel_row<decltype(lanes)::value>(sums.data() + (geo.pad_w - x_begin) * cpg, cpg, geo.width,
-                            result + ((n * geo.channels + g * cpg) * geo.height + y) * geo.width, geo.height * geo.width);
+          store_channel_row<decltype(lanes)::value>(sums.data() + (geo.pad_w - x_begin) * cpg, cpg, geo.width, result.at(n, g * cpg, y),
+                                                    result.stride_c, result.stride_w);
         }
       }
     });

@@ -1,11 +1,14 @@
 // The Python entry points of the native CPU kernels: each checks its tensors (device,
 // layout, dtype, dimensions, shapes against the geometry) with TORCH_CHECK, so a wrong call
-// raises a RuntimeError that names the argument instead of reading past a buffer, allocates
-// the contiguous result and calls the kernel unit for the dtype. The ops' Python kernels
+// raises a RuntimeError that names the argument instead of reading past a buffer, writes
+// into the result tensor the op allocated (its `out` argument, in the fake's layout: the
+// forward and grad_input write channels_last results in place) or a new contiguous one, and
+// calls the kernel unit for the dtype. The ops' Python kernels
 // (oplib.kernels.involution_cpu, oplib.ops.involution_generated) check the same rules first,
 // with torch's own messages; these checks guard the module's direct callers.
 
 #include <ATen/Dispatch.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -73,6 +76,24 @@ oplib_cpu::Planes<scalar_t> planes(const at::Tensor& t) {
 }
 
 template <typename scalar_t>
+oplib_cpu::OutputPlanes<scalar_t> output_planes(const at::Tensor& t) {
+  return {t.data_ptr<scalar_t>(), t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
+}
+
+// The result (N, C, H, W): `out` where the caller allocated it (the op, in its fake's
+// layout), checked to fit and not to overlap the operands; else a contiguous new tensor.
+at::Tensor result_tensor(const std::optional<at::Tensor>& out, at::IntArrayRef shape, const at::Tensor& like,
+                         const char* like_name, std::initializer_list<const at::Tensor*> operands) {
+  if (!out.has_value()) return at::empty(shape, like.options());
+  check_operand(*out, "out", 4);
+  check_same_dtype(*out, "out", like, like_name);
+  TORCH_CHECK(out->sizes() == shape, "oplib's native CPU kernels: out is ", out->sizes(), "; expected ", shape);
+  at::assert_no_internal_overlap(*out);
+  for (const at::Tensor* operand : operands) at::assert_no_overlap(*out, *operand);
+  return *out;
+}
+
+template <typename scalar_t>
 oplib_cpu::Weight<scalar_t> weight_view(const at::Tensor& t) {
   oplib_cpu::Weight<scalar_t> view{t.data_ptr<scalar_t>(), {}};
   for (int d = 0; d < 6; ++d) view.stride[d] = t.stride(d);
@@ -121,24 +142,25 @@ oplib_cpu::GeneratorOperands<scalar_t> generator_operands(const at::Tensor& feat
 
 }  // namespace
 
-// input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo), contiguous.
+// input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo), written into `out` where given.
 at::Tensor involution_forward(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
-                              at::IntArrayRef padding, at::IntArrayRef dilation) {
+                              at::IntArrayRef padding, at::IntArrayRef dilation, const std::optional<at::Tensor>& out_arg) {
   check_operand(input, "input", 4);
   check_operand(weight, "weight", 6);
   check_same_dtype(weight, "weight", input, "input");
   const Geometry geo = make_geometry(input.sizes(), weight.sizes(), stride, padding, dilation);
-  at::Tensor out = at::empty({geo.batch, geo.channels, geo.out_h, geo.out_w}, input.options());
+  at::Tensor out = result_tensor(out_arg, {geo.batch, geo.channels, geo.out_h, geo.out_w}, input, "input", {&input, &weight});
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "involution_forward", [&] {
-    oplib_cpu::forward<scalar_t>(geo, planes<scalar_t>(input), weight_view<scalar_t>(weight), out.data_ptr<scalar_t>());
+    oplib_cpu::forward<scalar_t>(geo, planes<scalar_t>(input), weight_view<scalar_t>(weight), output_planes<scalar_t>(out));
   });
   return out;
 }
 
 // grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> grad_input: (N, C, H, W).
 at::Tensor involution_backward_input(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
-                                     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+                                     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                     const std::optional<at::Tensor>& out) {
   check_operand(grad_output, "grad_output", 4);
   check_operand(weight, "weight", 6);
   check_same_dtype(weight, "weight", grad_output, "grad_output");
@@ -147,11 +169,11 @@ at::Tensor involution_backward_input(const at::Tensor& grad_output, const at::Te
   const Geometry geo = make_geometry(input_shape, weight.sizes(), stride, padding, dilation);
   TORCH_CHECK(grad_output.size(2) == geo.out_h && grad_output.size(3) == geo.out_w, "oplib's native CPU kernels: grad_output is ",
               grad_output.sizes(), " but the weight's output is ", geo.out_h, "x", geo.out_w);
-  at::Tensor grad_input = at::empty(input_shape, grad_output.options());
+  at::Tensor grad_input = result_tensor(out, input_shape, grad_output, "grad_output", {&grad_output, &weight});
   if (grad_input.numel() == 0) return grad_input;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad_output.scalar_type(), "involution_backward_input", [&] {
     oplib_cpu::backward_input<scalar_t>(geo, planes<scalar_t>(grad_output), weight_view<scalar_t>(weight),
-                                        grad_input.data_ptr<scalar_t>());
+                                        output_planes<scalar_t>(grad_input));
   });
   return grad_input;
 }
@@ -181,16 +203,17 @@ at::Tensor involution_backward_weight(const at::Tensor& grad_output, const at::T
 // span_bias: (G * KH * KW,) or None -> out: (N, C, Ho, Wo).
 at::Tensor involution_generated_forward(const at::Tensor& input, const at::Tensor& feature, const at::Tensor& span_weight,
                                         const std::optional<at::Tensor>& span_bias, at::IntArrayRef kernel_size,
-                                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+                                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                        const std::optional<at::Tensor>& out_arg) {
   check_operand(input, "input", 4);
   const auto weight_shape = generated_weight_shape(input, "input", feature, span_weight, span_bias, kernel_size);
   const Geometry geo = make_geometry(input.sizes(), weight_shape, stride, padding, dilation);
-  at::Tensor out = at::empty({geo.batch, geo.channels, geo.out_h, geo.out_w}, input.options());
+  at::Tensor out = result_tensor(out_arg, {geo.batch, geo.channels, geo.out_h, geo.out_w}, input, "input", {&input, &feature});
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "involution_generated_forward", [&] {
     std::vector<at::Tensor> held;
     const auto generator = generator_operands<scalar_t>(feature, span_weight, span_bias, held);
-    oplib_cpu::forward_generated<scalar_t>(geo, planes<scalar_t>(input), generator, out.data_ptr<scalar_t>());
+    oplib_cpu::forward_generated<scalar_t>(geo, planes<scalar_t>(input), generator, output_planes<scalar_t>(out));
   });
   return out;
 }
@@ -199,7 +222,7 @@ at::Tensor involution_generated_forward(const at::Tensor& input, const at::Tenso
 at::Tensor involution_generated_backward_input(const at::Tensor& grad_output, const at::Tensor& feature,
                                                const at::Tensor& span_weight, const std::optional<at::Tensor>& span_bias,
                                                at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride,
-                                               at::IntArrayRef padding, at::IntArrayRef dilation) {
+                                               at::IntArrayRef padding, at::IntArrayRef dilation, const std::optional<at::Tensor>& out) {
   check_operand(grad_output, "grad_output", 4);
   check_pair(input_size, "input_size", 0);
   const auto weight_shape = generated_weight_shape(grad_output, "grad_output", feature, span_weight, span_bias, kernel_size);
@@ -207,20 +230,27 @@ at::Tensor involution_generated_backward_input(const at::Tensor& grad_output, co
   const Geometry geo = make_geometry(input_shape, weight_shape, stride, padding, dilation);
   TORCH_CHECK(grad_output.size(2) == geo.out_h && grad_output.size(3) == geo.out_w, "oplib's native CPU kernels: grad_output is ",
               grad_output.sizes(), " but the feature map is ", geo.out_h, "x", geo.out_w);
-  at::Tensor grad_input = at::empty(input_shape, grad_output.options());
+  at::Tensor grad_input = result_tensor(out, input_shape, grad_output, "grad_output", {&grad_output, &feature});
   if (grad_input.numel() == 0) return grad_input;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad_output.scalar_type(), "involution_generated_backward_input", [&] {
     std::vector<at::Tensor> held;
     const auto generator = generator_operands<scalar_t>(feature, span_weight, span_bias, held);
-    oplib_cpu::backward_input_generated<scalar_t>(geo, planes<scalar_t>(grad_output), generator, grad_input.data_ptr<scalar_t>());
+    oplib_cpu::backward_input_generated<scalar_t>(geo, planes<scalar_t>(grad_output), generator, output_planes<scalar_t>(grad_input));
   });
   return grad_input;
 }
 
+// out (optional, keyword or last positional): the result tensor to write, of any strides.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("involution_forward", &involution_forward);
-  m.def("involution_backward_input", &involution_backward_input);
+  using pybind11::arg;
+  m.def("involution_forward", &involution_forward, arg("input"), arg("weight"), arg("stride"), arg("padding"), arg("dilation"),
+        arg("out") = pybind11::none());
+  m.def("involution_backward_input", &involution_backward_input, arg("grad_output"), arg("weight"), arg("input_size"), arg("stride"),
+        arg("padding"), arg("dilation"), arg("out") = pybind11::none());
   m.def("involution_backward_weight", &involution_backward_weight);
-  m.def("involution_generated_forward", &involution_generated_forward);
-  m.def("involution_generated_backward_input", &involution_generated_backward_input);
+  m.def("involution_generated_forward", &involution_generated_forward, arg("input"), arg("feature"), arg("span_weight"),
+        arg("span_bias"), arg("kernel_size"), arg("stride"), arg("padding"), arg("dilation"), arg("out") = pybind11::none());
+  m.def("involution_generated_backward_input", &involution_generated_backward_input, arg("grad_output"), arg("feature"),
+        arg("span_weight"), arg("span_bias"), arg("input_size"), arg("kernel_size"), arg("stride"), arg("padding"), arg("dilation"),
+        arg("out") = pybind11::none());
 }

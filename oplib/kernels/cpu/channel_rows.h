@@ -101,10 +101,22 @@ void fill_channel_rows(const Planes<scalar_t>& src, int64_t n, int64_t first_cha
   }
 }
 
-// count pixels of channel rows (sums, pixel stride cpg) into the contiguous planes of a result:
-// channel k's values at dst + k * channel_stride.
+// count pixels of channel rows (sums, pixel stride cpg) into one row of a result: channel k
+// of pixel j at dst + k * channel_stride + j * pixel_stride. A channels_last result takes
+// each pixel's channels as they are; a row-major one transposes blocks through the registers.
 template <int LANES, typename scalar_t, typename acc_t>
-void store_channel_row(const acc_t* sums, int64_t cpg, int64_t count, scalar_t* dst, int64_t channel_stride) {
+void store_channel_row(const acc_t* sums, int64_t cpg, int64_t count, scalar_t* dst, int64_t channel_stride,
+                       int64_t pixel_stride) {
+  if (channel_stride == 1) {
+    for (int64_t j = 0; j < count; ++j) convert(sums + j * cpg, 1, cpg, dst + j * pixel_stride);
+    return;
+  }
+  if (pixel_stride != 1) {  // any other strides
+    for (int64_t k = 0; k < cpg; ++k) {
+      for (int64_t j = 0; j < count; ++j) dst[k * channel_stride + j * pixel_stride] = static_cast<scalar_t>(sums[j * cpg + k]);
+    }
+    return;
+  }
   using V = typename Lanes<acc_t, LANES>::type;
   for (int64_t k = 0; k < cpg; k += LANES) {
     for (int64_t j = 0; j < count; j += LANES) {

@@ -26,9 +26,9 @@ void forward_row(const Geometry& geo, const acc_t* row, int64_t columns, const i
 
 // Source: StoredWeight or GeneratedWeight.
 template <typename scalar_t, typename Source>
-void forward_kernel(const Geometry& geo, const Planes<scalar_t>& x, const Source& source, scalar_t* out_data) {
+void forward_kernel(const Geometry& geo, const Planes<scalar_t>& x, const Source& source, const OutputPlanes<scalar_t>& out) {
   using acc_t = Acc<scalar_t>;
-  const int64_t cpg = geo.group_channels(), plane = geo.out_h * geo.out_w;
+  const int64_t cpg = geo.group_channels();
   const int64_t width = forward_width(geo), rows = geo.scratch_rows(), columns = forward_columns(geo);
   const std::vector<int64_t> window = window_offsets(geo, columns);
   with_lanes<acc_t>(cpg, [&](auto lanes) {
@@ -45,8 +45,7 @@ void forward_kernel(const Geometry& geo, const Planes<scalar_t>& x, const Source
           const acc_t* weight_row = weight_rows.row(i);
           const acc_t* row = planes.data() + i * geo.stride_h * columns * cpg;
           forward_row<acc_t, decltype(lanes)::value>(geo, row, columns, window.data(), weight_row, w_stride, sums.data());
-          store_channel_row<decltype(lanes)::value>(sums.data(), cpg, geo.out_w, out_data + ((n * geo.channels + g * cpg) * geo.out_h + i) * geo.out_w,
-                            plane);
+          store_channel_row<decltype(lanes)::value>(sums.data(), cpg, geo.out_w, out.at(n, g * cpg, i), out.stride_c, out.stride_w);
         }
       }
     });

@@ -1,6 +1,7 @@
 // The kernel units' entry points, each explicitly instantiated in its unit for the dtypes of
-// OPLIB_FOR_EACH_DTYPE. bindings.cpp checks the tensors and calls these. Results are written
-// as contiguous tensors: out and grad_input (N, C, H, W), grad_weight (N, G, KH, KW, Ho, Wo).
+// OPLIB_FOR_EACH_DTYPE. bindings.cpp checks the tensors and calls these. out and grad_input
+// (N, C, H, W) are written into the tensor given, of any strides (the op allocates it in its
+// fake's layout); grad_weight (N, G, KH, KW, Ho, Wo) into a contiguous one.
 
 #pragma once
 
@@ -17,19 +18,19 @@ namespace oplib_cpu {
 
 // forward.cpp
 template <typename scalar_t>
-void forward(const Geometry& geo, const Planes<scalar_t>& input, const Weight<scalar_t>& weight, scalar_t* out);
+void forward(const Geometry& geo, const Planes<scalar_t>& input, const Weight<scalar_t>& weight, const OutputPlanes<scalar_t>& out);
 // forward_generated.cpp
 template <typename scalar_t>
 void forward_generated(const Geometry& geo, const Planes<scalar_t>& input, const GeneratorOperands<scalar_t>& generator,
-                       scalar_t* out);
+                       const OutputPlanes<scalar_t>& out);
 // backward_input.cpp
 template <typename scalar_t>
 void backward_input(const Geometry& geo, const Planes<scalar_t>& grad_output, const Weight<scalar_t>& weight,
-                    scalar_t* grad_input);
+                    const OutputPlanes<scalar_t>& grad_input);
 // backward_input_generated.cpp
 template <typename scalar_t>
 void backward_input_generated(const Geometry& geo, const Planes<scalar_t>& grad_output,
-                              const GeneratorOperands<scalar_t>& generator, scalar_t* grad_input);
+                              const GeneratorOperands<scalar_t>& generator, const OutputPlanes<scalar_t>& grad_input);
 // backward_weight.cpp
 template <typename scalar_t>
 void backward_weight(const Geometry& geo, const Planes<scalar_t>& grad_output, const Planes<scalar_t>& input,

@@ -69,6 +69,16 @@ struct Planes {
   const scalar_t* at(int64_t n, int64_t c, int64_t h) const { return data + n * stride_n + c * stride_c + h * stride_h; }
 };
 
+// A 4-D result (N, C, H, W) of any strides, allocated by the op in its fake's layout
+// (channels_last where the operand is) and written in place.
+template <typename scalar_t>
+struct OutputPlanes {
+  scalar_t* data;
+  int64_t stride_n, stride_c, stride_h, stride_w;
+
+  scalar_t* at(int64_t n, int64_t c, int64_t h) const { return data + n * stride_n + c * stride_c + h * stride_h; }
+};
+
 // The weight (N, G, KH, KW, Ho, Wo) of any strides.
 template <typename scalar_t>
 struct Weight {

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Optional, Protocol
 
 import torch
 from torch import Tensor
@@ -89,20 +89,29 @@ class Strategy(Protocol):
         """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
 
 
-def involution(input: Tensor, weight: Tensor, stride, padding, dilation) -> Tensor:
-    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo)."""
+def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Optional[Tensor] = None) -> Tensor:
+    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo), written into
+    ``out`` where given (any strides: the op allocates it in its fake's layout)."""
     module = native.involution()
     if module is not None:
-        return module.involution_forward(input, weight, stride, padding, dilation)
-    return pytorch_involution(input, weight, stride, padding, dilation)
+        return module.involution_forward(input, weight, stride, padding, dilation, out=out)
+    return _into(out, pytorch_involution(input, weight, stride, padding, dilation))
 
 
-def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation) -> Tensor:
-    """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> grad_input: (N, C, H, W)."""
+def involution_backward_input(
+    grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation, out: Optional[Tensor] = None
+) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> grad_input: (N, C, H, W),
+    written into ``out`` where given."""
     module = native.involution()
     if module is not None:
-        return module.involution_backward_input(grad_output, weight, input_size, stride, padding, dilation)
-    return pytorch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation)
+        return module.involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, out=out)
+    return _into(out, pytorch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation))
+
+
+def _into(out: Optional[Tensor], result: Tensor) -> Tensor:
+    """result, or out holding it (the plain-PyTorch kernels compute a contiguous result)."""
+    return result if out is None else out.copy_(result)
 
 
 def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation, groups) -> Tensor:
