@@ -1,18 +1,23 @@
 """Test helpers for oplib's ops and yours: pytest parametrisation over specs, comparison
-against the float64 reference, input builders (``oplib.testing.inputs``) and the generated
-test class ``generated_tests`` (``oplib.testing.generated``, imported on first use because
-it needs pytest, which oplib does not)."""
+against the float64 reference (``oplib.testing.helpers``), input builders
+(``oplib.testing.inputs``) and the generated test class ``generated_tests``
+(``oplib.testing.generated``, imported on first use because it needs pytest, which oplib
+does not). This file only hands names on."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Optional
-
-import torch
-from torch import Tensor
-
-from .. import registry
-from ..registry import OpSpec, SampleInput
+from .helpers import (  # noqa: F401  (public)
+    cpu_and_cuda,
+    spec_params,
+    spec_dtype_params,
+    reference_output,
+    assert_matches_reference,
+    layout_class,
+    representative_samples,
+    tensor_args,
+    with_batch_norm_statistics,
+    OpCall,
+)
 from .inputs import LAYOUTS, draw_window, expect_message, make  # noqa: F401  (public)
 
 
@@ -22,113 +27,3 @@ def __getattr__(name: str):
 
         return generated_tests
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def cpu_and_cuda():
-    """("cpu", cuda marked ``needs_cuda``): conftest skips the mark where there is no GPU."""
-    import pytest
-
-    return ("cpu", pytest.param("cuda", marks=pytest.mark.needs_cuda))
-
-
-def spec_params(specs: Optional[Iterable[OpSpec]] = None):
-    """One pytest param per (spec, device)."""
-    import pytest
-
-    params = []
-    for spec in specs if specs is not None else registry.all_specs():
-        for device in spec.devices:
-            marks = [pytest.mark.needs_cuda] if device == "cuda" else []
-            params.append(pytest.param(spec, device, id=f"{spec.name}-{device}", marks=marks))
-    return params
-
-
-def spec_dtype_params(specs: Optional[Iterable[OpSpec]] = None, dtypes: Optional[Iterable[torch.dtype]] = None):
-    """One pytest param per (spec, device, dtype) the spec supports, optionally only ``dtypes``."""
-    import pytest
-
-    params = []
-    for spec in specs if specs is not None else registry.all_specs():
-        for device, supported in spec.dtypes.items():
-            marks = [pytest.mark.needs_cuda] if device == "cuda" else []
-            for dtype in supported:
-                if dtypes is None or dtype in dtypes:
-                    name = f"{spec.name}-{device}-{str(dtype).removeprefix('torch.')}"
-                    params.append(pytest.param(spec, device, dtype, id=name, marks=marks))
-    return params
-
-
-def reference_output(spec: OpSpec, sample: SampleInput) -> Tensor:
-    """The float64 reference output for ``sample`` (inputs cast to float64, not re-drawn)."""
-    with torch.no_grad():
-        return spec.reference(*registry.cast_sample(sample, torch.float64, requires_grad=False).args)
-
-
-def assert_matches_reference(spec: OpSpec, sample: SampleInput, out: Tensor, dtype: torch.dtype) -> None:
-    """``out`` has ``dtype`` and matches the float64 reference within ``dtype``'s tolerance."""
-    expected = reference_output(spec, sample)
-    atol, rtol = spec.tolerance(dtype)
-    assert out.dtype == dtype, f"{spec.name}[{sample.name}]: output dtype {out.dtype}, expected {dtype}"
-    torch.testing.assert_close(
-        out.detach().double(), expected, atol=atol, rtol=rtol, msg=lambda m: f"{spec.name}[{sample.name}]: {m}"
-    )
-
-
-def layout_class(sample: SampleInput) -> tuple:
-    """What tells two samples apart for opcheck and tracing: per tensor argument, its number
-    of dimensions, whether it is empty, and its memory layout (contiguous, channels_last or
-    other strides)."""
-
-    def layout(t: Tensor) -> str:
-        if t.is_contiguous():
-            return "contiguous"
-        return "channels_last" if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) else "strided"
-
-    return tuple((a.dim(), a.numel() == 0, layout(a)) for a in sample.args if isinstance(a, Tensor))
-
-
-def representative_samples(samples: Iterable[SampleInput]) -> list[SampleInput]:
-    """The first sample of each ``layout_class``, in order."""
-    seen, picked = set(), []
-    for sample in samples:
-        key = layout_class(sample)
-        if key not in seen:
-            seen.add(key)
-            picked.append(sample)
-    return picked
-
-
-def tensor_args(sample: SampleInput) -> list[int]:
-    """Positions of the tensor arguments of a sample."""
-    return [i for i, a in enumerate(sample.args) if isinstance(a, Tensor)]
-
-
-def with_batch_norm_statistics(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
-    """``model`` with random running statistics and affine parameters in every BatchNorm,
-    in place. A fresh RedNet's residual branches end in a BatchNorm of scale 0, so in eval
-    mode each block computes its shortcut alone and an export that got a block's involution
-    wrong would still match eager; with these, every layer shows in the outputs."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)):
-                module.running_mean.normal_(0, 0.1, generator=generator)
-                module.running_var.uniform_(0.5, 1.5, generator=generator)
-                module.bias.normal_(0, 0.1, generator=generator)
-                # Scales well below 1: involution's kernels are generated from its input, so
-                # activations grow quadratically through the blocks with scales near 1.
-                module.weight.uniform_(0.1, 0.3, generator=generator)
-    return model
-
-
-class OpCall(torch.nn.Module):
-    """A module calling ``op`` on a sample: its tensors are the forward's inputs, its other
-    arguments constants. Used to export one op call."""
-
-    def __init__(self, op, sample: SampleInput):
-        super().__init__()
-        self.op, self.args = op, sample.args
-
-    def forward(self, *tensors: Tensor) -> Tensor:
-        it = iter(tensors)
-        return self.op(*(next(it) if isinstance(a, Tensor) else a for a in self.args))

@@ -11,7 +11,7 @@ import torch
 
 from .. import _torch_private as private
 from ..registry import OpSpec, cast_sample
-from . import OpCall, assert_matches_reference, tensor_args
+from .helpers import OpCall, assert_matches_reference, tensor_args
 
 
 class NotApplicable(Exception):

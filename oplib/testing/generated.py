@@ -31,7 +31,8 @@ import torch
 
 from .. import _torch_private as private
 from ..registry import OpSpec, SampleInput, cast_sample
-from . import OpCall, assert_matches_reference, checks, representative_samples, spec_dtype_params, spec_params, tensor_args, toolchain
+from . import checks, toolchain
+from .helpers import OpCall, assert_matches_reference, representative_samples, spec_dtype_params, spec_params, tensor_args
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 # The unit tier compiles and exports each op's first sample; the integration tier the others.

@@ -34,7 +34,7 @@ def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0)
     import torch
 
     from .. import registry
-    from . import assert_matches_reference
+    from .helpers import assert_matches_reference
 
     calls = {
         "involution": module.involution_forward,
