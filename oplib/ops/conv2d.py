@@ -27,6 +27,7 @@ from ._common import (
     check_same_dtype_and_device,
     check_window_fits,
     check_window_params,
+    is_channels_last,
     register_autocast_policy,
     window_fits,
     window_output_size,
@@ -108,11 +109,7 @@ def _conv2d_args_valid(input, weight, bias, stride, padding, dilation, groups) -
 def _output_memory_format(input: Tensor, weight: Tensor) -> torch.memory_format:
     """channels_last when either operand is laid out channels_last, as torch's CPU/cuDNN
     convolutions do. The real kernel enforces it so that fake and real strides agree."""
-
-    def _is_channels_last(t: Tensor) -> bool:
-        return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
-
-    return torch.channels_last if _is_channels_last(input) or _is_channels_last(weight) else torch.contiguous_format
+    return torch.channels_last if is_channels_last(input) or is_channels_last(weight) else torch.contiguous_format
 
 
 def _output_shape(input, weight, stride, padding, dilation) -> list:

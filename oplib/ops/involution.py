@@ -16,9 +16,11 @@ again one of them:
 (u is the incoming gradient). Each op registers that rule, so derivatives of any order
 work in eager mode.
 
-CPU kernels are plain PyTorch, in ``oplib.kernels.involution_cpu`` (its docstring describes
-the strategies). CUDA kernels live in ``oplib/kernels/involution.cu`` and run through
-``oplib.kernels.CuPyLauncher``.
+CPU kernels: the native ones (``oplib/kernels/cpu/``, built on first use by
+``oplib.kernels.native``), else the plain-PyTorch strategies, both through
+``oplib.kernels.involution_cpu`` (its docstring describes the strategies); the forward and
+grad_input write into a result allocated here in the fake's layout. CUDA kernels live in
+``oplib/kernels/involution.cu`` and run through ``oplib.kernels.CuPyLauncher``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from ._common import (
     check_same_dtype_and_device,
     check_window_fits,
     check_window_params,
+    is_channels_last,
     register_autocast_policy,
     window_fits,
     window_output_size,
@@ -273,12 +276,6 @@ def _backward_weight_args_valid(grad_output, input, kernel_size, stride, padding
 # channels_last when its input is, grad_input when grad_output is, and grad_weight pixel-major,
 # (N, Ho, Wo, G, KH, KW) in memory, when the input is (the layout of a channels_last
 # convolution's output viewed as the weight), so that a channels_last model never copies.
-
-
-def is_channels_last(tensor: Tensor) -> bool:
-    """Whether a 4-D tensor is laid out (N, H, W, C) and not also (N, C, H, W) (as when C == 1
-    or H == W == 1, which then counts as contiguous)."""
-    return not tensor.is_contiguous() and tensor.is_contiguous(memory_format=torch.channels_last)
 
 
 def _empty_activation(like: Tensor, shape: Sequence[int], channels_last: bool) -> Tensor:
