@@ -126,6 +126,38 @@ def run_per_op(section: Section, shapes: list[Shape]) -> list[tuple[Shape, dict[
     return rows
 
 
+# The layout table: the forward through the op with channels_last operands, against NCHW.
+LAYOUTS = ("NCHW", "channels_last input", "channels_last input, pixel-major weight")
+
+
+def run_layouts(section: Section, shapes: list[Shape]) -> list[tuple[Shape, dict]]:
+    """torch.ops.oplib.involution on NCHW operands; on a channels_last input with the NCHW
+    weight; and on a channels_last input with the pixel-major weight, (N, Ho, Wo, G, K, K)
+    in memory, that a channels_last model's span convolution writes. Interleaved per shape."""
+    rows = []
+    for shape in shapes:
+        inputs = shape.inputs()
+        x, w = inputs.input, inputs.weight
+        x_last = x.contiguous(memory_format=torch.channels_last)
+        w_pixel_major = w.permute(0, 4, 5, 1, 2, 3).contiguous().permute(0, 3, 4, 5, 1, 2)
+        operands = dict(zip(LAYOUTS, ((x, w), (x_last, w), (x_last, w_pixel_major))))
+        stmts = {(layout, "forward"): call(torch.ops.oplib.involution, a, b, *shape.params) for layout, (a, b) in operands.items()}
+        rows.append((shape, section.measure(f"layouts {shape.name}", stmts)))
+    return rows
+
+
+def _layout_table(rows: list[tuple[Shape, dict]]) -> list[str]:
+    cells = []
+    for shape, times in rows:
+        base = times["NCHW", "forward"]
+        row = [shape.name, f"{base.median * 1e3:.2f}"]
+        for layout in LAYOUTS[1:]:
+            timing = times[layout, "forward"]
+            row.append(f"{timing.median * 1e3:.2f} ({ratio(timing, base):.2f}x)")
+        cells.append(row)
+    return _harness.table(("shape", "NCHW (ms)", *(f"{layout} (ms, / NCHW)" for layout in LAYOUTS[1:])), "lrrr", cells)
+
+
 # The A/B table: every entry point of the native module, this tree's against a revision's.
 NATIVE_OPS = ("forward", "grad_input", "grad_weight", "generated forward", "generated grad_input")
 
@@ -284,6 +316,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     cpu_rows = [] if args.cuda_only else run_cpu(cpu, shapes, bandwidth)
     per_op = Section(settings)
     per_op_rows = [] if args.cuda_only else run_per_op(per_op, shapes)
+    layouts = Section(settings)
+    layout_rows = [] if args.cuda_only else run_layouts(layouts, shapes)
     native_ab, ab_rows = (
         run_native_ab(settings, shapes, baseline_module(args.baseline_rev)) if args.baseline_rev and not args.cuda_only else (None, [])
     )
@@ -313,6 +347,19 @@ def main(argv: Optional[list[str]] = None) -> int:
             per_op.load_line(),
             "",
             *_per_op_table(per_op_rows),
+            "",
+        ]
+        lines += [
+            "## CPU, channels_last: the forward through the op against NCHW",
+            "",
+            "torch.ops.oplib.involution with a channels_last input (the result is channels_last, written in place "
+            "by the kernel), with the NCHW weight and with the pixel-major weight a channels_last model's span "
+            "convolution writes (read in place where the map's width is a multiple of 7), in ms and as a ratio to "
+            "the NCHW call (the median of the per-round ratios).",
+            "",
+            layouts.load_line(),
+            "",
+            *_layout_table(layout_rows),
             "",
         ]
         if ab_rows:

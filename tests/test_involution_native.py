@@ -203,6 +203,12 @@ PLANTED_OVER_READS = {
     "gather-block-bound": ("if (j < first || j > last) continue;", "if (j < first || j > last + 1) continue;"),
     "channel-row-tail": ("count = std::min<int64_t>(LANES, end - x);", "count = std::min<int64_t>(LANES, end - x + 1);"),
     "pixel-lane-grad-rows": ("g_rows = geo.out_h + 2 * R + K,", "g_rows = geo.out_h + R,"),
+    # the pixel-major weight read in place where rows end in a partial block, whose reads
+    # past Wo leave the tensor at the last row of the last sample
+    "pixel-major-partial-block": (
+        "std::is_same_v<scalar_t, acc_t> && geo.out_w % kPixelBlock == 0 &&",
+        "std::is_same_v<scalar_t, acc_t> &&",
+    ),
     # the store of a channels_last result writing one pixel past each row (past the tensor's
     # end at the last row of the last sample): an over-write, which ASan catches the same way
     "channels-last-store-row": (

@@ -59,8 +59,9 @@ def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0)
     # most 3 channels a group), at stride 1 and 2, rows ending inside a block.
     references = [registry.get(name).reference for name in calls]
     for (n, c, h, w, groups, kernel, stride), dtype in zip(
-        [(2, 32, 9, 11, 2, 7, 1), (1, 16, 14, 13, 1, 7, 2), (2, 32, 5, 17, 1, 3, 2), (1, 48, 8, 8, 3, 5, 1)],
-        [torch.float32, torch.float64, torch.bfloat16, torch.float32],
+        [(2, 32, 9, 11, 2, 7, 1), (1, 16, 14, 13, 1, 7, 2), (2, 32, 5, 17, 1, 3, 2), (1, 48, 8, 8, 3, 5, 1),
+         (2, 32, 7, 14, 2, 7, 1), (1, 16, 13, 28, 1, 3, 2)],
+        [torch.float32, torch.float64, torch.bfloat16, torch.float32, torch.float32, torch.float64],
     ):
         params = ([stride] * 2, [kernel // 2] * 2, [1, 1])
         out = [(s + 2 * (kernel // 2) - kernel) // stride + 1 for s in (h, w)]
@@ -74,6 +75,10 @@ def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0)
             count += 1
             if index < 2:  # the forward and grad_input also write into a channels_last result given
                 count += _check_into_channels_last(call, arguments, expected, atol, rtol)
+            if index == 0:  # the pixel-major weight a channels_last span conv writes, read in place
+                pixel_major = weight.permute(0, 4, 5, 1, 2, 3).contiguous().permute(0, 3, 4, 5, 1, 2)
+                torch.testing.assert_close(call(x, pixel_major, *params).double(), expected, atol=atol, rtol=rtol)
+                count += 1
     # The generated weights with whole vectors of channels and of generated columns: blocks
     # of several rows ending inside a vector, one row wider than a block, odd R.
     references = [registry.get(name).reference for name in generated_calls]

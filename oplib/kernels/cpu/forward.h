@@ -17,10 +17,11 @@ inline int64_t forward_columns(const Geometry& geo) {
 
 // The sums of one output row, LANES channels at a time, into sums (forward_width(geo)
 // pixels, pixel stride cpg): the row's windows start at `row` in channel rows `columns`
-// pixels long (tap t's offset window[t]); tap t of output j weighs weight_row[t * w_stride + j].
+// pixels long (tap t's offset window[t]); tap t of output j weighs weight_row[t * w_stride + j],
+// or, PIXEL_MAJOR, weight_row[t + j * w_stride].
 // In forward_rows.cpp, instantiated once per accumulation type (float serves the 16-bit
 // dtypes too) and shared by both weight sources.
-template <typename acc_t, int LANES>
+template <typename acc_t, int LANES, bool PIXEL_MAJOR>
 void forward_row(const Geometry& geo, const acc_t* row, int64_t columns, const int64_t* window, const acc_t* weight_row,
                  int64_t w_stride, acc_t* sums);
 
@@ -44,7 +45,11 @@ void forward_kernel(const Geometry& geo, const Planes<scalar_t>& x, const Source
         for (int64_t i = 0; i < geo.out_h; ++i) {
           const acc_t* weight_row = weight_rows.row(i);
           const acc_t* row = planes.data() + i * geo.stride_h * columns * cpg;
-          forward_row<acc_t, decltype(lanes)::value>(geo, row, columns, window.data(), weight_row, w_stride, sums.data());
+          if (weight_rows.pixel_major()) {
+            forward_row<acc_t, decltype(lanes)::value, true>(geo, row, columns, window.data(), weight_row, w_stride, sums.data());
+          } else {
+            forward_row<acc_t, decltype(lanes)::value, false>(geo, row, columns, window.data(), weight_row, w_stride, sums.data());
+          }
           store_channel_row<decltype(lanes)::value>(sums.data(), cpg, geo.out_w, out.at(n, g * cpg, i), out.stride_c, out.stride_w);
         }
       }

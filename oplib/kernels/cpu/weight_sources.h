@@ -147,14 +147,29 @@ struct StoredWeight {
     const Geometry& geo;
     std::vector<acc_t> copy;
     const acc_t* planes = nullptr;
+    // The weight a channels_last model's span convolution writes, (N, Ho, Wo, G, KH, KW) in
+    // memory, is read in place, each output's taps adjacent, where no row ends in a partial
+    // block (whose reads past Wo would leave the tensor at the last row); else a copy.
+    const bool in_place_pixel_major = std::is_same_v<scalar_t, acc_t> && geo.out_w % kPixelBlock == 0 &&
+                                      w.stride[3] == 1 && w.stride[2] == geo.kernel_w && w.stride[5] >= geo.taps();
 
     void start(int64_t n, int64_t g) {
+      if (in_place_pixel_major) {
+        if constexpr (std::is_same_v<scalar_t, acc_t>) planes = w.row(n, g, 0, 0, 0);
+        return;
+      }
       // The last block of a row reads weights past Wo (its extra sums are dropped): the
       // tensor itself only where no row has such a block.
       planes = w.planes(geo, n, g, geo.out_w % kPixelBlock == 0, kPixelBlock, copy);
     }
-    int64_t tap_stride() const { return geo.out_h * geo.out_w; }
+    bool pixel_major() const { return in_place_pixel_major; }
+    // Pixel-major: the stride between outputs; else between taps.
+    int64_t tap_stride() const { return in_place_pixel_major ? w.stride[5] : geo.out_h * geo.out_w; }
     const acc_t* row(int64_t i) const {
+      if (in_place_pixel_major) {
+        if (i + 1 < geo.out_h) prefetch_rows(planes + (i + 1) * w.stride[4], geo.out_w, w.stride[5], geo.taps());
+        return planes + i * w.stride[4];
+      }
       if (i + 1 < geo.out_h) prefetch_rows(planes + (i + 1) * geo.out_w, geo.taps(), tap_stride(), geo.out_w);
       return planes + i * geo.out_w;
     }
@@ -186,6 +201,7 @@ struct GeneratedWeight {
     int64_t n = 0, g = 0, first = -1;
 
     void start(int64_t sample, int64_t group) { n = sample, g = group, first = -1; }
+    bool pixel_major() const { return false; }
     int64_t tap_stride() const { return columns; }
     const acc_t* row(int64_t i) {
       if (first < 0 || i >= first + block_rows) {
