@@ -135,8 +135,9 @@ struct FeatureCache {
 };
 
 // Forward weight rows from the stored tensor: per thread, rows(geo) gives an object whose
-// start(n, g) selects a pair and row(i) returns output row i's weights, tap t at
-// row(i) + t * tap_stride(), readable kPixelBlock - 1 values past Wo.
+// start(n, g) selects a pair and row(i) returns output row i's weights, tap t of output j at
+// row(i) + t * tap_stride() + j (readable kPixelBlock - 1 outputs past Wo), or, where
+// pixel_major(), at row(i) + t + j * tap_stride().
 template <typename scalar_t>
 struct StoredWeight {
   using acc_t = Acc<scalar_t>;
