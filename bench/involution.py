@@ -13,7 +13,8 @@ the depthwise input gradient for grad_input. With a GPU, the CuPy kernels are al
 unfold and against a depthwise 7x7 F.conv2d of the same size. With ``--baseline-rev REV``, a
 third CPU table times the native kernels of this tree against those of git revision REV
 (built by REV's own oplib), every entry point, interleaved: the A/B of a change to the
-native sources. The shapes, the candidates and
+native sources; ``--ab-only`` runs that table alone, with more rounds, into
+``bench/results/native-ab.md``. The shapes, the candidates and
 their interleaved timing come from oplib.benchmark (which ``python -m oplib bench`` runs for
 users); load monitoring, peak memory and the report from bench/_harness.py. Beside the
 markdown: the run's data (involution.json) and charts (involution-cpu.png, and
@@ -196,13 +197,15 @@ def _native_stmts(label: str, module: ModuleType, shape: Shape, inputs, generato
 # per cent. Measured with the section-wide interleaving (1 s readings, 10 statements a round)
 # the same binaries' ratios scattered from 0.7 to 1.3.
 AB_ROUNDS, AB_MIN_RUN_TIME = 15, 0.2
+# --ab-only: the A/B alone, long enough to tell a few per cent.
+AB_LONG_ROUNDS = 41
 
 
-def run_native_ab(settings, shapes: list[Shape], baseline: ModuleType) -> tuple[Section, list[tuple[Shape, dict]]]:
+def run_native_ab(settings, shapes: list[Shape], baseline: ModuleType, rounds: int = AB_ROUNDS) -> tuple[Section, list[tuple[Shape, dict]]]:
     """This tree's native entry points and the baseline's, each op's pair interleaved on its
     own (generation branch: C/4 reduced channels, as RedNet's)."""
     section = Section(settings, min_run_time=AB_MIN_RUN_TIME if not settings.quick else None,
-                      rounds=AB_ROUNDS if not settings.quick else None)
+                      rounds=rounds if not settings.quick else None)
     current = native.build()
     rows = []
     for shape in shapes:
@@ -219,6 +222,15 @@ def run_native_ab(settings, shapes: list[Shape], baseline: ModuleType) -> tuple[
             times |= section.measure(f"native A/B {shape.name} {op}", pair)
         rows.append((shape, times))
     return section, rows
+
+
+def _ab_description(rev: str, rounds: int) -> str:
+    return (
+        f"Each entry point of the native module, called directly, in ms: this tree / revision {rev} (built by that "
+        "revision's own oplib), and in brackets the median of the per-round ratios (below 1: this tree is faster). "
+        f"Each op's pair is timed on its own, back to back, in {rounds} rounds of {AB_MIN_RUN_TIME:g} s readings. "
+        "Generated ops: C/4 reduced channels."
+    )
 
 
 def _native_ab_table(rows: list[tuple[Shape, dict]]) -> list[str]:
@@ -299,10 +311,32 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="also time this tree's native CPU kernels against those of git revision REV (a third CPU table)",
     )
     parser.add_argument(
+        "--ab-only", action="store_true",
+        help="with --baseline-rev: only the native A/B, with --rounds rounds (default 41), to bench/results/native-ab.md",
+    )
+    parser.add_argument(
         "--cuda-only", action="store_true",
         help="only the CUDA table (make gpu-check), written to bench/results/involution-cuda.md by default",
     )
     args = parser.parse_args(argv)
+    if args.ab_only:
+        if not args.baseline_rev:
+            parser.error("--ab-only: name the revision to compare with, --baseline-rev REV")
+        args.output = args.output or _harness.RESULTS / "native-ab.md"
+        settings = _harness.start(args, __file__)
+        rounds = args.rounds or AB_LONG_ROUNDS
+        section, rows = run_native_ab(settings, REDNET50_SHAPES if not settings.quick else QUICK_SHAPES,
+                                      baseline_module(args.baseline_rev), rounds)
+        lines = [
+            *_harness.header(settings, f"Native CPU kernels: this tree against revision {args.baseline_rev}"),
+            _ab_description(args.baseline_rev, rounds),
+            "",
+            section.load_line(),
+            "",
+            *_native_ab_table(rows),
+        ]
+        _harness.write_report(settings, lines)
+        return 0
     if args.cuda_only:
         if not torch.cuda.is_available():
             parser.error("--cuda-only: no GPU (torch.cuda.is_available() is False)")
@@ -366,10 +400,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             lines += [
                 f"## CPU, native kernels: this tree against revision {args.baseline_rev}",
                 "",
-                "Each entry point of the native module, called directly, in ms: this tree / revision "
-                f"{args.baseline_rev} (built by that revision's own oplib), and in brackets the median of the "
-                "per-round ratios (below 1: this tree is faster). Each op's pair is timed on its own, back to back, "
-                f"in {AB_ROUNDS} rounds of {AB_MIN_RUN_TIME:g} s readings. Generated ops: C/4 reduced channels.",
+                _ab_description(args.baseline_rev, AB_ROUNDS),
                 "",
                 native_ab.load_line(),
                 "",
