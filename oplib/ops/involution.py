@@ -283,6 +283,12 @@ def _empty_activation(like: Tensor, shape: Sequence[int], channels_last: bool) -
     return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=memory_format)
 
 
+def result_like(activation: Tensor, size: Sequence[int]) -> Tensor:
+    """An uninitialised (N, C, *size) result in ``activation``'s layout (channels_last where it
+    is): what the fakes return and the kernels write into."""
+    return _empty_activation(activation, (activation.shape[0], activation.shape[1], *size), is_channels_last(activation))
+
+
 def _empty_weight(like: Tensor, shape: Sequence[int], pixel_major: bool) -> Tensor:
     """An uninitialised (N, G, KH, KW, Ho, Wo) tensor, pixel-major in memory if asked."""
     if not pixel_major:
@@ -464,7 +470,7 @@ def _involution_kernel(
     when the input is (the fake's layout, written in place by the CPU kernels)."""
     if not _involution_args_valid(input, weight, stride, padding, dilation):
         _check_involution_args(input, weight, stride, padding, dilation)
-    out = _empty_activation(input, (input.shape[0], input.shape[1], weight.shape[4], weight.shape[5]), is_channels_last(input))
+    out = result_like(input, weight.shape[4:])
     return involution_cpu.involution(input, weight, stride, padding, dilation, out=out)
 
 
@@ -476,7 +482,7 @@ involution = torch.library.custom_op("oplib::involution", _involution_kernel, mu
 @involution.register_fake
 def _involution_fake(input, weight, stride, padding, dilation) -> Tensor:
     _check_involution_args(input, weight, stride, padding, dilation)
-    return _empty_activation(input, (input.shape[0], input.shape[1], weight.shape[4], weight.shape[5]), is_channels_last(input))
+    return result_like(input, weight.shape[4:])
 
 
 def _involution_backward_input_kernel(
@@ -491,7 +497,7 @@ def _involution_backward_input_kernel(
     -> grad_input: (N, C, H, W)."""
     if not _backward_input_args_valid(grad_output, weight, input_size, stride, padding, dilation):
         _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
-    grad_input = _empty_activation(grad_output, (grad_output.shape[0], grad_output.shape[1], *input_size), is_channels_last(grad_output))
+    grad_input = result_like(grad_output, input_size)
     return involution_cpu.involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, out=grad_input)
 
 
@@ -504,8 +510,7 @@ involution_backward_input = torch.library.custom_op(
 @involution_backward_input.register_fake
 def _involution_backward_input_fake(grad_output, weight, input_size, stride, padding, dilation) -> Tensor:
     _check_backward_input_args(grad_output, weight, input_size, stride, padding, dilation)
-    shape = (grad_output.shape[0], grad_output.shape[1], *input_size)
-    return _empty_activation(grad_output, shape, is_channels_last(grad_output))
+    return result_like(grad_output, input_size)
 
 
 def _involution_backward_weight_kernel(

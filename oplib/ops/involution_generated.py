@@ -214,7 +214,7 @@ def involution_generated(
     (G*KH*KW,) or None -> (N, C, Ho, Wo), channels_last when the input is."""
     if not _forward_args_valid(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation):
         _check_forward_args(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation)
-    out = unfused._empty_activation(input, (input.shape[0], input.shape[1], *feature.shape[2:]), unfused.is_channels_last(input))
+    out = unfused.result_like(input, feature.shape[2:])
     module = native.involution()
     if module is not None:
         return module.involution_generated_forward(input, feature, span_weight, span_bias, kernel_size, stride, padding,
@@ -226,8 +226,7 @@ def involution_generated(
 @involution_generated.register_fake
 def _involution_generated_fake(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation):
     _check_forward_args(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation)
-    shape = (input.shape[0], input.shape[1], feature.shape[2], feature.shape[3])
-    return unfused._empty_activation(input, shape, unfused.is_channels_last(input))
+    return unfused.result_like(input, feature.shape[2:])
 
 
 @involution_generated.register_kernel("cuda")
@@ -256,8 +255,7 @@ def involution_generated_backward_input(
     args = (grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding, dilation)
     if not _backward_input_args_valid(*args):
         _check_backward_input_args(*args)
-    shape = (grad_output.shape[0], grad_output.shape[1], *input_size)
-    grad_input = unfused._empty_activation(grad_output, shape, unfused.is_channels_last(grad_output))
+    grad_input = unfused.result_like(grad_output, input_size)
     module = native.involution()
     if module is not None:
         return module.involution_generated_backward_input(*args, out=grad_input)
@@ -271,8 +269,7 @@ def _backward_input_fake(grad_output, feature, span_weight, span_bias, input_siz
                          dilation):
     _check_backward_input_args(grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding,
                                dilation)
-    shape = (grad_output.shape[0], grad_output.shape[1], *input_size)
-    return unfused._empty_activation(grad_output, shape, unfused.is_channels_last(grad_output))
+    return unfused.result_like(grad_output, input_size)
 
 
 @involution_generated_backward_input.register_kernel("cuda")
@@ -298,7 +295,7 @@ def _launch(launcher: Launcher, kernel: str, activation: Tensor, feature: Tensor
     grad_input ("..._backward_input", ``activation`` grad_output): a result of ``out_size``
     (H, W), channels_last when ``activation`` is, one thread per (sample, group, pixel of it)."""
     n, channels = activation.shape[:2]
-    out = unfused._empty_activation(activation, (n, channels, *out_size), unfused.is_channels_last(activation))
+    out = unfused.result_like(activation, out_size)
     groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
     bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias
     operands = tuple(t.contiguous() for t in (activation, feature, span_weight, bias))
