@@ -23,7 +23,6 @@ involution-cuda.png with a GPU).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -170,11 +169,7 @@ def baseline_module(rev: str) -> ModuleType:
     script = "from oplib.kernels import native; print(native.involution().__file__)"
     env = dict(os.environ, PYTHONPATH=str(workdir), OPLIB_CPU_KERNELS="native")
     result = subprocess.run([sys.executable, "-c", script], cwd=workdir, env=env, capture_output=True, text=True, check=True)
-    path = Path(result.stdout.strip().splitlines()[-1])
-    spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return native.load_module(Path(result.stdout.strip().splitlines()[-1]))
 
 
 def _native_stmts(label: str, module: ModuleType, shape: Shape, inputs, generator) -> dict:

@@ -176,11 +176,12 @@ def module_name(source_dir: Path, target: Target) -> str:
 _LOADED: dict[Path, ModuleType] = {}
 
 
-def _import(name: str, path: Path) -> ModuleType:
+def load_module(path: Path) -> ModuleType:
+    """The built module at ``path`` (``<name>.<ABI tag>.so``), imported once per process."""
     if path not in _LOADED:
         import torch  # noqa: F401  (torch's libraries are loaded before the module that links them)
 
-        spec = importlib.util.spec_from_file_location(name, path)
+        spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         _LOADED[path] = module
@@ -261,7 +262,7 @@ def build(
     root = cache_dir()
     library = root / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if library.exists():
-        return _import(name, library)
+        return load_module(library)
     root.mkdir(parents=True, exist_ok=True)
     with _lock(root / f"{name}.lock", name):
         if not library.exists():
@@ -283,7 +284,7 @@ def build(
             shutil.rmtree(workdir, ignore_errors=True)
             if not quiet:
                 _announce(f"built the native CPU kernels in {time.monotonic() - start:.0f} s; cached as {library}")
-    return _import(name, library)
+    return load_module(library)
 
 
 def _missing_tool() -> Optional[str]:
