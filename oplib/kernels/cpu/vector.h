@@ -16,7 +16,7 @@
 #include <type_traits>
 #include <utility>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -152,6 +152,25 @@ inline V load_first(const scalar_t* src, int64_t stride, int64_t count) {
       if constexpr (std::is_same_v<acc_t, float> && LANES == 8) return reinterpret_cast<V>(_mm256_maskz_loadu_ps(mask, src));
       if constexpr (std::is_same_v<acc_t, double> && LANES == 8) return reinterpret_cast<V>(_mm512_maskz_loadu_pd(mask, src));
       if constexpr (std::is_same_v<acc_t, double> && LANES == 4) return reinterpret_cast<V>(_mm256_maskz_loadu_pd(mask, src));
+    }
+#elif defined(__AVX2__)
+    // GCC turns the loop below into a memcpy, expanded as `rep movs`, whose start-up cost
+    // dominates a copy of a few values: 15% of grad_weight's time at RedNet's 14-wide maps
+    // on AVX2 (bench/results/native-ab.md measured the channel-lane kernel 5-8% slower than
+    // the previous build, which had inlined it elsewhere).
+    if (stride == 1) {
+      if constexpr (std::is_same_v<acc_t, float> && LANES == 8) {
+        const __m256i first = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        return reinterpret_cast<V>(_mm256_maskload_ps(src, first));
+      }
+      if constexpr (std::is_same_v<acc_t, float> && LANES == 4) {
+        const __m128i first = _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(count)), _mm_setr_epi32(0, 1, 2, 3));
+        return reinterpret_cast<V>(_mm_maskload_ps(src, first));
+      }
+      if constexpr (std::is_same_v<acc_t, double> && LANES == 4) {
+        const __m256i first = _mm256_cmpgt_epi64(_mm256_set1_epi64x(count), _mm256_setr_epi64x(0, 1, 2, 3));
+        return reinterpret_cast<V>(_mm256_maskload_pd(src, first));
+      }
     }
 #endif
   }
