@@ -26,9 +26,9 @@ inference, eager and compiled, in images per second.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from statistics import median
 
 import torch
@@ -36,8 +36,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from oplib.benchmark import Shape, capture_graph, device_copy_bandwidth, unfold_involution
-from oplib.ops import involution as involution_ops
-from oplib.ops.involution_generated import generated_weight
+from oplib.kernels import cupy_launcher
+from oplib.kernels.involution import cuda as involution_cuda
+from oplib.kernels.involution.cpu import generated_weight
 
 BATCH = 32
 DTYPES = (torch.float32, torch.bfloat16)
@@ -47,15 +48,8 @@ REPEATS = 20  # calls per captured graph
 ROUNDS = 5  # interleaved rounds; a time is the median over them
 
 
-@contextlib.contextmanager
-def generic_kernels() -> Iterator[None]:
-    """Every involution call takes the generic kernels of involution.cu while this is open."""
-    kept = involution_ops.TILED_KERNEL_SIZES
-    involution_ops.TILED_KERNEL_SIZES = ()
-    try:
-        yield
-    finally:
-        involution_ops.TILED_KERNEL_SIZES = kept
+# The launch policy with no tiled kernel: every call runs involution.cu's generic kernels.
+GENERIC = dataclasses.replace(involution_cuda.POLICY, kernel_sizes=())
 
 
 class DeviceTimer:
@@ -132,15 +126,17 @@ def kernel_calls(o: dict) -> dict[tuple[str, str], Callable[[], object]]:
         ),
     }
 
-    def generic(call):
-        def run():
-            with generic_kernels():
-                return call()
-
-        return run
-
     calls = {("oplib", k): call for k, call in oplib_calls.items()}
-    calls |= {("generic", k): generic(call) for k, call in oplib_calls.items()}
+    if x.is_cuda:  # the same launches under the GENERIC policy (the CPU has no tiled kernels)
+        launcher = cupy_launcher()
+        calls["generic", "forward"] = lambda: involution_cuda.launch_involution(x, w, stride, padding, dilation,
+                                                                              launcher, GENERIC)
+        calls["generic", "grad_input"] = lambda: involution_cuda.launch_involution_backward_input(
+            g, w, [shape.height, shape.width], stride, padding, dilation, launcher, GENERIC)
+        calls["generic", "grad_weight"] = lambda: involution_cuda.launch_involution_backward_weight(
+            g, x, [shape.kernel] * 2, stride, padding, dilation, shape.groups, launcher, GENERIC)
+    else:
+        calls |= {("generic", k): call for k, call in oplib_calls.items()}
     f, s, b, kernel_size = o["feature"], o["span_weight"], o["span_bias"], [shape.kernel] * 2
     calls["oplib", "generated forward"] = lambda: ops.involution_generated(x, f, s, b, kernel_size, stride, padding, dilation)
     calls["generic", "generated forward"] = lambda: ops.involution(

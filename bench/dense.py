@@ -39,6 +39,7 @@ import oplib
 from _harness import Section, megabytes
 from oplib import benchmark, registry
 from oplib.benchmark import Timing, fwd_bwd, ratio, round_ratios
+from oplib.ops._rules import CONTRACTS
 
 _BATCH = 8
 
@@ -122,8 +123,13 @@ _HEAD_TO_HEAD: dict[str, dict[str, Callable[..., Tensor]]] = {
 
 def _bare_kernel(spec: registry.OpSpec) -> Callable[..., Tensor]:
     """The kernel an op ends in, without oplib around it: the torch function it wraps, or for
-    the involution ops (whose CPU kernels are private) the op's own registered CPU kernel."""
-    return spec.torch_equivalent or spec._opdef()._init_fn
+    an op defined by a Contract (the involution ops) its CPU backend writing the result the
+    contract allocates, without the argument rules."""
+    if spec.torch_equivalent is not None:
+        return spec.torch_equivalent
+    contract = CONTRACTS[spec.qualname]
+    write, result = contract.writers["cpu"], contract.result
+    return lambda *args: write(*args, result(*args))
 
 
 def _autograd_function(spec: registry.OpSpec) -> Callable[..., Tensor]:
@@ -456,9 +462,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "",
         "`bare custom_op`: a `torch.library.custom_op` defined in this script with the op's schema "
         "and the op's own `register_autograd` pair, whose kernel is the torch function the op wraps "
-        "with no argument checks and no layout normalisation; for the involution ops (whose CPU "
-        "kernels are private) it is the op's own registered CPU kernel, so there the ratio leaves "
-        "out oplib's argument predicate. What is left in the ratio is what oplib adds per call.",
+        "with no argument checks and no layout normalisation; for the involution ops it is the op's "
+        "CPU backend writing the result the op allocates, without the op's argument rules. What is "
+        "left in the ratio is what oplib adds per call.",
         "",
         floor.load_line(),
         "",

@@ -48,7 +48,8 @@ from torch.utils.benchmark import Timer
 
 from . import __version__, registry
 from ._cli import positive
-from .kernels import involution_cpu, native
+from .kernels import native
+from .kernels.involution import cpu as involution_cpu
 from .selfcheck import format_table
 
 # ---------------------------------------------------------------------------------------

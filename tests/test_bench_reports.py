@@ -75,11 +75,9 @@ def test_the_cuda_bench_calls_and_report_work_without_a_gpu(monkeypatch):
             out = call()
             assert out.shape[0] == 2, key
     assert shape.floor_bytes(torch.bfloat16) == 2 * (2 * 32 * 81 + 2 * 2 * 49 * 25 + 2 * 32 * 25)
-    with _cuda.generic_kernels():
-        from oplib.ops import involution as involution_ops
+    from oplib.kernels.involution import cuda as involution_cuda
 
-        assert involution_ops.TILED_KERNEL_SIZES == ()
-    assert involution_ops.TILED_KERNEL_SIZES == (3, 5, 7)
+    assert _cuda.GENERIC.kernel_sizes == () and involution_cuda.POLICY.kernel_sizes == (3, 5, 7)
     rows = [dict(shape="s", batch=32, dtype="float32", layout="NCHW", kernel=k, device_ms=0.02, generic_ms=0.1,
                  floor_ms=0.01, over_floor=2.5 if k == "grad_weight" else 1.5, wall_ms=0.03, depthwise_ms=0.01,
                  unfold_ms=0.5 if k == "forward" else None) for k in _cuda.KERNELS]  # fmt: skip

@@ -6,6 +6,7 @@ GPU, the CuPy path is compared with the CPU path."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import re
@@ -20,9 +21,11 @@ import pytest
 import torch
 
 import oplib.kernels
+from oplib.kernels import cuda_launch
 from oplib import registry
+from oplib._memory_format import is_channels_last
 from oplib._torch_private import FakeTensorMode, maybe_get_opdef
-from oplib.ops import involution as involution_ops
+from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels import (
     CTYPES,
     CUDA_DISPATCH,
@@ -232,7 +235,7 @@ def test_emulated_kernels_match_reference(name, dtype):
 @pytest.mark.parametrize("name", list(LAUNCHES))
 def test_grid_stride_loops_cover_tensors_larger_than_the_grid(monkeypatch, name):
     require_host_compiler()
-    monkeypatch.setattr(oplib.kernels, "MAX_BLOCKS", 2)
+    monkeypatch.setattr(cuda_launch, "MAX_BLOCKS", 2)
     spec = registry.get(name)
     launcher = EmulatedLauncher()
     samples = _random_samples(spec, torch.float64, 10, seed=7)
@@ -274,7 +277,7 @@ def test_gradcheck_through_emulated_kernels(name, emulated_cpu_kernels):
 
 _ASAN_SCRIPT = textwrap.dedent(
     """
-    import random, sys, torch
+    import dataclasses, random, sys, torch
     from oplib import registry
     from oplib.kernels import CUDA_DISPATCH
     from oplib.testing import assert_matches_reference
@@ -292,9 +295,9 @@ _ASAN_SCRIPT = textwrap.dedent(
             for sample in samples:
                 assert_matches_reference(spec, sample, dispatch(*sample.args, launcher), dtype)
     # The specialised kernels: each kernel size, stride and layout, 32- and 64-bit offsets.
-    from oplib.ops import involution as ops
-    for limit in (ops.INDEX32_LIMIT, 0):
-        ops.INDEX32_LIMIT = limit
+    from oplib.kernels.involution import cuda as ops
+    for limit in (ops.POLICY.index32_limit, 0):
+        policy = dataclasses.replace(ops.POLICY, index32_limit=limit)
         for kernel in (3, 5, 7):
             for stride in (1, 2):
                 for channels_last in (False, True):
@@ -312,9 +315,9 @@ _ASAN_SCRIPT = textwrap.dedent(
                             g = g.contiguous(memory_format=torch.channels_last)
                             w = w.permute(0, 4, 5, 1, 2, 3).contiguous().permute(0, 3, 4, 5, 1, 2)
                         window = ([stride, stride], pad, [1, 1])
-                        ops.launch_involution(x, w, *window, launcher)
-                        ops.launch_involution_backward_input(g, w, [height, width], *window, launcher)
-                        ops.launch_involution_backward_weight(g, x, [kernel, kernel], *window, groups, launcher)
+                        ops.launch_involution(x, w, *window, launcher, policy)
+                        ops.launch_involution_backward_input(g, w, [height, width], *window, launcher, policy)
+                        ops.launch_involution_backward_weight(g, x, [kernel, kernel], *window, groups, launcher, policy)
     tiled = {launch[4] for launch in launcher.launches if launch[0].endswith("_tiled")}
     assert len(tiled) == 24, sorted(tiled)
     print("asan: clean,", len(launcher.launches), "launches")
@@ -496,17 +499,19 @@ def _tiled_case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype
     return x, w, g, [stride, stride], pad, groups
 
 
-def _three_ops(x, w, g, stride, pad, groups, launcher):
-    """The three involution ops through their CUDA dispatch code, with ``launcher``."""
+def _three_ops(x, w, g, stride, pad, groups, launcher, policy=None):
+    """The three involution ops through their CUDA dispatch code, with ``launcher`` and ``policy``
+    (default: the source's)."""
     kernel, (height, width) = w.shape[2], x.shape[2:]
     return (
-        involution_ops.launch_involution(x, w, stride, pad, [1, 1], launcher),
-        involution_ops.launch_involution_backward_input(g, w, [height, width], stride, pad, [1, 1], launcher),
-        involution_ops.launch_involution_backward_weight(g, x, [kernel, kernel], stride, pad, [1, 1], groups, launcher),
+        involution_cuda.launch_involution(x, w, stride, pad, [1, 1], launcher, policy),
+        involution_cuda.launch_involution_backward_input(g, w, [height, width], stride, pad, [1, 1], launcher, policy),
+        involution_cuda.launch_involution_backward_weight(g, x, [kernel, kernel], stride, pad, [1, 1], groups, launcher,
+                                                          policy),
     )
 
 
-def _check_tiled_against_reference(launcher, cases: int, seed: int) -> set:
+def _check_tiled_against_reference(launcher, cases: int, seed: int, policy=None) -> set:
     """``cases`` random specialised geometries per (kernel, stride, layout), every dtype,
     against the float64 reference; returns the specialisations launched."""
     rng = random.Random(seed)
@@ -514,7 +519,7 @@ def _check_tiled_against_reference(launcher, cases: int, seed: int) -> set:
         for case in range(cases):
             dtype = registry.FLOAT_DTYPES[case % len(registry.FLOAT_DTYPES)]
             x, w, g, stride_pair, pad, groups = _tiled_case(rng, kernel, stride, dtype, channels_last)
-            outs = _three_ops(x, w, g, stride_pair, pad, groups, launcher)
+            outs = _three_ops(x, w, g, stride_pair, pad, groups, launcher, policy)
             args = ((x, w, stride_pair, pad, [1, 1]),
                     (g, w, list(x.shape[2:]), stride_pair, pad, [1, 1]),
                     (g, x, [kernel, kernel], stride_pair, pad, [1, 1], groups))
@@ -536,31 +541,32 @@ def test_every_specialised_kernel_matches_the_reference():
                 assert (kernel, specialisation) in launched, (kernel, specialisation)
 
 
-def test_the_64_bit_instantiations_match_the_reference(monkeypatch):
+def test_the_64_bit_instantiations_match_the_reference():
     """With the 32-bit limit at zero every launch takes the long long instantiations, which
     tensors past 2^31 elements get on a GPU."""
     require_host_compiler()
-    monkeypatch.setattr(involution_ops, "INDEX32_LIMIT", 0)
-    launched = _check_tiled_against_reference(EmulatedLauncher(), cases=2, seed=12)
+    policy = dataclasses.replace(involution_cuda.POLICY, index32_limit=0)
+    launched = _check_tiled_against_reference(EmulatedLauncher(), cases=2, seed=12, policy=policy)
     assert launched and all(specialisation[0] == "long long" for _, specialisation in launched if specialisation)
 
 
 def test_huge_tensors_take_the_64_bit_instantiations():
     """Meta tensors of 2^31 elements and more (no memory) choose long long offsets; one
     element fewer than the limit still chooses int."""
-    limit = involution_ops.INDEX32_LIMIT
+    policy = involution_cuda.POLICY
+    limit = policy.index32_limit
     small = torch.empty(limit, device="meta")
     big = torch.empty(limit + 1, device="meta")
     huge = torch.empty(2**31 + 5, device="meta")
     window = ((7, 7), (2, 2), (1, 1))
-    assert involution_ops._tiled_specialisation(*window, False, small)[0] == "int"
-    assert involution_ops._tiled_specialisation(*window, True, small, big)[0] == "long long"
-    assert involution_ops._tiled_specialisation(*window, False, huge)[0] == "long long"
+    assert policy.specialisation(*window, False, small)[0] == "int"
+    assert policy.specialisation(*window, True, small, big)[0] == "long long"
+    assert policy.specialisation(*window, False, huge)[0] == "long long"
     # And the limit leaves a whole grid of room below 2^31, so a grid-stride index never wraps.
     assert limit + oplib.kernels.MAX_BLOCKS * oplib.kernels.BLOCK_SIZE <= 2**31 - 1
 
 
-def test_specialised_kernels_give_the_generic_kernels_bits(monkeypatch):
+def test_specialised_kernels_give_the_generic_kernels_bits():
     """Each sum adds its terms in the generic kernel's order, so the specialised kernels'
     results are bit-identical to the generic ones, in every dtype and both layouts."""
     require_host_compiler()
@@ -571,9 +577,8 @@ def test_specialised_kernels_give_the_generic_kernels_bits(monkeypatch):
         dtype = registry.FLOAT_DTYPES[case % len(registry.FLOAT_DTYPES)]
         x, w, g, stride_pair, pad, groups = _tiled_case(rng, kernel, stride, dtype, channels_last)
         fast = _three_ops(x, w, g, stride_pair, pad, groups, tiled)
-        with monkeypatch.context() as patch:
-            patch.setattr(involution_ops, "TILED_KERNEL_SIZES", ())
-            slow = _three_ops(x, w, g, stride_pair, pad, groups, generic)
+        generic_only = dataclasses.replace(involution_cuda.POLICY, kernel_sizes=())
+        slow = _three_ops(x, w, g, stride_pair, pad, groups, generic, generic_only)
         for a, b in zip(fast, slow):
             assert torch.equal(a, b), (kernel, stride, channels_last, dtype)
     assert all(launch[0].endswith("_tiled") for launch in tiled.launches)
@@ -631,9 +636,9 @@ def test_misaligned_channels_last_takes_the_contiguous_kernels():
     launcher = EmulatedLauncher()
     buffer = torch.randn(32 * 9 * 9 + 1)
     x = buffer[1:].view(1, 9, 9, 32).permute(0, 3, 1, 2)  # channels_last, one float past an aligned address
-    assert involution_ops.is_channels_last(x) and x.data_ptr() % 16 != 0
+    assert is_channels_last(x) and x.data_ptr() % 16 != 0
     w = torch.randn(1, 2, 7, 7, 9, 9)
-    out = involution_ops.launch_involution(x, w, [1, 1], [3, 3], [1, 1], launcher)
+    out = involution_cuda.launch_involution(x, w, [1, 1], [3, 3], [1, 1], launcher)
     assert launcher.launches[-1][4][3] == "false"
     assert out.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out, torch.ops.oplib.involution(x.contiguous(), w, [1, 1], [3, 3], [1, 1]),
@@ -656,7 +661,7 @@ def _planted_tap_bound(tmp_path: Path) -> KernelSource:
 
 def test_a_planted_off_by_one_tap_bound_fails_the_reference_check(tmp_path, monkeypatch):
     require_host_compiler()
-    monkeypatch.setattr(involution_ops, "load_source", lambda filename: _planted_tap_bound(tmp_path))
+    monkeypatch.setattr(involution_cuda, "load_source", lambda filename: _planted_tap_bound(tmp_path))
     with pytest.raises(AssertionError, match="Tensor-likes are not close"):
         _check_tiled_against_reference(EmulatedLauncher(), cases=2, seed=15)
 
@@ -672,7 +677,7 @@ def test_address_sanitizer_catches_a_planted_off_by_one_tap_bound(tmp_path):
         import torch
         from pathlib import Path
         from oplib.kernels import KernelSource
-        from oplib.ops import involution as ops
+        from oplib.kernels.involution import cuda as ops
         from oplib.testing.cuda_emulation import EmulatedLauncher
         path = Path({str(planted.path)!r})
         ops.load_source = lambda filename: KernelSource(path, path.read_text())
@@ -704,7 +709,7 @@ def _planted_generated_column_bound(tmp_path: Path) -> KernelSource:
 def test_a_planted_off_by_one_in_the_generated_kernels_fails_the_reference_check(tmp_path, monkeypatch):
     require_host_compiler()
     planted = _planted_generated_column_bound(tmp_path)
-    monkeypatch.setattr(involution_ops, "load_source", lambda filename: planted)
+    monkeypatch.setattr(involution_cuda, "load_source", lambda filename: planted)
     spec = registry.get("involution_generated")
     launch = LAUNCHES["involution_generated"]
     with pytest.raises(AssertionError, match="Tensor-likes are not close"):
@@ -723,13 +728,12 @@ def test_address_sanitizer_catches_a_planted_off_by_one_in_the_generated_kernels
         import torch
         from pathlib import Path
         from oplib.kernels import KernelSource
-        from oplib.ops import involution as ops
-        from oplib.ops import involution_generated as generated
+        from oplib.kernels.involution import cuda as ops
         from oplib.testing.cuda_emulation import EmulatedLauncher
         path = Path({str(planted.path)!r})
         ops.load_source = lambda filename: KernelSource(path, path.read_text())
         x, f, s = torch.randn(1, 4, 8, 8), torch.randn(1, 2, 8, 8), torch.randn(9, 2)
-        generated.launch_involution_generated(x, f, s, None, [3, 3], [1, 1], [1, 1], [1, 1], EmulatedLauncher(sanitize=True))
+        ops.launch_involution_generated(x, f, s, None, [3, 3], [1, 1], [1, 1], [1, 1], EmulatedLauncher(sanitize=True))
         print("no error reported")
         """
     )

@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from oplib import registry
-from oplib.kernels import involution_cpu, native
-from oplib.kernels.involution_cpu import Geometry, dense_map, taps
+from oplib.kernels import native
+from oplib.kernels.involution import cpu as involution_cpu
+from oplib.kernels.involution import dense_map, taps
+from oplib.kernels.involution.geometry import Geometry
+from oplib.kernels.involution.layouts import is_channels_last, is_pixel_major
 from oplib.ops._common import window_output_size
 from oplib.testing.native import force_native
 
@@ -32,23 +35,26 @@ def _force(monkeypatch, strategy):
 
 def _check_three_ops(x, w, g, groups, params, same=torch.testing.assert_close, reference_inputs=None):
     """Each of the three CPU kernels against its float64 reference on (x, w, g) (or on
-    reference_inputs); each result a contiguous tensor, as the fake kernels promise."""
+    reference_inputs); each result in the layout the fake kernels promise."""
     size, kernel = list(x.shape[2:]), list(w.shape[2:4])
     rx, rw, rg = reference_inputs or (x, w, g)
     results = (
-        (involution_cpu.involution(x, w, *params), registry.get("involution").reference(rx, rw, *params)),
+        (torch.ops.oplib.involution(x, w, *params), registry.get("involution").reference(rx, rw, *params)),
         (
-            involution_cpu.involution_backward_input(g, w, size, *params),
+            torch.ops.oplib.involution_backward_input(g, w, size, *params),
             registry.get("involution_backward_input").reference(rg, rw, size, *params),
         ),
         (
-            involution_cpu.involution_backward_weight(g, x, kernel, *params, groups),
+            torch.ops.oplib.involution_backward_weight(g, x, kernel, *params, groups),
             registry.get("involution_backward_weight").reference(rg, rx, kernel, *params, groups),
         ),
     )
     for actual, expected in results:
         same(actual, expected)
-        assert actual.is_contiguous()
+    out, grad_input, grad_weight = (actual for actual, _ in results)
+    assert out.is_contiguous(memory_format=torch.channels_last if is_channels_last(x) else torch.contiguous_format)
+    assert grad_input.is_contiguous(memory_format=torch.channels_last if is_channels_last(g) else torch.contiguous_format)
+    assert is_pixel_major(grad_weight) if is_channels_last(x) else grad_weight.is_contiguous()
 
 
 def _random_cases(count: int, seed: int):
@@ -210,9 +216,9 @@ def test_strategy_is_deterministic(monkeypatch, strategy):
         params = ((1, 1), (2, 2), (1, 1))
         runs = [
             (
-                involution_cpu.involution(x, w, *params),
-                involution_cpu.involution_backward_input(g, w, [12, 12], *params),
-                involution_cpu.involution_backward_weight(g, x, [5, 5], *params, 2),
+                torch.ops.oplib.involution(x, w, *params),
+                torch.ops.oplib.involution_backward_input(g, w, [12, 12], *params),
+                torch.ops.oplib.involution_backward_weight(g, x, [5, 5], *params, 2),
             )
             for _ in range(3)
         ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oplib.ops import involution as involution_ops
+from oplib.kernels.involution import cuda as involution_cuda
 from oplib.testing import cpu_and_cuda
 from oplib.testing.cuda_emulation import EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
@@ -18,7 +18,7 @@ def _one_by_one_involution(x: torch.Tensor, w: torch.Tensor, device: str) -> tor
     args = ([1, 1], [0, 0], [1, 1])
     if device == "cpu":
         require_host_compiler()
-        return involution_ops.launch_involution(x, w, *args, EmulatedLauncher())
+        return involution_cuda.launch_involution(x, w, *args, EmulatedLauncher())
     return torch.ops.oplib.involution(x.cuda(), w.cuda(), *args).cpu()
 
 

@@ -139,11 +139,15 @@ struct Element<oplib_bfloat16> {
     }
 };
 
-// Sixteen bytes of one storage type, aligned so that one load or store instruction moves them
-// (ld.global.v4 / st.global.v4); callers check the alignment on the host.
+// The bytes of the vectors channels_last kernels move: one load or store instruction
+// (ld.global.v4 / st.global.v4). The host checks channel counts and pointer alignment against
+// this line (oplib.kernels.involution.cuda reads it).
+constexpr int VECTOR_BYTES = 16;
+
+// VECTOR_BYTES of one storage type, aligned for that one instruction.
 template <typename scalar_t>
-struct alignas(16) Vector16 {
-    static constexpr int lanes = 16 / sizeof(scalar_t);
+struct alignas(VECTOR_BYTES) Vector16 {
+    static constexpr int lanes = VECTOR_BYTES / sizeof(scalar_t);
     scalar_t lane[lanes];
 };
 

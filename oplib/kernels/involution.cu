@@ -146,10 +146,14 @@ __global__ void involution_backward_weight(
 // oplib-template: STRIDE = 1 | 2
 // oplib-template: CHANNELS_LAST = false | true
 
+// Accumulators per thread of the tiled kernels: 16, and 8 for 8-byte values (two registers
+// each). The host's launch policy reads these two lines (oplib.kernels.involution.cuda).
+constexpr int TILE_MAX_CHANNELS = 16;
+constexpr int TILE_MAX_CHANNELS_8_BYTE = 8;
+
 template <typename scalar_t>
 struct Tile {
-    // Accumulators per thread: 16 (8 for float64, whose values take two registers each).
-    static constexpr int max_channels = sizeof(scalar_t) == 8 ? 8 : 16;
+    static constexpr int max_channels = sizeof(scalar_t) == 8 ? TILE_MAX_CHANNELS_8_BYTE : TILE_MAX_CHANNELS;
     static constexpr int lanes = Vector16<scalar_t>::lanes;
 };
 

@@ -23,7 +23,7 @@ first use:
   or the build fails, the plain-PyTorch kernels, with one warning saying why and what to do.
   The native kernels are faster at every RedNet shape (``bench/results/involution.md``).
 - ``native``: the native kernels, and an error where they cannot be built.
-- ``pytorch``: the plain-PyTorch kernels of ``involution_cpu``.
+- ``pytorch``: the plain-PyTorch kernels of ``oplib.kernels.involution.cpu``.
 
 The compiler is ``$CXX`` (else ``c++``): GCC or clang, on x86-64 or aarch64. ``involution()``
 returns the built module, or None where the plain-PyTorch kernels run; ``build()`` builds (or

@@ -37,12 +37,6 @@ AUTOCAST_POLICIES: dict[str, dict[str, AutocastPolicy]] = {}
 ARGUMENT_PREDICATES: dict[str, Callable[..., bool]] = {}
 
 
-def is_channels_last(tensor: Tensor) -> bool:
-    """Whether a 4-D tensor is laid out (N, H, W, C) and not also (N, C, H, W) (as when C == 1
-    or H == W == 1, which then counts as contiguous)."""
-    return tensor.dim() == 4 and not tensor.is_contiguous() and tensor.is_contiguous(memory_format=torch.channels_last)
-
-
 def argument_predicate(qualname: str):
     """Register the decorated function as the eager fast path of ``qualname``'s checks."""
 

@@ -27,12 +27,12 @@ from ._common import (
     check_same_dtype_and_device,
     check_window_fits,
     check_window_params,
-    is_channels_last,
     register_autocast_policy,
     window_fits,
     window_output_size,
     window_params_valid,
 )
+from .._memory_format import is_channels_last
 from ._transforms import register_jvp, sum_tangents
 
 

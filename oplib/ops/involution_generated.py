@@ -24,38 +24,29 @@ with gw, (N, G*KH*KW, Ho*Wo), contracted by ``_generator_grads``: grad_feature =
 grad_span_weight = sum over n, pixels of gw f^T, grad_span_bias = sum of gw. That gw is a map
 of the weight's size, made and dropped inside the backward (never saved).
 
-CPU: the native kernels of ``oplib/kernels/cpu/`` (``involution_generated_forward`` and
-``..._backward_input``), else the plain-PyTorch route (the span conv, then involution's
-own CPU kernels). CUDA: the kernels of ``involution_generated.cu`` (generic: one thread per
+The device code is in ``oplib.kernels.involution``, which writes into the result each op
+allocates here: on CPU the native kernels (``involution_generated_forward`` and
+``..._backward_input``), else the plain-PyTorch route (the span conv, then involution's own
+CPU kernels); on CUDA the kernels of ``involution_generated.cu`` (generic: one thread per
 sample, group and pixel; not yet specialised like involution's), which form the weights in
 registers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Optional
 
 import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ..kernels import Launcher, cuda_dispatch, cupy_launcher, involution_cpu, native
+from ..kernels.involution import cpu, cuda
+from ..kernels.involution.layouts import result_like
 from . import involution as unfused
-from ._common import (
-    CHANNELS_DIVISIBLE,
-    argument_predicate,
-    check,
-    check_dim,
-    check_floating,
-    check_same_dtype_and_device,
-    check_value,
-    check_window_fits,
-    check_window_params,
-    register_autocast_policy,
-    window_fits,
-    window_output_size,
-    window_params_valid,
-)
+from ._bilinear import fold_batch, unfold_batch
+from ._common import CHANNELS_DIVISIBLE, register_autocast_policy, window_output_size
+from ._rules import Contract, Rule, Rules, register_contract, tensor_rules, window_fits_rules, window_rules
 from ._transforms import register_jvp, sum_tangents
 
 FORWARD = "involution_generated"
@@ -86,117 +77,74 @@ GRAD_OUTPUT_SIZE = (
 )
 
 
-def _check_args(op: str, activation_name: str, activation: Tensor, feature: Tensor, span_weight: Tensor,
-                span_bias: Optional[Tensor], input_size, kernel_size, stride, padding, dilation) -> None:
-    """The checks of both ops: ``activation`` is the input (forward) or grad_output, whose
-    channels are the input's, and ``input_size`` the input's (H, W)."""
-    check_dim(op, activation_name, activation, (4,), unfused.INPUT_LAYOUT)
-    check_dim(op, "feature", feature, (4,), FEATURE_LAYOUT)
-    check_dim(op, "span_weight", span_weight, (2,), SPAN_WEIGHT_LAYOUT)
-    if span_bias is not None:
-        check_dim(op, "span_bias", span_bias, (1,), SPAN_BIAS_LAYOUT)
-    check_floating(op, activation_name, activation)
-    check_same_dtype_and_device(op, activation_name, activation, feature=feature, span_weight=span_weight,
-                                span_bias=span_bias)
-    check_window_params(op, stride, padding, dilation)
-    check_value(
-        len(kernel_size) == 2 and kernel_size[0] > 0 and kernel_size[1] > 0,
-        lambda: KERNEL_SIZE.format(op=op, kernel_size=list(kernel_size)),
-    )
-    taps = kernel_size[0] * kernel_size[1]
-    rows = span_weight.shape[0]
-    span_size = list(span_weight.shape)
-    check((rows > 0) & (rows % taps == 0), lambda: SPAN_ROWS.format(op=op, rows=rows, taps=taps, span_size=span_size))
-    groups = rows // taps
-    channels = activation.shape[1]
-    check(channels % groups == 0, lambda: CHANNELS_DIVISIBLE.format(op=op, channels=channels, groups=groups))
-    check(
-        feature.shape[1] == span_weight.shape[1],
-        lambda: REDUCED.format(op=op, feature_size=list(feature.shape), span_size=span_size),
-    )
-    if span_bias is not None:
-        check(span_bias.shape[0] == rows, lambda: SPAN_BIAS.format(op=op, rows=rows, bias_size=list(span_bias.shape)))
-    check_window_fits(op, input_size, kernel_size, padding, dilation)
-    out_h, out_w = window_output_size(input_size, kernel_size, stride, padding, dilation)
-    if activation_name == "grad_output":
-        out_h, out_w = activation.shape[2], activation.shape[3]
-        expected = window_output_size(input_size, kernel_size, stride, padding, dilation)
-        check(
-            (expected[0] == out_h) & (expected[1] == out_w),
-            lambda: GRAD_OUTPUT_SIZE.format(expected=list(expected), input_size=list(input_size),
-                                            grad_size=list(activation.shape)),
-        )
-    check(
-        (feature.shape[0] == activation.shape[0]) & (feature.shape[2] == out_h) & (feature.shape[3] == out_w),
-        lambda: FEATURE_SIZE.format(op=op, batch=activation.shape[0], out_h=out_h, out_w=out_w, name=activation_name,
-                                    feature_size=list(feature.shape)),
-    )
+def _rules(op: str, activation_name: str, input_size: Callable, at: int) -> list[Rule]:
+    """The rules of both ops: argument 0 is the activation (the input, or grad_output), whose
+    channels are the input's, 1-3 the generator, ``input_size(*args)`` the input's (H, W), and
+    kernel_size, stride, padding, dilation are the arguments from ``at`` on."""
+    backward = activation_name == "grad_output"
+
+    def taps(*a):
+        return a[at][0] * a[at][1]
+
+    def out_size(*a):
+        return window_output_size(input_size(*a), *a[at:at + 4])
+
+    def feature_size(*a):
+        """(Ho, Wo) the feature map must have: grad_output's in the backward, else the output's."""
+        return tuple(a[0].shape[2:]) if backward else out_size(*a)
+
+    rules = [
+        *tensor_rules(op, (0, activation_name, 4, unfused.INPUT_LAYOUT), (1, "feature", 4, FEATURE_LAYOUT),
+                      (2, "span_weight", 2, SPAN_WEIGHT_LAYOUT), (3, "span_bias", 1, SPAN_BIAS_LAYOUT, True)),
+        *window_rules(op, at + 1),
+        Rule(lambda *a: len(a[at]) == 2, lambda *a: KERNEL_SIZE.format(op=op, kernel_size=list(a[at])), ValueError),
+        Rule(lambda *a: (a[at][0] > 0) & (a[at][1] > 0), lambda *a: KERNEL_SIZE.format(op=op, kernel_size=list(a[at])),
+             ValueError),
+        Rule(lambda *a: (a[2].shape[0] > 0) & (a[2].shape[0] % taps(*a) == 0),
+             lambda *a: SPAN_ROWS.format(op=op, rows=a[2].shape[0], taps=taps(*a), span_size=list(a[2].shape))),
+        Rule(lambda *a: a[0].shape[1] % (a[2].shape[0] // taps(*a)) == 0,
+             lambda *a: CHANNELS_DIVISIBLE.format(op=op, channels=a[0].shape[1], groups=a[2].shape[0] // taps(*a))),
+        Rule(lambda *a: a[1].shape[1] == a[2].shape[1],
+             lambda *a: REDUCED.format(op=op, feature_size=list(a[1].shape), span_size=list(a[2].shape))),
+        Rule(lambda *a: a[3] is None or a[3].shape[0] == a[2].shape[0],
+             lambda *a: SPAN_BIAS.format(op=op, rows=a[2].shape[0], bias_size=list(a[3].shape))),
+        *window_fits_rules(op, input_size, lambda *a: a[at], lambda *a: a[at + 2], lambda *a: a[at + 3]),
+    ]
+    if backward:
+        rules.append(Rule(
+            lambda *a: (out_size(*a)[0] == a[0].shape[2]) & (out_size(*a)[1] == a[0].shape[3]),
+            lambda *a: GRAD_OUTPUT_SIZE.format(expected=list(out_size(*a)), input_size=list(input_size(*a)),
+                                               grad_size=list(a[0].shape)),
+        ))
+    rules.append(Rule(
+        lambda *a: (a[1].shape[0] == a[0].shape[0]) & (a[1].shape[2] == feature_size(*a)[0])
+        & (a[1].shape[3] == feature_size(*a)[1]),
+        lambda *a: FEATURE_SIZE.format(op=op, batch=a[0].shape[0], out_h=feature_size(*a)[0],
+                                       out_w=feature_size(*a)[1], name=activation_name, feature_size=list(a[1].shape)),
+    ))
+    return rules
 
 
-def _check_forward_args(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation) -> None:
-    check_dim(FORWARD, "input", input, (4,), unfused.INPUT_LAYOUT)
-    _check_args(FORWARD, "input", input, feature, span_weight, span_bias, input.shape[2:], kernel_size, stride,
-                padding, dilation)
-
-
-def _check_backward_input_args(grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding,
-                               dilation) -> None:
-    check_value(len(input_size) == 2, lambda: INPUT_SIZE_PAIR.format(input_size=list(input_size)))
-    _check_args(BACKWARD_INPUT, "grad_output", grad_output, feature, span_weight, span_bias, input_size, kernel_size,
-                stride, padding, dilation)
-
-
-def _args_valid(activation: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], input_size,
-                kernel_size, stride, padding, dilation) -> bool:
-    """The checks above as plain comparisons (the eager fast path, see ARGUMENT_PREDICATES)."""
-    if not (
-        activation.dim() == 4 and feature.dim() == 4 and span_weight.dim() == 2
-        and (span_bias is None or span_bias.dim() == 1)
-        and activation.is_floating_point()
-        and all(t.dtype == activation.dtype and t.device == activation.device
-                for t in (feature, span_weight, span_bias) if t is not None)
-        and window_params_valid(stride, padding, dilation)
-        and len(input_size) == 2 and len(kernel_size) == 2 and kernel_size[0] > 0 and kernel_size[1] > 0
-    ):
-        return False
-    taps = kernel_size[0] * kernel_size[1]
-    rows, reduced = span_weight.shape
-    if not (rows > 0 and rows % taps == 0 and activation.shape[1] % (rows // taps) == 0
-            and feature.shape[1] == reduced and (span_bias is None or span_bias.shape[0] == rows)
-            and window_fits(input_size, kernel_size, padding, dilation)):
-        return False
-    out_size = window_output_size(input_size, kernel_size, stride, padding, dilation)
-    return tuple(feature.shape[2:]) == out_size and feature.shape[0] == activation.shape[0]
-
-
-@argument_predicate("oplib::involution_generated")
-def _forward_args_valid(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation) -> bool:
-    return input.dim() == 4 and _args_valid(input, feature, span_weight, span_bias, input.shape[2:], kernel_size,
-                                            stride, padding, dilation)
-
-
-@argument_predicate("oplib::involution_generated_backward_input")
-def _backward_input_args_valid(grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding,
-                               dilation) -> bool:
-    return (
-        _args_valid(grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding, dilation)
-        and tuple(grad_output.shape[2:]) == tuple(feature.shape[2:])
-    )
-
-
-def generated_weight(feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], kernel_size) -> Tensor:
-    """feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), span_bias: (G*KH*KW,) or None
-    -> the weight (N, G, KH, KW, Ho, Wo) of ``oplib::involution``, as ``Involution2d``'s span
-    conv computes it (pixel-major in memory when ``feature`` is channels_last)."""
-    n, _, out_h, out_w = feature.shape
-    kh, kw = kernel_size
-    weight = torch.nn.functional.conv2d(feature, span_weight[:, :, None, None], span_bias)
-    return weight.view(n, span_weight.shape[0] // (kh * kw), kh, kw, out_h, out_w)
+# involution_generated(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation)
+_FORWARD_RULES = Rules("oplib::involution_generated", _rules(FORWARD, "input", lambda *a: a[0].shape[2:], 4))
+# involution_generated_backward_input(grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride,
+# padding, dilation)
+_BACKWARD_INPUT_RULES = Rules("oplib::involution_generated_backward_input", [
+    Rule(lambda *a: len(a[4]) == 2, lambda *a: INPUT_SIZE_PAIR.format(input_size=list(a[4])), ValueError),
+    *_rules(BACKWARD_INPUT, "grad_output", lambda *a: a[4], 5),
+])
 
 
 # ---------------------------------------------------------------------------------------
 # The two ops
 # ---------------------------------------------------------------------------------------
+
+
+_FORWARD = Contract(_FORWARD_RULES, lambda input, feature, *_: result_like(input, feature.shape[2:]),
+                    {"cpu": cpu.involution_generated, "cuda": cuda.involution_generated})
+_BACKWARD_INPUT = Contract(_BACKWARD_INPUT_RULES, lambda grad, feature, weight, bias, size, *_: result_like(grad, size),
+                           {"cpu": cpu.involution_generated_backward_input,
+                            "cuda": cuda.involution_generated_backward_input})
 
 
 @torch.library.custom_op("oplib::involution_generated", mutates_args=(), device_types="cpu")
@@ -212,29 +160,7 @@ def involution_generated(
 ) -> Tensor:
     """input: (N, C, H, W), feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), span_bias:
     (G*KH*KW,) or None -> (N, C, Ho, Wo), channels_last when the input is."""
-    if not _forward_args_valid(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation):
-        _check_forward_args(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation)
-    out = unfused.result_like(input, feature.shape[2:])
-    module = native.involution()
-    if module is not None:
-        return module.involution_generated_forward(input, feature, span_weight, span_bias, kernel_size, stride, padding,
-                                                   dilation, out=out)
-    weight = generated_weight(feature, span_weight, span_bias, kernel_size)
-    return out.copy_(involution_cpu.pytorch_involution(input, weight, stride, padding, dilation))
-
-
-@involution_generated.register_fake
-def _involution_generated_fake(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation):
-    _check_forward_args(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation)
-    return unfused.result_like(input, feature.shape[2:])
-
-
-@involution_generated.register_kernel("cuda")
-def _involution_generated_cuda(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation):
-    if not _forward_args_valid(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation):
-        _check_forward_args(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation)
-    return launch_involution_generated(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation,
-                                       cupy_launcher())
+    return _FORWARD.run("cpu", input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation)
 
 
 @torch.library.custom_op("oplib::involution_generated_backward_input", mutates_args=(), device_types="cpu")
@@ -252,77 +178,12 @@ def involution_generated_backward_input(
     """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R),
     span_bias: (G*KH*KW,) or None, input_size: (H, W) -> grad_input: (N, C, H, W),
     channels_last when grad_output is."""
-    args = (grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding, dilation)
-    if not _backward_input_args_valid(*args):
-        _check_backward_input_args(*args)
-    grad_input = unfused.result_like(grad_output, input_size)
-    module = native.involution()
-    if module is not None:
-        return module.involution_generated_backward_input(*args, out=grad_input)
-    weight = generated_weight(feature, span_weight, span_bias, kernel_size)
-    return grad_input.copy_(involution_cpu.pytorch_involution_backward_input(grad_output, weight, input_size, stride, padding,
-                                                                             dilation))
+    return _BACKWARD_INPUT.run("cpu", grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride,
+                               padding, dilation)
 
 
-@involution_generated_backward_input.register_fake
-def _backward_input_fake(grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding,
-                         dilation):
-    _check_backward_input_args(grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding,
-                               dilation)
-    return unfused.result_like(grad_output, input_size)
-
-
-@involution_generated_backward_input.register_kernel("cuda")
-def _backward_input_cuda(grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding,
-                         dilation):
-    args = (grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding, dilation)
-    if not _backward_input_args_valid(*args):
-        _check_backward_input_args(*args)
-    return launch_involution_generated_backward_input(*args, cupy_launcher())
-
-
-# ---------------------------------------------------------------------------------------
-# CUDA dispatch (involution_generated.cu), through a launcher: CuPy on a GPU, the host
-# emulation of oplib.testing in the tests
-# ---------------------------------------------------------------------------------------
-
-_SOURCE = "involution_generated.cu"
-
-
-def _launch(launcher: Launcher, kernel: str, activation: Tensor, feature: Tensor, span_weight: Tensor,
-            span_bias: Optional[Tensor], out_size, kernel_size, stride, padding, dilation) -> Tensor:
-    """The forward (``kernel`` "involution_generated_forward", ``activation`` the input) or
-    grad_input ("..._backward_input", ``activation`` grad_output): a result of ``out_size``
-    (H, W), channels_last when ``activation`` is, one thread per (sample, group, pixel of it)."""
-    n, channels = activation.shape[:2]
-    out = unfused.result_like(activation, out_size)
-    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
-    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias
-    operands = tuple(t.contiguous() for t in (activation, feature, span_weight, bias))
-    # The kernels' scalars name the input's size and the output's, whichever is read.
-    height, width = out_size if kernel.endswith("backward_input") else activation.shape[2:]
-    threads = n * groups * out_size[0] * out_size[1]
-    scalars = (threads, channels, height, width, groups, *kernel_size, *feature.shape[2:], *stride, *padding, *dilation,
-               feature.shape[1])
-    return unfused._run(launcher, kernel, out, out.is_contiguous(), operands, scalars, threads, source=_SOURCE)
-
-
-@cuda_dispatch("oplib::involution_generated", _SOURCE, ["involution_generated_forward"])
-def launch_involution_generated(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
-                                kernel_size, stride, padding, dilation, launcher: Launcher) -> Tensor:
-    """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> (N, C, Ho, Wo), channels_last when the input is."""
-    return _launch(launcher, "involution_generated_forward", input, feature, span_weight, span_bias,
-                   tuple(feature.shape[2:]), kernel_size, stride, padding, dilation)
-
-
-@cuda_dispatch("oplib::involution_generated_backward_input", _SOURCE, ["involution_generated_backward_input"])
-def launch_involution_generated_backward_input(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
-                                               span_bias: Optional[Tensor], input_size, kernel_size, stride, padding,
-                                               dilation, launcher: Launcher) -> Tensor:
-    """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo) -> grad_input: (N, C, H, W),
-    channels_last when grad_output is."""
-    return _launch(launcher, "involution_generated_backward_input", grad_output, feature, span_weight, span_bias,
-                   tuple(input_size), kernel_size, stride, padding, dilation)
+register_contract(involution_generated, _FORWARD)
+register_contract(involution_generated_backward_input, _BACKWARD_INPUT)
 
 
 # ---------------------------------------------------------------------------------------
@@ -410,9 +271,9 @@ involution_generated_backward_input.register_autograd(_backward_input_backward,
 
 
 def _vmap(info, in_dims, activation, feature, span_weight, span_bias, kernel_size, fused, unfused_op, unfused_args):
-    x, f = unfused._fold_batch(info, in_dims[:2], (activation, feature))
+    x, f = fold_batch(info, in_dims[:2], (activation, feature))
     if in_dims[2] is None and in_dims[3] is None:
-        return unfused._unfold_batch(info, fused(x, f, span_weight, span_bias))
+        return unfold_batch(info, fused(x, f, span_weight, span_bias))
     spans = [s.movedim(d, 0) if d is not None else s.expand(info.batch_size, *s.shape)
              for s, d in zip((span_weight, span_bias), in_dims[2:4]) if s is not None]
     n = f.shape[0] // info.batch_size
@@ -422,7 +283,7 @@ def _vmap(info, in_dims, activation, feature, span_weight, span_bias, kernel_siz
         weight = weight + spans[1][:, None, :, None, None]
     kh, kw = kernel_size
     weight = weight.reshape(info.batch_size * n, spans[0].shape[1] // (kh * kw), kh, kw, *f.shape[3:])
-    return unfused._unfold_batch(info, unfused_op(x, weight, *unfused_args))
+    return unfold_batch(info, unfused_op(x, weight, *unfused_args))
 
 
 def _forward_vmap(info, in_dims, input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation):

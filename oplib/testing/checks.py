@@ -83,7 +83,7 @@ def check_cuda_sources(spec: OpSpec, device: str) -> None:
     its installed ``.cu`` source compiled for the host by the C++ compiler (oplib's host
     emulation), on every sample in float64 and float32, against the reference. On a GPU the
     eager check already runs the real kernels."""
-    from ..kernels import CUDA_DISPATCH
+    from ..kernels.cuda_launch import CUDA_DISPATCH
 
     dispatch = CUDA_DISPATCH.get(spec.qualname)
     if dispatch is None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..kernels import CTYPES, KERNEL_DIR, KernelArg, KernelSource, instantiations, name_expression
+from ..kernels.cuda_source import CTYPES, KERNEL_DIR, KernelArg, KernelSource, instantiations, name_expression
 
 SHIM = Path(__file__).resolve().parent / "cuda_host_shim.h"
 _CACHE_DIR = Path(os.environ.get("OPLIB_EMULATION_CACHE", Path(tempfile.gettempdir()) / "oplib-emulation"))
@@ -103,16 +103,8 @@ class EmulatedLauncher:
         # (kernel, dtype, grid, block, specialisation) of every launch, in order
         self.launches: list[tuple[str, torch.dtype, int, int, tuple[str, ...]]] = []
 
-    def launch(
-        self,
-        source: KernelSource,
-        kernel: str,
-        dtype: torch.dtype,
-        grid: int,
-        block: int,
-        args: Sequence[KernelArg],
-        specialisation: tuple[str, ...] = (),
-    ) -> None:
+    def launch(self, source: KernelSource, kernel: str, dtype: torch.dtype, grid: int, block: int,
+               args: Sequence[KernelArg], specialisation: tuple[str, ...] = ()) -> None:
         for arg in args:
             if isinstance(arg, Tensor) and (arg.device.type != "cpu" or arg.dtype != dtype):
                 raise ValueError(f"emulated {kernel}<{CTYPES[dtype]}> got a {arg.dtype} tensor on {arg.device}")

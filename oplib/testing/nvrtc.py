@@ -35,13 +35,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import (
-    BLOCK_SIZE,
+from ..kernels.cuda_launch import BLOCK_SIZE
+from ..kernels.cuda_source import (
     CTYPES,
-    instantiations,
     KERNEL_DIR,
     NVRTC_OPTIONS,
     KernelSource,
+    instantiations,
     load_source,
     name_expression,
     name_expressions,

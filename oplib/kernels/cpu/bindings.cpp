@@ -85,7 +85,7 @@ oplib_cpu::OutputPlanes<scalar_t> output_planes(const at::Tensor& t) {
 at::Tensor result_tensor(const std::optional<at::Tensor>& out, at::IntArrayRef shape, const at::Tensor& like,
                          const char* like_name, std::initializer_list<const at::Tensor*> operands) {
   if (!out.has_value()) return at::empty(shape, like.options());
-  check_operand(*out, "out", 4);
+  check_operand(*out, "out", static_cast<int64_t>(shape.size()));
   check_same_dtype(*out, "out", like, like_name);
   TORCH_CHECK(out->sizes() == shape, "oplib's native CPU kernels: out is ", out->sizes(), "; expected ", shape);
   at::assert_no_internal_overlap(*out);
@@ -178,10 +178,11 @@ at::Tensor involution_backward_input(const at::Tensor& grad_output, const at::Te
   return grad_input;
 }
 
-// grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, groups, KH, KW, Ho, Wo).
+// grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, groups, KH, KW, Ho, Wo),
+// into `out` where given: in place where it is contiguous, else computed contiguous and copied.
 at::Tensor involution_backward_weight(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef kernel_size,
                                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                                      int64_t groups) {
+                                      int64_t groups, const std::optional<at::Tensor>& out_arg) {
   check_operand(grad_output, "grad_output", 4);
   check_operand(input, "input", 4);
   check_same_dtype(grad_output, "grad_output", input, "input");
@@ -191,12 +192,14 @@ at::Tensor involution_backward_weight(const at::Tensor& grad_output, const at::T
   const std::vector<int64_t> weight_shape{input.size(0), groups, kernel_size[0], kernel_size[1], grad_output.size(2),
                                           grad_output.size(3)};
   const Geometry geo = make_geometry(input.sizes(), weight_shape, stride, padding, dilation);
-  at::Tensor grad_weight = at::empty(weight_shape, input.options());
-  if (grad_weight.numel() == 0) return grad_weight;
+  const at::Tensor out = result_tensor(out_arg, weight_shape, input, "input", {&input, &grad_output});
+  // The kernels write a contiguous (N, G, KH, KW, Ho, Wo) block.
+  at::Tensor grad_weight = out.is_contiguous() ? out : at::empty(weight_shape, input.options());
+  if (grad_weight.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "involution_backward_weight", [&] {
     oplib_cpu::backward_weight<scalar_t>(geo, planes<scalar_t>(grad_output), planes<scalar_t>(input), grad_weight.data_ptr<scalar_t>());
   });
-  return grad_weight;
+  return grad_weight.is_same(out) ? out : out.copy_(grad_weight);
 }
 
 // input: (N, C, H, W), feature: (N, R, Ho, Wo), span_weight: (G * KH * KW, R),
@@ -247,7 +250,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("out") = pybind11::none());
   m.def("involution_backward_input", &involution_backward_input, arg("grad_output"), arg("weight"), arg("input_size"), arg("stride"),
         arg("padding"), arg("dilation"), arg("out") = pybind11::none());
-  m.def("involution_backward_weight", &involution_backward_weight);
+  m.def("involution_backward_weight", &involution_backward_weight, arg("grad_output"), arg("input"), arg("kernel_size"),
+        arg("stride"), arg("padding"), arg("dilation"), arg("groups"), arg("out") = pybind11::none());
   m.def("involution_generated_forward", &involution_generated_forward, arg("input"), arg("feature"), arg("span_weight"),
         arg("span_bias"), arg("kernel_size"), arg("stride"), arg("padding"), arg("dilation"), arg("out") = pybind11::none());
   m.def("involution_generated_backward_input", &involution_generated_backward_input, arg("grad_output"), arg("feature"),

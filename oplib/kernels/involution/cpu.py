@@ -1,6 +1,7 @@
-"""CPU kernels of involution and its two backward ops: native (``oplib/kernels/cpu/``, built on
-first use by ``oplib.kernels.native``, unless ``OPLIB_CPU_KERNELS`` says otherwise) or in plain
-PyTorch, the strategies below.
+"""involution's CPU backend, for involution, its two backward ops and the fused-generation ops:
+the native kernels (``oplib/kernels/cpu/``, built on first use by ``oplib.kernels.native``,
+unless ``OPLIB_CPU_KERNELS`` says otherwise) or plain PyTorch, the strategies below. Each entry
+point writes into the ``out`` its op allocated (see ``oplib.kernels.involution``).
 
     out[n, c, i, j] = sum_{a, b} weight[n, c // (C/G), a, b, i, j] * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
 
@@ -23,8 +24,8 @@ could vanish: their calls go to ``PaddedFormulation``, which gives the reference
 inf pattern, when an operand is not finite. The taps can only add a nan: their calls go
 there when the result is not finite.
 
-Every result is a fresh contiguous tensor of the operands' dtype; 16-bit operands are
-converted to float32 here, and the strategies compute in the dtype they are given. No
+The plain-PyTorch functions (``pytorch_*``) return a fresh contiguous tensor of the operands'
+dtype, which the entry points copy into ``out``; 16-bit operands are converted to float32 here, and the strategies compute in the dtype they are given. No
 atomics and no reduction whose order depends on threads: results are deterministic.
 """
 
@@ -53,6 +54,9 @@ __all__ = [
     "involution",
     "involution_backward_input",
     "involution_backward_weight",
+    "involution_generated",
+    "involution_generated_backward_input",
+    "generated_weight",
     "pytorch_involution",
     "pytorch_involution_backward_input",
     "pytorch_involution_backward_weight",
@@ -89,37 +93,72 @@ class Strategy(Protocol):
         """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
 
 
-def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Optional[Tensor] = None) -> Tensor:
-    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> (N, C, Ho, Wo), written into
-    ``out`` where given (any strides: the op allocates it in its fake's layout)."""
+# The backend's entry points, one per op, each writing the op's result into ``out`` (allocated
+# by the op in its fake's layout; any strides) as the CUDA backend's do.
+
+
+def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor) -> Tensor:
+    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo)."""
     module = native.involution()
     if module is not None:
         return module.involution_forward(input, weight, stride, padding, dilation, out=out)
-    return _into(out, pytorch_involution(input, weight, stride, padding, dilation))
+    return out.copy_(pytorch_involution(input, weight, stride, padding, dilation))
 
 
-def involution_backward_input(
-    grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation, out: Optional[Tensor] = None
-) -> Tensor:
-    """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> grad_input: (N, C, H, W),
-    written into ``out`` where given."""
+def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation,
+                              out: Tensor) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> out: grad_input (N, C, H, W)."""
     module = native.involution()
     if module is not None:
         return module.involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, out=out)
-    return _into(out, pytorch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation))
+    return out.copy_(pytorch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation))
 
 
-def _into(out: Optional[Tensor], result: Tensor) -> Tensor:
-    """result, or out holding it (the plain-PyTorch kernels compute a contiguous result)."""
-    return result if out is None else out.copy_(result)
-
-
-def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation, groups) -> Tensor:
-    """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> grad_weight: (N, G, KH, KW, Ho, Wo)."""
+def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation, groups,
+                               out: Tensor) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> out: grad_weight (N, G, KH, KW, Ho, Wo).
+    The native kernels write a contiguous ``out`` in place; a pixel-major one receives a copy."""
     module = native.involution()
     if module is not None:
-        return module.involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
-    return pytorch_involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
+        return module.involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups,
+                                                 out=out)
+    return out.copy_(pytorch_involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation,
+                                                        groups))
+
+
+def involution_generated(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], kernel_size,
+                         stride, padding, dilation, out: Tensor) -> Tensor:
+    """input: (N, C, H, W), feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), span_bias:
+    (G*KH*KW,) or None -> out: (N, C, Ho, Wo). The native kernels form the weights in cache;
+    the plain-PyTorch route materialises them with the span conv."""
+    module = native.involution()
+    if module is not None:
+        return module.involution_generated_forward(input, feature, span_weight, span_bias, kernel_size, stride, padding,
+                                                   dilation, out=out)
+    weight = generated_weight(feature, span_weight, span_bias, kernel_size)
+    return out.copy_(pytorch_involution(input, weight, stride, padding, dilation))
+
+
+def involution_generated_backward_input(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
+                                        span_bias: Optional[Tensor], input_size, kernel_size, stride, padding, dilation,
+                                        out: Tensor) -> Tensor:
+    """grad_output: (N, C, Ho, Wo) and the generator as above -> out: grad_input (N, C, H, W)."""
+    module = native.involution()
+    if module is not None:
+        return module.involution_generated_backward_input(grad_output, feature, span_weight, span_bias, input_size,
+                                                          kernel_size, stride, padding, dilation, out=out)
+    weight = generated_weight(feature, span_weight, span_bias, kernel_size)
+    return out.copy_(pytorch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation))
+
+
+def generated_weight(feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], kernel_size) -> Tensor:
+    """feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), span_bias: (G*KH*KW,) or None
+    -> the weight (N, G, KH, KW, Ho, Wo) of ``oplib::involution``, as ``Involution2d``'s span
+    conv computes it (pixel-major in memory when ``feature`` is channels_last)."""
+    n, _, out_h, out_w = feature.shape
+    kh, kw = kernel_size
+    weight = torch.nn.functional.conv2d(feature, span_weight[:, :, None, None], span_bias)
+    return weight.view(n, span_weight.shape[0] // (kh * kw), kh, kw, out_h, out_w)
 
 
 # The plain-PyTorch kernels, whatever OPLIB_CPU_KERNELS says (the benchmarks compare the paths).

@@ -1,0 +1,144 @@
+"""The ``.cu`` sources of oplib's CUDA kernels as the host reads them: each kernel's
+signature, the template arguments a host may launch it with, and the constants its launch
+policy needs, all parsed from the source itself so that no fact of a kernel is written twice.
+
+Every kernel is a ``template <typename scalar_t, ...> __global__ void name(...)`` whose
+arguments are pointers and ``index_t`` (64-bit) integers. A kernel templated on more than the
+storage type lists the values of its other template parameters in ``// oplib-template:``
+comment lines of its source, so that every instantiation a host may launch is known here
+(``instantiations``) and compiled by the NVRTC tests. A top-level ``constexpr int NAME = value;``
+is a constant the host may read (``KernelSource.constants``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+import torch
+from torch import Tensor
+
+KERNEL_DIR = Path(__file__).resolve().parent
+
+# The C++ storage type of each dtype, as the templates are instantiated.
+CTYPES: dict[torch.dtype, str] = {
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.float16: "oplib_half",
+    torch.bfloat16: "oplib_bfloat16",
+}
+
+# What CuPyLauncher hands NVRTC besides the source; the NVRTC tests compile with the same.
+NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17", f"-I{KERNEL_DIR}")
+
+
+def name_expression(kernel: str, dtype: torch.dtype, specialisation: Sequence[str] = ()) -> str:
+    """The C++ name of one instantiation of ``kernel``: ``involution_forward<float>``, or with
+    the template arguments after the storage type, ``involution_forward_tiled<float, int, 7, 1, false>``."""
+    return f"{kernel}<{', '.join((CTYPES[dtype], *specialisation))}>"
+
+
+_KERNEL_PATTERN = re.compile(r"template\s*<([^>]*)>\s*__global__\s+void\s+(\w+)\s*\(([^)]*)\)")
+# A source lists the template arguments of its specialised kernels in comment lines (see
+# involution.cu): which kernels, then one line per template parameter after scalar_t.
+_INSTANTIATE_PATTERN = re.compile(r"^// oplib-instantiate:(.*)$", re.MULTILINE)
+_TEMPLATE_PATTERN = re.compile(r"^// oplib-template:\s*(\w+)\s*=(.*)$", re.MULTILINE)
+_CONSTANT_PATTERN = re.compile(r"^constexpr\s+int\s+(\w+)\s*=\s*(-?\d+)\s*;", re.MULTILINE)
+
+KernelArg = Union[Tensor, int]
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    name: str
+    template_params: tuple[str, ...]  # the parameters after scalar_t, e.g. ("offset_t", "KERNEL")
+    params: tuple[tuple[str, str], ...]  # (C++ type, name), as written with scalar_t
+
+    def instantiated_params(self, ctype: str) -> str:
+        return ", ".join(f"{t.replace('scalar_t', ctype)} {n}" for t, n in self.params)
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    path: Path
+    text: str
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """Hash of the source and of the shared headers it may include (read once: the
+        launchers key their caches by it on every launch)."""
+        digest = hashlib.sha256(self.text.encode())
+        for header in sorted(KERNEL_DIR.glob("*.cuh")):
+            digest.update(header.read_bytes())
+        return digest.hexdigest()
+
+    @functools.cached_property
+    def kernels(self) -> dict[str, KernelSignature]:
+        signatures = {}
+        for match in _KERNEL_PATTERN.finditer(self.text):
+            template = [" ".join(p.split()) for p in match.group(1).split(",")]
+            if template[0] != "typename scalar_t":
+                raise ValueError(f"{self.path.name}: {match.group(2)}'s first template parameter must be scalar_t")
+            params = []
+            for param in " ".join(match.group(3).split()).split(","):
+                *type_words, name = param.strip().split(" ")
+                params.append((" ".join(type_words), name))
+            template_params = tuple(p.split(" ")[-1] for p in template[1:])
+            signatures[match.group(2)] = KernelSignature(match.group(2), template_params, tuple(params))
+        return signatures
+
+    @functools.cached_property
+    def template_values(self) -> dict[str, tuple[str, ...]]:
+        """Template parameter -> the values its ``oplib-template`` line lists, as written."""
+        return {m.group(1): tuple(v.strip() for v in m.group(2).split("|")) for m in _TEMPLATE_PATTERN.finditer(self.text)}
+
+    @functools.cached_property
+    def constants(self) -> dict[str, int]:
+        """The top-level ``constexpr int NAME = value;`` lines of the source and of the shared
+        headers it may include."""
+        texts = [header.read_text() for header in sorted(KERNEL_DIR.glob("*.cuh"))] + [self.text]
+        return {m.group(1): int(m.group(2)) for text in texts for m in _CONSTANT_PATTERN.finditer(text)}
+
+    @functools.cached_property
+    def specialisations(self) -> dict[str, tuple[tuple[str, ...], ...]]:
+        """Kernel -> every tuple of template arguments after scalar_t that a host may launch
+        (``()`` alone for a kernel templated on scalar_t only)."""
+        values = self.template_values
+        listed = {k.strip() for m in _INSTANTIATE_PATTERN.finditer(self.text) for k in m.group(1).split(",")}
+        result = {}
+        for name, signature in self.kernels.items():
+            if not signature.template_params:
+                result[name] = ((),)
+                continue
+            if name not in listed or any(p not in values for p in signature.template_params):
+                raise ValueError(f"{self.path.name}: {name}'s template arguments are not all listed (oplib-template)")
+            result[name] = tuple(itertools.product(*(values[p] for p in signature.template_params)))
+        return result
+
+
+@functools.cache
+def load_source(filename: str) -> KernelSource:
+    path = KERNEL_DIR / filename
+    return KernelSource(path, path.read_text())
+
+
+def instantiations(source: KernelSource) -> list[tuple[str, torch.dtype, tuple[str, ...]]]:
+    """(kernel, dtype, specialisation) of every instantiation a host may launch from ``source``."""
+    return [
+        (kernel, dtype, specialisation)
+        for kernel, specialisations in source.specialisations.items()
+        for specialisation in specialisations
+        for dtype in CTYPES
+    ]
+
+
+def name_expressions(source: KernelSource) -> list[str]:
+    """Every instantiation of ``source`` (every kernel, dtype and specialisation): what the
+    NVRTC tests compile. A GPU compiles only those it launches (CuPyLauncher)."""
+    return [name_expression(*instantiation) for instantiation in instantiations(source)]

@@ -1,0 +1,264 @@
+"""involution's CUDA backend: the launches of ``involution.cu`` (involution and its two
+backward ops) and ``involution_generated.cu`` (the fused-generation op and its grad_input).
+
+Each function writes the op's result into ``out``, which the op allocated in its fake's layout
+(``layouts``), through a launcher: CuPy's on a GPU (the default), the host emulation of
+``oplib.testing.cuda_emulation`` in the tests. Which kernel serves a call, and how it is
+launched, is a ``LaunchPolicy``: its facts are read from the ``.cu`` source, so benches and
+tests pass a changed policy (``dataclasses.replace``) instead of patching module globals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..cuda_launch import BLOCK_SIZE, MAX_BLOCKS, Launcher, cuda_dispatch, cupy_launcher, launch_elementwise
+from ..cuda_source import KernelSource, load_source
+from .layouts import activation_in, is_channels_last, is_pixel_major, result_like, weight_in, weight_result
+
+SOURCE = "involution.cu"
+GENERATED_SOURCE = "involution_generated.cu"
+
+
+@dataclass(frozen=True)
+class LaunchPolicy:
+    """How the host chooses and launches ``involution.cu``'s kernels.
+
+    ``kernel_sizes``, ``strides``: the square kernels and equal strides (dilation 1) the
+    specialised ("tiled") kernels serve, from the source's ``oplib-template`` lines; any other
+    geometry runs the generic kernels. ``max_channels``: a tiled thread's accumulators, for 8-
+    and for 2/4-byte values (``TILE_MAX_CHANNELS*``). ``vector_bytes``: what a channels_last
+    kernel moves at once (``VECTOR_BYTES``). ``index32_limit``: the 32-bit-offset kernels serve
+    tensors up to this many elements, so that a grid-stride index stays below 2^31 even one
+    whole grid past the last element. ``target_threads``: channels per thread trade weight
+    reuse (more) against parallelism (fewer); the most channels that still leave this many
+    threads (a guess for an H100, 132 SMs of 2048 threads, until make gpu-check measures it).
+    """
+
+    kernel_sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    max_channels: int
+    max_channels_8_byte: int
+    vector_bytes: int
+    index32_limit: int = 2**31 - 1 - MAX_BLOCKS * BLOCK_SIZE
+    target_threads: int = 1 << 17
+
+    @classmethod
+    def from_source(cls, source: KernelSource) -> LaunchPolicy:
+        values, constants = source.template_values, source.constants
+        return cls(
+            kernel_sizes=tuple(int(v) for v in values["KERNEL"]),
+            strides=tuple(int(v) for v in values["STRIDE"]),
+            max_channels=constants["TILE_MAX_CHANNELS"],
+            max_channels_8_byte=constants["TILE_MAX_CHANNELS_8_BYTE"],
+            vector_bytes=constants["VECTOR_BYTES"],
+        )
+
+    def specialisation(self, kernel_size, stride, dilation, channels_last: bool, *tensors: Tensor):
+        """The template arguments after scalar_t of the tiled kernel for this geometry, or None
+        when only the generic kernel serves it."""
+        kh, kw = kernel_size
+        if kh != kw or kh not in self.kernel_sizes or stride[0] != stride[1] or stride[0] not in self.strides:
+            return None
+        if tuple(dilation) != (1, 1):
+            return None
+        offset = "int" if max(t.numel() for t in tensors) <= self.index32_limit else "long long"
+        return (offset, str(kh), str(stride[0]), "true" if channels_last else "false")
+
+    def lanes(self, dtype: torch.dtype) -> int:
+        """Elements of ``dtype`` in one vector."""
+        return self.vector_bytes // dtype.itemsize
+
+    def vectors_fit(self, channels: int, per_group: int, *tensors: Tensor) -> bool:
+        """Whether the channels_last kernels' vectors fit: each pixel's channels and each group's
+        start at a multiple of the vector, from aligned tensors."""
+        lanes = self.lanes(tensors[0].dtype)
+        aligned = all(t.data_ptr() % self.vector_bytes == 0 for t in tensors)
+        return channels % lanes == 0 and per_group % lanes == 0 and aligned
+
+    def channels_per_thread(self, per_group: int, threads_per_channel: int, dtype: torch.dtype, multiple: int) -> int:
+        """The most channels (a divisor of ``per_group``, a multiple of ``multiple``) a thread can
+        own while the launch keeps ``target_threads`` threads; the fewest when none can."""
+        most = self.max_channels_8_byte if dtype.itemsize == 8 else self.max_channels
+        candidates = [d for d in range(most, 0, -1) if per_group % d == 0 and d % multiple == 0]
+        for count in candidates:
+            if threads_per_channel * (per_group // count) >= self.target_threads:
+                return count
+        return candidates[-1]
+
+
+POLICY = LaunchPolicy.from_source(load_source(SOURCE))
+
+
+def _in_layout(out: Tensor, last: bool, weight: bool = False) -> bool:
+    """Whether ``out`` is laid out as a kernel writes it: contiguous, or (``last``) channels_last
+    (an activation) or pixel-major (a weight)."""
+    if not last:
+        return out.is_contiguous()
+    return is_pixel_major(out) if weight else out.is_contiguous(memory_format=torch.channels_last)
+
+
+def _run(launcher: Launcher, kernel: str, out: Tensor, writes_out: bool, operands: tuple, scalars: tuple,
+         threads: Optional[int] = None, specialisation: tuple = (), source: str = SOURCE) -> Tensor:
+    """Launch ``kernel`` of ``source`` (operands, then its result, then the scalars) into ``out``
+    when ``writes_out`` (the kernel writes ``out``'s layout), else into a contiguous buffer then
+    copied into ``out``."""
+    result = out if writes_out else out.new_empty(out.shape)
+    launch_elementwise(launcher, load_source(source), kernel, result, (*operands, result, *scalars), threads,
+                       specialisation)
+    return out if result is out else out.copy_(result)
+
+
+def _window_scalars(channels, height, width, weight_shape, stride, padding, dilation) -> tuple:
+    """The generic kernels' trailing arguments, in their order."""
+    _, groups, kh, kw, out_h, out_w = weight_shape
+    return (channels, height, width, groups, kh, kw, out_h, out_w, *stride, *padding, *dilation)
+
+
+def _run_generic(launcher: Launcher, kernel: str, out: Tensor, operands: tuple, scalars: tuple) -> Tensor:
+    """A generic kernel: contiguous operands, one thread per element of its contiguous result."""
+    operands = tuple(operand.contiguous() for operand in operands)
+    return _run(launcher, kernel, out, out.is_contiguous(), operands, (out.numel(), *scalars))
+
+
+def _channel_tiled(kernel: str, activation: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
+                   launcher: Optional[Launcher], policy: Optional[LaunchPolicy]) -> Tensor:
+    """The forward (``kernel`` "involution_forward") or grad_input ("involution_backward_input"):
+    each reads an activation (input or grad_output) and the weight and writes the activation
+    ``out``; the tiled kernel where one serves the geometry, one thread per pixel and chunk of a
+    group's channels, else the generic one."""
+    launcher, policy = launcher or cupy_launcher(), policy or POLICY
+    n, channels = activation.shape[:2]
+    groups, kh, kw, out_h, out_w = weight.shape[1:]
+    out_size = tuple(out.shape[2:])
+    # The kernels' scalars name the input's size and the output's, whichever of them is read.
+    height, width = out_size if kernel == "involution_backward_input" else activation.shape[2:]
+    per_group = channels // groups
+    layout_last = is_channels_last(activation) and policy.vectors_fit(channels, per_group, activation, out)
+    specialisation = policy.specialisation((kh, kw), stride, dilation, layout_last, activation, weight, out)
+    if specialisation is None:
+        scalars = _window_scalars(channels, height, width, weight.shape, stride, padding, dilation)
+        return _run_generic(launcher, kernel, out, (activation, weight), scalars)
+    activation, weight = activation_in(activation, layout_last), weight_in(weight, layout_last)
+    lanes = policy.lanes(activation.dtype) if layout_last else 1
+    per_thread = policy.channels_per_thread(per_group, n * groups * out_size[0] * out_size[1], activation.dtype, lanes)
+    threads = n * groups * (per_group // per_thread) * out_size[0] * out_size[1]
+    scalars = (threads, channels, height, width, groups, out_h, out_w, *padding, per_thread)
+    return _run(launcher, f"{kernel}_tiled", out, _in_layout(out, layout_last), (activation, weight), scalars, threads,
+                specialisation)
+
+
+def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
+               launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Tensor:
+    """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo)."""
+    return _channel_tiled("involution_forward", input, weight, stride, padding, dilation, out, launcher, policy)
+
+
+def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation, out: Tensor,
+                              launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> out: grad_input (N, C, H, W)."""
+    return _channel_tiled("involution_backward_input", grad_output, weight, stride, padding, dilation, out, launcher,
+                          policy)
+
+
+def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation, groups: int,
+                               out: Tensor, launcher: Optional[Launcher] = None,
+                               policy: Optional[LaunchPolicy] = None) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> out: grad_weight (N, G, KH, KW, Ho, Wo)."""
+    launcher, policy = launcher or cupy_launcher(), policy or POLICY
+    n, channels, height, width = input.shape
+    out_h, out_w = grad_output.shape[2:]
+    per_group = channels // groups
+    # A grad_output in the other layout is copied into this one below, and a fresh copy is aligned.
+    aligned = [input, grad_output] if is_channels_last(grad_output) else [input]
+    layout_last = is_channels_last(input) and policy.vectors_fit(channels, per_group, *aligned)
+    specialisation = policy.specialisation(kernel_size, stride, dilation, layout_last, grad_output, input, out)
+    if specialisation is None:
+        scalars = _window_scalars(channels, height, width, out.shape, stride, padding, dilation)
+        return _run_generic(launcher, "involution_backward_weight", out, (grad_output, input), scalars)
+    grad_output, input = activation_in(grad_output, layout_last), activation_in(input, layout_last)
+    threads = n * groups * kernel_size[0] * out_h * out_w
+    scalars = (threads, channels, height, width, groups, out_h, out_w, *padding)
+    return _run(launcher, "involution_backward_weight_tiled", out, _in_layout(out, layout_last, weight=True),
+                (grad_output, input), scalars, threads, specialisation)
+
+
+def _generated(kernel: str, activation: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
+               kernel_size, stride, padding, dilation, out: Tensor, launcher: Optional[Launcher]) -> Tensor:
+    """The fused-generation forward (``kernel`` "involution_generated_forward", ``activation`` the
+    input) or grad_input ("..._backward_input", ``activation`` grad_output) into ``out``, one
+    thread per (sample, group, pixel of it); the kernels are generic, not yet tiled."""
+    n, channels = activation.shape[:2]
+    out_size = tuple(out.shape[2:])
+    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
+    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias
+    operands = tuple(t.contiguous() for t in (activation, feature, span_weight, bias))
+    # The kernels' scalars name the input's size and the output's, whichever is read.
+    height, width = out_size if kernel.endswith("backward_input") else activation.shape[2:]
+    threads = n * groups * out_size[0] * out_size[1]
+    scalars = (threads, channels, height, width, groups, *kernel_size, *feature.shape[2:], *stride, *padding, *dilation,
+               feature.shape[1])
+    return _run(launcher or cupy_launcher(), kernel, out, out.is_contiguous(), operands, scalars, threads,
+                source=GENERATED_SOURCE)
+
+
+def involution_generated(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], kernel_size,
+                         stride, padding, dilation, out: Tensor, launcher: Optional[Launcher] = None) -> Tensor:
+    """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> out: (N, C, Ho, Wo)."""
+    return _generated("involution_generated_forward", input, feature, span_weight, span_bias, kernel_size, stride,
+                      padding, dilation, out, launcher)
+
+
+def involution_generated_backward_input(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
+                                        span_bias: Optional[Tensor], input_size, kernel_size, stride, padding, dilation,
+                                        out: Tensor, launcher: Optional[Launcher] = None) -> Tensor:
+    """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo) -> out: grad_input (N, C, H, W)."""
+    return _generated("involution_generated_backward_input", grad_output, feature, span_weight, span_bias, kernel_size,
+                      stride, padding, dilation, out, launcher)
+
+
+# Each op's CUDA dispatch for the self-check and the tests, (*op args, launcher, policy=None):
+# the result allocated as the op allocates it, then written by the function above.
+
+
+@cuda_dispatch("oplib::involution", SOURCE, ["involution_forward", "involution_forward_tiled"])
+def launch_involution(input, weight, stride, padding, dilation, launcher: Launcher, policy=None) -> Tensor:
+    out = result_like(input, weight.shape[4:])
+    return involution(input, weight, stride, padding, dilation, out, launcher, policy)
+
+
+@cuda_dispatch("oplib::involution_backward_input", SOURCE, ["involution_backward_input", "involution_backward_input_tiled"])
+def launch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, launcher: Launcher,
+                                     policy=None) -> Tensor:
+    out = result_like(grad_output, input_size)
+    return involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, out, launcher, policy)
+
+
+@cuda_dispatch("oplib::involution_backward_weight", SOURCE,
+               ["involution_backward_weight", "involution_backward_weight_tiled"])
+def launch_involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups: int,
+                                      launcher: Launcher, policy=None) -> Tensor:
+    shape = (input.shape[0], groups, *kernel_size, *grad_output.shape[2:])
+    out = weight_result(grad_output, shape, is_channels_last(input))
+    return involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups, out, launcher,
+                                      policy)
+
+
+@cuda_dispatch("oplib::involution_generated", GENERATED_SOURCE, ["involution_generated_forward"])
+def launch_involution_generated(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation,
+                                launcher: Launcher) -> Tensor:
+    out = result_like(input, feature.shape[2:])
+    return involution_generated(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation, out,
+                                launcher)
+
+
+@cuda_dispatch("oplib::involution_generated_backward_input", GENERATED_SOURCE, ["involution_generated_backward_input"])
+def launch_involution_generated_backward_input(grad_output, feature, span_weight, span_bias, input_size, kernel_size,
+                                               stride, padding, dilation, launcher: Launcher) -> Tensor:
+    out = result_like(grad_output, input_size)
+    return involution_generated_backward_input(grad_output, feature, span_weight, span_bias, input_size, kernel_size,
+                                               stride, padding, dilation, out, launcher)

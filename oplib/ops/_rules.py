@@ -1,0 +1,156 @@
+"""An op's argument rules, stated once, enforced the same way in eager mode and while tracing.
+
+A ``Rule`` is a condition over the op's arguments and the message (and error type) of its
+failure. ``Rules.enforce`` evaluates the conditions in order: with real tensors every
+condition is a plain bool, so a passing call costs one call and one identity test per rule
+(no message closure, no ``torch._check``), and the first failing rule raises its error; while
+tracing, a condition on symbolic sizes is a SymBool, handed to ``torch._check`` (or
+``torch._check_value``), which records it as a guard instead of specialising the size. Rules
+after a failing one are never evaluated, so a later rule may index what an earlier one
+checked (the dims before the shape).
+
+Conditions combine comparisons with ``&``, never ``and`` or tuple equality: ``and`` would
+ask a SymBool for its truth value, which specialises the size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import torch
+
+from ._common import DIM, FLOATING_DTYPE, PAIR_LENGTH, PAIR_RANGE, SAME_DEVICE, SAME_DTYPE, WINDOW_FITS, argument_predicate
+
+
+class Rule(NamedTuple):
+    holds: Callable[..., Any]  # (*op args) -> bool, or a SymBool while tracing
+    message: Callable[..., str]  # (*op args) -> the error's message, formatted only on failure
+    error: type[Exception] = RuntimeError  # ValueError for a bad non-tensor argument
+
+
+class Rules:
+    """The rules of the op ``qualname``, in the order they are checked; registered as its
+    argument predicate (``satisfied``), which the registry's tests hold to ``enforce``."""
+
+    def __init__(self, qualname: str, rules: Iterable[Rule]):
+        self.qualname = qualname
+        self.rules = tuple(rules)
+        argument_predicate(qualname)(self.satisfied)
+
+    def enforce(self, *args) -> None:
+        """Raise the first failing rule's error (eager), or record the symbolic conditions."""
+        for rule in self.rules:
+            holds = rule.holds(*args)
+            if holds is True:
+                continue
+            if holds is False:
+                raise rule.error(rule.message(*args))
+            check = torch._check_value if rule.error is ValueError else torch._check
+            check(holds, lambda rule=rule: rule.message(*args))
+
+    def satisfied(self, *args) -> bool:
+        """Whether every rule holds (real tensors: the conditions are plain bools)."""
+        for rule in self.rules:
+            if rule.holds(*args) is not True:
+                return False
+        return True
+
+
+def tensor_rules(op: str, *operands: tuple) -> list[Rule]:
+    """(argument index, name, dims, layout[, optional]) of each tensor operand: each has its dims,
+    the first a floating dtype, the others the first's dtype and device; an optional operand
+    may be None."""
+    rules = []
+    for index, name, dims, layout, *optional in operands:
+        rules.append(Rule(
+            lambda *a, i=index, d=dims, o=bool(optional): (o and a[i] is None) or a[i].dim() == d,
+            lambda *a, i=index, n=name, layout=layout: DIM.format(op=op, name=n, layout=layout, dim=a[i].dim(),
+                                                                   size=list(a[i].shape)),
+        ))
+    first, first_name = operands[0][0], operands[0][1]
+    rules.append(Rule(
+        lambda *a: a[first].is_floating_point(),
+        lambda *a: FLOATING_DTYPE.format(op=op, name=first_name, dtype=a[first].dtype),
+    ))
+    for index, name, *_ in operands[1:]:
+        rules.append(Rule(
+            lambda *a, i=index: a[i] is None or a[i].dtype == a[first].dtype,
+            lambda *a, i=index, n=name: SAME_DTYPE.format(op=op, name=n, reference_name=first_name, dtype=a[i].dtype,
+                                                          reference_dtype=a[first].dtype),
+        ))
+        rules.append(Rule(
+            lambda *a, i=index: a[i] is None or a[i].device == a[first].device,
+            lambda *a, i=index, n=name: SAME_DEVICE.format(op=op, name=n, reference_name=first_name,
+                                                           device=a[i].device, reference_device=a[first].device),
+        ))
+    return rules
+
+
+def window_rules(op: str, at: int) -> list[Rule]:
+    """Arguments ``at``, ``at + 1`` and ``at + 2`` (stride, padding, dilation) are pairs, stride and
+    dilation positive, padding non-negative (ValueError, as torch's conv2d)."""
+    rules = []
+    for offset, name, lowest in ((0, "stride", 1), (1, "padding", 0), (2, "dilation", 1)):
+        i = at + offset
+        rules.append(Rule(
+            lambda *a, i=i: len(a[i]) == 2,
+            lambda *a, i=i, n=name: PAIR_LENGTH.format(op=op, name=n, values=list(a[i])),
+            ValueError,
+        ))
+        rules.append(Rule(
+            lambda *a, i=i, low=lowest: (a[i][0] >= low) & (a[i][1] >= low),
+            lambda *a, i=i, n=name, low=lowest: PAIR_RANGE.format(op=op, name=n, bound="positive" if low else "non-negative",
+                                                                  values=list(a[i])),
+            ValueError,
+        ))
+    return rules
+
+
+def window_fits_rules(op: str, size: Callable, kernel: Callable, padding: Callable, dilation: Callable) -> list[Rule]:
+    """The padded input holds the dilated kernel along height and width; each argument maps the
+    op's arguments to that (H, W) pair."""
+    rules = []
+    for axis, name in enumerate(("height", "width")):
+        def extent(*a, axis=axis):
+            return dilation(*a)[axis] * (kernel(*a)[axis] - 1) + 1
+
+        rules.append(Rule(
+            lambda *a, axis=axis, extent=extent: size(*a)[axis] + 2 * padding(*a)[axis] >= extent(*a),
+            lambda *a, axis=axis, name=name, extent=extent: WINDOW_FITS.format(
+                op=op, axis=name, size=size(*a)[axis], padding=padding(*a)[axis], extent=extent(*a)),
+        ))
+    return rules
+
+
+class Contract(NamedTuple):
+    """What an op promises on every device: its rules, and its result (uninitialised, in the
+    layout the fake returns, ``result(*args)``), which each device's backend writes
+    (``writers``: device type -> ``writer(*args, out)``)."""
+
+    rules: Rules
+    result: Callable[..., Any]
+    writers: dict[str, Callable[..., Any]]
+
+    def run(self, device: str, *args):
+        """The op's kernel on ``device``: the rules, the result allocated, the backend's writer."""
+        self.rules.enforce(*args)
+        return self.writers[device](*args, self.result(*args))
+
+    def fake(self, *args):
+        self.rules.enforce(*args)
+        return self.result(*args)
+
+
+# qualname -> its Contract, for every op defined by one (bench/dense.py times the writers bare).
+CONTRACTS: dict[str, Contract] = {}
+
+
+def register_contract(op, contract: Contract) -> None:
+    """``op``'s fake, and its kernel for each device type of ``contract.writers`` other than CPU
+    (the CPU kernel is the function ``op`` was defined with, which calls ``contract.run``)."""
+    CONTRACTS[op._qualname] = contract
+    op.register_fake(contract.fake)
+    for device in contract.writers:
+        if device != "cpu":
+            op.register_kernel(device, lambda *args, device=device: contract.run(device, *args))
