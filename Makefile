@@ -72,7 +72,7 @@ bench: $(VENV)/.installed
 	exit $$status
 
 # The sdist, then the wheel built from it, by the standard frontend; metadata checked as the
-# package index checks it. (tests/test_package.py also installs that wheel and runs it.)
+# package index checks it. (tests/project/test_package.py also installs that wheel and runs it.)
 dist: $(VENV)/.installed
 	rm -rf dist build
 	$(PY) -m build --outdir dist .

@@ -1,7 +1,7 @@
 """Every private torch entry point oplib uses, in one place.
 
 Each may change or vanish in any torch release. oplib's other modules import them from
-here, never from torch directly (``tests/test_torch_private.py`` checks both: each entry
+here, never from torch directly (``tests/project/test_torch_private.py`` checks both: each entry
 below resolves on the torch under test, which ``make test`` and ``make test-oldest`` cover,
 and no other module of oplib names a private torch symbol). Each entry says why no public
 API serves, the releases it was checked on, and what stops working without it.
@@ -158,7 +158,7 @@ SYMBOLS: dict[str, PrivateSymbol] = {
     "dynamo_counters": PrivateSymbol(
         "torch._dynamo.utils.counters",
         "dynamo's tally of unique graphs; torch.compiler exposes no compile count",
-        "the recompilation counts of compile_tests/test_compile.py (tests only)",
+        "the recompilation counts of compile_tests/ops/test_compile.py (tests only)",
     ),
     "aot_autograd": PrivateSymbol(
         "torch._dynamo.backends.common.aot_autograd",
@@ -190,7 +190,7 @@ SYMBOLS: dict[str, PrivateSymbol] = {
         "a tensor of a device type this machine lacks (XPU, MTIA), holding no data, whose ops "
         "reach that device's dispatch key: the only way to show, without the device, that an "
         "op registered for CPU and CUDA gives torch's own error there",
-        "the test that another device type gets torch's \"could not run\" error (tests/test_native_build.py)",
+        "the test that another device type gets torch's \"could not run\" error (tests/kernels/cpu/test_native_build.py)",
     ),
     "BatchNormBase": PrivateSymbol(
         "torch.nn.modules.batchnorm._BatchNorm",

@@ -63,7 +63,7 @@ PAPER_REPOSITORY = "https://github.com/d-li14/involution"
 # What each depth's released ImageNet checkpoint expects and scored, in timm's pretrained_cfg
 # keys (mean and std of 0-1 RGB; oplib.imagenet works on 0-255, the same values times 255).
 # params_m, gflops, top1/top5: the paper's parameters (millions), multiply-adds at 224 px
-# (billions) and its repository's accuracies; tests/test_backbones.py recounts the first two.
+# (billions) and its repository's accuracies; tests/models/test_backbones.py recounts the first two.
 _PAPER_RESULTS = {
     26: dict(params_m=9.23, gflops=1.73, top1=75.96, top5=93.19),
     38: dict(params_m=12.39, gflops=2.22, top1=77.48, top5=93.57),

@@ -7,8 +7,8 @@ report whether it failed (it must) and which test caught the bug first.
 
 Each bug is a text edit of an op file, undone after its run (also on Ctrl-C). The run is
 ``make test`` (the unit tier: ``-m "not integration"``) restricted to the planted op's tests
-in the files that check every op (tests/test_ops.py, tests/test_transforms.py,
-compile_tests/test_compile.py), so a bug caught there fails ``make test``.
+in the files that check every op (tests/ops/test_ops.py, tests/ops/test_transforms.py,
+compile_tests/ops/test_compile.py), so a bug caught there fails ``make test``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = "tests/test_ops.py tests/test_transforms.py compile_tests/test_compile.py"
+FILES = "tests/ops/test_ops.py tests/ops/test_transforms.py compile_tests/ops/test_compile.py"
 
 
 class Bug(NamedTuple):

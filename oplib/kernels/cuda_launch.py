@@ -170,7 +170,7 @@ def load(device: Union[torch.device, str, int, None] = None) -> None:
     """Compile and load every op's CUDA kernels on ``device`` (default: the current CUDA
     device) now, every dtype and specialisation in one NVRTC compile, rather than each at its
     first call. A first call inside a CUDA graph capture
-    works without it (the module loads during the capture; tests/test_cuda_streams.py), but
+    works without it (the module loads during the capture; tests/kernels/cuda/test_cuda_streams.py), but
     compiling takes seconds on a cold cache (CuPy keeps the results on disk), which this moves
     out of timed or latency-bound code. ``load("cpu")`` builds the native CPU kernels of involution
     (unless ``OPLIB_CPU_KERNELS=pytorch``; ``oplib.kernels.native``): about a minute, once

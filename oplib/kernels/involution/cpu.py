@@ -67,7 +67,7 @@ __all__ = [
 # phase (sh*sw phases): the dense matrix then holds at most that many times the weight's
 # elements. The tap passes pay for their buffers once per phase, so strided maps stay dense
 # up to larger sizes. Set by timing the dense matrices against the taps, forward+backward,
-# at RedNet-50's shapes (each forced through this limit as tests/test_involution_cpu.py
+# at RedNet-50's shapes (each forced through this limit as tests/kernels/cpu/test_involution_cpu.py
 # does); bench/results/involution.md holds the chosen strategies' times.
 DENSE_MAP_MAX_PIXELS_PER_TAP = 2
 

@@ -1,8 +1,8 @@
 """The table of ops in the documentation (docs/ops.md, under "## Ops"), checked against the
 registry, so that the copy a reader sees cannot drift from the ops themselves: a new op of
 oplib adds its row. And the README stays what a newcomer reads in five minutes, its
-package-index install line marked as for after the first release. (tests/test_docs.py runs
-the README's code; tests/test_package.py runs its install from a checkout.)"""
+package-index install line marked as for after the first release. (tests/project/test_docs.py runs
+the README's code; tests/project/test_package.py runs its install from a checkout.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from oplib import registry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPS_PAGE = ROOT / "docs" / "ops.md"
 README = ROOT / "README.md"
 # About five minutes of reading; the rest belongs in docs/.

@@ -2,7 +2,7 @@
 frontend, their metadata checked as the package index checks it, and the wheel installed
 into a fresh virtual environment, outside the source tree and not editable, where
 ``python -m oplib list`` and involution's self-check (which compiles the installed CUDA
-sources) must pass. Every op's self-check is proven in the source tree (tests/test_cli.py and
+sources) must pass. Every op's self-check is proven in the source tree (tests/cli/test_cli.py and
 the generated tests run the same checks); here what is proven is the installed files."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import oplib
 from oplib import registry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 

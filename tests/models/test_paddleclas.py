@@ -1,6 +1,6 @@
 """PaddleClas's RedNet weights (``.pdparams``, the copy of the paper's weights still served):
 the mapping proven without a download, against a transcription of PaddleClas's model
-(``tests/reference_paddleclas_rednet.py``) given random weights; reading without Paddle or
+(``tests/models/reference_paddleclas_rednet.py``) given random weights; reading without Paddle or
 numpy, and refusing anything but arrays; strict loading with clear errors."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from oplib import checkpoints
 from oplib.models import BLOCK_COUNTS, PADDLECLAS_URLS, PRETRAINED_CFGS
 from reference_rednet import with_consistent_statistics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("depth", sorted(BLOCK_COUNTS))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import _harness  # noqa: E402
 
 from oplib import benchmark  # noqa: E402
@@ -118,7 +118,7 @@ def test_the_rednet_and_backbone_charts_are_drawn_from_their_table_rows(settings
         assert settings.output.with_name(name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 RESULTS = BENCH / "results"
 
 

@@ -19,7 +19,7 @@ from oplib import imagenet
 from oplib.download import DownloadError
 from oplib.models import BLOCK_COUNTS, FEATURE_LEVELS, PRETRAINED_CFGS, RedNet, RedNetFeatures
 
-MODELS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "models.md"
+MODELS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 
 
 def _narrow(depth: int = 26, **kwargs) -> RedNet:

@@ -1,5 +1,5 @@
 """Pretrained RedNets without a download: a transcription of the paper's reference model
-(tests/reference_rednet.py) with random weights, saved as an mmcls checkpoint, loads through
+(tests/models/reference_rednet.py) with random weights, saved as an mmcls checkpoint, loads through
 ``weights=`` and gives the reference's outputs; the checkpoint errors; the ImageNet
 preprocessing against a hand computation; ``evaluate`` and ``predict`` end to end."""
 
@@ -22,7 +22,7 @@ from oplib.models import BLOCK_COUNTS
 
 import reference_rednet
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _save_mmcls(model: reference_rednet.ImageClassifier, path: Path, **meta) -> Path:

@@ -20,7 +20,7 @@ from oplib._torch_private import aoti_load_package
 from oplib.models import RedNetFeatures
 from oplib.testing import with_batch_norm_statistics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FORMATS = ["pt2", pytest.param("aoti", marks=pytest.mark.needs_compiler), "onnx"]
 
 

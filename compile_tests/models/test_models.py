@@ -1,6 +1,6 @@
 """RedNet: any input size, torch.compile(fullgraph=True) without graph breaks, convolutions
 that inductor sees, and torch.export with dynamic batch and image size (the paper's parameter
-counts: tests/test_backbones.py, from the pretrained configurations)."""
+counts: tests/models/test_backbones.py, from the pretrained configurations)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from oplib import _torch_private
 from oplib.kernels import native
 from oplib.testing.native import force_native, require_native_build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 IS_X86_64 = platform.machine() in ("x86_64", "AMD64")
 INVOLUTION_OPS = ("involution", "involution_backward_input", "involution_backward_weight", "involution_generated",
                   "involution_generated_backward_input")

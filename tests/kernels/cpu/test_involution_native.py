@@ -20,7 +20,7 @@ from oplib.kernels import native
 from oplib.testing import assert_matches_reference
 from oplib.testing.native import force_native, require_native_build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 INVOLUTION_OPS = ("involution", "involution_backward_input", "involution_backward_weight", "involution_generated",
                   "involution_generated_backward_input")
 
@@ -136,12 +136,12 @@ def test_a_broken_compiler_falls_back_to_correct_results(tmp_path):
 
 @pytest.mark.integration
 def test_generated_checks_of_the_involution_ops_pass_on_the_plain_pytorch_path():
-    """tests/test_ops.py's checks of the three ops (eager, layouts, gradcheck, gradgradcheck,
+    """tests/ops/test_ops.py's checks of the three ops (eager, layouts, gradcheck, gradgradcheck,
     opcheck, vmap, autocast, error inputs, random shapes) with OPLIB_CPU_KERNELS=pytorch, the
     fallback: the unit tier runs them on the default path, the native kernels where they build."""
     env = dict(os.environ, OPLIB_CPU_KERNELS="pytorch")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_ops.py", "-k", "involution"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/ops/test_ops.py", "-k", "involution"],
         cwd=ROOT, capture_output=True, text=True, env=env, timeout=1800,
     )
     assert result.returncode == 0, result.stdout[-5000:]

@@ -42,7 +42,7 @@ from oplib.testing.cuda_emulation import EmulatedLauncher, asan_environment, bui
 from oplib.testing.toolchain import require_host_compiler
 from oplib.testing.nvrtc import ARCHITECTURES, CUDA_SOURCES
 
-RESOURCE_TABLE = Path(__file__).resolve().parents[1] / "bench" / "results" / "cuda-resources.md"
+RESOURCE_TABLE = Path(__file__).resolve().parents[3] / "bench" / "results" / "cuda-resources.md"
 _PLANTED_PATH = Path(__file__).parent / "cuda_sources" / "planted_overrun.cu"
 PLANTED = KernelSource(_PLANTED_PATH, _PLANTED_PATH.read_text())
 

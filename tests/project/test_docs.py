@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Languages a fence may name; only python runs.
 LANGUAGES = {"python", "console", "text"}
