@@ -145,6 +145,28 @@ def test_the_entry_points_write_into_the_result_the_op_allocated(monkeypatch, ch
                                atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("pixel_major", [False, True], ids=["contiguous", "pixel_major"])
+def test_grad_weight_writes_into_the_result_the_op_allocated(monkeypatch, pixel_major):
+    """grad_weight into ``out``: a contiguous one written in place, a pixel-major one (what the
+    op allocates for a channels_last input) filled by a copy; either way ``out`` itself comes
+    back, equal to the float64 reference, and a wrong shape is refused."""
+    from oplib import registry
+    from oplib.kernels.involution.layouts import is_pixel_major, weight_result
+
+    module = _module(monkeypatch)
+    torch.manual_seed(0)
+    x, grad = torch.randn(2, 32, 9, 11), torch.randn(2, 32, 9, 11)
+    args = (grad, x, [7, 7], [1, 1], [3, 3], [1, 1], 2)
+    out = weight_result(x, (2, 2, 7, 7, 9, 11), pixel_major).fill_(float("nan"))
+    address = out.data_ptr()
+    assert module.involution_backward_weight(*args, out=out) is out
+    assert out.data_ptr() == address and is_pixel_major(out) == pixel_major
+    expected = registry.get("involution_backward_weight").reference(grad.double(), x.double(), *args[2:])
+    torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-4)
+    with pytest.raises(RuntimeError, match=r"out is \[2, 2, 7, 7, 9, 10\]; expected \[2, 2, 7, 7, 9, 11\]"):
+        module.involution_backward_weight(*args, out=torch.empty(2, 2, 7, 7, 9, 10))
+
+
 def test_the_result_given_must_fit_and_not_overlap(monkeypatch):
     module = _module(monkeypatch)
     x, weight = torch.randn(2, 16, 5, 5), torch.randn(2, 1, 3, 3, 5, 5)

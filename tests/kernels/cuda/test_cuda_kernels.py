@@ -566,6 +566,26 @@ def test_huge_tensors_take_the_64_bit_instantiations():
     assert limit + oplib.kernels.MAX_BLOCKS * oplib.kernels.BLOCK_SIZE <= 2**31 - 1
 
 
+def test_the_launch_policy_is_read_from_the_source(tmp_path):
+    """The policy's facts come from involution.cu's own lines (its oplib-template lists and
+    constexpr constants, and element.cuh's VECTOR_BYTES): a source that says otherwise gives
+    another policy, and the tiled kernels then serve only what it lists."""
+    source = load_source("involution.cu")
+    policy = involution_cuda.LaunchPolicy.from_source(source)
+    assert (policy.kernel_sizes, policy.strides) == ((3, 5, 7), (1, 2))
+    assert (policy.max_channels, policy.max_channels_8_byte, policy.vector_bytes) == (16, 8, 16)
+    assert policy.lanes(torch.float16) == 8 and policy.lanes(torch.float64) == 2
+    changed = source.text.replace("// oplib-template: KERNEL = 3 | 5 | 7", "// oplib-template: KERNEL = 3 | 7")
+    changed = changed.replace("constexpr int TILE_MAX_CHANNELS = 16;", "constexpr int TILE_MAX_CHANNELS = 12;")
+    assert changed.count("KERNEL = 3 | 7") == 1 and changed.count("TILE_MAX_CHANNELS = 12;") == 1, "update the test"
+    other = involution_cuda.LaunchPolicy.from_source(KernelSource(tmp_path / "involution.cu", changed))
+    assert other.kernel_sizes == (3, 7) and other.max_channels == 12
+    tensor = torch.empty(8)
+    assert other.specialisation((5, 5), (1, 1), (1, 1), False, tensor) is None
+    assert policy.specialisation((5, 5), (1, 1), (1, 1), False, tensor) == ("int", "5", "1", "false")
+    assert dataclasses.replace(other, target_threads=1).channels_per_thread(24, 1, torch.float32, 1) == 12
+
+
 def test_specialised_kernels_give_the_generic_kernels_bits():
     """Each sum adds its terms in the generic kernel's order, so the specialised kernels'
     results are bit-identical to the generic ones, in every dtype and both layouts."""
