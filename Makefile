@@ -67,7 +67,8 @@ docs: $(VENV)/.installed
 # dense.py or involution.py misses its bar, or if any step fails (layer.py, rednet.py,
 # backbone.py and cuda_resources.py have no bar).
 bench: $(VENV)/.installed
-	status=0; $(PY) bench/dense.py || status=1; $(PY) bench/involution.py || status=1; $(PY) bench/layer.py || status=1; \
+	status=0; $(PY) bench/dense.py || status=1; $(PY) bench/involution.py || status=1; \
+	$(PY) bench/involution.py --layouts-only || status=1; $(PY) bench/layer.py || status=1; \
 	$(PY) bench/rednet.py || status=1; $(PY) bench/backbone.py || status=1; $(PY) bench/cuda_resources.py || status=1; \
 	exit $$status
 

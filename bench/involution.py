@@ -147,6 +147,49 @@ def run_layouts(section: Section, shapes: list[Shape]) -> list[tuple[Shape, dict
     return rows
 
 
+# RedNet-50 whole, NCHW against channels_last (model and images converted, as PyTorch's
+# channels_last advice has it): eager inference under no_grad and an SGD training step.
+MODEL_LAYOUTS = ("NCHW", "channels_last")
+
+
+def run_model_layouts(section: Section, batch: int, size: int) -> dict:
+    """RedNet-50's eager inference and training step in both layouts, interleaved."""
+    from oplib.models import rednet50
+
+    fmt = {"NCHW": torch.contiguous_format, "channels_last": torch.channels_last}
+    stmts = {}
+    for layout in MODEL_LAYOUTS:
+        torch.manual_seed(0)
+        model = rednet50().to(memory_format=fmt[layout])
+        images = torch.randn(batch, 3, size, size).contiguous(memory_format=fmt[layout])
+        labels = torch.randint(0, 1000, (batch,))
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def infer(model=model, images=images):
+            model.eval()
+            with torch.no_grad():
+                return model(images)
+
+        def train(model=model, images=images, labels=labels, optimizer=optimizer):
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(images), labels).backward()
+            optimizer.step()
+
+        stmts[layout, "inference"], stmts[layout, "train"] = call(infer), call(train)
+    return section.measure(f"RedNet-50 layouts, batch {batch}", stmts)
+
+
+def _model_layout_table(times: dict, batch: int) -> list[str]:
+    cells = []
+    for mode in ("inference", "train"):
+        base, last = times["NCHW", mode], times["channels_last", mode]
+        cells.append([mode, str(batch), f"{batch / base.median:.2f}", f"{batch / last.median:.2f}",
+                      f"{ratio(last, base):.2f}x"])
+    return _harness.table(("RedNet-50, eager", "batch", "NCHW (img/s)", "channels_last (img/s)",
+                           "channels_last time / NCHW"), "lrrrr", cells)
+
+
 def _layout_table(rows: list[tuple[Shape, dict]]) -> list[str]:
     cells = []
     for shape, times in rows:
@@ -300,6 +343,15 @@ def _cpu_report(settings, cpu: Section, cpu_rows, bandwidth: float, verdict: str
     ]
 
 
+_LAYOUTS_DESCRIPTION = (
+    "torch.ops.oplib.involution with a channels_last input (the result is channels_last, written in place "
+    "by the kernel), with the NCHW weight and with the pixel-major weight a channels_last model's span "
+    "convolution writes (read in place where the map's width is a multiple of 7), in ms and as a ratio to "
+    "the NCHW call (the median of the per-round ratios)."
+)
+MODEL_BATCH = 8
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = _harness.parser(__doc__, rounds=3, min_run_time=1.0)
     parser.add_argument(
@@ -309,6 +361,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument(
         "--ab-only", action="store_true",
         help="with --baseline-rev: only the native A/B, with --rounds rounds (default 41), to bench/results/native-ab.md",
+    )
+    parser.add_argument(
+        "--layouts-only", action="store_true",
+        help="only the channels_last tables (the op, and RedNet-50 whole), to bench/results/channels-last.md",
     )
     parser.add_argument(
         "--cuda-only", action="store_true",
@@ -330,6 +386,35 @@ def main(argv: Optional[list[str]] = None) -> int:
             section.load_line(),
             "",
             *_native_ab_table(rows),
+        ]
+        _harness.write_report(settings, lines)
+        return 0
+    if args.layouts_only:
+        args.output = args.output or _harness.RESULTS / "channels-last.md"
+        settings = _harness.start(args, __file__)
+        layouts = Section(settings)
+        layout_rows = run_layouts(layouts, QUICK_SHAPES if settings.quick else REDNET50_SHAPES)
+        models = Section(settings)
+        batch, size = (2, 64) if settings.quick else (MODEL_BATCH, 224)
+        model_times = run_model_layouts(models, batch, size)
+        lines = [
+            *_harness.header(settings, "Involution on CPU: channels_last against NCHW"),
+            _LAYOUTS_DESCRIPTION,
+            "",
+            layouts.load_line(),
+            "",
+            *_layout_table(layout_rows),
+            "",
+            f"## RedNet-50 whole, eager, {size}x{size} RGB: channels_last against NCHW",
+            "",
+            "The model and the images converted to each layout (`model.to(memory_format=...)`); inference: eval "
+            "mode under no_grad; train: forward, cross-entropy, backward and an SGD step. The last column is the "
+            "median of the per-round ratios of the times (above 1: channels_last is slower). Involution's CPU "
+            f"kernels: {native.status()}.",
+            "",
+            models.load_line(),
+            "",
+            *_model_layout_table(model_times, batch),
         ]
         _harness.write_report(settings, lines)
         return 0
@@ -382,10 +467,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         lines += [
             "## CPU, channels_last: the forward through the op against NCHW",
             "",
-            "torch.ops.oplib.involution with a channels_last input (the result is channels_last, written in place "
-            "by the kernel), with the NCHW weight and with the pixel-major weight a channels_last model's span "
-            "convolution writes (read in place where the map's width is a multiple of 7), in ms and as a ratio to "
-            "the NCHW call (the median of the per-round ratios).",
+            _LAYOUTS_DESCRIPTION,
             "",
             layouts.load_line(),
             "",
