@@ -26,7 +26,9 @@ AutocastPolicy = Literal["lower_precision", "fp32"]
 AUTOCAST_POLICIES: dict[str, dict[str, AutocastPolicy]] = {}
 
 
-# Eager fast paths. Each op's ``_check_<op>_args`` states every condition with its message,
+# Eager fast paths. An op whose arguments are stated as ``Rules`` (``_rules.py``: the
+# involution ops) registers the predicate derived from them. The dense ops still state both
+# by hand: each op's ``_check_<op>_args`` states every condition with its message,
 # through ``check`` (one call and one message closure per condition, which adds up to a
 # sizeable share of custom_op's own per-call cost: bench/dense.py's section on oplib's
 # overhead measures it). Its kernel first asks a predicate that evaluates the same
