@@ -19,15 +19,22 @@ PYTEST := $(PY) -m pytest -n $(WORKERS) --durations=15 $(PYTEST_ARGS)
 
 .PHONY: run test test-all test-oldest docs bench dist clean gpu-check toolchains
 
-$(VENV)/.installed: pyproject.toml Makefile
+# Two steps, so that `make run` installs only what it runs (torch, oplib and the `train`
+# extra): the test and docs extras (CuPy, NVRTC, ONNX Runtime, mkdocs, ...) are a minute or
+# more of downloads that the main job never imports.
+$(VENV)/.installed-run: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[train]"
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.installed-run
 	$(PY) -m pip install --quiet -e ".[test,train,docs]"
 	touch $@
 
 # The main job: the op table and self-check, then the RedNet training run on the digits.
-run: $(VENV)/.installed
+run: $(VENV)/.installed-run
 	$(PY) -m oplib
 	$(PY) -m oplib train --out runs/digits
 
