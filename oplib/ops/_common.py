@@ -1,13 +1,10 @@
-"""Pieces every oplib op shares: argument checks, autocast policies, pair normalisation.
-
-The checks use ``torch._check*`` so that the same code raises the same error in eager
-mode (real tensors) and while tracing (fake tensors with symbolic sizes).
-"""
+"""Pieces every oplib op shares: the argument errors' message templates (the rules that raise
+them are in ``_rules.py``), the window output size, autocast policies, pair normalisation."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Literal, Optional
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -26,68 +23,7 @@ AutocastPolicy = Literal["lower_precision", "fp32"]
 AUTOCAST_POLICIES: dict[str, dict[str, AutocastPolicy]] = {}
 
 
-# Eager fast paths. An op whose arguments are stated as ``Rules`` (``_rules.py``: the
-# involution ops) registers the predicate derived from them. The dense ops still state both
-# by hand: each op's ``_check_<op>_args`` states every condition with its message,
-# through ``check`` (one call and one message closure per condition, which adds up to a
-# sizeable share of custom_op's own per-call cost: bench/dense.py's section on oplib's
-# overhead measures it). Its kernel first asks a predicate that evaluates the same
-# conditions as plain comparisons, and runs the checks only when the predicate says no, so an
-# invalid call still raises the checks' error. The fakes always run the checks: there sizes
-# may be symbolic, and a plain comparison would specialise them. The registry's tests hold
-# each predicate to its checks: True on every sample input, False on every error input.
-ARGUMENT_PREDICATES: dict[str, Callable[..., bool]] = {}
-
-
-def argument_predicate(qualname: str):
-    """Register the decorated function as the eager fast path of ``qualname``'s checks."""
-
-    def register(predicate: Callable[..., bool]) -> Callable[..., bool]:
-        ARGUMENT_PREDICATES[qualname] = predicate
-        return predicate
-
-    return register
-
-
-def window_params_valid(stride: Sequence, padding: Sequence, dilation: Sequence) -> bool:
-    """``check_window_params`` as a predicate: positive stride and dilation pairs, a
-    non-negative padding pair."""
-    return (
-        len(stride) == 2
-        and len(padding) == 2
-        and len(dilation) == 2
-        and stride[0] >= 1
-        and stride[1] >= 1
-        and dilation[0] >= 1
-        and dilation[1] >= 1
-        and padding[0] >= 0
-        and padding[1] >= 0
-    )
-
-
-def window_fits(size, kernel, padding, dilation) -> bool:
-    """``check_window_fits`` as a predicate."""
-    return (
-        size[0] + 2 * padding[0] >= dilation[0] * (kernel[0] - 1) + 1
-        and size[1] + 2 * padding[1] >= dilation[1] * (kernel[1] - 1) + 1
-    )
-
-
-def check(condition, message) -> None:
-    """``torch._check`` (RuntimeError), skipped when ``condition`` is a plain True: in eager
-    mode sizes are ints and every check costs a comparison. A symbolic condition still
-    goes to torch._check, which records it instead of specialising the shape."""
-    if condition is not True:
-        torch._check(condition, message)
-
-
-def check_value(condition, message) -> None:
-    """``torch._check_value`` (ValueError) with the same fast path as ``check``."""
-    if condition is not True:
-        torch._check_value(condition, message)
-
-
-# Error messages are templates, formatted by the checks and, with the values a test expects,
+# Error messages are templates, formatted by the rules (``_rules.py``) and, with the values a test expects,
 # by the specs' error inputs (oplib.testing.expect_message): one wording, one place.
 FLOATING_DTYPE = "oplib.{op}: expected {name} to have a floating-point dtype, got {dtype}"
 SAME_DTYPE = (
@@ -109,63 +45,10 @@ WINDOW_FITS = (
 )
 
 
-def check_floating(op: str, name: str, tensor: Tensor) -> None:
-    check(tensor.is_floating_point(), lambda: FLOATING_DTYPE.format(op=op, name=name, dtype=tensor.dtype))
-
-
-def check_same_dtype_and_device(op: str, reference_name: str, reference: Tensor, **others: Optional[Tensor]) -> None:
-    """Every tensor in ``others`` must match ``reference`` in dtype and device."""
-    for name, tensor in others.items():
-        if tensor is None:
-            continue
-        check(
-            tensor.dtype == reference.dtype,
-            lambda: SAME_DTYPE.format(
-                op=op, name=name, reference_name=reference_name, dtype=tensor.dtype, reference_dtype=reference.dtype
-            ),
-        )
-        check(
-            tensor.device == reference.device,
-            lambda: SAME_DEVICE.format(
-                op=op, name=name, reference_name=reference_name, device=tensor.device, reference_device=reference.device
-            ),
-        )
-
-
-def check_dim(op: str, name: str, tensor: Tensor, allowed: Sequence[int], layout: str) -> None:
-    check(
-        tensor.dim() in allowed,
-        lambda: DIM.format(op=op, name=name, layout=layout, dim=tensor.dim(), size=list(tensor.shape)),
-    )
-
-
-def check_window_params(op: str, stride: Sequence, padding: Sequence, dilation: Sequence) -> None:
-    """Stride and dilation must be positive pairs, padding a non-negative pair."""
-    for name, values, lowest in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
-        check_value(len(values) == 2, lambda: PAIR_LENGTH.format(op=op, name=name, values=list(values)))
-        for v in values:
-            check_value(
-                v >= lowest,
-                lambda: PAIR_RANGE.format(
-                    op=op, name=name, bound="positive" if lowest else "non-negative", values=list(values)
-                ),
-            )
-
-
 def window_output_size(size, kernel, stride, padding, dilation) -> tuple:
     """(Ho, Wo) of a sliding window (conv, involution) over ``size`` = (H, W), every parameter
     a (height, width) pair; the same formula as torch's."""
     return tuple((size[a] + 2 * padding[a] - dilation[a] * (kernel[a] - 1) - 1) // stride[a] + 1 for a in (0, 1))
-
-
-def check_window_fits(op: str, size, kernel, padding, dilation) -> None:
-    """The padded input must hold the dilated kernel along height and width."""
-    for a, name in enumerate(("height", "width")):
-        extent = dilation[a] * (kernel[a] - 1) + 1
-        check(
-            size[a] + 2 * padding[a] >= extent,
-            lambda: WINDOW_FITS.format(op=op, axis=name, size=size[a], padding=padding[a], extent=extent),
-        )
 
 
 def as_pair(op: str, name: str, value: int | Sequence[int]) -> list[int]:

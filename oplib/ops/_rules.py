@@ -20,7 +20,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._common import DIM, FLOATING_DTYPE, PAIR_LENGTH, PAIR_RANGE, SAME_DEVICE, SAME_DTYPE, WINDOW_FITS, argument_predicate
+from ._common import DIM, FLOATING_DTYPE, PAIR_LENGTH, PAIR_RANGE, SAME_DEVICE, SAME_DTYPE, WINDOW_FITS
+
+# qualname -> ``Rules.satisfied`` of the op's rules: whether a call's arguments pass, without
+# raising. The registry's tests hold each to its op's errors: True on every sample input, False
+# on every error input.
+ARGUMENT_PREDICATES: dict[str, Callable[..., bool]] = {}
 
 
 class Rule(NamedTuple):
@@ -40,7 +45,7 @@ class Rules:
         # nothing else, so a call with the same signature passes too, and skips the one lambda
         # call per rule that otherwise costs about 10 us per call.
         self._passed: set = set()
-        argument_predicate(qualname)(self.satisfied)
+        ARGUMENT_PREDICATES[qualname] = self.satisfied
 
     def enforce(self, *args) -> None:
         """Raise the first failing rule's error (eager), or record the symbolic conditions."""
@@ -94,13 +99,17 @@ def _signature(args: tuple):
 
 
 def tensor_rules(op: str, *operands: tuple) -> list[Rule]:
-    """(argument index, name, dims, layout[, optional]) of each tensor operand: each has its dims,
-    the first a floating dtype, the others the first's dtype and device; an optional operand
-    may be None."""
+    """(argument index, name, dims, layout[, optional]) of each tensor operand: each has its dims
+    (an int, a collection of ints, or None where the op states the operand's size by a rule of
+    its own), the first a floating dtype, the others the first's dtype and device; an optional
+    operand may be None."""
     rules = []
     for index, name, dims, layout, *optional in operands:
+        if dims is None:
+            continue
+        allowed = (dims,) if isinstance(dims, int) else tuple(dims)
         rules.append(Rule(
-            lambda *a, i=index, d=dims, o=bool(optional): (o and a[i] is None) or a[i].dim() == d,
+            lambda *a, i=index, d=allowed, o=bool(optional): (o and a[i] is None) or a[i].dim() in d,
             lambda *a, i=index, n=name, layout=layout: DIM.format(op=op, name=n, layout=layout, dim=a[i].dim(),
                                                                    size=list(a[i].shape)),
         ))

@@ -15,23 +15,8 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ._common import (
-    BIAS_SIZE,
-    CHANNELS_DIVISIBLE,
-    GROUPS_POSITIVE,
-    argument_predicate,
-    check,
-    check_value,
-    check_dim,
-    check_floating,
-    check_same_dtype_and_device,
-    check_window_fits,
-    check_window_params,
-    register_autocast_policy,
-    window_fits,
-    window_output_size,
-    window_params_valid,
-)
+from ._common import BIAS_SIZE, CHANNELS_DIVISIBLE, GROUPS_POSITIVE, register_autocast_policy, window_output_size
+from ._rules import Rule, Rules, tensor_rules, window_fits_rules, window_rules
 from .._memory_format import is_channels_last
 from ._transforms import register_jvp, sum_tangents
 
@@ -47,63 +32,28 @@ CHANNELS = (
 )
 
 
-def _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups) -> None:
-    check_dim("conv2d", "input", input, (3, 4), INPUT_LAYOUT)
-    check_dim("conv2d", "weight", weight, (4,), WEIGHT_LAYOUT)
-    check_floating("conv2d", "input", input)
-    check_same_dtype_and_device("conv2d", "input", input, weight=weight, bias=bias)
-    check_window_params("conv2d", stride, padding, dilation)
-    check_value(groups > 0, lambda: GROUPS_POSITIVE.format(op="conv2d", groups=groups))
-    channels = input.shape[-3]
-    out_channels = weight.shape[0]
-    check(
-        channels % groups == 0, lambda: CHANNELS_DIVISIBLE.format(op="conv2d", channels=channels, groups=groups)
-    )
-    check(
-        out_channels % groups == 0,
-        lambda: OUT_CHANNELS_DIVISIBLE.format(out_channels=out_channels, groups=groups),
-    )
-    check(
-        weight.shape[1] * groups == channels,
-        lambda: CHANNELS.format(
-            input_size=list(input.shape),
-            expected=weight.shape[1] * groups,
-            weight_size=list(weight.shape),
-            groups=groups,
-            channels=channels,
-        ),
-    )
-    if bias is not None:
-        check(
-            bias.dim() == 1 and bias.shape[0] == out_channels,
-            lambda: BIAS_SIZE.format(
-                op="conv2d", size=out_channels, dim_name="out_channels", bias_size=list(bias.shape)
-            ),
-        )
-    check_window_fits("conv2d", input.shape[-2:], weight.shape[2:], padding, dilation)
+def _channels_message(x, w, *a) -> str:
+    return CHANNELS.format(input_size=list(x.shape), expected=w.shape[1] * a[-1], weight_size=list(w.shape),
+                           groups=a[-1], channels=x.shape[-3])
 
 
-@argument_predicate("oplib::conv2d")
-def _conv2d_args_valid(input, weight, bias, stride, padding, dilation, groups) -> bool:
-    input_shape, weight_shape = input.shape, weight.shape
-    if not (len(input_shape) in (3, 4) and len(weight_shape) == 4 and input.is_floating_point()):
-        return False
-    dtype, device = input.dtype, input.device
-    if not (weight.dtype == dtype and weight.device == device and window_params_valid(stride, padding, dilation)):
-        return False
-    channels, height, width = input_shape[-3:]
-    out_channels, group_channels, kernel_h, kernel_w = weight_shape
-    return (
-        groups > 0
-        and channels % groups == 0
-        and out_channels % groups == 0
-        and group_channels * groups == channels
-        and (
-            bias is None
-            or (bias.dtype == dtype and bias.device == device and bias.dim() == 1 and bias.shape[0] == out_channels)
-        )
-        and window_fits((height, width), (kernel_h, kernel_w), padding, dilation)
-    )
+# conv2d(input, weight, bias, stride, padding, dilation, groups)
+_CONV2D_RULES = Rules("oplib::conv2d", [
+    *tensor_rules("conv2d", (0, "input", (3, 4), INPUT_LAYOUT), (1, "weight", 4, WEIGHT_LAYOUT),
+                  (2, "bias", None, None, True)),
+    *window_rules("conv2d", 3),
+    Rule(lambda *a: a[6] > 0, lambda *a: GROUPS_POSITIVE.format(op="conv2d", groups=a[6]), ValueError),
+    Rule(lambda x, *a: x.shape[-3] % a[-1] == 0,
+         lambda x, *a: CHANNELS_DIVISIBLE.format(op="conv2d", channels=x.shape[-3], groups=a[-1])),
+    Rule(lambda x, w, *a: w.shape[0] % a[-1] == 0,
+         lambda x, w, *a: OUT_CHANNELS_DIVISIBLE.format(out_channels=w.shape[0], groups=a[-1])),
+    Rule(lambda x, w, *a: w.shape[1] * a[-1] == x.shape[-3], _channels_message),
+    Rule(lambda x, w, b, *_: b is None or ((b.dim() == 1) and (b.shape[0] == w.shape[0])),
+         lambda x, w, b, *_: BIAS_SIZE.format(op="conv2d", size=w.shape[0], dim_name="out_channels",
+                                              bias_size=list(b.shape))),
+    *window_fits_rules("conv2d", lambda x, *_: x.shape[-2:], lambda x, w, *_: w.shape[2:], lambda *a: a[4],
+                       lambda *a: a[5]),
+])
 
 
 def _output_memory_format(input: Tensor, weight: Tensor) -> torch.memory_format:
@@ -129,8 +79,7 @@ def conv2d(
 ) -> Tensor:
     """input: (N, C, H, W) or (C, H, W); weight: (O, C / groups, KH, KW); bias: (O,) or None.
     Returns (N, O, Ho, Wo) (or (O, Ho, Wo)), Ho = (H + 2 ph - dh (KH - 1) - 1) // sh + 1."""
-    if not _conv2d_args_valid(input, weight, bias, stride, padding, dilation, groups):
-        _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups)
+    _CONV2D_RULES.enforce(input, weight, bias, stride, padding, dilation, groups)
     out = torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)
     if input.dim() == 3 or (input.is_contiguous() and weight.is_contiguous()):
         return out.contiguous()
@@ -139,7 +88,7 @@ def conv2d(
 
 @conv2d.register_fake
 def _conv2d_fake(input, weight, bias, stride, padding, dilation, groups) -> Tensor:
-    _check_conv2d_args(input, weight, bias, stride, padding, dilation, groups)
+    _CONV2D_RULES.enforce(input, weight, bias, stride, padding, dilation, groups)
     shape = _output_shape(input, weight, stride, padding, dilation)
     if input.dim() == 3:
         return input.new_empty(shape)

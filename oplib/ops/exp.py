@@ -9,24 +9,19 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ._common import argument_predicate, check_floating, register_autocast_policy
+from ._common import register_autocast_policy
+from ._rules import Rules, tensor_rules
 from ._transforms import register_jvp
 
 
-def _check_exp_args(x: Tensor) -> None:
-    check_floating("exp", "x", x)
-
-
-@argument_predicate("oplib::exp")
-def _exp_args_valid(x: Tensor) -> bool:
-    return x.is_floating_point()
+# exp(x): any shape, a floating dtype.
+_EXP_RULES = Rules("oplib::exp", tensor_rules("exp", (0, "x", None, None)))
 
 
 @torch.library.custom_op("oplib::exp", mutates_args=())
 def exp(x: Tensor) -> Tensor:
     """Elementwise e^x. x: any shape, floating dtype. Returns a tensor laid out like x."""
-    if not _exp_args_valid(x):
-        _check_exp_args(x)
+    _EXP_RULES.enforce(x)
     if x.is_contiguous():
         return torch.exp(x)
     # Writing into empty_like(x) makes the output strides exactly those of the fake (for an
@@ -36,7 +31,7 @@ def exp(x: Tensor) -> Tensor:
 
 @exp.register_fake
 def _exp_fake(x: Tensor) -> Tensor:
-    _check_exp_args(x)
+    _EXP_RULES.enforce(x)
     return torch.empty_like(x)
 
 

@@ -12,15 +12,8 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ._common import (
-    BIAS_SIZE,
-    argument_predicate,
-    check,
-    check_dim,
-    check_floating,
-    check_same_dtype_and_device,
-    register_autocast_policy,
-)
+from ._common import BIAS_SIZE, register_autocast_policy
+from ._rules import Rule, Rules, tensor_rules
 from ._transforms import register_jvp, sum_tangents
 
 
@@ -34,52 +27,28 @@ IN_FEATURES = (
 )
 
 
-def _check_linear_args(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
-    check_dim("linear", "input", input, range(1, 64), INPUT_LAYOUT)
-    check_dim("linear", "weight", weight, (2,), WEIGHT_LAYOUT)
-    check_floating("linear", "input", input)
-    check_same_dtype_and_device("linear", "input", input, weight=weight, bias=bias)
-    check(
-        input.shape[-1] == weight.shape[1],
-        lambda: IN_FEATURES.format(input_size=list(input.shape), weight_size=list(weight.shape)),
-    )
-    if bias is not None:
-        check(
-            bias.dim() == 1 and bias.shape[0] == weight.shape[0],
-            lambda: BIAS_SIZE.format(
-                op="linear", size=weight.shape[0], dim_name="out_features", bias_size=list(bias.shape)
-            ),
-        )
-
-
-@argument_predicate("oplib::linear")
-def _linear_args_valid(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
-    dtype, device = input.dtype, input.device
-    return (
-        1 <= input.dim() < 64
-        and weight.dim() == 2
-        and input.is_floating_point()
-        and weight.dtype == dtype
-        and weight.device == device
-        and input.shape[-1] == weight.shape[1]
-        and (
-            bias is None
-            or (bias.dtype == dtype and bias.device == device and bias.dim() == 1 and bias.shape[0] == weight.shape[0])
-        )
-    )
+# linear(input, weight, bias)
+_LINEAR_RULES = Rules("oplib::linear", [
+    *tensor_rules("linear", (0, "input", range(1, 64), INPUT_LAYOUT), (1, "weight", 2, WEIGHT_LAYOUT),
+                  (2, "bias", None, None, True)),
+    Rule(lambda x, w, _: x.shape[-1] == w.shape[1],
+         lambda x, w, _: IN_FEATURES.format(input_size=list(x.shape), weight_size=list(w.shape))),
+    Rule(lambda x, w, b: b is None or ((b.dim() == 1) and (b.shape[0] == w.shape[0])),
+         lambda x, w, b: BIAS_SIZE.format(op="linear", size=w.shape[0], dim_name="out_features",
+                                          bias_size=list(b.shape))),
+])
 
 
 @torch.library.custom_op("oplib::linear", mutates_args=())
 def linear(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     """input: (*, in), weight: (out, in), bias: (out,) or None -> (*, out), contiguous."""
-    if not _linear_args_valid(input, weight, bias):
-        _check_linear_args(input, weight, bias)
+    _LINEAR_RULES.enforce(input, weight, bias)
     return torch.nn.functional.linear(input, weight, bias).contiguous()
 
 
 @linear.register_fake
 def _linear_fake(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-    _check_linear_args(input, weight, bias)
+    _LINEAR_RULES.enforce(input, weight, bias)
     return input.new_empty((*input.shape[:-1], weight.shape[0]))
 
 

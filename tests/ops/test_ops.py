@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from oplib import registry
-from oplib.ops._common import ARGUMENT_PREDICATES
+from oplib.ops._rules import ARGUMENT_PREDICATES
 from oplib.testing import generated_tests, spec_params
 
 TestOps = generated_tests(registry.all_specs(), tracing=False)
