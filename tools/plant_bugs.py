@@ -93,8 +93,8 @@ BUGS = [
         "(n, groups, *kernel_size, out_w, out_h)"),
     Bug("involution_backward_weight-error", INVOLUTION, "got=list(g.shape),\n             input_size=list(x.shape)",
         "got=list(x.shape),\n             input_size=list(g.shape)"),
-    Bug("involution_generated-backward", GENERATED, "grad_input = involution_generated_backward_input(grad,",
-        "grad_input = 2 * involution_generated_backward_input(grad,"),
+    Bug("involution_generated-backward", GENERATED, "input_shape, p: involution_generated_backward_input(u,",
+        "input_shape, p: 2 * involution_generated_backward_input(u,"),
     Bug("involution_generated-generator", GENERATED, "gw = grad_weight.reshape(n, rows, out_h, out_w)",
         "gw = 2 * grad_weight.reshape(n, rows, out_h, out_w)"),
     Bug("involution_generated-vmap", GENERATED, "weight = weight + spans[1][:, None, :, None, None]",
@@ -102,7 +102,9 @@ BUGS = [
     Bug("involution_generated-jvp", GENERATED, "op(activation, feature_dot, span_weight, None)",
         "op(activation, feature_dot, span_weight, span_bias)"),
     Bug("involution_generated_backward_input-backward", GENERATED,
-        "d_grad_output = involution_generated(upstream,", "d_grad_output = 2 * involution_generated(upstream,"),
+        "grad_shape, p: involution_generated(u,", "grad_shape, p: 2 * involution_generated(u,"),
+    Bug("involution_generated_backward_input-generator", GENERATED,
+        "lambda u, grad_output: (grad_output, u)", "lambda u, grad_output: (u, grad_output)"),
 ]
 
 

@@ -226,42 +226,43 @@ def _save(ctx, activation: Tensor, feature: Tensor, span_weight: Tensor, span_bi
     ctx.params = params
 
 
-def _forward_setup_context(ctx, inputs, output) -> None:
-    input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation = inputs
-    _save(ctx, input, feature, span_weight, span_bias, (kernel_size, stride, padding, dilation))
+def _register_autograd(op, d_activation, weight_gradient_operands) -> None:
+    """``op``'s autograd. ``op`` takes (activation, feature, span_weight, span_bias, *params);
+    ``d_activation(u, feature, span_weight, span_bias, activation_shape, params)`` is the
+    activation's gradient for the incoming gradient u, and ``weight_gradient_operands(u,
+    activation)`` the (grad, activation) pair whose involution_backward_weight is the gradient of
+    the generated weight (see ``_generator_grads``)."""
+
+    def setup_context(ctx, inputs, output) -> None:
+        activation, feature, span_weight, span_bias, *params = inputs
+        _save(ctx, activation, feature, span_weight, span_bias, tuple(params[-4:]))
+        ctx.op_params = tuple(params)
+
+    def backward(ctx, u: Tensor):
+        activation, feature, span_weight, span_bias = ctx.saved_tensors
+        d = None
+        if ctx.needs_input_grad[0]:
+            d = d_activation(u, feature, span_weight, span_bias, ctx.shapes[0], ctx.op_params)
+        generator = _generator_grads(ctx, *weight_gradient_operands(u, activation), feature, span_weight)
+        return d, *generator, *(None for _ in ctx.op_params)
+
+    op.register_autograd(backward, setup_context=setup_context)
 
 
-def _forward_backward(ctx, grad: Tensor):
-    input, feature, span_weight, span_bias = ctx.saved_tensors
-    kernel_size, stride, padding, dilation = ctx.params
-    grad_input = None
-    if ctx.needs_input_grad[0]:
-        grad_input = involution_generated_backward_input(grad, feature, span_weight, span_bias,
-                                                         list(ctx.shapes[0][2:]), kernel_size, stride, padding,
-                                                         dilation)
-    return grad_input, *_generator_grads(ctx, grad, input, feature, span_weight), None, None, None, None
-
-
-def _backward_input_setup_context(ctx, inputs, output) -> None:
-    grad_output, feature, span_weight, span_bias, input_size, kernel_size, stride, padding, dilation = inputs
-    _save(ctx, grad_output, feature, span_weight, span_bias, (kernel_size, stride, padding, dilation))
-
-
-def _backward_input_backward(ctx, upstream: Tensor):
-    grad_output, feature, span_weight, span_bias = ctx.saved_tensors
-    kernel_size, stride, padding, dilation = ctx.params
-    d_grad_output = None
-    if ctx.needs_input_grad[0]:
-        d_grad_output = involution_generated(upstream, feature, span_weight, span_bias, kernel_size, stride, padding,
-                                             dilation)
-    # grad_input = involution_backward_input(grad_output, weight): d/dweight is
-    # involution_backward_weight(grad_output, upstream).
-    return d_grad_output, *_generator_grads(ctx, grad_output, upstream, feature, span_weight), None, None, None, None, None
-
-
-involution_generated.register_autograd(_forward_backward, setup_context=_forward_setup_context)
-involution_generated_backward_input.register_autograd(_backward_input_backward,
-                                                      setup_context=_backward_input_setup_context)
+# The forward: d/dinput is grad_input's op; the generated weight's gradient is
+# involution_backward_weight(u, input).
+_register_autograd(
+    involution_generated,
+    lambda u, f, s, b, input_shape, p: involution_generated_backward_input(u, f, s, b, list(input_shape[2:]), *p),
+    lambda u, input: (u, input),
+)
+# grad_input = involution_backward_input(grad_output, weight): d/dgrad_output is the forward op;
+# d/dweight is involution_backward_weight(grad_output, u).
+_register_autograd(
+    involution_generated_backward_input,
+    lambda u, f, s, b, grad_shape, p: involution_generated(u, f, s, b, *p[1:]),
+    lambda u, grad_output: (grad_output, u),
+)
 
 
 # ---------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from ...ops._common import (
     WINDOW_FITS,
 )
 from ...ops.conv2d import CHANNELS, INPUT_LAYOUT, OUT_CHANNELS_DIVISIBLE, WEIGHT_LAYOUT
-from ...registry import FLOAT_DTYPES, Draw, ErrorInput, OpSpec, SampleInput, register
+from ...registry import Draw, ErrorInput, SampleInput
+from ._oplib import register_oplib_spec
 from ..inputs import LAYOUTS, draw_window, expect_message, make
 
 
@@ -138,18 +139,9 @@ def random_sample(draw: Draw, device: str, dtype: torch.dtype, requires_grad: bo
     return SampleInput((input, weight, bias, stride, padding, dilation, groups), name)
 
 
-SPEC = register(
-    OpSpec(
-        name="conv2d",
-        op=torch.ops.oplib.conv2d.default,
-        reference=reference,
-        torch_equivalent=F.conv2d,
-        sample_inputs=sample_inputs,
-        error_inputs=error_inputs,
-        random_sample=random_sample,
-        dtypes={"cpu": FLOAT_DTYPES, "cuda": FLOAT_DTYPES},
-        # cuDNN picks non-deterministic backward algorithms unless told otherwise; torch's
-        # OpInfo for conv2d allows the same (seen on an H100: fast gradcheck failed reentrancy).
-        gradcheck_nondet_tol=1e-12,
-    )
+SPEC = register_oplib_spec(
+    "conv2d", reference, sample_inputs, error_inputs, random_sample, torch_equivalent=F.conv2d,
+    # cuDNN picks non-deterministic backward algorithms unless told otherwise; torch's
+    # OpInfo for conv2d allows the same (seen on an H100: fast gradcheck failed reentrancy).
+    gradcheck_nondet_tol=1e-12,
 )

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from ...ops._common import FLOATING_DTYPE
-from ...registry import FLOAT_DTYPES, Draw, ErrorInput, OpSpec, SampleInput, register
+from ...registry import Draw, ErrorInput, SampleInput
+from ._oplib import register_oplib_spec
 from ..inputs import LAYOUTS, expect_message, make
 
 
@@ -44,15 +45,4 @@ def random_sample(draw: Draw, device: str, dtype: torch.dtype, requires_grad: bo
     return SampleInput((x,), f"random-{shape}")
 
 
-SPEC = register(
-    OpSpec(
-        name="exp",
-        op=torch.ops.oplib.exp.default,
-        reference=reference,
-        torch_equivalent=torch.exp,
-        sample_inputs=sample_inputs,
-        error_inputs=error_inputs,
-        random_sample=random_sample,
-        dtypes={"cpu": FLOAT_DTYPES, "cuda": FLOAT_DTYPES},
-    )
-)
+SPEC = register_oplib_spec("exp", reference, sample_inputs, error_inputs, random_sample, torch_equivalent=torch.exp)

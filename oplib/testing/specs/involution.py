@@ -12,7 +12,8 @@ from torch import Tensor
 
 from ...ops import involution as ops
 from ...ops._common import CHANNELS_DIVISIBLE, DIM, FLOATING_DTYPE, PAIR_RANGE, SAME_DTYPE, window_output_size
-from ...registry import FLOAT_DTYPES, Draw, ErrorInput, OpSpec, SampleInput, register
+from ...registry import Draw, ErrorInput, OpSpec, SampleInput
+from ._oplib import register_oplib_spec
 from ..inputs import LAYOUTS, draw_window, expect_message, make
 
 
@@ -187,7 +188,7 @@ def _errors(device: str) -> dict[str, list]:
     }
 
 
-def _spec(name: str, op, reference_fn, arguments: Arguments) -> OpSpec:
+def _spec(name: str, reference_fn, arguments: Arguments) -> OpSpec:
     def sample_inputs(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[SampleInput]:
         for case in CASES:
             yield SampleInput(arguments(case, case.tensors(device, dtype, requires_grad)), case.name)
@@ -200,20 +201,12 @@ def _spec(name: str, op, reference_fn, arguments: Arguments) -> OpSpec:
         case = random_case(draw)
         return SampleInput(arguments(case, case.tensors(device, dtype, requires_grad)), case.name)
 
-    return OpSpec(
-        name=name,
-        op=op,
-        reference=reference_fn,
-        sample_inputs=sample_inputs,
-        error_inputs=error_inputs,
-        random_sample=random_sample,
-        dtypes={"cpu": FLOAT_DTYPES, "cuda": FLOAT_DTYPES},
-        fast_gradgradcheck=True,
-    )
+    return register_oplib_spec(name, reference_fn, sample_inputs, error_inputs, random_sample,
+                               fast_gradgradcheck=True)
 
 
 SPECS = tuple(
-    register(_spec(name, getattr(torch.ops.oplib, name).default, reference_fn, arguments))
+    _spec(name, reference_fn, arguments)
     for name, reference_fn, arguments in (
         ("involution", reference, _forward_arguments),
         ("involution_backward_input", backward_input_reference, _backward_input_arguments),

@@ -13,7 +13,8 @@ from torch import Tensor
 from ...ops import involution as unfused_ops
 from ...ops import involution_generated as ops
 from ...ops._common import CHANNELS_DIVISIBLE, DIM, FLOATING_DTYPE, PAIR_RANGE, SAME_DTYPE, window_output_size
-from ...registry import FLOAT_DTYPES, Draw, ErrorInput, OpSpec, SampleInput, register
+from ...registry import Draw, ErrorInput, OpSpec, SampleInput
+from ._oplib import register_oplib_spec
 from ..inputs import expect_message, make
 from .involution import CASES, InvolutionCase, random_case
 from .involution import backward_input_reference as involution_backward_input_reference
@@ -156,19 +157,11 @@ def _spec(name: str, reference_fn, arguments) -> OpSpec:
         return SampleInput(arguments(generated, _tensors(generated, device, dtype, requires_grad)),
                            f"{generated.case.name}-r{generated.reduced}")
 
-    return OpSpec(
-        name=name,
-        op=getattr(torch.ops.oplib, name).default,
-        reference=reference_fn,
-        sample_inputs=sample_inputs,
-        error_inputs=error_inputs,
-        random_sample=random_sample,
-        dtypes={"cpu": FLOAT_DTYPES, "cuda": FLOAT_DTYPES},
-        fast_gradgradcheck=True,
-    )
+    return register_oplib_spec(name, reference_fn, sample_inputs, error_inputs, random_sample,
+                               fast_gradgradcheck=True)
 
 
 SPECS = (
-    register(_spec(ops.FORWARD, reference, _forward_arguments)),
-    register(_spec(ops.BACKWARD_INPUT, backward_input_reference, _backward_input_arguments)),
+    _spec(ops.FORWARD, reference, _forward_arguments),
+    _spec(ops.BACKWARD_INPUT, backward_input_reference, _backward_input_arguments),
 )

@@ -11,7 +11,8 @@ from torch import Tensor
 
 from ...ops._common import BIAS_SIZE, DIM, FLOATING_DTYPE, SAME_DTYPE
 from ...ops.linear import IN_FEATURES, INPUT_LAYOUT, WEIGHT_LAYOUT
-from ...registry import FLOAT_DTYPES, Draw, ErrorInput, OpSpec, SampleInput, register
+from ...registry import Draw, ErrorInput, SampleInput
+from ._oplib import register_oplib_spec
 from ..inputs import LAYOUTS, expect_message, make
 
 
@@ -70,15 +71,4 @@ def random_sample(draw: Draw, device: str, dtype: torch.dtype, requires_grad: bo
     return SampleInput((input, weight, bias), f"random-{leading}-{in_features}-{out_features}")
 
 
-SPEC = register(
-    OpSpec(
-        name="linear",
-        op=torch.ops.oplib.linear.default,
-        reference=reference,
-        torch_equivalent=F.linear,
-        sample_inputs=sample_inputs,
-        error_inputs=error_inputs,
-        random_sample=random_sample,
-        dtypes={"cpu": FLOAT_DTYPES, "cuda": FLOAT_DTYPES},
-    )
-)
+SPEC = register_oplib_spec("linear", reference, sample_inputs, error_inputs, random_sample, torch_equivalent=F.linear)
