@@ -91,53 +91,44 @@ __device__ __forceinline__ unsigned short oplib_float_to_bfloat16(float f) {
     return (unsigned short)((u + 0x7fffu + odd) >> 16);  // round to nearest even
 }
 
-// Per storage type: the accumulator type, a read-only cached load and a rounding store.
+// Per storage type: the accumulator type, a read-only cached load and a rounding store. float
+// and double are their own accumulators.
 template <typename scalar_t>
-struct Element;
-
-template <>
-struct Element<float> {
-    typedef float acc_t;
-    static __device__ __forceinline__ float load(const float* p) { return __ldg(p); }
-    static __device__ __forceinline__ float value(float v) { return v; }
-    static __device__ __forceinline__ float store(float v) { return v; }
+struct Element {
+    typedef scalar_t acc_t;
+    static __device__ __forceinline__ scalar_t load(const scalar_t* p) { return __ldg(p); }
+    static __device__ __forceinline__ scalar_t value(scalar_t v) { return v; }
+    static __device__ __forceinline__ scalar_t store(scalar_t v) { return v; }
 };
 
-template <>
-struct Element<double> {
-    typedef double acc_t;
-    static __device__ __forceinline__ double load(const double* p) { return __ldg(p); }
-    static __device__ __forceinline__ double value(double v) { return v; }
-    static __device__ __forceinline__ double store(double v) { return v; }
-};
+// The 16-bit types' conversions, by overload: to float exactly, from float rounded to nearest even.
+__device__ __forceinline__ float oplib_to_float(oplib_half v) { return oplib_half_to_float(v.bits); }
+__device__ __forceinline__ float oplib_to_float(oplib_bfloat16 v) { return oplib_bfloat16_to_float(v.bits); }
+__device__ __forceinline__ void oplib_round(float v, oplib_half& h) { h.bits = oplib_float_to_half(v); }
+__device__ __forceinline__ void oplib_round(float v, oplib_bfloat16& b) { b.bits = oplib_float_to_bfloat16(v); }
 
-template <>
-struct Element<oplib_half> {
+// half and bfloat16: loaded as their 16 bits, accumulated in float.
+template <typename half_t>
+struct Element16 {
     typedef float acc_t;
-    static __device__ __forceinline__ float load(const oplib_half* p) {
-        return oplib_half_to_float(__ldg(reinterpret_cast<const unsigned short*>(p)));
+    static __device__ __forceinline__ float load(const half_t* p) {
+        half_t v;
+        v.bits = __ldg(reinterpret_cast<const unsigned short*>(p));
+        return oplib_to_float(v);
     }
-    static __device__ __forceinline__ float value(oplib_half v) { return oplib_half_to_float(v.bits); }
-    static __device__ __forceinline__ oplib_half store(float v) {
-        oplib_half h;
-        h.bits = oplib_float_to_half(v);
+    static __device__ __forceinline__ float value(half_t v) { return oplib_to_float(v); }
+    static __device__ __forceinline__ half_t store(float v) {
+        half_t h;
+        oplib_round(v, h);
         return h;
     }
 };
 
 template <>
-struct Element<oplib_bfloat16> {
-    typedef float acc_t;
-    static __device__ __forceinline__ float load(const oplib_bfloat16* p) {
-        return oplib_bfloat16_to_float(__ldg(reinterpret_cast<const unsigned short*>(p)));
-    }
-    static __device__ __forceinline__ float value(oplib_bfloat16 v) { return oplib_bfloat16_to_float(v.bits); }
-    static __device__ __forceinline__ oplib_bfloat16 store(float v) {
-        oplib_bfloat16 b;
-        b.bits = oplib_float_to_bfloat16(v);
-        return b;
-    }
-};
+struct Element<oplib_half> : Element16<oplib_half> {};
+
+template <>
+struct Element<oplib_bfloat16> : Element16<oplib_bfloat16> {};
 
 // The bytes of the vectors channels_last kernels move: one load or store instruction
 // (ld.global.v4 / st.global.v4). The host checks channel counts and pointer alignment against

@@ -35,6 +35,24 @@ __device__ __forceinline__ typename Element<scalar_t>::acc_t oplib_generated_wei
     return weight;
 }
 
+// The chunk's sums, sums[k] for its channel k < count: add weight * values[k * plane].
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ void oplib_accumulate_chunk(acc_t* sums, index_t count, acc_t weight,
+                                                       const scalar_t* __restrict__ values, index_t plane) {
+    for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) {
+        if (k < count) sums[k] = oplib_fma(weight, Element<scalar_t>::load(values + k * plane), sums[k]);
+    }
+}
+
+// The chunk's sums written to out[k * plane], rounded to the storage type.
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ void oplib_store_chunk(scalar_t* __restrict__ out, const acc_t* sums, index_t count,
+                                                  index_t plane) {
+    for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) {
+        if (k < count) out[k * plane] = Element<scalar_t>::store(sums[k]);
+    }
+}
+
 // One thread per (n, g, i, j) of the output.
 template <typename scalar_t>
 __global__ void involution_generated_forward(
@@ -67,15 +85,11 @@ __global__ void involution_generated_forward(
                     const index_t t = g * taps + a * kernel_w + b;
                     const acc_t weight =
                         oplib_generated_weight(span_weight + t * reduced, span_bias + t, pixel_feature, reduced, out_plane);
-                    const scalar_t* image = input + first_channel * height * width + y * width + x;
-                    for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) {
-                        if (k < count) sums[k] = oplib_fma(weight, Element<scalar_t>::load(image + k * height * width), sums[k]);
-                    }
+                    oplib_accumulate_chunk(sums, count, weight, input + first_channel * height * width + y * width + x,
+                                           height * width);
                 }
             }
-            for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) {
-                if (k < count) output[(first_channel + k) * out_plane + p] = Element<scalar_t>::store(sums[k]);
-            }
+            oplib_store_chunk(output + first_channel * out_plane + p, sums, count, out_plane);
         }
     }
 }
@@ -120,15 +134,10 @@ __global__ void involution_generated_backward_input(
                     const index_t t = g * taps + a * kernel_w + b;
                     const acc_t weight = oplib_generated_weight(span_weight + t * reduced, span_bias + t,
                                                                 sample_feature + p, reduced, out_plane);
-                    const scalar_t* grad = grad_output + first_channel * out_plane + p;
-                    for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) {
-                        if (k < count) sums[k] = oplib_fma(weight, Element<scalar_t>::load(grad + k * out_plane), sums[k]);
-                    }
+                    oplib_accumulate_chunk(sums, count, weight, grad_output + first_channel * out_plane + p, out_plane);
                 }
             }
-            for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) {
-                if (k < count) grad_input[(first_channel + k) * image_plane + y * width + x] = Element<scalar_t>::store(sums[k]);
-            }
+            oplib_store_chunk(grad_input + first_channel * image_plane + y * width + x, sums, count, image_plane);
         }
     }
 }

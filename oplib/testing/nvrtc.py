@@ -13,7 +13,7 @@ On a user's GPU, ``CuPyLauncher`` hands ``cupy.RawModule`` the source, ``NVRTC_O
 ``cupy_options`` is that list without the include directories: they depend on where CuPy
 and CUDA are installed, and oplib's sources include no header but their own
 (``element.cuh``), so a source that needs one fails here instead of compiling only where
-CUDA's headers happen to be installed. ``tests/kernels/cuda/test_cuda_kernels.py`` checks the list
+CUDA's headers happen to be installed. ``tests/kernels/cuda/test_cuda_compile.py`` checks the list
 against what CuPy really passes. CuPy itself cannot compile without a driver (it asks the
 device for its architecture first), so the compile goes through NVRTC's own bindings
 (``cuda-bindings`` with the ``nvidia-cuda-nvrtc`` wheel), which need none.
@@ -258,7 +258,7 @@ def resource_table(usage: list[KernelResources]) -> str:
         "allow; occupancy: their threads over the SM's maximum.",
         "",
         f"- register budget: {REGISTER_BUDGET} per thread, the most at which {MIN_RESIDENT_BLOCKS} blocks stay resident on",
-        "  an SM of every target; `tests/kernels/cuda/test_cuda_kernels.py` requires every kernel within it, with no spills",
+        "  an SM of every target; `tests/kernels/cuda/test_cuda_compile.py` requires every kernel within it, with no spills",
         f"- most registers: {max(u.registers for u in usage)}; spilled bytes in all: {spills}; "
         f"most static shared memory: {max(u.shared_memory for u in usage)} B",
         "",

@@ -126,18 +126,23 @@ std::vector<int64_t> generated_weight_shape(const at::Tensor& first, const char*
   return {feature.size(0), span_weight.size(0) / taps, kernel_size[0], kernel_size[1], feature.size(2), feature.size(3)};
 }
 
-// The generator's operands; span and bias converted to the accumulation type, contiguous,
-// kept alive in `held` while the kernel runs.
-template <typename scalar_t>
-oplib_cpu::GeneratorOperands<scalar_t> generator_operands(const at::Tensor& feature, const at::Tensor& span_weight,
-                                                          const std::optional<at::Tensor>& span_bias, std::vector<at::Tensor>& held) {
-  using acc_t = oplib_cpu::Acc<scalar_t>;
-  const auto acc_type = c10::CppTypeToScalarType<acc_t>::value;
-  const at::Tensor span = span_weight.to(acc_type).contiguous();
-  const at::Tensor bias = span_bias.has_value() ? span_bias->to(acc_type).contiguous()
-                                                : at::empty({span_weight.size(0)}, span.options()).zero_();
-  held = {span, bias};
-  return {planes<scalar_t>(feature), span.data_ptr<acc_t>(), bias.data_ptr<acc_t>(), span_weight.size(1)};
+// Writes `result` (returned) with run(scalar_t{}, generator) in result's dtype, where generator
+// is the GeneratorOperands of (feature, span_weight, span_bias): span and bias converted to the
+// accumulation type, contiguous, kept alive while run runs.
+template <typename Run>
+at::Tensor run_generated(const at::Tensor& result, const at::Tensor& feature, const at::Tensor& span_weight,
+                         const std::optional<at::Tensor>& span_bias, Run run) {
+  if (result.numel() == 0) return result;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, result.scalar_type(), "involution_generated", [&] {
+    using acc_t = oplib_cpu::Acc<scalar_t>;
+    const auto acc_type = c10::CppTypeToScalarType<acc_t>::value;
+    const at::Tensor span = span_weight.to(acc_type).contiguous();
+    const at::Tensor bias = span_bias.has_value() ? span_bias->to(acc_type).contiguous()
+                                                  : at::empty({span_weight.size(0)}, span.options()).zero_();
+    run(scalar_t{}, oplib_cpu::GeneratorOperands<scalar_t>{planes<scalar_t>(feature), span.data_ptr<acc_t>(),
+                                                            bias.data_ptr<acc_t>(), span_weight.size(1)});
+  });
+  return result;
 }
 
 }  // namespace
@@ -212,13 +217,10 @@ at::Tensor involution_generated_forward(const at::Tensor& input, const at::Tenso
   const auto weight_shape = generated_weight_shape(input, "input", feature, span_weight, span_bias, kernel_size);
   const Geometry geo = make_geometry(input.sizes(), weight_shape, stride, padding, dilation);
   at::Tensor out = result_tensor(out_arg, {geo.batch, geo.channels, geo.out_h, geo.out_w}, input, "input", {&input, &feature});
-  if (out.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "involution_generated_forward", [&] {
-    std::vector<at::Tensor> held;
-    const auto generator = generator_operands<scalar_t>(feature, span_weight, span_bias, held);
+  return run_generated(out, feature, span_weight, span_bias, [&](auto zero, const auto& generator) {
+    using scalar_t = decltype(zero);
     oplib_cpu::forward_generated<scalar_t>(geo, planes<scalar_t>(input), generator, output_planes<scalar_t>(out));
   });
-  return out;
 }
 
 // grad_output: (N, C, Ho, Wo) and the generator as above -> grad_input: (N, C, H, W).
@@ -234,13 +236,11 @@ at::Tensor involution_generated_backward_input(const at::Tensor& grad_output, co
   TORCH_CHECK(grad_output.size(2) == geo.out_h && grad_output.size(3) == geo.out_w, "oplib's native CPU kernels: grad_output is ",
               grad_output.sizes(), " but the feature map is ", geo.out_h, "x", geo.out_w);
   at::Tensor grad_input = result_tensor(out, input_shape, grad_output, "grad_output", {&grad_output, &feature});
-  if (grad_input.numel() == 0) return grad_input;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad_output.scalar_type(), "involution_generated_backward_input", [&] {
-    std::vector<at::Tensor> held;
-    const auto generator = generator_operands<scalar_t>(feature, span_weight, span_bias, held);
-    oplib_cpu::backward_input_generated<scalar_t>(geo, planes<scalar_t>(grad_output), generator, output_planes<scalar_t>(grad_input));
+  return run_generated(grad_input, feature, span_weight, span_bias, [&](auto zero, const auto& generator) {
+    using scalar_t = decltype(zero);
+    oplib_cpu::backward_input_generated<scalar_t>(geo, planes<scalar_t>(grad_output), generator,
+                                                  output_planes<scalar_t>(grad_input));
   });
-  return grad_input;
 }
 
 // out (optional, keyword or last positional): the result tensor to write, of any strides.

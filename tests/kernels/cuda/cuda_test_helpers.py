@@ -1,0 +1,61 @@
+"""What the CUDA kernel tests of this folder share: the dispatch of each op with CUDA kernels,
+running a script under AddressSanitizer, and the bugs planted in the real kernels (each caught
+by the reference check of test_cuda_emulation.py and by test_cuda_sanitizer.py)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from oplib import registry
+from oplib.kernels import CUDA_DISPATCH, KernelSource, load_source
+from oplib.testing.cuda_emulation import asan_environment
+
+
+# spec name -> its CUDA dispatch (oplib.kernels.CudaDispatch): the function its CUDA kernel
+# registration calls with a launcher last, the .cu file and the kernels it launches.
+LAUNCHES = {spec.name: CUDA_DISPATCH[spec.qualname] for spec in registry.all_specs() if spec.qualname in CUDA_DISPATCH}
+
+
+def run_under_asan(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=asan_environment(), timeout=900
+    )
+
+
+# The planted bug: one tap too many at the bottom and right edges of the image (the end of the
+# valid tap range, computed once per thread, off by one), in every specialised kernel.
+_TAP_BOUND = "*end = room >= KERNEL ? KERNEL : (room > 0 ? (int)room : 0);"
+_TAP_BOUND_OFF_BY_ONE = "*end = room >= KERNEL ? KERNEL : (room > 0 ? (int)room + 1 : 0);"
+
+
+def planted_tap_bound(tmp_path: Path) -> KernelSource:
+    original = load_source("involution.cu")
+    assert original.text.count(_TAP_BOUND) == 1, "the planted bug no longer applies: update _TAP_BOUND"
+    path = tmp_path / "involution.cu"
+    path.write_text(original.text.replace(_TAP_BOUND, _TAP_BOUND_OFF_BY_ONE))
+    return KernelSource(path, path.read_text())
+
+
+# involution_generated.cu's forward with its column bound off by one: the tap one column past
+# a row's end is taken (the next row's first value, or past the tensor at the last one).
+_GENERATED_COLUMN_BOUND = "if (x < 0 || x >= width) continue;"
+_GENERATED_COLUMN_BOUND_OFF_BY_ONE = "if (x < 0 || x > width) continue;"
+
+
+def planted_generated_column_bound(tmp_path: Path) -> KernelSource:
+    original = load_source("involution_generated.cu")
+    assert original.text.count(_GENERATED_COLUMN_BOUND) == 1, "the planted bug no longer applies: update it"
+    path = tmp_path / "involution_generated.cu"
+    path.write_text(original.text.replace(_GENERATED_COLUMN_BOUND, _GENERATED_COLUMN_BOUND_OFF_BY_ONE))
+    return KernelSource(path, path.read_text())
+
+
+def random_samples(spec, dtype, count, seed):
+    """``count`` random samples, or none for a spec without ``random_sample``."""
+    if spec.random_sample is None:
+        return []
+    rng = random.Random(seed)
+    return [spec.random_sample(rng.randint, "cpu", dtype, False) for _ in range(count)]

@@ -1,0 +1,215 @@
+"""The CUDA sources compile as a GPU compiles them: nvcc builds every instantiation for every
+target; NVRTC compiles every source as CuPy does on a GPU (same options, same name
+expressions), within a register budget and without spills, into PTX that vectorises the
+channels_last kernels; the resource table in bench/results/ is current."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from oplib.kernels import (
+    CTYPES,
+    KERNEL_DIR,
+    NVRTC_OPTIONS,
+    KernelSource,
+    instantiations,
+    load_source,
+    name_expression,
+    name_expressions,
+)
+from oplib.testing import nvrtc
+from oplib.testing.nvrtc import ARCHITECTURES, CUDA_SOURCES
+
+
+RESOURCE_TABLE = Path(__file__).resolve().parents[3] / "bench" / "results" / "cuda-resources.md"
+# The unit tier compiles for the H100's architecture (the GPU make gpu-check ran on), the
+# integration tier for every other target.
+UNIT_ARCH = "sm_90"
+ARCH_PARAMS = [arch if arch == UNIT_ARCH else pytest.param(arch, marks=pytest.mark.integration) for arch in ARCHITECTURES]
+# nvcc's compile of every instantiation, every target, in the integration tier only: the unit
+# tier's NVRTC compile for sm_90 (what CuPy runs) already proves the sources compile, and
+# nvcc's -Werror pass over involution.cu took 83 s of the unit tier's 8 minutes.
+NVCC_ARCH_PARAMS = [pytest.param(arch, marks=pytest.mark.integration) for arch in ARCHITECTURES]
+
+
+def _instantiations(source: KernelSource) -> str:
+    """A translation unit that explicitly instantiates every kernel for every dtype and
+    specialisation."""
+    lines = [f'#include "{source.path}"']
+    for kernel, dtype, specialisation in instantiations(source):
+        params = source.kernels[kernel].instantiated_params(CTYPES[dtype])
+        lines.append(f"template __global__ void {name_expression(kernel, dtype, specialisation)}({params});")
+    return "\n".join(lines) + "\n"
+
+
+def _nvcc(source: KernelSource, arch: str, tmp_path: Path, instantiate: bool = True) -> subprocess.CompletedProcess:
+    """nvcc on a unit of ``source`` and, with ``instantiate``, every instantiation of its kernels."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on the PATH (CUDA 13's nvcc is on the development machines and CI)")
+    unit = tmp_path / "instantiate.cu"
+    unit.write_text(_instantiations(source) if instantiate else f'#include "{source.path}"\n')
+    return subprocess.run(
+        [nvcc, f"-arch={arch}", "-std=c++17", f"-I{KERNEL_DIR}", "-Werror", "all-warnings", "-Xcompiler", "-Wall",
+
+
+         "-c", str(unit), "-o", str(tmp_path / "instantiate.o")],
+        capture_output=True, text=True, timeout=600,
+    )
+
+
+@pytest.mark.parametrize("arch", NVCC_ARCH_PARAMS)
+@pytest.mark.parametrize("filename", CUDA_SOURCES)
+def test_nvcc_compiles_every_instantiation(filename, arch, tmp_path):
+    source = load_source(filename)
+    assert source.kernels, f"no kernels found in {filename}"
+    result = _nvcc(source, arch, tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("arch", ARCH_PARAMS)
+@pytest.mark.parametrize("filename", CUDA_SOURCES)
+def test_nvrtc_compiles_what_cupy_compiles(filename, arch):
+    """The compile a GPU user's first launch does: CuPy's NVRTC options, every name
+    expression the launcher asks for resolved to a kernel, and no warning."""
+    source = load_source(filename)
+    compiled = nvrtc.compile_source(source, arch)
+    assert set(compiled.lowered_names) == set(name_expressions(source))
+    assert "warning" not in compiled.log, compiled.log
+    # CuPy's -ftz=true flushes float32 subnormals in every .ftz instruction; the kernels keep
+    # them, as torch does, by naming the IEEE instructions (element.cuh). Only a float-to-integer
+    # conversion may flush: a subnormal converts to the integer 0 either way.
+    flushing = set(re.findall(r"\b[a-z]+(?:\.[a-z0-9]+)*\.ftz(?:\.[a-z0-9]+)*", compiled.ptx))
+    assert flushing <= {"cvt.rzi.ftz.u32.f32", "cvt.rzi.ftz.s32.f32"}, flushing
+
+
+@pytest.mark.parametrize("arch", ARCH_PARAMS)
+def test_cupy_hands_nvrtc_the_options_the_nvrtc_tests_use(arch, monkeypatch):
+    """What CuPy's RawModule passes to NVRTC for the launcher's source, options and name
+    expressions, recorded at the NVRTC call: it must be ``nvrtc.cupy_options(arch)`` plus only
+    CuPy's and CUDA's include directories. CuPy cannot get this far without a driver (it asks
+    the device for its architecture), so its per-device memoisation of that question is
+    bypassed with the unmemoised function, and the recording stops before the real compile.
+    This goes through CuPy internals on purpose: it fails when a CuPy release changes what
+    it compiles with."""
+    import cupy.cuda.compiler
+    from cupy._core import core
+
+    source = load_source(CUDA_SOURCES[0])
+    recorded = []
+
+    class Recorded(Exception):
+        pass
+
+    class RecordingProgram(cupy.cuda.compiler._NVRTCProgram):
+        def compile(self, options=(), log_stream=None):
+            if self.src == "":  # CuPy's probe of the compiler version: an empty file, really compiled
+                return super().compile(options, log_stream)
+            recorded.append((self.src, tuple(options), tuple(self.name_expressions)))
+            raise Recorded
+
+    monkeypatch.setenv("CUPY_CACHE_IN_MEMORY", "1")  # no kernel-cache lookup on disk
+    monkeypatch.setattr(cupy.cuda.compiler, "_NVRTCProgram", RecordingProgram)
+    monkeypatch.setattr(cupy.cuda.compiler, "_get_arch_for_options_for_nvrtc",
+                        cupy.cuda.compiler._get_arch_for_options_for_nvrtc.__wrapped__)
+    with pytest.raises(Recorded):
+        # What RawModule(code=..., options=..., name_expressions=...).compile() calls.
+        core.compile_with_cache(source.text, NVRTC_OPTIONS, arch=arch.removeprefix("sm_"),
+                                prepend_cupy_headers=False, backend="nvrtc", name_expressions=name_expressions(source))
+    (text, options, names), = recorded
+    assert text == source.text
+    assert sorted(names) == sorted(name_expressions(source))
+    own = f"-I{KERNEL_DIR}"
+    includes = [o for o in options if o.startswith("-I") and o != own]
+    assert [o for o in options if o not in includes] == list(nvrtc.cupy_options(arch))
+    assert all(Path(o[2:]).is_absolute() for o in includes), includes
+
+
+@pytest.mark.parametrize("arch", ARCH_PARAMS)
+@pytest.mark.parametrize("filename", CUDA_SOURCES)
+def test_kernels_stay_within_the_register_budget(filename, arch):
+    """No spills, and at most nvrtc.REGISTER_BUDGET registers a thread, so that two blocks of
+    the launch size stay resident on an SM of every target (see oplib/testing/nvrtc.py)."""
+    source = load_source(filename)
+    usage = nvrtc.resource_usage(source, arch)
+    assert len(usage) == len(name_expressions(source))
+    for u in usage:
+        where = f"{u.kernel} {u.dtype} {arch}"
+        assert u.spill_stores == 0 and u.spill_loads == 0, f"{where} spills: {u}"
+        assert u.registers <= nvrtc.REGISTER_BUDGET, f"{where} uses {u.registers} registers"
+
+
+def _written_resource_table() -> str:
+    written = RESOURCE_TABLE.read_text()
+    if f"NVRTC {nvrtc.nvrtc_version()}," not in written:
+        pytest.skip(f"the table was written by another NVRTC than this one ({nvrtc.nvrtc_version()})")
+    return written
+
+
+@pytest.mark.parametrize("arch", ARCH_PARAMS)
+def test_resource_table_rows_are_current(arch):
+    """Each target's rows of bench/results/cuda-resources.md are what bench/cuda_resources.py
+    writes from these sources, wherever the NVRTC that wrote it is the one installed here."""
+    written = _written_resource_table()
+    usage = [u for filename in CUDA_SOURCES for u in nvrtc.resource_usage(load_source(filename), arch)]
+
+    def rows(table: str) -> list[str]:
+        return [line for line in table.splitlines() if f"| {arch} |" in line]
+
+    assert rows(written) and rows(written) == rows(nvrtc.resource_table(usage)), "run: python bench/cuda_resources.py"
+
+
+@pytest.mark.integration
+def test_resource_table_is_current():
+    """The whole table, its summary lines too (every target compiled: minutes)."""
+    written = _written_resource_table()
+    assert written == nvrtc.resource_table(nvrtc.all_resource_usage()), "run: python bench/cuda_resources.py"
+
+
+def test_nvrtc_rejects_a_host_header_that_nvcc_accepts(tmp_path):
+    """NVRTC has no host C++ headers: a kernel including <cstdio> must fail NVRTC's compile,
+    as it would on a user's GPU, with NVRTC's own message, while nvcc accepts it; the nvcc
+    test alone would let it through."""
+    original = load_source(CUDA_SOURCES[0])
+    path = tmp_path / original.path.name
+    path.write_text("#include <cstdio>\n" + original.text)
+    planted = KernelSource(path, path.read_text())
+    with pytest.raises(nvrtc.NvrtcError, match=r'cannot open source file "cstdio"') as error:
+        nvrtc.compile_source(planted, "sm_80")
+    assert f"NVRTC cannot compile {path.name} for sm_80" in str(error.value)
+    # the header is the point, not the kernels: no instantiation (a minute of nvcc here)
+    result = _nvcc(planted, "sm_80", tmp_path, instantiate=False)
+    assert result.returncode == 0, result.stderr
+
+
+def _ptx_entries(ptx: str) -> dict[str, str]:
+    """Each kernel's mangled name -> its PTX body."""
+    entries = re.split(r"\n(?=\.weak \.entry |\.visible \.entry )", ptx)
+    return {re.match(r"\.\w+ \.entry (\w+)", entry).group(1): entry for entry in entries if ".entry " in entry[:30]}
+
+
+def test_specialised_kernels_vectorise_and_never_divide_in_64_bits():
+    """In the PTX a GPU runs: every channels_last instantiation loads and stores 16-byte vectors,
+    and the 32-bit instantiations hold no 64-bit division or remainder (a 64-bit division is a
+    long software routine; the 32-bit ones decode each thread's index once, outside the loops)."""
+    source = load_source("involution.cu")
+    compiled = nvrtc.compile_source(source, UNIT_ARCH)
+    entries = _ptx_entries(compiled.ptx)
+    checked = 0
+    for kernel, dtype, specialisation in instantiations(source):
+        if not specialisation:
+            continue
+        body = entries[compiled.lowered_names[name_expression(kernel, dtype, specialisation)]]
+        if specialisation[3] == "true":
+            assert re.search(r"ld\.global(\.nc)?(\.v[24])\.", body), (kernel, dtype, specialisation)
+            if not kernel.startswith("involution_backward_weight"):
+                assert re.search(r"st\.global\.v[24]\.", body), (kernel, dtype, specialisation)
+        if specialisation[0] == "int":
+            assert not re.search(r"\b(div|rem)\.[su]64\b", body), (kernel, dtype, specialisation)
+        checked += 1
+    assert checked == 4 * 3 * 24

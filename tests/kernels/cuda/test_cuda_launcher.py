@@ -1,0 +1,124 @@
+"""The CuPy launcher: without CuPy a CUDA tensor names the extra to install; with a stand-in
+CuPy each instantiation compiles once and its arguments are packed as the kernel declares
+them; on a GPU the CuPy kernels match the CPU path."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+import oplib.kernels
+from oplib import registry
+from oplib.kernels import NVRTC_OPTIONS, load_source
+
+from cuda_test_helpers import LAUNCHES, random_samples
+
+
+def test_cuda_tensors_without_cupy_name_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` raise ImportError
+    with pytest.raises(RuntimeError, match=r"pip install 'torch-oplib\[cuda12\]' or 'torch-oplib\[cuda13\]'"):
+        oplib.kernels.CuPyLauncher()
+
+
+class _FakeDriver:
+    """cupy_backends' driver module, as far as CuPyLauncher uses it, recording launches."""
+
+    def __init__(self):
+        self.context = 7
+        self.launches = []
+
+    def ctxGetCurrent(self):
+        return self.context
+
+    def launchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        import ctypes
+
+        count = len(self.expected_arguments)
+        pointers = (ctypes.c_void_p * count).from_address(params)
+        values = [ctypes.c_int64.from_address(pointer).value for pointer in pointers]
+        self.launches.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, values, extra, self.context))
+
+
+class _FakeCupy:
+    """The parts of cupy that CuPyLauncher uses: RawModule (recording what it compiles) and Device."""
+
+    def __init__(self, driver: _FakeDriver):
+        self.compiled: list[list[str]] = []
+        self.devices_entered: list[int] = []
+        fake = self
+
+        class RawModule:
+            def __init__(self, code, options, name_expressions):
+                self.names = list(name_expressions)
+                assert tuple(options) == NVRTC_OPTIONS and code == load_source("involution.cu").text
+
+            def compile(self):
+                fake.compiled.append(self.names)
+
+            def get_function(self, name):
+                return types.SimpleNamespace(ptr=1000 + self.names.index(name) + 100 * len(fake.compiled))
+
+        class Device:
+            def __init__(self, index):
+                self.index = index
+
+            def __enter__(self):
+                fake.devices_entered.append(self.index)
+                driver.context = 7  # the device's primary context becomes current
+
+            def __exit__(self, *exc):
+                return False
+
+        self.RawModule = RawModule
+        self.cuda = types.SimpleNamespace(Device=Device)
+
+
+def test_cupy_launcher_compiles_each_instantiation_once_and_packs_its_arguments(monkeypatch):
+    """The launch path without a GPU, against a recording driver: each instantiation compiles
+    on its first launch only (as its own module), the arguments reach cuLaunchKernel as the
+    8-byte values the kernel's parameters are (pointers and index_t), on PyTorch's current
+    stream, and the device is entered only when the thread's current context is not its own."""
+    driver = _FakeDriver()
+    fake_cupy = _FakeCupy(driver)
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setitem(sys.modules, "cupy_backends.cuda.api", types.SimpleNamespace(driver=driver))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=4242))
+    launcher = oplib.kernels.CuPyLauncher()
+    x, w = torch.randn(1, 16, 9, 9), torch.randn(1, 1, 7, 7, 9, 9)
+    out = torch.empty(1, 16, 9, 9)
+    source = load_source("involution.cu")
+    args = (x, w, out, 81, 16, 9, 9, 1, 9, 9, 3, 3, 16)
+    driver.expected_arguments = args
+    specialisation = ("int", "7", "1", "false")
+    for _ in range(3):
+        launcher.launch(source, "involution_forward_tiled", torch.float32, 1, 256, args, specialisation)
+    assert fake_cupy.compiled == [["involution_forward_tiled<float, int, 7, 1, false>"]]
+    assert fake_cupy.devices_entered == [None]  # the compile; the launches found the context current
+    (function, grid, block, shared, stream, values, extra, context), *rest = driver.launches
+    assert len(rest) == 2 and all(launch == driver.launches[0] for launch in rest)
+    assert (grid, block, shared, stream, extra) == ((1, 1, 1), (256, 1, 1), 0, 4242, 0)
+    assert values == [x.data_ptr(), w.data_ptr(), out.data_ptr(), 81, 16, 9, 9, 1, 9, 9, 3, 3, 16]
+    # Another thread's context (another device current): the launch enters the tensors' device.
+    driver.context = 99
+    launcher.launch(source, "involution_forward_tiled", torch.float32, 1, 256, args, specialisation)
+    assert fake_cupy.devices_entered == [None, None] and driver.launches[-1][-1] == 7
+    # Another dtype is another instantiation: compiled on its first launch.
+    args = (x.double(), w.double(), out.double(), *args[3:])
+    driver.expected_arguments = args
+    launcher.launch(source, "involution_forward_tiled", torch.float64, 1, 256, args, specialisation)
+    assert fake_cupy.compiled[-1] == ["involution_forward_tiled<double, int, 7, 1, false>"]
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(LAUNCHES))
+def test_cupy_kernels_match_the_cpu_path(name, dtype):
+    spec = registry.get(name)
+    for sample in [*spec.sample_inputs("cuda", dtype, False), *random_samples(spec, dtype, 20, seed=3)]:
+        args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in sample.args]
+        cpu_args = [a.cpu() if isinstance(a, torch.Tensor) else a for a in sample.args]
+        atol, rtol = spec.tolerance(dtype)
+        torch.testing.assert_close(spec.op(*args).cpu(), spec.op(*cpu_args), atol=atol, rtol=rtol, msg=sample.name)
