@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from oplib import registry
@@ -32,11 +33,7 @@ _TAP_BOUND_OFF_BY_ONE = "*end = room >= KERNEL ? KERNEL : (room > 0 ? (int)room 
 
 
 def planted_tap_bound(tmp_path: Path) -> KernelSource:
-    original = load_source("involution.cu")
-    assert original.text.count(_TAP_BOUND) == 1, "the planted bug no longer applies: update _TAP_BOUND"
-    path = tmp_path / "involution.cu"
-    path.write_text(original.text.replace(_TAP_BOUND, _TAP_BOUND_OFF_BY_ONE))
-    return KernelSource(path, path.read_text())
+    return _planted(tmp_path, "involution.cu", _TAP_BOUND, _TAP_BOUND_OFF_BY_ONE)
 
 
 # involution_generated.cu's forward with its column bound off by one: the tap one column past
@@ -46,11 +43,37 @@ _GENERATED_COLUMN_BOUND_OFF_BY_ONE = "if (x < 0 || x > width) continue;"
 
 
 def planted_generated_column_bound(tmp_path: Path) -> KernelSource:
-    original = load_source("involution_generated.cu")
-    assert original.text.count(_GENERATED_COLUMN_BOUND) == 1, "the planted bug no longer applies: update it"
-    path = tmp_path / "involution_generated.cu"
-    path.write_text(original.text.replace(_GENERATED_COLUMN_BOUND, _GENERATED_COLUMN_BOUND_OFF_BY_ONE))
+    return _planted(tmp_path, "involution_generated.cu", _GENERATED_COLUMN_BOUND, _GENERATED_COLUMN_BOUND_OFF_BY_ONE)
+
+
+def _planted(tmp_path: Path, filename: str, text: str, bug: str) -> KernelSource:
+    """``filename``'s source with ``text`` replaced by ``bug``, written to tmp_path."""
+    original = load_source(filename)
+    assert original.text.count(text) == 1, f"the planted bug no longer applies to {filename}: update {text!r}"
+    path = tmp_path / filename
+    path.write_text(original.text.replace(text, bug))
     return KernelSource(path, path.read_text())
+
+
+def assert_asan_catches(planted: KernelSource, call: str) -> None:
+    """``call`` (Python, with ``ops`` the CUDA backend loading ``planted`` and ``launcher`` a
+    sanitized emulated launcher) must abort with AddressSanitizer's heap-buffer-overflow."""
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from pathlib import Path
+        from oplib.kernels import KernelSource
+        from oplib.kernels.involution import cuda as ops
+        from oplib.testing.cuda_emulation import EmulatedLauncher
+        path = Path({str(planted.path)!r})
+        ops.load_source = lambda filename: KernelSource(path, path.read_text())
+        launcher = EmulatedLauncher(sanitize=True)
+        """
+    ) + textwrap.dedent(call) + '\nprint("no error reported")\n'
+    result = run_under_asan(script)
+    assert result.returncode != 0
+    assert "heap-buffer-overflow" in result.stderr
+    assert "no error reported" not in result.stdout
 
 
 def random_samples(spec, dtype, count, seed):

@@ -12,16 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from oplib.kernels import (
-    CTYPES,
-    KERNEL_DIR,
-    NVRTC_OPTIONS,
-    KernelSource,
-    instantiations,
-    load_source,
-    name_expression,
-    name_expressions,
-)
+from oplib.kernels import CTYPES, KERNEL_DIR, NVRTC_OPTIONS, KernelSource, instantiations, load_source
+from oplib.kernels import name_expression, name_expressions
 from oplib.testing import nvrtc
 from oplib.testing.nvrtc import ARCHITECTURES, CUDA_SOURCES
 

@@ -12,7 +12,7 @@ from oplib.testing.cuda_emulation import build
 from oplib.testing.toolchain import require_host_compiler
 from oplib.testing.nvrtc import CUDA_SOURCES
 
-from cuda_test_helpers import planted_generated_column_bound, planted_tap_bound, run_under_asan
+from cuda_test_helpers import assert_asan_catches, planted_generated_column_bound, planted_tap_bound, run_under_asan
 
 
 _PLANTED_PATH = Path(__file__).parent / "cuda_sources" / "planted_overrun.cu"
@@ -109,24 +109,10 @@ def test_address_sanitizer_catches_a_planted_off_by_one_tap_bound(tmp_path):
     require_host_compiler()
     planted = planted_tap_bound(tmp_path)
     build(planted, sanitize=True)
-    script = textwrap.dedent(
-        f"""
-        import torch
-        from pathlib import Path
-        from oplib.kernels import KernelSource
-        from oplib.kernels.involution import cuda as ops
-        from oplib.testing.cuda_emulation import EmulatedLauncher
-        path = Path({str(planted.path)!r})
-        ops.load_source = lambda filename: KernelSource(path, path.read_text())
+    assert_asan_catches(planted, """
         x, w = torch.randn(1, 4, 8, 8), torch.randn(1, 1, 3, 3, 8, 8)
-        ops.launch_involution(x, w, [1, 1], [1, 1], [1, 1], EmulatedLauncher(sanitize=True))
-        print("no error reported")
-        """
-    )
-    result = run_under_asan(script)
-    assert result.returncode != 0
-    assert "heap-buffer-overflow" in result.stderr
-    assert "no error reported" not in result.stdout
+        ops.launch_involution(x, w, [1, 1], [1, 1], [1, 1], launcher)
+    """)
 
 
 def test_address_sanitizer_catches_a_planted_off_by_one_in_the_generated_kernels(tmp_path):
@@ -135,21 +121,7 @@ def test_address_sanitizer_catches_a_planted_off_by_one_in_the_generated_kernels
     require_host_compiler()
     planted = planted_generated_column_bound(tmp_path)
     build(planted, sanitize=True)
-    script = textwrap.dedent(
-        f"""
-        import torch
-        from pathlib import Path
-        from oplib.kernels import KernelSource
-        from oplib.kernels.involution import cuda as ops
-        from oplib.testing.cuda_emulation import EmulatedLauncher
-        path = Path({str(planted.path)!r})
-        ops.load_source = lambda filename: KernelSource(path, path.read_text())
+    assert_asan_catches(planted, """
         x, f, s = torch.randn(1, 4, 8, 8), torch.randn(1, 2, 8, 8), torch.randn(9, 2)
-        ops.launch_involution_generated(x, f, s, None, [3, 3], [1, 1], [1, 1], [1, 1], EmulatedLauncher(sanitize=True))
-        print("no error reported")
-        """
-    )
-    result = run_under_asan(script)
-    assert result.returncode != 0
-    assert "heap-buffer-overflow" in result.stderr
-    assert "no error reported" not in result.stdout
+        ops.launch_involution_generated(x, f, s, None, [3, 3], [1, 1], [1, 1], [1, 1], launcher)
+    """)
