@@ -82,8 +82,13 @@ void fill_channel_rows(const Planes<scalar_t>& src, int64_t n, int64_t first_cha
       std::fill(row, row + begin * cpg, acc_t(0));
       std::fill(row + end * cpg, row + columns * cpg, acc_t(0));
     }
-    if (src.stride_c == 1) {  // channels_last: each pixel's channels are consecutive
-      for (int64_t x = begin; x < end; ++x) convert(src.at(n, first_channel, y) + (x - column_shift) * src.stride_w, 1, cpg, row + x * cpg);
+    if (src.stride_c == 1) {  // channels_last: each pixel's channels are consecutive, LANES at a time
+      const scalar_t* pixels = src.at(n, first_channel, y) - column_shift * src.stride_w;
+      for (int64_t x = begin; x < end; ++x) {
+        for (int64_t k = 0; k < cpg; k += LANES) {
+          store_lanes(row + x * cpg + k, load_converted<V, acc_t, LANES>(pixels + x * src.stride_w + k, 1));
+        }
+      }
       continue;
     }
     // LANES x LANES blocks through the registers, the last one of a row partial.
@@ -107,8 +112,11 @@ void fill_channel_rows(const Planes<scalar_t>& src, int64_t n, int64_t first_cha
 template <int LANES, typename scalar_t, typename acc_t>
 void store_channel_row(const acc_t* sums, int64_t cpg, int64_t count, scalar_t* dst, int64_t channel_stride,
                        int64_t pixel_stride) {
-  if (channel_stride == 1) {
-    for (int64_t j = 0; j < count; ++j) convert(sums + j * cpg, 1, cpg, dst + j * pixel_stride);
+  using V = typename Lanes<acc_t, LANES>::type;
+  if (channel_stride == 1) {  // channels_last: each pixel's channels are consecutive, LANES at a time
+    for (int64_t j = 0; j < count; ++j) {
+      for (int64_t k = 0; k < cpg; k += LANES) store_first<LANES>(dst + j * pixel_stride + k, load_lanes<V>(sums + j * cpg + k), LANES);
+    }
     return;
   }
   if (pixel_stride != 1) {  // any other strides
@@ -117,7 +125,6 @@ void store_channel_row(const acc_t* sums, int64_t cpg, int64_t count, scalar_t* 
     }
     return;
   }
-  using V = typename Lanes<acc_t, LANES>::type;
   for (int64_t k = 0; k < cpg; k += LANES) {
     for (int64_t j = 0; j < count; j += LANES) {
       const int64_t pixels = std::min<int64_t>(LANES, count - j);
