@@ -85,7 +85,7 @@ void fill_channel_rows(const Planes<scalar_t>& src, int64_t n, int64_t first_cha
     if (src.stride_c == 1) {  // channels_last: each pixel's channels are consecutive, LANES at a time
       const scalar_t* pixels = src.at(n, first_channel, y) - column_shift * src.stride_w;
       for (int64_t x = begin; x < end; ++x) {
-        __builtin_prefetch(pixels + (x + 8) * src.stride_w);
+        __builtin_prefetch(pixels + std::min(x + 8, end - 1) * src.stride_w);
         for (int64_t k = 0; k < cpg; k += LANES) {
           store_lanes(row + x * cpg + k, load_converted<V, acc_t, LANES>(pixels + x * src.stride_w + k, 1));
         }

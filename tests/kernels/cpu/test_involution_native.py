@@ -212,8 +212,14 @@ PLANTED_OVER_READS = {
     # the store of a channels_last result writing one pixel past each row (past the tensor's
     # end at the last row of the last sample): an over-write, which ASan catches the same way
     "channels-last-store-row": (
-        "for (int64_t j = 0; j < count; ++j) convert(sums + j * cpg, 1, cpg, dst + j * pixel_stride);",
-        "for (int64_t j = 0; j <= count; ++j) convert(sums + j * cpg, 1, cpg, dst + j * pixel_stride);",
+        "for (int64_t j = 0; j < count; ++j) {\n      for (int64_t k = 0; k < cpg; k += LANES) store_first<LANES>(dst",
+        "for (int64_t j = 0; j <= count; ++j) {\n      for (int64_t k = 0; k < cpg; k += LANES) store_first<LANES>(dst",
+    ),
+    # the copy of a channels_last input into channel rows reading one pixel past each row (past
+    # the tensor's end at the last row of the last sample)
+    "channels-last-fill-row": (
+        "for (int64_t x = begin; x < end; ++x) {\n        __builtin_prefetch",
+        "for (int64_t x = begin; x <= end; ++x) {\n        __builtin_prefetch",
     ),
     # involution_generated's feature rows, read one value past each row's end (past the
     # tensor's end at the last row of the last channel)
