@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._common import DIM, FLOATING_DTYPE, PAIR_LENGTH, PAIR_RANGE, SAME_DEVICE, SAME_DTYPE, WINDOW_FITS
+from ._common import BIAS_SIZE, DIM, FLOATING_DTYPE, PAIR_LENGTH, PAIR_RANGE, SAME_DEVICE, SAME_DTYPE, WINDOW_FITS
 
 # qualname -> ``Rules.satisfied`` of the op's rules: whether a call's arguments pass, without
 # raising. The registry's tests hold each to its op's errors: True on every sample input, False
@@ -130,6 +130,15 @@ def tensor_rules(op: str, *operands: tuple) -> list[Rule]:
                                                            device=a[i].device, reference_device=a[first].device),
         ))
     return rules
+
+
+def bias_rule(op: str, dim_name: str) -> Rule:
+    """Argument 2, the bias, is None or 1-D with one value per row of argument 1, the weight
+    (``dim_name``: what those rows are, e.g. out_channels)."""
+    return Rule(
+        lambda x, w, b, *_: b is None or ((b.dim() == 1) and (b.shape[0] == w.shape[0])),
+        lambda x, w, b, *_: BIAS_SIZE.format(op=op, size=w.shape[0], dim_name=dim_name, bias_size=list(b.shape)),
+    )
 
 
 def window_rules(op: str, at: int) -> list[Rule]:

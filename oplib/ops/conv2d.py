@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ._common import BIAS_SIZE, CHANNELS_DIVISIBLE, GROUPS_POSITIVE, register_autocast_policy, window_output_size
-from ._rules import Rule, Rules, tensor_rules, window_fits_rules, window_rules
+from ._common import CHANNELS_DIVISIBLE, GROUPS_POSITIVE, register_autocast_policy, window_output_size
+from ._rules import Rule, Rules, bias_rule, tensor_rules, window_fits_rules, window_rules
 from .._memory_format import is_channels_last
 from ._transforms import register_jvp, sum_tangents
 
@@ -48,9 +48,7 @@ _CONV2D_RULES = Rules("oplib::conv2d", [
     Rule(lambda x, w, *a: w.shape[0] % a[-1] == 0,
          lambda x, w, *a: OUT_CHANNELS_DIVISIBLE.format(out_channels=w.shape[0], groups=a[-1])),
     Rule(lambda x, w, *a: w.shape[1] * a[-1] == x.shape[-3], _channels_message),
-    Rule(lambda x, w, b, *_: b is None or ((b.dim() == 1) and (b.shape[0] == w.shape[0])),
-         lambda x, w, b, *_: BIAS_SIZE.format(op="conv2d", size=w.shape[0], dim_name="out_channels",
-                                              bias_size=list(b.shape))),
+    bias_rule("conv2d", "out_channels"),
     *window_fits_rules("conv2d", lambda x, *_: x.shape[-2:], lambda x, w, *_: w.shape[2:], lambda *a: a[4],
                        lambda *a: a[5]),
 ])

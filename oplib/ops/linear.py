@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ._common import BIAS_SIZE, register_autocast_policy
-from ._rules import Rule, Rules, tensor_rules
+from ._common import register_autocast_policy
+from ._rules import Rule, Rules, bias_rule, tensor_rules
 from ._transforms import register_jvp, sum_tangents
 
 
@@ -33,9 +33,7 @@ _LINEAR_RULES = Rules("oplib::linear", [
                   (2, "bias", None, None, True)),
     Rule(lambda x, w, _: x.shape[-1] == w.shape[1],
          lambda x, w, _: IN_FEATURES.format(input_size=list(x.shape), weight_size=list(w.shape))),
-    Rule(lambda x, w, b: b is None or ((b.dim() == 1) and (b.shape[0] == w.shape[0])),
-         lambda x, w, b: BIAS_SIZE.format(op="linear", size=w.shape[0], dim_name="out_features",
-                                          bias_size=list(b.shape))),
+    bias_rule("linear", "out_features"),
 ])
 
 
