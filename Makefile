@@ -87,8 +87,9 @@ dist: $(VENV)/.installed
 	$(PY) -m twine check --strict dist/*
 
 # On a machine with a GPU, with the Python that holds its CUDA torch (GPU_PYTHON): CuPy if
-# missing (the only download), then the self-check matrix on CUDA, every needs_cuda test, and
-# the CUDA section of the involution benchmark. oplib runs from this checkout (no install).
+# missing (the only download), then the self-check matrix on CUDA, every needs_cuda test, every
+# CUDA kernel under compute-sanitizer's memcheck (tools/cuda_sanitize.py), and the CUDA section
+# of the involution benchmark. oplib runs from this checkout (no install).
 GPU_PYTHON ?= python3
 CUDA_EXTRA ?= cupy-cuda13x>=13
 gpu-check:
@@ -96,6 +97,9 @@ gpu-check:
 	status=0; \
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m oplib check --device cuda || status=1; \
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -m needs_cuda -p no:cacheprovider tests compile_tests examples || status=1; \
+	if command -v compute-sanitizer >/dev/null; then \
+	  PYTHONPATH=$(CURDIR) compute-sanitizer --tool memcheck --error-exitcode 9 $(GPU_PYTHON) tools/cuda_sanitize.py || status=1; \
+	else echo "gpu-check: compute-sanitizer not on the PATH, memcheck not run"; fi; \
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) bench/involution.py --cuda-only || status=1; \
 	exit $$status
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Optional
 from statistics import median
 
 import torch
@@ -149,9 +150,10 @@ def kernel_calls(o: dict) -> dict[tuple[str, str], Callable[[], object]]:
     return calls
 
 
-def run_kernels(shapes: list[Shape]) -> tuple[float, list[dict]]:
+def run_kernels(shapes: list[Shape], on_rows: Optional[Callable[[float, list[dict]], object]] = None) -> tuple[float, list[dict]]:
     """Every (shape, dtype, layout): device and wall times of every candidate, interleaved over
-    ROUNDS rounds. Returns the copy bandwidth and one row per (shape, dtype, layout, kernel)."""
+    ROUNDS rounds. Returns the copy bandwidth and one row per (shape, dtype, layout, kernel);
+    ``on_rows`` sees the bandwidth and the rows so far after each (shape, dtype, layout)."""
     bandwidth = device_copy_bandwidth()
     print(f"device copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
     rows = []
@@ -184,6 +186,8 @@ def run_kernels(shapes: list[Shape]) -> tuple[float, list[dict]]:
                     f"{row['kernel']} {row['device_ms']:.3f} ms ({row['over_floor']:.1f}x floor)" for row in rows[-len(KERNELS):]
                 ), flush=True)
                 del timers
+                if on_rows is not None:
+                    on_rows(bandwidth, rows)
     return bandwidth, rows
 
 
@@ -235,16 +239,22 @@ def run_tiny() -> dict[str, float]:
     return {name: median(values) for name, values in readings.items()}
 
 
-def run_models(batch: int = BATCH, size: int = 224) -> list[list[str]]:
+# --cuda-models: which of the model table's modes run (compiling the two models is minutes)
+MODEL_MODES = {"all": ("eager", "compiled"), "eager": ("eager",), "none": ()}
+
+
+def run_models(batch: int = BATCH, size: int = 224, modes: tuple[str, ...] = ("eager", "compiled"),
+               on_row: Optional[Callable[[list[list[str]]], object]] = None) -> list[list[str]]:
     """RedNet-50 vs ResNet-50: img/s of a training step (bf16 autocast, channels_last, SGD)
-    and of inference, eager and compiled (torch.compile), on the GPU."""
+    and of inference, in each of ``modes`` ("eager", "compiled": torch.compile), on the GPU.
+    ``on_row`` sees the rows so far after each one (the caller's report is kept current)."""
     from oplib.models import rednet50
     from rednet import resnet50
 
     rows = []
     images = torch.randn(batch, 3, size, size, device="cuda").contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (batch,), device="cuda")
-    for mode in ("eager", "compiled"):
+    for mode in modes:
         for task in ("train", "inference"):
             seconds = {}
             for name, build in (("RedNet-50", rednet50), ("ResNet-50", resnet50)):
@@ -275,4 +285,6 @@ def run_models(batch: int = BATCH, size: int = 224) -> list[list[str]]:
                 f"{seconds['ResNet-50'] / seconds['RedNet-50']:.2f}x",
             ])  # fmt: skip
             print(" | ".join(rows[-1]), flush=True)
+            if on_row is not None:
+                on_row(rows)
     return rows

@@ -370,6 +370,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--cuda-only", action="store_true",
         help="only the CUDA table (make gpu-check), written to bench/results/involution-cuda.md by default",
     )
+    parser.add_argument(
+        "--cuda-models", choices=("all", "eager", "none"), default="all",
+        help="the RedNet-50 vs ResNet-50 table on CUDA: eager and compiled (default), eager only, or none",
+    )
     args = parser.parse_args(argv)
     if args.ab_only:
         if not args.baseline_rev:
@@ -422,19 +426,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not torch.cuda.is_available():
             parser.error("--cuda-only: no GPU (torch.cuda.is_available() is False)")
         args.output = args.output or _harness.RESULTS / f"involution-cuda{'-quick' if args.quick else ''}.md"
+        return run_cuda_only(_harness.start(args, __file__), args.cuda_models)
     settings = _harness.start(args, __file__)
     shapes = QUICK_SHAPES if settings.quick else REDNET50_SHAPES
     cpu = Section(settings)
-    bandwidth = 0.0 if args.cuda_only else copy_bandwidth(cpu)
-    if not args.cuda_only:
-        print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
-    cpu_rows = [] if args.cuda_only else run_cpu(cpu, shapes, bandwidth)
+    bandwidth = copy_bandwidth(cpu)
+    print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
+    cpu_rows = run_cpu(cpu, shapes, bandwidth)
     per_op = Section(settings)
-    per_op_rows = [] if args.cuda_only else run_per_op(per_op, shapes)
+    per_op_rows = run_per_op(per_op, shapes)
     layouts = Section(settings)
-    layout_rows = [] if args.cuda_only else run_layouts(layouts, shapes)
+    layout_rows = run_layouts(layouts, shapes)
     native_ab, ab_rows = (
-        run_native_ab(settings, shapes, baseline_module(args.baseline_rev)) if args.baseline_rev and not args.cuda_only else (None, [])
+        run_native_ab(settings, shapes, baseline_module(args.baseline_rev)) if args.baseline_rev else (None, [])
     )
     cuda_rows: list[dict] = []
     if torch.cuda.is_available():
@@ -442,49 +446,45 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         bandwidth_cuda, cuda_rows = _cuda.run_kernels(shapes if settings.quick else [replace(s, batch=_cuda.BATCH) for s in shapes])
         tiny = _cuda.run_tiny()
-        models = _cuda.run_models(batch=2 if settings.quick else _cuda.BATCH, size=64 if settings.quick else 224)
+        models = _cuda.run_models(batch=2 if settings.quick else _cuda.BATCH, size=64 if settings.quick else 224,
+                                  modes=_cuda.MODEL_MODES[args.cuda_models])
     failures = [row.shape.name for row in cpu_rows if row.failed]
     verdict = "**met**." if not failures else f"**not met** at {', '.join(failures)}."
-    if args.cuda_only:
-        lines = [*_harness.header(settings, "Involution on CUDA: each kernel against its DRAM floor",
-                                  "- run with `--cuda-only` (`make gpu-check`): the CUDA tables alone",
-                                  "- the kernels' figures before the specialised kernels: `involution-cuda-before.md`")]
-    else:
-        lines = _cpu_report(settings, cpu, cpu_rows, bandwidth, verdict)
+    lines = _cpu_report(settings, cpu, cpu_rows, bandwidth, verdict)
+    lines += [
+        "## CPU, per op: native and plain-PyTorch kernels vs a depthwise 7x7 convolution",
+        "",
+        "Each op's time in ms and, in brackets, its ratio (median of the per-round ratios) to its "
+        "yardstick: the depthwise forward for the forward and grad_weight, the depthwise input "
+        "gradient for grad_input. The ops themselves take the native path (OPLIB_CPU_KERNELS=auto, "
+        "the default) where it builds, as in the table above.",
+        "",
+        per_op.load_line(),
+        "",
+        *_per_op_table(per_op_rows),
+        "",
+    ]
+    lines += [
+        "## CPU, channels_last: the forward through the op against NCHW",
+        "",
+        _LAYOUTS_DESCRIPTION,
+        "",
+        layouts.load_line(),
+        "",
+        *_layout_table(layout_rows),
+        "",
+    ]
+    if ab_rows:
         lines += [
-            "## CPU, per op: native and plain-PyTorch kernels vs a depthwise 7x7 convolution",
+            f"## CPU, native kernels: this tree against revision {args.baseline_rev}",
             "",
-            "Each op's time in ms and, in brackets, its ratio (median of the per-round ratios) to its "
-            "yardstick: the depthwise forward for the forward and grad_weight, the depthwise input "
-            "gradient for grad_input. The ops themselves take the native path (OPLIB_CPU_KERNELS=auto, "
-            "the default) where it builds, as in the table above.",
+            _ab_description(args.baseline_rev, AB_ROUNDS),
             "",
-            per_op.load_line(),
+            native_ab.load_line(),
             "",
-            *_per_op_table(per_op_rows),
+            *_native_ab_table(ab_rows),
             "",
         ]
-        lines += [
-            "## CPU, channels_last: the forward through the op against NCHW",
-            "",
-            _LAYOUTS_DESCRIPTION,
-            "",
-            layouts.load_line(),
-            "",
-            *_layout_table(layout_rows),
-            "",
-        ]
-        if ab_rows:
-            lines += [
-                f"## CPU, native kernels: this tree against revision {args.baseline_rev}",
-                "",
-                _ab_description(args.baseline_rev, AB_ROUNDS),
-                "",
-                native_ab.load_line(),
-                "",
-                *_native_ab_table(ab_rows),
-                "",
-            ]
     if cuda_rows:
         lines += _cuda_report(bandwidth_cuda, cuda_rows, tiny, models)
     else:
@@ -494,13 +494,36 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 1 if failures else 0
 
 
-def _cuda_report(bandwidth: float, rows: list[dict], tiny: dict[str, float], models: list[list[str]]) -> list[str]:
+def run_cuda_only(settings, models_choice: str) -> int:
+    """The CUDA tables alone (``make gpu-check``). The report is rewritten after each stage, so
+    a run cut short (a device lease ending) still leaves the stages it finished."""
+    import _cuda
+
+    shapes = QUICK_SHAPES if settings.quick else [replace(s, batch=_cuda.BATCH) for s in REDNET50_SHAPES]
+    header = _harness.header(settings, "Involution on CUDA: each kernel against its DRAM floor",
+                             "- run with `--cuda-only` (`make gpu-check`): the CUDA tables alone",
+                             "- the kernels' figures before the specialised kernels: `involution-cuda-before.md`")
+    bandwidth, rows = _cuda.run_kernels(shapes, on_rows=lambda bandwidth, done: _harness.write_report(
+        settings, [*header, *_cuda_report(bandwidth, done, None, None)]))
+    _harness.write_report(settings, [*header, *_cuda_report(bandwidth, rows, None, None)])
+    _charts(settings, [], [], rows)
+    tiny = _cuda.run_tiny()
+    _harness.write_report(settings, [*header, *_cuda_report(bandwidth, rows, tiny, None)])
+    models = _cuda.run_models(batch=2 if settings.quick else _cuda.BATCH, size=64 if settings.quick else 224,
+                              modes=_cuda.MODEL_MODES[models_choice], on_row=lambda done: _harness.write_report(
+                                  settings, [*header, *_cuda_report(bandwidth, rows, tiny, done)]))
+    _harness.write_report(settings, [*header, *_cuda_report(bandwidth, rows, tiny, models)])
+    return 0
+
+
+def _cuda_report(bandwidth: float, rows: list[dict], tiny: Optional[dict[str, float]],
+                 models: Optional[list[list[str]]]) -> list[str]:
+    """The CUDA sections; a stage not run yet (None) says so."""
     import _cuda
 
     worst = max(row["over_floor"] for row in rows)
     columns, cells = _cuda.kernel_table(rows)
-    oplib_tiny, bare_tiny = tiny["oplib involution"], tiny["custom_op + empty CuPy kernel"]
-    return [
+    kernels = [
         f"## CUDA: each kernel's device time against its DRAM floor ({torch.cuda.get_device_name()})",
         "",
         f"Batch {rows[0]['batch']}, K = 7, 16 channels per group, padding 3. Device time: {_cuda.REPEATS} calls in one "
@@ -515,16 +538,28 @@ def _cuda_report(bandwidth: float, rows: list[dict], tiny: dict[str, float], mod
         "",
         *_harness.table(columns, "llllrrrrrrr", cells),
         "",
+    ]
+    if tiny is None:
+        return kernels + ["## CUDA: the launch path and the models", "", "Not run: the run stopped at or after the kernels.", ""]
+    oplib_tiny, bare_tiny = tiny["oplib involution"], tiny["custom_op + empty CuPy kernel"]
+    launch = [
         "## CUDA: the launch path at a tiny shape",
         "",
         f"Wall time per call at input {_cuda.TINY['input']}, weight {_cuda.TINY['weight']}: oplib's involution "
         f"{oplib_tiny * 1e6:.1f} us, a bare custom op launching an empty CuPy kernel {bare_tiny * 1e6:.1f} us: "
         f"{oplib_tiny / bare_tiny:.2f}x (bar: 1.3x, **{'met' if oplib_tiny <= 1.3 * bare_tiny else 'not met'}**).",
         "",
+    ]
+    if not models:
+        return kernels + launch + ["## CUDA: RedNet-50 vs ResNet-50", "", "Not run (`--cuda-models none`, or the run stopped first).", ""]
+    missing = [f"{task}, {mode}" for mode in ("eager", "compiled") for task in ("train", "inference")
+               if f"{task}, {mode}" not in {row[0] for row in models}]  # fmt: skip
+    return kernels + launch + [
         "## CUDA: RedNet-50 vs ResNet-50 (torch.nn), bf16 autocast, channels_last",
         "",
         "Train: forward + cross-entropy + backward + SGD step; inference under no_grad. Wall time of 10 steps, "
-        f"median of {_cuda.ROUNDS} rounds.",
+        f"median of {_cuda.ROUNDS} rounds."
+        + (f" Not measured in this run: {', '.join(missing)}." if missing else ""),
         "",
         *_harness.table(("mode", "batch", "RedNet-50 (img/s)", "ResNet-50 (img/s)", "RedNet-50 / ResNet-50"),
                         "lrrrr", models),

@@ -120,10 +120,12 @@ class CuPyLauncher:
             module = self._cupy.RawModule(code=source.text, options=NVRTC_OPTIONS, name_expressions=names)
             module.compile()
             self._contexts[device] = self._driver.ctxGetCurrent()
+            for (kernel, dtype, specialisation), name in zip(which, names):
+                key = (source.sha256, kernel, dtype, specialisation, device)
+                # get_function gives a RawKernel; its `kernel` (the cupy.cuda.function.Function
+                # of the current device, hence inside the device's scope) holds the CUfunction.
+                self._functions[key] = module.get_function(name).kernel.ptr
         self._modules.append(module)  # a module's functions live as long as it does
-        for (kernel, dtype, specialisation), name in zip(which, names):
-            key = (source.sha256, kernel, dtype, specialisation, device)
-            self._functions[key] = module.get_function(name).ptr
 
     def function(self, source: KernelSource, kernel: str, dtype: torch.dtype, specialisation: tuple[str, ...],
                  device: int) -> int:
@@ -142,11 +144,17 @@ class CuPyLauncher:
         # Every kernel parameter is 8 bytes: a pointer or an index_t (long long).
         values[:] = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
         stream = torch.cuda.current_stream(device).cuda_stream
-        if self._driver.ctxGetCurrent() == self._contexts[device]:
+        context, current = self._contexts[device], self._driver.ctxGetCurrent()
+        if current == context:
             self._driver.launchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, ctypes.addressof(pointers), 0)
-        else:
-            with self._cupy.cuda.Device(device):
-                self._driver.launchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, ctypes.addressof(pointers), 0)
+            return
+        # Another device's context, or none: a thread that never touched CUDA, such as autograd's
+        # backward thread, where cupy.cuda.Device would see device 0 "current" and set nothing.
+        self._driver.ctxSetCurrent(context)
+        try:
+            self._driver.launchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, ctypes.addressof(pointers), 0)
+        finally:
+            self._driver.ctxSetCurrent(current)
 
     def _parameter_block(self, count: int):
         """This thread's argument values (``count`` int64) and the array of pointers to them that

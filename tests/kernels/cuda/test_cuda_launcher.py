@@ -28,10 +28,15 @@ class _FakeDriver:
 
     def __init__(self):
         self.context = 7
+        self.contexts_set = []
         self.launches = []
 
     def ctxGetCurrent(self):
         return self.context
+
+    def ctxSetCurrent(self, context):
+        self.contexts_set.append(context)
+        self.context = context
 
     def launchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         import ctypes
@@ -58,8 +63,9 @@ class _FakeCupy:
             def compile(self):
                 fake.compiled.append(self.names)
 
-            def get_function(self, name):
-                return types.SimpleNamespace(ptr=1000 + self.names.index(name) + 100 * len(fake.compiled))
+            def get_function(self, name):  # a RawKernel, whose `kernel` is a cupy.cuda.function.Function
+                handle = 1000 + self.names.index(name) + 100 * len(fake.compiled)
+                return types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=handle))
 
         class Device:
             def __init__(self, index):
@@ -74,6 +80,20 @@ class _FakeCupy:
 
         self.RawModule = RawModule
         self.cuda = types.SimpleNamespace(Device=Device)
+
+
+def test_the_fake_cupy_has_the_real_cupys_shape():
+    """The recording test below stands in for CuPy; the attributes it offers must be CuPy's own,
+    or the launcher passes here and fails on a GPU (as it did: a RawKernel has no `ptr`)."""
+    cupy = pytest.importorskip("cupy")
+    from cupy._core.raw import RawKernel
+    from cupy.cuda.function import Function
+
+    assert callable(cupy.RawModule.get_function) and callable(cupy.RawModule.compile)
+    assert "kernel" in dir(RawKernel) and "ptr" not in dir(RawKernel)
+    assert "ptr" in dir(Function)
+    driver = pytest.importorskip("cupy_backends.cuda.api.driver")
+    assert callable(driver.ctxGetCurrent) and callable(driver.launchKernel)
 
 
 def test_cupy_launcher_compiles_each_instantiation_once_and_packs_its_arguments(monkeypatch):
@@ -101,10 +121,13 @@ def test_cupy_launcher_compiles_each_instantiation_once_and_packs_its_arguments(
     assert len(rest) == 2 and all(launch == driver.launches[0] for launch in rest)
     assert (grid, block, shared, stream, extra) == ((1, 1, 1), (256, 1, 1), 0, 4242, 0)
     assert values == [x.data_ptr(), w.data_ptr(), out.data_ptr(), 81, 16, 9, 9, 1, 9, 9, 3, 3, 16]
-    # Another thread's context (another device current): the launch enters the tensors' device.
-    driver.context = 99
-    launcher.launch(source, "involution_forward_tiled", torch.float32, 1, 256, args, specialisation)
-    assert fake_cupy.devices_entered == [None, None] and driver.launches[-1][-1] == 7
+    # Another device's context current, or none (a thread that never used CUDA: autograd's): the
+    # launch makes the tensors' device's context current, then gives the thread its own back.
+    for other in (99, 0):
+        driver.context, driver.contexts_set = other, []
+        launcher.launch(source, "involution_forward_tiled", torch.float32, 1, 256, args, specialisation)
+        assert driver.launches[-1][-1] == 7 and driver.contexts_set == [7, other] and driver.context == other
+    assert fake_cupy.devices_entered == [None]
     # Another dtype is another instantiation: compiled on its first launch.
     args = (x.double(), w.double(), out.double(), *args[3:])
     driver.expected_arguments = args
@@ -122,3 +145,40 @@ def test_cupy_kernels_match_the_cpu_path(name, dtype):
         cpu_args = [a.cpu() if isinstance(a, torch.Tensor) else a for a in sample.args]
         atol, rtol = spec.tolerance(dtype)
         torch.testing.assert_close(spec.op(*args).cpu(), spec.op(*cpu_args), atol=atol, rtol=rtol, msg=sample.name)
+
+
+@pytest.mark.needs_cuda
+def test_a_launch_from_a_thread_with_no_cuda_context():
+    """A thread that never used CUDA has no current context (autograd's backward thread is one):
+    the launch must make the device's context current there, and give the thread its own back.
+    Before, cupy.cuda.Device saw device 0 "current", set nothing, and cuLaunchKernel raised
+    CUDA_ERROR_INVALID_CONTEXT (gradcheck of involution_generated on an H200)."""
+    import threading
+
+    from cupy_backends.cuda.api import driver
+
+    from oplib.kernels import cupy_launcher
+    from oplib.kernels.involution import cuda as involution_cuda
+
+    x = torch.randn(2, 16, 9, 9, device="cuda")
+    w = torch.randn(2, 1, 7, 7, 9, 9, device="cuda")
+    expected = torch.ops.oplib.involution(x, w, [1, 1], [3, 3], [1, 1])
+    out = torch.full_like(expected, float("nan"))
+    seen = {}
+
+    def launch_in_fresh_thread():
+        seen["context before"] = driver.ctxGetCurrent()
+        try:
+            involution_cuda.involution(x, w, [1, 1], [3, 3], [1, 1], out, cupy_launcher())
+        except Exception as error:  # reported on the test's thread
+            seen["error"] = error
+        seen["context after"] = driver.ctxGetCurrent()
+
+    thread = threading.Thread(target=launch_in_fresh_thread)
+    thread.start()
+    thread.join()
+    assert seen["context before"] == 0, "the premise: a new thread starts with no CUDA context"
+    assert "error" not in seen, seen.get("error")
+    assert seen["context after"] == 0
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, expected)
