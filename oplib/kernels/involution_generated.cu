@@ -35,23 +35,32 @@ __device__ __forceinline__ typename Element<scalar_t>::acc_t oplib_generated_wei
     return weight;
 }
 
-// The chunk's sums, sums[k] for its channel k < count: add weight * values[k * plane].
-template <typename scalar_t, typename acc_t>
-__device__ __forceinline__ void oplib_accumulate_chunk(acc_t* sums, index_t count, acc_t weight,
-                                                       const scalar_t* __restrict__ values, index_t plane) {
-    for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) {
-        if (k < count) sums[k] = oplib_fma(weight, Element<scalar_t>::load(values + k * plane), sums[k]);
-    }
-}
+// The sums of one chunk of a group's channels (the first `count` of OPLIB_GENERATED_CHUNK), held
+// in registers: `add` adds weight * values[k * plane] to channel k's, `store` writes channel k's
+// to out[k * plane], rounded to the storage type.
+template <typename scalar_t>
+struct OplibChannelChunk {
+    typedef typename Element<scalar_t>::acc_t acc_t;
+    acc_t sums[OPLIB_GENERATED_CHUNK];
+    index_t count;
 
-// The chunk's sums written to out[k * plane], rounded to the storage type.
-template <typename scalar_t, typename acc_t>
-__device__ __forceinline__ void oplib_store_chunk(scalar_t* __restrict__ out, const acc_t* sums, index_t count,
-                                                  index_t plane) {
-    for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) {
-        if (k < count) out[k * plane] = Element<scalar_t>::store(sums[k]);
+    __device__ __forceinline__ explicit OplibChannelChunk(index_t remaining)
+        : count(remaining < OPLIB_GENERATED_CHUNK ? remaining : OPLIB_GENERATED_CHUNK) {
+        for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) sums[k] = 0;
     }
-}
+
+    __device__ __forceinline__ void add(acc_t weight, const scalar_t* __restrict__ values, index_t plane) {
+        for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) {
+            if (k < count) sums[k] = oplib_fma(weight, Element<scalar_t>::load(values + k * plane), sums[k]);
+        }
+    }
+
+    __device__ __forceinline__ void store(scalar_t* __restrict__ out, index_t plane) const {
+        for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) {
+            if (k < count) out[k * plane] = Element<scalar_t>::store(sums[k]);
+        }
+    }
+};
 
 // One thread per (n, g, i, j) of the output.
 template <typename scalar_t>
@@ -72,10 +81,8 @@ __global__ void involution_generated_forward(
         const index_t i = p / out_w, j = p % out_w;
         const scalar_t* pixel_feature = feature + n * reduced * out_plane + p;
         for (index_t first = 0; first < per_group; first += OPLIB_GENERATED_CHUNK) {
-            const index_t count = per_group - first < OPLIB_GENERATED_CHUNK ? per_group - first : OPLIB_GENERATED_CHUNK;
             const index_t first_channel = n * channels + g * per_group + first;
-            acc_t sums[OPLIB_GENERATED_CHUNK];
-            for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) sums[k] = 0;
+            OplibChannelChunk<scalar_t> chunk(per_group - first);
             for (index_t a = 0; a < kernel_h; ++a) {
                 const index_t y = i * stride_h - pad_h + a * dilation_h;
                 if (y < 0 || y >= height) continue;
@@ -85,11 +92,10 @@ __global__ void involution_generated_forward(
                     const index_t t = g * taps + a * kernel_w + b;
                     const acc_t weight =
                         oplib_generated_weight(span_weight + t * reduced, span_bias + t, pixel_feature, reduced, out_plane);
-                    oplib_accumulate_chunk(sums, count, weight, input + first_channel * height * width + y * width + x,
-                                           height * width);
+                    chunk.add(weight, input + first_channel * height * width + y * width + x, height * width);
                 }
             }
-            oplib_store_chunk(output + first_channel * out_plane + p, sums, count, out_plane);
+            chunk.store(output + first_channel * out_plane + p, out_plane);
         }
     }
 }
@@ -116,10 +122,8 @@ __global__ void involution_generated_backward_input(
         const index_t n = index / (image_plane * groups);
         const scalar_t* sample_feature = feature + n * reduced * out_plane;
         for (index_t first = 0; first < per_group; first += OPLIB_GENERATED_CHUNK) {
-            const index_t count = per_group - first < OPLIB_GENERATED_CHUNK ? per_group - first : OPLIB_GENERATED_CHUNK;
             const index_t first_channel = n * channels + g * per_group + first;
-            acc_t sums[OPLIB_GENERATED_CHUNK];
-            for (int k = 0; k < OPLIB_GENERATED_CHUNK; ++k) sums[k] = 0;
+            OplibChannelChunk<scalar_t> chunk(per_group - first);
             for (index_t a = 0; a < kernel_h; ++a) {
                 const index_t row = y + pad_h - a * dilation_h;  // = i * stride_h
                 if (row < 0 || row % stride_h != 0) continue;
@@ -134,10 +138,10 @@ __global__ void involution_generated_backward_input(
                     const index_t t = g * taps + a * kernel_w + b;
                     const acc_t weight = oplib_generated_weight(span_weight + t * reduced, span_bias + t,
                                                                 sample_feature + p, reduced, out_plane);
-                    oplib_accumulate_chunk(sums, count, weight, grad_output + first_channel * out_plane + p, out_plane);
+                    chunk.add(weight, grad_output + first_channel * out_plane + p, out_plane);
                 }
             }
-            oplib_store_chunk(grad_input + first_channel * image_plane + y * width + x, sums, count, image_plane);
+            chunk.store(grad_input + first_channel * image_plane + y * width + x, image_plane);
         }
     }
 }
