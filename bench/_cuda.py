@@ -29,8 +29,8 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Optional
 from statistics import median
+from typing import Optional
 
 import torch
 import torch.nn.functional as F

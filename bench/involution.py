@@ -505,7 +505,6 @@ def run_cuda_only(settings, models_choice: str) -> int:
                              "- the kernels' figures before the specialised kernels: `involution-cuda-before.md`")
     bandwidth, rows = _cuda.run_kernels(shapes, on_rows=lambda bandwidth, done: _harness.write_report(
         settings, [*header, *_cuda_report(bandwidth, done, None, None)]))
-    _harness.write_report(settings, [*header, *_cuda_report(bandwidth, rows, None, None)])
     _charts(settings, [], [], rows)
     tiny = _cuda.run_tiny()
     _harness.write_report(settings, [*header, *_cuda_report(bandwidth, rows, tiny, None)])
