@@ -442,12 +442,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     cuda_rows: list[dict] = []
     if torch.cuda.is_available():
-        import _cuda
-
-        bandwidth_cuda, cuda_rows = _cuda.run_kernels(shapes if settings.quick else [replace(s, batch=_cuda.BATCH) for s in shapes])
-        tiny = _cuda.run_tiny()
-        models = _cuda.run_models(batch=2 if settings.quick else _cuda.BATCH, size=64 if settings.quick else 224,
-                                  modes=_cuda.MODEL_MODES[args.cuda_models])
+        bandwidth_cuda, cuda_rows, tiny, models = run_cuda(settings, args.cuda_models)
     failures = [row.shape.name for row in cpu_rows if row.failed]
     verdict = "**met**." if not failures else f"**not met** at {', '.join(failures)}."
     lines = _cpu_report(settings, cpu, cpu_rows, bandwidth, verdict)
@@ -494,24 +489,33 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 1 if failures else 0
 
 
-def run_cuda_only(settings, models_choice: str) -> int:
-    """The CUDA tables alone (``make gpu-check``). The report is rewritten after each stage, so
-    a run cut short (a device lease ending) still leaves the stages it finished."""
+def run_cuda(settings, models_choice: str, report: Callable[[list[str]], object] = lambda sections: None):
+    """The CUDA stages: the kernels, the launch path at a tiny shape, the models (``--cuda-models``).
+    ``report`` sees the CUDA sections so far after each stage and each kernel shape. Returns the
+    copy bandwidth, the kernel rows, the tiny-shape times and the model rows."""
     import _cuda
 
     shapes = QUICK_SHAPES if settings.quick else [replace(s, batch=_cuda.BATCH) for s in REDNET50_SHAPES]
+    bandwidth, rows = _cuda.run_kernels(shapes, on_rows=lambda bandwidth, done: report(
+        _cuda_report(bandwidth, done, None, None)))
+    tiny = _cuda.run_tiny()
+    report(_cuda_report(bandwidth, rows, tiny, None))
+    models = _cuda.run_models(batch=2 if settings.quick else _cuda.BATCH, size=64 if settings.quick else 224,
+                              modes=_cuda.MODEL_MODES[models_choice],
+                              on_row=lambda done: report(_cuda_report(bandwidth, rows, tiny, done)))
+    return bandwidth, rows, tiny, models
+
+
+def run_cuda_only(settings, models_choice: str) -> int:
+    """The CUDA tables alone (``make gpu-check``). The report is rewritten after each stage, so
+    a run cut short (a device lease ending) still leaves the stages it finished."""
     header = _harness.header(settings, "Involution on CUDA: each kernel against its DRAM floor",
                              "- run with `--cuda-only` (`make gpu-check`): the CUDA tables alone",
                              "- the kernels' figures before the specialised kernels: `involution-cuda-before.md`")
-    bandwidth, rows = _cuda.run_kernels(shapes, on_rows=lambda bandwidth, done: _harness.write_report(
-        settings, [*header, *_cuda_report(bandwidth, done, None, None)]))
-    _charts(settings, [], [], rows)
-    tiny = _cuda.run_tiny()
-    _harness.write_report(settings, [*header, *_cuda_report(bandwidth, rows, tiny, None)])
-    models = _cuda.run_models(batch=2 if settings.quick else _cuda.BATCH, size=64 if settings.quick else 224,
-                              modes=_cuda.MODEL_MODES[models_choice], on_row=lambda done: _harness.write_report(
-                                  settings, [*header, *_cuda_report(bandwidth, rows, tiny, done)]))
+    bandwidth, rows, tiny, models = run_cuda(settings, models_choice,
+                                             lambda sections: _harness.write_report(settings, [*header, *sections]))
     _harness.write_report(settings, [*header, *_cuda_report(bandwidth, rows, tiny, models)])
+    _charts(settings, [], [], rows)
     return 0
 
 
