@@ -12,9 +12,9 @@ def _timm_imports() -> bool:
     return True
 
 
-# oplib/_timm.py imports timm at the top (oplib.models imports it only where timm imports):
+# oplib/models/_timm.py imports timm at the top (oplib.models imports it only where timm imports):
 # the doctest collection of oplib/ leaves it alone where timm does not import.
-collect_ignore = [] if importlib.util.find_spec("timm") and _timm_imports() else ["oplib/_timm.py"]
+collect_ignore = [] if importlib.util.find_spec("timm") and _timm_imports() else ["oplib/models/_timm.py"]
 
 
 def pytest_configure(config):

@@ -49,7 +49,7 @@ REPEATS = 20  # calls per captured graph
 ROUNDS = 5  # interleaved rounds; a time is the median over them
 
 
-# The launch policy with no tiled kernel: every call runs involution.cu's generic kernels.
+# The launch policy with no chunked kernel: every call runs involution.cu's generic kernels.
 GENERIC = dataclasses.replace(involution_cuda.POLICY, kernel_sizes=())
 
 
@@ -128,7 +128,7 @@ def kernel_calls(o: dict) -> dict[tuple[str, str], Callable[[], object]]:
     }
 
     calls = {("oplib", k): call for k, call in oplib_calls.items()}
-    if x.is_cuda:  # the same launches under the GENERIC policy (the CPU has no tiled kernels)
+    if x.is_cuda:  # the same launches under the GENERIC policy (the CPU has no chunked kernels)
         launcher = cupy_launcher()
         calls["generic", "forward"] = lambda: involution_cuda.launch_involution(x, w, stride, padding, dilation,
                                                                               launcher, GENERIC)

@@ -1,12 +1,16 @@
-"""oplib's kernels, one folder per kind, each op's device code beside its device:
+"""oplib's kernels: one folder per op, each op's device code beside its device, in the same
+shape on both sides, over the machinery all ops share.
 
 - ``involution/``: involution's backends, each writing into a result the op allocated in
-  its fake's layout: ``cpu`` (the native kernels or the plain-PyTorch strategies),
-  ``cuda`` (the launch policy and launches of ``involution.cu`` and
-  ``involution_generated.cu``), ``layouts`` (the memory formats both share with the fakes);
-- ``cpu/``: the C++ sources of the native CPU kernels, built on first use by ``native``;
-- ``*.cu``: the CUDA sources, read by ``cuda_source`` and run by ``cuda_launch`` (CuPy on
-  a GPU; ``oplib.testing.cuda_emulation`` on the host in the tests).
+  its fake's layout: ``cpu.py`` (the native kernels, or the plain-PyTorch strategies of
+  ``pytorch/``), ``cuda.py`` (the launch policy and launches of ``csrc/cuda/*.cu``),
+  ``layouts.py`` (the memory formats both share with the fakes), ``csrc/cpu/`` (the native
+  C++ kernels) and ``csrc/cuda/`` (the CUDA kernels);
+- ``csrc/cuda/``: the headers every CUDA source includes (``element.cuh``);
+- ``native``: the build of the native CPU kernels (first use, or ``python -m oplib build``);
+- ``cuda_source``: the CUDA sources as the host reads them (signatures, template values,
+  constants, launch bounds); ``cuda_launch``: the launch contract and CuPy's launcher (on
+  a GPU; ``oplib.testing.cuda_emulation`` runs the same launches on the host in the tests).
 
 This file only hands on the names most callers want.
 """
@@ -25,6 +29,7 @@ from .cuda_launch import (
 )
 from .cuda_source import (
     CTYPES,
+    INCLUDE_DIR,
     KERNEL_DIR,
     NVRTC_OPTIONS,
     KernelArg,
@@ -40,6 +45,7 @@ __all__ = [
     "BLOCK_SIZE",
     "CTYPES",
     "CUDA_DISPATCH",
+    "INCLUDE_DIR",
     "KERNEL_DIR",
     "MAX_BLOCKS",
     "NVRTC_OPTIONS",

@@ -1,4 +1,4 @@
-"""Running the kernels of ``oplib/kernels/*.cu``: the launcher protocol, the grid-stride
+"""Running the kernels of ``oplib/kernels/<op>/csrc/cuda/*.cu``: the launcher protocol, the grid-stride
 launch every kernel uses, CuPy's launcher (NVRTC, compiled on first use) and each op's CUDA
 dispatch. ``oplib.testing.cuda_emulation.EmulatedLauncher`` implements the same protocol by
 compiling the sources for the host, so the dispatch code (output allocation, argument order,

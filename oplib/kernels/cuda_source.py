@@ -25,6 +25,9 @@ import torch
 from torch import Tensor
 
 KERNEL_DIR = Path(__file__).resolve().parent
+# The headers every CUDA source may include (element.cuh, ...); each op's own sources lie in
+# ``<op>/csrc/cuda/`` and are named relative to KERNEL_DIR (``load_source``).
+INCLUDE_DIR = KERNEL_DIR / "csrc" / "cuda"
 
 # The C++ storage type of each dtype, as the templates are instantiated.
 CTYPES: dict[torch.dtype, str] = {
@@ -35,12 +38,12 @@ CTYPES: dict[torch.dtype, str] = {
 }
 
 # What CuPyLauncher hands NVRTC besides the source; the NVRTC tests compile with the same.
-NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17", f"-I{KERNEL_DIR}")
+NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17", f"-I{INCLUDE_DIR}")
 
 
 def name_expression(kernel: str, dtype: torch.dtype, specialisation: Sequence[str] = ()) -> str:
     """The C++ name of one instantiation of ``kernel``: ``involution_forward<float>``, or with
-    the template arguments after the storage type, ``involution_forward_tiled<float, int, 7, 1, false>``."""
+    the template arguments after the storage type, ``involution_forward_chunked<float, int, 7, 1, false>``."""
     return f"{kernel}<{', '.join((CTYPES[dtype], *specialisation))}>"
 
 
@@ -74,7 +77,7 @@ class KernelSource:
         """Hash of the source and of the shared headers it may include (read once: the
         launchers key their caches by it on every launch)."""
         digest = hashlib.sha256(self.text.encode())
-        for header in sorted(KERNEL_DIR.glob("*.cuh")):
+        for header in sorted(INCLUDE_DIR.glob("*.cuh")):
             digest.update(header.read_bytes())
         return digest.hexdigest()
 
@@ -102,7 +105,7 @@ class KernelSource:
     def constants(self) -> dict[str, int]:
         """The top-level ``constexpr int NAME = value;`` lines of the source and of the shared
         headers it may include."""
-        texts = [header.read_text() for header in sorted(KERNEL_DIR.glob("*.cuh"))] + [self.text]
+        texts = [header.read_text() for header in sorted(INCLUDE_DIR.glob("*.cuh"))] + [self.text]
         return {m.group(1): int(m.group(2)) for text in texts for m in _CONSTANT_PATTERN.finditer(text)}
 
     @functools.cached_property
@@ -122,9 +125,15 @@ class KernelSource:
         return result
 
 
+def cuda_sources() -> list[str]:
+    """Every CUDA source of oplib's ops, as ``load_source`` names them (``involution/csrc/cuda/involution.cu``)."""
+    return sorted(path.relative_to(KERNEL_DIR).as_posix() for path in KERNEL_DIR.glob("*/csrc/cuda/*.cu"))
+
+
 @functools.cache
-def load_source(filename: str) -> KernelSource:
-    path = KERNEL_DIR / filename
+def load_source(name: str) -> KernelSource:
+    """The source ``name``, relative to ``oplib/kernels/`` (``involution/csrc/cuda/involution.cu``)."""
+    path = KERNEL_DIR / name
     return KernelSource(path, path.read_text())
 
 

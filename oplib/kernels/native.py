@@ -1,4 +1,4 @@
-"""The native CPU kernels (the sources in ``oplib/kernels/cpu/``), compiled on first use.
+"""The native CPU kernels (the sources in ``oplib/kernels/involution/csrc/cpu/``), compiled on first use.
 
 The build is oplib's own, not ``torch.utils.cpp_extension.load``, for what a user meets on
 first use:
@@ -54,7 +54,7 @@ from types import ModuleType
 from typing import Optional
 
 KERNEL_DIR = Path(__file__).resolve().parent
-SOURCE_DIR = KERNEL_DIR / "cpu"
+SOURCE_DIR = KERNEL_DIR / "involution" / "csrc" / "cpu"
 # The unit that takes longest (the Python bindings, torch's and pybind11's headers) first,
 # so that the parallel compiles end together.
 FIRST_UNIT = "bindings.cpp"

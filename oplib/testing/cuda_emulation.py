@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..kernels.cuda_source import CTYPES, KERNEL_DIR, KernelArg, KernelSource, instantiations, name_expression
+from ..kernels.cuda_source import CTYPES, INCLUDE_DIR, KernelArg, KernelSource, instantiations, name_expression
 
 SHIM = Path(__file__).resolve().parent / "cuda_host_shim.h"
 _CACHE_DIR = Path(os.environ.get("OPLIB_EMULATION_CACHE", Path(tempfile.gettempdir()) / "oplib-emulation"))
@@ -69,7 +69,7 @@ def _launcher_source(source: KernelSource) -> str:
 def build(source: KernelSource, sanitize: bool = False) -> Path:
     """Compile the emulation library of ``source`` (on disk, cached by content and flags;
     in the process, once per source and flags)."""
-    flags = ["-O1" if sanitize else "-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-I{KERNEL_DIR}"]
+    flags = ["-O1" if sanitize else "-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-I{INCLUDE_DIR}"]
     # -Wno-unknown-pragmas: g++ has no `#pragma unroll` (an NVCC/NVRTC hint; it unrolls on its own).
     flags += ["-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas"]
     if sanitize:

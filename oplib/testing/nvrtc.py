@@ -39,15 +39,17 @@ from ..kernels.cuda_launch import BLOCK_SIZE
 from ..kernels.cuda_source import (
     CTYPES,
     KERNEL_DIR,
+    INCLUDE_DIR,
     NVRTC_OPTIONS,
     KernelSource,
+    cuda_sources,
     instantiations,
     load_source,
     name_expression,
     name_expressions,
 )
 
-CUDA_SOURCES = sorted(path.name for path in KERNEL_DIR.glob("*.cu"))
+CUDA_SOURCES = cuda_sources()
 # The targets oplib's kernels are checked for: every architecture CUDA 13 still compiles,
 # from Turing to consumer Blackwell.
 ARCHITECTURES = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_120")

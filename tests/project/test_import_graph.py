@@ -13,9 +13,6 @@ from pathlib import Path
 import oplib
 
 PACKAGE = Path(oplib.__file__).parent
-# oplib.models registers the RedNets with timm at the end of its import, where timm imports,
-# and the registration's entry points call back into oplib.models.
-ALLOWED = {("oplib.models", "oplib._timm")}
 
 
 def _module_name(path: Path) -> str:
@@ -43,7 +40,7 @@ def import_graph() -> dict[str, set[str]]:
                 for alias in node.names:
                     submodule = f"{target}.{alias.name}"
                     deps.add(submodule if submodule in paths else target)
-        graph[name] = {d for d in deps if d in paths and d != name and (name, d) not in ALLOWED}
+        graph[name] = {d for d in deps if d in paths and d != name}
     return graph
 
 

@@ -2,7 +2,7 @@
 arguments and then ``out``, the result the op allocated in its fake's layout (``layouts``),
 writes it and returns it.
 
-- ``cpu``: the native kernels (``oplib/kernels/cpu/``, built on first use by
+- ``cpu``: the native kernels (``oplib/kernels/involution/csrc/cpu/``, built on first use by
   ``oplib.kernels.native``) or, where they cannot be built or ``OPLIB_CPU_KERNELS=pytorch``,
   the plain-PyTorch strategies (``dense_map``, ``taps``, ``padded``, over ``geometry``);
 - ``cuda``: the launches of ``involution.cu`` and ``involution_generated.cu`` under a

@@ -1,5 +1,5 @@
 """involution's CPU backend, for involution, its two backward ops and the fused-generation ops:
-the native kernels (``oplib/kernels/cpu/``, built on first use by ``oplib.kernels.native``,
+the native kernels (``oplib/kernels/involution/csrc/cpu/``, built on first use by ``oplib.kernels.native``,
 unless ``OPLIB_CPU_KERNELS`` says otherwise) or plain PyTorch, the strategies below. Each entry
 point writes into the ``out`` its op allocated (see ``oplib.kernels.involution``).
 
@@ -40,10 +40,10 @@ import torch
 from torch import Tensor
 
 from .. import native
-from .dense_map import DenseMap
-from .geometry import Geometry
-from .padded import PaddedFormulation
-from .taps import TapLayout
+from .pytorch.dense_map import DenseMap
+from .pytorch.geometry import Geometry
+from .pytorch.padded import PaddedFormulation
+from .pytorch.taps import TapLayout
 
 __all__ = [
     "DenseMap",

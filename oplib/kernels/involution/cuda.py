@@ -20,8 +20,8 @@ from ..cuda_launch import BLOCK_SIZE, MAX_BLOCKS, Launcher, cuda_dispatch, cupy_
 from ..cuda_source import KernelSource, load_source
 from .layouts import activation_in, is_channels_last, is_pixel_major, result_like, weight_in, weight_result
 
-SOURCE = "involution.cu"
-GENERATED_SOURCE = "involution_generated.cu"
+SOURCE = "involution/csrc/cuda/involution.cu"
+GENERATED_SOURCE = "involution/csrc/cuda/involution_generated.cu"
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,9 @@ class LaunchPolicy:
     """How the host chooses and launches ``involution.cu``'s kernels.
 
     ``kernel_sizes``, ``strides``: the square kernels and equal strides (dilation 1) the
-    specialised ("tiled") kernels serve, from the source's ``oplib-template`` lines; any other
-    geometry runs the generic kernels. ``max_channels``: a tiled thread's accumulators, for 8-
-    and for 2/4-byte values (``TILE_MAX_CHANNELS*``). ``vector_bytes``: what a channels_last
+    specialised ("chunked": a thread owns a chunk of a group's channels) kernels serve, from
+    the source's ``oplib-template`` lines; any other geometry runs the generic kernels. ``max_channels``: a chunked thread's accumulators, for 8-
+    and for 2/4-byte values (``CHUNK_MAX_CHANNELS*``). ``vector_bytes``: what a channels_last
     kernel moves at once (``VECTOR_BYTES``). ``index32_limit``: the 32-bit-offset kernels serve
     tensors up to this many elements, so that a grid-stride index stays below 2^31 even one
     whole grid past the last element. ``target_threads``: channels per thread trade weight
@@ -53,13 +53,13 @@ class LaunchPolicy:
         return cls(
             kernel_sizes=tuple(int(v) for v in values["KERNEL"]),
             strides=tuple(int(v) for v in values["STRIDE"]),
-            max_channels=constants["TILE_MAX_CHANNELS"],
-            max_channels_8_byte=constants["TILE_MAX_CHANNELS_8_BYTE"],
+            max_channels=constants["CHUNK_MAX_CHANNELS"],
+            max_channels_8_byte=constants["CHUNK_MAX_CHANNELS_8_BYTE"],
             vector_bytes=constants["VECTOR_BYTES"],
         )
 
     def specialisation(self, kernel_size, stride, dilation, channels_last: bool, *tensors: Tensor):
-        """The template arguments after scalar_t of the tiled kernel for this geometry, or None
+        """The template arguments after scalar_t of the chunked kernel for this geometry, or None
         when only the generic kernel serves it."""
         kh, kw = kernel_size
         if kh != kw or kh not in self.kernel_sizes or stride[0] != stride[1] or stride[0] not in self.strides:
@@ -125,11 +125,11 @@ def _run_generic(launcher: Launcher, kernel: str, out: Tensor, operands: tuple, 
     return _run(launcher, kernel, out, out.is_contiguous(), operands, (out.numel(), *scalars))
 
 
-def _channel_tiled(kernel: str, activation: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
+def _channel_chunked(kernel: str, activation: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
                    launcher: Optional[Launcher], policy: Optional[LaunchPolicy]) -> Tensor:
     """The forward (``kernel`` "involution_forward") or grad_input ("involution_backward_input"):
     each reads an activation (input or grad_output) and the weight and writes the activation
-    ``out``; the tiled kernel where one serves the geometry, one thread per pixel and chunk of a
+    ``out``; the chunked kernel where one serves the geometry, one thread per pixel and chunk of a
     group's channels, else the generic one."""
     launcher, policy = launcher or cupy_launcher(), policy or POLICY
     n, channels = activation.shape[:2]
@@ -148,20 +148,20 @@ def _channel_tiled(kernel: str, activation: Tensor, weight: Tensor, stride, padd
     per_thread = policy.channels_per_thread(per_group, n * groups * out_size[0] * out_size[1], activation.dtype, lanes)
     threads = n * groups * (per_group // per_thread) * out_size[0] * out_size[1]
     scalars = (threads, channels, height, width, groups, out_h, out_w, *padding, per_thread)
-    return _run(launcher, f"{kernel}_tiled", out, _in_layout(out, layout_last), (activation, weight), scalars, threads,
+    return _run(launcher, f"{kernel}_chunked", out, _in_layout(out, layout_last), (activation, weight), scalars, threads,
                 specialisation)
 
 
 def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
                launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo)."""
-    return _channel_tiled("involution_forward", input, weight, stride, padding, dilation, out, launcher, policy)
+    return _channel_chunked("involution_forward", input, weight, stride, padding, dilation, out, launcher, policy)
 
 
 def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation, out: Tensor,
                               launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Tensor:
     """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> out: grad_input (N, C, H, W)."""
-    return _channel_tiled("involution_backward_input", grad_output, weight, stride, padding, dilation, out, launcher,
+    return _channel_chunked("involution_backward_input", grad_output, weight, stride, padding, dilation, out, launcher,
                           policy)
 
 
@@ -183,7 +183,7 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
     grad_output, input = activation_in(grad_output, layout_last), activation_in(input, layout_last)
     threads = n * groups * kernel_size[0] * out_h * out_w
     scalars = (threads, channels, height, width, groups, out_h, out_w, *padding)
-    return _run(launcher, "involution_backward_weight_tiled", out, _in_layout(out, layout_last, weight=True),
+    return _run(launcher, "involution_backward_weight_chunked", out, _in_layout(out, layout_last, weight=True),
                 (grad_output, input), scalars, threads, specialisation)
 
 
@@ -191,7 +191,7 @@ def _generated(kernel: str, activation: Tensor, feature: Tensor, span_weight: Te
                kernel_size, stride, padding, dilation, out: Tensor, launcher: Optional[Launcher]) -> Tensor:
     """The fused-generation forward (``kernel`` "involution_generated_forward", ``activation`` the
     input) or grad_input ("..._backward_input", ``activation`` grad_output) into ``out``, one
-    thread per (sample, group, pixel of it); the kernels are generic, not yet tiled."""
+    thread per (sample, group, pixel of it); the kernels are generic (no shared-memory tiles yet)."""
     n, channels = activation.shape[:2]
     out_size = tuple(out.shape[2:])
     groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
@@ -225,13 +225,13 @@ def involution_generated_backward_input(grad_output: Tensor, feature: Tensor, sp
 # the result allocated as the op allocates it, then written by the function above.
 
 
-@cuda_dispatch("oplib::involution", SOURCE, ["involution_forward", "involution_forward_tiled"])
+@cuda_dispatch("oplib::involution", SOURCE, ["involution_forward", "involution_forward_chunked"])
 def launch_involution(input, weight, stride, padding, dilation, launcher: Launcher, policy=None) -> Tensor:
     out = result_like(input, weight.shape[4:])
     return involution(input, weight, stride, padding, dilation, out, launcher, policy)
 
 
-@cuda_dispatch("oplib::involution_backward_input", SOURCE, ["involution_backward_input", "involution_backward_input_tiled"])
+@cuda_dispatch("oplib::involution_backward_input", SOURCE, ["involution_backward_input", "involution_backward_input_chunked"])
 def launch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, launcher: Launcher,
                                      policy=None) -> Tensor:
     out = result_like(grad_output, input_size)
@@ -239,7 +239,7 @@ def launch_involution_backward_input(grad_output, weight, input_size, stride, pa
 
 
 @cuda_dispatch("oplib::involution_backward_weight", SOURCE,
-               ["involution_backward_weight", "involution_backward_weight_tiled"])
+               ["involution_backward_weight", "involution_backward_weight_chunked"])
 def launch_involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups: int,
                                       launcher: Launcher, policy=None) -> Tensor:
     shape = (input.shape[0], groups, *kernel_size, *grad_output.shape[2:])

@@ -11,8 +11,8 @@ import torch
 from oplib import registry
 from oplib.kernels import native
 from oplib.kernels.involution import cpu as involution_cpu
-from oplib.kernels.involution import dense_map, taps
-from oplib.kernels.involution.geometry import Geometry
+from oplib.kernels.involution.pytorch import dense_map, taps
+from oplib.kernels.involution.pytorch.geometry import Geometry
 from oplib.kernels.involution.layouts import is_channels_last, is_pixel_major
 from oplib.ops._common import window_output_size
 from oplib.testing.native import force_native

@@ -1,4 +1,4 @@
-"""The native CPU kernels of involution (``oplib/kernels/cpu/``): every registry
+"""The native CPU kernels of involution (``oplib/kernels/involution/csrc/cpu/``): every registry
 sample of the three ops in every dtype against the float64 reference through the ops
 themselves; the generated checks of the three ops once more on the plain-PyTorch path; and what
 happens where they cannot be built (a fallback with one warning, or a clear error)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from oplib import registry
 from oplib.kernels import CUDA_DISPATCH, KernelSource, load_source
+from oplib.kernels.involution import cuda as involution_cuda
 from oplib.testing.cuda_emulation import asan_environment
 
 
@@ -33,7 +34,7 @@ _TAP_BOUND_OFF_BY_ONE = "*end = room >= KERNEL ? KERNEL : (room > 0 ? (int)room 
 
 
 def planted_tap_bound(tmp_path: Path) -> KernelSource:
-    return _planted(tmp_path, "involution.cu", _TAP_BOUND, _TAP_BOUND_OFF_BY_ONE)
+    return _planted(tmp_path, involution_cuda.SOURCE, _TAP_BOUND, _TAP_BOUND_OFF_BY_ONE)
 
 
 # involution_generated.cu's forward with its column bound off by one: the tap one column past
@@ -43,14 +44,14 @@ _GENERATED_COLUMN_BOUND_OFF_BY_ONE = "if (x < 0 || x > width) continue;"
 
 
 def planted_generated_column_bound(tmp_path: Path) -> KernelSource:
-    return _planted(tmp_path, "involution_generated.cu", _GENERATED_COLUMN_BOUND, _GENERATED_COLUMN_BOUND_OFF_BY_ONE)
+    return _planted(tmp_path, involution_cuda.GENERATED_SOURCE, _GENERATED_COLUMN_BOUND, _GENERATED_COLUMN_BOUND_OFF_BY_ONE)
 
 
-def _planted(tmp_path: Path, filename: str, text: str, bug: str) -> KernelSource:
-    """``filename``'s source with ``text`` replaced by ``bug``, written to tmp_path."""
-    original = load_source(filename)
-    assert original.text.count(text) == 1, f"the planted bug no longer applies to {filename}: update {text!r}"
-    path = tmp_path / filename
+def _planted(tmp_path: Path, name: str, text: str, bug: str) -> KernelSource:
+    """``name``'s source with ``text`` replaced by ``bug``, written to tmp_path."""
+    original = load_source(name)
+    assert original.text.count(text) == 1, f"the planted bug no longer applies to {name}: update {text!r}"
+    path = tmp_path / original.path.name
     path.write_text(original.text.replace(text, bug))
     return KernelSource(path, path.read_text())
 

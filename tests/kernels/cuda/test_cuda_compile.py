@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from oplib.kernels import CTYPES, KERNEL_DIR, NVRTC_OPTIONS, KernelSource, instantiations, load_source
+from oplib.kernels import CTYPES, INCLUDE_DIR, NVRTC_OPTIONS, KernelSource, instantiations, load_source
 from oplib.kernels import name_expression, name_expressions
+from oplib.kernels.involution import cuda as involution_cuda
 from oplib.testing import nvrtc
 from oplib.testing.nvrtc import ARCHITECTURES, CUDA_SOURCES
 
@@ -47,7 +48,7 @@ def _nvcc(source: KernelSource, arch: str, tmp_path: Path, instantiate: bool = T
     unit = tmp_path / "instantiate.cu"
     unit.write_text(_instantiations(source) if instantiate else f'#include "{source.path}"\n')
     return subprocess.run(
-        [nvcc, f"-arch={arch}", "-std=c++17", f"-I{KERNEL_DIR}", "-Werror", "all-warnings", "-Xcompiler", "-Wall",
+        [nvcc, f"-arch={arch}", "-std=c++17", f"-I{INCLUDE_DIR}", "-Werror", "all-warnings", "-Xcompiler", "-Wall",
 
 
          "-c", str(unit), "-o", str(tmp_path / "instantiate.o")],
@@ -116,7 +117,7 @@ def test_cupy_hands_nvrtc_the_options_the_nvrtc_tests_use(arch, monkeypatch):
     (text, options, names), = recorded
     assert text == source.text
     assert sorted(names) == sorted(name_expressions(source))
-    own = f"-I{KERNEL_DIR}"
+    own = f"-I{INCLUDE_DIR}"
     includes = [o for o in options if o.startswith("-I") and o != own]
     assert [o for o in options if o not in includes] == list(nvrtc.cupy_options(arch))
     assert all(Path(o[2:]).is_absolute() for o in includes), includes
@@ -189,7 +190,7 @@ def test_specialised_kernels_vectorise_and_never_divide_in_64_bits():
     """In the PTX a GPU runs: every channels_last instantiation loads and stores 16-byte vectors,
     and the 32-bit instantiations hold no 64-bit division or remainder (a 64-bit division is a
     long software routine; the 32-bit ones decode each thread's index once, outside the loops)."""
-    source = load_source("involution.cu")
+    source = load_source(involution_cuda.SOURCE)
     compiled = nvrtc.compile_source(source, UNIT_ARCH)
     entries = _ptx_entries(compiled.ptx)
     checked = 0

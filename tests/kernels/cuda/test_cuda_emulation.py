@@ -87,13 +87,13 @@ def test_gradcheck_through_emulated_kernels(name, emulated_cpu_kernels):
 
 
 # ---------------------------------------------------------------------------------------
-# The specialised involution kernels (involution_*_tiled in involution.cu)
+# The specialised involution kernels (involution_*_chunked in involution.cu)
 # ---------------------------------------------------------------------------------------
 
 INVOLUTION_SPECS = [registry.get(name) for name in ("involution", "involution_backward_input", "involution_backward_weight")]
 
 
-def _tiled_case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype, channels_last: bool):
+def _chunked_case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype, channels_last: bool):
     """Random involution operands of one specialised geometry: (input, weight, grad_output,
     stride, padding, groups), in the layout a channels_last model hands the kernels or in
     contiguous NCHW."""
@@ -125,14 +125,14 @@ def _three_ops(x, w, g, stride, pad, groups, launcher, policy=None):
     )
 
 
-def _check_tiled_against_reference(launcher, cases: int, seed: int, policy=None) -> set:
+def _check_chunked_against_reference(launcher, cases: int, seed: int, policy=None) -> set:
     """``cases`` random specialised geometries per (kernel, stride, layout), every dtype,
     against the float64 reference; returns the specialisations launched."""
     rng = random.Random(seed)
     for kernel, stride, channels_last in itertools.product((3, 5, 7), (1, 2), (False, True)):
         for case in range(cases):
             dtype = registry.FLOAT_DTYPES[case % len(registry.FLOAT_DTYPES)]
-            x, w, g, stride_pair, pad, groups = _tiled_case(rng, kernel, stride, dtype, channels_last)
+            x, w, g, stride_pair, pad, groups = _chunked_case(rng, kernel, stride, dtype, channels_last)
             outs = _three_ops(x, w, g, stride_pair, pad, groups, launcher, policy)
             args = ((x, w, stride_pair, pad, [1, 1]),
                     (g, w, list(x.shape[2:]), stride_pair, pad, [1, 1]),
@@ -148,9 +148,9 @@ def test_every_specialised_kernel_matches_the_reference():
     random sizes, groups, channels per group and padding, against the float64 reference; every
     32-bit instantiation of the three kernels is launched."""
     require_host_compiler()
-    launched = _check_tiled_against_reference(EmulatedLauncher(), cases=8, seed=11)
-    for kernel in ("involution_forward_tiled", "involution_backward_input_tiled", "involution_backward_weight_tiled"):
-        for specialisation in load_source("involution.cu").specialisations[kernel]:
+    launched = _check_chunked_against_reference(EmulatedLauncher(), cases=8, seed=11)
+    for kernel in ("involution_forward_chunked", "involution_backward_input_chunked", "involution_backward_weight_chunked"):
+        for specialisation in load_source(involution_cuda.SOURCE).specialisations[kernel]:
             if specialisation[0] == "int":
                 assert (kernel, specialisation) in launched, (kernel, specialisation)
 
@@ -160,7 +160,7 @@ def test_the_64_bit_instantiations_match_the_reference():
     tensors past 2^31 elements get on a GPU."""
     require_host_compiler()
     policy = dataclasses.replace(involution_cuda.POLICY, index32_limit=0)
-    launched = _check_tiled_against_reference(EmulatedLauncher(), cases=2, seed=12, policy=policy)
+    launched = _check_chunked_against_reference(EmulatedLauncher(), cases=2, seed=12, policy=policy)
     assert launched and all(specialisation[0] == "long long" for _, specialisation in launched if specialisation)
 
 
@@ -183,15 +183,15 @@ def test_huge_tensors_take_the_64_bit_instantiations():
 def test_the_launch_policy_is_read_from_the_source(tmp_path):
     """The policy's facts come from involution.cu's own lines (its oplib-template lists and
     constexpr constants, and element.cuh's VECTOR_BYTES): a source that says otherwise gives
-    another policy, and the tiled kernels then serve only what it lists."""
-    source = load_source("involution.cu")
+    another policy, and the chunked kernels then serve only what it lists."""
+    source = load_source(involution_cuda.SOURCE)
     policy = involution_cuda.LaunchPolicy.from_source(source)
     assert (policy.kernel_sizes, policy.strides) == ((3, 5, 7), (1, 2))
     assert (policy.max_channels, policy.max_channels_8_byte, policy.vector_bytes) == (16, 8, 16)
     assert policy.lanes(torch.float16) == 8 and policy.lanes(torch.float64) == 2
     changed = source.text.replace("// oplib-template: KERNEL = 3 | 5 | 7", "// oplib-template: KERNEL = 3 | 7")
-    changed = changed.replace("constexpr int TILE_MAX_CHANNELS = 16;", "constexpr int TILE_MAX_CHANNELS = 12;")
-    assert changed.count("KERNEL = 3 | 7") == 1 and changed.count("TILE_MAX_CHANNELS = 12;") == 1, "update the test"
+    changed = changed.replace("constexpr int CHUNK_MAX_CHANNELS = 16;", "constexpr int CHUNK_MAX_CHANNELS = 12;")
+    assert changed.count("KERNEL = 3 | 7") == 1 and changed.count("CHUNK_MAX_CHANNELS = 12;") == 1, "update the test"
     other = involution_cuda.LaunchPolicy.from_source(KernelSource(tmp_path / "involution.cu", changed))
     assert other.kernel_sizes == (3, 7) and other.max_channels == 12
     tensor = torch.empty(8)
@@ -205,18 +205,18 @@ def test_specialised_kernels_give_the_generic_kernels_bits():
     results are bit-identical to the generic ones, in every dtype and both layouts."""
     require_host_compiler()
     rng = random.Random(13)
-    tiled, generic = EmulatedLauncher(), EmulatedLauncher()
+    chunked, generic = EmulatedLauncher(), EmulatedLauncher()
     for case in range(36):
         kernel, stride, channels_last = rng.choice((3, 5, 7)), rng.choice((1, 2)), case % 2 == 1
         dtype = registry.FLOAT_DTYPES[case % len(registry.FLOAT_DTYPES)]
-        x, w, g, stride_pair, pad, groups = _tiled_case(rng, kernel, stride, dtype, channels_last)
-        fast = _three_ops(x, w, g, stride_pair, pad, groups, tiled)
+        x, w, g, stride_pair, pad, groups = _chunked_case(rng, kernel, stride, dtype, channels_last)
+        fast = _three_ops(x, w, g, stride_pair, pad, groups, chunked)
         generic_only = dataclasses.replace(involution_cuda.POLICY, kernel_sizes=())
         slow = _three_ops(x, w, g, stride_pair, pad, groups, generic, generic_only)
         for a, b in zip(fast, slow):
             assert torch.equal(a, b), (kernel, stride, channels_last, dtype)
-    assert all(launch[0].endswith("_tiled") for launch in tiled.launches)
-    assert not any(launch[0].endswith("_tiled") for launch in generic.launches)
+    assert all(launch[0].endswith("_chunked") for launch in chunked.launches)
+    assert not any(launch[0].endswith("_chunked") for launch in generic.launches)
 
 
 class _RecordingLauncher(EmulatedLauncher):
@@ -283,7 +283,7 @@ def test_a_planted_off_by_one_tap_bound_fails_the_reference_check(tmp_path, monk
     require_host_compiler()
     monkeypatch.setattr(involution_cuda, "load_source", lambda filename: planted_tap_bound(tmp_path))
     with pytest.raises(AssertionError, match="Tensor-likes are not close"):
-        _check_tiled_against_reference(EmulatedLauncher(), cases=2, seed=15)
+        _check_chunked_against_reference(EmulatedLauncher(), cases=2, seed=15)
 
 
 def test_a_planted_off_by_one_in_the_generated_kernels_fails_the_reference_check(tmp_path, monkeypatch):

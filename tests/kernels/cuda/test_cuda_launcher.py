@@ -13,6 +13,7 @@ import torch
 import oplib.kernels
 from oplib import registry
 from oplib.kernels import NVRTC_OPTIONS, load_source
+from oplib.kernels.involution import cuda as involution_cuda
 
 from cuda_test_helpers import LAUNCHES, random_samples
 
@@ -58,7 +59,7 @@ class _FakeCupy:
         class RawModule:
             def __init__(self, code, options, name_expressions):
                 self.names = list(name_expressions)
-                assert tuple(options) == NVRTC_OPTIONS and code == load_source("involution.cu").text
+                assert tuple(options) == NVRTC_OPTIONS and code == load_source(involution_cuda.SOURCE).text
 
             def compile(self):
                 fake.compiled.append(self.names)
@@ -109,13 +110,13 @@ def test_cupy_launcher_compiles_each_instantiation_once_and_packs_its_arguments(
     launcher = oplib.kernels.CuPyLauncher()
     x, w = torch.randn(1, 16, 9, 9), torch.randn(1, 1, 7, 7, 9, 9)
     out = torch.empty(1, 16, 9, 9)
-    source = load_source("involution.cu")
+    source = load_source(involution_cuda.SOURCE)
     args = (x, w, out, 81, 16, 9, 9, 1, 9, 9, 3, 3, 16)
     driver.expected_arguments = args
     specialisation = ("int", "7", "1", "false")
     for _ in range(3):
-        launcher.launch(source, "involution_forward_tiled", torch.float32, 1, 256, args, specialisation)
-    assert fake_cupy.compiled == [["involution_forward_tiled<float, int, 7, 1, false>"]]
+        launcher.launch(source, "involution_forward_chunked", torch.float32, 1, 256, args, specialisation)
+    assert fake_cupy.compiled == [["involution_forward_chunked<float, int, 7, 1, false>"]]
     assert fake_cupy.devices_entered == [None]  # the compile; the launches found the context current
     (function, grid, block, shared, stream, values, extra, context), *rest = driver.launches
     assert len(rest) == 2 and all(launch == driver.launches[0] for launch in rest)
@@ -125,14 +126,14 @@ def test_cupy_launcher_compiles_each_instantiation_once_and_packs_its_arguments(
     # launch makes the tensors' device's context current, then gives the thread its own back.
     for other in (99, 0):
         driver.context, driver.contexts_set = other, []
-        launcher.launch(source, "involution_forward_tiled", torch.float32, 1, 256, args, specialisation)
+        launcher.launch(source, "involution_forward_chunked", torch.float32, 1, 256, args, specialisation)
         assert driver.launches[-1][-1] == 7 and driver.contexts_set == [7, other] and driver.context == other
     assert fake_cupy.devices_entered == [None]
     # Another dtype is another instantiation: compiled on its first launch.
     args = (x.double(), w.double(), out.double(), *args[3:])
     driver.expected_arguments = args
-    launcher.launch(source, "involution_forward_tiled", torch.float64, 1, 256, args, specialisation)
-    assert fake_cupy.compiled[-1] == ["involution_forward_tiled<double, int, 7, 1, false>"]
+    launcher.launch(source, "involution_forward_chunked", torch.float64, 1, 256, args, specialisation)
+    assert fake_cupy.compiled[-1] == ["involution_forward_chunked<double, int, 7, 1, false>"]
 
 
 @pytest.mark.needs_cuda
@@ -158,7 +159,6 @@ def test_a_launch_from_a_thread_with_no_cuda_context():
     from cupy_backends.cuda.api import driver
 
     from oplib.kernels import cupy_launcher
-    from oplib.kernels.involution import cuda as involution_cuda
 
     x = torch.randn(2, 16, 9, 9, device="cuda")
     w = torch.randn(2, 1, 7, 7, 9, 9, device="cuda")

@@ -62,8 +62,8 @@ _ASAN_SCRIPT = textwrap.dedent(
                         ops.launch_involution(x, w, *window, launcher, policy)
                         ops.launch_involution_backward_input(g, w, [height, width], *window, launcher, policy)
                         ops.launch_involution_backward_weight(g, x, [kernel, kernel], *window, groups, launcher, policy)
-    tiled = {launch[4] for launch in launcher.launches if launch[0].endswith("_tiled")}
-    assert len(tiled) == 24, sorted(tiled)
+    chunked = {launch[4] for launch in launcher.launches if launch[0].endswith("_chunked")}
+    assert len(chunked) == 24, sorted(chunked)
     print("asan: clean,", len(launcher.launches), "launches")
     """
 )

@@ -134,26 +134,26 @@ __global__ void involution_backward_weight(
 // alignment, or takes the other layout).
 //
 // Forward and grad_input: one thread owns one pixel and `chunk` channels of one group (at most
-// Tile::max_channels), so each weight value is loaded once and used from a register for all of
+// Chunk::max_channels), so each weight value is loaded once and used from a register for all of
 // them. grad_weight: one thread owns one pixel and one kernel row a, and sums over the group's
 // channels. Every sum adds its terms in the order of the generic kernels, so both give the same
 // bits. No atomics: deterministic.
 //
 // The instantiations a host may ask for (oplib.kernels reads these lines):
-// oplib-instantiate: involution_forward_tiled, involution_backward_input_tiled, involution_backward_weight_tiled
+// oplib-instantiate: involution_forward_chunked, involution_backward_input_chunked, involution_backward_weight_chunked
 // oplib-template: offset_t = int | long long
 // oplib-template: KERNEL = 3 | 5 | 7
 // oplib-template: STRIDE = 1 | 2
 // oplib-template: CHANNELS_LAST = false | true
 
-// Accumulators per thread of the tiled kernels: 16, and 8 for 8-byte values (two registers
+// Accumulators per thread of the chunked kernels: 16, and 8 for 8-byte values (two registers
 // each). The host's launch policy reads these two lines (oplib.kernels.involution.cuda).
-constexpr int TILE_MAX_CHANNELS = 16;
-constexpr int TILE_MAX_CHANNELS_8_BYTE = 8;
+constexpr int CHUNK_MAX_CHANNELS = 16;
+constexpr int CHUNK_MAX_CHANNELS_8_BYTE = 8;
 
 template <typename scalar_t>
-struct Tile {
-    static constexpr int max_channels = sizeof(scalar_t) == 8 ? TILE_MAX_CHANNELS_8_BYTE : TILE_MAX_CHANNELS;
+struct Chunk {
+    static constexpr int max_channels = sizeof(scalar_t) == 8 ? CHUNK_MAX_CHANNELS_8_BYTE : CHUNK_MAX_CHANNELS;
     static constexpr int lanes = Vector16<scalar_t>::lanes;
 };
 
@@ -170,9 +170,9 @@ __device__ __forceinline__ void taps_inside(offset_t first, offset_t size, int* 
 // read as 16-byte vectors.
 template <typename scalar_t, typename acc_t, typename offset_t>
 __device__ __forceinline__ void accumulate_vectors(acc_t* sum, acc_t w, const scalar_t* pixel, offset_t per_thread) {
-    constexpr int LANES = Tile<scalar_t>::lanes;
+    constexpr int LANES = Chunk<scalar_t>::lanes;
 #pragma unroll
-    for (int v = 0; v < Tile<scalar_t>::max_channels / LANES; ++v) {
+    for (int v = 0; v < Chunk<scalar_t>::max_channels / LANES; ++v) {
         if (v * LANES >= per_thread) break;
         const Vector16<scalar_t> values = *reinterpret_cast<const Vector16<scalar_t>*>(pixel + v * LANES);
 #pragma unroll
@@ -185,10 +185,10 @@ __device__ __forceinline__ void accumulate_vectors(acc_t* sum, acc_t w, const sc
 // CHANNELS_LAST, `plane` elements apart otherwise.
 template <bool CHANNELS_LAST, typename scalar_t, typename acc_t, typename offset_t>
 __device__ __forceinline__ void store_channels(scalar_t* out, const acc_t* sum, offset_t per_thread, offset_t plane) {
-    constexpr int LANES = Tile<scalar_t>::lanes;
+    constexpr int LANES = Chunk<scalar_t>::lanes;
     if (CHANNELS_LAST) {
 #pragma unroll
-        for (int v = 0; v < Tile<scalar_t>::max_channels / LANES; ++v) {
+        for (int v = 0; v < Chunk<scalar_t>::max_channels / LANES; ++v) {
             if (v * LANES >= per_thread) break;
             Vector16<scalar_t> values;
 #pragma unroll
@@ -197,7 +197,7 @@ __device__ __forceinline__ void store_channels(scalar_t* out, const acc_t* sum, 
         }
     } else {
 #pragma unroll
-        for (int c = 0; c < Tile<scalar_t>::max_channels; ++c) {
+        for (int c = 0; c < Chunk<scalar_t>::max_channels; ++c) {
             if (c >= per_thread) break;
             out[c * plane] = Element<scalar_t>::store(sum[c]);
         }
@@ -225,12 +225,12 @@ __device__ __forceinline__ void decode_item(offset_t index, offset_t parts, offs
 }
 
 template <typename scalar_t, typename offset_t, int KERNEL, int STRIDE, bool CHANNELS_LAST>
-__global__ void involution_forward_tiled(
+__global__ void involution_forward_chunked(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ weight, scalar_t* __restrict__ output,
     index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t out_w,
     index_t pad_h, index_t pad_w, index_t chunk) {
     typedef typename Element<scalar_t>::acc_t acc_t;
-    constexpr int MAX_CHANNELS = Tile<scalar_t>::max_channels;
+    constexpr int MAX_CHANNELS = Chunk<scalar_t>::max_channels;
     constexpr int TAPS = KERNEL * KERNEL;
     const offset_t C = channels, H = height, W = width, G = groups, OH = out_h, OW = out_w;
     const offset_t per_group = C / G, per_thread = chunk, chunks = per_group / per_thread;
@@ -284,12 +284,12 @@ __global__ void involution_forward_tiled(
 // grad_input[n, c, y, x] sums weight[n, g, a, b, i, j] * grad_output[n, c, i, j] over the taps
 // with y + pad_h = i * STRIDE + a (and likewise x): a runs over one residue class mod STRIDE.
 template <typename scalar_t, typename offset_t, int KERNEL, int STRIDE, bool CHANNELS_LAST>
-__global__ void involution_backward_input_tiled(
+__global__ void involution_backward_input_chunked(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ weight,
     scalar_t* __restrict__ grad_input, index_t total, index_t channels, index_t height, index_t width,
     index_t groups, index_t out_h, index_t out_w, index_t pad_h, index_t pad_w, index_t chunk) {
     typedef typename Element<scalar_t>::acc_t acc_t;
-    constexpr int MAX_CHANNELS = Tile<scalar_t>::max_channels;
+    constexpr int MAX_CHANNELS = Chunk<scalar_t>::max_channels;
     constexpr int TAPS = KERNEL * KERNEL;
     const offset_t C = channels, H = height, W = width, G = groups, OH = out_h, OW = out_w;
     const offset_t per_group = C / G, per_thread = chunk, chunks = per_group / per_thread;
@@ -351,12 +351,12 @@ __global__ void involution_backward_input_tiled(
 // grad_weight[n, g, a, b, i, j]: one thread per (pixel, kernel row a) sums the group's channels
 // for the row's KERNEL taps, so grad_output is read once per row instead of once per tap.
 template <typename scalar_t, typename offset_t, int KERNEL, int STRIDE, bool CHANNELS_LAST>
-__global__ void involution_backward_weight_tiled(
+__global__ void involution_backward_weight_chunked(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input,
     scalar_t* __restrict__ grad_weight, index_t total, index_t channels, index_t height, index_t width,
     index_t groups, index_t out_h, index_t out_w, index_t pad_h, index_t pad_w) {
     typedef typename Element<scalar_t>::acc_t acc_t;
-    constexpr int LANES = Tile<scalar_t>::lanes;
+    constexpr int LANES = Chunk<scalar_t>::lanes;
     constexpr int TAPS = KERNEL * KERNEL;
     const offset_t C = channels, H = height, W = width, G = groups, OH = out_h, OW = out_w;
     const offset_t per_group = C / G, plane = OH * OW;

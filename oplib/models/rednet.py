@@ -25,17 +25,15 @@ PaddleClas ``.pdparams`` file, the paper's released mmcls checkpoints (renamed b
 
 from __future__ import annotations
 
-import importlib.util
-import warnings
 from collections.abc import Sequence
 from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
 
-from ._compat import pooling_sizes_without_parity_guard
-from .checkpoints import Weights, convert_official_state_dict, state_dict_of
-from .nn import Involution2d, checkpoint_module
+from .._compat import pooling_sizes_without_parity_guard
+from ..checkpoints import Weights, convert_official_state_dict, state_dict_of
+from ..nn import Involution2d, checkpoint_module
 
 # The stem's max pool exports with a dynamic image size on every supported torch.
 pooling_sizes_without_parity_guard()
@@ -497,7 +495,7 @@ def _rednet(depth: int, weights: Weights | None, kwargs) -> Union[RedNet, RedNet
     model = RedNet(BLOCK_COUNTS[depth], **kwargs)
     model.pretrained_cfg = dict(PRETRAINED_CFGS[depth])
     if isinstance(weights, str) and weights == PADDLECLAS:
-        from .download import cached_download
+        from ..download import cached_download
 
         weights = cached_download(PADDLECLAS_URLS[depth])
     if weights is not None:
@@ -540,19 +538,6 @@ def rednet(depth: int, weights: Weights | None = None, **kwargs) -> RedNet:
         raise ValueError(f"RedNet: expected a depth in {sorted(BLOCK_COUNTS)}, got {depth}")
     return _rednet(depth, weights, kwargs)
 
-
-def _register_with_timm() -> None:
-    """The RedNets in timm's registry where timm is installed (``oplib._timm``)."""
-    if importlib.util.find_spec("timm") is None:
-        return
-    try:
-        from . import _timm  # noqa: F401
-    except Exception as error:  # timm present but broken, e.g. a torchvision built for another torch
-        warnings.warn(f"oplib: timm is installed but does not import ({type(error).__name__}: {error}); "
-                      "the RedNets are not registered with it", stacklevel=2)
-
-
-_register_with_timm()
 
 __all__ = [
     "BLOCK_COUNTS",

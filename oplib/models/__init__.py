@@ -1,0 +1,61 @@
+"""The paper's RedNets (``rednet``: the architecture, its builders and weight loading) and,
+where timm is installed, their entries in timm's model registry (``_timm``), registered when
+this package is imported. ``_timm`` builds through ``rednet``; nothing imports back here."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+from .rednet import (
+    BLOCK_COUNTS,
+    FEATURE_LEVELS,
+    PADDLECLAS,
+    PADDLECLAS_URLS,
+    PRETRAINED_CFGS,
+    Bottleneck,
+    FeatureInfo,
+    RedNet,
+    RedNetFeatures,
+    convert_official_state_dict,
+    load_weights,
+    rednet,
+    rednet26,
+    rednet38,
+    rednet50,
+    rednet101,
+    rednet152,
+)
+
+
+def _register_with_timm() -> None:
+    """The RedNets in timm's registry where timm is installed (``oplib.models._timm``)."""
+    if importlib.util.find_spec("timm") is None:
+        return
+    try:
+        from . import _timm  # noqa: F401
+    except Exception as error:  # timm present but broken, e.g. a torchvision built for another torch
+        warnings.warn(f"oplib: timm is installed but does not import ({type(error).__name__}: {error}); "
+                      "the RedNets are not registered with it", stacklevel=2)
+
+
+_register_with_timm()
+
+__all__ = [
+    "BLOCK_COUNTS",
+    "Bottleneck",
+    "FEATURE_LEVELS",
+    "FeatureInfo",
+    "PADDLECLAS_URLS",
+    "PRETRAINED_CFGS",
+    "RedNet",
+    "RedNetFeatures",
+    "convert_official_state_dict",
+    "load_weights",
+    "rednet",
+    "rednet26",
+    "rednet38",
+    "rednet50",
+    "rednet101",
+    "rednet152",
+]
