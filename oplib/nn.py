@@ -44,6 +44,15 @@ class Conv2d(torch.nn.Conv2d):
         return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
+# Which path ``Involution2d`` takes on each device type when its ``fused`` is None (the default):
+# the fused op where the committed tables show it faster than span conv + ``involution``, the
+# unfused path elsewhere. CPU: fused (bench/results/layer.md, bench/results/backbone.md). CUDA:
+# unfused, until a GPU table shows the fused kernels faster at every RedNet-50 shape
+# (bench/results/involution-cuda.md: the generic fused forward is several times slower there).
+# A device type not listed takes the unfused path, the paper's.
+FUSED_BY_DEVICE: dict[str, bool] = {"cpu": True, "cuda": False}
+
+
 class Involution2d(torch.nn.Module):
     """The involution layer of Li et al. (CVPR 2021). input: (N, C, H, W) -> (N, C, Ho, Wo),
     or unbatched (C, H, W) -> (C, Ho, Wo) as ``torch.nn.Conv2d`` accepts.
@@ -56,12 +65,14 @@ class Involution2d(torch.nn.Module):
     get a weight of the right size (the published code pooled to floor(H / 2) while its
     output had ceil(H / 2) rows, and read out of bounds).
 
-    With ``fused=True`` (the default) the span conv is not run: its parameters go to
+    With ``fused=True`` the span conv is not run: its parameters go to
     ``torch.ops.oplib.involution_generated``, which forms each pixel's weights inside the op,
     so the (N, G, KH, KW, Ho, Wo) weight map is neither written nor saved for backward.
-    ``fused=False`` (also settable later, ``module.fused = False``) runs the span conv and
-    ``torch.ops.oplib.involution``, as the paper's code does; both give the same result and
-    have the same parameters. ``kernel_weights`` returns the map either way.
+    ``fused=False`` runs the span conv and ``torch.ops.oplib.involution``, as the paper's code
+    does; both give the same result and have the same parameters. ``fused=None`` (the default)
+    takes, on each call, the path ``FUSED_BY_DEVICE`` names for the input's device type: the
+    faster one there (fused on CPU, unfused on CUDA for now). ``module.fused`` may be set
+    later; ``kernel_weights`` returns the map on every path.
 
     ``checkpoint_generation=True`` (or ``module.checkpoint_generation = True``; RedNet's
     ``set_generation_checkpointing``) recomputes the generation branch before the span conv
@@ -84,7 +95,7 @@ class Involution2d(torch.nn.Module):
         dilation: int | tuple[int, int] = 1,
         group_channels: int = 16,
         reduction_ratio: int = 4,
-        fused: bool = True,
+        fused: bool | None = None,
         checkpoint_generation: bool = False,
     ):
         super().__init__()
@@ -182,6 +193,13 @@ class Involution2d(torch.nn.Module):
             )
             torch._check(size + 2 * padding >= extent, lambda message=message: message)
 
+    def fused_on(self, device_type: str) -> bool:
+        """Whether a call on a device of ``device_type`` ("cpu", "cuda", ...) takes the fused op:
+        ``fused``, or where it is None the choice of ``FUSED_BY_DEVICE``."""
+        if self.fused is not None:
+            return self.fused
+        return FUSED_BY_DEVICE.get(device_type, False)
+
     def forward(self, input: Tensor) -> Tensor:
         """input: (N, C, H, W) or (C, H, W) -> (N, C, Ho, Wo) or (C, Ho, Wo)."""
         self._check_input(input, (3, 4), BATCHED_OR_NOT)
@@ -190,7 +208,7 @@ class Involution2d(torch.nn.Module):
             feature = checkpoint_module(self, self._feature, batched)
         else:
             feature = self._feature(batched)
-        if self.fused:
+        if self.fused_on(batched.device.type):
             out = F.involution_generated(batched, feature, self.span.weight, self.span.bias, self.kernel_size,
                                          self.stride, self.padding, self.dilation)
         else:

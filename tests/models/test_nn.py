@@ -155,6 +155,32 @@ def test_involution2d_matches_plain_torch(kwargs, size, train, path):
         torch.testing.assert_close(got, want)
 
 
+def test_involution2d_takes_each_devices_faster_path_unless_forced(monkeypatch):
+    """fused=None (the default) follows oplib.nn.FUSED_BY_DEVICE per call: the fused op on
+    CPU, span conv + involution on CUDA (where the fused kernels are slower) and on a device
+    type it does not list; fused=True / False force a path."""
+    assert oplib.nn.Involution2d(8, 3, group_channels=4).fused is None
+    assert oplib.nn.FUSED_BY_DEVICE == {"cpu": True, "cuda": False}
+    for fused, expected in ((None, {"cpu": True, "cuda": False, "mps": False}),
+                            (True, {"cpu": True, "cuda": True, "mps": True}),
+                            (False, {"cpu": False, "cuda": False, "mps": False})):
+        layer = oplib.nn.Involution2d(8, 3, group_channels=4, fused=fused)
+        assert {device: layer.fused_on(device) for device in expected} == expected
+    calls = []
+    for name in ("involution", "involution_generated"):
+        op = getattr(oplib.functional, name)
+        monkeypatch.setattr(oplib.functional, name, lambda *args, _op=op, _name=name, **kwargs: (
+            calls.append(_name), _op(*args, **kwargs))[1])
+    x = torch.randn(2, 8, 6, 6)
+    layer = oplib.nn.Involution2d(8, 3, group_channels=4)
+    layer(x)
+    monkeypatch.setitem(oplib.nn.FUSED_BY_DEVICE, "cpu", False)
+    layer(x)
+    layer.fused = True
+    layer(x)
+    assert calls == ["involution_generated", "involution", "involution_generated"]
+
+
 def test_involution2d_default_padding_keeps_size_and_rejects_bad_groups():
     layer = oplib.nn.Involution2d(32, kernel_size=7, dilation=2)
     assert layer.padding == (6, 6) and not layer.pools
