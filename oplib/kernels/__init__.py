@@ -21,10 +21,12 @@ from .cuda_launch import (
     MAX_BLOCKS,
     CudaDispatch,
     CuPyLauncher,
+    LaunchConfig,
     Launcher,
     cuda_dispatch,
     cupy_launcher,
     launch_elementwise,
+    linear_config,
     load,
 )
 from .cuda_source import (
@@ -51,6 +53,7 @@ __all__ = [
     "NVRTC_OPTIONS",
     "CuPyLauncher",
     "CudaDispatch",
+    "LaunchConfig",
     "KernelArg",
     "KernelSignature",
     "KernelSource",
@@ -59,6 +62,7 @@ __all__ = [
     "cupy_launcher",
     "instantiations",
     "launch_elementwise",
+    "linear_config",
     "load",
     "load_source",
     "name_expression",

@@ -1,6 +1,8 @@
-"""Running the kernels of ``oplib/kernels/<op>/csrc/cuda/*.cu``: the launcher protocol, the grid-stride
-launch every kernel uses, CuPy's launcher (NVRTC, compiled on first use) and each op's CUDA
-dispatch. ``oplib.testing.cuda_emulation.EmulatedLauncher`` implements the same protocol by
+"""Running the kernels of ``oplib/kernels/<op>/csrc/cuda/*.cu``: the launch contract
+(``LaunchConfig``: grid and block as dim3, dynamic shared memory; scalars passed as the types
+the kernel's signature declares; ``__launch_bounds__`` respected), the launcher protocol, the
+grid-stride launch of the elementwise kernels, CuPy's launcher (NVRTC, compiled on first use)
+and each op's CUDA dispatch. ``oplib.testing.cuda_emulation.EmulatedLauncher`` implements the same protocol by
 compiling the sources for the host, so the dispatch code (output allocation, argument order,
 choice of instantiation, launch configuration) runs unchanged in the tests.
 """
@@ -17,7 +19,7 @@ from typing import Protocol, Union
 import torch
 from torch import Tensor
 
-from .cuda_source import NVRTC_OPTIONS, KernelArg, KernelSource, instantiations, load_source, name_expression
+from .cuda_source import NVRTC_OPTIONS, KernelArg, KernelSignature, KernelSource, instantiations, load_source, name_expression
 
 @dataclass(frozen=True)
 class CudaDispatch:
@@ -49,22 +51,77 @@ def cuda_dispatch(qualname: str, source: str, kernels: Sequence[str]):
     return register
 
 
+BLOCK_SIZE = 256
+# Grid-stride loops cover any size; more blocks than this only add scheduling work.
+MAX_BLOCKS = 1 << 16
+# CUDA's limits on every GPU oplib targets (sm_75 and newer): threads per block, grid size per
+# axis, and the dynamic shared memory a kernel gets without opting in (above it, up to the
+# device's opt-in limit, the launcher sets the kernel's attribute first).
+MAX_THREADS_PER_BLOCK = 1024
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_BLOCK = (1024, 1024, 64)
+SHARED_BYTES_WITHOUT_OPT_IN = 48 * 1024
+# cudaFuncAttributeMaxDynamicSharedMemorySize (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+_MAX_DYNAMIC_SHARED_ATTRIBUTE = 8
+
+
+def _dim3(value: int | Sequence[int]) -> tuple[int, int, int]:
+    values = (value,) if isinstance(value, int) else tuple(value)
+    if not 1 <= len(values) <= 3:
+        raise ValueError(f"a dim3 has 1 to 3 sizes, got {value!r}")
+    return (*values, *(1,) * (3 - len(values)))
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How one kernel is launched: ``grid`` blocks of ``block`` threads, each a CUDA dim3
+    (x, y, z; an int is (x, 1, 1)), and ``shared_bytes`` of dynamic shared memory per block
+    (``extern __shared__``; above 48 KiB the launcher opts the kernel in)."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int = 0
+
+    def __init__(self, grid: int | Sequence[int], block: int | Sequence[int], shared_bytes: int = 0):
+        object.__setattr__(self, "grid", _dim3(grid))
+        object.__setattr__(self, "block", _dim3(block))
+        object.__setattr__(self, "shared_bytes", int(shared_bytes))
+
+    @property
+    def threads_per_block(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    def check(self, kernel: str, signature: KernelSignature) -> None:
+        """Refuse what a GPU would refuse at the launch, with a message naming the limit:
+        every size at least 1 and within CUDA's, the block within the kernel's
+        ``__launch_bounds__``."""
+        if min(self.grid + self.block) < 1 or any(g > m for g, m in zip(self.grid, MAX_GRID)):
+            raise ValueError(f"{kernel}: grid {self.grid} is outside CUDA's 1..{MAX_GRID}")
+        if any(b > m for b, m in zip(self.block, MAX_BLOCK)) or self.threads_per_block > MAX_THREADS_PER_BLOCK:
+            raise ValueError(f"{kernel}: block {self.block} is outside CUDA's {MAX_BLOCK}, "
+                             f"{MAX_THREADS_PER_BLOCK} threads in all")
+        if signature.max_threads is not None and self.threads_per_block > signature.max_threads:
+            raise ValueError(f"{kernel}: block {self.block} has {self.threads_per_block} threads, more than its "
+                             f"__launch_bounds__({signature.max_threads})")
+        if self.shared_bytes < 0:
+            raise ValueError(f"{kernel}: shared_bytes must be >= 0, got {self.shared_bytes}")
+
+
+def linear_config(blocks: int, threads: int = BLOCK_SIZE, shared_bytes: int = 0) -> LaunchConfig:
+    """A 1-D launch of ``blocks`` blocks of ``threads`` threads."""
+    return LaunchConfig((blocks, 1, 1), (threads, 1, 1), shared_bytes)
+
+
 class Launcher(Protocol):
     def launch(
         self,
         source: KernelSource,
         kernel: str,
         dtype: torch.dtype,
-        grid: int,
-        block: int,
+        config: LaunchConfig,
         args: Sequence[KernelArg],
         specialisation: tuple[str, ...] = (),
     ) -> None: ...
-
-
-BLOCK_SIZE = 256
-# Grid-stride loops cover any size; more blocks than this only add scheduling work.
-MAX_BLOCKS = 1 << 16
 
 
 def launch_elementwise(
@@ -82,7 +139,7 @@ def launch_elementwise(
     if total == 0:
         return
     grid = min(MAX_BLOCKS, (total + BLOCK_SIZE - 1) // BLOCK_SIZE)
-    launcher.launch(source, kernel, out.dtype, grid, BLOCK_SIZE, args, specialisation)
+    launcher.launch(source, kernel, out.dtype, linear_config(grid), args, specialisation)
 
 
 class CuPyLauncher:
@@ -90,8 +147,9 @@ class CuPyLauncher:
     cached on disk by CuPy) and launches it on PyTorch's current stream of the tensors' device.
 
     A launch costs a dictionary lookup, the arguments written into a reused parameter block
-    and one cuLaunchKernel: no CuPy stream wrapper, no numpy scalars, and a device switch only
-    when the calling thread's current context is not the tensors' device's.
+    (each as the type the kernel declares) and one cuLaunchKernel with the config's grid, block
+    and dynamic shared memory: no CuPy stream wrapper, no numpy scalars, and a device switch
+    only when the calling thread's current context is not the tensors' device's.
     """
 
     def __init__(self):
@@ -109,6 +167,7 @@ class CuPyLauncher:
         # (source hash, kernel, dtype, specialisation, device) -> the kernel's CUfunction handle
         self._functions: dict[tuple, int] = {}
         self._contexts: dict[int, int] = {}  # device -> its primary context, where the modules load
+        self._opted_in: dict[int, int] = {}  # CUfunction -> the dynamic shared memory it may take
         self._parameters = threading.local()
 
     def load(self, source: KernelSource, device: int, which: Sequence[tuple] | None = None) -> None:
@@ -137,35 +196,60 @@ class CuPyLauncher:
             handle = self._functions[key]
         return handle
 
-    def launch(self, source, kernel, dtype, grid, block, args, specialisation=()) -> None:
+    def launch(self, source, kernel, dtype, config, args, specialisation=()) -> None:
+        signature = source.kernels[kernel]
+        config.check(kernel, signature)
         device = next(a.device for a in args if isinstance(a, Tensor)).index
         function = self.function(source, kernel, dtype, specialisation, device)
-        values, pointers = self._parameter_block(len(args))
-        # Every kernel parameter is 8 bytes: a pointer or an index_t (long long).
-        values[:] = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
+        if config.shared_bytes > SHARED_BYTES_WITHOUT_OPT_IN:
+            self._opt_in(function, config.shared_bytes, device, kernel)
+        values, pointers = self._parameter_block(signature.param_ctypes)
+        if len(args) != len(values):
+            raise ValueError(f"{kernel} takes {len(values)} arguments, got {len(args)}")
+        for value, arg in zip(values, args):
+            value.value = arg.data_ptr() if isinstance(arg, Tensor) else arg
+        self._launch(function, config, device, pointers)
+
+    def launch_function(self, function: int, config: LaunchConfig, device: int, pointers) -> None:
+        """Launch a CUfunction with a parameter block already written (``LaunchPlan`` replays)."""
+        self._launch(function, config, device, pointers)
+
+    def _launch(self, function: int, config: LaunchConfig, device: int, pointers) -> None:
         stream = torch.cuda.current_stream(device).cuda_stream
         context, current = self._contexts[device], self._driver.ctxGetCurrent()
+        arguments = (function, *config.grid, *config.block, config.shared_bytes, stream, ctypes.addressof(pointers), 0)
         if current == context:
-            self._driver.launchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, ctypes.addressof(pointers), 0)
+            self._driver.launchKernel(*arguments)
             return
         # Another device's context, or none: a thread that never touched CUDA, such as autograd's
         # backward thread, where cupy.cuda.Device would see device 0 "current" and set nothing.
         self._driver.ctxSetCurrent(context)
         try:
-            self._driver.launchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, ctypes.addressof(pointers), 0)
+            self._driver.launchKernel(*arguments)
         finally:
             self._driver.ctxSetCurrent(current)
 
-    def _parameter_block(self, count: int):
-        """This thread's argument values (``count`` int64) and the array of pointers to them that
-        cuLaunchKernel reads; the driver copies the values at the launch, so the block is reused."""
+    def _opt_in(self, function: int, shared_bytes: int, device: int, kernel: str) -> None:
+        """Let ``function`` take ``shared_bytes`` of dynamic shared memory (above 48 KiB a kernel
+        must ask; the device's opt-in limit is 99-227 KiB by architecture)."""
+        if self._opted_in.get(function, 0) >= shared_bytes:
+            return
+        limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+        if shared_bytes > limit:
+            raise ValueError(f"{kernel}: {shared_bytes} bytes of shared memory per block; this GPU allows {limit}")
+        self._driver.funcSetAttribute(function, _MAX_DYNAMIC_SHARED_ATTRIBUTE, shared_bytes)
+        self._opted_in[function] = shared_bytes
+
+    def _parameter_block(self, kinds: tuple[type, ...]):
+        """This thread's argument values (one ctypes object per parameter, of its declared type)
+        and the array of pointers to them that cuLaunchKernel reads; the driver copies the values
+        at the launch, so the block is reused."""
         blocks = self._parameters.__dict__.setdefault("blocks", {})
-        block = blocks.get(count)
+        block = blocks.get(kinds)
         if block is None:
-            values = (ctypes.c_int64 * count)()
-            base = ctypes.addressof(values)
-            pointers = (ctypes.c_void_p * count)(*(base + 8 * i for i in range(count)))
-            block = blocks[count] = (values, pointers)
+            values = [kind() for kind in kinds]
+            pointers = (ctypes.c_void_p * len(kinds))(*(ctypes.addressof(v) for v in values))
+            block = blocks[kinds] = (values, pointers)
         return block
 
 

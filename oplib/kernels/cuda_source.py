@@ -2,8 +2,10 @@
 signature, the template arguments a host may launch it with, and the constants its launch
 policy needs, all parsed from the source itself so that no fact of a kernel is written twice.
 
-Every kernel is a ``template <typename scalar_t, ...> __global__ void name(...)`` whose
-arguments are pointers and ``index_t`` (64-bit) integers. A kernel templated on more than the
+Every kernel is a ``template <typename scalar_t, ...> __global__ void name(...)``, optionally
+with ``__launch_bounds__(MAX_THREADS[, MIN_BLOCKS])`` (numbers or constants of the source), whose
+arguments are pointers and scalars of the types ``SCALAR_CTYPES`` lists; each launcher passes
+every scalar as its declared type. A kernel templated on more than the
 storage type lists the values of its other template parameters in ``// oplib-template:``
 comment lines of its source, so that every instantiation a host may launch is known here
 (``instantiations``) and compiled by the NVRTC tests. A top-level ``constexpr int NAME = value;``
@@ -12,6 +14,7 @@ is a constant the host may read (``KernelSource.constants``).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import itertools
@@ -19,7 +22,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -47,14 +50,29 @@ def name_expression(kernel: str, dtype: torch.dtype, specialisation: Sequence[st
     return f"{kernel}<{', '.join((CTYPES[dtype], *specialisation))}>"
 
 
-_KERNEL_PATTERN = re.compile(r"template\s*<([^>]*)>\s*__global__\s+void\s+(\w+)\s*\(([^)]*)\)")
+_LAUNCH_BOUNDS = r"(?:__launch_bounds__\s*\(([^)]*)\)\s*)?"
+_KERNEL_PATTERN = re.compile(
+    r"template\s*<([^>]*)>\s*__global__\s+" + _LAUNCH_BOUNDS + r"void\s+" + _LAUNCH_BOUNDS + r"(\w+)\s*\(([^)]*)\)"
+)
 # A source lists the template arguments of its specialised kernels in comment lines (see
 # involution.cu): which kernels, then one line per template parameter after scalar_t.
 _INSTANTIATE_PATTERN = re.compile(r"^// oplib-instantiate:(.*)$", re.MULTILINE)
 _TEMPLATE_PATTERN = re.compile(r"^// oplib-template:\s*(\w+)\s*=(.*)$", re.MULTILINE)
 _CONSTANT_PATTERN = re.compile(r"^constexpr\s+int\s+(\w+)\s*=\s*(-?\d+)\s*;", re.MULTILINE)
 
-KernelArg = Union[Tensor, int]
+KernelArg = Union[Tensor, int, float]
+
+# The scalar parameter types a kernel may declare, as ctypes passes them: what cuLaunchKernel
+# reads from each parameter's address and what the host emulation's entry points take.
+SCALAR_CTYPES: dict[str, type] = {
+    "index_t": ctypes.c_longlong,
+    "long long": ctypes.c_longlong,
+    "int": ctypes.c_int,
+    "unsigned int": ctypes.c_uint,
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+    "bool": ctypes.c_bool,
+}
 
 
 @dataclass(frozen=True)
@@ -62,9 +80,28 @@ class KernelSignature:
     name: str
     template_params: tuple[str, ...]  # the parameters after scalar_t, e.g. ("offset_t", "KERNEL")
     params: tuple[tuple[str, str], ...]  # (C++ type, name), as written with scalar_t
+    # __launch_bounds__: the most threads a block may have, and the blocks per SM asked for
+    # (None where the kernel declares none; the launchers refuse a larger block).
+    max_threads: Optional[int] = None
+    min_blocks: Optional[int] = None
 
     def instantiated_params(self, ctype: str) -> str:
         return ", ".join(f"{t.replace('scalar_t', ctype)} {n}" for t, n in self.params)
+
+    @functools.cached_property
+    def param_ctypes(self) -> tuple[type, ...]:
+        """The ctypes type each parameter is passed as: c_void_p for a pointer, else its scalar type."""
+        kinds = []
+        for ctype, name in self.params:
+            if "*" in ctype:
+                kinds.append(ctypes.c_void_p)
+                continue
+            plain = " ".join(word for word in ctype.split() if word != "const")
+            if plain not in SCALAR_CTYPES:
+                raise ValueError(f"{self.name}: parameter {name} has type {ctype!r}; a kernel takes pointers and "
+                                 f"{', '.join(SCALAR_CTYPES)}")
+            kinds.append(SCALAR_CTYPES[plain])
+        return tuple(kinds)
 
 
 @dataclass(frozen=True)
@@ -85,16 +122,26 @@ class KernelSource:
     def kernels(self) -> dict[str, KernelSignature]:
         signatures = {}
         for match in _KERNEL_PATTERN.finditer(self.text):
-            template = [" ".join(p.split()) for p in match.group(1).split(",")]
+            template_text, bounds_before, bounds_after, name, params_text = match.groups()
+            template = [" ".join(p.split()) for p in template_text.split(",")]
             if template[0] != "typename scalar_t":
-                raise ValueError(f"{self.path.name}: {match.group(2)}'s first template parameter must be scalar_t")
+                raise ValueError(f"{self.path.name}: {name}'s first template parameter must be scalar_t")
             params = []
-            for param in " ".join(match.group(3).split()).split(","):
-                *type_words, name = param.strip().split(" ")
-                params.append((" ".join(type_words), name))
+            for param in " ".join(params_text.split()).split(","):
+                *type_words, param_name = param.strip().split(" ")
+                params.append((" ".join(type_words), param_name))
             template_params = tuple(p.split(" ")[-1] for p in template[1:])
-            signatures[match.group(2)] = KernelSignature(match.group(2), template_params, tuple(params))
+            bounds = [self._integer(v.strip()) for v in (bounds_before or bounds_after or "").split(",") if v.strip()]
+            signatures[name] = KernelSignature(name, template_params, tuple(params), *bounds[:2])
         return signatures
+
+    def _integer(self, text: str) -> int:
+        """A number, or a ``constexpr int`` of the source or its headers, as written in a launch bound."""
+        if re.fullmatch(r"\d+", text):
+            return int(text)
+        if text not in self.constants:
+            raise ValueError(f"{self.path.name}: __launch_bounds__ names {text!r}, which is no constexpr int here")
+        return self.constants[text]
 
     @functools.cached_property
     def template_values(self) -> dict[str, tuple[str, ...]]:

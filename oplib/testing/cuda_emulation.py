@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..kernels.cuda_launch import LaunchConfig
 from ..kernels.cuda_source import CTYPES, INCLUDE_DIR, KernelArg, KernelSource, instantiations, name_expression
 
 SHIM = Path(__file__).resolve().parent / "cuda_host_shim.h"
@@ -55,10 +56,10 @@ def _launcher_source(source: KernelSource) -> str:
         ctype = CTYPES[dtype]
         arg_names = ", ".join(name for _, name in signature.params)
         lines += [
-            f'extern "C" void {emulated_symbol(kernel, ctype, specialisation)}(long long grid, long long block, '
-            f"{signature.instantiated_params(ctype)}) {{",
-            f"    oplib_emulation::launch(grid, block, [&] {{ {name_expression(kernel, dtype, specialisation)}"
-            f"({arg_names}); }});",
+            f'extern "C" void {emulated_symbol(kernel, ctype, specialisation)}(const unsigned int* grid, '
+            f"const unsigned int* block, long long shared_bytes, {signature.instantiated_params(ctype)}) {{",
+            f"    oplib_emulation::launch(grid, block, shared_bytes, [&] {{ "
+            f"{name_expression(kernel, dtype, specialisation)}({arg_names}); }});",
             "}",
             "",
         ]
@@ -100,10 +101,10 @@ class EmulatedLauncher:
 
     def __init__(self, sanitize: bool = False):
         self.sanitize = sanitize
-        # (kernel, dtype, grid, block, specialisation) of every launch, in order
+        # (kernel, dtype, blocks, threads per block, specialisation) of every launch, in order
         self.launches: list[tuple[str, torch.dtype, int, int, tuple[str, ...]]] = []
 
-    def launch(self, source: KernelSource, kernel: str, dtype: torch.dtype, grid: int, block: int,
+    def launch(self, source: KernelSource, kernel: str, dtype: torch.dtype, config: LaunchConfig,
                args: Sequence[KernelArg], specialisation: tuple[str, ...] = ()) -> None:
         for arg in args:
             if isinstance(arg, Tensor) and (arg.device.type != "cpu" or arg.dtype != dtype):
@@ -112,15 +113,20 @@ class EmulatedLauncher:
             raise ValueError(f"{kernel} has no instantiation {specialisation} in {source.path.name}")
         function = getattr(_load(build(source, self.sanitize)), emulated_symbol(kernel, CTYPES[dtype], specialisation))
         signature = source.kernels[kernel]
+        config.check(kernel, signature)
         if len(args) != len(signature.params):
             raise ValueError(f"{kernel} takes {len(signature.params)} arguments, got {len(args)}")
-        c_args = [ctypes.c_longlong(grid), ctypes.c_longlong(block)]
-        for (ctype, name), arg in zip(signature.params, args):
-            if "*" in ctype:
+        dim3 = ctypes.c_uint * 3
+        c_args = [dim3(*config.grid), dim3(*config.block), ctypes.c_longlong(config.shared_bytes)]
+        for (ctype, name), kind, arg in zip(signature.params, signature.param_ctypes, args):
+            if kind is ctypes.c_void_p:
                 if not isinstance(arg, Tensor):
                     raise TypeError(f"{kernel}: argument {name} is a pointer, got {type(arg).__name__}")
                 c_args.append(ctypes.c_void_p(arg.data_ptr()))
+            elif isinstance(arg, Tensor):
+                raise TypeError(f"{kernel}: argument {name} is a {ctype}, got a tensor")
             else:
-                c_args.append(ctypes.c_longlong(int(arg)))
-        self.launches.append((kernel, dtype, grid, block, specialisation))
+                c_args.append(kind(arg))
+        blocks = config.grid[0] * config.grid[1] * config.grid[2]
+        self.launches.append((kernel, dtype, blocks, config.threads_per_block, specialisation))
         function(*c_args)

@@ -45,17 +45,24 @@ inline float rintf(float value) {
 
 namespace oplib_emulation {
 
-// Run ``body`` once per thread of a 1-D grid of ``grid`` blocks of ``block`` threads.
+// Run ``body`` once per thread of a grid of grid[0..2] blocks of block[0..2] threads.
 template <typename Body>
-void launch(long long grid, long long block, Body body) {
+void launch(const unsigned int* grid, const unsigned int* block, long long shared_bytes, Body body) {
+    (void)shared_bytes;
+    const long long blocks = (long long)grid[0] * grid[1] * grid[2];
 #pragma omp parallel for schedule(dynamic)
-    for (long long b = 0; b < grid; ++b) {
-        gridDim.x = (unsigned int)grid;
-        blockDim.x = (unsigned int)block;
-        blockIdx.x = (unsigned int)b;
-        for (long long t = 0; t < block; ++t) {
-            threadIdx.x = (unsigned int)t;
-            body();
+    for (long long b = 0; b < blocks; ++b) {
+        gridDim = {grid[0], grid[1], grid[2]};
+        blockDim = {block[0], block[1], block[2]};
+        blockIdx = {(unsigned int)(b % grid[0]), (unsigned int)(b / grid[0] % grid[1]),
+                    (unsigned int)(b / ((long long)grid[0] * grid[1]))};
+        for (unsigned int z = 0; z < block[2]; ++z) {
+            for (unsigned int y = 0; y < block[1]; ++y) {
+                for (unsigned int x = 0; x < block[0]; ++x) {
+                    threadIdx = {x, y, z};
+                    body();
+                }
+            }
         }
     }
 }

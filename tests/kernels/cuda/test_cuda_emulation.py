@@ -226,9 +226,9 @@ class _RecordingLauncher(EmulatedLauncher):
         super().__init__()
         self.tensors: list[list[torch.Tensor]] = []
 
-    def launch(self, source, kernel, dtype, grid, block, args, specialisation=()):
+    def launch(self, source, kernel, dtype, config, args, specialisation=()):
         self.tensors.append([a for a in args if isinstance(a, torch.Tensor)])
-        super().launch(source, kernel, dtype, grid, block, args, specialisation)
+        super().launch(source, kernel, dtype, config, args, specialisation)
 
 
 def test_channels_last_operands_are_read_in_place_and_results_keep_the_layout():

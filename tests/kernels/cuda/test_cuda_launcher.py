@@ -114,8 +114,9 @@ def test_cupy_launcher_compiles_each_instantiation_once_and_packs_its_arguments(
     args = (x, w, out, 81, 16, 9, 9, 1, 9, 9, 3, 3, 16)
     driver.expected_arguments = args
     specialisation = ("int", "7", "1", "false")
+    config = oplib.kernels.linear_config(1)
     for _ in range(3):
-        launcher.launch(source, "involution_forward_chunked", torch.float32, 1, 256, args, specialisation)
+        launcher.launch(source, "involution_forward_chunked", torch.float32, config, args, specialisation)
     assert fake_cupy.compiled == [["involution_forward_chunked<float, int, 7, 1, false>"]]
     assert fake_cupy.devices_entered == [None]  # the compile; the launches found the context current
     (function, grid, block, shared, stream, values, extra, context), *rest = driver.launches
@@ -126,13 +127,13 @@ def test_cupy_launcher_compiles_each_instantiation_once_and_packs_its_arguments(
     # launch makes the tensors' device's context current, then gives the thread its own back.
     for other in (99, 0):
         driver.context, driver.contexts_set = other, []
-        launcher.launch(source, "involution_forward_chunked", torch.float32, 1, 256, args, specialisation)
+        launcher.launch(source, "involution_forward_chunked", torch.float32, config, args, specialisation)
         assert driver.launches[-1][-1] == 7 and driver.contexts_set == [7, other] and driver.context == other
     assert fake_cupy.devices_entered == [None]
     # Another dtype is another instantiation: compiled on its first launch.
     args = (x.double(), w.double(), out.double(), *args[3:])
     driver.expected_arguments = args
-    launcher.launch(source, "involution_forward_chunked", torch.float64, 1, 256, args, specialisation)
+    launcher.launch(source, "involution_forward_chunked", torch.float64, config, args, specialisation)
     assert fake_cupy.compiled[-1] == ["involution_forward_chunked<double, int, 7, 1, false>"]
 
 

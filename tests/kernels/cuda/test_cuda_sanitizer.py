@@ -87,13 +87,13 @@ def test_address_sanitizer_catches_a_planted_off_by_one():
         f"""
         import torch
         from pathlib import Path
-        from oplib.kernels import KernelSource
+        from oplib.kernels import KernelSource, linear_config
         from oplib.testing.cuda_emulation import EmulatedLauncher
         path = Path({str(PLANTED.path)!r})
         source = KernelSource(path, path.read_text())
         x = torch.randn(1000)
         out = torch.empty(1000)
-        EmulatedLauncher(sanitize=True).launch(source, "copy_next", torch.float32, 4, 256, (x, out, 1000))
+        EmulatedLauncher(sanitize=True).launch(source, "copy_next", torch.float32, linear_config(4), (x, out, 1000))
         print("no error reported")
         """
     )
