@@ -71,12 +71,12 @@ docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # Every benchmark always runs and writes its table (bench/results/); the target fails if
-# dense.py or involution.py misses its bar, or if any step fails (layer.py, rednet.py,
+# dense.py, involution.py or host_launch.py misses its bar, or if any step fails (layer.py, rednet.py,
 # backbone.py and cuda_resources.py have no bar).
 bench: $(VENV)/.installed
 	status=0; $(PY) bench/dense.py || status=1; $(PY) bench/involution.py || status=1; \
 	$(PY) bench/involution.py --layouts-only || status=1; $(PY) bench/layer.py || status=1; \
-	$(PY) bench/rednet.py || status=1; $(PY) bench/backbone.py || status=1; $(PY) bench/cuda_resources.py || status=1; \
+	$(PY) bench/rednet.py || status=1; $(PY) bench/backbone.py || status=1; $(PY) bench/host_launch.py || status=1; $(PY) bench/cuda_resources.py || status=1; \
 	exit $$status
 
 # The sdist, then the wheel built from it, by the standard frontend; metadata checked as the

@@ -197,27 +197,35 @@ class CuPyLauncher:
         return handle
 
     def launch(self, source, kernel, dtype, config, args, specialisation=()) -> None:
+        device = next(a.device for a in args if isinstance(a, Tensor)).index
+        self.prepare(source, kernel, dtype, config, specialisation, device)(args)
+
+    def prepare(self, source: KernelSource, kernel: str, dtype: torch.dtype, config: LaunchConfig,
+                specialisation: tuple[str, ...], device: int) -> Callable[[Sequence[KernelArg]], None]:
+        """``kernel``'s launch with ``config`` on ``device``, all but the argument values decided
+        (the config checked, the kernel compiled or found, shared memory opted into): what a
+        ``LaunchPlan`` keeps and calls with each call's pointers."""
         signature = source.kernels[kernel]
         config.check(kernel, signature)
-        device = next(a.device for a in args if isinstance(a, Tensor)).index
         function = self.function(source, kernel, dtype, specialisation, device)
         if config.shared_bytes > SHARED_BYTES_WITHOUT_OPT_IN:
             self._opt_in(function, config.shared_bytes, device, kernel)
-        values, pointers = self._parameter_block(signature.param_ctypes)
-        if len(args) != len(values):
-            raise ValueError(f"{kernel} takes {len(values)} arguments, got {len(args)}")
-        for value, arg in zip(values, args):
-            value.value = arg.data_ptr() if isinstance(arg, Tensor) else arg
-        self._launch(function, config, device, pointers)
+        kinds = signature.param_ctypes
+        geometry = (*config.grid, *config.block, config.shared_bytes)
 
-    def launch_function(self, function: int, config: LaunchConfig, device: int, pointers) -> None:
-        """Launch a CUfunction with a parameter block already written (``LaunchPlan`` replays)."""
-        self._launch(function, config, device, pointers)
+        def launch(args: Sequence[KernelArg]) -> None:
+            values, pointers = self._parameter_block(kinds)
+            if len(args) != len(values):
+                raise ValueError(f"{kernel} takes {len(values)} arguments, got {len(args)}")
+            for value, arg in zip(values, args):
+                value.value = arg.data_ptr() if isinstance(arg, Tensor) else arg
+            self._launch(function, geometry, device, pointers)
 
-    def _launch(self, function: int, config: LaunchConfig, device: int, pointers) -> None:
-        stream = torch.cuda.current_stream(device).cuda_stream
+        return launch
+
+    def _launch(self, function: int, geometry: tuple, device: int, pointers) -> None:
+        arguments = (function, *geometry, self._stream(device), ctypes.addressof(pointers), 0)
         context, current = self._contexts[device], self._driver.ctxGetCurrent()
-        arguments = (function, *config.grid, *config.block, config.shared_bytes, stream, ctypes.addressof(pointers), 0)
         if current == context:
             self._driver.launchKernel(*arguments)
             return
@@ -228,6 +236,11 @@ class CuPyLauncher:
             self._driver.launchKernel(*arguments)
         finally:
             self._driver.ctxSetCurrent(current)
+
+    def _stream(self, device: int) -> int:
+        """PyTorch's current stream on ``device``, read at each launch (so streams and graph
+        captures work)."""
+        return torch.cuda.current_stream(device).cuda_stream
 
     def _opt_in(self, function: int, shared_bytes: int, device: int, kernel: str) -> None:
         """Let ``function`` take ``shared_bytes`` of dynamic shared memory (above 48 KiB a kernel

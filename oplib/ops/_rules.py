@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..kernels.cuda_launch import cupy_launcher
+from ..kernels.cuda_plan import LaunchPlans
 from ._common import BIAS_SIZE, DIM, FLOATING_DTYPE, PAIR_LENGTH, PAIR_RANGE, SAME_DEVICE, SAME_DTYPE, WINDOW_FITS
 
 # qualname -> ``Rules.satisfied`` of the op's rules: whether a call's arguments pass, without
@@ -198,13 +200,25 @@ class Contract(NamedTuple):
 
 # qualname -> its Contract, for every op defined by one (bench/dense.py times the writers bare).
 CONTRACTS: dict[str, Contract] = {}
+# qualname -> the CUDA kernel registered for it (its launch plans can be looked at).
+CUDA_KERNELS: dict[str, LaunchPlans] = {}
 
 
 def register_contract(op, contract: Contract) -> None:
-    """``op``'s fake, and its kernel for each device type of ``contract.writers`` other than CPU
-    (the CPU kernel is the function ``op`` was defined with, which calls ``contract.run``)."""
+    """``op``'s fake, and its CUDA kernel where ``contract.writers`` has one: a ``LaunchPlans``
+    over the rules, the result and the writer, so that a repeated call signature skips straight
+    to its launches (``oplib.kernels.cuda_plan``). The CPU kernel is the function ``op`` was
+    defined with, which calls ``contract.run``."""
+    if not set(contract.writers) <= {"cpu", "cuda"}:
+        raise ValueError(f"{op._qualname}: writers for {sorted(contract.writers)}; oplib's ops run on CPU and CUDA")
     CONTRACTS[op._qualname] = contract
     op.register_fake(contract.fake)
-    for device in contract.writers:
-        if device != "cpu":
-            op.register_kernel(device, lambda *args, device=device: contract.run(device, *args))
+    if "cuda" in contract.writers:
+        CUDA_KERNELS[op._qualname] = cuda_kernel(contract)
+        op.register_kernel("cuda", CUDA_KERNELS[op._qualname])
+
+
+def cuda_kernel(contract: Contract, launcher: Callable[[], Any] = cupy_launcher) -> LaunchPlans:
+    """The op's CUDA kernel: ``contract`` with a plan per call signature, launching through
+    ``launcher()`` (CuPy's; the host-time benchmark passes a launcher that only records)."""
+    return LaunchPlans(contract.rules.enforce, contract.result, contract.writers["cuda"], launcher)

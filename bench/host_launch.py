@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""The CUDA host path's per-call time, measured on any machine: every op with CUDA kernels of
+its own, on its first registry sample (float32), through its real CUDA kernel
+(``oplib.ops._rules.cuda_kernel``: launch plans over the rules, the result and the backend's
+launch policy) built over ``oplib.testing.recording_launcher.RecordingCuPyLauncher`` (CuPy's
+launcher up to the driver call, which it counts instead of making), registered as a custom op
+of the op's schema on CPU. Against it, interleaved in the same rounds:
+
+- ``bare``: a custom op of the same schema whose kernel allocates its result and launches
+  the same kernel with the same arguments through the same launcher (``launch``: the config
+  checked, the kernel looked up, the parameters packed), deciding nothing: the floor of any
+  custom op that launches a kernel from Python;
+- ``unplanned``: the op's CUDA host path as it was before launch plans: the rules, the
+  result allocated, the backend's writer deciding and launching, on every call.
+
+The bar (issue "The GPU path ready for fast kernels"): oplib / bare <= 1.3 on every row.
+On a GPU ``make gpu-check`` measures the same row with real launches (bench/_cuda.py).
+
+Usage (from the repo root)::
+
+    python bench/host_launch.py           # about a minute; bench/results/host_launch.md
+    python bench/host_launch.py --quick   # smoke test
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+import _harness
+from oplib import benchmark, registry
+from oplib.kernels import CUDA_DISPATCH
+from oplib.ops._rules import CONTRACTS, cuda_kernel
+from oplib.testing.recording_launcher import RecordingCuPyLauncher
+
+MAX_RATIO = 1.3
+IMPLS = ("bare", "oplib", "unplanned")
+
+
+def _schema(qualname: str) -> str:
+    namespace, name = qualname.split("::")
+    return "(" + str(getattr(getattr(torch.ops, namespace), name).default._schema).split("(", 1)[1]
+
+
+def _custom_op(name: str, kernel: Callable[..., Tensor], qualname: str) -> Callable[..., Tensor]:
+    torch.library.custom_op(f"oplib_host::{name}", kernel, mutates_args=(), device_types="cpu",
+                            schema=_schema(qualname))
+    return getattr(torch.ops.oplib_host, name).default
+
+
+def candidates(qualname: str, args: tuple, launcher: RecordingCuPyLauncher) -> dict[str, Callable[..., Tensor]]:
+    """The three custom ops of the module docstring for ``qualname``, each launching through
+    ``launcher``."""
+    contract = CONTRACTS[qualname]
+    planned = cuda_kernel(contract, lambda: launcher)
+    planned(*args)  # the first call records the plan the bare op copies its launch from
+    (plan,) = planned.plans.values()
+    if plan is None:
+        raise RuntimeError(f"{qualname}: the sample's signature is not planned, so there is no launch to compare")
+    recorded = []
+    recorder = type("Recorder", (), {"launch": lambda self, *launch: recorded.append(launch)})()
+    contract.writers["cuda"](*args, contract.result(*args), recorder)
+    source, kernel, dtype, config, kernel_args, specialisation = recorded[0]
+    scalars = [a for a in kernel_args if not isinstance(a, Tensor)]
+    shape, stride = plan.shape, plan.stride
+
+    def bare(*call_args):
+        out = torch.empty_strided(shape, stride, dtype=dtype)
+        tensors = [a for a in call_args if isinstance(a, Tensor)]
+        launcher.launch(source, kernel, dtype, config, (*tensors, out, *scalars), specialisation)
+        return out
+
+    def unplanned(*call_args):
+        contract.rules.enforce(*call_args)
+        return contract.writers["cuda"](*call_args, contract.result(*call_args), launcher)
+
+    name = qualname.split("::")[1]
+    return {
+        "bare": _custom_op(f"{name}_bare", bare, qualname),
+        "oplib": _custom_op(f"{name}_planned", planned, qualname),
+        "unplanned": _custom_op(f"{name}_unplanned", unplanned, qualname),
+    }
+
+
+def main() -> int:
+    args = _harness.parser(__doc__, rounds=7, min_run_time=0.3, quick_rounds=2, quick_min_run_time=0.05).parse_args()
+    settings = _harness.start(args, __file__)
+    section = _harness.Section(settings)
+    launcher = RecordingCuPyLauncher()
+    cells = []
+    failed = []
+    for spec in registry.all_specs():
+        if spec.qualname not in CUDA_DISPATCH:
+            continue
+        sample = next(iter(spec.sample_inputs("cpu", torch.float32, False)))
+        impls = candidates(spec.qualname, sample.args, launcher)
+        before = launcher.launches
+        stmts = {name: benchmark.call(impls[name], *sample.args) for name in IMPLS}
+        times = section.measure(f"{spec.name} {sample.name}", stmts)
+        assert launcher.launches > before, "the candidates launched nothing"
+        medians = {name: times[name].median * 1e6 for name in IMPLS}
+        ratio = benchmark.ratio(times["oplib"], times["bare"])
+        before_ratio = benchmark.ratio(times["unplanned"], times["bare"])
+        if ratio > MAX_RATIO:
+            failed.append(spec.name)
+        cells.append((f"{spec.name} ({sample.name})", *(f"{medians[name]:.1f}" for name in IMPLS),
+                      f"**{ratio:.3f}**", f"{before_ratio:.3f}", "PASS" if ratio <= MAX_RATIO else "FAIL"))
+    verdict = (f"**PASS**: every oplib / bare ratio is <= {MAX_RATIO:g}." if not failed
+               else f"**FAIL**: oplib / bare > {MAX_RATIO:g} for {', '.join(failed)}.")
+    lines = [
+        *_harness.header(
+            settings, "CUDA host path per call, timed on the CPU",
+            "each op's CUDA kernel as registered (launch plans) over CuPy's launcher with the driver call "
+            "counted instead of made (`oplib.testing.recording_launcher`), on the op's first float32 registry "
+            "sample, as a custom op of the op's schema; no grad",
+            "`bare`: a custom op of the same schema that allocates its result and launches the same kernel through "
+            "the same launcher; `unplanned`: the host path without launch plans (rules, allocation, launch policy "
+            "on every call), as it was before them",
+            "medians of interleaved rounds, microseconds per call; ratios are medians of the per-round ratios",
+        ),
+        section.load_line(),
+        "",
+        "## Per call",
+        "",
+        *_harness.table(("op (sample)", "bare (us)", "oplib (us)", "unplanned (us)", "oplib / bare",
+                         "unplanned / bare", f"<= {MAX_RATIO:g}"), "lrrrrrc", cells),
+        "",
+        verdict,
+    ]
+    print(_harness.write_report(settings, lines))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""CuPy's launcher with the GPU taken out, to time the CUDA host path on any machine.
+
+``RecordingCuPyLauncher`` is ``oplib.kernels.CuPyLauncher`` itself (its ``prepare``, its
+parameter blocks, its context check and its ``_launch``) over a driver that counts launches
+instead of making them, with kernel handles handed out instead of compiled and stream 0 in
+place of PyTorch's current CUDA stream. An op's CUDA kernel (``oplib.ops._rules.cuda_kernel``)
+built over it runs every line of the host path a GPU call runs, on CPU tensors, up to the
+driver call: what ``bench/host_launch.py`` times against a bare op every session.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+from ..kernels.cuda_launch import CuPyLauncher
+from ..kernels.cuda_source import instantiations
+
+
+class _CountingDriver:
+    """The two driver calls a launch makes: the current context (always the launcher's), and
+    the launch itself, counted."""
+
+    def __init__(self):
+        self.launches = 0
+
+    def ctxGetCurrent(self) -> int:
+        return 0
+
+    def launchKernel(self, *arguments) -> None:
+        self.launches += 1
+
+
+class RecordingCuPyLauncher(CuPyLauncher):
+    """CuPy's launcher on the host: ``launches`` counts the kernels it would have launched."""
+
+    def __init__(self):  # no CuPy: nothing here touches it
+        self._driver = _CountingDriver()
+        self._modules = []
+        self._functions = {}
+        self._contexts = {}
+        self._opted_in = {}
+        self._parameters = threading.local()
+        self._handles = itertools.count(1)
+
+    @property
+    def launches(self) -> int:
+        return self._driver.launches
+
+    def load(self, source, device, which=None) -> None:
+        """A handle per instantiation, as a compiled module would give."""
+        for kernel, dtype, specialisation in (instantiations(source) if which is None else which):
+            self._functions[(source.sha256, kernel, dtype, specialisation, device)] = next(self._handles)
+        self._contexts[device] = 0
+
+    def _stream(self, device) -> int:
+        return 0
