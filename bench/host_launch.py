@@ -11,7 +11,12 @@ of the op's schema on CPU. Against it, interleaved in the same rounds:
   checked, the kernel looked up, the parameters packed), deciding nothing: the floor of any
   custom op that launches a kernel from Python;
 - ``unplanned``: the op's CUDA host path as it was before launch plans: the rules, the
-  result allocated, the backend's writer deciding and launching, on every call.
+  result allocated, the backend's writer deciding and launching, on every call, registered
+  through custom_op's ``register_kernel`` as it was.
+
+``oplib`` is registered as oplib registers its CUDA kernels (``register_device_kernel``:
+``Library.impl``, without custom_op's per-call wrappers); ``bare`` and ``unplanned`` with
+custom_op's own registration.
 
 The bar (issue "The GPU path ready for fast kernels"): oplib / bare <= 1.3 on every row.
 On a GPU ``make gpu-check`` measures the same row with real launches (bench/_cuda.py).
@@ -33,6 +38,7 @@ from torch import Tensor
 import _harness
 from oplib import benchmark, registry
 from oplib.kernels import CUDA_DISPATCH
+from oplib.ops._common import register_device_kernel
 from oplib.ops._rules import CONTRACTS, cuda_kernel
 from oplib.testing.recording_launcher import RecordingCuPyLauncher
 
@@ -45,9 +51,14 @@ def _schema(qualname: str) -> str:
     return "(" + str(getattr(getattr(torch.ops, namespace), name).default._schema).split("(", 1)[1]
 
 
-def _custom_op(name: str, kernel: Callable[..., Tensor], qualname: str) -> Callable[..., Tensor]:
-    torch.library.custom_op(f"oplib_host::{name}", kernel, mutates_args=(), device_types="cpu",
+def _custom_op(name: str, kernel: Callable[..., Tensor], qualname: str, as_oplib: bool = False) -> Callable[..., Tensor]:
+    """A custom op of ``qualname``'s schema running ``kernel`` on CPU: registered as oplib
+    registers its CUDA kernels (``register_device_kernel``) where ``as_oplib``, else with
+    custom_op's own registration, as a user's op would be."""
+    torch.library.custom_op(f"oplib_host::{name}", kernel, mutates_args=(), device_types="cuda" if as_oplib else "cpu",
                             schema=_schema(qualname))
+    if as_oplib:
+        register_device_kernel(f"oplib_host::{name}", "cpu", kernel)
     return getattr(torch.ops.oplib_host, name).default
 
 
@@ -80,7 +91,7 @@ def candidates(qualname: str, args: tuple, launcher: RecordingCuPyLauncher) -> d
     name = qualname.split("::")[1]
     return {
         "bare": _custom_op(f"{name}_bare", bare, qualname),
-        "oplib": _custom_op(f"{name}_planned", planned, qualname),
+        "oplib": _custom_op(f"{name}_planned", planned, qualname, as_oplib=True),
         "unplanned": _custom_op(f"{name}_unplanned", unplanned, qualname),
     }
 
@@ -113,12 +124,12 @@ def main() -> int:
     lines = [
         *_harness.header(
             settings, "CUDA host path per call, timed on the CPU",
-            "each op's CUDA kernel as registered (launch plans) over CuPy's launcher with the driver call "
-            "counted instead of made (`oplib.testing.recording_launcher`), on the op's first float32 registry "
-            "sample, as a custom op of the op's schema; no grad",
-            "`bare`: a custom op of the same schema that allocates its result and launches the same kernel through "
-            "the same launcher; `unplanned`: the host path without launch plans (rules, allocation, launch policy "
-            "on every call), as it was before them",
+            "each op's CUDA kernel as registered (launch plans, `register_device_kernel`) over CuPy's launcher "
+            "with the driver call counted instead of made (`oplib.testing.recording_launcher`), on the op's first "
+            "float32 registry sample, as a custom op of the op's schema; no grad",
+            "`bare`: a custom op of the same schema (custom_op's `register_kernel`) that allocates its result and "
+            "launches the same kernel through the same launcher; `unplanned`: the host path without launch plans "
+            "(rules, allocation, launch policy on every call) registered with `register_kernel`, as it was before",
             "medians of interleaved rounds, microseconds per call; ratios are medians of the per-round ratios",
         ),
         section.load_line(),

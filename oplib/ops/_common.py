@@ -98,7 +98,22 @@ def register_autocast_policy(qualname: str, device_type: str, policy: AutocastPo
         with ExcludeDispatchKeyGuard(excluded):
             return op(*(_autocast_cast(a, device_type, dtype) for a in args))
 
+    _library(namespace).impl(name, kernel, key, with_keyset=True)
+    AUTOCAST_POLICIES.setdefault(qualname, {})[device_type] = policy
+
+
+def _library(namespace: str) -> torch.library.Library:
     if namespace not in _LIBRARIES:
         _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
-    _LIBRARIES[namespace].impl(name, kernel, key, with_keyset=True)
-    AUTOCAST_POLICIES.setdefault(qualname, {})[device_type] = policy
+    return _LIBRARIES[namespace]
+
+
+def register_device_kernel(qualname: str, device_type: str, kernel) -> None:
+    """``kernel`` as the op's kernel for ``device_type``, registered with ``Library.impl``
+    rather than custom_op's ``register_kernel``, whose per-call wrappers (the check that the
+    result aliases no input, a dynamo-disable wrapper and a lookup of disabled kernels) cost
+    about 4 us a call; ``torch.compiler.disable`` keeps dynamo out of the kernel's Python, which
+    it would otherwise try to trace where an eager call runs inside a compiled function. For
+    kernels that return a fresh tensor (never an input or a view of one)."""
+    namespace, name = qualname.split("::")
+    _library(namespace).impl(name, torch.compiler.disable(kernel), dispatch_key_for_device(device_type))

@@ -22,7 +22,17 @@ import torch
 
 from ..kernels.cuda_launch import cupy_launcher
 from ..kernels.cuda_plan import LaunchPlans
-from ._common import BIAS_SIZE, DIM, FLOATING_DTYPE, PAIR_LENGTH, PAIR_RANGE, SAME_DEVICE, SAME_DTYPE, WINDOW_FITS
+from ._common import (
+    BIAS_SIZE,
+    DIM,
+    FLOATING_DTYPE,
+    PAIR_LENGTH,
+    PAIR_RANGE,
+    SAME_DEVICE,
+    SAME_DTYPE,
+    WINDOW_FITS,
+    register_device_kernel,
+)
 
 # qualname -> ``Rules.satisfied`` of the op's rules: whether a call's arguments pass, without
 # raising. The registry's tests hold each to its op's errors: True on every sample input, False
@@ -207,15 +217,16 @@ CUDA_KERNELS: dict[str, LaunchPlans] = {}
 def register_contract(op, contract: Contract) -> None:
     """``op``'s fake, and its CUDA kernel where ``contract.writers`` has one: a ``LaunchPlans``
     over the rules, the result and the writer, so that a repeated call signature skips straight
-    to its launches (``oplib.kernels.cuda_plan``). The CPU kernel is the function ``op`` was
-    defined with, which calls ``contract.run``."""
+    to its launches (``oplib.kernels.cuda_plan``), registered without custom_op's per-call
+    wrappers (``register_device_kernel``). The CPU kernel is the function ``op`` was defined
+    with, which calls ``contract.run``."""
     if not set(contract.writers) <= {"cpu", "cuda"}:
         raise ValueError(f"{op._qualname}: writers for {sorted(contract.writers)}; oplib's ops run on CPU and CUDA")
     CONTRACTS[op._qualname] = contract
     op.register_fake(contract.fake)
     if "cuda" in contract.writers:
         CUDA_KERNELS[op._qualname] = cuda_kernel(contract)
-        op.register_kernel("cuda", CUDA_KERNELS[op._qualname])
+        register_device_kernel(op._qualname, "cuda", CUDA_KERNELS[op._qualname])
 
 
 def cuda_kernel(contract: Contract, launcher: Callable[[], Any] = cupy_launcher) -> LaunchPlans:
