@@ -35,7 +35,7 @@ from torch.export import Dim
 from . import _torch_private as private
 
 from .models import BLOCK_COUNTS, RedNetFeatures, rednet
-from .models.rednet import _take_indices
+from .models.rednets import _take_indices
 
 FORMATS = ("onnx", "pt2", "aoti")
 

@@ -1,31 +1,14 @@
-"""The paper's RedNets (``rednet``: the architecture, its builders and weight loading) and,
+"""The paper's RedNets (``rednets``: the architecture, its builders and weight loading) and,
 where timm is installed, their entries in timm's model registry (``_timm``), registered when
-this package is imported. ``_timm`` builds through ``rednet``; nothing imports back here."""
+this package is imported. ``_timm`` builds through ``rednets``; nothing imports back here."""
 
 from __future__ import annotations
 
 import importlib.util
 import warnings
 
-from .rednet import (
-    BLOCK_COUNTS,
-    FEATURE_LEVELS,
-    PADDLECLAS,
-    PADDLECLAS_URLS,
-    PRETRAINED_CFGS,
-    Bottleneck,
-    FeatureInfo,
-    RedNet,
-    RedNetFeatures,
-    convert_official_state_dict,
-    load_weights,
-    rednet,
-    rednet26,
-    rednet38,
-    rednet50,
-    rednet101,
-    rednet152,
-)
+from .rednets import *  # noqa: F403 (the public names: rednets.__all__, re-exported as ours)
+from .rednets import PADDLECLAS, __all__  # noqa: F401
 
 
 def _register_with_timm() -> None:
@@ -40,22 +23,3 @@ def _register_with_timm() -> None:
 
 
 _register_with_timm()
-
-__all__ = [
-    "BLOCK_COUNTS",
-    "Bottleneck",
-    "FEATURE_LEVELS",
-    "FeatureInfo",
-    "PADDLECLAS_URLS",
-    "PRETRAINED_CFGS",
-    "RedNet",
-    "RedNetFeatures",
-    "convert_official_state_dict",
-    "load_weights",
-    "rednet",
-    "rednet26",
-    "rednet38",
-    "rednet50",
-    "rednet101",
-    "rednet152",
-]

@@ -20,7 +20,7 @@ import dataclasses
 
 from timm.models import PretrainedCfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
 
-from . import rednet as models
+from . import rednets as models
 
 # register_model reads the module's default_cfgs when it decorates each entry point.
 default_cfgs = generate_default_cfgs(
