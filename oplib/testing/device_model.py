@@ -1,0 +1,819 @@
+"""An offline model of the device time of oplib's CUDA kernels: what a launch would take on a
+GPU that this project rarely has, from what a machine without one can know.
+
+Per launch (the kernel instantiation, grid and block that the op's CUDA dispatch chooses,
+recorded by ``record_launches`` on CPU tensors):
+
+- **work**, from a warp-level trace of the kernel's memory instructions (``kernel_work``): the
+  kernel's address expressions, re-stated per kernel family below, are evaluated for every
+  lane of a sample of warps, giving the load and store instructions a warp issues, the 128-byte
+  lines each touches (what the L1 processes: a "wavefront" a clock), the multiply-adds and the
+  bytes of every tensor the launch reads or writes once (the DRAM traffic when the caches hold
+  the reuse);
+- **resources**, from the SASS that NVRTC compiles (``sass_profile``): registers (hence the
+  blocks resident per SM, ``resident_blocks``), the width of each load, and how many loads a
+  warp issues before it must wait for one (its memory-level parallelism);
+- **time** (``predict``): the launch floor plus the slowest of
+
+    - DRAM: unique bytes over the effective bandwidth (a fraction of the peak: measured copy
+      bandwidth where a run gave one);
+    - L1: the lines of the busiest SM (its share of blocks: the tail of the last wave) over the
+      lines a clock it achieves;
+    - latency (Little's law): an SM keeps ``resident warps x loads in flight per warp``
+      requests outstanding, each taking the memory latency, so each wave of resident blocks
+      takes ``dependent round trips per warp x latency``;
+    - FMA and tensor-core pipes: multiply-adds over the SM's rate.
+
+Three constants are fitted (``Constants``): the memory latency, the fraction of the L1's
+line rate achieved, and the launch floor; each has a physical meaning and a plausible
+range. ``fit`` finds them by least squares on log(predicted / measured) over a table's rows.
+``bench/cuda_model.py`` fits them on the committed H200 table (held-out halves too) and
+writes ``bench/results/cuda-model.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+# ---------------------------------------------------------------------------------------
+# GPUs
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GPU:
+    """What the model needs of a GPU: ``sms`` streaming multiprocessors at ``clock_hz``,
+    ``dram_bytes_per_s`` peak DRAM bandwidth (read + write), per SM: ``fma_per_clock`` FP32
+    multiply-adds, ``tensor_macs_per_clock`` dense BF16 tensor-core multiply-adds, the
+    occupancy limits (threads, blocks, registers, shared memory) and the L1 line size."""
+
+    name: str
+    arch: str
+    sms: int
+    clock_hz: float
+    dram_bytes_per_s: float
+    fma_per_clock: int
+    tensor_macs_per_clock: int
+    max_threads: int = 2048
+    max_blocks: int = 32
+    registers: int = 65536
+    shared_bytes: int = 228 * 1024
+    shared_reserved_per_block: int = 1024
+    line_bytes: int = 128
+
+
+# Sources: NVIDIA's datasheets for H200 SXM (4.8 TB/s HBM3e) and H100 SXM (3.35 TB/s HBM3),
+# the NVIDIA H100 Tensor Core GPU Architecture whitepaper (132 SMs on H100 SXM5 and so on H200,
+# the same GH100 die; 128 FP32 lanes and 1024 dense FP16/BF16 tensor multiply-adds a clock per
+# SM... doubled to 2048 on Hopper's fourth-generation tensor cores; 228 KB shared memory and
+# 64K registers per SM, 2048 threads and 32 blocks) and the NVIDIA A100 Tensor Core GPU
+# Architecture whitepaper (108 SMs at 1410 MHz boost, 64 FP32 lanes and 1024 dense FP16
+# tensor multiply-adds a clock per SM, 164 KB shared memory; 2039 GB/s on the 80 GB SXM).
+# Hopper's 1980 MHz is the maximum SM clock that nvidia-smi reports on H100/H200 SXM.
+H200 = GPU("NVIDIA H200", "sm_90", sms=132, clock_hz=1.98e9, dram_bytes_per_s=4.8e12, fma_per_clock=128,
+           tensor_macs_per_clock=2048)
+H100_SXM = GPU("NVIDIA H100 SXM", "sm_90", sms=132, clock_hz=1.98e9, dram_bytes_per_s=3.35e12, fma_per_clock=128,
+               tensor_macs_per_clock=2048)
+A100_SXM = GPU("NVIDIA A100 SXM 80GB", "sm_80", sms=108, clock_hz=1.41e9, dram_bytes_per_s=2.039e12, fma_per_clock=64,
+               tensor_macs_per_clock=1024, shared_bytes=164 * 1024)
+GPUS = {gpu.name: gpu for gpu in (H200, H100_SXM, A100_SXM)}
+
+# The occupancy calculator's allocation rules (CUDA Occupancy Calculator, sm_70 and newer):
+# registers go to a warp in units of 256, the register file is split among 4 schedulers, each
+# holding whole warps; shared memory goes in units of 128 bytes.
+_REGISTER_UNIT = 256
+_SCHEDULERS = 4
+_SHARED_UNIT = 128
+
+
+def resident_blocks(registers: int, threads_per_block: int, shared_bytes: int, gpu: GPU) -> int:
+    """Blocks of ``threads_per_block`` threads, each using ``registers`` registers and the block
+    ``shared_bytes`` of shared memory (static + dynamic), that fit on one SM of ``gpu`` at once."""
+    warps = -(-threads_per_block // 32)
+    per_warp = -(-registers * 32 // _REGISTER_UNIT) * _REGISTER_UNIT
+    warps_by_registers = _SCHEDULERS * (gpu.registers // _SCHEDULERS // per_warp)
+    limits = [gpu.max_blocks, gpu.max_threads // (warps * 32), warps_by_registers // warps]
+    if shared_bytes:
+        per_block = -(-(shared_bytes + gpu.shared_reserved_per_block) // _SHARED_UNIT) * _SHARED_UNIT
+        limits.append(gpu.shared_bytes // per_block)
+    return max(0, min(limits))
+
+
+# ---------------------------------------------------------------------------------------
+# Launches: what an op's CUDA dispatch launches, recorded on CPU tensors
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: ``kernel`` of ``source`` for ``dtype`` with its template arguments
+    after scalar_t (``specialisation``), ``grid`` and ``block`` (dim3), dynamic shared memory,
+    its scalar arguments in order, and the bytes of each tensor argument."""
+
+    source: str
+    kernel: str
+    dtype: torch.dtype
+    specialisation: tuple[str, ...]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    scalars: tuple[int, ...]
+    tensor_bytes: tuple[int, ...]
+
+    @property
+    def blocks(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+    @property
+    def threads_per_block(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    @property
+    def name(self) -> str:
+        from ..kernels.cuda_source import name_expression
+
+        return name_expression(self.kernel, self.dtype, self.specialisation)
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A copy that torch runs around a launch (a layout change: ``clone``, ``copy_``):
+    ``bytes`` read plus written."""
+
+    op: str
+    bytes: int
+
+
+class RecordingLauncher:
+    """A Launcher (``oplib.kernels.cuda_launch.Launcher``) that records each launch and runs
+    nothing: the dispatch code chooses kernels, grids and arguments as it would on a GPU."""
+
+    def __init__(self) -> None:
+        self.launches: list[Launch] = []
+
+    def launch(self, source, kernel, dtype, config, args, specialisation=()) -> None:
+        from ..kernels.cuda_source import KERNEL_DIR
+
+        tensors = tuple(a.numel() * a.element_size() for a in args if isinstance(a, Tensor))
+        scalars = tuple(a for a in args if not isinstance(a, Tensor))
+        self.launches.append(Launch(source.path.relative_to(KERNEL_DIR).as_posix(), kernel, dtype,
+                                    tuple(specialisation), config.grid, config.block, config.shared_bytes,
+                                    scalars, tensors))
+
+
+def record_launches(qualname: str, *args: Any) -> list[Launch | Copy]:
+    """Run the CUDA dispatch of op ``qualname`` (``oplib.kernels.CUDA_DISPATCH``) on ``args``
+    (CPU tensors of the real shapes and layouts: the dispatch reads pointers' alignment) with a
+    recording launcher; returns its launches and the copies torch makes around them, in order."""
+    from torch.overrides import TorchFunctionMode
+
+    from ..kernels import CUDA_DISPATCH
+
+    events: list[Launch | Copy] = []
+    launcher = RecordingLauncher()
+    copying = (Tensor.contiguous, Tensor.clone, Tensor.copy_)
+
+    class _Copies(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            # contiguous() returns its input where it is already in the layout asked for
+            if func in copying and isinstance(out, Tensor) and (func is Tensor.copy_ or out is not args[0]):
+                events.append(Copy(func.__name__, 2 * out.numel() * out.element_size()))
+            return out
+
+    original = launcher.launch
+
+    def launch(*launch_args, **kwargs):
+        original(*launch_args, **kwargs)
+        events.append(launcher.launches[-1])
+
+    launcher.launch = launch  # type: ignore[method-assign]
+    with _Copies():
+        CUDA_DISPATCH[qualname].launch(*args, launcher)
+    return events
+
+
+# ---------------------------------------------------------------------------------------
+# Work: a warp-level trace of a launch's memory instructions
+# ---------------------------------------------------------------------------------------
+
+# Warps traced per launch: evenly spaced over the grid, so that edge rows and columns weigh
+# as they do in the whole launch; the sums are scaled to every warp.
+TRACED_WARPS = 128
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """A launch's work summed over its warps: warp-level load and store instructions with a
+    lane active (``*_requests``) and the 128-byte lines they touch (``*_lines``), warp-level
+    FP32 multiply-add instructions, the bytes of every tensor read or written once (the DRAM
+    traffic when the caches hold all reuse), and the warps."""
+
+    warps: int
+    load_requests: float
+    load_lines: float
+    store_requests: float
+    store_lines: float
+    fma_requests: float
+    dram_bytes: int
+
+    @property
+    def lines(self) -> float:
+        return self.load_lines + self.store_lines
+
+
+class _Tally:
+    """Counts a traced kernel's instructions. Every index is a tensor broadcast to
+    (..., warps, 32): the leading dimensions are instruction slots (one warp instruction each,
+    issued where any lane is active), the last two the traced warps and their lanes."""
+
+    def __init__(self, active: Tensor, line_bytes: int):
+        self.active = active
+        self.line_bytes = line_bytes
+        self.counts = {"load_requests": 0.0, "load_lines": 0.0, "store_requests": 0.0, "store_lines": 0.0,
+                       "fma_requests": 0.0}
+
+    def _access(self, kind: str, tensor: int, index: Tensor, mask: Tensor, element_bytes: int) -> None:
+        mask = mask & self.active
+        index, mask = torch.broadcast_tensors(index, mask)
+        line = torch.where(mask, (index * element_bytes) // self.line_bytes + (tensor << 48), -1)
+        line = line.sort(dim=-1).values
+        new = torch.ones_like(mask)
+        new[..., 1:] = line[..., 1:] != line[..., :-1]
+        self.counts[f"{kind}_requests"] += float(mask.any(-1).sum())
+        self.counts[f"{kind}_lines"] += float((new & (line >= 0)).sum())
+
+    def load(self, tensor: int, index: Tensor, mask: Tensor, element_bytes: int) -> None:
+        """A load per slot of ``index`` (elements of ``element_bytes``) from tensor argument
+        number ``tensor``, by the lanes of ``mask``."""
+        self._access("load", tensor, index, mask, element_bytes)
+
+    def store(self, tensor: int, index: Tensor, mask: Tensor, element_bytes: int) -> None:
+        self._access("store", tensor, index, mask, element_bytes)
+
+    def fma(self, mask: Tensor, per_slot: int = 1) -> None:
+        """``per_slot`` FP32 multiply-add instructions per slot of ``mask`` with a lane active."""
+        self.counts["fma_requests"] += per_slot * float((mask & self.active).any(-1).sum())
+
+
+def _slots(n: int, dims: int = 3) -> Tensor:
+    """0..n-1 as a leading slot dimension over (warps, lanes) and ``dims - 3`` more slot dims."""
+    return torch.arange(n).view(n, *(1,) * (dims - 1))
+
+
+def _decode(item: Tensor, parts: int, groups: int, rows: int, columns: int, channels_last: bool):
+    """``decode_item`` of involution.cu: (n, g, k, y, x) of a chunked kernel's work item."""
+    if channels_last:
+        k, rest = item % parts, item // parts
+        g, rest = rest % groups, rest // groups
+        x, rest = rest % columns, rest // columns
+        return rest // rows, g, k, rest % rows, x
+    x, rest = item % columns, item // columns
+    y, rest = rest % rows, rest // rows
+    k, rest = rest % parts, rest // parts
+    return rest // groups, rest % groups, k, y, x
+
+
+def _first_true(valid: Tensor) -> Tensor:
+    """Index along dim 0 of the first True (its size where none is)."""
+    size = valid.shape[0]
+    where = torch.where(valid, _slots(size, valid.dim()).expand_as(valid), size)
+    return where.min(dim=0).values
+
+
+def _chunked_window(launch: Launch):
+    K, S, last = int(launch.specialisation[1]), int(launch.specialisation[2]), launch.specialisation[3] == "true"
+    es = launch.dtype.itemsize
+    return K, S, last, es, 16 // es
+
+
+def _forward_chunked(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_forward_chunked: weight loads for every tap of each valid row, then the
+    chunk's channels at each valid tap (16-byte vectors when channels_last)."""
+    _, C, H, W, G, OH, OW, ph, pw, chunk = launch.scalars
+    K, S, last, es, lanes = _chunked_window(launch)
+    pg, plane, b = C // G, OH * OW, _slots(K)
+    n, g, k, i, j = _decode(item, pg // chunk, G, OH, OW, last)
+    c0, y0, x0 = g * pg + k * chunk, i * S - ph, j * S - pw
+    rows_ok = (y0 + _slots(K) >= 0) & (y0 + _slots(K) < H)
+    b_ok = (x0 + b >= 0) & (x0 + b < W)
+    a_begin = _first_true(rows_ok)
+    for step in range(K):  # the runtime loop a = a_begin .. a_end - 1
+        a = a_begin + step
+        on = (a < K) & rows_ok.gather(0, a.clamp(max=K - 1).unsqueeze(0))[0]
+        weight = (((n * OH + i) * OW + j) * G * K * K + g * K * K + a * K + b if last
+                  else (n * G + g) * K * K * plane + (a * K + b) * plane + i * OW + j)
+        t.load(1, weight, on, es)
+        y = y0 + a
+        if last:
+            v = _slots(chunk // lanes, 4) * lanes
+            t.load(0, ((n * H + y) * W + x0 + b) * C + c0 + v, on & b_ok, es)
+            t.fma(on & b_ok & (v >= 0), lanes)
+        else:
+            c = _slots(chunk, 4)
+            t.load(0, ((n * C + c0 + c) * H + y) * W + x0 + b, on & b_ok & (c >= 0), es)
+            t.fma(on & b_ok & (c >= 0))
+    _store_channels(t, 2, launch, n, c0, i, j, OH, OW, C, chunk, last, es, lanes)
+
+
+def _store_channels(t, tensor, launch, n, c0, y, x, rows, columns, C, chunk, last, es, lanes) -> None:
+    if last:
+        t.store(tensor, ((n * rows + y) * columns + x) * C + c0 + _slots(chunk // lanes) * lanes, True, es)
+    else:
+        t.store(tensor, (n * C + c0 + _slots(chunk)) * rows * columns + y * columns + x, True, es)
+
+
+def _backward_input_chunked(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_backward_input_chunked: the taps of one residue class per axis; a weight load
+    and the chunk's grad_output channels per valid tap."""
+    _, C, H, W, G, OH, OW, ph, pw, chunk = launch.scalars
+    K, S, last, es, lanes = _chunked_window(launch)
+    pg, plane, a_all, b = C // G, OH * OW, _slots(K), _slots(K)
+    n, g, k, y, x = _decode(item, pg // chunk, G, H, W, last)
+    c0, ry, rx = g * pg + k * chunk, y + ph, x + pw
+    rows_ok = (ry - a_all >= 0) & ((ry - a_all) % S == 0) & ((ry - a_all) // S < OH)
+    b_ok = (rx - b >= 0) & ((rx - b) % S == 0) & ((rx - b) // S < OW)
+    a_begin = _first_true(rows_ok)
+    for step in range(-(-K // S)):  # a = a_begin, a_begin + S, ... while valid
+        a = a_begin + step * S
+        on = (a < K) & rows_ok.gather(0, a.clamp(max=K - 1).unsqueeze(0))[0]
+        i, jj = (ry - a) // S, (rx - b) // S
+        weight = (((n * OH + i) * OW + jj) * G * K * K + g * K * K + a * K + b if last
+                  else ((n * G + g) * K * K + a * K + b) * plane + i * OW + jj)
+        t.load(1, weight, on & b_ok, es)
+        if last:
+            v = _slots(chunk // lanes, 4) * lanes
+            t.load(0, ((n * OH + i) * OW + jj) * C + c0 + v, on & b_ok, es)
+            t.fma(on & b_ok & (v >= 0), lanes)
+        else:
+            c = _slots(chunk, 4)
+            t.load(0, ((n * C + c0 + c) * OH + i) * OW + jj, on & b_ok & (c >= 0), es)
+            t.fma(on & b_ok & (c >= 0))
+    _store_channels(t, 2, launch, n, c0, y, x, H, W, C, chunk, last, es, lanes)
+
+
+def _backward_weight_chunked(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_backward_weight_chunked: one kernel row per thread; per channel (vector),
+    a grad_output load and the row's valid taps of the input; K stores."""
+    _, C, H, W, G, OH, OW, ph, pw = launch.scalars
+    K, S, last, es, lanes = _chunked_window(launch)
+    pg, plane, b = C // G, OH * OW, _slots(K)
+    n, g, a, i, j = _decode(item, K, G, OH, OW, last)
+    y, x0 = i * S - ph + a, j * S - pw
+    b_ok = (x0 + b >= 0) & (x0 + b < W) & (y >= 0) & (y < H)
+    any_b = b_ok.any(0)
+    step = lanes if last else 1
+    c = _slots(pg // step, 4) * step
+    if last:
+        t.load(0, ((n * OH + i) * OW + j) * C + g * pg + c[:, 0], any_b, es)
+        t.load(1, ((n * H + y) * W + x0 + b) * C + g * pg + c, b_ok & (c >= 0), es)
+        t.fma(b_ok & (c >= 0), lanes)
+    else:
+        t.load(0, (n * C + g * pg + c[:, 0]) * plane + i * OW + j, any_b, es)
+        t.load(1, ((n * C + g * pg + c) * H + y) * W + x0 + b, b_ok & (c >= 0), es)
+        t.fma(b_ok & (c >= 0))
+    weight = (((n * OH + i) * OW + j) * G * K * K + g * K * K + a * K + b if last
+              else ((n * G + g) * K * K + a * K + b) * plane + i * OW + j)
+    t.store(2, weight, True, es)
+
+
+_GENERATED_CHUNK = 8  # OPLIB_GENERATED_CHUNK of involution_generated.cu
+
+
+def _generated_forward(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_generated_forward: per chunk of 8 channels and valid tap, the tap's weight
+    formed from the span row and the feature map (R loads of each), then 8 input loads."""
+    _, C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R = launch.scalars
+    es, pg, plane = launch.dtype.itemsize, C // G, OH * OW
+    p, g, n = item % plane, (item // plane) % G, item // (plane * G)
+    i, j = p // OW, p % OW
+    b, r, kk = _slots(KW, 4), _slots(R, 5).unsqueeze(1), _slots(_GENERATED_CHUNK, 5).unsqueeze(1)
+    for first in range(0, pg, _GENERATED_CHUNK):
+        count = min(_GENERATED_CHUNK, pg - first)
+        for a in range(KH):
+            y, x = i * sh - ph + a * dh, j * sw - pw + b * dw
+            valid = (y >= 0) & (y < H) & (x >= 0) & (x < W)
+            tap = g * KH * KW + a * KW + b
+            t.load(3, tap, valid, es)
+            t.load(2, tap * R + r, valid, es)
+            t.load(1, n * R * plane + p + r * plane, valid, es)
+            t.fma(valid & (r >= 0))
+            channel = (n * C + g * pg + first + kk[:count]) * H * W + y * W + x
+            t.load(0, channel, valid, es)
+            t.fma(valid & (kk[:count] >= 0))
+        t.store(4, (n * C + g * pg + first + _slots(count)) * plane + p, True, es)
+
+
+def _generic_window(launch: Launch):
+    _, C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw = launch.scalars
+    return C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw
+
+
+def _forward_generic(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_forward: one thread per output element, a weight and an input load per valid tap."""
+    C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw = _generic_window(launch)
+    es, plane = launch.dtype.itemsize, OH * OW
+    j, i, c, n = item % OW, (item // OW) % OH, (item // plane) % C, item // (plane * C)
+    a, b = _slots(KH, 4), _slots(KW)
+    y, x = i * sh - ph + a * dh, j * sw - pw + b * dw
+    valid = (y >= 0) & (y < H) & (x >= 0) & (x < W)
+    t.load(1, (n * G + c // (C // G)) * KH * KW * plane + (a * KW + b) * plane + i * OW + j, valid, es)
+    t.load(0, (n * C + c) * H * W + y * W + x, valid, es)
+    t.fma(valid)
+    t.store(2, item, True, es)
+
+
+def _backward_input_generic(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_backward_input: one thread per grad_input element, gathering its taps."""
+    C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw = _generic_window(launch)
+    es, plane = launch.dtype.itemsize, OH * OW
+    x, y, c, n = item % W, (item // W) % H, (item // (H * W)) % C, item // (H * W * C)
+    a, b = _slots(KH, 4), _slots(KW)
+    row, col = y + ph - a * dh, x + pw - b * dw
+    valid = (row >= 0) & (row % sh == 0) & (row // sh < OH) & (col >= 0) & (col % sw == 0) & (col // sw < OW)
+    i, jj = row // sh, col // sw
+    t.load(1, (n * G + c // (C // G)) * KH * KW * plane + (a * KW + b) * plane + i * OW + jj, valid, es)
+    t.load(0, (n * C + c) * plane + i * OW + jj, valid, es)
+    t.fma(valid)
+    t.store(2, item, True, es)
+
+
+def _backward_weight_generic(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_backward_weight: one thread per weight element, summing its group's channels."""
+    C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw = _generic_window(launch)
+    es, plane, pg = launch.dtype.itemsize, OH * OW, C // G
+    j, i = item % OW, (item // OW) % OH
+    b, a = (item // plane) % KW, (item // (plane * KW)) % KH
+    g, n = (item // (plane * KW * KH)) % G, item // (plane * KW * KH * G)
+    y, x = i * sh - ph + a * dh, j * sw - pw + b * dw
+    valid = (y >= 0) & (y < H) & (x >= 0) & (x < W)
+    k = _slots(pg)
+    t.load(0, (n * C + g * pg + k) * plane + i * OW + j, valid, es)
+    t.load(1, (n * C + g * pg + k) * H * W + y * W + x, valid, es)
+    t.fma(valid & (k >= 0))
+    t.store(2, item, True, es)
+
+
+# kernel name -> its trace; a kernel missing here has no model yet (predict refuses it).
+TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
+    "involution_forward_chunked": _forward_chunked,
+    "involution_backward_input_chunked": _backward_input_chunked,
+    "involution_backward_weight_chunked": _backward_weight_chunked,
+    "involution_generated_forward": _generated_forward,
+    "involution_forward": _forward_generic,
+    "involution_backward_input": _backward_input_generic,
+    "involution_backward_weight": _backward_weight_generic,
+}
+
+
+def kernel_work(launch: Launch, gpu: GPU = H200, traced_warps: int = TRACED_WARPS) -> KernelWork:
+    """Trace ``traced_warps`` warps of ``launch`` (evenly spaced over its grid; every warp of a
+    smaller launch) through the kernel's address expressions and scale the counts to all of
+    its warps. The work items of a thread are ``thread, thread + grid threads, ...``."""
+    if launch.kernel not in TRACES:
+        raise KeyError(f"no trace of {launch.kernel}: add one to oplib.testing.device_model.TRACES")
+    total = launch.scalars[0]
+    threads = launch.blocks * launch.threads_per_block
+    warps = -(-threads // 32)
+    sample = torch.linspace(0, warps - 1, min(warps, traced_warps)).round().long().unique()
+    lanes = sample.view(-1, 1) * 32 + torch.arange(32)
+    counts: dict[str, float] = {}
+    for first in range(0, total, threads):  # grid-stride iterations
+        item = lanes + first
+        tally = _Tally(item < total, gpu.line_bytes)
+        TRACES[launch.kernel](tally, item.clamp(max=total - 1), launch)
+        for key, value in tally.counts.items():
+            counts[key] = counts.get(key, 0.0) + value
+    scale = warps / len(sample)
+    return KernelWork(warps=warps, dram_bytes=sum(launch.tensor_bytes), **{k: v * scale for k, v in counts.items()})
+
+
+# ---------------------------------------------------------------------------------------
+# Resources: what ptxas made of a kernel (registers, load widths, loads in flight)
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SassProfile:
+    """One kernel instantiation's machine code for one target: ``registers`` per thread,
+    static ``shared_bytes``, global load instructions by width in bytes (``loads``: width ->
+    count in the code), and ``loads_in_flight``: loads issued, on average, before an
+    instruction must wait for one of them (a use of a register a pending load writes), which
+    is what one warp keeps outstanding."""
+
+    name: str
+    arch: str
+    registers: int
+    shared_bytes: int
+    loads: dict[int, int]
+    loads_in_flight: float
+
+    @property
+    def widest_load(self) -> int:
+        return max(self.loads, default=0)
+
+
+def nvdisasm() -> Optional[str]:
+    """The nvdisasm executable (the ``nvidia-cuda-nvdisasm`` wheel, or CUDA's on the PATH), or None."""
+    try:
+        import nvidia
+
+        for folder in nvidia.__path__:
+            for candidate in sorted(Path(folder).glob("cu*/bin/nvdisasm")):
+                return str(candidate)
+    except ImportError:
+        pass
+    return shutil.which("nvdisasm")
+
+
+_LOAD = re.compile(r"^LDG\.E(?:\.(?P<type>U8|S8|U16|S16|64|128))?")
+_WIDTHS = {None: 4, "U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
+_REGISTER = re.compile(r"\bR(\d+)(?:\.64)?\b")
+
+
+def _registers(operand_text: str, width: int = 4) -> set[int]:
+    """Registers an operand list names (a ``.64`` pair as two), or, for a load's destination,
+    the ``width`` // 4 registers it writes."""
+    found = set()
+    for match in _REGISTER.finditer(operand_text):
+        first = int(match.group(1))
+        count = 2 if match.group(0).endswith(".64") else 1
+        found.update(range(first, first + max(count, width // 4)))
+    return found
+
+
+def _profile_function(sass: str) -> tuple[dict[int, int], float]:
+    """Loads by width and loads in flight (issued per wait) of one function's SASS text."""
+    loads: dict[int, int] = {}
+    pending: set[int] = set()
+    issued = waits = 0
+    for line in sass.splitlines():
+        match = re.match(r"\s*/\*[0-9a-f]+\*/\s*(?:@!?U?P\w+\s+)?(?P<op>[A-Z][\w.]*)\s*(?P<args>[^;]*);", line)
+        if match is None:
+            continue
+        op, args = match.group("op"), match.group("args")
+        destination, _, sources = args.partition(",")
+        if op.startswith(("ST", "RED", "ATOM", "BRA", "EXIT", "RET", "ISETP", "FSETP")):
+            sources = args  # no register destination: every register named is read
+        if pending & _registers(sources):
+            waits += 1
+            pending.clear()
+        load = _LOAD.match(op)
+        if load:
+            width = _WIDTHS[load.group("type")]
+            loads[width] = loads.get(width, 0) + 1
+            pending |= _registers(destination, width)
+            issued += 1
+    return loads, issued / max(waits, 1)
+
+
+@functools.cache
+def sass_profile(source_name: str, instantiations: tuple[tuple[str, torch.dtype, tuple[str, ...]], ...],
+                 arch: str = "sm_90") -> dict[str, SassProfile]:
+    """Compile ``instantiations`` ((kernel, dtype, specialisation) tuples) of the source
+    ``source_name`` (as ``load_source`` names it) for ``arch`` with NVRTC and CuPy's options,
+    disassemble the cubin with nvdisasm, and profile each: name expression -> SassProfile."""
+    from ..kernels.cuda_source import load_source, name_expression
+    from .nvrtc import _in_child
+
+    tool = nvdisasm()
+    if tool is None:
+        raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
+    names = tuple(name_expression(*instantiation) for instantiation in instantiations)
+    lowered, log, cubin = _in_child(_compile_cubin, load_source(source_name), names, arch)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kernels.cubin"
+        path.write_bytes(cubin)
+        sass = subprocess.run([tool, "-c", str(path)], check=True, capture_output=True, text=True).stdout
+    functions = dict(zip(*[iter(re.split(r"^\s*\.text\.(\S+):\s*$", sass, flags=re.MULTILINE)[1:])] * 2))
+    reports = {m.group(1): m.group(2) for m in re.finditer(
+        r"Compiling entry function '(\w+)' for '\w+'(.*?)(?=Compiling entry function|\Z)", log, re.DOTALL)}
+    profiles = {}
+    for name in names:
+        mangled = lowered[name]
+        loads, in_flight = _profile_function(functions[mangled])
+        report = reports[mangled]
+        shared = re.search(r"(\d+) bytes smem", report)
+        profiles[name] = SassProfile(name, arch, int(re.search(r"Used (\d+) registers", report).group(1)),
+                                     int(shared.group(1)) if shared else 0, loads, in_flight)
+    return profiles
+
+
+def _compile_cubin(source, names: tuple[str, ...], arch: str) -> tuple[dict[str, str], str, bytes]:
+    """NVRTC (in the child process of ``oplib.testing.nvrtc``): the lowered names, ptxas's
+    report and the cubin of ``names`` only."""
+    from cuda.bindings import nvrtc
+
+    from .nvrtc import NvrtcError, _check, cupy_options
+
+    (program,) = _check(nvrtc.nvrtcCreateProgram(source.text.encode(), source.path.name.encode(), 0, [], []),
+                        "nvrtcCreateProgram")
+    try:
+        for name in names:
+            _check(nvrtc.nvrtcAddNameExpression(program, name.encode()), "nvrtcAddNameExpression")
+        options = [option.encode() for option in (*cupy_options(arch), "--ptxas-options=-v")]
+        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+        (size,) = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
+        log = b" " * size
+        _check(nvrtc.nvrtcGetProgramLog(program, log), "nvrtcGetProgramLog")
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise NvrtcError(f"NVRTC cannot compile {source.path.name} for {arch}:\n{log.decode()}")
+        lowered = {name: _check(nvrtc.nvrtcGetLoweredName(program, name.encode()), "nvrtcGetLoweredName")[0].decode()
+                   for name in names}
+        (size,) = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
+        return lowered, log.rstrip(b"\0").decode(), cubin
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+
+
+# ---------------------------------------------------------------------------------------
+# Time
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The model's fitted constants, each with a physical reading:
+
+    - ``request_cycles``: cycles an SM's load/store pipe spends per warp-level memory
+      instruction (address generation and issue);
+    - ``line_cycles``: cycles the L1 spends per 128-byte line an instruction touches (its tag
+      and data stages: the cost of scattered lanes);
+    - ``latency_cycles``: the mean latency of a load, as Little's law sees it (a mix of L1 and
+      L2 hits and DRAM);
+    - ``launch_seconds``: the floor of one kernel in a CUDA graph (launch, first and last
+      wave's ramp).
+    """
+
+    request_cycles: float
+    line_cycles: float
+    latency_cycles: float
+    launch_seconds: float
+
+
+# Where ``fit`` searches: bounds that keep each constant physical (a request costs at least
+# one issue slot and at most the 8 of a fully serialised one; a latency between an L1 hit's
+# and DRAM's; a launch floor a graph-launched kernel shows).
+BOUNDS = {
+    "request_cycles": (0.5, 8.0),
+    "line_cycles": (0.25, 8.0),
+    "latency_cycles": (30.0, 1000.0),
+    "launch_seconds": (1e-6, 5e-6),
+}
+
+
+@dataclass(frozen=True)
+class LaunchInputs:
+    """What ``predict`` needs of one launch, as plain numbers (what bench/results/cuda-model.json
+    keeps): the instantiation, its launch shape and machine code, and its traced work."""
+
+    kernel: str
+    blocks: int
+    threads_per_block: int
+    shared_bytes: int
+    registers: int
+    loads_in_flight: float
+    widest_load: int
+    work: KernelWork
+
+    @staticmethod
+    def of(launch: Launch, profile: SassProfile, gpu: GPU = H200) -> LaunchInputs:
+        return LaunchInputs(launch.name, launch.blocks, launch.threads_per_block,
+                            launch.shared_bytes + profile.shared_bytes, profile.registers, profile.loads_in_flight,
+                            profile.widest_load, kernel_work(launch, gpu))
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_json(data: dict) -> LaunchInputs:
+        return LaunchInputs(**{**data, "work": KernelWork(**data["work"])})
+
+
+@dataclass(frozen=True)
+class Terms:
+    """One launch's time terms in seconds (the launch floor aside), and the one that binds."""
+
+    dram: float
+    l1: float
+    latency: float
+    fma: float
+
+    @property
+    def bound(self) -> str:
+        return max(("dram", "l1", "latency", "fma"), key=lambda name: getattr(self, name))
+
+    @property
+    def seconds(self) -> float:
+        return max(self.dram, self.l1, self.latency, self.fma)
+
+
+def launch_terms(inputs: LaunchInputs, gpu: GPU, constants: Constants, dram_bytes_per_s: float) -> Terms:
+    """The time terms of one launch on ``gpu`` (see the module docstring).
+
+    The busiest SM runs ``ceil(blocks / SMs)`` blocks (the tail of the last wave), in waves of
+    the blocks that fit at once (``resident_blocks``); its share of the launch's requests and
+    lines passes its load/store pipe and L1; each wave takes, by Little's law, the dependent
+    round trips of a warp (its loads over the loads it keeps in flight) times the latency."""
+    work = inputs.work
+    resident = resident_blocks(inputs.registers, inputs.threads_per_block, inputs.shared_bytes, gpu)
+    if resident == 0:
+        raise ValueError(f"{inputs.kernel}: no block of {inputs.threads_per_block} threads fits on an SM of {gpu.name}")
+    per_sm = -(-inputs.blocks // gpu.sms)
+    share = per_sm / inputs.blocks
+    waves = -(-per_sm // resident)
+    pipe = max((work.load_requests + work.store_requests) * constants.request_cycles,
+               work.lines * constants.line_cycles)
+    round_trips = work.load_requests / work.warps / max(inputs.loads_in_flight, 1.0)
+    return Terms(
+        dram=work.dram_bytes / dram_bytes_per_s,
+        l1=share * pipe / gpu.clock_hz,
+        latency=waves * round_trips * constants.latency_cycles / gpu.clock_hz,
+        fma=share * work.fma_requests * 32 / (gpu.fma_per_clock * gpu.clock_hz),
+    )
+
+
+
+def predict(events: Sequence[Any], gpu: GPU, constants: Constants, dram_bytes_per_s: Optional[float] = None) -> float:
+    """Seconds of device time of a call: its launches (``LaunchInputs``) and torch's copies
+    around them (``Copy``: bytes over the DRAM bandwidth), each with the launch floor.
+    ``dram_bytes_per_s``: the effective DRAM bandwidth (default: ``DRAM_FRACTION`` of the peak)."""
+    bandwidth = dram_bytes_per_s or DRAM_FRACTION * gpu.dram_bytes_per_s
+    total = 0.0
+    for event in events:
+        if isinstance(event, Copy):
+            total += constants.launch_seconds + event.bytes / bandwidth
+        else:
+            total += constants.launch_seconds + launch_terms(event, gpu, constants, bandwidth).seconds
+    return total
+
+
+# The fraction of the datasheet's DRAM bandwidth a device-to-device copy reaches, where no run
+# measured it: the H200 run of bench/results/involution-cuda.md measured its copy bandwidth,
+# and bench/cuda_model.py passes that (and this ratio of it, for an H100).
+DRAM_FRACTION = 0.6
+
+
+def fit(rows: Sequence[tuple[Sequence[Any], float]], gpu: GPU, dram_bytes_per_s: float,
+        bounds: dict[str, tuple[float, float]] = BOUNDS) -> Constants:
+    """The constants that minimise the sum of squared log(predicted / measured) over ``rows``
+    ((events, measured seconds) pairs), within ``bounds``: a pattern search in log space from
+    the middle of the box, halving its step until it is below 0.1 %. Deterministic.
+
+    The latency enters only through rows that are latency-bound, so a table whose rows all
+    bind elsewhere leaves it free below some value: it is then set to the largest latency
+    whose loss is within ``LATENCY_SLACK`` of the best (bisection), the most pessimistic one
+    the table allows, rather than to wherever the search stopped."""
+    names = [field.name for field in dataclasses.fields(Constants)]
+    low = [math.log(bounds[name][0]) for name in names]
+    high = [math.log(bounds[name][1]) for name in names]
+
+    def loss(point: Sequence[float]) -> float:
+        constants = Constants(*(math.exp(v) for v in point))
+        return sum(math.log(predict(events, gpu, constants, dram_bytes_per_s) / measured) ** 2
+                   for events, measured in rows)
+
+    point = [(lo + hi) / 2 for lo, hi in zip(low, high)]
+    best, step = loss(point), 1.0
+    while step > 1e-3:
+        improved = False
+        for index, sign in itertools.product(range(len(point)), (1, -1)):
+            trial = list(point)
+            trial[index] = min(high[index], max(low[index], trial[index] + sign * step))
+            value = loss(trial)
+            if value < best - 1e-12:
+                point, best, improved = trial, value, True
+        if not improved:
+            step /= 2
+    latency = names.index("latency_cycles")
+    below, above = point[latency], high[latency]
+    if loss([*point[:latency], above, *point[latency + 1:]]) <= best * (1 + LATENCY_SLACK):
+        below = above
+    while above - below > 1e-3:
+        middle = (below + above) / 2
+        if loss([*point[:latency], middle, *point[latency + 1:]]) <= best * (1 + LATENCY_SLACK):
+            below = middle
+        else:
+            above = middle
+    point[latency] = below
+    return Constants(*(math.exp(v) for v in point))
+
+
+# How much worse than the best fit the latency may make the loss (see ``fit``).
+LATENCY_SLACK = 0.01
