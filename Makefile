@@ -76,7 +76,7 @@ docs: $(VENV)/.installed
 bench: $(VENV)/.installed
 	status=0; $(PY) bench/dense.py || status=1; $(PY) bench/involution.py || status=1; \
 	$(PY) bench/involution.py --layouts-only || status=1; $(PY) bench/layer.py || status=1; \
-	$(PY) bench/rednet.py || status=1; $(PY) bench/backbone.py || status=1; $(PY) bench/host_launch.py || status=1; $(PY) bench/cuda_resources.py || status=1; \
+	$(PY) bench/rednet.py || status=1; $(PY) bench/backbone.py || status=1; $(PY) bench/host_launch.py || status=1; $(PY) bench/cuda_resources.py || status=1; $(PY) bench/cuda_model.py || status=1; \
 	exit $$status
 
 # The sdist, then the wheel built from it, by the standard frontend; metadata checked as the

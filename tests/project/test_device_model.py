@@ -1,0 +1,163 @@
+"""oplib.testing.device_model and its committed table (bench/results/cuda-model.md and .json).
+
+Unit tier: the table is what the model code makes of the inputs the json keeps (the fit, every
+prediction and ratio, cell for cell), every row is within the bar, and the pieces that can be
+wrong on their own: occupancy against the CUDA occupancy calculator, a launch with twice the
+bytes taking twice the time when DRAM binds, the line count of coalesced and scattered lanes,
+the SASS reader. Integration tier: the inputs themselves regenerated for some rows (a recorded
+launch, its trace, and its SASS from NVRTC and nvdisasm) equal what the json keeps."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from oplib.testing import device_model
+from oplib.testing.device_model import H100_SXM, H200, A100_SXM, Constants, KernelWork, LaunchInputs
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+RESULTS = BENCH / "results"
+sys.path.insert(0, str(BENCH))
+import cuda_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def committed():
+    data = json.loads((RESULTS / "cuda-model.json").read_text())
+    model = data["model"]
+    rows = [{**row, "events": cuda_model.events_from_json(row["events"])} for row in model["rows"]]
+    return data, model, rows
+
+
+def test_the_committed_table_is_what_the_model_makes_of_its_inputs(committed):
+    """Refit and repredict from the json's inputs: every line of the markdown but its date."""
+    data, model, rows = committed
+    lines, regenerated = cuda_model.report(rows, model["copy_bandwidth_bytes_per_s"])
+    committed_lines = (RESULTS / "cuda-model.md").read_text().splitlines()
+    assert [line for i, line in enumerate(lines) if i != 2] == [l for i, l in enumerate(committed_lines) if i != 2]
+    assert regenerated["constants"] == pytest.approx(model["constants"])
+
+
+def test_every_row_is_within_the_bar(committed):
+    _, model, rows = committed
+    constants = Constants(**model["constants"])
+    for row in rows:
+        ratio = device_model.predict(row["events"], H200, constants, model["copy_bandwidth_bytes_per_s"]) / row["measured_s"]
+        assert 1 / cuda_model.BAR <= ratio <= cuda_model.BAR, (row["shape"], row["dtype"], row["layout"], row["kernel"], ratio)
+
+
+def test_the_rows_are_those_of_the_measured_table(committed):
+    _, model, _ = committed
+    _, measured = cuda_model.measured_rows()
+    assert [(r["shape"], r["dtype"], r["layout"], r["kernel"]) for r in model["rows"]] == [
+        (r["shape"], r["dtype"], r["layout"], r["kernel"]) for r in measured]
+    assert [r["measured_s"] for r in model["rows"]] == [float(r["device (ms)"]) * 1e-3 for r in measured]
+
+
+@pytest.mark.parametrize(
+    "gpu, registers, threads, shared, blocks",
+    [
+        # CUDA Occupancy Calculator, compute capability 9.0 and 8.0
+        (H200, 32, 256, 0, 8),  # the thread limit: 2048 per SM
+        (H200, 56, 256, 0, 4),  # 56 registers -> 1792 per warp -> 9 warps per scheduler -> 36 warps
+        (H200, 64, 256, 0, 4),
+        (H200, 48, 256, 0, 5),  # 1536 per warp -> 10 warps per scheduler
+        (H200, 128, 256, 0, 2),
+        (H200, 255, 256, 0, 1),
+        (H200, 64, 1024, 0, 1),
+        (H200, 16, 32, 0, 32),  # the block limit
+        (H200, 32, 256, 100 * 1024, 2),  # 100 KB + 1 KB reserved per block out of 228 KB
+        (H200, 32, 128, 48 * 1024, 4),
+        (A100_SXM, 32, 256, 100 * 1024, 1),  # 164 KB per SM
+        (A100_SXM, 64, 256, 0, 4),
+    ],
+)
+def test_occupancy_matches_the_calculator(gpu, registers, threads, shared, blocks):
+    assert device_model.resident_blocks(registers, threads, shared, gpu) == blocks
+
+
+def test_occupancy_agrees_with_the_resource_table_rule():
+    from oplib.testing.nvrtc import resident_blocks
+
+    for registers in range(16, 256, 7):
+        assert device_model.resident_blocks(registers, 256, 0, H200) == resident_blocks(registers, "sm_90")
+
+
+def _streaming(megabytes: float) -> LaunchInputs:
+    """A launch that reads and writes ``megabytes`` once, coalesced: DRAM-bound."""
+    warps = int(megabytes * 1e6 / 128 / 2)
+    work = KernelWork(warps=warps, load_requests=warps, load_lines=warps, store_requests=warps, store_lines=warps,
+                      fma_requests=0, dram_bytes=int(megabytes * 1e6))
+    return LaunchInputs("copy<float>", blocks=-(-warps // 8), threads_per_block=256, shared_bytes=0, registers=16,
+                        loads_in_flight=1, widest_load=4, work=work)
+
+
+@pytest.mark.parametrize("gpu", [H200, H100_SXM, A100_SXM], ids=lambda gpu: gpu.name)
+def test_twice_the_bytes_takes_twice_the_time_when_dram_binds(gpu):
+    constants = Constants(request_cycles=1, line_cycles=1, latency_cycles=500, launch_seconds=0)
+    one, two = _streaming(256), _streaming(512)
+    assert device_model.launch_terms(one, gpu, constants, gpu.dram_bytes_per_s).bound == "dram"
+    ratio = device_model.predict([two], gpu, constants) / device_model.predict([one], gpu, constants)
+    assert ratio == pytest.approx(2, rel=1e-6)
+    # and the H200's larger bandwidth makes the same launch faster than on an H100
+    assert device_model.predict([one], H200, constants) < device_model.predict([one], H100_SXM, constants)
+
+
+def test_a_tail_block_costs_a_whole_wave():
+    """One block more than the SMs hold at once doubles the busiest SM's share."""
+    constants = Constants(request_cycles=1, line_cycles=1, latency_cycles=100, launch_seconds=0)
+    base = _streaming(1)
+    full = dataclasses.replace(base, blocks=H200.sms)
+    tail = dataclasses.replace(base, blocks=H200.sms + 1)
+    terms = [device_model.launch_terms(x, H200, constants, 1e30) for x in (full, tail)]
+    assert terms[1].l1 / terms[0].l1 == pytest.approx(2 * H200.sms / (H200.sms + 1))
+
+
+def test_lines_of_coalesced_and_scattered_lanes():
+    lanes = torch.arange(32).view(1, 32)
+    tally = device_model._Tally(torch.ones(1, 32, dtype=torch.bool), 128)
+    tally.load(0, lanes, torch.ones(1, 32, dtype=torch.bool), 4)  # 32 adjacent floats: one line
+    tally.load(0, lanes * 32, torch.ones(1, 32, dtype=torch.bool), 4)  # a line apart: 32 lines
+    tally.load(0, lanes * 4, torch.ones(1, 32, dtype=torch.bool), 4)  # 16-byte vectors: four lines
+    tally.load(0, lanes, lanes < 0, 4)  # no lane active: no request
+    assert tally.counts["load_requests"] == 3 and tally.counts["load_lines"] == 1 + 32 + 4
+
+
+def test_the_sass_reader_counts_loads_and_waits():
+    sass = """
+        /*0010*/                   LDG.E.128.CONSTANT R4, desc[UR6][R2.64] ;
+        /*0020*/              @!P0 LDG.E.CONSTANT R8, desc[UR6][R2.64+0x10] ;
+        /*0030*/                   FFMA R9, R5, R10, R9 ;
+        /*0040*/                   LDG.E.U16.CONSTANT R11, desc[UR6][R2.64+0x20] ;
+        /*0050*/                   IMAD.U32 R12, R11, 0x10000, RZ ;
+        /*0060*/                   STG.E [R2.64], R12 ;
+    """
+    loads, in_flight = device_model._profile_function(sass)
+    assert loads == {16: 1, 4: 1, 2: 1}
+    assert in_flight == pytest.approx(1.5)  # two loads before the first wait, one before the second
+
+
+@pytest.mark.integration
+def test_the_json_inputs_are_what_the_model_derives_for_some_rows(committed):
+    """Record, trace and compile two (shape, dtype, layout) cases again: the same inputs."""
+    if device_model.nvdisasm() is None:
+        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
+    _, model, rows = committed
+    for case in [("stage4 512@7 s1", "bfloat16", "channels_last"), ("stage3 256@28 s2", "float32", "NCHW")]:
+        for kernel, events in cuda_model._record(case):
+            expected = next(r for r in rows if (r["shape"], r["dtype"], r["layout"], r["kernel"]) == (*case, kernel))
+            launches = [e for e, _ in events if isinstance(e, device_model.Launch)]
+            profiles = {}
+            for launch in launches:
+                profiles.update(device_model.sass_profile(launch.source, ((launch.kernel, launch.dtype, launch.specialisation),)))
+            regenerated = [e if isinstance(e, device_model.Copy) else LaunchInputs(
+                e.name, e.blocks, e.threads_per_block, e.shared_bytes + profiles[e.name].shared_bytes,
+                profiles[e.name].registers, profiles[e.name].loads_in_flight, profiles[e.name].widest_load, work)
+                for e, work in events]  # fmt: skip
+            assert regenerated == expected["events"], (case, kernel)
