@@ -6,6 +6,11 @@ C++ compiler against ``cuda_host_shim.h``, launched over the whole grid.
 CPU tensors. Built with ``sanitize=True`` the library is instrumented by AddressSanitizer, so
 an out-of-bounds access (an illegal address on a GPU) aborts with a report; such a library
 only loads into a process started with the ASan runtime preloaded (see ``asan_environment``).
+
+A kernel whose threads cooperate (shared memory, barriers, warp shuffles: ``cooperative``)
+runs each block's threads as fibers, in the launcher's run order (``ORDERS``); a block that
+can never finish (a barrier some threads never reach) raises ``EmulationError`` saying where.
+The shim's header comment tells how.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -26,6 +32,8 @@ from ..kernels.cuda_launch import LaunchConfig
 from ..kernels.cuda_source import CTYPES, INCLUDE_DIR, KernelArg, KernelSource, instantiations, name_expression
 
 SHIM = Path(__file__).resolve().parent / "cuda_host_shim.h"
+# The orders in which a block's warps, and the lanes of each, take turns (the shim's header comment).
+ORDERS = ("ascending", "descending")
 _CACHE_DIR = Path(os.environ.get("OPLIB_EMULATION_CACHE", Path(tempfile.gettempdir()) / "oplib-emulation"))
 
 
@@ -47,18 +55,49 @@ def emulated_symbol(kernel: str, ctype: str, specialisation: tuple[str, ...] = (
     return "__".join(["oplib_emulate", kernel, ctype, *specialisation]).replace(" ", "_")
 
 
+class EmulationError(RuntimeError):
+    """A kernel the emulation cannot run to its end, such as a block with a barrier that some
+    of its threads never reach: on a GPU it would hang or compute garbage."""
+
+
+# What makes a block's threads wait for each other, as a source spells it.
+_COOPERATION = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*_sync|__shared__|OPLIB_DYNAMIC_SHARED)\b")
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+
+
+def cooperative(source: KernelSource) -> bool:
+    """Whether the threads of ``source``'s blocks cooperate: shared memory, barriers or warp
+    shuffles in its code or in the shared headers it includes (comments aside). Such a kernel
+    runs its blocks' threads as fibers; any other one runs them one after another, faster."""
+    seen, texts = set(), [source.text]
+    while texts:
+        code = _COMMENT.sub("", texts.pop())
+        if _COOPERATION.search(code):
+            return True
+        for name in _INCLUDE.findall(code):
+            header = INCLUDE_DIR / name
+            if name not in seen and header.is_file():
+                seen.add(name)
+                texts.append(header.read_text())
+    return False
+
+
 def _launcher_source(source: KernelSource) -> str:
     """A C++ file including the kernel source plus, per instantiation (kernel, dtype and
-    specialisation), an exported ``extern "C"`` function that runs it over a grid."""
+    specialisation), an exported ``extern "C"`` function that runs it over a grid, its threads
+    in the order ``descending`` says, and returns nullptr or an error message."""
+    launch = "launch_fibers" if cooperative(source) else "launch"
     lines = [f'#include "{SHIM}"', f'#include "{source.path}"', ""]
     for kernel, dtype, specialisation in instantiations(source):
         signature = source.kernels[kernel]
         ctype = CTYPES[dtype]
         arg_names = ", ".join(name for _, name in signature.params)
         lines += [
-            f'extern "C" void {emulated_symbol(kernel, ctype, specialisation)}(const unsigned int* grid, '
-            f"const unsigned int* block, long long shared_bytes, {signature.instantiated_params(ctype)}) {{",
-            f"    oplib_emulation::launch(grid, block, shared_bytes, [&] {{ "
+            f'extern "C" const char* {emulated_symbol(kernel, ctype, specialisation)}(const unsigned int* grid, '
+            f"const unsigned int* block, long long shared_bytes, int descending, "
+            f"{signature.instantiated_params(ctype)}) {{",
+            f"    return oplib_emulation::{launch}(grid, block, shared_bytes, descending, [&] {{ "
             f"{name_expression(kernel, dtype, specialisation)}({arg_names}); }});",
             "}",
             "",
@@ -73,6 +112,9 @@ def build(source: KernelSource, sanitize: bool = False) -> Path:
     flags = ["-O1" if sanitize else "-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-I{INCLUDE_DIR}"]
     # -Wno-unknown-pragmas: g++ has no `#pragma unroll` (an NVCC/NVRTC hint; it unrolls on its own).
     flags += ["-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas"]
+    # More flags for the host compiler, e.g. -DOPLIB_EMULATION_UCONTEXT: fibers switched by
+    # POSIX's swapcontext, the shim's portable path, on x86-64 too.
+    flags += os.environ.get("OPLIB_EMULATION_CXXFLAGS", "").split()
     if sanitize:
         flags += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
     code = _launcher_source(source)
@@ -97,10 +139,14 @@ def _load(library: Path) -> ctypes.CDLL:
 
 
 class EmulatedLauncher:
-    """Launches kernels of a ``KernelSource`` on CPU tensors, one host library per source."""
+    """Launches kernels of a ``KernelSource`` on CPU tensors, one host library per source; the
+    threads of each block run in ``order`` (one of ``ORDERS``)."""
 
-    def __init__(self, sanitize: bool = False):
+    def __init__(self, sanitize: bool = False, order: str = "ascending"):
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         self.sanitize = sanitize
+        self.order = order
         # (kernel, dtype, blocks, threads per block, specialisation) of every launch, in order
         self.launches: list[tuple[str, torch.dtype, int, int, tuple[str, ...]]] = []
 
@@ -117,7 +163,8 @@ class EmulatedLauncher:
         if len(args) != len(signature.params):
             raise ValueError(f"{kernel} takes {len(signature.params)} arguments, got {len(args)}")
         dim3 = ctypes.c_uint * 3
-        c_args = [dim3(*config.grid), dim3(*config.block), ctypes.c_longlong(config.shared_bytes)]
+        c_args = [dim3(*config.grid), dim3(*config.block), ctypes.c_longlong(config.shared_bytes),
+                  ctypes.c_int(ORDERS.index(self.order))]
         for (ctype, name), kind, arg in zip(signature.params, signature.param_ctypes, args):
             if kind is ctypes.c_void_p:
                 if not isinstance(arg, Tensor):
@@ -129,4 +176,7 @@ class EmulatedLauncher:
                 c_args.append(kind(arg))
         blocks = config.grid[0] * config.grid[1] * config.grid[2]
         self.launches.append((kernel, dtype, blocks, config.threads_per_block, specialisation))
-        function(*c_args)
+        function.restype = ctypes.c_char_p
+        error = function(*c_args)
+        if error is not None:
+            raise EmulationError(f"{kernel}<{CTYPES[dtype]}>: {error.decode()}")

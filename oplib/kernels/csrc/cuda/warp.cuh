@@ -1,0 +1,195 @@
+// What kernels whose threads cooperate share: dynamic shared memory, sums over a warp's lanes
+// by shuffles, and the tensor-core product mma.m16n8k16 on float16/bfloat16 fragments.
+//
+// Like element.cuh, no system or CUDA header is included. The host emulation
+// (oplib/testing/cuda_host_shim.h) runs all of this: its shuffles move values between the
+// fibers of a warp's lanes, and the tensor-core product, below sm_80 and on the host, is
+// computed from the very fragments each lane holds, fetched from the other lanes by
+// shuffles, so a fragment loaded in the wrong layout gives wrong numbers there too.
+#pragma once
+
+#include "element.cuh"
+
+constexpr unsigned int OPLIB_FULL_WARP = 0xffffffffu;
+
+// `type* name`: the block's dynamic shared memory (the launch's shared_bytes), 16-byte
+// aligned. (A template cannot declare `extern __shared__ T name[]` for more than one T, so
+// the bytes are declared once and cast; the host shim defines its own.)
+#ifndef OPLIB_DYNAMIC_SHARED
+#define OPLIB_DYNAMIC_SHARED(type, name)                                   \
+    extern __shared__ __align__(16) unsigned char oplib_dynamic_shared[]; \
+    type* name = reinterpret_cast<type*>(oplib_dynamic_shared)
+#endif
+
+// The calling thread's lane: its linear index in the block modulo the warp size.
+__device__ __forceinline__ int oplib_lane() {
+    return (int)((threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32u);
+}
+
+// a + b, IEEE in float32 (no flush of subnormals under CuPy's -ftz=true, as oplib_fma).
+__device__ __forceinline__ float oplib_add(float a, float b) {
+#ifdef __CUDA_ARCH__
+    float sum;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(sum) : "f"(a), "f"(b));
+    return sum;
+#else
+    return a + b;
+#endif
+}
+
+__device__ __forceinline__ double oplib_add(double a, double b) { return a + b; }
+
+// The sum of `value` over the lanes whose index differs from the caller's only in the bits
+// LOW..HIGH (powers of two, LOW <= HIGH): <1, 16> sums the whole warp, <16, 16> each lane
+// with the lane 16 away. Every lane of the warp must call it; each gets its group's sum, the
+// same bits in every lane of the group (a butterfly of shuffles, HIGH first).
+template <int LOW, int HIGH, typename T>
+__device__ __forceinline__ T oplib_warp_sum(T value) {
+    static_assert(LOW > 0 && (LOW & (LOW - 1)) == 0 && HIGH >= LOW && HIGH <= 16 && (HIGH & (HIGH - 1)) == 0,
+                  "LOW and HIGH are powers of two up to 16");
+#pragma unroll
+    for (int offset = HIGH; offset >= LOW; offset >>= 1) {
+        value = oplib_add(value, __shfl_xor_sync(OPLIB_FULL_WARP, value, offset));
+    }
+    return value;
+}
+
+// ---------------------------------------------------------------------------------------
+// Tensor cores: D = A B + C of shape m16n8k16, A and B float16 or bfloat16, C and D float
+// ---------------------------------------------------------------------------------------
+//
+// The fragments of the warp's 32 lanes, in the layout of the PTX ISA ("Matrix Fragments for
+// mma.m16n8k16 with floating point type"). With group = lane / 4 and quad = lane % 4, a lane
+// holds (a 32-bit register holds two 16-bit values, the lower column or row in its lower half):
+//
+//   A (16 x 16, row-major)    a[0]: row group,     columns 2 quad, 2 quad + 1
+//                             a[1]: row group + 8, columns 2 quad, 2 quad + 1
+//                             a[2]: row group,     columns 2 quad + 8, 2 quad + 9
+//                             a[3]: row group + 8, columns 2 quad + 8, 2 quad + 9
+//   B (16 x 8, column-major)  b[0]: rows 2 quad, 2 quad + 1 of column group
+//                             b[1]: rows 2 quad + 8, 2 quad + 9 of column group
+//   C, D (16 x 8, float)      c[0], c[1]: row group,     columns 2 quad, 2 quad + 1
+//                             c[2], c[3]: row group + 8, columns 2 quad, 2 quad + 1
+struct OplibFragmentA {
+    unsigned int reg[4];
+};
+struct OplibFragmentB {
+    unsigned int reg[2];
+};
+struct OplibFragmentC {
+    float value[4];
+};
+
+// A from a 16 x 16 tile of 16-bit values in pairs: row m's 16 values are the 8 words
+// words[m * stride ...], word j holding columns 2j (lower half) and 2j + 1.
+__device__ __forceinline__ OplibFragmentA oplib_load_fragment_a(const unsigned int* words, int stride) {
+    const int lane = oplib_lane(), group = lane >> 2, quad = lane & 3;
+    OplibFragmentA a;
+    a.reg[0] = words[group * stride + quad];
+    a.reg[1] = words[(group + 8) * stride + quad];
+    a.reg[2] = words[group * stride + quad + 4];
+    a.reg[3] = words[(group + 8) * stride + quad + 4];
+    return a;
+}
+
+// B from a 16 x 8 tile held column by column: column n's 16 values are the 8 words
+// words[n * stride ...], word j holding rows 2j (lower half) and 2j + 1.
+__device__ __forceinline__ OplibFragmentB oplib_load_fragment_b(const unsigned int* words, int stride) {
+    const int lane = oplib_lane(), group = lane >> 2, quad = lane & 3;
+    OplibFragmentB b;
+    b.reg[0] = words[group * stride + quad];
+    b.reg[1] = words[group * stride + quad + 4];
+    return b;
+}
+
+// D's element (m, n) to tile[m * row_step + n * column_step].
+__device__ __forceinline__ void oplib_store_fragment_c(const OplibFragmentC& d, float* tile, int row_step,
+                                                       int column_step) {
+    const int lane = oplib_lane(), group = lane >> 2, quad = lane & 3;
+    tile[group * row_step + 2 * quad * column_step] = d.value[0];
+    tile[group * row_step + (2 * quad + 1) * column_step] = d.value[1];
+    tile[(group + 8) * row_step + 2 * quad * column_step] = d.value[2];
+    tile[(group + 8) * row_step + (2 * quad + 1) * column_step] = d.value[3];
+}
+
+// The float values of a register's two 16-bit halves.
+template <typename half_t>
+__device__ __forceinline__ float oplib_low_half(unsigned int pair) {
+    half_t v;
+    v.bits = (unsigned short)(pair & 0xffffu);
+    return oplib_to_float(v);
+}
+
+template <typename half_t>
+__device__ __forceinline__ float oplib_high_half(unsigned int pair) {
+    half_t v;
+    v.bits = (unsigned short)(pair >> 16);
+    return oplib_to_float(v);
+}
+
+// acc += the products of two registers' halves: a's columns k, k + 1 with b's rows k, k + 1.
+template <typename half_t>
+__device__ __forceinline__ float oplib_pair_fma(unsigned int a, unsigned int b, float acc) {
+    acc = oplib_fma(oplib_low_half<half_t>(a), oplib_low_half<half_t>(b), acc);
+    return oplib_fma(oplib_high_half<half_t>(a), oplib_high_half<half_t>(b), acc);
+}
+
+// acc += A B from the fragments alone, as mma.m16n8k16 does, for targets without it (sm_75)
+// and the host: a lane's outputs are row group and group + 8, columns 2 quad and 2 quad + 1,
+// so it takes rows group, group + 8 of A from the four lanes of its group, and columns
+// 2 quad, 2 quad + 1 of B from the lanes of groups 2 quad and 2 quad + 1, one k-slice (the
+// pairs a source quad holds) at a time. Products of 16-bit values are exact in float.
+template <typename half_t>
+__device__ __forceinline__ void oplib_mma_by_shuffles(OplibFragmentC& acc, const OplibFragmentA& a,
+                                                      const OplibFragmentB& b) {
+    const int lane = oplib_lane(), group = lane >> 2, quad = lane & 3;
+#pragma unroll
+    for (int source = 0; source < 4; ++source) {
+        // Columns 2 source, +1 (low) and 2 source + 8, +9 (high) of rows group and group + 8.
+        const int a_lane = group * 4 + source;
+        const unsigned int row_low = __shfl_sync(OPLIB_FULL_WARP, a.reg[0], a_lane);
+        const unsigned int row8_low = __shfl_sync(OPLIB_FULL_WARP, a.reg[1], a_lane);
+        const unsigned int row_high = __shfl_sync(OPLIB_FULL_WARP, a.reg[2], a_lane);
+        const unsigned int row8_high = __shfl_sync(OPLIB_FULL_WARP, a.reg[3], a_lane);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            // The same rows of B (k) in column 2 quad + j, held by group 2 quad + j's lane `source`.
+            const int b_lane = (2 * quad + j) * 4 + source;
+            const unsigned int column_low = __shfl_sync(OPLIB_FULL_WARP, b.reg[0], b_lane);
+            const unsigned int column_high = __shfl_sync(OPLIB_FULL_WARP, b.reg[1], b_lane);
+            acc.value[j] = oplib_pair_fma<half_t>(row_high, column_high,
+                                                  oplib_pair_fma<half_t>(row_low, column_low, acc.value[j]));
+            acc.value[2 + j] = oplib_pair_fma<half_t>(row8_high, column_high,
+                                                      oplib_pair_fma<half_t>(row8_low, column_low, acc.value[2 + j]));
+        }
+    }
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define OPLIB_MMA_M16N8K16(type)                                                                            \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." type "." type                                      \
+                 ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                        \
+                 : "+f"(acc.value[0]), "+f"(acc.value[1]), "+f"(acc.value[2]), "+f"(acc.value[3])           \
+                 : "r"(a.reg[0]), "r"(a.reg[1]), "r"(a.reg[2]), "r"(a.reg[3]), "r"(b.reg[0]), "r"(b.reg[1]))
+
+__device__ __forceinline__ void oplib_mma_instruction(OplibFragmentC& acc, const OplibFragmentA& a,
+                                                      const OplibFragmentB& b, oplib_half) {
+    OPLIB_MMA_M16N8K16("f16");
+}
+
+__device__ __forceinline__ void oplib_mma_instruction(OplibFragmentC& acc, const OplibFragmentA& a,
+                                                      const OplibFragmentB& b, oplib_bfloat16) {
+    OPLIB_MMA_M16N8K16("bf16");
+}
+#endif
+
+// acc += A B for the warp (every lane calls it with its fragments): on sm_80 and newer one
+// tensor-core instruction, elsewhere oplib_mma_by_shuffles.
+template <typename half_t>
+__device__ __forceinline__ void oplib_mma(OplibFragmentC& acc, const OplibFragmentA& a, const OplibFragmentB& b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    oplib_mma_instruction(acc, a, b, half_t());
+#else
+    oplib_mma_by_shuffles<half_t>(acc, a, b);
+#endif
+}
