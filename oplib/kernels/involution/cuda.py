@@ -262,3 +262,46 @@ def launch_involution_generated_backward_input(grad_output, feature, span_weight
     out = result_like(grad_output, input_size)
     return involution_generated_backward_input(grad_output, feature, span_weight, span_bias, input_size, kernel_size,
                                                stride, padding, dilation, out, launcher)
+
+
+# ---------------------------------------------------------------------------------------
+# The span 1x1 conv as a tiled kernel (span_tile.cu), the first stage of the tiled kernels
+# ---------------------------------------------------------------------------------------
+
+from ..cuda_launch import LaunchConfig  # noqa: E402  (kept with the section that uses it)
+
+SPAN_TILE_SOURCE = "involution/csrc/cuda/span_tile.cu"
+
+
+def span_tile_config(source: KernelSource, dtype: torch.dtype, batch: int, rows: int, plane: int) -> LaunchConfig:
+    """``involution_span_tile``'s launch: a block of ``SPAN_TILE_WARPS`` warps per tile of
+    ``SPAN_TILE_PIXELS`` pixels x ``SPAN_TILE_ROWS`` rows of a sample, with the dynamic shared
+    memory the source's layout takes (two staged chunks of ``SPAN_TILE_STRIDE`` values per
+    pixel and per row, and the sums, in float or, for float64, double)."""
+    c = source.constants
+    pixels, tile_rows = c["SPAN_TILE_PIXELS"], c["SPAN_TILE_ROWS"]
+    accumulator = 8 if dtype == torch.float64 else 4
+    shared_bytes = ((pixels + tile_rows) * c["SPAN_TILE_STRIDE"] * dtype.itemsize
+                    + tile_rows * c["SPAN_TILE_SUMS_STRIDE"] * accumulator)
+    grid = (-(-plane // pixels), -(-rows // tile_rows), batch)
+    return LaunchConfig(grid, (32, c["SPAN_TILE_WARPS"]), shared_bytes)
+
+
+def span_tile(feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
+              launcher: Optional[Launcher] = None) -> Tensor:
+    """The span 1x1 conv of ``Involution2d`` through ``span_tile.cu``: feature (N, R, Ho, Wo),
+    span_weight (rows, R), span_bias (rows,) or None -> the generated weights (N, rows, Ho, Wo),
+    ``bias[k] + sum_r span_weight[k, r] * feature[n, r]`` (rows = G*KH*KW; N at most 65535,
+    the grid's z)."""
+    source = load_source(SPAN_TILE_SOURCE)
+    n, reduced, out_h, out_w = feature.shape
+    rows = span_weight.shape[0]
+    out = feature.new_empty(n, rows, out_h, out_w)
+    if out.numel() == 0:
+        return out
+    bias = span_weight.new_zeros(rows) if span_bias is None else span_bias
+    operands = tuple(t.contiguous() for t in (feature, span_weight, bias))
+    config = span_tile_config(source, feature.dtype, n, rows, out_h * out_w)
+    (launcher or cupy_launcher()).launch(source, "involution_span_tile", feature.dtype, config,
+                                         (*operands, out, out_h * out_w, reduced, rows))
+    return out

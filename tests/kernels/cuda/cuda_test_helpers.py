@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from oplib import registry
-from oplib.kernels import CUDA_DISPATCH, KernelSource, load_source
+from oplib.kernels import CUDA_DISPATCH, INCLUDE_DIR, KernelSource, load_source
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.testing.cuda_emulation import asan_environment
 
@@ -83,3 +83,19 @@ def random_samples(spec, dtype, count, seed):
         return []
     rng = random.Random(seed)
     return [spec.random_sample(rng.randint, "cpu", dtype, False) for _ in range(count)]
+
+
+def planted_span_tile(tmp_path: Path, text: str, bug: str) -> KernelSource:
+    """span_tile.cu with ``text`` replaced by ``bug``: in the source, or where the text is
+    warp.cuh's, in a copy of that header beside an unchanged copy of the source (a quoted
+    include looks in the including file's folder first)."""
+    name = involution_cuda.SPAN_TILE_SOURCE
+    if text in load_source(name).text:
+        return _planted(tmp_path, name, text, bug)
+    header = (INCLUDE_DIR / "warp.cuh").read_text()
+    assert header.count(text) == 1, f"the planted bug no longer applies to warp.cuh: update {text!r}"
+    (tmp_path / "warp.cuh").write_text(header.replace(text, bug))
+    source = load_source(name)
+    path = tmp_path / source.path.name
+    path.write_text(source.text)
+    return KernelSource(path, source.text)

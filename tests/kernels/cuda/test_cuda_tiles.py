@@ -1,19 +1,31 @@
 """Tiled kernels on the host: the emulation of cooperating threads (cuda_host_shim.h: fibers,
-barriers, warp shuffles, shared memory) against CUDA's rules, on the small kernels of
-cuda_sources/cooperation.cu."""
+barriers, warp shuffles, shared memory) against CUDA's rules, and span_tile.cu, which uses all
+of it with tensor-core fragments (warp.cuh), against the float64 reference in every dtype and
+both run orders, under AddressSanitizer, and with planted bugs that each check must catch: a
+missing barrier and a wrong fragment layout (the reference), a barrier some threads return
+before (the emulation's own error), a shared-memory over-run (AddressSanitizer)."""
 
 from __future__ import annotations
 
+import os
+import random
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from oplib import registry
 from oplib.kernels import KernelSource, LaunchConfig, load_source
 from oplib.kernels.involution import cuda as involution_cuda
-from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher, EmulationError, cooperative
+from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher, EmulationError, build, cooperative
 from oplib.testing.toolchain import require_host_compiler
+
+from cuda_test_helpers import assert_asan_catches, planted_span_tile, run_under_asan
 
 _COOPERATION_PATH = Path(__file__).parent / "cuda_sources" / "cooperation.cu"
 COOPERATION = KernelSource(_COOPERATION_PATH, _COOPERATION_PATH.read_text())
@@ -27,7 +39,7 @@ COOPERATION = KernelSource(_COOPERATION_PATH, _COOPERATION_PATH.read_text())
 def test_only_sources_whose_threads_cooperate_run_as_fibers(tmp_path):
     """The fiber path is taken for a source that uses shared memory, barriers or shuffles, in
     its own code or in a header it includes; involution's kernels keep the plain loops."""
-    assert cooperative(COOPERATION)
+    assert cooperative(load_source(involution_cuda.SPAN_TILE_SOURCE)) and cooperative(COOPERATION)
     assert not cooperative(load_source(involution_cuda.SOURCE))
     assert not cooperative(load_source(involution_cuda.GENERATED_SOURCE))
     through_header = tmp_path / "through_header.cu"
@@ -166,3 +178,243 @@ def test_blocks_that_can_never_finish_are_reported(case, order):
         fine = torch.zeros(3 * 64, dtype=torch.float64)
         launcher.launch(COOPERATION, "stuck", torch.float64, LaunchConfig(3, 64), (fine, mode))
         assert torch.equal(fine, torch.arange(64, dtype=torch.float64).repeat(3)), mode
+
+
+# ---------------------------------------------------------------------------------------
+# span_tile.cu against the float64 reference
+# ---------------------------------------------------------------------------------------
+
+TOLERANCE = registry.get("involution_generated").tolerance
+
+
+def _reference(feature: torch.Tensor, span_weight: torch.Tensor, span_bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The span 1x1 conv in float64."""
+    bias = None if span_bias is None else span_bias.double()
+    return F.conv2d(feature.double(), span_weight.double()[:, :, None, None], bias)
+
+
+def _check(feature, span_weight, span_bias, launcher, name: str) -> None:
+    out = involution_cuda.span_tile(feature, span_weight, span_bias, launcher)
+    assert out.dtype == feature.dtype and out.is_contiguous(), name
+    atol, rtol = TOLERANCE(feature.dtype)
+    torch.testing.assert_close(out.double(), _reference(feature, span_weight, span_bias), atol=atol, rtol=rtol,
+                               msg=lambda m: f"span_tile[{name}, {feature.dtype}]: {m}")
+
+
+def _registry_samples(dtype: torch.dtype):
+    """(feature, span_weight, span_bias, name) of involution_generated's samples."""
+    spec = registry.get("involution_generated")
+    for sample in spec.sample_inputs("cpu", dtype, False):
+        yield (*sample.args[1:4], sample.name)
+
+
+class SpanCase(NamedTuple):
+    batch: int
+    reduced: int
+    rows: int  # G * K * K
+    height: int
+    width: int
+    bias: bool
+
+    @property
+    def name(self) -> str:
+        return f"n{self.batch}-r{self.reduced}-rows{self.rows}-{self.height}x{self.width}-bias{int(self.bias)}"
+
+    def tensors(self, dtype: torch.dtype):
+        feature = torch.randn(self.batch, self.reduced, self.height, self.width, dtype=torch.float64).to(dtype)
+        span_weight = torch.randn(self.rows, self.reduced, dtype=torch.float64).to(dtype)
+        span_bias = torch.randn(self.rows, dtype=torch.float64).to(dtype) if self.bias else None
+        return feature, span_weight, span_bias
+
+
+# Two chunks of R, two pixel tiles (the second partial), two row tiles.
+TWO_CHUNKS = SpanCase(batch=1, reduced=20, rows=40, height=9, width=9, bias=True)
+
+
+def _random_cases(count: int, seed: int) -> list[SpanCase]:
+    """Geometries around the tile sizes (64 pixels, 32 rows, R in chunks of 16): most of them
+    are no multiple of any."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        groups, kernel = rng.randint(1, 4), rng.choice([1, 3, 5, 7])
+        cases.append(SpanCase(rng.randint(1, 3), rng.choice([1, 2, 7, 15, 16, 17, 31, 33, 48, 70]),
+                              groups * kernel * kernel, rng.randint(1, 21), rng.randint(1, 21), rng.random() < 0.7))
+    return cases
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+def test_span_tile_matches_the_reference_on_the_registry_samples(dtype, order):
+    """involution_generated's samples (their feature, span_weight and bias; channels_last and
+    non-contiguous ones, an empty batch) and TWO_CHUNKS (the planted bugs' geometry),
+    float16/bfloat16 through the tensor-core fragments, float32/float64 through the FMAs and
+    the shuffle."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    for feature, span_weight, span_bias, name in _registry_samples(dtype):
+        _check(feature, span_weight, span_bias, launcher, name)
+    _check(*TWO_CHUNKS.tensors(dtype), launcher, TWO_CHUNKS.name)
+    assert launcher.launches and {launch[3] for launch in launcher.launches} == {256}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+def test_span_tile_matches_the_reference_on_random_geometries(dtype, order):
+    """R over several chunks and not a multiple of one, rows and planes over several tiles and
+    no multiple of one, one to three samples: every axis of the 3-D grid, every edge of a tile."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    cases = _random_cases(24, seed=registry.FLOAT_DTYPES.index(dtype))
+    source = load_source(involution_cuda.SPAN_TILE_SOURCE)
+    grids = [involution_cuda.span_tile_config(source, dtype, c.batch, c.rows, c.height * c.width).grid for c in cases]
+    assert all(max(g[axis] for g in grids) > 1 for axis in range(3)), grids
+    assert any(c.reduced > 16 and c.reduced % 16 for c in cases)
+    for case in cases:
+        _check(*case.tensors(dtype), launcher, case.name)
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+def test_span_tile_on_a_gpu_matches_the_reference(dtype):
+    """CuPy's launch: on sm_80 and newer the tensor-core instruction itself, whose fragment
+    layout the host emulation's product assumes."""
+    samples = [(f.cuda(), s.cuda(), None if b is None else b.cuda(), name) for f, s, b, name in _registry_samples(dtype)]
+    for case in _random_cases(8, seed=9):
+        samples.append((*(None if t is None else t.cuda() for t in case.tensors(dtype)), case.name))
+    for feature, span_weight, span_bias, name in samples:
+        _check(feature, span_weight, span_bias, None, name)
+
+
+# ---------------------------------------------------------------------------------------
+# Planted bugs in span_tile.cu and warp.cuh
+# ---------------------------------------------------------------------------------------
+
+
+class PlantedBug(NamedTuple):
+    name: str
+    text: str
+    bug: str
+
+
+MISSING_BARRIERS = tuple(
+    PlantedBug(name, f"__syncthreads();  // {comment}", f"// {comment}")
+    for name, comment in (("staged", "the chunk is staged"), ("consumed", "every warp is done with the chunk"),
+                          ("summed", "every warp's sums are in place"))
+)
+# a[1] loaded as a[2] is (row group, the upper columns): the registers' order confused.
+WRONG_FRAGMENT = PlantedBug("fragment-a-register-order", "a.reg[1] = words[(group + 8) * stride + quad];",
+                            "a.reg[1] = words[group * stride + quad + 4];")
+# The threads of the pixels past the plane leave before the block's barriers.
+EARLY_RETURN = PlantedBug("return-past-the-plane", "const index_t pixel0 = (index_t)blockIdx.x * SPAN_TILE_PIXELS;",
+                          "const index_t pixel0 = (index_t)blockIdx.x * SPAN_TILE_PIXELS; "
+                          "if (pixel0 + thread >= plane) return;")
+# The sums start one staged row late: their last row lies past the end of the shared memory.
+SHARED_OVERRUN = PlantedBug("sums-past-the-end", "acc_t* sums = reinterpret_cast<acc_t*>(span_chunk + SPAN_TILE_ROWS * stride);",
+                            "acc_t* sums = reinterpret_cast<acc_t*>(span_chunk + (SPAN_TILE_ROWS + 1) * stride);")
+
+
+def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
+    planted = planted_span_tile(tmp_path, bug.text, bug.bug)
+    monkeypatch.setattr(involution_cuda, "load_source", lambda filename: planted)
+    return planted
+
+
+def _assert_fails_the_reference_check(bug: PlantedBug, dtypes, orders=ORDERS) -> None:
+    for order in orders:
+        for dtype in dtypes:
+            with pytest.raises(AssertionError, match="not close"):
+                _check(*TWO_CHUNKS.tensors(dtype), EmulatedLauncher(order=order), f"{bug.name}-{order}")
+
+
+# Each planted source is a build of its own (seconds): the unit tier plants one barrier.
+@pytest.mark.parametrize("bug", [MISSING_BARRIERS[0], *(pytest.param(b, marks=pytest.mark.integration)
+                                                        for b in MISSING_BARRIERS[1:])], ids=lambda b: b.name)
+def test_a_missing_barrier_fails_the_reference_check(bug, tmp_path, monkeypatch):
+    """Each of the three barriers, left out: some warp reads a chunk or the sums before the
+    others wrote them, or after they overwrote them, in every dtype and either run order
+    (between two barriers a warp runs as far as it can before the next one starts)."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    _assert_fails_the_reference_check(bug, registry.FLOAT_DTYPES)
+
+
+def test_a_wrong_fragment_layout_fails_the_reference_check(tmp_path, monkeypatch):
+    """The tensor-core product on the host is computed from each lane's fragments as the PTX
+    ISA lays them out, so fragments loaded in another layout give wrong numbers."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, WRONG_FRAGMENT)
+    _assert_fails_the_reference_check(WRONG_FRAGMENT, (torch.bfloat16, torch.float16), orders=ORDERS[:1])
+
+
+def test_a_barrier_that_threads_return_before_is_reported(tmp_path, monkeypatch):
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, EARLY_RETURN)
+    feature, span_weight, span_bias = TWO_CHUNKS.tensors(torch.float32)
+    # 81 pixels: threads 81-255 of the first pixel tile return, 17-255 of the second.
+    for order in ORDERS:
+        with pytest.raises(EmulationError, match=r"block \([01], [01], 0\): __syncthreads at span_tile\.cu:\d+ is not "
+                                                 r"reached by every thread of the block: threads 0-(80|16) wait at "
+                                                 r"__syncthreads at span_tile\.cu:\d+; threads (81|17)-255 returned"):
+            involution_cuda.span_tile(feature, span_weight, span_bias, EmulatedLauncher(order=order))
+
+
+# ---------------------------------------------------------------------------------------
+# AddressSanitizer, and the portable fiber switch
+# ---------------------------------------------------------------------------------------
+
+_RUN_SAMPLES = textwrap.dedent(
+    """
+    import random, sys, torch
+    from oplib import registry
+    from oplib.testing.cuda_emulation import EmulatedLauncher
+    sys.path.insert(0, {tests!r})
+    from test_cuda_tiles import ORDERS, _check, _random_cases, _registry_samples
+    launches = 0
+    for order in ORDERS:
+        launcher = EmulatedLauncher(sanitize={sanitize}, order=order)
+        for dtype in registry.FLOAT_DTYPES:
+            for feature, span_weight, span_bias, name in _registry_samples(dtype):
+                _check(feature, span_weight, span_bias, launcher, name)
+            for case in _random_cases({random_cases}, seed=5):
+                _check(*case.tensors(dtype), launcher, case.name)
+        launches += len(launcher.launches)
+    print("clean:", launches, "launches")
+    """
+)
+
+
+@pytest.mark.integration
+def test_span_tile_is_clean_under_address_sanitizer():
+    """The registry samples and random geometries, every dtype, both orders: no access outside
+    the tensors or the dynamic shared memory (the host's size of it is the kernel's layout)."""
+    require_host_compiler()
+    build(load_source(involution_cuda.SPAN_TILE_SOURCE), sanitize=True)
+    script = _RUN_SAMPLES.format(tests=str(Path(__file__).parent), sanitize=True, random_cases=6)
+    result = run_under_asan(script)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert "clean:" in result.stdout
+
+
+@pytest.mark.integration
+def test_address_sanitizer_catches_a_shared_memory_over_run(tmp_path):
+    require_host_compiler()
+    planted = planted_span_tile(tmp_path, SHARED_OVERRUN.text, SHARED_OVERRUN.bug)
+    build(planted, sanitize=True)
+    assert_asan_catches(planted, """
+        f, s = torch.randn(1, 20, 9, 9), torch.randn(40, 20)
+        ops.span_tile(f, s, None, launcher)
+    """)
+
+
+@pytest.mark.integration
+def test_the_portable_fiber_switch_gives_the_same_results():
+    """Built with OPLIB_EMULATION_UCONTEXT (makecontext/swapcontext, the path of hosts other
+    than x86-64), in a process of its own: the same samples pass."""
+    require_host_compiler()
+    env = dict(os.environ, OPLIB_EMULATION_CXXFLAGS="-DOPLIB_EMULATION_UCONTEXT")
+    script = _RUN_SAMPLES.format(tests=str(Path(__file__).parent), sanitize=False, random_cases=3)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert "clean:" in result.stdout
