@@ -6,7 +6,7 @@ shape on both sides, over the machinery all ops share.
   ``pytorch/``), ``cuda.py`` (the launch policy and launches of ``csrc/cuda/*.cu``),
   ``layouts.py`` (the memory formats both share with the fakes), ``csrc/cpu/`` (the native
   C++ kernels) and ``csrc/cuda/`` (the CUDA kernels);
-- ``csrc/cuda/``: the headers every CUDA source includes (``element.cuh``);
+- ``csrc/cuda/``: the headers every CUDA source includes (``element.cuh``, ``warp.cuh``);
 - ``native``: the build of the native CPU kernels (first use, or ``python -m oplib build``);
 - ``cuda_source``: the CUDA sources as the host reads them (signatures, template values,
   constants, launch bounds); ``cuda_launch``: the launch contract and CuPy's launcher (on
