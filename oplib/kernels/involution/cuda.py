@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..cuda_launch import BLOCK_SIZE, MAX_BLOCKS, Launcher, cuda_dispatch, cupy_launcher, launch_elementwise
+from ..cuda_launch import BLOCK_SIZE, MAX_BLOCKS, LaunchConfig, Launcher, cuda_dispatch, cupy_launcher, launch_elementwise
 from ..cuda_source import KernelSource, load_source
 from .layouts import activation_in, is_channels_last, is_pixel_major, result_like, weight_in, weight_result
 
@@ -268,7 +268,6 @@ def launch_involution_generated_backward_input(grad_output, feature, span_weight
 # The span 1x1 conv as a tiled kernel (span_tile.cu), the first stage of the tiled kernels
 # ---------------------------------------------------------------------------------------
 
-from ..cuda_launch import LaunchConfig  # noqa: E402  (kept with the section that uses it)
 
 SPAN_TILE_SOURCE = "involution/csrc/cuda/span_tile.cu"
 
