@@ -19,6 +19,7 @@ from typing import Protocol, Union
 import torch
 from torch import Tensor
 
+from . import cuda_prebuilt
 from .cuda_source import NVRTC_OPTIONS, KernelArg, KernelSignature, KernelSource, instantiations, load_source, name_expression
 
 @dataclass(frozen=True)
@@ -172,18 +173,25 @@ class CuPyLauncher:
 
     def load(self, source: KernelSource, device: int, which: Sequence[tuple] | None = None) -> None:
         """Compile the instantiations ``which`` ((kernel, dtype, specialisation) tuples; default:
-        every one of ``source``) in one module for ``device``, and load it there."""
-        which = tuple(instantiations(source) if which is None else which)
-        names = [name_expression(*instantiation) for instantiation in which]
+        every one of ``source``) in one module for ``device``, and load it there. Where
+        ``OPLIB_CUDA_PREBUILT`` names a folder with a cubin of this very source for this GPU
+        (``cuda_prebuilt``), every instantiation is loaded from it instead, nothing compiled."""
         with self._cupy.cuda.Device(device):
-            module = self._cupy.RawModule(code=source.text, options=NVRTC_OPTIONS, name_expressions=names)
-            module.compile()
-            self._contexts[device] = self._driver.ctxGetCurrent()
-            for (kernel, dtype, specialisation), name in zip(which, names):
-                key = (source.sha256, kernel, dtype, specialisation, device)
+            prebuilt = cuda_prebuilt.load_functions(self._cupy, source, device)
+            if prebuilt is not None:
+                module, functions = prebuilt
+            else:
+                which = tuple(instantiations(source) if which is None else which)
+                names = [name_expression(*instantiation) for instantiation in which]
+                module = self._cupy.RawModule(code=source.text, options=NVRTC_OPTIONS, name_expressions=names)
+                module.compile()
                 # get_function gives a RawKernel; its `kernel` (the cupy.cuda.function.Function
                 # of the current device, hence inside the device's scope) holds the CUfunction.
-                self._functions[key] = module.get_function(name).kernel.ptr
+                functions = {instantiation: module.get_function(name).kernel.ptr
+                             for instantiation, name in zip(which, names)}
+            self._contexts[device] = self._driver.ctxGetCurrent()
+            for (kernel, dtype, specialisation), handle in functions.items():
+                self._functions[source.sha256, kernel, dtype, specialisation, device] = handle
         self._modules.append(module)  # a module's functions live as long as it does
 
     def function(self, source: KernelSource, kernel: str, dtype: torch.dtype, specialisation: tuple[str, ...],
