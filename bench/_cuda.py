@@ -1,43 +1,60 @@
-"""The CUDA half of bench/involution.py (``--cuda-only``, which ``make gpu-check`` runs).
+"""The CUDA half of bench/involution.py (``--cuda-only``; ``make gpu-check`` runs each stage in
+a process of its own through tools/gpu_check.py). Its stages:
 
-Per kernel (forward, grad_input, grad_weight) at RedNet-50's seven shapes, batch 32, float32
-and bfloat16, NCHW and channels_last:
+- ``kernels``: per kernel (forward, grad_input, grad_weight, the generated forward) at
+  RedNet-50's seven shapes, batch 32, float32 and bfloat16, NCHW and channels_last:
+    - device time: ``REPEATS`` calls captured in one CUDA graph and replayed between CUDA
+      events, so the GPU runs them back to back and no host time is in the reading;
+    - wall time per call: ``time.perf_counter`` around many calls, synchronised once at the end
+      (the host's cost when it is the slower side);
+    - the DRAM floor: the bytes the kernel must read and write once (``Shape.floor_bytes``), over
+      the device-to-device copy bandwidth measured in the same run, and the ratio to it;
+    - "generic (before)": the same call forced onto the generic kernels of involution.cu (the
+      kernels every geometry took before the specialised ones), timed in the same rounds;
+    - yardsticks: the depthwise 7x7 convolution (its forward for the forward and grad_weight,
+      its input gradient for grad_input) and, for the forward, the unfold formulation.
+  "generated forward" is ``involution_generated`` (the weight formed inside the kernel from a
+  feature map of C/4 channels and the span matrix): its floor is the input, the feature map and
+  the output (the weight is never touched), and its "generic (before)" column is the path it
+  replaces, the span 1x1 conv writing the weight, then oplib's involution forward;
+- ``layer``: the whole ``oplib.nn.Involution2d`` layer, fused (``fused=True``) and unfused
+  (``fused=False``), against a depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
+  channels_last and float32 NCHW, forward (eval, no_grad) and forward+backward (train), device
+  time (``oplib.benchmark``'s CUDA clock: graph replays between events);
+- ``launch``: the host's time per call at a tiny shape, oplib's involution against a bare
+  custom op of the same schema (two tensors, three int lists) that allocates its result and
+  launches an empty kernel through the same launcher;
+- ``models``: RedNet-50 against a torch.nn ResNet-50 (bench/rednet.py's; no torchvision
+  needed), bf16 autocast and channels_last, training step and inference, batch 32 and 128,
+  eager, ``torch.compile`` and ``torch.compile(mode="reduce-overhead")``, in images per second,
+  the rows in the order of ``MODEL_ROWS`` (each compiled row compiles both models: minutes).
 
-- device time: ``REPEATS`` calls captured in one CUDA graph and replayed between CUDA events,
-  so the GPU runs them back to back and no host time is in the reading;
-- wall time per call: ``time.perf_counter`` around many calls, synchronised once at the end
-  (the host's cost when it is the slower side);
-- the DRAM floor: the bytes the kernel must read and write once (``Shape.floor_bytes``), over
-  the device-to-device copy bandwidth measured in the same run, and the ratio to it;
-- "generic (before)": the same call forced onto the generic kernels of involution.cu (the
-  kernels every geometry took before the specialised ones), timed in the same rounds;
-- yardsticks: the depthwise 7x7 convolution (its forward for the forward and grad_weight, its
-  input gradient for grad_input) and, for the forward, the unfold formulation.
-
-"generated forward" is ``involution_generated`` (the weight formed inside the kernel from a
-feature map of C/4 channels and the span matrix): its floor is the input, the feature map and
-the output (the weight is never touched), and its "generic (before)" column is the path it
-replaces, the span 1x1 conv writing the weight, then oplib's involution forward.
-
-Then the tiny-shape wall time against a bare custom op that launches an empty CuPy kernel, and
-RedNet-50 against a torch.nn ResNet-50 (bf16 autocast, channels_last), training step and
-inference, eager and compiled, in images per second.
+Each runs on a ``Target``: the GPU, or a dry run (``Target.dry()``, ``--dry``) on the CPU with
+the sizes of ``DRY``: CPU tensors, the CUDA kernels through the host emulation where a launcher
+is named (``oplib.testing.cuda_emulation``), ``time.perf_counter`` in place of CUDA events,
+aot_eager in place of inductor: the same code end to end, so that a broken stage shows here,
+not on a GPU lease. Its figures are not GPU figures.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 from statistics import median
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from oplib.benchmark import Shape, capture_graph, device_copy_bandwidth, unfold_involution
-from oplib.kernels import cupy_launcher
+from oplib.benchmark import REDNET50_SHAPES, Shape, call, capture_graph, cpu_model, device_copy_bandwidth, ratio, unfold_involution
+from oplib.kernels import CUDA_DISPATCH, KernelSource, Launcher, cupy_launcher, linear_config
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.cpu import generated_weight
 
@@ -48,17 +65,138 @@ KERNELS = ("forward", "grad_input", "grad_weight", "generated forward")
 REPEATS = 20  # calls per captured graph
 ROUNDS = 5  # interleaved rounds; a time is the median over them
 
-
 # The launch policy with no chunked kernel: every call runs involution.cu's generic kernels.
 GENERIC = dataclasses.replace(involution_cuda.POLICY, kernel_sizes=())
 
+# The models table, most wanted first: its report is rewritten after each row, so a run cut
+# short keeps the rows it finished. (task, mode, batch); a compiled row compiles both models.
+MODEL_ROWS = tuple(
+    [(task, "eager", batch) for batch in (32, 128) for task in ("train", "inference")]
+    + [(task, mode, batch) for batch in (32, 128) for mode in ("compiled", "reduce-overhead")
+       for task in ("inference", "train")]
+)  # fmt: skip
+# --cuda-models: which of the model table's modes run
+MODEL_MODES = {"all": ("eager", "compiled", "reduce-overhead"), "eager": ("eager",), "none": ()}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The sizes of a run of the stages: the GPU's (``GPU``) or a dry run's (``DRY``)."""
+
+    shapes: tuple[Shape, ...]  # the kernel and layer tables
+    repeats: int = REPEATS
+    rounds: int = ROUNDS
+    wall_calls: int = 200
+    layer_rounds: int = 3
+    layer_min_run_time: float = 0.05  # seconds per statement per round
+    tiny_calls: int = 2000
+    model_rows: tuple[tuple[str, str, int], ...] = MODEL_ROWS
+    model_rounds: int = 3
+    image_size: int = 224
+    images_per_reading: int = 320  # steps per reading: this over the batch, at least 3
+    rednet_options: tuple[tuple[str, Any], ...] = ()  # rednet50's keyword arguments
+
+    def steps(self, batch: int) -> int:
+        return max(3, self.images_per_reading // batch)
+
+
+GPU = Plan(shapes=tuple(replace(s, batch=BATCH) for s in REDNET50_SHAPES))
+# Tiny: two geometries the specialised kernels serve (stride 1 and 2), batch 2; RedNet-50 at a
+# quarter of its width; the model rows of batch 32, at a batch of 2.
+DRY = Plan(
+    shapes=(Shape("dry 32@9 s1", 32, 9, 9, 1, batch=2), Shape("dry 32@9 s2", 32, 9, 9, 2, batch=2)),
+    repeats=2, rounds=2, wall_calls=2, layer_rounds=1, layer_min_run_time=0.001, tiny_calls=20,
+    model_rows=tuple((task, mode, 2) for task, mode, batch in MODEL_ROWS if batch == BATCH),
+    model_rounds=1, image_size=32, images_per_reading=2, rednet_options=(("width", 16), ("group_channels", 8)),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the stages run: ``cuda()``, the current GPU with CuPy's launcher; ``dry()``, the
+    CPU with the CUDA kernels emulated on the host."""
+
+    device: str
+    launcher: Launcher
+    name: str  # the device, for the reports
+
+    @classmethod
+    def cuda(cls) -> Target:
+        return cls("cuda", cupy_launcher(), torch.cuda.get_device_name())
+
+    @classmethod
+    def dry(cls) -> Target:
+        from oplib.testing.cuda_emulation import EmulatedLauncher
+
+        return cls("cpu", EmulatedLauncher(), f"dry run on the CPU ({cpu_model()}), CUDA kernels emulated")
+
+    @property
+    def is_dry(self) -> bool:
+        return self.device == "cpu"
+
+    def synchronize(self) -> None:
+        if not self.is_dry:
+            torch.cuda.synchronize()
+
+    def load_kernels(self) -> None:
+        """Every CUDA kernel loaded before anything is timed (``oplib.kernels.load``; a dry
+        run builds the host emulation of each source)."""
+        if self.is_dry:
+            from oplib.kernels.cuda_source import cuda_sources, load_source
+            from oplib.testing.cuda_emulation import build
+
+            for name in cuda_sources():
+                build(load_source(name))
+        else:
+            from oplib.kernels import load
+
+            load()
+
+    def timer(self, fn: Callable[[], object], repeats: int) -> Callable[[], float]:
+        """Seconds per call of ``fn``: on the GPU, ``repeats`` calls captured in one CUDA graph
+        and replayed between CUDA events; dry, ``repeats`` calls between perf_counter readings."""
+        if not self.is_dry:
+            return DeviceTimer(fn, repeats).read
+        fn()
+
+        def read() -> float:
+            start = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            return (time.perf_counter() - start) / repeats
+
+        return read
+
+    def copy_bandwidth(self) -> float:
+        """Bytes per second read + written by a large device copy (dry: 64 MiB on the CPU)."""
+        if not self.is_dry:
+            return device_copy_bandwidth()
+        src = torch.randn(1 << 24)
+        dst = torch.empty_like(src)
+        seconds = min(self.timer(lambda: dst.copy_(src), 3)() for _ in range(3))
+        return 2 * src.numel() * src.element_size() / seconds
+
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(self.device, dtype=torch.bfloat16)
+
+    def compile(self, module: nn.Module, mode: str) -> Callable[..., Tensor]:
+        """``module`` as the models table runs it in ``mode``: eager, ``torch.compile``, or
+        ``torch.compile(mode="reduce-overhead")``; dry, both compiled modes through aot_eager
+        (inductor's CPU compile of the two models would take the dry run ten minutes)."""
+        if mode == "eager":
+            return module
+        if self.is_dry:
+            return torch.compile(module, backend="aot_eager", dynamic=False)
+        return torch.compile(module, mode=None if mode == "compiled" else mode, dynamic=False)
+
 
 class DeviceTimer:
-    """A call captured ``REPEATS`` times into a CUDA graph (``oplib.benchmark.capture_graph``):
+    """A call captured ``repeats`` times into a CUDA graph (``oplib.benchmark.capture_graph``):
     ``read()`` replays it between CUDA events and returns seconds per call."""
 
-    def __init__(self, fn: Callable[[], object]):
-        self.graph = capture_graph(fn, REPEATS)
+    def __init__(self, fn: Callable[[], object], repeats: int = REPEATS):
+        self.repeats = repeats
+        self.graph = capture_graph(fn, repeats)
         self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def read(self) -> float:
@@ -68,18 +206,24 @@ class DeviceTimer:
         self.graph.replay()
         self.end.record()
         self.end.synchronize()
-        return self.start.elapsed_time(self.end) / 1e3 / REPEATS
+        return self.start.elapsed_time(self.end) / 1e3 / self.repeats
 
 
-def wall_time(fn: Callable[[], object], calls: int = 200) -> float:
+def wall_time(fn: Callable[[], object], calls: int = 200, target: Optional[Target] = None) -> float:
     """Seconds per call on the host: ``calls`` calls, then one synchronise."""
+    synchronize = torch.cuda.synchronize if target is None else target.synchronize
     fn()
-    torch.cuda.synchronize()
+    synchronize()
     start = time.perf_counter()
     for _ in range(calls):
         fn()
-    torch.cuda.synchronize()
+    synchronize()
     return (time.perf_counter() - start) / calls
+
+
+# ---------------------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------------------
 
 
 def operands_on(shape: Shape, dtype: torch.dtype, layout: str, device: str = "cuda") -> dict:
@@ -114,33 +258,49 @@ def floor_bytes(shape: Shape, dtype: torch.dtype, kernel: str) -> int:
     return (input_ + feature + shape.batch * shape.channels * out_h * out_w) * dtype.itemsize
 
 
-def kernel_calls(o: dict) -> dict[tuple[str, str], Callable[[], object]]:
-    """(candidate, kernel) -> a call, for oplib, its generic kernels, and the yardsticks."""
+def _oplib_ops(x: Tensor, launcher: Optional[Launcher]) -> dict[str, Callable[..., Tensor]]:
+    """The four ops as a GPU runs them: the registered ops on CUDA tensors (or on CPU tensors
+    with no launcher: the CPU kernels); on CPU tensors with ``launcher``, each op's CUDA
+    dispatch (``oplib.kernels.CUDA_DISPATCH``) over it, the CUDA kernels emulated."""
+    names = {"forward": "involution", "grad_input": "involution_backward_input",
+             "grad_weight": "involution_backward_weight", "generated forward": "involution_generated",
+             "generated grad_input": "involution_generated_backward_input"}  # fmt: skip
+    if x.is_cuda or launcher is None:
+        return {key: getattr(torch.ops.oplib, name) for key, name in names.items()}
+    return {key: functools.partial(_dispatch, CUDA_DISPATCH[f"oplib::{name}"], launcher) for key, name in names.items()}
+
+
+def _dispatch(dispatch, launcher: Launcher, *args) -> Tensor:
+    return dispatch(*args, launcher)
+
+
+def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str, str], Callable[[], object]]:
+    """(candidate, kernel) -> a call, for oplib, its generic kernels, and the yardsticks. On
+    CUDA tensors the launches go through CuPy's launcher; on CPU tensors through ``launcher``
+    (a dry run's emulation), or with none, the CPU path stands in for both oplib and generic."""
     shape, x, w, g, depthwise = o["shape"], o["input"], o["weight"], o["grad_output"], o["depthwise"]
     stride, padding, dilation = shape.params
-    ops = torch.ops.oplib
+    ops = _oplib_ops(x, launcher)
+    size, kernel_size = [shape.height, shape.width], [shape.kernel] * 2
     oplib_calls = {
-        "forward": lambda: ops.involution(x, w, stride, padding, dilation),
-        "grad_input": lambda: ops.involution_backward_input(g, w, [shape.height, shape.width], stride, padding, dilation),
-        "grad_weight": lambda: ops.involution_backward_weight(
-            g, x, [shape.kernel] * 2, stride, padding, dilation, shape.groups
-        ),
+        "forward": lambda: ops["forward"](x, w, stride, padding, dilation),
+        "grad_input": lambda: ops["grad_input"](g, w, size, stride, padding, dilation),
+        "grad_weight": lambda: ops["grad_weight"](g, x, kernel_size, stride, padding, dilation, shape.groups),
     }
-
     calls = {("oplib", k): call for k, call in oplib_calls.items()}
-    if x.is_cuda:  # the same launches under the GENERIC policy (the CPU has no chunked kernels)
-        launcher = cupy_launcher()
+    launcher = cupy_launcher() if x.is_cuda else launcher
+    if launcher is not None:  # the same launches under the GENERIC policy
         calls["generic", "forward"] = lambda: involution_cuda.launch_involution(x, w, stride, padding, dilation,
                                                                               launcher, GENERIC)
         calls["generic", "grad_input"] = lambda: involution_cuda.launch_involution_backward_input(
-            g, w, [shape.height, shape.width], stride, padding, dilation, launcher, GENERIC)
+            g, w, size, stride, padding, dilation, launcher, GENERIC)
         calls["generic", "grad_weight"] = lambda: involution_cuda.launch_involution_backward_weight(
-            g, x, [shape.kernel] * 2, stride, padding, dilation, shape.groups, launcher, GENERIC)
+            g, x, kernel_size, stride, padding, dilation, shape.groups, launcher, GENERIC)
     else:
         calls |= {("generic", k): call for k, call in oplib_calls.items()}
-    f, s, b, kernel_size = o["feature"], o["span_weight"], o["span_bias"], [shape.kernel] * 2
-    calls["oplib", "generated forward"] = lambda: ops.involution_generated(x, f, s, b, kernel_size, stride, padding, dilation)
-    calls["generic", "generated forward"] = lambda: ops.involution(
+    f, s, b = o["feature"], o["span_weight"], o["span_bias"]
+    calls["oplib", "generated forward"] = lambda: ops["generated forward"](x, f, s, b, kernel_size, stride, padding, dilation)
+    calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size), stride, padding, dilation
     )
     conv = (stride, padding, dilation, shape.channels)
@@ -150,27 +310,51 @@ def kernel_calls(o: dict) -> dict[tuple[str, str], Callable[[], object]]:
     return calls
 
 
-def run_kernels(shapes: list[Shape], on_rows: Optional[Callable[[float, list[dict]], object]] = None) -> tuple[float, list[dict]]:
+# The shape Nsight Compute profiles each kernel at (tools/gpu_check.py, stage ncu): mid-network,
+# where the kernel table's device time is furthest from the floor relative to its size.
+NCU_SHAPE = replace(REDNET50_SHAPES[1], batch=BATCH)
+
+
+def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Callable[[], object]]:
+    """Each of oplib's kernels once: the five ops on their own kernels (chunked where the
+    geometry allows) and the three ops forced onto the generic kernels (``kernel_calls``' oplib
+    and generic calls, the generated grad_input added); no yardstick (ncu profiles only kernels
+    named involution*)."""
+    calls = kernel_calls(o, launcher)
+    shape, x, g = o["shape"], o["input"], o["grad_output"]
+    stride, padding, dilation = shape.params
+    generated_grad_input = _oplib_ops(x, launcher)["generated grad_input"]
+    profiled = {f"{candidate} {kernel}": calls[candidate, kernel]
+                for candidate in ("oplib", "generic") for kernel in KERNELS if (candidate, kernel) != ("generic", "generated forward")}
+    profiled["oplib generated grad_input"] = lambda: generated_grad_input(
+        g, o["feature"], o["span_weight"], o["span_bias"], [shape.height, shape.width], [shape.kernel] * 2, stride,
+        padding, dilation)
+    return profiled
+
+
+def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list[dict]], object]] = None,
+                target: Optional[Target] = None, plan: Plan = GPU) -> tuple[float, list[dict]]:
     """Every (shape, dtype, layout): device and wall times of every candidate, interleaved over
-    ROUNDS rounds. Returns the copy bandwidth and one row per (shape, dtype, layout, kernel);
-    ``on_rows`` sees the bandwidth and the rows so far after each (shape, dtype, layout)."""
-    bandwidth = device_copy_bandwidth()
+    ``plan.rounds`` rounds. Returns the copy bandwidth and one row per (shape, dtype, layout,
+    kernel); ``on_rows`` sees the bandwidth and the rows so far after each (shape, dtype, layout)."""
+    target = target or Target.cuda()
+    bandwidth = target.copy_bandwidth()
     print(f"device copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
     rows = []
     for shape in shapes:
         for dtype in DTYPES:
             for layout in LAYOUTS:
-                o = operands_on(shape, dtype, layout)
-                calls = kernel_calls(o)
-                timers = {key: DeviceTimer(call) for key, call in calls.items()}
+                o = operands_on(shape, dtype, layout, target.device)
+                calls = kernel_calls(o, target.launcher)
+                timers = {key: target.timer(call, plan.repeats) for key, call in calls.items()}
                 readings: dict = {key: [] for key in calls}
                 keys = list(calls)
-                for r in range(ROUNDS):
+                for r in range(plan.rounds):
                     for k in range(len(keys)):
                         key = keys[(r + k) % len(keys)]
-                        readings[key].append(timers[key].read())
+                        readings[key].append(timers[key]())
                 device = {key: median(values) for key, values in readings.items()}
-                walls = {key: wall_time(calls[key]) for key in calls if key[0] == "oplib"}
+                walls = {key: wall_time(calls[key], plan.wall_calls, target) for key in calls if key[0] == "oplib"}
                 for kernel in KERNELS:
                     floor = floor_bytes(shape, dtype, kernel) / bandwidth
                     yardstick = ("depthwise", "grad_input" if kernel == "grad_input" else "forward")
@@ -203,88 +387,202 @@ def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     return columns, cells
 
 
+# ---------------------------------------------------------------------------------------
+# layer
+# ---------------------------------------------------------------------------------------
+
+LAYER_CASES = ("fused", "unfused", "depthwise 7x7")
+LAYER_MODES = ("forward", "forward+backward")
+# (dtype, memory format): the training setting (bf16 autocast's dtype, channels_last) and float32 NCHW
+LAYER_PRECISIONS = (("bfloat16", "channels_last"), ("float32", "NCHW"))
+
+
+def _layer_module(case: str, shape: Shape) -> nn.Module:
+    torch.manual_seed(0)
+    if case == "depthwise 7x7":
+        return nn.Conv2d(shape.channels, shape.channels, shape.kernel, shape.stride, shape.kernel // 2,
+                         groups=shape.channels, bias=False)
+    from oplib.nn import Involution2d
+
+    return Involution2d(shape.channels, shape.kernel, shape.stride, group_channels=shape.group_channels,
+                        fused=case == "fused")
+
+
+def layer_stmts(shape: Shape, dtype: torch.dtype, layout: str, device: str) -> dict:
+    """(case, mode) -> a statement: each layer in eval mode under no_grad ("forward"), and in
+    train mode with a fixed grad_output backpropagated to the input and every parameter, the
+    gradients then dropped ("forward+backward")."""
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    inputs = shape.inputs(device, dtype)
+    x = inputs.input.contiguous(memory_format=fmt)
+    grad = inputs.grad_output.contiguous(memory_format=fmt)
+    stmts = {}
+    for case in LAYER_CASES:
+        layer = _layer_module(case, shape).to(device=device, dtype=dtype, memory_format=fmt)
+        inference, training, x_grad = copy.deepcopy(layer).eval(), layer.train(), x.detach().requires_grad_()
+
+        def forward_backward(training=training, x_grad=x_grad) -> None:
+            training(x_grad).backward(grad)
+            x_grad.grad = None
+            training.zero_grad(set_to_none=True)
+
+        stmts[case, "forward"] = call(torch.no_grad()(inference), x)
+        stmts[case, "forward+backward"] = call(forward_backward)
+    return stmts
+
+
+def run_layer(section: Any, target: Target, plan: Plan, on_rows: Optional[Callable[[list[list[str]]], object]] = None
+              ) -> list[list[str]]:
+    """The layer table's rows: per shape and precision, each case's device time (ms) in both
+    modes and the two involutions' ratios to the depthwise convolution (``section``:
+    bench/_harness.Section, its rounds and reading length set by the caller)."""
+    rows = []
+    for shape in plan.shapes:
+        for dtype_name, layout in LAYER_PRECISIONS:
+            stmts = layer_stmts(shape, getattr(torch, dtype_name), layout, target.device)
+            times = section.measure(f"layer {shape.name} {dtype_name} {layout}", stmts, device=target.device)
+            row = [shape.name, f"{dtype_name}, {layout}"]
+            for mode in LAYER_MODES:
+                row += [f"{times[case, mode].median * 1e3:.3f}" for case in LAYER_CASES]
+                row += [f"{ratio(times[case, mode], times['depthwise 7x7', mode]):.2f}x" for case in ("fused", "unfused")]
+            rows.append(row)
+            if on_rows is not None:
+                on_rows(rows)
+    return rows
+
+
+def layer_columns() -> list[str]:
+    columns = ["shape", "precision"]
+    for mode in ("fwd", "fwd+bwd"):
+        columns += [f"{mode} fused (ms)", f"{mode} unfused (ms)", f"{mode} depthwise (ms)", f"{mode} fused / dw",
+                    f"{mode} unfused / dw"]
+    return columns
+
+
+# ---------------------------------------------------------------------------------------
+# launch
+# ---------------------------------------------------------------------------------------
+
 # The tiny shape of the launch-path bar: where the host's cost is all there is.
 TINY = dict(input=(1, 16, 8, 8), weight=(1, 1, 3, 3, 8, 8), window=([1, 1], [1, 1], [1, 1]))
+# The keys of run_tiny's result.
+OPLIB_TINY, BARE_TINY = "oplib involution", "custom_op + empty CuPy kernel"
+
+# element.cuh defines the storage types every instantiation names (oplib_half, oplib_bfloat16).
+_EMPTY_KERNEL = ('#include "element.cuh"\n\n'
+                 "template <typename scalar_t>\n__global__ void oplib_bench_empty(scalar_t* out) { (void)out; }\n")
 
 
-def _empty_kernel_op():
-    """A bare custom op: allocate the output and launch an empty CuPy kernel on it."""
-    import cupy
+@functools.cache
+def _empty_source() -> KernelSource:
+    """A source with one empty kernel, written to a file (the host emulation includes it)."""
+    path = Path(tempfile.mkdtemp(prefix="oplib-bench-")) / "oplib_bench_empty.cu"
+    path.write_text(_EMPTY_KERNEL)
+    return KernelSource(path, _EMPTY_KERNEL)
 
-    kernel = cupy.RawKernel('extern "C" __global__ void oplib_bench_empty(float* out) {}', "oplib_bench_empty")
 
-    @torch.library.custom_op("oplib_bench::empty_kernel", mutates_args=())
-    def empty_kernel(x: Tensor) -> Tensor:
-        out = torch.empty_like(x)
-        kernel((1,), (32,), (out.data_ptr(),))  # CuPy's null stream: PyTorch's default stream too
+@functools.cache
+def bare_op(launcher: Launcher) -> Callable[..., Tensor]:
+    """A bare custom op of involution's schema (input, weight, stride, padding, dilation) whose
+    kernel allocates its result and launches an empty kernel on it through ``launcher``
+    (prepared once per dtype and device where the launcher can: the config checked and the
+    kernel found ahead, as a launch plan does), deciding nothing: the floor of a custom op that
+    launches a kernel from Python."""
+    source, config, prepared = _empty_source(), linear_config(1, 32), {}
+
+    def launch(out: Tensor) -> None:
+        key = (out.dtype, out.device)
+        if key not in prepared:
+            if hasattr(launcher, "prepare"):
+                prepared[key] = launcher.prepare(source, "oplib_bench_empty", out.dtype, config, (), out.device.index)
+            else:
+                prepared[key] = functools.partial(launcher.launch, source, "oplib_bench_empty", out.dtype, config)
+        prepared[key]((out,))
+
+    @torch.library.custom_op(f"oplib_bench::empty_kernel_{id(launcher)}", mutates_args=())
+    def empty_kernel(input: Tensor, weight: Tensor, stride: list[int], padding: list[int], dilation: list[int]) -> Tensor:
+        out = input.new_empty(input.shape[0], input.shape[1], *weight.shape[4:])
+        launch(out)
         return out
 
     return empty_kernel
 
 
-def run_tiny() -> dict[str, float]:
-    """Wall seconds per call, interleaved over ROUNDS rounds: oplib's involution at the tiny
-    shape and the bare custom op launching an empty kernel on a tensor of the same size."""
-    x = torch.randn(*TINY["input"], device="cuda")
-    w = torch.randn(*TINY["weight"], device="cuda")
-    empty = _empty_kernel_op()
-    calls = {
-        "oplib involution": lambda: torch.ops.oplib.involution(x, w, *TINY["window"]),
-        "custom_op + empty CuPy kernel": lambda: empty(x),
-    }
+def run_tiny(target: Optional[Target] = None, plan: Plan = GPU) -> dict[str, float]:
+    """Wall seconds per call, interleaved over ``plan.rounds`` rounds: oplib's involution at the
+    tiny shape and the bare custom op (``bare_op``) on the same arguments."""
+    target = target or Target.cuda()
+    x = torch.randn(*TINY["input"], device=target.device)
+    w = torch.randn(*TINY["weight"], device=target.device)
+    empty = bare_op(target.launcher)
+    calls = {OPLIB_TINY: lambda: torch.ops.oplib.involution(x, w, *TINY["window"]),
+             BARE_TINY: lambda: empty(x, w, *TINY["window"])}
     readings: dict = {name: [] for name in calls}
-    for r in range(ROUNDS):
+    for r in range(plan.rounds):
         for name in list(calls)[r % 2:] + list(calls)[: r % 2]:
-            readings[name].append(wall_time(calls[name], calls=2000))
+            readings[name].append(wall_time(calls[name], plan.tiny_calls, target))
     return {name: median(values) for name, values in readings.items()}
 
 
-# --cuda-models: which of the model table's modes run (compiling the two models is minutes)
-MODEL_MODES = {"all": ("eager", "compiled"), "eager": ("eager",), "none": ()}
+# ---------------------------------------------------------------------------------------
+# models
+# ---------------------------------------------------------------------------------------
 
 
-def run_models(batch: int = BATCH, size: int = 224, modes: tuple[str, ...] = ("eager", "compiled"),
+def _model_step(target: Target, model: nn.Module, forward: Callable[..., Tensor], task: str, mode: str,
+                images: Tensor, labels: Tensor) -> Callable[[], None]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    model.train(task == "train")
+
+    def step() -> None:
+        if mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # each step a new iteration of the CUDA graph trees
+        with target.autocast():
+            if task == "train":
+                optimizer.zero_grad(set_to_none=True)
+                F.cross_entropy(forward(images), labels).backward()
+                optimizer.step()
+            else:
+                with torch.no_grad():
+                    forward(images)
+
+    return step
+
+
+def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequence[str] = MODEL_MODES["all"],
                on_row: Optional[Callable[[list[list[str]]], object]] = None) -> list[list[str]]:
     """RedNet-50 vs ResNet-50: img/s of a training step (bf16 autocast, channels_last, SGD)
-    and of inference, in each of ``modes`` ("eager", "compiled": torch.compile), on the GPU.
+    and of inference, for each row of ``plan.model_rows`` whose mode is in ``modes``.
     ``on_row`` sees the rows so far after each one (the caller's report is kept current)."""
     from oplib.models import rednet50
     from rednet import resnet50
 
+    target = target or Target.cuda()
+    builds = {"RedNet-50": lambda: rednet50(**dict(plan.rednet_options)), "ResNet-50": resnet50}
     rows = []
-    images = torch.randn(batch, 3, size, size, device="cuda").contiguous(memory_format=torch.channels_last)
-    labels = torch.randint(0, 1000, (batch,), device="cuda")
-    for mode in modes:
-        for task in ("train", "inference"):
-            seconds = {}
-            for name, build in (("RedNet-50", rednet50), ("ResNet-50", resnet50)):
-                torch.manual_seed(0)
-                model = build().cuda().to(memory_format=torch.channels_last)
-                forward = torch.compile(model) if mode == "compiled" else model
-                optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
-                def step(model=model, forward=forward, optimizer=optimizer):
-                    with torch.autocast("cuda", dtype=torch.bfloat16):
-                        if task == "train":
-                            model.train()
-                            optimizer.zero_grad(set_to_none=True)
-                            F.cross_entropy(forward(images), labels).backward()
-                            optimizer.step()
-                        else:
-                            model.eval()
-                            with torch.no_grad():
-                                forward(images)
-
-                for _ in range(3):
-                    step()  # compiles, warms cuDNN's and oplib's caches
-                seconds[name] = median(wall_time(step, calls=10) for _ in range(ROUNDS))
-                del model, forward, optimizer
+    for task, mode, batch in plan.model_rows:
+        if mode not in modes:
+            continue
+        images = torch.randn(batch, 3, plan.image_size, plan.image_size, device=target.device)
+        images = images.contiguous(memory_format=torch.channels_last)
+        labels = torch.randint(0, 1000, (batch,), device=target.device)
+        seconds = {}
+        for name, build in builds.items():
+            torch.manual_seed(0)
+            model = build().to(target.device).to(memory_format=torch.channels_last)
+            step = _model_step(target, model, target.compile(model, mode), task, mode, images, labels)
+            for _ in range(3):
+                step()  # compiles, records the CUDA graphs, warms cuDNN's and oplib's caches
+            seconds[name] = median(wall_time(step, plan.steps(batch), target) for _ in range(plan.model_rounds))
+            del model, step
+            torch.compiler.reset()
+            if not target.is_dry:
                 torch.cuda.empty_cache()
-            rows.append([
-                f"{task}, {mode}", str(batch), f"{batch / seconds['RedNet-50']:.0f}", f"{batch / seconds['ResNet-50']:.0f}",
-                f"{seconds['ResNet-50'] / seconds['RedNet-50']:.2f}x",
-            ])  # fmt: skip
-            print(" | ".join(rows[-1]), flush=True)
-            if on_row is not None:
-                on_row(rows)
+        rows.append([
+            f"{task}, {mode}", str(batch), f"{batch / seconds['RedNet-50']:.0f}", f"{batch / seconds['ResNet-50']:.0f}",
+            f"{seconds['ResNet-50'] / seconds['RedNet-50']:.2f}x",
+        ])  # fmt: skip
+        print(" | ".join(rows[-1]), flush=True)
+        if on_row is not None:
+            on_row(rows)
     return rows

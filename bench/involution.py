@@ -9,8 +9,12 @@ measured in this run). The bar: forward+backward at least 10x faster than unfold
 1/4 of its peak memory at every shape. A second CPU table times each of the three ops on
 both CPU paths (native, where it builds, and plain PyTorch) against its depthwise 7x7
 yardstick: the depthwise forward for the forward and grad_weight (the same multiply-adds),
-the depthwise input gradient for grad_input. With a GPU, the CuPy kernels are also timed against
-unfold and against a depthwise 7x7 F.conv2d of the same size. With ``--baseline-rev REV``, a
+the depthwise input gradient for grad_input. With a GPU, the CUDA stages of bench/_cuda.py
+follow (the kernels against their DRAM floor, unfold and a depthwise 7x7 F.conv2d; the
+Involution2d layer; the launch path; RedNet-50 against ResNet-50); ``--cuda-only`` runs them
+alone, ``--cuda-stage STAGE`` one of them into its own file (tools/gpu_check.py, ``make
+gpu-check``, runs each so), and ``--dry`` runs them on the CPU, the CUDA kernels emulated (a
+check that they run, not figures). With ``--baseline-rev REV``, a
 third CPU table times the native kernels of this tree against those of git revision REV
 (built by REV's own oplib), every entry point, interleaved: the A/B of a change to the
 native sources; ``--ab-only`` runs that table alone, with more rounds, into
@@ -26,7 +30,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
@@ -36,7 +41,9 @@ import torch
 
 import _harness
 from _harness import Section, megabytes
-from oplib.benchmark import OPLIB, REDNET50_SHAPES, UNFOLD, YARDSTICK, Involution, Shape, Timing, call, depthwise_stmts, ratio
+from oplib.benchmark import (
+    OPLIB, REDNET50_SHAPES, UNFOLD, YARDSTICK, Involution, Shape, Timing, call, cpu_model, depthwise_stmts, ratio,
+)
 from oplib.kernels import native
 from oplib.kernels.involution import cpu as involution_cpu
 
@@ -368,7 +375,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     parser.add_argument(
         "--cuda-only", action="store_true",
-        help="only the CUDA table (make gpu-check), written to bench/results/involution-cuda.md by default",
+        help="only the CUDA tables, written to bench/results/involution-cuda.md by default",
+    )
+    parser.add_argument(
+        "--cuda-stage", choices=("all", *CUDA_STAGES), default="all",
+        help="with --cuda-only: one CUDA stage alone, to bench/results/<its file> by default (make gpu-check runs "
+             "each so): " + ", ".join(f"{stage} -> {name}" for stage, name in CUDA_STAGE_FILES.items()),
+    )
+    parser.add_argument(
+        "--dry", action="store_true",
+        help="with --cuda-only: run the CUDA stages on the CPU (kernels emulated, tiny sizes; tools/gpu_check.py "
+             "--dry); needs an --output outside bench/results/",
     )
     parser.add_argument(
         "--cuda-models", choices=("all", "eager", "none"), default="all",
@@ -422,11 +439,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         ]
         _harness.write_report(settings, lines)
         return 0
+    if args.dry and not args.cuda_only:
+        parser.error("--dry: only with --cuda-only")
     if args.cuda_only:
-        if not torch.cuda.is_available():
+        if args.dry:
+            if args.output is None or _harness.RESULTS in args.output.resolve().parents:
+                parser.error("--dry: its figures are the CPU's; name an --output outside bench/results/")
+        elif not torch.cuda.is_available():
             parser.error("--cuda-only: no GPU (torch.cuda.is_available() is False)")
-        args.output = args.output or _harness.RESULTS / f"involution-cuda{'-quick' if args.quick else ''}.md"
-        return run_cuda_only(_harness.start(args, __file__), args.cuda_models)
+        name = CUDA_STAGE_FILES[args.cuda_stage]
+        args.output = args.output or _harness.RESULTS / (name.replace(".md", "-quick.md") if args.quick else name)
+        return run_cuda_only(_harness.start(args, __file__), args.cuda_models, args.cuda_stage, args.dry)
     settings = _harness.start(args, __file__)
     shapes = QUICK_SHAPES if settings.quick else REDNET50_SHAPES
     cpu = Section(settings)
@@ -440,9 +463,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     native_ab, ab_rows = (
         run_native_ab(settings, shapes, baseline_module(args.baseline_rev)) if args.baseline_rev else (None, [])
     )
-    cuda_rows: list[dict] = []
-    if torch.cuda.is_available():
-        bandwidth_cuda, cuda_rows, tiny, models = run_cuda(settings, args.cuda_models)
+    cuda = run_cuda(settings, args.cuda_models) if torch.cuda.is_available() else CudaResults()
     failures = [row.shape.name for row in cpu_rows if row.failed]
     verdict = "**met**." if not failures else f"**not met** at {', '.join(failures)}."
     lines = _cpu_report(settings, cpu, cpu_rows, bandwidth, verdict)
@@ -480,59 +501,160 @@ def main(argv: Optional[list[str]] = None) -> int:
             *_native_ab_table(ab_rows),
             "",
         ]
-    if cuda_rows:
-        lines += _cuda_report(bandwidth_cuda, cuda_rows, tiny, models)
+    if cuda.rows:
+        lines += _cuda_sections(cuda, CUDA_STAGES, torch.cuda.get_device_name(), cuda_plan(settings, False), args.cuda_models)
     else:
         lines += ["## CUDA", "", "Not run: no GPU on this machine (torch.cuda.is_available() is False)."]
     _harness.write_report(settings, lines)
-    _charts(settings, cpu_rows, per_op_rows, cuda_rows)
+    _charts(settings, cpu_rows, per_op_rows, cuda.rows or [])
     return 1 if failures else 0
 
 
-def run_cuda(settings, models_choice: str, report: Callable[[list[str]], object] = lambda sections: None):
-    """The CUDA stages: the kernels, the launch path at a tiny shape, the models (``--cuda-models``).
-    ``report`` sees the CUDA sections so far after each stage and each kernel shape. Returns the
-    copy bandwidth, the kernel rows, the tiny-shape times and the model rows."""
+# The CUDA stages (bench/_cuda.py), in the order a run takes them, and the file each writes when
+# run alone (--cuda-only --cuda-stage STAGE; tools/gpu_check.py runs each so, in a process of its
+# own). "all" writes every section into involution-cuda.md.
+CUDA_STAGES = ("kernels", "layer", "launch", "models")
+CUDA_STAGE_FILES = {"kernels": "involution-cuda.md", "layer": "involution-cuda-layer.md",
+                    "launch": "involution-cuda-launch.md", "models": "involution-cuda-models.md",
+                    "all": "involution-cuda.md"}  # fmt: skip
+
+
+@dataclass
+class CudaResults:
+    """What the CUDA stages measured so far (None: not run, or not yet)."""
+
+    bandwidth: Optional[float] = None
+    rows: Optional[list[dict]] = None
+    layer: Optional[list[list[str]]] = None
+    layer_load: str = ""
+    tiny: Optional[dict[str, float]] = None
+    models: Optional[list[list[str]]] = None
+    dry: bool = False
+
+
+def cuda_plan(settings, dry: bool):
+    """The sizes: a dry run's, --quick's (two small shapes, the models small) or the GPU's."""
     import _cuda
 
-    shapes = QUICK_SHAPES if settings.quick else [replace(s, batch=_cuda.BATCH) for s in REDNET50_SHAPES]
-    bandwidth, rows = _cuda.run_kernels(shapes, on_rows=lambda bandwidth, done: report(
-        _cuda_report(bandwidth, done, None, None)))
-    tiny = _cuda.run_tiny()
-    report(_cuda_report(bandwidth, rows, tiny, None))
-    models = _cuda.run_models(batch=2 if settings.quick else _cuda.BATCH, size=64 if settings.quick else 224,
-                              modes=_cuda.MODEL_MODES[models_choice],
-                              on_row=lambda done: report(_cuda_report(bandwidth, rows, tiny, done)))
-    return bandwidth, rows, tiny, models
+    if dry:
+        return _cuda.DRY
+    if settings.quick:
+        return replace(_cuda.GPU, shapes=tuple(QUICK_SHAPES), model_rows=tuple(
+            (task, mode, 2) for task, mode, batch in _cuda.MODEL_ROWS if batch == _cuda.BATCH), image_size=64)
+    return _cuda.GPU
 
 
-def run_cuda_only(settings, models_choice: str) -> int:
-    """The CUDA tables alone (``make gpu-check``). The report is rewritten after each stage, so
-    a run cut short (a device lease ending) still leaves the stages it finished."""
-    header = _harness.header(settings, "Involution on CUDA: each kernel against its DRAM floor",
-                             "- run with `--cuda-only` (`make gpu-check`): the CUDA tables alone",
-                             "- the kernels' figures before the specialised kernels: `involution-cuda-before.md`")
-    bandwidth, rows, tiny, models = run_cuda(settings, models_choice,
-                                             lambda sections: _harness.write_report(settings, [*header, *sections]))
-    _harness.write_report(settings, [*header, *_cuda_report(bandwidth, rows, tiny, models)])
-    _charts(settings, [], [], rows)
+def run_cuda(settings, models_choice: str, report: Callable[[CudaResults], object] = lambda results: None,
+             stages: Sequence[str] = CUDA_STAGES, dry: bool = False) -> CudaResults:
+    """The CUDA ``stages`` in order: the kernels, the layer, the launch path at a tiny shape,
+    the models (their modes: ``--cuda-models``), after loading every kernel. ``report`` sees the
+    results so far after each stage and each row of one. ``dry``: on the CPU (bench/_cuda.py)."""
+    import _cuda
+
+    target = _cuda.Target.dry() if dry else _cuda.Target.cuda()
+    plan = cuda_plan(settings, dry)
+    results = CudaResults(dry=dry)
+    start = time.perf_counter()
+    target.load_kernels()
+    print(f"kernels loaded in {time.perf_counter() - start:.1f} s", flush=True)
+    if "kernels" in stages:
+
+        def kernel_rows(bandwidth: float, rows: list[dict]) -> None:
+            results.bandwidth, results.rows = bandwidth, rows
+            report(results)
+
+        _cuda.run_kernels(plan.shapes, kernel_rows, target, plan)
+    if "layer" in stages:
+        section = Section(settings, min_run_time=plan.layer_min_run_time, rounds=plan.layer_rounds)
+
+        def layer_rows(rows: list[list[str]]) -> None:
+            results.layer, results.layer_load = rows, section.load_line()
+            report(results)
+
+        _cuda.run_layer(section, target, plan, layer_rows)
+    if "launch" in stages:
+        results.tiny = _cuda.run_tiny(target, plan)
+        report(results)
+    if "models" in stages:
+
+        def model_rows(rows: list[list[str]]) -> None:
+            results.models = rows
+            report(results)
+
+        results.models = _cuda.run_models(target, plan, _cuda.MODEL_MODES[models_choice], model_rows)
+        report(results)
+    return results
+
+
+def run_cuda_only(settings, models_choice: str, stage: str = "all", dry: bool = False) -> int:
+    """The CUDA tables alone: every stage (``stage`` "all"), or one (``make gpu-check`` runs
+    each in a process of its own). The report is rewritten after each stage and each row, so a
+    run cut short (a device lease ending) still leaves what it finished."""
+    import _cuda
+
+    stages = CUDA_STAGES if stage == "all" else (stage,)
+    target_name = f"dry run on the CPU ({cpu_model()}), the CUDA kernels emulated" if dry else torch.cuda.get_device_name()
+    plan = cuda_plan(settings, dry)
+    bullets = [f"- run with `--cuda-only{'' if stage == 'all' else f' --cuda-stage {stage}'}` (`make gpu-check`)"]
+    if dry:
+        bullets.append("- **`--dry`: CPU tensors, the CUDA kernels emulated on the host, perf_counter in place of CUDA "
+                       "events, tiny sizes: a check that every stage runs, not GPU figures**")
+    if stage in ("all", "kernels"):
+        bullets.append("- the kernels' figures before the specialised kernels: `involution-cuda-before.md`")
+    header = _harness.header(settings, _CUDA_TITLES[stage], *bullets)
+
+    def write(results: CudaResults) -> None:
+        _harness.write_report(settings, [*header, *_cuda_sections(results, stages, target_name, plan, models_choice)])
+
+    results = run_cuda(settings, models_choice, write, stages, dry)
+    write(results)
+    if results.rows:
+        _charts(settings, [], [], results.rows, target_name)
     return 0
 
 
+_CUDA_TITLES = {
+    "all": "Involution on CUDA: each kernel against its DRAM floor, the layer, the launch path and the models",
+    "kernels": "Involution on CUDA: each kernel against its DRAM floor",
+    "layer": "Involution on CUDA: the Involution2d layer against a depthwise 7x7 convolution",
+    "launch": "Involution on CUDA: the launch path at a tiny shape",
+    "models": "Involution on CUDA: RedNet-50 against ResNet-50",
+}
+
+
 def _cuda_report(bandwidth: float, rows: list[dict], tiny: Optional[dict[str, float]],
-                 models: Optional[list[list[str]]]) -> list[str]:
-    """The CUDA sections; a stage not run yet (None) says so."""
+                 models: Optional[list[list[str]]], layer: Optional[list[list[str]]] = None) -> list[str]:
+    """The CUDA sections of a GPU run (kernels, layer, launch path, models); a stage not run
+    yet (None) says so."""
     import _cuda
 
+    results = CudaResults(bandwidth, rows, layer, "", tiny, models)
+    return _cuda_sections(results, CUDA_STAGES, torch.cuda.get_device_name(), _cuda.GPU, "all")
+
+
+def _cuda_sections(results: CudaResults, stages: Sequence[str], target_name: str, plan, models_choice: str) -> list[str]:
+    lines = []
+    for stage in stages:
+        lines += _CUDA_SECTIONS[stage](results, target_name, plan, models_choice)
+    return lines
+
+
+def _kernel_section(results: CudaResults, target_name: str, plan, models_choice: str) -> list[str]:
+    import _cuda
+
+    title = f"## CUDA: each kernel's device time against its DRAM floor ({target_name})"
+    if not results.rows:
+        return [title, "", "Not run: the run stopped first.", ""]
+    rows = results.rows
     worst = max(row["over_floor"] for row in rows)
     columns, cells = _cuda.kernel_table(rows)
-    kernels = [
-        f"## CUDA: each kernel's device time against its DRAM floor ({torch.cuda.get_device_name()})",
+    return [
+        title,
         "",
-        f"Batch {rows[0]['batch']}, K = 7, 16 channels per group, padding 3. Device time: {_cuda.REPEATS} calls in one "
+        f"Batch {rows[0]['batch']}, K = 7, 16 channels per group, padding 3. Device time: {plan.repeats} calls in one "
         "CUDA graph, replayed between CUDA events (no host time); the median of "
-        f"{_cuda.ROUNDS} interleaved rounds. Floor: the bytes a kernel must read and write once over the "
-        f"device-to-device copy bandwidth measured in this run, {bandwidth / 1e9:.0f} GB/s. Generic (before): the "
+        f"{plan.rounds} interleaved rounds. Floor: the bytes a kernel must read and write once over the "
+        f"device-to-device copy bandwidth measured in this run, {results.bandwidth / 1e9:.0f} GB/s. Generic (before): the "
         "same call on the generic kernels; for the generated forward (involution_generated, a feature map of C/4 "
         "channels; floor: input, feature map and output), the path it replaces, the span conv writing the weight "
         "then the involution forward. Wall: host seconds per call, many calls then one synchronise.",
@@ -542,37 +664,90 @@ def _cuda_report(bandwidth: float, rows: list[dict], tiny: Optional[dict[str, fl
         *_harness.table(columns, "llllrrrrrrr", cells),
         "",
     ]
-    if tiny is None:
-        return kernels + ["## CUDA: the launch path and the models", "", "Not run: the run stopped at or after the kernels.", ""]
-    oplib_tiny, bare_tiny = tiny["oplib involution"], tiny["custom_op + empty CuPy kernel"]
-    launch = [
-        "## CUDA: the launch path at a tiny shape",
+
+
+def _layer_section(results: CudaResults, target_name: str, plan, models_choice: str) -> list[str]:
+    import _cuda
+
+    title = f"## CUDA: the Involution2d layer against a depthwise 7x7 convolution ({target_name})"
+    if not results.layer:
+        return [title, "", "Not run: the run stopped first.", ""]
+    columns = _cuda.layer_columns()
+    return [
+        title,
         "",
-        f"Wall time per call at input {_cuda.TINY['input']}, weight {_cuda.TINY['weight']}: oplib's involution "
-        f"{oplib_tiny * 1e6:.1f} us, a bare custom op launching an empty CuPy kernel {bare_tiny * 1e6:.1f} us: "
-        f"{oplib_tiny / bare_tiny:.2f}x (bar: 1.3x, **{'met' if oplib_tiny <= 1.3 * bare_tiny else 'not met'}**).",
+        "`oplib.nn.Involution2d(C, 7, stride, group_channels=16)` with the weight generated inside the op "
+        "(`fused=True`: involution_generated) and written by the span conv (`fused=False`: span conv + involution), "
+        f"against `torch.nn.Conv2d(C, C, 7, stride, groups=C)`, batch {plan.shapes[0].batch}, each module and its "
+        "input in the row's dtype and memory format. fwd: eval mode under no_grad; fwd+bwd: train mode, a fixed "
+        "grad_output backpropagated to the input and every parameter. Device time in ms (`oplib.benchmark`'s CUDA "
+        f"clock: the calls captured in a CUDA graph, replayed between events), the median of {plan.layer_rounds} "
+        "interleaved rounds; a ratio is the median of the per-round ratios.",
+        "",
+        results.layer_load,
+        "",
+        *_harness.table(columns, "ll" + "r" * (len(columns) - 2), results.layer),
         "",
     ]
-    if not models:
-        return kernels + launch + ["## CUDA: RedNet-50 vs ResNet-50", "", "Not run (`--cuda-models none`, or the run stopped first).", ""]
-    missing = [f"{task}, {mode}" for mode in ("eager", "compiled") for task in ("train", "inference")
-               if f"{task}, {mode}" not in {row[0] for row in models}]  # fmt: skip
-    return kernels + launch + [
-        "## CUDA: RedNet-50 vs ResNet-50 (torch.nn), bf16 autocast, channels_last",
+
+
+def _launch_section(results: CudaResults, target_name: str, plan, models_choice: str) -> list[str]:
+    import _cuda
+
+    title = f"## CUDA: the launch path at a tiny shape ({target_name})"
+    if results.tiny is None:
+        return [title, "", "Not run: the run stopped first.", ""]
+    oplib_tiny, bare_tiny = results.tiny[_cuda.OPLIB_TINY], results.tiny[_cuda.BARE_TINY]
+    return [
+        title,
         "",
-        "Train: forward + cross-entropy + backward + SGD step; inference under no_grad. Wall time of 10 steps, "
-        f"median of {_cuda.ROUNDS} rounds."
+        f"Wall time per call at input {_cuda.TINY['input']}, weight {_cuda.TINY['weight']}, {plan.tiny_calls} calls "
+        f"then one synchronise, the median of {plan.rounds} interleaved rounds: oplib's involution "
+        f"{oplib_tiny * 1e6:.1f} us; a bare custom op of the same schema that allocates its result and launches an "
+        f"empty kernel (compiled by CuPy's NVRTC) through the same launcher, prepared once, {bare_tiny * 1e6:.1f} us: "
+        f"{oplib_tiny / bare_tiny:.2f}x (bar: 1.3x, **{'met' if oplib_tiny <= 1.3 * bare_tiny else 'not met'}**).",
+        "",
+        *_harness.table(("call", "wall per call (us)", "/ bare"), "lrr", [
+            ["oplib involution", f"{oplib_tiny * 1e6:.1f}", f"{oplib_tiny / bare_tiny:.2f}x"],
+            ["bare custom op, empty kernel", f"{bare_tiny * 1e6:.1f}", "1.00x"]]),
+        "",
+    ]
+
+
+def _models_section(results: CudaResults, target_name: str, plan, models_choice: str) -> list[str]:
+    import _cuda
+
+    title = f"## CUDA: RedNet-50 vs ResNet-50 (torch.nn), bf16 autocast, channels_last ({target_name})"
+    if not results.models:
+        return [title, "", "Not run (`--cuda-models none`, or the run stopped first).", ""]
+    measured = {(row[0], row[1]) for row in results.models}
+    batches = sorted({batch for _, _, batch in plan.model_rows})
+    missing = [f"{task}, {mode} (batch {batch})" for task, mode, batch in plan.model_rows
+               if mode in _cuda.MODEL_MODES[models_choice] and (f"{task}, {mode}", str(batch)) not in measured]
+    return [
+        title,
+        "",
+        "Train: forward + cross-entropy + backward + SGD step; inference under no_grad. compiled: `torch.compile"
+        "(dynamic=False)`; reduce-overhead: `torch.compile(mode=\"reduce-overhead\", dynamic=False)` (inductor's CUDA "
+        "graph trees)" + (" (this dry run: both through aot_eager)" if results.dry else "") + ". Wall time of "
+        + ", ".join(f"{plan.steps(b)} steps at batch {b}" for b in batches)
+        + f", after 3 warm-up steps (the compile among them), median of {plan.model_rounds} rounds."
         + (f" Not measured in this run: {', '.join(missing)}." if missing else ""),
         "",
         *_harness.table(("mode", "batch", "RedNet-50 (img/s)", "ResNet-50 (img/s)", "RedNet-50 / ResNet-50"),
-                        "lrrrr", models),
+                        "lrrrr", results.models),
         "",
     ]
 
 
-def _charts(settings, cpu_rows: list[_Row], per_op_rows, cuda_rows) -> None:
+_CUDA_SECTIONS = {"kernels": _kernel_section, "layer": _layer_section, "launch": _launch_section,
+                  "models": _models_section}
+
+
+def _charts(settings, cpu_rows: list[_Row], per_op_rows, cuda_rows, cuda_device: Optional[str] = None) -> None:
     """Per shape: each native op's time over its depthwise yardstick and the fwd+bwd speed-up
-    over unfold (CPU); oplib's forward over the depthwise one and unfold's over oplib's (CUDA)."""
+    over unfold (CPU); oplib's forward over its DRAM floor (CUDA, on ``cuda_device``: default
+    the current GPU)."""
     plt = _harness.pyplot()
     if plt is None:
         return
@@ -602,7 +777,8 @@ def _charts(settings, cpu_rows: list[_Row], per_op_rows, cuda_rows) -> None:
             axes.bar([x + (i - 0.5) * 0.4 for x in range(len(values))], values, width=0.4, label=f"forward / floor, {layout}")
         names = [row["shape"] for row in forward if row["layout"] == "NCHW"]
         axes.axhline(2.0, color="black", linewidth=0.8, linestyle="--", label="bar: 2x the floor")
-        axes.set(title=f"CUDA forward, float32 ({torch.cuda.get_device_name()})", ylabel="device time / DRAM floor")
+        axes.set(title=f"CUDA forward, float32 ({cuda_device or torch.cuda.get_device_name()})",
+                 ylabel="device time / DRAM floor")
         axes.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         _harness.legend_in_headroom(axes, ncols=3)
         _harness.write_chart(settings, "cuda", figure)
