@@ -17,7 +17,7 @@ WORKERS ?= auto
 PYTEST_ARGS ?=
 PYTEST := $(PY) -m pytest -n $(WORKERS) --durations=15 $(PYTEST_ARGS)
 
-.PHONY: run test test-all test-oldest docs bench dist clean gpu-check toolchains
+.PHONY: run test test-all test-oldest docs bench dist clean gpu-check gpu-prebuild toolchains
 
 # Two steps, so that `make run` installs only what it runs (torch, oplib and the `train`
 # extra): the test and docs extras (CuPy, NVRTC, ONNX Runtime, mkdocs, ...) are a minute or
@@ -86,22 +86,33 @@ dist: $(VENV)/.installed
 	$(PY) -m build --outdir dist .
 	$(PY) -m twine check --strict dist/*
 
-# On a machine with a GPU, with the Python that holds its CUDA torch (GPU_PYTHON): CuPy if
-# missing (the only download), then the self-check matrix on CUDA, every needs_cuda test, every
-# CUDA kernel under compute-sanitizer's memcheck (tools/cuda_sanitize.py), and the CUDA section
-# of the involution benchmark. oplib runs from this checkout (no install).
+# On a machine with a GPU, with the Python that holds its CUDA torch (GPU_PYTHON; CuPy installed
+# if missing, the only download): tools/gpu_check.py's stages in order, each under a time budget
+# (8 minutes in all on an H100 or H200; docs/development.md): the kernels loaded, every needs_cuda
+# test, the kernel, layer and launch tables, Nsight Compute, compute-sanitizer's memcheck, the
+# models. Each writes its table to bench/results/ as it ends, with the summary gpu-check.md.
+# OUT=DIR (a lent device's $OUT): the tables into a temporary folder and every file the run
+# wrote into DIR/gpu-check.tar.gz, rewritten after each stage. STAGES=a,b: those stages only;
+# GPU_BUDGET=seconds: the total (default: the stages' budgets summed).
+# DRY=1: every stage on this machine's CPU with tiny sizes, into a temporary folder (no GPU).
+# OPLIB_CUDA_PREBUILT=build/cuda-sm_90 loads the kernels that `make gpu-prebuild` compiled here.
 GPU_PYTHON ?= python3
 CUDA_EXTRA ?= cupy-cuda13x>=13
-gpu-check:
-	$(GPU_PYTHON) -c "import cupy" 2>/dev/null || $(GPU_PYTHON) -m pip install "$(CUDA_EXTRA)"
-	status=0; \
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m oplib check --device cuda || status=1; \
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -m needs_cuda -p no:cacheprovider tests compile_tests examples || status=1; \
-	if command -v compute-sanitizer >/dev/null; then \
-	  PYTHONPATH=$(CURDIR) compute-sanitizer --tool memcheck --error-exitcode 9 $(GPU_PYTHON) tools/cuda_sanitize.py || status=1; \
-	else echo "gpu-check: compute-sanitizer not on the PATH, memcheck not run"; fi; \
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) bench/involution.py --cuda-only || status=1; \
-	exit $$status
+GPU_ARCH ?= sm_90
+OUT ?=
+STAGES ?=
+GPU_BUDGET ?=
+DRY ?=
+GPU_CHECK_ARGS = $(if $(DRY),--dry) $(if $(OUT),--out $${TMPDIR:-/tmp}/oplib-gpu-check --archive $(OUT)/gpu-check.tar.gz) \
+	$(if $(STAGES),--stages $(STAGES)) $(if $(GPU_BUDGET),--budget $(GPU_BUDGET))
+gpu-check: $(if $(DRY),$(VENV)/.installed)
+	$(if $(DRY),,$(GPU_PYTHON) -c "import cupy" 2>/dev/null || $(GPU_PYTHON) -m pip install "$(CUDA_EXTRA)")
+	PYTHONPATH=$(CURDIR) $(if $(DRY),$(PY),$(GPU_PYTHON)) tools/gpu_check.py $(GPU_CHECK_ARGS)
+
+# Every CUDA kernel compiled here for GPU_ARCH by NVRTC (no GPU needed; two minutes), into
+# build/cuda-$(GPU_ARCH)/ with its manifest: carried to a GPU machine, OPLIB_CUDA_PREBUILT names it.
+gpu-prebuild: $(VENV)/.installed
+	$(PY) -m oplib.testing.cuda_prebuild --arch $(GPU_ARCH) --out build/cuda-$(GPU_ARCH)
 
 clean:
 	rm -rf $(VENV) .venv-oldest build dist site *.egg-info

@@ -4,10 +4,12 @@
 
 Each registry sample and a few random geometries, forward and (where the op has one) backward,
 float32 and bfloat16, NCHW and channels_last inputs; the sanitizer reports any out-of-bounds or
-misaligned access of the kernels. The values are checked by the tests; this only launches."""
+misaligned access of the kernels. The values are checked by the tests; this only launches.
+``--device cpu`` makes the same calls on CPU tensors (``tools/gpu_check.py --dry``)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -20,26 +22,30 @@ from cuda_test_helpers import LAUNCHES, random_samples  # noqa: E402
 from oplib import registry  # noqa: E402
 
 
-def launch_every_op() -> int:
+def launch_every_op(device: str = "cuda") -> int:
     launches = 0
     for name in LAUNCHES:
         spec = registry.get(name)
         for dtype in (torch.float32, torch.bfloat16):
-            for sample in [*spec.sample_inputs("cuda", dtype, True), *random_samples(spec, dtype, 4, seed=11)]:
+            for sample in [*spec.sample_inputs(device, dtype, True), *random_samples(spec, dtype, 4, seed=11)]:
                 for layout in (torch.contiguous_format, torch.channels_last):
                     args = [
-                        a.cuda().contiguous(memory_format=layout).detach().requires_grad_(a.requires_grad)
+                        a.to(device).contiguous(memory_format=layout).detach().requires_grad_(a.requires_grad)
                         if isinstance(a, torch.Tensor) and a.dim() == 4 else
-                        a.cuda() if isinstance(a, torch.Tensor) else a
+                        a.to(device) if isinstance(a, torch.Tensor) else a
                         for a in sample.args
                     ]  # fmt: skip
                     out = spec.op(*args)
                     if out.requires_grad:
                         out.backward(torch.randn_like(out))
                     launches += 1
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
     return launches
 
 
 if __name__ == "__main__":
-    print(f"{launch_every_op()} calls, forward and backward, synchronised", flush=True)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu: the same calls on CPU tensors, without the sanitizer (tools/gpu_check.py --dry)")
+    print(f"{launch_every_op(parser.parse_args().device)} calls, forward and backward, synchronised", flush=True)
