@@ -20,37 +20,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..kernels import cuda_prebuilt
-from ..kernels.cuda_source import KernelSource, cuda_sources, load_source, name_expressions
-from .nvrtc import NvrtcError, _check, _in_child, cupy_options, nvrtc_version
-
-
-def _compile_cubin(source: KernelSource, arch: str) -> tuple[bytes, dict[str, str]]:
-    """NVRTC's cubin of every instantiation of ``source`` and each one's lowered name (in the
-    child process: see ``oplib.testing.nvrtc._in_child``)."""
-    from cuda.bindings import nvrtc
-
-    names = name_expressions(source)
-    options = [option.encode() for option in cupy_options(arch)]
-    (program,) = _check(nvrtc.nvrtcCreateProgram(source.text.encode(), source.path.name.encode(), 0, [], []),
-                        "nvrtcCreateProgram")
-    try:
-        for name in names:
-            _check(nvrtc.nvrtcAddNameExpression(program, name.encode()), "nvrtcAddNameExpression")
-        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
-        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            (size,) = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
-            log = b" " * size
-            _check(nvrtc.nvrtcGetProgramLog(program, log), "nvrtcGetProgramLog")
-            text = log.rstrip(b"\0").decode()
-            raise NvrtcError(f"NVRTC cannot compile {source.path.name} for {arch}:\n{text}")
-        lowered = {name: _check(nvrtc.nvrtcGetLoweredName(program, name.encode()), "nvrtcGetLoweredName")[0].decode()
-                   for name in names}
-        (size,) = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
-        return cubin, lowered
-    finally:
-        nvrtc.nvrtcDestroyProgram(program)
+from ..kernels.cuda_source import KernelSource, cuda_sources, load_source
+from .nvrtc import compile_source, cupy_options, nvrtc_version
 
 
 def build(directory: Path, arch: str = "sm_90", sources: Optional[Sequence[KernelSource]] = None) -> Path:
@@ -65,7 +36,8 @@ def build(directory: Path, arch: str = "sm_90", sources: Optional[Sequence[Kerne
     modules = {}
     for source in sources:
         start = time.perf_counter()
-        cubin, lowered = _in_child(_compile_cubin, source, arch)
+        compiled = compile_source(source, arch)
+        cubin, lowered = compiled.cubin, compiled.lowered_names
         path = directory / cuda_prebuilt.cubin_name(source)
         path.write_bytes(cubin)
         modules[source.sha256] = {"source": source.path.name, "cubin": path.name,

@@ -588,13 +588,14 @@ def sass_profile(source_name: str, instantiations: tuple[tuple[str, torch.dtype,
     ``source_name`` (as ``load_source`` names it) for ``arch`` with NVRTC and CuPy's options,
     disassemble the cubin with nvdisasm, and profile each: name expression -> SassProfile."""
     from ..kernels.cuda_source import load_source, name_expression
-    from .nvrtc import _in_child
+    from .nvrtc import compile_source
 
     tool = nvdisasm()
     if tool is None:
         raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
     names = tuple(name_expression(*instantiation) for instantiation in instantiations)
-    lowered, log, cubin = _in_child(_compile_cubin, load_source(source_name), names, arch)
+    compiled = compile_source(load_source(source_name), arch, ("--ptxas-options=-v",), names)
+    lowered, log, cubin = compiled.lowered_names, compiled.log, compiled.cubin
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "kernels.cubin"
         path.write_bytes(cubin)
@@ -611,35 +612,6 @@ def sass_profile(source_name: str, instantiations: tuple[tuple[str, torch.dtype,
         profiles[name] = SassProfile(name, arch, int(re.search(r"Used (\d+) registers", report).group(1)),
                                      int(shared.group(1)) if shared else 0, loads, in_flight)
     return profiles
-
-
-def _compile_cubin(source, names: tuple[str, ...], arch: str) -> tuple[dict[str, str], str, bytes]:
-    """NVRTC (in the child process of ``oplib.testing.nvrtc``): the lowered names, ptxas's
-    report and the cubin of ``names`` only."""
-    from cuda.bindings import nvrtc
-
-    from .nvrtc import NvrtcError, _check, cupy_options
-
-    (program,) = _check(nvrtc.nvrtcCreateProgram(source.text.encode(), source.path.name.encode(), 0, [], []),
-                        "nvrtcCreateProgram")
-    try:
-        for name in names:
-            _check(nvrtc.nvrtcAddNameExpression(program, name.encode()), "nvrtcAddNameExpression")
-        options = [option.encode() for option in (*cupy_options(arch), "--ptxas-options=-v")]
-        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
-        (size,) = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
-        log = b" " * size
-        _check(nvrtc.nvrtcGetProgramLog(program, log), "nvrtcGetProgramLog")
-        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise NvrtcError(f"NVRTC cannot compile {source.path.name} for {arch}:\n{log.decode()}")
-        lowered = {name: _check(nvrtc.nvrtcGetLoweredName(program, name.encode()), "nvrtcGetLoweredName")[0].decode()
-                   for name in names}
-        (size,) = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
-        return lowered, log.rstrip(b"\0").decode(), cubin
-    finally:
-        nvrtc.nvrtcDestroyProgram(program)
 
 
 # ---------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import functools
 import multiprocessing
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -70,6 +71,7 @@ class Compiled:
     lowered_names: dict[str, str]  # name expression -> mangled name in the cubin
     log: str  # NVRTC's warnings, and ptxas's report when asked for
     ptx: str  # the PTX the cubin was assembled from
+    cubin: bytes  # what a GPU of the arch loads (oplib.testing.cuda_prebuild keeps it)
 
 
 @functools.cache
@@ -97,19 +99,21 @@ def _check(result: tuple, call: str) -> tuple:
 
 
 @functools.cache
-def compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ...] = ()) -> Compiled:
-    """Compile ``source`` with ``cupy_options(arch)`` plus ``extra_options`` and resolve every
-    name expression the launcher asks for; raises ``NvrtcError`` with NVRTC's log. Runs in a
-    child process (``_in_child``), once per process for the same arguments (a source with every
-    instantiation takes NVRTC most of a minute)."""
-    return _in_child(_compile_source, source, arch, tuple(extra_options))
+def compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ...] = (),
+                   names: Optional[tuple[str, ...]] = None) -> Compiled:
+    """Compile ``source`` with ``cupy_options(arch)`` plus ``extra_options`` and resolve the name
+    expressions ``names`` (default: every one the launcher may ask for); raises ``NvrtcError``
+    with NVRTC's log. Runs in a child process (``_in_child``), once per process for the same
+    arguments (a source with every instantiation takes NVRTC most of a minute)."""
+    return _in_child(_compile_source, source, arch, tuple(extra_options), names)
 
 
-def _compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ...]) -> Compiled:
+def _compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ...],
+                    names: Optional[tuple[str, ...]]) -> Compiled:
     from cuda.bindings import nvrtc
 
     options = (*cupy_options(arch), *extra_options)
-    names = name_expressions(source)
+    names = name_expressions(source) if names is None else names
     # The program is named by the file's name only, as CuPy names it by a file in a temporary
     # folder: quoted includes resolve through -I, never through the source's own folder.
     (program,) = _check(nvrtc.nvrtcCreateProgram(source.text.encode(), source.path.name.encode(), 0, [], []),
@@ -134,7 +138,10 @@ def _compile_source(source: KernelSource, arch: str, extra_options: tuple[str, .
         (size,) = _check(nvrtc.nvrtcGetPTXSize(program), "nvrtcGetPTXSize")
         buffer = b" " * size
         _check(nvrtc.nvrtcGetPTX(program, buffer), "nvrtcGetPTX")
-        return Compiled(lowered, log, buffer.rstrip(b"\0").decode())
+        (size,) = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
+        return Compiled(lowered, log, buffer.rstrip(b"\0").decode(), cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
 
