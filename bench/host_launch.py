@@ -38,6 +38,7 @@ from torch import Tensor
 import _harness
 from oplib import benchmark, registry
 from oplib.kernels import CUDA_DISPATCH
+from oplib.kernels.cuda_plan import LaunchRecorder
 from oplib.ops._common import register_device_kernel
 from oplib.ops._rules import CONTRACTS, cuda_kernel
 from oplib.testing.recording_launcher import RecordingCuPyLauncher
@@ -51,7 +52,8 @@ def _schema(qualname: str) -> str:
     return "(" + str(getattr(getattr(torch.ops, namespace), name).default._schema).split("(", 1)[1]
 
 
-def _custom_op(name: str, kernel: Callable[..., Tensor], qualname: str, as_oplib: bool = False) -> Callable[..., Tensor]:
+def _custom_op(name: str, kernel: Callable[..., Tensor], qualname: str,
+               as_oplib: bool = False) -> Callable[..., Tensor]:
     """A custom op of ``qualname``'s schema running ``kernel`` on CPU: registered as oplib
     registers its CUDA kernels (``register_device_kernel``) where ``as_oplib``, else with
     custom_op's own registration, as a user's op would be."""
@@ -71,10 +73,9 @@ def candidates(qualname: str, args: tuple, launcher: RecordingCuPyLauncher) -> d
     (plan,) = planned.plans.values()
     if plan is None:
         raise RuntimeError(f"{qualname}: the sample's signature is not planned, so there is no launch to compare")
-    recorded = []
-    recorder = type("Recorder", (), {"launch": lambda self, *launch: recorded.append(launch)})()
+    recorder = LaunchRecorder(launcher)
     contract.writers["cuda"](*args, contract.result(*args), recorder)
-    source, kernel, dtype, config, kernel_args, specialisation = recorded[0]
+    source, kernel, dtype, config, kernel_args, specialisation = recorder.launches[0]
     scalars = [a for a in kernel_args if not isinstance(a, Tensor)]
     shape, stride = plan.shape, plan.stride
 

@@ -2,9 +2,9 @@
 (``LaunchConfig``: grid and block as dim3, dynamic shared memory; scalars passed as the types
 the kernel's signature declares; ``__launch_bounds__`` respected), the launcher protocol, the
 grid-stride launch of the elementwise kernels, CuPy's launcher (NVRTC, compiled on first use)
-and each op's CUDA dispatch. ``oplib.testing.cuda_emulation.EmulatedLauncher`` implements the same protocol by
-compiling the sources for the host, so the dispatch code (output allocation, argument order,
-choice of instantiation, launch configuration) runs unchanged in the tests.
+and each op's CUDA dispatch. ``oplib.testing.cuda_emulation.EmulatedLauncher`` implements the
+same protocol by compiling the sources for the host, so the dispatch code (output allocation,
+argument order, choice of instantiation, launch configuration) runs unchanged in the tests.
 """
 
 from __future__ import annotations

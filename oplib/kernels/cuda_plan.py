@@ -91,8 +91,9 @@ def prepare(launcher: Launcher, source: KernelSource, kernel: str, dtype: torch.
     return lambda values: launcher.launch(source, kernel, dtype, config, values, specialisation)
 
 
-class _Recorder:
-    """A launcher that forwards every launch and keeps it."""
+class LaunchRecorder:
+    """A launcher that forwards every launch to ``launcher`` and keeps it in ``launches``
+    ((source, kernel, dtype, config, args, specialisation) tuples)."""
 
     def __init__(self, launcher: Launcher):
         self.launcher = launcher
@@ -130,7 +131,7 @@ class LaunchPlans:
         out = self.result(*args)
         if plan is None:  # not plannable: the whole path, every call
             return self.writer(*args, out, launcher)
-        recorder = _Recorder(launcher)
+        recorder = LaunchRecorder(launcher)
         versions = [a._version for a in args if type(a) is Tensor]
         version = out._version
         written = self.writer(*args, out, recorder)
