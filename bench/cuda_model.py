@@ -19,6 +19,7 @@ import math
 import re
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -30,6 +31,8 @@ from oplib.testing import device_model
 from oplib.testing.device_model import H100_SXM, H200, Constants, Copy, Launch, LaunchInputs
 
 MEASURED = RESULTS / "involution-cuda.json"
+# The same table measured on an H100 by `make gpu-check` (a GPU the constants were not fitted on).
+MEASURED_H100 = RESULTS / "h100" / "involution-cuda.json"
 # The bar of the issue: the model within 2x of the measured time on every row.
 BAR = 2.0
 
@@ -50,11 +53,11 @@ def calls(shape: Shape, dtype: torch.dtype, layout: str) -> dict[str, tuple[str,
     }
 
 
-def measured_rows() -> tuple[float, list[dict]]:
-    """The committed H200 run: its copy bandwidth (bytes/s) and its kernel rows."""
-    data = json.loads(MEASURED.read_text())
+def measured_rows(path: Path = MEASURED) -> tuple[float, list[dict]]:
+    """A committed run (by default the H200's): its copy bandwidth (bytes/s) and its kernel rows."""
+    data = json.loads(path.read_text())
     table = next(t for t in data["tables"] if t["heading"].startswith("CUDA: each kernel's device time"))
-    text = MEASURED.with_suffix(".md").read_text()
+    text = path.with_suffix(".md").read_text()
     bandwidth = float(re.search(r"measured in this run, (\d+(?:\.\d+)?) GB/s", text).group(1)) * 1e9
     rows = [dict(zip(table["columns"], cells)) for cells in table["rows"]]
     return bandwidth, rows
@@ -142,17 +145,43 @@ def ratio_range(ratios: list[float]) -> str:
     return f"{min(ratios):.2f}x-{max(ratios):.2f}x"
 
 
-def report(rows: list[dict], bandwidth: float) -> tuple[list[str], dict]:
-    """The markdown lines and the data of the model beside them."""
+def h100_measured() -> Optional[dict]:
+    """The H100 run's copy bandwidth and each row's device time (None: not committed)."""
+    if not MEASURED_H100.exists():
+        return None
+    bandwidth, rows = measured_rows(MEASURED_H100)
+    return {"copy_bandwidth_bytes_per_s": bandwidth,
+            "rows": [{"key": _key(r), "measured_s": float(r["device (ms)"]) * 1e-3} for r in rows]}
+
+
+def _key(row: dict) -> str:
+    return " | ".join((row["shape"], row["dtype"], row["layout"], row["kernel"]))
+
+
+def report(rows: list[dict], bandwidth: float, h100: Optional[dict] = None) -> tuple[list[str], dict]:
+    """The markdown lines and the data of the model beside them; ``h100`` (``h100_measured()``):
+    the same rows measured on an H100, predicted with the constants fitted on the H200."""
     constants = device_model.fit([(r["events"], r["measured_s"]) for r in rows], H200, bandwidth)
     held = _dtype_fits(rows, bandwidth)
-    h100_bandwidth = bandwidth * H100_SXM.dram_bytes_per_s / H200.dram_bytes_per_s
-    cells, ratios, held_ratios, out = [], [], [], []
+    h100_times = {r["key"]: r["measured_s"] for r in h100["rows"]} if h100 else {}
+    # Measured there where a run exists; else H200's copy bandwidth scaled by the datasheets'.
+    h100_bandwidth = (h100["copy_bandwidth_bytes_per_s"] if h100
+                      else bandwidth * H100_SXM.dram_bytes_per_s / H200.dram_bytes_per_s)
+    cells, ratios, held_ratios, out, h100_ratios, h100_out = [], [], [], [], [], []
     for r in rows:
         predicted = device_model.predict(r["events"], H200, constants, bandwidth)
         other = next(d for d in held if d != r["dtype"])  # fitted on the other dtype only
         held_out = device_model.predict(r["events"], H200, held[other], bandwidth) / r["measured_s"]
-        h100 = device_model.predict(r["events"], H100_SXM, constants, h100_bandwidth)
+        h100_predicted = device_model.predict(r["events"], H100_SXM, constants, h100_bandwidth)
+        h100_seconds = h100_times.get(_key(r))
+        h100_cells = []
+        if h100:
+            h100_cells = ["-", "-"]
+            if h100_seconds is not None:
+                h100_ratios.append(h100_predicted / h100_seconds)
+                h100_cells = [f"{h100_seconds * 1e6:.1f}", f"{h100_ratios[-1]:.2f}x"]
+                if not 1 / BAR <= h100_ratios[-1] <= BAR:
+                    h100_out.append(f"{_key(r)} ({h100_ratios[-1]:.2f}x)")
         ratio = predicted / r["measured_s"]
         ratios.append(ratio)
         held_ratios.append(held_out)
@@ -170,7 +199,7 @@ def report(rows: list[dict], bandwidth: float) -> tuple[list[str], dict]:
             f"{main.blocks} x {main.threads_per_block}", str(main.registers), f"{resident} ({occupancy:.0%})",
             str(main.widest_load), f"{main.loads_in_flight:.1f}", f"{main.work.load_lines / main.work.load_requests:.1f}",
             terms.bound, f"{predicted * 1e6:.1f}", f"{r['measured_s'] * 1e6:.1f}", f"{ratio:.2f}x", f"{held_out:.2f}x",
-            f"{h100 * 1e6:.1f}",
+            f"{h100_predicted * 1e6:.1f}", *h100_cells,
         ])
     within = not out
     lines = [
@@ -195,23 +224,31 @@ def report(rows: list[dict], bandwidth: float) -> tuple[list[str], dict]:
         f"(predicted / measured {ratio_range(ratios)}; held out, each dtype predicted by the constants fitted on the "
         f"other: {ratio_range(held_ratios)}).",
         *([f"Outside the bar: {'; '.join(out)}."] if out else []),
+        *([f"On an H100 (`bench/results/h100/involution-cuda.json`, {len(h100_ratios)} of {len(rows)} rows measured "
+           f"there; a GPU the constants were not fitted on, its own copy bandwidth {h100_bandwidth / 1e9:.0f} GB/s): "
+           f"predicted / measured {ratio_range(h100_ratios)}, "
+           f"{len(h100_ratios) - len(h100_out)} of {len(h100_ratios)} rows within {BAR:g}x"
+           + (f"; outside: {'; '.join(h100_out)}." if h100_out else ".")] if h100_ratios else []),
         "",
         "Instantiation: the kernel of the call (and torch's layout copies around it); blocks per SM: resident blocks "
         "(occupancy); widest load: bytes per lane of the widest global load in the SASS; in flight: loads a warp "
         "issues before it waits; lines / request: 128-byte lines per warp load (traced); bound: the term that binds "
         "(l1: the load/store pipe and L1 of the busiest SM; latency: Little's law; dram; fma). Held out: predicted "
-        "by the constants fitted on the other dtype's rows. H100: the same call predicted on an H100 SXM (its DRAM "
-        "bandwidth scaled from this run's copy bandwidth).",
+        "by the constants fitted on the other dtype's rows. H100: the same call predicted on an H100 SXM with the "
+        "constants fitted here, "
+        + ("its DRAM bandwidth the copy bandwidth measured there, beside the device time measured there."
+           if h100 else "its DRAM bandwidth scaled from this run's copy bandwidth."),
         "",
         *_harness.table(
             ["shape", "dtype", "layout", "kernel", "instantiation", "grid x block", "registers", "blocks per SM",
              "widest load (B)", "in flight", "lines / request", "bound", "predicted (us)", "measured (us)",
-             "predicted / measured", "held out", "H100 predicted (us)"],
-            "llllllrrrrrlrrrrr", cells),
+             "predicted / measured", "held out", "H100 predicted (us)",
+             *(["H100 measured (us)", "H100 predicted / measured"] if h100 else [])],
+            "llllllrrrrrlrrrrr" + ("rr" if h100 else ""), cells),
     ]
     data = {
         "gpu": H200.name, "copy_bandwidth_bytes_per_s": bandwidth, "h100_bandwidth_bytes_per_s": h100_bandwidth,
-        "bar": BAR, "constants": dataclasses.asdict(constants),
+        "bar": BAR, "constants": dataclasses.asdict(constants), "h100_measured": h100,
         "held_out_constants": {d: dataclasses.asdict(c) for d, c in held.items()},
         "rows": [{"shape": r["shape"], "dtype": r["dtype"], "layout": r["layout"], "kernel": r["kernel"],
                   "measured_s": r["measured_s"], "events": events_to_json(r["events"])} for r in rows],
@@ -227,7 +264,7 @@ def main() -> None:
                                  min_run_time=0.0, output=args.output)
     bandwidth, _ = measured_rows()
     rows = model_rows(batch=32)
-    lines, model = report(rows, bandwidth)
+    lines, model = report(rows, bandwidth, h100_measured())
     _harness.write_report(settings, lines)
     data_path = args.output.with_suffix(".json")
     data = json.loads(data_path.read_text())

@@ -38,7 +38,7 @@ def committed():
 def test_the_committed_table_is_what_the_model_makes_of_its_inputs(committed):
     """Refit and repredict from the json's inputs: every line of the markdown but its date."""
     data, model, rows = committed
-    lines, regenerated = cuda_model.report(rows, model["copy_bandwidth_bytes_per_s"])
+    lines, regenerated = cuda_model.report(rows, model["copy_bandwidth_bytes_per_s"], model.get("h100_measured"))
     committed_lines = (RESULTS / "cuda-model.md").read_text().splitlines()
     assert [line for i, line in enumerate(lines) if i != 2] == [l for i, l in enumerate(committed_lines) if i != 2]
     assert regenerated["constants"] == pytest.approx(model["constants"])
@@ -50,6 +50,19 @@ def test_every_row_is_within_the_bar(committed):
     for row in rows:
         ratio = device_model.predict(row["events"], H200, constants, model["copy_bandwidth_bytes_per_s"]) / row["measured_s"]
         assert 1 / cuda_model.BAR <= ratio <= cuda_model.BAR, (row["shape"], row["dtype"], row["layout"], row["kernel"], ratio)
+
+
+def test_every_h100_row_is_within_the_bar_with_the_h200_constants(committed):
+    """The H100 run of make gpu-check: a GPU the constants were not fitted on."""
+    _, model, rows = committed
+    h100 = model["h100_measured"]
+    measured = {r["key"]: r["measured_s"] for r in h100["rows"]}
+    assert len(measured) == len(rows)
+    constants = Constants(**model["constants"])
+    for row in rows:
+        predicted = device_model.predict(row["events"], H100_SXM, constants, h100["copy_bandwidth_bytes_per_s"])
+        ratio = predicted / measured[cuda_model._key(row)]
+        assert 1 / cuda_model.BAR <= ratio <= cuda_model.BAR, (cuda_model._key(row), ratio)
 
 
 def test_the_rows_are_those_of_the_measured_table(committed):
