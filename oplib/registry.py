@@ -2,7 +2,7 @@
 
     >>> import oplib
     >>> [spec.name for spec in oplib.registry.all_specs()]
-    ['conv2d', 'exp', 'involution', 'involution_backward_input', 'involution_backward_weight', 'involution_generated', 'involution_generated_backward_input', 'linear']
+    ['conv2d', 'exp', 'involution', 'involution_backward_input', 'involution_backward_weight', 'involution_generated', 'involution_generated_backward_input', 'involution_generated_backward_generator', 'linear']
 
 An ``OpSpec`` is a public contract: it says what the op is (its ``torch.ops`` overload), how
 to check it (a plain-torch float64 reference, sample inputs, error inputs, a random-input

@@ -95,8 +95,8 @@ BUGS = [
         "got=list(x.shape),\n             input_size=list(g.shape)"),
     Bug("involution_generated-backward", GENERATED, "input_shape, p: involution_generated_backward_input(u,",
         "input_shape, p: 2 * involution_generated_backward_input(u,"),
-    Bug("involution_generated-generator", GENERATED, "gw = grad_weight.reshape(n, rows, out_h, out_w)",
-        "gw = 2 * grad_weight.reshape(n, rows, out_h, out_w)"),
+    Bug("involution_generated-generator", GENERATED, "return tuple(g if need else None for g, need in zip(grads, needs))",
+        "return tuple(2 * g if need else None for g, need in zip(grads, needs))"),
     Bug("involution_generated-vmap", GENERATED, "weight = weight + spans[1][:, None, :, None, None]",
         "weight = weight + spans[1][:1, None, :, None, None]"),
     Bug("involution_generated-jvp", GENERATED, "op(activation, feature_dot, span_weight, None)",
@@ -105,6 +105,12 @@ BUGS = [
         "grad_shape, p: involution_generated(u,", "grad_shape, p: 2 * involution_generated(u,"),
     Bug("involution_generated_backward_input-generator", GENERATED,
         "lambda u, grad_output: (grad_output, u)", "lambda u, grad_output: (u, grad_output)"),
+    Bug("involution_generated_backward_generator-backward", GENERATED,
+        "d_u = involution_generated(x, f2, s2, grad_bias_up, *params)", "d_u = involution_generated(x, f2, s2, None, *params)"),
+    Bug("involution_generated_backward_generator-vmap", GENERATED,
+        'grad_span = torch.einsum("bnkp,bnrp->bkr", gw, f_flat)', 'grad_span = torch.einsum("bnkp,bnrp->bkr", gw, f_flat.flip(0))'),
+    Bug("involution_generated_backward_generator-jvp", GENERATED,
+        "terms.append((by_f, by_s, torch.zeros_like(bias)))", "terms.append((by_f, by_s, bias))"),
 ]
 
 

@@ -1,4 +1,5 @@
-"""Involution with its kernel generated inside the op, and the op's grad_input.
+"""Involution with its kernel generated inside the op, the op's grad_input, and the gradient
+op of its generator.
 
     weight[n, g, a, b, i, j] = span_bias[k] + sum_r span_weight[k, r] * feature[n, r, i, j],   k = (g*KH + a)*KW + b
     out = involution(input, weight, stride, padding, dilation)
@@ -16,13 +17,14 @@ The op is bilinear in (input, weight) and the weight is affine in (feature, span
 span_bias), so every derivative is again an op of oplib (u: the incoming gradient):
 
     involution_generated(x, f, S, b)             d/dx: involution_generated_backward_input(u, f, S, b)
-                                                 d/d(f, S, b): through gw = involution_backward_weight(u, x)
+                                                 d/d(f, S, b): involution_generated_backward_generator(u, f, S, x)
     involution_generated_backward_input(g, f, S, b)  d/dg: involution_generated(u, f, S, b)
-                                                 d/d(f, S, b): through gw = involution_backward_weight(g, u)
+                                                 d/d(f, S, b): involution_generated_backward_generator(g, f, S, u)
 
-with gw, (N, G*KH*KW, Ho*Wo), contracted by ``_generator_grads``: grad_feature = S^T gw,
-grad_span_weight = sum over n, pixels of gw f^T, grad_span_bias = sum of gw. That gw is a map
-of the weight's size, made and dropped inside the backward (never saved).
+The generator's gradient op contracts gw = involution_backward_weight(u, x), the gradient of
+the generated weight, (N, G*KH*KW, Ho*Wo): grad_feature = S^T gw, grad_span_weight = sum over
+n, pixels of gw f^T, grad_span_bias = sum of gw. Its own derivatives are generated ops again
+(see its section below).
 
 The device code is in ``oplib.kernels.involution``, which writes into the result each op
 allocates here: on CPU the native kernels (``involution_generated_forward`` and
@@ -46,11 +48,12 @@ from ..kernels.involution.layouts import result_like
 from . import involution as unfused
 from ._bilinear import fold_batch, unfold_batch
 from ._common import CHANNELS_DIVISIBLE, register_autocast_policy, window_output_size
-from ._rules import Contract, Rule, Rules, register_contract, tensor_rules, window_fits_rules, window_rules
+from ._rules import CONTRACTS, Contract, Rule, Rules, register_contract, tensor_rules, window_fits_rules, window_rules
 from ._transforms import register_jvp, sum_tangents
 
 FORWARD = "involution_generated"
 BACKWARD_INPUT = "involution_generated_backward_input"
+BACKWARD_GENERATOR = "involution_generated_backward_generator"
 
 FEATURE_LAYOUT = "4-D (N, R, Ho, Wo)"
 SPAN_WEIGHT_LAYOUT = "2-D (G*KH*KW, R)"
@@ -72,15 +75,23 @@ FEATURE_SIZE = (
 )
 INPUT_SIZE_PAIR = "oplib.involution_generated_backward_input: expected input_size to be (H, W), got {input_size}"
 GRAD_OUTPUT_SIZE = (
-    "oplib.involution_generated_backward_input: expected grad_output's (Ho, Wo) to be {expected}, the output size of "
+    "oplib.{op}: expected grad_output's (Ho, Wo) to be {expected}, the output size of "
     "input_size {input_size}, got grad_output of size {grad_size}"
+)
+INPUT_BATCH_CHANNELS = (
+    "oplib.{op}: expected input of size [{batch}, {channels}, H, W] (grad_output's batch and channels), got input of "
+    "size {input_size}"
 )
 
 
-def _rules(op: str, activation_name: str, input_size: Callable, at: int) -> list[Rule]:
-    """The rules of both ops: argument 0 is the activation (the input, or grad_output), whose
-    channels are the input's, 1-3 the generator, ``input_size(*args)`` the input's (H, W), and
-    kernel_size, stride, padding, dilation are the arguments from ``at`` on."""
+_SPAN_BIAS_OPERAND = (3, "span_bias", 1, SPAN_BIAS_LAYOUT, True)
+
+
+def _rules(op: str, activation_name: str, input_size: Callable, at: int, last=_SPAN_BIAS_OPERAND) -> list[Rule]:
+    """The rules of the three ops: argument 0 is the activation (the input, or grad_output), whose
+    channels are the input's, 1-2 the generator's feature and span_weight, 3 ``last``'s operand
+    (span_bias; the input in the generator's gradient op), ``input_size(*args)`` the input's
+    (H, W), and kernel_size, stride, padding, dilation are the arguments from ``at`` on."""
     backward = activation_name == "grad_output"
 
     def taps(*a):
@@ -95,7 +106,7 @@ def _rules(op: str, activation_name: str, input_size: Callable, at: int) -> list
 
     rules = [
         *tensor_rules(op, (0, activation_name, 4, unfused.INPUT_LAYOUT), (1, "feature", 4, FEATURE_LAYOUT),
-                      (2, "span_weight", 2, SPAN_WEIGHT_LAYOUT), (3, "span_bias", 1, SPAN_BIAS_LAYOUT, True)),
+                      (2, "span_weight", 2, SPAN_WEIGHT_LAYOUT), last),
         *window_rules(op, at + 1),
         Rule(lambda *a: len(a[at]) == 2, lambda *a: KERNEL_SIZE.format(op=op, kernel_size=list(a[at])), ValueError),
         Rule(lambda *a: (a[at][0] > 0) & (a[at][1] > 0), lambda *a: KERNEL_SIZE.format(op=op, kernel_size=list(a[at])),
@@ -106,14 +117,18 @@ def _rules(op: str, activation_name: str, input_size: Callable, at: int) -> list
              lambda *a: CHANNELS_DIVISIBLE.format(op=op, channels=a[0].shape[1], groups=a[2].shape[0] // taps(*a))),
         Rule(lambda *a: a[1].shape[1] == a[2].shape[1],
              lambda *a: REDUCED.format(op=op, feature_size=list(a[1].shape), span_size=list(a[2].shape))),
-        Rule(lambda *a: a[3] is None or a[3].shape[0] == a[2].shape[0],
-             lambda *a: SPAN_BIAS.format(op=op, rows=a[2].shape[0], bias_size=list(a[3].shape))),
+        *([Rule(lambda *a: a[3] is None or a[3].shape[0] == a[2].shape[0],
+                lambda *a: SPAN_BIAS.format(op=op, rows=a[2].shape[0], bias_size=list(a[3].shape)))]
+          if last is _SPAN_BIAS_OPERAND else
+          [Rule(lambda *a: (a[3].shape[0] == a[0].shape[0]) & (a[3].shape[1] == a[0].shape[1]),
+                lambda *a: INPUT_BATCH_CHANNELS.format(op=op, batch=a[0].shape[0], channels=a[0].shape[1],
+                                                       input_size=list(a[3].shape)))]),
         *window_fits_rules(op, input_size, lambda *a: a[at], lambda *a: a[at + 2], lambda *a: a[at + 3]),
     ]
     if backward:
         rules.append(Rule(
             lambda *a: (out_size(*a)[0] == a[0].shape[2]) & (out_size(*a)[1] == a[0].shape[3]),
-            lambda *a: GRAD_OUTPUT_SIZE.format(expected=list(out_size(*a)), input_size=list(input_size(*a)),
+            lambda *a: GRAD_OUTPUT_SIZE.format(op=op, expected=list(out_size(*a)), input_size=list(input_size(*a)),
                                                grad_size=list(a[0].shape)),
         ))
     rules.append(Rule(
@@ -133,6 +148,10 @@ _BACKWARD_INPUT_RULES = Rules("oplib::involution_generated_backward_input", [
     Rule(lambda *a: len(a[4]) == 2, lambda *a: INPUT_SIZE_PAIR.format(input_size=list(a[4])), ValueError),
     *_rules(BACKWARD_INPUT, "grad_output", lambda *a: a[4], 5),
 ])
+# involution_generated_backward_generator(grad_output, feature, span_weight, input, kernel_size, stride, padding,
+# dilation)
+_BACKWARD_GENERATOR_RULES = Rules("oplib::involution_generated_backward_generator", _rules(
+    BACKWARD_GENERATOR, "grad_output", lambda *a: a[3].shape[2:], 4, (3, "input", 4, unfused.INPUT_LAYOUT)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -186,29 +205,68 @@ register_contract(involution_generated, _FORWARD)
 register_contract(involution_generated_backward_input, _BACKWARD_INPUT)
 
 
+def _generator_grads_result(grad_output: Tensor, feature: Tensor, span_weight: Tensor, *_) -> tuple[Tensor, Tensor, Tensor]:
+    """grad_feature in feature's layout, grad_span_weight and grad_span_bias contiguous."""
+    return (result_like(feature, feature.shape[2:]), span_weight.new_empty(span_weight.shape),
+            span_weight.new_empty(span_weight.shape[:1]))
+
+
+# The CUDA writer composes oplib's own ops (no kernel of its own yet), so it stays outside the
+# contract: launch plans replay a writer's launches, and this one makes none of its own.
+_BACKWARD_GENERATOR = Contract(_BACKWARD_GENERATOR_RULES, _generator_grads_result,
+                               {"cpu": cpu.involution_generated_backward_generator})
+
+
+@torch.library.custom_op("oplib::involution_generated_backward_generator", mutates_args=(), device_types="cpu")
+def involution_generated_backward_generator(
+    grad_output: Tensor,
+    feature: Tensor,
+    span_weight: Tensor,
+    input: Tensor,
+    kernel_size: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), input:
+    (N, C, H, W) -> (grad_feature: (N, R, Ho, Wo) in feature's layout, grad_span_weight:
+    (G*KH*KW, R), grad_span_bias: (G*KH*KW,)), the gradients of involution_generated's
+    generator for the output gradient ``grad_output``. The generated weight's gradient gw =
+    involution_backward_weight(grad_output, input), (N, G*KH*KW, Ho*Wo), is contracted as it is
+    formed: grad_feature = span_weight^T gw, grad_span_weight = sum over samples and pixels of
+    gw feature^T, grad_span_bias = sum of gw. On CPU the native kernel never writes gw to
+    memory; the plain-PyTorch route (and CUDA, for now) makes it and drops it."""
+    return _BACKWARD_GENERATOR.run("cpu", grad_output, feature, span_weight, input, kernel_size, stride, padding,
+                                   dilation)
+
+
+@involution_generated_backward_generator.register_kernel("cuda")
+def _backward_generator_cuda(grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation):
+    args = (grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation)
+    _BACKWARD_GENERATOR.rules.enforce(*args)
+    return cpu.generator_grads_through_map(*args, _generator_grads_result(*args))
+
+
+CONTRACTS["oplib::involution_generated_backward_generator"] = _BACKWARD_GENERATOR
+involution_generated_backward_generator.register_fake(_BACKWARD_GENERATOR.fake)
+
+
 # ---------------------------------------------------------------------------------------
 # Autograd: the rules of the module docstring
 # ---------------------------------------------------------------------------------------
 
 
 def _generator_grads(ctx, grad: Tensor, activation: Tensor, feature: Tensor, span_weight: Tensor):
-    """The gradients of feature, span_weight and span_bias (None where not needed) from gw,
-    the gradient of the generated weight: involution_backward_weight(grad, activation), with
-    ``grad`` the gradient of the output (forward) or the upstream one (grad_input's op). gw
-    goes through the span 1x1 conv's own backward (aten.convolution_backward, differentiable
-    again): the contractions of the module docstring as one GEMM each."""
+    """The gradients of feature, span_weight and span_bias (None where not needed), the op
+    involution_generated_backward_generator(grad, feature, span_weight, activation): ``grad`` is
+    the gradient of the output (forward) or the upstream one (grad_input's op), and
+    ``activation`` the input (forward) or the upstream gradient (grad_input's op, whose weight
+    gradient is involution_backward_weight(grad_output, u))."""
     needs = ctx.needs_input_grad[1:4]
     if not any(needs):
         return None, None, None
-    kernel_size, stride, padding, dilation = ctx.params
-    n, _, out_h, out_w = feature.shape
-    rows = span_weight.shape[0]
-    grad_weight = unfused.involution_backward_weight(grad, activation, kernel_size, stride, padding, dilation,
-                                                     rows // (kernel_size[0] * kernel_size[1]))
-    gw = grad_weight.reshape(n, rows, out_h, out_w)
-    grad_feature, grad_span_weight, grad_span_bias = torch.ops.aten.convolution_backward(
-        gw, feature, span_weight[:, :, None, None], [rows], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, list(needs))
-    return grad_feature, None if grad_span_weight is None else grad_span_weight.flatten(1), grad_span_bias
+    grads = involution_generated_backward_generator(grad, feature, span_weight, activation, *ctx.params)
+    return tuple(g if need else None for g, need in zip(grads, needs))
 
 
 def _save(ctx, activation: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], params) -> None:
@@ -343,7 +401,108 @@ def _backward_input_jvp(inputs, output, tangents) -> Tensor:
 register_jvp(involution_generated, _forward_jvp)
 register_jvp(involution_generated_backward_input, _backward_input_jvp)
 
-for _qualname in ("oplib::involution_generated", "oplib::involution_generated_backward_input"):
+# ---------------------------------------------------------------------------------------
+# The generator's gradient op: its own autograd, vmap and forward AD. With gw the gradient
+# of the generated weight (bilinear in grad_output u and input x), the op is
+# (S^T gw, gw f^T, sum gw); for upstream gradients (vf, vS, vb) of its three results
+#     <vf, S^T gw> + <vS, gw f^T> + <vb, sum gw> = <gw, W'>,   W' = S vf + vS f + vb,
+# the weight generated by feature [vf; f], span [S, vS] and bias vb, so
+#     d/du = involution_generated(x, [vf; f], [S, vS], vb)
+#     d/dx = involution_generated_backward_input(u, [vf; f], [S, vS], vb)
+#     (d/df, d/dS, -) = involution_generated_backward_generator(u, vf, vS, x)
+# ---------------------------------------------------------------------------------------
+
+
+def _backward_generator_setup(ctx, inputs, output) -> None:
+    grad_output, feature, span_weight, input, *params = inputs
+    ctx.save_for_backward(grad_output, feature, span_weight, input)
+    ctx.params = tuple(params)
+
+
+def _backward_generator_backward(ctx, grad_feature_up, grad_span_up, grad_bias_up):
+    u, feature, span_weight, x = ctx.saved_tensors
+    params = ctx.params
+    needs_u, needs_f, needs_s, needs_x = ctx.needs_input_grad[:4]
+    d_u = d_f = d_s = d_x = None
+    if needs_u or needs_x:
+        generator = _combined_generator(feature, span_weight, grad_feature_up, grad_span_up)
+        if generator is not None or grad_bias_up is not None:
+            f2, s2 = generator if generator is not None else (feature, torch.zeros_like(span_weight))
+            if needs_u:
+                d_u = involution_generated(x, f2, s2, grad_bias_up, *params)
+            if needs_x:
+                d_x = involution_generated_backward_input(u, f2, s2, grad_bias_up, list(x.shape[2:]), *params)
+    if (needs_f and grad_span_up is not None) or (needs_s and grad_feature_up is not None):
+        v_f = grad_feature_up if grad_feature_up is not None else torch.zeros_like(feature)
+        v_s = grad_span_up if grad_span_up is not None else torch.zeros_like(span_weight)
+        by_f, by_s, _ = involution_generated_backward_generator(u, v_f, v_s, x, *params)
+        d_f = by_f if needs_f and grad_span_up is not None else None
+        d_s = by_s if needs_s and grad_feature_up is not None else None
+    return d_u, d_f, d_s, d_x, *(None for _ in params)
+
+
+def _combined_generator(feature: Tensor, span_weight: Tensor, v_feature: Optional[Tensor],
+                        v_span: Optional[Tensor]) -> Optional[tuple[Tensor, Tensor]]:
+    """(feature', span') with span' feature' = span_weight v_feature + v_span feature: the
+    channels of both terms side by side (None where neither is given)."""
+    if v_feature is None and v_span is None:
+        return None
+    if v_span is None:
+        return v_feature, span_weight
+    if v_feature is None:
+        return feature, v_span
+    return torch.cat([v_feature, feature], 1), torch.cat([span_weight, v_span], 1)
+
+
+involution_generated_backward_generator.register_autograd(_backward_generator_backward,
+                                                          setup_context=_backward_generator_setup)
+
+
+def _backward_generator_vmap(info, in_dims, grad_output, feature, span_weight, input, kernel_size, stride, padding,
+                             dilation):
+    """Each vmapped element sums over its own samples: gw for all elements at once (the
+    vmapped dimension folded into N), contracted per element."""
+    b = info.batch_size
+    u, f, s, x = (t.movedim(d, 0) if d is not None else t.expand(b, *t.shape)
+                  for t, d in zip((grad_output, feature, span_weight, input), in_dims[:4]))
+    rows = s.shape[1]
+    groups = rows // (kernel_size[0] * kernel_size[1])
+    gw = unfused.involution_backward_weight(u.flatten(0, 1), x.flatten(0, 1), kernel_size, stride, padding, dilation,
+                                            groups)
+    gw = gw.reshape(b, u.shape[1], rows, f.shape[3] * f.shape[4])  # (B, N, G*KH*KW, Ho*Wo)
+    f_flat = f.flatten(3)  # (B, N, R, Ho*Wo)
+    grad_feature = torch.einsum("bkr,bnkp->bnrp", s, gw).reshape(f.shape)
+    grad_span = torch.einsum("bnkp,bnrp->bkr", gw, f_flat)
+    return (grad_feature, grad_span, gw.sum((1, 3))), (0, 0, 0)
+
+
+involution_generated_backward_generator.register_vmap(_backward_generator_vmap)
+
+
+def _backward_generator_jvp(inputs, output, tangents):
+    """d(S^T gw, gw f^T, sum gw) = G(du, f, S, x) + G(u, f, S, dx) + (dS^T gw, gw df^T, 0)."""
+    u, feature, span_weight, x, *params = inputs
+    u_dot, feature_dot, span_dot, x_dot = tangents[:4]
+
+    def op(*args):
+        return involution_generated_backward_generator(*args, *params)
+
+    terms = []
+    if u_dot is not None:
+        terms.append(op(u_dot, feature, span_weight, x))
+    if x_dot is not None:
+        terms.append(op(u, feature, span_weight, x_dot))
+    if feature_dot is not None or span_dot is not None:
+        by_f, by_s, bias = op(u, feature_dot if feature_dot is not None else torch.zeros_like(feature),
+                              span_dot if span_dot is not None else torch.zeros_like(span_weight), x)
+        terms.append((by_f, by_s, torch.zeros_like(bias)))
+    return tuple(sum_tangents(*parts) for parts in zip(*terms))
+
+
+register_jvp(involution_generated_backward_generator, _backward_generator_jvp)
+
+for _qualname in ("oplib::involution_generated", "oplib::involution_generated_backward_input",
+                  "oplib::involution_generated_backward_generator"):
     register_autocast_policy(_qualname, "cpu", "lower_precision")
     register_autocast_policy(_qualname, "cuda", "lower_precision")
 
@@ -365,3 +524,13 @@ def _forward_flops(input_shape, feature_shape, span_shape, bias_shape, kernel_si
 def _backward_input_flops(grad_shape, feature_shape, span_shape, bias_shape, input_size, kernel_size, *args,
                           out_shape=None, **kwargs):
     return _generated_flop_count(grad_shape, out_shape, feature_shape, span_shape, kernel_size)
+
+
+@register_flop_formula(torch.ops.oplib.involution_generated_backward_generator)
+def _backward_generator_flops(grad_shape, feature_shape, span_shape, input_shape, kernel_size, *args, out_shape=None,
+                              **kwargs):
+    """gw (one multiply-add per grad_output element and tap) and its two contractions (one per
+    gw element and reduced channel each)."""
+    n, reduced, out_h, out_w = feature_shape
+    return (unfused._involution_flop_count(grad_shape, kernel_size)
+            + 2 * 2 * n * out_h * out_w * span_shape[0] * reduced)

@@ -11,7 +11,7 @@ import torch
 
 from .. import _torch_private as private
 from ..registry import OpSpec, cast_sample
-from .helpers import OpCall, assert_matches_reference, tensor_args
+from .helpers import OpCall, assert_matches_reference, like_result, outputs, tensor_args
 
 
 class NotApplicable(Exception):
@@ -56,9 +56,10 @@ def check_compile(spec: OpSpec, device: str, samples: slice = slice(None)) -> No
             private.maybe_mark_dynamic(sample.args[0], dim)
         out, expected = compiled(*sample.args), spec.op(*eager.args)
         torch.testing.assert_close(out, expected, msg=lambda m: f"{sample.name}: {m}")
-        assert out.stride() == expected.stride() or out.numel() == 0, f"{sample.name}: strides differ"
+        for got, want in zip(outputs(out), outputs(expected)):
+            assert got.stride() == want.stride() or got.numel() == 0, f"{sample.name}: strides differ"
         positions = tensor_args(sample)
-        grad = torch.randn_like(expected)
+        grad = like_result(expected, torch.randn_like)
         got = torch.autograd.grad(out, [sample.args[i] for i in positions], grad)
         want = torch.autograd.grad(expected, [eager.args[i] for i in positions], grad)
         torch.testing.assert_close(got, want, msg=lambda m: f"{sample.name} (gradients): {m}")

@@ -32,7 +32,8 @@ import torch
 from .. import _torch_private as private
 from ..registry import OpSpec, SampleInput, cast_sample
 from . import checks, toolchain
-from .helpers import OpCall, assert_matches_reference, representative_samples, spec_dtype_params, spec_params, tensor_args
+from .helpers import (OpCall, assert_matches_reference, like_result, outputs, representative_samples, spec_dtype_params,
+                      spec_params, tensor_args)
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 # The unit tier compiles and exports each op's first sample; the integration tier the others.
@@ -96,9 +97,9 @@ def _property_test(specs: Sequence[OpSpec]):
         out = spec.op(*sample.args)
         assert_matches_reference(spec, sample, out, torch.float64)
         positions = tensor_args(sample)
-        if out.numel() == 0:
+        if all(t.numel() == 0 for t in outputs(out)):
             return
-        grad_out = torch.randn_like(out)
+        grad_out = like_result(out, torch.randn_like)
         grads = torch.autograd.grad(out, [sample.args[i] for i in positions], grad_out)
         expected = torch.autograd.grad(spec.reference(*sample.args), [sample.args[i] for i in positions], grad_out)
         for i, got, want in zip(positions, grads, expected):
@@ -153,7 +154,7 @@ def generated_tests(specs: Sequence[OpSpec], *, eager: bool = True, tracing: boo
             for sample in spec.sample_inputs(device, torch.float64, True):
                 positions = tensor_args(sample)
                 out = spec.op(*sample.args)
-                grad_out = torch.randn_like(out)
+                grad_out = like_result(out, torch.randn_like)
                 full = torch.autograd.grad(out, [sample.args[i] for i in positions], grad_out, allow_unused=True)
                 for k, i in enumerate(positions):
                     args = list(cast_sample(sample, torch.float64, requires_grad=False).args)
@@ -195,13 +196,12 @@ def generated_tests(specs: Sequence[OpSpec], *, eager: bool = True, tracing: boo
                         with warnings.catch_warnings():
                             warnings.filterwarnings("error", message=".*performance drop.*")
                             out = torch.vmap(spec.op, in_dims=in_dims, out_dims=out_dim)(*stacked)
-                        expected = torch.stack(
-                            [
-                                spec.op(*(a.select(dims[i], b) if i in dims else a for i, a in enumerate(stacked)))
-                                for b in range(batch)
-                            ],
-                            dim=out_dim,
-                        )
+                        looped = [
+                            outputs(spec.op(*(a.select(dims[i], b) if i in dims else a for i, a in enumerate(stacked))))
+                            for b in range(batch)
+                        ]
+                        stacked_outputs = tuple(torch.stack(list(parts), dim=out_dim) for parts in zip(*looped))
+                        expected = stacked_outputs if isinstance(out, (tuple, list)) else stacked_outputs[0]
                         torch.testing.assert_close(
                             out, expected, msg=f"{sample.name}: vmap with in_dims {in_dims}, out_dims {out_dim}"
                         )
@@ -222,7 +222,8 @@ def generated_tests(specs: Sequence[OpSpec], *, eager: bool = True, tracing: boo
                 with torch.autocast(device, dtype=autocast_dtype):
                     out = spec.op(*sample.args)
                     torch_out = spec.torch_equivalent(*sample.args) if spec.torch_equivalent else None
-                assert out.dtype == expected_dtype, f"{sample.name}: {out.dtype}, policy {policy} says {expected_dtype}"
+                for value in outputs(out):
+                    assert value.dtype == expected_dtype, f"{sample.name}: {value.dtype}, policy {policy} says {expected_dtype}"
                 if torch_out is not None:
                     assert torch_out.dtype == out.dtype, f"{sample.name}: {out.dtype} vs torch's {torch_out.dtype}"
                 # The op ran in expected_dtype: it matches the reference on inputs rounded to it.

@@ -6,7 +6,7 @@ imports ``generated`` on first use: importing back from it would be a loop)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Optional
 
 import torch
@@ -56,14 +56,30 @@ def reference_output(spec: OpSpec, sample: SampleInput) -> Tensor:
         return spec.reference(*registry.cast_sample(sample, torch.float64, requires_grad=False).args)
 
 
-def assert_matches_reference(spec: OpSpec, sample: SampleInput, out: Tensor, dtype: torch.dtype) -> None:
-    """``out`` has ``dtype`` and matches the float64 reference within ``dtype``'s tolerance."""
-    expected = reference_output(spec, sample)
+def outputs(result) -> tuple[Tensor, ...]:
+    """An op's result as a tuple of tensors (one for a single-output op)."""
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def like_result(result, make: Callable[[Tensor], Tensor]):
+    """``make`` applied to each output, in the result's structure (a tensor or a tuple)."""
+    made = tuple(make(t) for t in outputs(result))
+    return made if isinstance(result, (tuple, list)) else made[0]
+
+
+def assert_matches_reference(spec: OpSpec, sample: SampleInput, out, dtype: torch.dtype) -> None:
+    """``out`` (a tensor, or a tuple of them for an op of several outputs) has ``dtype`` and
+    matches the float64 reference within ``dtype``'s tolerance."""
+    expected = outputs(reference_output(spec, sample))
     atol, rtol = spec.tolerance(dtype)
-    assert out.dtype == dtype, f"{spec.name}[{sample.name}]: output dtype {out.dtype}, expected {dtype}"
-    torch.testing.assert_close(
-        out.detach().double(), expected, atol=atol, rtol=rtol, msg=lambda m: f"{spec.name}[{sample.name}]: {m}"
-    )
+    got = outputs(out)
+    assert len(got) == len(expected), f"{spec.name}[{sample.name}]: {len(got)} outputs, the reference has {len(expected)}"
+    for k, (value, want) in enumerate(zip(got, expected)):
+        which = f" output {k}" if len(got) > 1 else ""
+        assert value.dtype == dtype, f"{spec.name}[{sample.name}]{which}: output dtype {value.dtype}, expected {dtype}"
+        torch.testing.assert_close(
+            value.detach().double(), want, atol=atol, rtol=rtol, msg=lambda m: f"{spec.name}[{sample.name}]{which}: {m}"
+        )
 
 
 def layout_class(sample: SampleInput) -> tuple:

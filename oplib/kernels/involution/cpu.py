@@ -56,6 +56,8 @@ __all__ = [
     "involution_backward_weight",
     "involution_generated",
     "involution_generated_backward_input",
+    "involution_generated_backward_generator",
+    "generator_grads_through_map",
     "generated_weight",
     "pytorch_involution",
     "pytorch_involution_backward_input",
@@ -149,6 +151,43 @@ def involution_generated_backward_input(grad_output: Tensor, feature: Tensor, sp
                                                           kernel_size, stride, padding, dilation, out=out)
     weight = generated_weight(feature, span_weight, span_bias, kernel_size)
     return out.copy_(pytorch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation))
+
+
+def involution_generated_backward_generator(grad_output: Tensor, feature: Tensor, span_weight: Tensor, input: Tensor,
+                                            kernel_size, stride, padding, dilation,
+                                            out: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), input:
+    (N, C, H, W) -> out: (grad_feature, grad_span_weight, grad_span_bias). The native kernel
+    contracts each block of the generated weight's gradient while it is in cache; the
+    plain-PyTorch route makes the whole map (``generator_grads_through_map``)."""
+    module = native.involution()
+    if module is not None and hasattr(module, "involution_generated_backward_generator"):
+        return tuple(module.involution_generated_backward_generator(grad_output, feature, span_weight, input, kernel_size,
+                                                                    stride, padding, dilation, *out))
+    return generator_grads_through_map(grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation,
+                                       out)
+
+
+def generator_grads_through_map(grad_output: Tensor, feature: Tensor, span_weight: Tensor, input: Tensor, kernel_size,
+                                stride, padding, dilation,
+                                out: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """involution_generated_backward_generator on any device through the whole map: gw =
+    oplib::involution_backward_weight(grad_output, input), (N, G*KH*KW, Ho*Wo), then its three
+    contractions as matrix products, all in the accumulation dtype, written into ``out``."""
+    grad_feature, grad_span_weight, grad_span_bias = out
+    n, reduced, out_h, out_w = feature.shape
+    rows = span_weight.shape[0]
+    groups = rows // (kernel_size[0] * kernel_size[1])
+    # 16-bit operands: gw in float32, since the sums over samples and pixels would add up its rounding.
+    accumulate = _accumulation_dtype(grad_output.dtype)
+    gw = torch.ops.oplib.involution_backward_weight(grad_output.to(accumulate), input.to(accumulate), kernel_size, stride,
+                                                    padding, dilation, groups)
+    gw = gw.reshape(n, rows, out_h * out_w)
+    f = feature.reshape(n, reduced, out_h * out_w).to(accumulate)
+    grad_feature.copy_(torch.matmul(span_weight.to(accumulate).t(), gw).view(n, reduced, out_h, out_w))
+    grad_span_weight.copy_(gw.transpose(0, 1).reshape(rows, -1) @ f.transpose(0, 1).reshape(reduced, -1).t())
+    grad_span_bias.copy_(gw.sum((0, 2)))
+    return out
 
 
 def generated_weight(feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], kernel_size) -> Tensor:

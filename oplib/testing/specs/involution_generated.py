@@ -1,6 +1,7 @@
-"""The specs of ``oplib::involution_generated`` and its grad_input op, on involution's own
-table of cases (``specs.involution.CASES``) with a generator added: a feature map of R
-channels at the output size, a span matrix and a bias (none in some cases)."""
+"""The specs of ``oplib::involution_generated``, its grad_input op and the gradient op of its
+generator, on involution's own table of cases (``specs.involution.CASES``) with a generator
+added: a feature map of R channels at the output size, a span matrix and a bias (none in some
+cases)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ._oplib import register_oplib_spec
 from ..inputs import expect_message, make
 from .involution import CASES, InvolutionCase, random_case
 from .involution import backward_input_reference as involution_backward_input_reference
+from .involution import backward_weight_reference as involution_backward_weight_reference
 from .involution import reference as involution_reference
 
 
@@ -32,6 +34,21 @@ def backward_input_reference(grad_output, feature, span_weight, span_bias, input
     """The vector-Jacobian product of the reference with respect to its input."""
     weight = _reference_weight(feature, span_weight, span_bias, kernel_size)
     return involution_backward_input_reference(grad_output, weight, input_size, stride, padding, dilation)
+
+
+def backward_generator_reference(grad_output, feature, span_weight, input, kernel_size, stride, padding,
+                                 dilation) -> tuple[Tensor, Tensor, Tensor]:
+    """The generated weight's gradient by involution's reference, contracted as the module
+    docstring of ``oplib.ops.involution_generated`` says (plain torch: differentiable, and
+    traceable by the torch.func transforms)."""
+    n, reduced, out_h, out_w = feature.shape
+    rows = span_weight.shape[0]
+    gw = involution_backward_weight_reference(grad_output, input, kernel_size, stride, padding, dilation,
+                                              rows // (kernel_size[0] * kernel_size[1]))
+    gw = gw.reshape(n, rows, out_h * out_w)
+    f = feature.reshape(n, reduced, out_h * out_w)
+    grad_feature = torch.einsum("kr,nkp->nrp", span_weight, gw).reshape(feature.shape)
+    return grad_feature, torch.einsum("nkp,nrp->kr", gw, f), gw.sum((0, 2))
 
 
 def _reference_weight(feature, span_weight, span_bias, kernel_size) -> Tensor:
@@ -83,6 +100,11 @@ def _backward_input_arguments(generated: GeneratorCase, t: Tensors) -> tuple:
     return (t.grad_output, t.feature, t.span_weight, t.span_bias, list(case.shape[2:]), list(case.kernel), *case.window)
 
 
+def _backward_generator_arguments(generated: GeneratorCase, t: Tensors) -> tuple:
+    case = generated.case
+    return (t.grad_output, t.feature, t.span_weight, t.input, list(case.kernel), *case.window)
+
+
 def _random_case(draw: Draw) -> GeneratorCase:
     return GeneratorCase(random_case(draw), draw(1, 4), bool(draw(0, 1)))
 
@@ -95,7 +117,7 @@ def _errors(device: str) -> dict[str, list]:
     s = torch.randn(18, 3, **f32)  # G = 2, 3x3 taps
     b = torch.randn(18, **f32)
     k, same = [3, 3], ([1, 1], [1, 1], [1, 1])
-    fwd, bwd = dict(op=ops.FORWARD), dict(op=ops.BACKWARD_INPUT)
+    fwd, bwd, gen = dict(op=ops.FORWARD), dict(op=ops.BACKWARD_INPUT), dict(op=ops.BACKWARD_GENERATOR)
     return {
         ops.FORWARD: [
             ((x[0], f, s, b, k, *same), RuntimeError, "3d-input",
@@ -132,12 +154,27 @@ def _errors(device: str) -> dict[str, list]:
             ((x, f, s, b, [7], k, *same), ValueError, "input-size-length",
              expect_message(ops.INPUT_SIZE_PAIR, input_size=[7])),
             ((x, f, s, b, [9, 7], k, *same), RuntimeError, "grad-output-size",
-             expect_message(ops.GRAD_OUTPUT_SIZE, expected=[9, 7], input_size=[9, 7], grad_size=[2, 4, 7, 7])),
+             expect_message(ops.GRAD_OUTPUT_SIZE, **bwd, expected=[9, 7], input_size=[9, 7], grad_size=[2, 4, 7, 7])),
             ((x, f[:, :2], s, b, [7, 7], k, *same), RuntimeError, "reduced-mismatch",
              expect_message(ops.REDUCED, **bwd, feature_size=[2, 2, 7, 7], span_size=[18, 3])),
             ((x, f, s.double(), b, [7, 7], k, *same), RuntimeError, "dtype-mismatch",
              expect_message(SAME_DTYPE, **bwd, name="span_weight", reference_name="grad_output", dtype=torch.float64,
                             reference_dtype=torch.float32)),
+        ],
+        ops.BACKWARD_GENERATOR: [
+            ((x, f, s, x[0], k, *same), RuntimeError, "3d-input",
+             expect_message(DIM, **gen, name="input", layout=unfused_ops.INPUT_LAYOUT, dim=3, size=[4, 7, 7])),
+            ((x, f, s, x[:1], k, *same), RuntimeError, "input-batch",
+             expect_message(ops.INPUT_BATCH_CHANNELS, **gen, batch=2, channels=4, input_size=[1, 4, 7, 7])),
+            ((x, f, s, torch.randn(2, 4, 9, 7, **f32), k, *same), RuntimeError, "grad-output-size",
+             expect_message(ops.GRAD_OUTPUT_SIZE, **gen, expected=[9, 7], input_size=[9, 7], grad_size=[2, 4, 7, 7])),
+            ((x, f[:, :2], s, x, k, *same), RuntimeError, "reduced-mismatch",
+             expect_message(ops.REDUCED, **gen, feature_size=[2, 2, 7, 7], span_size=[18, 3])),
+            ((x, f, s, x.double(), k, *same), RuntimeError, "dtype-mismatch",
+             expect_message(SAME_DTYPE, **gen, name="input", reference_name="grad_output", dtype=torch.float64,
+                            reference_dtype=torch.float32)),
+            ((x, f, torch.randn(27, 3, **f32), x, k, *same), RuntimeError, "groups-divide",
+             expect_message(CHANNELS_DIVISIBLE, **gen, channels=4, groups=3)),
         ],
     }
 
@@ -164,4 +201,5 @@ def _spec(name: str, reference_fn, arguments) -> OpSpec:
 SPECS = (
     _spec(ops.FORWARD, reference, _forward_arguments),
     _spec(ops.BACKWARD_INPUT, backward_input_reference, _backward_input_arguments),
+    _spec(ops.BACKWARD_GENERATOR, backward_generator_reference, _backward_generator_arguments),
 )
