@@ -70,6 +70,8 @@ def _forward_backward(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
 
 GEMM_SIZE = 1024
 REDUCTION, GROUP_CHANNELS = 4, 16
+# A training step's multiply-adds as a multiple of the forward's.
+TRAINING_FACTOR = 3
 
 
 def layer_multiply_adds(batch: int, channels: int, size: int) -> int:
@@ -111,8 +113,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         macs = layer_multiply_adds(batch, channels, size)
         floor = macs / rate
         depthwise = times["depthwise 7x7", "inference"].median
+        training_floor = TRAINING_FACTOR * floor
         floors.append([f"{channels}@{size}", f"{macs / 1e6:.0f}", f"{floor * 1e3:.2f}", f"{depthwise * 1e3:.2f}",
-                       f"{floor / depthwise:.2f}x", f"{times['fused', 'inference'].median / floor:.2f}x"])
+                       f"{floor / depthwise:.2f}x", f"{times['fused', 'inference'].median / floor:.2f}x",
+                       f"{training_floor * 1e3:.2f}", f"{times['fused', 'forward+backward'].median / training_floor:.2f}x",
+                       f"{times['unfused', 'forward+backward'].median / training_floor:.2f}x"])
     columns = ["shape (C@HxW)"]
     for mode in ("inference", "fwd+bwd"):
         columns += [f"{mode} fused (ms)", f"{mode} unfused (ms)", f"{mode} depthwise (ms)", f"{mode} fused / dw",
@@ -136,10 +141,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         f"The layer's multiply-adds per inference at this run's float32 `torch.mm` rate ({GEMM_SIZE}-square: "
         f"{rate / 1e9:.1f} G multiply-adds/s on {settings.threads} threads): no implementation of the layer runs "
         "faster than this floor here. Floor / dw above 2.5x means the bar of issue 34 (inference at most 2.5x the "
-        "depthwise convolution) is out of reach on this machine at that shape.",
+        "depthwise convolution) is out of reach on this machine at that shape. Forward+backward: "
+        f"{TRAINING_FACTOR}x the forward's multiply-adds (each product's two gradients are products of the same size).",
         "",
-        *_harness.table(("shape (C@HxW)", "multiply-adds (M)", "floor (ms)", "depthwise (ms)", "floor / dw", "fused / floor"),
-                        "lrrrrr", floors),
+        *_harness.table(("shape (C@HxW)", "multiply-adds (M)", "floor (ms)", "depthwise (ms)", "floor / dw", "fused / floor",
+                         "fwd+bwd floor (ms)", "fwd+bwd fused / floor", "fwd+bwd unfused / floor"),
+                        "lrrrrrrrr", floors),
     ]
     _harness.write_report(settings, lines)
     return 0

@@ -109,6 +109,9 @@ BUGS = [
         "d_u = involution_generated(x, f2, s2, grad_bias_up, *params)", "d_u = involution_generated(x, f2, s2, None, *params)"),
     Bug("involution_generated_backward_generator-vmap", GENERATED,
         'grad_span = torch.einsum("bnkp,bnrp->bkr", gw, f_flat)', 'grad_span = torch.einsum("bnkp,bnrp->bkr", gw, f_flat.flip(0))'),
+    Bug("involution_generated_backward_generator-native", "oplib/kernels/involution/csrc/cpu/backward_generator.cpp",
+        "for (int64_t p = 0; p < pixels; ++p) total += gw[t * columns + p];",
+        "for (int64_t p = 1; p < pixels; ++p) total += gw[t * columns + p];"),
     Bug("involution_generated_backward_generator-jvp", GENERATED,
         "terms.append((by_f, by_s, torch.zeros_like(bias)))", "terms.append((by_f, by_s, bias))"),
 ]

@@ -34,6 +34,7 @@ def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0)
     import torch
 
     from .. import registry
+    from ..registry import SampleInput
     from .helpers import assert_matches_reference
 
     calls = {
@@ -44,6 +45,7 @@ def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0)
     generated_calls = {
         "involution_generated": module.involution_generated_forward,
         "involution_generated_backward_input": module.involution_generated_backward_input,
+        "involution_generated_backward_generator": module.involution_generated_backward_generator,
     }
     rng = random.Random(seed)
     count = 0
@@ -91,13 +93,34 @@ def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0)
         x, g = torch.randn(n, c, h, w, dtype=dtype), torch.randn(n, c, *out, dtype=dtype)
         feature = torch.randn(n, reduced, *out, dtype=dtype)
         span, bias = torch.randn(groups * kernel * kernel, reduced, dtype=dtype), torch.randn(groups * kernel * kernel, dtype=dtype)
-        args = [(x, feature, span, bias, *params), (g, feature, span, bias, [h, w], *params)]
+        args = [(x, feature, span, bias, *params), (g, feature, span, bias, [h, w], *params), (g, feature, span, x, *params)]
         atol, rtol = registry.get("involution").tolerance(dtype)
         for call, reference, arguments in zip(generated_calls.values(), references, args):
             expected = reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in arguments])
+            if isinstance(expected, tuple):  # the generator's gradients: sums over samples and pixels
+                spec = registry.get("involution_generated_backward_generator")
+                assert_matches_reference(spec, SampleInput(arguments, "whole-vectors"), call(*arguments), dtype)
+                count += 1 + _check_generator_grads_into_channels_last(call, arguments, expected, spec, dtype)
+                continue
             torch.testing.assert_close(call(*arguments).double(), expected, atol=atol, rtol=rtol)
             count += 1 + _check_into_channels_last(call, arguments, expected, atol, rtol)
     return count
+
+
+def _check_generator_grads_into_channels_last(call, arguments, expected, spec, dtype) -> int:
+    """The generator's gradient op writes into the tensors given: grad_feature channels_last,
+    grad_span_weight transposed (written through a contiguous copy)."""
+    import torch
+
+    grad_feature = torch.empty(expected[0].shape, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    grad_span = torch.empty(expected[1].shape[::-1], dtype=dtype).t()
+    grad_bias = torch.empty(expected[2].shape, dtype=dtype)
+    result = call(*arguments, grad_feature, grad_span, grad_bias)
+    assert result[0] is grad_feature and result[1] is grad_span and result[2] is grad_bias
+    atol, rtol = spec.tolerance(dtype)
+    for got, want in zip(result, expected):
+        torch.testing.assert_close(got.double(), want, atol=atol, rtol=rtol)
+    return 1
 
 
 def _check_into_channels_last(call, arguments, expected, atol: float, rtol: float) -> int:

@@ -22,7 +22,7 @@ from oplib.testing.native import force_native, require_native_build
 
 ROOT = Path(__file__).resolve().parents[3]
 INVOLUTION_OPS = ("involution", "involution_backward_input", "involution_backward_weight", "involution_generated",
-                  "involution_generated_backward_input")
+                  "involution_generated_backward_input", "involution_generated_backward_generator")
 
 
 @pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
@@ -226,6 +226,12 @@ PLANTED_OVER_READS = {
     "generator-feature-row": (
         "convert(feature.at(n, r, first + i), feature.stride_w, out_w, row + i * out_w);",
         "convert(feature.at(n, r, first + i), feature.stride_w, out_w + 1, row + i * out_w);",
+    ),
+    # the generator's gradients: the tile's feature transposed one pixel past each row (past the
+    # tensor's end at the last row of the last channel, and past the buffer at a full tile)
+    "generator-grads-feature-row": (
+        "for (int64_t j = 0; j < geo.out_w; ++j) {\n              features[",
+        "for (int64_t j = 0; j <= geo.out_w; ++j) {\n              features[",
     ),
 }
 

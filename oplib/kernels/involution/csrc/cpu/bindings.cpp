@@ -15,6 +15,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "kernels.h"
@@ -243,6 +244,42 @@ at::Tensor involution_generated_backward_input(const at::Tensor& grad_output, co
   });
 }
 
+// grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo), span_weight: (G * KH * KW, R), input:
+// (N, C, H, W) -> (grad_feature (N, R, Ho, Wo), grad_span_weight (G * KH * KW, R), grad_span_bias
+// (G * KH * KW,)), each into the tensor given where one is.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> involution_generated_backward_generator(
+    const at::Tensor& grad_output, const at::Tensor& feature, const at::Tensor& span_weight, const at::Tensor& input,
+    at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+    const std::optional<at::Tensor>& grad_feature_arg, const std::optional<at::Tensor>& grad_span_arg,
+    const std::optional<at::Tensor>& grad_bias_arg) {
+  check_operand(grad_output, "grad_output", 4);
+  check_operand(input, "input", 4);
+  check_same_dtype(input, "input", grad_output, "grad_output");
+  TORCH_CHECK(grad_output.size(0) == input.size(0) && grad_output.size(1) == input.size(1), "oplib's native CPU kernels: grad_output is ",
+              grad_output.sizes(), " but input is ", input.sizes());
+  const auto weight_shape = generated_weight_shape(grad_output, "grad_output", feature, span_weight, std::nullopt, kernel_size);
+  const Geometry geo = make_geometry(input.sizes(), weight_shape, stride, padding, dilation);
+  TORCH_CHECK(grad_output.size(2) == geo.out_h && grad_output.size(3) == geo.out_w, "oplib's native CPU kernels: grad_output is ",
+              grad_output.sizes(), " but the feature map is ", geo.out_h, "x", geo.out_w);
+  const std::initializer_list<const at::Tensor*> operands{&grad_output, &feature, &span_weight, &input};
+  at::Tensor grad_feature = result_tensor(grad_feature_arg, feature.sizes(), grad_output, "grad_output", operands);
+  at::Tensor grad_span = result_tensor(grad_span_arg, span_weight.sizes(), grad_output, "grad_output", operands);
+  at::Tensor grad_bias = result_tensor(grad_bias_arg, {span_weight.size(0)}, grad_output, "grad_output", operands);
+  // The span's results are written as flat arrays: into a contiguous copy where they are not.
+  at::Tensor span_out = grad_span.is_contiguous() ? grad_span : at::empty(span_weight.sizes(), grad_output.options());
+  at::Tensor bias_out = grad_bias.is_contiguous() ? grad_bias : at::empty({span_weight.size(0)}, grad_output.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad_output.scalar_type(), "involution_generated_backward_generator", [&] {
+    using acc_t = oplib_cpu::Acc<scalar_t>;
+    const at::Tensor span = span_weight.to(c10::CppTypeToScalarType<acc_t>::value).contiguous();
+    oplib_cpu::backward_generator<scalar_t>(geo, planes<scalar_t>(grad_output), planes<scalar_t>(input), planes<scalar_t>(feature),
+                                            span.data_ptr<acc_t>(), span_weight.size(1), output_planes<scalar_t>(grad_feature),
+                                            span_out.data_ptr<scalar_t>(), bias_out.data_ptr<scalar_t>());
+  });
+  if (!span_out.is_same(grad_span)) grad_span.copy_(span_out);
+  if (!bias_out.is_same(grad_bias)) grad_bias.copy_(bias_out);
+  return {grad_feature, grad_span, grad_bias};
+}
+
 // out (optional, keyword or last positional): the result tensor to write, of any strides.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using pybind11::arg;
@@ -257,4 +294,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("involution_generated_backward_input", &involution_generated_backward_input, arg("grad_output"), arg("feature"),
         arg("span_weight"), arg("span_bias"), arg("input_size"), arg("kernel_size"), arg("stride"), arg("padding"), arg("dilation"),
         arg("out") = pybind11::none());
+  m.def("involution_generated_backward_generator", &involution_generated_backward_generator, arg("grad_output"), arg("feature"),
+        arg("span_weight"), arg("input"), arg("kernel_size"), arg("stride"), arg("padding"), arg("dilation"),
+        arg("grad_feature") = pybind11::none(), arg("grad_span_weight") = pybind11::none(), arg("grad_span_bias") = pybind11::none());
 }

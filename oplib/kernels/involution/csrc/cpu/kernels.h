@@ -31,6 +31,12 @@ void backward_input(const Geometry& geo, const Planes<scalar_t>& grad_output, co
 template <typename scalar_t>
 void backward_input_generated(const Geometry& geo, const Planes<scalar_t>& grad_output,
                               const GeneratorOperands<scalar_t>& generator, const OutputPlanes<scalar_t>& grad_input);
+// backward_generator.cpp: grad_feature (N, R, Ho, Wo) of any strides; grad_span (G * KH * KW, R)
+// and grad_bias (G * KH * KW,) contiguous; span (G * KH * KW, R) contiguous, in the accumulation type.
+template <typename scalar_t>
+void backward_generator(const Geometry& geo, const Planes<scalar_t>& grad_output, const Planes<scalar_t>& input,
+                        const Planes<scalar_t>& feature, const Acc<scalar_t>* span, int64_t reduced,
+                        const OutputPlanes<scalar_t>& grad_feature, scalar_t* grad_span, scalar_t* grad_bias);
 // backward_weight.cpp
 template <typename scalar_t>
 void backward_weight(const Geometry& geo, const Planes<scalar_t>& grad_output, const Planes<scalar_t>& input,

@@ -38,7 +38,9 @@ inline int64_t generated_taps(int64_t taps) { return round_up(taps, kGenTaps); }
 // tap block, the block's kGenTaps values of one r side by side (tap t0 + u of channel r at
 // packed[(t0 * reduced) + r * kGenTaps + u]): the broadcasts of one r share a cache line
 // (at R = 128 on AVX2, 40 GMAC/s per core packed, 26 unpacked).
-template <int VB, typename T>
+// ACCUMULATE: dst += the sums (bias unused), the same register-blocked product for the
+// generator's gradients (backward_generator.cpp).
+template <int VB, bool ACCUMULATE, typename T>
 inline void generate_block(const T* packed, const T* bias, int64_t taps, int64_t reduced, const T* f, int64_t f_stride,
                            T* dst, int64_t dst_stride) {
   constexpr int L = kMaxLanes<T>, TB = kGenTaps;
@@ -46,7 +48,13 @@ inline void generate_block(const T* packed, const T* bias, int64_t taps, int64_t
   for (int64_t t = 0; t < taps; t += TB) {
     V acc[TB][VB];
     for (int u = 0; u < TB; ++u) {
-      for (int v = 0; v < VB; ++v) acc[u][v] = V{} + bias[t + u];
+      for (int v = 0; v < VB; ++v) {
+        if constexpr (ACCUMULATE) {
+          acc[u][v] = load_lanes<V>(dst + (t + u) * dst_stride + v * L);
+        } else {
+          acc[u][v] = V{} + bias[t + u];
+        }
+      }
     }
     const T* s = packed + t * reduced;
     for (int64_t r = 0; r < reduced; ++r) {
@@ -62,15 +70,15 @@ inline void generate_block(const T* packed, const T* bias, int64_t taps, int64_t
   }
 }
 
-template <typename T>
+template <bool ACCUMULATE = false, typename T>
 void generate_weights(const T* packed, const T* bias, int64_t taps, int64_t reduced, const T* f, int64_t f_stride,
                       int64_t columns, T* dst, int64_t dst_stride) {
   constexpr int64_t L = kMaxLanes<T>;
   int64_t j0 = 0;
   for (; j0 + kGenVectors * L <= columns; j0 += kGenVectors * L) {
-    generate_block<kGenVectors>(packed, bias, taps, reduced, f + j0, f_stride, dst + j0, dst_stride);
+    generate_block<kGenVectors, ACCUMULATE>(packed, bias, taps, reduced, f + j0, f_stride, dst + j0, dst_stride);
   }
-  for (; j0 < columns; j0 += L) generate_block<1>(packed, bias, taps, reduced, f + j0, f_stride, dst + j0, dst_stride);
+  for (; j0 < columns; j0 += L) generate_block<1, ACCUMULATE>(packed, bias, taps, reduced, f + j0, f_stride, dst + j0, dst_stride);
 }
 
 // The generator of involution_generated: the feature map (N, R, Ho, Wo) of any strides, and
