@@ -148,8 +148,43 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "fwd+bwd floor (ms)", "fwd+bwd fused / floor", "fwd+bwd unfused / floor"),
                         "lrrrrrrrr", floors),
     ]
+    lines += ["", *generator_gradients(section, batch, shapes)]
     _harness.write_report(settings, lines)
     return 0
+
+
+def generator_gradients(section: Section, batch: int, shapes) -> list[str]:
+    """involution_generated_backward_generator's CPU kernel (native: the weight gradient
+    contracted a tile at a time, never written) against the route through the whole map
+    (involution_backward_weight, then matrix products), interleaved."""
+    from oplib.kernels.involution import cpu
+    from oplib.ops.involution_generated import _generator_grads_result
+
+    rows = []
+    for channels, size in shapes:
+        reduced, groups = channels // REDUCTION, channels // GROUP_CHANNELS
+        torch.manual_seed(0)
+        x, grad = torch.randn(batch, channels, size, size), torch.randn(batch, channels, size, size)
+        feature, span = torch.randn(batch, reduced, size, size), torch.randn(groups * KERNEL * KERNEL, reduced)
+        args = (grad, feature, span, x, [KERNEL] * 2, [1, 1], [KERNEL // 2] * 2, [1, 1])
+        times = section.measure(f"{channels}@{size} generator gradients", {
+            "kernel": call(cpu.involution_generated_backward_generator, *args, _generator_grads_result(*args)),
+            "map": call(cpu.generator_grads_through_map, *args, _generator_grads_result(*args)),
+        })
+        map_bytes = batch * groups * KERNEL * KERNEL * size * size * 4
+        rows.append([f"{channels}@{size}", f"{times['kernel'].median * 1e3:.2f}", f"{times['map'].median * 1e3:.2f}",
+                     f"{ratio(times['map'], times['kernel']):.2f}x", f"{map_bytes / 1e6:.1f}"])
+    return [
+        "## The generator's gradients",
+        "",
+        "`oplib::involution_generated_backward_generator` on the CPU kernel of this run (see above) against the route "
+        "through the whole weight gradient (`involution_backward_weight`, then its three contractions as matrix products), "
+        f"float32, batch {batch}, interleaved; map: the weight gradient the route writes and reads back, which the native "
+        "kernel never writes.",
+        "",
+        *_harness.table(("shape (C@HxW)", "kernel (ms)", "through the map (ms)", "map / kernel", "map (MB)"), "lrrrr", rows),
+    ]
+
 
 
 if __name__ == "__main__":
