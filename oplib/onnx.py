@@ -215,6 +215,26 @@ def _involution_generated_backward_input(grad_output, feature, span_weight, span
     return _scatter(grad_output, weight, groups, kernel_size, input_size, stride, padding, dilation)
 
 
+def _involution_generated_backward_generator(grad_output, feature, span_weight, input, kernel_size, stride, padding,
+                                             dilation):
+    """The generated weight's gradient (involution_backward_weight's translation), contracted
+    by MatMuls: (grad_feature, grad_span_weight, grad_span_bias)."""
+    op = _opset()
+    what = "involution_generated_backward_generator's span_weight (G*KH*KW, R)"
+    rows, reduced = _static(span_weight, 0, what), _static(span_weight, 1, what)
+    groups = rows // (kernel_size[0] * kernel_size[1])
+    gw = _involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups)
+    batch = op.Slice(op.Shape(feature), _ints([0]), _ints([1]))
+    # The pixels counted, not -1: an empty batch has no size to infer.
+    pixels = op.ReduceProd(op.Slice(op.Shape(feature), _ints([2]), _ints([4])), keepdims=1)
+    gw = op.Reshape(gw, op.Concat(batch, _ints([rows]), pixels, axis=0))  # (N, G*KH*KW, Ho*Wo)
+    f = op.Reshape(feature, op.Concat(batch, _ints([reduced]), pixels, axis=0))  # (N, R, Ho*Wo)
+    grad_feature = op.Reshape(op.MatMul(op.Transpose(span_weight, perm=[1, 0]), gw), op.Shape(feature))
+    grad_span = op.ReduceSum(op.MatMul(gw, op.Transpose(f, perm=[0, 2, 1])), _ints([0]), keepdims=0)
+    grad_bias = op.ReduceSum(gw, _ints([0, 2]), keepdims=0)
+    return grad_feature, grad_span, grad_bias
+
+
 def _pair(values: Sequence[int]) -> list[int]:
     """aten's int[2] argument (one value for both dims, or two) as two ints."""
     values = [int(v) for v in values]
@@ -262,6 +282,7 @@ _TRANSLATIONS: dict[str, Callable[..., Any]] = {
     "oplib::involution_backward_weight": _involution_backward_weight,
     "oplib::involution_generated": _involution_generated,
     "oplib::involution_generated_backward_input": _involution_generated_backward_input,
+    "oplib::involution_generated_backward_generator": _involution_generated_backward_generator,
 }
 
 

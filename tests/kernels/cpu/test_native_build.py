@@ -111,6 +111,17 @@ def test_the_generated_entry_points_check_the_generator(monkeypatch):
         module.involution_generated_backward_input(x[:, :, :4], feature, span, bias, [5, 5], *params)
     with pytest.raises(RuntimeError, match=r"the feature map's batch 1 differs from input's 2"):
         module.involution_generated_forward(x, feature[:1], span, bias, *params)
+    # the generator's gradients: grad_output, feature, span_weight, input
+    with pytest.raises(RuntimeError, match=r"grad_output is \[2, 4, 5, 5\] but input is \[1, 4, 5, 5\]"):
+        module.involution_generated_backward_generator(x, feature, span, x[:1], *params)
+    with pytest.raises(RuntimeError, match=r"grad_output is \[2, 4, 4, 5\] but the feature map is 5x5"):
+        module.involution_generated_backward_generator(x[:, :, :4], feature, span, x, *params)
+    with pytest.raises(RuntimeError, match=r"span_weight takes 2 reduced channels but the feature map has 3"):
+        module.involution_generated_backward_generator(x, feature, span[:, :2], x, *params)
+    with pytest.raises(RuntimeError, match=r"out is \[18, 2\]; expected \[18, 3\]"):
+        module.involution_generated_backward_generator(x, feature, span, x, *params, None, torch.empty(18, 2))
+    with pytest.raises(RuntimeError, match=r"(unsupported operation|overlap)"):
+        module.involution_generated_backward_generator(x, feature, span, x, *params, feature)
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
