@@ -1,6 +1,6 @@
 """The memory of a RedNet-50 training step, with and without activation checkpointing
 (``set_grad_checkpointing``: whole bottlenecks; ``set_generation_checkpointing``: the
-involutions' generation branches), and with the involutions unfused (the span conv writing
+involutions' generation branches; with ``set_stem_checkpointing`` too: also the stem), and with the involutions unfused (the span conv writing
 the weight map, as before ``involution_generated``), against a torch.nn ResNet-50
 (bench/rednet.py's), and what each costs in step time.
 
@@ -32,9 +32,10 @@ from oplib.benchmark import call, describe_machine, ratio
 from oplib.kernels import native
 from oplib.models import rednet50
 from oplib.nn import Involution2d
-from rednet import _train_step, resnet50
+from rednet import _ResNetBottleneck, _train_step, resnet50
 
 BATCH, SIZE = 8, 224
+_BLOCK_TYPES = (_ResNetBottleneck,)
 
 
 def _unfused(model: nn.Module) -> None:
@@ -43,10 +44,16 @@ def _unfused(model: nn.Module) -> None:
             module.fused = False
 
 
+def _stem_and_generation(model: nn.Module) -> None:
+    model.set_stem_checkpointing(True)
+    model.set_generation_checkpointing(True)
+
+
 # case: (builder, what to set on the built model)
 CASES = {
     "RedNet-50": (rednet50, None),
     "RedNet-50, generation checkpointed": (rednet50, lambda model: model.set_generation_checkpointing(True)),
+    "RedNet-50, stem and generation checkpointed": (rednet50, _stem_and_generation),
     "RedNet-50, checkpointed": (rednet50, lambda model: model.set_grad_checkpointing(True)),
     "RedNet-50, unfused (span conv + involution)": (rednet50, _unfused),
     "ResNet-50 (torch.nn)": (resnet50, None),
@@ -90,6 +97,51 @@ def saved_activation_bytes(model: nn.Module, images: torch.Tensor, labels: torch
     return sum(storages.values())
 
 
+def saved_activation_parts(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> dict[str, int]:
+    """``saved_activation_bytes`` split by where each storage was first saved: "stem" (the
+    modules before the first residual block: RedNet's stem and pool, ResNet-50's conv, BatchNorm,
+    ReLU and max-pool), "blocks" (of which "in involutions": first saved inside an Involution2d,
+    its generation branch and the feature map the fused op keeps; its input was saved before it,
+    by the block's ReLU) and "head" (the rest, the loss included)."""
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    names = {module: name for name, module in model.named_modules()}
+    active: list[nn.Module] = []
+    parts: dict[int, tuple[str, bool, int]] = {}
+
+    def part() -> str:
+        top = names[active[1]].split(".")[0] if len(active) > 1 else ""
+        if top in ("stem", "pool") or (top.isdigit() and int(top) < 4):
+            return "stem"
+        return "blocks" if top == "stages" or top.isdigit() and isinstance(active[1], _BLOCK_TYPES) else "head"
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters and storage.data_ptr() not in parts:
+            parts[storage.data_ptr()] = (part(), any(isinstance(m, Involution2d) for m in active), storage.nbytes())
+        return tensor
+
+    def enter(module: nn.Module, args) -> None:
+        active.append(module)
+
+    def leave(module: nn.Module, args, output) -> None:
+        active.pop()
+
+    hooks = [h for m in model.modules() for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+    model.train()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            F.cross_entropy(model(images), labels).backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    model.zero_grad(set_to_none=True)
+    totals = {"stem": 0, "blocks": 0, "in involutions": 0, "head": 0}
+    for where, in_involution, nbytes in parts.values():
+        totals[where] += nbytes
+        totals["in involutions"] += nbytes if in_involution else 0
+    return totals
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = _harness.parser(__doc__, rounds=3, min_run_time=2.0)
     settings = _harness.start(parser.parse_args(argv), __file__)
@@ -126,6 +178,23 @@ def main(argv: Optional[list[str]] = None) -> int:
             ("model", "saved activations (MB)", "/ ResNet-50", "step peak (MB)", "step (ms)", "step / RedNet-50's"),
             "lrrrrr",
             rows,
+        ),
+    ]
+    parts = {case: saved_activation_parts(_model(case), images, labels) for case in ("RedNet-50", "ResNet-50 (torch.nn)")}
+    lines += [
+        "",
+        "## Where the saved activations are",
+        "",
+        "The saved activations of a step (as above) by where each storage was first saved: the stem (RedNet-50's "
+        "stem and pool; ResNet-50's conv, BatchNorm, ReLU and max-pool), the residual blocks (of which inside the "
+        "involution layers: each layer's generation branch and the feature map the fused op keeps) and the "
+        "head with the loss. A storage counts where it was first saved: an involution's input, saved first by the "
+        "block's ReLU before it, is not in the involutions' column.",
+        "",
+        *_harness.table(
+            ("model", "stem (MB)", "blocks (MB)", "of which in involutions (MB)", "head (MB)", "total (MB)"), "lrrrrr",
+            [[case, *(_harness.megabytes(bytes_) for bytes_ in totals.values()),
+              _harness.megabytes(totals["stem"] + totals["blocks"] + totals["head"])] for case, totals in parts.items()],
         ),
     ]
     _harness.write_report(settings, lines)

@@ -191,6 +191,7 @@ class _Backbone(nn.Module):
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.grad_checkpointing = False
+        self.stem_checkpointing = False
         self._freeze()
 
     def _frozen_modules(self) -> list[nn.Module]:
@@ -230,6 +231,19 @@ class _Backbone(nn.Module):
             if isinstance(module, Involution2d):
                 module.checkpoint_generation = enable
 
+    def set_stem_checkpointing(self, enable: bool = True) -> None:
+        """Recompute the stem's activations in the backward pass instead of saving them: the
+        stem works at half the input's resolution, where its maps are the largest of the
+        network (bench/results/backbone.md shows its share of a step's saved activations, and
+        the memory and time of this with ``set_generation_checkpointing``). Running statistics
+        are updated once per step."""
+        self.stem_checkpointing = enable
+
+    def _stem(self, x: Tensor) -> Tensor:
+        if self.stem_checkpointing and torch.is_grad_enabled():
+            return checkpoint_module(self.stem, self.stem, x)
+        return self.stem(x)
+
     def _stage(self, index: int, x: Tensor) -> Tensor:
         stage = self.stages[index]
         if not (self.grad_checkpointing and torch.is_grad_enabled()):
@@ -241,7 +255,7 @@ class _Backbone(nn.Module):
     def _levels(self, x: Tensor, levels: Sequence[int], stop_early: bool = True) -> tuple[Tensor, list[Tensor]]:
         """The maps of ``levels`` (0: the stem's output, i: stage i's) and the last map computed."""
         wanted, last = set(levels), (max(levels) if stop_early and levels else len(self.stages))
-        x = self.stem(x)
+        x = self._stem(x)
         maps = [x] if 0 in wanted else []
         x = self.pool(x)
         for index in range(min(last, len(self.stages))):
@@ -422,6 +436,7 @@ class RedNetFeatures(_Backbone):
         frozen = min(model.frozen_stages, len(self.stages))
         self._init_knobs(frozen, model.norm_eval)
         self.grad_checkpointing = model.grad_checkpointing
+        self.stem_checkpointing = model.stem_checkpointing
         self.train(model.training)
 
     def forward(self, x: Tensor) -> list[Tensor]:

@@ -194,7 +194,8 @@ def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
     return sum(storages.values())
 
 
-@pytest.mark.parametrize("method,fraction", [("set_grad_checkpointing", 0.5), ("set_generation_checkpointing", 1.0)])
+@pytest.mark.parametrize("method,fraction", [("set_grad_checkpointing", 0.5), ("set_generation_checkpointing", 1.0),
+                                             ("set_stem_checkpointing", 1.0)])
 def test_checkpointing_gives_the_same_step_and_saves_less(method, fraction):
     plain = _with_statistics(_narrow(50)).double().train()
     checkpointed = copy.deepcopy(plain)
