@@ -213,12 +213,13 @@ def test_checkpointing_gives_the_same_step_and_saves_less(method, fraction):
         torch.testing.assert_close(checkpointed(x), plain(x), rtol=0, atol=0)
 
 
-def test_checkpointing_under_torch_compile_matches_eager():
-    """aot_eager: dynamo and AOTAutograd trace the checkpointed blocks (inductor's part is the
-    integration tier's compiled training)."""
+@pytest.mark.parametrize("method", ["set_grad_checkpointing", "set_stem_checkpointing"])
+def test_checkpointing_under_torch_compile_matches_eager(method):
+    """aot_eager: dynamo and AOTAutograd trace the checkpointed blocks or stem (inductor's part
+    is the integration tier's compiled training)."""
     plain = _with_statistics(_narrow(26)).train()
     checkpointed = copy.deepcopy(plain)
-    checkpointed.set_grad_checkpointing(True)
+    getattr(checkpointed, method)(True)
     compiled = torch.compile(checkpointed, fullgraph=True, backend="aot_eager")
     x = torch.randn(2, 3, 32, 32)
     out, expected = compiled(x), plain(x)
