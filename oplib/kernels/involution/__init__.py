@@ -7,4 +7,8 @@ writes it and returns it.
   the plain-PyTorch strategies (``dense_map``, ``taps``, ``padded``, over ``geometry``);
 - ``cuda``: the launches of ``involution.cu`` and ``involution_generated.cu`` under a
   ``LaunchPolicy`` read from the source, through CuPy or the tests' host emulation.
+
+``involution_generated_backward_generator`` takes the same convention with a tuple ``out``
+(grad_feature, grad_span_weight, grad_span_bias); on CUDA it has no kernel of its own yet and
+composes oplib's ops (``cpu.generator_grads_through_map``, which any device can run).
 """

@@ -161,7 +161,7 @@ def involution_generated_backward_generator(grad_output: Tensor, feature: Tensor
     contracts each block of the generated weight's gradient while it is in cache; the
     plain-PyTorch route makes the whole map (``generator_grads_through_map``)."""
     module = native.involution()
-    if module is not None and hasattr(module, "involution_generated_backward_generator"):
+    if module is not None:
         return tuple(module.involution_generated_backward_generator(grad_output, feature, span_weight, input, kernel_size,
                                                                     stride, padding, dilation, *out))
     return generator_grads_through_map(grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation,
