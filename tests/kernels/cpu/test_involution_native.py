@@ -255,3 +255,28 @@ def test_address_sanitizer_catches_a_planted_off_by_one_in_the_native_kernels(tm
     assert result.returncode != 0
     assert "heap-buffer-overflow" in result.stderr, result.stderr[-3000:]
     assert "checked: clean" not in result.stdout
+
+
+def test_generator_gradients_are_the_same_bits_on_every_run_with_the_same_threads(monkeypatch):
+    """The workers' sums of grad_span_weight and grad_span_bias are added in tile order: the same
+    bits on every run with a given thread count (another thread count rounds differently, within
+    float32's tolerance of the reference)."""
+    force_native(monkeypatch)
+    op = torch.ops.oplib.involution_generated_backward_generator
+    torch.manual_seed(0)
+    x, grad = torch.randn(4, 32, 14, 14), torch.randn(4, 32, 14, 14)
+    feature, span = torch.randn(4, 8, 14, 14), torch.randn(2 * 49, 8)
+    args = (grad, feature, span, x, [7, 7], [1, 1], [3, 3], [1, 1])
+    threads = torch.get_num_threads()
+    try:
+        results = {}
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            first, second = op(*args), op(*args)
+            for a, b in zip(first, second):
+                assert torch.equal(a, b), f"{count} threads: two runs differ"
+            results[count] = first
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(results[1], results[2]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
