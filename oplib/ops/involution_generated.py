@@ -48,7 +48,7 @@ from ..kernels.involution.layouts import result_like
 from . import involution as unfused
 from ._bilinear import fold_batch, unfold_batch
 from ._common import CHANNELS_DIVISIBLE, register_autocast_policy, window_output_size
-from ._rules import CONTRACTS, Contract, Rule, Rules, register_contract, tensor_rules, window_fits_rules, window_rules
+from ._rules import Contract, Rule, Rules, register_contract, tensor_rules, window_fits_rules, window_rules
 from ._transforms import register_jvp, sum_tangents
 
 FORWARD = "involution_generated"
@@ -247,8 +247,7 @@ def _backward_generator_cuda(grad_output, feature, span_weight, input, kernel_si
     return cpu.generator_grads_through_map(*args, _generator_grads_result(*args))
 
 
-CONTRACTS["oplib::involution_generated_backward_generator"] = _BACKWARD_GENERATOR
-involution_generated_backward_generator.register_fake(_BACKWARD_GENERATOR.fake)
+register_contract(involution_generated_backward_generator, _BACKWARD_GENERATOR)
 
 
 # ---------------------------------------------------------------------------------------
