@@ -91,12 +91,9 @@ void backward_generator(const Geometry& geo, const Planes<scalar_t>& grad, const
       for (int64_t tile = begin; tile < end; ++tile) {
         const int64_t n = tile / tiles_per_sample, first = tile % tiles_per_sample * tile_rows;
         const int64_t rows = std::min(tile_rows, geo.out_h - first), pixels = rows * geo.out_w;
-        // Output p's window in the tile's input rows; past the pixels, the last one's again
-        // (their grad_output is zero, so are their sums).
-        for (int64_t p = 0; p < columns + LANES; ++p) {
-          const int64_t at = std::min(p, pixels - 1);
-          window_start[p] = ((at / geo.out_w) * geo.stride_h * in_columns + (at % geo.out_w) * geo.stride_w) * cpg;
-        }
+        // Windows in the tile's input rows; past the pixels, the last one's again (their
+        // grad_output is zero, so are their sums).
+        window_starts(geo, pixels, in_columns, window_start);
         // The tile's feature, transposed: pixel p's R channels side by side (zeros past R).
         for (int64_t r = 0; r < reduced; ++r) {
           for (int64_t i = 0; i < rows; ++i) {
@@ -116,10 +113,7 @@ void backward_generator(const Geometry& geo, const Planes<scalar_t>& grad, const
           for (int64_t p0 = 0; p0 < columns; p0 += LANES) {
             for (int c = 0; c < LANES; ++c) windows[c] = xs.data() + window_start[p0 + c];
             const acc_t* block = gs.data() + p0 * cpg;
-            acc_t* out = gw.data() + p0;
-            if (cpg == LANES) weight_grad_block<LANES, 1, acc_t, false>(block, windows, window.data(), taps, cpg, out, columns);
-            else if (cpg == 2 * LANES) weight_grad_block<LANES, 2, acc_t, false>(block, windows, window.data(), taps, cpg, out, columns);
-            else weight_grad_block<LANES, 0, acc_t, false>(block, windows, window.data(), taps, cpg, out, columns);
+            weight_grad_lanes<LANES, false>(block, windows, window.data(), taps, cpg, gw.data() + p0, columns);
           }
           // grad_span_bias: the rows of the block.
           acc_t* bias_sums = mine.bias.data() + g * taps;

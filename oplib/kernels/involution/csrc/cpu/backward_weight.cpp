@@ -15,12 +15,9 @@ void backward_weight(const Geometry& geo, const Planes<scalar_t>& grad, const Pl
   const std::vector<int64_t> window = window_offsets(geo, columns);
   with_lanes<acc_t>(cpg, [&](auto lanes) {
     constexpr int LANES = decltype(lanes)::value;
-    // Output p's window start; past the plane's end, the last one's again (sums dropped).
+    // Past the plane's end, the last output's window again (sums dropped).
     std::vector<int64_t> window_start(plane + LANES);
-    for (int64_t p = 0; p < plane + LANES; ++p) {
-      const int64_t at = std::min(p, plane - 1);
-      window_start[p] = ((at / geo.out_w) * geo.stride_h * columns + (at % geo.out_w) * geo.stride_w) * cpg;
-    }
+    window_starts(geo, plane, columns, window_start);
     parallel_items(geo.batch * geo.groups, geo.threads, [&](int64_t begin, int64_t end) {
       // grads: LANES pixels of zeros past the plane, read by its last block.
       std::vector<acc_t> planes(rows * columns * cpg), grads((plane + LANES) * cpg), last(taps * LANES);
@@ -39,9 +36,7 @@ void backward_weight(const Geometry& geo, const Planes<scalar_t>& grad, const Pl
           acc_t* sums = direct ? reinterpret_cast<acc_t*>(out + p0) : last.data();
           const int64_t stride = direct ? plane : LANES;
           const acc_t* block = grads.data() + p0 * cpg;
-          if (cpg == LANES) weight_grad_block<LANES, 1>(block, windows, window.data(), taps, cpg, sums, stride);
-          else if (cpg == 2 * LANES) weight_grad_block<LANES, 2>(block, windows, window.data(), taps, cpg, sums, stride);
-          else weight_grad_block<LANES, 0>(block, windows, window.data(), taps, cpg, sums, stride);
+          weight_grad_lanes<LANES, true>(block, windows, window.data(), taps, cpg, sums, stride);
           if (!direct) {
             for (int64_t t = 0; t < taps; ++t) {
               for (int64_t c = 0; c < count; ++c) out[t * plane + p0 + c] = static_cast<scalar_t>(last[t * LANES + c]);

@@ -51,6 +51,16 @@ constexpr int kPixelBlock = 7;
 // grad_input blocks: a whole number of stride phases (2 for stride 2).
 constexpr int kGatherBlock = 8;
 
+// starts[p], for p < starts.size(): the window start of output p of the flattened (Ho, Wo) map in
+// channel rows `columns` pixels long, the first output's at 0; past `pixels` outputs, the last
+// one's again (their grad_output is zero or their sums are dropped).
+inline void window_starts(const Geometry& geo, int64_t pixels, int64_t columns, std::vector<int64_t>& starts) {
+  for (int64_t p = 0; p < static_cast<int64_t>(starts.size()); ++p) {
+    const int64_t at = std::min(p, pixels - 1);
+    starts[p] = ((at / geo.out_w) * geo.stride_h * columns + (at % geo.out_w) * geo.stride_w) * geo.group_channels();
+  }
+}
+
 // Tap t's offset from an output's window start in channel rows `columns` pixels long.
 inline std::vector<int64_t> window_offsets(const Geometry& geo, int64_t columns) {
   std::vector<int64_t> window(geo.taps());
@@ -174,6 +184,15 @@ inline void weight_grad_block(const T* grads, const T* const* windows, const int
       store_lanes(out + t * plane, sums);
     }
   }
+}
+
+// weight_grad_block with VECTORS chosen from the group's channels.
+template <int LANES, bool STREAM, typename T>
+inline void weight_grad_lanes(const T* grads, const T* const* windows, const int64_t* window, int64_t taps, int64_t cpg,
+                              T* out, int64_t plane) {
+  if (cpg == LANES) weight_grad_block<LANES, 1, T, STREAM>(grads, windows, window, taps, cpg, out, plane);
+  else if (cpg == 2 * LANES) weight_grad_block<LANES, 2, T, STREAM>(grads, windows, window, taps, cpg, out, plane);
+  else weight_grad_block<LANES, 0, T, STREAM>(grads, windows, window, taps, cpg, out, plane);
 }
 
 }  // namespace oplib_cpu
