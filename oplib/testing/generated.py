@@ -32,8 +32,8 @@ import torch
 from .. import _torch_private as private
 from ..registry import OpSpec, SampleInput, cast_sample
 from . import checks, toolchain
-from .helpers import (OpCall, assert_matches_reference, like_result, outputs, representative_samples, spec_dtype_params,
-                      spec_params, tensor_args)
+from .helpers import (OpCall, assert_matches_reference, like_result, outputs, representative_samples, shaped_like,
+                      spec_dtype_params, spec_params, tensor_args)
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 # The unit tier compiles and exports each op's first sample; the integration tier the others.
@@ -200,8 +200,7 @@ def generated_tests(specs: Sequence[OpSpec], *, eager: bool = True, tracing: boo
                             outputs(spec.op(*(a.select(dims[i], b) if i in dims else a for i, a in enumerate(stacked))))
                             for b in range(batch)
                         ]
-                        stacked_outputs = tuple(torch.stack(list(parts), dim=out_dim) for parts in zip(*looped))
-                        expected = stacked_outputs if isinstance(out, (tuple, list)) else stacked_outputs[0]
+                        expected = shaped_like((torch.stack(list(parts), dim=out_dim) for parts in zip(*looped)), out)
                         torch.testing.assert_close(
                             out, expected, msg=f"{sample.name}: vmap with in_dims {in_dims}, out_dims {out_dim}"
                         )

@@ -61,10 +61,15 @@ def outputs(result) -> tuple[Tensor, ...]:
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
 
+def shaped_like(values: Iterable[Tensor], result):
+    """``values``, one per output, in ``result``'s structure (a tensor or a tuple)."""
+    values = tuple(values)
+    return values if isinstance(result, (tuple, list)) else values[0]
+
+
 def like_result(result, make: Callable[[Tensor], Tensor]):
     """``make`` applied to each output, in the result's structure (a tensor or a tuple)."""
-    made = tuple(make(t) for t in outputs(result))
-    return made if isinstance(result, (tuple, list)) else made[0]
+    return shaped_like((make(t) for t in outputs(result)), result)
 
 
 def assert_matches_reference(spec: OpSpec, sample: SampleInput, out, dtype: torch.dtype) -> None:
