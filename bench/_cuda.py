@@ -439,8 +439,13 @@ def run_layer(section: Any, target: Target, plan: Plan, on_rows: Optional[Callab
     rows = []
     for shape in plan.shapes:
         for dtype_name, layout in LAYER_PRECISIONS:
+            began = time.perf_counter()
             stmts = layer_stmts(shape, getattr(torch, dtype_name), layout, target.device)
+            built = time.perf_counter()
             times = section.measure(f"layer {shape.name} {dtype_name} {layout}", stmts, device=target.device)
+            # The stage's budget is sized from these: the H100's first run took 30 s a row.
+            print(f"  (row's wall time: {built - began:.1f} s building the layers, "
+                  f"{time.perf_counter() - built:.1f} s capturing and timing them)", flush=True)
             row = [shape.name, f"{dtype_name}, {layout}"]
             for mode in LAYER_MODES:
                 row += [f"{times[case, mode].median * 1e3:.3f}" for case in LAYER_CASES]

@@ -172,21 +172,23 @@ def generator_grads_through_map(grad_output: Tensor, feature: Tensor, span_weigh
                                 stride, padding, dilation,
                                 out: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     """involution_generated_backward_generator on any device through the whole map: gw =
-    oplib::involution_backward_weight(grad_output, input), (N, G*KH*KW, Ho*Wo), then its three
-    contractions as matrix products, all in the accumulation dtype, written into ``out``."""
-    grad_feature, grad_span_weight, grad_span_bias = out
-    n, reduced, out_h, out_w = feature.shape
+    oplib::involution_backward_weight(grad_output, input), (N, G*KH*KW, Ho, Wo), then its three
+    contractions by the span 1x1 conv's own backward (aten.convolution_backward: one GEMM each,
+    no transposed copy of the map), written into ``out``. All in the accumulation dtype: a
+    16-bit gw would be rounded before its sums over samples and pixels (grad_span_bias, a sum
+    that cancels, then misses bfloat16's tolerance of the float64 reference), so 16-bit
+    operands pay a float32 map until the tiled CUDA backward removes it."""
+    n, _, out_h, out_w = feature.shape
     rows = span_weight.shape[0]
     groups = rows // (kernel_size[0] * kernel_size[1])
-    # 16-bit operands: gw in float32, since the sums over samples and pixels would add up its rounding.
-    accumulate = _accumulation_dtype(grad_output.dtype)
-    gw = torch.ops.oplib.involution_backward_weight(grad_output.to(accumulate), input.to(accumulate), kernel_size, stride,
-                                                    padding, dilation, groups)
-    gw = gw.reshape(n, rows, out_h * out_w)
-    f = feature.reshape(n, reduced, out_h * out_w).to(accumulate)
-    grad_feature.copy_(torch.matmul(span_weight.to(accumulate).t(), gw).view(n, reduced, out_h, out_w))
-    grad_span_weight.copy_(gw.transpose(0, 1).reshape(rows, -1) @ f.transpose(0, 1).reshape(reduced, -1).t())
-    grad_span_bias.copy_(gw.sum((0, 2)))
+    dtype = _accumulation_dtype(grad_output.dtype)
+    gw = torch.ops.oplib.involution_backward_weight(grad_output.to(dtype), input.to(dtype), kernel_size, stride, padding,
+                                                    dilation, groups)
+    sums = torch.ops.aten.convolution_backward(
+        gw.reshape(n, rows, out_h, out_w), feature.to(dtype), span_weight.to(dtype)[:, :, None, None], [rows], [1, 1],
+        [0, 0], [1, 1], False, [0, 0], 1, [True, True, True])
+    for result, value in zip(out, (sums[0], sums[1].flatten(1), sums[2]), strict=True):
+        result.copy_(value)
     return out
 
 
