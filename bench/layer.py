@@ -16,6 +16,10 @@ layer's multiply-adds per inference (reduce 1x1 conv C -> C/4, span 1x1 conv C/4
 the K*K-tap aggregation of C channels) at the float32 matrix-multiply rate measured in the
 same run (a 1024-square ``torch.mm``, the best case for any of these products), as a
 multiple of the depthwise convolution's time.
+
+A third table times each fused op's CPU entry point through its fused kernel and through the
+small-map route, at every involution shape of RedNet-50 (the stride-2 ones too); the ops'
+``SMALL_MAP_MAX_PIXELS`` come from it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from oplib.nn import Involution2d
 BATCH, KERNEL = 8, 7
 SHAPES = ((64, 56), (128, 28), (256, 14), (512, 7))
 QUICK_SHAPES = ((32, 14), (64, 7))
+# Every involution of RedNet-50 (C@HxW, stride): the four stages and the three stride-2 blocks.
+ROUTE_SHAPES = ((64, 56, 1), (128, 28, 1), (256, 14, 1), (512, 7, 1), (128, 56, 2), (256, 28, 2), (512, 14, 2))
+QUICK_ROUTE_SHAPES = ((32, 14, 1), (64, 14, 2))
 CASES = ("fused", "unfused", "depthwise 7x7")
 
 
@@ -148,43 +155,76 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "fwd+bwd floor (ms)", "fwd+bwd fused / floor", "fwd+bwd unfused / floor"),
                         "lrrrrrrrr", floors),
     ]
-    lines += ["", *generator_gradients(section, batch, shapes)]
+    lines += ["", *routes(section, batch, QUICK_ROUTE_SHAPES if settings.quick else ROUTE_SHAPES)]
     _harness.write_report(settings, lines)
     return 0
 
 
-def generator_gradients(section: Section, batch: int, shapes) -> list[str]:
-    """involution_generated_backward_generator's CPU kernel (native: the weight gradient
-    contracted a tile at a time, never written) against the route through the whole map
-    (involution_backward_weight, then matrix products), interleaved."""
+def _routed(entry: Callable, op: str, route: str) -> Callable:
+    """``entry`` (a CPU entry point of the fused ops) with ``op`` forced through ``route``:
+    "fused" (the fused native kernel) or "map" (the small-map route), whatever the map's size."""
+    from oplib.kernels.involution import cpu
+
+    limits = dict(cpu.SMALL_MAP_MAX_PIXELS, **{op: 0 if route == "fused" else 10**9})
+
+    def run(*args):
+        default, cpu.SMALL_MAP_MAX_PIXELS = cpu.SMALL_MAP_MAX_PIXELS, limits
+        try:
+            return entry(*args)
+        finally:
+            cpu.SMALL_MAP_MAX_PIXELS = default
+
+    return run
+
+
+def routes(section: Section, batch: int, shapes) -> list[str]:
+    """Each fused op's CPU entry point through its fused native kernel and through the small-map
+    route (the span conv forms the map, involution's native kernels take it), interleaved, at
+    RedNet-50's involution shapes, with the route the op takes by default."""
     from oplib.kernels.involution import cpu
     from oplib.ops.involution_generated import _generator_grads_result
 
-    rows = []
-    for channels, size in shapes:
+    rows, slower = [], []
+    for channels, size, stride in shapes:
         reduced, groups = channels // REDUCTION, channels // GROUP_CHANNELS
+        out_size = (size + 2 * (KERNEL // 2) - KERNEL) // stride + 1
         torch.manual_seed(0)
-        x, grad = torch.randn(batch, channels, size, size), torch.randn(batch, channels, size, size)
-        feature, span = torch.randn(batch, reduced, size, size), torch.randn(groups * KERNEL * KERNEL, reduced)
-        args = (grad, feature, span, x, [KERNEL] * 2, [1, 1], [KERNEL // 2] * 2, [1, 1])
-        times = section.measure(f"{channels}@{size} generator gradients", {
-            "kernel": call(cpu.involution_generated_backward_generator, *args, _generator_grads_result(*args)),
-            "map": call(cpu.generator_grads_through_map, *args, _generator_grads_result(*args)),
-        })
-        map_bytes = batch * groups * KERNEL * KERNEL * size * size * 4
-        rows.append([f"{channels}@{size}", f"{times['kernel'].median * 1e3:.2f}", f"{times['map'].median * 1e3:.2f}",
-                     f"{ratio(times['map'], times['kernel']):.2f}x", f"{map_bytes / 1e6:.1f}"])
+        x, grad = torch.randn(batch, channels, size, size), torch.randn(batch, channels, out_size, out_size)
+        feature, span = torch.randn(batch, reduced, out_size, out_size), torch.randn(groups * KERNEL**2, reduced) / 8
+        bias = torch.randn(groups * KERNEL**2)
+        window = ([KERNEL] * 2, [stride] * 2, [KERNEL // 2] * 2, [1, 1])
+        generator_args = (grad, feature, span, x, *window)
+        calls = {
+            "forward": (cpu.involution_generated, (x, feature, span, bias, *window), lambda: torch.empty_like(grad)),
+            "backward_input": (cpu.involution_generated_backward_input,
+                               (grad, feature, span, bias, [size, size], *window), lambda: torch.empty_like(x)),
+            "backward_generator": (cpu.involution_generated_backward_generator, generator_args,
+                                   lambda: _generator_grads_result(*generator_args)),
+        }  # fmt: skip
+        shape = f"{channels}@{size}" + (f" s{stride}" if stride > 1 else "")
+        for op, (entry, args, result) in calls.items():
+            times = section.measure(f"{shape} {op}", {
+                route: call(_routed(entry, op, route), *args, result()) for route in ("fused", "map")
+            })  # fmt: skip
+            default = "map" if cpu.through_small_map(op, feature) else "fused"
+            if times[default].median > min(t.median for t in times.values()):
+                slower.append(f"{shape} {op}")
+            rows.append([shape, f"{out_size}x{out_size}", op, f"{times['fused'].median * 1e3:.2f}",
+                         f"{times['map'].median * 1e3:.2f}", f"{ratio(times['fused'], times['map']):.2f}x", default])
+    verdict = ("The default is the faster route in every row." if not slower else
+               "**The default is the slower route in:** " + ", ".join(slower) + ".")
     return [
-        "## The generator's gradients",
+        "## The fused kernels against the small-map route",
         "",
-        "`oplib::involution_generated_backward_generator` on the CPU kernel of this run (see above) against the route "
-        "through the whole weight gradient (`involution_backward_weight`, then its three contractions as matrix products), "
-        f"float32, batch {batch}, interleaved; map: the weight gradient the route writes and reads back, which the native "
-        "kernel never writes.",
+        "Each fused op's CPU entry point forced through its fused native kernel and through the small-map route "
+        "(`oplib/kernels/involution/cpu.py`: the span conv forms the weights of a chunk of samples as one BLAS product, "
+        "involution's native kernels take the map; the generator's gradients through `involution_backward_weight` and the "
+        f"span conv's backward), float32, batch {batch}, interleaved; default: the route the op takes "
+        "(`SMALL_MAP_MAX_PIXELS`, set from this table). " + verdict,
         "",
-        *_harness.table(("shape (C@HxW)", "kernel (ms)", "through the map (ms)", "map / kernel", "map (MB)"), "lrrrr", rows),
+        *_harness.table(("shape (C@HxW)", "output", "op", "fused (ms)", "map (ms)", "fused / map", "default"), "lllrrrl",
+                        rows),
     ]
-
 
 
 if __name__ == "__main__":

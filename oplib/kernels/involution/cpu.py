@@ -58,6 +58,7 @@ __all__ = [
     "involution_generated_backward_input",
     "involution_generated_backward_generator",
     "generator_grads_through_map",
+    "through_small_map",
     "generated_weight",
     "pytorch_involution",
     "pytorch_involution_backward_input",
@@ -134,9 +135,14 @@ def involution_generated(input: Tensor, feature: Tensor, span_weight: Tensor, sp
     (G*KH*KW,) or None -> out: (N, C, Ho, Wo). The native kernels form the weights in cache;
     the plain-PyTorch route materialises them with the span conv."""
     module = native.involution()
-    if module is not None:
+    if module is not None and not through_small_map("forward", feature):
         return module.involution_generated_forward(input, feature, span_weight, span_bias, kernel_size, stride, padding,
                                                    dilation, out=out)
+    if module is not None:
+        for part in _sample_chunks(feature, span_weight):
+            module.involution_forward(input[part], generated_weight(feature[part], span_weight, span_bias, kernel_size),
+                                      stride, padding, dilation, out=out[part])
+        return out
     weight = generated_weight(feature, span_weight, span_bias, kernel_size)
     return out.copy_(pytorch_involution(input, weight, stride, padding, dilation))
 
@@ -146,9 +152,15 @@ def involution_generated_backward_input(grad_output: Tensor, feature: Tensor, sp
                                         out: Tensor) -> Tensor:
     """grad_output: (N, C, Ho, Wo) and the generator as above -> out: grad_input (N, C, H, W)."""
     module = native.involution()
-    if module is not None:
+    if module is not None and not through_small_map("backward_input", feature):
         return module.involution_generated_backward_input(grad_output, feature, span_weight, span_bias, input_size,
                                                           kernel_size, stride, padding, dilation, out=out)
+    if module is not None:
+        for part in _sample_chunks(feature, span_weight):
+            module.involution_backward_input(grad_output[part],
+                                             generated_weight(feature[part], span_weight, span_bias, kernel_size),
+                                             input_size, stride, padding, dilation, out=out[part])
+        return out
     weight = generated_weight(feature, span_weight, span_bias, kernel_size)
     return out.copy_(pytorch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation))
 
@@ -161,11 +173,66 @@ def involution_generated_backward_generator(grad_output: Tensor, feature: Tensor
     contracts each block of the generated weight's gradient while it is in cache; the
     plain-PyTorch route makes the whole map (``generator_grads_through_map``)."""
     module = native.involution()
+    if module is not None and through_small_map("backward_generator", feature):
+        return _generator_grads_in_chunks(grad_output, feature, span_weight, input, kernel_size, stride, padding,
+                                          dilation, out)
     if module is not None:
         return tuple(module.involution_generated_backward_generator(grad_output, feature, span_weight, input, kernel_size,
                                                                     stride, padding, dilation, *out))
     return generator_grads_through_map(grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation,
                                        out)
+
+
+# Output maps of at most this many pixels a sample go through a transient weight map in float32
+# and float64 (per op): the span conv forms it for a chunk of samples as one BLAS product, and
+# involution's native kernels (or, for the generator's gradients, involution_backward_weight and
+# the span conv's backward) take it from there. On such maps the fused kernels' per-tile
+# products are too small to reach the GEMM rate, and the map is small enough to stay in cache.
+# Set from bench/layer.py's route table (bench/results/layer.md) at RedNet-50's shapes, batch 8:
+# the map is faster for the forward at 14x14 and 7x7, for the two backward ops at 7x7 only.
+# 16-bit operands keep the fused kernels, which form the weights in float32 (a 16-bit map would
+# round them). Tests that mean the fused kernels set these to 0 (``oplib.testing.native``).
+SMALL_MAP_MAX_PIXELS = {"forward": 196, "backward_input": 49, "backward_generator": 49}
+# The transient map of one chunk of samples, at most (a chunk holds one sample at least).
+SMALL_MAP_CHUNK_BYTES = 8 << 20
+
+
+def through_small_map(op: str, feature: Tensor) -> bool:
+    """Whether ``op`` (a key of ``SMALL_MAP_MAX_PIXELS``) takes the small-map route for this
+    feature map, (N, R, Ho, Wo)."""
+    pixels = feature.shape[2] * feature.shape[3]
+    return feature.dtype in (torch.float32, torch.float64) and 0 < pixels <= SMALL_MAP_MAX_PIXELS[op]
+
+
+def _sample_chunks(feature: Tensor, span_weight: Tensor) -> list[slice]:
+    """Slices of the batch whose transient maps, (n, G*KH*KW, Ho, Wo), hold at most
+    ``SMALL_MAP_CHUNK_BYTES`` each."""
+    n = feature.shape[0]
+    per_sample = span_weight.shape[0] * feature.shape[2] * feature.shape[3] * feature.element_size()
+    step = max(1, SMALL_MAP_CHUNK_BYTES // max(1, per_sample))
+    return [slice(start, min(n, start + step)) for start in range(0, n, step)]
+
+
+def _generator_grads_in_chunks(grad_output: Tensor, feature: Tensor, span_weight: Tensor, input: Tensor, kernel_size,
+                               stride, padding, dilation,
+                               out: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """``generator_grads_through_map`` a chunk of samples at a time: grad_feature's rows are the
+    chunk's own, the parameters' gradients the sum of the chunks' in chunk order."""
+    grad_feature, grad_span_weight, grad_span_bias = out
+    parts = _sample_chunks(feature, span_weight)
+    if len(parts) == 1:
+        return generator_grads_through_map(grad_output, feature, span_weight, input, kernel_size, stride, padding,
+                                           dilation, out)
+    weight_sum, bias_sum = torch.zeros_like(grad_span_weight), torch.zeros_like(grad_span_bias)
+    weight_part, bias_part = torch.empty_like(grad_span_weight), torch.empty_like(grad_span_bias)
+    for part in parts:
+        generator_grads_through_map(grad_output[part], feature[part], span_weight, input[part], kernel_size, stride,
+                                    padding, dilation, (grad_feature[part], weight_part, bias_part))
+        weight_sum += weight_part
+        bias_sum += bias_part
+    grad_span_weight.copy_(weight_sum)
+    grad_span_bias.copy_(bias_sum)
+    return out
 
 
 def generator_grads_through_map(grad_output: Tensor, feature: Tensor, span_weight: Tensor, input: Tensor, kernel_size,
@@ -195,11 +262,21 @@ def generator_grads_through_map(grad_output: Tensor, feature: Tensor, span_weigh
 def generated_weight(feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], kernel_size) -> Tensor:
     """feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), span_bias: (G*KH*KW,) or None
     -> the weight (N, G, KH, KW, Ho, Wo) of ``oplib::involution``, as ``Involution2d``'s span
-    conv computes it (pixel-major in memory when ``feature`` is channels_last)."""
-    n, _, out_h, out_w = feature.shape
+    conv computes it (pixel-major in memory when ``feature`` is channels_last). A contiguous
+    float32/float64 feature goes through one batched product instead: oneDNN's 1x1 conv of an
+    NCHW map to the many more rows of the weight spends twice the product's time or more
+    reordering the result (bench/layer.py's route table times both routes)."""
+    n, reduced, out_h, out_w = feature.shape
     kh, kw = kernel_size
-    weight = torch.nn.functional.conv2d(feature, span_weight[:, :, None, None], span_bias)
-    return weight.view(n, span_weight.shape[0] // (kh * kw), kh, kw, out_h, out_w)
+    rows = span_weight.shape[0]
+    if feature.is_contiguous() and feature.dtype in (torch.float32, torch.float64):
+        flat = feature.view(n, reduced, out_h * out_w)
+        span = span_weight.expand(n, rows, reduced)
+        weight = (torch.bmm(span, flat) if span_bias is None
+                  else torch.baddbmm(span_bias[:, None].expand(n, rows, out_h * out_w), span, flat))
+    else:
+        weight = torch.nn.functional.conv2d(feature, span_weight[:, :, None, None], span_bias)
+    return weight.view(n, rows // (kh * kw), kh, kw, out_h, out_w)
 
 
 # The plain-PyTorch kernels, whatever OPLIB_CPU_KERNELS says (the benchmarks compare the paths).

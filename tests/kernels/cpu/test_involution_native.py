@@ -17,6 +17,7 @@ import torch
 
 from oplib import registry
 from oplib.kernels import native
+from oplib.kernels.involution import cpu as involution_cpu
 from oplib.testing import assert_matches_reference
 from oplib.testing.native import force_native, require_native_build
 
@@ -280,3 +281,40 @@ def test_generator_gradients_are_the_same_bits_on_every_run_with_the_same_thread
         torch.set_num_threads(threads)
     for a, b in zip(results[1], results[2]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+GENERATED_OPS = ("involution_generated", "involution_generated_backward_input", "involution_generated_backward_generator")
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 8 << 20], ids=["sample-chunks", "one-chunk"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("name", GENERATED_OPS)
+def test_the_small_map_route_matches_the_reference(monkeypatch, name, dtype, chunk_bytes):
+    """The fused ops through a transient map (the span conv, then involution's native kernels)
+    on every registry sample, the whole batch at once and a sample at a time (the parameters'
+    gradients then summed over the chunks)."""
+    force_native(monkeypatch, small_maps=True)
+    monkeypatch.setattr(involution_cpu, "SMALL_MAP_MAX_PIXELS", dict.fromkeys(involution_cpu.SMALL_MAP_MAX_PIXELS, 10**9))
+    monkeypatch.setattr(involution_cpu, "SMALL_MAP_CHUNK_BYTES", chunk_bytes)
+    chunked = []
+    chunks = involution_cpu._sample_chunks
+    monkeypatch.setattr(involution_cpu, "_sample_chunks", lambda *a: chunked.append(1) or chunks(*a))
+    spec = registry.get(name)
+    for sample in spec.sample_inputs("cpu", dtype, False):
+        assert_matches_reference(spec, sample, spec.op(*sample.args), dtype)
+    assert chunked, "the small-map route was not taken"
+
+
+def test_small_maps_of_float32_and_float64_take_the_map_route():
+    def feature(size, dtype=torch.float32):
+        return torch.empty(2, 8, size, size, dtype=dtype)
+
+    assert involution_cpu.through_small_map("forward", feature(7))
+    assert involution_cpu.through_small_map("forward", feature(14, torch.float64))
+    assert not involution_cpu.through_small_map("backward_input", feature(14))
+    assert involution_cpu.through_small_map("backward_generator", feature(7))
+    assert not involution_cpu.through_small_map("forward", feature(28))
+    assert not involution_cpu.through_small_map("forward", feature(7, torch.bfloat16))
+    assert not involution_cpu.through_small_map("forward", feature(0))
+    sixteen_samples = torch.empty(16, 8, 7, 7)
+    assert [p.stop - p.start for p in involution_cpu._sample_chunks(sixteen_samples, torch.empty(5349, 8))] == [8, 8]  # 1 MB a sample
