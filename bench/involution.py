@@ -229,13 +229,14 @@ def _native_stmts(label: str, module: ModuleType, shape: Shape, inputs, generato
     size = [shape.height, shape.width]
     feature, span, bias = generator
     calls = {
-        "forward": call(module.involution_forward, x, w, *params),
-        "grad_input": call(module.involution_backward_input, grad, w, size, *params),
-        "grad_weight": call(module.involution_backward_weight, grad, x, kernel, *params, shape.groups),
-        "generated forward": call(module.involution_generated_forward, x, feature, span, bias, kernel, *params),
-        "generated grad_input": call(module.involution_generated_backward_input, grad, feature, span, bias, size, kernel, *params),
+        "forward": ("involution_forward", (x, w, *params)),
+        "grad_input": ("involution_backward_input", (grad, w, size, *params)),
+        "grad_weight": ("involution_backward_weight", (grad, x, kernel, *params, shape.groups)),
+        "generated forward": ("involution_generated_forward", (x, feature, span, bias, kernel, *params)),
+        "generated grad_input": ("involution_generated_backward_input", (grad, feature, span, bias, size, kernel, *params)),
     }
-    return {(label, op): stmt for op, stmt in calls.items()}
+    # A revision from before an entry point has none: its pair is left out of the table.
+    return {(label, op): call(getattr(module, name), *args) for op, (name, args) in calls.items() if hasattr(module, name)}
 
 
 # The A/B compares two builds of the same code: each op's pair is timed back to back (short
@@ -264,8 +265,11 @@ def run_native_ab(settings, shapes: list[Shape], baseline: ModuleType, rounds: i
         theirs = _native_stmts("baseline", baseline, shape, inputs, generator)
         times = {}
         for op in NATIVE_OPS:
-            pair = {key: stmts[key] for stmts, key in ((mine, ("this tree", op)), (theirs, ("baseline", op)))}
-            times |= section.measure(f"native A/B {shape.name} {op}", pair)
+            pair = {key: stmts[key] for stmts, key in ((mine, ("this tree", op)), (theirs, ("baseline", op))) if key in stmts}
+            if op == "grad_weight":  # its yardstick, timed in the same rounds
+                pair |= depthwise_stmts(shape, inputs, ["forward"])
+            if ("baseline", op) in pair:
+                times |= section.measure(f"native A/B {shape.name} {op}", pair)
         rows.append((shape, times))
     return section, rows
 
@@ -275,7 +279,8 @@ def _ab_description(rev: str, rounds: int) -> str:
         f"Each entry point of the native module, called directly, in ms: this tree / revision {rev} (built by that "
         "revision's own oplib), and in brackets the median of the per-round ratios (below 1: this tree is faster). "
         f"Each op's pair is timed on its own, back to back, in {rounds} rounds of {AB_MIN_RUN_TIME:g} s readings. "
-        "Generated ops: C/4 reduced channels."
+        "Generated ops: C/4 reduced channels; -: the revision has no such entry point. grad_weight / depthwise fwd: "
+        "each build's grad_weight against the depthwise 7x7 forward timed in the same rounds (its yardstick)."
     )
 
 
@@ -284,10 +289,16 @@ def _native_ab_table(rows: list[tuple[Shape, dict]]) -> list[str]:
     for shape, times in rows:
         row = [shape.name]
         for op in NATIVE_OPS:
+            if ("baseline", op) not in times:
+                row.append("-")
+                continue
             mine, theirs = times["this tree", op], times["baseline", op]
             row.append(f"{mine.median * 1e3:.2f} / {theirs.median * 1e3:.2f} ({ratio(mine, theirs):.3f})")
+        depthwise = times["depthwise", "forward"]
+        row.append(" / ".join(f"{ratio(times[who, 'grad_weight'], depthwise):.2f}x" for who in ("this tree", "baseline")))
         cells.append(row)
-    return _harness.table(("shape", *NATIVE_OPS), "l" + "r" * len(NATIVE_OPS), cells)
+    columns = ("shape", *NATIVE_OPS, "grad_weight / depthwise fwd")
+    return _harness.table(columns, "l" + "r" * (len(columns) - 1), cells)
 
 
 def _per_op_table(rows: list[tuple[Shape, dict[tuple[str, str], Timing]]]) -> list[str]:
