@@ -290,19 +290,20 @@ Clock = Callable[[], float]
 Key = TypeVar("Key", bound=Hashable)
 
 
-def blocked(time_block: Callable[[int], float], min_run_time: float) -> float:
+def blocked(time_block: Callable[[int], float], min_run_time: float, calls_per_unit: int = 1) -> float:
     """The median per-call time of blocks of calls, as blocked_autorange measures:
-    ``time_block(number)`` runs ``number`` calls and returns their seconds. One call warms up
-    and is not kept; the block size then doubles until a block takes a tenth of
-    ``min_run_time``, and blocks of that size run until the kept ones have taken it."""
+    ``time_block(number)`` runs ``number`` units of ``calls_per_unit`` calls each (a replayed
+    CUDA graph holds several) and returns their seconds. One unit warms up and is not kept;
+    the block size then doubles until a block takes a tenth of ``min_run_time``, and blocks of
+    that size run until the kept ones have taken it, in wall seconds whatever a unit holds."""
     time_block(1)
     number = 1
     while (seconds := time_block(number)) < min_run_time / 10:
         number *= 2
-    per_call, total = [seconds / number], seconds
+    per_call, total = [seconds / (number * calls_per_unit)], seconds
     while total < min_run_time:
         seconds = time_block(number)
-        per_call.append(seconds / number)
+        per_call.append(seconds / (number * calls_per_unit))
         total += seconds
     return median(per_call)
 
@@ -346,11 +347,11 @@ def _cuda_clock(stmt: Stmt, min_run_time: float) -> Clock:
             run()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3 / per_run
+        return start.elapsed_time(end) / 1e3
 
     def reading() -> float:
         torch.cuda.synchronize()  # the previous candidate's work, outside this one's blocks
-        return blocked(time_block, min_run_time)
+        return blocked(time_block, min_run_time, calls_per_unit=per_run)
 
     return reading
 

@@ -151,6 +151,22 @@ def test_blocked_drops_the_warm_up_and_grows_blocks_to_a_tenth_of_the_run_time()
     assert numbers == [1, 1, 2, 4, 8, 16] + [16] * 6
 
 
+def test_blocked_counts_wall_seconds_when_a_unit_holds_several_calls():
+    """A replayed CUDA graph of 20 calls is one unit: the blocks stop at min_run_time of wall
+    time (the clock once divided each block by the calls in a unit, so a reading ran 20 times
+    its min_run_time: the H200's layer readings of 0.05 s took 1.2 s each)."""
+    numbers = []
+
+    def time_block(units: int) -> float:
+        numbers.append(units)
+        return units * 20e-3  # 20 calls of 1 ms a unit
+
+    assert benchmark.blocked(time_block, min_run_time=0.1, calls_per_unit=20) == pytest.approx(1e-3)
+    # Warm-up, a unit already takes 10 ms or more, then units up to 100 ms of wall time.
+    assert numbers == [1, 1] + [1] * 4
+    assert sum(units * 20e-3 for units in numbers[1:]) == pytest.approx(0.1)
+
+
 def test_statements_compute_what_their_names_say():
     """oplib's forward and gradients against the unfold formulation's (autograd), on a
     non-square map at stride 2, where a swapped height and width or a wrong argument order

@@ -17,3 +17,17 @@ def test_every_planted_bug_still_finds_its_text():
     spec.loader.exec_module(plant_bugs)
     assert len(plant_bugs.BUGS) >= 30
     assert plant_bugs.check_bug_texts() == []
+
+
+def test_the_layer_phase_tool_runs_here_and_times_every_statement(tmp_path):
+    """tools/cuda_layer_phases.py is run on a lent GPU with a minute to spare: here (the CPU,
+    the kernels emulated) it must run end to end and time each of the layer table's statements."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "cuda_layer_phases.py")], cwd=ROOT, capture_output=True,
+                            text=True, env=dict(os.environ, OUT=str(tmp_path)), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = (tmp_path / "phases.txt").read_text().splitlines()
+    assert sum("clock (capture)" in line for line in lines) == 12, lines

@@ -263,13 +263,13 @@ def generated_weight(feature: Tensor, span_weight: Tensor, span_bias: Optional[T
     """feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), span_bias: (G*KH*KW,) or None
     -> the weight (N, G, KH, KW, Ho, Wo) of ``oplib::involution``, as ``Involution2d``'s span
     conv computes it (pixel-major in memory when ``feature`` is channels_last). A contiguous
-    float32/float64 feature goes through one batched product instead: oneDNN's 1x1 conv of an
+    float32/float64 feature on the CPU goes through one batched product instead: oneDNN's 1x1 conv of an
     NCHW map to the many more rows of the weight spends twice the product's time or more
     reordering the result (bench/layer.py's route table times both routes)."""
     n, reduced, out_h, out_w = feature.shape
     kh, kw = kernel_size
     rows = span_weight.shape[0]
-    if feature.is_contiguous() and feature.dtype in (torch.float32, torch.float64):
+    if feature.device.type == "cpu" and feature.is_contiguous() and feature.dtype in (torch.float32, torch.float64):
         flat = feature.view(n, reduced, out_h * out_w)
         span = span_weight.expand(n, rows, reduced)
         weight = (torch.bmm(span, flat) if span_bias is None
