@@ -19,7 +19,7 @@ multiple of the depthwise convolution's time.
 
 A third table times each fused op's CPU entry point through its fused kernel and through the
 small-map route, at every involution shape of RedNet-50 (the stride-2 ones too); the ops'
-``SMALL_MAP_MAX_PIXELS`` come from it.
+``SMALL_MAP_PIXELS`` come from it.
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ from oplib.nn import Involution2d
 BATCH, KERNEL = 8, 7
 SHAPES = ((64, 56), (128, 28), (256, 14), (512, 7))
 QUICK_SHAPES = ((32, 14), (64, 7))
-# Every involution of RedNet-50 (C@HxW, stride): the four stages and the three stride-2 blocks.
-ROUTE_SHAPES = ((64, 56, 1), (128, 28, 1), (256, 14, 1), (512, 7, 1), (128, 56, 2), (256, 28, 2), (512, 14, 2))
+# Every involution of RedNet-50 (C@HxW, stride): the four stages and the three stride-2 blocks;
+# then the tiny maps of RedNet-26 on 64x64 images (bench/rednet.py's model), the last two stages.
+ROUTE_SHAPES = ((64, 56, 1), (128, 28, 1), (256, 14, 1), (512, 7, 1), (128, 56, 2), (256, 28, 2), (512, 14, 2),
+                (128, 8, 1), (256, 4, 1), (512, 2, 1))
 QUICK_ROUTE_SHAPES = ((32, 14, 1), (64, 14, 2))
 CASES = ("fused", "unfused", "depthwise 7x7")
 
@@ -165,14 +167,14 @@ def _routed(entry: Callable, op: str, route: str) -> Callable:
     "fused" (the fused native kernel) or "map" (the small-map route), whatever the map's size."""
     from oplib.kernels.involution import cpu
 
-    limits = dict(cpu.SMALL_MAP_MAX_PIXELS, **{op: 0 if route == "fused" else 10**9})
+    limits = dict(cpu.SMALL_MAP_PIXELS, **{op: (0, 0) if route == "fused" else (0, 10**9)})
 
     def run(*args):
-        default, cpu.SMALL_MAP_MAX_PIXELS = cpu.SMALL_MAP_MAX_PIXELS, limits
+        default, cpu.SMALL_MAP_PIXELS = cpu.SMALL_MAP_PIXELS, limits
         try:
             return entry(*args)
         finally:
-            cpu.SMALL_MAP_MAX_PIXELS = default
+            cpu.SMALL_MAP_PIXELS = default
 
     return run
 
@@ -220,7 +222,7 @@ def routes(section: Section, batch: int, shapes) -> list[str]:
         "(`oplib/kernels/involution/cpu.py`: the span conv forms the weights of a chunk of samples as one BLAS product, "
         "involution's native kernels take the map; the generator's gradients through `involution_backward_weight` and the "
         f"span conv's backward), float32, batch {batch}, interleaved; default: the route the op takes "
-        "(`SMALL_MAP_MAX_PIXELS`, set from this table). " + verdict,
+        "(`SMALL_MAP_PIXELS`, set from this table). " + verdict,
         "",
         *_harness.table(("shape (C@HxW)", "output", "op", "fused (ms)", "map (ms)", "fused / map", "default"), "lllrrrl",
                         rows),

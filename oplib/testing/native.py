@@ -20,13 +20,13 @@ def force_native(monkeypatch, small_maps: bool = False) -> None:
     """Route involution's CPU kernels through the native build for the rest of a test (pytest's
     ``monkeypatch`` undoes it), or skip the test where they cannot be built. The fused ops run
     their own kernels at every size unless ``small_maps``, which keeps the small-map route
-    (``SMALL_MAP_MAX_PIXELS``) that the ops take by default."""
+    (``SMALL_MAP_PIXELS``) that the ops take by default."""
     from ..kernels.involution import cpu
 
     require_native_build()
     monkeypatch.setenv(native.ENV, "native")
     if not small_maps:
-        monkeypatch.setattr(cpu, "SMALL_MAP_MAX_PIXELS", dict.fromkeys(cpu.SMALL_MAP_MAX_PIXELS, 0))
+        monkeypatch.setattr(cpu, "SMALL_MAP_PIXELS", dict.fromkeys(cpu.SMALL_MAP_PIXELS, (0, 0)))
 
 
 def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0) -> int:

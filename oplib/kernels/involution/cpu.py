@@ -183,25 +183,27 @@ def involution_generated_backward_generator(grad_output: Tensor, feature: Tensor
                                        out)
 
 
-# Output maps of at most this many pixels a sample go through a transient weight map in float32
-# and float64 (per op): the span conv forms it for a chunk of samples as one BLAS product, and
-# involution's native kernels (or, for the generator's gradients, involution_backward_weight and
-# the span conv's backward) take it from there. On such maps the fused kernels' per-tile
+# Output maps of (low, high] pixels a sample go through a transient weight map in float32 and
+# float64 (per op): the span conv's product forms it for a chunk of samples as one BLAS call,
+# and involution's native kernels (or, for the generator's gradients, involution_backward_weight
+# and the span conv's backward) take it from there. On such maps the fused kernels' per-tile
 # products are too small to reach the GEMM rate, and the map is small enough to stay in cache.
-# Set from bench/layer.py's route table (bench/results/layer.md) at RedNet-50's shapes, batch 8:
-# the map is faster for the forward at 14x14 and 7x7, for the two backward ops at 7x7 only.
-# 16-bit operands keep the fused kernels, which form the weights in float32 (a 16-bit map would
-# round them). Tests that mean the fused kernels set these to 0 (``oplib.testing.native``).
-SMALL_MAP_MAX_PIXELS = {"forward": 196, "backward_input": 49, "backward_generator": 49}
+# Set from bench/layer.py's route table (bench/results/layer.md): RedNet-50's shapes and the
+# tiny maps of RedNet-26 on 64x64 images. The forward is faster through the map at every size
+# up to 14x14; the backward ops only at 7x7 (at 4x4 and below, grad_input through the map is
+# the slower by far, and the generator's gradients lose at 4x4 and 8x8). 16-bit operands keep
+# the fused kernels, which form the weights in float32 (a 16-bit map would round them). Tests
+# that mean the fused kernels set every range empty (``oplib.testing.native``).
+SMALL_MAP_PIXELS = {"forward": (0, 196), "backward_input": (16, 49), "backward_generator": (16, 49)}
 # The transient map of one chunk of samples, at most (a chunk holds one sample at least).
 SMALL_MAP_CHUNK_BYTES = 8 << 20
 
 
 def through_small_map(op: str, feature: Tensor) -> bool:
-    """Whether ``op`` (a key of ``SMALL_MAP_MAX_PIXELS``) takes the small-map route for this
+    """Whether ``op`` (a key of ``SMALL_MAP_PIXELS``) takes the small-map route for this
     feature map, (N, R, Ho, Wo)."""
-    pixels = feature.shape[2] * feature.shape[3]
-    return feature.dtype in (torch.float32, torch.float64) and 0 < pixels <= SMALL_MAP_MAX_PIXELS[op]
+    low, high = SMALL_MAP_PIXELS[op]
+    return feature.dtype in (torch.float32, torch.float64) and low < feature.shape[2] * feature.shape[3] <= high
 
 
 def _sample_chunks(feature: Tensor, span_weight: Tensor) -> list[slice]:

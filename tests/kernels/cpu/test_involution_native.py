@@ -294,7 +294,7 @@ def test_the_small_map_route_matches_the_reference(monkeypatch, name, dtype, chu
     on every registry sample, the whole batch at once and a sample at a time (the parameters'
     gradients then summed over the chunks)."""
     force_native(monkeypatch, small_maps=True)
-    monkeypatch.setattr(involution_cpu, "SMALL_MAP_MAX_PIXELS", dict.fromkeys(involution_cpu.SMALL_MAP_MAX_PIXELS, 10**9))
+    monkeypatch.setattr(involution_cpu, "SMALL_MAP_PIXELS", dict.fromkeys(involution_cpu.SMALL_MAP_PIXELS, (0, 10**9)))
     monkeypatch.setattr(involution_cpu, "SMALL_MAP_CHUNK_BYTES", chunk_bytes)
     chunked = []
     chunks = involution_cpu._sample_chunks
@@ -310,9 +310,12 @@ def test_small_maps_of_float32_and_float64_take_the_map_route():
         return torch.empty(2, 8, size, size, dtype=dtype)
 
     assert involution_cpu.through_small_map("forward", feature(7))
+    assert involution_cpu.through_small_map("forward", feature(2))
     assert involution_cpu.through_small_map("forward", feature(14, torch.float64))
     assert not involution_cpu.through_small_map("backward_input", feature(14))
     assert involution_cpu.through_small_map("backward_generator", feature(7))
+    assert not involution_cpu.through_small_map("backward_input", feature(4))
+    assert not involution_cpu.through_small_map("backward_generator", feature(2))
     assert not involution_cpu.through_small_map("forward", feature(28))
     assert not involution_cpu.through_small_map("forward", feature(7, torch.bfloat16))
     assert not involution_cpu.through_small_map("forward", feature(0))
