@@ -443,7 +443,8 @@ def run_layer(section: Any, target: Target, plan: Plan, on_rows: Optional[Callab
             stmts = layer_stmts(shape, getattr(torch, dtype_name), layout, target.device)
             built = time.perf_counter()
             times = section.measure(f"layer {shape.name} {dtype_name} {layout}", stmts, device=target.device)
-            # The stage's budget is sized from these: the H100's first run took 30 s a row.
+            # The stage's budget is sized from these (the draws' logs: rows of 20-25 s before the
+            # CUDA clock's readings kept to their min_run_time).
             print(f"  (row's wall time: {built - began:.1f} s building the layers, "
                   f"{time.perf_counter() - built:.1f} s capturing and timing them)", flush=True)
             row = [shape.name, f"{dtype_name}, {layout}"]
