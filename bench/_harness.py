@@ -263,8 +263,9 @@ def peak_memory(make_step: Callable[..., Callable[[], Any]], *args: Any) -> int:
 # ---------------------------------------------------------------------------------------
 
 
-def header(settings: Settings, title: str, *bullets: str) -> list[str]:
-    """The report's title, command, date, machine and timing method, then ``bullets``."""
+def header(settings: Settings, title: str, *bullets: str, times: Optional[str] = None) -> list[str]:
+    """The report's title, command, date, machine and timing method (``times``, where the
+    report's tables are not timed by ``settings``' readings), then ``bullets``."""
     flag = " --quick" if settings.quick else ""
     return [
         f"# {title}",
@@ -272,6 +273,7 @@ def header(settings: Settings, title: str, *bullets: str) -> list[str]:
         f"Written by `python bench/{settings.script}.py{flag}` on {datetime.date.today()}.",
         "",
         f"- machine: {describe_machine()}",
+        f"- times: {times}" if times is not None else
         f"- times: `oplib.benchmark` readings (>= {settings.min_run_time:g} s each: on CPU `torch.utils.benchmark` "
         f"blocked_autorange medians, on a GPU the median of blocks timed by CUDA events) in "
         f"{settings.rounds} interleaved round(s), the order rotating; a time is the median of its rounds, a ratio "

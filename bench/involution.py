@@ -612,7 +612,12 @@ def run_cuda_only(settings, models_choice: str, stage: str = "all", dry: bool = 
                        "events, tiny sizes: a check that every stage runs, not GPU figures**")
     if stage in ("all", "kernels"):
         bullets.append("- the kernels' figures before the specialised kernels: `involution-cuda-before.md`")
-    header = _harness.header(settings, _CUDA_TITLES[stage], *bullets)
+    # Each stage times in its own way, which its section states; the settings' readings are not used.
+    times = (f"the kernels by one replay of a CUDA graph of {plan.repeats} calls between CUDA events, {plan.rounds} "
+             "interleaved rounds; the layer by `oplib.benchmark`'s CUDA clock (blocks of graph replays, readings of "
+             f"{plan.layer_min_run_time:g} s, {plan.layer_rounds} interleaved rounds); the launch and the models in "
+             "wall time, as their sections say")
+    header = _harness.header(settings, _CUDA_TITLES[stage], *bullets, times=times)
 
     def write(results: CudaResults) -> None:
         _harness.write_report(settings, [*header, *_cuda_sections(results, stages, target_name, plan, models_choice)])
