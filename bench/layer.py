@@ -18,8 +18,8 @@ same run (a 1024-square ``torch.mm``, the best case for any of these products), 
 multiple of the depthwise convolution's time.
 
 A third table times each fused op's CPU entry point through its fused kernel and through the
-small-map route, at every involution shape of RedNet-50 (the stride-2 ones too); the ops'
-``SMALL_MAP_PIXELS`` come from it.
+small-map route, at every involution shape of RedNet-50 (the stride-2 ones too) and at the tiny
+maps of RedNet-26 on 64x64 images; the ops' ``SMALL_MAP_PIXELS`` come from it.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def _routed(entry: Callable, op: str, route: str) -> Callable:
 def routes(section: Section, batch: int, shapes) -> list[str]:
     """Each fused op's CPU entry point through its fused native kernel and through the small-map
     route (the span conv forms the map, involution's native kernels take it), interleaved, at
-    RedNet-50's involution shapes, with the route the op takes by default."""
+    ``shapes`` (C, H, stride), with the route the op takes by default."""
     from oplib.kernels.involution import cpu
     from oplib.ops.involution_generated import _generator_grads_result
 

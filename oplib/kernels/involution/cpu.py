@@ -132,17 +132,16 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
 def involution_generated(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], kernel_size,
                          stride, padding, dilation, out: Tensor) -> Tensor:
     """input: (N, C, H, W), feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), span_bias:
-    (G*KH*KW,) or None -> out: (N, C, Ho, Wo). The native kernels form the weights in cache;
-    the plain-PyTorch route materialises them with the span conv."""
+    (G*KH*KW,) or None -> out: (N, C, Ho, Wo). The native kernels form the weights in cache,
+    except on small maps (``through_small_map``), where a chunk of samples' map is formed and
+    involution's native forward takes it; the plain-PyTorch route materialises the whole map."""
     module = native.involution()
     if module is not None and not through_small_map("forward", feature):
         return module.involution_generated_forward(input, feature, span_weight, span_bias, kernel_size, stride, padding,
                                                    dilation, out=out)
     if module is not None:
-        for part in _sample_chunks(feature, span_weight):
-            module.involution_forward(input[part], generated_weight(feature[part], span_weight, span_bias, kernel_size),
-                                      stride, padding, dilation, out=out[part])
-        return out
+        return _through_map_in_chunks(module.involution_forward, input, feature, span_weight, span_bias, kernel_size,
+                                      (stride, padding, dilation), out)
     weight = generated_weight(feature, span_weight, span_bias, kernel_size)
     return out.copy_(pytorch_involution(input, weight, stride, padding, dilation))
 
@@ -156,11 +155,8 @@ def involution_generated_backward_input(grad_output: Tensor, feature: Tensor, sp
         return module.involution_generated_backward_input(grad_output, feature, span_weight, span_bias, input_size,
                                                           kernel_size, stride, padding, dilation, out=out)
     if module is not None:
-        for part in _sample_chunks(feature, span_weight):
-            module.involution_backward_input(grad_output[part],
-                                             generated_weight(feature[part], span_weight, span_bias, kernel_size),
-                                             input_size, stride, padding, dilation, out=out[part])
-        return out
+        return _through_map_in_chunks(module.involution_backward_input, grad_output, feature, span_weight, span_bias,
+                                      kernel_size, (input_size, stride, padding, dilation), out)
     weight = generated_weight(feature, span_weight, span_bias, kernel_size)
     return out.copy_(pytorch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation))
 
@@ -170,7 +166,8 @@ def involution_generated_backward_generator(grad_output: Tensor, feature: Tensor
                                             out: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), input:
     (N, C, H, W) -> out: (grad_feature, grad_span_weight, grad_span_bias). The native kernel
-    contracts each block of the generated weight's gradient while it is in cache; the
+    contracts each block of the generated weight's gradient while it is in cache, except on
+    small maps (``through_small_map``: the map route a chunk of samples at a time); the
     plain-PyTorch route makes the whole map (``generator_grads_through_map``)."""
     module = native.involution()
     if module is not None and through_small_map("backward_generator", feature):
@@ -213,6 +210,17 @@ def _sample_chunks(feature: Tensor, span_weight: Tensor) -> list[slice]:
     per_sample = span_weight.shape[0] * feature.shape[2] * feature.shape[3] * feature.element_size()
     step = max(1, SMALL_MAP_CHUNK_BYTES // max(1, per_sample))
     return [slice(start, min(n, start + step)) for start in range(0, n, step)]
+
+
+def _through_map_in_chunks(kernel: Callable[..., Tensor], activation: Tensor, feature: Tensor, span_weight: Tensor,
+                           span_bias: Optional[Tensor], kernel_size, params: tuple, out: Tensor) -> Tensor:
+    """The small-map route of the forward and grad_input: per chunk of samples, the map
+    (``generated_weight``) and involution's native ``kernel(activation, map, *params, out=)``
+    writing the chunk's rows of ``out``."""
+    for part in _sample_chunks(feature, span_weight):
+        kernel(activation[part], generated_weight(feature[part], span_weight, span_bias, kernel_size), *params,
+               out=out[part])
+    return out
 
 
 def _generator_grads_in_chunks(grad_output: Tensor, feature: Tensor, span_weight: Tensor, input: Tensor, kernel_size,
