@@ -250,10 +250,9 @@ def generator_grads_through_map(grad_output: Tensor, feature: Tensor, span_weigh
                                 out: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     """involution_generated_backward_generator on any device through the whole map: gw =
     oplib::involution_backward_weight(grad_output, input), (N, G*KH*KW, Ho, Wo), then its three
-    contractions by the span 1x1 conv's own backward (aten.convolution_backward: one GEMM each,
-    no transposed copy of the map), written into ``out``. All in the accumulation dtype: a
-    16-bit gw would be rounded before its sums over samples and pixels (grad_span_bias, a sum
-    that cancels, then misses bfloat16's tolerance of the float64 reference), so 16-bit
+    contractions (``_contract_generator_map``), written into ``out``. All in the accumulation
+    dtype: a 16-bit gw would be rounded before its sums over samples and pixels (grad_span_bias,
+    a sum that cancels, then misses bfloat16's tolerance of the float64 reference), so 16-bit
     operands pay a float32 map until the tiled CUDA backward removes it."""
     n, _, out_h, out_w = feature.shape
     rows = span_weight.shape[0]
@@ -261,12 +260,43 @@ def generator_grads_through_map(grad_output: Tensor, feature: Tensor, span_weigh
     dtype = _accumulation_dtype(grad_output.dtype)
     gw = torch.ops.oplib.involution_backward_weight(grad_output.to(dtype), input.to(dtype), kernel_size, stride, padding,
                                                     dilation, groups)
-    sums = torch.ops.aten.convolution_backward(
-        gw.reshape(n, rows, out_h, out_w), feature.to(dtype), span_weight.to(dtype)[:, :, None, None], [rows], [1, 1],
-        [0, 0], [1, 1], False, [0, 0], 1, [True, True, True])
-    for result, value in zip(out, (sums[0], sums[1].flatten(1), sums[2]), strict=True):
+    sums = _contract_generator_map(gw.reshape(n, rows, out_h, out_w), feature.to(dtype), span_weight.to(dtype))
+    for result, value in zip(out, sums, strict=True):
         result.copy_(value)
     return out
+
+
+def _contract_generator_map(gw: Tensor, feature: Tensor, span_weight: Tensor,
+                            by_matmul: Optional[bool] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """gw: (N, rows, Ho, Wo), feature: (N, R, Ho, Wo), span_weight: (rows, R) -> (span_weight^T gw
+    (N, R, Ho, Wo), sum of gw feature^T (rows, R), sum of gw (rows,)). On the CPU the span 1x1
+    conv's own backward (oneDNN: one GEMM each, no transposed copy of the map). On CUDA batched
+    matmuls over pixel-row views of either layout instead: cuDNN's convolution backward takes
+    TF32 for float32 by default (``torch.backends.cudnn.allow_tf32``), which put channels_last
+    float32 results outside float32's tolerance of the float64 reference on an H200
+    (bench/results/h200/draw3/gpu-check.md), where cuBLAS's matmuls keep
+    float32 unless the user asks otherwise (``torch.backends.cuda.matmul``). ``by_matmul``
+    overrides the choice (tests run the CUDA route on the CPU)."""
+    rows = span_weight.shape[0]
+    if not (gw.device.type == "cuda" if by_matmul is None else by_matmul):
+        sums = torch.ops.aten.convolution_backward(gw, feature, span_weight[:, :, None, None], [rows], [1, 1], [0, 0],
+                                                   [1, 1], False, [0, 0], 1, [True, True, True])
+        return sums[0], sums[1].flatten(1), sums[2]
+    map_by_pixel, feature_by_pixel = _pixel_rows(gw), _pixel_rows(feature)     # (N, P, rows), (N, P, R)
+    n, reduced, out_h, out_w = feature.shape
+    grad_feature = torch.matmul(map_by_pixel, span_weight)                    # (N, P, R)
+    grad_feature = grad_feature.view(n, out_h, out_w, reduced).permute(0, 3, 1, 2)
+    grad_span_weight = torch.matmul(map_by_pixel.transpose(1, 2), feature_by_pixel).sum(0)
+    return grad_feature, grad_span_weight, map_by_pixel.sum((0, 1))
+
+
+def _pixel_rows(maps: Tensor) -> Tensor:
+    """maps: (N, C, H, W) -> (N, H*W, C), a view (no copy) when ``maps`` is NCHW- or
+    channels_last-contiguous."""
+    n, channels, height, width = maps.shape
+    if maps.is_contiguous(memory_format=torch.channels_last):
+        return maps.permute(0, 2, 3, 1).view(n, height * width, channels)
+    return maps.reshape(n, channels, height * width).transpose(1, 2)
 
 
 def generated_weight(feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], kernel_size) -> Tensor:

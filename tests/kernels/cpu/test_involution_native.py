@@ -321,3 +321,21 @@ def test_small_maps_of_float32_and_float64_take_the_map_route():
     assert not involution_cpu.through_small_map("forward", feature(0))
     sixteen_samples = torch.empty(16, 8, 7, 7)
     assert [p.stop - p.start for p in involution_cpu._sample_chunks(sixteen_samples, torch.empty(5349, 8))] == [8, 8]  # 1 MB a sample
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("by_matmul", [False, True], ids=["convolution-backward", "matmuls"])
+def test_both_contractions_of_the_generator_map_match_the_reference(monkeypatch, by_matmul, dtype):
+    """The map route of the generator's gradients with either contraction of gw (the span conv's
+    backward, as on the CPU, or the batched matmuls over pixel rows that CUDA takes) on every
+    registry sample, channels_last ones included."""
+    contract = involution_cpu._contract_generator_map
+    routes = []
+    monkeypatch.setattr(involution_cpu, "_contract_generator_map",
+                        lambda *a: routes.append(by_matmul) or contract(*a, by_matmul=by_matmul))
+    spec = registry.get("involution_generated_backward_generator")
+    for sample in spec.sample_inputs("cpu", dtype, False):
+        grad_output, feature, span_weight, *_ = sample.args
+        out = (torch.empty_like(feature), torch.empty_like(span_weight), span_weight.new_empty(span_weight.shape[0]))
+        assert_matches_reference(spec, sample, involution_cpu.generator_grads_through_map(*sample.args, out), dtype)
+    assert routes == [by_matmul] * len(routes) and routes
