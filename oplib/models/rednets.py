@@ -191,7 +191,9 @@ class _Backbone(nn.Module):
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.grad_checkpointing = False
-        self.stem_checkpointing = False
+        # On by default (with set_generation_checkpointing): a training step then saves no more
+        # activations than ResNet-50's, for a few percent of its time (bench/results/backbone.md).
+        self.stem_checkpointing = True
         self._freeze()
 
     def _frozen_modules(self) -> list[nn.Module]:
@@ -224,23 +226,27 @@ class _Backbone(nn.Module):
 
     def set_generation_checkpointing(self, enable: bool = True) -> None:
         """Recompute each involution's kernel-generation branch (pooling, reduce conv,
-        BatchNorm, ReLU) in the backward pass instead of saving its activations
-        (``Involution2d.checkpoint_generation``): a lighter form of ``set_grad_checkpointing``,
-        which recomputes whole bottlenecks. Running statistics are updated once per step."""
+        BatchNorm, ReLU) in the backward pass of a training step instead of saving its
+        activations (``Involution2d.checkpoint_generation``): a lighter form of
+        ``set_grad_checkpointing``, which recomputes whole bottlenecks. On by default (with
+        ``set_stem_checkpointing``: together they bring a step's saved activations under
+        ResNet-50's); ``False`` saves them instead. Running statistics are updated once per
+        step."""
         for module in self.modules():
             if isinstance(module, Involution2d):
                 module.checkpoint_generation = enable
 
     def set_stem_checkpointing(self, enable: bool = True) -> None:
-        """Recompute the stem's activations in the backward pass instead of saving them: the
-        stem works at half the input's resolution, where its maps are the largest of the
-        network (bench/results/backbone.md shows its share of a step's saved activations, and
-        the memory and time of this with ``set_generation_checkpointing``). Running statistics
-        are updated once per step."""
+        """Recompute the stem's activations in the backward pass of a training step instead of
+        saving them: the stem works at half the input's resolution, where its maps are the
+        largest of the network (bench/results/backbone.md shows its share of a step's saved
+        activations, and the memory and time of this with ``set_generation_checkpointing``).
+        On by default; ``False`` saves them instead. Running statistics are updated once per
+        step."""
         self.stem_checkpointing = enable
 
     def _stem(self, x: Tensor) -> Tensor:
-        if self.stem_checkpointing and torch.is_grad_enabled():
+        if self.stem_checkpointing and self.training and torch.is_grad_enabled():
             return checkpoint_module(self.stem, self.stem, x)
         return self.stem(x)
 
@@ -330,6 +336,7 @@ class RedNet(_Backbone):
         self.pretrained_cfg: dict = {}
         self.reset_parameters()
         self._init_knobs(frozen_stages, norm_eval)
+        self.set_generation_checkpointing(True)
 
     def reset_parameters(self) -> None:
         for module in self.modules():

@@ -15,6 +15,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import oplib.models
+import oplib.nn
+from oplib.models import rednets
 from oplib import imagenet
 from oplib.download import DownloadError
 from oplib.models import BLOCK_COUNTS, FEATURE_LEVELS, PRETRAINED_CFGS, RedNet, RedNetFeatures
@@ -194,10 +196,37 @@ def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
     return sum(storages.values())
 
 
+def _without_recomputation(model):
+    model.set_stem_checkpointing(False)
+    model.set_generation_checkpointing(False)
+    return model
+
+
+def test_a_training_step_recomputes_the_stem_and_generation_by_default(monkeypatch):
+    """RedNets recompute the stem and the generation branches in training (a step then saves
+    no more than ResNet-50's activations); evaluation, with or without grad, recomputes
+    nothing; either can be turned off."""
+    model = _narrow(26)
+    involutions = [m for m in model.modules() if isinstance(m, oplib.nn.Involution2d)]
+    assert model.stem_checkpointing and involutions and all(m.checkpoint_generation for m in involutions)
+    x = torch.randn(2, 3, 32, 32)
+    recomputing = _saved_bytes(model.train(), x)
+    assert _saved_bytes(_without_recomputation(copy.deepcopy(model)).train(), x) > recomputing
+    calls = []
+    for module in (oplib.nn, rednets):
+        original = module.checkpoint_module
+        monkeypatch.setattr(module, "checkpoint_module", lambda *a, f=original: calls.append(1) or f(*a))
+    model.train()(x).sum().backward()
+    assert calls, "a training step recomputed nothing"
+    calls.clear()
+    model.eval()(x).sum().backward()
+    assert not calls, "an eval-mode call recomputed"
+
+
 @pytest.mark.parametrize("method,fraction", [("set_grad_checkpointing", 0.5), ("set_generation_checkpointing", 1.0),
                                              ("set_stem_checkpointing", 1.0)])
 def test_checkpointing_gives_the_same_step_and_saves_less(method, fraction):
-    plain = _with_statistics(_narrow(50)).double().train()
+    plain = _without_recomputation(_with_statistics(_narrow(50)).double().train())
     checkpointed = copy.deepcopy(plain)
     getattr(checkpointed, method)(True)
     x = torch.randn(2, 3, 48, 48, dtype=torch.float64)
@@ -217,7 +246,7 @@ def test_checkpointing_gives_the_same_step_and_saves_less(method, fraction):
 def test_checkpointing_under_torch_compile_matches_eager(method):
     """aot_eager: dynamo and AOTAutograd trace the checkpointed blocks or stem (inductor's part
     is the integration tier's compiled training)."""
-    plain = _with_statistics(_narrow(26)).train()
+    plain = _without_recomputation(_with_statistics(_narrow(26)).train())
     checkpointed = copy.deepcopy(plain)
     getattr(checkpointed, method)(True)
     compiled = torch.compile(checkpointed, fullgraph=True, backend="aot_eager")
