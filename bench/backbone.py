@@ -1,10 +1,10 @@
 """The memory of a RedNet-50 training step, with and without activation checkpointing
-(RedNets recompute the stem and the involutions' generation branches by default:
-``set_stem_checkpointing``, ``set_generation_checkpointing``; the table also has neither, the
-generation branches alone, and ``set_grad_checkpointing``'s whole bottlenecks), and with the
-involutions unfused (the span conv writing the weight map, as before ``involution_generated``),
-against a torch.nn ResNet-50 (bench/rednet.py's), and what each costs in step time against
-the step that recomputes nothing.
+(``set_grad_checkpointing``: whole bottlenecks; ``set_generation_checkpointing``: the
+involutions' generation branches; with ``set_stem_checkpointing`` too: also the stem), and with
+the involutions unfused (the span conv writing the weight map, as before
+``involution_generated``), against a torch.nn ResNet-50 (bench/rednet.py's), and what each
+costs in step time; then what recomputing the stem and the generation costs the step of
+bench/rednet.py's small models.
 
     python bench/backbone.py            # writes bench/results/backbone.md
     python bench/backbone.py --quick    # 64x64, batch 2, one round (smoke test)
@@ -32,7 +32,7 @@ import _harness
 from _harness import Section
 from oplib.benchmark import call, describe_machine, ratio
 from oplib.kernels import native
-from oplib.models import rednet50
+from oplib.models import rednet26, rednet50
 from oplib.nn import Involution2d
 from rednet import _ResNetBottleneck, _train_step, resnet50
 
@@ -46,32 +46,25 @@ def _unfused(model: nn.Module) -> None:
             module.fused = False
 
 
-def _nothing_recomputed(model: nn.Module) -> None:
-    model.set_stem_checkpointing(False)
-    model.set_generation_checkpointing(False)
+def _stem_and_generation(model: nn.Module) -> None:
+    model.set_stem_checkpointing(True)
+    model.set_generation_checkpointing(True)
 
 
-def _generation_recomputed(model: nn.Module) -> None:
-    model.set_stem_checkpointing(False)
-
-
-def _unfused_nothing_recomputed(model: nn.Module) -> None:
-    _unfused(model)
-    _nothing_recomputed(model)
-
-
-# case: (builder, what to set on the built model). RedNets recompute the stem and the
-# generation branches by default.
-DEFAULT, NOTHING_RECOMPUTED, RESNET = ("RedNet-50 (default: stem and generation recomputed)",
-                                       "RedNet-50, nothing recomputed", "ResNet-50 (torch.nn)")
+DEFAULT, RECOMPUTED, RESNET = ("RedNet-50", "RedNet-50, stem and generation recomputed", "ResNet-50 (torch.nn)")
+# case: (builder, what to set on the built model)
 CASES = {
     DEFAULT: (rednet50, None),
-    NOTHING_RECOMPUTED: (rednet50, _nothing_recomputed),
-    "RedNet-50, generation recomputed": (rednet50, _generation_recomputed),
+    "RedNet-50, generation recomputed": (rednet50, lambda model: model.set_generation_checkpointing(True)),
+    RECOMPUTED: (rednet50, _stem_and_generation),
     "RedNet-50, checkpointed": (rednet50, lambda model: model.set_grad_checkpointing(True)),
-    "RedNet-50, unfused (span conv + involution), nothing recomputed": (rednet50, _unfused_nothing_recomputed),
+    "RedNet-50, unfused (span conv + involution)": (rednet50, _unfused),
     RESNET: (resnet50, None),
 }
+# The stem's and the generation's recomputation on the small models of bench/rednet.py, where
+# a step's fixed costs weigh more: (name, width, group channels, input channels, image size, batch).
+SMALL_MODELS = [("RedNet-26, width 64 (paper), 64x64 RGB", 64, 16, 3, 64, 16),
+                ("RedNet-26, width 16 (digits model), 32x32 gray", 16, 8, 1, 32, 64)]
 
 
 def _model(case: str) -> nn.Module:
@@ -155,7 +148,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         steps[case,] = _train_step(model, model, images, labels)
     section = Section(settings)
     times = section.measure("train step", {key: call(step) for key, step in steps.items()})
-    plain = times[NOTHING_RECOMPUTED,]
+    plain = times[DEFAULT,]
     rows = []
     for case in CASES:
         rows.append([
@@ -176,8 +169,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         section.load_line(),
         "",
         *_harness.table(
-            ("model", "saved activations (MB)", "/ ResNet-50", "step peak (MB)", "step (ms)",
-             "step / RedNet-50's, nothing recomputed"),
+            ("model", "saved activations (MB)", "/ ResNet-50", "step peak (MB)", "step (ms)", "step / RedNet-50's"),
             "lrrrrr",
             rows,
         ),
@@ -195,12 +187,47 @@ def main(argv: Optional[list[str]] = None) -> int:
         *_harness.table(
             ("model", "stem (MB)", "blocks (MB)", "of which in involutions (MB)", "head (MB)", "total (MB)"), "lrrrrr",
             [[case, *(_harness.megabytes(bytes_) for bytes_ in parts[case].values())]
-             for case in (DEFAULT, NOTHING_RECOMPUTED, RESNET)],
+             for case in (DEFAULT, RECOMPUTED, RESNET)],
         ),
     ]
+    lines += _small_models(settings)
     _harness.write_report(settings, lines)
     _chart(settings, rows)
     return 0
+
+
+def _small_models(settings) -> list[str]:
+    """The step time of bench/rednet.py's small models, recomputing nothing and recomputing the
+    stem and the generation branches, interleaved."""
+    steps = {}
+    for name, width, group_channels, in_channels, size, batch in SMALL_MODELS:
+        if settings.quick:
+            batch = 2
+        images, labels = torch.randn(batch, in_channels, size, size), torch.randint(0, 10, (batch,))
+        for recompute in ("recomputing nothing", "recomputing stem and generation"):
+            torch.manual_seed(0)
+            model = rednet26(width=width, group_channels=group_channels, in_channels=in_channels, num_classes=10)
+            if recompute != "recomputing nothing":
+                _stem_and_generation(model)
+            steps[name, recompute] = _train_step(model, model, images, labels)
+    section = Section(settings)
+    times = section.measure("small models' train step", {key: call(step) for key, step in steps.items()})
+    plain, recomputed = "recomputing nothing", "recomputing stem and generation"
+    rows = [[f"{name}, batch {batch if not settings.quick else 2}", f"{times[name, plain].median * 1e3:.1f}",
+             f"{times[name, recomputed].median * 1e3:.1f}", f"{ratio(times[name, recomputed], times[name, plain]):.2f}x"]
+            for name, _, _, _, _, batch in SMALL_MODELS]
+    return [
+        "",
+        "## Recomputation on small models",
+        "",
+        "A training step (as above) of bench/rednet.py's small models, recomputing nothing (the default) and "
+        "recomputing the stem and every generation branch (`set_stem_checkpointing`, "
+        "`set_generation_checkpointing`), interleaved.",
+        "",
+        section.load_line(),
+        "",
+        *_harness.table(("model", "step (ms)", "step, recomputed (ms)", "recomputed / default"), "lrrr", rows),
+    ]
 
 
 def _chart(settings, rows: list[list[str]]) -> None:

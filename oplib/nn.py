@@ -75,11 +75,11 @@ class Involution2d(torch.nn.Module):
     later; ``kernel_weights`` returns the map on every path.
 
     ``checkpoint_generation=True`` (or ``module.checkpoint_generation = True``; RedNet's
-    ``set_generation_checkpointing``, on by default in RedNets) recomputes the generation branch
-    before the span conv (pooling, reduce conv, BatchNorm, ReLU) in the backward pass of a
-    training-mode call instead of saving its activations (``checkpoint_module``: the running
-    statistics are updated once). With the fused op the layer then keeps its input and the
-    R-channel feature map.
+    ``set_generation_checkpointing``) recomputes the generation branch before the span conv
+    (pooling, reduce conv, BatchNorm, ReLU) in the backward pass of a training-mode call
+    instead of saving its activations (``checkpoint_module``: the running statistics are
+    updated once). With the fused op the layer then keeps its input and the R-channel feature
+    map.
 
     The two 1x1 convs are ``torch.nn.Conv2d``, not ``Conv2d`` above (same parameters, so the
     same state dict): inductor sees the reduce conv, and with ``torch._inductor.config.freezing``

@@ -191,9 +191,7 @@ class _Backbone(nn.Module):
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.grad_checkpointing = False
-        # On by default (with set_generation_checkpointing): a training step then saves no more
-        # activations than ResNet-50's, for a few percent of its time (bench/results/backbone.md).
-        self.stem_checkpointing = True
+        self.stem_checkpointing = False
         self._freeze()
 
     def _frozen_modules(self) -> list[nn.Module]:
@@ -228,10 +226,11 @@ class _Backbone(nn.Module):
         """Recompute each involution's kernel-generation branch (pooling, reduce conv,
         BatchNorm, ReLU) in the backward pass of a training step instead of saving its
         activations (``Involution2d.checkpoint_generation``): a lighter form of
-        ``set_grad_checkpointing``, which recomputes whole bottlenecks. On by default (with
-        ``set_stem_checkpointing``: together they bring a step's saved activations under
-        ResNet-50's); ``False`` saves them instead. Running statistics are updated once per
-        step."""
+        ``set_grad_checkpointing``, which recomputes whole bottlenecks. With
+        ``set_stem_checkpointing`` a RedNet-50 step saves less than ResNet-50's
+        (bench/results/backbone.md); not the default, because on small models and images
+        the recomputation's overhead costs far more of the step. Running statistics are
+        updated once per step."""
         for module in self.modules():
             if isinstance(module, Involution2d):
                 module.checkpoint_generation = enable
@@ -241,8 +240,7 @@ class _Backbone(nn.Module):
         saving them: the stem works at half the input's resolution, where its maps are the
         largest of the network (bench/results/backbone.md shows its share of a step's saved
         activations, and the memory and time of this with ``set_generation_checkpointing``).
-        On by default; ``False`` saves them instead. Running statistics are updated once per
-        step."""
+        Running statistics are updated once per step."""
         self.stem_checkpointing = enable
 
     def _stem(self, x: Tensor) -> Tensor:
@@ -336,7 +334,6 @@ class RedNet(_Backbone):
         self.pretrained_cfg: dict = {}
         self.reset_parameters()
         self._init_knobs(frozen_stages, norm_eval)
-        self.set_generation_checkpointing(True)
 
     def reset_parameters(self) -> None:
         for module in self.modules():

@@ -196,22 +196,18 @@ def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
     return sum(storages.values())
 
 
-def _without_recomputation(model):
-    model.set_stem_checkpointing(False)
-    model.set_generation_checkpointing(False)
-    return model
-
-
-def test_a_training_step_recomputes_the_stem_and_generation_by_default(monkeypatch):
-    """RedNets recompute the stem and the generation branches in training (a step then saves
-    no more than ResNet-50's activations); evaluation, with or without grad, recomputes
-    nothing; either can be turned off."""
+def test_recomputation_is_opt_in_and_only_in_training(monkeypatch):
+    """RedNets save every activation by default; with the stem and the generation branches
+    recomputed a training step saves less, and evaluation, with or without grad, recomputes
+    nothing."""
     model = _narrow(26)
     involutions = [m for m in model.modules() if isinstance(m, oplib.nn.Involution2d)]
-    assert model.stem_checkpointing and involutions and all(m.checkpoint_generation for m in involutions)
+    assert not model.stem_checkpointing and involutions and not any(m.checkpoint_generation for m in involutions)
     x = torch.randn(2, 3, 32, 32)
-    recomputing = _saved_bytes(model.train(), x)
-    assert _saved_bytes(_without_recomputation(copy.deepcopy(model)).train(), x) > recomputing
+    saving = _saved_bytes(model.train(), x)
+    model.set_stem_checkpointing(True)
+    model.set_generation_checkpointing(True)
+    assert _saved_bytes(model, x) < saving
     calls = []
     for module in (oplib.nn, rednets):
         original = module.checkpoint_module
@@ -226,7 +222,7 @@ def test_a_training_step_recomputes_the_stem_and_generation_by_default(monkeypat
 @pytest.mark.parametrize("method,fraction", [("set_grad_checkpointing", 0.5), ("set_generation_checkpointing", 1.0),
                                              ("set_stem_checkpointing", 1.0)])
 def test_checkpointing_gives_the_same_step_and_saves_less(method, fraction):
-    plain = _without_recomputation(_with_statistics(_narrow(50)).double().train())
+    plain = _with_statistics(_narrow(50)).double().train()
     checkpointed = copy.deepcopy(plain)
     getattr(checkpointed, method)(True)
     x = torch.randn(2, 3, 48, 48, dtype=torch.float64)
@@ -246,7 +242,7 @@ def test_checkpointing_gives_the_same_step_and_saves_less(method, fraction):
 def test_checkpointing_under_torch_compile_matches_eager(method):
     """aot_eager: dynamo and AOTAutograd trace the checkpointed blocks or stem (inductor's part
     is the integration tier's compiled training)."""
-    plain = _without_recomputation(_with_statistics(_narrow(26)).train())
+    plain = _with_statistics(_narrow(26)).train()
     checkpointed = copy.deepcopy(plain)
     getattr(checkpointed, method)(True)
     compiled = torch.compile(checkpointed, fullgraph=True, backend="aot_eager")
