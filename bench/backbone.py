@@ -34,6 +34,7 @@ from oplib.benchmark import call, describe_machine, ratio
 from oplib.kernels import native
 from oplib.models import rednet26, rednet50
 from oplib.nn import Involution2d
+from rednet import CONFIGS as SMALL_MODELS
 from rednet import _ResNetBottleneck, _train_step, resnet50
 
 BATCH, SIZE = 8, 224
@@ -61,10 +62,6 @@ CASES = {
     "RedNet-50, unfused (span conv + involution)": (rednet50, _unfused),
     RESNET: (resnet50, None),
 }
-# The stem's and the generation's recomputation on the small models of bench/rednet.py, where
-# a step's fixed costs weigh more: (name, width, group channels, input channels, image size, batch).
-SMALL_MODELS = [("RedNet-26, width 64 (paper), 64x64 RGB", 64, 16, 3, 64, 16),
-                ("RedNet-26, width 16 (digits model), 32x32 gray", 16, 8, 1, 32, 64)]
 
 
 def _model(case: str) -> nn.Module:
@@ -197,25 +194,27 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _small_models(settings) -> list[str]:
-    """The step time of bench/rednet.py's small models, recomputing nothing and recomputing the
-    stem and the generation branches, interleaved."""
-    steps = {}
-    for name, width, group_channels, in_channels, size, batch in SMALL_MODELS:
-        if settings.quick:
-            batch = 2
-        images, labels = torch.randn(batch, in_channels, size, size), torch.randint(0, 10, (batch,))
-        for recompute in ("recomputing nothing", "recomputing stem and generation"):
+    """The step time of bench/rednet.py's small models (``SMALL_MODELS``, where a step's fixed
+    costs weigh more), recomputing nothing and recomputing the stem and the generation
+    branches, interleaved."""
+    plain, recomputed = "recomputing nothing", "recomputing stem and generation"
+    steps, batches = {}, {}
+    for config in SMALL_MODELS:
+        batches[config.name] = batch = 2 if settings.quick else config.batch
+        images = torch.randn(batch, config.in_channels, config.image_size, config.image_size)
+        labels = torch.randint(0, 10, (batch,))
+        for mode in (plain, recomputed):
             torch.manual_seed(0)
-            model = rednet26(width=width, group_channels=group_channels, in_channels=in_channels, num_classes=10)
-            if recompute != "recomputing nothing":
+            model = rednet26(width=config.width, group_channels=config.group_channels, in_channels=config.in_channels,
+                             num_classes=10)
+            if mode == recomputed:
                 _stem_and_generation(model)
-            steps[name, recompute] = _train_step(model, model, images, labels)
+            steps[config.name, mode] = _train_step(model, model, images, labels)
     section = Section(settings)
     times = section.measure("small models' train step", {key: call(step) for key, step in steps.items()})
-    plain, recomputed = "recomputing nothing", "recomputing stem and generation"
-    rows = [[f"{name}, batch {batch if not settings.quick else 2}", f"{times[name, plain].median * 1e3:.1f}",
+    rows = [[f"{name}, batch {batch}", f"{times[name, plain].median * 1e3:.1f}",
              f"{times[name, recomputed].median * 1e3:.1f}", f"{ratio(times[name, recomputed], times[name, plain]):.2f}x"]
-            for name, _, _, _, _, batch in SMALL_MODELS]
+            for name, batch in batches.items()]
     return [
         "",
         "## Recomputation on small models",

@@ -274,9 +274,9 @@ def _contract_generator_map(gw: Tensor, feature: Tensor, span_weight: Tensor,
     matmuls over pixel-row views of either layout instead: cuDNN's convolution backward takes
     TF32 for float32 by default (``torch.backends.cudnn.allow_tf32``), which put channels_last
     float32 results outside float32's tolerance of the float64 reference on an H200
-    (bench/results/h200/draw3/gpu-check.md), where cuBLAS's matmuls keep
-    float32 unless the user asks otherwise (``torch.backends.cuda.matmul``). ``by_matmul``
-    overrides the choice (tests run the CUDA route on the CPU)."""
+    (bench/results/h200/draw3/gpu-check.md), where cuBLAS's matmuls keep float32 unless the
+    user asks otherwise (``torch.backends.cuda.matmul``). ``by_matmul`` overrides the choice
+    (tests run the CUDA route on the CPU)."""
     rows = span_weight.shape[0]
     if not (gw.device.type == "cuda" if by_matmul is None else by_matmul):
         sums = torch.ops.aten.convolution_backward(gw, feature, span_weight[:, :, None, None], [rows], [1, 1], [0, 0],
@@ -303,9 +303,9 @@ def generated_weight(feature: Tensor, span_weight: Tensor, span_bias: Optional[T
     """feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), span_bias: (G*KH*KW,) or None
     -> the weight (N, G, KH, KW, Ho, Wo) of ``oplib::involution``, as ``Involution2d``'s span
     conv computes it (pixel-major in memory when ``feature`` is channels_last). A contiguous
-    float32/float64 feature on the CPU goes through one batched product instead: oneDNN's 1x1 conv of an
-    NCHW map to the many more rows of the weight spends twice the product's time or more
-    reordering the result (bench/layer.py's route table times both routes)."""
+    float32/float64 feature on the CPU goes through one batched product instead: oneDNN's 1x1
+    conv of an NCHW map to the many more rows of the weight spends twice the product's time or
+    more reordering the result (bench/layer.py's route table times both routes)."""
     n, reduced, out_h, out_w = feature.shape
     kh, kw = kernel_size
     rows = span_weight.shape[0]
