@@ -161,7 +161,13 @@ class Involution2d(torch.nn.Module):
             -offsets[1], out_w * self.stride[1] + offsets[1] - width,
             -offsets[0], out_h * self.stride[0] + offsets[0] - height,
         )
-        summed = torch.nn.functional.avg_pool2d(torch.nn.functional.pad(input, pad), self.stride, divisor_override=1)
+        padded = torch.nn.functional.pad(input, pad)
+        # Dynamo refuses an autograd.Function with a jvp; traced, AOTAutograd's partitioner
+        # decides what the backward keeps.
+        if torch.compiler.is_compiling():
+            summed = torch.nn.functional.avg_pool2d(padded, self.stride, divisor_override=1)
+        else:
+            summed = _CellSum.apply(padded, self.stride)
         inside = torch.nn.functional.pad(input.new_ones((1, 1, height, width)), pad)
         count = torch.nn.functional.avg_pool2d(inside, self.stride, divisor_override=1)
         return summed / count.clamp(min=1)
@@ -236,6 +242,44 @@ def checkpoint_module(module: torch.nn.Module, function: Callable[..., Any], *ar
     return torch.utils.checkpoint.checkpoint(
         function, *args, use_reentrant=False, context_fn=functools.partial(_recompute_contexts, module)
     )
+
+
+class _CellSum(torch.autograd.Function):
+    """input: (N, C, Ho * sh, Wo * sw), stride (sh, sw) -> (N, C, Ho, Wo), each output the sum
+    of its sh x sw cell. ``avg_pool2d`` computes the same, but its backward keeps its input (a
+    C-channel map at the input's size, in every strided involution of a training step); the
+    cells here are disjoint, so the gradient is each cell's output gradient repeated over the
+    cell and nothing is kept."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(input: Tensor, stride: tuple[int, int]) -> Tensor:
+        return torch.nn.functional.avg_pool2d(input, stride, divisor_override=1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.stride = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return _repeat_cells(grad, ctx.stride), None
+
+    @staticmethod
+    def jvp(ctx, tangent: Tensor, _stride) -> Tensor:
+        return torch.nn.functional.avg_pool2d(tangent, ctx.stride, divisor_override=1)
+
+
+def _repeat_cells(grad: Tensor, stride: tuple[int, int]) -> Tensor:
+    """grad: (N, C, Ho, Wo) -> (N, C, Ho * sh, Wo * sw), each value repeated over its cell, in
+    grad's memory format: the copy runs along memory (avg_pool2d's backward, or
+    ``interpolate``, whose nearest index is a float product, are no faster here)."""
+    n, c, h, w = grad.shape
+    sh, sw = stride
+    if grad.dim() == 4 and grad.is_contiguous(memory_format=torch.channels_last) and not grad.is_contiguous():
+        pixels = grad.permute(0, 2, 3, 1)[:, :, None, :, None, :].expand(n, h, sh, w, sw, c)
+        return pixels.reshape(n, h * sh, w * sw, c).permute(0, 3, 1, 2)
+    return grad[:, :, :, None, :, None].expand(n, c, h, sh, w, sw).reshape(n, c, h * sh, w * sw)
 
 
 class _NoStatUpdates:

@@ -245,3 +245,38 @@ def test_involution2d_accepts_unbatched_input_like_conv2d():
     layer = oplib.nn.Involution2d(8, kernel_size=3, stride=2, group_channels=4).double().eval()
     x = torch.randn(8, 7, 9, dtype=torch.float64)
     torch.testing.assert_close(layer(x), layer(x.unsqueeze(0)).squeeze(0))
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_strided_involution2d_keeps_no_input_sized_map_for_its_pooling(channels_last):
+    """A strided layer pools its kernel source over disjoint cells; the pooling's backward
+    needs no saved input (avg_pool2d's kept a C-channel map at the input's size in every
+    strided involution of a training step). The gradients and the forward-mode and
+    second-order derivatives through the pooling still match plain torch in float64."""
+    torch.manual_seed(0)
+    layer = oplib.nn.Involution2d(16, kernel_size=3, stride=2, group_channels=4).double().train()
+    x = torch.randn(2, 16, 9, 8, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        out = layer(x)
+    input_sized = [shape for shape in saved if shape[:2] == (2, 16) and shape[2:] != out.shape[2:]]
+    assert input_sized in ([], [tuple(x.shape)]), saved  # at most the input itself (the op keeps it)
+    expected = _involution_layer_reference(layer, x)
+    grad = torch.randn_like(out)
+    params = [x, *layer.parameters()]
+    for got, want in zip(torch.autograd.grad(out, params, grad), torch.autograd.grad(expected, params, grad)):
+        torch.testing.assert_close(got, want)
+
+    source = lambda t: layer._pool(t, *layer.output_size(*t.shape[2:]))  # noqa: E731
+    cells = lambda t: _cell_means(layer, t, *layer.output_size(*t.shape[2:]))  # noqa: E731
+    probe = x.detach().clone().requires_grad_()
+    torch.autograd.gradgradcheck(source, (probe,))
+    tangent = torch.randn_like(probe)
+    got = torch.func.jvp(source, (probe.detach(),), (tangent,))[1]
+    want = torch.func.jvp(cells, (probe.detach(),), (tangent,))[1]
+    torch.testing.assert_close(got, want)
+    got = torch.func.vmap(source)(probe.detach().unsqueeze(1)).squeeze(1)
+    torch.testing.assert_close(got, cells(probe.detach()))
