@@ -161,13 +161,12 @@ class Involution2d(torch.nn.Module):
             -offsets[1], out_w * self.stride[1] + offsets[1] - width,
             -offsets[0], out_h * self.stride[0] + offsets[0] - height,
         )
-        padded = torch.nn.functional.pad(input, pad)
         # Dynamo refuses an autograd.Function with a jvp; traced, AOTAutograd's partitioner
         # decides what the backward keeps.
         if torch.compiler.is_compiling():
-            summed = torch.nn.functional.avg_pool2d(padded, self.stride, divisor_override=1)
-        else:
-            summed = _CellSum.apply(padded, self.stride)
+            summed = torch.nn.functional.avg_pool2d(torch.nn.functional.pad(input, pad), self.stride, divisor_override=1)
+        else:  # eager: the amounts are ints, and the default padding's are 0 at even sizes (no copy)
+            summed = _CellSum.apply(torch.nn.functional.pad(input, pad) if any(pad) else input, self.stride)
         inside = torch.nn.functional.pad(input.new_ones((1, 1, height, width)), pad)
         count = torch.nn.functional.avg_pool2d(inside, self.stride, divisor_override=1)
         return summed / count.clamp(min=1)
@@ -198,7 +197,12 @@ class Involution2d(torch.nn.Module):
                 f"Involution2d: input {name} with padding ({shown} + 2*{padding}) is smaller than the dilated "
                 f"kernel {name} ({extent})"
             )
-            torch._check(size + 2 * padding >= extent, lambda message=message: message)
+            fits = size + 2 * padding >= extent
+            # A plain True (a static size) needs no check: inside a checkpointed region dynamo
+            # would keep the call, message function and all, in the graph, whose FX-cache key
+            # then cannot be pickled.
+            if not (isinstance(fits, bool) and fits):
+                torch._check(fits, lambda message=message: message)
 
     def fused_on(self, device_type: str) -> bool:
         """Whether a call on a device of ``device_type`` ("cpu", "cuda", ...) takes the fused op:

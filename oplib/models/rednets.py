@@ -191,7 +191,9 @@ class _Backbone(nn.Module):
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.grad_checkpointing = False
-        self.stem_checkpointing = False
+        # On by default: the stem's half-resolution maps are the largest a step keeps, and
+        # recomputing them costs a RedNet-50 step little (bench/results/backbone.md).
+        self.stem_checkpointing = True
         self._freeze()
 
     def _frozen_modules(self) -> list[nn.Module]:
@@ -226,27 +228,36 @@ class _Backbone(nn.Module):
         """Recompute each involution's kernel-generation branch (pooling, reduce conv,
         BatchNorm, ReLU) in the backward pass of a training step instead of saving its
         activations (``Involution2d.checkpoint_generation``): a lighter form of
-        ``set_grad_checkpointing``, which recomputes whole bottlenecks. With
-        ``set_stem_checkpointing`` a RedNet-50 step saves less than ResNet-50's
-        (bench/results/backbone.md); not the default, because on small models and images
-        the recomputation's overhead costs far more of the step. Running statistics are
-        updated once per step."""
+        ``set_grad_checkpointing``, which recomputes whole bottlenecks. Not the default: it
+        saves little next to the stem's recomputation and costs more of the step
+        (bench/results/backbone.md). Running statistics are updated once per step."""
         for module in self.modules():
             if isinstance(module, Involution2d):
                 module.checkpoint_generation = enable
 
     def set_stem_checkpointing(self, enable: bool = True) -> None:
-        """Recompute the stem's activations in the backward pass of a training step instead of
-        saving them: the stem works at half the input's resolution, where its maps are the
-        largest of the network (bench/results/backbone.md shows its share of a step's saved
-        activations, and the memory and time of this with ``set_generation_checkpointing``).
-        Running statistics are updated once per step."""
+        """Recompute the stem's activations and its max pool's in the backward pass of a
+        training step instead of saving them (the default; ``False`` saves them): the stem
+        works at half the input's resolution, where its maps are the largest of the network.
+        With it a RedNet-50 step saves less than a ResNet-50's, at a small share of the step
+        time, larger on small models (bench/results/backbone.md). Running statistics are
+        updated once per step; eval-mode calls never recompute."""
         self.stem_checkpointing = enable
 
+    def _recomputes_stem(self) -> bool:
+        return self.stem_checkpointing and self.training and torch.is_grad_enabled()
+
     def _stem(self, x: Tensor) -> Tensor:
-        if self.stem_checkpointing and self.training and torch.is_grad_enabled():
+        if self._recomputes_stem():
             return checkpoint_module(self.stem, self.stem, x)
         return self.stem(x)
+
+    def _stem_and_pool(self, x: Tensor) -> Tensor:
+        # Recomputed together, the pool's input and indices are not kept either: the first
+        # block keeps the pooled map, a quarter of the stem's output.
+        if self._recomputes_stem():
+            return checkpoint_module(self.stem, lambda x: self.pool(self.stem(x)), x)
+        return self.pool(self.stem(x))
 
     def _stage(self, index: int, x: Tensor) -> Tensor:
         stage = self.stages[index]
@@ -259,9 +270,12 @@ class _Backbone(nn.Module):
     def _levels(self, x: Tensor, levels: Sequence[int], stop_early: bool = True) -> tuple[Tensor, list[Tensor]]:
         """The maps of ``levels`` (0: the stem's output, i: stage i's) and the last map computed."""
         wanted, last = set(levels), (max(levels) if stop_early and levels else len(self.stages))
-        x = self._stem(x)
-        maps = [x] if 0 in wanted else []
-        x = self.pool(x)
+        if 0 in wanted:
+            x = self._stem(x)
+            maps = [x]
+            x = self.pool(x)
+        else:
+            x, maps = self._stem_and_pool(x), []
         for index in range(min(last, len(self.stages))):
             x = self._stage(index, x)
             if index + 1 in wanted:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -196,18 +197,21 @@ def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
     return sum(storages.values())
 
 
-def test_recomputation_is_opt_in_and_only_in_training(monkeypatch):
-    """RedNets save every activation by default; with the stem and the generation branches
-    recomputed a training step saves less, and evaluation, with or without grad, recomputes
-    nothing."""
+def test_only_the_stem_is_recomputed_by_default_and_only_in_training(monkeypatch):
+    """RedNets recompute the stem by default (the generation branches on request): a
+    training step saves less than with nothing recomputed, less again with the generation
+    branches, and evaluation, with or without grad, recomputes nothing."""
     model = _narrow(26)
     involutions = [m for m in model.modules() if isinstance(m, oplib.nn.Involution2d)]
-    assert not model.stem_checkpointing and involutions and not any(m.checkpoint_generation for m in involutions)
+    assert model.stem_checkpointing and involutions and not any(m.checkpoint_generation for m in involutions)
+    assert model.as_features().stem_checkpointing
     x = torch.randn(2, 3, 32, 32)
-    saving = _saved_bytes(model.train(), x)
+    default = _saved_bytes(model.train(), x)
+    model.set_stem_checkpointing(False)
+    assert _saved_bytes(model, x) > default
     model.set_stem_checkpointing(True)
     model.set_generation_checkpointing(True)
-    assert _saved_bytes(model, x) < saving
+    assert _saved_bytes(model, x) < default
     calls = []
     for module in (oplib.nn, rednets):
         original = module.checkpoint_module
@@ -223,6 +227,7 @@ def test_recomputation_is_opt_in_and_only_in_training(monkeypatch):
                                              ("set_stem_checkpointing", 1.0)])
 def test_checkpointing_gives_the_same_step_and_saves_less(method, fraction):
     plain = _with_statistics(_narrow(50)).double().train()
+    plain.set_stem_checkpointing(False)
     checkpointed = copy.deepcopy(plain)
     getattr(checkpointed, method)(True)
     x = torch.randn(2, 3, 48, 48, dtype=torch.float64)
@@ -238,11 +243,65 @@ def test_checkpointing_gives_the_same_step_and_saves_less(method, fraction):
         torch.testing.assert_close(checkpointed(x), plain(x), rtol=0, atol=0)
 
 
+def test_stem_checkpointing_recomputes_the_max_pool_unless_the_stem_map_is_asked_for():
+    """The stem and its max pool are recomputed together: a step keeps neither the pool's
+    input nor its indices (no map at the stem's size); asked for the stem's map (level 0),
+    the pool runs outside the recomputation. Both give the plain model's gradients."""
+    plain = _with_statistics(_narrow(26)).double().train()
+    plain.set_stem_checkpointing(False)
+    checkpointed = copy.deepcopy(plain)
+    checkpointed.set_stem_checkpointing(True)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    stem_size = (16, 16)
+    for levels in ([4], [0, 4]):
+        grads = []
+        for model in (plain, checkpointed):
+            shapes = []
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
+                last, maps = model.forward_intermediates(x, indices=levels)
+            (last.square().sum() + sum(m.sum() for m in maps)).backward()
+            grads.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
+            model.zero_grad()
+            at_stem_size = [shape for shape in shapes if shape[2:] == stem_size]
+            if model is checkpointed and levels == [4]:
+                assert not at_stem_size, shapes
+            elif model is checkpointed:
+                assert 0 < len(at_stem_size) < 4, shapes  # the pool's input and indices only
+        for (name, _), want, got in zip(plain.named_parameters(), *grads):
+            if name.startswith("classifier"):  # not in forward_intermediates
+                assert want is None and got is None
+                continue
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_checkpointed_stem_traces_without_message_functions_in_its_graph():
+    """Dynamo keeps a torch._check call inside a checkpointed region in the graph, with its
+    message function, which inductor's FX cache cannot pickle ("Failed to pickle cache key":
+    no cache, a full compile in every process). Involution2d's size check with a static
+    size is not called at all."""
+    model = _narrow(26).train()
+    model.set_stem_checkpointing(True)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=capture, fullgraph=True)(torch.randn(2, 3, 32, 32))
+    modules = [module for gm in graphs for module in gm.modules() if isinstance(module, torch.fx.GraphModule)]
+    assert any("checkpoint" in str(node.target) for gm in modules for node in gm.graph.nodes)
+    functions = [(node.target, getattr(gm, node.target)) for gm in modules for node in gm.graph.nodes
+                 if node.op == "get_attr" and isinstance(getattr(gm, node.target), types.FunctionType)]
+    assert not functions, functions
+
+
 @pytest.mark.parametrize("method", ["set_grad_checkpointing", "set_stem_checkpointing"])
 def test_checkpointing_under_torch_compile_matches_eager(method):
     """aot_eager: dynamo and AOTAutograd trace the checkpointed blocks or stem (inductor's part
     is the integration tier's compiled training)."""
     plain = _with_statistics(_narrow(26)).train()
+    plain.set_stem_checkpointing(False)
     checkpointed = copy.deepcopy(plain)
     getattr(checkpointed, method)(True)
     compiled = torch.compile(checkpointed, fullgraph=True, backend="aot_eager")
