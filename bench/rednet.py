@@ -20,8 +20,12 @@ The ResNet table: RedNet-50 against a plain torch.nn ResNet-50 (torchvision's ar
 written here: torchvision is not a dependency), 224x224 RGB, 1000 classes, in one process,
 interleaved: inference at batch 1 and 8 in eager mode, compiled, and compiled with inductor's
 freezing (``torch._inductor.config.freezing``: BatchNorm folded into the convolutions, weights
-prepacked), and a training step at batch 8, eager and compiled. The report names the CPU
-kernels involution ran (``oplib.kernels.native.status()``). ``--quick`` runs it at 64x64,
+prepacked), and a training step at batch 8, eager and compiled. In the same rounds, the
+ceiling: RedNet-50 with its involution layers costing nothing (each replaced by its input,
+strided where the layer is), alone and with the layers' compute floor added (their
+multiply-adds at the run's GEMM rate, as bench/layer.py's): how far any involution kernel
+could take RedNet-50 against ResNet-50. The report names the CPU kernels involution ran
+(``oplib.kernels.native.status()``). ``--quick`` runs it at 64x64,
 inference at batch 1 and a training step at batch 2.
 """
 
@@ -42,10 +46,12 @@ from torch import Tensor, nn
 
 import _harness
 from _harness import Section
+from layer import GEMM_SIZE, gemm_rate
 from oplib import _torch_private as private
 from oplib.benchmark import Timing, call, describe_machine, ratio
 from oplib.kernels import native
 from oplib.models import rednet26, rednet50
+from oplib.nn import Involution2d
 
 
 @dataclass(frozen=True)
@@ -216,10 +222,56 @@ def resnet50(num_classes: int = 1000) -> nn.Sequential:
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes))
 
 
+class _FreeInvolution(nn.Module):
+    """Stands in for an Involution2d at no cost: the input itself, or at a stride its strided
+    view (N, C, Ho, Wo), the shape the layer gives (for the default padding and even sizes)."""
+
+    def __init__(self, stride: tuple[int, int]):
+        super().__init__()
+        self.stride = stride
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x if self.stride == (1, 1) else x[:, :, :: self.stride[0], :: self.stride[1]]
+
+
+def rednet50_free_involutions() -> nn.Module:
+    """RedNet-50 with every involution layer (generation branch and all) costing nothing: what
+    RedNet-50 could at most reach against ResNet-50, whatever the involution kernels."""
+    model = rednet50()
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, Involution2d):
+                setattr(parent, name, _FreeInvolution(child.stride))
+    return model
+
+
+def involution_multiply_adds(images: Tensor) -> int:
+    """Multiply-adds of RedNet-50's involution layers in one inference of ``images`` (reduce
+    1x1, span 1x1 and aggregation; BatchNorm, ReLU and pooling aside)."""
+    total = 0
+
+    def count(module: Involution2d, args, output: Tensor) -> None:
+        nonlocal total
+        n, channels, out_h, out_w = output.shape
+        taps, reduced = module.kernel_size[0] * module.kernel_size[1], module.reduce.out_channels
+        total += n * out_h * out_w * (channels * reduced + reduced * module.groups * taps + channels * taps)
+
+    model = rednet50().eval()
+    for module in model.modules():
+        if isinstance(module, Involution2d):
+            module.register_forward_hook(count)
+    with torch.no_grad():
+        model(images)
+    return total
+
+
 RESNET_SIZE = 224
 RESNET_BATCHES = (1, 8)
 TRAIN_BATCH = 8
-MODELS = {"RedNet-50": rednet50, "ResNet-50": resnet50}
+FREE = "RedNet-50, involutions free"
+MODELS = {"RedNet-50": rednet50, "ResNet-50": resnet50, FREE: rednet50_free_involutions}
+# A training step's multiply-adds as a multiple of the forward's (bench/layer.py's).
+TRAINING_FACTOR = 3
 INFERENCE_MODES = ("eager", "compiled", "frozen")
 
 
@@ -253,18 +305,24 @@ def _first_calls(steps: dict[tuple[str, str], Callable[[], object]]) -> dict[tup
 
 
 def _resnet_row(
-    label: str, batch: int, times: dict[tuple[str, str], Timing], seconds: dict[tuple[str, str], float], mode: str
+    label: str, batch: int, times: dict[tuple[str, str], Timing], seconds: dict[tuple[str, str], float], mode: str,
+    floor: float,
 ) -> list[str]:
-    """img/s of both models in ``mode``, RedNet-50 / ResNet-50 (throughput), first-call seconds."""
-    rednet, resnet = times["RedNet-50", mode], times["ResNet-50", mode]
+    """img/s of both models in ``mode``, RedNet-50 / ResNet-50 (throughput), first-call
+    seconds, and the ceilings: ResNet-50's time over RedNet-50's with free involutions, and
+    with them at ``floor`` seconds (their multiply-adds at the run's GEMM rate)."""
+    rednet, resnet, free = times["RedNet-50", mode], times["ResNet-50", mode], times[FREE, mode]
     first = "-" if mode == "eager" else f"{seconds['RedNet-50', mode]:.0f} / {seconds['ResNet-50', mode]:.0f}"
     return [
         label, str(batch), f"{batch / rednet.median:.1f}", f"{batch / resnet.median:.1f}", f"{ratio(resnet, rednet):.2f}x", first,
+        f"{ratio(resnet, free):.2f}x", f"{resnet.median / (free.median + floor):.2f}x",
     ]  # fmt: skip
 
 
-def run_resnet(section: Section, batches: tuple[int, ...], train_batch: int, size: int) -> list[list[str]]:
-    """The table rows: inference per batch and mode, then the training step, eager and compiled."""
+def run_resnet(section: Section, batches: tuple[int, ...], train_batch: int, size: int) -> tuple[list[list[str]], float]:
+    """The table rows: inference per batch and mode, then the training step, eager and
+    compiled; and the run's GEMM rate (multiply-adds per second)."""
+    rate = gemm_rate(section)
     torch.compiler.reset()
     forwards = {}
     for name, build in MODELS.items():
@@ -279,7 +337,8 @@ def run_resnet(section: Section, batches: tuple[int, ...], train_batch: int, siz
         }  # fmt: skip
         seconds = _first_calls(steps)
         times = section.measure(f"inference, batch {batch}", {key: call(step) for key, step in steps.items()})
-        rows += [_resnet_row(f"inference, {mode}", batch, times, seconds, mode) for mode in INFERENCE_MODES]
+        floor = involution_multiply_adds(images) / rate
+        rows += [_resnet_row(f"inference, {mode}", batch, times, seconds, mode, floor) for mode in INFERENCE_MODES]
     images, labels = torch.randn(train_batch, 3, size, size), torch.randint(0, 1000, (train_batch,))
     steps = {}
     for name, build in MODELS.items():
@@ -289,8 +348,9 @@ def run_resnet(section: Section, batches: tuple[int, ...], train_batch: int, siz
         steps[name, "compiled"] = _train_step(model, torch.compile(model, dynamic=False), images, labels)
     seconds = _first_calls(steps)
     times = section.measure(f"train, batch {train_batch}", {key: call(step) for key, step in steps.items()})
-    rows += [_resnet_row(f"train, {mode}", train_batch, times, seconds, mode) for mode in ("eager", "compiled")]
-    return rows
+    floor = TRAINING_FACTOR * involution_multiply_adds(images) / rate
+    rows += [_resnet_row(f"train, {mode}", train_batch, times, seconds, mode, floor) for mode in ("eager", "compiled")]
+    return rows, rate
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -303,7 +363,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     deploy_size = 64 if settings.quick else DEPLOY_SIZE
     deploy_rows = run_deployment(deploy, (1, 2) if settings.quick else DEPLOY_BATCHES, deploy_size)
     resnet_size, resnet_batches, train_batch = (64, (1,), 2) if settings.quick else (RESNET_SIZE, RESNET_BATCHES, TRAIN_BATCH)
-    resnet_rows = run_resnet(resnet, resnet_batches, train_batch, resnet_size)
+    resnet_rows, rate = run_resnet(resnet, resnet_batches, train_batch, resnet_size)
     lines = [
         *_harness.header(
             settings,
@@ -340,11 +400,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         "img/s (above 1: RedNet-50 is faster); first call: seconds of the first (compiling) call. "
         f"Involution's CPU kernels: {native.status()}.",
         "",
+        "The ceilings, timed in the same rounds: *free involutions* is RedNet-50 with every involution layer "
+        "(generation branch included) replaced by its input, strided where the layer is: no implementation of "
+        "the layers can bring RedNet-50 past it. *At the floor*: that model's time plus the layers' multiply-adds "
+        f"at this run's float32 GEMM rate ({GEMM_SIZE}-square `torch.mm`: {rate / 1e9:.1f} G multiply-adds/s; "
+        f"a training step {TRAINING_FACTOR}x the forward's), as bench/layer.py's compute floor.",
+        "",
         resnet.load_line(),
         "",
         *_harness.table(
-            ("mode", "batch", "RedNet-50 (img/s)", "ResNet-50 (img/s)", "RedNet-50 / ResNet-50", "first call (s): RedNet-50 / ResNet-50"),
-            "lrrrrr",
+            ("mode", "batch", "RedNet-50 (img/s)", "ResNet-50 (img/s)", "RedNet-50 / ResNet-50", "first call (s): RedNet-50 / ResNet-50",
+             "ceiling: free involutions / ResNet-50", "ceiling: involutions at the floor / ResNet-50"),
+            "lrrrrrrr",
             resnet_rows,
         ),
     ]
