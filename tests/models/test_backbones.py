@@ -287,7 +287,7 @@ def test_checkpointed_stem_traces_without_message_functions_in_its_graph():
         graphs.append(gm)
         return gm.forward
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     torch.compile(model, backend=capture, fullgraph=True)(torch.randn(2, 3, 32, 32))
     modules = [module for gm in graphs for module in gm.modules() if isinstance(module, torch.fx.GraphModule)]
     assert any("checkpoint" in str(node.target) for gm in modules for node in gm.graph.nodes)
