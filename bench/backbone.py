@@ -1,10 +1,10 @@
 """The memory of a RedNet-50 training step, with and without activation checkpointing
-(the default recomputes the stem and its max pool; ``set_stem_checkpointing(False)``:
+(RedNet-50's default recomputes the stem and its max pool; ``set_stem_checkpointing(False)``:
 nothing; ``set_generation_checkpointing``: also the involutions' generation branches;
 ``set_grad_checkpointing``: whole bottlenecks), and with the involutions unfused (the span
 conv writing the weight map, as before ``involution_generated``), against a torch.nn
 ResNet-50 (bench/rednet.py's), and what each costs in step time; then what recomputing the
-stem costs the step of bench/rednet.py's small models.
+stem would cost the step of bench/rednet.py's small models.
 
     python bench/backbone.py            # writes bench/results/backbone.md
     python bench/backbone.py --quick    # 64x64, batch 2, one round (smoke test)
@@ -194,7 +194,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def _small_models(settings) -> list[str]:
     """The step time of bench/rednet.py's small models (``SMALL_MODELS``, where a step's fixed
-    costs weigh more), recomputing nothing and recomputing the stem (the default), interleaved."""
+    costs weigh more), recomputing nothing (their default) and recomputing the stem, interleaved."""
     plain, recomputed = "recomputing nothing", "recomputing the stem"
     steps, batches = {}, {}
     for config in SMALL_MODELS:
@@ -205,8 +205,7 @@ def _small_models(settings) -> list[str]:
             torch.manual_seed(0)
             model = rednet26(width=config.width, group_channels=config.group_channels, in_channels=config.in_channels,
                              num_classes=10)
-            if mode == plain:
-                _nothing_recomputed(model)
+            model.set_stem_checkpointing(mode == recomputed)
             steps[config.name, mode] = _train_step(model, model, images, labels)
     section = Section(settings)
     times = section.measure("small models' train step", {key: call(step) for key, step in steps.items()})
@@ -217,8 +216,9 @@ def _small_models(settings) -> list[str]:
         "",
         "## Recomputation on small models",
         "",
-        "A training step (as above) of bench/rednet.py's small models, recomputing nothing "
-        "(`set_stem_checkpointing(False)`) and recomputing the stem and its max pool (the default), interleaved.",
+        "A training step (as above) of bench/rednet.py's small models (RedNet-26s), recomputing nothing (their "
+        "default) and recomputing the stem and its max pool (`set_stem_checkpointing()`, RedNet-50's default), "
+        "interleaved.",
         "",
         section.load_line(),
         "",

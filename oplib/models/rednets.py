@@ -99,6 +99,8 @@ PRETRAINED_CFGS = {
 }
 # The feature levels: the stem's output (stride 2) and the four stages' (strides 4 to 32).
 FEATURE_LEVELS = 5
+# RedNets with at least this many bottlenecks (RedNet-50's 16) recompute their stem by default.
+STEM_RECOMPUTED_FROM_BLOCKS = 16
 
 
 def _conv_bn_relu(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1) -> nn.Sequential:
@@ -191,9 +193,7 @@ class _Backbone(nn.Module):
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.grad_checkpointing = False
-        # On by default: the stem's half-resolution maps are the largest a step keeps, and
-        # recomputing them costs a RedNet-50 step little (bench/results/backbone.md).
-        self.stem_checkpointing = True
+        self.stem_checkpointing = False
         self._freeze()
 
     def _frozen_modules(self) -> list[nn.Module]:
@@ -237,11 +237,12 @@ class _Backbone(nn.Module):
 
     def set_stem_checkpointing(self, enable: bool = True) -> None:
         """Recompute the stem's activations and its max pool's in the backward pass of a
-        training step instead of saving them (the default; ``False`` saves them): the stem
-        works at half the input's resolution, where its maps are the largest of the network.
-        With it a RedNet-50 step saves less than a ResNet-50's, at a small share of the step
-        time, larger on small models (bench/results/backbone.md). Running statistics are
-        updated once per step; eval-mode calls never recompute."""
+        training step instead of saving them (``False`` saves them): the stem works at half
+        the input's resolution, where its maps are the largest of the network. The default
+        from RedNet-50 up (16 bottlenecks or more), where a step then saves less than a
+        ResNet-50's at a small share of its time; shallower RedNets pay a larger share and
+        save them by default (bench/results/backbone.md). Running statistics are updated
+        once per step; eval-mode calls never recompute."""
         self.stem_checkpointing = enable
 
     def _recomputes_stem(self) -> bool:
@@ -348,6 +349,11 @@ class RedNet(_Backbone):
         self.pretrained_cfg: dict = {}
         self.reset_parameters()
         self._init_knobs(frozen_stages, norm_eval)
+        # The stem's half-resolution maps are the largest a step keeps. Recomputing them costs
+        # about the stem's forward, a share of the step that falls with depth: within 5% from
+        # RedNet-50 up (bench/results/backbone.md), 6-7% at 224 px for RedNet-26 and -38, which
+        # save them by default.
+        self.stem_checkpointing = sum(self.block_counts) >= STEM_RECOMPUTED_FROM_BLOCKS
 
     def reset_parameters(self) -> None:
         for module in self.modules():

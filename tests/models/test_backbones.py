@@ -197,14 +197,17 @@ def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
     return sum(storages.values())
 
 
-def test_only_the_stem_is_recomputed_by_default_and_only_in_training(monkeypatch):
-    """RedNets recompute the stem by default (the generation branches on request): a
-    training step saves less than with nothing recomputed, less again with the generation
-    branches, and evaluation, with or without grad, recomputes nothing."""
-    model = _narrow(26)
+def test_the_stem_is_recomputed_by_default_from_rednet50_up_and_only_in_training(monkeypatch):
+    """RedNet-50 and deeper recompute the stem by default, RedNet-26 and -38 save it (the
+    generation branches on request): a training step saves less than with nothing
+    recomputed, less again with the generation branches, and evaluation, with or without
+    grad, recomputes nothing."""
+    defaults = {depth: oplib.models.rednet(depth, width=16, group_channels=8).stem_checkpointing for depth in BLOCK_COUNTS}
+    assert defaults == {26: False, 38: False, 50: True, 101: True, 152: True}
+    model = _narrow(50)
     involutions = [m for m in model.modules() if isinstance(m, oplib.nn.Involution2d)]
     assert model.stem_checkpointing and involutions and not any(m.checkpoint_generation for m in involutions)
-    assert model.as_features().stem_checkpointing
+    assert model.as_features().stem_checkpointing and not _narrow(26).as_features().stem_checkpointing
     x = torch.randn(2, 3, 32, 32)
     default = _saved_bytes(model.train(), x)
     model.set_stem_checkpointing(False)
