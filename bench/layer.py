@@ -83,10 +83,15 @@ REDUCTION, GROUP_CHANNELS = 4, 16
 TRAINING_FACTOR = 3
 
 
+def multiply_adds_per_pixel(channels: int, reduced: int, groups: int, taps: int) -> int:
+    """Multiply-adds of an Involution2d per output pixel: reduce 1x1, span 1x1, aggregation
+    (BatchNorm, ReLU and pooling aside)."""
+    return channels * reduced + reduced * groups * taps + channels * taps
+
+
 def layer_multiply_adds(batch: int, channels: int, size: int) -> int:
     """Multiply-adds of one Involution2d inference at stride 1 (BatchNorm and ReLU aside)."""
-    reduced, groups, taps = channels // REDUCTION, channels // GROUP_CHANNELS, KERNEL * KERNEL
-    per_pixel = channels * reduced + reduced * groups * taps + channels * taps
+    per_pixel = multiply_adds_per_pixel(channels, channels // REDUCTION, channels // GROUP_CHANNELS, KERNEL * KERNEL)
     return batch * size * size * per_pixel
 
 

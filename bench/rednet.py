@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 import _harness
 from _harness import Section
-from layer import GEMM_SIZE, gemm_rate
+from layer import GEMM_SIZE, TRAINING_FACTOR, gemm_rate, multiply_adds_per_pixel
 from oplib import _torch_private as private
 from oplib.benchmark import Timing, call, describe_machine, ratio
 from oplib.kernels import native
@@ -245,23 +245,23 @@ def rednet50_free_involutions() -> nn.Module:
     return model
 
 
-def involution_multiply_adds(images: Tensor) -> int:
-    """Multiply-adds of RedNet-50's involution layers in one inference of ``images`` (reduce
-    1x1, span 1x1 and aggregation; BatchNorm, ReLU and pooling aside)."""
+def involution_multiply_adds(size: int) -> int:
+    """Multiply-adds of RedNet-50's involution layers in one inference of one size x size
+    image (bench/layer.py's count per pixel)."""
     total = 0
 
     def count(module: Involution2d, args, output: Tensor) -> None:
         nonlocal total
-        n, channels, out_h, out_w = output.shape
-        taps, reduced = module.kernel_size[0] * module.kernel_size[1], module.reduce.out_channels
-        total += n * out_h * out_w * (channels * reduced + reduced * module.groups * taps + channels * taps)
+        _, channels, out_h, out_w = output.shape
+        taps = module.kernel_size[0] * module.kernel_size[1]
+        total += out_h * out_w * multiply_adds_per_pixel(channels, module.reduce.out_channels, module.groups, taps)
 
     model = rednet50().eval()
     for module in model.modules():
         if isinstance(module, Involution2d):
             module.register_forward_hook(count)
     with torch.no_grad():
-        model(images)
+        model(torch.randn(1, 3, size, size))
     return total
 
 
@@ -270,8 +270,6 @@ RESNET_BATCHES = (1, 8)
 TRAIN_BATCH = 8
 FREE = "RedNet-50, involutions free"
 MODELS = {"RedNet-50": rednet50, "ResNet-50": resnet50, FREE: rednet50_free_involutions}
-# A training step's multiply-adds as a multiple of the forward's (bench/layer.py's).
-TRAINING_FACTOR = 3
 INFERENCE_MODES = ("eager", "compiled", "frozen")
 
 
@@ -324,6 +322,7 @@ def run_resnet(section: Section, batches: tuple[int, ...], train_batch: int, siz
     """The table rows: inference per batch and mode, then the training step, eager and
     compiled; and the run's GEMM rate (multiply-adds per second)."""
     rate = gemm_rate(section)
+    floor_per_image = involution_multiply_adds(size) / rate  # seconds per image of the layers at the floor
     torch.compiler.reset()
     forwards = {}
     for name, build in MODELS.items():
@@ -338,8 +337,8 @@ def run_resnet(section: Section, batches: tuple[int, ...], train_batch: int, siz
         }  # fmt: skip
         seconds = _first_calls(steps)
         times = section.measure(f"inference, batch {batch}", {key: call(step) for key, step in steps.items()})
-        floor = involution_multiply_adds(images) / rate
-        rows += [_resnet_row(f"inference, {mode}", batch, times, seconds, mode, floor) for mode in INFERENCE_MODES]
+        rows += [_resnet_row(f"inference, {mode}", batch, times, seconds, mode, batch * floor_per_image)
+                 for mode in INFERENCE_MODES]
     images, labels = torch.randn(train_batch, 3, size, size), torch.randint(0, 1000, (train_batch,))
     steps = {}
     for name, build in MODELS.items():
@@ -349,7 +348,7 @@ def run_resnet(section: Section, batches: tuple[int, ...], train_batch: int, siz
         steps[name, "compiled"] = _train_step(model, torch.compile(model, dynamic=False), images, labels)
     seconds = _first_calls(steps)
     times = section.measure(f"train, batch {train_batch}", {key: call(step) for key, step in steps.items()})
-    floor = TRAINING_FACTOR * involution_multiply_adds(images) / rate
+    floor = TRAINING_FACTOR * train_batch * floor_per_image
     rows += [_resnet_row(f"train, {mode}", train_batch, times, seconds, mode, floor) for mode in ("eager", "compiled")]
     return rows, rate
 

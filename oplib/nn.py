@@ -280,7 +280,7 @@ def _repeat_cells(grad: Tensor, stride: tuple[int, int]) -> Tensor:
     ``interpolate``, whose nearest index is a float product, are no faster here)."""
     n, c, h, w = grad.shape
     sh, sw = stride
-    if grad.dim() == 4 and grad.is_contiguous(memory_format=torch.channels_last) and not grad.is_contiguous():
+    if grad.is_contiguous(memory_format=torch.channels_last) and not grad.is_contiguous():
         pixels = grad.permute(0, 2, 3, 1)[:, :, None, :, None, :].expand(n, h, sh, w, sw, c)
         return pixels.reshape(n, h * sh, w * sw, c).permute(0, 3, 1, 2)
     return grad[:, :, :, None, :, None].expand(n, c, h, sh, w, sw).reshape(n, c, h * sh, w * sw)
