@@ -16,7 +16,9 @@ a process of its own through tools/gpu_check.py). Its stages:
   "generated forward" is ``involution_generated`` (the weight formed inside the kernel from a
   feature map of C/4 channels and the span matrix): its floor is the input, the feature map and
   the output (the weight is never touched), and its "generic (before)" column is the path it
-  replaces, the span 1x1 conv writing the weight, then oplib's involution forward;
+  replaces, the span 1x1 conv writing the weight, then oplib's involution forward; its "tiled"
+  column the tiled fused kernel of span_tile.cu (``involution_generated_tile``), timed beside it
+  until it becomes the op's default;
 - ``layer``: the whole ``oplib.nn.Involution2d`` layer, fused (``fused=True``) and unfused
   (``fused=False``), against a depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
   channels_last and float32 NCHW, forward (eval, no_grad) and forward+backward (train), device
@@ -57,6 +59,7 @@ from oplib.benchmark import REDNET50_SHAPES, Shape, call, capture_graph, cpu_mod
 from oplib.kernels import CUDA_DISPATCH, KernelSource, Launcher, cupy_launcher, linear_config
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.cpu import generated_weight
+from oplib.kernels.involution.layouts import result_like
 
 BATCH = 32
 DTYPES = (torch.float32, torch.bfloat16)
@@ -300,6 +303,9 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
         calls |= {("generic", k): call for k, call in oplib_calls.items()}
     f, s, b = o["feature"], o["span_weight"], o["span_bias"]
     calls["oplib", "generated forward"] = lambda: ops["generated forward"](x, f, s, b, kernel_size, stride, padding, dilation)
+    if launcher is not None:  # the tiled fused forward, not yet the op's default
+        calls["tiled", "generated forward"] = lambda: involution_cuda.involution_generated_tile(
+            x, f, s, b, kernel_size, stride, padding, dilation, result_like(x, f.shape[2:]), launcher)
     calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size), stride, padding, dilation
     )
@@ -365,6 +371,7 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
                         "over_floor": device["oplib", kernel] / floor, "wall_ms": walls["oplib", kernel] * 1e3,
                         "depthwise_ms": device[yardstick] * 1e3,
                         "unfold_ms": device["unfold", "forward"] * 1e3 if kernel == "forward" else None,
+                        "tiled_ms": device["tiled", kernel] * 1e3 if ("tiled", kernel) in device else None,
                     })
                 print(f"{shape.name} {dtype} {layout}: " + ", ".join(
                     f"{row['kernel']} {row['device_ms']:.3f} ms ({row['over_floor']:.1f}x floor)" for row in rows[-len(KERNELS):]
@@ -377,11 +384,12 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
 
 def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     columns = ["shape", "dtype", "layout", "kernel", "device (ms)", "floor (ms)", "device / floor",
-               "generic (before, ms)", "wall per call (ms)", "depthwise 7x7 (ms)", "unfold (ms)"]  # fmt: skip
+               "generic (before, ms)", "wall per call (ms)", "depthwise 7x7 (ms)", "unfold (ms)", "tiled (ms)"]  # fmt: skip
     cells = [
         [row["shape"], row["dtype"], row["layout"], row["kernel"], f"{row['device_ms']:.4f}", f"{row['floor_ms']:.4f}",
          f"{row['over_floor']:.2f}x", f"{row['generic_ms']:.4f}", f"{row['wall_ms']:.4f}", f"{row['depthwise_ms']:.4f}",
-         "-" if row["unfold_ms"] is None else f"{row['unfold_ms']:.4f}"]
+         "-" if row["unfold_ms"] is None else f"{row['unfold_ms']:.4f}",
+         "-" if row.get("tiled_ms") is None else f"{row['tiled_ms']:.4f}"]
         for row in rows
     ]  # fmt: skip
     return columns, cells

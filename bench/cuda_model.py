@@ -256,6 +256,90 @@ def report(rows: list[dict], bandwidth: float, h100: Optional[dict] = None) -> t
     return lines, data
 
 
+# ---------------------------------------------------------------------------------------
+# Kernels no draw has measured yet: predicted beside the measured kernels they are to replace
+# ---------------------------------------------------------------------------------------
+
+TILED_DTYPES = (torch.float32, torch.bfloat16)
+TILED_LAYOUTS = ("NCHW", "channels_last")
+
+
+def _tiled_launches(case: tuple[str, str, str]) -> tuple[tuple[str, str, str], Launch, object]:
+    """The tiled forward's launch at one (shape, dtype, layout), and its traced work: in a worker."""
+    from oplib.kernels.involution import cuda as involution_cuda
+    from oplib.kernels.involution.layouts import result_like
+
+    name, dtype_name, layout = case
+    torch.set_num_threads(1)
+    shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
+    o = operands_on(shape, getattr(torch, dtype_name), layout, "cpu")
+    x, feature = o["input"], o["feature"]
+    recording = device_model.RecordingLauncher()
+    involution_cuda.involution_generated_tile(x, feature, o["span_weight"], o["span_bias"], [shape.kernel] * 2,
+                                              *shape.params, result_like(x, feature.shape[2:]), recording)
+    launch = recording.launches[0]
+    return case, launch, device_model.kernel_work(launch)
+
+
+def tiled_report(constants: Constants, bandwidth: float, workers: int = 2) -> tuple[list[str], list[dict]]:
+    """involution_generated_tile's launches traced and profiled at RedNet-50's shapes (batch 32):
+    ``tiled_lines`` of them, and their model inputs (what the json keeps)."""
+    from oplib.kernels.involution import cuda as involution_cuda
+
+    cases = [(s.name, str(d).removeprefix("torch."), layout) for s in REDNET50_SHAPES for d in TILED_DTYPES
+             for layout in TILED_LAYOUTS]
+    with ProcessPoolExecutor(workers) as pool:
+        traced = list(pool.map(_tiled_launches, cases))
+    instantiations = tuple(sorted({(launch.kernel, launch.dtype, launch.specialisation) for _, launch, _ in traced}, key=str))
+    profiles = device_model.sass_profile(involution_cuda.SPAN_TILE_SOURCE, instantiations, H200.arch)
+    data = []
+    for (shape, dtype, layout), launch, work in traced:
+        profile = profiles[launch.name]
+        inputs = LaunchInputs(launch.name, launch.blocks, launch.threads_per_block,
+                              launch.shared_bytes + profile.shared_bytes, profile.registers, profile.loads_in_flight,
+                              profile.widest_load, work)
+        data.append({"shape": shape, "dtype": dtype, "layout": layout, "inputs": inputs.to_json()})
+    return tiled_lines(data, constants, bandwidth), data
+
+
+def tiled_lines(data: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """involution_generated_tile predicted on the H200 with the constants fitted above, beside
+    the H200's measured generic generated forward and the involution forward alone (the
+    aggregation of the path it replaces, whose span conv comes on top); the issue's bar is the
+    tiled forward at most 0.5x span conv + involution."""
+    _, measured = measured_rows()
+    times = {_key(r): float(r["device (ms)"]) * 1e-3 for r in measured}
+    cells = []
+    for row in data:
+        shape, dtype, layout = row["shape"], row["dtype"], row["layout"]
+        inputs = LaunchInputs.from_json(row["inputs"])
+        terms = device_model.launch_terms(inputs, H200, constants, bandwidth)
+        predicted = device_model.predict([inputs], H200, constants, bandwidth)
+        resident = device_model.resident_blocks(inputs.registers, inputs.threads_per_block, inputs.shared_bytes, H200)
+        generic = times.get(" | ".join((shape, dtype, layout, "generated forward")))
+        forward = times.get(" | ".join((shape, dtype, layout, "forward")))
+        cells.append([shape, dtype, layout, f"{inputs.blocks} x {inputs.threads_per_block}", str(inputs.registers),
+                      f"{inputs.shared_bytes / 1024:.1f}", str(resident), terms.bound, f"{predicted * 1e6:.1f}",
+                      "-" if generic is None else f"{generic * 1e6:.1f}", "-" if forward is None else f"{forward * 1e6:.1f}",
+                      "-" if forward is None else f"{predicted / forward:.2f}x"])
+    return [
+        "## Predicted, not yet measured: involution_generated_tile",
+        "",
+        "The tiled fused forward (`involution/csrc/cuda/span_tile.cu`: a tile's weights formed on tensor cores "
+        "(bfloat16) or by FMAs (float32) into shared memory and aggregated from a staged input window) at RedNet-50's "
+        "shapes, batch 32, predicted on the H200 with the constants fitted above; its shared-memory passes (bank "
+        "conflicts traced) at one 128-byte wavefront a clock per SM, a hardware rate. Beside it the H200's measured "
+        "generic generated forward (one thread per pixel and group) and involution's forward alone, the aggregation "
+        "of the unfused path (its span conv comes on top): the issue's bar is the fused forward at most 0.5x span "
+        "conv + involution, so a prediction above 0.5x the forward alone misses it whatever the span conv takes. "
+        "These wait for a GPU draw (`make gpu-check`).",
+        "",
+        *_harness.table(["shape", "dtype", "layout", "grid x block", "registers", "shared (KiB)", "blocks per SM", "bound",
+                         "predicted (us)", "generic generated forward, measured (us)", "involution forward, measured (us)",
+                         "predicted / involution forward"], "lllllrrlrrrr", cells),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=RESULTS / "cuda-model.md", help="markdown file")
@@ -265,7 +349,8 @@ def main() -> None:
     bandwidth, _ = measured_rows()
     rows = model_rows(batch=32)
     lines, model = report(rows, bandwidth, h100_measured())
-    _harness.write_report(settings, lines)
+    tiled_lines, model["tiled"] = tiled_report(Constants(**model["constants"]), bandwidth)
+    _harness.write_report(settings, [*lines, "", *tiled_lines])
     data_path = args.output.with_suffix(".json")
     data = json.loads(data_path.read_text())
     data["model"] = model

@@ -22,7 +22,9 @@ recorded by ``record_launches`` on CPU tensors):
     - latency (Little's law): an SM keeps ``resident warps x loads in flight per warp``
       requests outstanding, each taking the memory latency, so each wave of resident blocks
       takes ``dependent round trips per warp x latency``;
-    - FMA and tensor-core pipes: multiply-adds over the SM's rate.
+    - FMA and tensor-core pipes: multiply-adds over the SM's rate;
+    - shared memory (the tiled kernels): the busiest SM's wavefronts, one a clock (bank
+      conflicts counted from the traced addresses; a hardware rate, not a fitted constant).
 
 Three constants are fitted (``Constants``): the memory latency, the fraction of the L1's
 line rate achieved, and the launch floor; each has a physical meaning and a plausible
@@ -74,6 +76,8 @@ class GPU:
     shared_bytes: int = 228 * 1024
     shared_reserved_per_block: int = 1024
     line_bytes: int = 128
+    # Shared memory: 32 banks of 4 bytes, one pass of a warp access (a wavefront) a clock.
+    shared_wavefronts_per_clock: float = 1.0
 
 
 # Sources: NVIDIA's datasheets for H200 SXM (4.8 TB/s HBM3e) and H100 SXM (3.35 TB/s HBM3),
@@ -230,6 +234,8 @@ class KernelWork:
     store_lines: float
     fma_requests: float
     dram_bytes: int
+    # Shared-memory wavefronts (a warp access's bank-conflict passes), of the tiled kernels.
+    shared_wavefronts: float = 0.0
 
     @property
     def lines(self) -> float:
@@ -245,7 +251,7 @@ class _Tally:
         self.active = active
         self.line_bytes = line_bytes
         self.counts = {"load_requests": 0.0, "load_lines": 0.0, "store_requests": 0.0, "store_lines": 0.0,
-                       "fma_requests": 0.0}
+                       "fma_requests": 0.0, "shared_wavefronts": 0.0}
 
     def _access(self, kind: str, tensor: int, index: Tensor, mask: Tensor, element_bytes: int) -> None:
         mask = mask & self.active
@@ -264,6 +270,25 @@ class _Tally:
 
     def store(self, tensor: int, index: Tensor, mask: Tensor, element_bytes: int) -> None:
         self._access("store", tensor, index, mask, element_bytes)
+
+    def shared(self, index: Tensor, mask: Tensor, element_bytes: int) -> None:
+        """A shared-memory load or store per slot of ``index`` (elements of ``element_bytes``
+        from the start of the block's shared memory), by the lanes of ``mask``: the passes it
+        takes, the most distinct 4-byte words any of the 32 banks serves (one word read by
+        several lanes is a broadcast, one pass)."""
+        mask = mask & self.active
+        index, mask = torch.broadcast_tensors(index, mask)
+        words = (index * element_bytes) // 4
+        if element_bytes > 4:  # each lane's value spans element_bytes / 4 consecutive words
+            words = (words.unsqueeze(-1) + torch.arange(element_bytes // 4)).flatten(-2)
+            mask = mask.unsqueeze(-1).expand(*mask.shape, element_bytes // 4).flatten(-2)
+        key = torch.where(mask, words, -1).sort(dim=-1).values
+        new = torch.ones_like(key, dtype=torch.bool)
+        new[..., 1:] = key[..., 1:] != key[..., :-1]
+        new &= key >= 0
+        per_bank = torch.zeros(*key.shape[:-1], 32, dtype=torch.long)
+        per_bank.scatter_add_(-1, torch.where(key >= 0, key % 32, 0), new.long())
+        self.counts["shared_wavefronts"] += float(per_bank.max(dim=-1).values.sum())
 
     def fma(self, mask: Tensor, per_slot: int = 1) -> None:
         """``per_slot`` FP32 multiply-add instructions per slot of ``mask`` with a lane active."""
@@ -469,6 +494,99 @@ def _backward_weight_generic(t: _Tally, item: Tensor, launch: Launch) -> None:
 
 
 # kernel name -> its trace; a kernel missing here has no model yet (predict refuses it).
+def _generated_tile(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_generated_tile (span_tile.cu): ``item`` is the thread's index in the grid
+    (block-major, 256 threads a block). Per chunk of R: the feature and span chunks staged
+    (global loads, shared stores), the span product from shared memory (FMAs, or fragment
+    loads for tensor cores, whose pipe is not a term); the weights to shared memory; per chunk
+    of 16 of the group's channels: the input window staged, then per tap one weight and 4
+    values read from shared memory for 4 FMAs; 4 stores."""
+    (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w,
+     isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh, fsw, last) = launch.scalars
+    es = launch.dtype.itemsize
+    acc = 8 if launch.dtype == torch.float64 else 4
+    halves = es == 2
+    per_word = 2 if halves else 1
+    chunk_words, stride_words, sums_stride = 16 // per_word, 24 // per_word, 68
+    word_bytes = 4 if halves else es
+    taps, pg, threads = KH * KW, C // G, launch.threads_per_block
+    in_h, in_w = 7 * sh + (KH - 1) * dh + 1, 7 * sw + (KW - 1) * dw + 1
+    chunk_bytes = 2 * 64 * 24 * es
+    staging_bytes = max(chunk_bytes, in_h * in_w * 17 * acc)
+    weights_at = -(-staging_bytes // 16) * 16 // acc  # in accumulators
+    block, thread = item // threads, item % threads
+    lane, warp = thread % 32, thread // 32
+    tile, group, n = block % launch.grid[0], (block // launch.grid[0]) % G, block // (launch.grid[0] * G)
+    oy0, ox0 = tile // tiles_w * 8, tile % tiles_w * 8
+    span_at = 64 * stride_words  # the span chunk, in words
+    for half in range(2):  # the bias of each SpanTile's rows
+        row = 32 * half + 4 * warp + _slots(4)
+        t.load(3, group * taps + row, row < taps, es)
+    for r0 in range(0, R, 16):
+        for i0 in range(0, 64 * chunk_words, threads):
+            i = thread + i0
+            pixel, word = i % 64, i // 64
+            r = r0 + word * per_word
+            y, x = oy0 + pixel // 8, ox0 + pixel % 8
+            inside = (y < OH) & (x < OW)
+            for h in range(per_word):
+                t.load(1, n * fsn + (r + h) * fsc + y * fsh + x * fsw, inside & (r + h < R), es)
+            t.shared(pixel * stride_words + word, True, word_bytes)
+        for i0 in range(0, 64 * chunk_words, threads):
+            i = thread + i0
+            tap, word = i // chunk_words, i % chunk_words
+            r = r0 + word * per_word
+            for h in range(per_word):
+                t.load(2, (group * taps + tap) * R + r + h, (tap < taps) & (r + h < R), es)
+            t.shared(span_at + tap * stride_words + word, True, word_bytes)
+        for half in range(2):
+            if halves:  # fragment A (4 words) once, B (2 words) for each of 2 column halves
+                group_row, quad = lane // 4, lane % 4
+                a_rows = 16 * (warp % 4) + group_row + 8 * _slots(2, 4)
+                t.shared(a_rows * stride_words + quad + 4 * _slots(2), True, 4)
+                b_rows = span_at // stride_words + 32 * half + 16 * (warp // 4) + 8 * _slots(2, 4) + group_row
+                t.shared(b_rows * stride_words + quad + 4 * _slots(2), True, 4)
+            else:
+                column, row = lane % 16, 4 * warp
+                for r in range(0, 16, 2):
+                    rr = r + lane // 16
+                    t.shared((column + 16 * _slots(4)) * stride_words + rr, True, es)
+                    t.shared(span_at + (32 * half + row + _slots(4)) * stride_words + rr, True, es)
+                    t.fma(True, 16)
+        # (the two barriers' waits are not a term)
+    for half in range(2):  # the weights to shared memory
+        if halves:
+            group_row, quad = lane // 4, lane % 4
+            rows = 32 * half + 16 * (warp // 4) + 8 * _slots(2, 4) + 2 * quad + _slots(2)
+            t.shared(weights_at + rows * sums_stride + 16 * (warp % 4) + group_row + 8 * _slots(2, 5), True, 4)
+        else:
+            rows = 32 * half + 4 * warp + _slots(4, 4)
+            t.shared(weights_at + rows * sums_stride + lane % 16 + 16 * _slots(4), lane < 16, acc)
+    staged_values = in_h * in_w * 16
+    pixel, first = thread % 64, thread // 64 * 4
+    py, px = pixel // 8, pixel % 8
+    y, x = oy0 + py, ox0 + px
+    top, left = oy0 * sh - ph, ox0 * sw - pw
+    for c0 in range(0, pg, 16):
+        for i0 in range(0, staged_values, threads):
+            i = thread + i0
+            c = i % 16 if last else i // (in_h * in_w)
+            at = i // 16 if last else i % (in_h * in_w)
+            iy, ix = top + at // in_w, left + at % in_w
+            inside = (c0 + c < pg) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+            staged = i < staged_values
+            t.load(0, n * isn + (group * pg + c0 + c) * isc + iy * ish + ix * isw, staged & inside, es)
+            t.shared(at * 17 + c, staged, acc)
+        for a in range(KH):
+            for b in range(KW):
+                t.shared(weights_at + (a * KW + b) * sums_stride + pixel, True, acc)
+                values = ((py * sh + a * dh) * in_w + px * sw + b * dw) * 17 + first
+                t.shared(values + _slots(4), True, acc)
+                t.fma(True, 4)
+        channel = c0 + first + _slots(4)
+        t.store(4, n * osn + (group * pg + channel) * osc + y * osh + x * osw, (y < OH) & (x < OW) & (channel < pg), es)
+
+
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_forward_chunked": _forward_chunked,
     "involution_backward_input_chunked": _backward_input_chunked,
@@ -477,7 +595,10 @@ TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_forward": _forward_generic,
     "involution_backward_input": _backward_input_generic,
     "involution_backward_weight": _backward_weight_generic,
+    "involution_generated_tile": _generated_tile,
 }
+# Tiled kernels: a thread per grid thread (no grid-stride loop), its index block-major.
+TILED = {"involution_generated_tile"}
 
 
 def kernel_work(launch: Launch, gpu: GPU = H200, traced_warps: int = TRACED_WARPS) -> KernelWork:
@@ -486,8 +607,8 @@ def kernel_work(launch: Launch, gpu: GPU = H200, traced_warps: int = TRACED_WARP
     its warps. The work items of a thread are ``thread, thread + grid threads, ...``."""
     if launch.kernel not in TRACES:
         raise KeyError(f"no trace of {launch.kernel}: add one to oplib.testing.device_model.TRACES")
-    total = launch.scalars[0]
     threads = launch.blocks * launch.threads_per_block
+    total = threads if launch.kernel in TILED else launch.scalars[0]
     warps = -(-threads // 32)
     sample = torch.linspace(0, warps - 1, min(warps, traced_warps)).round().long().unique()
     lanes = sample.view(-1, 1) * 32 + torch.arange(32)
@@ -686,14 +807,15 @@ class Terms:
     l1: float
     latency: float
     fma: float
+    shared: float = 0.0
 
     @property
     def bound(self) -> str:
-        return max(("dram", "l1", "latency", "fma"), key=lambda name: getattr(self, name))
+        return max(("dram", "l1", "latency", "fma", "shared"), key=lambda name: getattr(self, name))
 
     @property
     def seconds(self) -> float:
-        return max(self.dram, self.l1, self.latency, self.fma)
+        return max(self.dram, self.l1, self.latency, self.fma, self.shared)
 
 
 def launch_terms(inputs: LaunchInputs, gpu: GPU, constants: Constants, dram_bytes_per_s: float) -> Terms:
@@ -718,6 +840,7 @@ def launch_terms(inputs: LaunchInputs, gpu: GPU, constants: Constants, dram_byte
         l1=share * pipe / gpu.clock_hz,
         latency=waves * round_trips * constants.latency_cycles / gpu.clock_hz,
         fma=share * work.fma_requests * 32 / (gpu.fma_per_clock * gpu.clock_hz),
+        shared=share * work.shared_wavefronts / (gpu.shared_wavefronts_per_clock * gpu.clock_hz),
     )
 
 

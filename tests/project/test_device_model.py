@@ -4,7 +4,7 @@ Unit tier: the table is what the model code makes of the inputs the json keeps (
 prediction and ratio, cell for cell), every row is within the bar, and the pieces that can be
 wrong on their own: occupancy against the CUDA occupancy calculator, a launch with twice the
 bytes taking twice the time when DRAM binds, the line count of coalesced and scattered lanes,
-the SASS reader. Integration tier: the inputs themselves regenerated for some rows (a recorded
+the SASS reader, the shared-memory passes of bank conflicts. Integration tier: the inputs themselves regenerated for some rows (a recorded
 launch, its trace, and its SASS from NVRTC and nvdisasm) equal what the json keeps."""
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def test_the_committed_table_is_what_the_model_makes_of_its_inputs(committed):
     """Refit and repredict from the json's inputs: every line of the markdown but its date."""
     data, model, rows = committed
     lines, regenerated = cuda_model.report(rows, model["copy_bandwidth_bytes_per_s"], model.get("h100_measured"))
+    lines += ["", *cuda_model.tiled_lines(model["tiled"], Constants(**regenerated["constants"]),
+                                          model["copy_bandwidth_bytes_per_s"])]
     committed_lines = (RESULTS / "cuda-model.md").read_text().splitlines()
     assert [line for i, line in enumerate(lines) if i != 2] == [l for i, l in enumerate(committed_lines) if i != 2]
     assert regenerated["constants"] == pytest.approx(model["constants"])
@@ -140,6 +142,24 @@ def test_lines_of_coalesced_and_scattered_lanes():
     tally.load(0, lanes * 4, torch.ones(1, 32, dtype=torch.bool), 4)  # 16-byte vectors: four lines
     tally.load(0, lanes, lanes < 0, 4)  # no lane active: no request
     assert tally.counts["load_requests"] == 3 and tally.counts["load_lines"] == 1 + 32 + 4
+
+
+@pytest.mark.parametrize("index, mask, element_bytes, passes", [
+    ("lanes", "all", 4, 1),  # 32 consecutive words, one a bank
+    ("lanes * 2", "all", 4, 2),  # two lanes a bank
+    ("lanes * 17", "all", 4, 1),  # an odd stride: every bank once (the tiled kernel's staged input)
+    ("lanes * 32", "all", 4, 32),  # one bank for all
+    ("lanes * 0", "all", 4, 1),  # one word: a broadcast
+    ("lanes", "all", 8, 2),  # 256 bytes of doubles
+    ("lanes * 32", "half", 4, 16),  # half the lanes active
+    ("lanes", "none", 4, 0),  # no lane active: no pass
+])
+def test_shared_memory_passes_count_bank_conflicts(index, mask, element_bytes, passes):
+    lanes = torch.arange(32).view(1, 32)
+    masks = {"all": lanes >= 0, "half": lanes < 16, "none": lanes < 0}
+    tally = device_model._Tally(torch.ones(1, 32, dtype=torch.bool), 128)
+    tally.shared(eval(index, {"lanes": lanes}), masks[mask], element_bytes)
+    assert tally.counts["shared_wavefronts"] == passes
 
 
 def test_the_sass_reader_counts_loads_and_waits():

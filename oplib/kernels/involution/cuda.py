@@ -304,3 +304,74 @@ def span_tile(feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
     (launcher or cupy_launcher()).launch(source, "involution_span_tile", feature.dtype, config,
                                          (*operands, out, out_h * out_w, reduced, rows))
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# involution_generated's forward as a tiled kernel (span_tile.cu): the weights of a tile of
+# pixels formed on tensor cores (float16/bfloat16) or by register-blocked FMAs into shared
+# memory, and used there at once
+# ---------------------------------------------------------------------------------------
+
+
+def _tile_input_size(source: KernelSource, kernel_size, stride, dilation) -> tuple[int, int]:
+    """The input rows and columns a tile's windows read, as the kernel computes them."""
+    c = source.constants
+    return tuple((tile - 1) * s + (k - 1) * d + 1
+                 for tile, k, s, d in zip((c["GEN_TILE_H"], c["GEN_TILE_W"]), kernel_size, stride, dilation))
+
+
+def generated_tile_shared_bytes(source: KernelSource, dtype: torch.dtype, kernel_size, stride, dilation) -> int:
+    """The dynamic shared memory of ``involution_generated_tile``: the staging region (the span
+    product's two chunks, or the input chunk, whichever is larger), rounded up to 16 bytes, then
+    the tile's weights."""
+    c = source.constants
+    accumulator = 8 if dtype == torch.float64 else 4
+    in_h, in_w = _tile_input_size(source, kernel_size, stride, dilation)
+    staging = max(2 * c["SPAN_TILE_PIXELS"] * c["SPAN_TILE_STRIDE"] * dtype.itemsize,
+                  in_h * in_w * c["GEN_TILE_IN_STRIDE"] * accumulator)
+    return -(-staging // 16) * 16 + c["GEN_TILE_TAPS"] * c["SPAN_TILE_SUMS_STRIDE"] * accumulator
+
+
+# The most dynamic shared memory a tiled launch asks for: what an sm_86/sm_89 block may have
+# (99 KiB; sm_80 and sm_90 allow more), so that one choice serves every architecture.
+GENERATED_TILE_MAX_SHARED = 99 * 1024
+
+
+def generated_tile_config(source: KernelSource, dtype: torch.dtype, batch: int, groups: int, out_size, kernel_size,
+                          stride, dilation) -> Optional[LaunchConfig]:
+    """``involution_generated_tile``'s launch: a block of ``SPAN_TILE_WARPS`` warps per tile of
+    ``GEN_TILE_H`` x ``GEN_TILE_W`` output pixels of a (sample, group); None where the tile does
+    not serve the geometry (more taps than ``GEN_TILE_TAPS``, an input window past
+    ``GENERATED_TILE_MAX_SHARED``, a grid past CUDA's y and z limits), which the generic kernel
+    then computes."""
+    c = source.constants
+    taps = kernel_size[0] * kernel_size[1]
+    shared_bytes = generated_tile_shared_bytes(source, dtype, kernel_size, stride, dilation)
+    if taps > c["GEN_TILE_TAPS"] or shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535 or batch > 65535:
+        return None
+    tiles = -(-out_size[0] // c["GEN_TILE_H"]) * -(-out_size[1] // c["GEN_TILE_W"])
+    return LaunchConfig((tiles, groups, batch), (32, c["SPAN_TILE_WARPS"]), shared_bytes)
+
+
+def involution_generated_tile(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
+                              kernel_size, stride, padding, dilation, out: Tensor,
+                              launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+    """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> out: (N, C, Ho, Wo), written by the tiled
+    kernel in out's own strides (input, feature and out of any strides); None, out untouched,
+    where ``generated_tile_config`` declines the geometry."""
+    source = load_source(SPAN_TILE_SOURCE)
+    n, channels, height, width = input.shape
+    out_h, out_w = out.shape[2:]
+    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
+    config = generated_tile_config(source, input.dtype, n, groups, (out_h, out_w), kernel_size, stride, dilation)
+    if config is None:
+        return None
+    if out.numel() == 0:
+        return out
+    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
+    tiles_w = -(-out_w // source.constants["GEN_TILE_W"])
+    scalars = (channels, height, width, groups, *kernel_size, out_h, out_w, *stride, *padding, *dilation,
+               feature.shape[1], tiles_w, *input.stride(), *out.stride(), *feature.stride(), is_channels_last(input))
+    (launcher or cupy_launcher()).launch(source, "involution_generated_tile", input.dtype, config,
+                                         (input, feature, span_weight.contiguous(), bias, out, *scalars))
+    return out

@@ -22,10 +22,11 @@ import torch.nn.functional as F
 from oplib import registry
 from oplib.kernels import KernelSource, LaunchConfig, load_source
 from oplib.kernels.involution import cuda as involution_cuda
+from oplib.kernels.involution.layouts import result_like
 from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher, EmulationError, build, cooperative
 from oplib.testing.toolchain import require_host_compiler
 
-from cuda_test_helpers import assert_asan_catches, planted_span_tile, run_under_asan
+from cuda_test_helpers import assert_asan_catches, planted_span_tile, random_samples, run_under_asan
 
 _COOPERATION_PATH = Path(__file__).parent / "cuda_sources" / "cooperation.cu"
 COOPERATION = KernelSource(_COOPERATION_PATH, _COOPERATION_PATH.read_text())
@@ -288,6 +289,145 @@ def test_span_tile_on_a_gpu_matches_the_reference(dtype):
 
 
 # ---------------------------------------------------------------------------------------
+# involution_generated_tile (span_tile.cu) against the float64 reference
+# ---------------------------------------------------------------------------------------
+
+GENERATED = registry.get("involution_generated")
+
+
+def _check_tile(args: tuple, launcher, name: str) -> bool:
+    """involution_generated's arguments through the tiled kernel into a result in the op's
+    layout, against the op's float64 reference; False where the kernel declines the geometry."""
+    input, feature = args[:2]
+    out = result_like(input, feature.shape[2:])
+    result = involution_cuda.involution_generated_tile(*args, out, launcher)
+    if result is None:
+        return False
+    assert result is out, name
+    atol, rtol = GENERATED.tolerance(input.dtype)
+    expected = GENERATED.reference(*(a.double() if isinstance(a, torch.Tensor) else a for a in args))
+    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=rtol,
+                               msg=lambda m: f"involution_generated_tile[{name}, {input.dtype}]: {m}")
+    return True
+
+
+def _declined_only_past_the_tile(args: tuple) -> bool:
+    """Whether the tile may decline these arguments: more taps than it holds, or a window
+    wider than its shared memory."""
+    input, kernel_size, stride, dilation = args[0], args[4], args[5], args[7]
+    source = load_source(involution_cuda.SPAN_TILE_SOURCE)
+    return (kernel_size[0] * kernel_size[1] > source.constants["GEN_TILE_TAPS"]
+            or involution_cuda.generated_tile_shared_bytes(source, input.dtype, kernel_size, stride, dilation)
+            > involution_cuda.GENERATED_TILE_MAX_SHARED)
+
+
+class TileCase(NamedTuple):
+    batch: int
+    channels: int
+    groups: int
+    reduced: int
+    size: tuple[int, int]
+    kernel_size: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    channels_last: bool
+
+    @property
+    def name(self) -> str:
+        return (f"n{self.batch}-c{self.channels}-g{self.groups}-r{self.reduced}-{self.size[0]}x{self.size[1]}-"
+                f"k{self.kernel_size}-s{self.stride}-p{self.padding}-d{self.dilation}-cl{int(self.channels_last)}")
+
+    def arguments(self, dtype: torch.dtype) -> tuple:
+        out_size = [(s + 2 * p - d * (k - 1) - 1) // st + 1
+                    for s, p, d, k, st in zip(self.size, self.padding, self.dilation, self.kernel_size, self.stride)]
+        taps = self.kernel_size[0] * self.kernel_size[1]
+        memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
+        input = torch.randn(self.batch, self.channels, *self.size, dtype=torch.float64).to(dtype, memory_format=memory_format)
+        feature = torch.randn(self.batch, self.reduced, *out_size, dtype=torch.float64).to(dtype, memory_format=memory_format)
+        span_weight = (torch.randn(self.groups * taps, self.reduced, dtype=torch.float64) / self.reduced**0.5).to(dtype)
+        span_bias = torch.randn(self.groups * taps, dtype=torch.float64).to(dtype)
+        return (input, feature, span_weight, span_bias, list(self.kernel_size), list(self.stride), list(self.padding),
+                list(self.dilation))
+
+
+# Two channel chunks of a group (the chunk's barrier matters), two row and column tiles (the
+# second partial), R over two chunks, RedNet's 7x7 window: the planted bugs' geometry.
+TWO_CHANNEL_CHUNKS = TileCase(batch=1, channels=64, groups=2, reduced=20, size=(11, 10), kernel_size=(7, 7),
+                              stride=(1, 1), padding=(3, 3), dilation=(1, 1), channels_last=False)
+# The RedNet geometries the tile is for, at small maps: 7x7 at strides 1 and 2, 16 channels a group.
+REDNET_LIKE = (TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=8, size=(9, 9), channels_last=True),
+               TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=8, size=(13, 12), stride=(2, 2)))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+def test_generated_tile_matches_the_reference_on_the_registry_samples(dtype, order):
+    """involution_generated's samples (channels_last and strided operands, odd sizes, strides,
+    dilations, no bias, an empty batch) and the geometries above: the weights formed on
+    tensor-core fragments (float16/bfloat16) or by FMAs, then aggregated from the staged input."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    served = 0
+    for sample in GENERATED.sample_inputs("cpu", dtype, False):
+        if _check_tile(sample.args, launcher, sample.name):
+            served += 1
+        else:
+            assert _declined_only_past_the_tile(sample.args), sample.name
+    for case in (TWO_CHANNEL_CHUNKS, *REDNET_LIKE):
+        assert _check_tile(case.arguments(dtype), launcher, case.name)
+    assert served > 5 and {launch[3] for launch in launcher.launches} == {256}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+def test_generated_tile_matches_the_reference_on_random_geometries(dtype, order):
+    """The spec's random geometries (kernel sizes, strides, paddings, dilations, groups, R):
+    every edge of a tile, in either layout."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    served = 0
+    for index, sample in enumerate(random_samples(GENERATED, dtype, 24, seed=31 + registry.FLOAT_DTYPES.index(dtype))):
+        args = sample.args
+        if index % 2:  # half of them channels_last
+            args = (*(a.contiguous(memory_format=torch.channels_last) for a in args[:2]), *args[2:])
+        if _check_tile(args, launcher, f"random-{index}"):
+            served += 1
+        else:
+            assert _declined_only_past_the_tile(args), index
+    assert served >= 20
+
+
+def test_generated_tile_declines_what_it_cannot_hold():
+    """More taps than the tile's weights hold (9x9), or an input window past the shared memory
+    it may ask for: declined, the result untouched (the caller runs the generic kernel)."""
+    source = load_source(involution_cuda.SPAN_TILE_SOURCE)
+    config = involution_cuda.generated_tile_config
+    assert config(source, torch.float32, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1)).grid == (49, 4, 2)
+    assert config(source, torch.float32, 2, 4, (56, 56), (9, 9), (1, 1), (1, 1)) is None
+    assert config(source, torch.float64, 2, 4, (56, 56), (7, 7), (4, 4), (3, 3)) is None
+    assert config(source, torch.float32, 70000, 4, (8, 8), (3, 3), (1, 1), (1, 1)) is None
+    args = TWO_CHANNEL_CHUNKS._replace(kernel_size=(9, 9), padding=(4, 4)).arguments(torch.float32)
+    out = torch.full((1, 64, 11, 10), 7.0)
+    assert involution_cuda.involution_generated_tile(*args, out, EmulatedLauncher()) is None
+    assert bool((out == 7).all())
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+def test_generated_tile_on_a_gpu_matches_the_reference(dtype):
+    """CuPy's launch, tensor cores and all, on the samples, the geometries above and random ones."""
+    samples = [(s.args, s.name) for s in GENERATED.sample_inputs("cuda", dtype, False)]
+    samples += [(c.arguments(dtype), c.name) for c in (TWO_CHANNEL_CHUNKS, *REDNET_LIKE)]
+    samples += [(s.args, f"random-{i}") for i, s in enumerate(random_samples(GENERATED, dtype, 8, seed=3))]
+    for args, name in samples:
+        args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+        if not _check_tile(args, None, name):
+            assert _declined_only_past_the_tile(args), name
+
+
+# ---------------------------------------------------------------------------------------
 # Planted bugs in span_tile.cu and warp.cuh
 # ---------------------------------------------------------------------------------------
 
@@ -360,6 +500,30 @@ def test_a_barrier_that_threads_return_before_is_reported(tmp_path, monkeypatch)
             involution_cuda.span_tile(feature, span_weight, span_bias, EmulatedLauncher(order=order))
 
 
+# In involution_generated_tile: the barrier before each input chunk is staged, left out (a warp
+# stages the group's next channels over values the others still read); the input window one
+# column short (the last tap of each row read from the next staged row); the weights one tap row
+# late, their last row past the end of the shared memory.
+TILE_CHUNK_BARRIER = PlantedBug("tile-chunk-barrier",
+                                "__syncthreads();  // the weights are in place; the previous chunk is done with",
+                                "// the weights are in place; the previous chunk is done with")
+TILE_HALO = PlantedBug("tile-halo-one-short", "const int in_w = (GEN_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;",
+                       "const int in_w = (GEN_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w;")
+TILE_WEIGHTS_OVERRUN = PlantedBug(
+    "tile-weights-past-the-end", "weight_t* weights = reinterpret_cast<weight_t*>(shared + (staging_bytes + 15) / 16 * 16);",
+    "weight_t* weights = reinterpret_cast<weight_t*>(shared + (staging_bytes + 15) / 16 * 16) + SPAN_TILE_SUMS_STRIDE;")
+
+
+@pytest.mark.parametrize("bug", [TILE_CHUNK_BARRIER, TILE_HALO], ids=lambda b: b.name)
+def test_a_planted_tile_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    for order in ORDERS:
+        for dtype in (torch.float32, torch.bfloat16):
+            with pytest.raises(AssertionError, match="not close"):
+                _check_tile(TWO_CHANNEL_CHUNKS.arguments(dtype), EmulatedLauncher(order=order), f"{bug.name}-{order}")
+
+
 # ---------------------------------------------------------------------------------------
 # AddressSanitizer, and the portable fiber switch
 # ---------------------------------------------------------------------------------------
@@ -370,7 +534,9 @@ _RUN_SAMPLES = textwrap.dedent(
     from oplib import registry
     from oplib.testing.cuda_emulation import EmulatedLauncher
     sys.path.insert(0, {tests!r})
-    from test_cuda_tiles import ORDERS, _check, _random_cases, _registry_samples
+    from test_cuda_tiles import (GENERATED, ORDERS, REDNET_LIKE, TWO_CHANNEL_CHUNKS, _check, _check_tile, _random_cases,
+                                 _registry_samples)
+    from cuda_test_helpers import random_samples
     launches = 0
     for order in ORDERS:
         launcher = EmulatedLauncher(sanitize={sanitize}, order=order)
@@ -379,6 +545,12 @@ _RUN_SAMPLES = textwrap.dedent(
                 _check(feature, span_weight, span_bias, launcher, name)
             for case in _random_cases({random_cases}, seed=5):
                 _check(*case.tensors(dtype), launcher, case.name)
+            for sample in GENERATED.sample_inputs("cpu", dtype, False):
+                _check_tile(sample.args, launcher, sample.name)
+            for case in (TWO_CHANNEL_CHUNKS, *REDNET_LIKE):
+                _check_tile(case.arguments(dtype), launcher, case.name)
+            for index, sample in enumerate(random_samples(GENERATED, dtype, {random_cases}, seed=5)):
+                _check_tile(sample.args, launcher, f"random-{{index}}")
         launches += len(launcher.launches)
     print("clean:", launches, "launches")
     """
@@ -397,15 +569,27 @@ def test_span_tile_is_clean_under_address_sanitizer():
     assert "clean:" in result.stdout
 
 
-@pytest.mark.integration
-def test_address_sanitizer_catches_a_shared_memory_over_run(tmp_path):
-    require_host_compiler()
-    planted = planted_span_tile(tmp_path, SHARED_OVERRUN.text, SHARED_OVERRUN.bug)
-    build(planted, sanitize=True)
-    assert_asan_catches(planted, """
+# Each over-run with a call that reaches it.
+OVER_RUNS = {
+    SHARED_OVERRUN.name: (SHARED_OVERRUN, """
         f, s = torch.randn(1, 20, 9, 9), torch.randn(40, 20)
         ops.span_tile(f, s, None, launcher)
-    """)
+    """),
+    TILE_WEIGHTS_OVERRUN.name: (TILE_WEIGHTS_OVERRUN, """
+        x, f, s = torch.randn(1, 32, 9, 9), torch.randn(1, 8, 9, 9), torch.randn(2 * 49, 8)
+        ops.involution_generated_tile(x, f, s, None, [7, 7], [1, 1], [3, 3], [1, 1], torch.empty(1, 32, 9, 9), launcher)
+    """),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", OVER_RUNS)
+def test_address_sanitizer_catches_a_shared_memory_over_run(name, tmp_path):
+    require_host_compiler()
+    bug, call = OVER_RUNS[name]
+    planted = planted_span_tile(tmp_path, bug.text, bug.bug)
+    build(planted, sanitize=True)
+    assert_asan_catches(planted, call)
 
 
 @pytest.mark.integration

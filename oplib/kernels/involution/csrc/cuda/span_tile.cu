@@ -207,3 +207,148 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_span_tile(
         if (k < rows && p < plane) out[(index_t)k * plane + p] = Element<scalar_t>::store(sums[row * SPAN_TILE_SUMS_STRIDE + pixel]);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// involution_generated's forward as a tiled kernel: the weights of a tile formed as above, kept
+// in shared memory and used at once
+// ---------------------------------------------------------------------------------------
+//
+//   out[n, c, i, j] = sum_{a, b} weight(n, g(c), a*KW + b, i, j) * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
+//
+// with weight as in involution_span_tile (span rows g*T ... g*T + T - 1 of group g, T = KH*KW
+// taps, at most GEN_TILE_TAPS). input: (N, C, H, W), out: (N, C, Ho, Wo) and feature (N, R, Ho,
+// Wo) of any strides (NCHW or channels_last); span_weight (G*T, R) and bias (G*T) contiguous.
+//
+// A block of SPAN_TILE_WARPS warps takes GEN_TILE_H x GEN_TILE_W output pixels (SPAN_TILE_PIXELS)
+// of one (sample, group) (grid: pixel tiles x groups x samples):
+//   1. the tile's T weights per pixel, two SpanTiles of SPAN_TILE_ROWS taps each, into shared
+//      memory (`weights`, [tap][pixel]): each weight is formed once, and never leaves the chip;
+//   2. per chunk of GEN_TILE_CHANNELS of the group's channels, the input rows the tile's windows
+//      read, halo and all, staged in shared memory ([pixel][channel], zeros outside the image),
+//      then each thread sums 4 channels of one pixel over the taps in registers (acc_t) and
+//      writes them.
+// No atomics, every sum in a fixed order: deterministic.
+//
+// Dynamic shared memory (the host's generated_tile_shared_bytes is its size), two regions:
+//   staging  the span product's chunks (as involution_span_tile), then, once the weights are
+//            formed, the input chunk: in_h x in_w pixels x GEN_TILE_IN_STRIDE accumulators
+//   weights  GEN_TILE_TAPS x SPAN_TILE_SUMS_STRIDE accumulators (float for 16-bit values)
+
+constexpr int GEN_TILE_H = 8;
+constexpr int GEN_TILE_W = 8;
+constexpr int GEN_TILE_TAPS = 64;  // two SpanTiles
+constexpr int GEN_TILE_CHANNELS = 16;
+// Channels a thread sums: SPAN_TILE_THREADS threads cover the tile's pixels x a channel chunk.
+constexpr int GEN_TILE_THREAD_CHANNELS = 4;
+// A staged pixel's channels, one more than the chunk: lanes reading one channel of
+// consecutive pixels fall in different banks.
+constexpr int GEN_TILE_IN_STRIDE = 17;
+
+static_assert(GEN_TILE_TAPS == 2 * SPAN_TILE_ROWS && GEN_TILE_IN_STRIDE == GEN_TILE_CHANNELS + 1, "as said");
+static_assert(GEN_TILE_H * GEN_TILE_W == SPAN_TILE_PIXELS, "a tile's pixels are the span product's");
+static_assert(SPAN_TILE_PIXELS * GEN_TILE_CHANNELS == SPAN_TILE_THREADS * GEN_TILE_THREAD_CHANNELS,
+              "the threads cover the tile's pixels x a channel chunk");
+
+// Block (32, SPAN_TILE_WARPS); grid (tiles_h * tiles_w, groups, N).
+template <typename scalar_t>
+__global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_tile(
+    const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
+    const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
+    int kernel_h, int kernel_w, int out_h, int out_w, int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h,
+    int dilation_w, int reduced, int tiles_w, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
+    index_t out_n, index_t out_c, index_t out_hs, index_t out_ws, index_t feature_n, index_t feature_c,
+    index_t feature_h, index_t feature_w, bool channels_last) {
+    typedef SpanTile<scalar_t> Tile;
+    typedef typename Tile::word_t word_t;
+    typedef typename Tile::acc_t weight_t;
+    typedef typename Element<scalar_t>::acc_t acc_t;
+    constexpr int per_word = Tile::values_per_word;
+    constexpr int stride = SPAN_TILE_STRIDE / per_word;
+    constexpr int chunk_words = SPAN_TILE_REDUCED / per_word;
+    const int taps = kernel_h * kernel_w, group_channels = channels / groups;
+    const int in_h = (GEN_TILE_H - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
+    const int in_w = (GEN_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
+    const int chunk_bytes = 2 * SPAN_TILE_PIXELS * SPAN_TILE_STRIDE * (int)sizeof(scalar_t);
+    const int input_bytes = in_h * in_w * GEN_TILE_IN_STRIDE * (int)sizeof(acc_t);
+    const int staging_bytes = chunk_bytes > input_bytes ? chunk_bytes : input_bytes;
+    OPLIB_DYNAMIC_SHARED(unsigned char, shared);
+    word_t* feature_chunk = reinterpret_cast<word_t*>(shared);
+    word_t* span_chunk = feature_chunk + SPAN_TILE_PIXELS * stride;
+    acc_t* staged = reinterpret_cast<acc_t*>(shared);
+    weight_t* weights = reinterpret_cast<weight_t*>(shared + (staging_bytes + 15) / 16 * 16);
+
+    const int thread = threadIdx.x + 32 * threadIdx.y;
+    const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
+    const int out_y0 = tile_y * GEN_TILE_H, out_x0 = tile_x * GEN_TILE_W;
+    const int group = blockIdx.y;
+    const index_t n = blockIdx.z;
+
+    // 1. The tile's weights: (pixels x R) (R x taps) + bias, R a chunk at a time.
+    const scalar_t* group_bias = bias + (index_t)group * taps;
+    Tile low(group_bias, 0, taps), high(group_bias, SPAN_TILE_ROWS, taps);
+    const scalar_t* sample_feature = feature + n * feature_n;
+    for (int r0 = 0; r0 < reduced; r0 += SPAN_TILE_REDUCED) {
+        for (int i = thread; i < SPAN_TILE_PIXELS * chunk_words; i += SPAN_TILE_THREADS) {
+            const int pixel = i % SPAN_TILE_PIXELS, word = i / SPAN_TILE_PIXELS;
+            const int r = r0 + word * per_word;
+            const int y = out_y0 + pixel / GEN_TILE_W, x = out_x0 + pixel % GEN_TILE_W;
+            const bool inside = y < out_h && x < out_w;
+            const scalar_t* at = sample_feature + (inside ? r * feature_c + y * feature_h + x * feature_w : 0);
+            feature_chunk[pixel * stride + word] = Tile::read(at, feature_c, inside ? reduced - r : 0);
+        }
+        for (int i = thread; i < GEN_TILE_TAPS * chunk_words; i += SPAN_TILE_THREADS) {
+            const int tap = i / chunk_words, word = i % chunk_words;
+            const int r = r0 + word * per_word;
+            const index_t row = (index_t)group * taps + tap;
+            span_chunk[tap * stride + word] = Tile::read(span_weight + row * reduced + r, 1, tap < taps ? reduced - r : 0);
+        }
+        __syncthreads();  // the feature and span chunks are staged
+        low.add(feature_chunk, span_chunk);
+        high.add(feature_chunk, span_chunk + SPAN_TILE_ROWS * stride);
+        __syncthreads();  // every warp is done with the feature and span chunks
+    }
+    low.store(weights);
+    high.store(weights + SPAN_TILE_ROWS * SPAN_TILE_SUMS_STRIDE);
+    // (the barrier before the first input chunk is staged also puts every weight in place)
+
+    // 2. The aggregation, a chunk of the group's channels at a time.
+    const int pixel = thread % SPAN_TILE_PIXELS, first = thread / SPAN_TILE_PIXELS * GEN_TILE_THREAD_CHANNELS;
+    const int py = pixel / GEN_TILE_W, px = pixel % GEN_TILE_W;
+    const int y = out_y0 + py, x = out_x0 + px;
+    const int top = out_y0 * stride_h - pad_h, left = out_x0 * stride_w - pad_w;
+    const index_t group_channel0 = (index_t)group * group_channels;
+    const scalar_t* sample_input = input + n * input_n;
+    const int staged_values = in_h * in_w * GEN_TILE_CHANNELS;
+    for (int c0 = 0; c0 < group_channels; c0 += GEN_TILE_CHANNELS) {
+        __syncthreads();  // the weights are in place; the previous chunk is done with
+        for (int i = thread; i < staged_values; i += SPAN_TILE_THREADS) {
+            // Consecutive threads read consecutive values of the layout: channels (channels_last)
+            // or columns (NCHW).
+            const int c = channels_last ? i % GEN_TILE_CHANNELS : i / (in_h * in_w);
+            const int at = channels_last ? i / GEN_TILE_CHANNELS : i % (in_h * in_w);
+            const int iy = top + at / in_w, ix = left + at % in_w;
+            const bool inside = c0 + c < group_channels && iy >= 0 && iy < height && ix >= 0 && ix < width;
+            staged[at * GEN_TILE_IN_STRIDE + c] =
+                inside ? Element<scalar_t>::load(sample_input + (group_channel0 + c0 + c) * input_c + iy * input_h + ix * input_w)
+                       : (acc_t)0;
+        }
+        __syncthreads();  // the input chunk is staged
+        acc_t sums[GEN_TILE_THREAD_CHANNELS] = {};
+        for (int a = 0; a < kernel_h; ++a) {
+            for (int b = 0; b < kernel_w; ++b) {
+                const acc_t weight = (acc_t)weights[(a * kernel_w + b) * SPAN_TILE_SUMS_STRIDE + pixel];
+                const acc_t* values =
+                    staged + ((py * stride_h + a * dilation_h) * in_w + px * stride_w + b * dilation_w) * GEN_TILE_IN_STRIDE + first;
+#pragma unroll
+                for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) sums[k] = oplib_fma(weight, values[k], sums[k]);
+            }
+        }
+        if (y < out_h && x < out_w) {
+            scalar_t* to = out + n * out_n + (group_channel0 + c0 + first) * out_c + y * out_hs + x * out_ws;
+#pragma unroll
+            for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
+                if (c0 + first + k < group_channels) to[k * out_c] = Element<scalar_t>::store(sums[k]);
+            }
+        }
+    }
+}
