@@ -46,13 +46,29 @@ ROUTE_SHAPES = ((64, 56, 1), (128, 28, 1), (256, 14, 1), (512, 7, 1), (128, 56, 
                 (128, 8, 1), (256, 4, 1), (512, 2, 1))
 QUICK_ROUTE_SHAPES = ((32, 14, 1), (64, 14, 2))
 CASES = ("fused", "unfused", "depthwise 7x7")
+# The generation branch before the fused op (reduce conv, BatchNorm, ReLU): torch's own ops.
+BRANCH = "branch"
 
 
 def _module(case: str, channels: int) -> nn.Module:
     torch.manual_seed(0)
+    if case == BRANCH:
+        return _Branch(Involution2d(channels, KERNEL, group_channels=16))
     if case == "depthwise 7x7":
         return nn.Conv2d(channels, channels, KERNEL, padding=KERNEL // 2, groups=channels, bias=False)
     return Involution2d(channels, KERNEL, group_channels=16, fused=case == "fused")
+
+
+class _Branch(nn.Module):
+    """The part of ``layer`` that runs as torch ops before the fused op: (N, C, H, W) -> the
+    (N, R, H, W) feature."""
+
+    def __init__(self, layer: Involution2d):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer._feature(x)
 
 
 def _inference(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
@@ -81,6 +97,8 @@ GEMM_SIZE = 1024
 REDUCTION, GROUP_CHANNELS = 4, 16
 # A training step's multiply-adds as a multiple of the forward's.
 TRAINING_FACTOR = 3
+# Issue 45's bars for the layer against its floor.
+INFERENCE_BAR, TRAINING_BAR = 1.3, 2.0
 
 
 def multiply_adds_per_pixel(channels: int, reduced: int, groups: int, taps: int) -> int:
@@ -93,6 +111,11 @@ def layer_multiply_adds(batch: int, channels: int, size: int) -> int:
     """Multiply-adds of one Involution2d inference at stride 1 (BatchNorm and ReLU aside)."""
     per_pixel = multiply_adds_per_pixel(channels, channels // REDUCTION, channels // GROUP_CHANNELS, KERNEL * KERNEL)
     return batch * size * size * per_pixel
+
+
+def _share(floor: float, budget: float) -> str:
+    """The GEMM-rate share a part whose floor is ``floor`` needs to fit ``budget`` seconds."""
+    return f"{floor / budget:.0%}" if budget > 0 else "out of reach"
 
 
 def gemm_rate(section: Section) -> float:
@@ -108,12 +131,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     batch, shapes = (2, QUICK_SHAPES) if settings.quick else (BATCH, SHAPES)
     section = Section(settings)
     rate = gemm_rate(section)
-    rows, floors = [], []
+    rows, floors, reach = [], [], []
     for channels, size in shapes:
         x = torch.randn(batch, channels, size, size)
         times = {}
         for mode, make in (("inference", _inference), ("forward+backward", _forward_backward)):
-            stmts = {(case, mode): call(make(_module(case, channels), x)) for case in CASES}
+            stmts = {(case, mode): call(make(_module(case, channels), x)) for case in (*CASES, BRANCH)}
             times.update(section.measure(f"{channels}@{size} {mode}", stmts))
         row = [f"{channels}@{size}"]
         for mode in ("inference", "forward+backward"):
@@ -132,6 +155,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                        f"{floor / depthwise:.2f}x", f"{times['fused', 'inference'].median / floor:.2f}x",
                        f"{training_floor * 1e3:.2f}", f"{times['fused', 'forward+backward'].median / training_floor:.2f}x",
                        f"{times['unfused', 'forward+backward'].median / training_floor:.2f}x"])
+        # What is left of the bars for the op once torch's branch has run, against the op's own
+        # floor (span and aggregation multiply-adds at the GEMM rate).
+        reduced = channels // REDUCTION
+        op_floor = (macs - batch * size * size * channels * reduced) / rate
+        branch = {mode: times[BRANCH, mode].median for mode in ("inference", "forward+backward")}
+        # The op's share of each bar: the rate of the GEMM it must keep.
+        op_share = {"inference": INFERENCE_BAR * floor - branch["inference"],
+                    "forward+backward": TRAINING_BAR * training_floor - branch["forward+backward"]}
+        reach.append([f"{channels}@{size}", f"{branch['inference'] * 1e3:.2f}", f"{op_floor * 1e3:.2f}",
+                      f"{(branch['inference'] + op_floor) / floor:.2f}x", _share(op_floor, op_share["inference"]),
+                      f"{branch['forward+backward'] * 1e3:.2f}", f"{TRAINING_FACTOR * op_floor * 1e3:.2f}",
+                      f"{(branch['forward+backward'] + TRAINING_FACTOR * op_floor) / training_floor:.2f}x",
+                      _share(TRAINING_FACTOR * op_floor, op_share["forward+backward"])])
     columns = ["shape (C@HxW)"]
     for mode in ("inference", "fwd+bwd"):
         columns += [f"{mode} fused (ms)", f"{mode} unfused (ms)", f"{mode} depthwise (ms)", f"{mode} fused / dw",
@@ -161,6 +197,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         *_harness.table(("shape (C@HxW)", "multiply-adds (M)", "floor (ms)", "depthwise (ms)", "floor / dw", "fused / floor",
                          "fwd+bwd floor (ms)", "fwd+bwd fused / floor", "fwd+bwd unfused / floor"),
                         "lrrrrrrrr", floors),
+        "",
+        "## What the op has left",
+        "",
+        "The generation branch before the fused op (reduce 1x1 conv, BatchNorm, ReLU: `Involution2d._feature`, torch's "
+        "own ops) timed in the same rounds, in inference and forward+backward (its output's sum backpropagated), beside "
+        "the fused op's own floor (span and aggregation multiply-adds at the GEMM rate; 3x for forward+backward). "
+        "(branch + op floor) / floor is the least the layer can measure against its floor while the branch runs as "
+        f"torch ops: above the issue's bars ({INFERENCE_BAR}x inference, {TRAINING_BAR}x forward+backward), no kernel "
+        "for the op alone reaches them; the branch itself would have to run inside the op. \"Share of the GEMM rate\": "
+        "the rate, as a share of the run's GEMM rate, at which the op's multiply-adds must run for the layer to meet the "
+        "bar beside this branch (above 100%: out of reach while the branch runs as torch ops).",
+        "",
+        *_harness.table(("shape (C@HxW)", "branch (ms)", "op floor (ms)", "(branch + op floor) / floor",
+                         f"op at {INFERENCE_BAR}x: share of the GEMM rate", "branch fwd+bwd (ms)", "op fwd+bwd floor (ms)",
+                         "(branch + op floor) / floor, fwd+bwd", f"op at {TRAINING_BAR}x: share of the GEMM rate"),
+                        "lrrrrrrrr", reach),
     ]
     lines += ["", *routes(section, batch, QUICK_ROUTE_SHAPES if settings.quick else ROUTE_SHAPES)]
     _harness.write_report(settings, lines)
