@@ -512,7 +512,8 @@ def _generated_tile(t: _Tally, item: Tensor, launch: Launch) -> None:
     taps, pg, threads = KH * KW, C // G, launch.threads_per_block
     in_h, in_w = 7 * sh + (KH - 1) * dh + 1, 7 * sw + (KW - 1) * dw + 1
     chunk_bytes = 2 * 64 * 24 * es
-    staging_bytes = max(chunk_bytes, in_h * in_w * 17 * acc)
+    in_row, in_stride = in_w | 1, 20
+    staging_bytes = max(chunk_bytes, in_h * in_row * in_stride * acc)
     weights_at = -(-staging_bytes // 16) * 16 // acc  # in accumulators
     block, thread = item // threads, item % threads
     lane, warp = thread % 32, thread // 32
@@ -562,29 +563,51 @@ def _generated_tile(t: _Tally, item: Tensor, launch: Launch) -> None:
         else:
             rows = 32 * half + 4 * warp + _slots(4, 4)
             t.shared(weights_at + rows * sums_stride + lane % 16 + 16 * _slots(4), lane < 16, acc)
-    staged_values = in_h * in_w * 16
-    pixel, first = thread % 64, thread // 64 * 4
-    py, px = pixel // 8, pixel % 8
-    y, x = oy0 + py, ox0 + px
+    staged_values = (in_h * in_w + 7) // 8 * 8 * 16
     top, left = oy0 * sh - ph, ox0 * sw - pw
+    # the aggregation's sets (a share of the kernel rows each) and a thread's 4 pixels x 4 channels
+    thread_set, member = thread // 64, thread % 64
+    first, run = member % 4, member // 4  # channels first, first + 4, ...
+    py, px0 = run // 2, run % 2 * 4
+    row_begin, row_end = thread_set * KH // 4, (thread_set + 1) * KH // 4
+    partials_at = weights_at + 64 * sums_stride
+    run_slots, channel_slots = _slots(4, 4), 4 * _slots(4)  # 4 x 4 slots: pixels, channel offsets
+    sliding = acc == 4 and sw == 1 and dw == 1
     for c0 in range(0, pg, 16):
         for i0 in range(0, staged_values, threads):
             i = thread + i0
-            c = i % 16 if last else i // (in_h * in_w)
-            at = i // 16 if last else i % (in_h * in_w)
+            c = i % 16 if last else i % 4 + i // 32 % 4 * 4
+            at = i // 16 if last else i // 4 % 8 + i // 128 * 8
             iy, ix = top + at // in_w, left + at % in_w
             inside = (c0 + c < pg) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
-            staged = i < staged_values
+            staged = (i < staged_values) & (at < in_h * in_w)
             t.load(0, n * isn + (group * pg + c0 + c) * isc + iy * ish + ix * isw, staged & inside, es)
-            t.shared(at * 17 + c, staged, acc)
+            t.shared((at // in_w * in_row + at % in_w) * in_stride + c, staged, acc)
         for a in range(KH):
+            mine = (a >= row_begin) & (a < row_end)
+            row = (py * sh + a * dh) * in_row
+            if sliding:  # the sliding window: 4 columns, then one more a tap
+                t.shared((row + px0 + run_slots) * in_stride + first + channel_slots, mine, acc)
             for b in range(KW):
-                t.shared(weights_at + (a * KW + b) * sums_stride + pixel, True, acc)
-                values = ((py * sh + a * dh) * in_w + px * sw + b * dw) * 17 + first
-                t.shared(values + _slots(4), True, acc)
-                t.fma(True, 4)
-        channel = c0 + first + _slots(4)
-        t.store(4, n * osn + (group * pg + channel) * osc + y * osh + x * osw, (y < OH) & (x < OW) & (channel < pg), es)
+                if sliding:
+                    if b > 0:
+                        t.shared((row + px0 + 3 + b) * in_stride + first + channel_slots, mine, acc)
+                else:
+                    t.shared((row + (px0 + run_slots) * sw + b * dw) * in_stride + first + channel_slots, mine, acc)
+                # the 4 weights by 16-byte loads (index in 16-byte units)
+                run_at = (weights_at + (a * KW + b) * sums_stride + py * 8 + px0) * acc // 16
+                t.shared(run_at + _slots(4 * acc // 16), mine, 16)
+                t.fma(mine, 16)
+        t.shared(partials_at + (thread_set * 16 + first + channel_slots) * 65 + py * 8 + px0 + run_slots, True, acc)
+        for o0 in range(0, 64 * 16, threads):  # the sets' sums added and stored
+            o = thread + o0
+            c = o % 16 if last else o // 64
+            pixel = o // 16 if last else o % 64
+            y, x = oy0 + pixel // 8, ox0 + pixel % 8
+            valid = (y < OH) & (x < OW) & (c0 + c < pg)
+            for other in range(4):
+                t.shared(partials_at + (other * 16 + c) * 65 + pixel, valid, acc)
+            t.store(4, n * osn + (group * pg + c0 + c) * osc + y * osh + x * osw, valid, es)
 
 
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {

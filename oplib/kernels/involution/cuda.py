@@ -323,13 +323,14 @@ def _tile_input_size(source: KernelSource, kernel_size, stride, dilation) -> tup
 def generated_tile_shared_bytes(source: KernelSource, dtype: torch.dtype, kernel_size, stride, dilation) -> int:
     """The dynamic shared memory of ``involution_generated_tile``: the staging region (the span
     product's two chunks, or the input chunk, whichever is larger), rounded up to 16 bytes, then
-    the tile's weights."""
+    the tile's weights and the aggregation's partial sums."""
     c = source.constants
     accumulator = 8 if dtype == torch.float64 else 4
     in_h, in_w = _tile_input_size(source, kernel_size, stride, dilation)
     staging = max(2 * c["SPAN_TILE_PIXELS"] * c["SPAN_TILE_STRIDE"] * dtype.itemsize,
-                  in_h * in_w * c["GEN_TILE_IN_STRIDE"] * accumulator)
-    return -(-staging // 16) * 16 + c["GEN_TILE_TAPS"] * c["SPAN_TILE_SUMS_STRIDE"] * accumulator
+                  in_h * (in_w | 1) * c["GEN_TILE_IN_STRIDE"] * accumulator)
+    partials = c["GEN_TILE_SETS"] * c["GEN_TILE_CHANNELS"] * c["GEN_TILE_PARTIAL_STRIDE"]
+    return -(-staging // 16) * 16 + (c["GEN_TILE_TAPS"] * c["SPAN_TILE_SUMS_STRIDE"] + partials) * accumulator
 
 
 # The most dynamic shared memory a tiled launch asks for: what an sm_86/sm_89 block may have

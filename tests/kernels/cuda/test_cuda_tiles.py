@@ -375,7 +375,10 @@ def test_generated_tile_matches_the_reference_on_the_registry_samples(dtype, ord
         else:
             assert _declined_only_past_the_tile(sample.args), sample.name
     for case in (TWO_CHANNEL_CHUNKS, *REDNET_LIKE):
-        assert _check_tile(case.arguments(dtype), launcher, case.name)
+        args = case.arguments(dtype)
+        # float64's 7x7 windows need more shared memory than the tile asks for (its generic kernel serves them)
+        assert _check_tile(args, launcher, case.name) or (dtype == torch.float64 and _declined_only_past_the_tile(args)), \
+            case.name
     assert served > 5 and {launch[3] for launch in launcher.launches} == {256}
 
 
@@ -396,7 +399,7 @@ def test_generated_tile_matches_the_reference_on_random_geometries(dtype, order)
             served += 1
         else:
             assert _declined_only_past_the_tile(args), index
-    assert served >= 20
+    assert served >= (6 if dtype == torch.float64 else 16)  # float64: wide windows past the shared memory declined
 
 
 def test_generated_tile_declines_what_it_cannot_hold():
@@ -500,13 +503,12 @@ def test_a_barrier_that_threads_return_before_is_reported(tmp_path, monkeypatch)
             involution_cuda.span_tile(feature, span_weight, span_bias, EmulatedLauncher(order=order))
 
 
-# In involution_generated_tile: the barrier before each input chunk is staged, left out (a warp
-# stages the group's next channels over values the others still read); the input window one
+# In involution_generated_tile: the barrier before the sets' partial sums are added, left out (a
+# set adds partials another has not written yet); the input window one
 # column short (the last tap of each row read from the next staged row); the weights one tap row
 # late, their last row past the end of the shared memory.
-TILE_CHUNK_BARRIER = PlantedBug("tile-chunk-barrier",
-                                "__syncthreads();  // the weights are in place; the previous chunk is done with",
-                                "// the weights are in place; the previous chunk is done with")
+TILE_PARTIALS_BARRIER = PlantedBug("tile-partials-barrier", "__syncthreads();  // every set's partial sums are in place",
+                                   "// every set's partial sums are in place")
 TILE_HALO = PlantedBug("tile-halo-one-short", "const int in_w = (GEN_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;",
                        "const int in_w = (GEN_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w;")
 TILE_WEIGHTS_OVERRUN = PlantedBug(
@@ -514,7 +516,7 @@ TILE_WEIGHTS_OVERRUN = PlantedBug(
     "weight_t* weights = reinterpret_cast<weight_t*>(shared + (staging_bytes + 15) / 16 * 16) + SPAN_TILE_SUMS_STRIDE;")
 
 
-@pytest.mark.parametrize("bug", [TILE_CHUNK_BARRIER, TILE_HALO], ids=lambda b: b.name)
+@pytest.mark.parametrize("bug", [TILE_PARTIALS_BARRIER, TILE_HALO], ids=lambda b: b.name)
 def test_a_planted_tile_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)

@@ -225,29 +225,55 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_span_tile(
 //      memory (`weights`, [tap][pixel]): each weight is formed once, and never leaves the chip;
 //   2. per chunk of GEN_TILE_CHANNELS of the group's channels, the input rows the tile's windows
 //      read, halo and all, staged in shared memory ([pixel][channel], zeros outside the image),
-//      then each thread sums 4 channels of one pixel over the taps in registers (acc_t) and
-//      writes them.
+//      then four sets of threads each sum a share of the kernel rows, a thread 4 pixels x 4
+//      channels in registers (acc_t: a weight read once for 4 channels, at stride 1 an input
+//      column once for the 4 pixels); the sets' partial sums are added in set order through
+//      shared memory and written.
 // No atomics, every sum in a fixed order: deterministic.
 //
 // Dynamic shared memory (the host's generated_tile_shared_bytes is its size), two regions:
 //   staging  the span product's chunks (as involution_span_tile), then, once the weights are
-//            formed, the input chunk: in_h x in_w pixels x GEN_TILE_IN_STRIDE accumulators
+//            formed, the input chunk: in_h rows of (in_w | 1) pixels x GEN_TILE_IN_STRIDE accumulators
 //   weights  GEN_TILE_TAPS x SPAN_TILE_SUMS_STRIDE accumulators (float for 16-bit values)
+//   partials GEN_TILE_SETS x GEN_TILE_CHANNELS x GEN_TILE_PARTIAL_STRIDE accumulators
 
 constexpr int GEN_TILE_H = 8;
 constexpr int GEN_TILE_W = 8;
 constexpr int GEN_TILE_TAPS = 64;  // two SpanTiles
 constexpr int GEN_TILE_CHANNELS = 16;
-// Channels a thread sums: SPAN_TILE_THREADS threads cover the tile's pixels x a channel chunk.
+// The aggregation's threads: GEN_TILE_SETS sets of GEN_TILE_SET_THREADS, each set a share of
+// the kernel rows; a thread sums GEN_TILE_RUN consecutive pixels of a tile row x
+// GEN_TILE_THREAD_CHANNELS channels of the chunk.
+constexpr int GEN_TILE_SETS = 4;
+constexpr int GEN_TILE_SET_THREADS = 64;
+constexpr int GEN_TILE_RUN = 4;
 constexpr int GEN_TILE_THREAD_CHANNELS = 4;
-// A staged pixel's channels, one more than the chunk: lanes reading one channel of
-// consecutive pixels fall in different banks.
-constexpr int GEN_TILE_IN_STRIDE = 17;
+// A channel's partial sums (the tile's pixels), one more: the sets' stores fall in more banks.
+constexpr int GEN_TILE_PARTIAL_STRIDE = 65;
+// A staged pixel's values (the chunk's channels and 4 unused), and a staged row's pixels (the
+// window's, rounded up to an odd count): with a thread's channels 4 apart, the 32 lanes of an
+// aggregation load fall in 32 different banks.
+constexpr int GEN_TILE_IN_STRIDE = 20;
 
-static_assert(GEN_TILE_TAPS == 2 * SPAN_TILE_ROWS && GEN_TILE_IN_STRIDE == GEN_TILE_CHANNELS + 1, "as said");
+static_assert(GEN_TILE_TAPS == 2 * SPAN_TILE_ROWS && GEN_TILE_IN_STRIDE >= GEN_TILE_CHANNELS, "as said");
 static_assert(GEN_TILE_H * GEN_TILE_W == SPAN_TILE_PIXELS, "a tile's pixels are the span product's");
-static_assert(SPAN_TILE_PIXELS * GEN_TILE_CHANNELS == SPAN_TILE_THREADS * GEN_TILE_THREAD_CHANNELS,
-              "the threads cover the tile's pixels x a channel chunk");
+static_assert(GEN_TILE_SETS * GEN_TILE_SET_THREADS == SPAN_TILE_THREADS &&
+              GEN_TILE_SET_THREADS * GEN_TILE_RUN * GEN_TILE_THREAD_CHANNELS == SPAN_TILE_PIXELS * GEN_TILE_CHANNELS &&
+              GEN_TILE_W % GEN_TILE_RUN == 0 && GEN_TILE_PARTIAL_STRIDE > SPAN_TILE_PIXELS,
+              "each set of threads covers the tile's pixels x a channel chunk");
+
+// The GEN_TILE_RUN weights of a thread's pixels (consecutive, 16-byte aligned) by 16-byte loads.
+template <typename weight_t>
+__device__ __forceinline__ void load_run(const weight_t* from, weight_t (&to)[GEN_TILE_RUN]) {
+    typedef Vector16<weight_t> V;
+    static_assert(GEN_TILE_RUN % V::lanes == 0, "whole vectors");
+#pragma unroll
+    for (int v = 0; v < GEN_TILE_RUN / V::lanes; ++v) {
+        const V vector = reinterpret_cast<const V*>(from)[v];
+#pragma unroll
+        for (int l = 0; l < V::lanes; ++l) to[v * V::lanes + l] = vector.lane[l];
+    }
+}
 
 // Block (32, SPAN_TILE_WARPS); grid (tiles_h * tiles_w, groups, N).
 template <typename scalar_t>
@@ -269,7 +295,8 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
     const int in_h = (GEN_TILE_H - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
     const int in_w = (GEN_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
     const int chunk_bytes = 2 * SPAN_TILE_PIXELS * SPAN_TILE_STRIDE * (int)sizeof(scalar_t);
-    const int input_bytes = in_h * in_w * GEN_TILE_IN_STRIDE * (int)sizeof(acc_t);
+    const int in_row = in_w | 1;
+    const int input_bytes = in_h * in_row * GEN_TILE_IN_STRIDE * (int)sizeof(acc_t);
     const int staging_bytes = chunk_bytes > input_bytes ? chunk_bytes : input_bytes;
     OPLIB_DYNAMIC_SHARED(unsigned char, shared);
     word_t* feature_chunk = reinterpret_cast<word_t*>(shared);
@@ -309,46 +336,113 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
     }
     low.store(weights);
     high.store(weights + SPAN_TILE_ROWS * SPAN_TILE_SUMS_STRIDE);
-    // (the barrier before the first input chunk is staged also puts every weight in place)
+    // (the barrier after the first input chunk is staged also puts every weight in place)
 
-    // 2. The aggregation, a chunk of the group's channels at a time.
-    const int pixel = thread % SPAN_TILE_PIXELS, first = thread / SPAN_TILE_PIXELS * GEN_TILE_THREAD_CHANNELS;
-    const int py = pixel / GEN_TILE_W, px = pixel % GEN_TILE_W;
-    const int y = out_y0 + py, x = out_x0 + px;
+    // 2. The aggregation, a chunk of the group's channels at a time. The thread sets split the
+    // kernel rows; a thread sums GEN_TILE_RUN pixels of a tile row x GEN_TILE_THREAD_CHANNELS
+    // channels, each weight loaded once for its channels, each input column (a stride-1
+    // window) once for the pixels it serves; the sets' partial sums meet in shared memory.
+    const int set = thread / GEN_TILE_SET_THREADS, member = thread % GEN_TILE_SET_THREADS;
+    // The thread's channels: first, first + 4, ... (GEN_TILE_CHANNELS / GEN_TILE_THREAD_CHANNELS apart).
+    constexpr int channel_step = GEN_TILE_CHANNELS / GEN_TILE_THREAD_CHANNELS;
+    const int first = member % channel_step;
+    const int run = member / (GEN_TILE_CHANNELS / GEN_TILE_THREAD_CHANNELS);
+    const int py = run / (GEN_TILE_W / GEN_TILE_RUN), px0 = run % (GEN_TILE_W / GEN_TILE_RUN) * GEN_TILE_RUN;
+    const int row_begin = set * kernel_h / GEN_TILE_SETS, row_end = (set + 1) * kernel_h / GEN_TILE_SETS;
+    // (double sums and a double window do not fit beside each other in the registers of sm_80)
+    const bool sliding = sizeof(acc_t) == 4 && stride_w == 1 && dilation_w == 1;
+    acc_t* partials = reinterpret_cast<acc_t*>(weights + GEN_TILE_TAPS * SPAN_TILE_SUMS_STRIDE);
     const int top = out_y0 * stride_h - pad_h, left = out_x0 * stride_w - pad_w;
     const index_t group_channel0 = (index_t)group * group_channels;
     const scalar_t* sample_input = input + n * input_n;
-    const int staged_values = in_h * in_w * GEN_TILE_CHANNELS;
+    // (NCHW stages pixels 8 at a time: the count rounded up to whole eights)
+    const int staged_values = (in_h * in_w + 7) / 8 * 8 * GEN_TILE_CHANNELS;
+    // No barrier before a chunk is staged: every thread passed the previous chunk's partials
+    // barrier, after its last read of the staged input, and the next barrier (the chunk is
+    // staged) comes after its last read of the partials.
     for (int c0 = 0; c0 < group_channels; c0 += GEN_TILE_CHANNELS) {
-        __syncthreads();  // the weights are in place; the previous chunk is done with
         for (int i = thread; i < staged_values; i += SPAN_TILE_THREADS) {
-            // Consecutive threads read consecutive values of the layout: channels (channels_last)
-            // or columns (NCHW).
-            const int c = channels_last ? i % GEN_TILE_CHANNELS : i / (in_h * in_w);
-            const int at = channels_last ? i / GEN_TILE_CHANNELS : i % (in_h * in_w);
+            // channels_last: consecutive threads read consecutive channels. NCHW: a warp reads 8
+            // consecutive pixels of 4 channels at a time (channels c, c + 4, c + 8, c + 12 of
+            // the chunk in turn), whose 32 values fall in 32 different banks.
+            const int c = channels_last ? i % GEN_TILE_CHANNELS : i % 4 + i / 32 % 4 * 4;
+            const int at = channels_last ? i / GEN_TILE_CHANNELS : i / 4 % 8 + i / 128 * 8;
+            if (at >= in_h * in_w) continue;
             const int iy = top + at / in_w, ix = left + at % in_w;
             const bool inside = c0 + c < group_channels && iy >= 0 && iy < height && ix >= 0 && ix < width;
-            staged[at * GEN_TILE_IN_STRIDE + c] =
+            staged[(at / in_w * in_row + at % in_w) * GEN_TILE_IN_STRIDE + c] =
                 inside ? Element<scalar_t>::load(sample_input + (group_channel0 + c0 + c) * input_c + iy * input_h + ix * input_w)
                        : (acc_t)0;
         }
         __syncthreads();  // the input chunk is staged
-        acc_t sums[GEN_TILE_THREAD_CHANNELS] = {};
-        for (int a = 0; a < kernel_h; ++a) {
-            for (int b = 0; b < kernel_w; ++b) {
-                const acc_t weight = (acc_t)weights[(a * kernel_w + b) * SPAN_TILE_SUMS_STRIDE + pixel];
-                const acc_t* values =
-                    staged + ((py * stride_h + a * dilation_h) * in_w + px * stride_w + b * dilation_w) * GEN_TILE_IN_STRIDE + first;
+        acc_t sums[GEN_TILE_RUN][GEN_TILE_THREAD_CHANNELS] = {};
+        for (int a = row_begin; a < row_end; ++a) {
+            const acc_t* row = staged + (py * stride_h + a * dilation_h) * in_row * GEN_TILE_IN_STRIDE + first;
+            const weight_t* tap_weights = weights + a * kernel_w * SPAN_TILE_SUMS_STRIDE + py * GEN_TILE_W + px0;
+            if (sliding) {  // tap b of pixel px0 + j reads column px0 + j + b: a window moving by one
+                acc_t window[GEN_TILE_RUN][GEN_TILE_THREAD_CHANNELS];
 #pragma unroll
-                for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) sums[k] = oplib_fma(weight, values[k], sums[k]);
+                for (int j = 0; j < GEN_TILE_RUN; ++j) {
+#pragma unroll
+                    for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) window[j][k] = row[(px0 + j) * GEN_TILE_IN_STRIDE + k * channel_step];
+                }
+                for (int b = 0; b < kernel_w; ++b) {
+                    if (b > 0) {
+#pragma unroll
+                        for (int j = 0; j + 1 < GEN_TILE_RUN; ++j) {
+#pragma unroll
+                            for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) window[j][k] = window[j + 1][k];
+                        }
+#pragma unroll
+                        for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
+                            window[GEN_TILE_RUN - 1][k] = row[(px0 + GEN_TILE_RUN - 1 + b) * GEN_TILE_IN_STRIDE + k * channel_step];
+                        }
+                    }
+                    weight_t weight[GEN_TILE_RUN];
+                    load_run(tap_weights + b * SPAN_TILE_SUMS_STRIDE, weight);
+#pragma unroll
+                    for (int j = 0; j < GEN_TILE_RUN; ++j) {
+#pragma unroll
+                        for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
+                            sums[j][k] = oplib_fma((acc_t)weight[j], window[j][k], sums[j][k]);
+                        }
+                    }
+                }
+            } else {
+                for (int b = 0; b < kernel_w; ++b) {
+                    weight_t weight[GEN_TILE_RUN];
+                    load_run(tap_weights + b * SPAN_TILE_SUMS_STRIDE, weight);
+#pragma unroll
+                    for (int j = 0; j < GEN_TILE_RUN; ++j) {
+                        const acc_t* values = row + ((px0 + j) * stride_w + b * dilation_w) * GEN_TILE_IN_STRIDE;
+#pragma unroll
+                        for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
+                            sums[j][k] = oplib_fma((acc_t)weight[j], values[k * channel_step], sums[j][k]);
+                        }
+                    }
+                }
             }
         }
-        if (y < out_h && x < out_w) {
-            scalar_t* to = out + n * out_n + (group_channel0 + c0 + first) * out_c + y * out_hs + x * out_ws;
+        acc_t* mine = partials + set * GEN_TILE_CHANNELS * GEN_TILE_PARTIAL_STRIDE;
+#pragma unroll
+        for (int j = 0; j < GEN_TILE_RUN; ++j) {
 #pragma unroll
             for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
-                if (c0 + first + k < group_channels) to[k * out_c] = Element<scalar_t>::store(sums[k]);
+                mine[(first + k * channel_step) * GEN_TILE_PARTIAL_STRIDE + py * GEN_TILE_W + px0 + j] = sums[j][k];
             }
+        }
+        __syncthreads();  // every set's partial sums are in place
+        // The sets' sums added in set order and stored, consecutive threads along the layout.
+        for (int o = thread; o < SPAN_TILE_PIXELS * GEN_TILE_CHANNELS; o += SPAN_TILE_THREADS) {
+            const int c = channels_last ? o % GEN_TILE_CHANNELS : o / SPAN_TILE_PIXELS;
+            const int pixel = channels_last ? o / GEN_TILE_CHANNELS : o % SPAN_TILE_PIXELS;
+            const int y = out_y0 + pixel / GEN_TILE_W, x = out_x0 + pixel % GEN_TILE_W;
+            if (y >= out_h || x >= out_w || c0 + c >= group_channels) continue;
+            acc_t sum = partials[c * GEN_TILE_PARTIAL_STRIDE + pixel];
+            for (int other = 1; other < GEN_TILE_SETS; ++other) {
+                sum = oplib_add(sum, partials[(other * GEN_TILE_CHANNELS + c) * GEN_TILE_PARTIAL_STRIDE + pixel]);
+            }
+            out[n * out_n + (group_channel0 + c0 + c) * out_c + y * out_hs + x * out_ws] = Element<scalar_t>::store(sum);
         }
     }
 }
