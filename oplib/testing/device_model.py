@@ -526,7 +526,7 @@ def _generated_tile(t: _Tally, item: Tensor, launch: Launch) -> None:
     for r0 in range(0, R, 16):
         for i0 in range(0, 64 * chunk_words, threads):
             i = thread + i0
-            pixel, word = i % 64, i // 64
+            pixel, word = (i // chunk_words, i % chunk_words) if fsc == 1 and acc == 4 else (i % 64, i // 64)
             r = r0 + word * per_word
             y, x = oy0 + pixel // 8, ox0 + pixel % 8
             inside = (y < OH) & (x < OW)
@@ -572,7 +572,7 @@ def _generated_tile(t: _Tally, item: Tensor, launch: Launch) -> None:
     row_begin, row_end = thread_set * KH // 4, (thread_set + 1) * KH // 4
     partials_at = weights_at + 64 * sums_stride
     run_slots, channel_slots = _slots(4, 4), 4 * _slots(4)  # 4 x 4 slots: pixels, channel offsets
-    sliding = acc == 4 and sw == 1 and dw == 1
+    sliding = acc == 4 and sw in (1, 2) and dw == 1
     for c0 in range(0, pg, 16):
         for i0 in range(0, staged_values, threads):
             i = thread + i0
@@ -586,12 +586,13 @@ def _generated_tile(t: _Tally, item: Tensor, launch: Launch) -> None:
         for a in range(KH):
             mine = (a >= row_begin) & (a < row_end)
             row = (py * sh + a * dh) * in_row
-            if sliding:  # the sliding window: 4 columns, then one more a tap
-                t.shared((row + px0 + run_slots) * in_stride + first + channel_slots, mine, acc)
+            if sliding:  # the windows (one per tap b mod sw): 4 columns each, then one more every sw taps
+                for q in range(min(sw, KW)):
+                    t.shared((row + sw * (px0 + run_slots) + q) * in_stride + first + channel_slots, mine, acc)
             for b in range(KW):
                 if sliding:
-                    if b > 0:
-                        t.shared((row + px0 + 3 + b) * in_stride + first + channel_slots, mine, acc)
+                    if b >= sw:
+                        t.shared((row + sw * (px0 + 3) + b) * in_stride + first + channel_slots, mine, acc)
                 else:
                     t.shared((row + (px0 + run_slots) * sw + b * dw) * in_stride + first + channel_slots, mine, acc)
                 # the 4 weights by 16-byte loads (index in 16-byte units)

@@ -275,6 +275,56 @@ __device__ __forceinline__ void load_run(const weight_t* from, weight_t (&to)[GE
     }
 }
 
+// One kernel row's taps of a thread's GEN_TILE_RUN pixels x GEN_TILE_THREAD_CHANNELS channels
+// (channels `channel_step` apart in `row`, the staged row at the thread's first channel) at
+// column stride S and no dilation: tap b of pixel px0 + j reads column S (px0 + j) + b, so
+// window[q] holds the columns of the taps b = q (mod S) and moves by one pixel every S taps:
+// each staged value is read once for all the pixels it serves.
+template <int S, typename acc_t, typename weight_t>
+__device__ __forceinline__ void slide_row(const acc_t* row, const weight_t* tap_weights, int px0, int kernel_w,
+                                          acc_t (&sums)[GEN_TILE_RUN][GEN_TILE_THREAD_CHANNELS]) {
+    constexpr int channel_step = GEN_TILE_CHANNELS / GEN_TILE_THREAD_CHANNELS;
+    acc_t window[S][GEN_TILE_RUN][GEN_TILE_THREAD_CHANNELS];
+#pragma unroll
+    for (int q = 0; q < S; ++q) {
+        if (q >= kernel_w) break;
+#pragma unroll
+        for (int j = 0; j < GEN_TILE_RUN; ++j) {
+#pragma unroll
+            for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
+                window[q][j][k] = row[(S * (px0 + j) + q) * GEN_TILE_IN_STRIDE + k * channel_step];
+            }
+        }
+    }
+    for (int b0 = 0; b0 < kernel_w; b0 += S) {
+#pragma unroll
+        for (int q = 0; q < S; ++q) {
+            const int b = b0 + q;
+            if (b >= kernel_w) break;
+            if (b0 > 0) {
+#pragma unroll
+                for (int j = 0; j + 1 < GEN_TILE_RUN; ++j) {
+#pragma unroll
+                    for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) window[q][j][k] = window[q][j + 1][k];
+                }
+#pragma unroll
+                for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
+                    window[q][GEN_TILE_RUN - 1][k] = row[(S * (px0 + GEN_TILE_RUN - 1) + b) * GEN_TILE_IN_STRIDE + k * channel_step];
+                }
+            }
+            weight_t weight[GEN_TILE_RUN];
+            load_run(tap_weights + b * SPAN_TILE_SUMS_STRIDE, weight);
+#pragma unroll
+            for (int j = 0; j < GEN_TILE_RUN; ++j) {
+#pragma unroll
+                for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
+                    sums[j][k] = oplib_fma((acc_t)weight[j], window[q][j][k], sums[j][k]);
+                }
+            }
+        }
+    }
+}
+
 // Block (32, SPAN_TILE_WARPS); grid (tiles_h * tiles_w, groups, N).
 template <typename scalar_t>
 __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_tile(
@@ -314,9 +364,13 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
     const scalar_t* group_bias = bias + (index_t)group * taps;
     Tile low(group_bias, 0, taps), high(group_bias, SPAN_TILE_ROWS, taps);
     const scalar_t* sample_feature = feature + n * feature_n;
+    // (double keeps the pixel order: the choice costs it the registers it has not got on sm_90)
+    const bool feature_last = sizeof(acc_t) == 4 && feature_c == 1;
     for (int r0 = 0; r0 < reduced; r0 += SPAN_TILE_REDUCED) {
         for (int i = thread; i < SPAN_TILE_PIXELS * chunk_words; i += SPAN_TILE_THREADS) {
-            const int pixel = i % SPAN_TILE_PIXELS, word = i / SPAN_TILE_PIXELS;
+            // Consecutive threads read consecutive values: pixels, or a channels_last feature's channels.
+            const int pixel = feature_last ? i / chunk_words : i % SPAN_TILE_PIXELS;
+            const int word = feature_last ? i % chunk_words : i / SPAN_TILE_PIXELS;
             const int r = r0 + word * per_word;
             const int y = out_y0 + pixel / GEN_TILE_W, x = out_x0 + pixel % GEN_TILE_W;
             const bool inside = y < out_h && x < out_w;
@@ -349,8 +403,6 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
     const int run = member / (GEN_TILE_CHANNELS / GEN_TILE_THREAD_CHANNELS);
     const int py = run / (GEN_TILE_W / GEN_TILE_RUN), px0 = run % (GEN_TILE_W / GEN_TILE_RUN) * GEN_TILE_RUN;
     const int row_begin = set * kernel_h / GEN_TILE_SETS, row_end = (set + 1) * kernel_h / GEN_TILE_SETS;
-    // (double sums and a double window do not fit beside each other in the registers of sm_80)
-    const bool sliding = sizeof(acc_t) == 4 && stride_w == 1 && dilation_w == 1;
     acc_t* partials = reinterpret_cast<acc_t*>(weights + GEN_TILE_TAPS * SPAN_TILE_SUMS_STRIDE);
     const int top = out_y0 * stride_h - pad_h, left = out_x0 * stride_w - pad_w;
     const index_t group_channel0 = (index_t)group * group_channels;
@@ -379,46 +431,26 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
         for (int a = row_begin; a < row_end; ++a) {
             const acc_t* row = staged + (py * stride_h + a * dilation_h) * in_row * GEN_TILE_IN_STRIDE + first;
             const weight_t* tap_weights = weights + a * kernel_w * SPAN_TILE_SUMS_STRIDE + py * GEN_TILE_W + px0;
-            if (sliding) {  // tap b of pixel px0 + j reads column px0 + j + b: a window moving by one
-                acc_t window[GEN_TILE_RUN][GEN_TILE_THREAD_CHANNELS];
+            // (double sums and a double window do not fit beside each other in the registers)
+            if constexpr (sizeof(acc_t) == 4) {
+                if (dilation_w == 1 && stride_w == 1) {
+                    slide_row<1>(row, tap_weights, px0, kernel_w, sums);
+                    continue;
+                }
+                if (dilation_w == 1 && stride_w == 2) {
+                    slide_row<2>(row, tap_weights, px0, kernel_w, sums);
+                    continue;
+                }
+            }
+            for (int b = 0; b < kernel_w; ++b) {
+                weight_t weight[GEN_TILE_RUN];
+                load_run(tap_weights + b * SPAN_TILE_SUMS_STRIDE, weight);
 #pragma unroll
                 for (int j = 0; j < GEN_TILE_RUN; ++j) {
+                    const acc_t* values = row + ((px0 + j) * stride_w + b * dilation_w) * GEN_TILE_IN_STRIDE;
 #pragma unroll
-                    for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) window[j][k] = row[(px0 + j) * GEN_TILE_IN_STRIDE + k * channel_step];
-                }
-                for (int b = 0; b < kernel_w; ++b) {
-                    if (b > 0) {
-#pragma unroll
-                        for (int j = 0; j + 1 < GEN_TILE_RUN; ++j) {
-#pragma unroll
-                            for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) window[j][k] = window[j + 1][k];
-                        }
-#pragma unroll
-                        for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
-                            window[GEN_TILE_RUN - 1][k] = row[(px0 + GEN_TILE_RUN - 1 + b) * GEN_TILE_IN_STRIDE + k * channel_step];
-                        }
-                    }
-                    weight_t weight[GEN_TILE_RUN];
-                    load_run(tap_weights + b * SPAN_TILE_SUMS_STRIDE, weight);
-#pragma unroll
-                    for (int j = 0; j < GEN_TILE_RUN; ++j) {
-#pragma unroll
-                        for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
-                            sums[j][k] = oplib_fma((acc_t)weight[j], window[j][k], sums[j][k]);
-                        }
-                    }
-                }
-            } else {
-                for (int b = 0; b < kernel_w; ++b) {
-                    weight_t weight[GEN_TILE_RUN];
-                    load_run(tap_weights + b * SPAN_TILE_SUMS_STRIDE, weight);
-#pragma unroll
-                    for (int j = 0; j < GEN_TILE_RUN; ++j) {
-                        const acc_t* values = row + ((px0 + j) * stride_w + b * dilation_w) * GEN_TILE_IN_STRIDE;
-#pragma unroll
-                        for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
-                            sums[j][k] = oplib_fma((acc_t)weight[j], values[k * channel_step], sums[j][k]);
-                        }
+                    for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
+                        sums[j][k] = oplib_fma((acc_t)weight[j], values[k * channel_step], sums[j][k]);
                     }
                 }
             }
