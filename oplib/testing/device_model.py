@@ -507,11 +507,11 @@ def _generated_tile(t: _Tally, item: Tensor, launch: Launch) -> None:
     acc = 8 if launch.dtype == torch.float64 else 4
     halves = es == 2
     per_word = 2 if halves else 1
-    chunk_words, stride_words, sums_stride = 16 // per_word, 24 // per_word, 68
+    chunk_words, stride_words, sums_stride = 16 // per_word, {2: 12, 8: 17}.get(es, 34), 68
     word_bytes = 4 if halves else es
     taps, pg, threads = KH * KW, C // G, launch.threads_per_block
     in_h, in_w = 7 * sh + (KH - 1) * dh + 1, 7 * sw + (KW - 1) * dw + 1
-    chunk_bytes = 2 * 64 * 24 * es
+    chunk_bytes = 2 * 64 * stride_words * word_bytes
     in_row, in_stride = in_w | 1, 20
     staging_bytes = max(chunk_bytes, in_h * in_row * in_stride * acc)
     weights_at = -(-staging_bytes // 16) * 16 // acc  # in accumulators

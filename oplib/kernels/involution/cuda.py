@@ -272,15 +272,21 @@ def launch_involution_generated_backward_input(grad_output, feature, span_weight
 SPAN_TILE_SOURCE = "involution/csrc/cuda/span_tile.cu"
 
 
+def _span_tile_stride(source: KernelSource, dtype: torch.dtype) -> int:
+    """Values per staged row of the span product's chunks: 16-bit values as tensor-core
+    fragments take them, float and double as the FMA lanes read them."""
+    return source.constants[{2: "SPAN_TILE_STRIDE", 8: "SPAN_TILE_FMA64_STRIDE"}.get(dtype.itemsize, "SPAN_TILE_FMA_STRIDE")]
+
+
 def span_tile_config(source: KernelSource, dtype: torch.dtype, batch: int, rows: int, plane: int) -> LaunchConfig:
     """``involution_span_tile``'s launch: a block of ``SPAN_TILE_WARPS`` warps per tile of
     ``SPAN_TILE_PIXELS`` pixels x ``SPAN_TILE_ROWS`` rows of a sample, with the dynamic shared
-    memory the source's layout takes (two staged chunks of ``SPAN_TILE_STRIDE`` values per
+    memory the source's layout takes (two staged chunks of ``_span_tile_stride`` values per
     pixel and per row, and the sums, in float or, for float64, double)."""
     c = source.constants
     pixels, tile_rows = c["SPAN_TILE_PIXELS"], c["SPAN_TILE_ROWS"]
     accumulator = 8 if dtype == torch.float64 else 4
-    shared_bytes = ((pixels + tile_rows) * c["SPAN_TILE_STRIDE"] * dtype.itemsize
+    shared_bytes = ((pixels + tile_rows) * _span_tile_stride(source, dtype) * dtype.itemsize
                     + tile_rows * c["SPAN_TILE_SUMS_STRIDE"] * accumulator)
     grid = (-(-plane // pixels), -(-rows // tile_rows), batch)
     return LaunchConfig(grid, (32, c["SPAN_TILE_WARPS"]), shared_bytes)
@@ -327,7 +333,7 @@ def generated_tile_shared_bytes(source: KernelSource, dtype: torch.dtype, kernel
     c = source.constants
     accumulator = 8 if dtype == torch.float64 else 4
     in_h, in_w = _tile_input_size(source, kernel_size, stride, dilation)
-    staging = max(2 * c["SPAN_TILE_PIXELS"] * c["SPAN_TILE_STRIDE"] * dtype.itemsize,
+    staging = max(2 * c["SPAN_TILE_PIXELS"] * _span_tile_stride(source, dtype) * dtype.itemsize,
                   in_h * (in_w | 1) * c["GEN_TILE_IN_STRIDE"] * accumulator)
     partials = c["GEN_TILE_SETS"] * c["GEN_TILE_CHANNELS"] * c["GEN_TILE_PARTIAL_STRIDE"]
     return -(-staging // 16) * 16 + (c["GEN_TILE_TAPS"] * c["SPAN_TILE_SUMS_STRIDE"] + partials) * accumulator

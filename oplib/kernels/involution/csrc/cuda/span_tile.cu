@@ -19,8 +19,8 @@
 // The sums pass through shared memory, so that the stores run along pixels.
 //
 // Dynamic shared memory (the host's span_tile_shared_bytes is its size):
-//   feature chunk  SPAN_TILE_PIXELS x SPAN_TILE_STRIDE values        [pixel][r]
-//   span chunk     SPAN_TILE_ROWS x SPAN_TILE_STRIDE values          [row][r]
+//   feature chunk  SPAN_TILE_PIXELS x Tile::stride words             [pixel][r]
+//   span chunk     SPAN_TILE_ROWS x Tile::stride words               [row][r]
 //   sums           SPAN_TILE_ROWS x SPAN_TILE_SUMS_STRIDE accumulators  [row][pixel]
 // where float16/bfloat16 values sit in pairs of consecutive r, a 32-bit word each, as the
 // tensor-core fragments take them. Past R, the plane or the rows, the chunks hold zeros.
@@ -32,9 +32,13 @@ constexpr int SPAN_TILE_THREADS = 256;
 constexpr int SPAN_TILE_PIXELS = 64;
 constexpr int SPAN_TILE_ROWS = 32;
 constexpr int SPAN_TILE_REDUCED = 16;
-// Row lengths in shared memory, in values: with 24, the 32 words of a fragment load (8 rows x
-// 4 words) fall in 32 different banks.
+// Row lengths of the staged chunks in shared memory, in values. 16-bit values: with 24, the 32
+// words of a fragment load (8 rows x 4 words) fall in 32 different banks. float and double
+// (SPAN_TILE_FMA_STRIDE): with 34, the 16 pixels x 2 r a warp's FMA lanes read do; double
+// takes the smallest odd length (its rows are twice as long in shared memory).
 constexpr int SPAN_TILE_STRIDE = 24;
+constexpr int SPAN_TILE_FMA_STRIDE = 34;
+constexpr int SPAN_TILE_FMA64_STRIDE = 17;
 constexpr int SPAN_TILE_SUMS_STRIDE = 68;
 
 static_assert(SPAN_TILE_THREADS == 32 * SPAN_TILE_WARPS, "a block is SPAN_TILE_WARPS whole warps");
@@ -47,6 +51,7 @@ struct SpanTile {
     typedef typename Element<scalar_t>::acc_t acc_t;
     typedef scalar_t word_t;
     static constexpr int values_per_word = 1;
+    static constexpr int stride = sizeof(scalar_t) == 8 ? SPAN_TILE_FMA64_STRIDE : SPAN_TILE_FMA_STRIDE;  // values a staged row
 
     // values[0] if it lies inside the tensor (count > 0), else zero.
     static __device__ __forceinline__ scalar_t read(const scalar_t* values, index_t step, int count) {
@@ -74,9 +79,9 @@ struct SpanTile {
         for (int r = threadIdx.x / 16; r < SPAN_TILE_REDUCED; r += 2) {
             acc_t f[4], s[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) f[j] = feature[(column + 16 * j) * SPAN_TILE_STRIDE + r];
+            for (int j = 0; j < 4; ++j) f[j] = feature[(column + 16 * j) * stride + r];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) s[i] = span[(row + i) * SPAN_TILE_STRIDE + r];
+            for (int i = 0; i < 4; ++i) s[i] = span[(row + i) * stride + r];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -167,7 +172,7 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_span_tile(
     typedef typename Tile::word_t word_t;
     typedef typename Tile::acc_t acc_t;
     constexpr int per_word = Tile::values_per_word;
-    constexpr int stride = SPAN_TILE_STRIDE / per_word;  // words per row of a staged chunk
+    constexpr int stride = Tile::stride;  // words per row of a staged chunk
     constexpr int chunk_words = SPAN_TILE_REDUCED / per_word;
     OPLIB_DYNAMIC_SHARED(unsigned char, shared);
     word_t* feature_chunk = reinterpret_cast<word_t*>(shared);
@@ -339,12 +344,12 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
     typedef typename Tile::acc_t weight_t;
     typedef typename Element<scalar_t>::acc_t acc_t;
     constexpr int per_word = Tile::values_per_word;
-    constexpr int stride = SPAN_TILE_STRIDE / per_word;
+    constexpr int stride = Tile::stride;
     constexpr int chunk_words = SPAN_TILE_REDUCED / per_word;
     const int taps = kernel_h * kernel_w, group_channels = channels / groups;
     const int in_h = (GEN_TILE_H - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
     const int in_w = (GEN_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
-    const int chunk_bytes = 2 * SPAN_TILE_PIXELS * SPAN_TILE_STRIDE * (int)sizeof(scalar_t);
+    const int chunk_bytes = 2 * SPAN_TILE_PIXELS * stride * (int)sizeof(word_t);
     const int in_row = in_w | 1;
     const int input_bytes = in_h * in_row * GEN_TILE_IN_STRIDE * (int)sizeof(acc_t);
     const int staging_bytes = chunk_bytes > input_bytes ? chunk_bytes : input_bytes;
