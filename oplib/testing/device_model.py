@@ -499,22 +499,27 @@ def _generated_tile(t: _Tally, item: Tensor, launch: Launch) -> None:
     (block-major, 256 threads a block). Per chunk of R: the feature and span chunks staged
     (global loads, shared stores), the span product from shared memory (FMAs, or fragment
     loads for tensor cores, whose pipe is not a term); the weights to shared memory; per chunk
-    of 16 of the group's channels: the input window staged, then per tap one weight and 4
-    values read from shared memory for 4 FMAs; 4 stores."""
+    of 16 of the group's channels: the input window staged, then four sets of threads over the
+    kernel rows, a thread's 4 pixels x 4 channels per tap from 4 weights (16-byte loads) and,
+    sliding at strides 1 and 2, one new column of 4 values; the sets' partial sums through
+    shared memory, then the stores. The layout's sizes are the source's and its host's."""
+    from ..kernels.involution import cuda as involution_cuda
+
     (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w,
      isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh, fsw, last) = launch.scalars
+    source = involution_cuda.load_source(involution_cuda.SPAN_TILE_SOURCE)
+    c = source.constants
     es = launch.dtype.itemsize
     acc = 8 if launch.dtype == torch.float64 else 4
     halves = es == 2
     per_word = 2 if halves else 1
-    chunk_words, stride_words, sums_stride = 16 // per_word, {2: 12, 8: 17}.get(es, 34), 68
+    stride_words = involution_cuda.span_tile_stride(source, launch.dtype) // per_word
+    chunk_words, sums_stride = c["SPAN_TILE_REDUCED"] // per_word, c["SPAN_TILE_SUMS_STRIDE"]
     word_bytes = 4 if halves else es
     taps, pg, threads = KH * KW, C // G, launch.threads_per_block
-    in_h, in_w = 7 * sh + (KH - 1) * dh + 1, 7 * sw + (KW - 1) * dw + 1
-    chunk_bytes = 2 * 64 * stride_words * word_bytes
-    in_row, in_stride = in_w | 1, 20
-    staging_bytes = max(chunk_bytes, in_h * in_row * in_stride * acc)
-    weights_at = -(-staging_bytes // 16) * 16 // acc  # in accumulators
+    in_h, in_w = involution_cuda.tile_input_size(source, (KH, KW), (sh, sw), (dh, dw))
+    in_row, in_stride = in_w | 1, c["GEN_TILE_IN_STRIDE"]
+    weights_at = involution_cuda.generated_tile_staging_bytes(source, launch.dtype, (KH, KW), (sh, sw), (dh, dw)) // acc
     block, thread = item // threads, item % threads
     lane, warp = thread % 32, thread // 32
     tile, group, n = block % launch.grid[0], (block // launch.grid[0]) % G, block // (launch.grid[0] * G)

@@ -272,7 +272,7 @@ def launch_involution_generated_backward_input(grad_output, feature, span_weight
 SPAN_TILE_SOURCE = "involution/csrc/cuda/span_tile.cu"
 
 
-def _span_tile_stride(source: KernelSource, dtype: torch.dtype) -> int:
+def span_tile_stride(source: KernelSource, dtype: torch.dtype) -> int:
     """Values per staged row of the span product's chunks: 16-bit values as tensor-core
     fragments take them, float and double as the FMA lanes read them."""
     return source.constants[{2: "SPAN_TILE_STRIDE", 8: "SPAN_TILE_FMA64_STRIDE"}.get(dtype.itemsize, "SPAN_TILE_FMA_STRIDE")]
@@ -286,7 +286,7 @@ def span_tile_config(source: KernelSource, dtype: torch.dtype, batch: int, rows:
     c = source.constants
     pixels, tile_rows = c["SPAN_TILE_PIXELS"], c["SPAN_TILE_ROWS"]
     accumulator = 8 if dtype == torch.float64 else 4
-    shared_bytes = ((pixels + tile_rows) * _span_tile_stride(source, dtype) * dtype.itemsize
+    shared_bytes = ((pixels + tile_rows) * span_tile_stride(source, dtype) * dtype.itemsize
                     + tile_rows * c["SPAN_TILE_SUMS_STRIDE"] * accumulator)
     grid = (-(-plane // pixels), -(-rows // tile_rows), batch)
     return LaunchConfig(grid, (32, c["SPAN_TILE_WARPS"]), shared_bytes)
@@ -319,24 +319,33 @@ def span_tile(feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
 # ---------------------------------------------------------------------------------------
 
 
-def _tile_input_size(source: KernelSource, kernel_size, stride, dilation) -> tuple[int, int]:
+def tile_input_size(source: KernelSource, kernel_size, stride, dilation) -> tuple[int, int]:
     """The input rows and columns a tile's windows read, as the kernel computes them."""
     c = source.constants
     return tuple((tile - 1) * s + (k - 1) * d + 1
                  for tile, k, s, d in zip((c["GEN_TILE_H"], c["GEN_TILE_W"]), kernel_size, stride, dilation))
 
 
-def generated_tile_shared_bytes(source: KernelSource, dtype: torch.dtype, kernel_size, stride, dilation) -> int:
-    """The dynamic shared memory of ``involution_generated_tile``: the staging region (the span
-    product's two chunks, or the input chunk, whichever is larger), rounded up to 16 bytes, then
-    the tile's weights and the aggregation's partial sums."""
+def generated_tile_staging_bytes(source: KernelSource, dtype: torch.dtype, kernel_size, stride, dilation) -> int:
+    """The staging region of ``involution_generated_tile``'s shared memory (the span product's
+    two chunks, or the input chunk, whichever is larger), rounded up to 16 bytes: where the
+    tile's weights start."""
     c = source.constants
     accumulator = 8 if dtype == torch.float64 else 4
-    in_h, in_w = _tile_input_size(source, kernel_size, stride, dilation)
-    staging = max(2 * c["SPAN_TILE_PIXELS"] * _span_tile_stride(source, dtype) * dtype.itemsize,
+    in_h, in_w = tile_input_size(source, kernel_size, stride, dilation)
+    staging = max(2 * c["SPAN_TILE_PIXELS"] * span_tile_stride(source, dtype) * dtype.itemsize,
                   in_h * (in_w | 1) * c["GEN_TILE_IN_STRIDE"] * accumulator)
+    return -(-staging // 16) * 16
+
+
+def generated_tile_shared_bytes(source: KernelSource, dtype: torch.dtype, kernel_size, stride, dilation) -> int:
+    """The dynamic shared memory of ``involution_generated_tile``: the staging region, then the
+    tile's weights and the aggregation's partial sums."""
+    c = source.constants
+    accumulator = 8 if dtype == torch.float64 else 4
     partials = c["GEN_TILE_SETS"] * c["GEN_TILE_CHANNELS"] * c["GEN_TILE_PARTIAL_STRIDE"]
-    return -(-staging // 16) * 16 + (c["GEN_TILE_TAPS"] * c["SPAN_TILE_SUMS_STRIDE"] + partials) * accumulator
+    return (generated_tile_staging_bytes(source, dtype, kernel_size, stride, dilation)
+            + (c["GEN_TILE_TAPS"] * c["SPAN_TILE_SUMS_STRIDE"] + partials) * accumulator)
 
 
 # The most dynamic shared memory a tiled launch asks for: what an sm_86/sm_89 block may have

@@ -163,6 +163,20 @@ struct SpanTile<oplib_bfloat16> : SpanTileMma<oplib_bfloat16> {
     using SpanTileMma<oplib_bfloat16>::SpanTileMma;
 };
 
+// Rows [0, count) of a span chunk staged from span_weight's rows at `rows_from` (R values apart),
+// values r0 ... r0 + SPAN_TILE_REDUCED - 1 of each: zeros past `valid` rows and past R.
+// Consecutive threads read consecutive r.
+template <typename Tile, typename scalar_t>
+__device__ __forceinline__ void stage_span_rows(typename Tile::word_t* chunk, const scalar_t* rows_from, int count,
+                                                int valid, int reduced, int r0, int thread) {
+    constexpr int per_word = Tile::values_per_word, chunk_words = SPAN_TILE_REDUCED / per_word;
+    for (int i = thread; i < count * chunk_words; i += SPAN_TILE_THREADS) {
+        const int row = i / chunk_words, word = i % chunk_words;
+        const int r = r0 + word * per_word;
+        chunk[row * Tile::stride + word] = Tile::read(rows_from + (index_t)row * reduced + r, 1, row < valid ? reduced - r : 0);
+    }
+}
+
 // Block (32, SPAN_TILE_WARPS); grid (pixel tiles, row tiles, N).
 template <typename scalar_t>
 __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_span_tile(
@@ -192,12 +206,8 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_span_tile(
             const index_t p = pixel0 + pixel;
             feature_chunk[pixel * stride + word] = Tile::read(sample + r * plane + p, plane, p < plane ? reduced - r : 0);
         }
-        for (int i = thread; i < SPAN_TILE_ROWS * chunk_words; i += SPAN_TILE_THREADS) {
-            const int row = i / chunk_words, word = i % chunk_words;
-            const int r = r0 + word * per_word;
-            const int k = row0 + row;
-            span_chunk[row * stride + word] = Tile::read(span_weight + (index_t)k * reduced + r, 1, k < rows ? reduced - r : 0);
-        }
+        stage_span_rows<Tile>(span_chunk, span_weight + (index_t)row0 * reduced, SPAN_TILE_ROWS, rows - row0, reduced, r0,
+                              thread);
         __syncthreads();  // the chunk is staged
         tile.add(feature_chunk, span_chunk);
         __syncthreads();  // every warp is done with the chunk
@@ -253,6 +263,8 @@ constexpr int GEN_TILE_SETS = 4;
 constexpr int GEN_TILE_SET_THREADS = 64;
 constexpr int GEN_TILE_RUN = 4;
 constexpr int GEN_TILE_THREAD_CHANNELS = 4;
+// A thread's channels lie this far apart in the chunk (first, first + step, ...).
+constexpr int GEN_TILE_CHANNEL_STEP = GEN_TILE_CHANNELS / GEN_TILE_THREAD_CHANNELS;
 // A channel's partial sums (the tile's pixels), one more: the sets' stores fall in more banks.
 constexpr int GEN_TILE_PARTIAL_STRIDE = 65;
 // A staged pixel's values (the chunk's channels and 4 unused), and a staged row's pixels (the
@@ -281,14 +293,13 @@ __device__ __forceinline__ void load_run(const weight_t* from, weight_t (&to)[GE
 }
 
 // One kernel row's taps of a thread's GEN_TILE_RUN pixels x GEN_TILE_THREAD_CHANNELS channels
-// (channels `channel_step` apart in `row`, the staged row at the thread's first channel) at
+// (channels GEN_TILE_CHANNEL_STEP apart in `row`, the staged row at the thread's first channel) at
 // column stride S and no dilation: tap b of pixel px0 + j reads column S (px0 + j) + b, so
 // window[q] holds the columns of the taps b = q (mod S) and moves by one pixel every S taps:
 // each staged value is read once for all the pixels it serves.
 template <int S, typename acc_t, typename weight_t>
 __device__ __forceinline__ void slide_row(const acc_t* row, const weight_t* tap_weights, int px0, int kernel_w,
                                           acc_t (&sums)[GEN_TILE_RUN][GEN_TILE_THREAD_CHANNELS]) {
-    constexpr int channel_step = GEN_TILE_CHANNELS / GEN_TILE_THREAD_CHANNELS;
     acc_t window[S][GEN_TILE_RUN][GEN_TILE_THREAD_CHANNELS];
 #pragma unroll
     for (int q = 0; q < S; ++q) {
@@ -297,7 +308,7 @@ __device__ __forceinline__ void slide_row(const acc_t* row, const weight_t* tap_
         for (int j = 0; j < GEN_TILE_RUN; ++j) {
 #pragma unroll
             for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
-                window[q][j][k] = row[(S * (px0 + j) + q) * GEN_TILE_IN_STRIDE + k * channel_step];
+                window[q][j][k] = row[(S * (px0 + j) + q) * GEN_TILE_IN_STRIDE + k * GEN_TILE_CHANNEL_STEP];
             }
         }
     }
@@ -314,7 +325,7 @@ __device__ __forceinline__ void slide_row(const acc_t* row, const weight_t* tap_
                 }
 #pragma unroll
                 for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
-                    window[q][GEN_TILE_RUN - 1][k] = row[(S * (px0 + GEN_TILE_RUN - 1) + b) * GEN_TILE_IN_STRIDE + k * channel_step];
+                    window[q][GEN_TILE_RUN - 1][k] = row[(S * (px0 + GEN_TILE_RUN - 1) + b) * GEN_TILE_IN_STRIDE + k * GEN_TILE_CHANNEL_STEP];
                 }
             }
             weight_t weight[GEN_TILE_RUN];
@@ -382,12 +393,8 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
             const scalar_t* at = sample_feature + (inside ? r * feature_c + y * feature_h + x * feature_w : 0);
             feature_chunk[pixel * stride + word] = Tile::read(at, feature_c, inside ? reduced - r : 0);
         }
-        for (int i = thread; i < GEN_TILE_TAPS * chunk_words; i += SPAN_TILE_THREADS) {
-            const int tap = i / chunk_words, word = i % chunk_words;
-            const int r = r0 + word * per_word;
-            const index_t row = (index_t)group * taps + tap;
-            span_chunk[tap * stride + word] = Tile::read(span_weight + row * reduced + r, 1, tap < taps ? reduced - r : 0);
-        }
+        stage_span_rows<Tile>(span_chunk, span_weight + (index_t)group * taps * reduced, GEN_TILE_TAPS, taps, reduced, r0,
+                              thread);
         __syncthreads();  // the feature and span chunks are staged
         low.add(feature_chunk, span_chunk);
         high.add(feature_chunk, span_chunk + SPAN_TILE_ROWS * stride);
@@ -402,10 +409,7 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
     // channels, each weight loaded once for its channels, each input column (a stride-1
     // window) once for the pixels it serves; the sets' partial sums meet in shared memory.
     const int set = thread / GEN_TILE_SET_THREADS, member = thread % GEN_TILE_SET_THREADS;
-    // The thread's channels: first, first + 4, ... (GEN_TILE_CHANNELS / GEN_TILE_THREAD_CHANNELS apart).
-    constexpr int channel_step = GEN_TILE_CHANNELS / GEN_TILE_THREAD_CHANNELS;
-    const int first = member % channel_step;
-    const int run = member / (GEN_TILE_CHANNELS / GEN_TILE_THREAD_CHANNELS);
+    const int first = member % GEN_TILE_CHANNEL_STEP, run = member / GEN_TILE_CHANNEL_STEP;
     const int py = run / (GEN_TILE_W / GEN_TILE_RUN), px0 = run % (GEN_TILE_W / GEN_TILE_RUN) * GEN_TILE_RUN;
     const int row_begin = set * kernel_h / GEN_TILE_SETS, row_end = (set + 1) * kernel_h / GEN_TILE_SETS;
     acc_t* partials = reinterpret_cast<acc_t*>(weights + GEN_TILE_TAPS * SPAN_TILE_SUMS_STRIDE);
@@ -455,7 +459,7 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
                     const acc_t* values = row + ((px0 + j) * stride_w + b * dilation_w) * GEN_TILE_IN_STRIDE;
 #pragma unroll
                     for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
-                        sums[j][k] = oplib_fma((acc_t)weight[j], values[k * channel_step], sums[j][k]);
+                        sums[j][k] = oplib_fma((acc_t)weight[j], values[k * GEN_TILE_CHANNEL_STEP], sums[j][k]);
                     }
                 }
             }
@@ -465,7 +469,7 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
         for (int j = 0; j < GEN_TILE_RUN; ++j) {
 #pragma unroll
             for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
-                mine[(first + k * channel_step) * GEN_TILE_PARTIAL_STRIDE + py * GEN_TILE_W + px0 + j] = sums[j][k];
+                mine[(first + k * GEN_TILE_CHANNEL_STEP) * GEN_TILE_PARTIAL_STRIDE + py * GEN_TILE_W + px0 + j] = sums[j][k];
             }
         }
         __syncthreads();  // every set's partial sums are in place
