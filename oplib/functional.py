@@ -50,24 +50,37 @@ def conv2d(
 
 
 def _resolve_string_padding(input, weight, padding: str, stride, dilation):
-    if padding == "valid":
-        return input, [0, 0]
-    if padding != "same":
-        raise ValueError(f"oplib.conv2d: padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
-    if any(s != 1 for s in stride):
-        raise ValueError(f"oplib.conv2d: padding='same' is not supported for strided convolutions, got stride={stride}")
-    if weight.dim() != 4:
+    if padding == "same" and weight.dim() != 4:
         raise ValueError(f"oplib.conv2d: expected weight to be 4-D, got size {list(weight.shape)}")
-    symmetric, extra = [], []
-    for axis in (0, 1):
-        total = dilation[axis] * (weight.shape[2 + axis] - 1)
-        symmetric.append(total // 2)
-        extra.append(total - 2 * (total // 2))
+    symmetric, extra = _string_padding("oplib.conv2d", "convolutions", padding, weight.shape[2:], stride, dilation)
     if any(extra):
-        # An even dilated kernel needs one more row/column at the bottom/right, which
-        # symmetric padding cannot express: pad that side explicitly, as torch does.
         input = torch.nn.functional.pad(input, [0, extra[1], 0, extra[0]])
     return input, symmetric
+
+
+def _string_padding(
+    name: str, windows: str, padding: str, kernel_size: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """``padding="valid"`` or ``"same"`` (stride 1 only, else ValueError naming ``windows``) for
+    the op or module ``name``: (symmetric (height, width), extra (bottom, right)) as
+    ``_same_padding`` gives them."""
+    if padding == "valid":
+        return [0, 0], [0, 0]
+    if padding != "same":
+        raise ValueError(f"{name}: padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
+    if any(s != 1 for s in stride):
+        raise ValueError(f"{name}: padding='same' is not supported for strided {windows}, got stride={stride}")
+    return _same_padding(kernel_size, dilation)
+
+
+def _same_padding(kernel_size: Sequence[int], dilation: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The padding of torch's ``padding="same"``: a dilated kernel of extent d (K - 1) + 1 needs
+    d (K - 1) rows in all, half above and half below. Where that is odd, the extra row goes at
+    the bottom (columns likewise, at the right), which symmetric padding cannot express: the
+    caller pads that side explicitly, as torch does. -> (symmetric (height, width), extra
+    (bottom, right))."""
+    totals = [d * (k - 1) for k, d in zip(kernel_size, dilation)]
+    return [t // 2 for t in totals], [t % 2 for t in totals]
 
 
 def involution(

@@ -60,10 +60,19 @@ class Involution2d(torch.nn.Module):
     Each output pixel's ``K*K`` kernel is generated from the input: (average-pool to the output
     size when stride > 1) -> 1x1 conv to C / reduction_ratio -> BatchNorm -> ReLU -> 1x1 conv
     to ``G*K*K`` -> viewed as the (N, G, KH, KW, Ho, Wo) weight of ``torch.ops.oplib.involution``,
-    G = C / group_channels. Padding defaults to dilation * (K - 1) / 2, which keeps the size
-    at stride 1. The pooling yields exactly the op's output size, so odd sizes at stride 2
-    get a weight of the right size (the published code pooled to floor(H / 2) while its
-    output had ceil(H / 2) rows, and read out of bounds).
+    G = C / group_channels. The pooling yields exactly the op's output size, so odd sizes at
+    stride 2 get a weight of the right size (the published code pooled to floor(H / 2) while
+    its output had ceil(H / 2) rows, and read out of bounds).
+
+    ``padding``: an int, a (height, width) pair, ``"valid"`` (0) or ``"same"`` (stride 1 only),
+    as ``oplib.conv2d`` takes them, or None (the default): torch's ``"same"`` padding at every
+    stride, dilation * (K - 1) rows in all, half above and half below, and where that is odd
+    (an even kernel at an odd dilation) the odd row at the bottom (columns likewise, the odd
+    one at the right): Ho = ceil(H / stride), H at stride 1. ``padding`` holds the top and left
+    amounts (the op's symmetric padding), ``extra_padding`` the (bottom, right) rows and
+    columns, 0 or 1, padded with zeros before the op. The kernel source is the unpadded input:
+    at stride 1 output pixel (i, j) generates its kernel from input pixel (i, j), as for an
+    odd kernel.
 
     With ``fused=True`` the span conv is not run: its parameters go to
     ``torch.ops.oplib.involution_generated``, which forms each pixel's weights inside the op,
@@ -92,7 +101,7 @@ class Involution2d(torch.nn.Module):
         channels: int,
         kernel_size: int | tuple[int, int] = 7,
         stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] | None = None,
+        padding: int | tuple[int, int] | str | None = None,
         dilation: int | tuple[int, int] = 1,
         group_channels: int = 16,
         reduction_ratio: int = 4,
@@ -109,8 +118,15 @@ class Involution2d(torch.nn.Module):
         self.kernel_size = _positive_pair("kernel_size", kernel_size, lowest=1)
         self.stride = _positive_pair("stride", stride, lowest=1)
         self.dilation = _positive_pair("dilation", dilation, lowest=1)
-        same = tuple(d * (k - 1) // 2 for d, k in zip(self.dilation, self.kernel_size))
-        self.padding = same if padding is None else _positive_pair("padding", padding, lowest=0)
+        if padding is None:
+            symmetric, extra = F._same_padding(self.kernel_size, self.dilation)
+        elif isinstance(padding, str):
+            symmetric, extra = F._string_padding(
+                "Involution2d", "involutions", padding, self.kernel_size, self.stride, self.dilation
+            )
+        else:
+            symmetric, extra = _positive_pair("padding", padding, lowest=0), (0, 0)
+        self.padding, self.extra_padding = tuple(symmetric), tuple(extra)
         self.groups = channels // group_channels
         self.fused = fused
         self.checkpoint_generation = checkpoint_generation
@@ -118,14 +134,19 @@ class Involution2d(torch.nn.Module):
         # The output keeps the input's size only at stride 1 with exactly "same" padding; else
         # the kernel source is pooled. Decided by the configuration, never by the input size,
         # so tracing adds no guard.
-        keeps_size = all(2 * p == d * (k - 1) for p, d, k in zip(self.padding, self.dilation, self.kernel_size))
+        keeps_size = all(
+            2 * p + e == d * (k - 1)
+            for p, e, d, k in zip(self.padding, self.extra_padding, self.dilation, self.kernel_size)
+        )
         self.pools = self.stride != (1, 1) or not keeps_size
         self.reduce = torch.nn.Conv2d(channels, reduced, 1, bias=False)
         self.norm = torch.nn.BatchNorm2d(reduced)
         self.span = torch.nn.Conv2d(reduced, self.groups * self.kernel_size[0] * self.kernel_size[1], 1)
 
     def output_size(self, height, width) -> tuple:
-        return window_output_size((height, width), self.kernel_size, self.stride, self.padding, self.dilation)
+        """(Ho, Wo) for an input of height x width."""
+        padded = (height + self.extra_padding[0], width + self.extra_padding[1])
+        return window_output_size(padded, self.kernel_size, self.stride, self.padding, self.dilation)
 
     def kernel_weights(self, input: Tensor) -> Tensor:
         """input: (N, C, H, W) -> the generated weight (N, G, KH, KW, Ho, Wo)."""
@@ -149,11 +170,12 @@ class Involution2d(torch.nn.Module):
     def _pool(self, input: Tensor, out_h, out_w) -> Tensor:
         """(N, C, H, W) -> (N, C, Ho, Wo): output pixel (i, j) gets the mean of the input over
         the stride x stride cell at its window's centre, rows o + i*s ... o + i*s + s - 1 with
-        o = d (K - 1) // 2 - p (0 for the default padding: plain s x s average pooling, as in
-        the paper). Parts of a cell outside the image are left out of its mean, so odd sizes
-        at stride 2 work. Written as a sum over a shifted, zero-extended input divided by
-        the in-image count: the output size is then the op's own formula, which torch.export
-        can prove equal for every input size, and inductor lowers it with dynamic shapes."""
+        o = d (K - 1) // 2 - p, p the top padding (0 for the default padding: plain s x s
+        average pooling, as in the paper). Parts of a cell outside the image are left out of
+        its mean, so odd sizes at stride 2 work. Written as a sum over a shifted, zero-extended
+        input divided by the in-image count: the output size is then the op's own formula,
+        which torch.export can prove equal for every input size, and inductor lowers it with
+        dynamic shapes."""
         height, width = input.shape[2:]
         offsets = [d * (k - 1) // 2 - p for d, k, p in zip(self.dilation, self.kernel_size, self.padding)]
         # F.pad crops where an amount is negative.
@@ -187,17 +209,17 @@ class Involution2d(torch.nn.Module):
             raise RuntimeError(
                 f"Involution2d: expected input with {self.channels} channels, got input of size {list(input.shape)}"
             )
-        for size, kernel, padding, dilation, name in zip(
-            input.shape[-2:], self.kernel_size, self.padding, self.dilation, ("height", "width")
+        for size, kernel, padding, extra, dilation, name in zip(
+            input.shape[-2:], self.kernel_size, self.padding, self.extra_padding, self.dilation, ("height", "width")
         ):
             extent = dilation * (kernel - 1) + 1
             # (dynamo specialises a size that isinstance looks at, so ask whether it traces first)
             shown = name[0].upper() if torch.compiler.is_compiling() or not isinstance(size, int) else size
             message = (
-                f"Involution2d: input {name} with padding ({shown} + 2*{padding}) is smaller than the dilated "
-                f"kernel {name} ({extent})"
+                f"Involution2d: input {name} with padding ({shown} + 2*{padding}{f' + {extra}' if extra else ''}) "
+                f"is smaller than the dilated kernel {name} ({extent})"
             )
-            fits = size + 2 * padding >= extent
+            fits = size + 2 * padding + extra >= extent
             # A plain True (a static size) needs no check: inside a checkpointed region dynamo
             # would keep the call, message function and all, in the graph, whose FX-cache key
             # then cannot be pickled.
@@ -219,6 +241,9 @@ class Involution2d(torch.nn.Module):
             feature = checkpoint_module(self, self._feature, batched)
         else:
             feature = self._feature(batched)
+        if any(self.extra_padding):
+            # (the kernel source above is the unpadded input)
+            batched = torch.nn.functional.pad(batched, (0, self.extra_padding[1], 0, self.extra_padding[0]))
         if self.fused_on(batched.device.type):
             out = F.involution_generated(batched, feature, self.span.weight, self.span.bias, self.kernel_size,
                                          self.stride, self.padding, self.dilation)
@@ -229,7 +254,8 @@ class Involution2d(torch.nn.Module):
     def extra_repr(self) -> str:
         return (
             f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
-            f"dilation={self.dilation}, groups={self.groups}, fused={self.fused}"
+            + (f"extra_padding={self.extra_padding}, " if any(self.extra_padding) else "")
+            + f"dilation={self.dilation}, groups={self.groups}, fused={self.fused}"
             + (", checkpoint_generation=True" if self.checkpoint_generation else "")
         )
 

@@ -97,13 +97,16 @@ def _cell_means(layer: oplib.nn.Involution2d, x: torch.Tensor, out_h: int, out_w
 
 def _involution_layer_reference(layer: oplib.nn.Involution2d, x: torch.Tensor) -> torch.Tensor:
     """The layer in plain torch: the same sub-modules' parameters, and the registry's unfold
-    reference of the op."""
+    reference of the op on the input zero-padded by hand (top and left ``padding``, bottom
+    and right ``padding + extra_padding``)."""
     out_h, out_w = layer.output_size(*x.shape[2:])
     source = _cell_means(layer, x, out_h, out_w) if layer.pools else x
     hidden = F.relu(layer.norm(F.conv2d(source, layer.reduce.weight)))
     weight = F.conv2d(hidden, layer.span.weight, layer.span.bias)
     shape = (x.shape[0], layer.groups, *layer.kernel_size, out_h, out_w)
-    return involution_reference(x, weight.view(shape), layer.stride, layer.padding, layer.dilation)
+    (top, left), (bottom, right) = layer.padding, layer.extra_padding
+    padded = F.pad(x, (left, left + right, top, top + bottom))
+    return involution_reference(padded, weight.view(shape), layer.stride, (0, 0), layer.dilation)
 
 
 @pytest.mark.parametrize(
@@ -115,7 +118,10 @@ def _involution_layer_reference(layer: oplib.nn.Involution2d, x: torch.Tensor) -
         (dict(channels=16, kernel_size=(3, 5), stride=(2, 1), dilation=(1, 2), group_channels=4), (9, 10)),
         (dict(channels=8, kernel_size=3, padding=0, group_channels=8, reduction_ratio=2), (6, 7)),
         (dict(channels=8, kernel_size=4, stride=2, padding=3, group_channels=4), (7, 8)),
-        (dict(channels=8, kernel_size=4, group_channels=2), (5, 6)),
+        (dict(channels=8, kernel_size=4, group_channels=2), (5, 6)),  # keeps the size (was 4 x 5)
+        (dict(channels=8, kernel_size=(2, 3), dilation=(1, 2), padding="same", group_channels=4), (7, 8)),
+        (dict(channels=8, kernel_size=(4, 2), stride=2, dilation=(2, 1), group_channels=4), (7, 9)),  # 4 x 5
+        (dict(channels=8, kernel_size=(3, 4), padding="valid", group_channels=4), (6, 7)),
     ],
 )
 @pytest.mark.parametrize("train", [True, False])
@@ -183,7 +189,7 @@ def test_involution2d_takes_each_devices_faster_path_unless_forced(monkeypatch):
 
 def test_involution2d_default_padding_keeps_size_and_rejects_bad_groups():
     layer = oplib.nn.Involution2d(32, kernel_size=7, dilation=2)
-    assert layer.padding == (6, 6) and not layer.pools
+    assert layer.padding == (6, 6) and layer.extra_padding == (0, 0) and not layer.pools
     assert layer(torch.randn(2, 32, 13, 10)).shape == (2, 32, 13, 10)
     with pytest.raises(ValueError, match=r"channels \(24\) must be divisible by group_channels \(16\)"):
         oplib.nn.Involution2d(24)
@@ -280,3 +286,110 @@ def test_strided_involution2d_keeps_no_input_sized_map_for_its_pooling(channels_
     torch.testing.assert_close(got, want)
     got = torch.func.vmap(source)(probe.detach().unsqueeze(1)).squeeze(1)
     torch.testing.assert_close(got, cells(probe.detach()))
+
+
+@pytest.mark.parametrize("padding", [None, "same"], ids=["default", "same"])
+@pytest.mark.parametrize("dilation", [1, 2])
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
+@pytest.mark.parametrize("kernel", [2, 4, (2, 3), (3, 3)], ids=["k2", "k4", "k2x3", "k3"])
+@pytest.mark.parametrize("size", [(8, 8), (7, 6)], ids=["8x8", "7x6"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_involution2d_even_kernel_keeps_the_size_as_torch_same_conv(fused, size, kernel, dilation, padding):
+    """Before: Involution2d(16, 4) mapped 8 x 8 to 7 x 7 at stride 1 (padding (K - 1) // 2 on
+    each side), and padding="same" was refused. Now the output keeps the input's size for
+    even kernels too, padded as torch's padding="same": with one kernel for every pixel (span
+    weight 0, bias = the kernel) the layer is a depthwise conv, and it equals torch's
+    conv2d(padding="same"); with generated kernels it matches the plain-torch layer in float64,
+    forward and gradients."""
+    torch.manual_seed(0)
+    layer = oplib.nn.Involution2d(8, kernel, dilation=dilation, padding=padding, group_channels=4, fused=fused)
+    layer = layer.double()
+    x = torch.randn(2, 8, *size, dtype=torch.float64, requires_grad=True)
+    out = layer(x)
+    assert out.shape == x.shape
+    assert not layer.pools  # stride 1, size kept: output pixel (i, j) generates from input pixel (i, j)
+    expected = _involution_layer_reference(layer, x)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    params = [x, *layer.parameters()]
+    for got, want in zip(torch.autograd.grad(out, params, grad), torch.autograd.grad(expected, params, grad)):
+        torch.testing.assert_close(got, want)
+
+    with torch.no_grad():
+        layer.span.weight.zero_()
+        kernels = layer.span.bias.view(layer.groups, 1, *layer.kernel_size)
+        depthwise = kernels.repeat_interleave(8 // layer.groups, dim=0)  # (C, 1, KH, KW), shared in a group
+        want = F.conv2d(x, depthwise, padding="same", dilation=dilation, groups=8)
+        torch.testing.assert_close(layer(x), want)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_involution2d_even_kernel_gradcheck(fused):
+    """Finite differences in float64 through the extra bottom/right padding, for the input and
+    the span conv's weight (the generated kernels), on a tiny input."""
+    torch.manual_seed(0)
+    layer = oplib.nn.Involution2d(4, (2, 3), dilation=(1, 2), group_channels=2, reduction_ratio=2, fused=fused)
+    layer = layer.double().eval()
+    assert layer.extra_padding == (1, 0)
+    x = torch.randn(1, 4, 4, 5, dtype=torch.float64, requires_grad=True)
+    span = layer.span.weight.detach().clone().requires_grad_()
+
+    def run(x, span):
+        return torch.func.functional_call(layer, {"span.weight": span}, (x,))
+
+    assert run(x, span).shape == x.shape
+    torch.autograd.gradcheck(run, (x, span))
+
+
+def test_involution2d_default_padding_gives_ceil_size_at_every_stride():
+    """The default is torch's "same" padding at any stride: Ho = ceil(H / s) for odd and even
+    kernels (an even kernel at stride 2 gave floor(H / 2) rows before), and at stride 1 the
+    sizes of torch's conv2d(padding="same")."""
+    for kernel in (1, 2, 3, 4, 5):
+        for stride in (1, 2, 3):
+            for dilation in (1, 2):
+                layer = oplib.nn.Involution2d(4, kernel, stride, dilation=dilation, group_channels=4)
+                for height, width in ((5, 6), (7, 9), (8, 8)):
+                    assert layer.output_size(height, width) == (-(-height // stride), -(-width // stride))
+    layer = oplib.nn.Involution2d(4, (4, 2), 2, group_channels=4).eval()
+    assert layer(torch.randn(1, 4, 7, 9)).shape == (1, 4, 4, 5)
+
+
+def test_involution2d_valid_padding_is_zero_padding():
+    torch.manual_seed(0)
+    valid = oplib.nn.Involution2d(8, 4, padding="valid", group_channels=4).eval()
+    torch.manual_seed(0)
+    zero = oplib.nn.Involution2d(8, 4, padding=0, group_channels=4).eval()
+    assert (valid.padding, valid.extra_padding) == (zero.padding, zero.extra_padding) == ((0, 0), (0, 0))
+    assert repr(valid) == repr(zero)
+    x = torch.randn(2, 8, 9, 7)
+    torch.testing.assert_close(valid(x), zero(x), rtol=0, atol=0)
+    assert valid(x).shape == (2, 8, 6, 4)
+
+
+def test_involution2d_padding_errors():
+    with pytest.raises(ValueError, match=r"Involution2d: padding='same' is not supported for strided involutions, got stride=\(2, 2\)"):
+        oplib.nn.Involution2d(16, 3, stride=2, padding="same")
+    with pytest.raises(ValueError, match=r"Involution2d: padding must be an int, a pair, 'valid' or 'same', got 'full'"):
+        oplib.nn.Involution2d(16, 3, padding="full")
+    with pytest.raises(ValueError, match=r"Involution2d: padding must be an int, a pair, 'valid' or 'same', got 'SAME'"):
+        oplib.nn.Involution2d(16, 3, padding="SAME")
+
+
+def test_involution2d_even_kernel_traces_with_dynamic_sizes():
+    """The extra bottom/right padding is decided by the configuration, never by the input
+    size: torch.compile(fullgraph=True, dynamic=True) and torch.export with a dynamic batch
+    and size keep the output at the input's size (inductor, and the ONNX export of
+    docs/deploying.md, are exercised by compile_tests/ and tests/deploy/)."""
+    torch.manual_seed(0)
+    layer = oplib.nn.Involution2d(8, (4, 2), dilation=(1, 3), group_channels=4).double().eval()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")
+    dims = {"input": {0: torch.export.Dim("batch", max=64), 2: torch.export.Dim("height", min=4, max=128),
+                      3: torch.export.Dim("width", min=4, max=128)}}
+    exported = torch.export.export(layer, (torch.randn(2, 8, 10, 10, dtype=torch.float64),), dynamic_shapes=dims)
+    for shape in [(2, 8, 9, 8), (1, 8, 12, 7), (3, 8, 5, 16)]:
+        x = torch.randn(shape, dtype=torch.float64)
+        expected = layer(x)
+        assert expected.shape == x.shape
+        torch.testing.assert_close(compiled(x), expected)
+        torch.testing.assert_close(exported.module()(x), expected)
