@@ -45,6 +45,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -55,9 +56,10 @@ from typing import Optional
 
 KERNEL_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = KERNEL_DIR / "involution" / "csrc" / "cpu"
-# The unit that takes longest (the Python bindings, torch's and pybind11's headers) first,
-# so that the parallel compiles end together.
-FIRST_UNIT = "bindings.cpp"
+# The units that take longest to compile, longest first (each unit's time alone, measured by
+# bench/build.py): the parallel compiles start with them, so that they end together. The
+# others follow by name.
+LONGEST_UNITS = ("backward_weight_pixels.cpp", "bindings.cpp", "backward_generator.cpp")
 ENV = "OPLIB_CPU_KERNELS"
 CHOICES = ("pytorch", "auto", "native")
 DEFAULT = "auto"
@@ -159,7 +161,8 @@ class Target:
 
 def units(source_dir: Path = SOURCE_DIR) -> list[Path]:
     """The translation units of a source tree, the longest first."""
-    return sorted(source_dir.glob("*.cpp"), key=lambda path: (path.name != FIRST_UNIT, path.name))
+    rank = {name: i for i, name in enumerate(LONGEST_UNITS)}
+    return sorted(source_dir.glob("*.cpp"), key=lambda path: (rank.get(path.name, len(rank)), path.name))
 
 
 def module_name(source_dir: Path, target: Target) -> str:
@@ -208,18 +211,29 @@ def first_error_line(log: str) -> str:
     return next((line for line in lines if _ERROR_LINE.search(line)), lines[-1] if lines else "no output")
 
 
-def _compile(target: Target, name: str, sources: list[Path], workdir: Path) -> Path:
-    """The module built from sources in workdir; raises NativeBuildError with the log."""
+def _compile(target: Target, name: str, sources: list[Path], workdir: Path, progress: bool = False) -> Path:
+    """The module built from sources in workdir; raises NativeBuildError with the log.
+    ``progress``: a line on stderr as each unit is compiled."""
     compiler = shlex.split(target.compiler)
     flags = target.compile_flags(name)
+    start, done, lock = time.monotonic(), [0], threading.Lock()
 
     def run(command: list[str]) -> tuple[int, str]:
         result = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
         return result.returncode, f"$ {shlex.join(command)}\n{result.stdout}{result.stderr}"
 
+    def compile_unit(source: Path, object_file: Path) -> tuple[int, str]:
+        code, text = run([*compiler, *flags, "-c", str(source), "-o", str(object_file)])
+        if progress:
+            with lock:
+                done[0] += 1
+                outcome = "compiled" if code == 0 else "FAILED"
+                _announce(f"  [{done[0]}/{len(sources)}] {outcome} {source.name} ({time.monotonic() - start:.0f} s)")
+        return code, text
+
     objects = [workdir / f"{source.stem}.o" for source in sources]
     with ThreadPoolExecutor(_jobs(len(sources))) as pool:
-        results = list(pool.map(run, [[*compiler, *flags, "-c", str(s), "-o", str(o)] for s, o in zip(sources, objects)]))
+        results = list(pool.map(compile_unit, sources, objects))
     library = workdir / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if all(code == 0 for code, _ in results):
         results.append(run([*compiler, *map(str, objects), *target.link_flags(), "-o", str(library)]))
@@ -271,10 +285,14 @@ def build(
                 shutil.rmtree(debris, ignore_errors=True)
             workdir = Path(tempfile.mkdtemp(prefix=f"{name}.build-", dir=root))
             if not quiet:
-                _announce(f"building the native CPU kernels once for this machine (about a minute) in {root} ...")
+                _announce(
+                    f"building the native CPU kernels once for this machine (about a minute; "
+                    f"`python -m oplib build` builds them ahead) in {root} ..."
+                )
             start = time.monotonic()
             try:
-                built = _compile(target, name, units(source_dir), workdir)
+                # Progress per unit only on a terminal: a log keeps the two lines.
+                built = _compile(target, name, units(source_dir), workdir, progress=not quiet and sys.stderr.isatty())
             except NativeBuildError as error:
                 kept = root / f"{name}.log"
                 shutil.copyfile(error.log, kept)
@@ -325,10 +343,18 @@ def _load(choice: str) -> Optional[ModuleType]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m oplib build``: build (or find) the native CPU kernels now and say where."""
-    import argparse
+    """``python -m oplib build``: build (or find) the native CPU kernels now, not at the first
+    involution call, and say where they are cached. The build takes about a minute, once per
+    machine, torch and compiler; it needs a C++ compiler with OpenMP (``$CXX``, else ``c++``).
+    Without one, involution runs its plain-PyTorch CPU kernels (slower).
 
-    parser = argparse.ArgumentParser(prog="python -m oplib build", description=main.__doc__.split(": ", 1)[1])
+        python -m oplib build                       # for this CPU, with $CXX or c++
+        python -m oplib build --compiler clang++    # another compiler
+    """
+
+    from .._cli import parser as cli_parser
+
+    parser = cli_parser("python -m oplib build", main.__doc__)
     parser.add_argument("--march", default="native", help="the -march to compile for (default: native, this CPU)")
     parser.add_argument("--compiler", default=None, help="the C++ compiler (default: $CXX, else c++)")
     args = parser.parse_args(argv)

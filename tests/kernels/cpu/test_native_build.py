@@ -47,6 +47,55 @@ def test_the_first_error_line_is_the_compilers_own(log, expected):
     assert native.first_error_line(log) == expected
 
 
+def test_the_longest_units_compile_first():
+    """The parallel compiles start with the longest units (LONGEST_UNITS, by bench/build.py's
+    measured times), so that they end together; every name listed is a unit."""
+    names = [unit.name for unit in native.units()]
+    assert names[: len(native.LONGEST_UNITS)] == list(native.LONGEST_UNITS)
+    assert names[len(native.LONGEST_UNITS):] == sorted(names[len(native.LONGEST_UNITS):])
+
+
+def test_the_build_reports_each_unit_on_a_terminal(tmp_path, capsys):
+    """A line per compiled unit (with progress=True, what build() passes on a terminal), the
+    count and the elapsed time in it; none without."""
+    if native._missing_tool() is not None:
+        pytest.skip(native._missing_tool())
+    sources = []
+    for name in ("first.cpp", "second.cpp"):
+        (tmp_path / name).write_text(f"int {name.split('.')[0]}_unit() {{ return 1; }}\n")
+        sources.append(tmp_path / name)
+    target = native.Target(native.compiler_command())
+    for progress in (True, False):
+        workdir = tmp_path / f"work-{progress}"
+        workdir.mkdir()
+        native._compile(target, "oplib_cpu_progress", sources, workdir, progress=progress)
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("oplib:   [")]
+        if progress:
+            assert sorted(line.split("] ")[1].split(" (")[0] for line in lines) == ["compiled first.cpp", "compiled second.cpp"]
+            assert {line.split("]")[0] for line in lines} == {"oplib:   [1/2", "oplib:   [2/2"}
+        else:
+            assert lines == []
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_build_shows_progress_only_on_a_terminal(terminal, tmp_path, monkeypatch):
+    seen = []
+
+    def compile_stub(target, name, sources, workdir, progress=False):
+        seen.append(progress)
+        (workdir / "build.log").write_text("stopped here")
+        raise native.NativeBuildError("stopped here", workdir / "build.log")
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_compile", compile_stub)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.cpp").write_text("")
+    with pytest.raises(native.NativeBuildError):
+        native.build(tmp_path / "src")
+    assert seen == [terminal]
+
+
 def test_max_jobs_caps_the_parallel_compiles(monkeypatch):
     monkeypatch.setenv(native.JOBS_ENV, "1")
     assert native._jobs(9) == 1

@@ -16,6 +16,9 @@
 #include <type_traits>
 #include <utility>
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -179,12 +182,71 @@ inline V load_first(const scalar_t* src, int64_t stride, int64_t count) {
   return v;
 }
 
+// `count` 16-bit values: a whole vector in one store, a partial one (a row's end) by memcpy,
+// a library call (a variable length at every store made each store one).
+template <int LANES, typename T>
+inline void store_bits(T* to, const void* bits, int64_t count) {
+  static_assert(sizeof(T) == 2, "16-bit values");
+  if (count == LANES) {
+    std::memcpy(to, bits, 2 * LANES);
+  } else {
+    std::memcpy(to, bits, 2 * count);
+  }
+}
+
+// The first `count` float lanes of v to `to` as BFloat16, rounded as c10 rounds one value (to
+// nearest even, a NaN to the quiet NaN), every lane at once: c10's conversion of one value,
+// inlined at each store of an unrolled kernel (49 taps x its row slots) and vectorised there
+// by the compiler, made the pixel-lane grad_weight's unit most of the first-use build.
+template <int LANES, typename V>
+inline void store_bfloat16(c10::BFloat16* to, const V& v, int64_t count) {
+  using Bits = typename Lanes<uint32_t, LANES>::type;
+  using Halves = typename Lanes<uint16_t, LANES>::type;
+  const Bits bits = reinterpret_cast<Bits>(v);
+  const Bits rounded = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16;
+  const Halves result = __builtin_convertvector(v != v ? Bits{} + 0x7FC0u : rounded, Halves);
+  store_bits<LANES>(to, &result, count);
+}
+
+// The same for Half where the target converts vectors (F16C: the instruction c10 uses for one
+// value, so the same bits); elsewhere c10's conversion, value by value. Returns false where
+// LANES has no vector conversion.
+template <int LANES, typename V>
+inline bool store_half(c10::Half* to, const V& v, int64_t count) {
+#if defined(__F16C__)
+  uint16_t result[LANES];
+  if constexpr (LANES == 16) {
+#if defined(__AVX512F__)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(result), _mm512_cvtps_ph(reinterpret_cast<__m512>(v), _MM_FROUND_TO_NEAREST_INT));
+#else
+    return false;
+#endif
+  } else if constexpr (LANES == 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(result), _mm256_cvtps_ph(reinterpret_cast<__m256>(v), _MM_FROUND_TO_NEAREST_INT));
+  } else if constexpr (LANES == 4) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(result), _mm_cvtps_ph(reinterpret_cast<__m128>(v), _MM_FROUND_TO_NEAREST_INT));
+  } else {
+    return false;
+  }
+  store_bits<LANES>(to, result, count);
+  return true;
+#else
+  return false;
+#endif
+}
+
 // The first `count` lanes of v to `to`, converted (a partial block ends every row of a map
 // whose width is no multiple of LANES: RedNet's 7-, 14-, 28- and 56-wide maps all have one,
 // and the 7- and 14-wide ones have nothing else).
 template <int LANES, typename scalar_t, typename V>
 inline void store_first(scalar_t* to, const V& v, int64_t count) {
   using T = std::remove_cv_t<std::remove_reference_t<decltype(v[0])>>;
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<T, float>) {
+    return store_bfloat16<LANES>(to, v, count);
+  }
+  if constexpr (std::is_same_v<scalar_t, c10::Half> && std::is_same_v<T, float>) {
+    if (store_half<LANES>(to, v, count)) return;
+  }
   if constexpr (std::is_same_v<scalar_t, T>) {
     if (count == LANES) return store_lanes(to, v);
 #if defined(__AVX512F__) && defined(__AVX512VL__)
