@@ -35,7 +35,7 @@ $(VENV)/.installed: $(VENV)/.installed-run
 
 # The main job: the op table and self-check, then the RedNet training run on the digits.
 run: $(VENV)/.installed-run
-	$(PY) -m oplib
+	$(PY) -m oplib check
 	$(PY) -m oplib train --out runs/digits
 
 # The unit tier: every test not marked `integration` (tests/README.md says what each tier holds).

@@ -22,29 +22,12 @@ def pytest_configure(config):
     # process holds a core, every parallel region of a 2-thread pool stalls (a conv2d
     # gradgradcheck took 315 s instead of 17 s). Correctness does not depend on the count.
     torch.set_num_threads(1)
-    config.addinivalue_line("markers", "needs_cuda: needs a CUDA GPU; skipped where none is present")
-    config.addinivalue_line(
-        "markers", "needs_compiler: torch.compile's inductor generates CPU code; skipped where it finds no C++ compiler"
-    )
-    config.addinivalue_line(
-        "markers",
-        "integration: the long tier (whole models exported, trained or packaged, wheels built, torchrun, "
-        "every sample compiled): run by `make test-all` and CI, left out of `make test`",
-    )
-
-
-def pytest_collection_modifyitems(config, items):
-    from oplib.testing.toolchain import missing_inductor_compiler
-
-    skips = {}
-    if not torch.cuda.is_available():
-        skips["needs_cuda"] = "needs a CUDA GPU; torch.cuda.is_available() is False on this machine"
-    if missing_inductor_compiler() is not None:
-        skips["needs_compiler"] = missing_inductor_compiler()
-    for item in items:
-        for marker, reason in skips.items():
-            if marker in item.keywords:
-                item.add_marker(pytest.mark.skip(reason=reason))
+    # The marks (integration, needs_cuda, needs_compiler) and their skips are oplib's pytest
+    # plugin's (oplib/testing/plugin.py), loaded through its entry point as in a user's project.
+    if not config.pluginmanager.has_plugin("oplib"):
+        raise pytest.UsageError(
+            "oplib's pytest plugin is not loaded: install oplib (pip install -e .) so that its pytest11 entry point exists"
+        )
 
 
 @pytest.fixture(autouse=True)

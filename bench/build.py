@@ -15,6 +15,7 @@ oplib, from ``git archive``. The bar (issue 35): at most 60 s and 1.5 GB on this
 from __future__ import annotations
 
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -80,6 +81,45 @@ def measure_build(source_root: Optional[Path]) -> dict:
         return {"seconds": seconds, "peak_bytes": peak, "lines": lines}
 
 
+def measure_units() -> list[tuple[str, float, float]]:
+    """Each unit of this tree compiled alone, one compiler process at a time, as the build
+    compiles it: (unit, CPU seconds of the compiler, its wall seconds)."""
+    sys.path.insert(0, str(ROOT))
+    from oplib.kernels import native
+
+    target = native.Target(native.compiler_command())
+    flags = target.compile_flags("oplib_cpu_units")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="oplib-build-units-") as workdir:
+        for unit in native.units():
+            before = os.times()
+            start = time.monotonic()
+            subprocess.run([*shlex.split(target.compiler), *flags, "-c", str(unit), "-o", f"{workdir}/{unit.stem}.o"],
+                           check=True, capture_output=True)  # fmt: skip
+            wall = time.monotonic() - start
+            after = os.times()
+            cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+            results.append((unit.name, cpu, wall))
+            print(f"  {unit.name}: {cpu:.1f} s CPU", flush=True)
+    return results
+
+
+def floor_seconds(unit_seconds: list[float], cores: int) -> float:
+    """The least wall time in which ``cores`` compiler processes can compile units of these
+    times: the longest unit, or the work shared evenly, whichever is longer (a lower bound no
+    schedule beats)."""
+    return max(max(unit_seconds), sum(unit_seconds) / cores)
+
+
+def scheduled_seconds(unit_seconds: list[float], cores: int) -> float:
+    """The wall time of the build's own schedule: the units in the build's order, each to the
+    first compiler slot that frees."""
+    slots = [0.0] * cores
+    for seconds in unit_seconds:
+        slots[slots.index(min(slots))] += seconds
+    return max(slots)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = _harness.parser(__doc__, rounds=2, min_run_time=0.0)
     parser.add_argument("--baseline-rev", metavar="REV", help="also build git revision REV's native kernels, alternating")
@@ -95,6 +135,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             run = measure_build(candidates[name])
             print(f"{name}: {run['seconds']:.1f} s, peak {run['peak_bytes'] / 1e9:.2f} GB", flush=True)
             runs[name].append(run)
+    print("each unit alone:", flush=True)
+    units = measure_units()
+    cores = min(len(os.sched_getaffinity(0)), len(units))
+    unit_cpu = [cpu for _, cpu, _ in units]
+    floor, scheduled = floor_seconds(unit_cpu, cores), scheduled_seconds(unit_cpu, cores)
     cells = []
     for name, readings in runs.items():
         seconds = statistics.median(r["seconds"] for r in readings)
@@ -114,6 +159,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         *_harness.table(("build", "runs", "median wall (s)", "peak resident (GB)", "each run (s)"), "lrrrr", cells),
         "",
         f"Bar: at most {MAX_SECONDS:.0f} s and {MAX_BYTES / 1e9:.1f} GB for this tree's build: {'**met**' if met else '**not met**'}.",
+        "",
+        "## The floor of compiling these units",
+        "",
+        "Each unit of this tree compiled alone, one compiler process at a time with the build's flags, in the "
+        "build's order (the longest first); CPU = the compiler's user + system time.",
+        "",
+        *_harness.table(("unit", "CPU (s)", "wall (s)"), "lrr",
+                        [(f"`{name}`", f"{cpu:.1f}", f"{wall:.1f}") for name, cpu, wall in units]),  # fmt: skip
+        "",
+        f"- all units: {sum(unit_cpu):.1f} s of compiler CPU time; on {cores} cores the compiles cannot end before "
+        f"{floor:.1f} s (the longest unit, or the work shared evenly); the build's order on {cores} compiler slots "
+        f"ends them at {scheduled:.1f} s",
+        f"- this tree's build took {seconds:.1f} s: {seconds - scheduled:.1f} s beyond its schedule's compiles "
+        "(Python and torch starting, the link, the import)",
         "",
         "What the first call printed on stderr (this tree's last run):",
         "",

@@ -47,7 +47,7 @@ from torch import Tensor
 from torch.utils.benchmark import Timer
 
 from . import __version__, registry
-from ._cli import positive
+from ._cli import parser as cli_parser, positive
 from .kernels import native
 from .kernels.involution import cpu as involution_cpu
 from .selfcheck import format_table
@@ -532,11 +532,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The flags, checked: a bad one exits with code 2 and a one-line message. Sets
     ``args.shapes`` (RedNet-50's or those of ``--shape``) and ``args.devices``."""
     positive_int, positive_float = positive(int), positive(float)
-    parser = argparse.ArgumentParser(
-        prog="python -m oplib bench",
-        description="Time involution on this machine against a depthwise convolution and the unfold formulation.",
-        epilog=__doc__.split("\n\n", 1)[1].replace("``", "`"), formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    parser = cli_parser("python -m oplib bench", __doc__)
     parser.add_argument(
         "--device", action="append", choices=("cpu", "cuda"),
         help="repeatable (default: cpu, and cuda where torch.cuda.is_available())",
@@ -548,7 +544,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--kernel", type=positive_int, help="with --shape: the kernel size K (default: 7)")
     parser.add_argument("--stride", type=positive_int, help="with --shape: the stride (default: 1)")
     parser.add_argument("--group-channels", type=positive_int, help="with --shape: channels per group (default: 16)")
-    parser.add_argument("--dtype", choices=_DTYPES, default="float32")
+    parser.add_argument("--dtype", choices=_DTYPES, default="float32", help="the tensors' dtype (default float32)")
     parser.add_argument("--ops", type=_ops, default=OPS, help=f"comma-separated (default: {','.join(OPS)})")
     parser.add_argument(
         "--no-unfold", dest="unfold", action="store_false",

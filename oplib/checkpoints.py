@@ -17,10 +17,16 @@ without the ``backbone.`` and ``head.`` prefixes; what differs is Paddle's: Batc
 stored ``[in, out]``. ``read_pdparams`` reads such a file without Paddle and without numpy,
 resolving only numpy's array and dtype constructors (to inert stand-ins) and refusing every
 other global; ``convert_paddleclas_state_dict`` maps it.
+
+What ``weights=`` accepts, the same in every entry point (``oplib.models.rednet*``,
+``python -m oplib evaluate/predict/export --weights``, timm's ``pretrained=True``), is decided
+by ``resolve_weights``, which reads and downloads nothing, so that a command refuses a bad
+value before it builds a model or fetches a file.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import pickle
 import re
@@ -347,4 +353,81 @@ def state_dict_of(weights: Weights) -> dict[str, Tensor]:
     return convert_official_state_dict(state_dict) if is_official_state_dict(state_dict) else dict(state_dict)
 
 
-__all__ = ["convert_official_state_dict", "is_official_state_dict", "read_checkpoint", "state_dict_of"]
+# ---- What weights= accepts ------------------------------------------------------------------
+
+# The named source: PaddleClas's ImageNet weights for the model's depth, downloaded once
+# (oplib.models.PADDLECLAS_URLS). Its aliases are the idioms users bring from elsewhere:
+# "imagenet" (Keras's weights="imagenet") and, from Python, True (torchvision's old and timm's
+# pretrained=True). A name wins over a file of the same name, which loads as ./paddleclas.
+PADDLECLAS = "paddleclas"
+PRETRAINED_NAMES = (PADDLECLAS, "imagenet")
+
+
+def accepted_weights(command_line: bool = False) -> str:
+    """The values ``weights=`` accepts, as the error messages list them; ``command_line``: only
+    those a command's ``--weights`` can spell (its text)."""
+    spellings = [repr(name) for name in PRETRAINED_NAMES] + ([] if command_line else ["True"])
+    accepted = [
+        f"{', '.join(spellings[:-1])} or {spellings[-1]} (PaddleClas's ImageNet weights for the model's depth, downloaded once)",
+        "the path of an existing file (a PaddleClas .pdparams, the paper's mmcls .pth checkpoint or an oplib state dict)",
+    ]
+    if not command_line:
+        accepted = ["None or False (random initialisation)", *accepted, "a loaded state dict or checkpoint dict"]
+    return "expected " + "; ".join(accepted)
+
+
+def _resolve(weights, command_line: bool) -> Union[None, str, Path, Mapping]:
+    """``resolve_weights``, its refusals listing ``accepted_weights(command_line)``."""
+    if weights is None or weights is False:
+        return None
+    if weights is True or (isinstance(weights, str) and weights in PRETRAINED_NAMES):
+        return PADDLECLAS
+    if isinstance(weights, (str, os.PathLike)):
+        path = Path(weights)
+        if path.is_file():
+            return path
+        problem = f"{path} is a directory, not a file" if path.is_dir() else f"no file at {path}"
+        raise FileNotFoundError(f"{problem}; {accepted_weights(command_line)}")
+    if isinstance(weights, Mapping):
+        return weights
+    raise TypeError(f"weights: got a value of type {type(weights).__name__}; {accepted_weights(command_line)}")
+
+
+def resolve_weights(weights) -> Union[None, str, Path, Mapping]:
+    """What a ``weights=`` value stands for, without reading or downloading anything:
+
+    - ``None`` or ``False`` -> ``None`` (random initialisation);
+    - ``"paddleclas"``, ``"imagenet"`` or ``True`` -> ``PADDLECLAS`` (PaddleClas's ImageNet
+      weights, which the model builder downloads once for its depth);
+    - a path (``str`` or ``os.PathLike``) of an existing file -> that ``Path`` (a ``.pdparams``,
+      the paper's mmcls ``.pth`` checkpoint or an oplib state dict: ``state_dict_of`` reads it);
+    - a ``Mapping`` (a state dict or a checkpoint dict) -> itself (its content is checked when
+      it loads).
+
+    A path with no file raises ``FileNotFoundError``, any other type ``TypeError``, each
+    message listing the accepted values (``accepted_weights()``). A resolved value resolves to
+    itself."""
+    return _resolve(weights, command_line=False)
+
+
+def weights_argument(text: str) -> Union[str, Path]:
+    """An argparse ``type`` for a command's ``--weights``: ``resolve_weights(text)``, refused
+    with a one-line message listing what the command line accepts, so that the parser exits
+    before any model is built or file fetched."""
+    try:
+        return _resolve(text, command_line=True)
+    except FileNotFoundError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+__all__ = [
+    "PADDLECLAS",
+    "PRETRAINED_NAMES",
+    "accepted_weights",
+    "convert_official_state_dict",
+    "is_official_state_dict",
+    "read_checkpoint",
+    "resolve_weights",
+    "state_dict_of",
+    "weights_argument",
+]

@@ -1,16 +1,18 @@
 """``python -m oplib export``: a deployable file from a RedNet, checked by running it once.
 
-    python -m oplib export --depth 26 [--weights FILE] --format onnx|pt2|aoti OUT
+    python -m oplib export --depth 26 [--weights paddleclas|FILE] --format onnx|pt2|aoti OUT
     python -m oplib export --features-only [--out-indices 1,2,3,4] --depth 26 --format onnx|pt2|aoti OUT
 
-The model (random weights, or ``--weights``: the paper's checkpoint or an oplib state dict)
-is exported in eval mode with a dynamic batch and a dynamic image size (33 px and up a side:
-five stride-2 steps must leave a pixel), then loaded back the way a deployment would load it
-and run once on a ``--size`` image batch against eager. The classifier returns the logits;
-``--features-only`` exports the backbone (``RedNet.as_features``), which returns the maps of
-``--out-indices`` (0: the stem's, stride 2; 1-4: the stages', strides 4-32) as a list, in
-ONNX one output per map, named ``features_<level>``; a classifier's checkpoint loads into it
-(the head is left out).
+The model (random weights, or ``--weights``: ``paddleclas`` for PaddleClas's ImageNet
+weights, downloaded once, or a ``.pdparams``, mmcls or oplib checkpoint file, as
+``oplib.checkpoints.weights_argument`` accepts them for every command) is exported in eval
+mode with a dynamic batch and a dynamic image size (33 px and up a side: five stride-2 steps
+must leave a pixel), then loaded back the way a deployment would load it and run once on a
+``--size`` image batch against eager. The classifier returns the logits; ``--features-only``
+exports the backbone (``RedNet.as_features``), which returns the maps of ``--out-indices``
+(0: the stem's, stride 2; 1-4: the stages', strides 4-32) as a list, in ONNX one output per
+map, named ``features_<level>``; a classifier's checkpoint loads into it (the head is left
+out).
 
 - ``onnx``: standard ONNX (``oplib.onnx``), run in ONNX Runtime; needs neither torch nor oplib.
 - ``pt2``: a ``torch.export`` program (``torch.export.save``); loading needs torch and
@@ -33,7 +35,9 @@ from torch import Tensor
 from torch.export import Dim
 
 from . import _torch_private as private
-
+from ._cli import parser as cli_parser, require_extra
+from .checkpoints import accepted_weights, weights_argument
+from .download import DownloadError
 from .models import BLOCK_COUNTS, RedNetFeatures, rednet
 from .models.rednets import _take_indices
 
@@ -122,10 +126,16 @@ def _out_indices(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oplib export", description=__doc__.splitlines()[0])
-    parser.add_argument("--depth", type=int, choices=sorted(BLOCK_COUNTS), required=True)
-    parser.add_argument("--weights", type=Path, default=None, help="the paper's checkpoint or an oplib state dict (default: random)")
-    parser.add_argument("--format", choices=FORMATS, required=True)
+    parser = cli_parser("python -m oplib export", __doc__)
+    parser.add_argument("--depth", type=int, choices=sorted(BLOCK_COUNTS), required=True, help="RedNet depth")
+    parser.add_argument(
+        "--weights", type=weights_argument, default=None,
+        help=f"default: random; {accepted_weights(command_line=True).removeprefix('expected ')}",
+    )
+    parser.add_argument(
+        "--format", choices=FORMATS, required=True,
+        help="onnx: standard ONNX (needs the onnx extra); pt2: a torch.export program; aoti: an AOTInductor package",
+    )  # fmt: skip
     parser.add_argument("--size", type=int, default=224, help="image size of the check run (default 224)")
     parser.add_argument("--num-classes", type=int, default=None, help="the classifier's classes (default 1000)")
     parser.add_argument(
@@ -136,8 +146,10 @@ def main(argv: list[str]) -> int:
         help="with --features-only: the maps it returns, comma-separated levels, 0: the stem (stride 2), 1-4: the "
         "stages (strides 4-32) (default 1,2,3,4)",
     )
-    parser.add_argument("out", type=Path)
+    parser.add_argument("out", type=Path, help="the file to write (aoti: a name ending in .pt2)")
     args = parser.parse_args(argv)
+    if args.format == "onnx":
+        require_extra(parser, "onnx", ("onnx", "onnxscript", "onnxruntime"))
     if args.out_indices is not None and not args.features_only:
         parser.error("--out-indices: only with --features-only (the maps a backbone returns)")
     if args.features_only and args.num_classes is not None:
@@ -146,8 +158,6 @@ def main(argv: list[str]) -> int:
         parser.error(f"OUT: an AOTInductor package's name must end in .pt2, got {args.out.name}")
     if args.size < 33:
         parser.error(f"--size: expected at least 33 (five stride-2 steps), got {args.size}")
-    if args.weights is not None and not args.weights.is_file():
-        parser.error(f"--weights: no file at {args.weights}")
     kwargs = dict(num_classes=1000 if args.num_classes is None else args.num_classes)
     if args.features_only:
         kwargs = dict(features_only=True)
@@ -155,7 +165,7 @@ def main(argv: list[str]) -> int:
             kwargs["out_indices"] = args.out_indices
     try:
         model = rednet(args.depth, weights=args.weights, **kwargs)
-    except ValueError as error:
+    except (ValueError, DownloadError) as error:
         parser.error(str(error))
     example = torch.randn(2, 3, args.size, args.size, generator=torch.Generator().manual_seed(0))
     print(json.dumps(export(model, example, args.format, args.out)))

@@ -3,6 +3,7 @@ validation folder, the 1000 class names, and two commands.
 
     python -m oplib evaluate --depth 50 --weights paddleclas DATA_DIR   # top-1 / top-5 accuracy
     python -m oplib evaluate --depth 50 --weights FILE DATA_DIR   # a .pdparams, mmcls or oplib file
+    python -m oplib evaluate --depth 50 --weights imagenet DATA_DIR   # an alias of paddleclas
     python -m oplib predict --depth 50 --weights FILE IMAGE...    # the top-5 classes per image
 
 The preprocessing is the test pipeline of the paper's configs (mmcls ``imagenet_bs32``): the
@@ -27,6 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._cli import parser as cli_parser, require_extra
+from ._extras import require
+from .checkpoints import accepted_weights, weights_argument
 from .models import BLOCK_COUNTS, PRETRAINED_CFGS, RedNet, rednet
 
 
@@ -61,8 +65,7 @@ def class_names() -> tuple[tuple[str, str], ...]:
 
 def load_image(path: str | os.PathLike) -> Tensor:
     """An image file as (3, H, W) uint8 RGB, decoded by Pillow."""
-    from PIL import Image
-
+    Image = require("PIL.Image", "models", "decoding images (oplib.imagenet.load_image)")
     with Image.open(path) as image:
         rgb = image.convert("RGB")
         width, height = rgb.size
@@ -146,7 +149,7 @@ class ImageFolder(torch.utils.data.Dataset):
 @torch.no_grad()
 def evaluate(model: RedNet, loader, progress: bool = True) -> dict:
     """Top-1 and top-5 accuracy of ``model`` over ``loader``'s (images, labels) batches."""
-    from tqdm import tqdm
+    tqdm = require("tqdm", "models", "oplib.imagenet.evaluate's progress bar").tqdm
 
     model.eval()
     seen = top1 = top5 = 0
@@ -175,38 +178,39 @@ def top_classes(logits: Tensor, k: int = 5) -> list[list[dict]]:
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, choices=sorted(BLOCK_COUNTS), required=True, help="RedNet depth")
     parser.add_argument(
-        "--weights", required=True,
-        help="'paddleclas' (PaddleClas's ImageNet weights, downloaded once), a .pdparams file, the paper's mmcls "
-        "checkpoint or an oplib state dict",
+        "--weights", type=weights_argument, required=True, help=accepted_weights(command_line=True).removeprefix("expected ")
     )
     parser.add_argument("--compile", action="store_true", help="run the model under torch.compile")
 
 
 def _load_model(parser: argparse.ArgumentParser, args: argparse.Namespace):
     from .download import DownloadError
-    from .models import PADDLECLAS
 
-    weights = args.weights if args.weights == PADDLECLAS else Path(args.weights)
-    if weights != PADDLECLAS and not weights.is_file():
-        parser.error(f"--weights: no file at {args.weights}")
     try:
-        model = rednet(args.depth, weights=weights).eval()
+        model = rednet(args.depth, weights=args.weights).eval()
     except (ValueError, DownloadError) as error:
         parser.error(str(error))
     return torch.compile(model) if args.compile else model
 
 
 def evaluate_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m oplib evaluate", description="Top-1/top-5 accuracy of a pretrained RedNet on an ImageNet-style folder."
-    )
+    """``python -m oplib evaluate``: the top-1 and top-5 accuracy of a pretrained RedNet on an
+    ImageNet-style folder (one subfolder of images per class, named by its WordNet ID, as
+    ImageNet's validation set is usually laid out), with the paper's test preprocessing. Prints
+    one JSON line. Needs the ``models`` extra (Pillow decodes the images).
+
+        python -m oplib evaluate --depth 50 --weights paddleclas DATA_DIR
+        python -m oplib evaluate --depth 26 --weights rednet26.pdparams --limit 1000 DATA_DIR
+    """
+    parser = cli_parser("python -m oplib evaluate", evaluate_main.__doc__)
     _model_arguments(parser)
     parser.add_argument("data", type=Path, help="folder with one subfolder of images per class (WordNet IDs)")
-    parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument("--batch-size", type=int, default=50, help="images per forward (default 50)")
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="DataLoader worker processes")
     parser.add_argument("--limit", type=int, default=None, help="only the first N images (sorted by class, then name)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    require_extra(parser, "models", ("PIL", "tqdm"))
     for name in ("batch_size", "limit"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: expected a positive int, got {getattr(args, name)}")
@@ -226,13 +230,19 @@ def evaluate_main(argv: list[str]) -> int:
 
 
 def predict_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m oplib predict", description="The five most probable ImageNet classes of each image."
-    )
+    """``python -m oplib predict``: the five most probable ImageNet classes of each image, by a
+    pretrained RedNet with the paper's test preprocessing. Needs the ``models`` extra (Pillow
+    decodes the images).
+
+        python -m oplib predict --depth 50 --weights paddleclas cat.jpg dog.png
+        python -m oplib predict --depth 26 --weights paddleclas --json *.jpg
+    """
+    parser = cli_parser("python -m oplib predict", predict_main.__doc__)
     _model_arguments(parser)
-    parser.add_argument("images", type=Path, nargs="+")
+    parser.add_argument("images", type=Path, nargs="+", help="image files (any format Pillow reads)")
     parser.add_argument("--json", action="store_true", help="one JSON line per image instead of a table")
     args = parser.parse_args(argv)
+    require_extra(parser, "models", ("PIL", "tqdm"))
     missing = [str(p) for p in args.images if not p.is_file()]
     if missing:
         parser.error(f"no such image: {', '.join(missing)}")

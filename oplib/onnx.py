@@ -28,16 +28,18 @@ from typing import Any, Optional
 
 import torch
 
+from ._extras import require
 from ._torch_private import OpOverload
 
 
 OPSET = 18
 
 
-def _opset():
-    from onnxscript import opset18
+_PURPOSE = "ONNX export (oplib.onnx)"
 
-    return opset18
+
+def _opset():
+    return require("onnxscript", "onnx", _PURPOSE).opset18
 
 
 def _ints(values: Sequence[int]):
@@ -339,7 +341,10 @@ def export(
     backbone's maps) gives one ONNX output per tensor, in order; ``output_names=[...]`` names
     them. ``dynamic_shapes`` as for ``torch.export.export``; ``custom_translation_table`` adds
     translations for other custom ops; ``kwargs`` go to ``torch.onnx.export``."""
-    import onnx
+    onnx = require("onnx", "onnx", _PURPOSE)
+    require("onnxscript", "onnx", _PURPOSE)  # torch.onnx.export's dynamo exporter needs it
+    if check:
+        require("onnxruntime", "onnx", _PURPOSE)
 
     table = translation_table() | dict(custom_translation_table or {})
     program = torch.export.export(model, args, dynamic_shapes=dynamic_shapes)
@@ -371,8 +376,7 @@ def export(
 
 def run(path: str | os.PathLike, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run the ONNX file at ``path`` in ONNX Runtime (CPU) on the tensors ``args``."""
-    import onnxruntime
-
+    onnxruntime = require("onnxruntime", "onnx", "running an ONNX file (oplib.onnx.run)")
     session = onnxruntime.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), tensors, strict=True)}

@@ -76,35 +76,35 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
-def registry_table(specs: Iterable[OpSpec]) -> str:
-    yes = lambda flag: "yes" if flag else "no"  # noqa: E731
-    rows = []
+def _wrap_schema(schema: str, width: int, indent: str) -> list[str]:
+    """A schema over lines of at most ``width`` columns, broken after its arguments' commas,
+    the continuation lines under the first argument."""
+    name, _, rest = schema.partition("(")
+    arguments, _, returns = rest.rpartition(") -> ")
+    pieces = [*(f"{argument}, " for argument in arguments.split(", ")[:-1]), f"{arguments.split(', ')[-1]}) -> {returns}"]
+    hang = indent + " " * (len(name) + 1)
+    lines, line = [], f"{indent}{name}("
+    for piece in pieces:
+        if len(line) + len(piece.rstrip()) > width and line.strip() and not line.endswith("("):
+            lines.append(line.rstrip())
+            line = hang
+        line += piece
+    return [*lines, line.rstrip()]
+
+
+def registry_listing(specs: Iterable[OpSpec], width: int = 100) -> str:
+    """Each op in a few lines of at most ``width`` columns: its schema, the devices and dtypes
+    it runs, and what it registers beside its kernels."""
+    blocks = []
     for spec in specs:
         dtypes = sorted({str(d).removeprefix("torch.") for ds in spec.dtypes.values() for d in ds})
-        rows.append(
-            [
-                spec.name,
-                spec.schema,
-                ",".join(spec.devices),
-                ",".join(dtypes),
-                yes(spec.has_fake),
-                yes(spec.has_autograd),
-                yes(spec.has_vmap),
-                ",".join(spec.autocast_devices()) or "-",
-                yes(spec.has_flop_formula),
-            ]
-        )
-    headers = ["op", "schema", "devices", "dtypes", "fake", "autograd", "vmap", "autocast kernel", "flops"]
-    return format_table(headers, rows)
-
-
-def results_matrix(results: list[CheckResult]) -> str:
-    rows, index = [], {}
-    for r in results:
-        key = (r.op, r.device)
-        if key not in index:
-            index[key] = len(rows)
-            rows.append([r.op, r.device] + [""] * len(CHECKS))
-        column = 2 + list(CHECKS).index(r.check)
-        rows[index[key]][column] = "n/a" if not r.applicable else f"{r.status} {r.seconds:5.1f}s"
-    return format_table(["op", "device", *CHECKS], rows)
+        registered = [name for name, flag in (("fake", spec.has_fake), ("autograd", spec.has_autograd),
+                                              ("vmap", spec.has_vmap), ("flop formula", spec.has_flop_formula)) if flag]
+        autocast = ", ".join(spec.autocast_devices()) or "none"
+        blocks.append("\n".join([
+            spec.name,
+            *_wrap_schema(spec.schema, width, "  "),
+            f"  devices: {', '.join(spec.devices)}; dtypes: {', '.join(dtypes)}",
+            f"  registers: {', '.join(registered) or 'nothing'}; autocast kernels: {autocast}",
+        ]))  # fmt: skip
+    return "\n\n".join(blocks)

@@ -29,7 +29,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from ._cli import positive
+from ._cli import parser as cli_parser, positive, require_extra
+from ._extras import require
 from .models import BLOCK_COUNTS, RedNet
 
 SPLIT_SEED = 20210617  # fixes the held-out split, whatever --seed is
@@ -50,16 +51,16 @@ def _block_counts(text: str) -> tuple[int, ...]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse and validate the flags: a bad value exits with code 2 and a one-line message."""
     positive_int, positive_float = positive(int), positive(float)
-    parser = argparse.ArgumentParser(prog="python -m oplib train", description=__doc__.splitlines()[0])
+    parser = cli_parser("python -m oplib train", __doc__)
     parser.add_argument("--out", type=Path, default=Path("runs/digits"), help="output directory")
-    parser.add_argument("--epochs", type=positive_int, default=30)
+    parser.add_argument("--epochs", type=positive_int, default=30, help="passes over the training split (default 30)")
     parser.add_argument("--steps", type=positive_int, default=None, help="stop after this many optimizer steps in total")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="global batch size (split across processes)")
-    parser.add_argument("--lr", type=positive_float, default=0.1)
+    parser.add_argument("--lr", type=positive_float, default=0.1, help="peak learning rate of SGD (default 0.1)")
     parser.add_argument("--width", type=positive_int, default=16, help="RedNet width (64 in the paper)")
-    parser.add_argument("--group-channels", type=positive_int, default=8)
+    parser.add_argument("--group-channels", type=positive_int, default=8, help="channels per involution group (default 8; 16 in the paper)")
     parser.add_argument("--blocks", type=_block_counts, default=(1, 2, 4, 1), help="bottlenecks per stage (RedNet-26: 1,2,4,1)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batch order (default 0)")
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="train in eager mode")
     parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
     parser.add_argument("--no-export", dest="export", action="store_false", help="skip the torch.export check")
@@ -68,6 +69,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    require_extra(parser, "train", ("sklearn", "matplotlib", "tqdm"))
     if args.resume and not (args.out / "checkpoint.pt").is_file():
         parser.error(f"--resume: no checkpoint at {args.out / 'checkpoint.pt'} (a run with --out {args.out} writes it)")
     if args.batch_size % args.emulate_world_size:
@@ -98,9 +100,8 @@ class Digits:
 
 
 def load_digits() -> Digits:
-    from sklearn.datasets import load_digits as sklearn_digits
-
-    data = sklearn_digits()
+    datasets = require("sklearn.datasets", "train", "python -m oplib train (the digits data set)")
+    data = datasets.load_digits()
     images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
     images = F.interpolate(images, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", align_corners=False)
     labels = torch.tensor(data.target, dtype=torch.long)
@@ -165,8 +166,7 @@ def accuracy(model, images: torch.Tensor, labels: torch.Tensor, batch_size: int 
 
 
 def _save_curve(history: list[dict], path: Path) -> None:
-    import matplotlib
-
+    matplotlib = require("matplotlib", "train", "python -m oplib train (the training curve)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -308,8 +308,7 @@ def train(args: argparse.Namespace) -> dict:
 
 
 def _progress(items, description: str, disable: bool):
-    from tqdm import tqdm
-
+    tqdm = require("tqdm", "train", "python -m oplib train (the progress bar)").tqdm
     return tqdm(items, desc=description, disable=disable, leave=False, file=sys.stdout, mininterval=0.5)
 
 

@@ -8,7 +8,7 @@ import importlib.util
 import warnings
 
 from .rednets import *  # noqa: F403 (the public names: rednets.__all__, re-exported as ours)
-from .rednets import PADDLECLAS, __all__  # noqa: F401
+from .rednets import __all__  # noqa: F401
 
 
 def _register_with_timm() -> None:

@@ -5,10 +5,12 @@
     timm.create_model("rednet50", pretrained=True, pretrained_cfg_overlay=dict(file="rednet50.pth"))
 
 build oplib's models. The entry points build the model themselves (not through timm's
-``build_model_with_cfg``): the paper's mmcls checkpoints load through oplib's own loader
+``build_model_with_cfg``): weights load through oplib's own loader
 (``oplib.models.load_weights``: renamed keys, ``weights_only`` unpickling), and
 ``features_only`` gives oplib's ``RedNetFeatures``. timm's own arguments: ``in_chans`` is
-``in_channels``; ``pretrained=True`` needs a file (oplib downloads nothing).
+``in_channels``; ``pretrained=True`` is ``weights=True`` (PaddleClas's ImageNet weights,
+downloaded once), unless the pretrained cfg names a ``file`` or a ``state_dict``, which is then
+the ``weights=`` value (a missing file is refused as ``weights=`` refuses it).
 
 Untested in oplib's CI: no torchvision wheel on PyPI works with a CPU build of torch, and timm
 imports torchvision (see the note in CHANGELOG.md).
@@ -40,12 +42,11 @@ def _create(depth: int, pretrained: bool, pretrained_cfg=None, pretrained_cfg_ov
             raise ValueError(f"rednet{depth}: {name}={value!r} is not supported")
     if "in_chans" in kwargs:
         kwargs["in_channels"] = kwargs.pop("in_chans")
-    weights = None
+    weights = pretrained
     if pretrained:
         cfg = resolve_pretrained_cfg(f"rednet{depth}", pretrained_cfg, pretrained_cfg_overlay)
-        weights = cfg.state_dict if cfg.state_dict is not None else cfg.file
-        if weights is None:  # timm's default: the cfg's url, PaddleClas's file, downloaded once
-            weights = models.PADDLECLAS
+        # Without a file or state dict, timm's default source: the cfg's url, PaddleClas's file.
+        weights = next((w for w in (cfg.state_dict, cfg.file) if w is not None), True)
     return models.rednet(depth, weights=weights, **kwargs)
 
 

@@ -17,10 +17,12 @@ involutions are oplib's op.
 
     input: (N, in_channels, H, W), any H, W >= 1 -> logits: (N, num_classes)
 
-``rednet26(weights=...)`` and the other depths load weights: ``"paddleclas"`` (the paper's
-ImageNet weights as PaddleClas serves them, downloaded once into torch's hub cache), a
-PaddleClas ``.pdparams`` file, the paper's released mmcls checkpoints (renamed by
-``oplib.checkpoints.convert_official_state_dict``) or an oplib RedNet's ``state_dict()``.
+``rednet26(weights=...)`` and the other depths load weights: ``"paddleclas"`` (aliases
+``"imagenet"`` and ``True``: the paper's ImageNet weights as PaddleClas serves them,
+downloaded once into torch's hub cache), a PaddleClas ``.pdparams`` file, the paper's
+released mmcls checkpoints (renamed by ``oplib.checkpoints.convert_official_state_dict``), an
+oplib RedNet's ``state_dict()``, or ``None`` (random); ``oplib.checkpoints.resolve_weights``
+decides what is accepted, for every entry point.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from .._compat import pooling_sizes_without_parity_guard
-from ..checkpoints import Weights, convert_official_state_dict, state_dict_of
+from ..checkpoints import PADDLECLAS, Weights, convert_official_state_dict, resolve_weights, state_dict_of
 from ..nn import Involution2d, checkpoint_module
 
 # The stem's max pool exports with a dynamic image size on every supported torch.
@@ -483,13 +485,38 @@ def _first(keys, count: int = 3) -> str:
     return shown + (f" and {len(keys) - count} more" if len(keys) > count else "")
 
 
-def load_weights(model: RedNet, weights: Weights, name: str = "RedNet") -> RedNet:
-    """Load ``weights`` (see ``oplib.checkpoints.state_dict_of``) into ``model``, strictly:
-    every backbone tensor must be there with its shape, and nothing else. The classifier is
-    loaded when the checkpoint has one of the model's size; a checkpoint without a head (a
-    backbone-only one) or with another number of classes loads only into a model built with
-    ``num_classes`` other than 1000, whose new head keeps its initialisation."""
-    state_dict = state_dict_of(weights)
+# What weights= takes: the values oplib.checkpoints.resolve_weights accepts.
+WeightsValue = Union[Weights, bool, None]
+
+
+def _weights_source(weights: WeightsValue, block_counts: Sequence[int], name: str) -> Optional[Weights]:
+    """``weights`` resolved, the named source downloaded for the depth of ``block_counts``."""
+    source = resolve_weights(weights)
+    if not isinstance(source, str):  # paths resolve to Path: a str is the named source, PADDLECLAS
+        return source
+    depth = next((d for d, counts in BLOCK_COUNTS.items() if counts == tuple(block_counts)), None)
+    if depth is None:
+        raise ValueError(
+            f"{name}: weights={weights!r}: PaddleClas publishes weights for the paper's depths "
+            f"{sorted(BLOCK_COUNTS)}, not for block counts {list(block_counts)}"
+        )
+    from ..download import cached_download
+
+    return cached_download(PADDLECLAS_URLS[depth])
+
+
+def load_weights(model: RedNet, weights: WeightsValue, name: str = "RedNet") -> RedNet:
+    """Load ``weights`` into ``model``, strictly: every backbone tensor must be there with its
+    shape, and nothing else. ``weights``: any value ``oplib.checkpoints.resolve_weights``
+    accepts (``None``: nothing is loaded; ``"paddleclas"``: the file for the model's depth,
+    downloaded once; a path or a loaded dict, read by ``oplib.checkpoints.state_dict_of``).
+    The classifier is loaded when the checkpoint has one of the model's size; a checkpoint
+    without a head (a backbone-only one) or with another number of classes loads only into a
+    model built with ``num_classes`` other than 1000, whose new head keeps its initialisation."""
+    source = _weights_source(weights, model.block_counts, name)
+    if source is None:
+        return model
+    state_dict = state_dict_of(source)
     if not isinstance(model.classifier, nn.Linear):  # no head (num_classes=0): a checkpoint's is not needed
         state_dict = {k: v for k, v in state_dict.items() if not k.startswith("classifier.")}
     expected = model.state_dict()
@@ -522,56 +549,51 @@ def load_weights(model: RedNet, weights: Weights, name: str = "RedNet") -> RedNe
     return model
 
 
-# weights=PADDLECLAS: PaddleClas's published file for the model's depth (downloaded once).
-PADDLECLAS = "paddleclas"
-
-
-def _rednet(depth: int, weights: Weights | None, kwargs) -> Union[RedNet, RedNetFeatures]:
+def _rednet(depth: int, weights: WeightsValue, kwargs) -> Union[RedNet, RedNetFeatures]:
+    resolve_weights(weights)  # a bad value is refused before a model is built
     features_only = kwargs.pop("features_only", False)
     if features_only:
         out_indices = kwargs.pop("out_indices", (1, 2, 3, 4))
         kwargs.setdefault("num_classes", 0)
     model = RedNet(BLOCK_COUNTS[depth], **kwargs)
     model.pretrained_cfg = dict(PRETRAINED_CFGS[depth])
-    if isinstance(weights, str) and weights == PADDLECLAS:
-        from ..download import cached_download
-
-        weights = cached_download(PADDLECLAS_URLS[depth])
-    if weights is not None:
-        load_weights(model, weights, f"RedNet-{depth}")
+    load_weights(model, weights, f"RedNet-{depth}")
     return model.as_features(out_indices) if features_only else model
 
 
-def rednet26(weights: Weights | None = None, **kwargs) -> RedNet:
-    """RedNet-26: block counts (1, 2, 4, 1). ``weights``: ``"paddleclas"`` (PaddleClas's
-    ImageNet weights, downloaded once into ``torch.hub.get_dir()/checkpoints``), a checkpoint
-    or ``.pdparams`` path, or a loaded dict (see ``load_weights``); ``features_only=True`` (with ``out_indices``, default (1, 2, 3, 4))
-    gives a ``RedNetFeatures`` backbone; other keyword arguments go to ``RedNet``
-    (``num_classes``, ``frozen_stages``, ``norm_eval``, ...)."""
+def rednet26(weights: WeightsValue = None, **kwargs) -> RedNet:
+    """RedNet-26: block counts (1, 2, 4, 1). ``weights``: ``None`` or ``False`` (random
+    initialisation), ``"paddleclas"``, ``"imagenet"`` or ``True`` (PaddleClas's ImageNet
+    weights, downloaded once into ``torch.hub.get_dir()/checkpoints``), the path of a
+    ``.pdparams``, mmcls or oplib checkpoint file, or a loaded dict
+    (``oplib.checkpoints.resolve_weights``; anything else raises, listing these);
+    ``features_only=True`` (with ``out_indices``, default (1, 2, 3, 4)) gives a
+    ``RedNetFeatures`` backbone; other keyword arguments go to ``RedNet`` (``num_classes``,
+    ``frozen_stages``, ``norm_eval``, ...)."""
     return _rednet(26, weights, kwargs)
 
 
-def rednet38(weights: Weights | None = None, **kwargs) -> RedNet:
+def rednet38(weights: WeightsValue = None, **kwargs) -> RedNet:
     """RedNet-38: block counts (2, 3, 5, 2). Arguments as ``rednet26``."""
     return _rednet(38, weights, kwargs)
 
 
-def rednet50(weights: Weights | None = None, **kwargs) -> RedNet:
+def rednet50(weights: WeightsValue = None, **kwargs) -> RedNet:
     """RedNet-50: block counts (3, 4, 6, 3). Arguments as ``rednet26``."""
     return _rednet(50, weights, kwargs)
 
 
-def rednet101(weights: Weights | None = None, **kwargs) -> RedNet:
+def rednet101(weights: WeightsValue = None, **kwargs) -> RedNet:
     """RedNet-101: block counts (3, 4, 23, 3). Arguments as ``rednet26``."""
     return _rednet(101, weights, kwargs)
 
 
-def rednet152(weights: Weights | None = None, **kwargs) -> RedNet:
+def rednet152(weights: WeightsValue = None, **kwargs) -> RedNet:
     """RedNet-152: block counts (3, 8, 36, 3). Arguments as ``rednet26``."""
     return _rednet(152, weights, kwargs)
 
 
-def rednet(depth: int, weights: Weights | None = None, **kwargs) -> RedNet:
+def rednet(depth: int, weights: WeightsValue = None, **kwargs) -> RedNet:
     """The RedNet of ``depth`` (26, 38, 50, 101 or 152); arguments as ``rednet26``."""
     if depth not in BLOCK_COUNTS:
         raise ValueError(f"RedNet: expected a depth in {sorted(BLOCK_COUNTS)}, got {depth}")
@@ -583,6 +605,7 @@ __all__ = [
     "Bottleneck",
     "FEATURE_LEVELS",
     "FeatureInfo",
+    "PADDLECLAS",
     "PADDLECLAS_URLS",
     "PRETRAINED_CFGS",
     "RedNet",

@@ -23,6 +23,9 @@ from .inputs import LAYOUTS, draw_window, expect_message, make  # noqa: F401  (p
 
 def __getattr__(name: str):
     if name == "generated_tests":
+        from .._extras import require
+
+        require("pytest", "testing", "oplib.testing.generated_tests")
         from .generated import generated_tests
 
         return generated_tests

@@ -1,9 +1,12 @@
 """The main job, ``python -m oplib``."""
 
+import argparse
+import json
 import os
 import re
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -13,20 +16,27 @@ from oplib.kernels import native
 from oplib.testing.toolchain import missing_host_compiler, missing_inductor_compiler
 
 
-def test_list_prints_every_registered_op():
+def test_list_prints_every_registered_op_within_100_columns():
+    """Before: one table as wide as the longest schema (351 columns)."""
     result = subprocess.run([sys.executable, "-m", "oplib", "list"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    assert max(len(line) for line in result.stdout.splitlines()) <= 100
+    listed = " ".join(result.stdout.split())
     for spec in registry.all_specs():
-        assert spec.schema in result.stdout
+        assert spec.schema in listed
 
 
-def test_check_passes_and_prints_the_matrix(capsys, monkeypatch):
+def test_check_passes_and_prints_each_row_once(capsys, monkeypatch):
     """One op's whole self-check: involution's, the one op where every check applies (its
     CUDA sources run through the host emulation). The generated tests run the same checks on
-    every op; this proves the command and its matrix."""
+    every op; this proves the command and its report, a row per check, printed once (before:
+    every row again in a matrix at the end)."""
     monkeypatch.delenv("OPLIB_CPU_KERNELS", raising=False)
     assert cli.main(["check", "--op", "involution", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
+    for check in selfcheck.CHECKS:
+        rows = [line for line in out.splitlines() if re.match(rf"\s+involution\s+cpu\s+{re.escape(check)}\s", line)]
+        assert len(rows) == 1, (check, out)
     # Without a C++ compiler, torch.compile and the CUDA sources' host emulation cannot run.
     missing = [reason for reason in (missing_inductor_compiler(), missing_host_compiler()) if reason is not None]
     assert f"{len(selfcheck.CHECKS) - len(missing)} passed, 0 failed, {len(missing)} not applicable" in out
@@ -67,8 +77,88 @@ def test_check_without_a_compiler_passes_what_it_can(tmp_path):
 def test_help_lists_every_command():
     result = subprocess.run([sys.executable, "-m", "oplib", "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    for command in ("list", "check", "train"):
-        assert command in result.stdout
+    for command in ("list", "check", "info", *cli.DELEGATED):
+        assert re.search(rf"^    {command}\s", result.stdout, flags=re.MULTILINE), command
+
+
+def test_a_bare_command_prints_the_help_and_runs_nothing(capsys):
+    """Before: a bare ``python -m oplib`` ran the whole self-check (a minute here)."""
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m oplib") and "self-check on" not in out
+
+
+COMMANDS = ["", "list", "check", *cli.DELEGATED]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[c or "bare" for c in COMMANDS])
+def test_every_help_is_plain_text_and_every_argument_has_help(command, monkeypatch, capsys):
+    """Before: ``train --help`` stopped mid-sentence (the docstring's first line), the help
+    showed RST markup, and ``export``'s OUT, ``--depth`` and ``--format`` had no help."""
+    parsers = []
+    real_parse = argparse.ArgumentParser.parse_args
+
+    def recording(self, *args, **kwargs):
+        parsers.append(self)
+        return real_parse(self, *args, **kwargs)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", recording)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*([command] if command else []), "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert not re.search(r"``|:[a-z]+:`", out), out
+    parser = parsers[-1] if command in cli.DELEGATED else cli._parser()
+    if command in ("list", "check"):
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    undocumented = [a.dest for a in parser._actions if not a.help and not isinstance(a, argparse._SubParsersAction)]
+    assert not undocumented, undocumented
+
+
+def test_the_help_holds_the_whole_docstring(capsys):
+    from oplib import train
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "every step runs the N shares as separate forwards and averages their losses." in out
+    assert "Writes to --out: checkpoint.pt" in out
+    assert train.__doc__.splitlines()[1].split()[0] in out
+
+
+def test_info_reports_the_environment_and_builds_nothing(tmp_path):
+    """``python -m oplib info``: the versions, the CPU kernels' state and cache, CUDA and the
+    extras; with an empty extension cache it says the kernels are not built, and builds none."""
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path / "cache"))
+    env.pop("OPLIB_CPU_KERNELS", None)
+    result = subprocess.run([sys.executable, "-m", "oplib", "info"], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    import oplib
+    import torch
+
+    out = result.stdout
+    for expected in (f"oplib:              {oplib.__version__}", torch.__version__, "OPLIB_CPU_KERNELS:  auto (the default)",
+                     str(tmp_path / "cache" / "oplib"), "GPUs:", "CuPy:", "extras:", "onnx:", "testing:"):
+        assert expected in out, (expected, out)
+    if native._missing_tool() is None:
+        assert "native CPU kernels: not built yet" in out and "python -m oplib build" in out
+    assert not list(tmp_path.glob("cache/**/*.so"))
+    as_json = subprocess.run([sys.executable, "-m", "oplib", "info", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    report = json.loads(as_json.stdout)
+    assert report["oplib"]["oplib"].startswith(oplib.__version__) and set(report["extras"]) >= {"onnx", "train", "models"}
+
+
+def test_info_says_when_the_kernels_are_built(capsys, monkeypatch, tmp_path):
+    from oplib import info
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    if native._missing_tool() is not None:
+        pytest.skip(native._missing_tool())
+    name = native.module_name(native.SOURCE_DIR, native.Target(native.compiler_command()))
+    library = tmp_path / "oplib" / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    library.parent.mkdir()
+    library.touch()
+    assert info.collect()["CPU kernels"]["native CPU kernels"] == f"built for this machine: {library}"
 
 
 @pytest.mark.parametrize(
@@ -101,13 +191,14 @@ def test_train_rejects_bad_flags_with_a_usage_error(flags, message, tmp_path, ca
     assert re.search(message, error), error
 
 
-def test_version_is_the_declared_one(capsys):
+@pytest.mark.parametrize("short", [False, True], ids=["--version", "-V"])
+def test_version_is_the_declared_one(capsys, short):
     import importlib.metadata
 
     import oplib
 
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["--version"])
+        cli.main(["-V" if short else "--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"torch-oplib {oplib.__version__}"
     assert importlib.metadata.version("torch-oplib") == oplib.__version__

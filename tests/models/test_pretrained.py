@@ -133,8 +133,11 @@ def test_checkpoint_errors_are_clear(tmp_path):
         oplib.models.rednet26(weights=backbone_only)
     head = oplib.models.rednet26(weights=backbone_only, num_classes=10).classifier
     assert head.out_features == 10
-    with pytest.raises(ValueError, match=r"expected a checkpoint dict or a state dict, got list"):
+    with pytest.raises(TypeError, match=r"weights: got a value of type list; expected None or False"):
         oplib.models.rednet26(weights=[1, 2])
+    torch.save([1, 2], tmp_path / "list.pth")
+    with pytest.raises(ValueError, match=r"expected a checkpoint dict or a state dict, got list"):
+        oplib.models.rednet26(weights=tmp_path / "list.pth")
 
 
 def _bilinear_by_hand(image: torch.Tensor, height: int, width: int) -> torch.Tensor:

@@ -38,3 +38,31 @@ def test_runtime_paths_load_no_test_data(code):
 def test_the_check_can_fail():
     """The registry loads the specs on its first read: the check above sees that."""
     assert _loaded_after("import oplib; oplib.registry.all_specs()") >= {"oplib.testing", "oplib.testing.specs"}
+
+
+def test_submodules_are_attributes_of_oplib_imported_on_first_use():
+    """Before: ``oplib.models`` and ``oplib.onnx`` raised AttributeError after ``import oplib``
+    until imported explicitly. They load on first access, not at the import."""
+    script = (
+        "import sys, oplib\n"
+        "before = [m for m in ('oplib.models', 'oplib.onnx', 'oplib.testing') if m in sys.modules]\n"
+        "assert before == [], before\n"
+        "assert callable(oplib.models.rednet26) and callable(oplib.onnx.translation_table)\n"
+        "assert 'models' in dir(oplib) and oplib.testing.make is not None\n"
+        "try:\n"
+        "    oplib.no_such_thing\n"
+        "except AttributeError as error:\n"
+        "    assert str(error) == \"module 'oplib' has no attribute 'no_such_thing'\", error\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
+
+
+def test_the_package_declares_its_annotations():
+    """py.typed (PEP 561): type checkers read oplib's annotations."""
+    from importlib import resources
+
+    assert resources.files("oplib").joinpath("py.typed").is_file()

@@ -182,8 +182,8 @@ inline V load_first(const scalar_t* src, int64_t stride, int64_t count) {
   return v;
 }
 
-// `count` 16-bit values: a whole vector in one store, a partial one (a row's end) by memcpy,
-// a library call (a variable length at every store made each store one).
+// `count` 16-bit values: a whole vector in one store; a partial one (a row's end) by a memcpy
+// of variable length, a library call, which the whole vectors must not pay.
 template <int LANES, typename T>
 inline void store_bits(T* to, const void* bits, int64_t count) {
   static_assert(sizeof(T) == 2, "16-bit values");

@@ -1,0 +1,53 @@
+"""oplib's pytest plugin, loaded by pytest wherever oplib is installed (the ``pytest11`` entry
+point in pyproject.toml; ``-p no:oplib`` turns it off).
+
+It registers the marks that the tests of ``oplib.testing.generated_tests`` carry, so that a
+project using them gets no unknown-mark warning and can select by them (``-m "not
+integration"``), and skips the tests a machine cannot run, each with the reason:
+
+- ``integration``: the long tier (every sample compiled and exported, whole models);
+- ``needs_cuda``: needs a CUDA GPU;
+- ``needs_compiler``: torch.compile's inductor generates C++ for the CPU and finds no compiler.
+"""
+
+from __future__ import annotations
+
+MARKS = {
+    "integration": "the long tier (whole models exported, trained or packaged, wheels built, torchrun, every sample "
+    "compiled): oplib's `make test` leaves it out, `make test-all` runs it",
+    "needs_cuda": "needs a CUDA GPU; skipped where none is present",
+    "needs_compiler": "torch.compile's inductor generates CPU code; skipped where it finds no C++ compiler",
+}
+
+
+def pytest_configure(config) -> None:
+    for name, text in MARKS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def skip_reasons() -> dict[str, str]:
+    """The marks whose tests this machine cannot run, with why."""
+    import torch
+
+    from .toolchain import missing_inductor_compiler
+
+    reasons = {}
+    if not torch.cuda.is_available():
+        reasons["needs_cuda"] = "needs a CUDA GPU; torch.cuda.is_available() is False on this machine"
+    missing = missing_inductor_compiler()
+    if missing is not None:
+        reasons["needs_compiler"] = missing
+    return reasons
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    marked = [item for item in items if "needs_cuda" in item.keywords or "needs_compiler" in item.keywords]
+    if not marked:
+        return
+    import pytest
+
+    reasons = skip_reasons()
+    for item in marked:
+        for mark, reason in reasons.items():
+            if mark in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))

@@ -1,0 +1,45 @@
+"""oplib's pytest plugin (the pytest11 entry point): in a project of a user's, outside oplib's
+tree, the marks of oplib.testing's generated tests are known (no unknown-mark warning, even
+with --strict-markers) and the tests a machine cannot run are skipped with the reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+TEST_FILE = '''
+import pytest
+
+@pytest.mark.integration
+def test_long():
+    pass
+
+@pytest.mark.needs_cuda
+def test_on_a_gpu():
+    import torch
+    assert torch.cuda.is_available()
+'''
+
+
+def _pytest(tmp_path, *flags: str) -> subprocess.CompletedProcess:
+    (tmp_path / "test_user.py").write_text(TEST_FILE)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--strict-markers", *flags,
+                           "test_user.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def test_the_marks_are_registered_and_skips_say_why(tmp_path):
+    result = _pytest(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    if not torch.cuda.is_available():
+        assert "1 passed, 1 skipped" in result.stdout and "needs a CUDA GPU" in result.stdout, result.stdout
+    assert "PytestUnknownMarkWarning" not in result.stdout + result.stderr
+    deselected = _pytest(tmp_path, "-m", "not integration")
+    assert "1 deselected" in deselected.stdout, deselected.stdout
+
+
+def test_without_the_plugin_the_marks_are_unknown(tmp_path):
+    """The check can fail: with the plugin turned off, --strict-markers refuses the marks."""
+    result = _pytest(tmp_path, "-p", "no:oplib")
+    assert result.returncode != 0 and "'integration' not found in `markers`" in result.stdout + result.stderr
