@@ -94,8 +94,8 @@ def measure_units() -> list[tuple[str, float, float]]:
         for unit in native.units():
             before = os.times()
             start = time.monotonic()
-            subprocess.run([*shlex.split(target.compiler), *flags, "-c", str(unit), "-o", f"{workdir}/{unit.stem}.o"],
-                           check=True, capture_output=True)  # fmt: skip
+            command = [*shlex.split(target.compiler), *flags, *target.unit_flags(unit.name), "-c", str(unit)]
+            subprocess.run([*command, "-o", f"{workdir}/{unit.stem}.o"], check=True, capture_output=True)
             wall = time.monotonic() - start
             after = os.times()
             cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)

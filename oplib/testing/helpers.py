@@ -16,16 +16,24 @@ from .. import registry
 from ..registry import OpSpec, SampleInput
 
 
+def _pytest():
+    """pytest, which the parametrisation helpers need and oplib does not install (the
+    ``testing`` extra does)."""
+    from .._extras import require
+
+    return require("pytest", "testing", "oplib.testing's pytest parametrisation")
+
+
 def cpu_and_cuda():
-    """("cpu", cuda marked ``needs_cuda``): conftest skips the mark where there is no GPU."""
-    import pytest
+    """("cpu", cuda marked ``needs_cuda``): oplib's pytest plugin skips the mark where there is no GPU."""
+    pytest = _pytest()
 
     return ("cpu", pytest.param("cuda", marks=pytest.mark.needs_cuda))
 
 
 def spec_params(specs: Optional[Iterable[OpSpec]] = None):
     """One pytest param per (spec, device)."""
-    import pytest
+    pytest = _pytest()
 
     params = []
     for spec in specs if specs is not None else registry.all_specs():
@@ -37,7 +45,7 @@ def spec_params(specs: Optional[Iterable[OpSpec]] = None):
 
 def spec_dtype_params(specs: Optional[Iterable[OpSpec]] = None, dtypes: Optional[Iterable[torch.dtype]] = None):
     """One pytest param per (spec, device, dtype) the spec supports, optionally only ``dtypes``."""
-    import pytest
+    pytest = _pytest()
 
     params = []
     for spec in specs if specs is not None else registry.all_specs():

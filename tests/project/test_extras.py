@@ -104,3 +104,11 @@ def test_the_installed_extras_are_reported(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
     assert _extras.installed()["onnx"] is False
+
+
+def test_the_parametrisation_helpers_without_pytest_name_the_testing_extra(monkeypatch):
+    from oplib import testing
+
+    _hide(monkeypatch, "pytest")
+    with pytest.raises(_extras.MissingExtraError, match=HINT.format(extra="testing")):
+        testing.spec_params()

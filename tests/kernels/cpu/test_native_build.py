@@ -55,6 +55,17 @@ def test_the_longest_units_compile_first():
     assert names[len(native.LONGEST_UNITS):] == sorted(names[len(native.LONGEST_UNITS):])
 
 
+def test_only_gcc_gets_the_low_memory_parameters_and_only_for_the_bindings(tmp_path):
+    """GCC's --param names are GCC's: clang (which defines __GNUC__ too) and a missing compiler
+    get none, and the other units none either."""
+    if native._missing_tool() is None and native._is_gcc(native.compiler_command()):
+        assert native.Target(native.compiler_command()).unit_flags("bindings.cpp") == list(native.GCC_LOW_MEMORY_FLAGS)
+    assert native.Target(native.compiler_command()).unit_flags("forward.cpp") == []
+    assert native.Target(str(tmp_path / "no-such-c++")).unit_flags("bindings.cpp") == []
+    if shutil.which("clang++"):
+        assert not native._is_gcc("clang++") and native.Target("clang++").unit_flags("bindings.cpp") == []
+
+
 def test_the_build_reports_each_unit_on_a_terminal(tmp_path, capsys):
     """A line per compiled unit (with progress=True, what build() passes on a terminal), the
     count and the elapsed time in it; none without."""
