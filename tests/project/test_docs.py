@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -94,15 +95,24 @@ def _compiled(block: Block):
 
 @pytest.mark.parametrize("page", PYTHON_PAGES)
 def test_python_blocks_of_the_page_run(page, tmp_path, monkeypatch):
+    """Every block runs; the README's (the quickstart) also without a warning a user would see
+    (Python's default filters: deprecations hidden outside __main__)."""
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__docs__"}
-    for number, block in enumerate(_python(page), start=1):
-        if block.not_run is not None:
-            continue
-        try:
-            exec(_compiled(block), namespace)
-        except Exception as error:
-            raise AssertionError(f"{block.name}: python block {number} of the page raised {error!r}") from error
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()
+        warnings.simplefilter("default")
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.filterwarnings("ignore", category=category)
+        for number, block in enumerate(_python(page), start=1):
+            if block.not_run is not None:
+                continue
+            try:
+                exec(_compiled(block), namespace)
+            except Exception as error:
+                raise AssertionError(f"{block.name}: python block {number} of the page raised {error!r}") from error
+    if page.name == "README.md":
+        assert not caught, [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
 
 
 @pytest.mark.parametrize("block", NOT_RUN_BLOCKS, ids=lambda block: block.name)
