@@ -76,12 +76,12 @@ def parser(prog: str, doc: str, **kwargs) -> argparse.ArgumentParser:
     )
 
 
-def require_extra(parser: argparse.ArgumentParser, extra: str, modules: tuple[str, ...]) -> None:
-    """Each of ``modules`` (the packages of ``extra`` a command needs) importable, else the
-    command exits with code 1 and one line naming the extra: checked before any work starts."""
-    from ._extras import MissingExtraError, require
+def require_extra(parser: argparse.ArgumentParser, extra: str) -> None:
+    """Every package of ``extra`` (``oplib._extras.EXTRAS``) importable, else the command exits
+    with code 1 and one line naming the extra: checked before any work starts."""
+    from ._extras import EXTRAS, MissingExtraError, require
 
-    for module in modules:
+    for module in EXTRAS[extra][1]:
         try:
             require(module, extra, parser.prog)
         except MissingExtraError as error:

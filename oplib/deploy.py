@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out", type=Path, help="the file to write (aoti: a name ending in .pt2)")
     args = parser.parse_args(argv)
     if args.format == "onnx":
-        require_extra(parser, "onnx", ("onnx", "onnxscript", "onnxruntime"))
+        require_extra(parser, "onnx")
     if args.out_indices is not None and not args.features_only:
         parser.error("--out-indices: only with --features-only (the maps a backbone returns)")
     if args.features_only and args.num_classes is not None:

@@ -210,7 +210,7 @@ def evaluate_main(argv: list[str]) -> int:
     parser.add_argument("--limit", type=int, default=None, help="only the first N images (sorted by class, then name)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    require_extra(parser, "models", ("PIL", "tqdm"))
+    require_extra(parser, "models")
     for name in ("batch_size", "limit"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: expected a positive int, got {getattr(args, name)}")
@@ -242,7 +242,7 @@ def predict_main(argv: list[str]) -> int:
     parser.add_argument("images", type=Path, nargs="+", help="image files (any format Pillow reads)")
     parser.add_argument("--json", action="store_true", help="one JSON line per image instead of a table")
     args = parser.parse_args(argv)
-    require_extra(parser, "models", ("PIL", "tqdm"))
+    require_extra(parser, "models")
     missing = [str(p) for p in args.images if not p.is_file()]
     if missing:
         parser.error(f"no such image: {', '.join(missing)}")

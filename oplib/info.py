@@ -13,10 +13,7 @@ import importlib.metadata
 import json
 import os
 import platform
-import shlex
-import shutil
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Optional
 
@@ -72,13 +69,13 @@ def _native_section() -> dict[str, str]:
     from .kernels import native
 
     compiler = native.compiler_command()
-    found = shutil.which(shlex.split(compiler)[0]) if compiler.strip() else None
+    missing = native._missing_tool()
     section = {
-        "C++ compiler": f"{native._compiler_identity(compiler)}" if found else f"{compiler!r}: not found on the PATH",
+        "C++ compiler": missing or native._compiler_identity(compiler),
         native.ENV: os.environ.get(native.ENV, f"{native.DEFAULT} (the default)"),
         "extension cache": str(native.cache_dir()),
     }
-    if not found:
+    if missing:
         section["native CPU kernels"] = "unavailable: no C++ compiler; involution runs its plain-PyTorch CPU kernels"
         return section
     try:
@@ -86,8 +83,7 @@ def _native_section() -> dict[str, str]:
     except Exception as error:  # noqa: BLE001  (reported, not raised: the report is for bug reports)
         section["native CPU kernels"] = f"unknown ({type(error).__name__}: {error})"
         return section
-    library = native.cache_dir() / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    failed_log = native.cache_dir() / f"{name}.log"
+    library, failed_log = native.cached_files(name)
     if library.exists():
         section["native CPU kernels"] = f"built for this machine: {library}"
     elif failed_log.exists():
@@ -131,14 +127,12 @@ def _cuda_section() -> dict[str, str]:
 
 
 def _extras_section() -> dict[str, str]:
-    from ._extras import EXTRAS, installed
+    from ._extras import DISTRIBUTIONS, EXTRAS, installed
 
     present = installed()
     section = {}
     for extra, (purpose, modules) in EXTRAS.items():
         if present[extra]:
-            from ._extras import DISTRIBUTIONS
-
             versions = ([f"{DISTRIBUTIONS[extra]} {_distribution_version(DISTRIBUTIONS[extra])}"] if extra in DISTRIBUTIONS
                         else [v for module in modules for v in _distributions_of(module)])
             section[extra] = "installed: " + ", ".join(dict.fromkeys(versions))

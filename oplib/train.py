@@ -69,7 +69,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    require_extra(parser, "train", ("sklearn", "matplotlib", "tqdm"))
+    require_extra(parser, "train")
     if args.resume and not (args.out / "checkpoint.pt").is_file():
         parser.error(f"--resume: no checkpoint at {args.out / 'checkpoint.pt'} (a run with --out {args.out} writes it)")
     if args.batch_size % args.emulate_world_size:

@@ -202,6 +202,13 @@ def module_name(source_dir: Path, target: Target) -> str:
     return f"oplib_cpu_{hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:16]}"
 
 
+def cached_files(name: str) -> tuple[Path, Path]:
+    """Where the module ``name`` lies in the cache once built, and where its last failed
+    build's log is kept."""
+    root = cache_dir()
+    return root / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}", root / f"{name}.log"
+
+
 _LOADED: dict[Path, ModuleType] = {}
 
 
@@ -299,8 +306,8 @@ def build(
     NativeBuildError on a failed build. ``quiet`` drops the start and end lines."""
     target = Target(compiler or compiler_command(), march, sanitize)
     name = module_name(source_dir, target)
-    root = cache_dir()
-    library = root / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    library, failure_log = cached_files(name)
+    root = library.parent
     if library.exists():
         return load_module(library)
     root.mkdir(parents=True, exist_ok=True)
@@ -320,10 +327,9 @@ def build(
                 # Progress per unit only on a terminal: a log keeps the two lines.
                 built = _compile(target, name, units(source_dir), workdir, progress=not quiet and sys.stderr.isatty())
             except NativeBuildError as error:
-                kept = root / f"{name}.log"
-                shutil.copyfile(error.log, kept)
+                shutil.copyfile(error.log, failure_log)
                 shutil.rmtree(workdir, ignore_errors=True)
-                raise NativeBuildError(error.first_error, kept) from None
+                raise NativeBuildError(error.first_error, failure_log) from None
             os.replace(built, library)
             shutil.rmtree(workdir, ignore_errors=True)
             if not quiet:

@@ -155,7 +155,7 @@ def test_info_says_when_the_kernels_are_built(capsys, monkeypatch, tmp_path):
     if native._missing_tool() is not None:
         pytest.skip(native._missing_tool())
     name = native.module_name(native.SOURCE_DIR, native.Target(native.compiler_command()))
-    library = tmp_path / "oplib" / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    library = tmp_path / "oplib" / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"  # where build() puts it
     library.parent.mkdir()
     library.touch()
     assert info.collect()["CPU kernels"]["native CPU kernels"] == f"built for this machine: {library}"
