@@ -23,10 +23,12 @@ def pytest_configure(config):
     # gradgradcheck took 315 s instead of 17 s). Correctness does not depend on the count.
     torch.set_num_threads(1)
     # The marks (integration, needs_cuda, needs_compiler) and their skips are oplib's pytest
-    # plugin's (oplib/testing/plugin.py), loaded through its entry point as in a user's project.
-    if not config.pluginmanager.has_plugin("oplib"):
+    # plugin's (oplib/testing/plugin.py), loaded through its entry point as in a user's project,
+    # or by name (-p oplib.testing.plugin) where the checkout is on the path but not installed.
+    if not any(config.pluginmanager.has_plugin(name) for name in ("oplib", "oplib.testing.plugin")):
         raise pytest.UsageError(
-            "oplib's pytest plugin is not loaded: install oplib (pip install -e .) so that its pytest11 entry point exists"
+            "oplib's pytest plugin is not loaded: install oplib (pip install -e .) so that its pytest11 entry point "
+            "exists, or name it: pytest -p oplib.testing.plugin"
         )
 
 

@@ -332,6 +332,8 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
     generated_grad_input = _oplib_ops(x, launcher)["generated grad_input"]
     profiled = {f"{candidate} {kernel}": calls[candidate, kernel]
                 for candidate in ("oplib", "generic") for kernel in KERNELS if (candidate, kernel) != ("generic", "generated forward")}
+    if ("tiled", "generated forward") in calls:
+        profiled["tiled generated forward"] = calls["tiled", "generated forward"]
     profiled["oplib generated grad_input"] = lambda: generated_grad_input(
         g, o["feature"], o["span_weight"], o["span_bias"], [shape.height, shape.width], [shape.kernel] * 2, stride,
         padding, dilation)

@@ -290,6 +290,8 @@ _ALIGN = {"l": "---", "r": "---:", "c": ":---:"}
 
 def table(columns: Sequence[str], align: str, rows: Iterable[Sequence[Any]]) -> list[str]:
     """Markdown table lines; ``align`` has one letter per column: l(eft), r(ight), c(entre)."""
+    if len(align) != len(columns):
+        raise ValueError(f"{len(columns)} columns but {len(align)} alignments ({align!r})")
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(_ALIGN[a] for a in align) + "|"]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return lines

@@ -677,7 +677,7 @@ def _kernel_section(results: CudaResults, target_name: str, plan, models_choice:
         "",
         f"Bar: every kernel within 2x its floor: **{'met' if worst <= 2 else 'not met'}** (worst {worst:.2f}x).",
         "",
-        *_harness.table(columns, "llllrrrrrrr", cells),
+        *_harness.table(columns, "llll" + "r" * (len(columns) - 4), cells),
         "",
     ]
 

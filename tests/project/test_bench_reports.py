@@ -140,3 +140,13 @@ def test_every_timed_report_in_the_results_has_its_data_beside_it(report):
     assert f" on {data['date']}." in text.splitlines()[2]
     assert data["tables"] == _harness._tables(text.splitlines())
     assert data["tables"], f"{report}: no table"
+
+
+def test_a_table_with_fewer_alignments_than_columns_is_refused():
+    """The fourth H200 draw's kernel table had 12 columns over an 11-cell separator (the tiled
+    column added, its alignment not), which markdown renders as no table."""
+    import _harness
+
+    assert _harness.table(["a", "b"], "lr", [[1, 2]])[1] == "|---|---:|"
+    with pytest.raises(ValueError, match="2 columns but 1 alignments"):
+        _harness.table(["a", "b"], "l", [[1, 2]])

@@ -43,3 +43,22 @@ def test_without_the_plugin_the_marks_are_unknown(tmp_path):
     """The check can fail: with the plugin turned off, --strict-markers refuses the marks."""
     result = _pytest(tmp_path, "-p", "no:oplib")
     assert result.returncode != 0 and "'integration' not found in `markers`" in result.stdout + result.stderr
+
+
+def test_oplib_suite_takes_the_plugin_by_name_where_no_entry_point_is_installed():
+    """A lent GPU machine's `pip install -e .` left no pytest11 entry point (fourth H200 draw), and
+    the suite's conftest refused to run: the plugin named with -p (what tools/gpu_check.py adds
+    then) is accepted, and without either the refusal still names both ways."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    quick = "tests/project/test_extras.py"
+
+    def run(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:oplib", *flags,
+                               quick, "-k", "every_extra"], cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    named = run("-p", "oplib.testing.plugin")
+    assert named.returncode == 0 and "passed" in named.stdout, named.stdout + named.stderr
+    refused = run()
+    assert refused.returncode != 0 and "-p oplib.testing.plugin" in refused.stdout + refused.stderr
