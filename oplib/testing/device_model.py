@@ -24,11 +24,17 @@ recorded by ``record_launches`` on CPU tensors):
       takes ``dependent round trips per warp x latency``;
     - FMA and tensor-core pipes: multiply-adds over the SM's rate;
     - shared memory (the tiled kernels): the busiest SM's wavefronts, one a clock (bank
-      conflicts counted from the traced addresses; a hardware rate, not a fitted constant).
+      conflicts counted from the traced addresses; a hardware rate, not a fitted constant);
+    - instruction issue: the busiest SM's instructions over its 4 schedulers, each issuing at
+      most one a clock, and less when it holds fewer warps than one warp's dependent issue
+      interval (``Constants.dependent_issue_cycles``). The instructions are the traced ones
+      (memory, shared memory, multiply-adds) times the kernel's ratio of all its SASS
+      instructions to those kinds (``SassProfile.instruction_ratio``): the index arithmetic,
+      conversions and branches around them, which bind a kernel whose memory does not.
 
-Three constants are fitted (``Constants``): the memory latency, the fraction of the L1's
-line rate achieved, and the launch floor; each has a physical meaning and a plausible
-range. ``fit`` finds them by least squares on log(predicted / measured) over a table's rows.
+Four constants are fitted (``Constants``): the memory latency, the fraction of the L1's
+line rate achieved, the launch floor and a warp's dependent issue interval; each has a
+physical meaning and a plausible range. ``fit`` finds them by least squares on log(predicted / measured) over a table's rows.
 ``bench/cuda_model.py`` fits them on the committed H200 table (held-out halves too) and
 writes ``bench/results/cuda-model.md``.
 """
@@ -236,10 +242,17 @@ class KernelWork:
     dram_bytes: int
     # Shared-memory wavefronts (a warp access's bank-conflict passes), of the tiled kernels.
     shared_wavefronts: float = 0.0
+    # Warp-level shared-memory load and store instructions with a lane active.
+    shared_requests: float = 0.0
 
     @property
     def lines(self) -> float:
         return self.load_lines + self.store_lines
+
+    @property
+    def instructions(self) -> float:
+        """The traced warp instructions: global and shared loads and stores, multiply-adds."""
+        return self.load_requests + self.store_requests + self.shared_requests + self.fma_requests
 
 
 class _Tally:
@@ -251,7 +264,7 @@ class _Tally:
         self.active = active
         self.line_bytes = line_bytes
         self.counts = {"load_requests": 0.0, "load_lines": 0.0, "store_requests": 0.0, "store_lines": 0.0,
-                       "fma_requests": 0.0, "shared_wavefronts": 0.0}
+                       "fma_requests": 0.0, "shared_wavefronts": 0.0, "shared_requests": 0.0}
 
     def _access(self, kind: str, tensor: int, index: Tensor, mask: Tensor, element_bytes: int) -> None:
         mask = mask & self.active
@@ -278,6 +291,7 @@ class _Tally:
         several lanes is a broadcast, one pass)."""
         mask = mask & self.active
         index, mask = torch.broadcast_tensors(index, mask)
+        self.counts["shared_requests"] += float(mask.any(-1).sum())
         words = (index * element_bytes) // 4
         if element_bytes > 4:  # each lane's value spans element_bytes / 4 consecutive words
             words = (words.unsqueeze(-1) + torch.arange(element_bytes // 4)).flatten(-2)
@@ -671,6 +685,8 @@ class SassProfile:
     shared_bytes: int
     loads: dict[int, int]
     loads_in_flight: float
+    # All instructions of the function over those of the kinds a trace counts (``_TRACED``).
+    instruction_ratio: float = 1.0
 
     @property
     def widest_load(self) -> int:
@@ -706,13 +722,54 @@ def _registers(operand_text: str, width: int = 4) -> set[int]:
     return found
 
 
+# The SASS instructions a trace counts (``KernelWork.instructions``): global and shared memory,
+# FP32/FP64 multiply-adds. Tensor-core instructions are overhead here: no trace counts them.
+_TRACED = re.compile(r"^(?:LDG|STG|LDS|STS|LDSM|FFMA|DFMA)(?:\.|$)")
+_INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s*(?:@!?U?P\w+\s+)?(?P<op>[A-Z][\w.]*)\s*(?P<args>[^;]*);")
+
+
+# What an instruction inside a loop counts for per enclosing loop (``instruction_ratio``): the
+# trip count the static code stands for. Against Nsight Compute's executed instructions over
+# the traced ones on an H200 (bench/results/h200/draw4/second/), 4 kept the specialised and
+# generated kernels' ratios within about 1.35x of the measured ones; 1 (no weighting)
+# overstated the generated forward's fourfold, its one hot loop among much setup code.
+LOOP_TRIPS = 4
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_TARGET = re.compile(r"`\((\.L_x_\d+)\)")
+
+
+def instruction_ratio(sass: str, loop_trips: float = LOOP_TRIPS) -> float:
+    """All instructions of one function's SASS text over those a trace counts (``_TRACED``),
+    NOPs aside, each weighted by ``loop_trips`` per loop around it (a backward branch and the
+    code from its target): what the instructions around the traced ones (index arithmetic,
+    conversions, branches) cost per traced one when the loops run."""
+    instructions, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        if (label := _LABEL.match(line)) is not None:
+            pending.append(label.group(1))
+        elif (match := _INSTRUCTION.match(line)) is not None:
+            labels.update(dict.fromkeys(pending, len(instructions)))
+            pending = []
+            instructions.append((match.group("op"), match.group("args")))
+    loops = [(labels[target.group(1)], at) for at, (op, args) in enumerate(instructions)
+             if op.startswith("BRA") and (target := _TARGET.search(args)) and labels.get(target.group(1), at + 1) <= at]
+    everything = traced = 0.0
+    for at, (op, _) in enumerate(instructions):
+        if op == "NOP":
+            continue
+        weight = loop_trips ** sum(1 for first, last in loops if first <= at <= last)
+        everything += weight
+        traced += weight if _TRACED.match(op) else 0.0
+    return everything / max(traced, 1.0)
+
+
 def _profile_function(sass: str) -> tuple[dict[int, int], float]:
     """Loads by width and loads in flight (issued per wait) of one function's SASS text."""
     loads: dict[int, int] = {}
     pending: set[int] = set()
     issued = waits = 0
     for line in sass.splitlines():
-        match = re.match(r"\s*/\*[0-9a-f]+\*/\s*(?:@!?U?P\w+\s+)?(?P<op>[A-Z][\w.]*)\s*(?P<args>[^;]*);", line)
+        match = _INSTRUCTION.match(line)
         if match is None:
             continue
         op, args = match.group("op"), match.group("args")
@@ -760,7 +817,8 @@ def sass_profile(source_name: str, instantiations: tuple[tuple[str, torch.dtype,
         report = reports[mangled]
         shared = re.search(r"(\d+) bytes smem", report)
         profiles[name] = SassProfile(name, arch, int(re.search(r"Used (\d+) registers", report).group(1)),
-                                     int(shared.group(1)) if shared else 0, loads, in_flight)
+                                     int(shared.group(1)) if shared else 0, loads, in_flight,
+                                     instruction_ratio(functions[mangled]))
     return profiles
 
 
@@ -780,13 +838,17 @@ class Constants:
     - ``latency_cycles``: the mean latency of a load, as Little's law sees it (a mix of L1 and
       L2 hits and DRAM);
     - ``launch_seconds``: the floor of one kernel in a CUDA graph (launch, first and last
-      wave's ramp).
+      wave's ramp);
+    - ``dependent_issue_cycles``: the mean cycles between two instructions of one warp (the
+      latency of the results each waits for, over the independent instructions between): a
+      scheduler holding fewer warps than this leaves issue slots empty.
     """
 
     request_cycles: float
     line_cycles: float
     latency_cycles: float
     launch_seconds: float
+    dependent_issue_cycles: float = 1.0
 
 
 # Where ``fit`` searches: bounds that keep each constant physical (a request costs at least
@@ -797,6 +859,9 @@ BOUNDS = {
     "line_cycles": (0.25, 8.0),
     "latency_cycles": (30.0, 1000.0),
     "launch_seconds": (1e-6, 5e-6),
+    # From back-to-back independent instructions (1) to every one waiting on a shared-memory
+    # load's latency (about 30 cycles on Hopper).
+    "dependent_issue_cycles": (1.0, 32.0),
 }
 
 
@@ -813,12 +878,13 @@ class LaunchInputs:
     loads_in_flight: float
     widest_load: int
     work: KernelWork
+    instruction_ratio: float = 1.0
 
     @staticmethod
     def of(launch: Launch, profile: SassProfile, gpu: GPU = H200) -> LaunchInputs:
         return LaunchInputs(launch.name, launch.blocks, launch.threads_per_block,
                             launch.shared_bytes + profile.shared_bytes, profile.registers, profile.loads_in_flight,
-                            profile.widest_load, kernel_work(launch, gpu))
+                            profile.widest_load, kernel_work(launch, gpu), profile.instruction_ratio)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -837,14 +903,15 @@ class Terms:
     latency: float
     fma: float
     shared: float = 0.0
+    issue: float = 0.0
 
     @property
     def bound(self) -> str:
-        return max(("dram", "l1", "latency", "fma", "shared"), key=lambda name: getattr(self, name))
+        return max(("dram", "l1", "latency", "fma", "shared", "issue"), key=lambda name: getattr(self, name))
 
     @property
     def seconds(self) -> float:
-        return max(self.dram, self.l1, self.latency, self.fma, self.shared)
+        return max(self.dram, self.l1, self.latency, self.fma, self.shared, self.issue)
 
 
 def launch_terms(inputs: LaunchInputs, gpu: GPU, constants: Constants, dram_bytes_per_s: float) -> Terms:
@@ -864,12 +931,15 @@ def launch_terms(inputs: LaunchInputs, gpu: GPU, constants: Constants, dram_byte
     pipe = max((work.load_requests + work.store_requests) * constants.request_cycles,
                work.lines * constants.line_cycles)
     round_trips = work.load_requests / work.warps / max(inputs.loads_in_flight, 1.0)
+    warps_per_scheduler = resident * -(-inputs.threads_per_block // 32) / _SCHEDULERS
+    cycles_per_instruction = max(1.0, constants.dependent_issue_cycles / warps_per_scheduler)
     return Terms(
         dram=work.dram_bytes / dram_bytes_per_s,
         l1=share * pipe / gpu.clock_hz,
         latency=waves * round_trips * constants.latency_cycles / gpu.clock_hz,
         fma=share * work.fma_requests * 32 / (gpu.fma_per_clock * gpu.clock_hz),
         shared=share * work.shared_wavefronts / (gpu.shared_wavefronts_per_clock * gpu.clock_hz),
+        issue=share * work.instructions * inputs.instruction_ratio * cycles_per_instruction / (_SCHEDULERS * gpu.clock_hz),
     )
 
 
