@@ -430,19 +430,82 @@ def instruction_lines(data: list[dict]) -> list[str]:
     ]
 
 
+# ---------------------------------------------------------------------------------------
+# Kernels changed since the measurement: predicted, beside what the draw measured
+# ---------------------------------------------------------------------------------------
+
+
+def changed_rows(rows: list[dict], current: list[dict]) -> list[dict]:
+    """The rows whose model inputs the current kernels change (their SASS or their trace): each
+    with the current inputs, as the json keeps them."""
+    now = {_key(r): r["events"] for r in current}
+    return [{"shape": r["shape"], "dtype": r["dtype"], "layout": r["layout"], "kernel": r["kernel"],
+             "events": events_to_json(now[_key(r)])} for r in rows if now[_key(r)] != r["events"]]
+
+
+def changed_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """The changed rows predicted with the constants fitted above, beside the prediction and
+    the measurement of the kernels the draw timed: what the next draw should find."""
+    measured = {_key(r): r for r in rows}
+    cells = []
+    for entry in data:
+        row = measured[_key(entry)]
+        events = events_from_json(entry["events"])
+        before = device_model.predict(row["events"], H200, constants, bandwidth)
+        after = device_model.predict(events, H200, constants, bandwidth)
+        main = next(e for e in events if isinstance(e, LaunchInputs))
+        terms = device_model.launch_terms(main, H200, constants, bandwidth)
+        cells.append([entry["shape"], entry["dtype"], entry["layout"], entry["kernel"], f"`{main.kernel}`",
+                      str(main.registers), f"{main.instruction_ratio:.2f}", terms.bound, f"{before * 1e6:.1f}",
+                      f"{after * 1e6:.1f}", f"{after / before:.2f}x", f"{row['measured_s'] * 1e6:.1f}",
+                      f"{row['measured_s'] * after / before * 1e6:.1f}"])
+    heading = "## Predicted for the kernels changed since the measurement"
+    if not cells:
+        return [heading, "", "None: the current kernels are those the draw measured.", ""]
+    return [
+        heading,
+        "",
+        f"{len(cells)} rows whose kernel changed since the draw timed it (its SASS or its trace differ), predicted "
+        "with the constants fitted above: before (the kernel measured) and after (the current one), and the "
+        "measured time scaled by their ratio, what the next draw should find. These wait for it (`make gpu-check`).",
+        "",
+        *_harness.table(["shape", "dtype", "layout", "kernel", "instantiation now", "registers", "instruction ratio",
+                         "bound", "predicted before (us)", "predicted now (us)", "now / before", "measured before (us)",
+                         "expected now (us)"], "llllllrrlrrrr", cells),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=RESULTS / "cuda-model.md", help="markdown file")
+    parser.add_argument("--derive-measured", action="store_true",
+                        help="derive the measured rows' model inputs from the current kernels (right after a draw "
+                             "timed them); by default they are the committed json's, derived from the kernels the "
+                             "draw timed, and the current kernels are predicted beside them")
     args = parser.parse_args()
     settings = _harness.Settings(script="cuda_model", quick=False, threads=torch.get_num_threads(), rounds=0,
                                  min_run_time=0.0, output=args.output)
-    bandwidth, _ = measured_rows()
-    rows = model_rows(batch=32)
-    lines, model = report(rows, bandwidth, h100_measured())
-    tiled_lines, model["tiled"] = tiled_report(Constants(**model["constants"]), bandwidth)
-    model["instructions"] = ncu_instructions(rows)
-    _harness.write_report(settings, [*lines, "", *tiled_lines, "", *instruction_lines(model["instructions"])])
     data_path = args.output.with_suffix(".json")
+    bandwidth, _ = measured_rows()
+    current = model_rows(batch=32)
+    committed = json.loads(data_path.read_text())["model"] if data_path.exists() else None
+    if args.derive_measured or committed is None:
+        rows = current
+    else:
+        rows = [{**row, "events": events_from_json(row["events"])} for row in committed["rows"]]
+        if [_key(r) for r in rows] != [_key(r) for r in current]:
+            raise SystemExit("the committed rows are not the measured table's: run with --derive-measured")
+    lines, model = report(rows, bandwidth, h100_measured())
+    constants = Constants(**model["constants"])
+    if args.derive_measured or committed is None:
+        tiled, model["tiled"] = tiled_report(constants, bandwidth)
+    else:
+        model["tiled"] = committed["tiled"]
+        tiled = tiled_lines(model["tiled"], constants, bandwidth)
+    model["instructions"] = ncu_instructions(rows)
+    model["changed"] = changed_rows(rows, current)
+    _harness.write_report(settings, [*lines, "", *tiled, "", *instruction_lines(model["instructions"]), "",
+                                     *changed_lines(model["changed"], rows, constants, bandwidth)])
     data = json.loads(data_path.read_text())
     data["model"] = model
     data_path.write_text(json.dumps(data, indent=1) + "\n")

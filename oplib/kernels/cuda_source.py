@@ -8,8 +8,11 @@ arguments are pointers and scalars of the types ``SCALAR_CTYPES`` lists; each la
 every scalar as its declared type. A kernel templated on more than the
 storage type lists the values of its other template parameters in ``// oplib-template:``
 comment lines of its source, so that every instantiation a host may launch is known here
-(``instantiations``) and compiled by the NVRTC tests. A top-level ``constexpr int NAME = value;``
-is a constant the host may read (``KernelSource.constants``).
+(``instantiations``) and compiled by the NVRTC tests: ``// oplib-template: NAME = a | b`` for a
+parameter whose values combine with every other's, ``// oplib-template: A, B = 1, 2 | 3, 4`` for
+parameters that only make sense together (the instantiations take these pairs, not all four).
+A top-level ``constexpr int NAME = value;`` is a constant the host may read
+(``KernelSource.constants``).
 """
 
 from __future__ import annotations
@@ -55,9 +58,10 @@ _KERNEL_PATTERN = re.compile(
     r"template\s*<([^>]*)>\s*__global__\s+" + _LAUNCH_BOUNDS + r"void\s+" + _LAUNCH_BOUNDS + r"(\w+)\s*\(([^)]*)\)"
 )
 # A source lists the template arguments of its specialised kernels in comment lines (see
-# involution.cu): which kernels, then one line per template parameter after scalar_t.
+# involution.cu): which kernels, then one line per template parameter after scalar_t, or per
+# group of parameters that take their values together (span_tile.cu).
 _INSTANTIATE_PATTERN = re.compile(r"^// oplib-instantiate:(.*)$", re.MULTILINE)
-_TEMPLATE_PATTERN = re.compile(r"^// oplib-template:\s*(\w+)\s*=(.*)$", re.MULTILINE)
+_TEMPLATE_PATTERN = re.compile(r"^// oplib-template:\s*(\w+(?:\s*,\s*\w+)*)\s*=(.*)$", re.MULTILINE)
 _CONSTANT_PATTERN = re.compile(r"^constexpr\s+int\s+(\w+)\s*=\s*(-?\d+)\s*;", re.MULTILINE)
 
 KernelArg = Union[Tensor, int, float]
@@ -144,9 +148,22 @@ class KernelSource:
         return self.constants[text]
 
     @functools.cached_property
+    def _template_lines(self) -> tuple[tuple[tuple[str, ...], tuple[tuple[str, ...], ...]], ...]:
+        """Each ``oplib-template`` line: its parameters, and the tuples of values they take together."""
+        lines = []
+        for match in _TEMPLATE_PATTERN.finditer(self.text):
+            names = tuple(name.strip() for name in match.group(1).split(","))
+            choices = tuple(tuple(v.strip() for v in choice.split(",")) for choice in match.group(2).split("|"))
+            if any(len(choice) != len(names) for choice in choices):
+                raise ValueError(f"{self.path.name}: oplib-template {', '.join(names)} lists a choice of another length")
+            lines.append((names, choices))
+        return tuple(lines)
+
+    @functools.cached_property
     def template_values(self) -> dict[str, tuple[str, ...]]:
-        """Template parameter -> the values its ``oplib-template`` line lists, as written."""
-        return {m.group(1): tuple(v.strip() for v in m.group(2).split("|")) for m in _TEMPLATE_PATTERN.finditer(self.text)}
+        """Template parameter -> the values its ``oplib-template`` line lists, as written (each once)."""
+        return {name: tuple(dict.fromkeys(choice[column] for choice in choices))
+                for names, choices in self._template_lines for column, name in enumerate(names)}
 
     @functools.cached_property
     def constants(self) -> dict[str, int]:
@@ -159,16 +176,23 @@ class KernelSource:
     def specialisations(self) -> dict[str, tuple[tuple[str, ...], ...]]:
         """Kernel -> every tuple of template arguments after scalar_t that a host may launch
         (``()`` alone for a kernel templated on scalar_t only)."""
-        values = self.template_values
         listed = {k.strip() for m in _INSTANTIATE_PATTERN.finditer(self.text) for k in m.group(1).split(",")}
         result = {}
         for name, signature in self.kernels.items():
-            if not signature.template_params:
+            params = signature.template_params
+            if not params:
                 result[name] = ((),)
                 continue
-            if name not in listed or any(p not in values for p in signature.template_params):
+            lines = sorted((line for line in self._template_lines if set(line[0]) & set(params)),
+                           key=lambda line: min(params.index(p) for p in line[0] if p in params))
+            covered = [p for names, _ in lines for p in names]
+            if name not in listed or sorted(covered) != sorted(params):
                 raise ValueError(f"{self.path.name}: {name}'s template arguments are not all listed (oplib-template)")
-            result[name] = tuple(itertools.product(*(values[p] for p in signature.template_params)))
+            combined = []
+            for picks in itertools.product(*(choices for _, choices in lines)):
+                value = {p: v for (names, _), pick in zip(lines, picks) for p, v in zip(names, pick)}
+                combined.append(tuple(value[p] for p in params))
+            result[name] = tuple(combined)
         return result
 
 

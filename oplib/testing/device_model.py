@@ -377,15 +377,17 @@ def _store_channels(t, tensor, launch, n, c0, y, x, rows, columns, C, chunk, las
 
 
 def _backward_input_chunked(t: _Tally, item: Tensor, launch: Launch) -> None:
-    """involution_backward_input_chunked: the taps of one residue class per axis; a weight load
-    and the chunk's grad_output channels per valid tap."""
+    """involution_backward_input_chunked: the taps of one residue class per axis (a column slot
+    t is the tap b = x's phase + S t of each lane); a weight load and the chunk's grad_output
+    channels per valid tap."""
     _, C, H, W, G, OH, OW, ph, pw, chunk = launch.scalars
     K, S, last, es, lanes = _chunked_window(launch)
-    pg, plane, a_all, b = C // G, OH * OW, _slots(K), _slots(K)
+    pg, plane, a_all = C // G, OH * OW, _slots(K)
     n, g, k, y, x = _decode(item, pg // chunk, G, H, W, last)
     c0, ry, rx = g * pg + k * chunk, y + ph, x + pw
     rows_ok = (ry - a_all >= 0) & ((ry - a_all) % S == 0) & ((ry - a_all) // S < OH)
-    b_ok = (rx - b >= 0) & ((rx - b) % S == 0) & ((rx - b) // S < OW)
+    b = rx % S + S * _slots(-(-K // S))
+    b_ok = (b < K) & (rx - b >= 0) & ((rx - b) // S < OW)
     a_begin = _first_true(rows_ok)
     for step in range(-(-K // S)):  # a = a_begin, a_begin + S, ... while valid
         a = a_begin + step * S

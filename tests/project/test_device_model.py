@@ -42,6 +42,8 @@ def test_the_committed_table_is_what_the_model_makes_of_its_inputs(committed):
     lines += ["", *cuda_model.tiled_lines(model["tiled"], Constants(**regenerated["constants"]),
                                           model["copy_bandwidth_bytes_per_s"])]
     lines += ["", *cuda_model.instruction_lines(model["instructions"])]
+    lines += ["", *cuda_model.changed_lines(model["changed"], rows, Constants(**regenerated["constants"]),
+                                            model["copy_bandwidth_bytes_per_s"])]
     committed_lines = (RESULTS / "cuda-model.md").read_text().splitlines()
     assert [line for i, line in enumerate(lines) if i != 2] == [l for i, l in enumerate(committed_lines) if i != 2]
     assert regenerated["constants"] == pytest.approx(model["constants"])
@@ -198,13 +200,16 @@ def test_the_sass_reader_counts_loads_and_waits():
 
 @pytest.mark.integration
 def test_the_json_inputs_are_what_the_model_derives_for_some_rows(committed):
-    """Record, trace and compile two (shape, dtype, layout) cases again: the same inputs."""
+    """Record, trace and compile two (shape, dtype, layout) cases again: the same inputs as the
+    json's, those of the current kernels (the changed rows') where they changed since the draw."""
     if device_model.nvdisasm() is None:
         pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
     _, model, rows = committed
+    changed = {cuda_model._key(r): cuda_model.events_from_json(r["events"]) for r in model["changed"]}
     for case in [("stage4 512@7 s1", "bfloat16", "channels_last"), ("stage3 256@28 s2", "float32", "NCHW")]:
         for kernel, events in cuda_model._record(case):
-            expected = next(r for r in rows if (r["shape"], r["dtype"], r["layout"], r["kernel"]) == (*case, kernel))
+            measured = next(r for r in rows if (r["shape"], r["dtype"], r["layout"], r["kernel"]) == (*case, kernel))
+            expected = {"events": changed.get(cuda_model._key(measured), measured["events"])}
             launches = [e for e, _ in events if isinstance(e, device_model.Launch)]
             profiles = {}
             for launch in launches:

@@ -369,12 +369,30 @@ def generated_tile_config(source: KernelSource, dtype: torch.dtype, batch: int, 
     return LaunchConfig((tiles, groups, batch), (32, c["SPAN_TILE_WARPS"]), shared_bytes)
 
 
+# The template arguments (KERNEL, STRIDE) of the involution_generated_tile instantiation that
+# reads its window from its arguments (span_tile.cu: KERNEL = STRIDE = 0).
+GENERATED_TILE_RUNTIME = ("0", "0")
+
+
+def generated_tile_specialisation(source: KernelSource, kernel_size, stride, dilation) -> tuple[str, str]:
+    """``involution_generated_tile``'s template arguments after scalar_t (KERNEL, STRIDE) for a
+    window: the instantiation that fixes it where the source lists one (a square kernel, equal
+    strides, no dilation), else ``GENERATED_TILE_RUNTIME``. Both give the same bits."""
+    fixed = (str(kernel_size[0]), str(stride[0]))
+    square = kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
+    if square and fixed in source.specialisations["involution_generated_tile"]:
+        return fixed
+    return GENERATED_TILE_RUNTIME
+
+
 def involution_generated_tile(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
                               kernel_size, stride, padding, dilation, out: Tensor,
-                              launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+                              launcher: Optional[Launcher] = None, specialised: bool = True) -> Optional[Tensor]:
     """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> out: (N, C, Ho, Wo), written by the tiled
     kernel in out's own strides (input, feature and out of any strides); None, out untouched,
-    where ``generated_tile_config`` declines the geometry."""
+    where ``generated_tile_config`` declines the geometry. The instantiation is
+    ``generated_tile_specialisation``'s pick, or with ``specialised=False`` the one that reads
+    the window from its arguments (the same bits, to compare them)."""
     source = load_source(SPAN_TILE_SOURCE)
     n, channels, height, width = input.shape
     out_h, out_w = out.shape[2:]
@@ -388,6 +406,8 @@ def involution_generated_tile(input: Tensor, feature: Tensor, span_weight: Tenso
     tiles_w = -(-out_w // source.constants["GEN_TILE_W"])
     scalars = (channels, height, width, groups, *kernel_size, out_h, out_w, *stride, *padding, *dilation,
                feature.shape[1], tiles_w, *input.stride(), *out.stride(), *feature.stride(), is_channels_last(input))
+    specialisation = (generated_tile_specialisation(source, kernel_size, stride, dilation) if specialised
+                      else GENERATED_TILE_RUNTIME)
     (launcher or cupy_launcher()).launch(source, "involution_generated_tile", input.dtype, config,
-                                         (input, feature, span_weight.contiguous(), bias, out, *scalars))
+                                         (input, feature, span_weight.contiguous(), bias, out, *scalars), specialisation)
     return out

@@ -206,3 +206,22 @@ def test_specialised_kernels_vectorise_and_never_divide_in_64_bits():
             assert not re.search(r"\b(div|rem)\.[su]64\b", body), (kernel, dtype, specialisation)
         checked += 1
     assert checked == 4 * 3 * 24
+
+
+def test_specialised_tile_divides_only_once_per_block():
+    """In the PTX a GPU runs: an involution_generated_tile instantiation that fixes its window
+    divides by nothing of the window (its sizes are constants, its loops step through it); the
+    only divisions left are by launch arguments, once per thread: the block's tile row and
+    column (by the tiles a row) and the channels a group."""
+    source = load_source(involution_cuda.SPAN_TILE_SOURCE)
+    compiled = nvrtc.compile_source(source, UNIT_ARCH)
+    entries = _ptx_entries(compiled.ptx)
+    checked = 0
+    for kernel, dtype, specialisation in instantiations(source):
+        if kernel != "involution_generated_tile" or specialisation == involution_cuda.GENERATED_TILE_RUNTIME:
+            continue
+        body = entries[compiled.lowered_names[name_expression(kernel, dtype, specialisation)]]
+        divisions = re.findall(r"\b(?:div|rem)\.[su]\d+\b", body)
+        assert len(divisions) <= 3, (dtype, specialisation, divisions)
+        checked += 1
+    assert checked == 6 * len(CTYPES)

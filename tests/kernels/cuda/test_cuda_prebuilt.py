@@ -190,18 +190,22 @@ def test_the_stand_in_has_the_real_cupys_shape():
     assert "compute_capability" in dir(cupy.cuda.Device)
 
 
-def test_a_real_build_holds_a_cubin_with_every_lowered_name(tmp_path, generated):
+# involution_generated.cu: generic kernels only; span_tile.cu: a kernel whose instantiations
+# are listed pairs of template arguments (its specialised windows and the runtime one).
+@pytest.mark.parametrize("filename", [involution_cuda.GENERATED_SOURCE, involution_cuda.SPAN_TILE_SOURCE])
+def test_a_real_build_holds_a_cubin_with_every_lowered_name(tmp_path, filename):
     """NVRTC (no GPU) compiles one source for sm_90 into a folder whose lookup passes: an ELF
     cubin holding every instantiation's mangled name."""
     pytest.importorskip("cuda.bindings.nvrtc")
     from oplib.testing import cuda_prebuild
 
-    manifest = json.loads(cuda_prebuild.build(tmp_path, ARCH, [generated]).read_text())
+    source = load_source(filename)
+    manifest = json.loads(cuda_prebuild.build(tmp_path, ARCH, [source]).read_text())
     assert manifest["arch"] == ARCH and manifest["nvrtc"].startswith("13.")
     assert "-arch=sm_90" in manifest["nvrtc_options"] and "-ftz=true" in manifest["nvrtc_options"]
-    found = cuda_prebuilt.lookup(generated, ARCH, tmp_path)
+    found = cuda_prebuilt.lookup(source, ARCH, tmp_path)
     assert found.cubin is not None, found.reason
     cubin = found.cubin.read_bytes()
     assert cubin[:4] == b"\x7fELF"
-    assert set(found.lowered_names) == {name_expression(*i) for i in instantiations(generated)}
+    assert set(found.lowered_names) == {name_expression(*i) for i in instantiations(source)}
     assert all(mangled.encode() in cubin for mangled in found.lowered_names.values())

@@ -295,12 +295,12 @@ def test_span_tile_on_a_gpu_matches_the_reference(dtype):
 GENERATED = registry.get("involution_generated")
 
 
-def _check_tile(args: tuple, launcher, name: str) -> bool:
+def _check_tile(args: tuple, launcher, name: str, specialised: bool = True) -> bool:
     """involution_generated's arguments through the tiled kernel into a result in the op's
     layout, against the op's float64 reference; False where the kernel declines the geometry."""
     input, feature = args[:2]
     out = result_like(input, feature.shape[2:])
-    result = involution_cuda.involution_generated_tile(*args, out, launcher)
+    result = involution_cuda.involution_generated_tile(*args, out, launcher, specialised)
     if result is None:
         return False
     assert result is out, name
@@ -360,6 +360,42 @@ REDNET_LIKE = (TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=8, size=(9, 9), 
                TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=8, size=(13, 12), stride=(2, 2)))
 
 
+def _specialised_windows() -> list[tuple[int, int]]:
+    """(kernel size, stride) of every instantiation of involution_generated_tile that fixes its window."""
+    specialisations = load_source(involution_cuda.SPAN_TILE_SOURCE).specialisations["involution_generated_tile"]
+    return [(int(k), int(s)) for k, s in specialisations if (k, s) != involution_cuda.GENERATED_TILE_RUNTIME]
+
+
+def _random_specialised_cases(count: int, seed: int) -> list[TileCase]:
+    """Square windows at equal strides, no dilation, each specialised window in turn: sizes
+    around the 8 x 8 tile (partial tiles, windows past every edge), channel counts that are
+    and are not multiples of the 16-channel chunk, R over one or two chunks, either layout."""
+    rng = random.Random(seed)
+    windows = _specialised_windows()
+    cases = []
+    for index in range(count):
+        kernel, stride = windows[index % len(windows)]
+        padding = rng.randint(0, kernel // 2)
+        size = tuple(rng.randint(max(1, kernel - 2 * padding), 21) for _ in range(2))
+        groups = rng.randint(1, 3)
+        cases.append(TileCase(batch=rng.randint(1, 2), channels=groups * rng.choice([1, 5, 16, 20, 33]), groups=groups,
+                              reduced=rng.choice([1, 7, 16, 20]), size=size, kernel_size=(kernel, kernel),
+                              stride=(stride, stride), padding=(padding, padding), dilation=(1, 1),
+                              channels_last=rng.random() < 0.5))
+    return cases
+
+
+def _served_windows(dtype: torch.dtype) -> set[tuple[str, str]]:
+    """The specialisations the tile launches in ``dtype``: those whose window fits its shared memory."""
+    source = load_source(involution_cuda.SPAN_TILE_SOURCE)
+    return {(str(k), str(s)) for k, s in _specialised_windows()
+            if involution_cuda.generated_tile_config(source, dtype, 1, 1, (8, 8), (k, k), (s, s), (1, 1)) is not None}
+
+
+def _tile_specialisations(launcher) -> set[tuple[str, ...]]:
+    return {launch[4] for launch in launcher.launches if launch[0] == "involution_generated_tile"}
+
+
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
 def test_generated_tile_matches_the_reference_on_the_registry_samples(dtype, order):
@@ -380,6 +416,10 @@ def test_generated_tile_matches_the_reference_on_the_registry_samples(dtype, ord
         assert _check_tile(args, launcher, case.name) or (dtype == torch.float64 and _declined_only_past_the_tile(args)), \
             case.name
     assert served > 5 and {launch[3] for launch in launcher.launches} == {256}
+    # the samples' 3x3 windows at stride 1 (and 2) and the 7x7 geometries take the specialised
+    # instantiations, every other geometry the one that reads its window from the arguments
+    expected = {("3", "1"), ("7", "1"), ("7", "2")} if dtype != torch.float64 else {("3", "1")}
+    assert expected | {involution_cuda.GENERATED_TILE_RUNTIME} <= _tile_specialisations(launcher)
 
 
 @pytest.mark.integration
@@ -387,7 +427,8 @@ def test_generated_tile_matches_the_reference_on_the_registry_samples(dtype, ord
 @pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
 def test_generated_tile_matches_the_reference_on_random_geometries(dtype, order):
     """The spec's random geometries (kernel sizes, strides, paddings, dilations, groups, R):
-    every edge of a tile, in either layout."""
+    every edge of a tile, in either layout; then random square windows, each specialised
+    instantiation the tile serves in this dtype at least once."""
     require_host_compiler()
     launcher = EmulatedLauncher(order=order)
     served = 0
@@ -400,6 +441,35 @@ def test_generated_tile_matches_the_reference_on_random_geometries(dtype, order)
         else:
             assert _declined_only_past_the_tile(args), index
     assert served >= (6 if dtype == torch.float64 else 16)  # float64: wide windows past the shared memory declined
+    for case in _random_specialised_cases(12, seed=41 + registry.FLOAT_DTYPES.index(dtype)):
+        args = case.arguments(dtype)
+        assert _check_tile(args, launcher, case.name) or _declined_only_past_the_tile(args), case.name
+    assert _served_windows(dtype) | {involution_cuda.GENERATED_TILE_RUNTIME} == _tile_specialisations(launcher)
+
+
+def _tile_result(args: tuple, launcher, specialised: bool) -> torch.Tensor:
+    out = result_like(args[0], args[1].shape[2:])
+    assert involution_cuda.involution_generated_tile(*args, out, launcher, specialised) is out
+    return out
+
+
+def _assert_specialised_equals_runtime(dtype: torch.dtype, device: str, launcher_for) -> None:
+    """Random 7x7, 5x5 and 3x3 windows: the specialised instantiation's bits are those of the one
+    that reads its window from the arguments (every sum adds its terms in the same order)."""
+    for case in _random_specialised_cases(12, seed=53):
+        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in case.arguments(dtype))
+        launcher = launcher_for()
+        specialised, runtime = _tile_result(args, launcher, True), _tile_result(args, launcher, False)
+        if launcher is not None:
+            assert [launch[4] for launch in launcher.launches] == [
+                (str(case.kernel_size[0]), str(case.stride[0])), involution_cuda.GENERATED_TILE_RUNTIME], case.name
+        assert torch.equal(specialised, runtime), f"{case.name}: {(specialised - runtime).abs().max()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_specialised_tile_gives_the_runtime_instantiations_bits(dtype):
+    require_host_compiler()
+    _assert_specialised_equals_runtime(dtype, "cpu", EmulatedLauncher)
 
 
 def test_generated_tile_declines_what_it_cannot_hold():
@@ -417,17 +487,78 @@ def test_generated_tile_declines_what_it_cannot_hold():
     assert bool((out == 7).all())
 
 
+class WindowCase(NamedTuple):
+    name: str
+    kernel_size: tuple[int, int]
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    specialisation: tuple[str, str]
+
+
+RUNTIME = involution_cuda.GENERATED_TILE_RUNTIME
+WINDOW_CASES = (
+    WindowCase("rednet-7x7", (7, 7), (1, 1), (1, 1), ("7", "1")),
+    WindowCase("rednet-7x7-stride-2", (7, 7), (2, 2), (1, 1), ("7", "2")),
+    WindowCase("3x3-stride-2", (3, 3), (2, 2), (1, 1), ("3", "2")),
+    WindowCase("5x5", (5, 5), (1, 1), (1, 1), ("5", "1")),
+    WindowCase("stride-3", (7, 7), (3, 3), (1, 1), RUNTIME),
+    WindowCase("dilated", (7, 7), (1, 1), (2, 2), RUNTIME),
+    WindowCase("dilated-columns-only", (3, 3), (1, 1), (1, 2), RUNTIME),
+    WindowCase("unequal-strides", (7, 7), (1, 2), (1, 1), RUNTIME),
+    WindowCase("rectangular", (3, 5), (1, 1), (1, 1), RUNTIME),
+    WindowCase("unlisted-size", (1, 1), (1, 1), (1, 1), RUNTIME),
+)
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=lambda c: c.name)
+def test_the_tile_specialisation_fixes_only_listed_square_windows(case):
+    source = load_source(involution_cuda.SPAN_TILE_SOURCE)
+    pick = involution_cuda.generated_tile_specialisation(source, case.kernel_size, case.stride, case.dilation)
+    assert pick == case.specialisation
+
+
+def test_the_tile_instantiations_are_the_pairs_its_source_lists(tmp_path):
+    """One oplib-template line names KERNEL and STRIDE together: the instantiations are its
+    pairs (not every kernel size with every stride), and an edited line is what the host then
+    picks from; a pair of the wrong length is refused."""
+    source = load_source(involution_cuda.SPAN_TILE_SOURCE)
+    line = "// oplib-template: KERNEL, STRIDE = 0, 0 | 3, 1 | 3, 2 | 5, 1 | 5, 2 | 7, 1 | 7, 2"
+    assert source.text.count(line) == 1, "update the test"
+    pairs = (("0", "0"), ("3", "1"), ("3", "2"), ("5", "1"), ("5", "2"), ("7", "1"), ("7", "2"))
+    assert source.specialisations["involution_generated_tile"] == pairs
+    assert source.specialisations["involution_span_tile"] == ((),)
+    assert source.template_values == {"KERNEL": ("0", "3", "5", "7"), "STRIDE": ("0", "1", "2")}
+    def edited(pairs: str) -> KernelSource:
+        return KernelSource(tmp_path / "span_tile.cu", source.text.replace(line, f"// oplib-template: KERNEL, STRIDE = {pairs}"))
+
+    fewer = edited("0, 0 | 7, 1")
+    assert fewer.specialisations["involution_generated_tile"] == (("0", "0"), ("7", "1"))
+    assert involution_cuda.generated_tile_specialisation(fewer, (7, 7), (2, 2), (1, 1)) == RUNTIME
+    broken = edited("0, 0 | 7")
+    with pytest.raises(ValueError, match="another length"):
+        broken.specialisations
+
+
 @pytest.mark.needs_cuda
 @pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
 def test_generated_tile_on_a_gpu_matches_the_reference(dtype):
-    """CuPy's launch, tensor cores and all, on the samples, the geometries above and random ones."""
+    """CuPy's launch, tensor cores and all, on the samples, the geometries above and random ones
+    (the spec's, and square windows for the specialised instantiations)."""
     samples = [(s.args, s.name) for s in GENERATED.sample_inputs("cuda", dtype, False)]
     samples += [(c.arguments(dtype), c.name) for c in (TWO_CHANNEL_CHUNKS, *REDNET_LIKE)]
     samples += [(s.args, f"random-{i}") for i, s in enumerate(random_samples(GENERATED, dtype, 8, seed=3))]
+    samples += [(c.arguments(dtype), c.name) for c in _random_specialised_cases(6, seed=7)]
     for args, name in samples:
         args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
         if not _check_tile(args, None, name):
             assert _declined_only_past_the_tile(args), name
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+def test_specialised_tile_on_a_gpu_gives_the_runtime_instantiations_bits(dtype):
+    """What NVRTC makes of the unrolled loops keeps every sum's order too."""
+    _assert_specialised_equals_runtime(dtype, "cuda", lambda: None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -509,8 +640,9 @@ def test_a_barrier_that_threads_return_before_is_reported(tmp_path, monkeypatch)
 # late, their last row past the end of the shared memory.
 TILE_PARTIALS_BARRIER = PlantedBug("tile-partials-barrier", "__syncthreads();  // every set's partial sums are in place",
                                    "// every set's partial sums are in place")
-TILE_HALO = PlantedBug("tile-halo-one-short", "const int in_w = (GEN_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;",
-                       "const int in_w = (GEN_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w;")
+TILE_HALO = PlantedBug("tile-halo-one-short",
+                       "const int in_w = (GEN_TILE_W - 1) * geometry.stride_w + (geometry.kernel_w - 1) * geometry.dilation_w + 1;",
+                       "const int in_w = (GEN_TILE_W - 1) * geometry.stride_w + (geometry.kernel_w - 1) * geometry.dilation_w;")
 TILE_WEIGHTS_OVERRUN = PlantedBug(
     "tile-weights-past-the-end", "weight_t* weights = reinterpret_cast<weight_t*>(shared + (staging_bytes + 15) / 16 * 16);",
     "weight_t* weights = reinterpret_cast<weight_t*>(shared + (staging_bytes + 15) / 16 * 16) + SPAN_TILE_SUMS_STRIDE;")
@@ -518,12 +650,17 @@ TILE_WEIGHTS_OVERRUN = PlantedBug(
 
 @pytest.mark.parametrize("bug", [TILE_PARTIALS_BARRIER, TILE_HALO], ids=lambda b: b.name)
 def test_a_planted_tile_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
+    """In the 7x7 instantiation TWO_CHANNEL_CHUNKS takes and in the one that reads its window
+    from the arguments."""
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)
     for order in ORDERS:
         for dtype in (torch.float32, torch.bfloat16):
-            with pytest.raises(AssertionError, match="not close"):
-                _check_tile(TWO_CHANNEL_CHUNKS.arguments(dtype), EmulatedLauncher(order=order), f"{bug.name}-{order}")
+            for specialised in (True, False):
+                launcher = EmulatedLauncher(order=order)
+                with pytest.raises(AssertionError, match="not close"):
+                    _check_tile(TWO_CHANNEL_CHUNKS.arguments(dtype), launcher, f"{bug.name}-{order}", specialised)
+                assert _tile_specialisations(launcher) == {("7", "1") if specialised else ("0", "0")}
 
 
 # ---------------------------------------------------------------------------------------
@@ -537,7 +674,7 @@ _RUN_SAMPLES = textwrap.dedent(
     from oplib.testing.cuda_emulation import EmulatedLauncher
     sys.path.insert(0, {tests!r})
     from test_cuda_tiles import (GENERATED, ORDERS, REDNET_LIKE, TWO_CHANNEL_CHUNKS, _check, _check_tile, _random_cases,
-                                 _registry_samples)
+                                 _random_specialised_cases, _registry_samples)
     from cuda_test_helpers import random_samples
     launches = 0
     for order in ORDERS:
@@ -553,6 +690,8 @@ _RUN_SAMPLES = textwrap.dedent(
                 _check_tile(case.arguments(dtype), launcher, case.name)
             for index, sample in enumerate(random_samples(GENERATED, dtype, {random_cases}, seed=5)):
                 _check_tile(sample.args, launcher, f"random-{{index}}")
+            for case in _random_specialised_cases(2 * {random_cases}, seed=5):
+                _check_tile(case.arguments(dtype), launcher, case.name)
         launches += len(launcher.launches)
     print("clean:", launches, "launches")
     """
@@ -561,8 +700,9 @@ _RUN_SAMPLES = textwrap.dedent(
 
 @pytest.mark.integration
 def test_span_tile_is_clean_under_address_sanitizer():
-    """The registry samples and random geometries, every dtype, both orders: no access outside
-    the tensors or the dynamic shared memory (the host's size of it is the kernel's layout)."""
+    """The registry samples and random geometries (every specialised window among them), every
+    dtype, both orders: no access outside the tensors or the dynamic shared memory (the host's
+    size of it is the kernel's layout)."""
     require_host_compiler()
     build(load_source(involution_cuda.SPAN_TILE_SOURCE), sanitize=True)
     script = _RUN_SAMPLES.format(tests=str(Path(__file__).parent), sanitize=True, random_cases=6)

@@ -305,39 +305,46 @@ __global__ void involution_backward_input_chunked(
         taps_inside<KERNEL>(STRIDE * (OH - 1) - ry, STRIDE * (OH - 1) + 1, &a_begin, &a_end);
         taps_inside<KERNEL>(STRIDE * (OW - 1) - rx, STRIDE * (OW - 1) + 1, &b_begin, &b_end);
         a_begin += (int)((ry - a_begin) % STRIDE);  // first a of ry's residue class (ry - a_begin >= 0 when any)
+        // The columns likewise: only the taps b = b_phase + STRIDE t reach x, tap t from output
+        // column j_first - t. Looping over t alone (not over every b with the others predicated
+        // off, which still issue) halves a stride-2 row's instructions; same taps, same order.
+        constexpr int PHASE_TAPS = (KERNEL + STRIDE - 1) / STRIDE;
         const int b_phase = (int)(rx % STRIDE);
+        const offset_t j_first = (rx - b_phase) / STRIDE;
         acc_t sum[MAX_CHANNELS];
 #pragma unroll
         for (int c = 0; c < MAX_CHANNELS; ++c) sum[c] = 0;
         for (int a = a_begin; a < a_end; a += STRIDE) {
             const offset_t i = (ry - a) / STRIDE;
-            acc_t w[KERNEL];
+            acc_t w[PHASE_TAPS];
 #pragma unroll
-            for (int b = 0; b < KERNEL; ++b) {
-                w[b] = 0;
-                if (b < b_begin || b >= b_end || b % STRIDE != b_phase) continue;
-                const offset_t j = (rx - b) / STRIDE;
-                w[b] = Element<scalar_t>::load(
+            for (int t = 0; t < PHASE_TAPS; ++t) {
+                const int b = b_phase + STRIDE * t;
+                w[t] = 0;
+                if (b < b_begin || b >= b_end) continue;
+                const offset_t j = j_first - t;
+                w[t] = Element<scalar_t>::load(
                     CHANNELS_LAST ? weight + ((n * OH + i) * OW + j) * G * TAPS + g * TAPS + a * KERNEL + b
                                   : weight + ((n * G + g) * TAPS + a * KERNEL + b) * plane + i * OW + j);
             }
             if (CHANNELS_LAST) {
 #pragma unroll
-                for (int b = 0; b < KERNEL; ++b) {
-                    if (b < b_begin || b >= b_end || b % STRIDE != b_phase) continue;
-                    const offset_t j = (rx - b) / STRIDE;
-                    accumulate_vectors(sum, w[b], grad_output + ((n * OH + i) * OW + j) * C + c0, per_thread);
+                for (int t = 0; t < PHASE_TAPS; ++t) {
+                    const int b = b_phase + STRIDE * t;
+                    if (b < b_begin || b >= b_end) continue;
+                    accumulate_vectors(sum, w[t], grad_output + ((n * OH + i) * OW + j_first - t) * C + c0, per_thread);
                 }
             } else {
-                const scalar_t* row = grad_output + ((n * C + c0) * OH + i) * OW;
+                const scalar_t* row = grad_output + ((n * C + c0) * OH + i) * OW + j_first;
 #pragma unroll
                 for (int c = 0; c < MAX_CHANNELS; ++c) {
                     if (c >= per_thread) break;
                     const scalar_t* grad_row = row + c * plane;
 #pragma unroll
-                    for (int b = 0; b < KERNEL; ++b) {
-                        if (b < b_begin || b >= b_end || b % STRIDE != b_phase) continue;
-                        sum[c] = oplib_fma(w[b], Element<scalar_t>::load(grad_row + (rx - b) / STRIDE), sum[c]);
+                    for (int t = 0; t < PHASE_TAPS; ++t) {
+                        const int b = b_phase + STRIDE * t;
+                        if (b < b_begin || b >= b_end) continue;
+                        sum[c] = oplib_fma(w[t], Element<scalar_t>::load(grad_row - t), sum[c]);
                     }
                 }
             }

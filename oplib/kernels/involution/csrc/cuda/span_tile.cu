@@ -163,17 +163,24 @@ struct SpanTile<oplib_bfloat16> : SpanTileMma<oplib_bfloat16> {
     using SpanTileMma<oplib_bfloat16>::SpanTileMma;
 };
 
-// Rows [0, count) of a span chunk staged from span_weight's rows at `rows_from` (R values apart),
+// Rows [0, ROWS) of a span chunk staged from span_weight's rows at `rows_from` (R values apart),
 // values r0 ... r0 + SPAN_TILE_REDUCED - 1 of each: zeros past `valid` rows and past R.
-// Consecutive threads read consecutive r.
-template <typename Tile, typename scalar_t>
-__device__ __forceinline__ void stage_span_rows(typename Tile::word_t* chunk, const scalar_t* rows_from, int count,
-                                                int valid, int reduced, int r0, int thread) {
+// Consecutive threads read consecutive r: a thread keeps one word of the chunk's rows and moves
+// down them, a pass of the block's threads at a time.
+template <int ROWS, typename Tile, typename scalar_t>
+__device__ __forceinline__ void stage_span_rows(typename Tile::word_t* chunk, const scalar_t* rows_from, int valid,
+                                                int reduced, int r0, int thread) {
     constexpr int per_word = Tile::values_per_word, chunk_words = SPAN_TILE_REDUCED / per_word;
-    for (int i = thread; i < count * chunk_words; i += SPAN_TILE_THREADS) {
-        const int row = i / chunk_words, word = i % chunk_words;
-        const int r = r0 + word * per_word;
-        chunk[row * Tile::stride + word] = Tile::read(rows_from + (index_t)row * reduced + r, 1, row < valid ? reduced - r : 0);
+    constexpr int pass_rows = SPAN_TILE_THREADS / chunk_words;
+    static_assert(SPAN_TILE_THREADS % chunk_words == 0 && ROWS % pass_rows == 0, "whole passes of the block");
+    const int word = thread % chunk_words, first_row = thread / chunk_words;
+    const int r = r0 + word * per_word;
+    const scalar_t* first = rows_from + (index_t)first_row * reduced + r;
+#pragma unroll
+    for (int pass = 0; pass < ROWS / pass_rows; ++pass) {
+        const int row = first_row + pass * pass_rows;
+        chunk[row * Tile::stride + word] =
+            Tile::read(first + (index_t)(pass * pass_rows) * reduced, 1, row < valid ? reduced - r : 0);
     }
 }
 
@@ -206,8 +213,8 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_span_tile(
             const index_t p = pixel0 + pixel;
             feature_chunk[pixel * stride + word] = Tile::read(sample + r * plane + p, plane, p < plane ? reduced - r : 0);
         }
-        stage_span_rows<Tile>(span_chunk, span_weight + (index_t)row0 * reduced, SPAN_TILE_ROWS, rows - row0, reduced, r0,
-                              thread);
+        stage_span_rows<SPAN_TILE_ROWS, Tile>(span_chunk, span_weight + (index_t)row0 * reduced, rows - row0, reduced, r0,
+                                              thread);
         __syncthreads();  // the chunk is staged
         tile.add(feature_chunk, span_chunk);
         __syncthreads();  // every warp is done with the chunk
@@ -245,6 +252,16 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_span_tile(
 //      column once for the 4 pixels); the sets' partial sums are added in set order through
 //      shared memory and written.
 // No atomics, every sum in a fixed order: deterministic.
+//
+// Specialised instantiations: a square window of KERNEL taps a side at equal strides STRIDE and
+// no dilation (RedNet's 7x7 at stride 1 or 2, and 3x3 and 5x5), whose sizes are then constants:
+// the input window's rows and columns, the staging loops' steps, the tap loops (unrolled).
+// KERNEL = STRIDE = 0 reads the window from the arguments and serves every other geometry (the
+// host picks). Both add every sum's terms in the same order, so they give the same bits.
+//
+// The instantiations a host may ask for (oplib.kernels reads these lines):
+// oplib-instantiate: involution_generated_tile
+// oplib-template: KERNEL, STRIDE = 0, 0 | 3, 1 | 3, 2 | 5, 1 | 5, 2 | 7, 1 | 7, 2
 //
 // Dynamic shared memory (the host's generated_tile_shared_bytes is its size), two regions:
 //   staging  the span product's chunks (as involution_span_tile), then, once the weights are
@@ -312,6 +329,7 @@ __device__ __forceinline__ void slide_row(const acc_t* row, const weight_t* tap_
             }
         }
     }
+#pragma unroll
     for (int b0 = 0; b0 < kernel_w; b0 += S) {
 #pragma unroll
         for (int q = 0; q < S; ++q) {
@@ -341,8 +359,25 @@ __device__ __forceinline__ void slide_row(const acc_t* row, const weight_t* tap_
     }
 }
 
+// Whether 0 <= value < size, in one comparison: a negative value wraps past every size.
+__device__ __forceinline__ bool within(int value, int size) { return (unsigned int)value < (unsigned int)size; }
+
+// A tile's window: KERNEL x KERNEL taps at stride STRIDE and no dilation, constants that the
+// compiler folds into every size, index and loop bound below; or, KERNEL = STRIDE = 0, the
+// launch's arguments.
+template <int KERNEL, int STRIDE>
+struct TileGeometry {
+    static_assert((KERNEL > 0) == (STRIDE > 0), "a window is fixed whole or read whole from the arguments");
+    static constexpr bool fixed = KERNEL > 0;
+    const int kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w;
+
+    __device__ __forceinline__ TileGeometry(int kh, int kw, int sh, int sw, int dh, int dw)
+        : kernel_h(fixed ? KERNEL : kh), kernel_w(fixed ? KERNEL : kw), stride_h(fixed ? STRIDE : sh),
+          stride_w(fixed ? STRIDE : sw), dilation_h(fixed ? 1 : dh), dilation_w(fixed ? 1 : dw) {}
+};
+
 // Block (32, SPAN_TILE_WARPS); grid (tiles_h * tiles_w, groups, N).
-template <typename scalar_t>
+template <typename scalar_t, int KERNEL, int STRIDE>
 __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_tile(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
     const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
@@ -357,9 +392,10 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
     constexpr int per_word = Tile::values_per_word;
     constexpr int stride = Tile::stride;
     constexpr int chunk_words = SPAN_TILE_REDUCED / per_word;
-    const int taps = kernel_h * kernel_w, group_channels = channels / groups;
-    const int in_h = (GEN_TILE_H - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
-    const int in_w = (GEN_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
+    const TileGeometry<KERNEL, STRIDE> geometry(kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w);
+    const int taps = geometry.kernel_h * geometry.kernel_w, group_channels = channels / groups;
+    const int in_h = (GEN_TILE_H - 1) * geometry.stride_h + (geometry.kernel_h - 1) * geometry.dilation_h + 1;
+    const int in_w = (GEN_TILE_W - 1) * geometry.stride_w + (geometry.kernel_w - 1) * geometry.dilation_w + 1;
     const int chunk_bytes = 2 * SPAN_TILE_PIXELS * stride * (int)sizeof(word_t);
     const int in_row = in_w | 1;
     const int input_bytes = in_h * in_row * GEN_TILE_IN_STRIDE * (int)sizeof(acc_t);
@@ -380,21 +416,39 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
     const scalar_t* group_bias = bias + (index_t)group * taps;
     Tile low(group_bias, 0, taps), high(group_bias, SPAN_TILE_ROWS, taps);
     const scalar_t* sample_feature = feature + n * feature_n;
+    // A thread stages feature_passes words of each chunk, consecutive threads consecutive values:
+    // pixels, or a channels_last feature's channels. Its column of the tile stays; from one pass
+    // to the next it moves down whole tile rows (channels_last) or along the chunk's words.
     // (double keeps the pixel order: the choice costs it the registers it has not got on sm_90)
     const bool feature_last = sizeof(acc_t) == 4 && feature_c == 1;
+    constexpr int feature_passes = SPAN_TILE_PIXELS * chunk_words / SPAN_TILE_THREADS;
+    static_assert(SPAN_TILE_THREADS % (chunk_words * GEN_TILE_W) == 0 && SPAN_TILE_THREADS % SPAN_TILE_PIXELS == 0,
+                  "a pass of the block's threads covers whole tile rows of a word, or whole words of the tile");
+    const int feature_pixel = feature_last ? thread / chunk_words : thread % SPAN_TILE_PIXELS;
+    const int feature_word = feature_last ? thread % chunk_words : thread / SPAN_TILE_PIXELS;
+    const int pass_rows = feature_last ? SPAN_TILE_THREADS / chunk_words / GEN_TILE_W : 0;
+    const int pass_words = feature_last ? 0 : SPAN_TILE_THREADS / SPAN_TILE_PIXELS;
+    const int feature_y = out_y0 + feature_pixel / GEN_TILE_W, feature_x = out_x0 + feature_pixel % GEN_TILE_W;
+    // Each pass's value at r0 (a pointer may point outside the feature where it is not read).
+    const scalar_t* first_value =
+        sample_feature + (index_t)feature_word * per_word * feature_c + feature_y * feature_h + feature_x * feature_w;
+    const index_t pass_offset = (index_t)pass_words * per_word * feature_c + pass_rows * feature_h;
+    const scalar_t* pass_value[feature_passes];
+#pragma unroll
+    for (int pass = 0; pass < feature_passes; ++pass) pass_value[pass] = first_value + pass * pass_offset;
+    const index_t chunk_offset = SPAN_TILE_REDUCED * feature_c;
     for (int r0 = 0; r0 < reduced; r0 += SPAN_TILE_REDUCED) {
-        for (int i = thread; i < SPAN_TILE_PIXELS * chunk_words; i += SPAN_TILE_THREADS) {
-            // Consecutive threads read consecutive values: pixels, or a channels_last feature's channels.
-            const int pixel = feature_last ? i / chunk_words : i % SPAN_TILE_PIXELS;
-            const int word = feature_last ? i % chunk_words : i / SPAN_TILE_PIXELS;
+#pragma unroll
+        for (int pass = 0; pass < feature_passes; ++pass) {
+            const int word = feature_word + pass * pass_words;
             const int r = r0 + word * per_word;
-            const int y = out_y0 + pixel / GEN_TILE_W, x = out_x0 + pixel % GEN_TILE_W;
-            const bool inside = y < out_h && x < out_w;
-            const scalar_t* at = sample_feature + (inside ? r * feature_c + y * feature_h + x * feature_w : 0);
-            feature_chunk[pixel * stride + word] = Tile::read(at, feature_c, inside ? reduced - r : 0);
+            const bool inside = feature_x < out_w && feature_y + pass * pass_rows < out_h;
+            feature_chunk[(feature_pixel + pass * pass_rows * GEN_TILE_W) * stride + word] =
+                Tile::read(pass_value[pass], feature_c, inside ? reduced - r : 0);
+            pass_value[pass] += chunk_offset;
         }
-        stage_span_rows<Tile>(span_chunk, span_weight + (index_t)group * taps * reduced, GEN_TILE_TAPS, taps, reduced, r0,
-                              thread);
+        stage_span_rows<GEN_TILE_TAPS, Tile>(span_chunk, span_weight + (index_t)group * taps * reduced, taps, reduced, r0,
+                                             thread);
         __syncthreads();  // the feature and span chunks are staged
         low.add(feature_chunk, span_chunk);
         high.add(feature_chunk, span_chunk + SPAN_TILE_ROWS * stride);
@@ -411,52 +465,97 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
     const int set = thread / GEN_TILE_SET_THREADS, member = thread % GEN_TILE_SET_THREADS;
     const int first = member % GEN_TILE_CHANNEL_STEP, run = member / GEN_TILE_CHANNEL_STEP;
     const int py = run / (GEN_TILE_W / GEN_TILE_RUN), px0 = run % (GEN_TILE_W / GEN_TILE_RUN) * GEN_TILE_RUN;
-    const int row_begin = set * kernel_h / GEN_TILE_SETS, row_end = (set + 1) * kernel_h / GEN_TILE_SETS;
+    const int row_begin = set * geometry.kernel_h / GEN_TILE_SETS, row_end = (set + 1) * geometry.kernel_h / GEN_TILE_SETS;
+    // the most kernel rows a set has: a constant bound for the unrolled loop where the window is fixed
+    const int set_rows = (geometry.kernel_h + GEN_TILE_SETS - 1) / GEN_TILE_SETS;
     acc_t* partials = reinterpret_cast<acc_t*>(weights + GEN_TILE_TAPS * SPAN_TILE_SUMS_STRIDE);
-    const int top = out_y0 * stride_h - pad_h, left = out_x0 * stride_w - pad_w;
+    const int top = out_y0 * geometry.stride_h - pad_h, left = out_x0 * geometry.stride_w - pad_w;
     const index_t group_channel0 = (index_t)group * group_channels;
     const scalar_t* sample_input = input + n * input_n;
-    // (NCHW stages pixels 8 at a time: the count rounded up to whole eights)
-    const int staged_values = (in_h * in_w + 7) / 8 * 8 * GEN_TILE_CHANNELS;
+    // A thread stages one channel of a chunk at every stage_step-th pixel of the window (row by
+    // row), from its first. channels_last: consecutive threads read consecutive channels. NCHW:
+    // a warp reads 8 consecutive pixels of 4 channels at a time (channels c, c + 4, c + 8, c + 12
+    // of the chunk in turn), whose 32 values fall in 32 different banks.
+    constexpr int stage_step = SPAN_TILE_THREADS / GEN_TILE_CHANNELS;
+    static_assert(stage_step == 16 && GEN_TILE_CHANNELS == 16, "NCHW: two sets of 128 threads, 8 pixels x 16 channels each");
+    const int stage_channel = channels_last ? thread % GEN_TILE_CHANNELS : thread % 4 + thread / 32 % 4 * 4;
+    const int stage_first = channels_last ? thread / GEN_TILE_CHANNELS : thread / 4 % 8 + thread / 128 * 8;
+    // A step moves step_rows rows and step_columns columns through the window, and one row more
+    // (a wrapping step) where that passes the row's end; the input and the staged slot move with it.
+    const int step_rows = stage_step / in_w, step_columns = stage_step % in_w;
+    const int first_row = stage_first / in_w, first_column = stage_first % in_w;
+    const index_t step_input = step_rows * input_h + step_columns * input_w;
+    const index_t wrap_step_input = step_input + input_h - in_w * input_w;
+    const int step_slot = (step_rows * in_row + step_columns) * GEN_TILE_IN_STRIDE;
+    const int wrap_step_slot = step_slot + (in_row - in_w) * GEN_TILE_IN_STRIDE;
+    const int first_y = top + first_row, first_x = left + first_column, end_x = left + in_w;
+    acc_t* const first_slot = staged + (first_row * in_row + first_column) * GEN_TILE_IN_STRIDE + stage_channel;
+    const int window_pixels = in_h * in_w, whole_passes = window_pixels / stage_step;
+    // The sets' sums are stored by store_passes passes of the block's threads, consecutive threads
+    // along the layout: a thread keeps its pixel and moves along the channels (NCHW), or keeps its
+    // channel and moves down whole tile rows (channels_last).
+    constexpr int store_passes = SPAN_TILE_PIXELS * GEN_TILE_CHANNELS / SPAN_TILE_THREADS;
+    static_assert(SPAN_TILE_THREADS % SPAN_TILE_PIXELS == 0 && SPAN_TILE_THREADS % (GEN_TILE_CHANNELS * GEN_TILE_W) == 0,
+                  "a pass of the block's threads covers whole channels, or whole tile rows");
+    const int store_channel = channels_last ? thread % GEN_TILE_CHANNELS : thread / SPAN_TILE_PIXELS;
+    const int store_pixel = channels_last ? thread / GEN_TILE_CHANNELS : thread % SPAN_TILE_PIXELS;
+    const int store_pass_channels = channels_last ? 0 : SPAN_TILE_THREADS / SPAN_TILE_PIXELS;
+    const int store_pass_rows = channels_last ? SPAN_TILE_THREADS / GEN_TILE_CHANNELS / GEN_TILE_W : 0;
+    const int store_y = out_y0 + store_pixel / GEN_TILE_W, store_x = out_x0 + store_pixel % GEN_TILE_W;
+    const index_t store_first = n * out_n + (group_channel0 + store_channel) * out_c + store_y * out_hs + store_x * out_ws;
+    const index_t store_pass = store_pass_channels * out_c + store_pass_rows * out_hs;
     // No barrier before a chunk is staged: every thread passed the previous chunk's partials
     // barrier, after its last read of the staged input, and the next barrier (the chunk is
     // staged) comes after its last read of the partials.
     for (int c0 = 0; c0 < group_channels; c0 += GEN_TILE_CHANNELS) {
-        for (int i = thread; i < staged_values; i += SPAN_TILE_THREADS) {
-            // channels_last: consecutive threads read consecutive channels. NCHW: a warp reads 8
-            // consecutive pixels of 4 channels at a time (channels c, c + 4, c + 8, c + 12 of
-            // the chunk in turn), whose 32 values fall in 32 different banks.
-            const int c = channels_last ? i % GEN_TILE_CHANNELS : i % 4 + i / 32 % 4 * 4;
-            const int at = channels_last ? i / GEN_TILE_CHANNELS : i / 4 % 8 + i / 128 * 8;
-            if (at >= in_h * in_w) continue;
-            const int iy = top + at / in_w, ix = left + at % in_w;
-            const bool inside = c0 + c < group_channels && iy >= 0 && iy < height && ix >= 0 && ix < width;
-            staged[(at / in_w * in_row + at % in_w) * GEN_TILE_IN_STRIDE + c] =
-                inside ? Element<scalar_t>::load(sample_input + (group_channel0 + c0 + c) * input_c + iy * input_h + ix * input_w)
-                       : (acc_t)0;
-        }
+        const bool channel_inside = c0 + stage_channel < group_channels;
+        // (the input pointer may point outside the image, where it is never read)
+        const scalar_t* from =
+            sample_input + (group_channel0 + c0 + stage_channel) * input_c + first_y * input_h + first_x * input_w;
+        acc_t* to = first_slot;
+        int iy = first_y, ix = first_x;
+        const auto stage = [&] {
+            const bool inside = channel_inside && within(iy, height) && within(ix, width);
+            *to = inside ? Element<scalar_t>::load(from) : (acc_t)0;
+            ix += step_columns;
+            const bool wraps = ix >= end_x;
+            iy += wraps ? step_rows + 1 : step_rows;
+            ix -= wraps ? in_w : 0;
+            from += wraps ? wrap_step_input : step_input;
+            to += wraps ? wrap_step_slot : step_slot;
+        };
+        // Every thread's whole passes (a constant count where the window is fixed: unrolled, their
+        // loads in flight together), then the last pixels, by the threads whose first lies before them.
+#pragma unroll 4
+        for (int pass = 0; pass < whole_passes; ++pass) stage();
+        if (stage_first < window_pixels % stage_step) stage();
         __syncthreads();  // the input chunk is staged
         acc_t sums[GEN_TILE_RUN][GEN_TILE_THREAD_CHANNELS] = {};
-        for (int a = row_begin; a < row_end; ++a) {
-            const acc_t* row = staged + (py * stride_h + a * dilation_h) * in_row * GEN_TILE_IN_STRIDE + first;
-            const weight_t* tap_weights = weights + a * kernel_w * SPAN_TILE_SUMS_STRIDE + py * GEN_TILE_W + px0;
+#pragma unroll
+        for (int t = 0; t < set_rows; ++t) {
+            const int a = row_begin + t;
+            if (a >= row_end) break;
+            const acc_t* row = staged + (py * geometry.stride_h + a * geometry.dilation_h) * in_row * GEN_TILE_IN_STRIDE + first;
+            const weight_t* tap_weights = weights + a * geometry.kernel_w * SPAN_TILE_SUMS_STRIDE + py * GEN_TILE_W + px0;
             // (double sums and a double window do not fit beside each other in the registers)
             if constexpr (sizeof(acc_t) == 4) {
-                if (dilation_w == 1 && stride_w == 1) {
-                    slide_row<1>(row, tap_weights, px0, kernel_w, sums);
+                if (geometry.dilation_w == 1 && geometry.stride_w == 1) {
+                    slide_row<1>(row, tap_weights, px0, geometry.kernel_w, sums);
                     continue;
                 }
-                if (dilation_w == 1 && stride_w == 2) {
-                    slide_row<2>(row, tap_weights, px0, kernel_w, sums);
+                if (geometry.dilation_w == 1 && geometry.stride_w == 2) {
+                    slide_row<2>(row, tap_weights, px0, geometry.kernel_w, sums);
                     continue;
                 }
             }
-            for (int b = 0; b < kernel_w; ++b) {
+            // (double rolled: a fixed window's taps unrolled spill its registers on sm_90)
+#pragma unroll(sizeof(acc_t) == 8 ? 1 : 2)
+            for (int b = 0; b < geometry.kernel_w; ++b) {
                 weight_t weight[GEN_TILE_RUN];
                 load_run(tap_weights + b * SPAN_TILE_SUMS_STRIDE, weight);
 #pragma unroll
                 for (int j = 0; j < GEN_TILE_RUN; ++j) {
-                    const acc_t* values = row + ((px0 + j) * stride_w + b * dilation_w) * GEN_TILE_IN_STRIDE;
+                    const acc_t* values = row + ((px0 + j) * geometry.stride_w + b * geometry.dilation_w) * GEN_TILE_IN_STRIDE;
 #pragma unroll
                     for (int k = 0; k < GEN_TILE_THREAD_CHANNELS; ++k) {
                         sums[j][k] = oplib_fma((acc_t)weight[j], values[k * GEN_TILE_CHANNEL_STEP], sums[j][k]);
@@ -473,17 +572,19 @@ __global__ void __launch_bounds__(SPAN_TILE_THREADS, 2) involution_generated_til
             }
         }
         __syncthreads();  // every set's partial sums are in place
-        // The sets' sums added in set order and stored, consecutive threads along the layout.
-        for (int o = thread; o < SPAN_TILE_PIXELS * GEN_TILE_CHANNELS; o += SPAN_TILE_THREADS) {
-            const int c = channels_last ? o % GEN_TILE_CHANNELS : o / SPAN_TILE_PIXELS;
-            const int pixel = channels_last ? o / GEN_TILE_CHANNELS : o % SPAN_TILE_PIXELS;
-            const int y = out_y0 + pixel / GEN_TILE_W, x = out_x0 + pixel % GEN_TILE_W;
-            if (y >= out_h || x >= out_w || c0 + c >= group_channels) continue;
+        // The sets' sums added in set order and stored.
+        const index_t chunk_first = store_first + c0 * out_c;
+#pragma unroll
+        for (int pass = 0; pass < store_passes; ++pass) {
+            const int c = store_channel + pass * store_pass_channels;
+            const int pixel = store_pixel + pass * store_pass_rows * GEN_TILE_W;
+            if (store_y + pass * store_pass_rows >= out_h || store_x >= out_w || c0 + c >= group_channels) continue;
             acc_t sum = partials[c * GEN_TILE_PARTIAL_STRIDE + pixel];
+#pragma unroll
             for (int other = 1; other < GEN_TILE_SETS; ++other) {
                 sum = oplib_add(sum, partials[(other * GEN_TILE_CHANNELS + c) * GEN_TILE_PARTIAL_STRIDE + pixel]);
             }
-            out[n * out_n + (group_channel0 + c0 + c) * out_c + y * out_hs + x * out_ws] = Element<scalar_t>::store(sum);
+            out[chunk_first + pass * store_pass] = Element<scalar_t>::store(sum);
         }
     }
 }
