@@ -274,20 +274,16 @@ def report(rows: list[dict], bandwidth: float, h100: Optional[dict] = None) -> t
 
 
 # ---------------------------------------------------------------------------------------
-# Kernels no draw has measured yet: predicted beside the measured kernels they are to replace
+# The tiled fused forward beside the kernels it is to replace
 # ---------------------------------------------------------------------------------------
-
-TILED_DTYPES = (torch.float32, torch.bfloat16)
-TILED_LAYOUTS = ("NCHW", "channels_last")
 
 
 def _tiled_launches(case: tuple[str, str, str]) -> tuple[tuple[str, str, str], Launch, object]:
-    """The tiled forward's launch at one (shape, dtype, layout), and its traced work: in a worker."""
+    """The tiled forward's launch at one (shape, dtype, layout), and its traced work."""
     from oplib.kernels.involution import cuda as involution_cuda
     from oplib.kernels.involution.layouts import result_like
 
     name, dtype_name, layout = case
-    torch.set_num_threads(1)
     shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
     o = operands_on(shape, getattr(torch, dtype_name), layout, "cpu")
     x, feature = o["input"], o["feature"]
@@ -298,60 +294,40 @@ def _tiled_launches(case: tuple[str, str, str]) -> tuple[tuple[str, str, str], L
     return case, launch, device_model.kernel_work(launch)
 
 
-def tiled_report(constants: Constants, bandwidth: float, workers: int = 2) -> tuple[list[str], list[dict]]:
-    """involution_generated_tile's launches traced and profiled at RedNet-50's shapes (batch 32):
-    ``tiled_lines`` of them, and their model inputs (what the json keeps)."""
-    from oplib.kernels.involution import cuda as involution_cuda
-
-    cases = [(s.name, str(d).removeprefix("torch."), layout) for s in REDNET50_SHAPES for d in TILED_DTYPES
-             for layout in TILED_LAYOUTS]
-    with ProcessPoolExecutor(workers) as pool:
-        traced = list(pool.map(_tiled_launches, cases))
-    instantiations = tuple(sorted({(launch.kernel, launch.dtype, launch.specialisation) for _, launch, _ in traced}, key=str))
-    profiles = device_model.sass_profile(involution_cuda.SPAN_TILE_SOURCE, instantiations, H200.arch)
-    data = []
-    for (shape, dtype, layout), launch, work in traced:
-        profile = profiles[launch.name]
-        inputs = LaunchInputs(launch.name, launch.blocks, launch.threads_per_block,
-                              launch.shared_bytes + profile.shared_bytes, profile.registers, profile.loads_in_flight,
-                              profile.widest_load, work, profile.instruction_ratio)
-        data.append({"shape": shape, "dtype": dtype, "layout": layout, "inputs": inputs.to_json()})
-    return tiled_lines(data, constants, bandwidth), data
-
-
-def tiled_lines(data: list[dict], constants: Constants, bandwidth: float) -> list[str]:
-    """involution_generated_tile predicted on the H200 with the constants fitted above, beside
-    the H200's measured generic generated forward and the involution forward alone (the
-    aggregation of the path it replaces, whose span conv comes on top); the issue's bar is the
-    tiled forward at most 0.5x span conv + involution."""
-    _, measured = measured_rows()
-    times = {_key(r): float(r["device (ms)"]) * 1e-3 for r in measured}
+def tiled_lines(rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """The table's ``TILED`` rows predicted with the constants fitted above, beside the H200's
+    measured generic generated forward and the involution forward alone (the aggregation of
+    the path it replaces, whose span conv comes on top); the issue's bar is the tiled forward
+    at most 0.5x span conv + involution."""
+    times = {_key(r): r["measured_s"] for r in rows}
     cells, ratios = [], []
-    for row in data:
+    for row in rows:
+        if row["kernel"] != TILED:
+            continue
         shape, dtype, layout = row["shape"], row["dtype"], row["layout"]
-        inputs = LaunchInputs.from_json(row["inputs"])
+        inputs = next(e for e in row["events"] if isinstance(e, LaunchInputs))
         terms = device_model.launch_terms(inputs, H200, constants, bandwidth)
-        predicted = device_model.predict([inputs], H200, constants, bandwidth)
+        predicted = device_model.predict(row["events"], H200, constants, bandwidth)
         resident = device_model.resident_blocks(inputs.registers, inputs.threads_per_block, inputs.shared_bytes, H200)
         generic = times.get(" | ".join((shape, dtype, layout, "generated forward")))
         forward = times.get(" | ".join((shape, dtype, layout, "forward")))
-        tiled = times.get(" | ".join((shape, dtype, layout, TILED)))
-        if tiled is not None:
-            ratios.append(predicted / tiled)
+        tiled = row["measured_s"]
+        ratios.append(predicted / tiled)
         cells.append([shape, dtype, layout, f"{inputs.blocks} x {inputs.threads_per_block}", str(inputs.registers),
                       f"{inputs.shared_bytes / 1024:.1f}", str(resident), f"{inputs.instruction_ratio:.2f}", terms.bound,
-                      f"{predicted * 1e6:.1f}", "-" if tiled is None else f"{tiled * 1e6:.1f}",
-                      "-" if tiled is None else f"{predicted / tiled:.2f}x",
+                      f"{predicted * 1e6:.1f}", f"{tiled * 1e6:.1f}", f"{predicted / tiled:.2f}x",
                       "-" if generic is None else f"{generic * 1e6:.1f}", "-" if forward is None else f"{forward * 1e6:.1f}",
                       "-" if forward is None else f"{predicted / forward:.2f}x"])
-    verdict = (f"Measured on the H200 at {len(ratios)} of {len(data)} rows: predicted / measured {ratio_range(ratios)}, "
+    heading = "## The tiled fused forward: involution_generated_tile"
+    if not cells:
+        return [heading, "", "Not timed in the measured table (its \"tiled\" column is empty).", ""]
+    verdict = (f"Its {len(ratios)} rows, measured on the H200: predicted / measured {ratio_range(ratios)}, "
                f"{sum(1 / BAR <= r <= BAR for r in ratios)} within {BAR:g}x (these rows are among those the constants "
                "are fitted on; the held-out column of the table above predicts each dtype from the other's). Where the "
                "bfloat16 rows fall short, so does the instruction count: the model's is under half of what Nsight Compute "
-               "saw the bfloat16 tile execute (the last table)."
-               if ratios else "These wait for a GPU draw (`make gpu-check`).")
+               "saw the bfloat16 tile execute (the last table).")
     return [
-        "## The tiled fused forward: involution_generated_tile",
+        heading,
         "",
         "The tiled fused forward (`involution/csrc/cuda/span_tile.cu`: a tile's weights formed on tensor cores "
         "(bfloat16) or by FMAs (float32) into shared memory and aggregated from a staged input window) at RedNet-50's "
@@ -497,11 +473,7 @@ def main() -> None:
             raise SystemExit("the committed rows are not the measured table's: run with --derive-measured")
     lines, model = report(rows, bandwidth, h100_measured())
     constants = Constants(**model["constants"])
-    if args.derive_measured or committed is None:
-        tiled, model["tiled"] = tiled_report(constants, bandwidth)
-    else:
-        model["tiled"] = committed["tiled"]
-        tiled = tiled_lines(model["tiled"], constants, bandwidth)
+    tiled = tiled_lines(rows, constants, bandwidth)
     model["instructions"] = ncu_instructions(rows)
     model["changed"] = changed_rows(rows, current)
     _harness.write_report(settings, [*lines, "", *tiled, "", *instruction_lines(model["instructions"]), "",

@@ -32,9 +32,10 @@ recorded by ``record_launches`` on CPU tensors):
       instructions to those kinds (``SassProfile.instruction_ratio``): the index arithmetic,
       conversions and branches around them, which bind a kernel whose memory does not.
 
-Four constants are fitted (``Constants``): the memory latency, the fraction of the L1's
-line rate achieved, the launch floor and a warp's dependent issue interval; each has a
-physical meaning and a plausible range. ``fit`` finds them by least squares on log(predicted / measured) over a table's rows.
+Five constants are fitted (``Constants``): the cycles per warp memory request and per L1 line
+(the load/store pipe's and the L1's achieved rates), the memory latency, the launch floor and
+a warp's dependent issue interval; each has a physical meaning and a plausible range. ``fit``
+finds them by least squares on log(predicted / measured) over a table's rows.
 ``bench/cuda_model.py`` fits them on the committed H200 table (held-out halves too) and
 writes ``bench/results/cuda-model.md``.
 """
