@@ -451,6 +451,70 @@ def changed_lines(data: list[dict], rows: list[dict], constants: Constants, band
     ]
 
 
+
+def mma_rows() -> list[dict]:
+    """The tensor-core forward (generated_mma.cu's involution_generated_mma) at each bfloat16
+    (shape, layout) of the measured table: its launch recorded on CPU tensors, its work traced
+    and its SASS profiled, as model inputs."""
+    from oplib.kernels.involution import cuda as involution_cuda
+    from oplib.kernels.involution.layouts import result_like
+
+    _, rows = measured_rows()
+    cases = [(r["shape"], r["layout"]) for r in rows if r["kernel"] == "generated forward" and r["dtype"] == "bfloat16"]
+    result, launches = [], []
+    for name, layout in cases:
+        shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
+        o = operands_on(shape, torch.bfloat16, layout, "cpu")
+        x, feature = o["input"], o["feature"]
+        recording = device_model.RecordingLauncher()
+        involution_cuda.involution_generated_mma(x, feature, o["span_weight"], o["span_bias"], [shape.kernel] * 2,
+                                                 *shape.params, result_like(x, feature.shape[2:]), recording)
+        launches.append((name, layout, recording.launches[0]))
+    which = tuple(sorted({(l.kernel, l.dtype, l.specialisation) for _, _, l in launches}, key=str))
+    profiles = device_model.sass_profile(involution_cuda.GENERATED_MMA_SOURCE, which, H200.arch)
+    for name, layout, launch in launches:
+        result.append({"shape": name, "dtype": "bfloat16", "layout": layout,
+                       "events": [LaunchInputs.of(launch, profiles[launch.name])]})
+    return result
+
+
+def mma_lines(data: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """The tensor-core forward predicted with the constants fitted above, beside what the draw
+    measured of the path it is to replace (span conv + involution: the table's "generic
+    (before)" of the generated forward) and of the tiled forward; the issue's bar is 0.5x."""
+    measured = {_key(r): r for r in measured_rows()[1]}
+    cells, ratios = [], []
+    for entry in data:
+        key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
+        generated = measured[f"{key} | generated forward"]
+        replaced = float(generated["generic (before, ms)"]) * 1e-3
+        tiled = measured.get(f"{key} | {TILED}")
+        events = events_from_json(entry["events"])
+        inputs = next(e for e in events if isinstance(e, LaunchInputs))
+        terms = device_model.launch_terms(inputs, H200, constants, bandwidth)
+        predicted = device_model.predict(events, H200, constants, bandwidth)
+        resident = device_model.resident_blocks(inputs.registers, inputs.threads_per_block, inputs.shared_bytes, H200)
+        ratios.append(predicted / replaced)
+        cells.append([entry["shape"], entry["dtype"], entry["layout"], f"{inputs.blocks} x {inputs.threads_per_block}",
+                      str(inputs.registers), f"{inputs.shared_bytes / 1024:.1f}", str(resident),
+                      f"{inputs.instruction_ratio:.2f}", terms.bound, f"{predicted * 1e6:.1f}",
+                      f"{replaced * 1e6:.1f}", f"{predicted / replaced:.2f}x",
+                      "-" if tiled is None else f"{float(tiled['device (ms)']) * 1e3:.1f}"])
+    return [
+        "## Predicted: the tensor-core forward, involution_generated_mma",
+        "",
+        "generated_mma.cu forms the weights and aggregates them on tensor cores (a kernel row of a 16-pixel run as a "
+        "band matrix times the window's input rows), in float16 and bfloat16. Never timed yet: predicted with the "
+        "constants fitted above, beside the H200's measured span conv + involution (the path it is to replace) and "
+        f"its tiled forward. Predicted / span conv + involution: {ratio_range(ratios)}, "
+        f"{sum(r <= 0.5 for r in ratios)} of {len(ratios)} rows within the issue's 0.5x. These wait for a draw "
+        "(`make gpu-check`).",
+        "",
+        *_harness.table(["shape", "dtype", "layout", "launch", "registers", "shared (KiB)", "blocks per SM",
+                         "instruction ratio", "bound", "predicted (us)", "span conv + involution (us)",
+                         "predicted / replaced", "tiled, measured (us)"], "lllrrrrrlrrrr", cells),
+    ]
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=RESULTS / "cuda-model.md", help="markdown file")
@@ -476,8 +540,10 @@ def main() -> None:
     tiled = tiled_lines(rows, constants, bandwidth)
     model["instructions"] = ncu_instructions(rows)
     model["changed"] = changed_rows(rows, current)
+    model["mma"] = [{**entry, "events": events_to_json(entry["events"])} for entry in mma_rows()]
     _harness.write_report(settings, [*lines, "", *tiled, "", *instruction_lines(model["instructions"]), "",
-                                     *changed_lines(model["changed"], rows, constants, bandwidth)])
+                                     *changed_lines(model["changed"], rows, constants, bandwidth), "",
+                                     *mma_lines(model["mma"], constants, bandwidth)])
     data = json.loads(data_path.read_text())
     data["model"] = model
     data_path.write_text(json.dumps(data, indent=1) + "\n")

@@ -112,6 +112,10 @@ def build(source: KernelSource, sanitize: bool = False) -> Path:
     flags = ["-O1" if sanitize else "-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-I{INCLUDE_DIR}"]
     # -Wno-unknown-pragmas: g++ has no `#pragma unroll` (an NVCC/NVRTC hint; it unrolls on its own).
     flags += ["-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas"]
+    # Shared memory is one array of bytes that kernels read and write through several types (a
+    # word written as two 16-bit values, read as one 32-bit word), as CUDA allows there: no
+    # optimisation may assume otherwise.
+    flags += ["-fno-strict-aliasing"]
     # More flags for the host compiler, e.g. -DOPLIB_EMULATION_UCONTEXT: fibers switched by
     # POSIX's swapcontext, the shim's portable path, on x86-64 too.
     flags += os.environ.get("OPLIB_EMULATION_CXXFLAGS", "").split()

@@ -633,6 +633,102 @@ def _generated_tile(t: _Tally, item: Tensor, launch: Launch) -> None:
             t.store(4, n * osn + (group * pg + c0 + c) * osc + y * osh + x * osw, valid, es)
 
 
+
+def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_generated_mma (generated_mma.cu): ``item`` is the thread's index in the grid
+    (block-major, 256 threads a block, a warp an output row's run of 16 pixels). Per chunk of R:
+    the span chunk staged (global loads, shared stores), the feature's A fragments from global
+    memory and the span's B fragments from shared memory (tensor cores: no term); the weights
+    split hi and lo into shared memory, the bands' zeros; per chunk of 16 of the group's
+    channels: the input rows staged (16-byte vectors and 8 word stores a unit, or a word of two
+    values at a time), then per kernel row the band copies and per k-step the two bands' A
+    fragments and the window's two B fragments; the stores. The layout's sizes are the
+    source's and its host's."""
+    from ..kernels.involution import cuda as involution_cuda
+
+    (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w,
+     isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh, fsw, vector) = launch.scalars
+    source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+    c = source.constants
+    es, taps, pg = launch.dtype.itemsize, KH * KW, C // G
+    k_steps = involution_cuda.generated_mma_band_steps(source, (KH, KW), (sh, sw), (dh, dw))
+    stride, column_words = 8 * k_steps + 4, 8 * k_steps
+    tap_tiles = -(-taps // 8)
+    plain_stride = 4 * tap_tiles + (0 if tap_tiles % 2 else 4)
+    in_h = (c["MMA_TILE_H"] - 1) * sh + (KH - 1) * dh + 1
+    span_stride, threads = c["MMA_SPAN_STRIDE"], launch.threads_per_block
+    plain_at = max(c["MMA_TAPS"] * span_stride, in_h * 16 * stride)  # words
+    plain_words, band_words = 8 * 16 * plain_stride, 8 * 16 * stride
+    block, thread = item // threads, item % threads
+    lane, warp = thread % 32, thread // 32
+    row, quad = lane // 4, lane % 4
+    tile, group, n = block % launch.grid[0], (block // launch.grid[0]) % G, block // (launch.grid[0] * G)
+    oy, ox0 = tile // tiles_w * 8 + warp, tile % tiles_w * 16
+    inside = oy < OH
+    mine_plain = plain_at + warp * 16 * plain_stride
+    mine_band = plain_at + 2 * plain_words + warp * 16 * stride
+    tap = 8 * _slots(8) + 2 * quad + _slots(2, 4)  # the bias, 2 a tap tile
+    t.load(3, group * taps + tap, tap < taps, es)
+    for r0 in range(0, R, c["MMA_REDUCED"]):
+        word = thread + threads * _slots(c["MMA_TAPS"] * c["MMA_REDUCED"] // 2 // threads)
+        span_tap, r = word // 32, r0 + 2 * (word % 32)
+        for h in range(2):
+            t.load(2, (group * taps + span_tap) * R + r + h, (span_tap < taps) & (r + h < R), es)
+        t.shared(span_tap * span_stride + word % 32, True, 4)
+        for k0 in range(0, c["MMA_REDUCED"], 16):
+            if r0 + k0 >= R:
+                break
+            pixel = ox0 + row + 8 * _slots(2, 4)
+            rr = r0 + k0 + 2 * quad + 8 * _slots(2)
+            for h in range(2):
+                t.load(1, n * fsn + (rr + h) * fsc + oy * fsh + pixel * fsw, inside & (pixel < OW) & (rr + h < R), es)
+            b_rows = 8 * _slots(tap_tiles, 4) + row
+            t.shared(b_rows * span_stride + k0 // 2 + quad + 4 * _slots(2), inside & (b_rows < 8 * tap_tiles), 4)
+    pixels = row + 8 * _slots(2, 4)
+    for plane in range(2):  # hi, lo
+        t.shared(mine_plain + plane * plain_words + pixels * plain_stride + 4 * _slots(tap_tiles, 5) + quad, inside, 4)
+        zeros = lane + 32 * _slots(-(-16 * stride // 32))
+        t.shared(mine_band + plane * band_words + zeros, inside & (zeros < 16 * stride), 4)
+    copy = lane + 32 * _slots(c["MMA_BAND_COPIES"])
+    j, b = copy // KW, copy % KW
+    copies = inside & (copy < 16 * KW)
+    top, left = oy // 8 * 8 * sh - ph, ox0 * sw - pw
+    for c0 in range(0, pg, 16):
+        if vector:
+            units = in_h * column_words * 2
+            unit = thread + threads * _slots(-(-units // threads))
+            half, word, y = unit % 2, unit // 2 % column_words, unit // 2 // column_words
+            iy, ix, ch = top + y, left + 2 * word, c0 + 8 * half
+            rows_in = (unit < units) & (ch < pg) & (iy >= 0) & (iy < H)
+            for h in range(2):
+                x = ix + h
+                t.load(0, (n * isn + (group * pg + ch) * isc + iy * ish + x * isw) // 8, rows_in & (x >= 0) & (x < W), 16)
+            t.shared((y * 16 + 8 * half + _slots(8, 4)) * stride + word, unit < units, 4)
+        else:
+            words = in_h * 16 * column_words
+            i = thread + threads * _slots(-(-words // threads))
+            word, ch, y = i % column_words, i // column_words % 16, i // column_words // 16
+            iy, ix = top + y, left + 2 * word
+            row_in = (i < words) & (c0 + ch < pg) & (iy >= 0) & (iy < H)
+            for h in range(2):
+                x = ix + h
+                t.load(0, n * isn + (group * pg + c0 + ch) * isc + iy * ish + x * isw, row_in & (x >= 0) & (x < W), es)
+            t.shared((y * 16 + ch) * stride + word, i < words, 4)
+        for a in range(KH):
+            for plane in range(2):  # the copies: a 16-bit load and store each (index in 16-bit units)
+                t.shared(2 * (mine_plain + plane * plain_words) + 2 * j * plain_stride + a * KW + b, copies, 2)
+                t.shared(2 * (mine_band + plane * band_words) + 2 * j * stride + j * sw + b * dw, copies, 2)
+            rows = (warp * sh + a * dh) * 16 * stride
+            for k in range(k_steps):
+                for plane in range(2):
+                    t.shared(mine_band + plane * band_words + (row + 8 * _slots(2, 4)) * stride + 8 * k + quad
+                             + 4 * _slots(2), inside, 4)
+                t.shared(rows + (8 * _slots(2, 4) + row) * stride + 8 * k + quad + 4 * _slots(2), inside, 4)
+        channel = c0 + 8 * _slots(2, 4) + 2 * quad + _slots(2)
+        for h in range(2):
+            x = ox0 + row + 8 * h
+            t.store(4, n * osn + (group * pg + channel) * osc + oy * osh + x * osw, inside & (x < OW) & (channel < pg), es)
+
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_forward_chunked": _forward_chunked,
     "involution_backward_input_chunked": _backward_input_chunked,
@@ -642,9 +738,10 @@ TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_backward_input": _backward_input_generic,
     "involution_backward_weight": _backward_weight_generic,
     "involution_generated_tile": _generated_tile,
+    "involution_generated_mma": _generated_mma,
 }
 # Tiled kernels: a thread per grid thread (no grid-stride loop), its index block-major.
-TILED = {"involution_generated_tile"}
+TILED = {"involution_generated_tile", "involution_generated_mma"}
 
 
 def kernel_work(launch: Launch, gpu: GPU = H200, traced_warps: int = TRACED_WARPS) -> KernelWork:

@@ -411,3 +411,89 @@ def involution_generated_tile(input: Tensor, feature: Tensor, span_weight: Tenso
     (launcher or cupy_launcher()).launch(source, "involution_generated_tile", input.dtype, config,
                                          (input, feature, span_weight.contiguous(), bias, out, *scalars), specialisation)
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# involution_generated's forward with both products on tensor cores (generated_mma.cu):
+# float16 and bfloat16, the weights of a run of pixels formed on tensor cores and aggregated
+# there too, one kernel row at a time, as a band matrix
+# ---------------------------------------------------------------------------------------
+
+GENERATED_MMA_SOURCE = "involution/csrc/cuda/generated_mma.cu"
+GENERATED_MMA_DTYPES = (torch.float16, torch.bfloat16)
+# The GPUs with mma.sync on 16-bit values: below, the kernel's instantiations are empty.
+GENERATED_MMA_MIN_CAPABILITY = (8, 0)
+
+
+def generated_mma_band_steps(source: KernelSource, kernel_size, stride, dilation) -> int:
+    """The k-steps (16 band columns each) a run's kernel row spans: the input columns its
+    ``MMA_TILE_W`` pixels' windows read, as the kernel computes them."""
+    columns = (source.constants["MMA_TILE_W"] - 1) * stride[1] + (kernel_size[1] - 1) * dilation[1] + 1
+    return -(-columns // 16)
+
+
+def generated_mma_shared_bytes(source: KernelSource, kernel_size, stride, dilation) -> int:
+    """The dynamic shared memory of ``involution_generated_mma``: the span chunk or the staged
+    input chunk (one place), each warp's plain weights and bands, hi and lo (generated_mma.cu
+    lays them out)."""
+    c = source.constants
+    stride_words = 8 * generated_mma_band_steps(source, kernel_size, stride, dilation) + 4
+    tap_tiles = -(-kernel_size[0] * kernel_size[1] // 8)
+    plain_stride = 4 * tap_tiles + (0 if tap_tiles % 2 else 4)
+    in_h = (c["MMA_TILE_H"] - 1) * stride[0] + (kernel_size[0] - 1) * dilation[0] + 1
+    staged = max(c["MMA_TAPS"] * c["MMA_SPAN_STRIDE"], in_h * c["MMA_CHANNELS"] * stride_words)
+    return 4 * (staged + 2 * c["MMA_WARPS"] * c["MMA_TILE_W"] * (plain_stride + stride_words))
+
+
+def generated_mma_config(source: KernelSource, dtype: torch.dtype, batch: int, groups: int, out_size, kernel_size,
+                         stride, dilation) -> Optional[LaunchConfig]:
+    """``involution_generated_mma``'s launch: a block of ``MMA_WARPS`` warps per tile of
+    ``MMA_TILE_H`` x ``MMA_TILE_W`` output pixels of a (sample, group); None where it does not
+    serve the call (a dtype without the tensor-core product, more taps than ``MMA_TAPS``, a
+    kernel row wider than ``MMA_BAND_WIDTH`` or spanning more than ``MMA_BAND`` columns, shared
+    memory past ``GENERATED_TILE_MAX_SHARED``, a grid past CUDA's y and z limits)."""
+    c = source.constants
+    if dtype not in GENERATED_MMA_DTYPES or kernel_size[0] * kernel_size[1] > c["MMA_TAPS"]:
+        return None
+    if kernel_size[1] > c["MMA_BAND_WIDTH"] or 16 * generated_mma_band_steps(source, kernel_size, stride, dilation) > c["MMA_BAND"]:
+        return None
+    shared_bytes = generated_mma_shared_bytes(source, kernel_size, stride, dilation)
+    if shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535 or batch > 65535:
+        return None
+    tiles = -(-out_size[0] // c["MMA_TILE_H"]) * -(-out_size[1] // c["MMA_TILE_W"])
+    return LaunchConfig((tiles, groups, batch), (32, c["MMA_WARPS"]), shared_bytes)
+
+
+def generated_mma_vectors_fit(input: Tensor, groups: int) -> bool:
+    """Whether the kernel may stage ``input`` by 16-byte vectors of 8 channels: channels_last,
+    every pixel's and every group's channels starting at a multiple of 8 values, aligned."""
+    lanes = POLICY.lanes(input.dtype)
+    n_stride, c_stride, h_stride, w_stride = input.stride()
+    per_group = input.shape[1] // groups
+    return (c_stride == 1 and per_group % lanes == 0 and all(s % lanes == 0 for s in (n_stride, h_stride, w_stride))
+            and input.data_ptr() % POLICY.vector_bytes == 0)
+
+
+def involution_generated_mma(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
+                             kernel_size, stride, padding, dilation, out: Tensor,
+                             launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+    """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> out: (N, C, Ho, Wo), written by the
+    tensor-core kernel in out's own strides (input, feature and out of any strides); None, out
+    untouched, where ``generated_mma_config`` declines the call or the GPU predates sm_80."""
+    source = load_source(GENERATED_MMA_SOURCE)
+    n, channels, height, width = input.shape
+    out_h, out_w = out.shape[2:]
+    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
+    config = generated_mma_config(source, input.dtype, n, groups, (out_h, out_w), kernel_size, stride, dilation)
+    if config is None or (input.is_cuda and torch.cuda.get_device_capability(input.device) < GENERATED_MMA_MIN_CAPABILITY):
+        return None
+    if out.numel() == 0:
+        return out
+    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
+    tiles_w = -(-out_w // source.constants["MMA_TILE_W"])
+    scalars = (channels, height, width, groups, *kernel_size, out_h, out_w, *stride, *padding, *dilation,
+               feature.shape[1], tiles_w, *input.stride(), *out.stride(), *feature.stride(),
+               generated_mma_vectors_fit(input, groups))
+    (launcher or cupy_launcher()).launch(source, "involution_generated_mma", input.dtype, config,
+                                         (input, feature, span_weight.contiguous(), bias, out, *scalars))
+    return out

@@ -1,0 +1,304 @@
+"""generated_mma.cu, involution_generated's forward with both products on tensor cores, on the
+host emulation: against the float64 reference on the registry's samples and random geometries
+in float16 and bfloat16, both run orders and both ways of staging the input; inf and nan where
+torch puts them (the band's zeros would spread them: the warp's direct sum must take over);
+under AddressSanitizer; and planted bugs that each check must catch."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from oplib import registry
+from oplib.kernels import KernelSource, load_source
+from oplib.kernels.involution import cuda as involution_cuda
+from oplib.kernels.involution.layouts import result_like
+from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher, build
+from oplib.testing.toolchain import require_host_compiler
+
+from cuda_test_helpers import _planted, assert_asan_catches, random_samples, run_under_asan
+from test_cuda_tiles import REDNET_LIKE, TWO_CHANNEL_CHUNKS, TileCase, _random_specialised_cases
+
+GENERATED = registry.get("involution_generated")
+DTYPES = involution_cuda.GENERATED_MMA_DTYPES
+
+
+def _source() -> KernelSource:
+    return involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+
+
+def _result(args: tuple, launcher):
+    out = result_like(args[0], args[1].shape[2:])
+    return involution_cuda.involution_generated_mma(*args, out, launcher), out
+
+
+def _reference(args: tuple) -> torch.Tensor:
+    return GENERATED.reference(*(a.double() if isinstance(a, torch.Tensor) else a for a in args))
+
+
+def _check(args: tuple, launcher, name: str) -> bool:
+    """The kernel's result against the op's float64 reference; False where it declines."""
+    result, out = _result(args, launcher)
+    if result is None:
+        return False
+    assert result is out, name
+    atol, rtol = GENERATED.tolerance(args[0].dtype)
+    torch.testing.assert_close(out.double(), _reference(args), atol=atol, rtol=rtol,
+                               msg=lambda m: f"involution_generated_mma[{name}, {args[0].dtype}]: {m}")
+    return True
+
+
+def _declines_only_what_it_cannot_hold(args: tuple) -> bool:
+    """More taps than MMA_TAPS, a kernel row wider than MMA_BAND_WIDTH or spanning more than
+    MMA_BAND columns, or a window past the shared memory it may ask for."""
+    kernel_size, stride, dilation = args[4], args[5], args[7]
+    c = _source().constants
+    steps = involution_cuda.generated_mma_band_steps(_source(), kernel_size, stride, dilation)
+    return (kernel_size[0] * kernel_size[1] > c["MMA_TAPS"] or kernel_size[1] > c["MMA_BAND_WIDTH"]
+            or 16 * steps > c["MMA_BAND"]
+            or involution_cuda.generated_mma_shared_bytes(_source(), kernel_size, stride, dilation)
+            > involution_cuda.GENERATED_TILE_MAX_SHARED)
+
+
+def _vectors(args: tuple) -> bool:
+    groups = args[2].shape[0] // (args[4][0] * args[4][1])
+    return involution_cuda.generated_mma_vectors_fit(args[0], groups)
+
+
+# The RedNet geometries in channels_last too (the 16-byte staging), and a run past the map's
+# right edge with two groups of 32 channels (two chunks each) at stride 2.
+CASES = (TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(channels_last=True), *REDNET_LIKE,
+         TileCase(batch=2, channels=64, groups=2, reduced=36, size=(20, 19), kernel_size=(7, 7), stride=(2, 2),
+                  padding=(3, 3), dilation=(1, 1), channels_last=True))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_generated_mma_matches_the_reference_on_the_registry_samples(dtype, order):
+    """involution_generated's samples (channels_last and strided operands, odd sizes, strides,
+    dilations, no bias, an empty batch) and the geometries above, by both stagings."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    served, staged_by_vectors = 0, set()
+    for sample in GENERATED.sample_inputs("cpu", dtype, False):
+        if _check(sample.args, launcher, sample.name):
+            served += 1
+            staged_by_vectors.add(_vectors(sample.args))
+        else:
+            assert _declines_only_what_it_cannot_hold(sample.args), sample.name
+    for case in CASES:
+        args = case.arguments(dtype)
+        assert _check(args, launcher, case.name), case.name
+        staged_by_vectors.add(_vectors(args))
+    assert served > 5 and staged_by_vectors == {True, False}
+    assert {launch[3] for launch in launcher.launches} == {256}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_generated_mma_matches_the_reference_on_random_geometries(dtype, order):
+    """The spec's random geometries (kernel sizes, strides, paddings, dilations, groups, R), half
+    of them channels_last; then random square windows around the tile's edges."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    served = 0
+    for index, sample in enumerate(random_samples(GENERATED, dtype, 24, seed=61 + DTYPES.index(dtype))):
+        args = sample.args
+        if index % 2:
+            args = (*(a.contiguous(memory_format=torch.channels_last) for a in args[:2]), *args[2:])
+        if _check(args, launcher, f"random-{index}"):
+            served += 1
+        else:
+            assert _declines_only_what_it_cannot_hold(args), index
+    assert served >= 16
+    for case in _random_specialised_cases(12, seed=67 + DTYPES.index(dtype)):
+        args = case.arguments(dtype)
+        assert _check(args, launcher, case.name) or _declines_only_what_it_cannot_hold(args), case.name
+
+
+def test_generated_mma_declines_what_it_does_not_serve():
+    """float32 and float64 (no such tensor-core product), more taps than it holds, a kernel row
+    wider than its band copies or spanning more columns than its band: None, out untouched."""
+    source, config = _source(), involution_cuda.generated_mma_config
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1)).grid == (28, 4, 2)
+    assert config(source, torch.float16, 2, 4, (28, 28), (7, 7), (2, 2), (1, 1)).grid == (8, 4, 2)
+    assert config(source, torch.float32, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1)) is None
+    assert config(source, torch.float64, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1)) is None
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (9, 9), (1, 1), (1, 1)) is None
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (1, 9), (1, 1), (1, 1)) is None
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (3, 3), (4, 4), (1, 1)) is None  # 63 columns: 4 steps
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (3, 3), (3, 3), (1, 1)) is not None
+    args = TWO_CHANNEL_CHUNKS.arguments(torch.float32)
+    out = torch.full((1, 64, 11, 10), 7.0)
+    assert involution_cuda.involution_generated_mma(*args, out, EmulatedLauncher()) is None
+    assert bool((out == 7).all())
+
+
+# Where one inf or nan goes: each meets band zeros of the other pixels of its run.
+NON_FINITE_PLACES = {
+    "input corner": ("input", (0, 0, 0, 0)),
+    "input interior": ("input", (0, 17, 5, 6)),
+    "input right edge": ("input", (0, 40, 7, 9)),
+    "feature": ("feature", (0, 3, 4, 4)),
+}
+
+
+def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
+    expected = _reference(args)
+    result, out = _result(args, launcher)
+    assert result is out, name
+    assert torch.equal(out.isnan(), expected.isnan()), f"{name}: nan at other places"
+    assert torch.equal(out.isinf(), expected.isinf()), f"{name}: inf at other places"
+    finite = expected.isfinite()
+    atol, rtol = GENERATED.tolerance(out.dtype)
+    torch.testing.assert_close(out.double()[finite], expected[finite], atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
+def test_non_finite_values_land_where_torch_puts_them(value, channels_last):
+    """An inf or a nan in the input or the feature: the band's products by zero would make nan
+    of its neighbours; the warp's direct sum gives torch's inf and nan, at its places only,
+    and the other outputs as before. Strides 1 and 2, both stagings."""
+    require_host_compiler()
+    launcher = EmulatedLauncher()
+    for case in (TWO_CHANNEL_CHUNKS, REDNET_LIKE[1]):
+        args = case._replace(channels_last=channels_last).arguments(torch.bfloat16)
+        for place, (tensor, index) in NON_FINITE_PLACES.items():
+            changed = list(args)
+            position = 0 if tensor == "input" else 1
+            changed[position] = args[position].clone()
+            changed[position][tuple(min(i, s - 1) for i, s in zip(index, args[position].shape))] = value
+            _assert_non_finite_as_torch(tuple(changed), launcher, f"{case.name}-{place}")
+
+
+# ---------------------------------------------------------------------------------------
+# Planted bugs
+# ---------------------------------------------------------------------------------------
+
+
+class PlantedBug(NamedTuple):
+    name: str
+    text: str
+    bug: str
+
+
+# The bands of a kernel row read before every lane wrote its copies.
+BAND_SYNC = PlantedBug("bands-written-sync", "__syncwarp();  // the bands of row a are written",
+                      "// the bands of row a are written")
+# The input chunk read before the block staged it.
+STAGED_BARRIER = PlantedBug("staged-barrier", "__syncthreads();  // the input chunk is staged", "// the input chunk is staged")
+# A kernel row's weights one band column to the right.
+BAND_COLUMN = PlantedBug("band-column", "copy_to[i] = copies ? 2 * j * stride + j * stride_w + b * dilation_w : -1;",
+                         "copy_to[i] = copies ? 2 * j * stride + j * stride_w + b * dilation_w + 1 : -1;")
+# The direct sum one tap short: only the non-finite test reaches it.
+DIRECT_SUM = PlantedBug("direct-sum-tap-short", "for (int b = 0; b < kernel_w; ++b) {", "for (int b = 1; b < kernel_w; ++b) {")
+# The bands one band further on: the last warp's lo band lies past the end of the shared memory.
+BANDS_OVERRUN = PlantedBug(
+    "bands-past-the-end",
+    "unsigned int* band = plain - warp * MMA_TILE_W * plain_stride + 2 * plain_words + warp * MMA_TILE_W * stride;",
+    "unsigned int* band = plain - warp * MMA_TILE_W * plain_stride + 2 * plain_words + (warp + 1) * MMA_TILE_W * stride;")
+
+
+def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
+    planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, bug.text, bug.bug)
+    monkeypatch.setattr(involution_cuda, "load_source", lambda filename: planted)
+    return planted
+
+
+@pytest.mark.parametrize("bug", [BAND_COLUMN, *(pytest.param(b, marks=pytest.mark.integration)
+                                               for b in (BAND_SYNC, STAGED_BARRIER))], ids=lambda b: b.name)
+def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    for order in ORDERS:
+        for case in (TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(channels_last=True)):
+            with pytest.raises(AssertionError, match="not close"):
+                _check(case.arguments(torch.bfloat16), EmulatedLauncher(order=order), f"{bug.name}-{order}")
+
+
+def test_a_planted_direct_sum_bug_fails_the_non_finite_check(tmp_path, monkeypatch):
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, DIRECT_SUM)
+    args = list(TWO_CHANNEL_CHUNKS.arguments(torch.bfloat16))
+    assert _check(tuple(args), EmulatedLauncher(), "finite")  # the band products never run it
+    args[0] = args[0].clone()
+    args[0][0, 17, 5, 6] = float("inf")
+    with pytest.raises(AssertionError, match="inf at other places|not close"):
+        _assert_non_finite_as_torch(tuple(args), EmulatedLauncher(), DIRECT_SUM.name)
+
+
+_RUN_SAMPLES = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from oplib import registry
+from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
+from test_cuda_generated_mma import CASES, DTYPES, GENERATED, _assert_non_finite_as_torch, _check
+from test_cuda_tiles import _random_specialised_cases
+from cuda_test_helpers import random_samples
+launches = 0
+for order in ORDERS:
+    launcher = EmulatedLauncher(sanitize=True, order=order)
+    for dtype in DTYPES:
+        for sample in GENERATED.sample_inputs("cpu", dtype, False):
+            _check(sample.args, launcher, sample.name)
+        for case in CASES:
+            _check(case.arguments(dtype), launcher, case.name)
+        for index, sample in enumerate(random_samples(GENERATED, dtype, 6, seed=5)):
+            _check(sample.args, launcher, f"random-{{index}}")
+        for case in _random_specialised_cases(6, seed=5):
+            _check(case.arguments(dtype), launcher, case.name)
+        args = list(CASES[1].arguments(dtype))
+        args[0] = args[0].clone()
+        args[0][0, 3, 4, 4] = float("nan")
+        _assert_non_finite_as_torch(tuple(args), launcher, "nan")
+    launches += len(launcher.launches)
+print("clean:", launches, "launches")
+"""
+
+
+@pytest.mark.integration
+def test_generated_mma_is_clean_under_address_sanitizer():
+    """The samples, the geometries above, random ones and the direct sum: no access outside
+    the tensors or the dynamic shared memory (the host's size of it is the kernel's layout)."""
+    require_host_compiler()
+    build(_source(), sanitize=True)
+    result = run_under_asan(_RUN_SAMPLES.format(tests=str(Path(__file__).parent)))
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert "clean:" in result.stdout
+
+
+@pytest.mark.integration
+def test_address_sanitizer_catches_the_bands_past_the_end(tmp_path):
+    require_host_compiler()
+    planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, BANDS_OVERRUN.text, BANDS_OVERRUN.bug)
+    build(planted, sanitize=True)
+    assert_asan_catches(planted, """
+        x, f, s = torch.randn(1, 32, 9, 9).bfloat16(), torch.randn(1, 8, 9, 9).bfloat16(), torch.randn(2 * 49, 8).bfloat16()
+        ops.involution_generated_mma(x, f, s, None, [7, 7], [1, 1], [3, 3], [1, 1], torch.empty(1, 32, 9, 9).bfloat16(), launcher)
+    """)
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_generated_mma_on_a_gpu_matches_the_reference(dtype):
+    """CuPy's launch, mma.sync and all: the samples, the geometries above, random ones, and
+    inf and nan where torch puts them."""
+    samples = [(s.args, s.name) for s in GENERATED.sample_inputs("cuda", dtype, False)]
+    samples += [(c.arguments(dtype), c.name) for c in CASES]
+    samples += [(s.args, f"random-{i}") for i, s in enumerate(random_samples(GENERATED, dtype, 8, seed=3))]
+    samples += [(c.arguments(dtype), c.name) for c in _random_specialised_cases(6, seed=7)]
+    for args, name in samples:
+        args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+        if not _check(args, None, name):
+            assert _declines_only_what_it_cannot_hold(args), name
+    for case in (TWO_CHANNEL_CHUNKS, CASES[1]):
+        args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in case.arguments(dtype)]
+        args[0] = args[0].clone()
+        args[0][0, 17, 5, 6] = float("nan")
+        _assert_non_finite_as_torch(tuple(args), None, f"{case.name}-nan")
