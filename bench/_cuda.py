@@ -17,7 +17,8 @@ a process of its own through tools/gpu_check.py). Its stages:
   feature map of C/4 channels and the span matrix): its floor is the input, the feature map and
   the output (the weight is never touched), and its "generic (before)" column is the path it
   replaces, the span 1x1 conv writing the weight, then oplib's involution forward; its "tiled"
-  column the tiled fused kernel of span_tile.cu (``involution_generated_tile``), timed beside it
+  column the tiled fused kernel of span_tile.cu (``involution_generated_tile``) and its "tensor
+  cores" column generated_mma.cu's (``involution_generated_mma``, 16-bit dtypes), timed beside it
   until it becomes the op's default;
 - ``layer``: the whole ``oplib.nn.Involution2d`` layer, fused (``fused=True``) and unfused
   (``fused=False``), against a depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
@@ -303,9 +304,12 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
         calls |= {("generic", k): call for k, call in oplib_calls.items()}
     f, s, b = o["feature"], o["span_weight"], o["span_bias"]
     calls["oplib", "generated forward"] = lambda: ops["generated forward"](x, f, s, b, kernel_size, stride, padding, dilation)
-    if launcher is not None:  # the tiled fused forward, not yet the op's default
+    if launcher is not None:  # the tiled fused forwards, not yet the op's default
         calls["tiled", "generated forward"] = lambda: involution_cuda.involution_generated_tile(
             x, f, s, b, kernel_size, stride, padding, dilation, result_like(x, f.shape[2:]), launcher)
+        if x.dtype in involution_cuda.GENERATED_MMA_DTYPES:
+            calls["tensor cores", "generated forward"] = lambda: involution_cuda.involution_generated_mma(
+                x, f, s, b, kernel_size, stride, padding, dilation, result_like(x, f.shape[2:]), launcher)
     calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size), stride, padding, dilation
     )
@@ -332,8 +336,9 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
     generated_grad_input = _oplib_ops(x, launcher)["generated grad_input"]
     profiled = {f"{candidate} {kernel}": calls[candidate, kernel]
                 for candidate in ("oplib", "generic") for kernel in KERNELS if (candidate, kernel) != ("generic", "generated forward")}
-    if ("tiled", "generated forward") in calls:
-        profiled["tiled generated forward"] = calls["tiled", "generated forward"]
+    for candidate in ("tiled", "tensor cores"):
+        if (candidate, "generated forward") in calls:
+            profiled[f"{candidate} generated forward"] = calls[candidate, "generated forward"]
     profiled["oplib generated grad_input"] = lambda: generated_grad_input(
         g, o["feature"], o["span_weight"], o["span_bias"], [shape.height, shape.width], [shape.kernel] * 2, stride,
         padding, dilation)
@@ -374,6 +379,7 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
                         "depthwise_ms": device[yardstick] * 1e3,
                         "unfold_ms": device["unfold", "forward"] * 1e3 if kernel == "forward" else None,
                         "tiled_ms": device["tiled", kernel] * 1e3 if ("tiled", kernel) in device else None,
+                        "tensor_cores_ms": device["tensor cores", kernel] * 1e3 if ("tensor cores", kernel) in device else None,
                     })
                 print(f"{shape.name} {dtype} {layout}: " + ", ".join(
                     f"{row['kernel']} {row['device_ms']:.3f} ms ({row['over_floor']:.1f}x floor)" for row in rows[-len(KERNELS):]
@@ -386,12 +392,14 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
 
 def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     columns = ["shape", "dtype", "layout", "kernel", "device (ms)", "floor (ms)", "device / floor",
-               "generic (before, ms)", "wall per call (ms)", "depthwise 7x7 (ms)", "unfold (ms)", "tiled (ms)"]  # fmt: skip
+               "generic (before, ms)", "wall per call (ms)", "depthwise 7x7 (ms)", "unfold (ms)", "tiled (ms)",
+               "tensor cores (ms)"]  # fmt: skip
     cells = [
         [row["shape"], row["dtype"], row["layout"], row["kernel"], f"{row['device_ms']:.4f}", f"{row['floor_ms']:.4f}",
          f"{row['over_floor']:.2f}x", f"{row['generic_ms']:.4f}", f"{row['wall_ms']:.4f}", f"{row['depthwise_ms']:.4f}",
          "-" if row["unfold_ms"] is None else f"{row['unfold_ms']:.4f}",
-         "-" if row.get("tiled_ms") is None else f"{row['tiled_ms']:.4f}"]
+         "-" if row.get("tiled_ms") is None else f"{row['tiled_ms']:.4f}",
+         "-" if row.get("tensor_cores_ms") is None else f"{row['tensor_cores_ms']:.4f}"]
         for row in rows
     ]  # fmt: skip
     return columns, cells
