@@ -374,13 +374,14 @@ def generated_tile_config(source: KernelSource, dtype: torch.dtype, batch: int, 
 GENERATED_TILE_RUNTIME = ("0", "0")
 
 
-def generated_tile_specialisation(source: KernelSource, kernel_size, stride, dilation) -> tuple[str, str]:
-    """``involution_generated_tile``'s template arguments after scalar_t (KERNEL, STRIDE) for a
-    window: the instantiation that fixes it where the source lists one (a square kernel, equal
-    strides, no dilation), else ``GENERATED_TILE_RUNTIME``. Both give the same bits."""
+def generated_tile_specialisation(source: KernelSource, kernel_size, stride, dilation,
+                                  kernel: str = "involution_generated_tile") -> tuple[str, str]:
+    """``kernel``'s template arguments after scalar_t (KERNEL, STRIDE) for a window: the
+    instantiation that fixes it where the source lists one (a square kernel, equal strides, no
+    dilation), else ``GENERATED_TILE_RUNTIME``. Both give the same bits."""
     fixed = (str(kernel_size[0]), str(stride[0]))
     square = kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
-    if square and fixed in source.specialisations["involution_generated_tile"]:
+    if square and fixed in source.specialisations[kernel]:
         return fixed
     return GENERATED_TILE_RUNTIME
 
@@ -476,10 +477,12 @@ def generated_mma_vectors_fit(input: Tensor, groups: int) -> bool:
 
 def involution_generated_mma(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
                              kernel_size, stride, padding, dilation, out: Tensor,
-                             launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+                             launcher: Optional[Launcher] = None, specialised: bool = True) -> Optional[Tensor]:
     """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> out: (N, C, Ho, Wo), written by the
     tensor-core kernel in out's own strides (input, feature and out of any strides); None, out
-    untouched, where ``generated_mma_config`` declines the call or the GPU predates sm_80."""
+    untouched, where ``generated_mma_config`` declines the call or the GPU predates sm_80. The
+    instantiation is ``generated_tile_specialisation``'s pick, or with ``specialised=False`` the
+    one that reads the window from its arguments (the same bits, to compare them)."""
     source = load_source(GENERATED_MMA_SOURCE)
     n, channels, height, width = input.shape
     out_h, out_w = out.shape[2:]
@@ -494,6 +497,8 @@ def involution_generated_mma(input: Tensor, feature: Tensor, span_weight: Tensor
     scalars = (channels, height, width, groups, *kernel_size, out_h, out_w, *stride, *padding, *dilation,
                feature.shape[1], tiles_w, *input.stride(), *out.stride(), *feature.stride(),
                generated_mma_vectors_fit(input, groups))
+    specialisation = (generated_tile_specialisation(source, kernel_size, stride, dilation, "involution_generated_mma")
+                      if specialised else GENERATED_TILE_RUNTIME)
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma", input.dtype, config,
-                                         (input, feature, span_weight.contiguous(), bias, out, *scalars))
+                                         (input, feature, span_weight.contiguous(), bias, out, *scalars), specialisation)
     return out

@@ -31,18 +31,18 @@ def _source() -> KernelSource:
     return involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
 
 
-def _result(args: tuple, launcher):
+def _result(args: tuple, launcher, specialised: bool = True):
     out = result_like(args[0], args[1].shape[2:])
-    return involution_cuda.involution_generated_mma(*args, out, launcher), out
+    return involution_cuda.involution_generated_mma(*args, out, launcher, specialised), out
 
 
 def _reference(args: tuple) -> torch.Tensor:
     return GENERATED.reference(*(a.double() if isinstance(a, torch.Tensor) else a for a in args))
 
 
-def _check(args: tuple, launcher, name: str) -> bool:
+def _check(args: tuple, launcher, name: str, specialised: bool = True) -> bool:
     """The kernel's result against the op's float64 reference; False where it declines."""
-    result, out = _result(args, launcher)
+    result, out = _result(args, launcher, specialised)
     if result is None:
         return False
     assert result is out, name
@@ -96,6 +96,35 @@ def test_generated_mma_matches_the_reference_on_the_registry_samples(dtype, orde
         staged_by_vectors.add(_vectors(args))
     assert served > 5 and staged_by_vectors == {True, False}
     assert {launch[3] for launch in launcher.launches} == {256}
+    # the samples' 3x3 windows and the 7x7 geometries take the specialised instantiations, every
+    # other geometry the one that reads its window from the arguments
+    assert {("3", "1"), ("7", "1"), ("7", "2"), involution_cuda.GENERATED_TILE_RUNTIME} <= _specialisations(launcher)
+
+
+def _specialisations(launcher) -> set[tuple[str, ...]]:
+    return {launch[4] for launch in launcher.launches if launch[0] == "involution_generated_mma"}
+
+
+def _assert_specialised_equals_runtime(dtype: torch.dtype, device: str, launcher_for) -> None:
+    """Random 7x7, 5x5 and 3x3 windows: the specialised instantiation's bits are those of the one
+    that reads its window from the arguments."""
+    for case in _random_specialised_cases(12, seed=71):
+        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in case.arguments(dtype))
+        launcher = launcher_for()
+        (fixed, specialised), (runtime_result, runtime) = _result(args, launcher, True), _result(args, launcher, False)
+        if fixed is None:
+            assert runtime_result is None and _declines_only_what_it_cannot_hold(args), case.name
+            continue
+        if launcher is not None:
+            assert [launch[4] for launch in launcher.launches] == [
+                (str(case.kernel_size[0]), str(case.stride[0])), involution_cuda.GENERATED_TILE_RUNTIME], case.name
+        assert torch.equal(specialised, runtime), f"{case.name}: {(specialised.double() - runtime.double()).abs().max()}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_specialised_generated_mma_gives_the_runtime_instantiations_bits(dtype):
+    require_host_compiler()
+    _assert_specialised_equals_runtime(dtype, "cpu", EmulatedLauncher)
 
 
 @pytest.mark.integration
@@ -139,12 +168,15 @@ def test_generated_mma_declines_what_it_does_not_serve():
     assert bool((out == 7).all())
 
 
-# Where one inf or nan goes: each meets band zeros of the other pixels of its run.
+# Where one inf or nan goes (the argument's position, the index): each meets band zeros of the
+# other pixels of its run; in the bias, a tap's weight is an inf at every pixel (whose split
+# into hi and lo must not make it a nan).
 NON_FINITE_PLACES = {
-    "input corner": ("input", (0, 0, 0, 0)),
-    "input interior": ("input", (0, 17, 5, 6)),
-    "input right edge": ("input", (0, 40, 7, 9)),
-    "feature": ("feature", (0, 3, 4, 4)),
+    "input corner": (0, (0, 0, 0, 0)),
+    "input interior": (0, (0, 17, 5, 6)),
+    "input right edge": (0, (0, 40, 7, 9)),
+    "feature": (1, (0, 3, 4, 4)),
+    "bias": (3, (5,)),
 }
 
 
@@ -162,16 +194,15 @@ def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
 def test_non_finite_values_land_where_torch_puts_them(value, channels_last):
-    """An inf or a nan in the input or the feature: the band's products by zero would make nan
-    of its neighbours; the warp's direct sum gives torch's inf and nan, at its places only,
-    and the other outputs as before. Strides 1 and 2, both stagings."""
+    """An inf or a nan in the input, the feature or the bias: the band's products by zero would
+    make nan of its neighbours; the warp's direct sum gives torch's inf and nan, at its places
+    only, and the other outputs as before. Strides 1 and 2, both stagings."""
     require_host_compiler()
     launcher = EmulatedLauncher()
     for case in (TWO_CHANNEL_CHUNKS, REDNET_LIKE[1]):
         args = case._replace(channels_last=channels_last).arguments(torch.bfloat16)
-        for place, (tensor, index) in NON_FINITE_PLACES.items():
+        for place, (position, index) in NON_FINITE_PLACES.items():
             changed = list(args)
-            position = 0 if tensor == "input" else 1
             changed[position] = args[position].clone()
             changed[position][tuple(min(i, s - 1) for i, s in zip(index, args[position].shape))] = value
             _assert_non_finite_as_torch(tuple(changed), launcher, f"{case.name}-{place}")
@@ -218,8 +249,11 @@ def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
     _plant(monkeypatch, tmp_path, bug)
     for order in ORDERS:
         for case in (TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(channels_last=True)):
-            with pytest.raises(AssertionError, match="not close"):
-                _check(case.arguments(torch.bfloat16), EmulatedLauncher(order=order), f"{bug.name}-{order}")
+            for specialised in (True, False):
+                launcher = EmulatedLauncher(order=order)
+                with pytest.raises(AssertionError, match="not close"):
+                    _check(case.arguments(torch.bfloat16), launcher, f"{bug.name}-{order}", specialised)
+                assert _specialisations(launcher) == {("7", "1") if specialised else involution_cuda.GENERATED_TILE_RUNTIME}
 
 
 def test_a_planted_direct_sum_bug_fails_the_non_finite_check(tmp_path, monkeypatch):
@@ -231,6 +265,15 @@ def test_a_planted_direct_sum_bug_fails_the_non_finite_check(tmp_path, monkeypat
     args[0][0, 17, 5, 6] = float("inf")
     with pytest.raises(AssertionError, match="inf at other places|not close"):
         _assert_non_finite_as_torch(tuple(args), EmulatedLauncher(), DIRECT_SUM.name)
+
+
+def test_the_generated_mma_instantiations_are_the_tiles_pairs():
+    """The same square windows as the tiled kernel, picked the same way."""
+    mma = _source().specialisations["involution_generated_mma"]
+    assert mma == load_source(involution_cuda.SPAN_TILE_SOURCE).specialisations["involution_generated_tile"]
+    pick = involution_cuda.generated_tile_specialisation
+    assert pick(_source(), (7, 7), (2, 2), (1, 1), "involution_generated_mma") == ("7", "2")
+    assert pick(_source(), (7, 7), (2, 2), (2, 2), "involution_generated_mma") == involution_cuda.GENERATED_TILE_RUNTIME
 
 
 _RUN_SAMPLES = """
@@ -298,7 +341,15 @@ def test_generated_mma_on_a_gpu_matches_the_reference(dtype):
         if not _check(args, None, name):
             assert _declines_only_what_it_cannot_hold(args), name
     for case in (TWO_CHANNEL_CHUNKS, CASES[1]):
-        args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in case.arguments(dtype)]
-        args[0] = args[0].clone()
-        args[0][0, 17, 5, 6] = float("nan")
-        _assert_non_finite_as_torch(tuple(args), None, f"{case.name}-nan")
+        for position, index in ((0, (0, 17, 5, 6)), (3, (5,))):
+            args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in case.arguments(dtype)]
+            args[position] = args[position].clone()
+            args[position][index] = float("inf")
+            _assert_non_finite_as_torch(tuple(args), None, f"{case.name}-inf-{position}")
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_specialised_generated_mma_on_a_gpu_gives_the_runtime_instantiations_bits(dtype):
+    """What NVRTC makes of the unrolled loops keeps every sum's order too."""
+    _assert_specialised_equals_runtime(dtype, "cuda", lambda: None)

@@ -115,17 +115,65 @@ __device__ __noinline__ void mma_direct_sums(const unsigned short* plain, int lo
     }
 }
 
+// Two floats rounded to nearest even, as a word of two 16-bit values (`low` in the lower half):
+// one cvt.rn on sm_80 and newer (no .ftz: subnormals kept), element.cuh's rounding elsewhere
+// and on the host. The same bits but for a nan's payload.
+__device__ __forceinline__ unsigned int mma_round_pair(float low, float high, oplib_bfloat16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned int pair;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(high), "f"(low));
+    return pair;
+#else
+    return oplib_float_to_bfloat16(low) | (unsigned int)oplib_float_to_bfloat16(high) << 16;
+#endif
+}
+
+__device__ __forceinline__ unsigned int mma_round_pair(float low, float high, oplib_half) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned int pair;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(high), "f"(low));
+    return pair;
+#else
+    return oplib_float_to_half(low) | (unsigned int)oplib_float_to_half(high) << 16;
+#endif
+}
+
+// w's part past hi, its value in the storage type: w - hi exactly (an FMA by -1), or 0 where hi
+// is an inf (w - hi would be a nan where w * x is an inf).
+template <typename half_t>
+__device__ __forceinline__ float mma_rest(float w, unsigned short hi_bits) {
+    half_t hi;
+    hi.bits = hi_bits;
+    const float high = oplib_to_float(hi);
+    return mma_finite(high) ? oplib_fma(-1.0f, high, w) : 0.0f;
+}
+
+// Specialised instantiations: a square window of KERNEL taps a side at equal strides STRIDE and
+// no dilation (RedNet's 7x7 at stride 1 or 2, and 3x3 and 5x5), whose sizes are then constants:
+// the band copies' places, the kernel rows and k-steps (unrolled), the staging's unit counts.
+// KERNEL = STRIDE = 0 reads the window from the arguments and serves every other geometry (the
+// host picks). Both add every sum's terms in the same order: the same bits.
+//
+// The instantiations a host may ask for (oplib.kernels reads these lines):
+// oplib-instantiate: involution_generated_mma
+// oplib-template: KERNEL, STRIDE = 0, 0 | 3, 1 | 3, 2 | 5, 1 | 5, 2 | 7, 1 | 7, 2
+//
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N).
-template <typename scalar_t>
+template <typename scalar_t, int KERNEL, int STRIDE>
 __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
     const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
-    int kernel_h, int kernel_w, int out_h, int out_w, int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h,
-    int dilation_w, int reduced, int tiles_w, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
+    int window_h, int window_w, int out_h, int out_w, int step_h, int step_w, int pad_h, int pad_w, int spacing_h,
+    int spacing_w, int reduced, int tiles_w, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
     index_t out_n, index_t out_c, index_t out_hs, index_t out_ws, index_t feature_n, index_t feature_c,
     index_t feature_h, index_t feature_w, bool vector_input) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     if constexpr (sizeof(scalar_t) == 2) {
+        static_assert((KERNEL > 0) == (STRIDE > 0), "a window is fixed whole or read whole from the arguments");
+        constexpr bool fixed = KERNEL > 0;
+        const int kernel_h = fixed ? KERNEL : window_h, kernel_w = fixed ? KERNEL : window_w;
+        const int stride_h = fixed ? STRIDE : step_h, stride_w = fixed ? STRIDE : step_w;
+        const int dilation_h = fixed ? 1 : spacing_h, dilation_w = fixed ? 1 : spacing_w;
         typedef scalar_t half_t;
         const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
         const int row = lane >> 2, quad = lane & 3;  // a fragment's row (pixel) and column pair
@@ -197,16 +245,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
         for (int t = 0; t < MMA_TAP_TILES; ++t) {
             if (8 * t >= taps) break;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {  // pixels row, row + 8
-                unsigned int hi = 0, lo = 0;
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {  // taps 8 t + 2 quad, + 1
-                    const float w = weights[t].value[2 * h + e];
-                    const half_t high = Element<half_t>::store(w);
-                    const half_t low = Element<half_t>::store(oplib_fma(-1.0f, oplib_to_float(high), w));  // w - hi, exactly
-                    hi |= (unsigned int)high.bits << 16 * e;
-                    lo |= (unsigned int)low.bits << 16 * e;
-                }
+            for (int h = 0; h < 2; ++h) {  // pixels row, row + 8; taps 8 t + 2 quad, + 1
+                const float w0 = weights[t].value[2 * h], w1 = weights[t].value[2 * h + 1];
+                const unsigned int hi = mma_round_pair(w0, w1, half_t());
+                const unsigned int lo = mma_round_pair(mma_rest<half_t>(w0, (unsigned short)(hi & 0xffffu)),
+                                                       mma_rest<half_t>(w1, (unsigned short)(hi >> 16)), half_t());
                 plain[(row + 8 * h) * plain_stride + 4 * t + quad] = hi;
                 plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] = lo;
             }
@@ -231,6 +274,9 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
         const index_t group_channel0 = (index_t)group * group_channels;
         const unsigned short* sample_input = reinterpret_cast<const unsigned short*>(input) + n * input_n;
         const int column_words = 8 * k_steps;
+        // channels_last with every pair of a chunk's channels 4-byte aligned: 32-bit stores.
+        const bool pair_stores = out_c == 1 && ((out_n | out_hs | out_ws | (index_t)group_channels) & 1) == 0 &&
+                                 (reinterpret_cast<unsigned long long>(out) & 3) == 0;
         for (int c0 = 0; c0 < group_channels; c0 += MMA_CHANNELS) {
             __syncthreads();  // every warp is done with the previous chunk (the first: with the span chunk)
             if (vector_input) {
@@ -269,6 +315,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
             __syncthreads();  // the input chunk is staged
             if (!row_inside) continue;
             OplibFragmentC sums[2] = {};
+#pragma unroll
             for (int a = 0; a < kernel_h; ++a) {
 #pragma unroll
                 for (int i = 0; i < MMA_BAND_COPIES; ++i) {
@@ -278,6 +325,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
                 }
                 __syncwarp();  // the bands of row a are written
                 const unsigned int* rows = staged + (warp * stride_h + a * dilation_h) * MMA_CHANNELS * stride;
+#pragma unroll
                 for (int k = 0; k < k_steps; ++k) {
                     const OplibFragmentA hi = oplib_load_fragment_a(band + 8 * k, stride);
                     const OplibFragmentA lo = oplib_load_fragment_a(band + band_words + 8 * k, stride);
@@ -308,13 +356,22 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
                                 dilation_h, dilation_w, stride);
                 continue;
             }
+            // Two channels a store where they are adjacent and aligned (channels_last), else one.
 #pragma unroll
-            for (int t = 0; t < 2; ++t) {
+            for (int h = 0; h < 2; ++h) {  // pixels row, row + 8
+                const int j = row + 8 * h;
+                if (out_x0 + j >= out_w) continue;
+                half_t* pixel_out = out + out_row + (index_t)(out_x0 + j) * out_ws;
 #pragma unroll
-                for (int v = 0; v < 4; ++v) {
-                    const int j = row + 8 * (v >> 1), c = c0 + 8 * t + 2 * quad + (v & 1);
-                    if (out_x0 + j >= out_w || c >= group_channels) continue;
-                    out[out_row + c * out_c + (index_t)(out_x0 + j) * out_ws] = Element<half_t>::store(sums[t].value[v]);
+                for (int t = 0; t < 2; ++t) {
+                    const int c = c0 + 8 * t + 2 * quad;
+                    const unsigned int pair = mma_round_pair(sums[t].value[2 * h], sums[t].value[2 * h + 1], half_t());
+                    if (pair_stores && c + 1 < group_channels) {
+                        *reinterpret_cast<unsigned int*>(pixel_out + c) = pair;
+                        continue;
+                    }
+                    if (c < group_channels) reinterpret_cast<unsigned short*>(pixel_out)[c * out_c] = (unsigned short)(pair & 0xffffu);
+                    if (c + 1 < group_channels) reinterpret_cast<unsigned short*>(pixel_out)[(c + 1) * out_c] = (unsigned short)(pair >> 16);
                 }
             }
         }
