@@ -138,13 +138,27 @@ __device__ __forceinline__ unsigned int mma_round_pair(float low, float high, op
 #endif
 }
 
+// A 16-bit value's float: exact either way; one cvt on sm_80 and newer for float16 (whose
+// conversion in software takes a dozen instructions), a shift for bfloat16.
+__device__ __forceinline__ float mma_to_float(unsigned short bits, oplib_bfloat16) {
+    return oplib_bfloat16_to_float(bits);
+}
+
+__device__ __forceinline__ float mma_to_float(unsigned short bits, oplib_half) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float value;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
+    return value;
+#else
+    return oplib_half_to_float(bits);
+#endif
+}
+
 // w's part past hi, its value in the storage type: w - hi exactly (an FMA by -1), or 0 where hi
 // is an inf (w - hi would be a nan where w * x is an inf).
 template <typename half_t>
 __device__ __forceinline__ float mma_rest(float w, unsigned short hi_bits) {
-    half_t hi;
-    hi.bits = hi_bits;
-    const float high = oplib_to_float(hi);
+    const float high = mma_to_float(hi_bits, half_t());
     return mma_finite(high) ? oplib_fma(-1.0f, high, w) : 0.0f;
 }
 
@@ -200,12 +214,13 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
         // 1. The run's weights: C fragment t of tap tile t holds pixels row, row + 8 x taps
         // 8 t + 2 quad, + 1, from the bias on.
         OplibFragmentC weights[MMA_TAP_TILES];
-        const scalar_t* group_bias = bias + (index_t)group * taps;
+        const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
 #pragma unroll
         for (int t = 0; t < MMA_TAP_TILES; ++t) {
             const int tap = 8 * t + 2 * quad;
-            weights[t].value[0] = weights[t].value[2] = tap < taps ? Element<half_t>::load(group_bias + tap) : 0.0f;
-            weights[t].value[1] = weights[t].value[3] = tap + 1 < taps ? Element<half_t>::load(group_bias + tap + 1) : 0.0f;
+            weights[t].value[0] = weights[t].value[2] = tap < taps ? mma_to_float(__ldg(group_bias + tap), half_t()) : 0.0f;
+            weights[t].value[1] = weights[t].value[3] =
+                tap + 1 < taps ? mma_to_float(__ldg(group_bias + tap + 1), half_t()) : 0.0f;
         }
         const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n +
                                              (index_t)out_y * feature_h;
