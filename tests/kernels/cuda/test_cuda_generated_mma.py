@@ -76,7 +76,8 @@ CASES = (TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(channels_last=True), *R
                   padding=(3, 3), dilation=(1, 1), channels_last=True))
 
 
-@pytest.mark.parametrize("order", ORDERS)
+# The unit tier runs one thread order (the integration tier both): the tier's minutes.
+@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration) for o in ORDERS[1:])])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_generated_mma_matches_the_reference_on_the_registry_samples(dtype, order):
     """involution_generated's samples (channels_last and strided operands, odd sizes, strides,
@@ -121,7 +122,7 @@ def _assert_specialised_equals_runtime(dtype: torch.dtype, device: str, launcher
         assert torch.equal(specialised, runtime), f"{case.name}: {(specialised.double() - runtime.double()).abs().max()}"
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.integration)], ids=str)
 def test_specialised_generated_mma_gives_the_runtime_instantiations_bits(dtype):
     require_host_compiler()
     _assert_specialised_equals_runtime(dtype, "cpu", EmulatedLauncher)
