@@ -36,8 +36,8 @@
 // them. No atomics, every sum in a fixed order: deterministic.
 //
 // float and double have no such tensor-core product, nor has a GPU before sm_80 (whose
-// product by shuffles spills): those instantiations are empty, and the host never launches them
-// (the tiled kernel of span_tile.cu serves them). The host emulation runs the kernel whole.
+// product by shuffles spills): those instantiations are empty, and the host declines those calls
+// (the generic and tiled kernels serve them). The host emulation runs the kernel whole.
 //
 // Dynamic shared memory, 32-bit words each holding two 16-bit values, the lower column (or
 // reduced index) in its lower half (the host's generated_mma_shared_bytes is its size):
