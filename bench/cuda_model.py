@@ -86,8 +86,8 @@ def _record(case: tuple[str, str, str]) -> list[tuple[str, list]]:
     for kernel, (qualname, args) in calls(shape, dtype, layout).items():
         events = device_model.record_launches(qualname, *args)
         result.append((kernel, [(e, device_model.kernel_work(e) if isinstance(e, Launch) else None) for e in events]))
-    _, launch, work = _tiled_launches(case)
-    result.append((TILED, [(launch, work)]))
+    launch = _fused_launch(case)
+    result.append((TILED, [(launch, device_model.kernel_work(launch))]))
     return result
 
 
@@ -278,8 +278,9 @@ def report(rows: list[dict], bandwidth: float, h100: Optional[dict] = None) -> t
 # ---------------------------------------------------------------------------------------
 
 
-def _tiled_launches(case: tuple[str, str, str]) -> tuple[tuple[str, str, str], Launch, object]:
-    """The tiled forward's launch at one (shape, dtype, layout), and its traced work."""
+def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated_tile") -> Launch:
+    """The launch of one of involution_generated's fused forwards (``fused``, a function of
+    oplib.kernels.involution.cuda) at one (shape, dtype, layout), recorded on CPU tensors."""
     from oplib.kernels.involution import cuda as involution_cuda
     from oplib.kernels.involution.layouts import result_like
 
@@ -288,10 +289,9 @@ def _tiled_launches(case: tuple[str, str, str]) -> tuple[tuple[str, str, str], L
     o = operands_on(shape, getattr(torch, dtype_name), layout, "cpu")
     x, feature = o["input"], o["feature"]
     recording = device_model.RecordingLauncher()
-    involution_cuda.involution_generated_tile(x, feature, o["span_weight"], o["span_bias"], [shape.kernel] * 2,
-                                              *shape.params, result_like(x, feature.shape[2:]), recording)
-    launch = recording.launches[0]
-    return case, launch, device_model.kernel_work(launch)
+    getattr(involution_cuda, fused)(x, feature, o["span_weight"], o["span_bias"], [shape.kernel] * 2, *shape.params,
+                                    result_like(x, feature.shape[2:]), recording)
+    return recording.launches[0]
 
 
 def tiled_lines(rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
@@ -452,37 +452,27 @@ def changed_lines(data: list[dict], rows: list[dict], constants: Constants, band
 
 
 
-def mma_rows() -> list[dict]:
+def mma_rows(table: list[dict]) -> list[dict]:
     """The tensor-core forward (generated_mma.cu's involution_generated_mma) at each bfloat16
-    (shape, layout) of the measured table: its launch recorded on CPU tensors, its work traced
-    and its SASS profiled, as model inputs."""
+    (shape, layout) of the measured table (``measured_rows``' rows): its launch recorded on CPU
+    tensors, its work traced and its SASS profiled, as model inputs."""
     from oplib.kernels.involution import cuda as involution_cuda
-    from oplib.kernels.involution.layouts import result_like
 
-    _, rows = measured_rows()
-    cases = [(r["shape"], r["layout"]) for r in rows if r["kernel"] == "generated forward" and r["dtype"] == "bfloat16"]
-    result, launches = [], []
-    for name, layout in cases:
-        shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
-        o = operands_on(shape, torch.bfloat16, layout, "cpu")
-        x, feature = o["input"], o["feature"]
-        recording = device_model.RecordingLauncher()
-        involution_cuda.involution_generated_mma(x, feature, o["span_weight"], o["span_bias"], [shape.kernel] * 2,
-                                                 *shape.params, result_like(x, feature.shape[2:]), recording)
-        launches.append((name, layout, recording.launches[0]))
-    which = tuple(sorted({(l.kernel, l.dtype, l.specialisation) for _, _, l in launches}, key=str))
+    cases = [(r["shape"], r["dtype"], r["layout"]) for r in table
+             if r["kernel"] == "generated forward" and r["dtype"] == "bfloat16"]
+    launches = [(case, _fused_launch(case, "involution_generated_mma")) for case in cases]
+    which = tuple(sorted({(l.kernel, l.dtype, l.specialisation) for _, l in launches}, key=str))
     profiles = device_model.sass_profile(involution_cuda.GENERATED_MMA_SOURCE, which, H200.arch)
-    for name, layout, launch in launches:
-        result.append({"shape": name, "dtype": "bfloat16", "layout": layout,
-                       "events": [LaunchInputs.of(launch, profiles[launch.name])]})
-    return result
+    return [{"shape": name, "dtype": dtype, "layout": layout, "events": [LaunchInputs.of(launch, profiles[launch.name])]}
+            for (name, dtype, layout), launch in launches]
 
 
-def mma_lines(data: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+def mma_lines(data: list[dict], table: list[dict], constants: Constants, bandwidth: float) -> list[str]:
     """The tensor-core forward predicted with the constants fitted above, beside what the draw
-    measured of the path it is to replace (span conv + involution: the table's "generic
-    (before)" of the generated forward) and of the tiled forward; the issue's bar is 0.5x."""
-    measured = {_key(r): r for r in measured_rows()[1]}
+    measured (``table``, ``measured_rows``' rows) of the path it is to replace (span conv +
+    involution: the table's "generic (before)" of the generated forward) and of the tiled
+    forward; the issue's bar is 0.5x."""
+    measured = {_key(r): r for r in table}
     cells, ratios = [], []
     for entry in data:
         key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
@@ -526,7 +516,7 @@ def main() -> None:
     settings = _harness.Settings(script="cuda_model", quick=False, threads=torch.get_num_threads(), rounds=0,
                                  min_run_time=0.0, output=args.output)
     data_path = args.output.with_suffix(".json")
-    bandwidth, _ = measured_rows()
+    bandwidth, table = measured_rows()
     current = model_rows(batch=32)
     committed = json.loads(data_path.read_text())["model"] if data_path.exists() else None
     if args.derive_measured or committed is None:
@@ -540,10 +530,10 @@ def main() -> None:
     tiled = tiled_lines(rows, constants, bandwidth)
     model["instructions"] = ncu_instructions(rows)
     model["changed"] = changed_rows(rows, current)
-    model["mma"] = [{**entry, "events": events_to_json(entry["events"])} for entry in mma_rows()]
+    model["mma"] = [{**entry, "events": events_to_json(entry["events"])} for entry in mma_rows(table)]
     _harness.write_report(settings, [*lines, "", *tiled, "", *instruction_lines(model["instructions"]), "",
                                      *changed_lines(model["changed"], rows, constants, bandwidth), "",
-                                     *mma_lines(model["mma"], constants, bandwidth)])
+                                     *mma_lines(model["mma"], table, constants, bandwidth)])
     data = json.loads(data_path.read_text())
     data["model"] = model
     data_path.write_text(json.dumps(data, indent=1) + "\n")

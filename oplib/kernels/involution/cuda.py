@@ -386,6 +386,17 @@ def generated_tile_specialisation(source: KernelSource, kernel_size, stride, dil
     return GENERATED_TILE_RUNTIME
 
 
+def _fused_scalars(input: Tensor, feature: Tensor, out: Tensor, groups: int, kernel_size, stride, padding, dilation,
+                   tile_w: int) -> tuple:
+    """The scalars of involution_generated_tile and involution_generated_mma, which share their
+    signature up to the last (a bool each kernel reads its own way): the sizes, the window, R,
+    the tiles a row of the grid, the three tensors' strides."""
+    n, channels, height, width = input.shape
+    out_h, out_w = out.shape[2:]
+    return (channels, height, width, groups, *kernel_size, out_h, out_w, *stride, *padding, *dilation,
+            feature.shape[1], -(-out_w // tile_w), *input.stride(), *out.stride(), *feature.stride())
+
+
 def involution_generated_tile(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
                               kernel_size, stride, padding, dilation, out: Tensor,
                               launcher: Optional[Launcher] = None, specialised: bool = True) -> Optional[Tensor]:
@@ -395,8 +406,7 @@ def involution_generated_tile(input: Tensor, feature: Tensor, span_weight: Tenso
     ``generated_tile_specialisation``'s pick, or with ``specialised=False`` the one that reads
     the window from its arguments (the same bits, to compare them)."""
     source = load_source(SPAN_TILE_SOURCE)
-    n, channels, height, width = input.shape
-    out_h, out_w = out.shape[2:]
+    n, out_h, out_w = input.shape[0], *out.shape[2:]
     groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
     config = generated_tile_config(source, input.dtype, n, groups, (out_h, out_w), kernel_size, stride, dilation)
     if config is None:
@@ -404,9 +414,8 @@ def involution_generated_tile(input: Tensor, feature: Tensor, span_weight: Tenso
     if out.numel() == 0:
         return out
     bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
-    tiles_w = -(-out_w // source.constants["GEN_TILE_W"])
-    scalars = (channels, height, width, groups, *kernel_size, out_h, out_w, *stride, *padding, *dilation,
-               feature.shape[1], tiles_w, *input.stride(), *out.stride(), *feature.stride(), is_channels_last(input))
+    scalars = (*_fused_scalars(input, feature, out, groups, kernel_size, stride, padding, dilation,
+                               source.constants["GEN_TILE_W"]), is_channels_last(input))
     specialisation = (generated_tile_specialisation(source, kernel_size, stride, dilation) if specialised
                       else GENERATED_TILE_RUNTIME)
     (launcher or cupy_launcher()).launch(source, "involution_generated_tile", input.dtype, config,
@@ -470,9 +479,8 @@ def generated_mma_vectors_fit(input: Tensor, groups: int) -> bool:
     every pixel's and every group's channels starting at a multiple of 8 values, aligned."""
     lanes = POLICY.lanes(input.dtype)
     n_stride, c_stride, h_stride, w_stride = input.stride()
-    per_group = input.shape[1] // groups
-    return (c_stride == 1 and per_group % lanes == 0 and all(s % lanes == 0 for s in (n_stride, h_stride, w_stride))
-            and input.data_ptr() % POLICY.vector_bytes == 0)
+    return (c_stride == 1 and all(s % lanes == 0 for s in (n_stride, h_stride, w_stride))
+            and POLICY.vectors_fit(input.shape[1], input.shape[1] // groups, input))
 
 
 def involution_generated_mma(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
@@ -484,8 +492,7 @@ def involution_generated_mma(input: Tensor, feature: Tensor, span_weight: Tensor
     instantiation is ``generated_tile_specialisation``'s pick, or with ``specialised=False`` the
     one that reads the window from its arguments (the same bits, to compare them)."""
     source = load_source(GENERATED_MMA_SOURCE)
-    n, channels, height, width = input.shape
-    out_h, out_w = out.shape[2:]
+    n, out_h, out_w = input.shape[0], *out.shape[2:]
     groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
     config = generated_mma_config(source, input.dtype, n, groups, (out_h, out_w), kernel_size, stride, dilation)
     if config is None or (input.is_cuda and torch.cuda.get_device_capability(input.device) < GENERATED_MMA_MIN_CAPABILITY):
@@ -493,10 +500,8 @@ def involution_generated_mma(input: Tensor, feature: Tensor, span_weight: Tensor
     if out.numel() == 0:
         return out
     bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
-    tiles_w = -(-out_w // source.constants["MMA_TILE_W"])
-    scalars = (channels, height, width, groups, *kernel_size, out_h, out_w, *stride, *padding, *dilation,
-               feature.shape[1], tiles_w, *input.stride(), *out.stride(), *feature.stride(),
-               generated_mma_vectors_fit(input, groups))
+    scalars = (*_fused_scalars(input, feature, out, groups, kernel_size, stride, padding, dilation,
+                               source.constants["MMA_TILE_W"]), generated_mma_vectors_fit(input, groups))
     specialisation = (generated_tile_specialisation(source, kernel_size, stride, dilation, "involution_generated_mma")
                       if specialised else GENERATED_TILE_RUNTIME)
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma", input.dtype, config,

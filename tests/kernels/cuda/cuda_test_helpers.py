@@ -87,13 +87,16 @@ def random_samples(spec, dtype, count, seed):
 
 def planted_span_tile(tmp_path: Path, text: str, bug: str) -> KernelSource:
     """span_tile.cu with ``text`` replaced by ``bug``: in the source, or where the text is
-    warp.cuh's, in a copy of that header beside an unchanged copy of the source (a quoted
-    include looks in the including file's folder first)."""
+    warp.cuh's, in a copy of that header beside unchanged copies of the source and of the other
+    shared headers (a quoted include looks in the including file's folder first, and tile.cuh
+    includes warp.cuh)."""
     name = involution_cuda.SPAN_TILE_SOURCE
     if text in load_source(name).text:
         return _planted(tmp_path, name, text, bug)
     header = (INCLUDE_DIR / "warp.cuh").read_text()
     assert header.count(text) == 1, f"the planted bug no longer applies to warp.cuh: update {text!r}"
+    for other in INCLUDE_DIR.glob("*.cuh"):
+        (tmp_path / other.name).write_text(other.read_text())
     (tmp_path / "warp.cuh").write_text(header.replace(text, bug))
     source = load_source(name)
     path = tmp_path / source.path.name

@@ -21,7 +21,8 @@ from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher, build
 from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import _planted, assert_asan_catches, random_samples, run_under_asan
-from test_cuda_tiles import REDNET_LIKE, TWO_CHANNEL_CHUNKS, TileCase, _random_specialised_cases
+from test_cuda_tiles import REDNET_LIKE, TWO_CHANNEL_CHUNKS, TileCase, _random_specialised_cases, gpu_samples
+from test_cuda_tiles import _assert_specialised_equals_runtime as assert_bits_equal
 
 GENERATED = registry.get("involution_generated")
 DTYPES = involution_cuda.GENERATED_MMA_DTYPES
@@ -106,20 +107,16 @@ def _specialisations(launcher) -> set[tuple[str, ...]]:
     return {launch[4] for launch in launcher.launches if launch[0] == "involution_generated_mma"}
 
 
+def _served_result(args: tuple, launcher, specialised: bool) -> torch.Tensor:
+    result, out = _result(args, launcher, specialised)
+    assert result is out
+    return out
+
+
 def _assert_specialised_equals_runtime(dtype: torch.dtype, device: str, launcher_for) -> None:
-    """Random 7x7, 5x5 and 3x3 windows: the specialised instantiation's bits are those of the one
-    that reads its window from the arguments."""
-    for case in _random_specialised_cases(12, seed=71):
-        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in case.arguments(dtype))
-        launcher = launcher_for()
-        (fixed, specialised), (runtime_result, runtime) = _result(args, launcher, True), _result(args, launcher, False)
-        if fixed is None:
-            assert runtime_result is None and _declines_only_what_it_cannot_hold(args), case.name
-            continue
-        if launcher is not None:
-            assert [launch[4] for launch in launcher.launches] == [
-                (str(case.kernel_size[0]), str(case.stride[0])), involution_cuda.GENERATED_TILE_RUNTIME], case.name
-        assert torch.equal(specialised, runtime), f"{case.name}: {(specialised.double() - runtime.double()).abs().max()}"
+    """Random 7x7, 5x5 and 3x3 windows (every one served): the specialised instantiation's bits
+    are those of the one that reads its window from the arguments."""
+    assert_bits_equal(dtype, device, launcher_for, _served_result, seed=71)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.integration)], ids=str)
@@ -334,12 +331,7 @@ def test_address_sanitizer_catches_the_bands_past_the_end(tmp_path):
 def test_generated_mma_on_a_gpu_matches_the_reference(dtype):
     """CuPy's launch, mma.sync and all: the samples, the geometries above, random ones, and
     inf and nan where torch puts them."""
-    samples = [(s.args, s.name) for s in GENERATED.sample_inputs("cuda", dtype, False)]
-    samples += [(c.arguments(dtype), c.name) for c in CASES]
-    samples += [(s.args, f"random-{i}") for i, s in enumerate(random_samples(GENERATED, dtype, 8, seed=3))]
-    samples += [(c.arguments(dtype), c.name) for c in _random_specialised_cases(6, seed=7)]
-    for args, name in samples:
-        args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+    for args, name in gpu_samples(dtype, CASES):
         if not _check(args, None, name):
             assert _declines_only_what_it_cannot_hold(args), name
     for case in (TWO_CHANNEL_CHUNKS, CASES[1]):

@@ -453,13 +453,15 @@ def _tile_result(args: tuple, launcher, specialised: bool) -> torch.Tensor:
     return out
 
 
-def _assert_specialised_equals_runtime(dtype: torch.dtype, device: str, launcher_for) -> None:
+def _assert_specialised_equals_runtime(dtype: torch.dtype, device: str, launcher_for, result=_tile_result,
+                                       seed: int = 53) -> None:
     """Random 7x7, 5x5 and 3x3 windows: the specialised instantiation's bits are those of the one
-    that reads its window from the arguments (every sum adds its terms in the same order)."""
-    for case in _random_specialised_cases(12, seed=53):
+    that reads its window from the arguments (every sum adds its terms in the same order).
+    ``result(args, launcher, specialised)``: a fused kernel's output (the tile's, by default)."""
+    for case in _random_specialised_cases(12, seed=seed):
         args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in case.arguments(dtype))
         launcher = launcher_for()
-        specialised, runtime = _tile_result(args, launcher, True), _tile_result(args, launcher, False)
+        specialised, runtime = result(args, launcher, True), result(args, launcher, False)
         if launcher is not None:
             assert [launch[4] for launch in launcher.launches] == [
                 (str(case.kernel_size[0]), str(case.stride[0])), involution_cuda.GENERATED_TILE_RUNTIME], case.name
@@ -539,17 +541,22 @@ def test_the_tile_instantiations_are_the_pairs_its_source_lists(tmp_path):
         broken.specialisations
 
 
+def gpu_samples(dtype: torch.dtype, cases) -> list[tuple[tuple, str]]:
+    """(CUDA arguments, name) of involution_generated's samples, ``cases`` (TileCases), random
+    geometries (the spec's) and random square windows: what a fused kernel's GPU test runs."""
+    samples = [(s.args, s.name) for s in GENERATED.sample_inputs("cuda", dtype, False)]
+    samples += [(c.arguments(dtype), c.name) for c in cases]
+    samples += [(s.args, f"random-{i}") for i, s in enumerate(random_samples(GENERATED, dtype, 8, seed=3))]
+    samples += [(c.arguments(dtype), c.name) for c in _random_specialised_cases(6, seed=7)]
+    return [(tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args), name) for args, name in samples]
+
+
 @pytest.mark.needs_cuda
 @pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
 def test_generated_tile_on_a_gpu_matches_the_reference(dtype):
     """CuPy's launch, tensor cores and all, on the samples, the geometries above and random ones
     (the spec's, and square windows for the specialised instantiations)."""
-    samples = [(s.args, s.name) for s in GENERATED.sample_inputs("cuda", dtype, False)]
-    samples += [(c.arguments(dtype), c.name) for c in (TWO_CHANNEL_CHUNKS, *REDNET_LIKE)]
-    samples += [(s.args, f"random-{i}") for i, s in enumerate(random_samples(GENERATED, dtype, 8, seed=3))]
-    samples += [(c.arguments(dtype), c.name) for c in _random_specialised_cases(6, seed=7)]
-    for args, name in samples:
-        args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+    for args, name in gpu_samples(dtype, (TWO_CHANNEL_CHUNKS, *REDNET_LIKE)):
         if not _check_tile(args, None, name):
             assert _declined_only_past_the_tile(args), name
 

@@ -50,7 +50,7 @@
 // 4 words each, and 4 more where that is a multiple of 8: 4 past a multiple of 8, so that a
 // fragment load's (or store's) 8 rows x 4 words fall in 32 different banks.
 
-#include "warp.cuh"
+#include "tile.cuh"
 
 constexpr int MMA_WARPS = 8;
 constexpr int MMA_THREADS = 256;
@@ -75,22 +75,15 @@ static_assert(MMA_SPAN_STRIDE == MMA_REDUCED / 2 + 4,
 static_assert(MMA_TAPS * MMA_REDUCED / 2 % MMA_THREADS == 0, "the span chunk in whole passes of the block");
 static_assert(MMA_BAND % 16 == 0, "the host declines a band past MMA_BAND columns: whole k-steps");
 
-// values[0] and values[step] as a word, each if it lies inside its tensor (count > 0, > 1), else zero.
-__device__ __forceinline__ unsigned int mma_pair(const unsigned short* values, index_t step, int count) {
-    const unsigned int low = count > 0 ? __ldg(values) : 0u;
-    const unsigned int high = count > 1 ? __ldg(values + step) : 0u;
-    return low | high << 16;
-}
-
 // Whether v is neither inf nor nan: its exponent bits, the sign shifted out, are not all ones
 // (on the bits: NVRTC makes a float comparison a flushing one under CuPy's -ftz=true).
 __device__ __forceinline__ bool mma_finite(float v) { return __float_as_uint(v) << 1 < 0xff000000u; }
 
 // A lane's 8 outputs (pixels row, row + 8 x channels 2 quad, + 1 of each n-tile) by the direct
 // sum, from the warp's plain weights (hi + lo: `plain`, `lo_offset` values further) and its
-// output row's staged input rows (`rows`), stored
-// at `out` (the output row's first channel of the group): for a warp whose band products met
-// an inf or a nan. A function of its own, rolled: cold code, kept out of the kernel's registers.
+// output row's staged input rows (`rows`), stored at `out` (the output row's first channel of
+// the group): for a warp whose band products met an inf or a nan. A function of its own,
+// rolled: cold code, kept out of the kernel's registers.
 template <typename half_t>
 __device__ __noinline__ void mma_direct_sums(const unsigned short* plain, int lo_offset, int plain_stride,
                                              const unsigned short* rows, half_t* out, index_t out_c, index_t out_ws,
@@ -183,11 +176,10 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
     index_t feature_h, index_t feature_w, bool vector_input) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     if constexpr (sizeof(scalar_t) == 2) {
-        static_assert((KERNEL > 0) == (STRIDE > 0), "a window is fixed whole or read whole from the arguments");
-        constexpr bool fixed = KERNEL > 0;
-        const int kernel_h = fixed ? KERNEL : window_h, kernel_w = fixed ? KERNEL : window_w;
-        const int stride_h = fixed ? STRIDE : step_h, stride_w = fixed ? STRIDE : step_w;
-        const int dilation_h = fixed ? 1 : spacing_h, dilation_w = fixed ? 1 : spacing_w;
+        const TileGeometry<KERNEL, STRIDE> geometry(window_h, window_w, step_h, step_w, spacing_h, spacing_w);
+        const int kernel_h = geometry.kernel_h, kernel_w = geometry.kernel_w;
+        const int stride_h = geometry.stride_h, stride_w = geometry.stride_w;
+        const int dilation_h = geometry.dilation_h, dilation_w = geometry.dilation_w;
         typedef scalar_t half_t;
         const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
         const int row = lane >> 2, quad = lane & 3;  // a fragment's row (pixel) and column pair
@@ -236,17 +228,17 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
                 const int word = thread + pass * MMA_THREADS;
                 const int tap = word / (MMA_REDUCED / 2), r = r0 + 2 * (word % (MMA_REDUCED / 2));
                 span[tap * MMA_SPAN_STRIDE + word % (MMA_REDUCED / 2)] =
-                    mma_pair(group_span + (index_t)tap * reduced + r, 1, tap < taps ? reduced - r : 0);
+                    oplib_load_pair(group_span + (index_t)tap * reduced + r, 1, tap < taps ? reduced - r : 0);
             }
             __syncthreads();  // the span chunk is staged
             if (!row_inside) continue;
             for (int k0 = 0; k0 < MMA_REDUCED && r0 + k0 < reduced; k0 += 16) {
                 const int r = r0 + k0 + 2 * quad;
                 OplibFragmentA a;
-                a.reg[0] = mma_pair(low_pixel + r * feature_c, feature_c, low_inside ? reduced - r : 0);
-                a.reg[1] = mma_pair(high_pixel + r * feature_c, feature_c, high_inside ? reduced - r : 0);
-                a.reg[2] = mma_pair(low_pixel + (r + 8) * feature_c, feature_c, low_inside ? reduced - r - 8 : 0);
-                a.reg[3] = mma_pair(high_pixel + (r + 8) * feature_c, feature_c, high_inside ? reduced - r - 8 : 0);
+                a.reg[0] = oplib_load_pair(low_pixel + r * feature_c, feature_c, low_inside ? reduced - r : 0);
+                a.reg[1] = oplib_load_pair(high_pixel + r * feature_c, feature_c, high_inside ? reduced - r : 0);
+                a.reg[2] = oplib_load_pair(low_pixel + (r + 8) * feature_c, feature_c, low_inside ? reduced - r - 8 : 0);
+                a.reg[3] = oplib_load_pair(high_pixel + (r + 8) * feature_c, feature_c, high_inside ? reduced - r - 8 : 0);
 #pragma unroll
                 for (int t = 0; t < MMA_TAP_TILES; ++t) {
                     if (8 * t >= taps) break;
@@ -366,9 +358,9 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
             // outputs, the direct sum's instead (rolled: it runs for those warps only).
             const index_t out_row = n * out_n + group_channel0 * out_c + (index_t)out_y * out_hs;
             if (bad) {
-                mma_direct_sums(plain_bits, 2 * plain_words, plain_stride, reinterpret_cast<const unsigned short*>(staged) + 2 * warp * stride_h * MMA_CHANNELS * stride,
-                                out + out_row, out_c, out_ws, c0, group_channels, out_x0, out_w, kernel_h, kernel_w, stride_w,
-                                dilation_h, dilation_w, stride);
+                const unsigned short* rows = reinterpret_cast<const unsigned short*>(staged) + 2 * warp * stride_h * MMA_CHANNELS * stride;
+                mma_direct_sums(plain_bits, 2 * plain_words, plain_stride, rows, out + out_row, out_c, out_ws, c0,
+                                group_channels, out_x0, out_w, kernel_h, kernel_w, stride_w, dilation_h, dilation_w, stride);
                 continue;
             }
             // Two channels a store where they are adjacent and aligned (channels_last), else one.

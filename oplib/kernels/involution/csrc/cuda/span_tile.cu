@@ -25,7 +25,7 @@
 // where float16/bfloat16 values sit in pairs of consecutive r, a 32-bit word each, as the
 // tensor-core fragments take them. Past R, the plane or the rows, the chunks hold zeros.
 
-#include "warp.cuh"
+#include "tile.cuh"
 
 constexpr int SPAN_TILE_WARPS = 8;
 constexpr int SPAN_TILE_THREADS = 256;
@@ -114,9 +114,7 @@ struct SpanTileMma {
 
     // values[0] and values[step], each if it lies inside the tensor (count > 0, > 1), else zero.
     static __device__ __forceinline__ unsigned int read(const half_t* values, index_t step, int count) {
-        const unsigned int low = count > 0 ? __ldg(reinterpret_cast<const unsigned short*>(values)) : 0u;
-        const unsigned int high = count > 1 ? __ldg(reinterpret_cast<const unsigned short*>(values + step)) : 0u;
-        return low | high << 16;
+        return oplib_load_pair(reinterpret_cast<const unsigned short*>(values), step, count);
     }
 
     // sums[h]: pixels 16 (warp % 4) + m x rows 16 (warp / 4) + 8 h + n, as a C fragment.
@@ -361,20 +359,6 @@ __device__ __forceinline__ void slide_row(const acc_t* row, const weight_t* tap_
 
 // Whether 0 <= value < size, in one comparison: a negative value wraps past every size.
 __device__ __forceinline__ bool within(int value, int size) { return (unsigned int)value < (unsigned int)size; }
-
-// A tile's window: KERNEL x KERNEL taps at stride STRIDE and no dilation, constants that the
-// compiler folds into every size, index and loop bound below; or, KERNEL = STRIDE = 0, the
-// launch's arguments.
-template <int KERNEL, int STRIDE>
-struct TileGeometry {
-    static_assert((KERNEL > 0) == (STRIDE > 0), "a window is fixed whole or read whole from the arguments");
-    static constexpr bool fixed = KERNEL > 0;
-    const int kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w;
-
-    __device__ __forceinline__ TileGeometry(int kh, int kw, int sh, int sw, int dh, int dw)
-        : kernel_h(fixed ? KERNEL : kh), kernel_w(fixed ? KERNEL : kw), stride_h(fixed ? STRIDE : sh),
-          stride_w(fixed ? STRIDE : sw), dilation_h(fixed ? 1 : dh), dilation_w(fixed ? 1 : dw) {}
-};
 
 // Block (32, SPAN_TILE_WARPS); grid (tiles_h * tiles_w, groups, N).
 template <typename scalar_t, int KERNEL, int STRIDE>
