@@ -21,7 +21,12 @@ device for its architecture first), so the compile goes through NVRTC's own bind
 ``--ptxas-options=-v`` makes ptxas report each kernel's registers, spills and shared memory;
 ``resource_usage`` reads them, ``resident_blocks`` turns registers into occupancy, and
 ``resource_table`` is what ``bench/cuda_resources.py`` writes to
-``bench/results/cuda-resources.md``.
+``bench/results/cuda-resources.md``. Every compile asks for that report (it changes no code), so
+that one compile of a source for a target serves the compile checks, the resource reports and
+the prebuilt cubins; and every compile is kept on disk by its inputs (``OPLIB_NVRTC_CACHE``,
+else ``oplib-nvrtc`` in the temporary folder), so that the test processes of one run, and later
+runs, compile each (source, target) once: a source with every instantiation takes NVRTC a
+minute or more.
 """
 
 from __future__ import annotations
@@ -29,9 +34,15 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import functools
+import hashlib
+import importlib.metadata
 import multiprocessing
+import os
+import pickle
 import re
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -98,22 +109,53 @@ def _check(result: tuple, call: str) -> tuple:
     return tuple(values)
 
 
+# ptxas's report of each kernel's resources, asked for by every compile (see the module docstring).
+PTXAS_REPORT = ("--ptxas-options=-v",)
+_CACHE_DIR = Path(os.environ.get("OPLIB_NVRTC_CACHE", Path(tempfile.gettempdir()) / "oplib-nvrtc"))
+
+
 @functools.cache
 def compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ...] = (),
                    names: Optional[tuple[str, ...]] = None) -> Compiled:
-    """Compile ``source`` with ``cupy_options(arch)`` plus ``extra_options`` and resolve the name
-    expressions ``names`` (default: every one the launcher may ask for); raises ``NvrtcError``
-    with NVRTC's log. Runs in a child process (``_in_child``), once per process for the same
-    arguments (a source with every instantiation takes NVRTC most of a minute)."""
-    return _in_child(_compile_source, source, arch, tuple(extra_options), names)
+    """Compile ``source`` with ``cupy_options(arch)``, ``PTXAS_REPORT`` and ``extra_options`` and
+    resolve the name expressions ``names`` (default: every one the launcher may ask for); raises
+    ``NvrtcError`` with NVRTC's log. Runs in a child process (``_in_child``); a compile of the
+    same inputs (the source's text, the shared headers', the options, the names, NVRTC's
+    version) is read back from the disk cache instead."""
+    options = (*PTXAS_REPORT, *(o for o in extra_options if o not in PTXAS_REPORT))
+    names = name_expressions(source) if names is None else tuple(names)
+    key = hashlib.sha256(repr((source.text, _header_texts(), cupy_options(arch), options, names,
+                               _compiler_packages())).encode()).hexdigest()[:24]
+    cached = _CACHE_DIR / f"{source.path.stem}-{arch}-{key}.pickle"
+    if cached.exists():
+        return pickle.loads(cached.read_bytes())
+    compiled = _in_child(_compile_source, source, arch, options, names)
+    _CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_suffix(f".{os.getpid()}.tmp")  # then renamed: a reader never sees half a file
+    partial.write_bytes(pickle.dumps(compiled))
+    partial.replace(cached)
+    return compiled
+
+
+@functools.cache
+def _compiler_packages() -> tuple[tuple[str, str], ...]:
+    """(name, version) of the installed packages that compile (NVRTC's wheel, its bindings): read
+    from their metadata, where NVRTC's own version would take a child process to ask."""
+    return tuple(sorted((d.metadata["Name"].lower(), d.version) for d in importlib.metadata.distributions()
+                        if d.metadata["Name"].lower().startswith(("cuda-bindings", "nvidia-cuda-nvrtc"))))
+
+
+@functools.cache
+def _header_texts() -> tuple[tuple[str, str], ...]:
+    """(name, text) of each shared header a source may include."""
+    return tuple((header.name, header.read_text()) for header in sorted(INCLUDE_DIR.glob("*.cuh")))
 
 
 def _compile_source(source: KernelSource, arch: str, extra_options: tuple[str, ...],
-                    names: Optional[tuple[str, ...]]) -> Compiled:
+                    names: tuple[str, ...]) -> Compiled:
     from cuda.bindings import nvrtc
 
     options = (*cupy_options(arch), *extra_options)
-    names = name_expressions(source) if names is None else names
     # The program is named by the file's name only, as CuPy names it by a file in a temporary
     # folder: quoted includes resolve through -I, never through the source's own folder.
     (program,) = _check(nvrtc.nvrtcCreateProgram(source.text.encode(), source.path.name.encode(), 0, [], []),
@@ -146,6 +188,7 @@ def _compile_source(source: KernelSource, arch: str, extra_options: tuple[str, .
         nvrtc.nvrtcDestroyProgram(program)
 
 
+@functools.cache
 def nvrtc_version() -> str:
     return _in_child(_nvrtc_version)
 
@@ -186,7 +229,7 @@ def resource_usage(source: KernelSource, arch: str) -> tuple[KernelResources, ..
     """Registers, spills and shared memory of every instantiation (kernel, dtype,
     specialisation) of ``source`` on ``arch``, as ptxas reports them when CuPy's options
     compile it."""
-    compiled = compile_source(source, arch, ("--ptxas-options=-v",))
+    compiled = compile_source(source, arch)
     reported = {match.group(1): match.group(2) for match in _ENTRY.finditer(compiled.log)}
     usage = []
     for kernel, dtype, specialisation in instantiations(source):

@@ -225,3 +225,31 @@ def test_specialised_tile_divides_only_once_per_block():
         assert len(divisions) <= 3, (dtype, specialisation, divisions)
         checked += 1
     assert checked == 6 * len(CTYPES)
+
+
+def test_a_compile_is_read_back_from_disk_only_for_the_same_inputs(tmp_path, monkeypatch):
+    """The NVRTC disk cache: the same source, headers, target, options and names compile once
+    (another process reads the file back); a changed source, header, target or option compiles
+    again. (NVRTC itself is stood in for: the key is the point.)"""
+    compiles = []
+
+    def fake_compile(function, source, arch, options, names):
+        compiles.append((source.text, arch, options))
+        return nvrtc.Compiled({name: f"lowered{len(compiles)}" for name in names}, "log", "ptx", b"cubin")
+
+    monkeypatch.setattr(nvrtc, "_CACHE_DIR", tmp_path)
+    monkeypatch.setattr(nvrtc, "_in_child", fake_compile)
+    compile_source = nvrtc.compile_source.__wrapped__  # past the per-process memo: as another process
+    source = load_source(CUDA_SOURCES[0])
+    first = compile_source(source, "sm_80")
+    assert compile_source(source, "sm_80") == first and len(compiles) == 1
+    assert compile_source(source, "sm_80", ("--ptxas-options=-v",)) == first and len(compiles) == 1  # always asked for
+    assert compiles[0][2] == nvrtc.PTXAS_REPORT
+    changed = KernelSource(source.path, source.text + "\n// changed\n")
+    compile_source(changed, "sm_80")
+    compile_source(source, "sm_86")
+    compile_source(source, "sm_80", ("-lineinfo",))
+    monkeypatch.setattr(nvrtc, "_header_texts", lambda: (("warp.cuh", "changed"),))
+    compile_source(source, "sm_80")
+    assert len(compiles) == 5
+    assert len(list(tmp_path.glob("*.pickle"))) == 5 and not list(tmp_path.glob("*.tmp"))
