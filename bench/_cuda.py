@@ -19,7 +19,9 @@ a process of its own through tools/gpu_check.py). Its stages:
   replaces, the span 1x1 conv writing the weight, then oplib's involution forward; its "tiled"
   column the tiled fused kernel of span_tile.cu (``involution_generated_tile``) and its "tensor
   cores" column generated_mma.cu's (``involution_generated_mma``, 16-bit dtypes), timed beside it
-  until it becomes the op's default;
+  until it becomes the op's default; the "tensor cores" column of grad_input is generated_mma.cu's
+  grad_input of ``involution_generated`` (``involution_generated_mma_backward_input``: the weights
+  formed inside it, where the row's oplib kernel reads the span conv's map);
 - ``layer``: the whole ``oplib.nn.Involution2d`` layer, fused (``fused=True``) and unfused
   (``fused=False``), against a depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
   channels_last and float32 NCHW, forward (eval, no_grad) and forward+backward (train), device
@@ -310,6 +312,9 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
         if x.dtype in involution_cuda.GENERATED_MMA_DTYPES:
             calls["tensor cores", "generated forward"] = lambda: involution_cuda.involution_generated_mma(
                 x, f, s, b, kernel_size, stride, padding, dilation, result_like(x, f.shape[2:]), launcher)
+            # grad_input with the weights formed inside (the grad_input row's oplib reads the map)
+            calls["tensor cores", "grad_input"] = lambda: involution_cuda.involution_generated_mma_backward_input(
+                g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
     calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size), stride, padding, dilation
     )
@@ -339,6 +344,8 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
     for candidate in ("tiled", "tensor cores"):
         if (candidate, "generated forward") in calls:
             profiled[f"{candidate} generated forward"] = calls[candidate, "generated forward"]
+    if ("tensor cores", "grad_input") in calls:
+        profiled["tensor cores generated grad_input"] = calls["tensor cores", "grad_input"]
     profiled["oplib generated grad_input"] = lambda: generated_grad_input(
         g, o["feature"], o["span_weight"], o["span_bias"], [shape.height, shape.width], [shape.kernel] * 2, stride,
         padding, dilation)

@@ -279,18 +279,25 @@ def report(rows: list[dict], bandwidth: float, h100: Optional[dict] = None) -> t
 
 
 def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated_tile") -> Launch:
-    """The launch of one of involution_generated's fused forwards (``fused``, a function of
-    oplib.kernels.involution.cuda) at one (shape, dtype, layout), recorded on CPU tensors."""
+    """The launch of one of involution_generated's fused kernels (``fused``, a function of
+    oplib.kernels.involution.cuda: a forward, or ``involution_generated_mma_backward_input``) at
+    one (shape, dtype, layout), recorded on CPU tensors."""
     from oplib.kernels.involution import cuda as involution_cuda
     from oplib.kernels.involution.layouts import result_like
 
     name, dtype_name, layout = case
     shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
     o = operands_on(shape, getattr(torch, dtype_name), layout, "cpu")
-    x, feature = o["input"], o["feature"]
+    x, feature, g = o["input"], o["feature"], o["grad_output"]
     recording = device_model.RecordingLauncher()
-    getattr(involution_cuda, fused)(x, feature, o["span_weight"], o["span_bias"], [shape.kernel] * 2, *shape.params,
-                                    result_like(x, feature.shape[2:]), recording)
+    window = ([shape.kernel] * 2, *shape.params)
+    if fused == "involution_generated_mma_backward_input":
+        size = [shape.height, shape.width]
+        involution_cuda.involution_generated_mma_backward_input(g, feature, o["span_weight"], o["span_bias"], size,
+                                                                *window, result_like(g, size), recording)
+    else:
+        getattr(involution_cuda, fused)(x, feature, o["span_weight"], o["span_bias"], *window,
+                                        result_like(x, feature.shape[2:]), recording)
     return recording.launches[0]
 
 
@@ -452,58 +459,93 @@ def changed_lines(data: list[dict], rows: list[dict], constants: Constants, band
 
 
 
+# The tensor-core kernels (generated_mma.cu) predicted: the kernel table's row each is timed
+# beside ("generated forward", "grad_input"), the function recorded, and a title.
+MMA_KERNELS = {
+    "generated forward": ("involution_generated_mma", "the tensor-core forward, involution_generated_mma"),
+    "grad_input": ("involution_generated_mma_backward_input",
+                   "the tensor-core grad_input, involution_generated_mma_backward_input"),
+}
+
+
 def mma_rows(table: list[dict]) -> list[dict]:
-    """The tensor-core forward (generated_mma.cu's involution_generated_mma) at each bfloat16
-    (shape, layout) of the measured table (``measured_rows``' rows): its launch recorded on CPU
-    tensors, its work traced and its SASS profiled, as model inputs."""
+    """The tensor-core kernels (``MMA_KERNELS``) at each bfloat16 (shape, layout) of the measured
+    table (``measured_rows``' rows): their launches recorded on CPU tensors, their work traced
+    and their SASS profiled, as model inputs."""
     from oplib.kernels.involution import cuda as involution_cuda
 
     cases = [(r["shape"], r["dtype"], r["layout"]) for r in table
              if r["kernel"] == "generated forward" and r["dtype"] == "bfloat16"]
-    launches = [(case, _fused_launch(case, "involution_generated_mma")) for case in cases]
-    which = tuple(sorted({(l.kernel, l.dtype, l.specialisation) for _, l in launches}, key=str))
+    launches = [(case, kernel, _fused_launch(case, MMA_KERNELS[kernel][0])) for kernel in MMA_KERNELS for case in cases]
+    which = tuple(sorted({(l.kernel, l.dtype, l.specialisation) for *_, l in launches}, key=str))
     profiles = device_model.sass_profile(involution_cuda.GENERATED_MMA_SOURCE, which, H200.arch)
-    return [{"shape": name, "dtype": dtype, "layout": layout, "events": [LaunchInputs.of(launch, profiles[launch.name])]}
-            for (name, dtype, layout), launch in launches]
+    return [{"shape": name, "dtype": dtype, "layout": layout, "kernel": kernel,
+             "events": [LaunchInputs.of(launch, profiles[launch.name])]}
+            for (name, dtype, layout), kernel, launch in launches]
 
 
 def mma_lines(data: list[dict], table: list[dict], constants: Constants, bandwidth: float) -> list[str]:
-    """The tensor-core forward predicted with the constants fitted above, beside what the draw
-    measured (``table``, ``measured_rows``' rows) of the path it is to replace (span conv +
-    involution: the table's "generic (before)" of the generated forward) and of the tiled
-    forward; the issue's bar is 0.5x."""
+    """The tensor-core kernels predicted with the constants fitted above, each beside what the
+    draw measured (``table``, ``measured_rows``' rows) of the path it is to replace: for the
+    forward span conv + involution (the table's "generic (before)" of the generated forward,
+    the issue's bar 0.5x) and the tiled forward; for grad_input involution's grad_input reading
+    the span conv's map (the fused one forms the weights again instead)."""
     measured = {_key(r): r for r in table}
-    cells, ratios = [], []
-    for entry in data:
-        key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
-        generated = measured[f"{key} | generated forward"]
-        replaced = float(generated["generic (before, ms)"]) * 1e-3
-        tiled = measured.get(f"{key} | {TILED}")
-        events = events_from_json(entry["events"])
-        inputs = next(e for e in events if isinstance(e, LaunchInputs))
-        terms = device_model.launch_terms(inputs, H200, constants, bandwidth)
-        predicted = device_model.predict(events, H200, constants, bandwidth)
-        resident = device_model.resident_blocks(inputs.registers, inputs.threads_per_block, inputs.shared_bytes, H200)
-        ratios.append(predicted / replaced)
-        cells.append([entry["shape"], entry["dtype"], entry["layout"], f"{inputs.blocks} x {inputs.threads_per_block}",
-                      str(inputs.registers), f"{inputs.shared_bytes / 1024:.1f}", str(resident),
-                      f"{inputs.instruction_ratio:.2f}", terms.bound, f"{predicted * 1e6:.1f}",
-                      f"{replaced * 1e6:.1f}", f"{predicted / replaced:.2f}x",
-                      "-" if tiled is None else f"{float(tiled['device (ms)']) * 1e3:.1f}"])
-    return [
-        "## Predicted: the tensor-core forward, involution_generated_mma",
-        "",
-        "generated_mma.cu forms the weights and aggregates them on tensor cores (a kernel row of a 16-pixel run as a "
-        "band matrix times the window's input rows), in float16 and bfloat16. Never timed yet: predicted with the "
-        "constants fitted above, beside the H200's measured span conv + involution (the path it is to replace) and "
-        f"its tiled forward. Predicted / span conv + involution: {ratio_range(ratios)}, "
-        f"{sum(r <= 0.5 for r in ratios)} of {len(ratios)} rows within the issue's 0.5x. These wait for a draw "
-        "(`make gpu-check`).",
-        "",
-        *_harness.table(["shape", "dtype", "layout", "launch", "registers", "shared (KiB)", "blocks per SM",
-                         "instruction ratio", "bound", "predicted (us)", "span conv + involution (us)",
-                         "predicted / replaced", "tiled, measured (us)"], "lllrrrrrlrrrr", cells),
-    ]
+    lines = []
+    predicted_by, replaced_by = {}, {}  # (kernel, key) -> seconds
+    for kernel, (function, title) in MMA_KERNELS.items():
+        cells, ratios = [], []
+        for entry in data:
+            if entry.get("kernel", "generated forward") != kernel:
+                continue
+            key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
+            row = measured[f"{key} | {kernel}"]
+            replaced = float(row["generic (before, ms)" if kernel == "generated forward" else "device (ms)"]) * 1e-3
+            events = events_from_json(entry["events"])
+            inputs = next(e for e in events if isinstance(e, LaunchInputs))
+            terms = device_model.launch_terms(inputs, H200, constants, bandwidth)
+            predicted = device_model.predict(events, H200, constants, bandwidth)
+            resident = device_model.resident_blocks(inputs.registers, inputs.threads_per_block, inputs.shared_bytes, H200)
+            ratios.append(predicted / replaced)
+            predicted_by[kernel, key], replaced_by[kernel, key] = predicted, replaced
+            cell = [entry["shape"], entry["dtype"], entry["layout"], f"{inputs.blocks} x {inputs.threads_per_block}",
+                    str(inputs.registers), f"{inputs.shared_bytes / 1024:.1f}", str(resident),
+                    f"{inputs.instruction_ratio:.2f}", terms.bound, f"{predicted * 1e6:.1f}", f"{replaced * 1e6:.1f}",
+                    f"{predicted / replaced:.2f}x"]
+            if kernel == "generated forward":
+                tiled = measured.get(f"{key} | {TILED}")
+                cell.append("-" if tiled is None else f"{float(tiled['device (ms)']) * 1e3:.1f}")
+            cells.append(cell)
+        if not cells:
+            continue
+        columns = ["shape", "dtype", "layout", "launch", "registers", "shared (KiB)", "blocks per SM",
+                   "instruction ratio", "bound", "predicted (us)"]
+        if kernel == "generated forward":
+            text = ("generated_mma.cu forms the weights and aggregates them on tensor cores (a kernel row of a 16-pixel "
+                    "run as a band matrix times the window's input rows), in float16 and bfloat16. Never timed yet: "
+                    "predicted with the constants fitted above, beside the H200's measured span conv + involution (the "
+                    "path it is to replace) and its tiled forward. Predicted / span conv + involution: "
+                    f"{ratio_range(ratios)}, {sum(r <= 0.5 for r in ratios)} of {len(ratios)} rows within the issue's "
+                    "0.5x.")
+            columns += ["span conv + involution (us)", "predicted / replaced", "tiled, measured (us)"]
+        else:
+            both = [(predicted_by["generated forward", k] + predicted_by[kernel, k])
+                    / (replaced_by["generated forward", k] + replaced_by[kernel, k])
+                    for kind, k in predicted_by if kind == kernel and ("generated forward", k) in predicted_by]
+            text = ("generated_mma.cu's grad_input of involution_generated: the forward's band transposed (a band "
+                    "column holds one output pixel's weights), each warp forming its kernel row's weights at the "
+                    "band's output pixels on tensor cores. Never timed yet: predicted with the constants fitted "
+                    "above, beside the H200's measured grad_input of involution, which reads the weights the span "
+                    "conv wrote where this one forms them again. Predicted / involution's grad_input: "
+                    f"{ratio_range(ratios)}, faster at {sum(r < 1.0 for r in ratios)} of {len(ratios)} rows. The "
+                    "two tensor-core kernels together (predicted) / span conv + involution + involution's grad_input "
+                    f"(measured), what the fused path's forward and grad_input replace: {ratio_range(both)}, faster "
+                    f"at {sum(r < 1.0 for r in both)} of {len(both)} rows (the generator's gradients, through the "
+                    "weight gradient's map on both paths for now, come on top of each).")
+            columns += ["involution grad_input (us)", "predicted / replaced"]
+        lines += [f"## Predicted: {title}", "", text + " These wait for a draw (`make gpu-check`).", "",
+                  *_harness.table(columns, "lllrrrrrlr" + "r" * (len(columns) - 10), cells), ""]
+    return lines[:-1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -634,6 +634,46 @@ def _generated_tile(t: _Tally, item: Tensor, launch: Launch) -> None:
 
 
 
+def _mma_thread(item: Tensor, launch: Launch, groups: int, tiles_w: int):
+    """generated_mma.cu's decoding of a thread: (thread, lane, warp, fragment row, quad, sample,
+    group, the warp's row and its run's first column), 256 threads a block, a block a tile of
+    8 rows x 16 columns of a (sample, group), a warp a row."""
+    threads = launch.threads_per_block
+    block, thread = item // threads, item % threads
+    lane, warp = thread % 32, thread // 32
+    tile, group, n = block % launch.grid[0], (block // launch.grid[0]) % groups, block // (launch.grid[0] * groups)
+    return thread, lane, warp, lane // 4, lane % 4, n, group, tile // tiles_w * 8 + warp, tile % tiles_w * 16
+
+
+def _mma_staging(t: _Tally, thread: Tensor, threads: int, vector: bool, staged_at: int, rows: int, column_words: int,
+                 stride: int, top, left, height: int, width: int, base, pg: int, c0: int, strides: tuple, es: int) -> None:
+    """generated_mma.cu's mma_stage_rows: a chunk of 16 channels from c0 of ``rows`` rows x
+    2 ``column_words`` columns of tensor 0 (the input, or grad_output) from (top, left), zeros
+    outside the height x width map; ``base`` its (sample, group)'s first channel's offset,
+    ``strides`` its channel, row and column strides; shared words from ``staged_at``."""
+    sc, sh_, sw_ = strides
+    if vector:  # two columns x 8 channels a unit: two 16-byte loads (index in 16-byte units), 8 word stores
+        units = rows * column_words * 2
+        unit = thread + threads * _slots(-(-units // threads))
+        half, word, y = unit % 2, unit // 2 % column_words, unit // 2 // column_words
+        iy, ix, ch = top + y, left + 2 * word, c0 + 8 * half
+        rows_in = (unit < units) & (ch < pg) & (iy >= 0) & (iy < height)
+        for h in range(2):
+            x = ix + h
+            t.load(0, (base + ch * sc + iy * sh_ + x * sw_) // 8, rows_in & (x >= 0) & (x < width), 16)
+        t.shared(staged_at + (y * 16 + 8 * half + _slots(8, 4)) * stride + word, unit < units, 4)
+        return
+    words = rows * 16 * column_words  # a word of two columns of a channel at a time
+    i = thread + threads * _slots(-(-words // threads))
+    word, ch, y = i % column_words, i // column_words % 16, i // column_words // 16
+    iy, ix = top + y, left + 2 * word
+    row_in = (i < words) & (c0 + ch < pg) & (iy >= 0) & (iy < height)
+    for h in range(2):
+        x = ix + h
+        t.load(0, base + (c0 + ch) * sc + iy * sh_ + x * sw_, row_in & (x >= 0) & (x < width), es)
+    t.shared(staged_at + (y * 16 + ch) * stride + word, i < words, 4)
+
+
 def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma (generated_mma.cu): ``item`` is the thread's index in the grid
     (block-major, 256 threads a block, a warp an output row's run of 16 pixels). Per chunk of R:
@@ -659,11 +699,7 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
     span_stride, threads = c["MMA_SPAN_STRIDE"], launch.threads_per_block
     plain_at = max(c["MMA_TAPS"] * span_stride, in_h * 16 * stride)  # words
     plain_words, band_words = 8 * 16 * plain_stride, 8 * 16 * stride
-    block, thread = item // threads, item % threads
-    lane, warp = thread % 32, thread // 32
-    row, quad = lane // 4, lane % 4
-    tile, group, n = block % launch.grid[0], (block // launch.grid[0]) % G, block // (launch.grid[0] * G)
-    oy, ox0 = tile // tiles_w * 8 + warp, tile % tiles_w * 16
+    thread, lane, warp, row, quad, n, group, oy, ox0 = _mma_thread(item, launch, G, tiles_w)
     inside = oy < OH
     mine_plain = plain_at + warp * 16 * plain_stride
     mine_band = plain_at + 2 * plain_words + warp * 16 * stride
@@ -694,26 +730,8 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
     copies = inside & (copy < 16 * KW)
     top, left = oy // 8 * 8 * sh - ph, ox0 * sw - pw
     for c0 in range(0, pg, 16):
-        if vector:
-            units = in_h * column_words * 2
-            unit = thread + threads * _slots(-(-units // threads))
-            half, word, y = unit % 2, unit // 2 % column_words, unit // 2 // column_words
-            iy, ix, ch = top + y, left + 2 * word, c0 + 8 * half
-            rows_in = (unit < units) & (ch < pg) & (iy >= 0) & (iy < H)
-            for h in range(2):
-                x = ix + h
-                t.load(0, (n * isn + (group * pg + ch) * isc + iy * ish + x * isw) // 8, rows_in & (x >= 0) & (x < W), 16)
-            t.shared((y * 16 + 8 * half + _slots(8, 4)) * stride + word, unit < units, 4)
-        else:
-            words = in_h * 16 * column_words
-            i = thread + threads * _slots(-(-words // threads))
-            word, ch, y = i % column_words, i // column_words % 16, i // column_words // 16
-            iy, ix = top + y, left + 2 * word
-            row_in = (i < words) & (c0 + ch < pg) & (iy >= 0) & (iy < H)
-            for h in range(2):
-                x = ix + h
-                t.load(0, n * isn + (group * pg + c0 + ch) * isc + iy * ish + x * isw, row_in & (x >= 0) & (x < W), es)
-            t.shared((y * 16 + ch) * stride + word, i < words, 4)
+        _mma_staging(t, thread, threads, vector, 0, in_h, column_words, stride, top, left, H, W,
+                     n * isn + group * pg * isc, pg, c0, (isc, ish, isw), es)
         for a in range(KH):
             for plane in range(2):  # the copies: a 16-bit load and store each (index in 16-bit units)
                 t.shared(2 * (mine_plain + plane * plain_words) + 2 * j * plain_stride + a * KW + b, copies, 2)
@@ -729,6 +747,83 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
             x = ox0 + row + 8 * h
             t.store(4, n * osn + (group * pg + channel) * osc + oy * osh + x * osw, inside & (x < OW) & (channel < pg), es)
 
+
+def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_generated_mma_backward_input (generated_mma.cu): ``item`` is the thread's
+    index in the grid (block-major, 256 threads a block, a warp a run of 16 pixels of a grad_input
+    row). The group's span rows staged (global loads, shared stores) and the bands' zeros; per
+    chunk of 16 of the group's channels: the grad_output rows staged (as the forward stages its
+    input), then per kernel row whose output row the warp's input row reads: the bias, per
+    k-step of R the span's B fragment from shared memory and per band k-step the feature's A
+    fragment from global memory (tensor cores: no term), the values' band stores (hi and lo,
+    16 bits each), and per k-step the two bands' A fragments and grad_output's two B fragments;
+    the stores (a feature pair one 32-bit load where the host says it is an aligned word). The
+    layout's sizes are the source's and its host's."""
+    from ..kernels.involution import cuda as involution_cuda
+
+    (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w,
+     gsn, gsc, gsh, gsw, isn, isc, ish, isw, fsn, fsc, fsh, fsw, vector, feature_words) = launch.scalars
+    source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+    es, taps, pg = launch.dtype.itemsize, KH * KW, C // G
+    rows_h, k_steps = involution_cuda.generated_mma_backward_extent(source, (KH, KW), (sh, sw), (dh, dw))
+    stride, column_words = 8 * k_steps + 4, 8 * k_steps
+    span_rows, span_words = (KH - 1) * KW + 8, 8 * -(-R // 16)
+    span_stride, threads = span_words + 4, launch.threads_per_block
+    staged_at = span_rows * span_stride  # words
+    band_words = 8 * 16 * stride
+    thread, lane, warp, row, quad, n, group, y, x0 = _mma_thread(item, launch, G, tiles_w)
+    inside = y < H
+    mine_band = staged_at + rows_h * 16 * stride + warp * 16 * stride
+    first_row = (y - warp + ph - (KH - 1) * dh) // sh
+    first_column = (x0 + pw - (KW - 1) * dw) // sw
+    word = thread + threads * _slots(-(-span_rows * span_words // threads))
+    span_tap, r = word // span_words, 2 * (word % span_words)
+    staging = word < span_rows * span_words
+    for h in range(2):
+        t.load(2, (group * taps + span_tap) * R + r + h, staging & (span_tap < taps) & (r + h < R), es)
+    t.shared(span_tap * span_stride + word % span_words, staging, 4)
+    for plane in range(2):
+        zeros = lane + 32 * _slots(-(-16 * stride // 32))
+        t.shared(mine_band + plane * band_words + zeros, zeros < 16 * stride, 4)
+    for c0 in range(0, pg, 16):
+        _mma_staging(t, thread, threads, vector, staged_at, rows_h, column_words, stride, first_row, first_column, OH,
+                     OW, n * gsn + group * pg * gsc, pg, c0, (gsc, gsh, gsw), es)
+        for a in range(KH):
+            from_y = y + ph - a * dh
+            oy = from_y // sh
+            reads = inside & (from_y % sh == 0) & (oy >= 0) & (oy < OH)
+            b = 2 * quad + _slots(2)
+            t.load(3, group * taps + a * KW + b, reads & (b < KW), es)
+            for k0 in range(0, R, 16):
+                t.shared((a * KW + row) * span_stride + k0 // 2 + quad + 4 * _slots(2), reads, 4)
+                for m in range(k_steps):
+                    pixel = first_column + 16 * m + row + 8 * _slots(2, 4)
+                    rr = k0 + 2 * quad + 8 * _slots(2)
+                    pixel_in = reads & (pixel >= 0) & (pixel < OW)
+                    if feature_words:  # a pair a 32-bit load (index in 32-bit units)
+                        t.load(1, (n * fsn + rr + oy * fsh + pixel * fsw) // 2, pixel_in & (rr < R), 4)
+                        continue
+                    for h in range(2):
+                        t.load(1, n * fsn + (rr + h) * fsc + oy * fsh + pixel * fsw, pixel_in & (rr + h < R), es)
+            for m in range(k_steps):  # each value's band places, hi and lo (index in 16-bit units)
+                k = 16 * m + row + 8 * _slots(2, 4)
+                b = 2 * quad + _slots(2)
+                j = (first_column + k) * sw - pw + b * dw - x0
+                places = reads & (b < KW) & (j >= 0) & (j < 16)
+                for plane in range(2):
+                    t.shared(2 * (mine_band + plane * band_words) + 2 * j * stride + k, places, 2)
+            for k in range(k_steps):
+                for plane in range(2):
+                    t.shared(mine_band + plane * band_words + (row + 8 * _slots(2, 4)) * stride + 8 * k + quad
+                             + 4 * _slots(2), reads, 4)
+                t.shared(staged_at + ((oy - first_row) * 16 + 8 * _slots(2, 4) + row) * stride + 8 * k + quad
+                         + 4 * _slots(2), reads, 4)
+        channel = c0 + 8 * _slots(2, 4) + 2 * quad + _slots(2)
+        for h in range(2):
+            x = x0 + row + 8 * h
+            t.store(4, n * isn + (group * pg + channel) * isc + y * ish + x * isw, inside & (x < W) & (channel < pg), es)
+
+
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_forward_chunked": _forward_chunked,
     "involution_backward_input_chunked": _backward_input_chunked,
@@ -739,9 +834,10 @@ TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_backward_weight": _backward_weight_generic,
     "involution_generated_tile": _generated_tile,
     "involution_generated_mma": _generated_mma,
+    "involution_generated_mma_backward_input": _generated_mma_backward_input,
 }
 # Tiled kernels: a thread per grid thread (no grid-stride loop), its index block-major.
-TILED = {"involution_generated_tile", "involution_generated_mma"}
+TILED = {"involution_generated_tile", "involution_generated_mma", "involution_generated_mma_backward_input"}
 
 
 def kernel_work(launch: Launch, gpu: GPU = H200, traced_warps: int = TRACED_WARPS) -> KernelWork:
@@ -901,7 +997,7 @@ def sass_profile(source_name: str, instantiations: tuple[tuple[str, torch.dtype,
     if tool is None:
         raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
     names = tuple(name_expression(*instantiation) for instantiation in instantiations)
-    compiled = compile_source(load_source(source_name), arch, ("--ptxas-options=-v",), names)
+    compiled = compile_source(load_source(source_name), arch, names=names)
     lowered, log, cubin = compiled.lowered_names, compiled.log, compiled.cubin
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "kernels.cubin"

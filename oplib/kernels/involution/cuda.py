@@ -1,5 +1,7 @@
 """involution's CUDA backend: the launches of ``involution.cu`` (involution and its two
-backward ops) and ``involution_generated.cu`` (the fused-generation op and its grad_input).
+backward ops) and ``involution_generated.cu`` (the fused-generation op and its grad_input), and
+the tiled kernels not yet the ops' default: ``span_tile.cu`` (the span conv, the tiled fused
+forward) and ``generated_mma.cu`` (the fused forward and grad_input on tensor cores).
 
 Each function writes the op's result into ``out``, which the op allocated in its fake's layout
 (``layouts``), through a launcher: CuPy's on a GPU (the default), the host emulation of
@@ -506,4 +508,93 @@ def involution_generated_mma(input: Tensor, feature: Tensor, span_weight: Tensor
                       if specialised else GENERATED_TILE_RUNTIME)
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma", input.dtype, config,
                                          (input, feature, span_weight.contiguous(), bias, out, *scalars), specialisation)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# involution_generated's grad_input on tensor cores (generated_mma.cu's
+# involution_generated_mma_backward_input): the forward's band, transposed
+# ---------------------------------------------------------------------------------------
+
+
+def generated_mma_backward_extent(source: KernelSource, kernel_size, stride, dilation) -> tuple[int, int]:
+    """(rows, k-steps) of grad_output a tile of ``MMA_TILE_H`` x ``MMA_TILE_W`` input pixels reads
+    at most, as the kernel computes them: the output rows, and the band's output columns in
+    k-steps of 16."""
+    c = source.constants
+    rows, columns = (-(-(tile - 1 + (k - 1) * d) // s) + 1
+                     for tile, k, s, d in zip((c["MMA_TILE_H"], c["MMA_TILE_W"]), kernel_size, stride, dilation))
+    return rows, -(-columns // 16)
+
+
+def generated_mma_backward_shared_bytes(source: KernelSource, kernel_size, stride, dilation, reduced: int) -> int:
+    """The dynamic shared memory of ``involution_generated_mma_backward_input``: the group's span
+    rows, the staged grad_output chunk, each warp's two bands (generated_mma.cu lays them out)."""
+    c = source.constants
+    rows, k_steps = generated_mma_backward_extent(source, kernel_size, stride, dilation)
+    stride_words, span_stride = 8 * k_steps + 4, 8 * -(-reduced // 16) + 4
+    span_rows = (kernel_size[0] - 1) * kernel_size[1] + 8
+    return 4 * (span_rows * span_stride + rows * c["MMA_CHANNELS"] * stride_words
+                + 2 * c["MMA_WARPS"] * c["MMA_TILE_W"] * stride_words)
+
+
+def generated_mma_backward_config(source: KernelSource, dtype: torch.dtype, batch: int, groups: int, input_size,
+                                  kernel_size, stride, dilation, reduced: int) -> Optional[LaunchConfig]:
+    """``involution_generated_mma_backward_input``'s launch: a block of ``MMA_WARPS`` warps per
+    tile of ``MMA_TILE_H`` x ``MMA_TILE_W`` pixels of grad_input of a (sample, group); None where
+    it does not serve the call (a dtype without the tensor-core product, a kernel row wider than
+    one n-tile of taps, ``MMA_BAND_WIDTH``, or reading more than ``MMA_GRAD_BAND`` output columns,
+    shared memory past ``GENERATED_TILE_MAX_SHARED`` (a large R: the group's span_weight is
+    staged whole), a grid past CUDA's y and z limits)."""
+    c = source.constants
+    if dtype not in GENERATED_MMA_DTYPES or kernel_size[1] > c["MMA_BAND_WIDTH"]:
+        return None
+    if 16 * generated_mma_backward_extent(source, kernel_size, stride, dilation)[1] > c["MMA_GRAD_BAND"]:
+        return None
+    shared_bytes = generated_mma_backward_shared_bytes(source, kernel_size, stride, dilation, reduced)
+    if shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535 or batch > 65535:
+        return None
+    tiles = -(-input_size[0] // c["MMA_TILE_H"]) * -(-input_size[1] // c["MMA_TILE_W"])
+    return LaunchConfig((tiles, groups, batch), (32, c["MMA_WARPS"]), shared_bytes)
+
+
+def generated_mma_feature_words(feature: Tensor) -> bool:
+    """Whether the kernel may load the feature's pairs of reduced channels (r, r + 1; r even) as
+    one aligned 32-bit word: channels_last with an even R, every pixel's channels starting at an
+    even element of a 4-byte aligned tensor."""
+    n_stride, c_stride, h_stride, w_stride = feature.stride()
+    return (c_stride == 1 and feature.shape[1] % 2 == 0 and all(s % 2 == 0 for s in (n_stride, h_stride, w_stride))
+            and feature.data_ptr() % 4 == 0)
+
+
+def involution_generated_mma_backward_input(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
+                                            span_bias: Optional[Tensor], input_size, kernel_size, stride, padding,
+                                            dilation, out: Tensor, launcher: Optional[Launcher] = None,
+                                            specialised: bool = True) -> Optional[Tensor]:
+    """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo) -> out: grad_input (N, C, H, W),
+    written by the tensor-core kernel in out's own strides (every operand of any strides); None,
+    out untouched, where ``generated_mma_backward_config`` declines the call or the GPU predates
+    sm_80. ``specialised`` as ``involution_generated_mma``'s."""
+    source = load_source(GENERATED_MMA_SOURCE)
+    n, channels = grad_output.shape[:2]
+    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
+    reduced = feature.shape[1]
+    config = generated_mma_backward_config(source, grad_output.dtype, n, groups, input_size, kernel_size, stride,
+                                           dilation, reduced)
+    if config is None or (grad_output.is_cuda
+                          and torch.cuda.get_device_capability(grad_output.device) < GENERATED_MMA_MIN_CAPABILITY):
+        return None
+    if out.numel() == 0:
+        return out
+    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
+    tiles_w = -(-input_size[1] // source.constants["MMA_TILE_W"])
+    scalars = (channels, *input_size, groups, *kernel_size, *grad_output.shape[2:], *stride, *padding, *dilation,
+               reduced, tiles_w, *grad_output.stride(), *out.stride(), *feature.stride(),
+               generated_mma_vectors_fit(grad_output, groups), generated_mma_feature_words(feature))
+    kernel = "involution_generated_mma_backward_input"
+    specialisation = (generated_tile_specialisation(source, kernel_size, stride, dilation, kernel) if specialised
+                      else GENERATED_TILE_RUNTIME)
+    (launcher or cupy_launcher()).launch(source, kernel, grad_output.dtype, config,
+                                         (grad_output, feature, span_weight.contiguous(), bias, out, *scalars),
+                                         specialisation)
     return out

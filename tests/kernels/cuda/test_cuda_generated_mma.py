@@ -37,20 +37,31 @@ def _result(args: tuple, launcher, specialised: bool = True):
     return involution_cuda.involution_generated_mma(*args, out, launcher, specialised), out
 
 
+def float64_reference(spec, args: tuple) -> torch.Tensor:
+    """``spec``'s reference on ``args`` in float64."""
+    return spec.reference(*(a.double() if isinstance(a, torch.Tensor) else a for a in args))
+
+
+def check_against_reference(spec, result, args: tuple, launcher, name: str, specialised: bool = True) -> bool:
+    """A kernel's output, ``result(args, launcher, specialised)`` -> (what the host returned, the
+    output), against ``spec``'s float64 reference within its tolerance; False where it declines."""
+    returned, out = result(args, launcher, specialised)
+    if returned is None:
+        return False
+    assert returned is out, name
+    atol, rtol = spec.tolerance(args[0].dtype)
+    torch.testing.assert_close(out.double(), float64_reference(spec, args), atol=atol, rtol=rtol,
+                               msg=lambda m: f"{spec.name}[{name}, {args[0].dtype}]: {m}")
+    return True
+
+
 def _reference(args: tuple) -> torch.Tensor:
-    return GENERATED.reference(*(a.double() if isinstance(a, torch.Tensor) else a for a in args))
+    return float64_reference(GENERATED, args)
 
 
 def _check(args: tuple, launcher, name: str, specialised: bool = True) -> bool:
     """The kernel's result against the op's float64 reference; False where it declines."""
-    result, out = _result(args, launcher, specialised)
-    if result is None:
-        return False
-    assert result is out, name
-    atol, rtol = GENERATED.tolerance(args[0].dtype)
-    torch.testing.assert_close(out.double(), _reference(args), atol=atol, rtol=rtol,
-                               msg=lambda m: f"involution_generated_mma[{name}, {args[0].dtype}]: {m}")
-    return True
+    return check_against_reference(GENERATED, _result, args, launcher, name, specialised)
 
 
 def _declines_only_what_it_cannot_hold(args: tuple) -> bool:
@@ -178,15 +189,29 @@ NON_FINITE_PLACES = {
 }
 
 
-def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
-    expected = _reference(args)
-    result, out = _result(args, launcher)
-    assert result is out, name
+def assert_non_finite_as_expected(out: torch.Tensor, expected: torch.Tensor, tolerance: tuple, name: str) -> None:
+    """inf and nan at exactly the reference's places, the finite values within ``tolerance``."""
     assert torch.equal(out.isnan(), expected.isnan()), f"{name}: nan at other places"
     assert torch.equal(out.isinf(), expected.isinf()), f"{name}: inf at other places"
     finite = expected.isfinite()
-    atol, rtol = GENERATED.tolerance(out.dtype)
+    atol, rtol = tolerance
     torch.testing.assert_close(out.double()[finite], expected[finite], atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+
+
+def with_one_non_finite(args: tuple, places: dict, value: float):
+    """(place, args with ``value`` at one of ``places``: argument position -> index, clamped to
+    the argument's shape) for each place."""
+    for place, (position, index) in places.items():
+        changed = list(args)
+        changed[position] = args[position].clone()
+        changed[position][tuple(min(i, s - 1) for i, s in zip(index, args[position].shape))] = value
+        yield place, tuple(changed)
+
+
+def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
+    result, out = _result(args, launcher)
+    assert result is out, name
+    assert_non_finite_as_expected(out, _reference(args), GENERATED.tolerance(out.dtype), name)
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
@@ -199,11 +224,8 @@ def test_non_finite_values_land_where_torch_puts_them(value, channels_last):
     launcher = EmulatedLauncher()
     for case in (TWO_CHANNEL_CHUNKS, REDNET_LIKE[1]):
         args = case._replace(channels_last=channels_last).arguments(torch.bfloat16)
-        for place, (position, index) in NON_FINITE_PLACES.items():
-            changed = list(args)
-            changed[position] = args[position].clone()
-            changed[position][tuple(min(i, s - 1) for i, s in zip(index, args[position].shape))] = value
-            _assert_non_finite_as_torch(tuple(changed), launcher, f"{case.name}-{place}")
+        for place, changed in with_one_non_finite(args, NON_FINITE_PLACES, value):
+            _assert_non_finite_as_torch(changed, launcher, f"{case.name}-{place}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -218,15 +240,17 @@ class PlantedBug(NamedTuple):
 
 
 # The bands of a kernel row read before every lane wrote its copies.
-BAND_SYNC = PlantedBug("bands-written-sync", "__syncwarp();  // the bands of row a are written",
-                      "// the bands of row a are written")
+_ROWS = "\n                const unsigned int* rows = staged + (warp * stride_h"
+BAND_SYNC = PlantedBug("bands-written-sync", "__syncwarp();  // the bands of row a are written" + _ROWS,
+                      "// the bands of row a are written" + _ROWS)
 # The input chunk read before the block staged it.
 STAGED_BARRIER = PlantedBug("staged-barrier", "__syncthreads();  // the input chunk is staged", "// the input chunk is staged")
 # A kernel row's weights one band column to the right.
 BAND_COLUMN = PlantedBug("band-column", "copy_to[i] = copies ? 2 * j * stride + j * stride_w + b * dilation_w : -1;",
                          "copy_to[i] = copies ? 2 * j * stride + j * stride_w + b * dilation_w + 1 : -1;")
 # The direct sum one tap short: only the non-finite test reaches it.
-DIRECT_SUM = PlantedBug("direct-sum-tap-short", "for (int b = 0; b < kernel_w; ++b) {", "for (int b = 1; b < kernel_w; ++b) {")
+DIRECT_SUM = PlantedBug("direct-sum-tap-short", "for (int b = 0; b < kernel_w; ++b) {\n                half_t hi, lo, x;",
+                        "for (int b = 1; b < kernel_w; ++b) {\n                half_t hi, lo, x;")
 # The bands one band further on: the last warp's lo band lies past the end of the shared memory.
 BANDS_OVERRUN = PlantedBug(
     "bands-past-the-end",

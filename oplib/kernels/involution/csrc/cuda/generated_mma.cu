@@ -1,5 +1,6 @@
 // involution_generated's forward with both of its products on tensor cores (float16, bfloat16):
-// the generation of a tile's weights, and their aggregation over the windows as well.
+// the generation of a tile's weights, and their aggregation over the windows as well; and its
+// grad_input the same way (involution_generated_mma_backward_input, at the end of the file).
 //
 //   out[n, c, i, j] = sum_{a, b} weight(n, g(c), a*KW + b, i, j) * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
 //   weight(n, g, t, i, j) = bias[g*T + t] + sum_r span_weight[g*T + t, r] * feature[n, r, i, j]
@@ -155,14 +156,126 @@ __device__ __forceinline__ float mma_rest(float w, unsigned short hi_bits) {
     return mma_finite(high) ? oplib_fma(-1.0f, high, w) : 0.0f;
 }
 
+// Stages MMA_CHANNELS channels, from c0, of `rows` rows x 2 column_words columns of a (sample,
+// group)'s activation (`values`: its first channel), the window from (top, left), zeros outside
+// the height x width map and past the group's channels, into staged [row][channel][column], two
+// columns a word, `stride` words a (row, channel). With `vectors` (channels_last, every pixel's
+// and group's channels 16-byte aligned) a thread takes two adjacent columns x 8 channels, two
+// 16-byte loads, and writes their 8 channels' words; else a word, consecutive threads along the
+// columns. Every thread of the block takes part.
+template <typename half_t>
+__device__ __forceinline__ void mma_stage_rows(unsigned int* staged, const unsigned short* values, int c0,
+                                               int group_channels, int rows, int column_words, int stride, int top,
+                                               int left, int height, int width, index_t value_c, index_t value_h,
+                                               index_t value_w, bool vectors, int thread) {
+    if (vectors) {
+        const int units = rows * column_words * 2;
+        for (int unit = thread; unit < units; unit += MMA_THREADS) {
+            const int half = unit & 1, word = (unit >> 1) % column_words, y = (unit >> 1) / column_words;
+            const int iy = top + y, ix = left + 2 * word, c = c0 + 8 * half;
+            const bool rows_in = c < group_channels && (unsigned int)iy < (unsigned int)height;
+            const unsigned short* at = values + c * value_c + (index_t)iy * value_h + (index_t)ix * value_w;
+            Vector16<half_t> low = {}, high = {};
+            if (rows_in && (unsigned int)ix < (unsigned int)width) low = *reinterpret_cast<const Vector16<half_t>*>(at);
+            if (rows_in && (unsigned int)(ix + 1) < (unsigned int)width)
+                high = *reinterpret_cast<const Vector16<half_t>*>(at + value_w);
+            unsigned int* to = staged + (y * MMA_CHANNELS + 8 * half) * stride + word;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) to[k * stride] = low.lane[k].bits | (unsigned int)high.lane[k].bits << 16;
+        }
+        return;
+    }
+    const int words = rows * MMA_CHANNELS * column_words;
+    for (int i = thread; i < words; i += MMA_THREADS) {
+        const int word = i % column_words, c = i / column_words % MMA_CHANNELS, y = i / column_words / MMA_CHANNELS;
+        const int iy = top + y, ix = left + 2 * word;
+        const bool row_in = c0 + c < group_channels && (unsigned int)iy < (unsigned int)height;
+        const unsigned short* at = values + (c0 + c) * value_c + (index_t)iy * value_h + (index_t)ix * value_w;
+        const unsigned int low = row_in && (unsigned int)ix < (unsigned int)width ? __ldg(at) : 0u;
+        const unsigned int high = row_in && (unsigned int)(ix + 1) < (unsigned int)width ? __ldg(at + value_w) : 0u;
+        staged[(y * MMA_CHANNELS + c) * stride + word] = low | high << 16;
+    }
+}
+
+// A run's sums over one kernel row: both bands (hi and lo, 16 x 16 k_steps, `band_words` apart)
+// times the staged rows' two n-tiles of channels (`rows`: 16 k_steps columns each), accumulated
+// into sums; k_steps at most MAX_STEPS.
+template <typename half_t, int MAX_STEPS>
+__device__ __forceinline__ void mma_band_products(OplibFragmentC (&sums)[2], const unsigned int* band, int band_words,
+                                                  const unsigned int* rows, int stride, int k_steps) {
+#pragma unroll
+    for (int k = 0; k < MAX_STEPS; ++k) {
+        if (k >= k_steps) break;
+        const OplibFragmentA hi = oplib_load_fragment_a(band + 8 * k, stride);
+        const OplibFragmentA lo = oplib_load_fragment_a(band + band_words + 8 * k, stride);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const OplibFragmentB window = oplib_load_fragment_b(rows + 8 * t * stride + 8 * k, stride);
+            oplib_mma<half_t>(sums[t], hi, window);
+            oplib_mma<half_t>(sums[t], lo, window);
+        }
+    }
+}
+
+// Whether any of a warp's two D fragments holds an inf or a nan (every lane gets the answer).
+__device__ __forceinline__ bool mma_any_non_finite(const OplibFragmentC (&sums)[2]) {
+    unsigned int bad = 0;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) bad |= mma_finite(sums[t].value[v]) ? 0u : 1u;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) bad |= __shfl_xor_sync(OPLIB_FULL_WARP, bad, offset);
+    return bad != 0;
+}
+
+// D's element (pixel j, channel c) of a run's two fragments to run[c * out_c + j * out_ws] (the
+// run's first pixel and the chunk's first channel c0 of its group), pixels x0 + j past `width`
+// and channels past the group's left out: two channels a 32-bit store where `pair_stores`
+// (channels_last, every pair 4-byte aligned), else one.
+template <typename half_t>
+__device__ __forceinline__ void mma_store_run(const OplibFragmentC (&sums)[2], half_t* run, index_t out_c,
+                                              index_t out_ws, int c0, int group_channels, int x0, int width,
+                                              bool pair_stores) {
+    const int lane = oplib_lane(), row = lane >> 2, quad = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // pixels row, row + 8
+        const int j = row + 8 * h;
+        if (x0 + j >= width) continue;
+        half_t* pixel_out = run + (index_t)j * out_ws;
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const int c = c0 + 8 * t + 2 * quad;
+            const unsigned int pair = mma_round_pair(sums[t].value[2 * h], sums[t].value[2 * h + 1], half_t());
+            if (pair_stores && c + 1 < group_channels) {
+                *reinterpret_cast<unsigned int*>(pixel_out + c) = pair;
+                continue;
+            }
+            if (c < group_channels) reinterpret_cast<unsigned short*>(pixel_out)[c * out_c] = (unsigned short)(pair & 0xffffu);
+            if (c + 1 < group_channels) reinterpret_cast<unsigned short*>(pixel_out)[(c + 1) * out_c] = (unsigned short)(pair >> 16);
+        }
+    }
+}
+
+// Whether out's pairs of a chunk's channels may be stored by 32-bit words: channels_last, the
+// group's channels and every pixel's 4-byte aligned.
+template <typename half_t>
+__device__ __forceinline__ bool mma_pair_stores(const half_t* out, index_t out_n, index_t out_c, index_t out_hs,
+                                                index_t out_ws, int group_channels) {
+    return out_c == 1 && ((out_n | out_hs | out_ws | (index_t)group_channels) & 1) == 0 &&
+           (reinterpret_cast<unsigned long long>(out) & 3) == 0;
+}
+
 // Specialised instantiations: a square window of KERNEL taps a side at equal strides STRIDE and
 // no dilation (RedNet's 7x7 at stride 1 or 2, and 3x3 and 5x5), whose sizes are then constants:
 // the band copies' places, the kernel rows and k-steps (unrolled), the staging's unit counts.
 // KERNEL = STRIDE = 0 reads the window from the arguments and serves every other geometry (the
 // host picks). Both add every sum's terms in the same order: the same bits.
 //
-// The instantiations a host may ask for (oplib.kernels reads these lines):
-// oplib-instantiate: involution_generated_mma
+// The instantiations a host may ask for, of this kernel and of grad_input's below (oplib.kernels
+// reads these lines):
+// oplib-instantiate: involution_generated_mma, involution_generated_mma_backward_input
 // oplib-template: KERNEL, STRIDE = 0, 0 | 3, 1 | 3, 2 | 5, 1 | 5, 2 | 7, 1 | 7, 2
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N).
@@ -281,44 +394,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
         const index_t group_channel0 = (index_t)group * group_channels;
         const unsigned short* sample_input = reinterpret_cast<const unsigned short*>(input) + n * input_n;
         const int column_words = 8 * k_steps;
-        // channels_last with every pair of a chunk's channels 4-byte aligned: 32-bit stores.
-        const bool pair_stores = out_c == 1 && ((out_n | out_hs | out_ws | (index_t)group_channels) & 1) == 0 &&
-                                 (reinterpret_cast<unsigned long long>(out) & 3) == 0;
+        const bool pair_stores = mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
         for (int c0 = 0; c0 < group_channels; c0 += MMA_CHANNELS) {
             __syncthreads();  // every warp is done with the previous chunk (the first: with the span chunk)
-            if (vector_input) {
-                // channels_last, whole 16-byte vectors: a thread takes two adjacent columns x 8
-                // channels, two loads, and writes their 8 channels' words.
-                const int units = in_h * column_words * 2;
-                for (int unit = thread; unit < units; unit += MMA_THREADS) {
-                    const int half = unit & 1, word = (unit >> 1) % column_words, y = (unit >> 1) / column_words;
-                    const int iy = top + y, ix = left + 2 * word, c = c0 + 8 * half;
-                    const bool rows_in = c < group_channels && (unsigned int)iy < (unsigned int)height;
-                    const unsigned short* at = sample_input + (group_channel0 + c) * input_c + (index_t)iy * input_h +
-                                               (index_t)ix * input_w;
-                    Vector16<half_t> low = {}, high = {};
-                    if (rows_in && (unsigned int)ix < (unsigned int)width) low = *reinterpret_cast<const Vector16<half_t>*>(at);
-                    if (rows_in && (unsigned int)(ix + 1) < (unsigned int)width)
-                        high = *reinterpret_cast<const Vector16<half_t>*>(at + input_w);
-                    unsigned int* to = staged + (y * MMA_CHANNELS + 8 * half) * stride + word;
-#pragma unroll
-                    for (int k = 0; k < 8; ++k) to[k * stride] = low.lane[k].bits | (unsigned int)high.lane[k].bits << 16;
-                }
-            } else {
-                // Any strides: a thread takes a word (two adjacent columns of a channel),
-                // consecutive threads along the columns.
-                const int words = in_h * MMA_CHANNELS * column_words;
-                for (int i = thread; i < words; i += MMA_THREADS) {
-                    const int word = i % column_words, c = i / column_words % MMA_CHANNELS, y = i / column_words / MMA_CHANNELS;
-                    const int iy = top + y, ix = left + 2 * word;
-                    const bool row_in = c0 + c < group_channels && (unsigned int)iy < (unsigned int)height;
-                    const unsigned short* at = sample_input + (group_channel0 + c0 + c) * input_c + (index_t)iy * input_h +
-                                               (index_t)ix * input_w;
-                    const unsigned int low = row_in && (unsigned int)ix < (unsigned int)width ? __ldg(at) : 0u;
-                    const unsigned int high = row_in && (unsigned int)(ix + 1) < (unsigned int)width ? __ldg(at + input_w) : 0u;
-                    staged[(y * MMA_CHANNELS + c) * stride + word] = low | high << 16;
-                }
-            }
+            mma_stage_rows<half_t>(staged, sample_input + group_channel0 * input_c, c0, group_channels, in_h, column_words,
+                                   stride, top, left, height, width, input_c, input_h, input_w, vector_input, thread);
             __syncthreads();  // the input chunk is staged
             if (!row_inside) continue;
             OplibFragmentC sums[2] = {};
@@ -332,55 +412,258 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
                 }
                 __syncwarp();  // the bands of row a are written
                 const unsigned int* rows = staged + (warp * stride_h + a * dilation_h) * MMA_CHANNELS * stride;
-#pragma unroll
-                for (int k = 0; k < k_steps; ++k) {
-                    const OplibFragmentA hi = oplib_load_fragment_a(band + 8 * k, stride);
-                    const OplibFragmentA lo = oplib_load_fragment_a(band + band_words + 8 * k, stride);
-#pragma unroll
-                    for (int t = 0; t < 2; ++t) {
-                        const OplibFragmentB window = oplib_load_fragment_b(rows + 8 * t * stride + 8 * k, stride);
-                        oplib_mma<half_t>(sums[t], hi, window);
-                        oplib_mma<half_t>(sums[t], lo, window);
-                    }
-                }
+                mma_band_products<half_t, MMA_BAND / 16>(sums, band, band_words, rows, stride, k_steps);
                 __syncwarp();  // every lane is done with the bands of row a
             }
-            // Whether any of the warp's outputs is an inf or a nan.
-            unsigned int bad = 0;
-#pragma unroll
-            for (int t = 0; t < 2; ++t) {
-#pragma unroll
-                for (int v = 0; v < 4; ++v) bad |= mma_finite(sums[t].value[v]) ? 0u : 1u;
-            }
-#pragma unroll
-            for (int offset = 16; offset > 0; offset >>= 1) bad |= __shfl_xor_sync(OPLIB_FULL_WARP, bad, offset);
             // D's element (pixel j, channel c) to the output; with an inf or a nan among the warp's
             // outputs, the direct sum's instead (rolled: it runs for those warps only).
             const index_t out_row = n * out_n + group_channel0 * out_c + (index_t)out_y * out_hs;
-            if (bad) {
+            if (mma_any_non_finite(sums)) {
                 const unsigned short* rows = reinterpret_cast<const unsigned short*>(staged) + 2 * warp * stride_h * MMA_CHANNELS * stride;
                 mma_direct_sums(plain_bits, 2 * plain_words, plain_stride, rows, out + out_row, out_c, out_ws, c0,
                                 group_channels, out_x0, out_w, kernel_h, kernel_w, stride_w, dilation_h, dilation_w, stride);
                 continue;
             }
-            // Two channels a store where they are adjacent and aligned (channels_last), else one.
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {  // pixels row, row + 8
-                const int j = row + 8 * h;
-                if (out_x0 + j >= out_w) continue;
-                half_t* pixel_out = out + out_row + (index_t)(out_x0 + j) * out_ws;
-#pragma unroll
-                for (int t = 0; t < 2; ++t) {
-                    const int c = c0 + 8 * t + 2 * quad;
-                    const unsigned int pair = mma_round_pair(sums[t].value[2 * h], sums[t].value[2 * h + 1], half_t());
-                    if (pair_stores && c + 1 < group_channels) {
-                        *reinterpret_cast<unsigned int*>(pixel_out + c) = pair;
-                        continue;
-                    }
-                    if (c < group_channels) reinterpret_cast<unsigned short*>(pixel_out)[c * out_c] = (unsigned short)(pair & 0xffffu);
-                    if (c + 1 < group_channels) reinterpret_cast<unsigned short*>(pixel_out)[(c + 1) * out_c] = (unsigned short)(pair >> 16);
+            mma_store_run(sums, out + out_row + (index_t)out_x0 * out_ws, out_c, out_ws, c0, group_channels, out_x0,
+                          out_w, pair_stores);
+        }
+    }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// grad_input (involution_generated_backward_input) on tensor cores: the same band, transposed
+// ---------------------------------------------------------------------------------------
+//
+//   grad_input[n, c, y, x] = sum over the taps (a, b) and output pixels (i, j) whose window reads
+//                            (y, x), i*sh - ph + a*dh = y and j*sw - pw + b*dw = x, of
+//                            weight(n, g(c), a*KW + b, i, j) * grad_output[n, c, i, j]
+//
+// grad_output: (N, C, Ho, Wo), grad_input: (N, C, H, W), feature: (N, R, Ho, Wo), any strides.
+// Per kernel row a, input row y reads output row i = (y + ph - a*dh) / sh where that divides
+// (else none), and a run of MMA_TILE_W input pixels x0 + j reads that row's output columns: with
+// the run's first one `first` (the lowest any tap reads) and k = j' - first,
+//   band_a[j, k] = weight(.., a*KW + b, i, first + k) where (first + k)*sw - pw + b*dw = x0 + j, else 0
+// the run's sums over that kernel row are band_a (16 x K) times the output row's grad_output
+// (K x channels), as in the forward. But a band column holds one output pixel's weights, each
+// row another tap of it: no warp's weights serve another's band (output row i and kernel row a
+// fix the input row), so each warp forms, per kernel row, that row's KW taps at the band's
+// 16 k_steps output pixels, (16 k_steps x R)(R x 8) + bias on tensor cores (the feature's A
+// fragments from global memory, the whole of the group's span_weight staged in shared memory),
+// and each lane writes its D values, split hi and lo, straight to their band places (the same
+// places for every kernel row: the bands' zeros are written once). An output pixel outside the
+// map gets weight 0 (the staged grad_output there is 0 too: no inf times 0).
+//
+// A block of MMA_WARPS warps takes MMA_TILE_H input rows (a warp each) x MMA_TILE_W columns of
+// one (sample, group) (grid: tiles x groups x samples); per chunk of MMA_CHANNELS of the group's
+// channels it stages the output rows its windows read, then each warp runs its kernel rows. Each
+// input pixel is written by one warp, its sum in a fixed order: deterministic, no atomics. inf
+// and nan as in the forward: a warp whose sums are not all finite recomputes them by the direct
+// sum, the weights formed again one by one.
+//
+// Dynamic shared memory, 32-bit words of two 16-bit values (generated_mma_backward_shared_bytes):
+//   span     span_rows x span_stride                  span_weight's rows of the group, [tap][r]
+//            (span_rows = (KH - 1) KW + 8: row a's n-tile reads taps a KW .. a KW + 7; zeros
+//            past the taps and past R to a whole k-step)
+//   staged   rows_h x MMA_CHANNELS x stride           the grad_output chunk, [row][channel][column]
+//   band     2 x MMA_WARPS x MMA_TILE_W x stride      each warp's bands, hi then lo, [pixel][k]
+// with stride = 8 * k_steps + 4 and span_stride = 8 * ceil(R / 16) + 4 words.
+
+// The most output columns a run's band reads (k_steps <= 2: RedNet's 7x7 windows need 22 at
+// stride 1, 12 at stride 2): a warp holds that many pixels' weights of a kernel row at once.
+constexpr int MMA_GRAD_BAND = 32;
+static_assert(MMA_GRAD_BAND % 16 == 0 && MMA_GRAD_BAND <= MMA_BAND, "whole k-steps");
+
+// a / b rounded down, b > 0 (C's division rounds a negative a up).
+__device__ __forceinline__ int mma_floor_div(int a, int b) { return a >= 0 ? a / b : -((b - 1 - a) / b); }
+
+// values[0] and values[step] as a word (values[0] in its lower half), each if it lies inside
+// (count > 0, > 1), else zero: one 32-bit load where `word` says the pair is one aligned word
+// (step 1, an even count: both inside or neither), else two 16-bit loads.
+__device__ __forceinline__ unsigned int mma_load_pair(const unsigned short* values, index_t step, int count, bool word) {
+    if (word) return count > 0 ? __ldg(reinterpret_cast<const unsigned int*>(values)) : 0u;
+    return oplib_load_pair(values, step, count);
+}
+
+// A lane's 8 sums (input pixels row, row + 8 of the run x channels 2 quad, + 1 of each n-tile)
+// by the direct sum, each weight formed again from the staged span rows and the feature, stored
+// at `run` (the run's first pixel, the group's first channel): for a warp whose band products
+// met an inf or a nan. Cold, rolled, kept out of the kernel's registers.
+template <typename half_t>
+__device__ __noinline__ void mma_backward_direct_sums(
+    const unsigned short* span, int span_stride, const half_t* bias, const unsigned short* feature, index_t feature_c,
+    index_t feature_h, index_t feature_w, int reduced, const unsigned short* staged, int stride, int first_row,
+    int first_column, half_t* run, index_t out_c, index_t out_ws, int c0, int group_channels, int y, int x0, int width,
+    int out_h, int out_w, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h,
+    int dilation_w) {
+    const int lane = oplib_lane(), row = lane >> 2, quad = lane & 3;
+    for (int v = 0; v < 8; ++v) {
+        const int j = row + 8 * (v >> 1 & 1), c = c0 + 8 * (v >> 2) + 2 * quad + (v & 1);
+        if (x0 + j >= width || c >= group_channels) continue;
+        float sum = 0.0f;
+        for (int a = 0; a < kernel_h; ++a) {
+            const int from_y = y + pad_h - a * dilation_h;
+            if (from_y % stride_h != 0 || (unsigned int)(from_y / stride_h) >= (unsigned int)out_h) continue;
+            const int i = from_y / stride_h;
+            for (int b = 0; b < kernel_w; ++b) {
+                const int from_x = x0 + j + pad_w - b * dilation_w;
+                if (from_x % stride_w != 0 || (unsigned int)(from_x / stride_w) >= (unsigned int)out_w) continue;
+                const int o = from_x / stride_w, tap = a * kernel_w + b;
+                float weight = mma_to_float(bias[tap].bits, half_t());
+                const unsigned short* pixel = feature + (index_t)i * feature_h + (index_t)o * feature_w;
+                for (int r = 0; r < reduced; ++r) {
+                    weight = oplib_fma(mma_to_float(span[2 * tap * span_stride + r], half_t()),
+                                       mma_to_float(pixel[r * feature_c], half_t()), weight);
                 }
+                const unsigned short g = staged[2 * ((i - first_row) * MMA_CHANNELS + c - c0) * stride + o - first_column];
+                sum = oplib_fma(weight, mma_to_float(g, half_t()), sum);
             }
+        }
+        run[c * out_c + (index_t)j * out_ws] = Element<half_t>::store(sum);
+    }
+}
+
+// Instantiated for the forward's windows (the oplib-template line above).
+//
+// Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N), tiles of grad_input.
+template <typename scalar_t, int KERNEL, int STRIDE>
+__global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backward_input(
+    const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ feature,
+    const scalar_t* __restrict__ span_weight, const scalar_t* __restrict__ bias, scalar_t* __restrict__ grad_input,
+    int channels, int height, int width, int groups, int window_h, int window_w, int out_h, int out_w, int step_h,
+    int step_w, int pad_h, int pad_w, int spacing_h, int spacing_w, int reduced, int tiles_w, index_t grad_n,
+    index_t grad_c, index_t grad_h, index_t grad_w, index_t in_n, index_t in_c, index_t in_hs, index_t in_ws,
+    index_t feature_n, index_t feature_c, index_t feature_h, index_t feature_w, bool vector_grad, bool feature_words) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    if constexpr (sizeof(scalar_t) == 2) {
+        const TileGeometry<KERNEL, STRIDE> geometry(window_h, window_w, step_h, step_w, spacing_h, spacing_w);
+        const int kernel_h = geometry.kernel_h, kernel_w = geometry.kernel_w;
+        const int stride_h = geometry.stride_h, stride_w = geometry.stride_w;
+        const int dilation_h = geometry.dilation_h, dilation_w = geometry.dilation_w;
+        typedef scalar_t half_t;
+        const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+        const int row = lane >> 2, quad = lane & 3;
+        const int taps = kernel_h * kernel_w, group_channels = channels / groups;
+        const int band_columns = (MMA_TILE_W - 1 + (kernel_w - 1) * dilation_w + stride_w - 1) / stride_w + 1;
+        const int k_steps = (band_columns + 15) / 16, stride = 8 * k_steps + 4;
+        const int rows_h = (MMA_TILE_H - 1 + (kernel_h - 1) * dilation_h + stride_h - 1) / stride_h + 1;
+        const int span_rows = (kernel_h - 1) * kernel_w + 8, span_words = 8 * ((reduced + 15) / 16);
+        const int span_stride = span_words + 4;
+        OPLIB_DYNAMIC_SHARED(unsigned int, shared);
+        unsigned int* span = shared;
+        unsigned int* staged = span + span_rows * span_stride;
+        const int band_words = MMA_WARPS * MMA_TILE_W * stride;
+        unsigned int* band = staged + rows_h * MMA_CHANNELS * stride + warp * MMA_TILE_W * stride;
+
+        const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
+        const int y = tile_y * MMA_TILE_H + warp, x0 = tile_x * MMA_TILE_W;
+        const int group = blockIdx.y;
+        const index_t n = blockIdx.z;
+        const bool row_inside = y < height;  // (a warp past the map still takes the block's barriers)
+        // The output rows and columns the block's windows read begin at (first_row, first_column).
+        const int first_row = mma_floor_div(tile_y * MMA_TILE_H + pad_h - (kernel_h - 1) * dilation_h, stride_h);
+        const int first_column = mma_floor_div(x0 + pad_w - (kernel_w - 1) * dilation_w, stride_w);
+
+        // span_weight's rows of the group, whole; consecutive threads along a tap's row.
+        const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
+        for (int word = thread; word < span_rows * span_words; word += MMA_THREADS) {
+            const int tap = word / span_words, r = 2 * (word % span_words);
+            span[tap * span_stride + word % span_words] =
+                oplib_load_pair(group_span + (index_t)tap * reduced + r, 1, tap < taps ? reduced - r : 0);
+        }
+        for (int word = lane; word < MMA_TILE_W * stride; word += 32) band[word] = band[band_words + word] = 0u;
+        unsigned short* band_bits = reinterpret_cast<unsigned short*>(band);
+        const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
+        const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
+
+        const index_t group_channel0 = (index_t)group * group_channels;
+        const unsigned short* sample_grad = reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n;
+        const bool pair_stores = mma_pair_stores(grad_input, in_n, in_c, in_hs, in_ws, group_channels);
+        for (int c0 = 0; c0 < group_channels; c0 += MMA_CHANNELS) {
+            __syncthreads();  // every warp is done with the previous chunk (the first: the span is staged)
+            mma_stage_rows<half_t>(staged, sample_grad + group_channel0 * grad_c, c0, group_channels, rows_h, 8 * k_steps,
+                                   stride, first_row, first_column, out_h, out_w, grad_c, grad_h, grad_w, vector_grad,
+                                   thread);
+            __syncthreads();  // the grad_output chunk is staged
+            if (!row_inside) continue;
+            OplibFragmentC sums[2] = {};
+            // Rolled: each row's generation and band products are a long body already, and
+            // unrolled rows would hold their loads at once (spills at 7x7).
+#pragma unroll 1
+            for (int a = 0; a < kernel_h; ++a) {
+                const int from_y = y + pad_h - a * dilation_h;
+                if (from_y % stride_h != 0 || (unsigned int)(from_y / stride_h) >= (unsigned int)out_h) continue;
+                const int i = from_y / stride_h;
+                // Row a's weights at the band's output pixels: C fragment m holds pixels first_column +
+                // 16 m + row, + 8 x taps a KW + 2 quad, + 1, from the bias on.
+                OplibFragmentC weights[MMA_GRAD_BAND / 16];
+                const int tap = a * kernel_w + 2 * quad;
+                const float bias_low = 2 * quad < kernel_w ? mma_to_float(__ldg(group_bias + tap), half_t()) : 0.0f;
+                const float bias_high = 2 * quad + 1 < kernel_w ? mma_to_float(__ldg(group_bias + tap + 1), half_t()) : 0.0f;
+#pragma unroll
+                for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
+                    weights[m].value[0] = weights[m].value[2] = bias_low;
+                    weights[m].value[1] = weights[m].value[3] = bias_high;
+                }
+                const unsigned short* pixels = feature_bits + (index_t)i * feature_h;
+                // Rolled too: a k-step's 16 feature loads are in flight together already.
+#pragma unroll 1
+                for (int k0 = 0; k0 < reduced; k0 += 16) {
+                    const OplibFragmentB b = oplib_load_fragment_b(span + a * kernel_w * span_stride + k0 / 2, span_stride);
+                    const int r = k0 + 2 * quad;
+#pragma unroll
+                    for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
+                        if (m >= k_steps) break;
+                        const int low = first_column + 16 * m + row, high = low + 8;
+                        const bool low_in = (unsigned int)low < (unsigned int)out_w, high_in = (unsigned int)high < (unsigned int)out_w;
+                        const unsigned short* low_pixel = pixels + (index_t)low * feature_w;
+                        const unsigned short* high_pixel = pixels + (index_t)high * feature_w;
+                        OplibFragmentA f;
+                        f.reg[0] = mma_load_pair(low_pixel + r * feature_c, feature_c, low_in ? reduced - r : 0, feature_words);
+                        f.reg[1] = mma_load_pair(high_pixel + r * feature_c, feature_c, high_in ? reduced - r : 0, feature_words);
+                        f.reg[2] = mma_load_pair(low_pixel + (r + 8) * feature_c, feature_c, low_in ? reduced - r - 8 : 0, feature_words);
+                        f.reg[3] = mma_load_pair(high_pixel + (r + 8) * feature_c, feature_c, high_in ? reduced - r - 8 : 0, feature_words);
+                        oplib_mma<half_t>(weights[m], f, b);
+                    }
+                }
+                // Each value, split hi and lo, to its band places: output pixel o = first_column + k
+                // (band column k) and tap b serve input pixel x0 + j = o sw - pw + b dw.
+#pragma unroll
+                for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
+                    if (m >= k_steps) break;
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int k = 16 * m + row + 8 * h, o = first_column + k;
+                        const bool pixel_in = (unsigned int)o < (unsigned int)out_w;
+                        const float w0 = pixel_in ? weights[m].value[2 * h] : 0.0f;
+                        const float w1 = pixel_in ? weights[m].value[2 * h + 1] : 0.0f;
+                        const unsigned int hi = mma_round_pair(w0, w1, half_t());
+                        const unsigned int lo = mma_round_pair(mma_rest<half_t>(w0, (unsigned short)(hi & 0xffffu)),
+                                                               mma_rest<half_t>(w1, (unsigned short)(hi >> 16)), half_t());
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int b = 2 * quad + e, j = o * stride_w - pad_w + b * dilation_w - x0;
+                            if (b >= kernel_w || (unsigned int)j >= (unsigned int)MMA_TILE_W) continue;
+                            band_bits[2 * j * stride + k] = (unsigned short)(hi >> 16 * e);
+                            band_bits[2 * band_words + 2 * j * stride + k] = (unsigned short)(lo >> 16 * e);
+                        }
+                    }
+                }
+                __syncwarp();  // the bands of row a are written
+                const unsigned int* rows = staged + (i - first_row) * MMA_CHANNELS * stride;
+                mma_band_products<half_t, MMA_GRAD_BAND / 16>(sums, band, band_words, rows, stride, k_steps);
+                __syncwarp();  // every lane is done with the bands of row a
+            }
+            scalar_t* run = grad_input + n * in_n + group_channel0 * in_c + (index_t)y * in_hs + (index_t)x0 * in_ws;
+            if (mma_any_non_finite(sums)) {
+                mma_backward_direct_sums(reinterpret_cast<const unsigned short*>(span), span_stride, bias + (index_t)group * taps,
+                                         feature_bits, feature_c, feature_h, feature_w, reduced,
+                                         reinterpret_cast<const unsigned short*>(staged), stride, first_row, first_column,
+                                         run, in_c, in_ws, c0, group_channels, y, x0, width, out_h, out_w, kernel_h,
+                                         kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w);
+                continue;
+            }
+            mma_store_run(sums, run, in_c, in_ws, c0, group_channels, x0, width, pair_stores);
         }
     }
 #endif

@@ -1,0 +1,340 @@
+"""generated_mma.cu's grad_input, involution_generated_mma_backward_input (the forward's band
+transposed: a band column holds one output pixel's weights, formed per kernel row), on the host
+emulation: against the float64 reference on the registry's samples and random geometries in
+float16 and bfloat16, both run orders and both ways of staging grad_output; inf and nan where
+torch puts them; under AddressSanitizer; and planted bugs that each check must catch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from oplib import registry
+from oplib.kernels import KernelSource
+from oplib.kernels.involution import cuda as involution_cuda
+from oplib.kernels.involution.layouts import result_like
+from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher, build
+from oplib.testing.toolchain import require_host_compiler
+
+from cuda_test_helpers import _planted, assert_asan_catches, random_samples, run_under_asan
+from test_cuda_generated_mma import (CASES, DTYPES, PlantedBug, assert_non_finite_as_expected, check_against_reference,
+                                     float64_reference, with_one_non_finite)
+from test_cuda_tiles import TWO_CHANNEL_CHUNKS, _random_specialised_cases
+from test_cuda_tiles import _assert_specialised_equals_runtime as assert_bits_equal
+
+GRAD_INPUT = registry.get("involution_generated_backward_input")
+KERNEL = "involution_generated_mma_backward_input"
+
+
+def _source() -> KernelSource:
+    return involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+
+
+def grad_input_arguments(forward_args: tuple) -> tuple:
+    """involution_generated_backward_input's arguments for a forward call's: a grad_output of the
+    output's size in the input's layout (the same values each time: a seeded draw)."""
+    input, feature, span_weight, span_bias, *window = forward_args
+    generator = torch.Generator().manual_seed(input.numel() + feature.numel())
+    grad = torch.randn(input.shape[0], input.shape[1], *feature.shape[2:], dtype=torch.float64, generator=generator)
+    grad = grad.to(input.dtype).contiguous(memory_format=torch.channels_last if input.stride(1) == 1 and input.shape[1] > 1
+                                           else torch.contiguous_format)
+    return (grad, feature, span_weight, span_bias, list(input.shape[2:]), *window)
+
+
+def _result(args: tuple, launcher, specialised: bool = True):
+    out = result_like(args[0], args[4])
+    return involution_cuda.involution_generated_mma_backward_input(*args, out, launcher, specialised), out
+
+
+def _reference(args: tuple) -> torch.Tensor:
+    return float64_reference(GRAD_INPUT, args)
+
+
+def _check(args: tuple, launcher, name: str, specialised: bool = True) -> bool:
+    """The kernel's grad_input against the op's float64 reference; False where it declines."""
+    return check_against_reference(GRAD_INPUT, _result, args, launcher, name, specialised)
+
+
+def _declines_only_what_it_cannot_hold(args: tuple) -> bool:
+    """A kernel row wider than one n-tile of taps, more output columns than the band holds, or
+    shared memory past what it may ask for (a large R)."""
+    kernel_size, stride, dilation = args[5], args[6], args[8]
+    c = _source().constants
+    steps = involution_cuda.generated_mma_backward_extent(_source(), kernel_size, stride, dilation)[1]
+    return (kernel_size[1] > c["MMA_BAND_WIDTH"] or 16 * steps > c["MMA_GRAD_BAND"]
+            or involution_cuda.generated_mma_backward_shared_bytes(_source(), kernel_size, stride, dilation,
+                                                                   args[1].shape[1])
+            > involution_cuda.GENERATED_TILE_MAX_SHARED)
+
+
+def _vectors(args: tuple) -> bool:
+    groups = args[2].shape[0] // (args[5][0] * args[5][1])
+    return involution_cuda.generated_mma_vectors_fit(args[0], groups)
+
+
+def _specialisations(launcher) -> set[tuple[str, ...]]:
+    return {launch[4] for launch in launcher.launches if launch[0] == KERNEL}
+
+
+# The forward's geometries (two chunks, RedNet's 7x7 at strides 1 and 2, a run past the map's
+# edge), and stride 2 in channels_last with two chunks: stride 2 leaves every other input pixel
+# of a row without the taps of half the kernel rows.
+GRAD_CASES = (*CASES, TWO_CHANNEL_CHUNKS._replace(stride=(2, 2), channels_last=True))
+
+
+# The unit tier runs bfloat16 in one thread order (the integration tier float16 and both orders).
+@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration) for o in ORDERS[1:])])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.integration)], ids=str)
+def test_grad_input_matches_the_reference_on_the_registry_samples(dtype, order):
+    """involution_generated_backward_input's samples (channels_last, odd sizes, rectangular
+    windows, strides, dilations, no bias, an empty batch) and the geometries above, by both
+    stagings of grad_output and both ways of loading the feature."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    served, staged_by_vectors, feature_words = 0, set(), set()
+    for sample in GRAD_INPUT.sample_inputs("cpu", dtype, False):
+        if _check(sample.args, launcher, sample.name):
+            served += 1
+            staged_by_vectors.add(_vectors(sample.args))
+            feature_words.add(involution_cuda.generated_mma_feature_words(sample.args[1]))
+        else:
+            assert _declines_only_what_it_cannot_hold(sample.args), sample.name
+    for case in GRAD_CASES:
+        args = grad_input_arguments(case.arguments(dtype))
+        assert _check(args, launcher, case.name), case.name
+        staged_by_vectors.add(_vectors(args))
+        feature_words.add(involution_cuda.generated_mma_feature_words(args[1]))
+    assert served == len(list(GRAD_INPUT.sample_inputs("cpu", dtype, False)))
+    assert staged_by_vectors == {True, False} and feature_words == {True, False}  # both ways of each load
+    assert {launch[3] for launch in launcher.launches} == {256}
+    assert {("3", "1"), ("7", "1"), ("7", "2"), involution_cuda.GENERATED_TILE_RUNTIME} <= _specialisations(launcher)
+
+
+def _served_result(forward_args: tuple, launcher, specialised: bool) -> torch.Tensor:
+    result, out = _result(grad_input_arguments(forward_args), launcher, specialised)
+    assert result is out
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.integration)], ids=str)
+def test_specialised_grad_input_gives_the_runtime_instantiations_bits(dtype):
+    """Random 7x7, 5x5 and 3x3 windows: the specialised instantiation's bits are the runtime one's."""
+    require_host_compiler()
+    assert_bits_equal(dtype, "cpu", EmulatedLauncher, _served_result, seed=73)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_grad_input_matches_the_reference_on_random_geometries(dtype, order):
+    """The spec's random geometries, half of them channels_last; then random square windows."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    served = 0
+    for index, sample in enumerate(random_samples(GRAD_INPUT, dtype, 24, seed=83 + DTYPES.index(dtype))):
+        args = sample.args
+        if index % 2:
+            args = (args[0].contiguous(memory_format=torch.channels_last), args[1].contiguous(
+                memory_format=torch.channels_last), *args[2:])
+        if _check(args, launcher, f"random-{index}"):
+            served += 1
+        else:
+            assert _declines_only_what_it_cannot_hold(args), index
+    assert served >= 16
+    for case in _random_specialised_cases(12, seed=89 + DTYPES.index(dtype)):
+        args = grad_input_arguments(case.arguments(dtype))
+        assert _check(args, launcher, case.name), case.name
+
+
+def test_grad_input_declines_what_it_does_not_serve():
+    """float32 and float64, a kernel row wider than an n-tile of taps, more output columns than
+    the band holds, a span_weight past the shared memory: None, out untouched."""
+    source, config = _source(), involution_cuda.generated_mma_backward_config
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16).grid == (28, 4, 2)
+    assert config(source, torch.float16, 2, 4, (56, 56), (7, 7), (2, 2), (1, 1), 128).grid == (28, 4, 2)
+    assert config(source, torch.float32, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16) is None
+    assert config(source, torch.float64, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16) is None
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (9, 9), (1, 1), (1, 1), 16) is None
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (9, 1), (1, 1), (1, 1), 16) is not None
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (3, 3), (1, 1), (9, 9), 16) is None  # 34 columns
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (3, 3), (1, 1), (8, 8), 16) is not None  # 32
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1), 512) is not None
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1), 1024) is None  # span past 99 KiB
+    args = grad_input_arguments(TWO_CHANNEL_CHUNKS.arguments(torch.float32))
+    out = torch.full((1, 64, 11, 10), 7.0)
+    assert involution_cuda.involution_generated_mma_backward_input(*args, out, EmulatedLauncher()) is None
+    assert bool((out == 7).all())
+
+
+# Where one inf or nan goes (the argument's position, the index).
+NON_FINITE_PLACES = {
+    "grad_output corner": (0, (0, 0, 0, 0)),
+    "grad_output interior": (0, (0, 17, 5, 6)),
+    "grad_output right edge": (0, (0, 40, 7, 9)),
+    "feature": (1, (0, 3, 4, 4)),
+    "bias": (3, (5,)),
+}
+
+
+def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
+    result, out = _result(args, launcher)
+    assert result is out, name
+    assert_non_finite_as_expected(out, _reference(args), GRAD_INPUT.tolerance(out.dtype), name)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
+def test_non_finite_values_land_where_torch_puts_them(value, channels_last):
+    """An inf or a nan in grad_output, the feature or the bias: the warp's direct sum gives
+    torch's inf and nan, at its places only. Strides 1 and 2, both stagings."""
+    require_host_compiler()
+    launcher = EmulatedLauncher()
+    for case in (TWO_CHANNEL_CHUNKS, GRAD_CASES[-1]):
+        args = grad_input_arguments(case._replace(channels_last=channels_last).arguments(torch.bfloat16))
+        for place, changed in with_one_non_finite(args, NON_FINITE_PLACES, value):
+            _assert_non_finite_as_torch(changed, launcher, f"{case.name}-{place}")
+
+
+# ---------------------------------------------------------------------------------------
+# Planted bugs
+# ---------------------------------------------------------------------------------------
+
+
+# A band value one input pixel too far: tap b's weight at the next row of the band.
+BAND_PLACE = PlantedBug("band-place", "j = o * stride_w - pad_w + b * dilation_w - x0;",
+                        "j = o * stride_w - pad_w + b * dilation_w - x0 + 1;")
+# The grad_output chunk read before the block staged it.
+STAGED_BARRIER = PlantedBug("staged-barrier", "__syncthreads();  // the grad_output chunk is staged",
+                            "// the grad_output chunk is staged")
+# The direct sum one tap short: only the non-finite test reaches it.
+DIRECT_SUM = PlantedBug("direct-sum-tap-short", "for (int b = 0; b < kernel_w; ++b) {\n                const int from_x",
+                        "for (int b = 1; b < kernel_w; ++b) {\n                const int from_x")
+# The staged rows one row short in the layout: the bands of the last warp lie past the end.
+STAGED_OVERRUN = PlantedBug(
+    "bands-past-the-end",
+    "unsigned int* band = staged + rows_h * MMA_CHANNELS * stride + warp * MMA_TILE_W * stride;",
+    "unsigned int* band = staged + (rows_h + 1) * MMA_CHANNELS * stride + warp * MMA_TILE_W * stride;")
+
+
+def _band_sync_bug() -> PlantedBug:
+    """The grad_input kernel's "bands of row a are written" barrier (the forward has one too: the
+    text after the scatter loop names it) taken out."""
+    text = ("                }\n                __syncwarp();  // the bands of row a are written\n"
+            "                const unsigned int* rows = staged + (i - first_row)")
+    return PlantedBug("bands-written-sync", text, text.replace("__syncwarp();  // the bands", "// the bands"))
+
+
+def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
+    planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, bug.text, bug.bug)
+    monkeypatch.setattr(involution_cuda, "load_source", lambda filename: planted)
+    return planted
+
+
+# The planted bugs in the integration tier: the unit tier's planted band bug is the forward's
+# (test_cuda_generated_mma.py), each of these a compile of the emulation library (the tier's minutes).
+@pytest.mark.integration
+@pytest.mark.parametrize("bug", [BAND_PLACE, _band_sync_bug(), STAGED_BARRIER], ids=lambda b: b.name)
+def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    for order in ORDERS:
+        for case in (TWO_CHANNEL_CHUNKS, GRAD_CASES[-1]):
+            for specialised in (True, False):
+                launcher = EmulatedLauncher(order=order)
+                with pytest.raises(AssertionError, match="not close"):
+                    _check(grad_input_arguments(case.arguments(torch.bfloat16)), launcher, f"{bug.name}-{order}",
+                           specialised)
+                expected = (str(case.kernel_size[0]), str(case.stride[0]))
+                assert _specialisations(launcher) == {expected if specialised else involution_cuda.GENERATED_TILE_RUNTIME}
+
+
+@pytest.mark.integration
+def test_a_planted_direct_sum_bug_fails_the_non_finite_check(tmp_path, monkeypatch):
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, DIRECT_SUM)
+    args = list(grad_input_arguments(TWO_CHANNEL_CHUNKS.arguments(torch.bfloat16)))
+    assert _check(tuple(args), EmulatedLauncher(), "finite")  # the band products never run it
+    args[0] = args[0].clone()
+    args[0][0, 17, 5, 6] = float("inf")
+    with pytest.raises(AssertionError, match="inf at other places|not close"):
+        _assert_non_finite_as_torch(tuple(args), EmulatedLauncher(), DIRECT_SUM.name)
+
+
+_RUN_SAMPLES = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from oplib.testing.cuda_emulation import EmulatedLauncher
+from test_cuda_generated_mma_grad_input import (DTYPES, GRAD_CASES, GRAD_INPUT, _assert_non_finite_as_torch, _check,
+                                                grad_input_arguments)
+from test_cuda_tiles import _random_specialised_cases
+from cuda_test_helpers import random_samples
+launcher = EmulatedLauncher(sanitize=True)
+for dtype in DTYPES:
+    for sample in GRAD_INPUT.sample_inputs("cpu", dtype, False):
+        _check(sample.args, launcher, sample.name)
+    for case in GRAD_CASES:
+        _check(grad_input_arguments(case.arguments(dtype)), launcher, case.name)
+    for index, sample in enumerate(random_samples(GRAD_INPUT, dtype, 6, seed=5)):
+        _check(sample.args, launcher, f"random-{{index}}")
+    for case in _random_specialised_cases(8, seed=5):
+        _check(grad_input_arguments(case.arguments(dtype)), launcher, case.name)
+    args = list(grad_input_arguments(GRAD_CASES[1].arguments(dtype)))
+    args[1] = args[1].clone()
+    args[1][0, 3, 4, 4] = float("nan")
+    _assert_non_finite_as_torch(tuple(args), launcher, "nan")
+print("clean:", len(launcher.launches), "launches")
+"""
+
+
+@pytest.mark.integration
+def test_grad_input_is_clean_under_address_sanitizer():
+    """The samples, the geometries above, random ones and the direct sum: no access outside the
+    tensors or the dynamic shared memory (the host's size of it is the kernel's layout)."""
+    require_host_compiler()
+    build(_source(), sanitize=True)
+    result = run_under_asan(_RUN_SAMPLES.format(tests=str(Path(__file__).parent)))
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert "clean:" in result.stdout
+
+
+@pytest.mark.integration
+def test_address_sanitizer_catches_the_bands_past_the_end(tmp_path):
+    require_host_compiler()
+    planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, STAGED_OVERRUN.text, STAGED_OVERRUN.bug)
+    build(planted, sanitize=True)
+    assert_asan_catches(planted, """
+        g, f, s = torch.randn(1, 32, 9, 9).bfloat16(), torch.randn(1, 8, 9, 9).bfloat16(), torch.randn(2 * 49, 8).bfloat16()
+        ops.involution_generated_mma_backward_input(g, f, s, None, [9, 9], [7, 7], [1, 1], [3, 3], [1, 1],
+                                                    torch.empty(1, 32, 9, 9).bfloat16(), launcher)
+    """)
+
+
+def _gpu_arguments(dtype: torch.dtype) -> list[tuple[tuple, str]]:
+    samples = [(s.args, s.name) for s in GRAD_INPUT.sample_inputs("cpu", dtype, False)]
+    samples += [(grad_input_arguments(c.arguments(dtype)), c.name) for c in GRAD_CASES]
+    samples += [(s.args, f"random-{i}") for i, s in enumerate(random_samples(GRAD_INPUT, dtype, 8, seed=3))]
+    samples += [(grad_input_arguments(c.arguments(dtype)), c.name) for c in _random_specialised_cases(6, seed=7)]
+    return [(tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args), name) for args, name in samples]
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_grad_input_on_a_gpu_matches_the_reference(dtype):
+    """CuPy's launch, mma.sync and all: the samples, the geometries above, random ones, and an
+    inf where torch puts it."""
+    for args, name in _gpu_arguments(dtype):
+        if not _check(args, None, name):
+            assert _declines_only_what_it_cannot_hold(args), name
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in grad_input_arguments(CASES[1].arguments(dtype))]
+    args[0] = args[0].clone()
+    args[0][0, 17, 5, 6] = float("inf")
+    _assert_non_finite_as_torch(tuple(args), None, "inf")
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_specialised_grad_input_on_a_gpu_gives_the_runtime_instantiations_bits(dtype):
+    """What NVRTC makes of the unrolled loops keeps every sum's order too."""
+    assert_bits_equal(dtype, "cuda", lambda: None, _served_result, seed=73)
