@@ -143,6 +143,17 @@ def launch_elementwise(
     launcher.launch(source, kernel, out.dtype, linear_config(grid), args, specialisation)
 
 
+def launch_device(kernel: str, args: Sequence[KernelArg]) -> int:
+    """The one CUDA device every tensor of a launch lies on. A kernel handed a CPU tensor's
+    pointer reads host memory as if it were the device's (an illegal address, or garbage where
+    the GPU can map it): refused here instead, as torch's own ops refuse mixed devices."""
+    devices = {a.device for a in args if isinstance(a, Tensor)}
+    device = next(iter(devices), None)
+    if len(devices) != 1 or device.type != "cuda":
+        raise ValueError(f"{kernel}: every tensor must be on one CUDA device, got {sorted(map(str, devices))}")
+    return device.index
+
+
 class CuPyLauncher:
     """Compiles each kernel instantiation the first time a device launches it (CuPy's NVRTC,
     cached on disk by CuPy) and launches it on PyTorch's current stream of the tensors' device.
@@ -205,8 +216,7 @@ class CuPyLauncher:
         return handle
 
     def launch(self, source, kernel, dtype, config, args, specialisation=()) -> None:
-        device = next(a.device for a in args if isinstance(a, Tensor)).index
-        self.prepare(source, kernel, dtype, config, specialisation, device)(args)
+        self.prepare(source, kernel, dtype, config, specialisation, launch_device(kernel, args))(args)
 
     def prepare(self, source: KernelSource, kernel: str, dtype: torch.dtype, config: LaunchConfig,
                 specialisation: tuple[str, ...], device: int) -> Callable[[Sequence[KernelArg]], None]:

@@ -34,11 +34,12 @@ def _source() -> KernelSource:
 
 def grad_input_arguments(forward_args: tuple) -> tuple:
     """involution_generated_backward_input's arguments for a forward call's: a grad_output of the
-    output's size in the input's layout (the same values each time: a seeded draw)."""
+    output's size in the input's layout, on the input's device (the same values each time: a
+    seeded draw on the CPU; left there, a GPU test's kernel read host memory)."""
     input, feature, span_weight, span_bias, *window = forward_args
     generator = torch.Generator().manual_seed(input.numel() + feature.numel())
     grad = torch.randn(input.shape[0], input.shape[1], *feature.shape[2:], dtype=torch.float64, generator=generator)
-    grad = grad.to(input.dtype).contiguous(memory_format=torch.channels_last if input.stride(1) == 1 and input.shape[1] > 1
+    grad = grad.to(input.device, input.dtype).contiguous(memory_format=torch.channels_last if input.stride(1) == 1 and input.shape[1] > 1
                                            else torch.contiguous_format)
     return (grad, feature, span_weight, span_bias, list(input.shape[2:]), *window)
 

@@ -12,7 +12,7 @@ import torch
 
 import oplib.kernels
 from oplib import registry
-from oplib.kernels import NVRTC_OPTIONS, load_source
+from oplib.kernels import NVRTC_OPTIONS, cuda_launch, load_source
 from oplib.kernels.involution import cuda as involution_cuda
 
 from cuda_test_helpers import LAUNCHES, random_samples
@@ -107,6 +107,8 @@ def test_cupy_launcher_compiles_each_instantiation_once_and_packs_its_arguments(
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     monkeypatch.setitem(sys.modules, "cupy_backends.cuda.api", types.SimpleNamespace(driver=driver))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=4242))
+    # CPU tensors stand in for a GPU's (their pointers are only recorded); the real check refuses them
+    monkeypatch.setattr(cuda_launch, "launch_device", lambda kernel, args: None)
     launcher = oplib.kernels.CuPyLauncher()
     x, w = torch.randn(1, 16, 9, 9), torch.randn(1, 1, 7, 7, 9, 9)
     out = torch.empty(1, 16, 9, 9)
@@ -135,6 +137,26 @@ def test_cupy_launcher_compiles_each_instantiation_once_and_packs_its_arguments(
     driver.expected_arguments = args
     launcher.launch(source, "involution_forward_chunked", torch.float64, config, args, specialisation)
     assert fake_cupy.compiled[-1] == ["involution_forward_chunked<double, int, 7, 1, false>"]
+
+
+@pytest.mark.parametrize("devices", [("cpu", "cpu", "cpu"), ("cpu", "meta", "cpu")], ids=["cpu", "mixed"])
+def test_a_launch_refuses_tensors_off_one_cuda_device(monkeypatch, devices):
+    """A CPU tensor's pointer handed to a kernel is read as device memory: on an H200 a test
+    that built grad_output on the CPU got an illegal address from the tensor-core grad_input
+    (compute-sanitizer: a read 139 TB below every allocation, bench/results/h200/draw5/followup/)
+    and poisoned its process's context, failing 140 tests after it. The launch now refuses
+    before anything reaches the driver."""
+    driver = _FakeDriver()
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupy(driver))
+    monkeypatch.setitem(sys.modules, "cupy_backends.cuda.api", types.SimpleNamespace(driver=driver))
+    launcher = oplib.kernels.CuPyLauncher()
+    x, w, out = (torch.empty(shape, device=device) for shape, device in
+                 zip([(1, 16, 9, 9), (1, 1, 7, 7, 9, 9), (1, 16, 9, 9)], devices))
+    args = (x, w, out, 81, 16, 9, 9, 1, 9, 9, 3, 3, 16)
+    with pytest.raises(ValueError, match=r"involution_forward_chunked: every tensor must be on one CUDA device"):
+        launcher.launch(load_source(involution_cuda.SOURCE), "involution_forward_chunked", torch.float32,
+                        oplib.kernels.linear_config(1), args, ("int", "7", "1", "false"))
+    assert driver.launches == []
 
 
 @pytest.mark.needs_cuda

@@ -447,10 +447,12 @@ def test_generated_tile_matches_the_reference_on_random_geometries(dtype, order)
     assert _served_windows(dtype) | {involution_cuda.GENERATED_TILE_RUNTIME} == _tile_specialisations(launcher)
 
 
-def _tile_result(args: tuple, launcher, specialised: bool) -> torch.Tensor:
+def _tile_result(args: tuple, launcher, specialised: bool) -> Optional[torch.Tensor]:
+    """The tile's output; None where it declines (float64's wide windows past its shared memory)."""
     out = result_like(args[0], args[1].shape[2:])
-    assert involution_cuda.involution_generated_tile(*args, out, launcher, specialised) is out
-    return out
+    written = involution_cuda.involution_generated_tile(*args, out, launcher, specialised)
+    assert written is out or (written is None and _declined_only_past_the_tile(args)), args[1].shape
+    return written
 
 
 def _assert_specialised_equals_runtime(dtype: torch.dtype, device: str, launcher_for, result=_tile_result,
@@ -458,14 +460,19 @@ def _assert_specialised_equals_runtime(dtype: torch.dtype, device: str, launcher
     """Random 7x7, 5x5 and 3x3 windows: the specialised instantiation's bits are those of the one
     that reads its window from the arguments (every sum adds its terms in the same order).
     ``result(args, launcher, specialised)``: a fused kernel's output (the tile's, by default)."""
+    compared = 0
     for case in _random_specialised_cases(12, seed=seed):
         args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in case.arguments(dtype))
         launcher = launcher_for()
         specialised, runtime = result(args, launcher, True), result(args, launcher, False)
+        if specialised is None and runtime is None:  # declined either way (checked by `result`)
+            continue
+        compared += 1
         if launcher is not None:
             assert [launch[4] for launch in launcher.launches] == [
                 (str(case.kernel_size[0]), str(case.stride[0])), involution_cuda.GENERATED_TILE_RUNTIME], case.name
         assert torch.equal(specialised, runtime), f"{case.name}: {(specialised - runtime).abs().max()}"
+    assert compared >= 4
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
