@@ -12,8 +12,9 @@ first use:
   nothing or a whole module, and concurrent first calls (a DDP job's ranks) build once and
   all load it;
 - it is quick: the kernel units include no ATen tensor header and compile in parallel, one
-  compiler process per core (``MAX_JOBS``, as torch reads it, caps them), and it needs no
-  ninja;
+  compiler process per core (``MAX_JOBS``, as torch reads it, caps them), each unit's object
+  is kept by what it is compiled from (a build that changes one unit compiles that one), and
+  it needs no ninja;
 - a failure says why: the fallback warning quotes the compiler's first error line, and the
   whole log is kept beside the cache.
 
@@ -76,6 +77,8 @@ SANITIZE_FLAGS = ("-fsanitize=address", "-fno-omit-frame-pointer", "-g", "-O1")
 # The unit with the largest compiler (the bindings: torch's and pybind11's headers), and the
 # GCC parameters that make its garbage collector run sooner (its defaults suit more memory).
 MEMORY_BOUND_UNIT = "bindings.cpp"
+# The unit that defines the Python module (PYBIND11_MODULE(TORCH_EXTENSION_NAME, ...)).
+MODULE_UNIT = "bindings.cpp"
 GCC_LOW_MEMORY_FLAGS = ("--param", "ggc-min-expand=20", "--param", "ggc-min-heapsize=65536")
 
 
@@ -157,13 +160,17 @@ class Target:
     march: str = "native"
     sanitize: bool = False
 
-    def compile_flags(self, name: str) -> list[str]:
+    def compile_flags(self, name: Optional[str]) -> list[str]:
+        """The flags of every unit; the module's ``name`` (TORCH_EXTENSION_NAME) only where
+        given: the bindings unit's (``MODULE_UNIT``), the one unit that reads it, so that the
+        others' objects do not depend on it (``_compile`` reuses them across modules)."""
         import torch
         from torch.utils import cpp_extension
 
         includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
         flags = ["-std=c++20", "-fPIC", "-O3", f"-march={self.march}", "-fopenmp"]
-        flags += [f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+        flags += [f"-DTORCH_EXTENSION_NAME={name}"] if name is not None else []
+        flags += ["-DTORCH_API_INCLUDE_EXTENSION_H"]
         flags += [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"]
         flags += [f for include in includes for f in ("-isystem", include)]
         return flags + (list(SANITIZE_FLAGS) if self.sanitize else [])
@@ -190,16 +197,52 @@ def units(source_dir: Path = SOURCE_DIR) -> list[Path]:
     return sorted(source_dir.glob("*.cpp"), key=lambda path: (rank.get(path.name, len(rank)), path.name))
 
 
+def _texts(paths) -> list[str]:
+    return [path.name + "\0" + path.read_text() for path in sorted(paths)]
+
+
+def _environment_key(target: Target) -> list[str]:
+    """What a build depends on besides its sources and flags: the compiler, the CPU where
+    -march=native, the torch and the Python it is built against."""
+    import torch
+
+    return [_compiler_identity(target.compiler), _cpu_identity() if target.march == "native" else platform.machine(),
+            torch.__version__, sysconfig.get_config_var("EXT_SUFFIX")]
+
+
 def module_name(source_dir: Path, target: Target) -> str:
     """The module's name, a digest of everything it is built from: the sources, the flags, the
     compiler, the CPU where -march=native, the torch and the Python it is built against."""
-    import torch
-
-    key = [path.name + "\0" + path.read_text() for path in sorted(source_dir.glob("*.[ch]*"))]
+    key = _texts(source_dir.glob("*.[ch]*"))
     key += [*target.compile_flags("{name}"), *target.unit_flags(MEMORY_BOUND_UNIT), *target.link_flags()]
-    key += [_compiler_identity(target.compiler)]
-    key += [_cpu_identity() if target.march == "native" else platform.machine(), torch.__version__, sysconfig.get_config_var("EXT_SUFFIX")]
+    key += _environment_key(target)
     return f"oplib_cpu_{hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:16]}"
+
+
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+def local_includes(source: Path) -> set[Path]:
+    """The headers beside ``source`` that it includes, directly or through one another (every
+    quoted include counted, inside an #if or not: a superset is safe)."""
+    found, pending = set(), [source]
+    while pending:
+        for name in _LOCAL_INCLUDE.findall(pending.pop().read_text()):
+            header = source.parent / name
+            if header.is_file() and header not in found:
+                found.add(header)
+                pending.append(header)
+    return found
+
+
+def object_key(target: Target, source: Path, command: list[str]) -> str:
+    """The digest of everything one unit's object is compiled from: its text, the headers of
+    its own it includes (``local_includes``; torch's and the system's go with the
+    environment), its compile command (the paths of the source and the object aside) and the
+    environment (``_environment_key``)."""
+    key = [source.name + "\0" + source.read_text(), *_texts(local_includes(source)), *command,
+           *_environment_key(target)]
+    return hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:24]
 
 
 def cached_files(name: str) -> tuple[Path, Path]:
@@ -244,11 +287,14 @@ def first_error_line(log: str) -> str:
     return next((line for line in lines if _ERROR_LINE.search(line)), lines[-1] if lines else "no output")
 
 
-def _compile(target: Target, name: str, sources: list[Path], workdir: Path, progress: bool = False) -> Path:
+def _compile(target: Target, name: str, sources: list[Path], workdir: Path, progress: bool = False,
+             objects_dir: Optional[Path] = None) -> Path:
     """The module built from sources in workdir; raises NativeBuildError with the log.
-    ``progress``: a line on stderr as each unit is compiled."""
+    ``progress``: a line on stderr as each unit is compiled. ``objects_dir``: where compiled
+    objects are kept by ``object_key``, a unit whose object is there not compiled again (a
+    source tree that differs from a built one in one unit, as the tests' planted bugs do,
+    compiles that unit and links)."""
     compiler = shlex.split(target.compiler)
-    flags = target.compile_flags(name)
     start, done, lock = time.monotonic(), [0], threading.Lock()
 
     def run(command: list[str]) -> tuple[int, str]:
@@ -256,11 +302,23 @@ def _compile(target: Target, name: str, sources: list[Path], workdir: Path, prog
         return result.returncode, f"$ {shlex.join(command)}\n{result.stdout}{result.stderr}"
 
     def compile_unit(source: Path, object_file: Path) -> tuple[int, str]:
-        code, text = run([*compiler, *flags, *target.unit_flags(source.name), "-c", str(source), "-o", str(object_file)])
+        command = [*compiler, *target.compile_flags(name if source.name == MODULE_UNIT else None),
+                   *target.unit_flags(source.name), "-c"]
+        kept = objects_dir / f"{source.stem}-{object_key(target, source, command)}.o" if objects_dir else None
+        if kept is not None and kept.exists():
+            shutil.copyfile(kept, object_file)
+            code, text, outcome = 0, f"{source.name}: the object kept as {kept}", "kept"
+        else:
+            code, text = run([*command, str(source), "-o", str(object_file)])
+            outcome = "compiled" if code == 0 else "FAILED"
+            if code == 0 and kept is not None:
+                objects_dir.mkdir(parents=True, exist_ok=True)
+                partial = kept.with_name(f"{kept.name}.{os.getpid()}-{threading.get_ident()}")
+                shutil.copyfile(object_file, partial)
+                os.replace(partial, kept)  # whole or absent, for a build beside this one
         if progress:
             with lock:
                 done[0] += 1
-                outcome = "compiled" if code == 0 else "FAILED"
                 _announce(f"  [{done[0]}/{len(sources)}] {outcome} {source.name} ({time.monotonic() - start:.0f} s)")
         return code, text
 
@@ -325,7 +383,8 @@ def build(
             start = time.monotonic()
             try:
                 # Progress per unit only on a terminal: a log keeps the two lines.
-                built = _compile(target, name, units(source_dir), workdir, progress=not quiet and sys.stderr.isatty())
+                built = _compile(target, name, units(source_dir), workdir, progress=not quiet and sys.stderr.isatty(),
+                                 objects_dir=root / "objects")
             except NativeBuildError as error:
                 shutil.copyfile(error.log, failure_log)
                 shutil.rmtree(workdir, ignore_errors=True)

@@ -126,14 +126,12 @@ def _rednet_round_trip(depth: int, tmp_path):
     _round_trip(model, tmp_path / f"rednet{depth}.onnx", [(1, 3, 64, 64), (3, 3, 97, 81), (2, 3, 45, 224)])
 
 
+# RedNet-26 only: RedNet-50 is the same stem, blocks and head in more repeats (3-4-6-3
+# bottlenecks against 1-2-4-1), nothing its export translates that RedNet-26's does not, and
+# its round trip took 10 of CI's 60 minutes on the 2-core machine.
 @pytest.mark.integration
 def test_rednet26_exports_with_dynamic_batch_and_size(tmp_path):
     _rednet_round_trip(26, tmp_path)
-
-
-@pytest.mark.integration
-def test_rednet50_exports_with_dynamic_batch_and_size(tmp_path):
-    _rednet_round_trip(50, tmp_path)
 
 
 # About 50 s on the 2-core machine, nearly all of it torch.onnx's translation and optimisation

@@ -167,21 +167,30 @@ CHECK_SCRIPT = textwrap.dedent(
 )
 
 
-def _run_under_asan(source: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="session")
+def asan_cache(tmp_path_factory) -> Path:
+    """One build cache for every AddressSanitizer build of the run (the workers' common
+    folder under xdist): a planted bug's tree differs from the clean one in one unit, and the
+    build keeps the other units' objects, so each plant compiles one unit and links."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "native-asan-cache"
+
+
+def _run_under_asan(source: Path, cache: Path) -> subprocess.CompletedProcess:
     from oplib.testing.cuda_emulation import asan_environment
 
-    env = dict(asan_environment(), TORCH_EXTENSIONS_DIR=str(tmp_path / "cache"))
+    env = dict(asan_environment(), TORCH_EXTENSIONS_DIR=str(cache))
     return subprocess.run(
         [sys.executable, "-c", CHECK_SCRIPT, str(source), "native", "", "1"], capture_output=True, text=True, env=env, timeout=1200
     )
 
 
 @pytest.mark.integration
-def test_native_kernels_are_clean_under_address_sanitizer(tmp_path):
+def test_native_kernels_are_clean_under_address_sanitizer(asan_cache):
     """Every registry sample and 15 random geometries per op and dtype, through the kernels
     built with AddressSanitizer: no invalid access, and the reference's results."""
     require_native_build()
-    result = _run_under_asan(native.SOURCE_DIR, tmp_path)
+    result = _run_under_asan(native.SOURCE_DIR, asan_cache)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-5000:]
     assert "checked: clean" in result.stdout
 
@@ -241,7 +250,7 @@ PLANTED_OVER_READS = {
 
 @pytest.mark.integration
 @pytest.mark.parametrize("plant", PLANTED_OVER_READS)
-def test_address_sanitizer_catches_a_planted_off_by_one_in_the_native_kernels(tmp_path, plant):
+def test_address_sanitizer_catches_a_planted_off_by_one_in_the_native_kernels(tmp_path, asan_cache, plant):
     """The same run over a copy of the source with one planted over-read: the read past the
     end of a tensor or buffer must abort with a heap-buffer-overflow."""
     require_native_build()
@@ -254,7 +263,7 @@ def test_address_sanitizer_catches_a_planted_off_by_one_in_the_native_kernels(tm
     holders = [path for path in planted.iterdir() if exact in path.read_text()]
     assert len(holders) == 1 and holders[0].read_text().count(exact) == 1, holders
     holders[0].write_text(holders[0].read_text().replace(exact, wrong))
-    result = _run_under_asan(planted, tmp_path)
+    result = _run_under_asan(planted, asan_cache)
     assert result.returncode != 0
     # A write of a whole vector that starts inside the tensor and ends past it is reported as
     # an "unknown-crash" with the address past the region's end (a 16-bit store of two lanes

@@ -24,10 +24,15 @@ RESOURCE_TABLE = Path(__file__).resolve().parents[3] / "bench" / "results" / "cu
 # integration tier for every other target.
 UNIT_ARCH = "sm_90"
 ARCH_PARAMS = [arch if arch == UNIT_ARCH else pytest.param(arch, marks=pytest.mark.integration) for arch in ARCHITECTURES]
-# nvcc's compile of every instantiation, every target, in the integration tier only: the unit
-# tier's NVRTC compile for sm_90 (what CuPy runs) already proves the sources compile, and
-# nvcc's -Werror pass over involution.cu took 83 s of the unit tier's 8 minutes.
-NVCC_ARCH_PARAMS = [pytest.param(arch, marks=pytest.mark.integration) for arch in ARCHITECTURES]
+# nvcc's compile of every instantiation, in the integration tier only: the unit tier's NVRTC
+# compile for sm_90 (what CuPy runs) already proves the sources compile, and nvcc's -Werror
+# pass over involution.cu took 83 s of the unit tier's 8 minutes. nvcc (-Werror, the host
+# compiler's -Wall) for one target each side of the sources' only architecture test,
+# __CUDA_ARCH__ >= 800: every preprocessed path; the other targets differ in ptxas's code
+# only, which NVRTC's compile with ptxas's report checks for every target (a minute or more
+# of nvcc each for involution.cu, 8 of CI's minutes in all).
+NVCC_ARCHITECTURES = ("sm_75", "sm_90")
+NVCC_ARCH_PARAMS = [pytest.param(arch, marks=pytest.mark.integration) for arch in NVCC_ARCHITECTURES]
 
 
 def _instantiations(source: KernelSource) -> str:
@@ -54,6 +59,21 @@ def _nvcc(source: KernelSource, arch: str, tmp_path: Path, instantiate: bool = T
          "-c", str(unit), "-o", str(tmp_path / "instantiate.o")],
         capture_output=True, text=True, timeout=600,
     )
+
+
+def test_nvcc_covers_every_architecture_test_of_the_sources():
+    """NVCC_ARCHITECTURES holds a target on each side of every __CUDA_ARCH__ threshold the
+    sources test: a new threshold (an sm_90-only path, say) asks for a target of its own."""
+    tests = set()
+    for path in [*(load_source(filename).path for filename in CUDA_SOURCES), *Path(INCLUDE_DIR).glob("*.cuh")]:
+        text = Path(path).read_text()
+        tests |= {int(v) for v in re.findall(r"__CUDA_ARCH__\s*>=\s*(\d+)", text)}
+        assert not re.search(r"__CUDA_ARCH__\s*(<|<=|>|==)\s*\d", text), path
+    assert tests, "no architecture test found: the scan reads nothing"
+    for threshold in tests:
+        sides = {int(arch[3:]) * 10 >= threshold for arch in NVCC_ARCHITECTURES}
+        assert sides == {True, False}, threshold
+    assert set(NVCC_ARCHITECTURES) <= set(ARCHITECTURES)
 
 
 @pytest.mark.parametrize("arch", NVCC_ARCH_PARAMS)
