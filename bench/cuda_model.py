@@ -30,8 +30,8 @@ from oplib.benchmark import REDNET50_SHAPES, Shape
 from oplib.testing import device_model
 from oplib.testing.device_model import H100_SXM, H200, Constants, Copy, Launch, LaunchInputs
 
-# The latest H200 run of the kernel table (the fourth draw: the tiled kernel's first timing).
-MEASURED = RESULTS / "h200" / "draw4" / "involution-cuda.json"
+# The latest H200 run of the kernel table (the fifth draw: the tensor-core kernels' first timing).
+MEASURED = RESULTS / "h200" / "draw5" / "involution-cuda.json"
 # The same table measured on an H100 by `make gpu-check` (a GPU the constants were not fitted on).
 MEASURED_H100 = RESULTS / "h100" / "involution-cuda.json"
 # The bar of the issue: the model within 2x of the measured time on every row.
@@ -54,14 +54,22 @@ def calls(shape: Shape, dtype: torch.dtype, layout: str) -> dict[str, tuple[str,
     }
 
 
-# The table's row for the tiled fused forward, which its "tiled" column times beside the
-# generated forward (span_tile.cu's involution_generated_tile, not yet an op's kernel).
+# The rows of involution_generated's fused kernels, which the table times in columns of their
+# own beside the row of the call they serve: row name -> (the table's row, its column, the
+# function of oplib.kernels.involution.cuda that launches the kernel).
 TILED = "tiled generated forward"
+MMA_FORWARD = "tensor cores generated forward"
+MMA_GRAD_INPUT = "tensor cores grad_input"
+FUSED = {
+    TILED: ("generated forward", "tiled (ms)", "involution_generated_tile"),
+    MMA_FORWARD: ("generated forward", "tensor cores (ms)", "involution_generated_mma"),
+    MMA_GRAD_INPUT: ("grad_input", "tensor cores (ms)", "involution_generated_mma_backward_input"),
+}
 
 
 def measured_rows(path: Path = MEASURED) -> tuple[float, list[dict]]:
     """A committed run (by default the H200's): its copy bandwidth (bytes/s) and its kernel rows,
-    each "generated forward" row followed by a ``TILED`` row where the run timed the tile."""
+    each followed by the rows of the fused kernels (``FUSED``) the run timed beside it."""
     data = json.loads(path.read_text())
     table = next(t for t in data["tables"] if t["heading"].startswith("CUDA: each kernel's device time"))
     text = path.with_suffix(".md").read_text()
@@ -70,9 +78,10 @@ def measured_rows(path: Path = MEASURED) -> tuple[float, list[dict]]:
     for cells in table["rows"]:
         row = dict(zip(table["columns"], cells))
         rows.append(row)
-        if row["kernel"] == "generated forward" and row.get("tiled (ms)", "-") != "-":
-            rows.append({"shape": row["shape"], "dtype": row["dtype"], "layout": row["layout"], "kernel": TILED,
-                         "device (ms)": row["tiled (ms)"]})
+        for fused, (kernel, column, _) in FUSED.items():
+            if row["kernel"] == kernel and row.get(column, "-") != "-":
+                rows.append({"shape": row["shape"], "dtype": row["dtype"], "layout": row["layout"], "kernel": fused,
+                             "device (ms)": row[column]})
     return bandwidth, rows
 
 
@@ -86,8 +95,10 @@ def _record(case: tuple[str, str, str]) -> list[tuple[str, list]]:
     for kernel, (qualname, args) in calls(shape, dtype, layout).items():
         events = device_model.record_launches(qualname, *args)
         result.append((kernel, [(e, device_model.kernel_work(e) if isinstance(e, Launch) else None) for e in events]))
-    launch = _fused_launch(case)
-    result.append((TILED, [(launch, device_model.kernel_work(launch))]))
+    for fused, (_, _, function) in FUSED.items():
+        launch = _fused_launch(case, function)
+        if launch is not None:
+            result.append((fused, [(launch, device_model.kernel_work(launch))]))
     return result
 
 
@@ -278,10 +289,10 @@ def report(rows: list[dict], bandwidth: float, h100: Optional[dict] = None) -> t
 # ---------------------------------------------------------------------------------------
 
 
-def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated_tile") -> Launch:
+def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated_tile") -> Optional[Launch]:
     """The launch of one of involution_generated's fused kernels (``fused``, a function of
     oplib.kernels.involution.cuda: a forward, or ``involution_generated_mma_backward_input``) at
-    one (shape, dtype, layout), recorded on CPU tensors."""
+    one (shape, dtype, layout), recorded on CPU tensors; None where the kernel declines it."""
     from oplib.kernels.involution import cuda as involution_cuda
     from oplib.kernels.involution.layouts import result_like
 
@@ -298,7 +309,7 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     else:
         getattr(involution_cuda, fused)(x, feature, o["span_weight"], o["span_bias"], *window,
                                         result_like(x, feature.shape[2:]), recording)
-    return recording.launches[0]
+    return recording.launches[0] if recording.launches else None
 
 
 def tiled_lines(rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
@@ -330,9 +341,8 @@ def tiled_lines(rows: list[dict], constants: Constants, bandwidth: float) -> lis
         return [heading, "", "Not timed in the measured table (its \"tiled\" column is empty).", ""]
     verdict = (f"Its {len(ratios)} rows, measured on the H200: predicted / measured {ratio_range(ratios)}, "
                f"{sum(1 / BAR <= r <= BAR for r in ratios)} within {BAR:g}x (these rows are among those the constants "
-               "are fitted on; the held-out column of the table above predicts each dtype from the other's). Where the "
-               "bfloat16 rows fall short, so does the instruction count: the model's is under half of what Nsight Compute "
-               "saw the bfloat16 tile execute (the last table).")
+               "are fitted on; the held-out column of the table above predicts each dtype from the other's). The "
+               "instruction count behind its issue term is set beside Nsight Compute's in the table after this one.")
     return [
         heading,
         "",
@@ -358,11 +368,12 @@ def tiled_lines(rows: list[dict], constants: Constants, bandwidth: float) -> lis
 # The instruction ratio against Nsight Compute's executed instructions
 # ---------------------------------------------------------------------------------------
 
-# The fourth H200 draw's Nsight Compute run (the tiled kernel among its calls) and its calls.
-NCU = RESULTS / "h200" / "draw4" / "second" / "logs"
+# The fifth H200 draw's Nsight Compute run (the tensor-core kernels among its calls) and its calls.
+NCU = RESULTS / "h200" / "draw5" / "logs"
 # ncu's call labels -> the kernel table's rows (the calls on the generic kernels are no row).
 NCU_CALLS = {"oplib forward": "forward", "oplib grad_input": "grad_input", "oplib grad_weight": "grad_weight",
-             "oplib generated forward": "generated forward", TILED: TILED}
+             "oplib generated forward": "generated forward", TILED: TILED,
+             "tensor cores generated forward": MMA_FORWARD, "tensor cores generated grad_input": MMA_GRAD_INPUT}
 
 
 def ncu_instructions(rows: list[dict], folder: Path = NCU) -> list[dict]:
@@ -405,7 +416,7 @@ def instruction_lines(data: list[dict]) -> list[str]:
         "",
         f"The issue term's instructions are the traced ones times the kernel's instruction ratio (its SASS, each "
         f"instruction weighted by {device_model.LOOP_TRIPS} per loop around it). Beside them, the warp instructions "
-        "Nsight Compute saw executed on the H200 at its profiled shape (`h200/draw4/second/`: the SMs' issue rate "
+        "Nsight Compute saw executed on the H200 at its profiled shape (`h200/draw5/`: the SMs' issue rate "
         "times their elapsed cycles).",
         "",
         *_harness.table(["call", "instantiation", "executed (M)", "traced (M)", "executed / traced", "instruction ratio",
@@ -459,93 +470,75 @@ def changed_lines(data: list[dict], rows: list[dict], constants: Constants, band
 
 
 
-# The tensor-core kernels (generated_mma.cu) predicted: the kernel table's row each is timed
-# beside ("generated forward", "grad_input"), the function recorded, and a title.
-MMA_KERNELS = {
-    "generated forward": ("involution_generated_mma", "the tensor-core forward, involution_generated_mma"),
-    "grad_input": ("involution_generated_mma_backward_input",
-                   "the tensor-core grad_input, involution_generated_mma_backward_input"),
+# The tensor-core kernels (generated_mma.cu), measured rows of the table: each row's title.
+MMA_TITLES = {
+    MMA_FORWARD: "the tensor-core forward, involution_generated_mma",
+    MMA_GRAD_INPUT: "the tensor-core grad_input, involution_generated_mma_backward_input",
 }
 
 
-def mma_rows(table: list[dict]) -> list[dict]:
-    """The tensor-core kernels (``MMA_KERNELS``) at each bfloat16 (shape, layout) of the measured
-    table (``measured_rows``' rows): their launches recorded on CPU tensors, their work traced
-    and their SASS profiled, as model inputs."""
-    from oplib.kernels.involution import cuda as involution_cuda
-
-    cases = [(r["shape"], r["dtype"], r["layout"]) for r in table
-             if r["kernel"] == "generated forward" and r["dtype"] == "bfloat16"]
-    launches = [(case, kernel, _fused_launch(case, MMA_KERNELS[kernel][0])) for kernel in MMA_KERNELS for case in cases]
-    which = tuple(sorted({(l.kernel, l.dtype, l.specialisation) for *_, l in launches}, key=str))
-    profiles = device_model.sass_profile(involution_cuda.GENERATED_MMA_SOURCE, which, H200.arch)
-    return [{"shape": name, "dtype": dtype, "layout": layout, "kernel": kernel,
-             "events": [LaunchInputs.of(launch, profiles[launch.name])]}
-            for (name, dtype, layout), kernel, launch in launches]
-
-
-def mma_lines(data: list[dict], table: list[dict], constants: Constants, bandwidth: float) -> list[str]:
-    """The tensor-core kernels predicted with the constants fitted above, each beside what the
-    draw measured (``table``, ``measured_rows``' rows) of the path it is to replace: for the
-    forward span conv + involution (the table's "generic (before)" of the generated forward,
-    the issue's bar 0.5x) and the tiled forward; for grad_input involution's grad_input reading
-    the span conv's map (the fused one forms the weights again instead)."""
+def mma_lines(rows: list[dict], table: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """The tensor-core kernels' rows (``MMA_TITLES``) predicted with the constants fitted above
+    beside their measured time, and the measured time beside what the draw measured of the path
+    each is to replace (``table``, ``measured_rows``' rows): for the forward span conv +
+    involution (the table's "generic (before)" of the generated forward, the issue's bar 0.5x);
+    for grad_input involution's grad_input reading the span conv's map (the fused one forms the
+    weights again instead)."""
     measured = {_key(r): r for r in table}
     lines = []
-    predicted_by, replaced_by = {}, {}  # (kernel, key) -> seconds
-    for kernel, (function, title) in MMA_KERNELS.items():
-        cells, ratios = [], []
-        for entry in data:
-            if entry.get("kernel", "generated forward") != kernel:
+    time_by, replaced_by = {}, {}  # (kernel, key) -> seconds
+    for kernel, title in MMA_TITLES.items():
+        cells, ratios, against = [], [], []
+        served = FUSED[kernel][0]
+        for row in rows:
+            if row["kernel"] != kernel:
                 continue
-            key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
-            row = measured[f"{key} | {kernel}"]
-            replaced = float(row["generic (before, ms)" if kernel == "generated forward" else "device (ms)"]) * 1e-3
-            events = events_from_json(entry["events"])
-            inputs = next(e for e in events if isinstance(e, LaunchInputs))
+            key = " | ".join((row["shape"], row["dtype"], row["layout"]))
+            cell = measured[f"{key} | {served}"]
+            replaced = float(cell["generic (before, ms)" if served == "generated forward" else "device (ms)"]) * 1e-3
+            inputs = next(e for e in row["events"] if isinstance(e, LaunchInputs))
             terms = device_model.launch_terms(inputs, H200, constants, bandwidth)
-            predicted = device_model.predict(events, H200, constants, bandwidth)
+            predicted = device_model.predict(row["events"], H200, constants, bandwidth)
             resident = device_model.resident_blocks(inputs.registers, inputs.threads_per_block, inputs.shared_bytes, H200)
-            ratios.append(predicted / replaced)
-            predicted_by[kernel, key], replaced_by[kernel, key] = predicted, replaced
-            cell = [entry["shape"], entry["dtype"], entry["layout"], f"{inputs.blocks} x {inputs.threads_per_block}",
-                    str(inputs.registers), f"{inputs.shared_bytes / 1024:.1f}", str(resident),
-                    f"{inputs.instruction_ratio:.2f}", terms.bound, f"{predicted * 1e6:.1f}", f"{replaced * 1e6:.1f}",
-                    f"{predicted / replaced:.2f}x"]
-            if kernel == "generated forward":
-                tiled = measured.get(f"{key} | {TILED}")
-                cell.append("-" if tiled is None else f"{float(tiled['device (ms)']) * 1e3:.1f}")
-            cells.append(cell)
+            ratios.append(predicted / row["measured_s"])
+            against.append(row["measured_s"] / replaced)
+            time_by[kernel, key], replaced_by[kernel, key] = row["measured_s"], replaced
+            cells.append([row["shape"], row["dtype"], row["layout"], f"{inputs.blocks} x {inputs.threads_per_block}",
+                          str(inputs.registers), f"{inputs.shared_bytes / 1024:.1f}", str(resident),
+                          f"{inputs.instruction_ratio:.2f}", terms.bound, f"{predicted * 1e6:.1f}",
+                          f"{row['measured_s'] * 1e6:.1f}", f"{ratios[-1]:.2f}x", f"{replaced * 1e6:.1f}",
+                          f"{against[-1]:.2f}x"])
         if not cells:
             continue
-        columns = ["shape", "dtype", "layout", "launch", "registers", "shared (KiB)", "blocks per SM",
-                   "instruction ratio", "bound", "predicted (us)"]
-        if kernel == "generated forward":
+        model = (f"Predicted / measured {ratio_range(ratios)}, {sum(1 / BAR <= r <= BAR for r in ratios)} of "
+                 f"{len(ratios)} rows within {BAR:g}x (rows the constants are fitted on).")
+        if kernel == MMA_FORWARD:
+            replaced_name = "span conv + involution (us)"
             text = ("generated_mma.cu forms the weights and aggregates them on tensor cores (a kernel row of a 16-pixel "
-                    "run as a band matrix times the window's input rows), in float16 and bfloat16. Never timed yet: "
-                    "predicted with the constants fitted above, beside the H200's measured span conv + involution (the "
-                    "path it is to replace) and its tiled forward. Predicted / span conv + involution: "
-                    f"{ratio_range(ratios)}, {sum(r <= 0.5 for r in ratios)} of {len(ratios)} rows within the issue's "
-                    "0.5x.")
-            columns += ["span conv + involution (us)", "predicted / replaced", "tiled, measured (us)"]
+                    "run as a band matrix times the window's input rows), in float16 and bfloat16; measured on the "
+                    "H200 beside the path it is to replace, span conv + involution. " + model + " Measured / span conv "
+                    f"+ involution: {ratio_range(against)}, faster at {sum(a < 1.0 for a in against)} of {len(against)} "
+                    f"rows, within the issue's 0.5x at {sum(a <= 0.5 for a in against)}.")
         else:
-            both = [(predicted_by["generated forward", k] + predicted_by[kernel, k])
-                    / (replaced_by["generated forward", k] + replaced_by[kernel, k])
-                    for kind, k in predicted_by if kind == kernel and ("generated forward", k) in predicted_by]
+            replaced_name = "involution grad_input (us)"
+            both = [(time_by[MMA_FORWARD, k] + time_by[kernel, k]) / (replaced_by[MMA_FORWARD, k] + replaced_by[kernel, k])
+                    for kind, k in time_by if kind == kernel and (MMA_FORWARD, k) in time_by]
             text = ("generated_mma.cu's grad_input of involution_generated: the forward's band transposed (a band "
                     "column holds one output pixel's weights), each warp forming its kernel row's weights at the "
-                    "band's output pixels on tensor cores. Never timed yet: predicted with the constants fitted "
-                    "above, beside the H200's measured grad_input of involution, which reads the weights the span "
-                    "conv wrote where this one forms them again. Predicted / involution's grad_input: "
-                    f"{ratio_range(ratios)}, faster at {sum(r < 1.0 for r in ratios)} of {len(ratios)} rows. The "
-                    "two tensor-core kernels together (predicted) / span conv + involution + involution's grad_input "
-                    f"(measured), what the fused path's forward and grad_input replace: {ratio_range(both)}, faster "
-                    f"at {sum(r < 1.0 for r in both)} of {len(both)} rows (the generator's gradients, through the "
-                    "weight gradient's map on both paths for now, come on top of each).")
-            columns += ["involution grad_input (us)", "predicted / replaced"]
-        lines += [f"## Predicted: {title}", "", text + " These wait for a draw (`make gpu-check`).", "",
-                  *_harness.table(columns, "lllrrrrrlr" + "r" * (len(columns) - 10), cells), ""]
+                    "band's output pixels on tensor cores; measured on the H200 beside involution's grad_input, which "
+                    "reads the weights the span conv wrote where this one forms them again. " + model + " Measured / "
+                    f"involution's grad_input: {ratio_range(against)}, faster at {sum(a < 1.0 for a in against)} of "
+                    f"{len(against)} rows. The two tensor-core kernels together / span conv + involution + involution's "
+                    f"grad_input, what the fused path's forward and grad_input replace (all measured): "
+                    f"{ratio_range(both)}, faster at {sum(r < 1.0 for r in both)} of {len(both)} rows (the generator's "
+                    "gradients, through the weight gradient's map on both paths for now, come on top of each).")
+        columns = ["shape", "dtype", "layout", "launch", "registers", "shared (KiB)", "blocks per SM",
+                   "instruction ratio", "bound", "predicted (us)", "measured (us)", "predicted / measured",
+                   replaced_name, "measured / replaced"]
+        lines += [f"## Measured: {title}", "", text, "",
+                  *_harness.table(columns, "lllrrrrrlrrrrr", cells), ""]
     return lines[:-1]
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -572,10 +565,9 @@ def main() -> None:
     tiled = tiled_lines(rows, constants, bandwidth)
     model["instructions"] = ncu_instructions(rows)
     model["changed"] = changed_rows(rows, current)
-    model["mma"] = [{**entry, "events": events_to_json(entry["events"])} for entry in mma_rows(table)]
     _harness.write_report(settings, [*lines, "", *tiled, "", *instruction_lines(model["instructions"]), "",
                                      *changed_lines(model["changed"], rows, constants, bandwidth), "",
-                                     *mma_lines(model["mma"], table, constants, bandwidth)])
+                                     *mma_lines(rows, table, constants, bandwidth)])
     data = json.loads(data_path.read_text())
     data["model"] = model
     data_path.write_text(json.dumps(data, indent=1) + "\n")
