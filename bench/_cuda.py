@@ -306,7 +306,7 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
         calls |= {("generic", k): call for k, call in oplib_calls.items()}
     f, s, b = o["feature"], o["span_weight"], o["span_bias"]
     calls["oplib", "generated forward"] = lambda: ops["generated forward"](x, f, s, b, kernel_size, stride, padding, dilation)
-    if launcher is not None:  # the tiled fused forwards, not yet the op's default
+    if launcher is not None:  # each fused kernel on its own (the op takes the first that serves the call)
         calls["tiled", "generated forward"] = lambda: involution_cuda.involution_generated_tile(
             x, f, s, b, kernel_size, stride, padding, dilation, result_like(x, f.shape[2:]), launcher)
         if x.dtype in involution_cuda.GENERATED_MMA_DTYPES:

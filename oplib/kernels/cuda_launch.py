@@ -216,7 +216,10 @@ class CuPyLauncher:
         return handle
 
     def launch(self, source, kernel, dtype, config, args, specialisation=()) -> None:
-        self.prepare(source, kernel, dtype, config, specialisation, launch_device(kernel, args))(args)
+        self.prepare(source, kernel, dtype, config, specialisation, self._device(kernel, args))(args)
+
+    def _device(self, kernel: str, args: Sequence[KernelArg]) -> int:
+        return launch_device(kernel, args)
 
     def prepare(self, source: KernelSource, kernel: str, dtype: torch.dtype, config: LaunchConfig,
                 specialisation: tuple[str, ...], device: int) -> Callable[[Sequence[KernelArg]], None]:

@@ -29,9 +29,10 @@ n, pixels of gw f^T, grad_span_bias = sum of gw. Its own derivatives are generat
 The device code is in ``oplib.kernels.involution``, which writes into the result each op
 allocates here: on CPU the native kernels (``involution_generated_forward`` and
 ``..._backward_input``), else the plain-PyTorch route (the span conv, then involution's own
-CPU kernels); on CUDA the kernels of ``involution_generated.cu`` (generic: one thread per
-sample, group and pixel; not yet specialised like involution's), which form the weights in
-registers.
+CPU kernels); on CUDA the forward's fused kernels where one serves the call (tensor cores
+for float16/bfloat16, else a tiled kernel: the weights formed in shared memory or on
+tensor-core fragments) and the generic kernels of ``involution_generated.cu`` elsewhere and
+for grad_input (one thread per sample, group and pixel), which form the weights in registers.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ from __future__ import annotations
 import itertools
 import threading
 
+from torch import Tensor
+
 from ..kernels.cuda_launch import CuPyLauncher
 from ..kernels.cuda_source import instantiations
 
@@ -55,3 +57,8 @@ class RecordingCuPyLauncher(CuPyLauncher):
 
     def _stream(self, device) -> int:
         return 0
+
+    def _device(self, kernel, args):
+        """CPU tensors stand in for a GPU's here (their pointers are only written into the
+        parameter block), so the one-CUDA-device check is left out."""
+        return next(a.device for a in args if isinstance(a, Tensor)).index

@@ -1,7 +1,10 @@
 """involution's CUDA backend: the launches of ``involution.cu`` (involution and its two
-backward ops) and ``involution_generated.cu`` (the fused-generation op and its grad_input), and
-the tiled kernels not yet the ops' default: ``span_tile.cu`` (the span conv, the tiled fused
-forward) and ``generated_mma.cu`` (the fused forward and grad_input on tensor cores).
+backward ops), ``involution_generated.cu`` (the fused-generation op and its grad_input, generic
+kernels), and the tiled kernels: ``span_tile.cu`` (the span conv, the tiled fused forward) and
+``generated_mma.cu`` (the fused forward and grad_input on tensor cores). The fused forward's op
+takes the tensor-core or the tiled kernel where one serves the call (``involution_generated``);
+the tensor-core grad_input is not its op's default (slower than the generic path's rival, the
+span conv's map read by involution's grad_input, on the fifth H200 draw).
 
 Each function writes the op's result into ``out``, which the op allocated in its fake's layout
 (``layouts``), through a launcher: CuPy's on a GPU (the default), the host emulation of
@@ -210,7 +213,19 @@ def _generated(kernel: str, activation: Tensor, feature: Tensor, span_weight: Te
 
 def involution_generated(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], kernel_size,
                          stride, padding, dilation, out: Tensor, launcher: Optional[Launcher] = None) -> Tensor:
-    """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> out: (N, C, Ho, Wo)."""
+    """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> out: (N, C, Ho, Wo), by the first kernel
+    that serves the call of: the tensor-core one (``involution_generated_mma``: float16 and
+    bfloat16 on sm_80 and newer, output rows of at least ``MMA_TILE_W`` pixels, which its runs
+    fill), the tiled one (``involution_generated_tile``), the generic one. The order is the
+    fifth H200 draw's (bench/results/h200/draw5/involution-cuda.md): both fused kernels faster
+    than the generic one at every RedNet-50 row, the tensor-core one the faster of the two but
+    at stage 4's 7x7 output maps, where a 16-pixel run covers 7."""
+    if out.shape[3] >= load_source(GENERATED_MMA_SOURCE).constants["MMA_TILE_W"] and involution_generated_mma(
+            input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation, out, launcher) is not None:
+        return out
+    if involution_generated_tile(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation, out,
+                                 launcher) is not None:
+        return out
     return _generated("involution_generated_forward", input, feature, span_weight, span_bias, kernel_size, stride,
                       padding, dilation, out, launcher)
 
@@ -250,7 +265,8 @@ def launch_involution_backward_weight(grad_output, input, kernel_size, stride, p
                                       policy)
 
 
-@cuda_dispatch("oplib::involution_generated", GENERATED_SOURCE, ["involution_generated_forward"])
+@cuda_dispatch("oplib::involution_generated", GENERATED_SOURCE,
+               ["involution_generated_forward", "involution_generated_tile", "involution_generated_mma"])
 def launch_involution_generated(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation,
                                 launcher: Launcher) -> Tensor:
     out = result_like(input, feature.shape[2:])

@@ -83,7 +83,10 @@ def test_gradcheck_through_emulated_kernels(name, emulated_cpu_kernels):
         assert torch.autograd.gradcheck(spec.op, sample.args), sample.name
         assert torch.autograd.gradgradcheck(spec.op, sample.args, fast_mode=True), sample.name
     launched = {launch[0] for launch in emulated_cpu_kernels.launches}
-    assert set(LAUNCHES[name].kernels) <= launched, launched
+    # the op's own kernels ran (involution_generated's float64 calls go to the tiled or the
+    # generic kernel, whichever serves the window; its tensor-core one takes 16-bit values only)
+    assert launched & set(LAUNCHES[name].kernels), launched
+    assert launched <= {kernel for dispatch in LAUNCHES.values() for kernel in dispatch.kernels}, launched
 
 
 # ---------------------------------------------------------------------------------------
@@ -286,12 +289,56 @@ def test_a_planted_off_by_one_tap_bound_fails_the_reference_check(tmp_path, monk
         _check_chunked_against_reference(EmulatedLauncher(), cases=2, seed=15)
 
 
+def _generic_generated_forward(args: tuple, launcher) -> torch.Tensor:
+    """involution_generated's generic kernel (the op's CUDA forward where neither fused kernel
+    serves the call), called directly."""
+    from oplib.kernels.involution.layouts import result_like
+
+    out = result_like(args[0], args[1].shape[2:])
+    return involution_cuda._generated("involution_generated_forward", *args, out, launcher)
+
+
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+def test_the_generic_generated_forward_matches_the_reference(dtype):
+    """The generic kernel on every sample, also those the fused kernels serve in the op's
+    dispatch (which takes it only where they decline: float64's wide windows, geometries past
+    the tiles)."""
+    require_host_compiler()
+    spec = registry.get("involution_generated")
+    launcher = EmulatedLauncher()
+    for sample in [*spec.sample_inputs("cpu", dtype, False), *random_samples(spec, dtype, 20, seed=23)]:
+        assert_matches_reference(spec, sample, _generic_generated_forward(sample.args, launcher), dtype)
+    assert {launch[0] for launch in launcher.launches} == {"involution_generated_forward"}
+
+
+def test_the_op_dispatch_takes_the_fused_kernel_that_serves_the_call():
+    """Tensor cores for 16-bit values where an output row fills a 16-pixel run, the tile where
+    it does not, the tile for float32, the generic kernel where the tile declines (float64's
+    7x7 windows, past its shared memory)."""
+    from oplib.testing.device_model import RecordingLauncher
+
+    def kernel(dtype, size, window):
+        x, f = torch.randn(1, 32, size, size, dtype=dtype), torch.randn(1, 8, size, size, dtype=dtype)
+        span, bias = torch.randn(2 * window * window, 8, dtype=dtype), torch.randn(2 * window * window, dtype=dtype)
+        recording = RecordingLauncher()
+        LAUNCHES["involution_generated"](x, f, span, bias, [window] * 2, [1, 1], [window // 2] * 2, [1, 1], recording)
+        return [launch.kernel.split("<")[0] for launch in recording.launches]
+
+    assert kernel(torch.bfloat16, 16, 7) == ["involution_generated_mma"]
+    assert kernel(torch.float16, 28, 3) == ["involution_generated_mma"]
+    assert kernel(torch.bfloat16, 7, 7) == ["involution_generated_tile"]
+    assert kernel(torch.float32, 16, 7) == ["involution_generated_tile"]
+    assert kernel(torch.float64, 16, 3) == ["involution_generated_tile"]
+    assert kernel(torch.float64, 16, 7) == ["involution_generated_forward"]
+
+
 def test_a_planted_off_by_one_in_the_generated_kernels_fails_the_reference_check(tmp_path, monkeypatch):
     require_host_compiler()
     planted = planted_generated_column_bound(tmp_path)
-    monkeypatch.setattr(involution_cuda, "load_source", lambda filename: planted)
+    real = involution_cuda.load_source
+    monkeypatch.setattr(involution_cuda, "load_source",
+                        lambda filename: planted if filename == involution_cuda.GENERATED_SOURCE else real(filename))
     spec = registry.get("involution_generated")
-    launch = LAUNCHES["involution_generated"]
     with pytest.raises(AssertionError, match="Tensor-likes are not close"):
         for sample in spec.sample_inputs("cpu", torch.float64, False):
-            assert_matches_reference(spec, sample, launch(*sample.args, EmulatedLauncher()), torch.float64)
+            assert_matches_reference(spec, sample, _generic_generated_forward(sample.args, EmulatedLauncher()), torch.float64)
