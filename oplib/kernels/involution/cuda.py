@@ -2,9 +2,9 @@
 backward ops), ``involution_generated.cu`` (the fused-generation op and its grad_input, generic
 kernels), and the tiled kernels: ``span_tile.cu`` (the span conv, the tiled fused forward) and
 ``generated_mma.cu`` (the fused forward and grad_input on tensor cores). The fused forward's op
-takes the tensor-core or the tiled kernel where one serves the call (``involution_generated``);
-the tensor-core grad_input is not its op's default (slower than the generic path's rival, the
-span conv's map read by involution's grad_input, on the fifth H200 draw).
+takes the tensor-core or the tiled kernel where one serves the call (``involution_generated``).
+The tensor-core grad_input is not its op's default: on the fifth H200 draw it was slower than
+what the unfused path runs instead (involution's grad_input reading the span conv's map).
 
 Each function writes the op's result into ``out``, which the op allocated in its fake's layout
 (``layouts``), through a launcher: CuPy's on a GPU (the default), the host emulation of
@@ -218,7 +218,7 @@ def involution_generated(input: Tensor, feature: Tensor, span_weight: Tensor, sp
     bfloat16 on sm_80 and newer, output rows of at least ``MMA_TILE_W`` pixels, which its runs
     fill), the tiled one (``involution_generated_tile``), the generic one. The order is the
     fifth H200 draw's (bench/results/h200/draw5/involution-cuda.md): both fused kernels faster
-    than the generic one at every RedNet-50 row, the tensor-core one the faster of the two but
+    than the generic one at every RedNet-50 row, the tensor-core one the faster of the two except
     at stage 4's 7x7 output maps, where a 16-pixel run covers 7."""
     if out.shape[3] >= load_source(GENERATED_MMA_SOURCE).constants["MMA_TILE_W"] and involution_generated_mma(
             input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation, out, launcher) is not None:
