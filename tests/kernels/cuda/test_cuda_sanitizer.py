@@ -1,11 +1,15 @@
 """The CUDA kernels compiled for the host under AddressSanitizer: every op's kernels and each
 specialised kernel run clean, and a planted read past a tensor (a test kernel, and the bugs
-planted in the real kernels) aborts with a heap-buffer-overflow report."""
+planted in the real kernels) aborts with a heap-buffer-overflow report. The integration tier:
+minutes of sanitized builds and runs (the unit tier runs the same kernels unsanitized against
+the reference, test_cuda_emulation.py)."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from oplib.kernels import KernelSource, load_source
 from oplib.testing.cuda_emulation import build
@@ -13,6 +17,8 @@ from oplib.testing.toolchain import require_host_compiler
 from oplib.testing.nvrtc import CUDA_SOURCES
 
 from cuda_test_helpers import assert_asan_catches, planted_generated_column_bound, planted_tap_bound, run_under_asan
+
+pytestmark = pytest.mark.integration
 
 
 _PLANTED_PATH = Path(__file__).parent / "cuda_sources" / "planted_overrun.cu"
