@@ -240,8 +240,7 @@ def object_key(target: Target, source: Path, command: list[str]) -> str:
     its own it includes (``local_includes``; torch's and the system's go with the
     environment), its compile command (the paths of the source and the object aside) and the
     environment (``_environment_key``)."""
-    key = [source.name + "\0" + source.read_text(), *_texts(local_includes(source)), *command,
-           *_environment_key(target)]
+    key = [*_texts([source, *local_includes(source)]), *command, *_environment_key(target)]
     return hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:24]
 
 
