@@ -172,27 +172,50 @@ class KernelSource:
         texts = [header.read_text() for header in sorted(INCLUDE_DIR.glob("*.cuh"))] + [self.text]
         return {m.group(1): int(m.group(2)) for text in texts for m in _CONSTANT_PATTERN.finditer(text)}
 
+    def _kernel_lines(self, name: str) -> tuple[tuple[tuple[str, ...], tuple[tuple[str, ...], ...]], ...]:
+        """The ``oplib-template`` lines of kernel ``name``'s template parameters after scalar_t,
+        in the parameters' order; raises where a parameter is listed by none."""
+        params = self.kernels[name].template_params
+        listed = {k.strip() for m in _INSTANTIATE_PATTERN.finditer(self.text) for k in m.group(1).split(",")}
+        lines = sorted((line for line in self._template_lines if set(line[0]) & set(params)),
+                       key=lambda line: min(params.index(p) for p in line[0] if p in params))
+        covered = [p for names, _ in lines for p in names]
+        if name not in listed or sorted(covered) != sorted(params):
+            raise ValueError(f"{self.path.name}: {name}'s template arguments are not all listed (oplib-template)")
+        return tuple(lines)
+
+    def _arguments(self, name: str, lines, picks) -> tuple[str, ...]:
+        value = {p: v for (names, _), pick in zip(lines, picks) for p, v in zip(names, pick)}
+        return tuple(value[p] for p in self.kernels[name].template_params)
+
     @functools.cached_property
     def specialisations(self) -> dict[str, tuple[tuple[str, ...], ...]]:
         """Kernel -> every tuple of template arguments after scalar_t that a host may launch
         (``()`` alone for a kernel templated on scalar_t only)."""
-        listed = {k.strip() for m in _INSTANTIATE_PATTERN.finditer(self.text) for k in m.group(1).split(",")}
         result = {}
         for name, signature in self.kernels.items():
-            params = signature.template_params
-            if not params:
+            if not signature.template_params:
                 result[name] = ((),)
                 continue
-            lines = sorted((line for line in self._template_lines if set(line[0]) & set(params)),
-                           key=lambda line: min(params.index(p) for p in line[0] if p in params))
-            covered = [p for names, _ in lines for p in names]
-            if name not in listed or sorted(covered) != sorted(params):
-                raise ValueError(f"{self.path.name}: {name}'s template arguments are not all listed (oplib-template)")
-            combined = []
-            for picks in itertools.product(*(choices for _, choices in lines)):
-                value = {p: v for (names, _), pick in zip(lines, picks) for p, v in zip(names, pick)}
-                combined.append(tuple(value[p] for p in params))
-            result[name] = tuple(combined)
+            lines = self._kernel_lines(name)
+            result[name] = tuple(self._arguments(name, lines, picks)
+                                 for picks in itertools.product(*(choices for _, choices in lines)))
+        return result
+
+    @functools.cached_property
+    def covering_specialisations(self) -> dict[str, tuple[tuple[str, ...], ...]]:
+        """Kernel -> the fewest of its specialisations in which every choice of each of its
+        ``oplib-template`` lines appears (the i-th takes each line's i-th choice, round and round):
+        3 of involution.cu's 24 per chunked kernel, where its lines have 2, 3, 2 and 2 choices."""
+        result = {}
+        for name, signature in self.kernels.items():
+            if not signature.template_params:
+                result[name] = ((),)
+                continue
+            lines = self._kernel_lines(name)
+            count = max(len(choices) for _, choices in lines)
+            result[name] = tuple(self._arguments(name, lines, [choices[i % len(choices)] for _, choices in lines])
+                                 for i in range(count))
         return result
 
 
@@ -216,6 +239,19 @@ def instantiations(source: KernelSource) -> list[tuple[str, torch.dtype, tuple[s
         for specialisation in specialisations
         for dtype in CTYPES
     ]
+
+
+def covering_instantiations(source: KernelSource) -> list[tuple[str, torch.dtype, tuple[str, ...]]]:
+    """(kernel, dtype, specialisation): for each kernel, every dtype and every covering
+    specialisation (``KernelSource.covering_specialisations``) at least once, paired round and
+    round: each storage type's code and each template choice's, without their every product
+    (24 of involution.cu's 300 instantiations)."""
+    dtypes = list(CTYPES)
+    result = []
+    for kernel, specialisations in source.covering_specialisations.items():
+        for i in range(max(len(dtypes), len(specialisations))):
+            result.append((kernel, dtypes[i % len(dtypes)], specialisations[i % len(specialisations)]))
+    return result
 
 
 def name_expressions(source: KernelSource) -> list[str]:

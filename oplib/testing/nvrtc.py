@@ -49,12 +49,12 @@ import torch
 
 from ..kernels.cuda_launch import BLOCK_SIZE
 from ..kernels.cuda_source import (
-    CTYPES,
     KERNEL_DIR,
     INCLUDE_DIR,
     NVRTC_OPTIONS,
     KernelSource,
     cuda_sources,
+    covering_instantiations,
     instantiations,
     load_source,
     name_expression,
@@ -224,15 +224,22 @@ def _number(pattern: str, text: str, default: int | None = None) -> int:
     return int(match.group(1))
 
 
+def unit_names(source: KernelSource) -> tuple[str, ...]:
+    """The name expressions of ``source``'s covering instantiations (``covering_instantiations``):
+    what the unit tier compiles, each kernel in every dtype and every template choice; the
+    integration tier compiles every instantiation."""
+    return tuple(name_expression(*instantiation) for instantiation in covering_instantiations(source))
+
+
 @functools.cache
-def resource_usage(source: KernelSource, arch: str) -> tuple[KernelResources, ...]:
+def resource_usage(source: KernelSource, arch: str, covering: bool = False) -> tuple[KernelResources, ...]:
     """Registers, spills and shared memory of every instantiation (kernel, dtype,
     specialisation) of ``source`` on ``arch``, as ptxas reports them when CuPy's options
-    compile it."""
-    compiled = compile_source(source, arch)
+    compile it; with ``covering``, of the covering instantiations only (compiled alone)."""
+    compiled = compile_source(source, arch, names=unit_names(source) if covering else None)
     reported = {match.group(1): match.group(2) for match in _ENTRY.finditer(compiled.log)}
     usage = []
-    for kernel, dtype, specialisation in instantiations(source):
+    for kernel, dtype, specialisation in covering_instantiations(source) if covering else instantiations(source):
         name = name_expression(kernel, dtype, specialisation)
         report = reported.get(compiled.lowered_names[name])
         if report is None:

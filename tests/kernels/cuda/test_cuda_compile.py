@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from oplib.kernels import CTYPES, INCLUDE_DIR, NVRTC_OPTIONS, KernelSource, instantiations, load_source
+from oplib.kernels import covering_instantiations
 from oplib.kernels import name_expression, name_expressions
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.testing import nvrtc
@@ -24,6 +25,12 @@ RESOURCE_TABLE = Path(__file__).resolve().parents[3] / "bench" / "results" / "cu
 # integration tier for every other target.
 UNIT_ARCH = "sm_90"
 ARCH_PARAMS = [arch if arch == UNIT_ARCH else pytest.param(arch, marks=pytest.mark.integration) for arch in ARCHITECTURES]
+# (arch, covering): the unit tier compiles sm_90's covering instantiations (each kernel in every
+# dtype and every template choice: 24 of involution.cu's 300, its compile 90 -> 11 s), the
+# integration tier every instantiation for every target, sm_90's too.
+SCOPE_PARAMS = [pytest.param(UNIT_ARCH, True, id=f"{UNIT_ARCH}-covering")] + [
+    pytest.param(arch, False, id=arch, marks=pytest.mark.integration) for arch in ARCHITECTURES]
+INTEGRATION_ARCH_PARAMS = [pytest.param(arch, marks=pytest.mark.integration) for arch in ARCHITECTURES]
 # nvcc's compile of every instantiation, in the integration tier only: the unit tier's NVRTC
 # compile for sm_90 (what CuPy runs) already proves the sources compile, and nvcc's -Werror
 # pass over involution.cu took 83 s of the unit tier's 8 minutes. nvcc (-Werror, the host
@@ -85,14 +92,41 @@ def test_nvcc_compiles_every_instantiation(filename, arch, tmp_path):
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("arch", ARCH_PARAMS)
+def _compiled(source: KernelSource, arch: str, covering: bool) -> nvrtc.Compiled:
+    return nvrtc.compile_source(source, arch, names=nvrtc.unit_names(source) if covering else None)
+
+
+def _compiled_instantiations(source: KernelSource, covering: bool) -> list:
+    return covering_instantiations(source) if covering else instantiations(source)
+
+
+def test_the_covering_instantiations_hold_every_dtype_and_template_choice():
+    """Each kernel of every source in each storage type and each choice of each of its
+    oplib-template lines, all of them instantiations a host may launch; fewer than all where a
+    kernel has more than one line (the unit tier's compiles are that much shorter)."""
+    for filename in CUDA_SOURCES:
+        source = load_source(filename)
+        every = set(instantiations(source))
+        covering = covering_instantiations(source)
+        assert set(covering) <= every and len(set(covering)) == len(covering), filename
+        for kernel, specialisations in source.specialisations.items():
+            mine = [(dtype, spec) for k, dtype, spec in covering if k == kernel]
+            assert {dtype for dtype, _ in mine} == set(CTYPES), (filename, kernel)
+            for position in range(len(specialisations[0])):
+                assert {spec[position] for _, spec in mine} == {spec[position] for spec in specialisations}, (
+                    filename, kernel, position)
+    chunked = load_source(involution_cuda.SOURCE)
+    assert len(covering_instantiations(chunked)) == 24 and len(instantiations(chunked)) == 300
+
+
+@pytest.mark.parametrize("arch, covering", SCOPE_PARAMS)
 @pytest.mark.parametrize("filename", CUDA_SOURCES)
-def test_nvrtc_compiles_what_cupy_compiles(filename, arch):
+def test_nvrtc_compiles_what_cupy_compiles(filename, arch, covering):
     """The compile a GPU user's first launch does: CuPy's NVRTC options, every name
     expression the launcher asks for resolved to a kernel, and no warning."""
     source = load_source(filename)
-    compiled = nvrtc.compile_source(source, arch)
-    assert set(compiled.lowered_names) == set(name_expressions(source))
+    compiled = _compiled(source, arch, covering)
+    assert set(compiled.lowered_names) == set(nvrtc.unit_names(source) if covering else name_expressions(source))
     assert "warning" not in compiled.log, compiled.log
     # CuPy's -ftz=true flushes float32 subnormals in every .ftz instruction; the kernels keep
     # them, as torch does, by naming the IEEE instructions (element.cuh). Only a float-to-integer
@@ -143,14 +177,14 @@ def test_cupy_hands_nvrtc_the_options_the_nvrtc_tests_use(arch, monkeypatch):
     assert all(Path(o[2:]).is_absolute() for o in includes), includes
 
 
-@pytest.mark.parametrize("arch", ARCH_PARAMS)
+@pytest.mark.parametrize("arch, covering", SCOPE_PARAMS)
 @pytest.mark.parametrize("filename", CUDA_SOURCES)
-def test_kernels_stay_within_the_register_budget(filename, arch):
+def test_kernels_stay_within_the_register_budget(filename, arch, covering):
     """No spills, and at most nvrtc.REGISTER_BUDGET registers a thread, so that two blocks of
     the launch size stay resident on an SM of every target (see oplib/testing/nvrtc.py)."""
     source = load_source(filename)
-    usage = nvrtc.resource_usage(source, arch)
-    assert len(usage) == len(name_expressions(source))
+    usage = nvrtc.resource_usage(source, arch, covering)
+    assert len(usage) == len(_compiled_instantiations(source, covering))
     for u in usage:
         where = f"{u.kernel} {u.dtype} {arch}"
         assert u.spill_stores == 0 and u.spill_loads == 0, f"{where} spills: {u}"
@@ -164,10 +198,11 @@ def _written_resource_table() -> str:
     return written
 
 
-@pytest.mark.parametrize("arch", ARCH_PARAMS)
+@pytest.mark.parametrize("arch", INTEGRATION_ARCH_PARAMS)
 def test_resource_table_rows_are_current(arch):
     """Each target's rows of bench/results/cuda-resources.md are what bench/cuda_resources.py
-    writes from these sources, wherever the NVRTC that wrote it is the one installed here."""
+    writes from these sources, wherever the NVRTC that wrote it is the one installed here
+    (every instantiation compiled: the integration tier's)."""
     written = _written_resource_table()
     usage = [u for filename in CUDA_SOURCES for u in nvrtc.resource_usage(load_source(filename), arch)]
 
@@ -206,15 +241,16 @@ def _ptx_entries(ptx: str) -> dict[str, str]:
     return {re.match(r"\.\w+ \.entry (\w+)", entry).group(1): entry for entry in entries if ".entry " in entry[:30]}
 
 
-def test_specialised_kernels_vectorise_and_never_divide_in_64_bits():
+@pytest.mark.parametrize("covering", [True, pytest.param(False, marks=pytest.mark.integration)])
+def test_specialised_kernels_vectorise_and_never_divide_in_64_bits(covering):
     """In the PTX a GPU runs: every channels_last instantiation loads and stores 16-byte vectors,
     and the 32-bit instantiations hold no 64-bit division or remainder (a 64-bit division is a
     long software routine; the 32-bit ones decode each thread's index once, outside the loops)."""
     source = load_source(involution_cuda.SOURCE)
-    compiled = nvrtc.compile_source(source, UNIT_ARCH)
+    compiled = _compiled(source, UNIT_ARCH, covering)
     entries = _ptx_entries(compiled.ptx)
     checked = 0
-    for kernel, dtype, specialisation in instantiations(source):
+    for kernel, dtype, specialisation in _compiled_instantiations(source, covering):
         if not specialisation:
             continue
         body = entries[compiled.lowered_names[name_expression(kernel, dtype, specialisation)]]
@@ -225,7 +261,7 @@ def test_specialised_kernels_vectorise_and_never_divide_in_64_bits():
         if specialisation[0] == "int":
             assert not re.search(r"\b(div|rem)\.[su]64\b", body), (kernel, dtype, specialisation)
         checked += 1
-    assert checked == 4 * 3 * 24
+    assert checked == (3 * 4 if covering else 4 * 3 * 24)
 
 
 def test_specialised_tile_divides_only_once_per_block():
