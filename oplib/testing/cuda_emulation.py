@@ -22,13 +22,16 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from ..kernels.cuda_launch import LaunchConfig
+from ..kernels.native import compiler_environment
 from ..kernels.cuda_source import CTYPES, INCLUDE_DIR, KernelArg, KernelSource, instantiations, name_expression
 
 SHIM = Path(__file__).resolve().parent / "cuda_host_shim.h"
@@ -83,13 +86,15 @@ def cooperative(source: KernelSource) -> bool:
     return False
 
 
-def _launcher_source(source: KernelSource) -> str:
-    """A C++ file including the kernel source plus, per instantiation (kernel, dtype and
-    specialisation), an exported ``extern "C"`` function that runs it over a grid, its threads
-    in the order ``descending`` says, and returns nullptr or an error message."""
+def _launcher_source(source: KernelSource, kernel: str, dtype: torch.dtype) -> str:
+    """A C++ file including the kernel source plus, per instantiation of ``kernel`` in ``dtype``
+    (each specialisation), an exported ``extern "C"`` function that runs it over a grid, its
+    threads in the order ``descending`` says, and returns nullptr or an error message."""
     launch = "launch_fibers" if cooperative(source) else "launch"
     lines = [f'#include "{SHIM}"', f'#include "{source.path}"', ""]
-    for kernel, dtype, specialisation in instantiations(source):
+    for name, instantiated, specialisation in instantiations(source):
+        if name != kernel or instantiated != dtype:
+            continue
         signature = source.kernels[kernel]
         ctype = CTYPES[dtype]
         arg_names = ", ".join(name for _, name in signature.params)
@@ -105,11 +110,24 @@ def _launcher_source(source: KernelSource) -> str:
     return "\n".join(lines)
 
 
+def build(source: KernelSource, sanitize: bool = False) -> list[Path]:
+    """Compile every emulation library of ``source`` (``build_kernel`` of each kernel in each
+    dtype, two compiles at a time): where a test wants the source's compile errors at once."""
+    with ThreadPoolExecutor(max(1, min(2, os.cpu_count() or 1))) as pool:
+        return list(pool.map(lambda shard: build_kernel(source, *shard, sanitize=sanitize),
+                             [(kernel, dtype) for kernel in source.kernels for dtype in CTYPES]))
+
+
 @functools.cache
-def build(source: KernelSource, sanitize: bool = False) -> Path:
-    """Compile the emulation library of ``source`` (on disk, cached by content and flags;
-    in the process, once per source and flags)."""
-    flags = ["-O1" if sanitize else "-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-I{INCLUDE_DIR}"]
+def build_kernel(source: KernelSource, kernel: str, dtype: torch.dtype, sanitize: bool = False) -> Path:
+    """Compile the emulation library of ``kernel`` in ``dtype``, every specialisation of it (on
+    disk, cached by content and flags; in the process, once per arguments). A library a kernel
+    and dtype, not a source: a launch compiles only what it runs (a second of the compiler's for
+    the shim and the source, then a tenth or so an instantiation), where involution.cu's 300
+    instantiations at once took 39 s, paid again by each test that plants a bug in it."""
+    # -O1: the CUDA tests' host emulation took 130 s here against -O2's 164 s (compiles a third
+    # quicker, the emulated kernels barely slower) and -O0's 198 s (its kernels much slower).
+    flags = ["-O1", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-I{INCLUDE_DIR}"]
     # -Wno-unknown-pragmas: g++ has no `#pragma unroll` (an NVCC/NVRTC hint; it unrolls on its own).
     flags += ["-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas"]
     # Shared memory is one array of bytes that kernels read and write through several types (a
@@ -120,19 +138,23 @@ def build(source: KernelSource, sanitize: bool = False) -> Path:
     # POSIX's swapcontext, the shim's portable path, on x86-64 too.
     flags += os.environ.get("OPLIB_EMULATION_CXXFLAGS", "").split()
     if sanitize:
-        flags += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
-    code = _launcher_source(source)
+        flags += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g1"]  # line tables: a report's stack
+    code = _launcher_source(source, kernel, dtype)
     key = hashlib.sha256("\0".join([code, source.sha256, SHIM.read_text(), *flags]).encode()).hexdigest()[:16]
-    library = _CACHE_DIR / f"{source.path.stem}-{key}.so"
+    library = _CACHE_DIR / f"{source.path.stem}-{kernel}-{CTYPES[dtype]}-{key}.so"
     if not library.exists():
         _CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        # Per process, as the partial library: parallel test workers may build the same key.
-        launcher_cpp = _CACHE_DIR / f"{source.path.stem}-{key}.{os.getpid()}.cpp"
+        # Per process and thread, as the partial library: parallel test workers may build the same key.
+        unique = f"{os.getpid()}-{threading.get_ident()}"
+        launcher_cpp = library.with_suffix(f".{unique}.cpp")
         launcher_cpp.write_text(code)
-        partial = library.with_suffix(f".{os.getpid()}.tmp")
-        result = subprocess.run([cxx(), *flags, str(launcher_cpp), "-o", str(partial)], capture_output=True, text=True)
+        partial = library.with_suffix(f".{unique}.tmp")
+        # Without ASan's runtime preloaded, where a process that loads sanitized libraries builds
+        # one (the compiler would run under ASan's allocator, much slower).
+        result = subprocess.run([cxx(), *flags, str(launcher_cpp), "-o", str(partial)], capture_output=True, text=True,
+                                env=compiler_environment())
         if result.returncode != 0:
-            raise RuntimeError(f"host compile of {source.path.name} failed:\n{result.stderr}")
+            raise RuntimeError(f"host compile of {source.path.name} ({kernel}<{CTYPES[dtype]}>) failed:\n{result.stderr}")
         partial.replace(library)  # atomic: concurrent builders never load a half-written file
     return library
 
@@ -143,8 +165,8 @@ def _load(library: Path) -> ctypes.CDLL:
 
 
 class EmulatedLauncher:
-    """Launches kernels of a ``KernelSource`` on CPU tensors, one host library per source; the
-    threads of each block run in ``order`` (one of ``ORDERS``)."""
+    """Launches kernels of a ``KernelSource`` on CPU tensors, one host library per kernel and
+    dtype; the threads of each block run in ``order`` (one of ``ORDERS``)."""
 
     def __init__(self, sanitize: bool = False, order: str = "ascending"):
         if order not in ORDERS:
@@ -161,7 +183,8 @@ class EmulatedLauncher:
                 raise ValueError(f"emulated {kernel}<{CTYPES[dtype]}> got a {arg.dtype} tensor on {arg.device}")
         if specialisation not in source.specialisations[kernel]:
             raise ValueError(f"{kernel} has no instantiation {specialisation} in {source.path.name}")
-        function = getattr(_load(build(source, self.sanitize)), emulated_symbol(kernel, CTYPES[dtype], specialisation))
+        library = build_kernel(source, kernel, dtype, self.sanitize)
+        function = getattr(_load(library), emulated_symbol(kernel, CTYPES[dtype], specialisation))
         signature = source.kernels[kernel]
         config.check(kernel, signature)
         if len(args) != len(signature.params):

@@ -445,3 +445,22 @@ def test_every_unit_compiles_for_aarch64(tmp_path):
         assert proc.returncode == 0, f"{unit.name}: {native.first_error_line(output)}"
         header = (tmp_path / f"{unit.stem}.o").read_bytes()[:20]
         assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183, unit  # EM_AARCH64
+
+
+@pytest.mark.parametrize("preload, kept", [
+    ("/usr/lib/gcc/x86_64-linux-gnu/12/libasan.so", None),
+    ("/usr/lib/libasan.so.8:/opt/libfoo.so", "/opt/libfoo.so"),
+    ("/opt/libfoo.so", "/opt/libfoo.so"),
+    (None, None),
+])
+def test_the_compilers_run_without_the_address_sanitizer_runtime(monkeypatch, preload, kept):
+    """A sanitized build from a process that has ASan's runtime preloaded (the tests' runs of a
+    sanitized module) runs its compilers without it, whatever else LD_PRELOAD holds: under
+    ASan's allocator the build took 138 s where it takes 102."""
+    if preload is None:
+        monkeypatch.delenv("LD_PRELOAD", raising=False)
+    else:
+        monkeypatch.setenv("LD_PRELOAD", preload)
+    env = native.compiler_environment()
+    assert env.get("LD_PRELOAD") == kept
+    assert env["PATH"] == os.environ["PATH"]

@@ -342,3 +342,39 @@ def test_a_planted_off_by_one_in_the_generated_kernels_fails_the_reference_check
     with pytest.raises(AssertionError, match="Tensor-likes are not close"):
         for sample in spec.sample_inputs("cpu", torch.float64, False):
             assert_matches_reference(spec, sample, _generic_generated_forward(sample.args, EmulatedLauncher()), torch.float64)
+
+
+_TWO_KERNELS = """
+template <typename scalar_t>
+__global__ void add_one(const scalar_t* x, scalar_t* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] + scalar_t(1);
+}
+
+template <typename scalar_t>
+__global__ void add_two(const scalar_t* x, scalar_t* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] + scalar_t(2);
+}
+"""
+
+
+def test_a_launch_builds_only_its_kernel_in_its_dtype(tmp_path, monkeypatch):
+    """One host library a kernel and dtype: a launch compiles what it runs (a planted bug's test
+    compiles one kernel of involution.cu in one dtype, not its 300 instantiations), and a second
+    launch of another kernel or dtype adds its own library beside the first."""
+    require_host_compiler()
+    from oplib.testing import cuda_emulation
+
+    monkeypatch.setattr(cuda_emulation, "_CACHE_DIR", tmp_path / "cache")
+    path = tmp_path / "two.cu"
+    path.write_text(_TWO_KERNELS)
+    source = KernelSource(path, path.read_text())
+    launcher = EmulatedLauncher()
+    x = torch.arange(10.0)
+    for kernel, dtype, added in [("add_two", torch.float64, 2), ("add_two", torch.float32, 2), ("add_one", torch.float32, 1)]:
+        out = torch.empty_like(x, dtype=dtype)
+        launcher.launch(source, kernel, dtype, oplib.kernels.linear_config(10), (x.to(dtype), out, 10))
+        torch.testing.assert_close(out, x.to(dtype) + added)
+    libraries = sorted(library.name.split("-")[1:3] for library in (tmp_path / "cache").glob("*.so"))
+    assert libraries == [["add_one", "float"], ["add_two", "double"], ["add_two", "float"]]

@@ -6,7 +6,6 @@ under AddressSanitizer; and planted bugs that each check must catch."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import NamedTuple
 
@@ -17,7 +16,7 @@ from oplib import registry
 from oplib.kernels import KernelSource, load_source
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.layouts import result_like
-from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher, build
+from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import _planted, assert_asan_catches, random_samples, run_under_asan
@@ -333,7 +332,6 @@ def test_generated_mma_is_clean_under_address_sanitizer():
     the direct sum: no access outside the tensors or the dynamic shared memory (the host's size
     of it is the kernel's layout)."""
     require_host_compiler()
-    build(_source(), sanitize=True)
     result = run_under_asan(_RUN_SAMPLES.format(tests=str(Path(__file__).parent)))
     assert result.returncode == 0, result.stderr[-5000:]
     assert "clean:" in result.stdout
@@ -343,7 +341,6 @@ def test_generated_mma_is_clean_under_address_sanitizer():
 def test_address_sanitizer_catches_the_bands_past_the_end(tmp_path):
     require_host_compiler()
     planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, BANDS_OVERRUN.text, BANDS_OVERRUN.bug)
-    build(planted, sanitize=True)
     assert_asan_catches(planted, """
         x, f, s = torch.randn(1, 32, 9, 9).bfloat16(), torch.randn(1, 8, 9, 9).bfloat16(), torch.randn(2 * 49, 8).bfloat16()
         ops.involution_generated_mma(x, f, s, None, [7, 7], [1, 1], [3, 3], [1, 1], torch.empty(1, 32, 9, 9).bfloat16(), launcher)

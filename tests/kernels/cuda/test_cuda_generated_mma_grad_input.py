@@ -15,7 +15,7 @@ from oplib import registry
 from oplib.kernels import KernelSource
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.layouts import result_like
-from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher, build
+from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import _planted, assert_asan_catches, random_samples, run_under_asan
@@ -294,7 +294,6 @@ def test_grad_input_is_clean_under_address_sanitizer():
     """The samples, the geometries above, random ones and the direct sum: no access outside the
     tensors or the dynamic shared memory (the host's size of it is the kernel's layout)."""
     require_host_compiler()
-    build(_source(), sanitize=True)
     result = run_under_asan(_RUN_SAMPLES.format(tests=str(Path(__file__).parent)))
     assert result.returncode == 0, result.stderr[-5000:]
     assert "clean:" in result.stdout
@@ -304,7 +303,6 @@ def test_grad_input_is_clean_under_address_sanitizer():
 def test_address_sanitizer_catches_the_bands_past_the_end(tmp_path):
     require_host_compiler()
     planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, STAGED_OVERRUN.text, STAGED_OVERRUN.bug)
-    build(planted, sanitize=True)
     assert_asan_catches(planted, """
         g, f, s = torch.randn(1, 32, 9, 9).bfloat16(), torch.randn(1, 8, 9, 9).bfloat16(), torch.randn(2 * 49, 8).bfloat16()
         ops.involution_generated_mma_backward_input(g, f, s, None, [9, 9], [7, 7], [1, 1], [3, 3], [1, 1],

@@ -23,7 +23,7 @@ from oplib import registry
 from oplib.kernels import KernelSource, LaunchConfig, load_source
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.layouts import result_like
-from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher, EmulationError, build, cooperative
+from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher, EmulationError, cooperative
 from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import assert_asan_catches, planted_span_tile, random_samples, run_under_asan
@@ -718,7 +718,6 @@ def test_span_tile_is_clean_under_address_sanitizer():
     dtype, both orders: no access outside the tensors or the dynamic shared memory (the host's
     size of it is the kernel's layout)."""
     require_host_compiler()
-    build(load_source(involution_cuda.SPAN_TILE_SOURCE), sanitize=True)
     script = _RUN_SAMPLES.format(tests=str(Path(__file__).parent), sanitize=True, random_cases=6)
     result = run_under_asan(script)
     assert result.returncode == 0, result.stderr[-5000:]
@@ -744,7 +743,6 @@ def test_address_sanitizer_catches_a_shared_memory_over_run(name, tmp_path):
     require_host_compiler()
     bug, call = OVER_RUNS[name]
     planted = planted_span_tile(tmp_path, bug.text, bug.bug)
-    build(planted, sanitize=True)
     assert_asan_catches(planted, call)
 
 
