@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import ModuleType
 
 from ..kernels import native
@@ -29,12 +30,15 @@ def force_native(monkeypatch, small_maps: bool = False) -> None:
         monkeypatch.setattr(cpu, "SMALL_MAP_PIXELS", dict.fromkeys(cpu.SMALL_MAP_PIXELS, (0, 0)))
 
 
-def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0) -> int:
+def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0, first: Sequence[str] = ()) -> int:
     """Every entry point of a built native module against the float64 reference: every
     registry sample of the five ops in every dtype, ``random_geometries`` random geometries per
     op and dtype, and hand-picked geometries that reach the unrolled windows with whole
     vectors of channels and of generated columns. Raises on the first mismatch; returns the
-    number of calls checked. The sanitized, clang, AVX2-only and baseline builds run it."""
+    number of calls checked. The sanitized, clang, AVX2-only and baseline builds run it.
+    ``first``: ops checked before the others (the same calls, in another order; the hand-picked
+    geometries last either way), so that a run under AddressSanitizer over a planted bug reaches
+    the op that holds it at once rather than after the rest, which it aborts then."""
     import random
 
     import torch
@@ -53,9 +57,14 @@ def check_module(module: ModuleType, random_geometries: int = 15, seed: int = 0)
         "involution_generated_backward_input": module.involution_generated_backward_input,
         "involution_generated_backward_generator": module.involution_generated_backward_generator,
     }
-    rng = random.Random(seed)
     count = 0
-    for name, call in {**calls, **generated_calls}.items():
+    every = {**calls, **generated_calls}
+    unknown = set(first) - set(every)
+    if unknown:
+        raise ValueError(f"first: no entry point for {sorted(unknown)}; there are {sorted(every)}")
+    ordered = [*first, *(name for name in every if name not in first)]
+    for name, call in ((name, every[name]) for name in ordered):
+        rng = random.Random(f"{seed}-{name}")  # an op's geometries whatever its place in the order
         spec = registry.get(name)
         for dtype in registry.FLOAT_DTYPES:
             samples = list(spec.sample_inputs("cpu", dtype, False))

@@ -152,7 +152,8 @@ def test_generated_checks_of_the_involution_ops_pass_on_the_plain_pytorch_path()
 
 
 # A native module built from the source tree argv[1] (-march argv[2], compiler argv[3] or
-# $CXX, AddressSanitizer where argv[4] is "1"), checked against the float64 reference.
+# $CXX, AddressSanitizer where argv[4] is "1"), checked against the float64 reference, the ops
+# argv[5:] first.
 CHECK_SCRIPT = textwrap.dedent(
     """
     import sys
@@ -160,9 +161,9 @@ CHECK_SCRIPT = textwrap.dedent(
     from oplib.kernels import native
     from oplib.testing.native import check_module
 
-    source, march, compiler, sanitize = sys.argv[1:5]
+    source, march, compiler, sanitize, *first = sys.argv[1:]
     module = native.build(Path(source), march=march, compiler=compiler or None, sanitize=sanitize == "1")
-    print("checked: clean,", check_module(module), "calls")
+    print("checked: clean,", check_module(module, first=first), "calls")
     """
 )
 
@@ -176,12 +177,13 @@ def asan_cache(tmp_path_factory) -> Path:
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "native-asan-cache"
 
 
-def _run_under_asan(source: Path, cache: Path) -> subprocess.CompletedProcess:
+def _run_under_asan(source: Path, cache: Path, first: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     from oplib.testing.cuda_emulation import asan_environment
 
     env = dict(asan_environment(), TORCH_EXTENSIONS_DIR=str(cache))
     return subprocess.run(
-        [sys.executable, "-c", CHECK_SCRIPT, str(source), "native", "", "1"], capture_output=True, text=True, env=env, timeout=1200
+        [sys.executable, "-c", CHECK_SCRIPT, str(source), "native", "", "1", *first], capture_output=True, text=True,
+        env=env, timeout=1200,
     )
 
 
@@ -206,6 +208,15 @@ def native_cpu_flags() -> str:
     except OSError:
         return ""
 
+
+# The ops whose calls reach a plant, checked first in its run (else the run checks every op
+# before it, under ASan); a plant that no op named here reaches is still caught, later.
+PLANT_OPS = {
+    "gather-block-bound": ("involution_backward_input",),
+    "pixel-lane-grad-rows": ("involution_backward_weight",),
+    "generator-feature-row": ("involution_generated",),
+    "generator-grads-feature-row": ("involution_generated_backward_generator",),
+}
 
 # Off-by-ones planted one at a time in a copy of the source: grad_input's unrolled blocks
 # reading one grad_output column past the last; the channel-row copy's partial block reading
@@ -248,6 +259,48 @@ PLANTED_OVER_READS = {
 }
 
 
+def native_entry(op: str) -> str:
+    """The native module's entry point of an op (its forward's name ends in _forward)."""
+    return f"{op}_forward" if op in ("involution", "involution_generated") else op
+
+
+class _FirstCall(Exception):
+    pass
+
+
+class _RecordingModule:
+    """A stand-in for a native module whose every entry point raises, saying which was called."""
+
+    def __getattr__(self, entry: str):
+        def call(*args):
+            raise _FirstCall(entry)
+
+        return call
+
+
+@pytest.mark.parametrize("first, entry", [((), "involution_forward"),
+                                          (("involution_generated_backward_generator",), "involution_generated_backward_generator"),
+                                          (("involution_backward_input", "involution"), "involution_backward_input")])
+def test_the_check_takes_the_ops_named_first_first(first, entry):
+    from oplib.testing.native import check_module
+
+    with pytest.raises(_FirstCall, match=f"^{entry}$"):
+        check_module(_RecordingModule(), first=first)
+    with pytest.raises(ValueError, match="no entry point for \\['conv2d'\\]"):
+        check_module(_RecordingModule(), first=("conv2d",))
+
+
+def test_each_plant_names_ops_the_check_knows():
+    """A plant's ops, taken first by its run: each plant one of PLANTED_OVER_READS, each op one
+    the check has an entry point for (the check raises on any other)."""
+    from oplib.testing.native import check_module
+
+    for plant, ops in PLANT_OPS.items():
+        assert plant in PLANTED_OVER_READS and ops, plant
+        with pytest.raises(_FirstCall, match=f"^{native_entry(ops[0])}$"):
+            check_module(_RecordingModule(), first=ops)
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("plant", PLANTED_OVER_READS)
 def test_address_sanitizer_catches_a_planted_off_by_one_in_the_native_kernels(tmp_path, asan_cache, plant):
@@ -263,13 +316,15 @@ def test_address_sanitizer_catches_a_planted_off_by_one_in_the_native_kernels(tm
     holders = [path for path in planted.iterdir() if exact in path.read_text()]
     assert len(holders) == 1 and holders[0].read_text().count(exact) == 1, holders
     holders[0].write_text(holders[0].read_text().replace(exact, wrong))
-    result = _run_under_asan(planted, asan_cache)
+    result = _run_under_asan(planted, asan_cache, PLANT_OPS.get(plant, ()))
     assert result.returncode != 0
     # A write of a whole vector that starts inside the tensor and ends past it is reported as
     # an "unknown-crash" with the address past the region's end (a 16-bit store of two lanes
     # at a row's end): a heap overflow either way.
     overflow = re.search(r"heap-buffer-overflow|is located \d+ bytes to the right of \d+-byte region", result.stderr)
     assert overflow, result.stderr[-3000:]
+    # The report's stack names the source lines (-g1's line tables), the planted file's among them.
+    assert re.search(rf"{re.escape(holders[0].name)}:\d+", result.stderr), result.stderr[-3000:]
     assert "checked: clean" not in result.stdout
 
 
