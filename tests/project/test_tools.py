@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -19,9 +21,11 @@ def test_every_planted_bug_still_finds_its_text():
     assert plant_bugs.check_bug_texts() == []
 
 
+@pytest.mark.integration
 def test_the_layer_phase_tool_runs_here_and_times_every_statement(tmp_path):
     """tools/cuda_layer_phases.py is run on a lent GPU with a minute to spare: here (the CPU,
-    the kernels emulated) it must run end to end and time each of the layer table's statements."""
+    the kernels emulated) it must run end to end and time each of the layer table's statements
+    (30 s: the integration tier's, as gpu-check's dry run is)."""
     import os
     import subprocess
     import sys
