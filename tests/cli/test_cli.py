@@ -143,9 +143,19 @@ def test_info_reports_the_environment_and_builds_nothing(tmp_path):
     if native._missing_tool() is None:
         assert "native CPU kernels: not built yet" in out and "python -m oplib build" in out
     assert not list(tmp_path.glob("cache/**/*.so"))
-    as_json = subprocess.run([sys.executable, "-m", "oplib", "info", "--json"], capture_output=True, text=True, timeout=300, env=env)
-    report = json.loads(as_json.stdout)
+
+
+def test_info_as_json_is_the_same_report(capsys, monkeypatch, tmp_path):
+    """``info --json``: the report above as JSON (in this process: the fresh process above
+    already proves the command builds nothing)."""
+    import oplib
+    from oplib import info
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    assert info.main(["--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
     assert report["oplib"]["oplib"].startswith(oplib.__version__) and set(report["extras"]) >= {"onnx", "train", "models"}
+    assert "native CPU kernels" in json.dumps(report) and report.keys() == info.collect().keys()
 
 
 def test_info_says_when_the_kernels_are_built(capsys, monkeypatch, tmp_path):
