@@ -73,7 +73,8 @@ UNIT_MEMORY_BYTES = 800 << 20
 # the ASan runtime preloaded (oplib.testing.cuda_emulation.asan_environment). -O1, ASan's own
 # advice, replaces -O3 (the last -O counts): the kernels' vector code is explicit, so the
 # accesses checked are the same, and the build is much quicker. -g1: the line tables a report's
-# stack needs, without the types and variables of full -g (the build 70 s where -g took 102).
+# stack names (the build 70 s where -g took 102; with either, a report in an inlined header
+# function names its caller's line).
 SANITIZE_FLAGS = ("-fsanitize=address", "-fno-omit-frame-pointer", "-g1", "-O1")
 # The unit with the largest compiler (the bindings: torch's and pybind11's headers), and the
 # GCC parameters that make its garbage collector run sooner (its defaults suit more memory).

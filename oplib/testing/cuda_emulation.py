@@ -138,7 +138,7 @@ def build_kernel(source: KernelSource, kernel: str, dtype: torch.dtype, sanitize
     # POSIX's swapcontext, the shim's portable path, on x86-64 too.
     flags += os.environ.get("OPLIB_EMULATION_CXXFLAGS", "").split()
     if sanitize:
-        flags += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g1"]  # line tables: a report's stack
+        flags += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g1"]  # line tables, as native.SANITIZE_FLAGS
     code = _launcher_source(source, kernel, dtype)
     key = hashlib.sha256("\0".join([code, source.sha256, SHIM.read_text(), *flags]).encode()).hexdigest()[:16]
     library = _CACHE_DIR / f"{source.path.stem}-{kernel}-{CTYPES[dtype]}-{key}.so"

@@ -323,8 +323,6 @@ def test_address_sanitizer_catches_a_planted_off_by_one_in_the_native_kernels(tm
     # at a row's end): a heap overflow either way.
     overflow = re.search(r"heap-buffer-overflow|is located \d+ bytes to the right of \d+-byte region", result.stderr)
     assert overflow, result.stderr[-3000:]
-    # The report's stack names the source lines (-g1's line tables), the planted file's among them.
-    assert re.search(rf"{re.escape(holders[0].name)}:\d+", result.stderr), result.stderr[-3000:]
     assert "checked: clean" not in result.stdout
 
 
