@@ -188,35 +188,34 @@ class KernelSource:
         value = {p: v for (names, _), pick in zip(lines, picks) for p, v in zip(names, pick)}
         return tuple(value[p] for p in self.kernels[name].template_params)
 
-    @functools.cached_property
-    def specialisations(self) -> dict[str, tuple[tuple[str, ...], ...]]:
-        """Kernel -> every tuple of template arguments after scalar_t that a host may launch
-        (``()`` alone for a kernel templated on scalar_t only)."""
+    def _specialisations_by(self, picks_of) -> dict[str, tuple[tuple[str, ...], ...]]:
+        """Kernel -> its template argument tuples, one per pick (a choice of each of its lines)
+        that ``picks_of(lines)`` yields; ``()`` alone for a kernel templated on scalar_t only."""
         result = {}
         for name, signature in self.kernels.items():
             if not signature.template_params:
                 result[name] = ((),)
                 continue
             lines = self._kernel_lines(name)
-            result[name] = tuple(self._arguments(name, lines, picks)
-                                 for picks in itertools.product(*(choices for _, choices in lines)))
+            result[name] = tuple(self._arguments(name, lines, picks) for picks in picks_of(lines))
         return result
+
+    @functools.cached_property
+    def specialisations(self) -> dict[str, tuple[tuple[str, ...], ...]]:
+        """Kernel -> every tuple of template arguments after scalar_t that a host may launch
+        (``()`` alone for a kernel templated on scalar_t only)."""
+        return self._specialisations_by(lambda lines: itertools.product(*(choices for _, choices in lines)))
 
     @functools.cached_property
     def covering_specialisations(self) -> dict[str, tuple[tuple[str, ...], ...]]:
         """Kernel -> the fewest of its specialisations in which every choice of each of its
         ``oplib-template`` lines appears (the i-th takes each line's i-th choice, round and round):
         3 of involution.cu's 24 per chunked kernel, where its lines have 2, 3, 2 and 2 choices."""
-        result = {}
-        for name, signature in self.kernels.items():
-            if not signature.template_params:
-                result[name] = ((),)
-                continue
-            lines = self._kernel_lines(name)
+        def round_and_round(lines):
             count = max(len(choices) for _, choices in lines)
-            result[name] = tuple(self._arguments(name, lines, [choices[i % len(choices)] for _, choices in lines])
-                                 for i in range(count))
-        return result
+            return ([choices[i % len(choices)] for _, choices in lines] for i in range(count))
+
+        return self._specialisations_by(round_and_round)
 
 
 def cuda_sources() -> list[str]:

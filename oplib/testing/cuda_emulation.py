@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..kernels.cuda_launch import LaunchConfig
 from ..kernels.native import compiler_environment
-from ..kernels.cuda_source import CTYPES, INCLUDE_DIR, KernelArg, KernelSource, instantiations, name_expression
+from ..kernels.cuda_source import CTYPES, INCLUDE_DIR, KernelArg, KernelSource, name_expression
 
 SHIM = Path(__file__).resolve().parent / "cuda_host_shim.h"
 # The orders in which a block's warps, and the lanes of each, take turns (the shim's header comment).
@@ -92,9 +92,7 @@ def _launcher_source(source: KernelSource, kernel: str, dtype: torch.dtype) -> s
     threads in the order ``descending`` says, and returns nullptr or an error message."""
     launch = "launch_fibers" if cooperative(source) else "launch"
     lines = [f'#include "{SHIM}"', f'#include "{source.path}"', ""]
-    for name, instantiated, specialisation in instantiations(source):
-        if name != kernel or instantiated != dtype:
-            continue
+    for specialisation in source.specialisations[kernel]:
         signature = source.kernels[kernel]
         ctype = CTYPES[dtype]
         arg_names = ", ".join(name for _, name in signature.params)
