@@ -27,6 +27,7 @@ from torch._C import _AutoDispatchBelowAutograd as AutoDispatchBelowAutograd
 from torch._C import _dispatch_has_kernel_for_dispatch_key as dispatch_has_kernel_for_dispatch_key
 from torch._C import _dispatch_key_for_device as dispatch_key_for_device
 from torch._C import _ExcludeDispatchKeyGuard as ExcludeDispatchKeyGuard
+from torch._compile import _disable_dynamo as disable_dynamo_lazily
 from torch._functorch.autograd_function import custom_function_call
 from torch._library.autograd import make_autograd_impl
 from torch._library.custom_ops import CustomOpDef
@@ -128,6 +129,13 @@ SYMBOLS: dict[str, PrivateSymbol] = {
         "torch._subclasses.fake_tensor.FakeTensorMode",
         "running an op's fake kernel outside compile/export; no public entry",
         "the generated fake-kernel checks (oplib.testing)",
+    ),
+    "disable_dynamo_lazily": PrivateSymbol(
+        "torch._compile._disable_dynamo",
+        "torch.compiler.disable imports torch._dynamo when it wraps (2 s of every `import oplib`, "
+        "GPU or not, for the CUDA kernels' registration); this wrapper, the one torch's own "
+        "custom_op kernels get, imports it at the first call",
+        "a 2 s faster `import oplib` (the CUDA kernels registered with the public disable instead)",
     ),
     "maybe_mark_dynamic": PrivateSymbol(
         "torch._dynamo.maybe_mark_dynamic",

@@ -9,6 +9,7 @@ installed. It builds nothing, compiles nothing and downloads nothing.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -27,9 +28,17 @@ def _distribution_version(name: str) -> Optional[str]:
         return None
 
 
+@functools.cache
+def _providers() -> dict[str, list[str]]:
+    """Import name -> the distributions providing it: a walk of every installed distribution's
+    file list (a second here), so read once per report (``collect`` clears it) where each of
+    the report's ten lookups read it again (10 s for ``info``)."""
+    return importlib.metadata.packages_distributions()
+
+
 def _distributions_of(module: str) -> list[str]:
     """The installed distributions that provide the import name ``module``, with versions."""
-    names = importlib.metadata.packages_distributions().get(module, [])
+    names = _providers().get(module, [])
     return [f"{name} {_distribution_version(name)}" for name in dict.fromkeys(names)]
 
 
@@ -150,6 +159,7 @@ def collect() -> Report:
         "CUDA": _cuda_section,
         "extras": _extras_section,
     }
+    _providers.cache_clear()  # what is installed now, not at an earlier report
     report: Report = {}
     for title, gather in sections.items():
         try:

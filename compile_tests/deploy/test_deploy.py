@@ -112,17 +112,17 @@ def test_backbone_exports_with_dynamic_batch_and_size(tmp_path):
         torch.testing.assert_close(got, expected)
 
 
-def test_export_command_rejects_bad_arguments(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "oplib", "export", "--depth", "26", "--format", "onnx", "--size", "16", str(tmp_path / "x.onnx")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert result.returncode == 2 and "--size: expected at least 33" in result.stderr
-    result = subprocess.run(
-        [sys.executable, "-m", "oplib", "export", "--depth", "26", "--format", "aoti", str(tmp_path / "x.aoti")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert result.returncode == 2 and "must end in .pt2" in result.stderr
+@pytest.mark.parametrize(
+    "args,message",
+    [(["--format", "onnx", "--size", "16", "x.onnx"], "--size: expected at least 33"),
+     (["--format", "aoti", "x.aoti"], "must end in .pt2")],
+)
+def test_export_command_rejects_bad_arguments(args, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        oplib.deploy.main(["--depth", "26", *args])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .._torch_private import DispatchKey, DispatchKeySet, ExcludeDispatchKeyGuard, dispatch_key_for_device
+from .._torch_private import (
+    DispatchKey,
+    DispatchKeySet,
+    ExcludeDispatchKeyGuard,
+    disable_dynamo_lazily,
+    dispatch_key_for_device,
+)
 
 # One Library object per namespace for the registrations that torch.library has no helper
 # for (autocast kernels that read the autocast dtype at call time); kept alive for the life
@@ -113,7 +119,8 @@ def register_device_kernel(qualname: str, device_type: str, kernel) -> None:
     rather than custom_op's ``register_kernel``, whose per-call wrappers (the check that the
     result aliases no input, a dynamo-disable wrapper and a lookup of disabled kernels) cost
     about 4 us a call; ``torch.compiler.disable`` keeps dynamo out of the kernel's Python, which
-    it would otherwise try to trace where an eager call runs inside a compiled function. For
-    kernels that return a fresh tensor (never an input or a view of one)."""
+    it would otherwise try to trace where an eager call runs inside a compiled function (torch's
+    lazy form of it: ``torch.compiler.disable`` would import dynamo with oplib). For kernels
+    that return a fresh tensor (never an input or a view of one)."""
     namespace, name = qualname.split("::")
-    _library(namespace).impl(name, torch.compiler.disable(kernel), dispatch_key_for_device(device_type))
+    _library(namespace).impl(name, disable_dynamo_lazily(kernel), dispatch_key_for_device(device_type))
