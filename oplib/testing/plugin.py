@@ -25,28 +25,33 @@ def pytest_configure(config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
 
 
-def skip_reasons() -> dict[str, str]:
-    """The marks whose tests this machine cannot run, with why."""
-    import torch
-
-    from .toolchain import missing_inductor_compiler
-
+def skip_reasons(marks=("needs_cuda", "needs_compiler")) -> dict[str, str]:
+    """Of ``marks``, those whose tests this machine cannot run, with why. Only the marks asked
+    for are probed: inductor's compiler probe imports inductor (3.5 s), which a session whose
+    tests need a GPU but no compiler should not pay."""
     reasons = {}
-    if not torch.cuda.is_available():
-        reasons["needs_cuda"] = "needs a CUDA GPU; torch.cuda.is_available() is False on this machine"
-    missing = missing_inductor_compiler()
-    if missing is not None:
-        reasons["needs_compiler"] = missing
+    if "needs_cuda" in marks:
+        import torch
+
+        if not torch.cuda.is_available():
+            reasons["needs_cuda"] = "needs a CUDA GPU; torch.cuda.is_available() is False on this machine"
+    if "needs_compiler" in marks:
+        from .toolchain import missing_inductor_compiler
+
+        missing = missing_inductor_compiler()
+        if missing is not None:
+            reasons["needs_compiler"] = missing
     return reasons
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    marked = [item for item in items if "needs_cuda" in item.keywords or "needs_compiler" in item.keywords]
+    marks = ("needs_cuda", "needs_compiler")
+    marked = [item for item in items if any(mark in item.keywords for mark in marks)]
     if not marked:
         return
     import pytest
 
-    reasons = skip_reasons()
+    reasons = skip_reasons([mark for mark in marks if any(mark in item.keywords for item in marked)])
     for item in marked:
         for mark, reason in reasons.items():
             if mark in item.keywords:

@@ -30,13 +30,14 @@ def _pytest(tmp_path, *flags: str) -> subprocess.CompletedProcess:
 
 
 def test_the_marks_are_registered_and_skips_say_why(tmp_path):
-    result = _pytest(tmp_path)
+    """One session (a fresh interpreter each costs 7 s): --strict-markers accepts both marks,
+    ``-m "not integration"`` deselects by one, and the GPU test skips saying why."""
+    result = _pytest(tmp_path, "-m", "not integration")
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 deselected" in result.stdout, result.stdout
     if not torch.cuda.is_available():
-        assert "1 passed, 1 skipped" in result.stdout and "needs a CUDA GPU" in result.stdout, result.stdout
+        assert "1 skipped, 1 deselected" in result.stdout and "needs a CUDA GPU" in result.stdout, result.stdout
     assert "PytestUnknownMarkWarning" not in result.stdout + result.stderr
-    deselected = _pytest(tmp_path, "-m", "not integration")
-    assert "1 deselected" in deselected.stdout, deselected.stdout
 
 
 def test_without_the_plugin_the_marks_are_unknown(tmp_path):
@@ -62,3 +63,28 @@ def test_oplib_suite_takes_the_plugin_by_name_where_no_entry_point_is_installed(
     assert named.returncode == 0 and "passed" in named.stdout, named.stdout + named.stderr
     refused = run()
     assert refused.returncode != 0 and "-p oplib.testing.plugin" in refused.stdout + refused.stderr
+
+
+def test_only_the_marks_a_session_holds_are_probed(monkeypatch):
+    """Before: every session with a marked test probed inductor's C++ compiler (importing
+    inductor: 3.5 s of each user's pytest run), though none of its tests needed one."""
+    import pytest
+
+    from oplib.testing import plugin, toolchain
+
+    probes = []
+    monkeypatch.setattr(toolchain, "missing_inductor_compiler", lambda: probes.append(1) or "no compiler")
+
+    class Item:
+        def __init__(self, *marks: str):
+            self.keywords, self.added = dict.fromkeys(marks, True), []
+
+        def add_marker(self, mark):
+            self.added.append(mark)
+
+    gpu_only = Item("needs_cuda")
+    plugin.pytest_collection_modifyitems(None, [gpu_only, Item()])
+    assert probes == [] and len(gpu_only.added) == (0 if torch.cuda.is_available() else 1)
+    compiled = Item("needs_compiler")
+    plugin.pytest_collection_modifyitems(None, [gpu_only, compiled])
+    assert probes == [1] and compiled.added == [pytest.mark.skip(reason="no compiler")]
