@@ -268,11 +268,15 @@ class CuPyLauncher:
         must ask; the device's opt-in limit is 99-227 KiB by architecture)."""
         if self._opted_in.get(function, 0) >= shared_bytes:
             return
-        limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+        limit = self._shared_memory_limit(device)
         if shared_bytes > limit:
             raise ValueError(f"{kernel}: {shared_bytes} bytes of shared memory per block; this GPU allows {limit}")
         self._driver.funcSetAttribute(function, _MAX_DYNAMIC_SHARED_ATTRIBUTE, shared_bytes)
         self._opted_in[function] = shared_bytes
+
+    def _shared_memory_limit(self, device: int) -> int:
+        """The most dynamic shared memory a block of ``device`` may opt into."""
+        return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
     def _parameter_block(self, kinds: tuple[type, ...]):
         """This thread's argument values (one ctypes object per parameter, of its declared type)

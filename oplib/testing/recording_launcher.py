@@ -19,18 +19,28 @@ from ..kernels.cuda_launch import CuPyLauncher
 from ..kernels.cuda_source import instantiations
 
 
+# cudaDevAttrMaxSharedMemoryPerBlockOptin of sm_90 (the CUDA C++ Programming Guide's table of
+# compute capabilities: 227 KB).
+SM90_SHARED_MEMORY_OPT_IN = 227 * 1024
+
+
 class _CountingDriver:
-    """The two driver calls a launch makes: the current context (always the launcher's), and
-    the launch itself, counted."""
+    """The driver calls a launch makes: the current context (always the launcher's), the
+    launch itself, counted, and (once a kernel, above 48 KiB of shared memory) the opt-in,
+    counted."""
 
     def __init__(self):
         self.launches = 0
+        self.opt_ins = 0
 
     def ctxGetCurrent(self) -> int:
         return 0
 
     def launchKernel(self, *arguments) -> None:
         self.launches += 1
+
+    def funcSetAttribute(self, function, attribute, value) -> None:
+        self.opt_ins += 1
 
 
 class RecordingCuPyLauncher(CuPyLauncher):
@@ -57,6 +67,12 @@ class RecordingCuPyLauncher(CuPyLauncher):
 
     def _stream(self, device) -> int:
         return 0
+
+    def _shared_memory_limit(self, device) -> int:
+        """An H100's or H200's opt-in limit (sm_90: 227 KiB), the GPUs the tables are measured
+        on, in place of asking a GPU this machine need not have (before: the tensor-core and
+        tiled kernels' opt-in asked torch.cuda, and bench/host_launch.py failed on CPU)."""
+        return SM90_SHARED_MEMORY_OPT_IN
 
     def _device(self, kernel, args):
         """CPU tensors stand in for a GPU's here (their pointers are only written into the

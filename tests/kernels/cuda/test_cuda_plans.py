@@ -137,3 +137,23 @@ def test_the_registered_cuda_kernel_plans_and_replays_on_a_gpu():
     assert len(plans) == 1 and all(plans.values()) and kernel.plans == plans
     torch.testing.assert_close(first.cpu(), expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(second.cpu(), 2 * expected, rtol=1e-4, atol=1e-4)
+
+
+def test_every_op_of_the_host_launch_table_runs_over_the_recording_launcher():
+    """bench/host_launch.py's candidates for every op it times, each called once on CPU over the
+    recording launcher. Before: involution_generated's kernel opts into more than 48 KiB of
+    shared memory, the opt-in asked torch.cuda for the GPU's limit, and the benchmark failed on
+    every machine without a GPU."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    import host_launch
+
+    launcher = RecordingCuPyLauncher()
+    timed = [spec for spec in registry.all_specs() if spec.qualname in host_launch.CUDA_DISPATCH]
+    assert timed
+    for spec in timed:
+        sample = next(iter(spec.sample_inputs("cpu", torch.float32, False)))
+        before = launcher.launches
+        for impl in host_launch.candidates(spec.qualname, sample.args, launcher).values():
+            impl(*sample.args)
+        assert launcher.launches >= before + 3, spec.name
+    assert launcher._driver.opt_ins >= 1  # what failed before
