@@ -1,9 +1,7 @@
 """involution's CUDA backend: the launches of ``involution.cu`` (involution and its two
 backward ops), ``involution_generated.cu`` (the fused-generation op and its grad_input, generic
 kernels), and the tiled kernels: ``span_tile.cu`` (the span conv, the tiled fused forward) and
-``generated_mma.cu`` (the fused forward and grad_input on tensor cores); and
-``involution_rows.cu`` (involution's NCHW forward, a run of a row a thread: not the op's
-default until a draw times it against the chunked kernel). The fused forward's op
+``generated_mma.cu`` (the fused forward and grad_input on tensor cores). The fused forward's op
 takes the tensor-core or the tiled kernel where one serves the call (``involution_generated``).
 The tensor-core grad_input is not its op's default: on the fifth H200 draw it was slower than
 what the unfused path runs instead (involution's grad_input reading the span conv's map).
@@ -163,48 +161,6 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Te
                launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo)."""
     return _channel_chunked("involution_forward", input, weight, stride, padding, dilation, out, launcher, policy)
-
-
-# ---------------------------------------------------------------------------------------
-# involution's NCHW forward with a run of output pixels a thread (involution_rows.cu): not its
-# op's default until a GPU draw measures it against the chunked kernel
-# ---------------------------------------------------------------------------------------
-
-ROWS_SOURCE = "involution/csrc/cuda/involution_rows.cu"
-
-
-def rows_specialisation(source: KernelSource, kernel_size, stride, dilation) -> Optional[tuple[str, str]]:
-    """The (KERNEL, STRIDE) instantiation of ``involution_forward_rows`` for a window, or None
-    where the source has none (non-square kernels or strides, dilation, other sizes)."""
-    fixed = (str(kernel_size[0]), str(stride[0]))
-    square = kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
-    return fixed if square and fixed in source.specialisations["involution_forward_rows"] else None
-
-
-def rows_pixels(source: KernelSource, dtype: torch.dtype) -> int:
-    """Output pixels of a row one thread of ``involution_forward_rows`` owns (``Rows::pixels``)."""
-    return source.constants["ROWS_PIXELS_8_BYTE" if dtype.itemsize == 8 else "ROWS_PIXELS"]
-
-
-def involution_rows(input: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
-                    launcher: Optional[Launcher] = None) -> Optional[Tensor]:
-    """input: (N, C, H, W), weight: (N, G, K, K, Ho, Wo) -> out: (N, C, Ho, Wo), all contiguous
-    (NCHW), by the kernel that gives a thread a run of a row's output pixels in one channel;
-    None, out untouched, where it declines: another layout, or a window without an
-    instantiation. The same bits as ``involution``'s kernels."""
-    source = load_source(ROWS_SOURCE)
-    specialisation = rows_specialisation(source, weight.shape[2:4], stride, dilation)
-    if specialisation is None or not all(t.is_contiguous() for t in (input, weight, out)):
-        return None
-    n, channels, height, width = input.shape
-    groups, out_h, out_w = weight.shape[1], *out.shape[2:]
-    threads = n * channels * out_h * -(-out_w // rows_pixels(source, input.dtype))
-    lanes = source.constants["VECTOR_BYTES"] // input.dtype.itemsize
-    vectors = out_w % lanes == 0 and weight.data_ptr() % source.constants["VECTOR_BYTES"] == 0
-    _run(launcher or cupy_launcher(), "involution_forward_rows", out, True, (input, weight),
-         (threads, channels, height, width, groups, out_h, out_w, *padding, vectors), threads, specialisation,
-         ROWS_SOURCE)
-    return out
 
 
 def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation, out: Tensor,
