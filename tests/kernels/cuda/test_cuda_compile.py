@@ -264,23 +264,30 @@ def test_specialised_kernels_vectorise_and_never_divide_in_64_bits(covering):
     assert checked == (3 * 4 if covering else 4 * 3 * 24)
 
 
-def test_specialised_tile_divides_only_once_per_block():
+@pytest.mark.parametrize("covering", [True, pytest.param(False, marks=pytest.mark.integration)],
+                         ids=["covering", "all"])
+def test_specialised_tile_divides_only_once_per_block(covering):
     """In the PTX a GPU runs: an involution_generated_tile instantiation that fixes its window
     divides by nothing of the window (its sizes are constants, its loops step through it); the
     only divisions left are by launch arguments, once per thread: the block's tile row and
-    column (by the tiles a row) and the channels a group."""
+    column (by the tiles a row) and the channels a group. The unit tier reads the covering
+    instantiations (the compile the NVRTC test above already made), the integration tier all
+    (the whole compile it shares with the prebuilt-cubin test of span_tile.cu there)."""
     source = load_source(involution_cuda.SPAN_TILE_SOURCE)
-    compiled = nvrtc.compile_source(source, UNIT_ARCH)
+    compiled = _compiled(source, UNIT_ARCH, covering)
     entries = _ptx_entries(compiled.ptx)
-    checked = 0
-    for kernel, dtype, specialisation in instantiations(source):
+    checked = set()
+    for kernel, dtype, specialisation in _compiled_instantiations(source, covering):
         if kernel != "involution_generated_tile" or specialisation == involution_cuda.GENERATED_TILE_RUNTIME:
             continue
         body = entries[compiled.lowered_names[name_expression(kernel, dtype, specialisation)]]
         divisions = re.findall(r"\b(?:div|rem)\.[su]\d+\b", body)
         assert len(divisions) <= 3, (dtype, specialisation, divisions)
-        checked += 1
-    assert checked == 6 * len(CTYPES)
+        checked.add((dtype, specialisation))
+    specialised = {(dtype, spec) for kernel, dtype, spec in instantiations(source)
+                   if kernel == "involution_generated_tile" and spec != involution_cuda.GENERATED_TILE_RUNTIME}
+    assert len(specialised) == 6 * len(CTYPES)
+    assert checked == specialised if not covering else (checked and {d for d, _ in checked} == {d for d, _ in specialised})
 
 
 def test_a_compile_is_read_back_from_disk_only_for_the_same_inputs(tmp_path, monkeypatch):

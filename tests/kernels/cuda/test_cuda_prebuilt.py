@@ -191,8 +191,10 @@ def test_the_stand_in_has_the_real_cupys_shape():
 
 
 # involution_generated.cu: generic kernels only; span_tile.cu: a kernel whose instantiations
-# are listed pairs of template arguments (its specialised windows and the runtime one).
-@pytest.mark.parametrize("filename", [involution_cuda.GENERATED_SOURCE, involution_cuda.SPAN_TILE_SOURCE])
+# are listed pairs of template arguments (its specialised windows and the runtime one), a whole
+# compile of 16 s here: in the integration tier, beside test_cuda_compile.py's whole compiles.
+@pytest.mark.parametrize("filename", [involution_cuda.GENERATED_SOURCE,
+                                      pytest.param(involution_cuda.SPAN_TILE_SOURCE, marks=pytest.mark.integration)])
 def test_a_real_build_holds_a_cubin_with_every_lowered_name(tmp_path, filename):
     """NVRTC (no GPU) compiles one source for sm_90 into a folder whose lookup passes: an ELF
     cubin holding every instantiation's mangled name."""
