@@ -59,8 +59,12 @@ KERNEL_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = KERNEL_DIR / "involution" / "csrc" / "cpu"
 # The units that take longest to compile, longest first (each unit's time alone, measured by
 # bench/build.py): the parallel compiles start with them, so that they end together. The
-# others follow by name.
-LONGEST_UNITS = ("bindings.cpp", "backward_weight_pixels.cpp", "backward_generator.cpp")
+# others follow by name. backward_weight_pixels.cpp is long only where -march=native compiles
+# its AVX-512 kernels (18 s on such a machine, 2 s on one without): the two row units after it
+# keep either machine's two compile slots ending within a second of the floor (without them, a
+# machine without AVX-512 compiled forward_rows.cpp last, 5 s past it).
+LONGEST_UNITS = ("bindings.cpp", "backward_weight_pixels.cpp", "backward_generator.cpp", "backward_input_rows.cpp",
+                 "forward_rows.cpp")
 ENV = "OPLIB_CPU_KERNELS"
 CHOICES = ("pytorch", "auto", "native")
 DEFAULT = "auto"
