@@ -187,9 +187,9 @@ class Target:
 
     def unit_flags(self, unit: str) -> list[str]:
         """Flags for one unit beyond compile_flags: the bindings unit (torch's and pybind11's
-        headers, no loop) at ``BINDINGS_OPTIMIZATION``, and with GCC collecting its garbage more
-        often there, the unit whose memory sets the build's peak beside another compile (0.81 ->
-        0.66 GB for 5 s more of CPU)."""
+        headers, no compute loop) at ``BINDINGS_OPTIMIZATION``, and with GCC collecting its garbage
+        more often there, the unit whose memory sets the build's peak beside another compile
+        (0.81 -> 0.66 GB for 5 s more of CPU)."""
         if unit != MEMORY_BOUND_UNIT:
             return []
         return [BINDINGS_OPTIMIZATION, *(GCC_LOW_MEMORY_FLAGS if _is_gcc(self.compiler) else ())]
