@@ -92,10 +92,9 @@ def _launcher_source(source: KernelSource, kernel: str, dtype: torch.dtype) -> s
     threads in the order ``descending`` says, and returns nullptr or an error message."""
     launch = "launch_fibers" if cooperative(source) else "launch"
     lines = [f'#include "{SHIM}"', f'#include "{source.path}"', ""]
+    signature, ctype = source.kernels[kernel], CTYPES[dtype]
+    arg_names = ", ".join(name for _, name in signature.params)
     for specialisation in source.specialisations[kernel]:
-        signature = source.kernels[kernel]
-        ctype = CTYPES[dtype]
-        arg_names = ", ".join(name for _, name in signature.params)
         lines += [
             f'extern "C" const char* {emulated_symbol(kernel, ctype, specialisation)}(const unsigned int* grid, '
             f"const unsigned int* block, long long shared_bytes, int descending, "

@@ -25,7 +25,11 @@ def pytest_configure(config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
 
 
-def skip_reasons(marks=("needs_cuda", "needs_compiler")) -> dict[str, str]:
+# The marks whose tests a machine may be unable to run (the others only select).
+SKIPPING_MARKS = ("needs_cuda", "needs_compiler")
+
+
+def skip_reasons(marks=SKIPPING_MARKS) -> dict[str, str]:
     """Of ``marks``, those whose tests this machine cannot run, with why. Only the marks asked
     for are probed: inductor's compiler probe imports inductor (3.5 s), which a session whose
     tests need a GPU but no compiler should not pay."""
@@ -45,13 +49,12 @@ def skip_reasons(marks=("needs_cuda", "needs_compiler")) -> dict[str, str]:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    marks = ("needs_cuda", "needs_compiler")
-    marked = [item for item in items if any(mark in item.keywords for mark in marks)]
+    marked = [item for item in items if any(mark in item.keywords for mark in SKIPPING_MARKS)]
     if not marked:
         return
     import pytest
 
-    reasons = skip_reasons([mark for mark in marks if any(mark in item.keywords for item in marked)])
+    reasons = skip_reasons([mark for mark in SKIPPING_MARKS if any(mark in item.keywords for item in marked)])
     for item in marked:
         for mark, reason in reasons.items():
             if mark in item.keywords:

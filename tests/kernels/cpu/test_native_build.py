@@ -57,8 +57,8 @@ def test_the_longest_units_compile_first():
 
 def test_only_gcc_gets_the_low_memory_parameters_and_only_for_the_bindings(tmp_path):
     """GCC's --param names are GCC's: clang (which defines __GNUC__ too) and a missing compiler
-    get none, and the other units none either. The bindings unit (no loop) compiles at -O1 with
-    any compiler, the kernel units at the build's -O3."""
+    get none, and the other units none either. The bindings unit (no compute loop) compiles at
+    -O1 with any compiler, the kernel units at the build's -O3."""
     bindings = [native.BINDINGS_OPTIMIZATION]
     if native._missing_tool() is None and native._is_gcc(native.compiler_command()):
         assert native.Target(native.compiler_command()).unit_flags("bindings.cpp") == [
