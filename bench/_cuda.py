@@ -21,7 +21,9 @@ a process of its own through tools/gpu_check.py). Its stages:
   cores" column generated_mma.cu's (``involution_generated_mma``, 16-bit dtypes), timed beside it
   until it becomes the op's default; the "tensor cores" column of grad_input is generated_mma.cu's
   grad_input of ``involution_generated`` (``involution_generated_mma_backward_input``: the weights
-  formed inside it, where the row's oplib kernel reads the span conv's map);
+  formed inside it, where the row's oplib kernel reads the span conv's map); the "vectors" column
+  of the forward is involution_vectors.cu's NCHW forward (``involution_vectors``: a vector of
+  pixels a lane), where it serves the call, timed beside the chunked kernel until a draw decides;
 - ``layer``: the whole ``oplib.nn.Involution2d`` layer, fused (``fused=True``) and unfused
   (``fused=False``), against a depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
   channels_last and float32 NCHW, forward (eval, no_grad) and forward+backward (train), device
@@ -316,6 +318,11 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             # grad_input with the weights formed inside (the grad_input row's oplib reads the map)
             calls["tensor cores", "grad_input"] = lambda: involution_cuda.involution_generated_mma_backward_input(
                 g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
+    if launcher is not None and x.is_contiguous():  # involution's NCHW forward, a vector of pixels a lane
+        vectors = lambda: involution_cuda.involution_vectors(x, w, stride, padding, dilation,  # noqa: E731
+                                                             result_like(x, w.shape[4:]), launcher)
+        if vectors() is not None:  # (where it serves: a first call, which also compiles it)
+            calls["vectors", "forward"] = vectors
     calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size), stride, padding, dilation
     )
@@ -347,6 +354,8 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
             profiled[f"{candidate} generated forward"] = calls[candidate, "generated forward"]
     if ("tensor cores", "grad_input") in calls:
         profiled["tensor cores generated grad_input"] = calls["tensor cores", "grad_input"]
+    if ("vectors", "forward") in calls:
+        profiled["vectors forward"] = calls["vectors", "forward"]
     profiled["oplib generated grad_input"] = lambda: generated_grad_input(
         g, o["feature"], o["span_weight"], o["span_bias"], [shape.height, shape.width], [shape.kernel] * 2, stride,
         padding, dilation)
@@ -388,6 +397,7 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
                         "unfold_ms": device["unfold", "forward"] * 1e3 if kernel == "forward" else None,
                         "tiled_ms": device["tiled", kernel] * 1e3 if ("tiled", kernel) in device else None,
                         "tensor_cores_ms": device["tensor cores", kernel] * 1e3 if ("tensor cores", kernel) in device else None,
+                        "vectors_ms": device["vectors", kernel] * 1e3 if ("vectors", kernel) in device else None,
                     })
                 print(f"{shape.name} {dtype} {layout}: " + ", ".join(
                     f"{row['kernel']} {row['device_ms']:.3f} ms ({row['over_floor']:.1f}x floor)" for row in rows[-len(KERNELS):]
@@ -401,13 +411,14 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
 def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     columns = ["shape", "dtype", "layout", "kernel", "device (ms)", "floor (ms)", "device / floor",
                "generic (before, ms)", "wall per call (ms)", "depthwise 7x7 (ms)", "unfold (ms)", "tiled (ms)",
-               "tensor cores (ms)"]  # fmt: skip
+               "tensor cores (ms)", "vectors (ms)"]  # fmt: skip
     cells = [
         [row["shape"], row["dtype"], row["layout"], row["kernel"], f"{row['device_ms']:.4f}", f"{row['floor_ms']:.4f}",
          f"{row['over_floor']:.2f}x", f"{row['generic_ms']:.4f}", f"{row['wall_ms']:.4f}", f"{row['depthwise_ms']:.4f}",
          "-" if row["unfold_ms"] is None else f"{row['unfold_ms']:.4f}",
          "-" if row.get("tiled_ms") is None else f"{row['tiled_ms']:.4f}",
-         "-" if row.get("tensor_cores_ms") is None else f"{row['tensor_cores_ms']:.4f}"]
+         "-" if row.get("tensor_cores_ms") is None else f"{row['tensor_cores_ms']:.4f}",
+         "-" if row.get("vectors_ms") is None else f"{row['vectors_ms']:.4f}"]
         for row in rows
     ]  # fmt: skip
     return columns, cells

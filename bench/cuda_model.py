@@ -67,6 +67,14 @@ FUSED = {
 }
 
 
+# Kernels the table times in columns of their own where a run has them, but the measured run
+# does not yet: row name -> (the table's row, its column, the function of
+# oplib.kernels.involution.cuda that launches it). Predicted beside the row's kernel until a
+# draw times them (``candidate_lines``); a measured column makes them rows like FUSED's.
+VECTORS = "vectors forward"
+CANDIDATES = {VECTORS: ("forward", "vectors (ms)", "involution_vectors")}
+
+
 def measured_rows(path: Path = MEASURED) -> tuple[float, list[dict]]:
     """A committed run (by default the H200's): its copy bandwidth (bytes/s) and its kernel rows,
     each followed by the rows of the fused kernels (``FUSED``) the run timed beside it."""
@@ -78,7 +86,7 @@ def measured_rows(path: Path = MEASURED) -> tuple[float, list[dict]]:
     for cells in table["rows"]:
         row = dict(zip(table["columns"], cells))
         rows.append(row)
-        for fused, (kernel, column, _) in FUSED.items():
+        for fused, (kernel, column, _) in {**FUSED, **CANDIDATES}.items():
             if row["kernel"] == kernel and row.get(column, "-") != "-":
                 rows.append({"shape": row["shape"], "dtype": row["dtype"], "layout": row["layout"], "kernel": fused,
                              "device (ms)": row[column]})
@@ -95,15 +103,16 @@ def _record(case: tuple[str, str, str]) -> list[tuple[str, list]]:
     for kernel, (qualname, args) in calls(shape, dtype, layout).items():
         events = device_model.record_launches(qualname, *args)
         result.append((kernel, [(e, device_model.kernel_work(e) if isinstance(e, Launch) else None) for e in events]))
-    for fused, (_, _, function) in FUSED.items():
+    for fused, (_, _, function) in {**FUSED, **CANDIDATES}.items():
         launch = _fused_launch(case, function)
         if launch is not None:
             result.append((fused, [(launch, device_model.kernel_work(launch))]))
     return result
 
 
-def model_rows(batch: int, workers: int = 2) -> list[dict]:
-    """Every row of the measured table with its events as model inputs (LaunchInputs, Copy)."""
+def model_rows(batch: int, workers: int = 2) -> tuple[list[dict], list[dict]]:
+    """Every row of the measured table with its events as model inputs (LaunchInputs, Copy),
+    and the rows of ``CANDIDATES`` the table does not time (where the kernel serves the call)."""
     _, rows = measured_rows()
     cases = sorted({(r["shape"], r["dtype"], r["layout"]) for r in rows}, key=lambda c: [r["shape"] for r in rows].index(c[0]))
     with ProcessPoolExecutor(workers) as pool:
@@ -114,9 +123,7 @@ def model_rows(batch: int, workers: int = 2) -> list[dict]:
     for source in sorted({key[0] for key in launches}):
         which = tuple(sorted((k[1:] for k in launches if k[0] == source), key=str))
         profiles.update(device_model.sass_profile(source, which, H200.arch))
-    result = []
-    for row in rows:
-        events = dict(recorded[row["shape"], row["dtype"], row["layout"]])[row["kernel"]]
+    def model_inputs(events) -> list:
         inputs = []
         for event, work in events:
             if isinstance(event, Copy):
@@ -126,8 +133,16 @@ def model_rows(batch: int, workers: int = 2) -> list[dict]:
             inputs.append(LaunchInputs(event.name, event.blocks, event.threads_per_block,
                                        event.shared_bytes + profile.shared_bytes, profile.registers,
                                        profile.loads_in_flight, profile.widest_load, work, profile.instruction_ratio))
-        result.append({**row, "events": inputs, "measured_s": float(row["device (ms)"]) * 1e-3})
-    return result
+        return inputs
+
+    result = [{**row, "events": model_inputs(dict(recorded[row["shape"], row["dtype"], row["layout"]])[row["kernel"]]),
+               "measured_s": float(row["device (ms)"]) * 1e-3} for row in rows]
+    timed = {_key(row) for row in rows}
+    candidates = [{"shape": case[0], "dtype": case[1], "layout": case[2], "kernel": kernel,
+                   "events": model_inputs(events)}
+                  for case in cases for kernel, events in recorded[case]
+                  if kernel in CANDIDATES and " | ".join((*case, kernel)) not in timed]
+    return result, candidates
 
 
 def events_to_json(events) -> list[dict]:
@@ -290,9 +305,10 @@ def report(rows: list[dict], bandwidth: float, h100: Optional[dict] = None) -> t
 
 
 def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated_tile") -> Optional[Launch]:
-    """The launch of one of involution_generated's fused kernels (``fused``, a function of
-    oplib.kernels.involution.cuda: a forward, or ``involution_generated_mma_backward_input``) at
-    one (shape, dtype, layout), recorded on CPU tensors; None where the kernel declines it."""
+    """The launch of one of the kernels timed in a column of its own (``fused``, a function of
+    oplib.kernels.involution.cuda: a fused forward, ``involution_generated_mma_backward_input``,
+    or ``involution_vectors``) at one (shape, dtype, layout), recorded on CPU tensors; None where
+    the kernel declines it."""
     from oplib.kernels.involution import cuda as involution_cuda
     from oplib.kernels.involution.layouts import result_like
 
@@ -302,7 +318,10 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     x, feature, g = o["input"], o["feature"], o["grad_output"]
     recording = device_model.RecordingLauncher()
     window = ([shape.kernel] * 2, *shape.params)
-    if fused == "involution_generated_mma_backward_input":
+    if fused == "involution_vectors":
+        w = o["weight"]
+        involution_cuda.involution_vectors(x, w, *shape.params, result_like(x, w.shape[4:]), recording)
+    elif fused == "involution_generated_mma_backward_input":
         size = [shape.height, shape.width]
         involution_cuda.involution_generated_mma_backward_input(g, feature, o["span_weight"], o["span_bias"], size,
                                                                 *window, result_like(g, size), recording)
@@ -470,6 +489,52 @@ def changed_lines(data: list[dict], rows: list[dict], constants: Constants, band
 
 
 
+def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], constants: Constants,
+                    bandwidth: float) -> list[str]:
+    """``CANDIDATES``' rows predicted with the constants fitted above, beside the prediction and
+    the measurement of the kernel that serves the call now (the table's row), and its floor
+    (``table``, ``measured_rows``' rows): the measured time scaled by the two predictions' ratio
+    is what the next draw should find."""
+    measured = {_key(r): r for r in rows}
+    floors = {_key(r): float(r["floor (ms)"]) * 1e-3 for r in table if "floor (ms)" in r}
+    cells, ratios = [], []
+    for entry in data:
+        served = CANDIDATES[entry["kernel"]][0]
+        row = measured[" | ".join((entry["shape"], entry["dtype"], entry["layout"], served))]
+        events = events_from_json(entry["events"])
+        now = device_model.predict(row["events"], H200, constants, bandwidth)
+        predicted = device_model.predict(events, H200, constants, bandwidth)
+        main = next(e for e in events if isinstance(e, LaunchInputs))
+        terms = device_model.launch_terms(main, H200, constants, bandwidth)
+        floor = floors[_key(row)]
+        expected = row["measured_s"] * predicted / now
+        ratios.append(predicted / now)
+        cells.append([entry["shape"], entry["dtype"], entry["layout"], entry["kernel"], f"`{main.kernel}`",
+                      f"{main.blocks} x {main.threads_per_block}", str(main.registers),
+                      f"{main.instruction_ratio:.2f}", terms.bound, f"{predicted * 1e6:.1f}", f"{now * 1e6:.1f}",
+                      f"{predicted / now:.2f}x", f"{row['measured_s'] * 1e6:.1f}", f"{expected * 1e6:.1f}",
+                      f"{floor * 1e6:.1f}", f"{expected / floor:.2f}x"])
+    heading = "## Predicted, not yet measured: kernels waiting for a draw"
+    if not cells:
+        return [heading, "", "None: the measured table times every candidate kernel.", ""]
+    return [
+        heading,
+        "",
+        "Kernels the measured run did not time (`make gpu-check` times each in a column of its own beside the row "
+        "of the call it serves): `involution_vectors.cu`'s NCHW forward, a vector of 4 output pixels a lane (2 in "
+        "float64) and a fixed number of a group's channels a thread, at the rows it serves (widths a multiple of "
+        "the vector; it declines the others). Predicted with the constants fitted above, beside the prediction and "
+        "the H200's measurement of the kernel that serves the row now: the measured time scaled by the two "
+        f"predictions' ratio is what the next draw should find. Predicted / now {ratio_range(ratios)}, faster at "
+        f"{sum(r < 1.0 for r in ratios)} of {len(ratios)} rows.",
+        "",
+        *_harness.table(["shape", "dtype", "layout", "kernel", "instantiation", "grid x block", "registers",
+                         "instruction ratio", "bound", "predicted (us)", "the row's kernel, predicted (us)",
+                         "predicted / the row's", "the row's kernel, measured (us)", "expected (us)", "floor (us)",
+                         "expected / floor"], "lllllllrlrrrrrrr", cells),
+    ]
+
+
 # The tensor-core kernels (generated_mma.cu), measured rows of the table: each row's title.
 MMA_TITLES = {
     MMA_FORWARD: "the tensor-core forward, involution_generated_mma",
@@ -552,7 +617,7 @@ def main() -> None:
                                  min_run_time=0.0, output=args.output)
     data_path = args.output.with_suffix(".json")
     bandwidth, table = measured_rows()
-    current = model_rows(batch=32)
+    current, candidates = model_rows(batch=32)
     committed = json.loads(data_path.read_text())["model"] if data_path.exists() else None
     if args.derive_measured or committed is None:
         rows = current
@@ -565,8 +630,10 @@ def main() -> None:
     tiled = tiled_lines(rows, constants, bandwidth)
     model["instructions"] = ncu_instructions(rows)
     model["changed"] = changed_rows(rows, current)
+    model["candidates"] = [{**entry, "events": events_to_json(entry["events"])} for entry in candidates]
     _harness.write_report(settings, [*lines, "", *tiled, "", *instruction_lines(model["instructions"]), "",
                                      *changed_lines(model["changed"], rows, constants, bandwidth), "",
+                                     *candidate_lines(model["candidates"], rows, table, constants, bandwidth), "",
                                      *mma_lines(rows, table, constants, bandwidth)])
     data = json.loads(data_path.read_text())
     data["model"] = model

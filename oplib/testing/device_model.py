@@ -824,8 +824,38 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
             t.store(4, n * isn + (group * pg + channel) * isc + y * ish + x * isw, inside & (x < W) & (channel < pg), es)
 
 
+def _forward_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_forward_vectors (involution_vectors.cu): per kernel row inside the image, the
+    row's K weight vectors, then per channel of the thread's the window's aligned vectors inside
+    the row and K x PIXELS multiply-adds; a vector store per channel. A vector load or store is
+    traced by its first element (aligned, so within one line)."""
+    _, C, H, W, G, OH, OW, ph = launch.scalars
+    K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
+    es = launch.dtype.itemsize
+    P, chunk = (2 if es == 8 else 4), {2: 4, 4: 2, 8: 2}[es]  # Vectors::pixels, Vectors::channels
+    offset, span = (-(K // 2)) % P, (P - 1) * S + K
+    loads, vectors, plane, pg = -(-(offset + span) // P), OW // P, OH * OW, C // G
+    s, rest = item % vectors, item // vectors
+    i, rest = rest % OH, rest // OH
+    k, rest = rest % (pg // chunk), rest // (pg // chunk)
+    g, n = rest % G, rest // G
+    c0, j0 = g * pg + k * chunk, s * P
+    y0, x_aligned = i * S - ph, j0 * S - K // 2 - offset
+    kernel = (n * G + g) * K * K * plane + i * OW + j0
+    c, v = _slots(chunk, 4), _slots(loads, 3)
+    for a in range(K):
+        y = y0 + a
+        row_ok = (y >= 0) & (y < H)
+        t.load(1, kernel + (a * K + _slots(K)) * plane, row_ok, es)
+        x = x_aligned + v * P
+        t.load(0, ((n * C + c0 + c) * H + y) * W + x, row_ok & (x >= 0) & (x < W) & (c >= 0), es)
+        t.fma(row_ok & (_slots(chunk) >= 0), K * P)
+    t.store(2, (n * C + c0 + _slots(chunk)) * plane + i * OW + j0, True, es)
+
+
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_forward_chunked": _forward_chunked,
+    "involution_forward_vectors": _forward_vectors,
     "involution_backward_input_chunked": _backward_input_chunked,
     "involution_backward_weight_chunked": _backward_weight_chunked,
     "involution_generated_forward": _generated_forward,

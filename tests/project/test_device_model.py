@@ -43,6 +43,8 @@ def test_the_committed_table_is_what_the_model_makes_of_its_inputs(committed):
     lines += ["", *cuda_model.instruction_lines(model["instructions"])]
     lines += ["", *cuda_model.changed_lines(model["changed"], rows, Constants(**regenerated["constants"]),
                                             model["copy_bandwidth_bytes_per_s"])]
+    lines += ["", *cuda_model.candidate_lines(model["candidates"], rows, cuda_model.measured_rows()[1],
+                                              Constants(**regenerated["constants"]), model["copy_bandwidth_bytes_per_s"])]
     lines += ["", *cuda_model.mma_lines(rows, cuda_model.measured_rows()[1], Constants(**regenerated["constants"]),
                                         model["copy_bandwidth_bytes_per_s"])]
     committed_lines = (RESULTS / "cuda-model.md").read_text().splitlines()
@@ -166,6 +168,25 @@ def test_lines_of_coalesced_and_scattered_lanes():
     tally.load(0, lanes * 4, torch.ones(1, 32, dtype=torch.bool), 4)  # 16-byte vectors: four lines
     tally.load(0, lanes, lanes < 0, 4)  # no lane active: no request
     assert tally.counts["load_requests"] == 3 and tally.counts["load_lines"] == 1 + 32 + 4
+
+
+def test_the_vectors_trace_counts_a_launch_counted_by_hand():
+    """involution_vectors.cu at bfloat16, 3x3, a 128-pixel row: one warp an output row (32
+    vectors of 4 pixels), 4 channels a thread. Per kernel row inside the image (22 over the 8
+    warps: the top and bottom rows have 2): 3 weight vectors and, per channel, 3 window vectors,
+    each warp access 256 contiguous bytes or 248 (a border lane's vector outside), two lines;
+    12 multiply-adds per channel. A vector store per channel, two lines."""
+    from oplib.kernels.involution import cuda as involution_cuda
+
+    x, w = torch.randn(1, 4, 8, 128, dtype=torch.bfloat16), torch.randn(1, 1, 3, 3, 8, 128, dtype=torch.bfloat16)
+    recording = device_model.RecordingLauncher()
+    assert involution_cuda.involution_vectors(x, w, [1, 1], [1, 1], [1, 1], torch.empty_like(x), recording) is not None
+    work = device_model.kernel_work(recording.launches[0])
+    rows = 6 * 3 + 2 * 2
+    assert work.warps == 8
+    assert (work.load_requests, work.load_lines) == (rows * (3 + 4 * 3), rows * (3 + 4 * 3) * 2)
+    assert (work.store_requests, work.store_lines) == (8 * 4, 8 * 4 * 2)
+    assert work.fma_requests == rows * 4 * 3 * 4
 
 
 @pytest.mark.parametrize("index, mask, element_bytes, passes", [

@@ -1,7 +1,9 @@
 """involution's CUDA backend: the launches of ``involution.cu`` (involution and its two
 backward ops), ``involution_generated.cu`` (the fused-generation op and its grad_input, generic
 kernels), and the tiled kernels: ``span_tile.cu`` (the span conv, the tiled fused forward) and
-``generated_mma.cu`` (the fused forward and grad_input on tensor cores). The fused forward's op
+``generated_mma.cu`` (the fused forward and grad_input on tensor cores); and
+``involution_vectors.cu`` (involution's NCHW forward, a vector of pixels a lane: not the op's
+default until a draw times it against the chunked kernel). The fused forward's op
 takes the tensor-core or the tiled kernel where one serves the call (``involution_generated``).
 The tensor-core grad_input is not its op's default: on the fifth H200 draw it was slower than
 what the unfused path runs instead (involution's grad_input reading the span conv's map).
@@ -161,6 +163,64 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Te
                launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo)."""
     return _channel_chunked("involution_forward", input, weight, stride, padding, dilation, out, launcher, policy)
+
+
+# ---------------------------------------------------------------------------------------
+# involution's NCHW forward with a vector of pixels a lane (involution_vectors.cu): not its op's
+# default until a GPU draw measures it against the chunked kernel
+# ---------------------------------------------------------------------------------------
+
+VECTORS_SOURCE = "involution/csrc/cuda/involution_vectors.cu"
+
+
+def vectors_specialisation(source: KernelSource, kernel_size, stride, dilation) -> Optional[tuple[str, str]]:
+    """The (KERNEL, STRIDE) instantiation of ``involution_forward_vectors`` for a window, or
+    None where the source has none (non-square kernels or strides, dilation, other sizes)."""
+    fixed = (str(kernel_size[0]), str(stride[0]))
+    square = kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
+    return fixed if square and fixed in source.specialisations["involution_forward_vectors"] else None
+
+
+def vectors_pixels(source: KernelSource, dtype: torch.dtype) -> int:
+    """Adjacent output pixels one lane of ``involution_forward_vectors`` owns (``Vectors::pixels``)."""
+    return source.constants["VECTORS_PIXELS_8_BYTE" if dtype.itemsize == 8 else "VECTORS_PIXELS"]
+
+
+def vectors_channels(source: KernelSource, dtype: torch.dtype) -> int:
+    """Channels one thread of ``involution_forward_vectors`` owns (``Vectors::channels``)."""
+    return source.constants[f"VECTORS_CHANNELS_{dtype.itemsize}_BYTE"]
+
+
+def involution_vectors(input: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
+                       launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+    """input: (N, C, H, W), weight: (N, G, K, K, Ho, Wo) -> out: (N, C, Ho, Wo), all contiguous
+    (NCHW), by the kernel that gives a lane a vector of adjacent output pixels and a thread a
+    fixed number of a group's channels; None, out untouched, where it declines: another
+    layout, a window without an instantiation, a horizontal padding other than K // 2, a width
+    or output width not a multiple of the vector, a pointer not aligned to it, a group's
+    channels not a multiple of a thread's, or more work items than an int counts. The same bits as
+    ``involution``'s kernels."""
+    source = load_source(VECTORS_SOURCE)
+    kernel_size = weight.shape[2:4]
+    specialisation = vectors_specialisation(source, kernel_size, stride, dilation)
+    if specialisation is None or padding[1] != kernel_size[1] // 2:
+        return None
+    pixels = vectors_pixels(source, input.dtype)
+    vector_bytes = pixels * input.dtype.itemsize
+    if not all(t.is_contiguous() and t.data_ptr() % vector_bytes == 0 for t in (input, weight, out)):
+        return None
+    n, channels, height, width = input.shape
+    groups, out_h, out_w = weight.shape[1], *out.shape[2:]
+    per_thread = vectors_channels(source, input.dtype)
+    if width % pixels or out_w % pixels or (channels // groups) % per_thread:
+        return None
+    threads = n * (channels // per_thread) * out_h * (out_w // pixels)
+    if threads > POLICY.index32_limit:  # the kernel counts its work items in an int
+        return None
+    _run(launcher or cupy_launcher(), "involution_forward_vectors", out, True, (input, weight),
+         (threads, channels, height, width, groups, out_h, out_w, padding[0]), threads, specialisation,
+         VECTORS_SOURCE)
+    return out
 
 
 def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation, out: Tensor,

@@ -1,0 +1,186 @@
+// involution's forward for NCHW tensors, a vector of adjacent output pixels a lane:
+//
+//   out[n, c, i, j] = sum_{a, b} weight[n, g(c), a, b, i, j] * input[n, c, i*S - ph + a, j*S - pw + b]
+//
+// input: (N, C, H, W), weight: (N, G, K, K, Ho, Wo), output: (N, C, Ho, Wo), all contiguous;
+// square kernels of KERNEL taps a side, equal strides STRIDE, dilation 1, horizontal padding
+// KERNEL / 2 (RedNet's, and any "same" involution's); W and Wo multiples of the pixel vector and
+// the three pointers aligned to it. The host declines every other call, and involution.cu's
+// kernels serve it.
+//
+// Why: involution.cu's chunked kernel gives a thread one pixel, so in NCHW every tap is a
+// 2-byte (bfloat16) or 4-byte load per channel: the fifth H200 draw measured its bfloat16
+// forward at the device time of its float32 one, bound by load instructions, not bytes. A run
+// of pixels a thread (involution_rows.cu, reverted in f605bba) cut the instructions but the
+// offline model predicted it slower: its lanes strode by a run, so each scalar load touched
+// four lines. Here the lanes of a warp stay on adjacent vectors of pixels, every global access
+// is one aligned vector per lane (the warp's accesses contiguous), and a thread owns Vectors::
+// channels channels of a group, so the weights of a kernel row are loaded and converted once for
+// all of them.
+//
+// The window: for a kernel row, the (PIXELS - 1) * STRIDE + KERNEL input values a vector of
+// pixels reads, loaded as whole aligned vectors. W is a multiple of PIXELS, so each such vector
+// is inside the row or wholly outside it; its first value sits at a compile-time offset in the
+// window because the horizontal padding is compile-time.
+//
+// One path for every lane, border or not: a warp whose lanes took an interior and a border path
+// would issue both (at a 56-pixel row, 2 of every 14 vectors touch a border, so nearly every
+// warp). Instead a window vector outside the row holds -0, and each weight whose tap falls
+// outside is +0 (set once per kernel row, for all the thread's channels): such a tap adds
+// fma(+0, -0, sum) = sum + (-0), which is sum itself for every sum (-0 and NaN included). So each
+// sum gets the bits of involution.cu's kernels, which skip those taps and add the others in the
+// same order (kernel row, then column), whatever the weights hold (an infinite weight at a
+// skipped tap must not make a NaN). One thread per (vector, channel chunk) item: no atomics,
+// deterministic. Grid-stride loop over 32-bit work items; 64-bit offsets into the tensors.
+
+#include "element.cuh"
+
+// Adjacent output pixels a lane owns (one vector: 8 bytes of bfloat16/float16, 16 of float32
+// and float64), and channels a thread owns, by the bytes of a value (the host takes this kernel
+// only where a group's channels are a multiple). More channels load and convert a kernel row's
+// weights fewer times (the offline model put 8 of bfloat16 and 4 of float32 at 0.83x and 0.77x
+// of these ones' sm_90 time at RedNet-50's first stage), but ptxas spilled them on sm_120.
+// The host reads these lines.
+constexpr int VECTORS_PIXELS = 4;
+constexpr int VECTORS_PIXELS_8_BYTE = 2;
+constexpr int VECTORS_CHANNELS_2_BYTE = 4;
+constexpr int VECTORS_CHANNELS_4_BYTE = 2;
+constexpr int VECTORS_CHANNELS_8_BYTE = 2;
+// The block size of every grid-stride launch (oplib.kernels.cuda_launch.BLOCK_SIZE), and the
+// blocks that must fit on an SM at once, so that ptxas keeps within 128 registers.
+constexpr int VECTORS_THREADS = 256;
+constexpr int VECTORS_MIN_BLOCKS = 2;
+
+template <typename scalar_t>
+struct Vectors {
+    static constexpr int pixels = sizeof(scalar_t) == 8 ? VECTORS_PIXELS_8_BYTE : VECTORS_PIXELS;
+    static constexpr int channels = sizeof(scalar_t) == 8   ? VECTORS_CHANNELS_8_BYTE
+                                    : sizeof(scalar_t) == 4 ? VECTORS_CHANNELS_4_BYTE
+                                                            : VECTORS_CHANNELS_2_BYTE;
+};
+
+// `pixels` values of one storage type moved by one load or store instruction.
+template <typename scalar_t, int PIXELS>
+struct alignas(sizeof(scalar_t) * PIXELS) PixelVector {
+    scalar_t lane[PIXELS];
+};
+
+// values[0..PIXELS) = the vector at `at` (aligned), widened to the accumulator type; -0 where
+// not `inside`, and then nothing is read.
+template <typename scalar_t, typename acc_t, int PIXELS>
+__device__ __forceinline__ void load_pixels(acc_t* values, const scalar_t* at, bool inside) {
+    PixelVector<scalar_t, PIXELS> vector;
+    if (inside) {
+        vector = *reinterpret_cast<const PixelVector<scalar_t, PIXELS>*>(at);
+    } else {
+#pragma unroll
+        for (int e = 0; e < PIXELS; ++e) vector.lane[e] = Element<scalar_t>::store(-(acc_t)0);
+    }
+#pragma unroll
+    for (int e = 0; e < PIXELS; ++e) values[e] = Element<scalar_t>::value(vector.lane[e]);
+}
+
+// bfloat16: each 32-bit word holds two values, the first in its low half; a value's float is
+// its 16 bits in the high half of a word (one shift or one mask each, where the generic
+// conversion extracts the half first).
+template <>
+__device__ __forceinline__ void load_pixels<oplib_bfloat16, float, 4>(float* values, const oplib_bfloat16* at,
+                                                                      bool inside) {
+    unsigned int words[2] = {0x80008000u, 0x80008000u};  // -0, -0
+    if (inside) {
+        struct alignas(8) Pair {
+            unsigned int word[2];
+        };
+        const Pair pair = *reinterpret_cast<const Pair*>(at);
+        words[0] = pair.word[0];
+        words[1] = pair.word[1];
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        values[2 * h] = __uint_as_float(words[h] << 16);
+        values[2 * h + 1] = __uint_as_float(words[h] & 0xffff0000u);
+    }
+}
+
+// The instantiations a host may ask for (oplib.kernels reads these lines):
+// oplib-instantiate: involution_forward_vectors
+// oplib-template: KERNEL = 3 | 5 | 7
+// oplib-template: STRIDE = 1 | 2
+//
+// One work item per (sample n, group g, chunk k of the group's channels, output row i, vector
+// s of the row's pixels): the vector varies fastest, so adjacent lanes read adjacent vectors.
+template <typename scalar_t, int KERNEL, int STRIDE>
+__global__ void __launch_bounds__(VECTORS_THREADS, VECTORS_MIN_BLOCKS) involution_forward_vectors(
+    const scalar_t* __restrict__ input, const scalar_t* __restrict__ weight, scalar_t* __restrict__ output,
+    index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t out_w,
+    index_t pad_h) {
+    typedef typename Element<scalar_t>::acc_t acc_t;
+    constexpr int PIXELS = Vectors<scalar_t>::pixels;
+    constexpr int CHANNELS = Vectors<scalar_t>::channels;
+    constexpr int TAPS = KERNEL * KERNEL;
+    constexpr int PAD_W = KERNEL / 2;
+    constexpr int OFFSET = ((PIXELS - PAD_W) % PIXELS + PIXELS) % PIXELS;  // x0 - x_aligned
+    constexpr int SPAN = (PIXELS - 1) * STRIDE + KERNEL;
+    constexpr int LOADS = (OFFSET + SPAN + PIXELS - 1) / PIXELS;
+    const index_t C = channels, H = height, W = width, G = groups, OH = out_h, OW = out_w;
+    const index_t per_group = C / G, chunks = per_group / CHANNELS, vectors = OW / PIXELS, plane = OH * OW;
+    const index_t image_plane = H * W;
+    // Work items in 32-bit arithmetic (the host launches this kernel only where they, and one
+    // grid past them, fit in an int): 64-bit divisions are calls whose registers made ptxas spill.
+    const int vectors32 = (int)vectors, rows32 = (int)OH, chunks32 = (int)chunks, groups32 = (int)G;
+    for (int index = (int)oplib_first_index(); index < (int)total; index += (int)oplib_grid_step()) {
+        int rest = index;
+        const int s = rest % vectors32;
+        rest /= vectors32;
+        const int i = rest % rows32;
+        rest /= rows32;
+        const int k = rest % chunks32;
+        rest /= chunks32;
+        const index_t g = rest % groups32, n = rest / groups32;
+        const index_t c0 = g * per_group + k * CHANNELS;
+        const index_t j0 = s * PIXELS, y0 = i * STRIDE - pad_h, x_aligned = j0 * STRIDE - PAD_W - OFFSET;
+        bool vector_inside[LOADS];
+#pragma unroll
+        for (int v = 0; v < LOADS; ++v) vector_inside[v] = x_aligned + v * PIXELS >= 0 && x_aligned + v * PIXELS < W;
+        const scalar_t* kernel = weight + (n * G + g) * TAPS * plane + i * OW + j0;
+        acc_t sum[CHANNELS][PIXELS];
+#pragma unroll
+        for (int c = 0; c < CHANNELS; ++c)
+#pragma unroll
+            for (int p = 0; p < PIXELS; ++p) sum[c][p] = 0;
+        for (int a = 0; a < KERNEL; ++a) {
+            const index_t y = y0 + a;
+            if (y < 0 || y >= H) continue;
+            acc_t w[KERNEL][PIXELS];
+#pragma unroll
+            for (int b = 0; b < KERNEL; ++b) {
+                load_pixels<scalar_t, acc_t, PIXELS>(w[b], kernel + (a * KERNEL + b) * plane, true);
+#pragma unroll
+                for (int p = 0; p < PIXELS; ++p)  // the tap's column is inside iff its window vector is
+                    if (!vector_inside[(OFFSET + p * STRIDE + b) / PIXELS]) w[b][p] = 0;
+            }
+            const scalar_t* image_row = input + ((n * C + c0) * H + y) * W + x_aligned;
+#pragma unroll
+            for (int c = 0; c < CHANNELS; ++c) {
+                acc_t window[LOADS * PIXELS];
+#pragma unroll
+                for (int v = 0; v < LOADS; ++v)
+                    load_pixels<scalar_t, acc_t, PIXELS>(window + v * PIXELS, image_row + c * image_plane + v * PIXELS,
+                                                         vector_inside[v]);
+#pragma unroll
+                for (int b = 0; b < KERNEL; ++b)
+#pragma unroll
+                    for (int p = 0; p < PIXELS; ++p)
+                        sum[c][p] = oplib_fma(w[b][p], window[OFFSET + p * STRIDE + b], sum[c][p]);
+            }
+        }
+        scalar_t* out = output + (n * C + c0) * plane + i * OW + j0;
+#pragma unroll
+        for (int c = 0; c < CHANNELS; ++c) {
+            PixelVector<scalar_t, PIXELS> vector;
+#pragma unroll
+            for (int p = 0; p < PIXELS; ++p) vector.lane[p] = Element<scalar_t>::store(sum[c][p]);
+            *reinterpret_cast<PixelVector<scalar_t, PIXELS>*>(out + c * plane) = vector;
+        }
+    }
+}
