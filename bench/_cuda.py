@@ -22,8 +22,9 @@ a process of its own through tools/gpu_check.py). Its stages:
   until it becomes the op's default; the "tensor cores" column of grad_input is generated_mma.cu's
   grad_input of ``involution_generated`` (``involution_generated_mma_backward_input``: the weights
   formed inside it, where the row's oplib kernel reads the span conv's map); the "vectors" column
-  of the forward is involution_vectors.cu's NCHW forward (``involution_vectors``: a vector of
-  pixels a lane), where it serves the call, timed beside the chunked kernel until a draw decides;
+  of the forward and of grad_input is involution_vectors.cu's NCHW kernel (``involution_vectors``,
+  ``involution_vectors_backward_input``: a vector of pixels a lane), where it serves the call,
+  timed beside the chunked kernel until a draw decides;
 - ``layer``: the whole ``oplib.nn.Involution2d`` layer, fused (``fused=True``) and unfused
   (``fused=False``), against a depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
   channels_last and float32 NCHW, forward (eval, no_grad) and forward+backward (train), device
@@ -323,6 +324,10 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
                                                              result_like(x, w.shape[4:]), launcher)
         if vectors() is not None:  # (where it serves: a first call, which also compiles it)
             calls["vectors", "forward"] = vectors
+        vectors_grad_input = lambda: involution_cuda.involution_vectors_backward_input(  # noqa: E731
+            g, w, size, stride, padding, dilation, result_like(g, size), launcher)
+        if vectors_grad_input() is not None:
+            calls["vectors", "grad_input"] = vectors_grad_input
     calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size), stride, padding, dilation
     )
@@ -354,8 +359,9 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
             profiled[f"{candidate} generated forward"] = calls[candidate, "generated forward"]
     if ("tensor cores", "grad_input") in calls:
         profiled["tensor cores generated grad_input"] = calls["tensor cores", "grad_input"]
-    if ("vectors", "forward") in calls:
-        profiled["vectors forward"] = calls["vectors", "forward"]
+    for kernel in ("forward", "grad_input"):
+        if ("vectors", kernel) in calls:
+            profiled[f"vectors {kernel}"] = calls["vectors", kernel]
     profiled["oplib generated grad_input"] = lambda: generated_grad_input(
         g, o["feature"], o["span_weight"], o["span_bias"], [shape.height, shape.width], [shape.kernel] * 2, stride,
         padding, dilation)

@@ -853,9 +853,43 @@ def _forward_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
     t.store(2, (n * C + c0 + _slots(chunk)) * plane + i * OW + j0, True, es)
 
 
+def _backward_input_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_backward_input_vectors (involution_vectors.cu, stride 1): per kernel row that
+    reaches an output row, each tap's weight vectors (one where the tap's columns are aligned,
+    else two; those outside the row not loaded), then per channel of the thread's the window's
+    aligned grad_output vectors inside the row and K x PIXELS multiply-adds; a vector store per
+    channel. Vectors traced by their first element."""
+    _, C, H, W, G, OH, ph = launch.scalars
+    K = int(launch.specialisation[0])
+    es = launch.dtype.itemsize
+    P, chunk = (2 if es == 8 else 4), {2: 4, 4: 4, 8: 2}[es]  # Vectors::pixels, ::grad_input_channels
+    offset = (K // 2 - (K - 1)) % P
+    loads, vectors, plane, pg = -(-(offset + K + P - 1) // P), W // P, OH * W, C // G
+    s, rest = item % vectors, item // vectors
+    y, rest = rest % H, rest // H
+    k, rest = rest % (pg // chunk), rest // (pg // chunk)
+    g, n = rest % G, rest // G
+    c0, x0 = g * pg + k * chunk, s * P
+    j_aligned = x0 + K // 2 - (K - 1) - offset
+    c, v = _slots(chunk, 4), _slots(loads, 3)
+    for a in range(K):
+        i = y + ph - a
+        row_ok = (i >= 0) & (i < OH)
+        for b in range(K):
+            first = offset + K - 1 - b
+            for h in range(1 if first % P == 0 else 2):
+                j = j_aligned + (first // P + h) * P
+                t.load(1, ((n * G + g) * K * K + a * K + b) * plane + i * W + j, row_ok & (j >= 0) & (j < W), es)
+        j = j_aligned + v * P
+        t.load(0, ((n * C + c0 + c) * OH + i) * W + j, row_ok & (j >= 0) & (j < W) & (c >= 0), es)
+        t.fma(row_ok & (_slots(chunk) >= 0), K * P)
+    t.store(2, (n * C + c0 + _slots(chunk)) * H * W + y * W + x0, True, es)
+
+
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_forward_chunked": _forward_chunked,
     "involution_forward_vectors": _forward_vectors,
+    "involution_backward_input_vectors": _backward_input_vectors,
     "involution_backward_input_chunked": _backward_input_chunked,
     "involution_backward_weight_chunked": _backward_weight_chunked,
     "involution_generated_forward": _generated_forward,

@@ -170,21 +170,31 @@ def test_lines_of_coalesced_and_scattered_lanes():
     assert tally.counts["load_requests"] == 3 and tally.counts["load_lines"] == 1 + 32 + 4
 
 
-def test_the_vectors_trace_counts_a_launch_counted_by_hand():
-    """involution_vectors.cu at bfloat16, 3x3, a 128-pixel row: one warp an output row (32
-    vectors of 4 pixels), 4 channels a thread. Per kernel row inside the image (22 over the 8
-    warps: the top and bottom rows have 2): 3 weight vectors and, per channel, 3 window vectors,
-    each warp access 256 contiguous bytes or 248 (a border lane's vector outside), two lines;
-    12 multiply-adds per channel. A vector store per channel, two lines."""
+# involution_vectors.cu at bfloat16, 3x3, padding 1, a 128-pixel row: one warp a row (32 vectors
+# of 4 pixels), 4 channels a thread. Per kernel row inside the image (22 over the 8 warps: the
+# first and last rows have 2), the row's weight vectors, then per channel 3 window vectors, each
+# warp access 256 contiguous bytes or 248 (a border lane's vector outside): two lines; 12
+# multiply-adds a channel; a vector store a channel. The forward's weights are 3 vectors a row
+# (one a tap); grad_input's tap b reads columns x + 1 - b, two vectors where they are not
+# aligned to the lane's pixels (b = 0, 2) and one where they are (b = 1): 5.
+VECTOR_TRACES = {
+    "forward": ("involution_vectors", lambda t, w: (t, w, [1, 1], [1, 1], [1, 1]), 3),
+    "grad_input": ("involution_vectors_backward_input", lambda t, w: (t, w, [8, 128], [1, 1], [1, 1], [1, 1]), 5),
+}
+
+
+@pytest.mark.parametrize("kernel", VECTOR_TRACES)
+def test_the_vectors_traces_count_a_launch_counted_by_hand(kernel):
     from oplib.kernels.involution import cuda as involution_cuda
 
-    x, w = torch.randn(1, 4, 8, 128, dtype=torch.bfloat16), torch.randn(1, 1, 3, 3, 8, 128, dtype=torch.bfloat16)
+    function, arguments, weight_loads = VECTOR_TRACES[kernel]
+    t, w = torch.randn(1, 4, 8, 128, dtype=torch.bfloat16), torch.randn(1, 1, 3, 3, 8, 128, dtype=torch.bfloat16)
     recording = device_model.RecordingLauncher()
-    assert involution_cuda.involution_vectors(x, w, [1, 1], [1, 1], [1, 1], torch.empty_like(x), recording) is not None
+    assert getattr(involution_cuda, function)(*arguments(t, w), torch.empty_like(t), recording) is not None
     work = device_model.kernel_work(recording.launches[0])
-    rows = 6 * 3 + 2 * 2
+    rows, loads = 6 * 3 + 2 * 2, weight_loads + 4 * 3
     assert work.warps == 8
-    assert (work.load_requests, work.load_lines) == (rows * (3 + 4 * 3), rows * (3 + 4 * 3) * 2)
+    assert (work.load_requests, work.load_lines) == (rows * loads, rows * loads * 2)
     assert (work.store_requests, work.store_lines) == (8 * 4, 8 * 4 * 2)
     assert work.fma_requests == rows * 4 * 3 * 4
 

@@ -186,9 +186,10 @@ def vectors_pixels(source: KernelSource, dtype: torch.dtype) -> int:
     return source.constants["VECTORS_PIXELS_8_BYTE" if dtype.itemsize == 8 else "VECTORS_PIXELS"]
 
 
-def vectors_channels(source: KernelSource, dtype: torch.dtype) -> int:
-    """Channels one thread of ``involution_forward_vectors`` owns (``Vectors::channels``)."""
-    return source.constants[f"VECTORS_CHANNELS_{dtype.itemsize}_BYTE"]
+def vectors_channels(source: KernelSource, dtype: torch.dtype, grad_input: bool = False) -> int:
+    """Channels one thread of ``involution_forward_vectors`` owns (``Vectors::channels``), or of
+    ``involution_backward_input_vectors`` (``Vectors::grad_input_channels``)."""
+    return source.constants[f"VECTORS_{'GRAD_INPUT_' if grad_input else ''}CHANNELS_{dtype.itemsize}_BYTE"]
 
 
 def involution_vectors(input: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
@@ -219,6 +220,37 @@ def involution_vectors(input: Tensor, weight: Tensor, stride, padding, dilation,
         return None
     _run(launcher or cupy_launcher(), "involution_forward_vectors", out, True, (input, weight),
          (threads, channels, height, width, groups, out_h, out_w, padding[0]), threads, specialisation,
+         VECTORS_SOURCE)
+    return out
+
+
+def involution_vectors_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation,
+                                      out: Tensor, launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+    """grad_output: (N, C, Ho, Wo), weight: (N, G, K, K, Ho, Wo) -> out: grad_input (N, C, H, W),
+    all contiguous (NCHW), at stride 1, by the kernel that gives a lane a vector of adjacent input
+    pixels and a thread a fixed number of a group's channels; None, out untouched, where it
+    declines (as ``involution_vectors``, and any stride but 1). The same bits as
+    ``involution_backward_input``'s kernels."""
+    source = load_source(VECTORS_SOURCE)
+    kernel_size = weight.shape[2:4]
+    square = kernel_size[0] == kernel_size[1] and tuple(dilation) == (1, 1) and tuple(stride) == (1, 1)
+    if not square or (str(kernel_size[0]),) not in source.specialisations["involution_backward_input_vectors"]:
+        return None
+    pixels = vectors_pixels(source, grad_output.dtype)
+    vector_bytes = pixels * grad_output.dtype.itemsize
+    if padding[1] != kernel_size[1] // 2 or not all(t.is_contiguous() and t.data_ptr() % vector_bytes == 0
+                                                    for t in (grad_output, weight, out)):
+        return None
+    n, channels, out_h, out_w = grad_output.shape
+    groups, (height, width) = weight.shape[1], input_size
+    per_thread = vectors_channels(source, grad_output.dtype, grad_input=True)
+    if width % pixels or out_w != width or (channels // groups) % per_thread:
+        return None
+    threads = n * (channels // per_thread) * height * (width // pixels)
+    if threads > POLICY.index32_limit:  # the kernel counts its work items in an int
+        return None
+    _run(launcher or cupy_launcher(), "involution_backward_input_vectors", out, True, (grad_output, weight),
+         (threads, channels, height, width, groups, out_h, padding[0]), threads, (str(kernel_size[0]),),
          VECTORS_SOURCE)
     return out
 

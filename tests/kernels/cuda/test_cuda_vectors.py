@@ -1,13 +1,16 @@
-"""involution_vectors.cu (involution's NCHW forward, a vector of pixels a lane) through the host
-emulation: against the float64 reference on the registry's samples and random geometries
-(borders on every side, both strides, every kernel size, every dtype), the same bits as
-involution.cu's chunked kernel, infinite weights at taps outside the image, the cases it
-declines, AddressSanitizer, and planted bugs that these checks catch."""
+"""involution_vectors.cu (involution's NCHW forward and stride-1 grad_input, a vector of pixels a
+lane) through the host emulation: against the float64 reference on the registry's samples and
+random geometries (borders on every side, every kernel size and, for the forward, both strides;
+every dtype), the same bits as involution.cu's chunked kernels, infinite weights at taps
+outside the image, the cases they decline, AddressSanitizer, and planted bugs that these checks
+catch."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -21,110 +24,144 @@ from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import _planted, assert_asan_catches, run_under_asan
 
-SPEC = registry.get("involution")
+
+@dataclass(frozen=True)
+class Kind:
+    """One of the source's two kernels: its name, the op whose reference it is checked against,
+    the host function that launches it, and the chunked kernel's (same arguments)."""
+
+    kernel: str
+    op: str
+    launch: Callable
+    chunked: Callable
+    grad_input: bool
+
+    def specialisations(self) -> list[tuple[int, int]]:
+        """(kernel size, stride) of each instantiation (grad_input: stride 1)."""
+        listed = load_source(involution_cuda.VECTORS_SOURCE).specialisations[self.kernel]
+        return [(int(s[0]), int(s[1]) if len(s) > 1 else 1) for s in listed]
 
 
-def _vectors(x, w, stride, padding, launcher) -> torch.Tensor | None:
-    out = x.new_empty(x.shape[0], x.shape[1], *w.shape[4:])
-    return involution_cuda.involution_vectors(x, w, stride, padding, [1, 1], out, launcher)
+FORWARD = Kind("involution_forward_vectors", "involution", involution_cuda.involution_vectors,
+               involution_cuda.involution, grad_input=False)
+GRAD_INPUT = Kind("involution_backward_input_vectors", "involution_backward_input",
+                  involution_cuda.involution_vectors_backward_input, involution_cuda.involution_backward_input,
+                  grad_input=True)
+KINDS = {"forward": FORWARD, "grad_input": GRAD_INPUT}
 
 
-def _case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype):
-    """Random operands of one instantiated window that the kernel serves: (input, weight,
-    stride, padding). Widths from one vector of output pixels to a few, so that windows cross
-    both borders or neither; any vertical padding; a group's channels one or two threads'."""
+def _result(kind: Kind, args: tuple) -> torch.Tensor:
+    """The result tensor the op allocates for ``args`` (the op's arguments)."""
+    activation, weight = args[:2]
+    size = args[2] if kind.grad_input else weight.shape[4:]
+    return activation.new_empty(activation.shape[0], activation.shape[1], *size)
+
+
+def _case(kind: Kind, rng: random.Random, kernel: int, stride: int, dtype: torch.dtype) -> tuple:
+    """The op's arguments for random operands of one instantiated window that the kernel serves.
+    Widths from one vector of pixels to a few, so that windows cross both borders or neither;
+    any vertical padding; a group's channels one or two threads'."""
     source = load_source(involution_cuda.VECTORS_SOURCE)
     pixels = involution_cuda.vectors_pixels(source, dtype)
-    per_thread = involution_cuda.vectors_channels(source, dtype)
+    per_thread = involution_cuda.vectors_channels(source, dtype, kind.grad_input)
     groups, per_group = rng.choice([1, 2, 3]), per_thread * rng.choice([1, 2])
     n, height = rng.choice([1, 2]), rng.randint(1, 10)
     width = pixels * stride * rng.randint(1, 5)  # the output width a multiple of the vector too
     pad = [rng.randint(0, kernel - 1), kernel // 2]
     height = max(height, kernel - 2 * pad[0])
     out_h, out_w = (height + 2 * pad[0] - kernel) // stride + 1, (width + 2 * pad[1] - kernel) // stride + 1
-    x = torch.randn(n, groups * per_group, height, width, dtype=dtype)
     w = torch.randn(n, groups, kernel, kernel, out_h, out_w, dtype=dtype)
-    return x, w, [stride, stride], pad
+    window = ([stride, stride], pad, [1, 1])
+    if kind.grad_input:
+        return (torch.randn(n, groups * per_group, out_h, out_w, dtype=dtype), w, [height, width], *window)
+    return (torch.randn(n, groups * per_group, height, width, dtype=dtype), w, *window)
 
 
-def _check_random(launcher, cases: int, seed: int, dtypes=registry.FLOAT_DTYPES) -> set:
-    """``cases`` random geometries per (kernel size, stride) and dtype against the float64
-    reference and against the chunked kernel's bits; returns the instantiations launched."""
-    rng = random.Random(seed)
+def _check_random(kind: Kind, launcher, cases: int, seed: int, dtypes=registry.FLOAT_DTYPES) -> set:
+    """``cases`` random geometries per instantiation and dtype against the float64 reference
+    and against the chunked kernel's bits; returns the instantiations launched."""
+    rng, spec = random.Random(seed), registry.get(kind.op)
     chunked = EmulatedLauncher()
-    for kernel, stride in load_source(involution_cuda.VECTORS_SOURCE).specialisations["involution_forward_vectors"]:
+    for kernel, stride in kind.specialisations():
         for dtype in dtypes:
             for case in range(cases):
-                x, w, stride_pair, pad = _case(rng, int(kernel), int(stride), dtype)
-                out = _vectors(x, w, stride_pair, pad, launcher)
+                args = _case(kind, rng, kernel, stride, dtype)
+                out = kind.launch(*args, _result(kind, args), launcher)
                 assert out is not None
-                sample = registry.SampleInput((x, w, stride_pair, pad, [1, 1]), f"k{kernel}-s{stride}-{dtype}-{case}")
-                assert_matches_reference(SPEC, sample, out, dtype)
-                expected = involution_cuda.involution(x, w, stride_pair, pad, [1, 1], torch.empty_like(out), chunked)
-                assert torch.equal(out, expected), sample.name
+                sample = registry.SampleInput(args, f"k{kernel}-s{stride}-{dtype}-{case}")
+                assert_matches_reference(spec, sample, out, dtype)
+                assert torch.equal(out, kind.chunked(*args, _result(kind, args), chunked)), sample.name
     return {(launch[0], launch[4]) for launch in launcher.launches}
 
 
-def test_vectors_match_the_reference_and_the_chunked_kernels_bits():
+@pytest.mark.parametrize("kind", KINDS)
+def test_vectors_match_the_reference_and_the_chunked_kernels_bits(kind):
     """Every instantiation, every dtype, random geometries: the float64 reference, and the
     chunked kernel's very bits (both add the taps in the same order, the taps outside the
     image adding exactly nothing)."""
     require_host_compiler()
-    launched = _check_random(EmulatedLauncher(), cases=3, seed=5)
-    instantiations = load_source(involution_cuda.VECTORS_SOURCE).specialisations["involution_forward_vectors"]
-    assert launched == {("involution_forward_vectors", s) for s in instantiations}
+    kind = KINDS[kind]
+    launched = _check_random(kind, EmulatedLauncher(), cases=3, seed=5)
+    instantiations = load_source(involution_cuda.VECTORS_SOURCE).specialisations[kind.kernel]
+    assert launched == {(kind.kernel, s) for s in instantiations}
 
 
-def _infinite_weights_outside(launcher, dtypes=registry.FLOAT_DTYPES) -> None:
-    """Weights of +-inf at every tap that reads padding: the chunked kernel skips those taps,
-    so its results are finite, and so must these be, bit for bit."""
+def _infinite_weights_outside(kind: Kind, launcher, dtypes=registry.FLOAT_DTYPES) -> None:
+    """Weights of +-inf at every tap that reads padding: the chunked kernels skip those taps
+    (in grad_input, the weights whose input pixel is outside the image, which no grad_input
+    value inside it uses), so their results are finite, and so must these be, bit for bit."""
     for dtype in dtypes:
         bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
-        for stride in (1, 2):
-            x = torch.randn(1, 8, 6, 16, dtype=dtype)
+        for _, stride in {s[1:]: s for s in kind.specialisations()}.values():
             w = torch.randn(1, 2, 7, 7, 6 // stride, 16 // stride, dtype=dtype)
             rows = torch.arange(6 // stride) * stride - 3 + torch.arange(7).view(7, 1)
             columns = torch.arange(16 // stride) * stride - 3 + torch.arange(7).view(7, 1)
             outside = ((rows < 0) | (rows >= 6)).view(7, 1, -1, 1) | ((columns < 0) | (columns >= 16)).view(1, 7, 1, -1)
             w[0, 0] = torch.where(outside, torch.tensor(float("inf"), dtype=dtype), w[0, 0])
             w[0, 1] = torch.where(outside, torch.tensor(float("-inf"), dtype=dtype), w[0, 1])
-            out = _vectors(x, w, [stride, stride], [3, 3], launcher)
-            expected = involution_cuda.involution(x, w, [stride, stride], [3, 3], [1, 1], torch.empty_like(out),
-                                                  EmulatedLauncher())
+            window = ([stride, stride], [3, 3], [1, 1])
+            if kind.grad_input:
+                args = (torch.randn(1, 8, 6 // stride, 16 // stride, dtype=dtype), w, [6, 16], *window)
+            else:
+                args = (torch.randn(1, 8, 6, 16, dtype=dtype), w, *window)
+            out = kind.launch(*args, _result(kind, args), launcher)
+            expected = kind.chunked(*args, _result(kind, args), EmulatedLauncher())
             assert torch.isfinite(expected).all()
             assert torch.equal(out.view(bits), expected.view(bits)), (dtype, stride)
 
 
-def test_infinite_weights_at_taps_outside_the_image_add_nothing():
+@pytest.mark.parametrize("kind", KINDS)
+def test_infinite_weights_at_taps_outside_the_image_add_nothing(kind):
     require_host_compiler()
-    _infinite_weights_outside(EmulatedLauncher())
+    _infinite_weights_outside(KINDS[kind], EmulatedLauncher())
 
 
-def test_vectors_match_the_reference_on_the_registry_samples():
-    """The registry's contiguous samples the kernel serves, the float64 reference; the rest
-    declined (None), none silently computed. It serves the 4-byte and 8-byte dtypes' 3x3
-    sample (two channels a group); the 2-byte dtypes take four channels a thread, more than any
-    sample's group has, and the random geometries above cover them."""
+@pytest.mark.parametrize("kind", KINDS)
+def test_vectors_match_the_reference_on_the_registry_samples(kind):
+    """The registry's contiguous samples a kernel serves, the float64 reference; the rest
+    declined (None), none silently computed. The forward serves the 4-byte and 8-byte dtypes'
+    3x3 sample (two channels a group); the 2-byte dtypes take four channels a thread, more than
+    any sample's group has, and the random geometries above cover them."""
     require_host_compiler()
-    launcher, served = EmulatedLauncher(), {}
+    kind = KINDS[kind]
+    spec, launcher, served = registry.get(kind.op), EmulatedLauncher(), {}
     for dtype in registry.FLOAT_DTYPES:
-        for sample in SPEC.sample_inputs("cpu", dtype, False):
-            x, w, stride, padding, dilation = sample.args
-            out = x.new_empty(x.shape[0], x.shape[1], *w.shape[4:])
-            result = involution_cuda.involution_vectors(x, w, stride, padding, dilation, out, launcher)
+        for sample in spec.sample_inputs("cpu", dtype, False):
+            result = kind.launch(*sample.args, _result(kind, sample.args), launcher)
             if result is None:
                 continue
             served[dtype] = served.get(dtype, 0) + (result.numel() > 0)  # (an empty output launches nothing)
-            assert_matches_reference(SPEC, sample, result, dtype)
-    assert served.get(torch.float32) and served.get(torch.float64)
+            assert_matches_reference(spec, sample, result, dtype)
     assert len(launcher.launches) == sum(served.values())
+    if not kind.grad_input:
+        assert served.get(torch.float32) and served.get(torch.float64)
 
 
 def test_vectors_decline_what_they_do_not_serve():
     """Channels_last operands, dilation, a non-square kernel, unequal strides, a kernel size
     without an instantiation, a horizontal padding other than K // 2, a width or output width
     not a multiple of the vector, a group's channels not a multiple of a thread's, a pointer
-    not aligned to the vector: None, the output untouched."""
+    not aligned to the vector, and for grad_input any stride but 1: None, the output untouched."""
     x, w = torch.randn(1, 8, 8, 8), torch.randn(1, 2, 3, 3, 8, 8)
     out = torch.full((1, 8, 8, 8), 7.0)
     launcher = EmulatedLauncher()
@@ -140,84 +177,95 @@ def test_vectors_decline_what_they_do_not_serve():
         (x, torch.randn(1, 8, 3, 3, 8, 8), [1, 1], [1, 1], [1, 1]),  # one channel a group
         (misaligned, w, [1, 1], [1, 1], [1, 1]),
     ]
-    for args in declined:
-        assert involution_cuda.involution_vectors(*args, out, launcher) is None
+    for x_or_g, weight, stride, padding, dilation in declined:
+        assert involution_cuda.involution_vectors(x_or_g, weight, stride, padding, dilation, out, launcher) is None
+        assert involution_cuda.involution_vectors_backward_input(x_or_g, weight, [8, 8], stride, padding, dilation, out,
+                                                                 launcher) is None
+    g = torch.randn(1, 8, 4, 4)
+    strided = involution_cuda.involution_vectors_backward_input(g, torch.randn(1, 2, 3, 3, 4, 4), [8, 8], [2, 2],
+                                                                [1, 1], [1, 1], out, launcher)
+    assert strided is None
     assert not launcher.launches and torch.equal(out, torch.full_like(out, 7.0))
 
 
-# Bugs a review could miss. Two change values, which the reference check must catch: the
-# bottom border one row late (the next channel's first row), and a vector that starts at the
-# row's end taken as inside (the next row's first values, under weights not zeroed). One
-# changes values only where a weight is infinite, which the infinite-weight check must catch:
-# the weights of taps outside the image not zeroed (an inf times the window's -0 is NaN).
+# Bugs a review could miss, per kernel. Two change values, which the reference check must
+# catch, and that also read past the tensor, which ASan must catch: a bottom border one row late
+# (the next channel's first row), and a vector that starts at the row's end taken as inside (the
+# next row's first values, under weights not zeroed). In the forward, one changes values only
+# where a weight is infinite, which the infinite-weight check must catch: the weights of taps
+# outside the image not zeroed (an inf times the window's -0 is NaN). grad_input has no such
+# weight to keep: a tap outside its row reads no weight (the vector is not loaded), and its
+# zeroing only keeps a -0 sum's sign.
 PLANTS = {
-    "row-bound-one-past": ("if (y < 0 || y >= H) continue;", "if (y < 0 || y > H) continue;"),
-    "vector-bound-one-past": ("x_aligned + v * PIXELS < W;", "x_aligned + v * PIXELS <= W;"),
-    "outside-weights-kept": ("if (!vector_inside[(OFFSET + p * STRIDE + b) / PIXELS]) w[b][p] = 0;", ";"),
+    ("forward", "row-bound-one-past"): ("if (y < 0 || y >= H) continue;", "if (y < 0 || y > H) continue;"),
+    ("forward", "vector-bound-one-past"): ("x_aligned + v * PIXELS < W;", "x_aligned + v * PIXELS <= W;"),
+    ("forward", "outside-weights-kept"): ("if (!vector_inside[(OFFSET + p * STRIDE + b) / PIXELS]) w[b][p] = 0;", ";"),
+    ("grad_input", "row-bound-one-past"): ("if (i < 0 || i >= OH) continue;", "if (i < 0 || i > OH) continue;"),
+    ("grad_input", "vector-bound-one-past"): ("j_aligned + v * PIXELS < OW;", "j_aligned + v * PIXELS <= OW;"),
 }
-VALUE_PLANTS = ["row-bound-one-past", "vector-bound-one-past"]
-ASAN_PLANTS = ["row-bound-one-past", "vector-bound-one-past"]
+VALUE_PLANTS = [key for key in PLANTS if key[1] != "outside-weights-kept"]
+WEIGHT_PLANTS = [key for key in PLANTS if key[1] == "outside-weights-kept"]
 
 
-def _monkeypatch_source(monkeypatch, planted) -> None:
+def _use(monkeypatch, planted) -> None:
     real_load = involution_cuda.load_source
     monkeypatch.setattr(involution_cuda, "load_source",
                         lambda name: planted if name == involution_cuda.VECTORS_SOURCE else real_load(name))
 
 
-@pytest.mark.parametrize("plant", VALUE_PLANTS)
+@pytest.mark.parametrize("plant", VALUE_PLANTS, ids="-".join)
 def test_a_planted_bug_fails_the_reference_check(plant, tmp_path, monkeypatch):
     require_host_compiler()
-    _monkeypatch_source(monkeypatch, _planted(tmp_path, involution_cuda.VECTORS_SOURCE, *PLANTS[plant]))
+    _use(monkeypatch, _planted(tmp_path, involution_cuda.VECTORS_SOURCE, *PLANTS[plant]))
     with pytest.raises(AssertionError):
-        _check_random(EmulatedLauncher(), cases=12, seed=5, dtypes=(torch.float32,))
+        _check_random(KINDS[plant[0]], EmulatedLauncher(), cases=12, seed=5, dtypes=(torch.float32,))
 
 
-def test_kept_outside_weights_fail_the_infinite_weight_check(tmp_path, monkeypatch):
+@pytest.mark.parametrize("plant", WEIGHT_PLANTS, ids="-".join)
+def test_kept_outside_weights_fail_the_infinite_weight_check(plant, tmp_path, monkeypatch):
     require_host_compiler()
-    planted = _planted(tmp_path, involution_cuda.VECTORS_SOURCE, *PLANTS["outside-weights-kept"])
-    _monkeypatch_source(monkeypatch, planted)
+    _use(monkeypatch, _planted(tmp_path, involution_cuda.VECTORS_SOURCE, *PLANTS[plant]))
     with pytest.raises(AssertionError):
-        _infinite_weights_outside(EmulatedLauncher(), dtypes=(torch.float32,))
+        _infinite_weights_outside(KINDS[plant[0]], EmulatedLauncher(), dtypes=(torch.float32,))
 
 
 _RUN_RANDOM = """
 import sys
 sys.path.insert(0, {tests!r})
 from oplib.testing.cuda_emulation import EmulatedLauncher
-from test_cuda_vectors import _check_random
+from test_cuda_vectors import KINDS, _check_random
 launcher = EmulatedLauncher(sanitize=True)
-_check_random(launcher, cases=2, seed=9)
+for kind in KINDS.values():
+    _check_random(kind, launcher, cases=2, seed=9)
 print("clean:", len(launcher.launches), "launches")
 """
 
 
 @pytest.mark.integration
 def test_vectors_are_clean_under_address_sanitizer():
-    """Every instantiation in every dtype on random geometries: no access outside the tensors
-    (the emulation's buffers are exact-size heap blocks)."""
+    """Every instantiation of both kernels in every dtype on random geometries: no access
+    outside the tensors (the emulation's buffers are exact-size heap blocks)."""
     require_host_compiler()
     result = run_under_asan(_RUN_RANDOM.format(tests=str(Path(__file__).parent)))
     assert result.returncode == 0, result.stderr[-5000:]
     assert "clean:" in result.stdout
 
 
-# Per plant, a call whose over-read leaves the tensor: the last channel's last output row
-# reads the row below the image, and the last row's last vector the vector past its end.
-ASAN_CALLS = {
-    "row-bound-one-past": """
-        x, w = torch.randn(1, 4, 4, 8), torch.randn(1, 1, 3, 3, 4, 8)
-        ops.involution_vectors(x, w, [1, 1], [1, 1], [1, 1], torch.empty(1, 4, 4, 8), launcher)
-    """,
-    "vector-bound-one-past": """
-        x, w = torch.randn(1, 4, 4, 8), torch.randn(1, 1, 3, 3, 4, 8)
-        ops.involution_vectors(x, w, [1, 1], [1, 1], [1, 1], torch.empty(1, 4, 4, 8), launcher)
-    """,
-}
+# Per plant, a call whose over-read leaves the tensor: the last channel's last row reads the
+# row below the image, and the last row's last vector the vector past its end.
+_FORWARD_CALL = """
+    x, w = torch.randn(1, 4, 4, 8), torch.randn(1, 1, 3, 3, 4, 8)
+    ops.involution_vectors(x, w, [1, 1], [1, 1], [1, 1], torch.empty(1, 4, 4, 8), launcher)
+"""
+_GRAD_INPUT_CALL = """
+    g, w = torch.randn(1, 4, 4, 8), torch.randn(1, 1, 3, 3, 4, 8)
+    ops.involution_vectors_backward_input(g, w, [4, 8], [1, 1], [1, 1], [1, 1], torch.empty(1, 4, 4, 8), launcher)
+"""
+ASAN_CALLS = {"forward": _FORWARD_CALL, "grad_input": _GRAD_INPUT_CALL}
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("plant", ASAN_PLANTS)
+@pytest.mark.parametrize("plant", VALUE_PLANTS, ids="-".join)
 def test_address_sanitizer_catches_a_planted_over_read(plant, tmp_path):
     require_host_compiler()
-    assert_asan_catches(_planted(tmp_path, involution_cuda.VECTORS_SOURCE, *PLANTS[plant]), ASAN_CALLS[plant])
+    assert_asan_catches(_planted(tmp_path, involution_cuda.VECTORS_SOURCE, *PLANTS[plant]), ASAN_CALLS[plant[0]])

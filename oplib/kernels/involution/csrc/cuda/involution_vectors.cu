@@ -46,6 +46,12 @@ constexpr int VECTORS_PIXELS_8_BYTE = 2;
 constexpr int VECTORS_CHANNELS_2_BYTE = 4;
 constexpr int VECTORS_CHANNELS_4_BYTE = 2;
 constexpr int VECTORS_CHANNELS_8_BYTE = 2;
+// grad_input's: its weights are not aligned to the pixel vector (tap b reads columns x + pw - b),
+// so a kernel row costs it twice the weight loads and a selection, which more channels share;
+// float32 at 4 stays within the budget on every target there (8 of bfloat16 spilled on sm_90).
+constexpr int VECTORS_GRAD_INPUT_CHANNELS_2_BYTE = 4;
+constexpr int VECTORS_GRAD_INPUT_CHANNELS_4_BYTE = 4;
+constexpr int VECTORS_GRAD_INPUT_CHANNELS_8_BYTE = 2;
 // The block size of every grid-stride launch (oplib.kernels.cuda_launch.BLOCK_SIZE), and the
 // blocks that must fit on an SM at once, so that ptxas keeps within 128 registers.
 constexpr int VECTORS_THREADS = 256;
@@ -57,6 +63,9 @@ struct Vectors {
     static constexpr int channels = sizeof(scalar_t) == 8   ? VECTORS_CHANNELS_8_BYTE
                                     : sizeof(scalar_t) == 4 ? VECTORS_CHANNELS_4_BYTE
                                                             : VECTORS_CHANNELS_2_BYTE;
+    static constexpr int grad_input_channels = sizeof(scalar_t) == 8   ? VECTORS_GRAD_INPUT_CHANNELS_8_BYTE
+                                               : sizeof(scalar_t) == 4 ? VECTORS_GRAD_INPUT_CHANNELS_4_BYTE
+                                                                       : VECTORS_GRAD_INPUT_CHANNELS_2_BYTE;
 };
 
 // `pixels` values of one storage type moved by one load or store instruction.
@@ -102,8 +111,47 @@ __device__ __forceinline__ void load_pixels<oplib_bfloat16, float, 4>(float* val
     }
 }
 
+// The multiply-adds of one kernel row for the thread's CHANNELS channels: per channel, the
+// window's LOADS vectors from `row` (channels `channel_step` apart; -0 for those outside the
+// row), then for each tap b and pixel p, sum[c][p] += w[b][p] * window[BASE + b * TAP_STEP + p *
+// PIXEL_STEP], taps in ascending order.
+template <typename scalar_t, typename acc_t, int CHANNELS, int KERNEL, int LOADS, int BASE, int TAP_STEP,
+          int PIXEL_STEP>
+__device__ __forceinline__ void accumulate_channels(acc_t (*sum)[Vectors<scalar_t>::pixels],
+                                                    const acc_t (*w)[Vectors<scalar_t>::pixels], const scalar_t* row,
+                                                    index_t channel_step, const bool* vector_inside) {
+    constexpr int PIXELS = Vectors<scalar_t>::pixels;
+#pragma unroll
+    for (int c = 0; c < CHANNELS; ++c) {
+        acc_t window[LOADS * PIXELS];
+#pragma unroll
+        for (int v = 0; v < LOADS; ++v)
+            load_pixels<scalar_t, acc_t, PIXELS>(window + v * PIXELS, row + c * channel_step + v * PIXELS,
+                                                 vector_inside[v]);
+#pragma unroll
+        for (int b = 0; b < KERNEL; ++b)
+#pragma unroll
+            for (int p = 0; p < PIXELS; ++p)
+                sum[c][p] = oplib_fma(w[b][p], window[BASE + b * TAP_STEP + p * PIXEL_STEP], sum[c][p]);
+    }
+}
+
+// out[c * plane + p] = sum[c][p], one vector store a channel.
+template <typename scalar_t, typename acc_t, int CHANNELS>
+__device__ __forceinline__ void store_channels(scalar_t* out, const acc_t (*sum)[Vectors<scalar_t>::pixels],
+                                               index_t plane) {
+    constexpr int PIXELS = Vectors<scalar_t>::pixels;
+#pragma unroll
+    for (int c = 0; c < CHANNELS; ++c) {
+        PixelVector<scalar_t, PIXELS> vector;
+#pragma unroll
+        for (int p = 0; p < PIXELS; ++p) vector.lane[p] = Element<scalar_t>::store(sum[c][p]);
+        *reinterpret_cast<PixelVector<scalar_t, PIXELS>*>(out + c * plane) = vector;
+    }
+}
+
 // The instantiations a host may ask for (oplib.kernels reads these lines):
-// oplib-instantiate: involution_forward_vectors
+// oplib-instantiate: involution_forward_vectors, involution_backward_input_vectors
 // oplib-template: KERNEL = 3 | 5 | 7
 // oplib-template: STRIDE = 1 | 2
 //
@@ -159,28 +207,90 @@ __global__ void __launch_bounds__(VECTORS_THREADS, VECTORS_MIN_BLOCKS) involutio
                 for (int p = 0; p < PIXELS; ++p)  // the tap's column is inside iff its window vector is
                     if (!vector_inside[(OFFSET + p * STRIDE + b) / PIXELS]) w[b][p] = 0;
             }
-            const scalar_t* image_row = input + ((n * C + c0) * H + y) * W + x_aligned;
+            accumulate_channels<scalar_t, acc_t, CHANNELS, KERNEL, LOADS, OFFSET, 1, STRIDE>(
+                sum, w, input + ((n * C + c0) * H + y) * W + x_aligned, image_plane, vector_inside);
+        }
+        store_channels<scalar_t, acc_t, CHANNELS>(output + (n * C + c0) * plane + i * OW + j0, sum, plane);
+    }
+}
+
+// involution's grad_input for NCHW tensors at stride 1, a vector of adjacent input pixels a lane:
+//
+//   grad_input[n, c, y, x] = sum_{a, b} weight[n, g(c), a, b, i, j] * grad_output[n, c, i, j],
+//                            i = y + ph - a, j = x + pw - b, over the (i, j) inside the output
+//
+// grad_output: (N, C, Ho, Wo), weight: (N, G, K, K, Ho, Wo), grad_input: (N, C, H, W), all
+// contiguous; at stride 1 with horizontal padding KERNEL / 2, Wo = W. A lane owns 4 adjacent
+// columns x0 + p of one input row (2 in float64), a thread Vectors::grad_input_channels. Tap b
+// reads, for those pixels, grad_output and the weight at the same columns j = x0 + p + pw - b:
+// both come from the row's window of grad_output columns, loaded as whole aligned vectors, and
+// from the tap's weight plane at the same aligned vectors (one or two a tap, the 4 columns picked
+// from them). As in the forward, a vector outside the row holds -0 (grad_output) and +0 (weight),
+// so a tap outside adds exactly nothing and each sum has the bits of involution.cu's chunked
+// grad_input, which adds the taps in the same order (kernel row, then column).
+template <typename scalar_t, int KERNEL>
+__global__ void __launch_bounds__(VECTORS_THREADS, VECTORS_MIN_BLOCKS) involution_backward_input_vectors(
+    const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ weight, scalar_t* __restrict__ grad_input,
+    index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t pad_h) {
+    typedef typename Element<scalar_t>::acc_t acc_t;
+    constexpr int PIXELS = Vectors<scalar_t>::pixels;
+    constexpr int CHANNELS = Vectors<scalar_t>::grad_input_channels;
+    constexpr int TAPS = KERNEL * KERNEL;
+    constexpr int PAD_W = KERNEL / 2;
+    // The window: grad_output columns x0 + PAD_W - (KERNEL - 1) .. x0 + PAD_W + PIXELS - 1, its
+    // first at OFFSET in the aligned vectors from j_aligned; tap b, pixel p reads window index
+    // OFFSET + KERNEL - 1 - b + p.
+    constexpr int OFFSET = ((PAD_W - (KERNEL - 1)) % PIXELS + PIXELS) % PIXELS;
+    constexpr int SPAN = KERNEL + PIXELS - 1;
+    constexpr int LOADS = (OFFSET + SPAN + PIXELS - 1) / PIXELS;
+    const index_t C = channels, H = height, W = width, G = groups, OH = out_h, OW = width;
+    const index_t per_group = C / G, chunks = per_group / CHANNELS, vectors = W / PIXELS, plane = OH * OW;
+    const int vectors32 = (int)vectors, rows32 = (int)H, chunks32 = (int)chunks, groups32 = (int)G;
+    for (int index = (int)oplib_first_index(); index < (int)total; index += (int)oplib_grid_step()) {
+        int rest = index;
+        const int s = rest % vectors32;
+        rest /= vectors32;
+        const int y = rest % rows32;
+        rest /= rows32;
+        const int k = rest % chunks32;
+        rest /= chunks32;
+        const index_t g = rest % groups32, n = rest / groups32;
+        const index_t c0 = g * per_group + k * CHANNELS;
+        const index_t x0 = (index_t)s * PIXELS, ry = y + pad_h;
+        const index_t j_aligned = x0 + PAD_W - (KERNEL - 1) - OFFSET;
+        bool vector_inside[LOADS];
 #pragma unroll
-            for (int c = 0; c < CHANNELS; ++c) {
-                acc_t window[LOADS * PIXELS];
+        for (int v = 0; v < LOADS; ++v) vector_inside[v] = j_aligned + v * PIXELS >= 0 && j_aligned + v * PIXELS < OW;
+        acc_t sum[CHANNELS][PIXELS];
 #pragma unroll
-                for (int v = 0; v < LOADS; ++v)
-                    load_pixels<scalar_t, acc_t, PIXELS>(window + v * PIXELS, image_row + c * image_plane + v * PIXELS,
-                                                         vector_inside[v]);
+        for (int c = 0; c < CHANNELS; ++c)
 #pragma unroll
-                for (int b = 0; b < KERNEL; ++b)
+            for (int p = 0; p < PIXELS; ++p) sum[c][p] = 0;
+        for (int a = 0; a < KERNEL; ++a) {
+            const index_t i = ry - a;
+            if (i < 0 || i >= OH) continue;
+            acc_t w[KERNEL][PIXELS];
 #pragma unroll
-                    for (int p = 0; p < PIXELS; ++p)
-                        sum[c][p] = oplib_fma(w[b][p], window[OFFSET + p * STRIDE + b], sum[c][p]);
+            for (int b = 0; b < KERNEL; ++b) {
+                const scalar_t* taps = weight + ((n * G + g) * TAPS + a * KERNEL + b) * plane + i * OW + j_aligned;
+                const int first = OFFSET + KERNEL - 1 - b;  // the window index of pixel 0
+                acc_t loaded[2 * PIXELS];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int v = first / PIXELS + h;
+                    if (h == 0 || first % PIXELS != 0)
+                        load_pixels<scalar_t, acc_t, PIXELS>(loaded + h * PIXELS, taps + v * PIXELS,
+                                                             vector_inside[v]);
+                }
+#pragma unroll
+                for (int p = 0; p < PIXELS; ++p) {
+                    const int at = first % PIXELS + p;
+                    w[b][p] = vector_inside[(first + p) / PIXELS] ? loaded[at] : (acc_t)0;
+                }
             }
+            accumulate_channels<scalar_t, acc_t, CHANNELS, KERNEL, LOADS, OFFSET + KERNEL - 1, -1, 1>(
+                sum, w, grad_output + ((n * C + c0) * OH + i) * OW + j_aligned, plane, vector_inside);
         }
-        scalar_t* out = output + (n * C + c0) * plane + i * OW + j0;
-#pragma unroll
-        for (int c = 0; c < CHANNELS; ++c) {
-            PixelVector<scalar_t, PIXELS> vector;
-#pragma unroll
-            for (int p = 0; p < PIXELS; ++p) vector.lane[p] = Element<scalar_t>::store(sum[c][p]);
-            *reinterpret_cast<PixelVector<scalar_t, PIXELS>*>(out + c * plane) = vector;
-        }
+        store_channels<scalar_t, acc_t, CHANNELS>(grad_input + (n * C + c0) * H * W + (index_t)y * W + x0, sum, H * W);
     }
 }
