@@ -299,7 +299,10 @@ def test_checkpointed_stem_traces_without_message_functions_in_its_graph():
     assert not functions, functions
 
 
-@pytest.mark.parametrize("method", ["set_grad_checkpointing", "set_stem_checkpointing"])
+# The blocks' checkpointing in the unit tier, the stem's (the same checkpoint call around other
+# modules) in the integration tier.
+@pytest.mark.parametrize("method", ["set_grad_checkpointing",
+                                    pytest.param("set_stem_checkpointing", marks=pytest.mark.integration)])
 def test_checkpointing_under_torch_compile_matches_eager(method):
     """aot_eager: dynamo and AOTAutograd trace the checkpointed blocks or stem (inductor's part
     is the integration tier's compiled training)."""
