@@ -22,9 +22,10 @@ a process of its own through tools/gpu_check.py). Its stages:
   until it becomes the op's default; the "tensor cores" column of grad_input is generated_mma.cu's
   grad_input of ``involution_generated`` (``involution_generated_mma_backward_input``: the weights
   formed inside it, where the row's oplib kernel reads the span conv's map); the "vectors" column
-  of the forward and of grad_input is involution_vectors.cu's NCHW kernel (``involution_vectors``,
-  ``involution_vectors_backward_input``: a vector of pixels a lane), where it serves the call,
-  timed beside the chunked kernel until a draw decides;
+  of the forward, grad_input and grad_weight is involution_vectors.cu's NCHW kernel
+  (``involution_vectors``, ``involution_vectors_backward_input``, ``_backward_weight``: a vector
+  of pixels a lane), where it serves the call, timed beside the chunked kernel until a draw
+  decides;
 - ``layer``: the whole ``oplib.nn.Involution2d`` layer, fused (``fused=True``) and unfused
   (``fused=False``), against a depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
   channels_last and float32 NCHW, forward (eval, no_grad) and forward+backward (train), device
@@ -328,6 +329,10 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             g, w, size, stride, padding, dilation, result_like(g, size), launcher)
         if vectors_grad_input() is not None:
             calls["vectors", "grad_input"] = vectors_grad_input
+        vectors_grad_weight = lambda: involution_cuda.involution_vectors_backward_weight(  # noqa: E731
+            g, x, kernel_size, stride, padding, dilation, shape.groups, torch.empty_like(w), launcher)
+        if vectors_grad_weight() is not None:
+            calls["vectors", "grad_weight"] = vectors_grad_weight
     calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size), stride, padding, dilation
     )
@@ -359,7 +364,7 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
             profiled[f"{candidate} generated forward"] = calls[candidate, "generated forward"]
     if ("tensor cores", "grad_input") in calls:
         profiled["tensor cores generated grad_input"] = calls["tensor cores", "grad_input"]
-    for kernel in ("forward", "grad_input"):
+    for kernel in ("forward", "grad_input", "grad_weight"):
         if ("vectors", kernel) in calls:
             profiled[f"vectors {kernel}"] = calls["vectors", kernel]
     profiled["oplib generated grad_input"] = lambda: generated_grad_input(

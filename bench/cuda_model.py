@@ -73,8 +73,10 @@ FUSED = {
 # draw times them (``candidate_lines``); a measured column makes them rows like FUSED's.
 VECTORS = "vectors forward"
 VECTORS_GRAD_INPUT = "vectors grad_input"
+VECTORS_GRAD_WEIGHT = "vectors grad_weight"
 CANDIDATES = {VECTORS: ("forward", "vectors (ms)", "involution_vectors"),
-              VECTORS_GRAD_INPUT: ("grad_input", "vectors (ms)", "involution_vectors_backward_input")}
+              VECTORS_GRAD_INPUT: ("grad_input", "vectors (ms)", "involution_vectors_backward_input"),
+              VECTORS_GRAD_WEIGHT: ("grad_weight", "vectors (ms)", "involution_vectors_backward_weight")}
 
 
 def measured_rows(path: Path = MEASURED) -> tuple[float, list[dict]]:
@@ -309,8 +311,9 @@ def report(rows: list[dict], bandwidth: float, h100: Optional[dict] = None) -> t
 def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated_tile") -> Optional[Launch]:
     """The launch of one of the kernels timed in a column of its own (``fused``, a function of
     oplib.kernels.involution.cuda: a fused forward, ``involution_generated_mma_backward_input``,
-    ``involution_vectors`` or ``involution_vectors_backward_input``) at one (shape, dtype,
-    layout), recorded on CPU tensors; None where the kernel declines it."""
+    or one of involution_vectors.cu's: ``involution_vectors``, ``involution_vectors_backward_input``,
+    ``involution_vectors_backward_weight``) at one (shape, dtype, layout), recorded on CPU
+    tensors; None where the kernel declines it."""
     from oplib.kernels.involution import cuda as involution_cuda
     from oplib.kernels.involution.layouts import result_like
 
@@ -323,6 +326,10 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     if fused == "involution_vectors":
         w = o["weight"]
         involution_cuda.involution_vectors(x, w, *shape.params, result_like(x, w.shape[4:]), recording)
+    elif fused == "involution_vectors_backward_weight":
+        w = o["weight"]
+        involution_cuda.involution_vectors_backward_weight(g, x, [shape.kernel] * 2, *shape.params, shape.groups,
+                                                           torch.empty_like(w), recording)
     elif fused == "involution_vectors_backward_input":
         size = [shape.height, shape.width]
         involution_cuda.involution_vectors_backward_input(g, o["weight"], size, *shape.params, result_like(g, size),
@@ -527,9 +534,9 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
         heading,
         "",
         "Kernels the measured run did not time (`make gpu-check` times each in a column of its own beside the row "
-        "of the call it serves): `involution_vectors.cu`'s NCHW forward and stride-1 grad_input, a vector of 4 "
-        "pixels a lane (2 in float64) and a fixed number of a group's channels a thread, at the rows they serve "
-        "(widths a multiple of the vector; they decline the others). Predicted with the constants fitted above, beside the prediction and "
+        "of the call it serves): `involution_vectors.cu`'s NCHW forward, stride-1 grad_input and grad_weight, a "
+        "vector of 4 pixels a lane (2 in float64) and a fixed number of a group's channels (grad_weight: one kernel "
+        "row) a thread, at the rows they serve (widths a multiple of the vector; they decline the others). Predicted with the constants fitted above, beside the prediction and "
         "the H200's measurement of the kernel that serves the row now: the measured time scaled by the two "
         f"predictions' ratio is what the next draw should find. Predicted / now {ratio_range(ratios)}, faster at "
         f"{sum(r < 1.0 for r in ratios)} of {len(ratios)} rows.",

@@ -886,10 +886,38 @@ def _backward_input_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
     t.store(2, (n * C + c0 + _slots(chunk)) * H * W + y * W + x0, True, es)
 
 
+def _backward_weight_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_backward_weight_vectors (involution_vectors.cu): for a kernel row inside the
+    image, per channel of the group a grad_output vector, the window's aligned input vectors
+    inside the row and K x PIXELS multiply-adds; K vector stores. Vectors traced by their first
+    element."""
+    _, C, H, W, G, OH, OW, ph = launch.scalars
+    K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
+    es = launch.dtype.itemsize
+    P = 2 if es == 8 else 4  # Vectors::pixels
+    offset, span = (-(K // 2)) % P, (P - 1) * S + K
+    loads, vectors, plane, pg = -(-(offset + span) // P), OW // P, OH * OW, C // G
+    s, rest = item % vectors, item // vectors
+    i, rest = rest % OH, rest // OH
+    a, rest = rest % K, rest // K
+    g, n = rest % G, rest // G
+    j0, y = s * P, i * S - ph + a
+    x_aligned = j0 * S - K // 2 - offset
+    row_ok = (y >= 0) & (y < H)
+    c, v = _slots(pg, 4), _slots(loads, 3)
+    c0 = n * C + g * pg
+    t.load(0, (c0 + _slots(pg)) * plane + i * OW + j0, row_ok, es)
+    x = x_aligned + v * P
+    t.load(1, ((c0 + c) * H + y) * W + x, row_ok & (x >= 0) & (x < W) & (c >= 0), es)
+    t.fma(row_ok & (_slots(pg) >= 0), K * P)
+    t.store(2, ((n * G + g) * K * K + a * K + _slots(K)) * plane + i * OW + j0, True, es)
+
+
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_forward_chunked": _forward_chunked,
     "involution_forward_vectors": _forward_vectors,
     "involution_backward_input_vectors": _backward_input_vectors,
+    "involution_backward_weight_vectors": _backward_weight_vectors,
     "involution_backward_input_chunked": _backward_input_chunked,
     "involution_backward_weight_chunked": _backward_weight_chunked,
     "involution_generated_forward": _generated_forward,

@@ -199,6 +199,26 @@ def test_the_vectors_traces_count_a_launch_counted_by_hand(kernel):
     assert work.fma_requests == rows * 4 * 3 * 4
 
 
+def test_the_vectors_grad_weight_trace_counts_a_launch_counted_by_hand():
+    """involution_vectors.cu's grad_weight at the same launch: a warp a (kernel row, output row)
+    pair, 24 warps, 22 of them reading a row inside the image. Per channel (4) a grad_output
+    vector and 3 window vectors, two lines each; 12 multiply-adds; every warp stores its row's 3
+    taps, a vector each."""
+    from oplib.kernels.involution import cuda as involution_cuda
+
+    g, x = torch.randn(1, 4, 8, 128, dtype=torch.bfloat16), torch.randn(1, 4, 8, 128, dtype=torch.bfloat16)
+    recording = device_model.RecordingLauncher()
+    out = torch.empty(1, 1, 3, 3, 8, 128, dtype=torch.bfloat16)
+    assert involution_cuda.involution_vectors_backward_weight(g, x, [3, 3], [1, 1], [1, 1], [1, 1], 1, out,
+                                                              recording) is not None
+    work = device_model.kernel_work(recording.launches[0])
+    inside = 7 + 8 + 7
+    assert work.warps == 24
+    assert (work.load_requests, work.load_lines) == (inside * 4 * 4, inside * 4 * 4 * 2)
+    assert (work.store_requests, work.store_lines) == (24 * 3, 24 * 3 * 2)
+    assert work.fma_requests == inside * 4 * 12
+
+
 @pytest.mark.parametrize("index, mask, element_bytes, passes", [
     ("lanes", "all", 4, 1),  # 32 consecutive words, one a bank
     ("lanes * 2", "all", 4, 2),  # two lanes a bank

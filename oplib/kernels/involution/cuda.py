@@ -192,6 +192,22 @@ def vectors_channels(source: KernelSource, dtype: torch.dtype, grad_input: bool 
     return source.constants[f"VECTORS_{'GRAD_INPUT_' if grad_input else ''}CHANNELS_{dtype.itemsize}_BYTE"]
 
 
+def _vectors_window(source: KernelSource, kernel_size, stride, padding, dilation, tensors: tuple, width: int,
+                    out_width: int) -> Optional[tuple[str, str]]:
+    """The (KERNEL, STRIDE) instantiation of the forward's or grad_weight's kernel for a call, or
+    None where they decline it: no instantiation, a horizontal padding other than K // 2, a
+    tensor not contiguous or not aligned to the pixel vector, a width or output width not a
+    multiple of it."""
+    specialisation = vectors_specialisation(source, kernel_size, stride, dilation)
+    if specialisation is None or padding[1] != kernel_size[1] // 2:
+        return None
+    pixels = vectors_pixels(source, tensors[0].dtype)
+    vector_bytes = pixels * tensors[0].dtype.itemsize
+    if not all(t.is_contiguous() and t.data_ptr() % vector_bytes == 0 for t in tensors):
+        return None
+    return None if width % pixels or out_width % pixels else specialisation
+
+
 def involution_vectors(input: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
                        launcher: Optional[Launcher] = None) -> Optional[Tensor]:
     """input: (N, C, H, W), weight: (N, G, K, K, Ho, Wo) -> out: (N, C, Ho, Wo), all contiguous
@@ -202,18 +218,12 @@ def involution_vectors(input: Tensor, weight: Tensor, stride, padding, dilation,
     channels not a multiple of a thread's, or more work items than an int counts. The same bits as
     ``involution``'s kernels."""
     source = load_source(VECTORS_SOURCE)
-    kernel_size = weight.shape[2:4]
-    specialisation = vectors_specialisation(source, kernel_size, stride, dilation)
-    if specialisation is None or padding[1] != kernel_size[1] // 2:
-        return None
-    pixels = vectors_pixels(source, input.dtype)
-    vector_bytes = pixels * input.dtype.itemsize
-    if not all(t.is_contiguous() and t.data_ptr() % vector_bytes == 0 for t in (input, weight, out)):
-        return None
+    specialisation = _vectors_window(source, weight.shape[2:4], stride, padding, dilation, (input, weight, out),
+                                     input.shape[3], out.shape[3])
     n, channels, height, width = input.shape
     groups, out_h, out_w = weight.shape[1], *out.shape[2:]
-    per_thread = vectors_channels(source, input.dtype)
-    if width % pixels or out_w % pixels or (channels // groups) % per_thread:
+    pixels, per_thread = vectors_pixels(source, input.dtype), vectors_channels(source, input.dtype)
+    if specialisation is None or (channels // groups) % per_thread:
         return None
     threads = n * (channels // per_thread) * out_h * (out_w // pixels)
     if threads > POLICY.index32_limit:  # the kernel counts its work items in an int
@@ -252,6 +262,29 @@ def involution_vectors_backward_input(grad_output: Tensor, weight: Tensor, input
     _run(launcher or cupy_launcher(), "involution_backward_input_vectors", out, True, (grad_output, weight),
          (threads, channels, height, width, groups, out_h, padding[0]), threads, (str(kernel_size[0]),),
          VECTORS_SOURCE)
+    return out
+
+
+def involution_vectors_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation,
+                                       groups: int, out: Tensor, launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+    """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> out: grad_weight (N, G, K, K, Ho, Wo),
+    all contiguous (NCHW), by the kernel that gives a lane a vector of adjacent output pixels and
+    a thread one kernel row; None, out untouched, where it declines (the geometries and
+    alignments ``involution_vectors`` declines). The same bits as ``involution_backward_weight``'s
+    kernels."""
+    source = load_source(VECTORS_SOURCE)
+    specialisation = _vectors_window(source, kernel_size, stride, padding, dilation, (grad_output, input, out),
+                                     input.shape[3], grad_output.shape[3])
+    if specialisation is None:
+        return None
+    n, channels, height, width = input.shape
+    out_h, out_w = grad_output.shape[2:]
+    pixels = vectors_pixels(source, input.dtype)
+    threads = n * groups * kernel_size[0] * out_h * (out_w // pixels)
+    if threads > POLICY.index32_limit:  # the kernel counts its work items in an int
+        return None
+    _run(launcher or cupy_launcher(), "involution_backward_weight_vectors", out, True, (grad_output, input),
+         (threads, channels, height, width, groups, out_h, out_w, padding[0]), threads, specialisation, VECTORS_SOURCE)
     return out
 
 

@@ -1,5 +1,5 @@
-"""involution_vectors.cu (involution's NCHW forward and stride-1 grad_input, a vector of pixels a
-lane) through the host emulation: against the float64 reference on the registry's samples and
+"""involution_vectors.cu (involution's NCHW forward, stride-1 grad_input and grad_weight, a vector
+of pixels a lane) through the host emulation: against the float64 reference on the registry's samples and
 random geometries (borders on every side, every kernel size and, for the forward, both strides;
 every dtype), the same bits as involution.cu's chunked kernels, infinite weights at taps
 outside the image, the cases they decline, AddressSanitizer, and planted bugs that these checks
@@ -34,7 +34,8 @@ class Kind:
     op: str
     launch: Callable
     chunked: Callable
-    grad_input: bool
+    grad_input: bool = False
+    grad_weight: bool = False
 
     def specialisations(self) -> list[tuple[int, int]]:
         """(kernel size, stride) of each instantiation (grad_input: stride 1)."""
@@ -47,11 +48,17 @@ FORWARD = Kind("involution_forward_vectors", "involution", involution_cuda.invol
 GRAD_INPUT = Kind("involution_backward_input_vectors", "involution_backward_input",
                   involution_cuda.involution_vectors_backward_input, involution_cuda.involution_backward_input,
                   grad_input=True)
-KINDS = {"forward": FORWARD, "grad_input": GRAD_INPUT}
+GRAD_WEIGHT = Kind("involution_backward_weight_vectors", "involution_backward_weight",
+                   involution_cuda.involution_vectors_backward_weight, involution_cuda.involution_backward_weight,
+                   grad_weight=True)
+KINDS = {"forward": FORWARD, "grad_input": GRAD_INPUT, "grad_weight": GRAD_WEIGHT}
 
 
 def _result(kind: Kind, args: tuple) -> torch.Tensor:
     """The result tensor the op allocates for ``args`` (the op's arguments)."""
+    if kind.grad_weight:
+        grad_output, input, kernel_size, *_, groups = args
+        return input.new_empty(input.shape[0], groups, *kernel_size, *grad_output.shape[2:])
     activation, weight = args[:2]
     size = args[2] if kind.grad_input else weight.shape[4:]
     return activation.new_empty(activation.shape[0], activation.shape[1], *size)
@@ -63,7 +70,7 @@ def _case(kind: Kind, rng: random.Random, kernel: int, stride: int, dtype: torch
     any vertical padding; a group's channels one or two threads'."""
     source = load_source(involution_cuda.VECTORS_SOURCE)
     pixels = involution_cuda.vectors_pixels(source, dtype)
-    per_thread = involution_cuda.vectors_channels(source, dtype, kind.grad_input)
+    per_thread = 1 if kind.grad_weight else involution_cuda.vectors_channels(source, dtype, kind.grad_input)
     groups, per_group = rng.choice([1, 2, 3]), per_thread * rng.choice([1, 2])
     n, height = rng.choice([1, 2]), rng.randint(1, 10)
     width = pixels * stride * rng.randint(1, 5)  # the output width a multiple of the vector too
@@ -72,6 +79,9 @@ def _case(kind: Kind, rng: random.Random, kernel: int, stride: int, dtype: torch
     out_h, out_w = (height + 2 * pad[0] - kernel) // stride + 1, (width + 2 * pad[1] - kernel) // stride + 1
     w = torch.randn(n, groups, kernel, kernel, out_h, out_w, dtype=dtype)
     window = ([stride, stride], pad, [1, 1])
+    if kind.grad_weight:
+        return (torch.randn(n, groups * per_group, out_h, out_w, dtype=dtype),
+                torch.randn(n, groups * per_group, height, width, dtype=dtype), [kernel, kernel], *window, groups)
     if kind.grad_input:
         return (torch.randn(n, groups * per_group, out_h, out_w, dtype=dtype), w, [height, width], *window)
     return (torch.randn(n, groups * per_group, height, width, dtype=dtype), w, *window)
@@ -109,7 +119,9 @@ def test_vectors_match_the_reference_and_the_chunked_kernels_bits(kind):
 def _infinite_weights_outside(kind: Kind, launcher, dtypes=registry.FLOAT_DTYPES) -> None:
     """Weights of +-inf at every tap that reads padding: the chunked kernels skip those taps
     (in grad_input, the weights whose input pixel is outside the image, which no grad_input
-    value inside it uses), so their results are finite, and so must these be, bit for bit."""
+    value inside it uses), so their results are finite, and so must these be, bit for bit. For
+    grad_weight, an infinite grad_output at a corner pixel: its taps inside the image are
+    infinite, those outside +0 (the chunked kernel never adds to them), never NaN."""
     for dtype in dtypes:
         bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
         for _, stride in {s[1:]: s for s in kind.specialisations()}.values():
@@ -120,6 +132,15 @@ def _infinite_weights_outside(kind: Kind, launcher, dtypes=registry.FLOAT_DTYPES
             w[0, 0] = torch.where(outside, torch.tensor(float("inf"), dtype=dtype), w[0, 0])
             w[0, 1] = torch.where(outside, torch.tensor(float("-inf"), dtype=dtype), w[0, 1])
             window = ([stride, stride], [3, 3], [1, 1])
+            if kind.grad_weight:  # an infinite grad_output in one channel at the corner pixel
+                g = torch.randn(1, 8, 6 // stride, 16 // stride, dtype=dtype)
+                g[0, 5, 0, 0] = float("inf")
+                args = (g, torch.randn(1, 8, 6, 16, dtype=dtype), [7, 7], *window, 2)
+                out = kind.launch(*args, _result(kind, args), launcher)
+                expected = kind.chunked(*args, _result(kind, args), EmulatedLauncher())
+                assert torch.isinf(expected).any() and not torch.isnan(expected).any()
+                assert torch.equal(out.view(bits), expected.view(bits)), (dtype, stride)
+                continue
             if kind.grad_input:
                 args = (torch.randn(1, 8, 6 // stride, 16 // stride, dtype=dtype), w, [6, 16], *window)
             else:
@@ -160,8 +181,9 @@ def test_vectors_match_the_reference_on_the_registry_samples(kind):
 def test_vectors_decline_what_they_do_not_serve():
     """Channels_last operands, dilation, a non-square kernel, unequal strides, a kernel size
     without an instantiation, a horizontal padding other than K // 2, a width or output width
-    not a multiple of the vector, a group's channels not a multiple of a thread's, a pointer
-    not aligned to the vector, and for grad_input any stride but 1: None, the output untouched."""
+    not a multiple of the vector, a group's channels not a multiple of a thread's (forward and
+    grad_input), a pointer not aligned to the vector, and for grad_input any stride but 1: None,
+    the output untouched."""
     x, w = torch.randn(1, 8, 8, 8), torch.randn(1, 2, 3, 3, 8, 8)
     out = torch.full((1, 8, 8, 8), 7.0)
     launcher = EmulatedLauncher()
@@ -186,22 +208,42 @@ def test_vectors_decline_what_they_do_not_serve():
                                                                 [1, 1], [1, 1], out, launcher)
     assert strided is None
     assert not launcher.launches and torch.equal(out, torch.full_like(out, 7.0))
+    grad_weight = torch.full((1, 2, 3, 3, 8, 8), 7.0)
+    g = torch.randn(1, 8, 8, 8)
+    declined_grad_weight = [  # (grad_output, input, kernel size, stride, padding, dilation)
+        (g, x.to(memory_format=torch.channels_last), [3, 3], [1, 1], [1, 1], [1, 1]),
+        (g, x, [3, 3], [1, 1], [2, 2], [2, 2]),
+        (g, x, [3, 5], [1, 1], [1, 2], [1, 1]),
+        (g, x, [9, 9], [1, 1], [4, 4], [1, 1]),
+        (g, x, [3, 3], [1, 1], [1, 0], [1, 1]),
+        (torch.randn(1, 8, 8, 6), torch.randn(1, 8, 8, 6), [3, 3], [1, 1], [1, 1], [1, 1]),
+        (g, misaligned, [3, 3], [1, 1], [1, 1], [1, 1]),
+    ]
+    for args in declined_grad_weight:
+        assert involution_cuda.involution_vectors_backward_weight(*args, 2, grad_weight, launcher) is None
+    assert not launcher.launches and torch.equal(grad_weight, torch.full_like(grad_weight, 7.0))
 
 
 # Bugs a review could miss, per kernel. Two change values, which the reference check must
 # catch, and that also read past the tensor, which ASan must catch: a bottom border one row late
 # (the next channel's first row), and a vector that starts at the row's end taken as inside (the
-# next row's first values, under weights not zeroed). In the forward, one changes values only
-# where a weight is infinite, which the infinite-weight check must catch: the weights of taps
-# outside the image not zeroed (an inf times the window's -0 is NaN). grad_input has no such
-# weight to keep: a tap outside its row reads no weight (the vector is not loaded), and its
-# zeroing only keeps a -0 sum's sign.
+# next row's first values, under weights not zeroed; the bound is the three kernels' shared
+# helper). In the forward, one changes values only where a weight is infinite, which the
+# infinite-weight check must catch: the weights of taps outside the image not zeroed (an inf
+# times the window's -0 is NaN); in grad_weight, the sums of taps outside not reset to +0 (an
+# infinite grad_output times the window's -0). grad_input has no such weight to keep: a tap
+# outside its row reads no weight (the vector is not loaded), and its zeroing only keeps a -0
+# sum's sign.
 PLANTS = {
     ("forward", "row-bound-one-past"): ("if (y < 0 || y >= H) continue;", "if (y < 0 || y > H) continue;"),
-    ("forward", "vector-bound-one-past"): ("x_aligned + v * PIXELS < W;", "x_aligned + v * PIXELS <= W;"),
+    ("forward", "vector-bound-one-past"): ("first + v * PIXELS < width;", "first + v * PIXELS <= width;"),
     ("forward", "outside-weights-kept"): ("if (!vector_inside[(OFFSET + p * STRIDE + b) / PIXELS]) w[b][p] = 0;", ";"),
     ("grad_input", "row-bound-one-past"): ("if (i < 0 || i >= OH) continue;", "if (i < 0 || i > OH) continue;"),
-    ("grad_input", "vector-bound-one-past"): ("j_aligned + v * PIXELS < OW;", "j_aligned + v * PIXELS <= OW;"),
+    ("grad_input", "vector-bound-one-past"): ("first + v * PIXELS < width;", "first + v * PIXELS <= width;"),
+    ("grad_weight", "row-bound-one-past"): ("if (y >= 0 && y < H) {", "if (y >= 0 && y <= H) {"),
+    ("grad_weight", "vector-bound-one-past"): ("first + v * PIXELS < width;", "first + v * PIXELS <= width;"),
+    ("grad_weight", "outside-weights-kept"): ("if (!vector_inside[(OFFSET + p * STRIDE + b) / PIXELS]) sum[b][p] = 0;",
+                                              ";"),
 }
 VALUE_PLANTS = [key for key in PLANTS if key[1] != "outside-weights-kept"]
 WEIGHT_PLANTS = [key for key in PLANTS if key[1] == "outside-weights-kept"]
@@ -261,7 +303,12 @@ _GRAD_INPUT_CALL = """
     g, w = torch.randn(1, 4, 4, 8), torch.randn(1, 1, 3, 3, 4, 8)
     ops.involution_vectors_backward_input(g, w, [4, 8], [1, 1], [1, 1], [1, 1], torch.empty(1, 4, 4, 8), launcher)
 """
-ASAN_CALLS = {"forward": _FORWARD_CALL, "grad_input": _GRAD_INPUT_CALL}
+_GRAD_WEIGHT_CALL = """
+    g, x = torch.randn(1, 4, 4, 8), torch.randn(1, 4, 4, 8)
+    ops.involution_vectors_backward_weight(g, x, [3, 3], [1, 1], [1, 1], [1, 1], 1, torch.empty(1, 1, 3, 3, 4, 8),
+                                           launcher)
+"""
+ASAN_CALLS = {"forward": _FORWARD_CALL, "grad_input": _GRAD_INPUT_CALL, "grad_weight": _GRAD_WEIGHT_CALL}
 
 
 @pytest.mark.integration

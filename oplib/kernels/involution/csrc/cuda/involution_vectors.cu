@@ -111,6 +111,28 @@ __device__ __forceinline__ void load_pixels<oplib_bfloat16, float, 4>(float* val
     }
 }
 
+// inside[v]: whether the window vector v, columns first + v * PIXELS onwards, is in the row
+// [0, width) (wholly, as width is a multiple of PIXELS), for v < LOADS.
+template <int LOADS, int PIXELS>
+__device__ __forceinline__ void vectors_inside(bool* inside, index_t first, index_t width) {
+#pragma unroll
+    for (int v = 0; v < LOADS; ++v) inside[v] = first + v * PIXELS >= 0 && first + v * PIXELS < width;
+}
+
+// A work item (32-bit) -> (sample n, group g, part k: a chunk of the group's channels or a
+// kernel row, row of pixels, vector s of the row): the vector varies fastest.
+__device__ __forceinline__ void decode_vector_item(int index, int vectors, int rows, int parts, int groups, int* s,
+                                                   int* row, int* k, index_t* g, index_t* n) {
+    *s = index % vectors;
+    index /= vectors;
+    *row = index % rows;
+    index /= rows;
+    *k = index % parts;
+    index /= parts;
+    *g = index % groups;
+    *n = index / groups;
+}
+
 // The multiply-adds of one kernel row for the thread's CHANNELS channels: per channel, the
 // window's LOADS vectors from `row` (channels `channel_step` apart; -0 for those outside the
 // row), then for each tap b and pixel p, sum[c][p] += w[b][p] * window[BASE + b * TAP_STEP + p *
@@ -136,13 +158,14 @@ __device__ __forceinline__ void accumulate_channels(acc_t (*sum)[Vectors<scalar_
     }
 }
 
-// out[c * plane + p] = sum[c][p], one vector store a channel.
-template <typename scalar_t, typename acc_t, int CHANNELS>
-__device__ __forceinline__ void store_channels(scalar_t* out, const acc_t (*sum)[Vectors<scalar_t>::pixels],
-                                               index_t plane) {
+// out[c * plane + p] = sum[c][p] for c < PLANES (channels, or grad_weight's taps), one vector
+// store each.
+template <typename scalar_t, typename acc_t, int PLANES>
+__device__ __forceinline__ void store_planes(scalar_t* out, const acc_t (*sum)[Vectors<scalar_t>::pixels],
+                                             index_t plane) {
     constexpr int PIXELS = Vectors<scalar_t>::pixels;
 #pragma unroll
-    for (int c = 0; c < CHANNELS; ++c) {
+    for (int c = 0; c < PLANES; ++c) {
         PixelVector<scalar_t, PIXELS> vector;
 #pragma unroll
         for (int p = 0; p < PIXELS; ++p) vector.lane[p] = Element<scalar_t>::store(sum[c][p]);
@@ -150,8 +173,20 @@ __device__ __forceinline__ void store_channels(scalar_t* out, const acc_t (*sum)
     }
 }
 
+// The forward's and grad_weight's window for a vector of output pixels: the input columns
+// x0 - PAD_W .. x0 + (PIXELS - 1) * STRIDE + KERNEL - 1 - PAD_W for the vector's first column
+// x0 * STRIDE, loaded as LOADS aligned vectors from x_aligned = x0 * STRIDE - PAD_W - OFFSET.
+template <typename scalar_t, int KERNEL, int STRIDE>
+struct OutputWindow {
+    static constexpr int PIXELS = Vectors<scalar_t>::pixels;
+    static constexpr int PAD_W = KERNEL / 2;
+    static constexpr int OFFSET = ((PIXELS - PAD_W) % PIXELS + PIXELS) % PIXELS;
+    static constexpr int SPAN = (PIXELS - 1) * STRIDE + KERNEL;
+    static constexpr int LOADS = (OFFSET + SPAN + PIXELS - 1) / PIXELS;
+};
+
 // The instantiations a host may ask for (oplib.kernels reads these lines):
-// oplib-instantiate: involution_forward_vectors, involution_backward_input_vectors
+// oplib-instantiate: involution_forward_vectors, involution_backward_input_vectors, involution_backward_weight_vectors
 // oplib-template: KERNEL = 3 | 5 | 7
 // oplib-template: STRIDE = 1 | 2
 //
@@ -163,33 +198,23 @@ __global__ void __launch_bounds__(VECTORS_THREADS, VECTORS_MIN_BLOCKS) involutio
     index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t out_w,
     index_t pad_h) {
     typedef typename Element<scalar_t>::acc_t acc_t;
-    constexpr int PIXELS = Vectors<scalar_t>::pixels;
+    typedef OutputWindow<scalar_t, KERNEL, STRIDE> Window;
+    constexpr int PIXELS = Window::PIXELS, PAD_W = Window::PAD_W, OFFSET = Window::OFFSET, LOADS = Window::LOADS;
     constexpr int CHANNELS = Vectors<scalar_t>::channels;
     constexpr int TAPS = KERNEL * KERNEL;
-    constexpr int PAD_W = KERNEL / 2;
-    constexpr int OFFSET = ((PIXELS - PAD_W) % PIXELS + PIXELS) % PIXELS;  // x0 - x_aligned
-    constexpr int SPAN = (PIXELS - 1) * STRIDE + KERNEL;
-    constexpr int LOADS = (OFFSET + SPAN + PIXELS - 1) / PIXELS;
     const index_t C = channels, H = height, W = width, G = groups, OH = out_h, OW = out_w;
     const index_t per_group = C / G, chunks = per_group / CHANNELS, vectors = OW / PIXELS, plane = OH * OW;
     const index_t image_plane = H * W;
     // Work items in 32-bit arithmetic (the host launches this kernel only where they, and one
     // grid past them, fit in an int): 64-bit divisions are calls whose registers made ptxas spill.
-    const int vectors32 = (int)vectors, rows32 = (int)OH, chunks32 = (int)chunks, groups32 = (int)G;
     for (int index = (int)oplib_first_index(); index < (int)total; index += (int)oplib_grid_step()) {
-        int rest = index;
-        const int s = rest % vectors32;
-        rest /= vectors32;
-        const int i = rest % rows32;
-        rest /= rows32;
-        const int k = rest % chunks32;
-        rest /= chunks32;
-        const index_t g = rest % groups32, n = rest / groups32;
+        int s, i, k;
+        index_t g, n;
+        decode_vector_item(index, (int)vectors, (int)OH, (int)chunks, (int)G, &s, &i, &k, &g, &n);
         const index_t c0 = g * per_group + k * CHANNELS;
         const index_t j0 = s * PIXELS, y0 = i * STRIDE - pad_h, x_aligned = j0 * STRIDE - PAD_W - OFFSET;
         bool vector_inside[LOADS];
-#pragma unroll
-        for (int v = 0; v < LOADS; ++v) vector_inside[v] = x_aligned + v * PIXELS >= 0 && x_aligned + v * PIXELS < W;
+        vectors_inside<LOADS, PIXELS>(vector_inside, x_aligned, W);
         const scalar_t* kernel = weight + (n * G + g) * TAPS * plane + i * OW + j0;
         acc_t sum[CHANNELS][PIXELS];
 #pragma unroll
@@ -210,7 +235,7 @@ __global__ void __launch_bounds__(VECTORS_THREADS, VECTORS_MIN_BLOCKS) involutio
             accumulate_channels<scalar_t, acc_t, CHANNELS, KERNEL, LOADS, OFFSET, 1, STRIDE>(
                 sum, w, input + ((n * C + c0) * H + y) * W + x_aligned, image_plane, vector_inside);
         }
-        store_channels<scalar_t, acc_t, CHANNELS>(output + (n * C + c0) * plane + i * OW + j0, sum, plane);
+        store_planes<scalar_t, acc_t, CHANNELS>(output + (n * C + c0) * plane + i * OW + j0, sum, plane);
     }
 }
 
@@ -245,22 +270,15 @@ __global__ void __launch_bounds__(VECTORS_THREADS, VECTORS_MIN_BLOCKS) involutio
     constexpr int LOADS = (OFFSET + SPAN + PIXELS - 1) / PIXELS;
     const index_t C = channels, H = height, W = width, G = groups, OH = out_h, OW = width;
     const index_t per_group = C / G, chunks = per_group / CHANNELS, vectors = W / PIXELS, plane = OH * OW;
-    const int vectors32 = (int)vectors, rows32 = (int)H, chunks32 = (int)chunks, groups32 = (int)G;
     for (int index = (int)oplib_first_index(); index < (int)total; index += (int)oplib_grid_step()) {
-        int rest = index;
-        const int s = rest % vectors32;
-        rest /= vectors32;
-        const int y = rest % rows32;
-        rest /= rows32;
-        const int k = rest % chunks32;
-        rest /= chunks32;
-        const index_t g = rest % groups32, n = rest / groups32;
+        int s, y, k;
+        index_t g, n;
+        decode_vector_item(index, (int)vectors, (int)H, (int)chunks, (int)G, &s, &y, &k, &g, &n);
         const index_t c0 = g * per_group + k * CHANNELS;
         const index_t x0 = (index_t)s * PIXELS, ry = y + pad_h;
         const index_t j_aligned = x0 + PAD_W - (KERNEL - 1) - OFFSET;
         bool vector_inside[LOADS];
-#pragma unroll
-        for (int v = 0; v < LOADS; ++v) vector_inside[v] = j_aligned + v * PIXELS >= 0 && j_aligned + v * PIXELS < OW;
+        vectors_inside<LOADS, PIXELS>(vector_inside, j_aligned, OW);
         acc_t sum[CHANNELS][PIXELS];
 #pragma unroll
         for (int c = 0; c < CHANNELS; ++c)
@@ -291,6 +309,72 @@ __global__ void __launch_bounds__(VECTORS_THREADS, VECTORS_MIN_BLOCKS) involutio
             accumulate_channels<scalar_t, acc_t, CHANNELS, KERNEL, LOADS, OFFSET + KERNEL - 1, -1, 1>(
                 sum, w, grad_output + ((n * C + c0) * OH + i) * OW + j_aligned, plane, vector_inside);
         }
-        store_channels<scalar_t, acc_t, CHANNELS>(grad_input + (n * C + c0) * H * W + (index_t)y * W + x0, sum, H * W);
+        store_planes<scalar_t, acc_t, CHANNELS>(grad_input + (n * C + c0) * H * W + (index_t)y * W + x0, sum, H * W);
+    }
+}
+
+// involution's grad_weight for NCHW tensors, a vector of adjacent output pixels a lane:
+//
+//   grad_weight[n, g, a, b, i, j] = sum over the group's channels c of
+//                                   grad_output[n, c, i, j] * input[n, c, i*S - ph + a, j*S - pw + b]
+//
+// grad_output: (N, C, Ho, Wo), input: (N, C, H, W), grad_weight: (N, G, K, K, Ho, Wo), all
+// contiguous; the geometry the forward serves. A lane owns 4 adjacent output pixels of a row (2
+// in float64) and a thread one kernel row a, all KERNEL taps of it, so that each channel's
+// grad_output vector and input window (the forward's, aligned vectors) are loaded once for the
+// row's taps. Every tap is accumulated in every channel, and the sums of taps outside the image
+// (which read the window's -0, or NaN from an infinite grad_output) are set to +0 at the end,
+// what involution.cu's chunked grad_weight writes for them: a predicate on each multiply-add
+// instead made the compiler convert the 16-bit values again for each one. The channels are
+// added in the chunked kernel's order: the same bits. A row outside the image writes zeros.
+template <typename scalar_t, int KERNEL, int STRIDE>
+__global__ void __launch_bounds__(VECTORS_THREADS, VECTORS_MIN_BLOCKS) involution_backward_weight_vectors(
+    const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, scalar_t* __restrict__ grad_weight,
+    index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t out_w,
+    index_t pad_h) {
+    typedef typename Element<scalar_t>::acc_t acc_t;
+    typedef OutputWindow<scalar_t, KERNEL, STRIDE> Window;
+    constexpr int PIXELS = Window::PIXELS, PAD_W = Window::PAD_W, OFFSET = Window::OFFSET, LOADS = Window::LOADS;
+    constexpr int TAPS = KERNEL * KERNEL;
+    const index_t C = channels, H = height, W = width, G = groups, OH = out_h, OW = out_w;
+    const index_t per_group = C / G, vectors = OW / PIXELS, plane = OH * OW, image_plane = H * W;
+    for (int index = (int)oplib_first_index(); index < (int)total; index += (int)oplib_grid_step()) {
+        int s, i, a;
+        index_t g, n;
+        decode_vector_item(index, (int)vectors, (int)OH, KERNEL, (int)G, &s, &i, &a, &g, &n);
+        const index_t j0 = (index_t)s * PIXELS, y = (index_t)i * STRIDE - pad_h + a;
+        const index_t x_aligned = j0 * STRIDE - PAD_W - OFFSET;
+        bool vector_inside[LOADS];
+        vectors_inside<LOADS, PIXELS>(vector_inside, x_aligned, W);
+        acc_t sum[KERNEL][PIXELS];
+#pragma unroll
+        for (int b = 0; b < KERNEL; ++b)
+#pragma unroll
+            for (int p = 0; p < PIXELS; ++p) sum[b][p] = 0;
+        if (y >= 0 && y < H) {
+            const index_t c0 = n * C + g * per_group;
+            const scalar_t* grad = grad_output + c0 * plane + (index_t)i * OW + j0;
+            const scalar_t* row = input + (c0 * H + y) * W + x_aligned;
+            for (index_t c = 0; c < per_group; ++c) {
+                acc_t value[PIXELS], window[LOADS * PIXELS];
+                load_pixels<scalar_t, acc_t, PIXELS>(value, grad + c * plane, true);
+#pragma unroll
+                for (int v = 0; v < LOADS; ++v)
+                    load_pixels<scalar_t, acc_t, PIXELS>(window + v * PIXELS, row + c * image_plane + v * PIXELS,
+                                                         vector_inside[v]);
+#pragma unroll
+                for (int b = 0; b < KERNEL; ++b)
+#pragma unroll
+                    for (int p = 0; p < PIXELS; ++p)
+                        sum[b][p] = oplib_fma(value[p], window[OFFSET + p * STRIDE + b], sum[b][p]);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < KERNEL; ++b)
+#pragma unroll
+            for (int p = 0; p < PIXELS; ++p)  // a tap outside the image: what the chunked kernel writes
+                if (!vector_inside[(OFFSET + p * STRIDE + b) / PIXELS]) sum[b][p] = 0;
+        store_planes<scalar_t, acc_t, KERNEL>(grad_weight + ((n * G + g) * TAPS + a * KERNEL) * plane + (index_t)i * OW + j0,
+                                              sum, plane);
     }
 }
