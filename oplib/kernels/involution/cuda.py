@@ -2,8 +2,9 @@
 backward ops), ``involution_generated.cu`` (the fused-generation op and its grad_input, generic
 kernels), and the tiled kernels: ``span_tile.cu`` (the span conv, the tiled fused forward) and
 ``generated_mma.cu`` (the fused forward and grad_input on tensor cores); and
-``involution_vectors.cu`` (involution's NCHW forward, a vector of pixels a lane: not the op's
-default until a draw times it against the chunked kernel). The fused forward's op
+``involution_vectors.cu`` (involution's NCHW forward, stride-1 grad_input and grad_weight, a
+vector of pixels a lane: not the ops' defaults until a draw times them against the chunked
+kernels). The fused forward's op
 takes the tensor-core or the tiled kernel where one serves the call (``involution_generated``).
 The tensor-core grad_input is not its op's default: on the fifth H200 draw it was slower than
 what the unfused path runs instead (involution's grad_input reading the span conv's map).
@@ -166,8 +167,8 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Te
 
 
 # ---------------------------------------------------------------------------------------
-# involution's NCHW forward with a vector of pixels a lane (involution_vectors.cu): not its op's
-# default until a GPU draw measures it against the chunked kernel
+# involution's NCHW kernels with a vector of pixels a lane (involution_vectors.cu): not the ops'
+# defaults until a GPU draw measures them against the chunked kernels
 # ---------------------------------------------------------------------------------------
 
 VECTORS_SOURCE = "involution/csrc/cuda/involution_vectors.cu"

@@ -212,7 +212,8 @@ __global__ void __launch_bounds__(VECTORS_THREADS, VECTORS_MIN_BLOCKS) involutio
         index_t g, n;
         decode_vector_item(index, (int)vectors, (int)OH, (int)chunks, (int)G, &s, &i, &k, &g, &n);
         const index_t c0 = g * per_group + k * CHANNELS;
-        const index_t j0 = s * PIXELS, y0 = i * STRIDE - pad_h, x_aligned = j0 * STRIDE - PAD_W - OFFSET;
+        const index_t j0 = (index_t)s * PIXELS, y0 = (index_t)i * STRIDE - pad_h;
+        const index_t x_aligned = j0 * STRIDE - PAD_W - OFFSET;
         bool vector_inside[LOADS];
         vectors_inside<LOADS, PIXELS>(vector_inside, x_aligned, W);
         const scalar_t* kernel = weight + (n * G + g) * TAPS * plane + i * OW + j0;
