@@ -75,7 +75,10 @@ def test_inductor_sees_every_convolution_but_the_span_and_only_involution_as_opl
     assert targets.count(torch.ops.aten.convolution.default) == convolutions - involutions > 0
 
 
-@pytest.mark.parametrize("depth", [26, pytest.param(50, marks=pytest.mark.integration)])
+# The integration tier: the unit tier exports RedNet-26 with a dynamic batch and size as a
+# backbone (compile_tests/deploy/test_deploy.py), the same stages with their feature outputs.
+@pytest.mark.integration
+@pytest.mark.parametrize("depth", [26, 50])
 def test_exports_with_dynamic_batch_and_size(depth, tmp_path):
     model = _narrow(depth).eval()
     # The five stride-2 steps leave (H - 1) // 32 + 1 pixels; export needs every symbolic

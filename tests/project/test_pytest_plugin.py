@@ -46,6 +46,7 @@ def test_without_the_plugin_the_marks_are_unknown(tmp_path):
     assert result.returncode != 0 and "'integration' not found in `markers`" in result.stdout + result.stderr
 
 
+@pytest.mark.integration  # three pytest sessions in fresh interpreters; the plugin's own tests stay in the unit tier
 def test_oplib_suite_takes_the_plugin_by_name_where_no_entry_point_is_installed():
     """A lent GPU machine's `pip install -e .` left no pytest11 entry point (fourth H200 draw), and
     the suite's conftest refused to run: the plugin named with -p (what tools/gpu_check.py adds
