@@ -320,19 +320,18 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             # grad_input with the weights formed inside (the grad_input row's oplib reads the map)
             calls["tensor cores", "grad_input"] = lambda: involution_cuda.involution_generated_mma_backward_input(
                 g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
-    if launcher is not None and x.is_contiguous():  # involution's NCHW forward, a vector of pixels a lane
-        vectors = lambda: involution_cuda.involution_vectors(x, w, stride, padding, dilation,  # noqa: E731
-                                                             result_like(x, w.shape[4:]), launcher)
-        if vectors() is not None:  # (where it serves: a first call, which also compiles it)
-            calls["vectors", "forward"] = vectors
-        vectors_grad_input = lambda: involution_cuda.involution_vectors_backward_input(  # noqa: E731
-            g, w, size, stride, padding, dilation, result_like(g, size), launcher)
-        if vectors_grad_input() is not None:
-            calls["vectors", "grad_input"] = vectors_grad_input
-        vectors_grad_weight = lambda: involution_cuda.involution_vectors_backward_weight(  # noqa: E731
-            g, x, kernel_size, stride, padding, dilation, shape.groups, torch.empty_like(w), launcher)
-        if vectors_grad_weight() is not None:
-            calls["vectors", "grad_weight"] = vectors_grad_weight
+    if launcher is not None and x.is_contiguous():  # involution_vectors.cu's NCHW kernels, a vector of pixels a lane
+        vectors = {
+            "forward": lambda: involution_cuda.involution_vectors(x, w, stride, padding, dilation,
+                                                                  result_like(x, w.shape[4:]), launcher),
+            "grad_input": lambda: involution_cuda.involution_vectors_backward_input(
+                g, w, size, stride, padding, dilation, result_like(g, size), launcher),
+            "grad_weight": lambda: involution_cuda.involution_vectors_backward_weight(
+                g, x, kernel_size, stride, padding, dilation, shape.groups, torch.empty_like(w), launcher),
+        }
+        for kernel, vector_call in vectors.items():
+            if vector_call() is not None:  # (where it serves: a first call, which also compiles it)
+                calls["vectors", kernel] = vector_call
     calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size), stride, padding, dilation
     )

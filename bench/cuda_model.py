@@ -536,8 +536,9 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
         "Kernels the measured run did not time (`make gpu-check` times each in a column of its own beside the row "
         "of the call it serves): `involution_vectors.cu`'s NCHW forward, stride-1 grad_input and grad_weight, a "
         "vector of 4 pixels a lane (2 in float64) and a fixed number of a group's channels (grad_weight: one kernel "
-        "row) a thread, at the rows they serve (widths a multiple of the vector; they decline the others). Predicted with the constants fitted above, beside the prediction and "
-        "the H200's measurement of the kernel that serves the row now: the measured time scaled by the two "
+        "row) a thread, at the rows they serve (widths a multiple of the vector; they decline the others). "
+        "Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
+        "that serves the row now: the measured time scaled by the two "
         f"predictions' ratio is what the next draw should find. Predicted / now {ratio_range(ratios)}, faster at "
         f"{sum(r < 1.0 for r in ratios)} of {len(ratios)} rows.",
         "",

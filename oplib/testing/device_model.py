@@ -824,6 +824,25 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
             t.store(4, n * isn + (group * pg + channel) * isc + y * ish + x * isw, inside & (x < W) & (channel < pg), es)
 
 
+def _vectors_item(launch: Launch, item: Tensor, columns: int, rows: int, parts: Optional[int] = None):
+    """``decode_vector_item`` of involution_vectors.cu over rows of ``columns`` pixels, with the
+    kernel's pixels a lane and channels a thread read from its source, as the host reads them:
+    (pixels, channels, vector s, row, part k, group g, sample n) of each work item. ``parts``:
+    kernel rows, or by default the chunks of a group's channels."""
+    from ..kernels.cuda_source import load_source
+    from ..kernels.involution import cuda as involution_cuda
+
+    source = load_source(launch.source)
+    P = involution_cuda.vectors_pixels(source, launch.dtype)
+    chunk = involution_cuda.vectors_channels(source, launch.dtype, launch.kernel == "involution_backward_input_vectors")
+    C, G = launch.scalars[1], launch.scalars[4]
+    parts = parts or C // G // chunk
+    s, rest = item % (columns // P), item // (columns // P)
+    row, rest = rest % rows, rest // rows
+    k, rest = rest % parts, rest // parts
+    return P, chunk, s, row, k, rest % G, rest // G
+
+
 def _forward_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_forward_vectors (involution_vectors.cu): per kernel row inside the image, the
     row's K weight vectors, then per channel of the thread's the window's aligned vectors inside
@@ -832,13 +851,9 @@ def _forward_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
     _, C, H, W, G, OH, OW, ph = launch.scalars
     K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
     es = launch.dtype.itemsize
-    P, chunk = (2 if es == 8 else 4), {2: 4, 4: 2, 8: 2}[es]  # Vectors::pixels, Vectors::channels
+    P, chunk, s, i, k, g, n = _vectors_item(launch, item, OW, OH)
     offset, span = (-(K // 2)) % P, (P - 1) * S + K
-    loads, vectors, plane, pg = -(-(offset + span) // P), OW // P, OH * OW, C // G
-    s, rest = item % vectors, item // vectors
-    i, rest = rest % OH, rest // OH
-    k, rest = rest % (pg // chunk), rest // (pg // chunk)
-    g, n = rest % G, rest // G
+    loads, plane, pg = -(-(offset + span) // P), OH * OW, C // G
     c0, j0 = g * pg + k * chunk, s * P
     y0, x_aligned = i * S - ph, j0 * S - K // 2 - offset
     kernel = (n * G + g) * K * K * plane + i * OW + j0
@@ -862,13 +877,9 @@ def _backward_input_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
     _, C, H, W, G, OH, ph = launch.scalars
     K = int(launch.specialisation[0])
     es = launch.dtype.itemsize
-    P, chunk = (2 if es == 8 else 4), {2: 4, 4: 4, 8: 2}[es]  # Vectors::pixels, ::grad_input_channels
+    P, chunk, s, y, k, g, n = _vectors_item(launch, item, W, H)
     offset = (K // 2 - (K - 1)) % P
-    loads, vectors, plane, pg = -(-(offset + K + P - 1) // P), W // P, OH * W, C // G
-    s, rest = item % vectors, item // vectors
-    y, rest = rest % H, rest // H
-    k, rest = rest % (pg // chunk), rest // (pg // chunk)
-    g, n = rest % G, rest // G
+    loads, plane, pg = -(-(offset + K + P - 1) // P), OH * W, C // G
     c0, x0 = g * pg + k * chunk, s * P
     j_aligned = x0 + K // 2 - (K - 1) - offset
     c, v = _slots(chunk, 4), _slots(loads, 3)
@@ -894,13 +905,9 @@ def _backward_weight_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
     _, C, H, W, G, OH, OW, ph = launch.scalars
     K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
     es = launch.dtype.itemsize
-    P = 2 if es == 8 else 4  # Vectors::pixels
+    P, _, s, i, a, g, n = _vectors_item(launch, item, OW, OH, K)
     offset, span = (-(K // 2)) % P, (P - 1) * S + K
-    loads, vectors, plane, pg = -(-(offset + span) // P), OW // P, OH * OW, C // G
-    s, rest = item % vectors, item // vectors
-    i, rest = rest % OH, rest // OH
-    a, rest = rest % K, rest // K
-    g, n = rest % G, rest // G
+    loads, plane, pg = -(-(offset + span) // P), OH * OW, C // G
     j0, y = s * P, i * S - ph + a
     x_aligned = j0 * S - K // 2 - offset
     row_ok = (y >= 0) & (y < H)

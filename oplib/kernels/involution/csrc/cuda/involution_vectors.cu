@@ -133,6 +133,16 @@ __device__ __forceinline__ void decode_vector_item(int index, int vectors, int r
     *n = index / groups;
 }
 
+// window[0 .. LOADS * PIXELS) = the LOADS vectors from `row` onwards, widened; -0 for those
+// outside the row (not read).
+template <typename scalar_t, typename acc_t, int LOADS>
+__device__ __forceinline__ void load_window(acc_t* window, const scalar_t* row, const bool* vector_inside) {
+    constexpr int PIXELS = Vectors<scalar_t>::pixels;
+#pragma unroll
+    for (int v = 0; v < LOADS; ++v)
+        load_pixels<scalar_t, acc_t, PIXELS>(window + v * PIXELS, row + v * PIXELS, vector_inside[v]);
+}
+
 // The multiply-adds of one kernel row for the thread's CHANNELS channels: per channel, the
 // window's LOADS vectors from `row` (channels `channel_step` apart; -0 for those outside the
 // row), then for each tap b and pixel p, sum[c][p] += w[b][p] * window[BASE + b * TAP_STEP + p *
@@ -146,10 +156,7 @@ __device__ __forceinline__ void accumulate_channels(acc_t (*sum)[Vectors<scalar_
 #pragma unroll
     for (int c = 0; c < CHANNELS; ++c) {
         acc_t window[LOADS * PIXELS];
-#pragma unroll
-        for (int v = 0; v < LOADS; ++v)
-            load_pixels<scalar_t, acc_t, PIXELS>(window + v * PIXELS, row + c * channel_step + v * PIXELS,
-                                                 vector_inside[v]);
+        load_window<scalar_t, acc_t, LOADS>(window, row + c * channel_step, vector_inside);
 #pragma unroll
         for (int b = 0; b < KERNEL; ++b)
 #pragma unroll
@@ -359,10 +366,7 @@ __global__ void __launch_bounds__(VECTORS_THREADS, VECTORS_MIN_BLOCKS) involutio
             for (index_t c = 0; c < per_group; ++c) {
                 acc_t value[PIXELS], window[LOADS * PIXELS];
                 load_pixels<scalar_t, acc_t, PIXELS>(value, grad + c * plane, true);
-#pragma unroll
-                for (int v = 0; v < LOADS; ++v)
-                    load_pixels<scalar_t, acc_t, PIXELS>(window + v * PIXELS, row + c * image_plane + v * PIXELS,
-                                                         vector_inside[v]);
+                load_window<scalar_t, acc_t, LOADS>(window, row + c * image_plane, vector_inside);
 #pragma unroll
                 for (int b = 0; b < KERNEL; ++b)
 #pragma unroll
