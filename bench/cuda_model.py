@@ -27,11 +27,12 @@ import _harness
 from _cuda import floor_bytes, operands_on  # noqa: F401  (floor_bytes: the table's floors, for readers)
 from _harness import RESULTS
 from oplib.benchmark import REDNET50_SHAPES, Shape
+from oplib.kernels.involution import cuda as involution_cuda
 from oplib.testing import device_model
 from oplib.testing.device_model import H100_SXM, H200, Constants, Copy, Launch, LaunchInputs
 
-# The latest H200 run of the kernel table (the fifth draw: the tensor-core kernels' first timing).
-MEASURED = RESULTS / "h200" / "draw5" / "involution-cuda.json"
+# The latest H200 run of the kernel table (the sixth draw: involution_vectors.cu's first timing).
+MEASURED = RESULTS / "h200" / "draw6" / "involution-cuda.json"
 # The same table measured on an H100 by `make gpu-check` (a GPU the constants were not fitted on).
 MEASURED_H100 = RESULTS / "h100" / "involution-cuda.json"
 # The bar of the issue: the model within 2x of the measured time on every row.
@@ -40,7 +41,9 @@ BAR = 2.0
 
 def calls(shape: Shape, dtype: torch.dtype, layout: str) -> dict[str, tuple[str, tuple]]:
     """kernel (the table's column) -> (op, CUDA dispatch arguments) of bench/_cuda.py's
-    ``kernel_calls``, on CPU tensors of the row's shape and layout."""
+    ``kernel_calls``, on CPU tensors of the row's shape and layout. involution's three rows are
+    its chunked (or generic) kernels, recorded under the ``CHUNKED`` policy: ``measured_rows``
+    gives them the chunked kernels' time, and involution_vectors.cu's its own rows."""
     o = operands_on(shape, dtype, layout, "cpu")
     x, w, g = o["input"], o["weight"], o["grad_output"]
     stride, padding, dilation = shape.params
@@ -67,10 +70,12 @@ FUSED = {
 }
 
 
-# Kernels the table times in columns of their own where a run has them, but the measured run
-# does not yet: row name -> (the table's row, its column, the function of
-# oplib.kernels.involution.cuda that launches it). Predicted beside the row's kernel until a
-# draw times them (``candidate_lines``); a measured column makes them rows like FUSED's.
+# Kernels the table times in columns of their own where a run has them: row name -> (the
+# table's row, its column, the function of oplib.kernels.involution.cuda that launches it).
+# Predicted beside the row's kernel while the measured run has not timed them
+# (``candidate_lines``); a measured column makes them rows like FUSED's. involution_vectors.cu's,
+# which the sixth draw timed in a "vectors" column; since they became the ops' kernels the table
+# times them as the row's own and the chunked kernel in a "chunked" column (``measured_rows``).
 VECTORS = "vectors forward"
 VECTORS_GRAD_INPUT = "vectors grad_input"
 VECTORS_GRAD_WEIGHT = "vectors grad_weight"
@@ -89,6 +94,8 @@ def measured_rows(path: Path = MEASURED) -> tuple[float, list[dict]]:
     rows = []
     for cells in table["rows"]:
         row = dict(zip(table["columns"], cells))
+        if row.get("chunked (ms)", "-") != "-":  # the op ran the vectors kernel, the chunked one timed beside it
+            row = {**row, "device (ms)": row["chunked (ms)"], "vectors (ms)": row["device (ms)"]}
         rows.append(row)
         for fused, (kernel, column, _) in {**FUSED, **CANDIDATES}.items():
             if row["kernel"] == kernel and row.get(column, "-") != "-":
@@ -105,7 +112,8 @@ def _record(case: tuple[str, str, str]) -> list[tuple[str, list]]:
     dtype = getattr(torch, dtype_name)
     result = []
     for kernel, (qualname, args) in calls(shape, dtype, layout).items():
-        events = device_model.record_launches(qualname, *args)
+        policy = involution_cuda.CHUNKED if kernel in ("forward", "grad_input", "grad_weight") else None
+        events = device_model.record_launches(qualname, *args, policy=policy)
         result.append((kernel, [(e, device_model.kernel_work(e) if isinstance(e, Launch) else None) for e in events]))
     for fused, (_, _, function) in {**FUSED, **CANDIDATES}.items():
         launch = _fused_launch(case, function)
@@ -191,13 +199,20 @@ def ratio_range(ratios: list[float]) -> str:
     return f"{min(ratios):.2f}x-{max(ratios):.2f}x"
 
 
+# The H100 run's rows whose call ran another kernel than the rows model now: it predates
+# involution_generated's fused kernels, so its "generated forward" timed the generic kernel.
+H100_OTHER_KERNEL = ("generated forward",)
+
+
 def h100_measured() -> Optional[dict]:
-    """The H100 run's copy bandwidth and each row's device time (None: not committed)."""
+    """The H100 run's copy bandwidth and each row's device time (None: not committed), but
+    those of ``H100_OTHER_KERNEL``."""
     if not MEASURED_H100.exists():
         return None
     bandwidth, rows = measured_rows(MEASURED_H100)
     return {"copy_bandwidth_bytes_per_s": bandwidth,
-            "rows": [{"key": _key(r), "measured_s": float(r["device (ms)"]) * 1e-3} for r in rows]}
+            "rows": [{"key": _key(r), "measured_s": float(r["device (ms)"]) * 1e-3} for r in rows
+                     if r["kernel"] not in H100_OTHER_KERNEL]}
 
 
 def _key(row: dict) -> str:
@@ -271,7 +286,8 @@ def report(rows: list[dict], bandwidth: float, h100: Optional[dict] = None) -> t
         f"other: {ratio_range(held_ratios)}).",
         *([f"Outside the bar: {'; '.join(out)}."] if out else []),
         *([f"On an H100 (`bench/results/h100/involution-cuda.json`, {len(h100_ratios)} of {len(rows)} rows measured "
-           f"there; a GPU the constants were not fitted on, its own copy bandwidth {h100_bandwidth / 1e9:.0f} GB/s): "
+           f"there; a GPU the constants were not fitted on, its own copy bandwidth {h100_bandwidth / 1e9:.0f} GB/s; its "
+           f"{', '.join(H100_OTHER_KERNEL)} rows left out, which ran the generic kernel the fused ones replaced): "
            f"predicted / measured {ratio_range(h100_ratios)}, "
            f"{len(h100_ratios) - len(h100_out)} of {len(h100_ratios)} rows within {BAR:g}x"
            + (f"; outside: {'; '.join(h100_out)}." if h100_out else ".")] if h100_ratios else []),
@@ -400,18 +416,39 @@ def tiled_lines(rows: list[dict], constants: Constants, bandwidth: float) -> lis
 # The instruction ratio against Nsight Compute's executed instructions
 # ---------------------------------------------------------------------------------------
 
-# The fifth H200 draw's Nsight Compute run (the tensor-core kernels among its calls) and its calls.
-NCU = RESULTS / "h200" / "draw5" / "logs"
-# ncu's call labels -> the kernel table's rows (the calls on the generic kernels are no row).
+# The sixth H200 draw's Nsight Compute run (involution_vectors.cu's kernels among its calls).
+NCU = RESULTS / "h200" / "draw6" / "logs"
+# ncu's call labels -> the kernel table's rows (the calls on the generic kernels are no row). The
+# sixth draw's "oplib" calls ran the chunked kernels and its "vectors" calls involution_vectors.cu's;
+# where a later draw has a "chunked" call, its "oplib" call ran the vectors kernel (``_ncu_row``).
 NCU_CALLS = {"oplib forward": "forward", "oplib grad_input": "grad_input", "oplib grad_weight": "grad_weight",
              "oplib generated forward": "generated forward", TILED: TILED,
-             "tensor cores generated forward": MMA_FORWARD, "tensor cores generated grad_input": MMA_GRAD_INPUT}
+             "tensor cores generated forward": MMA_FORWARD, "tensor cores generated grad_input": MMA_GRAD_INPUT,
+             "vectors forward": VECTORS, "vectors grad_input": VECTORS_GRAD_INPUT,
+             "vectors grad_weight": VECTORS_GRAD_WEIGHT}
+
+
+def _ncu_row(label: str, precision: str, calls: list[str]) -> Optional[str]:
+    """The table's row of ncu's call ``label`` at ``precision`` (None: no row), among ``calls``."""
+    kernel = label.split(" ", 1)[1]
+    if f"chunked {kernel}, {precision}" in calls:  # the op ran the vectors kernel there
+        return {"oplib": f"vectors {kernel}", "chunked": kernel}.get(label.split(" ", 1)[0], NCU_CALLS.get(label))
+    return NCU_CALLS.get(label)
+
+
+def _ncu_kernel(cell: str) -> str:
+    """A kernel's name without its template arguments, from ncu's "Kernel Name" (``void
+    involution_forward_chunked<oplib_bfloat16, int, 7, 1, 1>(const T1 *, ...)``)."""
+    return cell.removeprefix("void ").split("<")[0].split("(")[0]
 
 
 def ncu_instructions(rows: list[dict], folder: Path = NCU) -> list[dict]:
     """Per profiled call that is a row of the table: the warp instructions Nsight Compute saw
     executed (the SMs' issue rate times their elapsed cycles, summed over the SMs), the traced
-    ones of the model's inputs for that row, and the model's instruction ratio."""
+    ones of the model's inputs for that row, and the model's instruction ratio. Each call is
+    paired with the next profiled kernel of the row's kernel's name: a run may profile kernels
+    that are no call of its list (the sixth draw's three first calls of the vectors kernels,
+    made while the float32 calls were being prepared), which a pairing by position would shift."""
     import csv
     import io
 
@@ -422,15 +459,21 @@ def ncu_instructions(rows: list[dict], folder: Path = NCU) -> list[dict]:
     calls = json.loads((folder / "ncu-calls.json").read_text())
     shape = calls["shape"].split(",")[0]
     by_key = {_key(r): r for r in rows}
-    result = []
-    for call, cells in zip(calls["calls"], body):
+    result, next_kernel = [], 0
+    for call in calls["calls"]:
         label, precision = call.split(", ")
         dtype, layout = precision.split(" ")
-        if label not in NCU_CALLS:
+        row_name = _ncu_row(label, precision, calls["calls"])
+        if row_name is None:
             continue
-        row = by_key[" | ".join((shape, dtype, layout, NCU_CALLS[label]))]
+        row = by_key[" | ".join((shape, dtype, layout, row_name))]
         launch = next(e for e in row["events"] if isinstance(e, LaunchInputs))
-        metric = dict(zip(header, cells))
+        name = launch.kernel.split("<")[0]
+        found = next((i for i in range(next_kernel, len(body)) if _ncu_kernel(body[i][header.index("Kernel Name")]) == name),
+                     None)
+        if found is None:
+            raise SystemExit(f"{folder / 'ncu.csv'}: no profiled {name} left for the call '{call}'")
+        metric, next_kernel = dict(zip(header, body[found])), found + 1
         number = lambda name: float(metric[name].replace(",", ""))  # noqa: E731
         executed = (number("sm__inst_executed.avg.pct_of_peak_sustained_elapsed") / 100 * 4
                     * number("gpc__cycles_elapsed.avg") * H200.sms)
@@ -448,7 +491,7 @@ def instruction_lines(data: list[dict]) -> list[str]:
         "",
         f"The issue term's instructions are the traced ones times the kernel's instruction ratio (its SASS, each "
         f"instruction weighted by {device_model.LOOP_TRIPS} per loop around it). Beside them, the warp instructions "
-        "Nsight Compute saw executed on the H200 at its profiled shape (`h200/draw5/`: the SMs' issue rate "
+        "Nsight Compute saw executed on the H200 at its profiled shape (`h200/draw6/`: the SMs' issue rate "
         "times their elapsed cycles).",
         "",
         *_harness.table(["call", "instantiation", "executed (M)", "traced (M)", "executed / traced", "instruction ratio",
@@ -549,6 +592,56 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
     ]
 
 
+def _predicted(row: dict, constants: Constants, bandwidth: float):
+    """A row's main launch, its model terms, its predicted time and its resident blocks per SM."""
+    inputs = next(e for e in row["events"] if isinstance(e, LaunchInputs))
+    terms = device_model.launch_terms(inputs, H200, constants, bandwidth)
+    predicted = device_model.predict(row["events"], H200, constants, bandwidth)
+    resident = device_model.resident_blocks(inputs.registers, inputs.threads_per_block, inputs.shared_bytes, H200)
+    return inputs, terms, predicted, resident
+
+
+def vectors_lines(rows: list[dict], table: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """involution_vectors.cu's measured rows (``CANDIDATES``) predicted with the constants fitted
+    above beside their measured time, the chunked kernel's measured time at the same call (the
+    row it serves) and the floor (``table``, ``measured_rows``' rows)."""
+    measured = {_key(r): r for r in rows}
+    floors = {_key(r): float(r["floor (ms)"]) * 1e-3 for r in table if "floor (ms)" in r}
+    cells, ratios, against, over = [], [], [], []
+    for row in rows:
+        if row["kernel"] not in CANDIDATES:
+            continue
+        served = " | ".join((row["shape"], row["dtype"], row["layout"], CANDIDATES[row["kernel"]][0]))
+        chunked, floor = measured[served]["measured_s"], floors[served]
+        inputs, terms, predicted, resident = _predicted(row, constants, bandwidth)
+        ratios.append(predicted / row["measured_s"])
+        against.append(row["measured_s"] / chunked)
+        over.append(row["measured_s"] / floor)
+        cells.append([row["shape"], row["dtype"], row["layout"], row["kernel"], f"`{inputs.kernel}`",
+                      f"{inputs.blocks} x {inputs.threads_per_block}", str(inputs.registers), str(resident), terms.bound,
+                      f"{predicted * 1e6:.1f}", f"{row['measured_s'] * 1e6:.1f}", f"{ratios[-1]:.2f}x",
+                      f"{chunked * 1e6:.1f}", f"{against[-1]:.2f}x", f"{floor * 1e6:.1f}", f"{over[-1]:.2f}x"])
+    heading = "## Measured: involution_vectors.cu's NCHW kernels"
+    if not cells:
+        return [heading, "", "Not timed in the measured table.", ""]
+    return [
+        heading,
+        "",
+        "involution's NCHW forward, stride-1 grad_input and grad_weight with a vector of 4 adjacent pixels a lane (2 "
+        "in float64), the ops' kernels where they serve the call (widths a multiple of the vector), beside the "
+        "chunked kernel that serves the same call without them, both measured in the same run, and the floor. "
+        f"Predicted / measured {ratio_range(ratios)}, {sum(1 / BAR <= r <= BAR for r in ratios)} of {len(ratios)} "
+        f"rows within {BAR:g}x (rows the constants are fitted on). Measured / the chunked kernel: "
+        f"{ratio_range(against)}, faster at {sum(a < 1.0 for a in against)} of {len(against)} rows. Measured / floor: "
+        f"{ratio_range(over)}, within 2x at {sum(o <= 2.0 for o in over)} of {len(over)} rows.",
+        "",
+        *_harness.table(["shape", "dtype", "layout", "kernel", "instantiation", "grid x block", "registers",
+                         "blocks per SM", "bound", "predicted (us)", "measured (us)", "predicted / measured",
+                         "chunked, measured (us)", "measured / chunked", "floor (us)", "measured / floor"],
+                        "llllllrrlrrrrrrr", cells),
+    ]
+
+
 # The tensor-core kernels (generated_mma.cu), measured rows of the table: each row's title.
 MMA_TITLES = {
     MMA_FORWARD: "the tensor-core forward, involution_generated_mma",
@@ -575,10 +668,7 @@ def mma_lines(rows: list[dict], table: list[dict], constants: Constants, bandwid
             key = " | ".join((row["shape"], row["dtype"], row["layout"]))
             cell = measured[f"{key} | {served}"]
             replaced = float(cell["generic (before, ms)" if served == "generated forward" else "device (ms)"]) * 1e-3
-            inputs = next(e for e in row["events"] if isinstance(e, LaunchInputs))
-            terms = device_model.launch_terms(inputs, H200, constants, bandwidth)
-            predicted = device_model.predict(row["events"], H200, constants, bandwidth)
-            resident = device_model.resident_blocks(inputs.registers, inputs.threads_per_block, inputs.shared_bytes, H200)
+            inputs, terms, predicted, resident = _predicted(row, constants, bandwidth)
             ratios.append(predicted / row["measured_s"])
             against.append(row["measured_s"] / replaced)
             time_by[kernel, key], replaced_by[kernel, key] = row["measured_s"], replaced
@@ -647,6 +737,7 @@ def main() -> None:
     model["candidates"] = [{**entry, "events": events_to_json(entry["events"])} for entry in candidates]
     _harness.write_report(settings, [*lines, "", *tiled, "", *instruction_lines(model["instructions"]), "",
                                      *changed_lines(model["changed"], rows, constants, bandwidth), "",
+                                     *vectors_lines(rows, table, constants, bandwidth), "",
                                      *candidate_lines(model["candidates"], rows, table, constants, bandwidth), "",
                                      *mma_lines(rows, table, constants, bandwidth)])
     data = json.loads(data_path.read_text())

@@ -48,8 +48,8 @@ class Conv2d(torch.nn.Conv2d):
 # the fused op where the committed tables show it faster than span conv + ``involution``, the
 # unfused path elsewhere. CPU: fused (bench/results/layer.md, bench/results/backbone.md). CUDA:
 # unfused, until a GPU table shows the fused kernels faster at every RedNet-50 shape, forward
-# and backward (bench/results/h200/draw5/: the fused forward's tensor-core kernel, now the op's,
-# was faster than span conv + involution at most bfloat16 rows, its grad_input slower at all).
+# and backward (bench/results/h200/draw6/involution-cuda-layer.md: the fused layer's
+# forward+backward slower than the unfused one at every row).
 # A device type not listed takes the unfused path, the paper's.
 FUSED_BY_DEVICE: dict[str, bool] = {"cpu": True, "cuda": False}
 

@@ -25,12 +25,12 @@ from .cuda_source import NVRTC_OPTIONS, KernelArg, KernelSignature, KernelSource
 @dataclass(frozen=True)
 class CudaDispatch:
     """An op's CUDA dispatch: ``launch(*op_args, launcher)`` allocates the output and launches
-    ``kernels`` of the ``.cu`` file ``source``. The op's CUDA kernel registration calls it with
-    CuPy's launcher; the self-check and the tests call it with the host emulation's."""
+    one of ``kernels``, found in the ``.cu`` files ``sources``. The op's CUDA kernel registration
+    calls it with CuPy's launcher; the self-check and the tests call it with the host emulation's."""
 
     qualname: str
     launch: Callable[..., Tensor]
-    source: str
+    sources: tuple[str, ...]
     kernels: tuple[str, ...]
 
     def __call__(self, *args) -> Tensor:
@@ -41,12 +41,13 @@ class CudaDispatch:
 CUDA_DISPATCH: dict[str, CudaDispatch] = {}
 
 
-def cuda_dispatch(qualname: str, source: str, kernels: Sequence[str]):
+def cuda_dispatch(qualname: str, sources: Union[str, Sequence[str]], kernels: Sequence[str]):
     """Register the decorated launch function as ``qualname``'s CUDA dispatch, which launches
-    ``kernels`` from the file ``source`` in this folder (see CudaDispatch)."""
+    ``kernels`` from the file or files ``sources`` in this folder (see CudaDispatch)."""
+    sources = (sources,) if isinstance(sources, str) else tuple(sources)
 
     def register(launch: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        CUDA_DISPATCH[qualname] = CudaDispatch(qualname, launch, source, tuple(kernels))
+        CUDA_DISPATCH[qualname] = CudaDispatch(qualname, launch, sources, tuple(kernels))
         return launch
 
     return register
@@ -315,5 +316,5 @@ def load(device: Union[torch.device, str, int, None] = None) -> None:
         raise ValueError(f"oplib.kernels.load: expected a CPU or CUDA device, got {device}")
     index = torch.cuda.current_device() if device.index is None else device.index
     launcher = cupy_launcher()
-    for filename in sorted({dispatch.source for dispatch in CUDA_DISPATCH.values()}):
+    for filename in sorted({source for dispatch in CUDA_DISPATCH.values() for source in dispatch.sources}):
         launcher.load(load_source(filename), index)

@@ -186,10 +186,11 @@ class RecordingLauncher:
                                     scalars, tensors))
 
 
-def record_launches(qualname: str, *args: Any) -> list[Launch | Copy]:
+def record_launches(qualname: str, *args: Any, policy: Any = None) -> list[Launch | Copy]:
     """Run the CUDA dispatch of op ``qualname`` (``oplib.kernels.CUDA_DISPATCH``) on ``args``
     (CPU tensors of the real shapes and layouts: the dispatch reads pointers' alignment) with a
-    recording launcher; returns its launches and the copies torch makes around them, in order."""
+    recording launcher, and ``policy`` where given (involution's ops: a ``LaunchPolicy``);
+    returns its launches and the copies torch makes around them, in order."""
     from torch.overrides import TorchFunctionMode
 
     from ..kernels import CUDA_DISPATCH
@@ -214,7 +215,7 @@ def record_launches(qualname: str, *args: Any) -> list[Launch | Copy]:
 
     launcher.launch = launch  # type: ignore[method-assign]
     with _Copies():
-        CUDA_DISPATCH[qualname].launch(*args, launcher)
+        CUDA_DISPATCH[qualname].launch(*args, launcher, *(() if policy is None else (policy,)))
     return events
 
 

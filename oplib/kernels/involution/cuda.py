@@ -3,8 +3,12 @@ backward ops), ``involution_generated.cu`` (the fused-generation op and its grad
 kernels), and the tiled kernels: ``span_tile.cu`` (the span conv, the tiled fused forward) and
 ``generated_mma.cu`` (the fused forward and grad_input on tensor cores); and
 ``involution_vectors.cu`` (involution's NCHW forward, stride-1 grad_input and grad_weight, a
-vector of pixels a lane: not the ops' defaults until a draw times them against the chunked
-kernels). The fused forward's op
+vector of pixels a lane). involution's three ops take ``involution_vectors.cu``'s kernel where
+it serves the call (contiguous NCHW, widths a multiple of its vector), else the chunked one where
+one serves the window, else the generic one: on the sixth H200 draw
+(bench/results/h200/draw6/involution-cuda.md) the vectors kernels took 0.39x-0.81x of the
+chunked kernels' device time at every RedNet-50 row they serve, and they give the same bits.
+The fused forward's op
 takes the tensor-core or the tiled kernel where one serves the call (``involution_generated``).
 The tensor-core grad_input is not its op's default: on the fifth H200 draw it was slower than
 what the unfused path runs instead (involution's grad_input reading the span conv's map).
@@ -18,6 +22,7 @@ tests pass a changed policy (``dataclasses.replace``) instead of patching module
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -30,6 +35,9 @@ from .layouts import activation_in, is_channels_last, is_pixel_major, result_lik
 
 SOURCE = "involution/csrc/cuda/involution.cu"
 GENERATED_SOURCE = "involution/csrc/cuda/involution_generated.cu"
+VECTORS_SOURCE = "involution/csrc/cuda/involution_vectors.cu"
+SPAN_TILE_SOURCE = "involution/csrc/cuda/span_tile.cu"
+GENERATED_MMA_SOURCE = "involution/csrc/cuda/generated_mma.cu"
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,9 @@ class LaunchPolicy:
     whole grid past the last element. ``target_threads``: channels per thread trade weight
     reuse (more) against parallelism (fewer); the most channels that still leave this many
     threads (a guess for an H100, 132 SMs of 2048 threads, until make gpu-check measures it).
+    ``vectors``: the NCHW calls ``involution_vectors.cu`` serves go to its kernels (False: to the
+    chunked kernels, as ``CHUNKED``, which the benches time beside them and the chunked kernels'
+    own tests use).
     """
 
     kernel_sizes: tuple[int, ...]
@@ -54,6 +65,7 @@ class LaunchPolicy:
     vector_bytes: int
     index32_limit: int = 2**31 - 1 - MAX_BLOCKS * BLOCK_SIZE
     target_threads: int = 1 << 17
+    vectors: bool = True
 
     @classmethod
     def from_source(cls, source: KernelSource) -> LaunchPolicy:
@@ -100,6 +112,8 @@ class LaunchPolicy:
 
 
 POLICY = LaunchPolicy.from_source(load_source(SOURCE))
+# The chunked kernels wherever they serve, with none of involution_vectors.cu's.
+CHUNKED = dataclasses.replace(POLICY, vectors=False)
 
 
 def _in_layout(out: Tensor, last: bool, weight: bool = False) -> bool:
@@ -163,15 +177,17 @@ def _channel_chunked(kernel: str, activation: Tensor, weight: Tensor, stride, pa
 def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
                launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo)."""
+    if (policy or POLICY).vectors and involution_vectors(input, weight, stride, padding, dilation, out,
+                                                         launcher) is not None:
+        return out
     return _channel_chunked("involution_forward", input, weight, stride, padding, dilation, out, launcher, policy)
 
 
 # ---------------------------------------------------------------------------------------
-# involution's NCHW kernels with a vector of pixels a lane (involution_vectors.cu): not the ops'
-# defaults until a GPU draw measures them against the chunked kernels
+# involution's NCHW kernels with a vector of pixels a lane (involution_vectors.cu): the ops'
+# first choice (involution, involution_backward_input, involution_backward_weight above)
 # ---------------------------------------------------------------------------------------
 
-VECTORS_SOURCE = "involution/csrc/cuda/involution_vectors.cu"
 
 
 def vectors_specialisation(source: KernelSource, kernel_size, stride, dilation) -> Optional[tuple[str, str]]:
@@ -292,6 +308,9 @@ def involution_vectors_backward_weight(grad_output: Tensor, input: Tensor, kerne
 def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation, out: Tensor,
                               launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Tensor:
     """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> out: grad_input (N, C, H, W)."""
+    if (policy or POLICY).vectors and involution_vectors_backward_input(
+            grad_output, weight, input_size, stride, padding, dilation, out, launcher) is not None:
+        return out
     return _channel_chunked("involution_backward_input", grad_output, weight, stride, padding, dilation, out, launcher,
                           policy)
 
@@ -301,6 +320,9 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
                                policy: Optional[LaunchPolicy] = None) -> Tensor:
     """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> out: grad_weight (N, G, KH, KW, Ho, Wo)."""
     launcher, policy = launcher or cupy_launcher(), policy or POLICY
+    if policy.vectors and involution_vectors_backward_weight(grad_output, input, kernel_size, stride, padding, dilation,
+                                                             groups, out, launcher) is not None:
+        return out
     n, channels, height, width = input.shape
     out_h, out_w = grad_output.shape[2:]
     per_group = channels // groups
@@ -368,21 +390,23 @@ def involution_generated_backward_input(grad_output: Tensor, feature: Tensor, sp
 # the result allocated as the op allocates it, then written by the function above.
 
 
-@cuda_dispatch("oplib::involution", SOURCE, ["involution_forward", "involution_forward_chunked"])
+@cuda_dispatch("oplib::involution", (SOURCE, VECTORS_SOURCE),
+               ["involution_forward", "involution_forward_chunked", "involution_forward_vectors"])
 def launch_involution(input, weight, stride, padding, dilation, launcher: Launcher, policy=None) -> Tensor:
     out = result_like(input, weight.shape[4:])
     return involution(input, weight, stride, padding, dilation, out, launcher, policy)
 
 
-@cuda_dispatch("oplib::involution_backward_input", SOURCE, ["involution_backward_input", "involution_backward_input_chunked"])
+@cuda_dispatch("oplib::involution_backward_input", (SOURCE, VECTORS_SOURCE),
+               ["involution_backward_input", "involution_backward_input_chunked", "involution_backward_input_vectors"])
 def launch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, launcher: Launcher,
                                      policy=None) -> Tensor:
     out = result_like(grad_output, input_size)
     return involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, out, launcher, policy)
 
 
-@cuda_dispatch("oplib::involution_backward_weight", SOURCE,
-               ["involution_backward_weight", "involution_backward_weight_chunked"])
+@cuda_dispatch("oplib::involution_backward_weight", (SOURCE, VECTORS_SOURCE),
+               ["involution_backward_weight", "involution_backward_weight_chunked", "involution_backward_weight_vectors"])
 def launch_involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups: int,
                                       launcher: Launcher, policy=None) -> Tensor:
     shape = (input.shape[0], groups, *kernel_size, *grad_output.shape[2:])
@@ -391,7 +415,7 @@ def launch_involution_backward_weight(grad_output, input, kernel_size, stride, p
                                       policy)
 
 
-@cuda_dispatch("oplib::involution_generated", GENERATED_SOURCE,
+@cuda_dispatch("oplib::involution_generated", (GENERATED_SOURCE, GENERATED_MMA_SOURCE, SPAN_TILE_SOURCE),
                ["involution_generated_forward", "involution_generated_tile", "involution_generated_mma"])
 def launch_involution_generated(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation,
                                 launcher: Launcher) -> Tensor:
@@ -413,7 +437,6 @@ def launch_involution_generated_backward_input(grad_output, feature, span_weight
 # ---------------------------------------------------------------------------------------
 
 
-SPAN_TILE_SOURCE = "involution/csrc/cuda/span_tile.cu"
 
 
 def span_tile_stride(source: KernelSource, dtype: torch.dtype) -> int:
@@ -573,7 +596,6 @@ def involution_generated_tile(input: Tensor, feature: Tensor, span_weight: Tenso
 # there too, one kernel row at a time, as a band matrix
 # ---------------------------------------------------------------------------------------
 
-GENERATED_MMA_SOURCE = "involution/csrc/cuda/generated_mma.cu"
 GENERATED_MMA_DTYPES = (torch.float16, torch.bfloat16)
 # The GPUs with mma.sync on 16-bit values: below, the kernel's instantiations are empty.
 GENERATED_MMA_MIN_CAPABILITY = (8, 0)

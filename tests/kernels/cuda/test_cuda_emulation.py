@@ -116,9 +116,10 @@ def _chunked_case(rng: random.Random, kernel: int, stride: int, dtype: torch.dty
     return x, w, g, [stride, stride], pad, groups
 
 
-def _three_ops(x, w, g, stride, pad, groups, launcher, policy=None, ops=(0, 1, 2)):
+def _three_ops(x, w, g, stride, pad, groups, launcher, policy=involution_cuda.CHUNKED, ops=(0, 1, 2)):
     """The three involution ops (those of ``ops``: 0 forward, 1 grad_input, 2 grad_weight)
-    through their CUDA dispatch code, with ``launcher`` and ``policy`` (default: the source's)."""
+    through their CUDA dispatch code, with ``launcher`` and ``policy`` (default: the chunked
+    kernels wherever they serve, involution_vectors.cu's tested in test_cuda_vectors.py)."""
     kernel, (height, width) = w.shape[2], x.shape[2:]
     calls = (
         lambda: involution_cuda.launch_involution(x, w, stride, pad, [1, 1], launcher, policy),
@@ -130,7 +131,8 @@ def _three_ops(x, w, g, stride, pad, groups, launcher, policy=None, ops=(0, 1, 2
     return tuple(calls[op]() for op in ops)
 
 
-def _check_chunked_against_reference(launcher, cases: int, seed: int, policy=None, ops=(0, 1, 2)) -> set:
+def _check_chunked_against_reference(launcher, cases: int, seed: int, policy=involution_cuda.CHUNKED,
+                                     ops=(0, 1, 2)) -> set:
     """``cases`` random specialised geometries per (kernel, stride, layout), every dtype,
     against the float64 reference, for the ops of ``ops`` (``_three_ops``); returns the
     specialisations launched."""
@@ -165,7 +167,7 @@ def test_the_64_bit_instantiations_match_the_reference():
     """With the 32-bit limit at zero every launch takes the long long instantiations, which
     tensors past 2^31 elements get on a GPU."""
     require_host_compiler()
-    policy = dataclasses.replace(involution_cuda.POLICY, index32_limit=0)
+    policy = dataclasses.replace(involution_cuda.CHUNKED, index32_limit=0)
     launched = _check_chunked_against_reference(EmulatedLauncher(), cases=2, seed=12, policy=policy)
     assert launched and all(specialisation[0] == "long long" for _, specialisation in launched if specialisation)
 

@@ -106,12 +106,13 @@ def test_address_sanitizer_catches_a_planted_off_by_one():
 
 def test_address_sanitizer_catches_a_planted_off_by_one_tap_bound(tmp_path):
     """The same planted bug, where the extra tap reads past the end of the tensor: the last
-    pixel of the last sample's last row reads one element beyond the input."""
+    pixel of the last sample's last row reads one element beyond the input. The chunked kernel
+    (the ``CHUNKED`` policy: the op's dispatch gives this call to involution_vectors.cu's)."""
     require_host_compiler()
     planted = planted_tap_bound(tmp_path)
     assert_asan_catches(planted, """
         x, w = torch.randn(1, 4, 8, 8), torch.randn(1, 1, 3, 3, 8, 8)
-        ops.launch_involution(x, w, [1, 1], [1, 1], [1, 1], launcher)
+        ops.launch_involution(x, w, [1, 1], [1, 1], [1, 1], launcher, ops.CHUNKED)
     """)
 
 

@@ -7,6 +7,7 @@ catch."""
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from oplib import registry
-from oplib.kernels import load_source
+from oplib.kernels import CUDA_DISPATCH, load_source
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.testing import assert_matches_reference
 from oplib.testing.cuda_emulation import EmulatedLauncher
@@ -43,14 +44,20 @@ class Kind:
         return [(int(s[0]), int(s[1]) if len(s) > 1 else 1) for s in listed]
 
 
+def _chunked(function: Callable) -> Callable:
+    """``function`` (one of the three ops' host functions) under the policy with no vectors
+    kernel: the chunked kernel wherever it serves."""
+    return functools.partial(function, policy=involution_cuda.CHUNKED)
+
+
 FORWARD = Kind("involution_forward_vectors", "involution", involution_cuda.involution_vectors,
-               involution_cuda.involution, grad_input=False)
+               _chunked(involution_cuda.involution), grad_input=False)
 GRAD_INPUT = Kind("involution_backward_input_vectors", "involution_backward_input",
-                  involution_cuda.involution_vectors_backward_input, involution_cuda.involution_backward_input,
+                  involution_cuda.involution_vectors_backward_input, _chunked(involution_cuda.involution_backward_input),
                   grad_input=True)
 GRAD_WEIGHT = Kind("involution_backward_weight_vectors", "involution_backward_weight",
-                   involution_cuda.involution_vectors_backward_weight, involution_cuda.involution_backward_weight,
-                   grad_weight=True)
+                   involution_cuda.involution_vectors_backward_weight,
+                   _chunked(involution_cuda.involution_backward_weight), grad_weight=True)
 KINDS = {"forward": FORWARD, "grad_input": GRAD_INPUT, "grad_weight": GRAD_WEIGHT}
 
 
@@ -101,6 +108,7 @@ def _check_random(kind: Kind, launcher, cases: int, seed: int, dtypes=registry.F
                 sample = registry.SampleInput(args, f"k{kernel}-s{stride}-{dtype}-{case}")
                 assert_matches_reference(spec, sample, out, dtype)
                 assert torch.equal(out, kind.chunked(*args, _result(kind, args), chunked)), sample.name
+    assert {launch[0] for launch in chunked.launches} == {kind.kernel.replace("_vectors", "_chunked")}
     return {(launch[0], launch[4]) for launch in launcher.launches}
 
 
@@ -114,6 +122,55 @@ def test_vectors_match_the_reference_and_the_chunked_kernels_bits(kind):
     launched = _check_random(kind, EmulatedLauncher(), cases=3, seed=5)
     instantiations = load_source(involution_cuda.VECTORS_SOURCE).specialisations[kind.kernel]
     assert launched == {(kind.kernel, s) for s in instantiations}
+
+
+def _declined_variants(kind: Kind, args: tuple) -> dict[str, tuple]:
+    """``args`` (a call the vectors kernel serves) changed into calls it declines, which the
+    chunked kernel serves: channels_last operands (where that is another layout: not with one
+    channel), and the same window on a width one pixel narrower than a multiple of the vector
+    (grad_input: also stride 2)."""
+    last = torch.channels_last
+    other_layout = args[0].shape[1] > 1
+    if kind.grad_weight:
+        g, x, *rest = args
+        narrow = (g[..., :-1].contiguous(), x[..., :-1].contiguous()) if g.shape[3] == x.shape[3] else None
+        variants = {"channels_last": (g.to(memory_format=last), x.to(memory_format=last), *rest)} if other_layout else {}
+        return variants | ({"narrow": (*narrow, *rest)} if narrow else {})
+    activation, w, *rest = args
+    variants = {"channels_last": (activation.to(memory_format=last), w, *rest)} if other_layout else {}
+    if kind.grad_input:
+        (height, width), *window = rest  # at stride 1 grad_output's width is the input's
+        narrow = (activation[..., :-1].contiguous(), w[..., :-1].contiguous(), [height, width - 1], *window)
+        strided = (activation[..., ::2, ::2].contiguous(), w[..., ::2, ::2].contiguous(), [height, width], [2, 2],
+                   *window[1:])
+        return variants | {"narrow": narrow, "stride 2": strided}
+    stride = rest[0][1]
+    if stride == 1:
+        variants["narrow"] = (activation[..., :-1].contiguous(), w[..., :-1].contiguous(), *rest)
+    return variants
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_ops_take_the_vectors_kernels_where_they_serve(kind):
+    """The op's CUDA dispatch, what a call on a GPU runs, takes the vectors kernel for every
+    contiguous NCHW call it serves, with the chunked kernel's very bits (the CHUNKED policy's
+    result), and the chunked kernel for the calls it declines, with the reference's values."""
+    require_host_compiler()
+    kind = KINDS[kind]
+    dispatch, spec, rng = CUDA_DISPATCH[f"oplib::{kind.op}"], registry.get(kind.op), random.Random(3)
+    for kernel, stride in kind.specialisations():
+        for dtype in (torch.float32, torch.bfloat16):
+            args = _case(kind, rng, kernel, stride, dtype)
+            routed, chunked = EmulatedLauncher(), EmulatedLauncher()
+            out = dispatch(*args, routed)
+            assert [launch[0] for launch in routed.launches] == [kind.kernel]
+            assert torch.equal(out, dispatch(*args, chunked, involution_cuda.CHUNKED))
+            assert [launch[0] for launch in chunked.launches] == [kind.kernel.replace("_vectors", "_chunked")]
+            for name, declined in _declined_variants(kind, args).items():
+                fallback = EmulatedLauncher()
+                result = dispatch(*declined, fallback)
+                assert [launch[0] for launch in fallback.launches] == [kind.kernel.replace("_vectors", "_chunked")], name
+                assert_matches_reference(spec, registry.SampleInput(declined, name), result, dtype)
 
 
 def _infinite_weights_outside(kind: Kind, launcher, dtypes=registry.FLOAT_DTYPES) -> None:
