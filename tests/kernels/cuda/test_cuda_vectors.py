@@ -124,6 +124,27 @@ def test_vectors_match_the_reference_and_the_chunked_kernels_bits(kind):
     assert launched == {(kind.kernel, s) for s in instantiations}
 
 
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("kind", KINDS)
+def test_vectors_on_a_gpu_match_the_reference_and_the_chunked_kernels_bits(kind):
+    """CuPy's launch on a GPU, what NVRTC makes of the kernels: random geometries of every
+    instantiation and dtype against the float64 reference, and bit for bit against the chunked
+    kernel on the same GPU; and the op (torch.ops.oplib) takes the vectors kernel's result."""
+    kind, rng = KINDS[kind], random.Random(21)
+    spec = registry.get(kind.op)
+    for kernel, stride in kind.specialisations():
+        for dtype in registry.FLOAT_DTYPES:
+            for case in range(2):
+                args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in _case(kind, rng, kernel, stride, dtype))
+                out = kind.launch(*args, _result(kind, args))
+                assert out is not None
+                name = f"k{kernel}-s{stride}-{dtype}-{case}"
+                cpu_args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
+                assert_matches_reference(spec, registry.SampleInput(cpu_args, name), out.cpu(), dtype)
+                assert torch.equal(out, kind.chunked(*args, _result(kind, args))), name
+                assert torch.equal(out, getattr(torch.ops.oplib, kind.op)(*args)), name
+
+
 def _declined_variants(kind: Kind, args: tuple) -> dict[str, tuple]:
     """``args`` (a call the vectors kernel serves) changed into calls it declines, which the
     chunked kernel serves: channels_last operands (where that is another layout: not with one
