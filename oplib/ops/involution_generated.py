@@ -31,8 +31,10 @@ allocates here: on CPU the native kernels (``involution_generated_forward`` and
 ``..._backward_input``), else the plain-PyTorch route (the span conv, then involution's own
 CPU kernels); on CUDA the forward's fused kernels where one serves the call (tensor cores
 for float16/bfloat16, else a tiled kernel: the weights formed in shared memory or on
-tensor-core fragments) and the generic kernels of ``involution_generated.cu`` elsewhere and
-for grad_input (one thread per sample, group and pixel), which form the weights in registers.
+tensor-core fragments) and the generic kernel of ``involution_generated.cu`` elsewhere (one
+thread per sample, group and pixel, the weights formed in registers); grad_input through the
+weight map (the span conv, then involution's grad_input kernels), which the sixth H200 draw
+measured far faster than the generic kernel.
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ one serves the window, else the generic one: on the sixth H200 draw
 chunked kernels' device time at every RedNet-50 row they serve, and they give the same bits.
 The fused forward's op
 takes the tensor-core or the tiled kernel where one serves the call (``involution_generated``).
-The tensor-core grad_input is not its op's default: on the fifth H200 draw it was slower than
-what the unfused path runs instead (involution's grad_input reading the span conv's map).
+Its grad_input's op goes through the weight map, as the unfused path does: the span conv writes
+it and involution's grad_input kernels read it (``involution_generated_backward_input``). The
+tensor-core grad_input is not that op's default: on the fifth H200 draw it was slower than the
+map route; neither is the generic kernel, several times slower than either on the sixth.
 
 Each function writes the op's result into ``out``, which the op allocated in its fake's layout
 (``layouts``), through a launcher: CuPy's on a GPU (the default), the host emulation of
@@ -31,6 +33,7 @@ from torch import Tensor
 
 from ..cuda_launch import BLOCK_SIZE, MAX_BLOCKS, LaunchConfig, Launcher, cuda_dispatch, cupy_launcher, launch_elementwise
 from ..cuda_source import KernelSource, load_source
+from .cpu import generated_weight
 from .layouts import activation_in, is_channels_last, is_pixel_major, result_like, weight_in, weight_result
 
 SOURCE = "involution/csrc/cuda/involution.cu"
@@ -381,7 +384,26 @@ def involution_generated(input: Tensor, feature: Tensor, span_weight: Tensor, sp
 def involution_generated_backward_input(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
                                         span_bias: Optional[Tensor], input_size, kernel_size, stride, padding, dilation,
                                         out: Tensor, launcher: Optional[Launcher] = None) -> Tensor:
-    """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo) -> out: grad_input (N, C, H, W)."""
+    """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo) -> out: grad_input (N, C, H, W),
+    through the weight map: the span conv (``generated_weight``: cuDNN's 1x1 conv, pixel-major
+    when the feature is channels_last) writes the (N, G, KH, KW, Ho, Wo) weight in the op's
+    dtype, which involution's grad_input kernels read (``involution_backward_input``: the vectors,
+    chunked or generic kernel, whichever serves the call), as ``Involution2d``'s unfused path
+    does. On the sixth H200 draw that pair took a fraction of the generic kernel's time
+    (bench/results/h200/draw6/: Nsight Compute's involution_generated_backward_input at stage 2
+    against the kernel table's span conv and grad_input); the generic kernel
+    (``involution_generated_backward_input_generic``) and the tensor-core one
+    (``involution_generated_mma_backward_input``) stay for the benches."""
+    weight = generated_weight(feature, span_weight, span_bias, kernel_size)
+    return involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, out, launcher)
+
+
+def involution_generated_backward_input_generic(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
+                                                span_bias: Optional[Tensor], input_size, kernel_size, stride, padding,
+                                                dilation, out: Tensor, launcher: Optional[Launcher] = None) -> Tensor:
+    """involution_generated_backward_input by ``involution_generated.cu``'s generic kernel: one
+    thread per (sample, group, input pixel), the weights formed in registers from the feature
+    and the span rows (never a map); the op's CUDA kernel before the map route."""
     return _generated("involution_generated_backward_input", grad_output, feature, span_weight, span_bias, kernel_size,
                       stride, padding, dilation, out, launcher)
 
@@ -424,7 +446,8 @@ def launch_involution_generated(input, feature, span_weight, span_bias, kernel_s
                                 launcher)
 
 
-@cuda_dispatch("oplib::involution_generated_backward_input", GENERATED_SOURCE, ["involution_generated_backward_input"])
+@cuda_dispatch("oplib::involution_generated_backward_input", (SOURCE, VECTORS_SOURCE),
+               ["involution_backward_input", "involution_backward_input_chunked", "involution_backward_input_vectors"])
 def launch_involution_generated_backward_input(grad_output, feature, span_weight, span_bias, input_size, kernel_size,
                                                stride, padding, dilation, launcher: Launcher) -> Tensor:
     out = result_like(grad_output, input_size)

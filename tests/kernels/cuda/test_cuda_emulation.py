@@ -318,6 +318,49 @@ def test_the_generic_generated_forward_matches_the_reference(dtype):
     assert {launch[0] for launch in launcher.launches} == {"involution_generated_forward"}
 
 
+@pytest.mark.parametrize("dtype", registry.FLOAT_DTYPES, ids=str)
+def test_the_generic_generated_grad_input_matches_the_reference(dtype):
+    """involution_generated_backward_input's generic kernel, called directly: the op's CUDA
+    grad_input goes through the span conv's map and involution's grad_input kernels, and the
+    benches time this kernel beside it."""
+    from oplib.kernels.involution.layouts import result_like
+
+    require_host_compiler()
+    spec = registry.get("involution_generated_backward_input")
+    launcher = EmulatedLauncher()
+    for sample in [*spec.sample_inputs("cpu", dtype, False), *random_samples(spec, dtype, 20, seed=29)]:
+        grad_output, feature, span_weight, span_bias, input_size, *window = sample.args
+        out = result_like(grad_output, input_size)
+        involution_cuda.involution_generated_backward_input_generic(grad_output, feature, span_weight, span_bias,
+                                                                    input_size, *window, out, launcher)
+        assert_matches_reference(spec, sample, out, dtype)
+    assert {launch[0] for launch in launcher.launches} == {"involution_generated_backward_input"}
+
+
+def test_the_generated_grad_input_goes_through_the_map():
+    """The op's CUDA grad_input: no kernel of its own, the span conv's weight then involution's
+    grad_input kernel that serves the call (the vectors kernel at a contiguous NCHW call it
+    serves, the chunked kernel in channels_last), with the same result as the span conv's
+    weight handed to involution_backward_input."""
+    from oplib.kernels.involution.cpu import generated_weight
+    from oplib.testing.device_model import RecordingLauncher
+
+    require_host_compiler()
+    for layout, kernel in ((torch.contiguous_format, "involution_backward_input_vectors"),
+                           (torch.channels_last, "involution_backward_input_chunked")):
+        g = torch.randn(2, 32, 8, 8).contiguous(memory_format=layout)
+        f = torch.randn(2, 8, 8, 8).contiguous(memory_format=layout)
+        span, bias = torch.randn(2 * 49, 8), torch.randn(2 * 49)
+        window = ([7, 7], [1, 1], [3, 3], [1, 1])
+        recording = RecordingLauncher()
+        LAUNCHES["involution_generated_backward_input"](g, f, span, bias, [8, 8], *window, recording)
+        assert [launch.kernel for launch in recording.launches] == [kernel]
+        got = LAUNCHES["involution_generated_backward_input"](g, f, span, bias, [8, 8], *window, EmulatedLauncher())
+        expected = LAUNCHES["involution_backward_input"](g, generated_weight(f, span, bias, [7, 7]), [8, 8], *window[1:],
+                                                         EmulatedLauncher())
+        assert torch.equal(got, expected)
+
+
 def test_the_op_dispatch_takes_the_fused_kernel_that_serves_the_call():
     """Tensor cores for 16-bit values where an output row fills a 16-pixel run, the tile where
     it does not, the tile for float32, the generic kernel where the tile declines (float64's

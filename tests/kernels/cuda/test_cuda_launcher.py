@@ -13,6 +13,7 @@ import torch
 import oplib.kernels
 from oplib import registry
 from oplib.kernels import NVRTC_OPTIONS, cuda_launch, load_source
+from oplib.kernels.cuda_source import cuda_sources
 from oplib.kernels.involution import cuda as involution_cuda
 
 from cuda_test_helpers import LAUNCHES, random_samples
@@ -205,3 +206,21 @@ def test_a_launch_from_a_thread_with_no_cuda_context():
     assert seen["context after"] == 0
     torch.cuda.synchronize()
     torch.testing.assert_close(out, expected)
+
+
+def test_load_loads_every_source_a_dispatch_launches_from(monkeypatch):
+    """``oplib.kernels.load("cuda")`` loads each source whose kernels an op's CUDA dispatch may
+    launch: the fused forward's tile and tensor-core sources and involution_vectors.cu too. It
+    loaded one source a dispatch before, so those compiled at their first call (inside a CUDA
+    graph capture, say)."""
+    loaded = []
+    fake = types.SimpleNamespace(load=lambda source, index: loaded.append(source.path.name))
+    monkeypatch.setattr(cuda_launch, "cupy_launcher", lambda: fake)
+    oplib.kernels.load("cuda:0")
+    assert set(loaded) == {"involution.cu", "involution_generated.cu", "involution_vectors.cu", "span_tile.cu",
+                           "generated_mma.cu"}
+    assert len(loaded) == len(set(loaded))
+    launched_from = {kernel: source for source in map(load_source, cuda_sources())
+                     for kernel in source.kernels}
+    for dispatch in oplib.kernels.CUDA_DISPATCH.values():
+        assert {launched_from[kernel].path.name for kernel in dispatch.kernels} <= set(loaded), dispatch.qualname

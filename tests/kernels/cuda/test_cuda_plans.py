@@ -150,10 +150,18 @@ def test_every_op_of_the_host_launch_table_runs_over_the_recording_launcher():
     launcher = RecordingCuPyLauncher()
     timed = [spec for spec in registry.all_specs() if spec.qualname in host_launch.CUDA_DISPATCH]
     assert timed
+    not_planned = []
     for spec in timed:
         sample = next(iter(spec.sample_inputs("cpu", torch.float32, False)))
         before = launcher.launches
-        for impl in host_launch.candidates(spec.qualname, sample.args, launcher).values():
+        try:
+            impls = host_launch.candidates(spec.qualname, sample.args, launcher)
+        except host_launch.NotPlanned:
+            not_planned.append(spec.name)
+            continue
+        for impl in impls.values():
             impl(*sample.args)
         assert launcher.launches >= before + 3, spec.name
     assert launcher._driver.opt_ins >= 1  # what failed before
+    # the fused op's grad_input writes the span conv's map (a temporary), so it is never planned
+    assert not_planned == ["involution_generated_backward_input"]
