@@ -1,7 +1,8 @@
 """The CUDA half of bench/involution.py (``--cuda-only``; ``make gpu-check`` runs each stage in
 a process of its own through tools/gpu_check.py). Its stages:
 
-- ``kernels``: per kernel (forward, grad_input, grad_weight, the generated forward) at
+- ``kernels``: per kernel (forward, grad_input, grad_weight, the generated forward and
+  grad_input) at
   RedNet-50's seven shapes, batch 32, float32 and bfloat16, NCHW and channels_last:
     - device time: ``REPEATS`` calls captured in one CUDA graph and replayed between CUDA
       events, so the GPU runs them back to back and no host time is in the reading;
@@ -26,7 +27,11 @@ a process of its own through tools/gpu_check.py). Its stages:
   grad_input and grad_weight at widths a multiple of the vector), the "chunked" column is the
   chunked kernel that serves the call without it (the ``CHUNKED`` policy), timed beside it (the
   sixth H200 draw, before the vectors kernels became the ops', timed them in a "vectors" column
-  beside the chunked kernels);
+  beside the chunked kernels); "generated grad_input" is ``involution_generated_backward_input``,
+  which goes through the weight map (the span conv, then involution's grad_input kernel), its
+  floor grad_output, the feature map and grad_input, and its "generic (before)" column its
+  generic kernel (``involution_generated_backward_input_generic``, the weights formed in
+  registers), the op's CUDA kernel before the map route;
 - ``layer``: the whole ``oplib.nn.Involution2d`` layer, fused (``fused=True``) and unfused
   (``fused=False``), against a depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
   channels_last and float32 NCHW, forward (eval, no_grad) and forward+backward (train), device
@@ -73,7 +78,7 @@ from oplib.testing.device_model import RecordingLauncher
 BATCH = 32
 DTYPES = (torch.float32, torch.bfloat16)
 LAYOUTS = ("NCHW", "channels_last")
-KERNELS = ("forward", "grad_input", "grad_weight", "generated forward")
+KERNELS = ("forward", "grad_input", "grad_weight", "generated forward", "generated grad_input")
 REPEATS = 20  # calls per captured graph
 ROUNDS = 5  # interleaved rounds; a time is the median over them
 
@@ -262,8 +267,9 @@ def operands_on(shape: Shape, dtype: torch.dtype, layout: str, device: str = "cu
 
 def floor_bytes(shape: Shape, dtype: torch.dtype, kernel: str) -> int:
     """``Shape.floor_bytes``; for the generated forward, the input, feature map (C/4 channels)
-    and output instead: its weight is never read or written."""
-    if kernel != "generated forward":
+    and output instead: its weight is never read or written (the generated grad_input: grad_input,
+    the feature map and grad_output, the same sizes)."""
+    if kernel not in ("generated forward", "generated grad_input"):
         return shape.floor_bytes(dtype)
     out_h, out_w = shape.out_size
     input_ = shape.batch * shape.channels * shape.height * shape.width
@@ -347,6 +353,13 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
     calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size), stride, padding, dilation
     )
+    calls["oplib", "generated grad_input"] = lambda: ops["generated grad_input"](g, f, s, b, size, kernel_size, stride,
+                                                                               padding, dilation)
+    if launcher is not None:  # the generic kernel, the op's before the map route
+        calls["generic", "generated grad_input"] = lambda: involution_cuda.involution_generated_backward_input_generic(
+            g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
+    else:
+        calls["generic", "generated grad_input"] = calls["oplib", "generated grad_input"]
     conv = (stride, padding, dilation, shape.channels)
     calls["depthwise", "forward"] = lambda: F.conv2d(x, depthwise, None, *conv)
     calls["depthwise", "grad_input"] = lambda: torch.nn.grad.conv2d_input(x.shape, depthwise, g, *conv)
@@ -360,14 +373,12 @@ NCU_SHAPE = replace(REDNET50_SHAPES[1], batch=BATCH)
 
 
 def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Callable[[], object]]:
-    """Each of oplib's kernels once: the five ops on their own kernels (chunked where the
-    geometry allows) and the three ops forced onto the generic kernels (``kernel_calls``' oplib
-    and generic calls, the generated grad_input added); no yardstick (ncu profiles only kernels
-    named involution*)."""
+    """Each of oplib's kernels once: the five ops as they run (``kernel_calls``' oplib calls; the
+    generated grad_input's span conv is cuDNN's, which ncu leaves out), the three involution ops
+    forced onto the generic kernels and the generated grad_input's generic kernel (its generic
+    calls), the fused and chunked kernels timed beside them; no yardstick (ncu profiles only
+    kernels named involution*)."""
     calls = kernel_calls(o, launcher)
-    shape, x, g = o["shape"], o["input"], o["grad_output"]
-    stride, padding, dilation = shape.params
-    generated_grad_input = _oplib_ops(x, launcher)["generated grad_input"]
     profiled = {f"{candidate} {kernel}": calls[candidate, kernel]
                 for candidate in ("oplib", "generic") for kernel in KERNELS if (candidate, kernel) != ("generic", "generated forward")}
     for candidate in ("tiled", "tensor cores"):
@@ -378,9 +389,6 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
     for kernel in ("forward", "grad_input", "grad_weight"):
         if ("chunked", kernel) in calls:
             profiled[f"chunked {kernel}"] = calls["chunked", kernel]
-    profiled["oplib generated grad_input"] = lambda: generated_grad_input(
-        g, o["feature"], o["span_weight"], o["span_bias"], [shape.height, shape.width], [shape.kernel] * 2, stride,
-        padding, dilation)
     return profiled
 
 
@@ -409,7 +417,7 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
                 walls = {key: wall_time(calls[key], plan.wall_calls, target) for key in calls if key[0] == "oplib"}
                 for kernel in KERNELS:
                     floor = floor_bytes(shape, dtype, kernel) / bandwidth
-                    yardstick = ("depthwise", "grad_input" if kernel == "grad_input" else "forward")
+                    yardstick = ("depthwise", "grad_input" if kernel.endswith("grad_input") else "forward")
                     rows.append({
                         "shape": shape.name, "batch": shape.batch, "dtype": str(dtype).removeprefix("torch."), "layout": layout,
                         "kernel": kernel, "device_ms": device["oplib", kernel] * 1e3,

@@ -673,7 +673,10 @@ def _kernel_section(results: CudaResults, target_name: str, plan, models_choice:
         f"device-to-device copy bandwidth measured in this run, {results.bandwidth / 1e9:.0f} GB/s. Generic (before): the "
         "same call on the generic kernels; for the generated forward (involution_generated, a feature map of C/4 "
         "channels; floor: input, feature map and output), the path it replaces, the span conv writing the weight "
-        "then the involution forward. Wall: host seconds per call, many calls then one synchronise.",
+        "then the involution forward; for the generated grad_input (involution_generated_backward_input, through the "
+        "span conv's map and involution's grad_input kernel; floor: grad_output, feature map and grad_input), its "
+        "generic kernel, which forms the weights in registers. Wall: host seconds per call, many calls then one "
+        "synchronise.",
         "",
         f"Bar: every kernel within 2x its floor: **{'met' if worst <= 2 else 'not met'}** (worst {worst:.2f}x).",
         "",
