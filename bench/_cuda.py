@@ -350,8 +350,9 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             # would be a kernel of no call in Nsight Compute's list (the sixth draw's were)
             if vector_call(RecordingLauncher()) is not None:
                 calls["chunked", kernel] = chunked[kernel]
+    # span conv + involution as Involution2d's unfused path runs them: its span conv is cuDNN's
     calls["generic", "generated forward"] = lambda: ops["forward"](
-        x, generated_weight(f, s, b, kernel_size), stride, padding, dilation
+        x, generated_weight(f, s, b, kernel_size, by_matmul=False), stride, padding, dilation
     )
     calls["oplib", "generated grad_input"] = lambda: ops["generated grad_input"](g, f, s, b, size, kernel_size, stride,
                                                                                padding, dilation)
@@ -374,7 +375,7 @@ NCU_SHAPE = replace(REDNET50_SHAPES[1], batch=BATCH)
 
 def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Callable[[], object]]:
     """Each of oplib's kernels once: the five ops as they run (``kernel_calls``' oplib calls; the
-    generated grad_input's span conv is cuDNN's, which ncu leaves out), the three involution ops
+    generated grad_input's span conv is cuBLAS's, which ncu leaves out), the three involution ops
     forced onto the generic kernels and the generated grad_input's generic kernel (its generic
     calls), the fused and chunked kernels timed beside them; no yardstick (ncu profiles only
     kernels named involution*)."""

@@ -85,7 +85,7 @@ CANDIDATES = {VECTORS: ("forward", "vectors (ms)", "involution_vectors"),
 
 
 # The table's rows the model leaves out: the generated grad_input's call runs the span conv
-# (cuDNN's 1x1 conv, a kernel of torch's the model has no trace of) before involution's
+# (cuBLAS's batched products, kernels of torch's the model has no trace of) before involution's
 # grad_input kernel, which the grad_input rows model.
 UNMODELLED = ("generated grad_input",)
 

@@ -299,18 +299,30 @@ def _pixel_rows(maps: Tensor) -> Tensor:
     return maps.reshape(n, channels, height * width).transpose(1, 2)
 
 
-def generated_weight(feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], kernel_size) -> Tensor:
+def generated_weight(feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor], kernel_size,
+                     by_matmul: Optional[bool] = None) -> Tensor:
     """feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), span_bias: (G*KH*KW,) or None
     -> the weight (N, G, KH, KW, Ho, Wo) of ``oplib::involution``, as ``Involution2d``'s span
     conv computes it (pixel-major in memory when ``feature`` is channels_last). A contiguous
     float32/float64 feature on the CPU goes through one batched product instead: oneDNN's 1x1
     conv of an NCHW map to the many more rows of the weight spends twice the product's time or
-    more reordering the result (bench/layer.py's route table times both routes)."""
+    more reordering the result (bench/layer.py's route table times both routes). On CUDA
+    (``by_matmul``: the same route anywhere, for the tests) batched products over the feature's
+    pixel rows in either layout, as ``_contract_generator_map`` takes for the same reason: cuDNN's
+    convolution takes TF32 for float32 by default, cuBLAS's products keep float32."""
     n, reduced, out_h, out_w = feature.shape
     kh, kw = kernel_size
     rows = span_weight.shape[0]
-    if feature.device.type == "cpu" and feature.is_contiguous() and feature.dtype in (torch.float32, torch.float64):
-        flat = feature.view(n, reduced, out_h * out_w)
+    by_matmul = feature.device.type == "cuda" if by_matmul is None else by_matmul
+    if by_matmul and feature.is_contiguous(memory_format=torch.channels_last) and not feature.is_contiguous():
+        by_pixel = _pixel_rows(feature)  # (N, P, R): the weight pixel-major, (N, P, rows)
+        span = span_weight.t().expand(n, reduced, rows)
+        weight = (torch.bmm(by_pixel, span) if span_bias is None
+                  else torch.baddbmm(span_bias.expand(n, out_h * out_w, rows), by_pixel, span))
+        return weight.view(n, out_h, out_w, rows // (kh * kw), kh, kw).permute(0, 3, 4, 5, 1, 2)
+    if by_matmul or (feature.device.type == "cpu" and feature.is_contiguous()
+                     and feature.dtype in (torch.float32, torch.float64)):
+        flat = feature.contiguous().view(n, reduced, out_h * out_w)
         span = span_weight.expand(n, rows, reduced)
         weight = (torch.bmm(span, flat) if span_bias is None
                   else torch.baddbmm(span_bias[:, None].expand(n, rows, out_h * out_w), span, flat))

@@ -385,11 +385,11 @@ def involution_generated_backward_input(grad_output: Tensor, feature: Tensor, sp
                                         span_bias: Optional[Tensor], input_size, kernel_size, stride, padding, dilation,
                                         out: Tensor, launcher: Optional[Launcher] = None) -> Tensor:
     """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo) -> out: grad_input (N, C, H, W),
-    through the weight map: the span conv (``generated_weight``: cuDNN's 1x1 conv, pixel-major
-    when the feature is channels_last) writes the (N, G, KH, KW, Ho, Wo) weight in the op's
-    dtype, which involution's grad_input kernels read (``involution_backward_input``: the vectors,
-    chunked or generic kernel, whichever serves the call), as ``Involution2d``'s unfused path
-    does. On the sixth H200 draw that pair took a fraction of the generic kernel's time
+    through the weight map: the span conv (``generated_weight``: cuBLAS's batched products over
+    the feature's pixel rows, float32 kept float32, pixel-major when the feature is
+    channels_last) writes the (N, G, KH, KW, Ho, Wo) weight in the op's dtype, which
+    involution's grad_input kernels read (``involution_backward_input``: the vectors, chunked or
+    generic kernel, whichever serves the call), as ``Involution2d``'s unfused path does. On the sixth H200 draw that pair took a fraction of the generic kernel's time
     (bench/results/h200/draw6/: Nsight Compute's involution_generated_backward_input at stage 2
     against the kernel table's span conv and grad_input); the generic kernel
     (``involution_generated_backward_input_generic``) and the tensor-core one

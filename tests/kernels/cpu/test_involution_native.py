@@ -406,3 +406,26 @@ def test_both_contractions_of_the_generator_map_match_the_reference(monkeypatch,
         out = involution_generated._generator_grads_result(*sample.args)
         assert_matches_reference(spec, sample, involution_cpu.generator_grads_through_map(*sample.args, out), dtype)
     assert routes == [by_matmul] * len(routes) and routes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["NCHW", "channels_last", "strided"])
+def test_the_generated_weight_by_matmul_is_the_span_conv(layout, dtype):
+    """The span conv's weight by batched products over pixel rows (CUDA's route, where cuDNN's
+    convolution would take TF32 for float32): the 1x1 convolution's values, with and without a
+    bias, pixel-major when the feature is channels_last (what involution's channels_last
+    kernels read in place), NCHW otherwise."""
+    generator = torch.Generator().manual_seed(7)
+    feature = torch.randn(2, 8, 5, 6, generator=generator, dtype=torch.float64)
+    feature = {"NCHW": feature, "channels_last": feature.contiguous(memory_format=torch.channels_last),
+               "strided": torch.cat([feature, feature], 3)[..., ::2]}[layout].to(dtype)
+    span, bias = torch.randn(2 * 9, 8, generator=generator).to(dtype), torch.randn(2 * 9, generator=generator).to(dtype)
+    for span_bias in (None, bias):
+        weight = involution_cpu.generated_weight(feature, span, span_bias, [3, 3], by_matmul=True)
+        expected = torch.nn.functional.conv2d(feature.double(), span.double()[:, :, None, None],
+                                              None if span_bias is None else span_bias.double())
+        assert weight.shape == (2, 2, 3, 3, 5, 6) and weight.dtype == dtype
+        atol, rtol = (1e-12, 1e-12) if dtype == torch.float64 else (1e-5, 1e-5) if dtype == torch.float32 else (3e-2, 2e-2)
+        torch.testing.assert_close(weight.double(), expected.view(2, 2, 3, 3, 5, 6), atol=atol, rtol=rtol)
+        assert weight.permute(0, 4, 5, 1, 2, 3).is_contiguous() == (layout == "channels_last")
+        assert weight.is_contiguous() == (layout != "channels_last")
