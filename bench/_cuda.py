@@ -328,28 +328,23 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             # grad_input with the weights formed inside (the grad_input row's oplib reads the map)
             calls["tensor cores", "grad_input"] = lambda: involution_cuda.involution_generated_mma_backward_input(
                 g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
-    if launcher is not None and x.is_contiguous():  # the chunked kernel where the op takes involution_vectors.cu's
-        vectors = {
-            "forward": lambda probe: involution_cuda.involution_vectors(x, w, stride, padding, dilation,
-                                                                        result_like(x, w.shape[4:]), probe),
-            "grad_input": lambda probe: involution_cuda.involution_vectors_backward_input(
-                g, w, size, stride, padding, dilation, result_like(g, size), probe),
-            "grad_weight": lambda probe: involution_cuda.involution_vectors_backward_weight(
-                g, x, kernel_size, stride, padding, dilation, shape.groups, torch.empty_like(w), probe),
+    if launcher is not None:  # the chunked kernel beside the op's call where the op takes involution_vectors.cu's
+        dispatches = {
+            "forward": lambda run, policy=None: involution_cuda.launch_involution(x, w, stride, padding, dilation, run,
+                                                                                 policy),
+            "grad_input": lambda run, policy=None: involution_cuda.launch_involution_backward_input(
+                g, w, size, stride, padding, dilation, run, policy),
+            "grad_weight": lambda run, policy=None: involution_cuda.launch_involution_backward_weight(
+                g, x, kernel_size, stride, padding, dilation, shape.groups, run, policy),
         }
-        chunked = {
-            "forward": lambda: involution_cuda.launch_involution(x, w, stride, padding, dilation, launcher,
-                                                               involution_cuda.CHUNKED),
-            "grad_input": lambda: involution_cuda.launch_involution_backward_input(
-                g, w, size, stride, padding, dilation, launcher, involution_cuda.CHUNKED),
-            "grad_weight": lambda: involution_cuda.launch_involution_backward_weight(
-                g, x, kernel_size, stride, padding, dilation, shape.groups, launcher, involution_cuda.CHUNKED),
-        }
-        for kernel, vector_call in vectors.items():
-            # where it serves, asked of a launcher that records instead of launching: a launch here
-            # would be a kernel of no call in Nsight Compute's list (the sixth draw's were)
-            if vector_call(RecordingLauncher()) is not None:
-                calls["chunked", kernel] = chunked[kernel]
+        for kernel, dispatch in dispatches.items():
+            # which kernel the op's dispatch takes, asked of a launcher that records instead of
+            # launching: a launch here would be a kernel of no call in Nsight Compute's list (the
+            # sixth draw's were)
+            probe = RecordingLauncher()
+            dispatch(probe)
+            if probe.launches and probe.launches[0].kernel.endswith("_vectors"):
+                calls["chunked", kernel] = functools.partial(dispatch, launcher, involution_cuda.CHUNKED)
     # span conv + involution as Involution2d's unfused path runs them: its span conv is cuDNN's
     calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size, by_matmul=False), stride, padding, dilation

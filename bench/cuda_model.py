@@ -368,6 +368,15 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     return recording.launches[0] if recording.launches else None
 
 
+def _predicted(row: dict, constants: Constants, bandwidth: float):
+    """A row's main launch, its model terms, its predicted time and its resident blocks per SM."""
+    inputs = next(e for e in row["events"] if isinstance(e, LaunchInputs))
+    terms = device_model.launch_terms(inputs, H200, constants, bandwidth)
+    predicted = device_model.predict(row["events"], H200, constants, bandwidth)
+    resident = device_model.resident_blocks(inputs.registers, inputs.threads_per_block, inputs.shared_bytes, H200)
+    return inputs, terms, predicted, resident
+
+
 def tiled_lines(rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
     """The table's ``TILED`` rows predicted with the constants fitted above, beside the H200's
     measured generic generated forward and the involution forward alone (the aggregation of
@@ -379,10 +388,7 @@ def tiled_lines(rows: list[dict], constants: Constants, bandwidth: float) -> lis
         if row["kernel"] != TILED:
             continue
         shape, dtype, layout = row["shape"], row["dtype"], row["layout"]
-        inputs = next(e for e in row["events"] if isinstance(e, LaunchInputs))
-        terms = device_model.launch_terms(inputs, H200, constants, bandwidth)
-        predicted = device_model.predict(row["events"], H200, constants, bandwidth)
-        resident = device_model.resident_blocks(inputs.registers, inputs.threads_per_block, inputs.shared_bytes, H200)
+        inputs, terms, predicted, resident = _predicted(row, constants, bandwidth)
         generic = times.get(" | ".join((shape, dtype, layout, "generated forward")))
         forward = times.get(" | ".join((shape, dtype, layout, "forward")))
         tiled = row["measured_s"]
@@ -598,15 +604,6 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
                          "predicted / the row's", "the row's kernel, measured (us)", "expected (us)", "floor (us)",
                          "expected / floor"], "lllllllrlrrrrrrr", cells),
     ]
-
-
-def _predicted(row: dict, constants: Constants, bandwidth: float):
-    """A row's main launch, its model terms, its predicted time and its resident blocks per SM."""
-    inputs = next(e for e in row["events"] if isinstance(e, LaunchInputs))
-    terms = device_model.launch_terms(inputs, H200, constants, bandwidth)
-    predicted = device_model.predict(row["events"], H200, constants, bandwidth)
-    resident = device_model.resident_blocks(inputs.registers, inputs.threads_per_block, inputs.shared_bytes, H200)
-    return inputs, terms, predicted, resident
 
 
 def vectors_lines(rows: list[dict], table: list[dict], constants: Constants, bandwidth: float) -> list[str]:
