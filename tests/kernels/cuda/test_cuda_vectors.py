@@ -38,6 +38,11 @@ class Kind:
     grad_input: bool = False
     grad_weight: bool = False
 
+    @property
+    def chunked_kernel(self) -> str:
+        """The name of involution.cu's chunked kernel that serves the same calls."""
+        return self.kernel.replace("_vectors", "_chunked")
+
     def specialisations(self) -> list[tuple[int, int]]:
         """(kernel size, stride) of each instantiation (grad_input: stride 1)."""
         listed = load_source(involution_cuda.VECTORS_SOURCE).specialisations[self.kernel]
@@ -108,7 +113,7 @@ def _check_random(kind: Kind, launcher, cases: int, seed: int, dtypes=registry.F
                 sample = registry.SampleInput(args, f"k{kernel}-s{stride}-{dtype}-{case}")
                 assert_matches_reference(spec, sample, out, dtype)
                 assert torch.equal(out, kind.chunked(*args, _result(kind, args), chunked)), sample.name
-    assert {launch[0] for launch in chunked.launches} == {kind.kernel.replace("_vectors", "_chunked")}
+    assert {launch[0] for launch in chunked.launches} == {kind.chunked_kernel}
     return {(launch[0], launch[4]) for launch in launcher.launches}
 
 
@@ -186,11 +191,11 @@ def test_the_ops_take_the_vectors_kernels_where_they_serve(kind):
             out = dispatch(*args, routed)
             assert [launch[0] for launch in routed.launches] == [kind.kernel]
             assert torch.equal(out, dispatch(*args, chunked, involution_cuda.CHUNKED))
-            assert [launch[0] for launch in chunked.launches] == [kind.kernel.replace("_vectors", "_chunked")]
+            assert [launch[0] for launch in chunked.launches] == [kind.chunked_kernel]
             for name, declined in _declined_variants(kind, args).items():
                 fallback = EmulatedLauncher()
                 result = dispatch(*declined, fallback)
-                assert [launch[0] for launch in fallback.launches] == [kind.kernel.replace("_vectors", "_chunked")], name
+                assert [launch[0] for launch in fallback.launches] == [kind.chunked_kernel], name
                 assert_matches_reference(spec, registry.SampleInput(declined, name), result, dtype)
 
 
