@@ -419,8 +419,11 @@ def launch_involution(input, weight, stride, padding, dilation, launcher: Launch
     return involution(input, weight, stride, padding, dilation, out, launcher, policy)
 
 
-@cuda_dispatch("oplib::involution_backward_input", (SOURCE, VECTORS_SOURCE),
-               ["involution_backward_input", "involution_backward_input_chunked", "involution_backward_input_vectors"])
+# involution's grad_input kernels, whichever serves the call: also those of the fused op's grad_input.
+GRAD_INPUT_KERNELS = ("involution_backward_input", "involution_backward_input_chunked", "involution_backward_input_vectors")
+
+
+@cuda_dispatch("oplib::involution_backward_input", (SOURCE, VECTORS_SOURCE), GRAD_INPUT_KERNELS)
 def launch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, launcher: Launcher,
                                      policy=None) -> Tensor:
     out = result_like(grad_output, input_size)
@@ -446,8 +449,7 @@ def launch_involution_generated(input, feature, span_weight, span_bias, kernel_s
                                 launcher)
 
 
-@cuda_dispatch("oplib::involution_generated_backward_input", (SOURCE, VECTORS_SOURCE),
-               ["involution_backward_input", "involution_backward_input_chunked", "involution_backward_input_vectors"])
+@cuda_dispatch("oplib::involution_generated_backward_input", (SOURCE, VECTORS_SOURCE), GRAD_INPUT_KERNELS)
 def launch_involution_generated_backward_input(grad_output, feature, span_weight, span_bias, input_size, kernel_size,
                                                stride, padding, dilation, launcher: Launcher) -> Tensor:
     out = result_like(grad_output, input_size)
