@@ -27,7 +27,10 @@ a process of its own through tools/gpu_check.py). Its stages:
   grad_input and grad_weight at widths a multiple of the vector), the "chunked" column is the
   chunked kernel that serves the call without it (the ``CHUNKED`` policy), timed beside it (the
   sixth H200 draw, before the vectors kernels became the ops', timed them in a "vectors" column
-  beside the chunked kernels); "generated grad_input" is ``involution_generated_backward_input``,
+  beside the chunked kernels); the "lanes on channels" column of a channels_last grad_weight is
+  involution_last.cu's kernel (a lane a 16-byte vector of a group's channels, the group summed
+  by shuffles), timed beside the op's chunked kernel until a draw has measured it (the ``LAST``
+  policy); "generated grad_input" is ``involution_generated_backward_input``,
   which goes through the weight map (the span conv, then involution's grad_input kernel), its
   floor grad_output, the feature map and grad_input, and its "generic (before)" column its
   generic kernel (``involution_generated_backward_input_generic``, the weights formed in
@@ -345,6 +348,13 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             dispatch(probe)
             if probe.launches and probe.launches[0].kernel.endswith("_vectors"):
                 calls["chunked", kernel] = functools.partial(dispatch, launcher, involution_cuda.CHUNKED)
+        # involution_last.cu's channels_last grad_weight where it serves the call, beside the
+        # op's (not yet its kernel: the ``LAST`` policy routes to it)
+        probe = RecordingLauncher()
+        dispatches["grad_weight"](probe, involution_cuda.LAST)
+        if probe.launches and probe.launches[0].kernel.endswith("_last"):
+            calls["lanes on channels", "grad_weight"] = functools.partial(dispatches["grad_weight"], launcher,
+                                                                          involution_cuda.LAST)
     # span conv + involution as Involution2d's unfused path runs them: its span conv is cuDNN's
     calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size, by_matmul=False), stride, padding, dilation
@@ -385,6 +395,8 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
     for kernel in ("forward", "grad_input", "grad_weight"):
         if ("chunked", kernel) in calls:
             profiled[f"chunked {kernel}"] = calls["chunked", kernel]
+    if ("lanes on channels", "grad_weight") in calls:
+        profiled["lanes on channels grad_weight"] = calls["lanes on channels", "grad_weight"]
     return profiled
 
 
@@ -424,6 +436,8 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
                         "tiled_ms": device["tiled", kernel] * 1e3 if ("tiled", kernel) in device else None,
                         "tensor_cores_ms": device["tensor cores", kernel] * 1e3 if ("tensor cores", kernel) in device else None,
                         "chunked_ms": device["chunked", kernel] * 1e3 if ("chunked", kernel) in device else None,
+                        "lanes_on_channels_ms": (device["lanes on channels", kernel] * 1e3
+                                                 if ("lanes on channels", kernel) in device else None),
                     })
                 print(f"{shape.name} {dtype} {layout}: " + ", ".join(
                     f"{row['kernel']} {row['device_ms']:.3f} ms ({row['over_floor']:.1f}x floor)" for row in rows[-len(KERNELS):]
@@ -437,14 +451,15 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
 def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     columns = ["shape", "dtype", "layout", "kernel", "device (ms)", "floor (ms)", "device / floor",
                "generic (before, ms)", "wall per call (ms)", "depthwise 7x7 (ms)", "unfold (ms)", "tiled (ms)",
-               "tensor cores (ms)", "chunked (ms)"]  # fmt: skip
+               "tensor cores (ms)", "chunked (ms)", "lanes on channels (ms)"]  # fmt: skip
     cells = [
         [row["shape"], row["dtype"], row["layout"], row["kernel"], f"{row['device_ms']:.4f}", f"{row['floor_ms']:.4f}",
          f"{row['over_floor']:.2f}x", f"{row['generic_ms']:.4f}", f"{row['wall_ms']:.4f}", f"{row['depthwise_ms']:.4f}",
          "-" if row["unfold_ms"] is None else f"{row['unfold_ms']:.4f}",
          "-" if row.get("tiled_ms") is None else f"{row['tiled_ms']:.4f}",
          "-" if row.get("tensor_cores_ms") is None else f"{row['tensor_cores_ms']:.4f}",
-         "-" if row.get("chunked_ms") is None else f"{row['chunked_ms']:.4f}"]
+         "-" if row.get("chunked_ms") is None else f"{row['chunked_ms']:.4f}",
+         "-" if row.get("lanes_on_channels_ms") is None else f"{row['lanes_on_channels_ms']:.4f}"]
         for row in rows
     ]  # fmt: skip
     return columns, cells

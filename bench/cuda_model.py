@@ -79,9 +79,14 @@ FUSED = {
 VECTORS = "vectors forward"
 VECTORS_GRAD_INPUT = "vectors grad_input"
 VECTORS_GRAD_WEIGHT = "vectors grad_weight"
-CANDIDATES = {VECTORS: ("forward", "vectors (ms)", "involution_vectors"),
-              VECTORS_GRAD_INPUT: ("grad_input", "vectors (ms)", "involution_vectors_backward_input"),
-              VECTORS_GRAD_WEIGHT: ("grad_weight", "vectors (ms)", "involution_vectors_backward_weight")}
+VECTORS_ROWS = {VECTORS: ("forward", "vectors (ms)", "involution_vectors"),
+                VECTORS_GRAD_INPUT: ("grad_input", "vectors (ms)", "involution_vectors_backward_input"),
+                VECTORS_GRAD_WEIGHT: ("grad_weight", "vectors (ms)", "involution_vectors_backward_weight")}
+# involution_last.cu's channels_last grad_weight (a lane a vector of a group's channels), timed
+# in the table's "lanes on channels" column beside the chunked kernel the op runs.
+LAST_GRAD_WEIGHT = "lanes on channels grad_weight"
+CANDIDATES = {**VECTORS_ROWS,
+              LAST_GRAD_WEIGHT: ("grad_weight", "lanes on channels (ms)", "involution_last_backward_weight")}
 
 
 # The table's rows the model leaves out: the generated grad_input's call runs the span conv
@@ -339,7 +344,7 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     ``involution_vectors_backward_weight``) at one (shape, dtype, layout), recorded on CPU
     tensors; None where the kernel declines it."""
     from oplib.kernels.involution import cuda as involution_cuda
-    from oplib.kernels.involution.layouts import result_like
+    from oplib.kernels.involution.layouts import result_like, weight_result
 
     name, dtype_name, layout = case
     shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
@@ -358,6 +363,10 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
         size = [shape.height, shape.width]
         involution_cuda.involution_vectors_backward_input(g, o["weight"], size, *shape.params, result_like(g, size),
                                                           recording)
+    elif fused == "involution_last_backward_weight":
+        w = o["weight"]
+        involution_cuda.involution_last_backward_weight(g, x, [shape.kernel] * 2, *shape.params, shape.groups,
+                                                        weight_result(g, w.shape, True), recording)
     elif fused == "involution_generated_mma_backward_input":
         size = [shape.height, shape.width]
         involution_cuda.involution_generated_mma_backward_input(g, feature, o["span_weight"], o["span_bias"], size,
@@ -591,10 +600,11 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
         heading,
         "",
         "Kernels the measured run did not time (`make gpu-check` times each in a column of its own beside the row "
-        "of the call it serves): `involution_vectors.cu`'s NCHW forward, stride-1 grad_input and grad_weight, a "
-        "vector of 4 pixels a lane (2 in float64) and a fixed number of a group's channels (grad_weight: one kernel "
-        "row) a thread, at the rows they serve (widths a multiple of the vector; they decline the others). "
-        "Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
+        "of the call it serves), at the rows they serve: `involution_vectors.cu`'s NCHW forward, stride-1 "
+        "grad_input and grad_weight, a vector of 4 pixels a lane (2 in float64) and a fixed number of a group's "
+        "channels (grad_weight: one kernel row) a thread (widths a multiple of the vector); `involution_last.cu`'s "
+        "channels_last grad_weight, a lane a 16-byte vector of a group's channels, the group summed by shuffles "
+        "(\"lanes on channels\"). Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
         "that serves the row now: the measured time scaled by the two "
         f"predictions' ratio is what the next draw should find. Predicted / now {ratio_range(ratios)}, faster at "
         f"{sum(r < 1.0 for r in ratios)} of {len(ratios)} rows.",
@@ -607,16 +617,16 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
 
 
 def vectors_lines(rows: list[dict], table: list[dict], constants: Constants, bandwidth: float) -> list[str]:
-    """involution_vectors.cu's measured rows (``CANDIDATES``) predicted with the constants fitted
+    """involution_vectors.cu's measured rows (``VECTORS_ROWS``) predicted with the constants fitted
     above beside their measured time, the chunked kernel's measured time at the same call (the
     row it serves) and the floor (``table``, ``measured_rows``' rows)."""
     measured = {_key(r): r for r in rows}
     floors = {_key(r): float(r["floor (ms)"]) * 1e-3 for r in table if "floor (ms)" in r}
     cells, ratios, against, over = [], [], [], []
     for row in rows:
-        if row["kernel"] not in CANDIDATES:
+        if row["kernel"] not in VECTORS_ROWS:
             continue
-        served = " | ".join((row["shape"], row["dtype"], row["layout"], CANDIDATES[row["kernel"]][0]))
+        served = " | ".join((row["shape"], row["dtype"], row["layout"], VECTORS_ROWS[row["kernel"]][0]))
         chunked, floor = measured[served]["measured_s"], floors[served]
         inputs, terms, predicted, resident = _predicted(row, constants, bandwidth)
         ratios.append(predicted / row["measured_s"])

@@ -921,7 +921,53 @@ def _backward_weight_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
     t.store(2, ((n * G + g) * K * K + a * K + _slots(K)) * plane + i * OW + j0, True, es)
 
 
+def _backward_weight_last(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_backward_weight_last (involution_last.cu): a lane's grad_output vector; per
+    kernel row, the row's K input vectors inside the image and K x LANES multiply-adds, the K
+    sums added over the group's PARTS lanes by log2(PARTS) shuffles each (traced as
+    shared-memory passes: the shuffles take the same unit's slots) and staged in shared memory,
+    each part its share of the taps; then the warp's records copied out, in 16-byte vectors
+    where the destination is aligned to them. Vectors traced by their first element."""
+    total, C, H, W, G, OH, OW, ph, pw = launch.scalars
+    K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
+    es = launch.dtype.itemsize
+    lanes, taps = 16 // es, K * K
+    parts = C // G // lanes
+    record, part = item // parts, item % parts
+    g, pixel = record % G, record // G
+    j, i, n = pixel % OW, (pixel // OW) % OH, pixel // (OW * OH)
+    c0 = g * (C // G) + part * lanes
+    lane = torch.arange(32)
+    base = item - lane
+    first_record = base // parts
+    t.load(0, pixel * C + c0, True, es)
+    x = j * S - pw + _slots(K)
+    shuffles = K * (parts.bit_length() - 1)
+    for a in range(K):
+        y = i * S - ph + a
+        inside = (y >= 0) & (y < H) & (x >= 0) & (x < W)
+        t.load(1, ((n * H + y) * W + x) * C + c0, inside, es)
+        t.fma(inside, lanes)
+        if shuffles:
+            t.shared(_slots(shuffles) * 0 + lane, True, 4)
+        b = _slots(K)
+        t.shared((record - first_record) * taps + a * K + b, (b % parts) == part, es)
+    values = ((total - base).clamp(max=32) // parts) * taps
+    out = first_record * taps
+    aligned = (out * es) % 16 == 0
+    vectors = torch.where(aligned, values // lanes, 0)
+    rounds = -(-32 * taps // parts // lanes // 32)  # the most vector rounds a warp takes
+    v = lane + 32 * _slots(rounds)
+    t.shared(v * lanes, v < vectors, es * lanes)
+    t.store(2, out + v * lanes, v < vectors, es)
+    tail_rounds = -(-32 * taps // parts // 32)
+    v = vectors * lanes + lane + 32 * _slots(tail_rounds)
+    t.shared(v, v < values, es)
+    t.store(2, out + v, v < values, es)
+
+
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
+    "involution_backward_weight_last": _backward_weight_last,
     "involution_forward_chunked": _forward_chunked,
     "involution_forward_vectors": _forward_vectors,
     "involution_backward_input_vectors": _backward_input_vectors,

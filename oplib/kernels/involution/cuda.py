@@ -41,6 +41,7 @@ GENERATED_SOURCE = "involution/csrc/cuda/involution_generated.cu"
 VECTORS_SOURCE = "involution/csrc/cuda/involution_vectors.cu"
 SPAN_TILE_SOURCE = "involution/csrc/cuda/span_tile.cu"
 GENERATED_MMA_SOURCE = "involution/csrc/cuda/generated_mma.cu"
+LAST_SOURCE = "involution/csrc/cuda/involution_last.cu"
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,10 @@ class LaunchPolicy:
     threads (a guess for an H100, 132 SMs of 2048 threads, until make gpu-check measures it).
     ``vectors``: the NCHW calls ``involution_vectors.cu`` serves go to its kernels (False: to the
     chunked kernels, as ``CHUNKED``, which the benches time beside them and the chunked kernels'
-    own tests use).
+    own tests use). ``last_grad_weight``: the channels_last grad_weight calls
+    ``involution_last.cu`` serves go to its kernel (``LAST``) instead of the chunked one; off
+    until a GPU draw has timed the two side by side (the kernel table's "lanes on channels"
+    column).
     """
 
     kernel_sizes: tuple[int, ...]
@@ -69,6 +73,7 @@ class LaunchPolicy:
     index32_limit: int = 2**31 - 1 - MAX_BLOCKS * BLOCK_SIZE
     target_threads: int = 1 << 17
     vectors: bool = True
+    last_grad_weight: bool = False
 
     @classmethod
     def from_source(cls, source: KernelSource) -> LaunchPolicy:
@@ -117,6 +122,8 @@ class LaunchPolicy:
 POLICY = LaunchPolicy.from_source(load_source(SOURCE))
 # The chunked kernels wherever they serve, with none of involution_vectors.cu's.
 CHUNKED = dataclasses.replace(POLICY, vectors=False)
+# The ops' policy with involution_last.cu's channels_last grad_weight where it serves.
+LAST = dataclasses.replace(POLICY, last_grad_weight=True)
 
 
 def _in_layout(out: Tensor, last: bool, weight: bool = False) -> bool:
@@ -337,10 +344,54 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
         scalars = _window_scalars(channels, height, width, out.shape, stride, padding, dilation)
         return _run_generic(launcher, "involution_backward_weight", out, (grad_output, input), scalars)
     grad_output, input = activation_in(grad_output, layout_last), activation_in(input, layout_last)
+    if policy.last_grad_weight and layout_last and involution_last_backward_weight(
+            grad_output, input, kernel_size, stride, padding, dilation, groups, out, launcher) is not None:
+        return out
     threads = n * groups * kernel_size[0] * out_h * out_w
     scalars = (threads, channels, height, width, groups, out_h, out_w, *padding)
     return _run(launcher, "involution_backward_weight_chunked", out, _in_layout(out, layout_last, weight=True),
                 (grad_output, input), scalars, threads, specialisation)
+
+
+def last_parts(source: KernelSource, channels: int, groups: int, dtype: torch.dtype) -> Optional[int]:
+    """The lanes (16-byte vectors) that share a group's channels in ``involution_last.cu``, or
+    None where the kernel declines the grouping: fewer than ``LAST_MIN_GROUP_CHANNELS`` channels
+    a group, a group not a whole number of vectors, or vectors per group not a power of two up
+    to ``LAST_MAX_PARTS``."""
+    c = source.constants
+    per_group = channels // groups
+    if per_group < c["LAST_MIN_GROUP_CHANNELS"] or (per_group * dtype.itemsize) % c["VECTOR_BYTES"]:
+        return None
+    parts = per_group * dtype.itemsize // c["VECTOR_BYTES"]
+    return parts if parts <= c["LAST_MAX_PARTS"] and parts & (parts - 1) == 0 else None
+
+
+def involution_last_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation,
+                                    groups: int, out: Tensor, launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+    """grad_output: (N, C, Ho, Wo), input: (N, C, H, W), both channels_last -> out: grad_weight
+    (N, G, K, K, Ho, Wo), pixel-major, by the kernel whose lanes lie along a group's channels (a
+    16-byte vector each) and sum the group by shuffles; None, out untouched, where it declines:
+    another layout, a window without an instantiation (square kernels and strides, dilation 1),
+    a grouping ``last_parts`` declines, or an operand not aligned to the vector."""
+    source = load_source(LAST_SOURCE)
+    square = kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
+    specialisation = (str(kernel_size[0]), str(stride[0]))
+    if not square or specialisation not in source.specialisations["involution_backward_weight_last"]:
+        return None
+    last = torch.channels_last
+    if not (grad_output.is_contiguous(memory_format=last) and input.is_contiguous(memory_format=last)
+            and is_pixel_major(out)):
+        return None
+    vector = source.constants["VECTOR_BYTES"]
+    parts = last_parts(source, input.shape[1], groups, input.dtype)
+    if parts is None or grad_output.data_ptr() % vector or input.data_ptr() % vector:
+        return None
+    n, channels, height, width = input.shape
+    out_h, out_w = grad_output.shape[2:]
+    threads = n * out_h * out_w * groups * parts
+    _run(launcher or cupy_launcher(), "involution_backward_weight_last", out, True, (grad_output, input),
+         (threads, channels, height, width, groups, out_h, out_w, *padding), threads, specialisation, LAST_SOURCE)
+    return out
 
 
 def _generated(kernel: str, activation: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
@@ -430,8 +481,9 @@ def launch_involution_backward_input(grad_output, weight, input_size, stride, pa
     return involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, out, launcher, policy)
 
 
-@cuda_dispatch("oplib::involution_backward_weight", (SOURCE, VECTORS_SOURCE),
-               ["involution_backward_weight", "involution_backward_weight_chunked", "involution_backward_weight_vectors"])
+@cuda_dispatch("oplib::involution_backward_weight", (SOURCE, VECTORS_SOURCE, LAST_SOURCE),
+               ["involution_backward_weight", "involution_backward_weight_chunked", "involution_backward_weight_vectors",
+                "involution_backward_weight_last"])
 def launch_involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups: int,
                                       launcher: Launcher, policy=None) -> Tensor:
     shape = (input.shape[0], groups, *kernel_size, *grad_output.shape[2:])

@@ -1,0 +1,286 @@
+"""involution_last.cu (involution's channels_last grad_weight, a vector of a group's channels a
+lane, the group summed by shuffles) through the host emulation: against the float64 reference
+on random geometries (every instantiation and dtype, any padding, groups of one to eight
+lanes, partial last warps, destinations aligned to a vector and not), infinite grad_output
+values, the registry's samples and the calls it declines, the op's dispatch under the policy
+that routes to it, AddressSanitizer, and planted bugs these checks catch; and on a GPU."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from oplib import registry
+from oplib.kernels import CUDA_DISPATCH, load_source
+from oplib.kernels.cuda_launch import BLOCK_SIZE
+from oplib.kernels.involution import cuda as involution_cuda
+from oplib.kernels.involution.layouts import is_pixel_major, weight_result
+from oplib.testing import assert_matches_reference
+from oplib.testing.cuda_emulation import EmulatedLauncher
+from oplib.testing.toolchain import require_host_compiler
+
+from cuda_test_helpers import _planted, assert_asan_catches, run_under_asan
+
+KERNEL = "involution_backward_weight_last"
+LAST = torch.channels_last
+
+
+def _instantiations() -> list[tuple[int, int]]:
+    """(kernel size, stride) of each instantiation."""
+    return [(int(k), int(s)) for k, s in load_source(involution_cuda.LAST_SOURCE).specialisations[KERNEL]]
+
+
+def _result(args: tuple) -> torch.Tensor:
+    """The result the op allocates for ``args`` (grad_weight's arguments): pixel-major."""
+    grad_output, input, kernel_size, *_, groups = args
+    return weight_result(grad_output, (input.shape[0], groups, *kernel_size, *grad_output.shape[2:]), True)
+
+
+def _case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype) -> tuple:
+    """grad_weight's arguments for random channels_last operands of one instantiated window:
+    16, 32 or 64 channels a group (2 to 32 lanes; at 64 the warp's results start off a vector's
+    alignment at K = 3 and 5), one to three groups, any padding on either axis, sizes from one
+    output pixel up (work items rarely a multiple of a warp)."""
+    groups, per_group = rng.choice([1, 2, 3]), rng.choice([16, 16, 32, 64])
+    pad = [rng.randint(0, kernel - 1), rng.randint(0, kernel - 1)]
+    height = max(rng.randint(1, 9), kernel - 2 * pad[0])
+    width = max(rng.randint(1, 9), kernel - 2 * pad[1])
+    n = rng.choice([1, 2])
+    out_h, out_w = (height + 2 * pad[0] - kernel) // stride + 1, (width + 2 * pad[1] - kernel) // stride + 1
+    channels = groups * per_group
+    grad_output = torch.randn(n, channels, out_h, out_w, dtype=dtype).to(memory_format=LAST)
+    input = torch.randn(n, channels, height, width, dtype=dtype).to(memory_format=LAST)
+    return grad_output, input, [kernel, kernel], [stride, stride], pad, [1, 1], groups
+
+
+def _check_random(launcher, cases: int, seed: int, dtypes=registry.FLOAT_DTYPES) -> set:
+    """``cases`` random geometries per instantiation and dtype against the float64 reference;
+    returns the instantiations launched."""
+    rng, spec = random.Random(seed), registry.get("involution_backward_weight")
+    for kernel, stride in _instantiations():
+        for dtype in dtypes:
+            for case in range(cases):
+                args = _case(rng, kernel, stride, dtype)
+                out = involution_cuda.involution_last_backward_weight(*args, _result(args), launcher)
+                assert out is not None and is_pixel_major(out)
+                assert_matches_reference(spec, registry.SampleInput(args, f"k{kernel}-s{stride}-{dtype}-{case}"), out,
+                                         dtype)
+    return {(launch[0], launch[4]) for launch in launcher.launches}
+
+
+def test_the_block_is_the_launch_size():
+    """The kernel's warps and staging are sized by LAST_THREADS, the block every grid-stride
+    launch takes."""
+    assert load_source(involution_cuda.LAST_SOURCE).constants["LAST_THREADS"] == BLOCK_SIZE
+
+
+def test_last_matches_the_reference():
+    """Every instantiation, every dtype, random geometries: the float64 reference."""
+    require_host_compiler()
+    launched = _check_random(EmulatedLauncher(), cases=3, seed=5)
+    assert launched == {(KERNEL, s) for s in load_source(involution_cuda.LAST_SOURCE).specialisations[KERNEL]}
+
+
+def test_every_grouping_and_both_copies_are_exercised():
+    """The random cases above reach 2 to 32 lanes a group, and warps whose results start off a
+    16-byte boundary (the value-a-lane copy) as well as on one."""
+    rng, parts, misaligned = random.Random(5), set(), set()
+    source = load_source(involution_cuda.LAST_SOURCE)
+    for kernel, stride in _instantiations():
+        for dtype in registry.FLOAT_DTYPES:
+            for _ in range(3):
+                grad_output, input, *_, groups = _case(rng, kernel, stride, dtype)
+                p = involution_cuda.last_parts(source, input.shape[1], groups, dtype)
+                parts.add(p)
+                misaligned.add((32 // p) * kernel * kernel * dtype.itemsize % 16 != 0)
+    assert {2, 4, 8, 16, 32} <= parts and misaligned == {True, False}
+
+
+def _infinite_grad_output(launcher, dtypes=registry.FLOAT_DTYPES) -> None:
+    """An infinite grad_output in one channel at the corner pixel: its taps inside the image
+    are infinite, with the chunked kernel's signs, and those outside are +0 (bits zero), what
+    the chunked kernel writes; never NaN (a tap outside reads some pixel, not zeros)."""
+    for dtype in dtypes:
+        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+        for kernel, stride in _instantiations():
+            pad = kernel // 2
+            x = torch.randn(1, 32, 12, 10, dtype=dtype)
+            g = torch.randn(1, 32, (12 + 2 * pad - kernel) // stride + 1, (10 + 2 * pad - kernel) // stride + 1,
+                            dtype=dtype)
+            g[0, 21, 0, 0] = float("inf")
+            args = (g.to(memory_format=LAST), x.to(memory_format=LAST), [kernel, kernel], [stride, stride], [pad, pad],
+                    [1, 1], 2)
+            out = involution_cuda.involution_last_backward_weight(*args, _result(args), launcher)
+            expected = involution_cuda.involution_backward_weight(*args, _result(args), EmulatedLauncher(),
+                                                                  involution_cuda.CHUNKED)
+            assert torch.isinf(expected).any() and not torch.isnan(out).any(), (dtype, kernel, stride)
+            assert torch.equal(torch.isinf(out), torch.isinf(expected)), (dtype, kernel, stride)
+            infinite = torch.isinf(expected)
+            assert torch.equal(out[infinite], expected[infinite])
+            zero = expected.view(bits) == 0
+            assert zero.any() and torch.equal(out.view(bits)[zero], expected.view(bits)[zero]), (dtype, kernel, stride)
+
+
+def test_infinite_grad_output_makes_no_nan_at_taps_outside():
+    require_host_compiler()
+    _infinite_grad_output(EmulatedLauncher())
+
+
+def test_last_declines_the_registry_samples_it_does_not_serve():
+    """The registry's samples (in both layouts) have fewer than LAST_MIN_GROUP_CHANNELS
+    channels a group, so the kernel declines every one: None, the result untouched, nothing
+    launched; the random geometries above are its proof."""
+    require_host_compiler()
+    spec, launcher = registry.get("involution_backward_weight"), EmulatedLauncher()
+    minimum = load_source(involution_cuda.LAST_SOURCE).constants["LAST_MIN_GROUP_CHANNELS"]
+    for dtype in registry.FLOAT_DTYPES:
+        for sample in spec.sample_inputs("cpu", dtype, False):
+            grad_output, input, *rest = sample.args
+            assert input.shape[1] // rest[-1] < minimum
+            args = (grad_output.to(memory_format=LAST), input.to(memory_format=LAST), *rest)
+            out = _result(args).fill_(7)
+            assert involution_cuda.involution_last_backward_weight(*args, out, launcher) is None
+            assert torch.equal(out, torch.full_like(out, 7))
+    assert not launcher.launches
+
+
+def test_last_declines_what_it_does_not_serve():
+    """NCHW operands, a result not pixel-major, dilation, a non-square kernel, unequal strides,
+    a kernel size without an instantiation, a group of 8 bfloat16 channels (one lane: below the
+    minimum), of 48 (three lanes: not a power of two), a misaligned operand: None, untouched."""
+    g = torch.randn(1, 32, 8, 8, dtype=torch.bfloat16).to(memory_format=LAST)
+    x = torch.randn(1, 32, 8, 8, dtype=torch.bfloat16).to(memory_format=LAST)
+    launcher = EmulatedLauncher()
+    misaligned = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(1, 8, 8, 32).permute(0, 3, 1, 2).copy_(x)
+    window = ([3, 3], [1, 1], [1, 1], [1, 1])
+    declined = [
+        (g.contiguous(), x.contiguous(), *window, 2),
+        (g, x, [3, 3], [1, 1], [2, 2], [2, 2], 2),
+        (g, x, [3, 5], [1, 1], [1, 2], [1, 1], 2),
+        (g[..., ::2], x, [3, 3], [1, 2], [1, 1], [1, 1], 2),
+        (g, x, [9, 9], [1, 1], [4, 4], [1, 1], 2),
+        (g, x, *window, 4),
+        (torch.randn(1, 48, 8, 8, dtype=torch.bfloat16).to(memory_format=LAST),
+         torch.randn(1, 48, 8, 8, dtype=torch.bfloat16).to(memory_format=LAST), *window, 1),
+        (g, misaligned, *window, 2),
+    ]
+    for args in declined:
+        out = _result(args).fill_(7)
+        assert involution_cuda.involution_last_backward_weight(*args, out, launcher) is None
+        assert torch.equal(out, torch.full_like(out, 7))
+    out = torch.empty(1, 2, 3, 3, 8, 8, dtype=torch.bfloat16)  # contiguous, not pixel-major
+    assert involution_cuda.involution_last_backward_weight(g, x, *window, 2, out, launcher) is None
+    assert not launcher.launches
+
+
+def test_the_op_takes_the_last_kernel_under_its_policy():
+    """The op's CUDA dispatch under ``LAST`` runs this kernel for every channels_last call it
+    serves (the reference's values), the chunked kernel for the calls it declines; the ops'
+    default policy keeps the chunked kernel until a draw has timed the two."""
+    require_host_compiler()
+    dispatch = CUDA_DISPATCH["oplib::involution_backward_weight"]
+    spec, rng = registry.get("involution_backward_weight"), random.Random(3)
+    assert not involution_cuda.POLICY.last_grad_weight and involution_cuda.LAST.last_grad_weight
+    for kernel, stride in _instantiations():
+        for dtype in (torch.float32, torch.bfloat16):
+            args = _case(rng, kernel, stride, dtype)
+            routed, default = EmulatedLauncher(), EmulatedLauncher()
+            out = dispatch(*args, routed, involution_cuda.LAST)
+            assert [launch[0] for launch in routed.launches] == [KERNEL]
+            assert_matches_reference(spec, registry.SampleInput(args, "routed"), out, dtype)
+            dispatch(*args, default)
+            assert [launch[0] for launch in default.launches] == ["involution_backward_weight_chunked"]
+            g, x, *rest, groups = args
+            narrow = (g[:, :8 * groups].contiguous(memory_format=LAST), x[:, :8 * groups].contiguous(memory_format=LAST),
+                      *rest, groups)  # 8 channels a group
+            fallback = EmulatedLauncher()
+            result = dispatch(*narrow, fallback, involution_cuda.LAST)
+            assert [launch[0] for launch in fallback.launches] == ["involution_backward_weight_chunked"]
+            assert_matches_reference(spec, registry.SampleInput(narrow, "narrow"), result, dtype)
+
+
+@pytest.mark.needs_cuda
+def test_last_on_a_gpu_matches_the_reference():
+    """CuPy's launch on a GPU, what NVRTC makes of the kernel: random geometries of every
+    instantiation and dtype against the float64 reference, through the function and the op's
+    dispatch under ``LAST``; the same bits on a second call (deterministic)."""
+    rng, spec = random.Random(21), registry.get("involution_backward_weight")
+    dispatch = CUDA_DISPATCH["oplib::involution_backward_weight"]
+    from oplib.kernels import cupy_launcher
+
+    for kernel, stride in _instantiations():
+        for dtype in registry.FLOAT_DTYPES:
+            for case in range(2):
+                cpu_args = _case(rng, kernel, stride, dtype)
+                args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in cpu_args)
+                out = involution_cuda.involution_last_backward_weight(*args, _result(args))
+                assert out is not None
+                name = f"k{kernel}-s{stride}-{dtype}-{case}"
+                assert_matches_reference(spec, registry.SampleInput(cpu_args, name), out.cpu(), dtype)
+                assert torch.equal(out, dispatch(*args, cupy_launcher(), involution_cuda.LAST)), name
+
+
+# Bugs a review could miss. Each changes values, which the reference check must catch; the two
+# bounds also read past the input (the row below the image, the pixel past a row's end, past
+# the tensor at the last sample), which ASan must catch.
+PLANTS = {
+    "row-bound-one-past": ("y0 + a >= 0 && y0 + a < H ?", "y0 + a >= 0 && y0 + a <= H ?"),
+    "column-bound-one-past": ("x0 + b >= 0 && x0 + b < width", "x0 + b >= 0 && x0 + b <= width"),
+    "outside-sums-kept": ("if (!((inside >> b) & 1u)) sum[b] = 0;", ";"),
+    "last-shuffle-skipped": ("if (offset >= parts) continue;", "if (offset >= parts / 2) continue;"),
+}
+READ_PLANTS = ["row-bound-one-past", "column-bound-one-past"]
+
+
+def _use(monkeypatch, planted) -> None:
+    real_load = involution_cuda.load_source
+    monkeypatch.setattr(involution_cuda, "load_source",
+                        lambda name: planted if name == involution_cuda.LAST_SOURCE else real_load(name))
+
+
+@pytest.mark.parametrize("plant", PLANTS)
+def test_a_planted_bug_fails_the_reference_check(plant, tmp_path, monkeypatch):
+    require_host_compiler()
+    _use(monkeypatch, _planted(tmp_path, involution_cuda.LAST_SOURCE, *PLANTS[plant]))
+    with pytest.raises(AssertionError):
+        _check_random(EmulatedLauncher(), cases=4, seed=5, dtypes=(torch.float32,))
+
+
+_RUN_RANDOM = """
+import sys
+sys.path.insert(0, {tests!r})
+from oplib.testing.cuda_emulation import EmulatedLauncher
+from test_cuda_last import _check_random
+launcher = EmulatedLauncher(sanitize=True)
+_check_random(launcher, cases=2, seed=9)
+print("clean:", len(launcher.launches), "launches")
+"""
+
+
+@pytest.mark.integration
+def test_last_is_clean_under_address_sanitizer():
+    """Every instantiation in every dtype on random geometries: no access outside the tensors
+    (the emulation's buffers are exact-size heap blocks)."""
+    require_host_compiler()
+    result = run_under_asan(_RUN_RANDOM.format(tests=str(Path(__file__).parent)))
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert "clean:" in result.stdout
+
+
+# A call whose over-read leaves the input: the last pixel's taps below and right of the image.
+_CALL = """
+    last = torch.channels_last
+    g, x = torch.randn(1, 16, 4, 4).to(memory_format=last), torch.randn(1, 16, 4, 4).to(memory_format=last)
+    out = torch.empty(1, 4, 4, 1, 3, 3).permute(0, 3, 4, 5, 1, 2)
+    ops.involution_last_backward_weight(g, x, [3, 3], [1, 1], [1, 1], [1, 1], 1, out, launcher)
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("plant", READ_PLANTS)
+def test_address_sanitizer_catches_a_planted_over_read(plant, tmp_path):
+    require_host_compiler()
+    assert_asan_catches(_planted(tmp_path, involution_cuda.LAST_SOURCE, *PLANTS[plant]), _CALL)
