@@ -27,10 +27,11 @@ a process of its own through tools/gpu_check.py). Its stages:
   grad_input and grad_weight at widths a multiple of the vector), the "chunked" column is the
   chunked kernel that serves the call without it (the ``CHUNKED`` policy), timed beside it (the
   sixth H200 draw, before the vectors kernels became the ops', timed them in a "vectors" column
-  beside the chunked kernels); the "lanes on channels" column of a channels_last grad_weight is
-  involution_last.cu's kernel (a lane a 16-byte vector of a group's channels, the group summed
-  by shuffles), timed beside the op's chunked kernel until a draw has measured it (the ``LAST``
-  policy); "generated grad_input" is ``involution_generated_backward_input``,
+  beside the chunked kernels); the "lanes on channels" column of a channels_last row is the
+  call under the ``LAST`` policy (a lane a 16-byte vector of a group's channels, DCNv4's
+  mapping: the forward's and grad_input's chunked kernels at one vector a thread, grad_weight
+  involution_last.cu's kernel, the group summed by shuffles), timed beside the op's call until
+  a draw has measured it, where it launches something else; "generated grad_input" is ``involution_generated_backward_input``,
   which goes through the weight map (the span conv, then involution's grad_input kernel), its
   floor grad_output, the feature map and grad_input, and its "generic (before)" column its
   generic kernel (``involution_generated_backward_input_generic``, the weights formed in
@@ -296,6 +297,11 @@ def _dispatch(dispatch, launcher: Launcher, *args) -> Tensor:
     return dispatch(*args, launcher)
 
 
+def _launched(recording: RecordingLauncher) -> list[tuple]:
+    """What a recorded call launched: each kernel with its template and scalar arguments."""
+    return [(launch.kernel, launch.specialisation, launch.scalars) for launch in recording.launches]
+
+
 def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str, str], Callable[[], object]]:
     """(candidate, kernel) -> a call, for oplib, its generic kernels, and the yardsticks. On
     CUDA tensors the launches go through CuPy's launcher; on CPU tensors through ``launcher``
@@ -348,13 +354,12 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             dispatch(probe)
             if probe.launches and probe.launches[0].kernel.endswith("_vectors"):
                 calls["chunked", kernel] = functools.partial(dispatch, launcher, involution_cuda.CHUNKED)
-        # involution_last.cu's channels_last grad_weight where it serves the call, beside the
-        # op's (not yet its kernel: the ``LAST`` policy routes to it)
-        probe = RecordingLauncher()
-        dispatches["grad_weight"](probe, involution_cuda.LAST)
-        if probe.launches and probe.launches[0].kernel.endswith("_last"):
-            calls["lanes on channels", "grad_weight"] = functools.partial(dispatches["grad_weight"], launcher,
-                                                                          involution_cuda.LAST)
+            # a lane a vector of a group's channels (the ``LAST`` policy) where that launches
+            # something else than the op's policy: beside the op's call, not yet its kernels
+            lanes_on_channels = RecordingLauncher()
+            dispatch(lanes_on_channels, involution_cuda.LAST)
+            if _launched(lanes_on_channels) != _launched(probe):
+                calls["lanes on channels", kernel] = functools.partial(dispatch, launcher, involution_cuda.LAST)
     # span conv + involution as Involution2d's unfused path runs them: its span conv is cuDNN's
     calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size, by_matmul=False), stride, padding, dilation
@@ -395,8 +400,8 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
     for kernel in ("forward", "grad_input", "grad_weight"):
         if ("chunked", kernel) in calls:
             profiled[f"chunked {kernel}"] = calls["chunked", kernel]
-    if ("lanes on channels", "grad_weight") in calls:
-        profiled["lanes on channels grad_weight"] = calls["lanes on channels", "grad_weight"]
+        if ("lanes on channels", kernel) in calls:
+            profiled[f"lanes on channels {kernel}"] = calls["lanes on channels", kernel]
     return profiled
 
 

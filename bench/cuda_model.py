@@ -82,11 +82,17 @@ VECTORS_GRAD_WEIGHT = "vectors grad_weight"
 VECTORS_ROWS = {VECTORS: ("forward", "vectors (ms)", "involution_vectors"),
                 VECTORS_GRAD_INPUT: ("grad_input", "vectors (ms)", "involution_vectors_backward_input"),
                 VECTORS_GRAD_WEIGHT: ("grad_weight", "vectors (ms)", "involution_vectors_backward_weight")}
-# involution_last.cu's channels_last grad_weight (a lane a vector of a group's channels), timed
-# in the table's "lanes on channels" column beside the chunked kernel the op runs.
+# A lane a 16-byte vector of a group's channels in channels_last calls (the ``LAST`` policy:
+# the forward's and grad_input's chunked kernels at one vector a thread, grad_weight
+# involution_last.cu's kernel), timed in the table's "lanes on channels" column beside the op's
+# call where it launches something else (``_lanes_on_channels_launch``).
+LANES_ON_CHANNELS = "LAST"
+LAST_FORWARD, LAST_GRAD_INPUT = "lanes on channels forward", "lanes on channels grad_input"
 LAST_GRAD_WEIGHT = "lanes on channels grad_weight"
 CANDIDATES = {**VECTORS_ROWS,
-              LAST_GRAD_WEIGHT: ("grad_weight", "lanes on channels (ms)", "involution_last_backward_weight")}
+              LAST_FORWARD: ("forward", "lanes on channels (ms)", LANES_ON_CHANNELS),
+              LAST_GRAD_INPUT: ("grad_input", "lanes on channels (ms)", LANES_ON_CHANNELS),
+              LAST_GRAD_WEIGHT: ("grad_weight", "lanes on channels (ms)", LANES_ON_CHANNELS)}
 
 
 # The table's rows the model leaves out: the generated grad_input's call runs the span conv
@@ -128,8 +134,8 @@ def _record(case: tuple[str, str, str]) -> list[tuple[str, list]]:
         policy = involution_cuda.CHUNKED if kernel in ("forward", "grad_input", "grad_weight") else None
         events = device_model.record_launches(qualname, *args, policy=policy)
         result.append((kernel, [(e, device_model.kernel_work(e) if isinstance(e, Launch) else None) for e in events]))
-    for fused, (_, _, function) in {**FUSED, **CANDIDATES}.items():
-        launch = _fused_launch(case, function)
+    for fused, (kernel, _, function) in {**FUSED, **CANDIDATES}.items():
+        launch = _lanes_on_channels_launch(case, kernel) if function == LANES_ON_CHANNELS else _fused_launch(case, function)
         if launch is not None:
             result.append((fused, [(launch, device_model.kernel_work(launch))]))
     return result
@@ -344,7 +350,7 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     ``involution_vectors_backward_weight``) at one (shape, dtype, layout), recorded on CPU
     tensors; None where the kernel declines it."""
     from oplib.kernels.involution import cuda as involution_cuda
-    from oplib.kernels.involution.layouts import result_like, weight_result
+    from oplib.kernels.involution.layouts import result_like
 
     name, dtype_name, layout = case
     shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
@@ -363,10 +369,6 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
         size = [shape.height, shape.width]
         involution_cuda.involution_vectors_backward_input(g, o["weight"], size, *shape.params, result_like(g, size),
                                                           recording)
-    elif fused == "involution_last_backward_weight":
-        w = o["weight"]
-        involution_cuda.involution_last_backward_weight(g, x, [shape.kernel] * 2, *shape.params, shape.groups,
-                                                        weight_result(g, w.shape, True), recording)
     elif fused == "involution_generated_mma_backward_input":
         size = [shape.height, shape.width]
         involution_cuda.involution_generated_mma_backward_input(g, feature, o["span_weight"], o["span_bias"], size,
@@ -375,6 +377,23 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
         getattr(involution_cuda, fused)(x, feature, o["span_weight"], o["span_bias"], *window,
                                         result_like(x, feature.shape[2:]), recording)
     return recording.launches[0] if recording.launches else None
+
+
+def _lanes_on_channels_launch(case: tuple[str, str, str], kernel: str) -> Optional[Launch]:
+    """The launch of the table's ``kernel`` call (forward, grad_input, grad_weight) at one
+    (shape, dtype, layout) under the ``LAST`` policy, recorded on CPU tensors; None where it
+    launches what the ops' policy launches (NCHW calls; channels_last ones that already give a
+    thread one vector)."""
+    name, dtype_name, layout = case
+    shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
+    qualname, args = calls(shape, getattr(torch, dtype_name), layout)[kernel]
+
+    def launched(policy):
+        return [e for e in device_model.record_launches(qualname, *args, policy=policy) if isinstance(e, Launch)]
+
+    last = launched(involution_cuda.LAST)
+    now = [(e.kernel, e.specialisation, e.scalars) for e in launched(involution_cuda.POLICY)]
+    return None if [(e.kernel, e.specialisation, e.scalars) for e in last] == now else last[0]
 
 
 def _predicted(row: dict, constants: Constants, bandwidth: float):
@@ -602,9 +621,10 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
         "Kernels the measured run did not time (`make gpu-check` times each in a column of its own beside the row "
         "of the call it serves), at the rows they serve: `involution_vectors.cu`'s NCHW forward, stride-1 "
         "grad_input and grad_weight, a vector of 4 pixels a lane (2 in float64) and a fixed number of a group's "
-        "channels (grad_weight: one kernel row) a thread (widths a multiple of the vector); `involution_last.cu`'s "
-        "channels_last grad_weight, a lane a 16-byte vector of a group's channels, the group summed by shuffles "
-        "(\"lanes on channels\"). Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
+        "channels (grad_weight: one kernel row) a thread (widths a multiple of the vector); and the "
+        "channels_last calls with a lane a 16-byte vector of a group's channels (\"lanes on channels\", the `LAST` "
+        "policy): the forward's and grad_input's chunked kernels at one vector a thread, grad_weight "
+        "`involution_last.cu`'s kernel, the group summed by shuffles. Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
         "that serves the row now: the measured time scaled by the two "
         f"predictions' ratio is what the next draw should find. Predicted / now {ratio_range(ratios)}, faster at "
         f"{sum(r < 1.0 for r in ratios)} of {len(ratios)} rows.",

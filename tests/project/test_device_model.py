@@ -73,15 +73,21 @@ def test_every_row_is_within_the_bar(committed):
 
 
 def test_the_kernels_waiting_for_a_draw_are_predicted_at_every_row_they_serve(committed):
-    """involution_last.cu's channels_last grad_weight, not yet timed on a GPU, is predicted at
-    each channels_last row of the table (RedNet-50's 16 channels a group: every one), and
-    nowhere else (it declines NCHW)."""
+    """The ``LAST`` policy's calls, not yet timed on a GPU, are predicted at channels_last rows
+    only: grad_weight (involution_last.cu's kernel) at every one (RedNet-50's 16 channels a
+    group), the forward and grad_input wherever the ops' policy gives a thread more than one
+    vector of channels (RedNet-50's first two stages in both dtypes at least)."""
     _, model, rows = committed
-    predicted = {(c["shape"], c["dtype"], c["layout"]) for c in model["candidates"]
-                 if c["kernel"] == cuda_model.LAST_GRAD_WEIGHT}
+    last = {(c["shape"], c["dtype"], c["layout"], c["kernel"]) for c in model["candidates"]
+            if c["kernel"].startswith("lanes on channels")}
+    assert {case[2] for case in last} == {"channels_last"}
     served = {(r["shape"], r["dtype"], r["layout"]) for r in rows if r["kernel"] == "grad_weight"
               and r["layout"] == "channels_last"}
-    assert served and predicted == served
+    assert served and {case[:3] for case in last if case[3] == cuda_model.LAST_GRAD_WEIGHT} == served
+    for kernel in (cuda_model.LAST_FORWARD, cuda_model.LAST_GRAD_INPUT):
+        for shape in ("stage1 64@56 s1", "stage2 128@28 s1"):
+            for dtype in ("float32", "bfloat16"):
+                assert (shape, dtype, "channels_last", kernel) in last
 
 
 def test_every_h100_row_is_within_the_bar_with_the_h200_constants(committed):

@@ -59,10 +59,12 @@ class LaunchPolicy:
     threads (a guess for an H100, 132 SMs of 2048 threads, until make gpu-check measures it).
     ``vectors``: the NCHW calls ``involution_vectors.cu`` serves go to its kernels (False: to the
     chunked kernels, as ``CHUNKED``, which the benches time beside them and the chunked kernels'
-    own tests use). ``last_grad_weight``: the channels_last grad_weight calls
-    ``involution_last.cu`` serves go to its kernel (``LAST``) instead of the chunked one; off
-    until a GPU draw has timed the two side by side (the kernel table's "lanes on channels"
-    column).
+    own tests use). ``lanes_on_channels``: channels_last calls give a lane one 16-byte vector
+    of a group's channels, DCNv4's mapping (``LAST``): the forward and grad_input's chunked
+    kernels one vector a thread (not the most channels that keep ``target_threads``), and
+    grad_weight ``involution_last.cu``'s kernel where it serves the call; off until a GPU draw
+    has timed them beside the chunked kernels as they run now (the kernel table's "lanes on
+    channels" column).
     """
 
     kernel_sizes: tuple[int, ...]
@@ -73,7 +75,7 @@ class LaunchPolicy:
     index32_limit: int = 2**31 - 1 - MAX_BLOCKS * BLOCK_SIZE
     target_threads: int = 1 << 17
     vectors: bool = True
-    last_grad_weight: bool = False
+    lanes_on_channels: bool = False
 
     @classmethod
     def from_source(cls, source: KernelSource) -> LaunchPolicy:
@@ -122,8 +124,8 @@ class LaunchPolicy:
 POLICY = LaunchPolicy.from_source(load_source(SOURCE))
 # The chunked kernels wherever they serve, with none of involution_vectors.cu's.
 CHUNKED = dataclasses.replace(POLICY, vectors=False)
-# The ops' policy with involution_last.cu's channels_last grad_weight where it serves.
-LAST = dataclasses.replace(POLICY, last_grad_weight=True)
+# The ops' policy with a lane a vector of a group's channels in every channels_last call.
+LAST = dataclasses.replace(POLICY, lanes_on_channels=True)
 
 
 def _in_layout(out: Tensor, last: bool, weight: bool = False) -> bool:
@@ -177,7 +179,8 @@ def _channel_chunked(kernel: str, activation: Tensor, weight: Tensor, stride, pa
         return _run_generic(launcher, kernel, out, (activation, weight), scalars)
     activation, weight = activation_in(activation, layout_last), weight_in(weight, layout_last)
     lanes = policy.lanes(activation.dtype) if layout_last else 1
-    per_thread = policy.channels_per_thread(per_group, n * groups * out_size[0] * out_size[1], activation.dtype, lanes)
+    per_thread = (lanes if layout_last and policy.lanes_on_channels else
+                  policy.channels_per_thread(per_group, n * groups * out_size[0] * out_size[1], activation.dtype, lanes))
     threads = n * groups * (per_group // per_thread) * out_size[0] * out_size[1]
     scalars = (threads, channels, height, width, groups, out_h, out_w, *padding, per_thread)
     return _run(launcher, f"{kernel}_chunked", out, _in_layout(out, layout_last), (activation, weight), scalars, threads,
@@ -344,7 +347,7 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
         scalars = _window_scalars(channels, height, width, out.shape, stride, padding, dilation)
         return _run_generic(launcher, "involution_backward_weight", out, (grad_output, input), scalars)
     grad_output, input = activation_in(grad_output, layout_last), activation_in(input, layout_last)
-    if policy.last_grad_weight and layout_last and involution_last_backward_weight(
+    if policy.lanes_on_channels and layout_last and involution_last_backward_weight(
             grad_output, input, kernel_size, stride, padding, dilation, groups, out, launcher) is not None:
         return out
     threads = n * groups * kernel_size[0] * out_h * out_w

@@ -1,12 +1,15 @@
-"""involution_last.cu (involution's channels_last grad_weight, a vector of a group's channels a
-lane, the group summed by shuffles) through the host emulation: against the float64 reference
-on random geometries (every instantiation and dtype, any padding, groups of one to eight
-lanes, partial last warps, destinations aligned to a vector and not), infinite grad_output
-values, the registry's samples and the calls it declines, the op's dispatch under the policy
-that routes to it, AddressSanitizer, and planted bugs these checks catch; and on a GPU."""
+"""A lane a 16-byte vector of a group's channels in channels_last calls (the ``LAST`` policy,
+DCNv4's mapping). involution_last.cu's grad_weight (the group summed by shuffles) through the
+host emulation: against the float64 reference on random geometries (every instantiation and
+dtype, any padding, groups of 2 to 32 lanes, partial last warps, destinations aligned to a
+vector and not), infinite grad_output values, the registry's samples and the calls it
+declines, the op's dispatch under the policy, AddressSanitizer, and planted bugs these checks
+catch; and on a GPU. The forward and grad_input under the policy: the chunked kernels at one
+vector a thread, with the ops' bits."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from oplib.kernels import CUDA_DISPATCH, load_source
 from oplib.kernels.cuda_launch import BLOCK_SIZE
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.layouts import is_pixel_major, weight_result
-from oplib.testing import assert_matches_reference
+from oplib.testing import assert_matches_reference, device_model
 from oplib.testing.cuda_emulation import EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
@@ -183,7 +186,7 @@ def test_the_op_takes_the_last_kernel_under_its_policy():
     require_host_compiler()
     dispatch = CUDA_DISPATCH["oplib::involution_backward_weight"]
     spec, rng = registry.get("involution_backward_weight"), random.Random(3)
-    assert not involution_cuda.POLICY.last_grad_weight and involution_cuda.LAST.last_grad_weight
+    assert not involution_cuda.POLICY.lanes_on_channels and involution_cuda.LAST.lanes_on_channels
     for kernel, stride in _instantiations():
         for dtype in (torch.float32, torch.bfloat16):
             args = _case(rng, kernel, stride, dtype)
@@ -200,6 +203,48 @@ def test_the_op_takes_the_last_kernel_under_its_policy():
             result = dispatch(*narrow, fallback, involution_cuda.LAST)
             assert [launch[0] for launch in fallback.launches] == ["involution_backward_weight_chunked"]
             assert_matches_reference(spec, registry.SampleInput(narrow, "narrow"), result, dtype)
+
+
+@pytest.mark.parametrize("op", ["involution", "involution_backward_input"])
+def test_lanes_on_channels_gives_the_chunked_kernels_one_vector_a_thread(op):
+    """Under ``LAST`` a channels_last forward or grad_input runs the chunked kernel with one
+    16-byte vector of a group's channels a thread (its last argument; the ops' policy gives a
+    thread 16 channels at RedNet's first stages), with the very bits of the ops' policy: each
+    channel's sum takes the same taps in the same order, whichever thread owns it. NCHW calls
+    launch what they launch under the ops' policy."""
+    require_host_compiler()
+    dispatch, rng = CUDA_DISPATCH[f"oplib::{op}"], random.Random(7)
+    for kernel, stride in [(3, 1), (7, 1), (7, 2)]:
+        for dtype in registry.FLOAT_DTYPES:
+            lanes = 16 // dtype.itemsize
+            groups, per_group = rng.choice([1, 2]), rng.choice([16, 32])
+            height, width = rng.randint(kernel, 12), rng.randint(kernel, 12)
+            out_h, out_w = (height + 2 * (kernel // 2) - kernel) // stride + 1, (width + 2 * (kernel // 2) - kernel) // stride + 1
+            w = torch.randn(2, groups, kernel, kernel, out_h, out_w, dtype=dtype)
+            window = ([stride, stride], [kernel // 2] * 2, [1, 1])
+            if op == "involution":
+                activation = torch.randn(2, groups * per_group, height, width, dtype=dtype)
+                args = (activation.to(memory_format=LAST), w, *window)
+            else:
+                activation = torch.randn(2, groups * per_group, out_h, out_w, dtype=dtype)
+                args = (activation.to(memory_format=LAST), w, [height, width], *window)
+            recorded = device_model.RecordingLauncher()
+            dispatch(*args, recorded, involution_cuda.LAST)
+            (launch,) = recorded.launches
+            assert launch.kernel.endswith("_chunked") and launch.scalars[-1] == lanes, (dtype, kernel, stride)
+            # the ops' policy as it launches at RedNet's sizes: the most channels a thread
+            many = dataclasses.replace(involution_cuda.POLICY, target_threads=1)
+            recorded = device_model.RecordingLauncher()
+            dispatch(*args, recorded, many)
+            assert recorded.launches[0].scalars[-1] > lanes
+            routed = dispatch(*args, EmulatedLauncher(), involution_cuda.LAST)
+            assert torch.equal(routed, dispatch(*args, EmulatedLauncher(), many)), (dtype, kernel, stride)
+            nchw = (activation, *args[1:])
+            default, lanes_on_channels = device_model.RecordingLauncher(), device_model.RecordingLauncher()
+            dispatch(*nchw, default)
+            dispatch(*nchw, lanes_on_channels, involution_cuda.LAST)
+            assert [(l.kernel, l.scalars) for l in default.launches] == [
+                (l.kernel, l.scalars) for l in lanes_on_channels.launches]
 
 
 @pytest.mark.needs_cuda
