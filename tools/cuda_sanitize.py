@@ -4,8 +4,8 @@
 
 Each registry sample and a few random geometries, forward and (where the op has one) backward,
 float32 and bfloat16, NCHW and channels_last inputs; then the kernels no op takes by default
-(involution_last.cu's channels_last grad_weight, under the ``LAST`` policy) on random
-geometries of every instantiation. The sanitizer reports any out-of-bounds or misaligned access
+(involution_last.cu's channels_last forward and grad_weight, under the ``LAST`` policy) on
+random geometries of every instantiation. The sanitizer reports any out-of-bounds or misaligned access
 of the kernels. The values are checked by the tests; this only launches. ``--device cpu``
 makes the same calls on CPU tensors (``tools/gpu_check.py --dry``), the unrouted kernels
 through the host emulation."""
@@ -49,12 +49,11 @@ def launch_every_op(device: str = "cuda") -> int:
 
 
 def launch_unrouted_kernels(device: str = "cuda", cases: int = 2) -> int:
-    """involution_last.cu's grad_weight on ``cases`` random channels_last geometries of each
+    """involution_last.cu's kernels on ``cases`` random channels_last geometries of each
     instantiation, float32 and bfloat16 (``test_cuda_last``'s): CuPy's launch on a GPU, the
     host emulation on CPU tensors."""
     import random
 
-    from oplib.kernels.involution import cuda as involution_cuda
 
     launcher = None
     if device == "cpu":
@@ -62,14 +61,14 @@ def launch_unrouted_kernels(device: str = "cuda", cases: int = 2) -> int:
 
         launcher = EmulatedLauncher()
     rng, launches = random.Random(13), 0
-    for kernel, stride in test_cuda_last._instantiations():
-        for dtype in (torch.float32, torch.bfloat16):
-            for _ in range(cases):
-                args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a
-                             for a in test_cuda_last._case(rng, kernel, stride, dtype))
-                out = involution_cuda.involution_last_backward_weight(*args, test_cuda_last._result(args), launcher)
-                assert out is not None
-                launches += 1
+    for kind in test_cuda_last.KINDS.values():
+        for kernel, stride in test_cuda_last._instantiations(kind):
+            for dtype in (torch.float32, torch.bfloat16):
+                for _ in range(cases):
+                    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a
+                                 for a in test_cuda_last._case(rng, kernel, stride, dtype, kind))
+                    assert kind.launch(*args, test_cuda_last._result(args, kind), launcher) is not None
+                    launches += 1
     if device == "cuda":
         torch.cuda.synchronize()
     return launches

@@ -921,52 +921,84 @@ def _backward_weight_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
     t.store(2, ((n * G + g) * K * K + a * K + _slots(K)) * plane + i * OW + j0, True, es)
 
 
-def _backward_weight_last(t: _Tally, item: Tensor, launch: Launch) -> None:
-    """involution_backward_weight_last (involution_last.cu): a lane's grad_output vector; per
-    kernel row, the row's K input vectors inside the image and K x LANES multiply-adds, the K
-    sums added over the group's PARTS lanes by log2(PARTS) shuffles each (traced as
-    shared-memory passes: the shuffles take the same unit's slots) and staged in shared memory,
-    each part its share of the taps; then the warp's records copied out, in 16-byte vectors
-    where the destination is aligned to them. Vectors traced by their first element."""
+def _last_item(item: Tensor, launch: Launch):
+    """``last_item`` of involution_last.cu: (K, S, element bytes, lanes, parts, n, i, j, pixel,
+    the vector's first channel c0, the record's slot among the warp's, the warp's first record
+    and the values of its records) of each work item."""
     total, C, H, W, G, OH, OW, ph, pw = launch.scalars
     K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
     es = launch.dtype.itemsize
-    lanes, taps = 16 // es, K * K
+    lanes = 16 // es
     parts = C // G // lanes
     record, part = item // parts, item % parts
     g, pixel = record % G, record // G
     j, i, n = pixel % OW, (pixel // OW) % OH, pixel // (OW * OH)
-    c0 = g * (C // G) + part * lanes
-    lane = torch.arange(32)
-    base = item - lane
+    base = item - torch.arange(32)
     first_record = base // parts
+    values = ((total - base).clamp(max=32) // parts) * K * K
+    return K, S, es, lanes, parts, n, i, j, pixel, g * (C // G) + part * lanes, record - first_record, first_record, values
+
+
+def _warp_copy(t: _Tally, tensor: int, start: Tensor, values: Tensor, most: int, es: int, lanes: int,
+               to_global: bool) -> None:
+    """``warp_copy`` of involution_last.cu between the warp's staging and ``values`` elements of
+    tensor argument ``tensor`` from ``start`` (at most ``most``): 16-byte vectors where the
+    global end is aligned to them (the tensor's start is), then a value a lane."""
+    lane = torch.arange(32)
+    vectors = torch.where((start * es) % 16 == 0, values // lanes, 0)
+    v = lane + 32 * _slots(-(-most // lanes // 32))
+    t.shared(v * lanes, v < vectors, es * lanes)
+    (t.store if to_global else t.load)(tensor, start + v * lanes, v < vectors, es)
+    v = vectors * lanes + lane + 32 * _slots(-(-most // 32))
+    t.shared(v, v < values, es)
+    (t.store if to_global else t.load)(tensor, start + v, v < values, es)
+
+
+def _forward_last(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_forward_last (involution_last.cu): the warp's records' weights copied into
+    shared memory; per kernel row the row's K input vectors (every one loaded: a tap outside the
+    image reads the sample's first pixel), and per tap inside the image a shared-memory load of
+    its weight and LANES multiply-adds; one vector store. Vectors traced by their first element."""
+    _, C, H, W, _, _, _, ph, pw = launch.scalars
+    K, S, es, lanes, parts, n, i, j, pixel, c0, slot, first, values = _last_item(item, launch)
+    _warp_copy(t, 1, first * K * K, values, 32 // parts * K * K, es, lanes, to_global=False)
+    x = j * S - pw + _slots(K)
+    for a in range(K):
+        y = i * S - ph + a
+        inside = (y >= 0) & (y < H) & (x >= 0) & (x < W)
+        t.load(0, torch.where(inside, ((n * H + y) * W + x) * C + c0, c0), True, es)
+        t.shared(slot * K * K + a * K + _slots(K), inside, es)
+        t.fma(inside, lanes)
+    t.store(2, pixel * C + c0, True, es)
+
+
+def _backward_weight_last(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_backward_weight_last (involution_last.cu): a lane's grad_output vector; per
+    kernel row, the row's K input vectors (every one loaded: a tap outside the image reads the
+    sample's first pixel) and K x LANES multiply-adds, the K sums added over the group's PARTS
+    lanes by log2(PARTS) shuffles each (traced as shared-memory passes: the shuffles take the
+    same unit's slots) and staged in shared memory, each part its share of the taps; then the
+    warp's records copied out. Vectors traced by their first element."""
+    _, C, H, W, _, _, _, ph, pw = launch.scalars
+    K, S, es, lanes, parts, n, i, j, pixel, c0, slot, first, values = _last_item(item, launch)
+    part = item % parts
     t.load(0, pixel * C + c0, True, es)
     x = j * S - pw + _slots(K)
     shuffles = K * (parts.bit_length() - 1)
     for a in range(K):
         y = i * S - ph + a
         inside = (y >= 0) & (y < H) & (x >= 0) & (x < W)
-        t.load(1, ((n * H + y) * W + x) * C + c0, inside, es)
-        t.fma(inside, lanes)
+        t.load(1, torch.where(inside, ((n * H + y) * W + x) * C + c0, c0), True, es)
+        t.fma(torch.ones_like(inside), lanes)
         if shuffles:
-            t.shared(_slots(shuffles) * 0 + lane, True, 4)
+            t.shared(_slots(shuffles) * 0 + torch.arange(32), True, 4)
         b = _slots(K)
-        t.shared((record - first_record) * taps + a * K + b, (b % parts) == part, es)
-    values = ((total - base).clamp(max=32) // parts) * taps
-    out = first_record * taps
-    aligned = (out * es) % 16 == 0
-    vectors = torch.where(aligned, values // lanes, 0)
-    rounds = -(-32 * taps // parts // lanes // 32)  # the most vector rounds a warp takes
-    v = lane + 32 * _slots(rounds)
-    t.shared(v * lanes, v < vectors, es * lanes)
-    t.store(2, out + v * lanes, v < vectors, es)
-    tail_rounds = -(-32 * taps // parts // 32)
-    v = vectors * lanes + lane + 32 * _slots(tail_rounds)
-    t.shared(v, v < values, es)
-    t.store(2, out + v, v < values, es)
+        t.shared(slot * K * K + a * K + b, (b % parts) == part, es)
+    _warp_copy(t, 2, first * K * K, values, 32 // parts * K * K, es, lanes, to_global=True)
 
 
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
+    "involution_forward_last": _forward_last,
     "involution_backward_weight_last": _backward_weight_last,
     "involution_forward_chunked": _forward_chunked,
     "involution_forward_vectors": _forward_vectors,

@@ -193,6 +193,10 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Te
     if (policy or POLICY).vectors and involution_vectors(input, weight, stride, padding, dilation, out,
                                                          launcher) is not None:
         return out
+    policy = policy or POLICY
+    if policy.lanes_on_channels and involution_last(input, weight, stride, padding, dilation, out,
+                                                    launcher) is not None:
+        return out
     return _channel_chunked("involution_forward", input, weight, stride, padding, dilation, out, launcher, policy)
 
 
@@ -369,32 +373,60 @@ def last_parts(source: KernelSource, channels: int, groups: int, dtype: torch.dt
     return parts if parts <= c["LAST_MAX_PARTS"] and parts & (parts - 1) == 0 else None
 
 
+def _last_window(source: KernelSource, kernel_size, stride, dilation) -> Optional[tuple[str, str]]:
+    """The (KERNEL, STRIDE) instantiation of ``involution_last.cu``'s kernels for a window, or
+    None: non-square kernels or strides, dilation, sizes without one."""
+    square = kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
+    specialisation = (str(kernel_size[0]), str(stride[0]))
+    return specialisation if square and specialisation in source.specialisations["involution_forward_last"] else None
+
+
+def _launch_last(kernel: str, activations: tuple[Tensor, Tensor], weight: Tensor, input_shape, groups: int,
+                 kernel_size, stride, padding, dilation, out: Tensor, launcher: Optional[Launcher]) -> Optional[Tensor]:
+    """Launch ``kernel`` of ``involution_last.cu`` into ``out`` over the output pixels of the
+    pixel-major ``weight`` (the tensor read or written there), or None, nothing launched, where
+    it declines: another layout (the two activations channels_last, the weight pixel-major), a
+    window ``_last_window`` declines, a grouping ``last_parts`` declines, an activation not
+    aligned to the vector, more work items than an int counts."""
+    source = load_source(LAST_SOURCE)
+    specialisation = _last_window(source, kernel_size, stride, dilation)
+    last = torch.channels_last
+    if specialisation is None or not (all(a.is_contiguous(memory_format=last) for a in activations)
+                                      and is_pixel_major(weight)):
+        return None
+    n, channels, height, width = input_shape
+    parts = last_parts(source, channels, groups, activations[0].dtype)
+    if parts is None or any(a.data_ptr() % source.constants["VECTOR_BYTES"] for a in activations):
+        return None
+    out_h, out_w = weight.shape[4:]
+    threads = n * out_h * out_w * groups * parts
+    if threads > POLICY.index32_limit:  # the kernel counts its work items in an int
+        return None
+    operands = tuple(t for t in (*activations, weight) if t is not out)
+    _run(launcher or cupy_launcher(), kernel, out, True, operands,
+         (threads, channels, height, width, groups, out_h, out_w, *padding), threads, specialisation, LAST_SOURCE)
+    return out
+
+
+def involution_last(input: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
+                    launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+    """input: (N, C, H, W) channels_last, weight: (N, G, K, K, Ho, Wo) pixel-major -> out:
+    (N, C, Ho, Wo) channels_last, by the kernel whose lanes each own a 16-byte vector of a
+    group's channels, the warp's weights staged in shared memory; None, out untouched, where it
+    declines (``_launch_last``). The same bits as ``involution``'s chunked kernel."""
+    groups, kh, kw = weight.shape[1:4]
+    return _launch_last("involution_forward_last", (input, out), weight, input.shape, groups, (kh, kw), stride,
+                        padding, dilation, out, launcher)
+
+
 def involution_last_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation,
                                     groups: int, out: Tensor, launcher: Optional[Launcher] = None) -> Optional[Tensor]:
     """grad_output: (N, C, Ho, Wo), input: (N, C, H, W), both channels_last -> out: grad_weight
     (N, G, K, K, Ho, Wo), pixel-major, by the kernel whose lanes lie along a group's channels (a
-    16-byte vector each) and sum the group by shuffles; None, out untouched, where it declines:
-    another layout, a window without an instantiation (square kernels and strides, dilation 1),
-    a grouping ``last_parts`` declines, or an operand not aligned to the vector."""
-    source = load_source(LAST_SOURCE)
-    square = kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
-    specialisation = (str(kernel_size[0]), str(stride[0]))
-    if not square or specialisation not in source.specialisations["involution_backward_weight_last"]:
-        return None
-    last = torch.channels_last
-    if not (grad_output.is_contiguous(memory_format=last) and input.is_contiguous(memory_format=last)
-            and is_pixel_major(out)):
-        return None
-    vector = source.constants["VECTOR_BYTES"]
-    parts = last_parts(source, input.shape[1], groups, input.dtype)
-    if parts is None or grad_output.data_ptr() % vector or input.data_ptr() % vector:
-        return None
-    n, channels, height, width = input.shape
-    out_h, out_w = grad_output.shape[2:]
-    threads = n * out_h * out_w * groups * parts
-    _run(launcher or cupy_launcher(), "involution_backward_weight_last", out, True, (grad_output, input),
-         (threads, channels, height, width, groups, out_h, out_w, *padding), threads, specialisation, LAST_SOURCE)
-    return out
+    16-byte vector each) and sum the group by shuffles; None, out untouched, where it declines
+    (``_launch_last``)."""
+    return _launch_last("involution_backward_weight_last", (grad_output, input), out, input.shape, groups, kernel_size,
+                        stride, padding, dilation, out, launcher)
 
 
 def _generated(kernel: str, activation: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
@@ -466,8 +498,9 @@ def involution_generated_backward_input_generic(grad_output: Tensor, feature: Te
 # the result allocated as the op allocates it, then written by the function above.
 
 
-@cuda_dispatch("oplib::involution", (SOURCE, VECTORS_SOURCE),
-               ["involution_forward", "involution_forward_chunked", "involution_forward_vectors"])
+@cuda_dispatch("oplib::involution", (SOURCE, VECTORS_SOURCE, LAST_SOURCE),
+               ["involution_forward", "involution_forward_chunked", "involution_forward_vectors",
+                "involution_forward_last"])
 def launch_involution(input, weight, stride, padding, dilation, launcher: Launcher, policy=None) -> Tensor:
     out = result_like(input, weight.shape[4:])
     return involution(input, weight, stride, padding, dilation, out, launcher, policy)

@@ -1,17 +1,20 @@
 """A lane a 16-byte vector of a group's channels in channels_last calls (the ``LAST`` policy,
-DCNv4's mapping). involution_last.cu's grad_weight (the group summed by shuffles) through the
-host emulation: against the float64 reference on random geometries (every instantiation and
-dtype, any padding, groups of 2 to 32 lanes, partial last warps, destinations aligned to a
-vector and not), infinite grad_output values, the registry's samples and the calls it
-declines, the op's dispatch under the policy, AddressSanitizer, and planted bugs these checks
-catch; and on a GPU. The forward and grad_input under the policy: the chunked kernels at one
-vector a thread, with the ops' bits."""
+DCNv4's mapping). involution_last.cu's forward (the warp's weights staged in shared memory) and
+grad_weight (the group summed by shuffles) through the host emulation: against the float64
+reference on random geometries (every instantiation and dtype, any padding, groups of 2 to 32
+lanes, partial last warps, weights aligned to a vector and not), the forward bit for bit
+against involution.cu's chunked kernel, infinite values at taps outside the image, the
+registry's samples and the calls they decline, the ops' dispatch under the policy,
+AddressSanitizer, and planted bugs these checks catch; and on a GPU. grad_input under the
+policy: the chunked kernel at one vector a thread, with the ops' bits."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -20,33 +23,57 @@ from oplib import registry
 from oplib.kernels import CUDA_DISPATCH, load_source
 from oplib.kernels.cuda_launch import BLOCK_SIZE
 from oplib.kernels.involution import cuda as involution_cuda
-from oplib.kernels.involution.layouts import is_pixel_major, weight_result
+from oplib.kernels.involution.layouts import as_pixel_major, is_pixel_major, weight_result
 from oplib.testing import assert_matches_reference, device_model
 from oplib.testing.cuda_emulation import EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import _planted, assert_asan_catches, run_under_asan
 
-KERNEL = "involution_backward_weight_last"
 LAST = torch.channels_last
 
 
-def _instantiations() -> list[tuple[int, int]]:
+@dataclass(frozen=True)
+class Kind:
+    """One of the source's kernels: its name, the op whose reference it is checked against and
+    the host function that launches it."""
+
+    kernel: str
+    op: str
+    launch: Callable
+
+    @property
+    def grad_weight(self) -> bool:
+        return self.op == "involution_backward_weight"
+
+
+FORWARD = Kind("involution_forward_last", "involution", involution_cuda.involution_last)
+GRAD_WEIGHT = Kind("involution_backward_weight_last", "involution_backward_weight",
+                   involution_cuda.involution_last_backward_weight)
+KINDS = {"forward": FORWARD, "grad_weight": GRAD_WEIGHT}
+
+
+def _instantiations(kind: Kind = GRAD_WEIGHT) -> list[tuple[int, int]]:
     """(kernel size, stride) of each instantiation."""
-    return [(int(k), int(s)) for k, s in load_source(involution_cuda.LAST_SOURCE).specialisations[KERNEL]]
+    return [(int(k), int(s)) for k, s in load_source(involution_cuda.LAST_SOURCE).specialisations[kind.kernel]]
 
 
-def _result(args: tuple) -> torch.Tensor:
-    """The result the op allocates for ``args`` (grad_weight's arguments): pixel-major."""
-    grad_output, input, kernel_size, *_, groups = args
-    return weight_result(grad_output, (input.shape[0], groups, *kernel_size, *grad_output.shape[2:]), True)
+def _result(args: tuple, kind: Kind = GRAD_WEIGHT) -> torch.Tensor:
+    """The result the op allocates for ``args`` (the op's arguments): pixel-major for
+    grad_weight, channels_last for the forward."""
+    if kind.grad_weight:
+        grad_output, input, kernel_size, *_, groups = args
+        return weight_result(grad_output, (input.shape[0], groups, *kernel_size, *grad_output.shape[2:]), True)
+    input, weight = args[:2]
+    return input.new_empty(input.shape[0], input.shape[1], *weight.shape[4:]).to(memory_format=LAST)
 
 
-def _case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype) -> tuple:
-    """grad_weight's arguments for random channels_last operands of one instantiated window:
-    16, 32 or 64 channels a group (2 to 32 lanes; at 64 the warp's results start off a vector's
-    alignment at K = 3 and 5), one to three groups, any padding on either axis, sizes from one
-    output pixel up (work items rarely a multiple of a warp)."""
+def _case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype, kind: Kind = GRAD_WEIGHT) -> tuple:
+    """The op's arguments for random channels_last operands of one instantiated window (the
+    forward's weight pixel-major): 16, 32 or 64 channels a group (2 to 32 lanes; at 64 the
+    warp's records start off a vector's alignment at K = 3 and 5), one to three groups, any
+    padding on either axis, sizes from one output pixel up (work items rarely a multiple of a
+    warp)."""
     groups, per_group = rng.choice([1, 2, 3]), rng.choice([16, 16, 32, 64])
     pad = [rng.randint(0, kernel - 1), rng.randint(0, kernel - 1)]
     height = max(rng.randint(1, 9), kernel - 2 * pad[0])
@@ -54,23 +81,35 @@ def _case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype) -> t
     n = rng.choice([1, 2])
     out_h, out_w = (height + 2 * pad[0] - kernel) // stride + 1, (width + 2 * pad[1] - kernel) // stride + 1
     channels = groups * per_group
-    grad_output = torch.randn(n, channels, out_h, out_w, dtype=dtype).to(memory_format=LAST)
     input = torch.randn(n, channels, height, width, dtype=dtype).to(memory_format=LAST)
-    return grad_output, input, [kernel, kernel], [stride, stride], pad, [1, 1], groups
+    window = ([stride, stride], pad, [1, 1])
+    if kind.grad_weight:
+        grad_output = torch.randn(n, channels, out_h, out_w, dtype=dtype).to(memory_format=LAST)
+        return grad_output, input, [kernel, kernel], *window, groups
+    return input, as_pixel_major(torch.randn(n, groups, kernel, kernel, out_h, out_w, dtype=dtype)), *window
 
 
-def _check_random(launcher, cases: int, seed: int, dtypes=registry.FLOAT_DTYPES) -> set:
-    """``cases`` random geometries per instantiation and dtype against the float64 reference;
-    returns the instantiations launched."""
-    rng, spec = random.Random(seed), registry.get("involution_backward_weight")
-    for kernel, stride in _instantiations():
+def _chunked_forward(args: tuple) -> torch.Tensor:
+    """involution.cu's chunked forward on the same call (the ``CHUNKED`` policy)."""
+    return involution_cuda.involution(*args, _result(args, FORWARD), EmulatedLauncher(), involution_cuda.CHUNKED)
+
+
+def _check_random(launcher, cases: int, seed: int, dtypes=registry.FLOAT_DTYPES, kind: Kind = GRAD_WEIGHT) -> set:
+    """``cases`` random geometries per instantiation and dtype against the float64 reference
+    (the forward also against the chunked kernel's bits); returns the instantiations launched."""
+    rng, spec = random.Random(seed), registry.get(kind.op)
+    for kernel, stride in _instantiations(kind):
         for dtype in dtypes:
             for case in range(cases):
-                args = _case(rng, kernel, stride, dtype)
-                out = involution_cuda.involution_last_backward_weight(*args, _result(args), launcher)
-                assert out is not None and is_pixel_major(out)
-                assert_matches_reference(spec, registry.SampleInput(args, f"k{kernel}-s{stride}-{dtype}-{case}"), out,
-                                         dtype)
+                args = _case(rng, kernel, stride, dtype, kind)
+                out = kind.launch(*args, _result(args, kind), launcher)
+                assert out is not None
+                name = f"k{kernel}-s{stride}-{dtype}-{case}"
+                assert_matches_reference(spec, registry.SampleInput(args, name), out, dtype)
+                if kind.grad_weight:
+                    assert is_pixel_major(out)
+                else:
+                    assert out.is_contiguous(memory_format=LAST) and torch.equal(out, _chunked_forward(args)), name
     return {(launch[0], launch[4]) for launch in launcher.launches}
 
 
@@ -80,11 +119,14 @@ def test_the_block_is_the_launch_size():
     assert load_source(involution_cuda.LAST_SOURCE).constants["LAST_THREADS"] == BLOCK_SIZE
 
 
-def test_last_matches_the_reference():
-    """Every instantiation, every dtype, random geometries: the float64 reference."""
+@pytest.mark.parametrize("kind", KINDS)
+def test_last_matches_the_reference(kind):
+    """Every instantiation, every dtype, random geometries: the float64 reference, and for the
+    forward the chunked kernel's very bits (the same taps added in the same order)."""
     require_host_compiler()
-    launched = _check_random(EmulatedLauncher(), cases=3, seed=5)
-    assert launched == {(KERNEL, s) for s in load_source(involution_cuda.LAST_SOURCE).specialisations[KERNEL]}
+    kind = KINDS[kind]
+    launched = _check_random(EmulatedLauncher(), cases=3, seed=5, kind=kind)
+    assert launched == {(kind.kernel, s) for s in load_source(involution_cuda.LAST_SOURCE).specialisations[kind.kernel]}
 
 
 def test_every_grouping_and_both_copies_are_exercised():
@@ -132,32 +174,65 @@ def test_infinite_grad_output_makes_no_nan_at_taps_outside():
     _infinite_grad_output(EmulatedLauncher())
 
 
-def test_last_declines_the_registry_samples_it_does_not_serve():
-    """The registry's samples (in both layouts) have fewer than LAST_MIN_GROUP_CHANNELS
-    channels a group, so the kernel declines every one: None, the result untouched, nothing
-    launched; the random geometries above are its proof."""
+def _infinite_weights_outside(launcher, dtypes=registry.FLOAT_DTYPES) -> None:
+    """The forward with weights of +-inf at every tap that reads padding: the chunked kernel
+    skips those taps, so its results are finite, and so must these be, bit for bit (a tap
+    outside reads some pixel of the image, which an infinite weight would turn into inf or NaN)."""
+    for dtype in dtypes:
+        for kernel, stride in _instantiations(FORWARD):
+            pad = kernel // 2
+            out_h, out_w = (6 + 2 * pad - kernel) // stride + 1, (16 + 2 * pad - kernel) // stride + 1
+            rows = torch.arange(out_h) * stride - pad + torch.arange(kernel).view(kernel, 1)
+            columns = torch.arange(out_w) * stride - pad + torch.arange(kernel).view(kernel, 1)
+            outside = (((rows < 0) | (rows >= 6)).view(kernel, 1, -1, 1)
+                       | ((columns < 0) | (columns >= 16)).view(1, kernel, 1, -1))
+            w = torch.randn(1, 2, kernel, kernel, out_h, out_w, dtype=dtype)
+            w[0, 0] = torch.where(outside, torch.tensor(float("inf"), dtype=dtype), w[0, 0])
+            w[0, 1] = torch.where(outside, torch.tensor(float("-inf"), dtype=dtype), w[0, 1])
+            args = (torch.randn(1, 32, 6, 16, dtype=dtype).to(memory_format=LAST), as_pixel_major(w),
+                    [stride, stride], [pad, pad], [1, 1])
+            out = involution_cuda.involution_last(*args, _result(args, FORWARD), launcher)
+            expected = _chunked_forward(args)
+            assert torch.isfinite(expected).all() and torch.equal(out, expected), (dtype, kernel, stride)
+
+
+def test_infinite_weights_at_taps_outside_add_nothing():
     require_host_compiler()
-    spec, launcher = registry.get("involution_backward_weight"), EmulatedLauncher()
+    _infinite_weights_outside(EmulatedLauncher())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_last_declines_the_registry_samples_it_does_not_serve(kind):
+    """The registry's samples (in both layouts) have fewer than LAST_MIN_GROUP_CHANNELS
+    channels a group, so the kernels decline every one: None, the result untouched, nothing
+    launched; the random geometries above are their proof."""
+    require_host_compiler()
+    kind = KINDS[kind]
+    spec, launcher = registry.get(kind.op), EmulatedLauncher()
     minimum = load_source(involution_cuda.LAST_SOURCE).constants["LAST_MIN_GROUP_CHANNELS"]
     for dtype in registry.FLOAT_DTYPES:
         for sample in spec.sample_inputs("cpu", dtype, False):
-            grad_output, input, *rest = sample.args
-            assert input.shape[1] // rest[-1] < minimum
-            args = (grad_output.to(memory_format=LAST), input.to(memory_format=LAST), *rest)
-            out = _result(args).fill_(7)
-            assert involution_cuda.involution_last_backward_weight(*args, out, launcher) is None
+            first, second, *rest = sample.args
+            groups = rest[-1] if kind.grad_weight else second.shape[1]
+            assert first.shape[1] // groups < minimum
+            args = (first.to(memory_format=LAST), second.to(memory_format=LAST) if kind.grad_weight
+                    else as_pixel_major(second), *rest)
+            out = _result(args, kind).fill_(7)
+            assert kind.launch(*args, out, launcher) is None
             assert torch.equal(out, torch.full_like(out, 7))
     assert not launcher.launches
 
 
 def test_last_declines_what_it_does_not_serve():
-    """NCHW operands, a result not pixel-major, dilation, a non-square kernel, unequal strides,
-    a kernel size without an instantiation, a group of 8 bfloat16 channels (one lane: below the
-    minimum), of 48 (three lanes: not a power of two), a misaligned operand: None, untouched."""
+    """NCHW operands, a weight or result not pixel-major, dilation, a non-square kernel,
+    unequal strides, a kernel size without an instantiation, a group of 8 bfloat16 channels
+    (one lane: below the minimum), of 48 (three lanes: not a power of two), a misaligned
+    operand: None, untouched, nothing launched."""
     g = torch.randn(1, 32, 8, 8, dtype=torch.bfloat16).to(memory_format=LAST)
     x = torch.randn(1, 32, 8, 8, dtype=torch.bfloat16).to(memory_format=LAST)
     launcher = EmulatedLauncher()
     misaligned = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(1, 8, 8, 32).permute(0, 3, 1, 2).copy_(x)
+    wide = torch.randn(1, 48, 8, 8, dtype=torch.bfloat16).to(memory_format=LAST)
     window = ([3, 3], [1, 1], [1, 1], [1, 1])
     declined = [
         (g.contiguous(), x.contiguous(), *window, 2),
@@ -166,8 +241,7 @@ def test_last_declines_what_it_does_not_serve():
         (g[..., ::2], x, [3, 3], [1, 2], [1, 1], [1, 1], 2),
         (g, x, [9, 9], [1, 1], [4, 4], [1, 1], 2),
         (g, x, *window, 4),
-        (torch.randn(1, 48, 8, 8, dtype=torch.bfloat16).to(memory_format=LAST),
-         torch.randn(1, 48, 8, 8, dtype=torch.bfloat16).to(memory_format=LAST), *window, 1),
+        (wide, wide, *window, 1),
         (g, misaligned, *window, 2),
     ]
     for args in declined:
@@ -176,58 +250,84 @@ def test_last_declines_what_it_does_not_serve():
         assert torch.equal(out, torch.full_like(out, 7))
     out = torch.empty(1, 2, 3, 3, 8, 8, dtype=torch.bfloat16)  # contiguous, not pixel-major
     assert involution_cuda.involution_last_backward_weight(g, x, *window, 2, out, launcher) is None
+
+    def weight(groups, kernel=(3, 3), size=(8, 8)):
+        return as_pixel_major(torch.randn(1, groups, *kernel, *size, dtype=torch.bfloat16))
+
+    declined_forward = [  # (input, weight, stride, padding, dilation)
+        (x.contiguous(), weight(2), [1, 1], [1, 1], [1, 1]),
+        (x, weight(2).contiguous(), [1, 1], [1, 1], [1, 1]),
+        (x, weight(2), [1, 1], [2, 2], [2, 2]),
+        (x, weight(2, (3, 5)), [1, 1], [1, 2], [1, 1]),
+        (x, weight(2, size=(8, 4)), [1, 2], [1, 1], [1, 1]),
+        (x, weight(2, (9, 9)), [1, 1], [4, 4], [1, 1]),
+        (x, weight(4), [1, 1], [1, 1], [1, 1]),
+        (wide, weight(1), [1, 1], [1, 1], [1, 1]),
+        (misaligned, weight(2), [1, 1], [1, 1], [1, 1]),
+    ]
+    for args in declined_forward:
+        out = _result(args, FORWARD).fill_(7)
+        assert involution_cuda.involution_last(*args, out, launcher) is None
+        assert torch.equal(out, torch.full_like(out, 7))
+    nchw_out = torch.empty(1, 32, 8, 8, dtype=torch.bfloat16)
+    assert involution_cuda.involution_last(x, weight(2), [1, 1], [1, 1], [1, 1], nchw_out, launcher) is None
     assert not launcher.launches
 
 
-def test_the_op_takes_the_last_kernel_under_its_policy():
-    """The op's CUDA dispatch under ``LAST`` runs this kernel for every channels_last call it
+def _narrow(kind: Kind, args: tuple) -> tuple:
+    """``args`` with 8 channels a group: a call the kernel declines and the chunked one serves."""
+    if kind.grad_weight:
+        g, x, *rest, groups = args
+        return (g[:, :8 * groups].contiguous(memory_format=LAST), x[:, :8 * groups].contiguous(memory_format=LAST),
+                *rest, groups)
+    x, w, *rest = args
+    return (x[:, :8 * w.shape[1]].contiguous(memory_format=LAST), w, *rest)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_op_takes_the_last_kernel_under_its_policy(kind):
+    """The op's CUDA dispatch under ``LAST`` runs the kernel for every channels_last call it
     serves (the reference's values), the chunked kernel for the calls it declines; the ops'
     default policy keeps the chunked kernel until a draw has timed the two."""
     require_host_compiler()
-    dispatch = CUDA_DISPATCH["oplib::involution_backward_weight"]
-    spec, rng = registry.get("involution_backward_weight"), random.Random(3)
+    kind = KINDS[kind]
+    dispatch = CUDA_DISPATCH[f"oplib::{kind.op}"]
+    spec, rng = registry.get(kind.op), random.Random(3)
+    chunked = kind.kernel.replace("_last", "_chunked")
     assert not involution_cuda.POLICY.lanes_on_channels and involution_cuda.LAST.lanes_on_channels
-    for kernel, stride in _instantiations():
+    for kernel, stride in _instantiations(kind):
         for dtype in (torch.float32, torch.bfloat16):
-            args = _case(rng, kernel, stride, dtype)
+            args = _case(rng, kernel, stride, dtype, kind)
             routed, default = EmulatedLauncher(), EmulatedLauncher()
             out = dispatch(*args, routed, involution_cuda.LAST)
-            assert [launch[0] for launch in routed.launches] == [KERNEL]
+            assert [launch[0] for launch in routed.launches] == [kind.kernel]
             assert_matches_reference(spec, registry.SampleInput(args, "routed"), out, dtype)
             dispatch(*args, default)
-            assert [launch[0] for launch in default.launches] == ["involution_backward_weight_chunked"]
-            g, x, *rest, groups = args
-            narrow = (g[:, :8 * groups].contiguous(memory_format=LAST), x[:, :8 * groups].contiguous(memory_format=LAST),
-                      *rest, groups)  # 8 channels a group
-            fallback = EmulatedLauncher()
+            assert [launch[0] for launch in default.launches] == [chunked]
+            narrow, fallback = _narrow(kind, args), EmulatedLauncher()
             result = dispatch(*narrow, fallback, involution_cuda.LAST)
-            assert [launch[0] for launch in fallback.launches] == ["involution_backward_weight_chunked"]
+            assert [launch[0] for launch in fallback.launches] == [chunked]
             assert_matches_reference(spec, registry.SampleInput(narrow, "narrow"), result, dtype)
 
 
-@pytest.mark.parametrize("op", ["involution", "involution_backward_input"])
-def test_lanes_on_channels_gives_the_chunked_kernels_one_vector_a_thread(op):
-    """Under ``LAST`` a channels_last forward or grad_input runs the chunked kernel with one
-    16-byte vector of a group's channels a thread (its last argument; the ops' policy gives a
-    thread 16 channels at RedNet's first stages), with the very bits of the ops' policy: each
-    channel's sum takes the same taps in the same order, whichever thread owns it. NCHW calls
-    launch what they launch under the ops' policy."""
+def test_lanes_on_channels_gives_the_chunked_grad_input_one_vector_a_thread():
+    """Under ``LAST`` a channels_last grad_input runs the chunked kernel with one 16-byte vector
+    of a group's channels a thread (its last argument; the ops' policy gives a thread 16
+    channels at RedNet's first stages), with the very bits of the ops' policy: each channel's
+    sum takes the same taps in the same order, whichever thread owns it. NCHW calls launch
+    what they launch under the ops' policy."""
     require_host_compiler()
-    dispatch, rng = CUDA_DISPATCH[f"oplib::{op}"], random.Random(7)
+    dispatch, rng = CUDA_DISPATCH["oplib::involution_backward_input"], random.Random(7)
     for kernel, stride in [(3, 1), (7, 1), (7, 2)]:
         for dtype in registry.FLOAT_DTYPES:
             lanes = 16 // dtype.itemsize
             groups, per_group = rng.choice([1, 2]), rng.choice([16, 32])
             height, width = rng.randint(kernel, 12), rng.randint(kernel, 12)
-            out_h, out_w = (height + 2 * (kernel // 2) - kernel) // stride + 1, (width + 2 * (kernel // 2) - kernel) // stride + 1
+            out_h = (height + 2 * (kernel // 2) - kernel) // stride + 1
+            out_w = (width + 2 * (kernel // 2) - kernel) // stride + 1
             w = torch.randn(2, groups, kernel, kernel, out_h, out_w, dtype=dtype)
-            window = ([stride, stride], [kernel // 2] * 2, [1, 1])
-            if op == "involution":
-                activation = torch.randn(2, groups * per_group, height, width, dtype=dtype)
-                args = (activation.to(memory_format=LAST), w, *window)
-            else:
-                activation = torch.randn(2, groups * per_group, out_h, out_w, dtype=dtype)
-                args = (activation.to(memory_format=LAST), w, [height, width], *window)
+            grad_output = torch.randn(2, groups * per_group, out_h, out_w, dtype=dtype)
+            args = (grad_output.to(memory_format=LAST), w, [height, width], [stride, stride], [kernel // 2] * 2, [1, 1])
             recorded = device_model.RecordingLauncher()
             dispatch(*args, recorded, involution_cuda.LAST)
             (launch,) = recorded.launches
@@ -239,7 +339,7 @@ def test_lanes_on_channels_gives_the_chunked_kernels_one_vector_a_thread(op):
             assert recorded.launches[0].scalars[-1] > lanes
             routed = dispatch(*args, EmulatedLauncher(), involution_cuda.LAST)
             assert torch.equal(routed, dispatch(*args, EmulatedLauncher(), many)), (dtype, kernel, stride)
-            nchw = (activation, *args[1:])
+            nchw = (grad_output, *args[1:])
             default, lanes_on_channels = device_model.RecordingLauncher(), device_model.RecordingLauncher()
             dispatch(*nchw, default)
             dispatch(*nchw, lanes_on_channels, involution_cuda.LAST)
@@ -248,36 +348,48 @@ def test_lanes_on_channels_gives_the_chunked_kernels_one_vector_a_thread(op):
 
 
 @pytest.mark.needs_cuda
-def test_last_on_a_gpu_matches_the_reference():
-    """CuPy's launch on a GPU, what NVRTC makes of the kernel: random geometries of every
-    instantiation and dtype against the float64 reference, through the function and the op's
-    dispatch under ``LAST``; the same bits on a second call (deterministic)."""
-    rng, spec = random.Random(21), registry.get("involution_backward_weight")
-    dispatch = CUDA_DISPATCH["oplib::involution_backward_weight"]
+@pytest.mark.parametrize("kind", KINDS)
+def test_last_on_a_gpu_matches_the_reference(kind):
+    """CuPy's launch on a GPU, what NVRTC makes of the kernels: random geometries of every
+    instantiation and dtype against the float64 reference, the forward bit for bit against the
+    chunked kernel on the same GPU, and the op's dispatch under ``LAST`` with the same bits."""
+    kind = KINDS[kind]
+    rng, spec = random.Random(21), registry.get(kind.op)
+    dispatch = CUDA_DISPATCH[f"oplib::{kind.op}"]
     from oplib.kernels import cupy_launcher
 
-    for kernel, stride in _instantiations():
+    for kernel, stride in _instantiations(kind):
         for dtype in registry.FLOAT_DTYPES:
             for case in range(2):
-                cpu_args = _case(rng, kernel, stride, dtype)
+                cpu_args = _case(rng, kernel, stride, dtype, kind)
                 args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in cpu_args)
-                out = involution_cuda.involution_last_backward_weight(*args, _result(args))
+                out = kind.launch(*args, _result(args, kind))
                 assert out is not None
                 name = f"k{kernel}-s{stride}-{dtype}-{case}"
                 assert_matches_reference(spec, registry.SampleInput(cpu_args, name), out.cpu(), dtype)
                 assert torch.equal(out, dispatch(*args, cupy_launcher(), involution_cuda.LAST)), name
+                if not kind.grad_weight:
+                    chunked = involution_cuda.involution(*args, _result(args, kind), None, involution_cuda.CHUNKED)
+                    assert torch.equal(out, chunked), name
 
 
-# Bugs a review could miss. Each changes values, which the reference check must catch; the two
-# bounds also read past the input (the row below the image, the pixel past a row's end, past
-# the tensor at the last sample), which ASan must catch.
+# Bugs a review could miss, and the kernels each reaches. The first five change values, which
+# the reference check must catch; the two bounds also read past the input (the row below the
+# image, the pixel past a row's end, past the tensor at the last sample), and the copy one value
+# past a warp's records reads past the weight (forward) or writes past grad_weight at the last
+# warp, which ASan must catch (elsewhere it only stages or rewrites a value no one reads).
 PLANTS = {
-    "row-bound-one-past": ("y0 + a >= 0 && y0 + a < H ?", "y0 + a >= 0 && y0 + a <= H ?"),
-    "column-bound-one-past": ("x0 + b >= 0 && x0 + b < width", "x0 + b >= 0 && x0 + b <= width"),
-    "outside-sums-kept": ("if (!((inside >> b) & 1u)) sum[b] = 0;", ";"),
-    "last-shuffle-skipped": ("if (offset >= parts) continue;", "if (offset >= parts / 2) continue;"),
+    "row-bound-one-past": (("forward", "grad_weight"), "return y >= 0 && y < height;", "return y >= 0 && y <= height;"),
+    "column-bound-one-past": (("forward", "grad_weight"), "x0 + b >= 0 && x0 + b < width", "x0 + b >= 0 && x0 + b <= width"),
+    "outside-taps-added": (("forward",), "if (!((inside >> b) & 1u)) continue;", ";"),
+    "outside-sums-kept": (("grad_weight",), "if (!((inside >> b) & 1u)) sum[b] = 0;", ";"),
+    "last-shuffle-skipped": (("grad_weight",), "if (offset >= parts) continue;", "if (offset >= parts / 2) continue;"),
+    "copy-one-past": (("forward", "grad_weight"), "v < count; v += 32) to[v] = from[v];",
+                      "v <= count; v += 32) to[v] = from[v];"),
 }
-READ_PLANTS = ["row-bound-one-past", "column-bound-one-past"]
+VALUE_PLANTS = [(kind, plant) for plant, (kinds, *_) in PLANTS.items() if plant != "copy-one-past" for kind in kinds]
+ACCESS_PLANTS = [(kind, plant) for plant, (kinds, *_) in PLANTS.items()
+                 if "bound" in plant or plant == "copy-one-past" for kind in kinds]
 
 
 def _use(monkeypatch, planted) -> None:
@@ -286,46 +398,62 @@ def _use(monkeypatch, planted) -> None:
                         lambda name: planted if name == involution_cuda.LAST_SOURCE else real_load(name))
 
 
-@pytest.mark.parametrize("plant", PLANTS)
-def test_a_planted_bug_fails_the_reference_check(plant, tmp_path, monkeypatch):
+def _plant(tmp_path, plant: str):
+    _, text, bug = PLANTS[plant]
+    return _planted(tmp_path, involution_cuda.LAST_SOURCE, text, bug)
+
+
+@pytest.mark.parametrize("kind, plant", VALUE_PLANTS, ids="-".join)
+def test_a_planted_bug_fails_the_reference_check(kind, plant, tmp_path, monkeypatch):
     require_host_compiler()
-    _use(monkeypatch, _planted(tmp_path, involution_cuda.LAST_SOURCE, *PLANTS[plant]))
+    _use(monkeypatch, _plant(tmp_path, plant))
     with pytest.raises(AssertionError):
-        _check_random(EmulatedLauncher(), cases=4, seed=5, dtypes=(torch.float32,))
+        _check_random(EmulatedLauncher(), cases=4, seed=5, dtypes=(torch.float32,), kind=KINDS[kind])
 
 
 _RUN_RANDOM = """
 import sys
 sys.path.insert(0, {tests!r})
 from oplib.testing.cuda_emulation import EmulatedLauncher
-from test_cuda_last import _check_random
+from test_cuda_last import KINDS, _check_random
 launcher = EmulatedLauncher(sanitize=True)
-_check_random(launcher, cases=2, seed=9)
+for kind in KINDS.values():
+    _check_random(launcher, cases=2, seed=9, kind=kind)
 print("clean:", len(launcher.launches), "launches")
 """
 
 
 @pytest.mark.integration
 def test_last_is_clean_under_address_sanitizer():
-    """Every instantiation in every dtype on random geometries: no access outside the tensors
-    (the emulation's buffers are exact-size heap blocks)."""
+    """Both kernels, every instantiation in every dtype on random geometries: no access
+    outside the tensors (the emulation's buffers are exact-size heap blocks)."""
     require_host_compiler()
     result = run_under_asan(_RUN_RANDOM.format(tests=str(Path(__file__).parent)))
     assert result.returncode == 0, result.stderr[-5000:]
     assert "clean:" in result.stdout
 
 
-# A call whose over-read leaves the input: the last pixel's taps below and right of the image.
-_CALL = """
+# Per kernel, a call whose over-reads leave the input or the weight: the last pixel's taps below
+# and right of the image, and the last warp's records end at the weight's end (grad_weight's
+# copy writes past its end).
+ASAN_CALLS = {
+    "forward": """
+    last = torch.channels_last
+    x = torch.randn(1, 16, 4, 4).to(memory_format=last)
+    w = torch.randn(1, 4, 4, 1, 3, 3).permute(0, 3, 4, 5, 1, 2)
+    ops.involution_last(x, w, [1, 1], [1, 1], [1, 1], torch.empty(1, 16, 4, 4).to(memory_format=last), launcher)
+""",
+    "grad_weight": """
     last = torch.channels_last
     g, x = torch.randn(1, 16, 4, 4).to(memory_format=last), torch.randn(1, 16, 4, 4).to(memory_format=last)
     out = torch.empty(1, 4, 4, 1, 3, 3).permute(0, 3, 4, 5, 1, 2)
     ops.involution_last_backward_weight(g, x, [3, 3], [1, 1], [1, 1], [1, 1], 1, out, launcher)
-"""
+""",
+}
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("plant", READ_PLANTS)
-def test_address_sanitizer_catches_a_planted_over_read(plant, tmp_path):
+@pytest.mark.parametrize("kind, plant", ACCESS_PLANTS, ids="-".join)
+def test_address_sanitizer_catches_a_planted_out_of_bounds_access(kind, plant, tmp_path):
     require_host_compiler()
-    assert_asan_catches(_planted(tmp_path, involution_cuda.LAST_SOURCE, *PLANTS[plant]), _CALL)
+    assert_asan_catches(_plant(tmp_path, plant), ASAN_CALLS[kind])

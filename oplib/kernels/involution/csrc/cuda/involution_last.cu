@@ -1,32 +1,32 @@
-// involution's grad_weight for channels_last tensors, a vector of a group's channels a lane:
+// involution's forward and grad_weight for channels_last tensors, a 16-byte vector of one
+// group's channels a lane (DCNv4's mapping):
 //
+//   out[n, i, j, c] = sum_{a, b} weight[n, i, j, g(c), a, b] * input[n, i*S - ph + a, j*S - pw + b, c]
 //   grad_weight[n, i, j, g, a, b] = sum over the group's channels c of
 //                                   grad_output[n, i, j, c] * input[n, i*S - ph + a, j*S - pw + b, c]
 //
-// grad_output: (N, Ho, Wo, C) and input: (N, H, W, C) in memory (channels_last), grad_weight
-// pixel-major, (N, Ho, Wo, G, K, K) in memory (the layout involution.cu's channels_last
-// kernels read and write); square kernels of KERNEL taps a side, equal strides STRIDE, dilation
-// 1, any padding. The host takes this kernel where a group's channels, at least
-// LAST_MIN_GROUP_CHANNELS, are PARTS vectors of 16 bytes, PARTS a power of two up to a warp (at
-// 16 channels a group: 2 lanes in bfloat16, 4 in float32, 8 in float64), and the operands are
-// aligned to a vector; involution.cu's chunked kernel serves the rest.
+// Activations channels_last, (N, H, W, C) in memory; the weight and grad_weight pixel-major,
+// (N, Ho, Wo, G, K, K) in memory (the layout involution.cu's channels_last kernels read and
+// write); square kernels of KERNEL taps a side, equal strides STRIDE, dilation 1, any padding.
+// The host takes these kernels where a group's channels, at least LAST_MIN_GROUP_CHANNELS, are
+// PARTS vectors of 16 bytes, PARTS a power of two up to a warp (at 16 channels a group: 2 lanes
+// in bfloat16, 4 in float32, 8 in float64), and the activations are aligned to a vector;
+// involution.cu's chunked kernels serve the rest.
 //
-// Why: involution.cu's chunked grad_weight gives a thread one pixel, group and kernel row and
-// the group's channels whole, so a warp's lanes read 7 rows of input at once, a few pixels each
-// (the sixth H200 draw measured it at 5.6x its DRAM floor in bfloat16, the worst of
-// involution's kernels RedNet training runs). Here, as in DCNv4's backward, the lanes of a warp
-// lie along the channels of adjacent pixels: each tap is one 16-byte load a lane, the warp's
-// loads whole 128-byte lines of adjacent pixels, each lane's grad_output vector loaded once for
-// all taps. A tap's partial sums over a lane's channels are added across the group's PARTS
-// lanes by shuffles (a butterfly: every lane of the group gets the same bits), and the warp's
-// results, consecutive in grad_weight's layout, are staged in shared memory and written as
-// whole vectors instead of one 2-byte store a lane per tap.
+// Why: involution.cu's chunked kernels give a thread up to 16 channels (grad_weight: a whole
+// group and one kernel row), so a warp's load touches twice the lines it needs, or seven rows
+// of input at once; its weight loads, a record's taps 98 bytes apart at K = 7, touch a dozen
+// lines each (the sixth H200 draw measured its channels_last kernels at 3.0x-5.6x their DRAM
+// floor at RedNet-50's first stage in bfloat16, the kernels RedNet training runs). Here the
+// lanes of a warp lie along the channels of adjacent pixels: each tap is one 16-byte load a
+// lane, the warp's loads whole lines, and the warp's weights (forward) or results (grad_weight),
+// consecutive records, move between global and shared memory as whole vectors.
 //
-// A tap outside the image is not loaded, and its sum is +0, what the chunked kernel writes. The
-// group's sum is split across lanes, so its bits are not the chunked kernel's (each is checked
-// against the float64 reference); it is deterministic. Grid-stride loop over warps, 64-bit
-// offsets into the tensors, and every lane of a warp takes every shuffle (lanes past the end
-// add zeros and store nothing).
+// Each kernel row's loads are issued together, with no branch between them (a tap outside the
+// image reads the sample's first pixel instead, and its term is dropped), so that they are in
+// flight at once. Grid-stride loop over warps, 32-bit work items, 64-bit offsets into the
+// tensors; every lane of a warp takes every shuffle and every copy (lanes past the end add
+// nothing and store nothing).
 
 #include "warp.cuh"
 
@@ -79,6 +79,9 @@ __device__ __forceinline__ void widen_vector<oplib_bfloat16>(float* values, cons
     }
 }
 
+// Whether row y lies in [0, height).
+__device__ __forceinline__ bool row_inside(int y, index_t height) { return y >= 0 && y < height; }
+
 // Bit b set where column x0 + b lies in [0, width): which of a kernel row's taps read the image.
 template <int KERNEL>
 __device__ __forceinline__ unsigned int columns_inside(int x0, index_t width) {
@@ -99,9 +102,127 @@ __device__ __forceinline__ void load_row(Vector16<scalar_t>* values, const scala
         values[b] = *reinterpret_cast<const Vector16<scalar_t>*>((inside >> b) & 1u ? row + b * step : elsewhere);
 }
 
-// oplib-instantiate: involution_backward_weight_last
+// A lane's work item: a vector of channels of one group at one output pixel. Items run over
+// (n, i, j, g, part), part fastest, so a record (n, i, j, g) is `parts` adjacent lanes from a
+// multiple of `parts` on, and a warp's records are consecutive in the weight's pixel-major
+// layout (record r at r * KERNEL^2).
+struct LastItem {
+    bool active;
+    int record, part, pixel, n, i, j, slot;  // slot: the record's place among the warp's
+    index_t c0;                               // the vector's first channel
+};
+
+// A launch's sizes as the kernels use them (work items in 32 bits: the host keeps them below
+// 2^31 with a grid to spare; sizes that scale offsets in 64), the calling lane and warp, and
+// the warp's first round of the grid-stride loop over warps.
+struct LastLaunch {
+    int G, OH, OW, items, parts, lane, warp, first, step;
+    index_t C, H, W;
+
+    __device__ __forceinline__ LastLaunch(index_t total, index_t channels, index_t height, index_t width,
+                                          index_t groups, index_t out_h, index_t out_w, int lanes)
+        : G((int)groups), OH((int)out_h), OW((int)out_w), items((int)total), parts((int)(channels / groups / lanes)),
+          lane(oplib_lane()), warp((int)(threadIdx.x / 32u)), first(((int)blockIdx.x * LAST_WARPS + warp) * 32),
+          step((int)gridDim.x * LAST_THREADS), C(channels), H(height), W(width) {}
+
+    // The lane's work item in the round from `base` (a vector of `lanes` channels).
+    __device__ __forceinline__ LastItem item(int base, int lanes) const {
+        LastItem it;
+        const int item = base + lane;
+        it.active = item < items;
+        it.record = item / parts;
+        it.part = item - it.record * parts;
+        const int g = it.record % G;
+        it.pixel = it.record / G;
+        it.j = it.pixel % OW;
+        it.i = (it.pixel / OW) % OH;
+        it.n = it.pixel / (OW * OH);
+        it.slot = it.record - base / parts;
+        it.c0 = (index_t)g * (C / G) + it.part * lanes;
+        return it;
+    }
+
+    // The records of the round from `base` (fewer in the last warp).
+    __device__ __forceinline__ int records(int base) const { return (items - base < 32 ? items - base : 32) / parts; }
+};
+
+// to[0 .. count) = from[0 .. count) by a warp's lanes, adjacent lanes adjacent values: 16 bytes
+// a lane where both ends are aligned to them, then a value a lane for the rest.
+template <typename scalar_t>
+__device__ __forceinline__ void warp_copy(scalar_t* to, const scalar_t* from, int count, int lane) {
+    constexpr int LANES = Vector16<scalar_t>::lanes;
+    int copied = 0;
+    if ((reinterpret_cast<unsigned long long>(to) | reinterpret_cast<unsigned long long>(from)) % VECTOR_BYTES == 0) {
+        const int vectors = count / LANES;
+        for (int v = lane; v < vectors; v += 32)
+            reinterpret_cast<Vector16<scalar_t>*>(to)[v] = reinterpret_cast<const Vector16<scalar_t>*>(from)[v];
+        copied = vectors * LANES;
+    }
+    for (int v = copied + lane; v < count; v += 32) to[v] = from[v];
+}
+
+// The forward: a lane owns a 16-byte vector of a group's channels at one output pixel; the
+// warp's records' weights are first copied whole into shared memory, then each tap is one
+// input load and a shared-memory read of its weight. The taps are added in involution.cu's
+// chunked kernel's order, those outside the image dropped: its bits.
+
+// oplib-instantiate: involution_forward_last, involution_backward_weight_last
 // oplib-template: KERNEL = 3 | 5 | 7
 // oplib-template: STRIDE = 1 | 2
+template <typename scalar_t, int KERNEL, int STRIDE>
+__global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_forward_last(
+    const scalar_t* __restrict__ input, const scalar_t* __restrict__ weight, scalar_t* __restrict__ output,
+    index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t out_w,
+    index_t pad_h, index_t pad_w) {
+    typedef typename Element<scalar_t>::acc_t acc_t;
+    constexpr int LANES = Vector16<scalar_t>::lanes;
+    constexpr int TAPS = KERNEL * KERNEL;
+    __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS][LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
+    const LastLaunch launch(total, channels, height, width, groups, out_h, out_w, LANES);
+    const index_t C = launch.C, H = launch.H, W = launch.W;
+    scalar_t* staged = reinterpret_cast<scalar_t*>(staged_vectors[launch.warp]);
+    for (int base = launch.first; base < launch.items; base += launch.step) {
+        const LastItem it = launch.item(base, LANES);
+        warp_copy(staged, weight + (index_t)(base / launch.parts) * TAPS, launch.records(base) * TAPS, launch.lane);
+        __syncwarp();
+        const int y0 = it.i * STRIDE - (int)pad_h, x0 = it.j * STRIDE - (int)pad_w;
+        const unsigned int columns = it.active ? columns_inside<KERNEL>(x0, W) : 0u;
+        const scalar_t* taps = staged + it.slot * TAPS;
+        const scalar_t* row = input + (((index_t)it.n * H + y0) * W + x0) * C + it.c0;
+        acc_t sum[LANES];
+#pragma unroll
+        for (int e = 0; e < LANES; ++e) sum[e] = 0;
+        for (int a = 0; a < KERNEL; ++a, row += W * C) {
+            const unsigned int inside = row_inside(y0 + a, H) ? columns : 0u;
+            Vector16<scalar_t> values[KERNEL];
+            load_row<scalar_t, KERNEL>(values, row, C, inside, input + it.c0);
+#pragma unroll
+            for (int b = 0; b < KERNEL; ++b) {
+                if (!((inside >> b) & 1u)) continue;
+                const acc_t w = widen(taps[a * KERNEL + b]);
+                acc_t x[LANES];
+                widen_vector<scalar_t>(x, values[b]);
+#pragma unroll
+                for (int e = 0; e < LANES; ++e) sum[e] = oplib_fma(w, x[e], sum[e]);
+            }
+        }
+        if (it.active) {
+            Vector16<scalar_t> result;
+#pragma unroll
+            for (int e = 0; e < LANES; ++e) result.lane[e] = Element<scalar_t>::store(sum[e]);
+            *reinterpret_cast<Vector16<scalar_t>*>(output + (index_t)it.pixel * C + it.c0) = result;
+        }
+        __syncwarp();  // the staging is free for the next round
+    }
+}
+
+// grad_weight, the same mapping: a lane's grad_output vector is loaded once for all taps; a
+// tap's partial sums over a lane's channels are added across the group's PARTS lanes by
+// shuffles (a butterfly: every lane of the group gets the same bits) and staged in shared
+// memory, each part its share of the row's taps; then the warp's records are written out
+// whole, instead of one 2-byte store a lane per tap. A tap outside the image sums to +0, what
+// the chunked kernel writes. The group's sum is split across lanes, so its bits are not the
+// chunked kernel's (each is checked against the float64 reference); it is deterministic.
 template <typename scalar_t, int KERNEL, int STRIDE>
 __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_backward_weight_last(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, scalar_t* __restrict__ grad_weight,
@@ -111,22 +232,15 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_back
     constexpr int LANES = Vector16<scalar_t>::lanes;
     constexpr int TAPS = KERNEL * KERNEL;
     __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS][LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
-    // Work items (a lane each) are counted in 32 bits (the host keeps them below 2^31 with a
-    // grid to spare), offsets into the tensors in 64.
-    const int G = (int)groups, OH = (int)out_h, OW = (int)out_w, items = (int)total;
-    const index_t C = channels, H = height, W = width;
-    const int parts = (int)(C / G / LANES);
-    const int lane = oplib_lane(), warp_in_block = (int)(threadIdx.x / 32u);
-    scalar_t* staged = reinterpret_cast<scalar_t*>(staged_vectors[warp_in_block]);
-    const int step = (int)gridDim.x * LAST_THREADS;
-    for (int base = ((int)blockIdx.x * LAST_WARPS + warp_in_block) * 32; base < items; base += step) {
-        const int item = base + lane;
-        const bool active = item < items;
-        const int record = item / parts;  // (n, i, j, g), g fastest: grad_weight's order
-        const int part = item - record * parts;
-        const int g = record % G, pixel = record / G;
-        const int j = pixel % OW, i = (pixel / OW) % OH, n = pixel / (OW * OH);
-        const index_t c0 = (index_t)g * (C / G) + part * LANES;
+    const LastLaunch launch(total, channels, height, width, groups, out_h, out_w, LANES);
+    const index_t C = launch.C, H = launch.H, W = launch.W;
+    const int parts = launch.parts;
+    scalar_t* staged = reinterpret_cast<scalar_t*>(staged_vectors[launch.warp]);
+    for (int base = launch.first; base < launch.items; base += launch.step) {
+        const LastItem it = launch.item(base, LANES);
+        const bool active = it.active;
+        const int part = it.part, slot = it.slot, n = it.n, pixel = it.pixel;
+        const index_t c0 = it.c0;
         acc_t grad[LANES];
         {
             Vector16<scalar_t> values;
@@ -135,8 +249,7 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_back
 #pragma unroll
             for (int e = 0; e < LANES; ++e) grad[e] = active ? grad[e] : (acc_t)0;
         }
-        const int y0 = i * STRIDE - (int)pad_h, x0 = j * STRIDE - (int)pad_w;
-        const int first_record = base / parts, slot = record - first_record;
+        const int y0 = it.i * STRIDE - (int)pad_h, x0 = it.j * STRIDE - (int)pad_w;
         // Bits by tap column, once per item: the columns inside the image, and the taps this
         // part stages (b mod parts == part; parts is a power of two).
         const unsigned int columns = active ? columns_inside<KERNEL>(x0, W) : 0u;
@@ -145,7 +258,7 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_back
         for (int b = 0; b < KERNEL; ++b) staged_taps |= (b & (parts - 1)) == part ? 1u << b : 0u;
         const scalar_t* row = input + (((index_t)n * H + y0) * W + x0) * C + c0;
         for (int a = 0; a < KERNEL; ++a, row += W * C) {
-            const unsigned int inside = y0 + a >= 0 && y0 + a < H ? columns : 0u;
+            const unsigned int inside = row_inside(y0 + a, H) ? columns : 0u;
             Vector16<scalar_t> values[KERNEL];
             load_row<scalar_t, KERNEL>(values, row, C, inside, input + c0);
             acc_t sum[KERNEL];
@@ -171,18 +284,8 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_back
                 if (active && (staged_taps >> b) & 1u) staged[slot * TAPS + a * KERNEL + b] = Element<scalar_t>::store(sum[b]);
         }
         __syncwarp();
-        // The warp's records are consecutive in grad_weight: copy them out, 16 bytes a lane
-        // where the destination is aligned to them, else a value a lane.
-        const int values = ((items - base < 32 ? items - base : 32) / parts) * TAPS;
-        scalar_t* out = grad_weight + (index_t)first_record * TAPS;
-        int copied = 0;
-        if (reinterpret_cast<unsigned long long>(out) % VECTOR_BYTES == 0) {
-            const int vectors = values / LANES;
-            for (int v = lane; v < vectors; v += 32)
-                reinterpret_cast<Vector16<scalar_t>*>(out)[v] = staged_vectors[warp_in_block][v];
-            copied = vectors * LANES;
-        }
-        for (int v = copied + lane; v < values; v += 32) out[v] = staged[v];
+        // The warp's records are consecutive in grad_weight: copy them out whole.
+        warp_copy(grad_weight + (index_t)(base / parts) * TAPS, staged, launch.records(base) * TAPS, launch.lane);
         __syncwarp();  // the staging is free for the next round
     }
 }
