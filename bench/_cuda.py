@@ -554,8 +554,13 @@ def layer_columns() -> list[str]:
 
 # The tiny shape of the launch-path bar: where the host's cost is all there is.
 TINY = dict(input=(1, 16, 8, 8), weight=(1, 1, 3, 3, 8, 8), window=([1, 1], [1, 1], [1, 1]))
-# The keys of run_tiny's result.
+# The keys of run_tiny's result: the op, the bare custom op, and where the op's time goes: its
+# CUDA kernel called without the dispatcher (its launch plans), the host path without plans (the
+# rules, the allocation, the launch policy on every call), and whether the op held a plan for
+# the call after the timed calls (1.0 or 0.0; NaN where the op did not run its CUDA kernel).
 OPLIB_TINY, BARE_TINY = "oplib involution", "custom_op + empty CuPy kernel"
+KERNEL_TINY, UNPLANNED_TINY = "oplib's CUDA kernel alone (its launch plans)", "oplib's host path without plans"
+PLAN_HELD = "plan held"
 
 # element.cuh defines the storage types every instantiation names (oplib_half, oplib_bfloat16).
 _EMPTY_KERNEL = ('#include "element.cuh"\n\n'
@@ -599,18 +604,35 @@ def bare_op(launcher: Launcher) -> Callable[..., Tensor]:
 
 def run_tiny(target: Optional[Target] = None, plan: Plan = GPU) -> dict[str, float]:
     """Wall seconds per call, interleaved over ``plan.rounds`` rounds: oplib's involution at the
-    tiny shape and the bare custom op (``bare_op``) on the same arguments."""
+    tiny shape, the bare custom op (``bare_op``) on the same arguments, and the two parts of the
+    op's path (``KERNEL_TINY``, ``UNPLANNED_TINY``); and whether the op held a launch plan for
+    the call (``PLAN_HELD``)."""
+    from oplib.kernels.cuda_plan import plan_key
+    from oplib.ops._rules import CONTRACTS, CUDA_KERNELS, cuda_kernel
+
     target = target or Target.cuda()
     x = torch.randn(*TINY["input"], device=target.device)
     w = torch.randn(*TINY["weight"], device=target.device)
+    args = (x, w, *TINY["window"])
     empty = bare_op(target.launcher)
-    calls = {OPLIB_TINY: lambda: torch.ops.oplib.involution(x, w, *TINY["window"]),
-             BARE_TINY: lambda: empty(x, w, *TINY["window"])}
+    contract = CONTRACTS["oplib::involution"]
+    alone = cuda_kernel(contract, lambda: target.launcher)
+
+    def unplanned() -> Tensor:
+        contract.rules.enforce(*args)
+        return contract.writers["cuda"](*args, contract.result(*args), target.launcher)
+
+    calls = {OPLIB_TINY: lambda: torch.ops.oplib.involution(*args), BARE_TINY: lambda: empty(*args),
+             KERNEL_TINY: lambda: alone(*args), UNPLANNED_TINY: unplanned}
     readings: dict = {name: [] for name in calls}
+    names = list(calls)
     for r in range(plan.rounds):
-        for name in list(calls)[r % 2:] + list(calls)[: r % 2]:
+        for name in names[r % len(names):] + names[: r % len(names)]:
             readings[name].append(wall_time(calls[name], plan.tiny_calls, target))
-    return {name: median(values) for name, values in readings.items()}
+    result = {name: median(values) for name, values in readings.items()}
+    plans = CUDA_KERNELS["oplib::involution"].plans if x.is_cuda else {}
+    result[PLAN_HELD] = float("nan") if not plans else float(plans.get(plan_key(args)) is not None)
+    return result
 
 
 # ---------------------------------------------------------------------------------------

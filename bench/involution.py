@@ -728,9 +728,26 @@ def _launch_section(results: CudaResults, target_name: str, plan, models_choice:
         "",
         *_harness.table(("call", "wall per call (us)", "/ bare"), "lrr", [
             ["oplib involution", f"{oplib_tiny * 1e6:.1f}", f"{oplib_tiny / bare_tiny:.2f}x"],
-            ["bare custom op, empty kernel", f"{bare_tiny * 1e6:.1f}", "1.00x"]]),
+            ["bare custom op, empty kernel", f"{bare_tiny * 1e6:.1f}", "1.00x"],
+            *([name, f"{results.tiny[key] * 1e6:.1f}", f"{results.tiny[key] / bare_tiny:.2f}x"]
+              for key, name in ((_cuda.KERNEL_TINY, "oplib's CUDA kernel alone: its launch plans, no dispatcher"),
+                                (_cuda.UNPLANNED_TINY, "oplib's host path without plans: rules, allocation, policy, "
+                                                       "launch"))
+              if key in results.tiny)]),
         "",
+        *_plan_line(results.tiny.get(_cuda.PLAN_HELD)),
     ]
+
+
+def _plan_line(held: Optional[float]) -> list[str]:
+    """Whether the op held a launch plan for the tiny call after the timed calls (a run before
+    the parts were timed has no such entry)."""
+    if held is None:
+        return []
+    if held != held:  # NaN: the op ran its CPU kernel (a dry run)
+        return ["The op's launch plan: not applicable (the op ran on the CPU).", ""]
+    return [f"The op's launch plan for this call after the timed calls: **{'held' if held else 'not held'}** "
+            "(not held: every call took the whole host path).", ""]
 
 
 def _models_section(results: CudaResults, target_name: str, plan, models_choice: str) -> list[str]:
