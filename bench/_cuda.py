@@ -37,7 +37,8 @@ a process of its own through tools/gpu_check.py). Its stages:
   generic kernel (``involution_generated_backward_input_generic``, the weights formed in
   registers), the op's CUDA kernel before the map route;
 - ``layer``: the whole ``oplib.nn.Involution2d`` layer, fused (``fused=True``) and unfused
-  (``fused=False``), against a depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
+  (``fused=False``; and unfused under the ``LAST`` launch policy, ``launch_policy``), against a
+  depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
   channels_last and float32 NCHW, forward (eval, no_grad) and forward+backward (train), device
   time (``oplib.benchmark``'s CUDA clock: graph replays between events);
 - ``launch``: the host's time per call at a tiny shape, oplib's involution against a bare
@@ -57,6 +58,7 @@ not on a GPU lease. Its figures are not GPU figures.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -474,10 +476,47 @@ def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
 # layer
 # ---------------------------------------------------------------------------------------
 
-LAYER_CASES = ("fused", "unfused", "depthwise 7x7")
+# "unfused, LAST": the unfused layer (RedNet's path on CUDA) with involution's kernels under the
+# ``LAST`` launch policy (``launch_policy``), its A/B at the layer level.
+UNFUSED_LAST = "unfused, LAST"
+LAYER_CASES = ("fused", "unfused", UNFUSED_LAST, "depthwise 7x7")
 LAYER_MODES = ("forward", "forward+backward")
 # (dtype, memory format): the training setting (bf16 autocast's dtype, channels_last) and float32 NCHW
 LAYER_PRECISIONS = (("bfloat16", "channels_last"), ("float32", "NCHW"))
+
+
+@contextlib.contextmanager
+def launch_policy(policy: involution_cuda.LaunchPolicy):
+    """involution's CUDA calls inside run under ``policy`` instead of the ops' ``POLICY``: the
+    module's default swapped, and the launch plans of involution's ops (each recorded under the
+    policy it was made with) dropped on the way in and out. A process-wide switch, for the
+    benches' A/B of a policy on whole layers."""
+    from oplib.ops._rules import CUDA_KERNELS
+
+    def drop_plans() -> None:
+        for qualname in ("oplib::involution", "oplib::involution_backward_input", "oplib::involution_backward_weight"):
+            CUDA_KERNELS[qualname].plans.clear()
+
+    saved = involution_cuda.POLICY
+    involution_cuda.POLICY = policy
+    drop_plans()
+    try:
+        yield
+    finally:
+        involution_cuda.POLICY = saved
+        drop_plans()
+
+
+def _under(policy: Optional[involution_cuda.LaunchPolicy], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with its calls under ``policy`` (``launch_policy``), or ``fn`` itself for None."""
+    if policy is None:
+        return fn
+
+    def run(*args: Any) -> Any:
+        with launch_policy(policy):
+            return fn(*args)
+
+    return run
 
 
 def _layer_module(case: str, shape: Shape) -> nn.Module:
@@ -488,7 +527,7 @@ def _layer_module(case: str, shape: Shape) -> nn.Module:
     from oplib.nn import Involution2d
 
     return Involution2d(shape.channels, shape.kernel, shape.stride, group_channels=shape.group_channels,
-                        fused=case == "fused")
+                        fused=case == "fused")  # the unfused cases: fused=False
 
 
 def layer_stmts(shape: Shape, dtype: torch.dtype, layout: str, device: str) -> dict:
@@ -509,8 +548,9 @@ def layer_stmts(shape: Shape, dtype: torch.dtype, layout: str, device: str) -> d
             x_grad.grad = None
             training.zero_grad(set_to_none=True)
 
-        stmts[case, "forward"] = call(torch.no_grad()(inference), x)
-        stmts[case, "forward+backward"] = call(forward_backward)
+        policy = involution_cuda.LAST if case == UNFUSED_LAST else None
+        stmts[case, "forward"] = call(_under(policy, torch.no_grad()(inference)), x)
+        stmts[case, "forward+backward"] = call(_under(policy, forward_backward))
     return stmts
 
 
@@ -533,18 +573,21 @@ def run_layer(section: Any, target: Target, plan: Plan, on_rows: Optional[Callab
             row = [shape.name, f"{dtype_name}, {layout}"]
             for mode in LAYER_MODES:
                 row += [f"{times[case, mode].median * 1e3:.3f}" for case in LAYER_CASES]
-                row += [f"{ratio(times[case, mode], times['depthwise 7x7', mode]):.2f}x" for case in ("fused", "unfused")]
+                row += [f"{ratio(times[case, mode], times['depthwise 7x7', mode]):.2f}x" for case in INVOLUTION_CASES]
             rows.append(row)
             if on_rows is not None:
                 on_rows(rows)
     return rows
 
 
+INVOLUTION_CASES = tuple(case for case in LAYER_CASES if case != "depthwise 7x7")
+
+
 def layer_columns() -> list[str]:
     columns = ["shape", "precision"]
     for mode in ("fwd", "fwd+bwd"):
-        columns += [f"{mode} fused (ms)", f"{mode} unfused (ms)", f"{mode} depthwise (ms)", f"{mode} fused / dw",
-                    f"{mode} unfused / dw"]
+        columns += [f"{mode} {case.replace('depthwise 7x7', 'depthwise')} (ms)" for case in LAYER_CASES]
+        columns += [f"{mode} {case} / dw" for case in INVOLUTION_CASES]
     return columns
 
 

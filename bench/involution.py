@@ -696,7 +696,9 @@ def _layer_section(results: CudaResults, target_name: str, plan, models_choice: 
         title,
         "",
         "`oplib.nn.Involution2d(C, 7, stride, group_channels=16)` with the weight generated inside the op "
-        "(`fused=True`: involution_generated) and written by the span conv (`fused=False`: span conv + involution), "
+        "(`fused=True`: involution_generated) and written by the span conv (`fused=False`: span conv + involution; "
+        "\"unfused, LAST\": the same under the `LAST` launch policy, a lane a 16-byte vector of a group's channels in "
+        "channels_last calls, not yet the ops' policy), "
         f"against `torch.nn.Conv2d(C, C, 7, stride, groups=C)`, batch {plan.shapes[0].batch}, each module and its "
         "input in the row's dtype and memory format. fwd: eval mode under no_grad; fwd+bwd: train mode, a fixed "
         "grad_output backpropagated to the input and every parameter. Device time in ms (`oplib.benchmark`'s CUDA "

@@ -75,16 +75,16 @@ class Stage:
 
 
 STAGES = (
-    Stage("load", "every CUDA kernel loaded before anything, timed", 30, 120),
-    Stage("tests", "every needs_cuda test", 150, 300),
-    Stage("kernels", "each kernel's device time against its DRAM floor", 60, 300, ("involution-cuda.md",)),
-    Stage("layer", "Involution2d fused and unfused against a depthwise 7x7 Conv2d", 60, 180,
+    Stage("load", "every CUDA kernel loaded before anything, timed", 20, 120),
+    Stage("tests", "every needs_cuda test", 145, 300),
+    Stage("kernels", "each kernel's device time against its DRAM floor", 65, 300, ("involution-cuda.md",)),
+    Stage("layer", "Involution2d fused and unfused against a depthwise 7x7 Conv2d", 70, 180,
           ("involution-cuda-layer.md",)),
-    Stage("launch", "the host's time per call at a tiny shape against a bare custom op", 20, 120,
+    Stage("launch", "the host's time per call at a tiny shape against a bare custom op", 30, 120,
           ("involution-cuda-launch.md",)),
     Stage("ncu", "Nsight Compute: DRAM throughput, occupancy, warp stalls of each kernel", 30, 180,
           ("involution-cuda-ncu.md",)),
-    Stage("memcheck", "compute-sanitizer memcheck of every op with kernels of its own", 35, 180),
+    Stage("memcheck", "compute-sanitizer memcheck of every op with kernels of its own", 25, 180),
     Stage("models", "RedNet-50 against ResNet-50, eager and compiled", 90, 600, ("involution-cuda-models.md",)),
 )  # fmt: skip
 BY_NAME = {stage.name: stage for stage in STAGES}

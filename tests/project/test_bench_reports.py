@@ -150,3 +150,24 @@ def test_a_table_with_fewer_alignments_than_columns_is_refused():
     assert _harness.table(["a", "b"], "lr", [[1, 2]])[1] == "|---|---:|"
     with pytest.raises(ValueError, match="2 columns but 1 alignments"):
         _harness.table(["a", "b"], "l", [[1, 2]])
+
+
+def test_launch_policy_swaps_the_ops_policy_and_drops_their_plans():
+    """bench/_cuda.py's ``launch_policy``: inside, involution's CUDA calls default to the given
+    policy; the launch plans of its three ops, recorded under whichever policy made them, are
+    dropped on the way in and out (a stale plan would replay the other policy's kernels); the
+    ops' policy is back after, an exception included."""
+    import _cuda
+    from oplib.kernels.involution import cuda as involution_cuda
+    from oplib.ops._rules import CUDA_KERNELS
+
+    plans = CUDA_KERNELS["oplib::involution_backward_weight"].plans
+    default = involution_cuda.POLICY
+    plans["stale"] = None
+    with _cuda.launch_policy(involution_cuda.LAST):
+        assert involution_cuda.POLICY is involution_cuda.LAST and "stale" not in plans
+        plans["stale"] = None
+    assert involution_cuda.POLICY is default and "stale" not in plans
+    with pytest.raises(RuntimeError), _cuda.launch_policy(involution_cuda.LAST):
+        raise RuntimeError
+    assert involution_cuda.POLICY is default
