@@ -77,6 +77,15 @@ def assert_asan_catches(planted: KernelSource, call: str) -> None:
     assert "no error reported" not in result.stdout
 
 
+def assert_clean_under_asan(script: str) -> None:
+    """``script`` (Python that may import this folder's test modules, and prints "clean:" at its
+    end) must run to its end under AddressSanitizer: no access outside the emulation's tensors,
+    which are exact-size heap blocks."""
+    result = run_under_asan(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n" + script)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert "clean:" in result.stdout
+
+
 def random_samples(spec, dtype, count, seed):
     """``count`` random samples, or none for a spec without ``random_sample``."""
     if spec.random_sample is None:
