@@ -299,9 +299,10 @@ def _dispatch(dispatch, launcher: Launcher, *args) -> Tensor:
     return dispatch(*args, launcher)
 
 
-def _launched(recording: RecordingLauncher) -> list[tuple]:
-    """What a recorded call launched: each kernel with its template and scalar arguments."""
-    return [(launch.kernel, launch.specialisation, launch.scalars) for launch in recording.launches]
+def launched(launches: Sequence[Any]) -> list[tuple]:
+    """What recorded launches (``oplib.testing.device_model.Launch``) launched: each kernel with
+    its template and scalar arguments, what two policies' launches of one call are compared by."""
+    return [(launch.kernel, launch.specialisation, launch.scalars) for launch in launches]
 
 
 def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str, str], Callable[[], object]]:
@@ -360,7 +361,7 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             # something else than the op's policy: beside the op's call, not yet its kernels
             lanes_on_channels = RecordingLauncher()
             dispatch(lanes_on_channels, involution_cuda.LAST)
-            if _launched(lanes_on_channels) != _launched(probe):
+            if launched(lanes_on_channels.launches) != launched(probe.launches):
                 calls["lanes on channels", kernel] = functools.partial(dispatch, launcher, involution_cuda.LAST)
     # span conv + involution as Involution2d's unfused path runs them: its span conv is cuDNN's
     calls["generic", "generated forward"] = lambda: ops["forward"](

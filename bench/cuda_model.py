@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 import _harness
-from _cuda import floor_bytes, operands_on  # noqa: F401  (floor_bytes: the table's floors, for readers)
+from _cuda import floor_bytes, launched, operands_on  # noqa: F401  (floor_bytes: the table's floors, for readers)
 from _harness import RESULTS
 from oplib.benchmark import REDNET50_SHAPES, Shape
 from oplib.kernels.involution import cuda as involution_cuda
@@ -145,7 +145,9 @@ def model_rows(batch: int, workers: int = 2) -> tuple[list[dict], list[dict]]:
     """Every row of the measured table with its events as model inputs (LaunchInputs, Copy),
     and the rows of ``CANDIDATES`` the table does not time (where the kernel serves the call)."""
     _, rows = measured_rows()
-    cases = sorted({(r["shape"], r["dtype"], r["layout"]) for r in rows}, key=lambda c: [r["shape"] for r in rows].index(c[0]))
+    # in the table's order (a set sorted by shape alone left the dtypes and layouts of a shape in
+    # hash order, which moved the candidate rows from one run to the next)
+    cases = list(dict.fromkeys((r["shape"], r["dtype"], r["layout"]) for r in rows))
     with ProcessPoolExecutor(workers) as pool:
         recorded = dict(zip(cases, pool.map(_record, cases)))
     launches = {(e.source, e.kernel, e.dtype, e.specialisation) for per_case in recorded.values()
@@ -388,12 +390,11 @@ def _lanes_on_channels_launch(case: tuple[str, str, str], kernel: str) -> Option
     shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
     qualname, args = calls(shape, getattr(torch, dtype_name), layout)[kernel]
 
-    def launched(policy):
+    def launches(policy):
         return [e for e in device_model.record_launches(qualname, *args, policy=policy) if isinstance(e, Launch)]
 
-    last = launched(involution_cuda.LAST)
-    now = [(e.kernel, e.specialisation, e.scalars) for e in launched(involution_cuda.POLICY)]
-    return None if [(e.kernel, e.specialisation, e.scalars) for e in last] == now else last[0]
+    last = launches(involution_cuda.LAST)
+    return None if launched(last) == launched(launches(involution_cuda.POLICY)) else last[0]
 
 
 def _predicted(row: dict, constants: Constants, bandwidth: float):

@@ -190,10 +190,9 @@ def _channel_chunked(kernel: str, activation: Tensor, weight: Tensor, stride, pa
 def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
                launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo)."""
-    if (policy or POLICY).vectors and involution_vectors(input, weight, stride, padding, dilation, out,
-                                                         launcher) is not None:
-        return out
     policy = policy or POLICY
+    if policy.vectors and involution_vectors(input, weight, stride, padding, dilation, out, launcher) is not None:
+        return out
     if policy.lanes_on_channels and involution_last(input, weight, stride, padding, dilation, out,
                                                     launcher) is not None:
         return out
