@@ -35,7 +35,14 @@ a process of its own through tools/gpu_check.py). Its stages:
   which goes through the weight map (the span conv, then involution's grad_input kernel), its
   floor grad_output, the feature map and grad_input, and its "generic (before)" column its
   generic kernel (``involution_generated_backward_input_generic``, the weights formed in
-  registers), the op's CUDA kernel before the map route;
+  registers), the op's CUDA kernel before the map route; "generator grads" is
+  ``involution_generated_backward_generator`` (the fused path's gradients of the feature,
+  span_weight and span_bias), its floor grad_output, the input, the feature map and grad_feature;
+  its "generic (before)" column the map route (``generator_grads_through_map``: the map in float32
+  by involution's grad_weight kernels, then cuBLAS's contractions), the op's CUDA path while
+  ``GENERATOR_ON_TENSOR_CORES`` is off, and its "tensor cores" column (bfloat16) the op's writer
+  with generated_mma.cu's tensor-core kernel (the map never written, its partial sums added up by
+  torch);
 - ``layer``: the whole ``oplib.nn.Involution2d`` layer, fused (``fused=True``) and unfused
   (``fused=False``; and unfused under the ``LAST`` launch policy, ``launch_policy``), against a
   depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
@@ -77,14 +84,15 @@ from torch import Tensor, nn
 from oplib.benchmark import REDNET50_SHAPES, Shape, call, capture_graph, cpu_model, device_copy_bandwidth, ratio, unfold_involution
 from oplib.kernels import CUDA_DISPATCH, KernelSource, Launcher, cupy_launcher, linear_config
 from oplib.kernels.involution import cuda as involution_cuda
-from oplib.kernels.involution.cpu import generated_weight
+from oplib.kernels.involution.cpu import generated_weight, generator_grads_through_map
 from oplib.kernels.involution.layouts import result_like
+from oplib.ops.involution_generated import _generator_grads_result as generator_grads_result
 from oplib.testing.device_model import RecordingLauncher
 
 BATCH = 32
 DTYPES = (torch.float32, torch.bfloat16)
 LAYOUTS = ("NCHW", "channels_last")
-KERNELS = ("forward", "grad_input", "grad_weight", "generated forward", "generated grad_input")
+KERNELS = ("forward", "grad_input", "grad_weight", "generated forward", "generated grad_input", "generator grads")
 REPEATS = 20  # calls per captured graph
 ROUNDS = 5  # interleaved rounds; a time is the median over them
 
@@ -274,13 +282,15 @@ def operands_on(shape: Shape, dtype: torch.dtype, layout: str, device: str = "cu
 def floor_bytes(shape: Shape, dtype: torch.dtype, kernel: str) -> int:
     """``Shape.floor_bytes``; for the generated forward, the input, feature map (C/4 channels)
     and output instead: its weight is never read or written (the generated grad_input: grad_input,
-    the feature map and grad_output, the same sizes)."""
-    if kernel not in ("generated forward", "generated grad_input"):
+    the feature map and grad_output, the same sizes; the generator grads: grad_output, the input,
+    the feature map and grad_feature, span_weight's gradients a few KB)."""
+    if kernel not in ("generated forward", "generated grad_input", "generator grads"):
         return shape.floor_bytes(dtype)
     out_h, out_w = shape.out_size
     input_ = shape.batch * shape.channels * shape.height * shape.width
     feature = shape.batch * max(1, shape.channels // 4) * out_h * out_w
-    return (input_ + feature + shape.batch * shape.channels * out_h * out_w) * dtype.itemsize
+    features = 2 * feature if kernel == "generator grads" else feature
+    return (input_ + features + shape.batch * shape.channels * out_h * out_w) * dtype.itemsize
 
 
 def _oplib_ops(x: Tensor, launcher: Optional[Launcher]) -> dict[str, Callable[..., Tensor]]:
@@ -374,6 +384,20 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
     else:
         calls["generic", "generated grad_input"] = calls["oplib", "generated grad_input"]
+    generator = (g, f, s, x, kernel_size, stride, padding, dilation)
+    if x.is_cuda or launcher is None:  # the op (the CPU's where the dry run has no launcher)
+        calls["oplib", "generator grads"] = lambda: torch.ops.oplib.involution_generated_backward_generator(*generator)
+    else:  # its CUDA writer over the dry run's emulation
+        calls["oplib", "generator grads"] = lambda: involution_cuda.involution_generated_backward_generator(
+            *generator, generator_grads_result(*generator), launcher)
+    # the map route, the op's CUDA path before the tensor-core kernel (while that is not the
+    # default, the op's path too)
+    calls["generic", "generator grads"] = lambda: generator_grads_through_map(*generator,
+                                                                              generator_grads_result(*generator))
+    if launcher is not None and x.dtype in involution_cuda.GENERATED_MMA_GENERATOR_DTYPES:
+        # the op's writer with the tensor-core kernel: the kernel and torch's sum of its partials
+        calls["tensor cores", "generator grads"] = lambda: involution_cuda.involution_generated_backward_generator(
+            *generator, generator_grads_result(*generator), launcher, tensor_cores=True)
     conv = (stride, padding, dilation, shape.channels)
     calls["depthwise", "forward"] = lambda: F.conv2d(x, depthwise, None, *conv)
     calls["depthwise", "grad_input"] = lambda: torch.nn.grad.conv2d_input(x.shape, depthwise, g, *conv)
@@ -400,6 +424,8 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
             profiled[f"{candidate} generated forward"] = calls[candidate, "generated forward"]
     if ("tensor cores", "grad_input") in calls:
         profiled["tensor cores generated grad_input"] = calls["tensor cores", "grad_input"]
+    if ("tensor cores", "generator grads") in calls:
+        profiled["tensor cores generator grads"] = calls["tensor cores", "generator grads"]
     for kernel in ("forward", "grad_input", "grad_weight"):
         if ("chunked", kernel) in calls:
             profiled[f"chunked {kernel}"] = calls["chunked", kernel]

@@ -95,10 +95,20 @@ CANDIDATES = {**VECTORS_ROWS,
               LAST_GRAD_WEIGHT: ("grad_weight", "lanes on channels (ms)", LANES_ON_CHANNELS)}
 
 
+# Kernels no row of the measured table serves yet, predicted at every (shape, dtype, layout) they
+# serve (``generator_lines``): row name -> the function of oplib.kernels.involution.cuda that
+# launches it. involution_generated_backward_generator's tensor-core kernel, whose op the kernel
+# table times in a row of its own from the seventh draw on ("generator grads").
+GENERATOR = "tensor cores generator grads"
+PREDICTED = {GENERATOR: "involution_generated_mma_backward_generator"}
+
+
 # The table's rows the model leaves out: the generated grad_input's call runs the span conv
 # (cuBLAS's batched products, kernels of torch's the model has no trace of) before involution's
-# grad_input kernel, which the grad_input rows model.
-UNMODELLED = ("generated grad_input",)
+# grad_input kernel, which the grad_input rows model; the generator grads' op adds its kernel's
+# partial sums up with torch's sum (the ``GENERATOR`` rows model the kernel), or in float32 takes
+# the map route's cuBLAS products.
+UNMODELLED = ("generated grad_input", "generator grads")
 
 
 def measured_rows(path: Path = MEASURED) -> tuple[float, list[dict]]:
@@ -138,12 +148,17 @@ def _record(case: tuple[str, str, str]) -> list[tuple[str, list]]:
         launch = _lanes_on_channels_launch(case, kernel) if function == LANES_ON_CHANNELS else _fused_launch(case, function)
         if launch is not None:
             result.append((fused, [(launch, device_model.kernel_work(launch))]))
+    for predicted, function in PREDICTED.items():
+        launch = _fused_launch(case, function)
+        if launch is not None:
+            result.append((predicted, [(launch, device_model.kernel_work(launch))]))
     return result
 
 
 def model_rows(batch: int, workers: int = 2) -> tuple[list[dict], list[dict]]:
     """Every row of the measured table with its events as model inputs (LaunchInputs, Copy),
-    and the rows of ``CANDIDATES`` the table does not time (where the kernel serves the call)."""
+    and the rows of ``CANDIDATES`` the table does not time and of ``PREDICTED`` (where the kernel
+    serves the call)."""
     _, rows = measured_rows()
     # in the table's order (a set sorted by shape alone left the dtypes and layouts of a shape in
     # hash order, which moved the candidate rows from one run to the next)
@@ -174,7 +189,7 @@ def model_rows(batch: int, workers: int = 2) -> tuple[list[dict], list[dict]]:
     candidates = [{"shape": case[0], "dtype": case[1], "layout": case[2], "kernel": kernel,
                    "events": model_inputs(events)}
                   for case in cases for kernel, events in recorded[case]
-                  if kernel in CANDIDATES and " | ".join((*case, kernel)) not in timed]
+                  if (kernel in CANDIDATES or kernel in PREDICTED) and " | ".join((*case, kernel)) not in timed]
     return result, candidates
 
 
@@ -353,6 +368,7 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     tensors; None where the kernel declines it."""
     from oplib.kernels.involution import cuda as involution_cuda
     from oplib.kernels.involution.layouts import result_like
+    from oplib.ops.involution_generated import _generator_grads_result as generator_result
 
     name, dtype_name, layout = case
     shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
@@ -371,6 +387,9 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
         size = [shape.height, shape.width]
         involution_cuda.involution_vectors_backward_input(g, o["weight"], size, *shape.params, result_like(g, size),
                                                           recording)
+    elif fused == "involution_generated_mma_backward_generator":
+        args = (g, feature, o["span_weight"], x, *window)
+        involution_cuda.involution_generated_mma_backward_generator(*args, generator_result(*args), recording)
     elif fused == "involution_generated_mma_backward_input":
         size = [shape.height, shape.width]
         involution_cuda.involution_generated_mma_backward_input(g, feature, o["span_weight"], o["span_bias"], size,
@@ -597,7 +616,7 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
     measured = {_key(r): r for r in rows}
     floors = {_key(r): float(r["floor (ms)"]) * 1e-3 for r in table if "floor (ms)" in r}
     cells, ratios = [], []
-    for entry in data:
+    for entry in (e for e in data if e["kernel"] in CANDIDATES):
         served = CANDIDATES[entry["kernel"]][0]
         row = measured[" | ".join((entry["shape"], entry["dtype"], entry["layout"], served))]
         events = events_from_json(entry["events"])
@@ -675,6 +694,70 @@ def vectors_lines(rows: list[dict], table: list[dict], constants: Constants, ban
                          "blocks per SM", "bound", "predicted (us)", "measured (us)", "predicted / measured",
                          "chunked, measured (us)", "measured / chunked", "floor (us)", "measured / floor"],
                         "llllllrrlrrrrrrr", cells),
+    ]
+
+
+def generator_floor_bytes(shape: Shape, dtype: torch.dtype) -> int:
+    """The bytes involution_generated_backward_generator must read and write once: grad_output,
+    the input, the feature map (C/4 channels) and grad_feature (span_weight's gradients are a
+    few KB)."""
+    out_h, out_w = shape.out_size
+    reduced = max(1, shape.channels // 4)
+    values = shape.batch * (shape.channels * (out_h * out_w + shape.height * shape.width) + 2 * reduced * out_h * out_w)
+    return values * dtype.itemsize
+
+
+def generator_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """``PREDICTED``'s generator kernel at every row it serves (bfloat16), predicted with the
+    constants fitted above, beside its floor and two measured kernels of the draw at the same
+    shape and layout: involution's grad_weight in float32, which the map route (the op's CUDA
+    path) runs on float32 copies before three contractions of the float32 map it writes, a
+    part of that route; and in bfloat16, the unfused path's map before the span conv's
+    backward (cuDNN's), a part of what the fused path's backward is to beat."""
+    measured = {_key(r): r["measured_s"] for r in rows}
+    cells, over, against_map, against_unfused = [], [], [], []
+    for entry in (e for e in data if e["kernel"] == GENERATOR):
+        events = events_from_json(entry["events"])
+        main = next(e for e in events if isinstance(e, LaunchInputs))
+        terms = device_model.launch_terms(main, H200, constants, bandwidth)
+        predicted = device_model.predict(events, H200, constants, bandwidth)
+        resident = device_model.resident_blocks(main.registers, main.threads_per_block, main.shared_bytes, H200)
+        shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == entry["shape"])
+        floor = generator_floor_bytes(shape, getattr(torch, entry["dtype"])) / bandwidth
+        map_weight = measured[" | ".join((entry["shape"], "float32", entry["layout"], "grad_weight"))]
+        unfused_weight = measured[" | ".join((entry["shape"], entry["dtype"], entry["layout"], "grad_weight"))]
+        over.append(predicted / floor)
+        against_map.append(predicted / map_weight)
+        against_unfused.append(predicted / unfused_weight)
+        cells.append([entry["shape"], entry["dtype"], entry["layout"], f"`{main.kernel}`",
+                      f"{main.blocks} x {main.threads_per_block}", str(main.registers),
+                      f"{main.shared_bytes / 1024:.1f}", str(resident), f"{main.instruction_ratio:.2f}", terms.bound,
+                      f"{predicted * 1e6:.1f}", f"{floor * 1e6:.1f}", f"{over[-1]:.2f}x", f"{map_weight * 1e6:.1f}",
+                      f"{against_map[-1]:.2f}x", f"{unfused_weight * 1e6:.1f}", f"{against_unfused[-1]:.2f}x"])
+    heading = "## Predicted, not yet measured: the generator's gradients on tensor cores"
+    if not cells:
+        return [heading, "", "None: the kernel serves no row.", ""]
+    return [
+        heading,
+        "",
+        "generated_mma.cu's `involution_generated_mma_backward_generator`, the CUDA kernel of "
+        "involution_generated_backward_generator in bfloat16: per tile, gw formed on tensor cores in shared memory "
+        "(never in global memory), contracted there with span_weight (grad_feature) and the feature (the block's "
+        "partial sums of grad_span_weight and grad_span_bias, which torch adds up). Predicted with the constants "
+        "fitted above (the kernel is no row they are fitted on), beside its floor (grad_output, the input, the "
+        "feature and grad_feature once) and two kernels the draw measured at the same shape and layout: "
+        "involution's float32 grad_weight, the first of the four steps of the map route the op takes (the map in "
+        "float32 from float32 copies, then three contractions of it), and involution's bfloat16 grad_weight, the "
+        "unfused path's map before cuDNN's span conv backward contracts it. Predicted / floor "
+        f"{ratio_range(over)}, within 2x at {sum(o <= 2.0 for o in over)} of {len(over)} rows. Predicted / the "
+        f"float32 grad_weight: {ratio_range(against_map)}; / the bfloat16 grad_weight: {ratio_range(against_unfused)}, "
+        f"faster at {sum(a < 1.0 for a in against_unfused)} of {len(against_unfused)} rows. The next draw times it "
+        "in the kernel table's \"generator grads\" row (its \"tensor cores\" column), beside the op's map route.",
+        "",
+        *_harness.table(["shape", "dtype", "layout", "instantiation", "grid x block", "registers", "shared (KiB)",
+                         "blocks per SM", "instruction ratio", "bound", "predicted (us)", "floor (us)",
+                         "predicted / floor", "float32 grad_weight, measured (us)", "predicted / it",
+                         "bfloat16 grad_weight, measured (us)", "predicted / it"], "llllllrrrlrrrrrrr", cells),
     ]
 
 
@@ -775,6 +858,7 @@ def main() -> None:
                                      *changed_lines(model["changed"], rows, constants, bandwidth), "",
                                      *vectors_lines(rows, table, constants, bandwidth), "",
                                      *candidate_lines(model["candidates"], rows, table, constants, bandwidth), "",
+                                     *generator_lines(model["candidates"], rows, constants, bandwidth), "",
                                      *mma_lines(rows, table, constants, bandwidth)])
     data = json.loads(data_path.read_text())
     data["model"] = model

@@ -675,7 +675,11 @@ def _kernel_section(results: CudaResults, target_name: str, plan, models_choice:
         "channels; floor: input, feature map and output), the path it replaces, the span conv writing the weight "
         "then the involution forward; for the generated grad_input (involution_generated_backward_input, through the "
         "span conv's map and involution's grad_input kernel; floor: grad_output, feature map and grad_input), its "
-        "generic kernel, which forms the weights in registers. Wall: host seconds per call, many calls then one "
+        "generic kernel, which forms the weights in registers; for the generator grads "
+        "(involution_generated_backward_generator, the fused path's gradients of the feature, span_weight and "
+        "span_bias; floor: grad_output, input, feature map and grad_feature), the map route (the float32 map by "
+        "involution's grad_weight kernels, then cuBLAS's contractions), the op's CUDA path until the tensor-core "
+        "kernel (its \"tensor cores\" column, bfloat16) becomes it. Wall: host seconds per call, many calls then one "
         "synchronise.",
         "",
         f"Bar: every kernel within 2x its floor: **{'met' if worst <= 2 else 'not met'}** (worst {worst:.2f}x).",

@@ -5,7 +5,9 @@
 Each registry sample and a few random geometries, forward and (where the op has one) backward,
 float32 and bfloat16, NCHW and channels_last inputs; then the kernels no op takes by default
 (involution_last.cu's channels_last forward and grad_weight, under the ``LAST`` policy) on
-random geometries of every instantiation. The sanitizer reports any out-of-bounds or misaligned access
+random geometries of every instantiation, and generated_mma.cu's generator gradients (which the
+ops take in bfloat16 backward) on its tests' RedNet geometries: both stagings of the input,
+both loads of grad_output, R over two ranges. The sanitizer reports any out-of-bounds or misaligned access
 of the kernels. The values are checked by the tests; this only launches. ``--device cpu``
 makes the same calls on CPU tensors (``tools/gpu_check.py --dry``), the unrouted kernels
 through the host emulation."""
@@ -21,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels" / "cuda"))
 
 from cuda_test_helpers import LAUNCHES, random_samples  # noqa: E402
+import test_cuda_generated_mma_generator  # noqa: E402
 import test_cuda_last  # noqa: E402
 
 from oplib import registry  # noqa: E402
@@ -50,8 +53,9 @@ def launch_every_op(device: str = "cuda") -> int:
 
 def launch_unrouted_kernels(device: str = "cuda", cases: int = 2) -> int:
     """involution_last.cu's kernels on ``cases`` random channels_last geometries of each
-    instantiation, float32 and bfloat16 (``test_cuda_last``'s): CuPy's launch on a GPU, the
-    host emulation on CPU tensors."""
+    instantiation, float32 and bfloat16 (``test_cuda_last``'s), and the generator gradients'
+    tensor-core kernel on ``test_cuda_generated_mma_generator``'s geometries: CuPy's launch on a
+    GPU, the host emulation on CPU tensors."""
     import random
 
 
@@ -69,6 +73,15 @@ def launch_unrouted_kernels(device: str = "cuda", cases: int = 2) -> int:
                                  for a in test_cuda_last._case(rng, kernel, stride, dtype, kind))
                     assert kind.launch(*args, test_cuda_last._result(args, kind), launcher) is not None
                     launches += 1
+    from oplib.kernels.involution import cuda as involution_cuda
+    from oplib.ops.involution_generated import _generator_grads_result
+
+    for case in test_cuda_generated_mma_generator.GENERATOR_CASES:
+        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a
+                     for a in test_cuda_generated_mma_generator.generator_arguments(case.arguments(torch.bfloat16)))
+        out = _generator_grads_result(*args)
+        assert involution_cuda.involution_generated_mma_backward_generator(*args, out, launcher) is not None
+        launches += 1
     if device == "cuda":
         torch.cuda.synchronize()
     return launches

@@ -214,8 +214,9 @@ def _generator_grads_result(grad_output: Tensor, feature: Tensor, span_weight: T
             span_weight.new_empty(span_weight.shape[:1]))
 
 
-# The CUDA writer composes oplib's own ops (no kernel of its own yet), so it stays outside the
-# contract: launch plans replay a writer's launches, and this one makes none of its own.
+# The CUDA writer launches a kernel and adds its partial sums up with torch, or composes oplib's
+# own ops (the map route), so it stays outside the contract: launch plans replay a writer's
+# launches, and this one's are not all its own.
 _BACKWARD_GENERATOR = Contract(_BACKWARD_GENERATOR_RULES, _generator_grads_result,
                                {"cpu": cpu.involution_generated_backward_generator})
 
@@ -238,7 +239,9 @@ def involution_generated_backward_generator(
     involution_backward_weight(grad_output, input), (N, G*KH*KW, Ho*Wo), is contracted as it is
     formed: grad_feature = span_weight^T gw, grad_span_weight = sum over samples and pixels of
     gw feature^T, grad_span_bias = sum of gw. On CPU the native kernel never writes gw to
-    memory; the plain-PyTorch route (and CUDA, for now) makes it and drops it."""
+    memory, nor does CUDA's tensor-core kernel (bfloat16 on sm_80 and newer, not yet the
+    default: ``GENERATOR_ON_TENSOR_CORES``); the plain-PyTorch route and CUDA's map route make it
+    and drop it."""
     return _BACKWARD_GENERATOR.run("cpu", grad_output, feature, span_weight, input, kernel_size, stride, padding,
                                    dilation)
 
@@ -247,7 +250,7 @@ def involution_generated_backward_generator(
 def _backward_generator_cuda(grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation):
     args = (grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation)
     _BACKWARD_GENERATOR.rules.enforce(*args)
-    return cpu.generator_grads_through_map(*args, _generator_grads_result(*args))
+    return cuda.involution_generated_backward_generator(*args, _generator_grads_result(*args))
 
 
 register_contract(involution_generated_backward_generator, _BACKWARD_GENERATOR)

@@ -175,14 +175,16 @@ class EmulatedLauncher:
 
     def launch(self, source: KernelSource, kernel: str, dtype: torch.dtype, config: LaunchConfig,
                args: Sequence[KernelArg], specialisation: tuple[str, ...] = ()) -> None:
-        for arg in args:
-            if isinstance(arg, Tensor) and (arg.device.type != "cpu" or arg.dtype != dtype):
+        signature = source.kernels[kernel]
+        for (ctype, _), arg in zip(signature.params, args):
+            # a pointer to scalar_t takes the launch's dtype; one to float (partial sums), float32
+            expected = torch.float32 if "scalar_t" not in ctype and "float" in ctype else dtype
+            if isinstance(arg, Tensor) and (arg.device.type != "cpu" or arg.dtype != expected):
                 raise ValueError(f"emulated {kernel}<{CTYPES[dtype]}> got a {arg.dtype} tensor on {arg.device}")
         if specialisation not in source.specialisations[kernel]:
             raise ValueError(f"{kernel} has no instantiation {specialisation} in {source.path.name}")
         library = build_kernel(source, kernel, dtype, self.sanitize)
         function = getattr(_load(library), emulated_symbol(kernel, CTYPES[dtype], specialisation))
-        signature = source.kernels[kernel]
         config.check(kernel, signature)
         if len(args) != len(signature.params):
             raise ValueError(f"{kernel} takes {len(signature.params)} arguments, got {len(args)}")

@@ -825,6 +825,139 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
             t.store(4, n * isn + (group * pg + channel) * isc + y * ish + x * isw, inside & (x < W) & (channel < pg), es)
 
 
+def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_generated_mma_backward_generator (generated_mma.cu): ``item`` is the thread's
+    index in the grid (block-major, 256 threads a block, a block a tile of 8 rows x 16 columns of
+    a sample and a range of GEN_GRAD_R of R, a warp a row's run). The tile's feature staged
+    ([r][pixel pair]), gw's zeros past T; per group: its span rows staged ([r][tap pair]); per
+    chunk of 16 of its channels the input rows staged ([row][column][channel pair]: 16-byte
+    vectors and 4 word stores a unit, or a word of two channels at a time), grad_output's A
+    fragment from global memory, per kernel row and n-tile the input's B fragment and the band's
+    gw stores (a load and a store from the second chunk on); then grad_feature's products (gw's
+    A fragments split from floats, the span's B fragments), the block's grad_span_weight tiles
+    (gw's transposed A fragments, the feature's B fragments, the partial sums' stores) and, in
+    R range 0, grad_span_bias's sums (adds as multiply-adds); at the end grad_feature's stores.
+    Tensor cores: no term. The layout's sizes are the source's and its host's."""
+    from ..kernels.involution import cuda as involution_cuda
+
+    (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w, gsn, gsc, gsh, gsw, isn, isc, ish, isw,
+     fsn, fsc, fsh, fsw, rsn, rsc, rsh, rsw, vector, grad_words) = launch.scalars
+    source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+    c = source.constants
+    es, taps, pg, threads = launch.dtype.itemsize, KH * KW, C // G, launch.threads_per_block
+    in_h, columns = involution_cuda.generated_mma_generator_extent(source, (KH, KW), (sh, sw), (dh, dw))
+    n_tiles, span_r, pixel_words, column_words = columns // 8, c["GEN_GRAD_R"], c["GEN_GRAD_PIXEL_WORDS"], c["GEN_GRAD_COLUMN_WORDS"]
+    tap_pad = 16 * -(-taps // 16)
+    span_stride, gw_stride = tap_pad // 2 + 4, tap_pad + 4
+    features_at = span_r * span_stride
+    staged_at = features_at + span_r * pixel_words
+    gw_at = staged_at + in_h * columns * column_words
+    bias_at = gw_at + 128 * gw_stride
+    block, thread = item // threads, item % threads
+    warp, row, quad = thread // 32, thread % 32 // 4, thread % 4
+    tile, r_range = block % launch.grid[0], block // launch.grid[0] % launch.grid[1]
+    n = block // (launch.grid[0] * launch.grid[1])
+    slot = tile + launch.grid[0] * n
+    tile_y, ox0 = tile // tiles_w, tile % tiles_w * 16
+    oy, r0 = tile_y * 8 + warp, r_range * span_r
+    word = thread + threads * _slots(span_r * (pixel_words - 4) // threads)
+    r, pair = word // (pixel_words - 4), word % (pixel_words - 4)
+    y, x = tile_y * 8 + pair // 8, ox0 + 2 * (pair % 8)
+    for h in range(2):
+        t.load(2, n * fsn + (r0 + r) * fsc + y * fsh + (x + h) * fsw, (r0 + r < R) & (y < OH) & (x + h < OW), es)
+    t.shared(features_at + r * pixel_words + pair, True, 4)
+    if tap_pad > taps:
+        i = thread + threads * _slots(-(-128 * (tap_pad - taps) // threads))
+        t.shared(gw_at + i // (tap_pad - taps) * gw_stride + taps + i % (tap_pad - taps), i < 128 * (tap_pad - taps), 4)
+    top, left = tile_y * 8 * sh - ph, ox0 * sw - pw
+    pixels = row + 8 * _slots(2, 4)  # a fragment's two rows of pixels
+    inside = (oy < OH) & (ox0 + pixels < OW)
+    for group in range(G):
+        word = thread + threads * _slots(-(-span_r * tap_pad // 2 // threads))
+        staging = word < span_r * tap_pad // 2
+        r, tap = word % span_r, 2 * (word // span_r)
+        for h in range(2):
+            t.load(3, (group * taps + tap + h) * R + r0 + r, staging & (r0 + r < R) & (tap + h < taps), es)
+        t.shared(r * span_stride + tap // 2, staging, 4)
+        for c0 in range(0, pg, 16):
+            base = n * isn + (group * pg + c0) * isc
+            if vector:  # 8 channels a 16-byte load (index in 16-byte units), 4 word stores
+                units = in_h * columns * 2
+                unit = thread + threads * _slots(-(-units // threads))
+                half, column, yy = unit % 2, unit // 2 % columns, unit // 2 // columns
+                iy, ix = top + yy, left + column
+                t.load(1, (base + 8 * half * isc + iy * ish + ix * isw) // 8,
+                       (unit < units) & (c0 + 8 * half < pg) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W), 16)
+                t.shared(staged_at + (yy * columns + column) * column_words + 4 * half + _slots(4, 4), unit < units, 4)
+            else:  # a word of two channels at a time, consecutive threads along a row's columns
+                units = in_h * columns * 8
+                unit = thread + threads * _slots(-(-units // threads))
+                column, channel_pair, yy = unit % columns, unit // columns % 8, unit // columns // 8
+                iy, ix = top + yy, left + column
+                at = (unit < units) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+                for h in range(2):
+                    t.load(1, base + (2 * channel_pair + h) * isc + iy * ish + ix * isw, at & (c0 + 2 * channel_pair + h < pg), es)
+                t.shared(staged_at + (yy * columns + column) * column_words + channel_pair, unit < units, 4)
+            channel = c0 + 2 * quad + 8 * _slots(2)  # grad_output's A fragment: pixels x channel pairs
+            grad = n * gsn + (group * pg + channel) * gsc + oy * gsh + (ox0 + pixels) * gsw
+            if grad_words:  # a pair a 32-bit load (index in 32-bit units)
+                t.load(0, grad // 2, inside & (channel < pg), 4)
+            else:
+                for h in range(2):
+                    t.load(0, grad + h * gsc, inside & (channel + h < pg), es)
+            for a in range(KH):
+                input_row = staged_at + (warp * sh + a * dh) * columns * column_words
+                for n_tile in range(n_tiles):
+                    t.shared(input_row + (8 * n_tile + row) * column_words + quad + 4 * _slots(2), oy < OH, 4)
+                    for v in range(4):
+                        j = row + 8 * (v >> 1)
+                        offset = 8 * n_tile + 2 * quad + (v & 1) - j * sw
+                        b = offset // dw
+                        on_band = (offset >= 0) & (offset == b * dw) & (b < KW)
+                        at = gw_at + (warp * 16 + j) * gw_stride + a * KW + b
+                        if c0 > 0:
+                            t.shared(at, on_band, 4)
+                        t.shared(at, on_band, 4)
+        for k0 in range(0, tap_pad, 16):  # grad_feature: gw's A fragment split from floats, the span's B
+            for v in range(4):
+                at = gw_at + (warp * 16 + row + 8 * (v & 1)) * gw_stride + k0 + 2 * quad + 8 * (v >> 1)
+                for h in range(2):
+                    t.shared(at + h, True, 4)
+            for n_tile in range(span_r // 8):
+                t.shared((8 * n_tile + row) * span_stride + k0 // 2 + quad + 4 * _slots(2), True, 4)
+        mine = 2 * warp < tap_pad // 16 * (span_r // 8)  # two tiles a warp: one m-tile, two n-tiles
+        m0, n_tile = 16 * (2 * warp // (span_r // 8)), 2 * warp % (span_r // 8) + _slots(2, 4)
+        for p0 in range(0, 128, 16):
+            for v in range(4):
+                p = p0 + 2 * quad + 8 * (v >> 1)
+                for h in range(2):
+                    t.shared(gw_at + (p + h) * gw_stride + m0 + row + 8 * (v & 1), mine, 4)
+            t.shared(features_at + (8 * n_tile + row) * pixel_words + p0 // 2 + quad + 4 * _slots(2), mine, 4)
+        for v in range(4):
+            tap, r = m0 + row + 8 * (v >> 1), r0 + 8 * n_tile + 2 * quad + (v & 1)
+            t.store(5, ((slot * G + group) * taps + tap) * R + r, mine & (tap < taps) & (r < R), 4)
+        sums = r_range == 0  # grad_span_bias's parts, then their sum
+        tap, part = thread % 64, thread // 64
+        for p in range(32):
+            t.shared(gw_at + (part * 32 + p) * gw_stride + tap, sums & (tap < taps), 4)
+        t.fma(sums & (tap < taps), 32)
+        t.shared(bias_at + part * 64 + tap, sums, 4)
+        for p in range(4):
+            t.shared(bias_at + p * 64 + thread, sums & (thread < taps), 4)
+        t.store(6, (slot * G + group) * taps + thread, sums & (thread < taps), 4)
+    pair_stores = rsc == 1 and (rsn | rsh | rsw | R) % 2 == 0
+    channel = r0 + 8 * _slots(4, 4) + 2 * quad
+    for h in range(2):
+        xx = ox0 + row + 8 * h
+        at = n * rsn + oy * rsh + xx * rsw
+        stores = (oy < OH) & (xx < OW)
+        if pair_stores:  # a 32-bit store (index in 32-bit units)
+            t.store(4, (at + channel) // 2, stores & (channel + 1 < R), 4)
+        else:
+            for e in range(2):
+                t.store(4, at + (channel + e) * rsc, stores & (channel + e < R), es)
+
+
 def _vectors_item(launch: Launch, item: Tensor, columns: int, rows: int, parts: Optional[int] = None):
     """``decode_vector_item`` of involution_vectors.cu over rows of ``columns`` pixels, with the
     kernel's pixels a lane and channels a thread read from its source, as the host reads them:
@@ -1013,9 +1146,11 @@ TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_generated_tile": _generated_tile,
     "involution_generated_mma": _generated_mma,
     "involution_generated_mma_backward_input": _generated_mma_backward_input,
+    "involution_generated_mma_backward_generator": _generated_mma_backward_generator,
 }
 # Tiled kernels: a thread per grid thread (no grid-stride loop), its index block-major.
-TILED = {"involution_generated_tile", "involution_generated_mma", "involution_generated_mma_backward_input"}
+TILED = {"involution_generated_tile", "involution_generated_mma", "involution_generated_mma_backward_input",
+         "involution_generated_mma_backward_generator"}
 
 
 def kernel_work(launch: Launch, gpu: GPU = H200, traced_warps: int = TRACED_WARPS) -> KernelWork:

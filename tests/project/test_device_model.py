@@ -47,6 +47,8 @@ def test_the_committed_table_is_what_the_model_makes_of_its_inputs(committed):
                                             model["copy_bandwidth_bytes_per_s"])]
     lines += ["", *cuda_model.candidate_lines(model["candidates"], rows, cuda_model.measured_rows()[1],
                                               Constants(**regenerated["constants"]), model["copy_bandwidth_bytes_per_s"])]
+    lines += ["", *cuda_model.generator_lines(model["candidates"], rows, Constants(**regenerated["constants"]),
+                                              model["copy_bandwidth_bytes_per_s"])]
     lines += ["", *cuda_model.mma_lines(rows, cuda_model.measured_rows()[1], Constants(**regenerated["constants"]),
                                         model["copy_bandwidth_bytes_per_s"])]
     committed_lines = (RESULTS / "cuda-model.md").read_text().splitlines()
@@ -88,6 +90,15 @@ def test_the_kernels_waiting_for_a_draw_are_predicted_at_every_row_they_serve(co
         for shape in ("stage1 64@56 s1", "stage2 128@28 s1"):
             for dtype in ("float32", "bfloat16"):
                 assert (shape, dtype, "channels_last", kernel) in last
+
+
+def test_the_generator_kernel_is_predicted_at_every_bfloat16_row(committed):
+    """The generator gradients' tensor-core kernel, which no table row serves yet, at every
+    bfloat16 (shape, layout) of the table (the only dtype it serves), at no other."""
+    _, model, rows = committed
+    generator = {(c["shape"], c["dtype"], c["layout"]) for c in model["candidates"] if c["kernel"] == cuda_model.GENERATOR}
+    assert generator == {(r["shape"], r["dtype"], r["layout"]) for r in rows if r["dtype"] == "bfloat16"}
+    assert len(generator) == 14
 
 
 def test_every_h100_row_is_within_the_bar_with_the_h200_constants(committed):

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ..cuda_launch import BLOCK_SIZE, MAX_BLOCKS, LaunchConfig, Launcher, cuda_dispatch, cupy_launcher, launch_elementwise
 from ..cuda_source import KernelSource, load_source
-from .cpu import _accumulation_dtype, generated_weight
+from .cpu import _accumulation_dtype, generated_weight, generator_grads_through_map
 from .layouts import activation_in, is_channels_last, is_pixel_major, result_like, weight_in, weight_result
 
 SOURCE = "involution/csrc/cuda/involution.cu"
@@ -886,3 +886,135 @@ def involution_generated_mma_backward_input(grad_output: Tensor, feature: Tensor
                                          (grad_output, feature, span_weight.contiguous(), bias, out, *scalars),
                                          specialisation)
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# involution_generated's generator gradients on tensor cores (generated_mma.cu's
+# involution_generated_mma_backward_generator): the map gw formed per tile in shared memory
+# ---------------------------------------------------------------------------------------
+
+# float16 is declined: the kernel's gw enters its products as two values of the storage type,
+# and a gw past float16's 65504, which float32's map holds, would be an inf.
+GENERATED_MMA_GENERATOR_DTYPES = (torch.bfloat16,)
+
+
+def generated_mma_generator_extent(source: KernelSource, kernel_size, stride, dilation) -> tuple[int, int]:
+    """(rows, columns) of the input a tile of ``MMA_TILE_H`` x ``MMA_TILE_W`` output pixels
+    stages, as the kernel computes them: its windows' rows, and their columns in whole n-tiles
+    of 8."""
+    c = source.constants
+    rows = (c["MMA_TILE_H"] - 1) * stride[0] + (kernel_size[0] - 1) * dilation[0] + 1
+    columns = (c["MMA_TILE_W"] - 1) * stride[1] + (kernel_size[1] - 1) * dilation[1] + 1
+    return rows, 8 * -(-columns // 8)
+
+
+def generated_mma_generator_shared_bytes(source: KernelSource, kernel_size, stride, dilation) -> int:
+    """The dynamic shared memory of ``involution_generated_mma_backward_generator``: the group's
+    span rows of the block's R range, the tile's feature, the staged input chunk, the tile's gw
+    in float, the bias's parts and two flags (generated_mma.cu lays them out)."""
+    c = source.constants
+    rows, columns = generated_mma_generator_extent(source, kernel_size, stride, dilation)
+    tap_pad = 16 * -(-kernel_size[0] * kernel_size[1] // 16)
+    return 4 * (c["GEN_GRAD_R"] * (tap_pad // 2 + 4) + c["GEN_GRAD_R"] * c["GEN_GRAD_PIXEL_WORDS"]
+                + rows * columns * c["GEN_GRAD_COLUMN_WORDS"] + c["MMA_WARPS"] * c["MMA_TILE_W"] * (tap_pad + 4)
+                + c["GEN_GRAD_BIAS_PARTS"] * c["MMA_TAPS"] + 2)
+
+
+def generated_mma_generator_config(source: KernelSource, dtype: torch.dtype, batch: int, reduced: int, out_size,
+                                   kernel_size, stride, dilation) -> Optional[LaunchConfig]:
+    """``involution_generated_mma_backward_generator``'s launch: a block of ``MMA_WARPS`` warps
+    per tile of ``MMA_TILE_H`` x ``MMA_TILE_W`` output pixels of a sample and ``GEN_GRAD_R`` of
+    R's channels; None where it does not serve the call (a dtype it declines, more taps than
+    ``MMA_TAPS``, windows of a run spanning more than ``MMA_BAND`` columns, shared memory past
+    ``GENERATED_TILE_MAX_SHARED``, a grid past CUDA's y and z limits)."""
+    c = source.constants
+    if dtype not in GENERATED_MMA_GENERATOR_DTYPES or kernel_size[0] * kernel_size[1] > c["MMA_TAPS"]:
+        return None
+    if generated_mma_generator_extent(source, kernel_size, stride, dilation)[1] > c["MMA_BAND"]:
+        return None
+    shared_bytes = generated_mma_generator_shared_bytes(source, kernel_size, stride, dilation)
+    ranges = -(-reduced // c["GEN_GRAD_R"])
+    if shared_bytes > GENERATED_TILE_MAX_SHARED or ranges > 65535 or batch > 65535:
+        return None
+    tiles = -(-out_size[0] // c["MMA_TILE_H"]) * -(-out_size[1] // c["MMA_TILE_W"])
+    return LaunchConfig((tiles, ranges, batch), (32, c["MMA_WARPS"]), shared_bytes)
+
+
+def generated_mma_grad_words(grad_output: Tensor, groups: int) -> bool:
+    """Whether the kernel may load grad_output's pairs of a group's channels (c, c + 1; c even)
+    as one aligned 32-bit word: channels_last with an even count of channels a group, every
+    pixel's channels starting at an even element of a 4-byte aligned tensor."""
+    return generated_mma_feature_words(grad_output) and (grad_output.shape[1] // groups) % 2 == 0
+
+
+def involution_generated_mma_backward_generator(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
+                                                input: Tensor, kernel_size, stride, padding, dilation,
+                                                out: tuple[Tensor, Tensor, Tensor],
+                                                launcher: Optional[Launcher] = None,
+                                                specialised: bool = True) -> Optional[tuple[Tensor, Tensor, Tensor]]:
+    """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), input:
+    (N, C, H, W) -> out: (grad_feature (N, R, Ho, Wo) in its own strides, grad_span_weight
+    (G*KH*KW, R), grad_span_bias (G*KH*KW,)), involution_generated_backward_generator by the
+    tensor-core kernel: grad_feature written by it, the other two from its partial sums in
+    float32 (a slot per tile and sample: (tiles * N, G*KH*KW, R) and (tiles * N, G*KH*KW)),
+    added up here over the slots by torch's sum, which is deterministic. None, out untouched,
+    where ``generated_mma_generator_config`` declines the call or the GPU predates sm_80.
+    ``specialised`` as ``involution_generated_mma``'s."""
+    source = load_source(GENERATED_MMA_SOURCE)
+    n, channels = grad_output.shape[:2]
+    rows, reduced = span_weight.shape
+    groups = rows // (kernel_size[0] * kernel_size[1])
+    out_size = tuple(grad_output.shape[2:])
+    config = generated_mma_generator_config(source, grad_output.dtype, n, reduced, out_size, kernel_size, stride,
+                                            dilation)
+    if config is None or (grad_output.is_cuda
+                          and torch.cuda.get_device_capability(grad_output.device) < GENERATED_MMA_MIN_CAPABILITY):
+        return None
+    grad_feature, grad_span_weight, grad_span_bias = out
+    if grad_feature.numel() == 0:
+        grad_span_weight.zero_()
+        grad_span_bias.zero_()
+        return out
+    slots = config.grid[0] * n
+    span_sums = torch.empty((slots, rows, reduced), dtype=torch.float32, device=grad_output.device)
+    bias_sums = torch.empty((slots, rows), dtype=torch.float32, device=grad_output.device)
+    tiles_w = -(-out_size[1] // source.constants["MMA_TILE_W"])
+    scalars = (channels, *input.shape[2:], groups, *kernel_size, *out_size, *stride, *padding, *dilation, reduced,
+               tiles_w, *grad_output.stride(), *input.stride(), *feature.stride(), *grad_feature.stride(),
+               generated_mma_vectors_fit(input, groups), generated_mma_grad_words(grad_output, groups))
+    kernel = "involution_generated_mma_backward_generator"
+    specialisation = (generated_tile_specialisation(source, kernel_size, stride, dilation, kernel) if specialised
+                      else GENERATED_TILE_RUNTIME)
+    (launcher or cupy_launcher()).launch(source, kernel, grad_output.dtype, config,
+                                         (grad_output, input, feature, span_weight.contiguous(), grad_feature,
+                                          span_sums, bias_sums, *scalars), specialisation)
+    grad_span_weight.copy_(span_sums.sum(0))
+    grad_span_bias.copy_(bias_sums.sum(0))
+    return out
+
+
+# Whether involution_generated_backward_generator's CUDA path takes the tensor-core kernel where it
+# serves the call. Not before a draw has timed it beside the map route: the offline model
+# (bench/results/cuda-model.md) puts it issue-bound, ahead of the map route's float32 grad_weight
+# alone at RedNet-50's first two stages in channels_last and behind it at stage 4, and the map
+# route's copies and cuBLAS contractions are no kernels the model traces. The kernel table times
+# it in the "generator grads" row's "tensor cores" column.
+GENERATOR_ON_TENSOR_CORES = False
+
+
+def involution_generated_backward_generator(grad_output: Tensor, feature: Tensor, span_weight: Tensor, input: Tensor,
+                                            kernel_size, stride, padding, dilation,
+                                            out: tuple[Tensor, Tensor, Tensor], launcher: Optional[Launcher] = None,
+                                            tensor_cores: Optional[bool] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """involution_generated_backward_generator's CUDA writer: the map route
+    (``generator_grads_through_map``: gw written in float32 by involution's grad_weight kernels,
+    then contracted by cuBLAS), or with ``tensor_cores`` (by default
+    ``GENERATOR_ON_TENSOR_CORES``) the tensor-core kernel where it serves the call
+    (``involution_generated_mma_backward_generator``: bfloat16 on sm_80 and newer, the map never
+    written)."""
+    kernel = GENERATOR_ON_TENSOR_CORES if tensor_cores is None else tensor_cores
+    if kernel and involution_generated_mma_backward_generator(grad_output, feature, span_weight, input, kernel_size,
+                                                              stride, padding, dilation, out, launcher) is not None:
+        return out
+    return generator_grads_through_map(grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation,
+                                       out)

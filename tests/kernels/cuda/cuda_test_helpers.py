@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 from oplib import registry
 from oplib.kernels import CUDA_DISPATCH, INCLUDE_DIR, KernelSource, load_source
@@ -84,6 +85,40 @@ def assert_clean_under_asan(script: str) -> None:
     result = run_under_asan(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n" + script)
     assert result.returncode == 0, result.stderr[-5000:]
     assert "clean:" in result.stdout
+
+
+def tensor_core_samples_script(module: str, spec: str, cases: str, arguments: Optional[str], dtypes: str,
+                               nan_argument: int) -> str:
+    """The script ``assert_clean_under_asan`` runs for one of generated_mma.cu's kernels: test
+    module ``module``'s ``_check`` over a sanitized emulated launcher on ``spec``'s samples, its
+    ``cases`` (each ``case.arguments(dtype)`` through the module's ``arguments``, or as they are
+    with None), random samples and random specialised windows, in each of ``dtypes`` (names in
+    the module); then ``_assert_non_finite_as_torch`` with a nan in argument ``nan_argument`` of
+    the second case."""
+    imported = ", ".join(name for name in (spec, cases, dtypes, arguments) if name)
+    arguments = arguments or "tuple"
+    return f"""
+import torch
+from oplib.testing.cuda_emulation import EmulatedLauncher
+from {module} import {imported}, _assert_non_finite_as_torch, _check
+from test_cuda_tiles import _random_specialised_cases
+from cuda_test_helpers import random_samples
+launcher = EmulatedLauncher(sanitize=True)  # (the addresses a kernel touches do not depend on its threads' order)
+for dtype in {dtypes}:
+    for sample in {spec}.sample_inputs("cpu", dtype, False):
+        _check(sample.args, launcher, sample.name)
+    for case in {cases}:
+        _check({arguments}(case.arguments(dtype)), launcher, case.name)
+    for index, sample in enumerate(random_samples({spec}, dtype, 6, seed=5)):
+        _check(sample.args, launcher, f"random-{{index}}")
+    for case in _random_specialised_cases(8, seed=5):
+        _check({arguments}(case.arguments(dtype)), launcher, case.name)
+    args = list({arguments}({cases}[1].arguments(dtype)))
+    args[{nan_argument}] = args[{nan_argument}].clone()
+    args[{nan_argument}][0, 3, 4, 4] = float("nan")
+    _assert_non_finite_as_torch(tuple(args), launcher, "nan")
+print("clean:", len(launcher.launches), "launches")
+"""
 
 
 def random_samples(spec, dtype, count, seed):

@@ -18,7 +18,8 @@ from oplib.kernels.involution.layouts import result_like
 from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
-from cuda_test_helpers import _planted, assert_asan_catches, random_samples, assert_clean_under_asan
+from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, random_samples,
+                               tensor_core_samples_script)
 from test_cuda_tiles import REDNET_LIKE, TWO_CHANNEL_CHUNKS, TileCase, _random_specialised_cases, gpu_samples
 from test_cuda_tiles import _assert_specialised_equals_runtime as assert_bits_equal
 
@@ -296,32 +297,7 @@ def test_the_generated_mma_instantiations_are_the_tiles_pairs():
     assert pick(_source(), (7, 7), (2, 2), (2, 2), "involution_generated_mma") == involution_cuda.GENERATED_TILE_RUNTIME
 
 
-_RUN_SAMPLES = """
-import torch
-from oplib import registry
-from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
-from test_cuda_generated_mma import CASES, DTYPES, GENERATED, _assert_non_finite_as_torch, _check
-from test_cuda_tiles import _random_specialised_cases
-from cuda_test_helpers import random_samples
-launches = 0
-for order in ORDERS[:1]:  # (the addresses a kernel touches do not depend on its threads' order)
-    launcher = EmulatedLauncher(sanitize=True, order=order)
-    for dtype in DTYPES:
-        for sample in GENERATED.sample_inputs("cpu", dtype, False):
-            _check(sample.args, launcher, sample.name)
-        for case in CASES:
-            _check(case.arguments(dtype), launcher, case.name)
-        for index, sample in enumerate(random_samples(GENERATED, dtype, 6, seed=5)):
-            _check(sample.args, launcher, f"random-{index}")
-        for case in _random_specialised_cases(8, seed=5):
-            _check(case.arguments(dtype), launcher, case.name)
-        args = list(CASES[1].arguments(dtype))
-        args[0] = args[0].clone()
-        args[0][0, 3, 4, 4] = float("nan")
-        _assert_non_finite_as_torch(tuple(args), launcher, "nan")
-    launches += len(launcher.launches)
-print("clean:", launches, "launches")
-"""
+_RUN_SAMPLES = tensor_core_samples_script("test_cuda_generated_mma", "GENERATED", "CASES", None, "DTYPES", 0)
 
 
 @pytest.mark.integration

@@ -17,7 +17,8 @@ from oplib.kernels.involution.layouts import result_like
 from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
-from cuda_test_helpers import _planted, assert_asan_catches, random_samples, assert_clean_under_asan
+from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, random_samples,
+                               tensor_core_samples_script)
 from test_cuda_generated_mma import (CASES, DTYPES, PlantedBug, assert_non_finite_as_expected, check_against_reference,
                                      float64_reference, with_one_non_finite)
 from test_cuda_tiles import TWO_CHANNEL_CHUNKS, _random_specialised_cases
@@ -262,29 +263,8 @@ def test_a_planted_direct_sum_bug_fails_the_non_finite_check(tmp_path, monkeypat
         _assert_non_finite_as_torch(tuple(args), EmulatedLauncher(), DIRECT_SUM.name)
 
 
-_RUN_SAMPLES = """
-import torch
-from oplib.testing.cuda_emulation import EmulatedLauncher
-from test_cuda_generated_mma_grad_input import (DTYPES, GRAD_CASES, GRAD_INPUT, _assert_non_finite_as_torch, _check,
-                                                grad_input_arguments)
-from test_cuda_tiles import _random_specialised_cases
-from cuda_test_helpers import random_samples
-launcher = EmulatedLauncher(sanitize=True)
-for dtype in DTYPES:
-    for sample in GRAD_INPUT.sample_inputs("cpu", dtype, False):
-        _check(sample.args, launcher, sample.name)
-    for case in GRAD_CASES:
-        _check(grad_input_arguments(case.arguments(dtype)), launcher, case.name)
-    for index, sample in enumerate(random_samples(GRAD_INPUT, dtype, 6, seed=5)):
-        _check(sample.args, launcher, f"random-{index}")
-    for case in _random_specialised_cases(8, seed=5):
-        _check(grad_input_arguments(case.arguments(dtype)), launcher, case.name)
-    args = list(grad_input_arguments(GRAD_CASES[1].arguments(dtype)))
-    args[1] = args[1].clone()
-    args[1][0, 3, 4, 4] = float("nan")
-    _assert_non_finite_as_torch(tuple(args), launcher, "nan")
-print("clean:", len(launcher.launches), "launches")
-"""
+_RUN_SAMPLES = tensor_core_samples_script("test_cuda_generated_mma_grad_input", "GRAD_INPUT", "GRAD_CASES",
+                                          "grad_input_arguments", "DTYPES", 1)
 
 
 @pytest.mark.integration

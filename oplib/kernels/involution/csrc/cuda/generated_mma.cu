@@ -273,9 +273,9 @@ __device__ __forceinline__ bool mma_pair_stores(const half_t* out, index_t out_n
 // KERNEL = STRIDE = 0 reads the window from the arguments and serves every other geometry (the
 // host picks). Both add every sum's terms in the same order: the same bits.
 //
-// The instantiations a host may ask for, of this kernel and of grad_input's below (oplib.kernels
+// The instantiations a host may ask for, of this kernel and of the two backward ones below (oplib.kernels
 // reads these lines):
-// oplib-instantiate: involution_generated_mma, involution_generated_mma_backward_input
+// oplib-instantiate: involution_generated_mma, involution_generated_mma_backward_input, involution_generated_mma_backward_generator
 // oplib-template: KERNEL, STRIDE = 0, 0 | 3, 1 | 3, 2 | 5, 1 | 5, 2 | 7, 1 | 7, 2
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N).
@@ -664,6 +664,340 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                 continue;
             }
             mma_store_run(sums, run, in_c, in_ws, c0, group_channels, x0, width, pair_stores);
+        }
+    }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// The generator's gradients (involution_generated_backward_generator) on tensor cores
+// ---------------------------------------------------------------------------------------
+//
+//   gw[n, g, t, i, j]            = sum over the group's channels c of grad_output[n, c, i, j] *
+//                                  input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]     (t = a*KW + b)
+//   grad_feature[n, r, i, j]     = sum over g, t of span_weight[g*T + t, r] * gw[n, g, t, i, j]
+//   grad_span_weight[g*T + t, r] = sum over n, i, j of gw[n, g, t, i, j] * feature[n, r, i, j]
+//   grad_span_bias[g*T + t]      = sum over n, i, j of gw[n, g, t, i, j]
+//
+// grad_output, grad_feature: (N, C, Ho, Wo) and (N, R, Ho, Wo), input: (N, C, H, W), feature
+// (N, R, Ho, Wo), any strides; span_weight (G*T, R) contiguous. The map gw, (N, G*T, Ho, Wo),
+// never reaches global memory. A block of MMA_WARPS warps takes MMA_TILE_H output rows (a warp
+// each) x MMA_TILE_W columns of one sample, and GEN_GRAD_R of R's channels (grid: tiles x R
+// ranges x samples). Per group:
+//   1. the tile's gw, in float in shared memory: per kernel row a, a run's products with the
+//      input row its windows read are, over all of that row's columns, one product, the run's
+//      grad_output (16 pixels x 16 channels) times the staged input row (16 channels x K
+//      columns) on tensor cores; pixel j's tap b is its element (j, j*sw + b*dw), and the
+//      others are dropped (the forward's band, read the other way round). A chunk of
+//      MMA_CHANNELS of the group's channels at a time, added up in place;
+//   2. each warp's share of grad_feature, (16 pixels x T)(T x GEN_GRAD_R) on tensor cores,
+//      summed over the groups in registers and stored at the end;
+//   3. the block's share of grad_span_weight, (T x the tile's pixels)(the tile's pixels x
+//      GEN_GRAD_R) on tensor cores, and (R range 0 only) of grad_span_bias, a sum in float, to
+//      the block's slot of two partial sums in float, which the host adds up over the slots.
+// gw enters both products as two values of the storage type, hi and lo (as the forward's
+// weights do): hi alone would round it before the sums over a batch's pixels, which cancel.
+// Every product of the three sums is one of the direct sum's, or 0 times 0 (taps past T and
+// pixels past the map hold gw = 0, and meet zeros), but for an inf in span_weight or the
+// feature: hi and lo would each meet it (0 times inf where lo is 0, infs of opposite signs where
+// lo's sign is not hi's), so a group whose staged span rows hold one (step 2) and a block whose
+// staged feature does (step 3) take each product once, in float, from the same staged values:
+// inf and nan land where torch puts them. No atomics, every sum in a fixed order: deterministic.
+// float16 is the host's to decline: a gw past 65504, which the float32 map holds, would be an
+// inf.
+//
+// Dynamic shared memory, 32-bit words (generated_mma_generator_shared_bytes):
+//   span      GEN_GRAD_R x span_stride       the group's span_weight, [r][tap pair], zeros past T
+//                                           and R (span_stride = tap_pad / 2 + 4)
+//   features  GEN_GRAD_R x GEN_GRAD_PIXEL_WORDS   the tile's feature, [r][pixel pair]
+//   staged    in_h x columns x GEN_GRAD_COLUMN_WORDS   the input chunk, [row][column][channel pair]
+//   gw        MMA_WARPS x MMA_TILE_W x gw_stride floats   [pixel][tap] (gw_stride = tap_pad + 4)
+//   bias      GEN_GRAD_BIAS_PARTS x MMA_TAPS floats     grad_span_bias's sums over parts of the tile
+//   flags     2 ints                        an inf in the staged feature; the last group with
+//                                           one in its span rows
+// with tap_pad = T rounded up to 16 (whole k-steps) and columns = K, whole n-tiles of 8. Each
+// stride is 4 words past a multiple of 8 or 32: a fragment's 8 rows x 4 words in 32 banks.
+
+constexpr int GEN_GRAD_R = 32;  // four n-tiles of grad_feature a warp
+constexpr int GEN_GRAD_COLUMN_WORDS = 12;  // a staged column's 16 channels, and 4
+constexpr int GEN_GRAD_PIXEL_WORDS = 68;  // the tile's 128 pixels in pairs, and 4
+constexpr int GEN_GRAD_NTILES = 8;  // the most n-tiles of a kernel row's product: MMA_BAND columns
+constexpr int GEN_GRAD_BIAS_PARTS = 4;
+static_assert(GEN_GRAD_R % 16 == 0 && MMA_CHANNELS == 16, "whole pairs of n-tiles; one k-step of channels");
+static_assert(MMA_TAPS / 16 * (GEN_GRAD_R / 8) <= 2 * MMA_WARPS, "grad_span_weight's tiles, two a warp");
+static_assert(GEN_GRAD_PIXEL_WORDS == MMA_WARPS * MMA_TILE_W / 2 + 4 && GEN_GRAD_NTILES * 8 == MMA_BAND, "as said");
+static_assert(GEN_GRAD_BIAS_PARTS * MMA_TAPS == MMA_THREADS && MMA_WARPS * MMA_TILE_W % GEN_GRAD_BIAS_PARTS == 0,
+              "the block's threads sum the bias's taps in whole parts of the tile's pixels");
+
+// A's fragment of 16 rows x 16 k-values of a float tile, split hi and lo: element (m, k) at
+// tile[m * row_step + k * k_step].
+template <typename half_t>
+__device__ __forceinline__ void gen_grad_split_fragment(const float* tile, int row_step, int k_step, OplibFragmentA& hi,
+                                                        OplibFragmentA& lo) {
+    const int lane = oplib_lane(), row = lane >> 2, quad = lane & 3;
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {  // rows row, row + 8 (v & 1) x k-values 2 quad, + 1, + 8 (v >> 1)
+        const float* at = tile + (row + 8 * (v & 1)) * row_step + (2 * quad + 8 * (v >> 1)) * k_step;
+        const float w0 = at[0], w1 = at[k_step];
+        hi.reg[v] = mma_round_pair(w0, w1, half_t());
+        lo.reg[v] = mma_round_pair(mma_rest<half_t>(w0, (unsigned short)(hi.reg[v] & 0xffffu)),
+                                   mma_rest<half_t>(w1, (unsigned short)(hi.reg[v] >> 16)), half_t());
+    }
+}
+
+// Whether a 16-bit value (its bits) is an inf.
+template <typename half_t>
+__device__ __forceinline__ bool gen_grad_is_inf(unsigned short bits) {
+    return __float_as_uint(mma_to_float(bits, half_t())) << 1 == 0xff000000u;
+}
+
+template <typename half_t>
+__device__ __forceinline__ bool gen_grad_pair_has_inf(unsigned int pair) {
+    return gen_grad_is_inf<half_t>((unsigned short)(pair & 0xffffu)) || gen_grad_is_inf<half_t>((unsigned short)(pair >> 16));
+}
+
+// sum over k < count of values[k * value_step] times the k-th value of `pairs` (pairs[k / 2], its
+// lower half for an even k), one term at a time in float: the direct sums of steps 2 and 3 for
+// the staged values that hold an inf. Cold, rolled, kept out of the kernel's registers.
+template <typename half_t>
+__device__ __noinline__ float gen_grad_direct_sum(const float* values, int value_step, const unsigned int* pairs, int count) {
+    float sum = 0.0f;
+    for (int k = 0; k < count; ++k)
+        sum = oplib_fma(values[k * value_step], mma_to_float((unsigned short)(pairs[k >> 1] >> 16 * (k & 1)), half_t()), sum);
+    return sum;
+}
+
+// Instantiated for the forward's windows (the oplib-template line above).
+//
+// Block (32, MMA_WARPS); grid (tiles_h * tiles_w, R ranges, N), tiles of the output.
+template <typename scalar_t, int KERNEL, int STRIDE>
+__global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backward_generator(
+    const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature,
+    const scalar_t* __restrict__ span_weight, scalar_t* __restrict__ grad_feature, float* __restrict__ span_sums,
+    float* __restrict__ bias_sums, int channels, int height, int width, int groups, int window_h, int window_w,
+    int out_h, int out_w, int step_h, int step_w, int pad_h, int pad_w, int spacing_h, int spacing_w, int reduced,
+    int tiles_w, index_t grad_n, index_t grad_c, index_t grad_h, index_t grad_w, index_t input_n, index_t input_c,
+    index_t input_h, index_t input_w, index_t feature_n, index_t feature_c, index_t feature_h, index_t feature_w,
+    index_t result_n, index_t result_c, index_t result_h, index_t result_w, bool vector_input, bool grad_words) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    if constexpr (sizeof(scalar_t) == 2) {
+        const TileGeometry<KERNEL, STRIDE> geometry(window_h, window_w, step_h, step_w, spacing_h, spacing_w);
+        const int kernel_h = geometry.kernel_h, kernel_w = geometry.kernel_w;
+        const int stride_h = geometry.stride_h, stride_w = geometry.stride_w;
+        const int dilation_h = geometry.dilation_h, dilation_w = geometry.dilation_w;
+        typedef scalar_t half_t;
+        const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+        const int row = lane >> 2, quad = lane & 3;
+        const int taps = kernel_h * kernel_w, group_channels = channels / groups;
+        const int tap_pad = 16 * ((taps + 15) / 16), span_stride = tap_pad / 2 + 4, gw_stride = tap_pad + 4;
+        const int band_columns = (MMA_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
+        const int n_tiles = (band_columns + 7) / 8, columns = 8 * n_tiles;
+        const int in_h = (MMA_TILE_H - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
+        OPLIB_DYNAMIC_SHARED(unsigned int, shared);
+        unsigned int* span = shared;
+        unsigned int* features = span + GEN_GRAD_R * span_stride;
+        unsigned int* staged = features + GEN_GRAD_R * GEN_GRAD_PIXEL_WORDS;
+        float* gw = reinterpret_cast<float*>(staged + in_h * columns * GEN_GRAD_COLUMN_WORDS);
+        float* bias_parts = gw + MMA_WARPS * MMA_TILE_W * gw_stride;
+        int* inf_flags = reinterpret_cast<int*>(bias_parts + GEN_GRAD_BIAS_PARTS * MMA_TAPS);
+        float* warp_gw = gw + warp * MMA_TILE_W * gw_stride;
+
+        const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
+        const int out_y = tile_y * MMA_TILE_H + warp, out_x0 = tile_x * MMA_TILE_W;
+        const int r0 = blockIdx.y * GEN_GRAD_R;
+        const index_t n = blockIdx.z, slot = blockIdx.x + (index_t)gridDim.x * n;
+        const bool low_inside = out_y < out_h && out_x0 + row < out_w;
+        const bool high_inside = out_y < out_h && out_x0 + row + 8 < out_w;
+
+        if (thread == 0) inf_flags[0] = 0, inf_flags[1] = -1;
+        __syncthreads();  // the flags are set before any thread may raise one
+        // The tile's feature for the R range, [r][pixel pair] (pixel p = warp * 16 + j), zeros
+        // past the map and past R; taps past T of gw, never written after, zero.
+        const unsigned short* sample_feature = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
+        for (int word = thread; word < GEN_GRAD_R * (GEN_GRAD_PIXEL_WORDS - 4); word += MMA_THREADS) {
+            const int r = word / (GEN_GRAD_PIXEL_WORDS - 4), pair = word % (GEN_GRAD_PIXEL_WORDS - 4);
+            const int y = tile_y * MMA_TILE_H + pair / (MMA_TILE_W / 2), x = out_x0 + 2 * (pair % (MMA_TILE_W / 2));
+            const bool inside = r0 + r < reduced && y < out_h;
+            const unsigned int values =
+                oplib_load_pair(sample_feature + (index_t)(r0 + r) * feature_c + (index_t)y * feature_h + (index_t)x * feature_w,
+                                feature_w, inside ? out_w - x : 0);
+            features[r * GEN_GRAD_PIXEL_WORDS + pair] = values;
+            if (gen_grad_pair_has_inf<half_t>(values)) inf_flags[0] = 1;
+        }
+        for (int i = thread; i < MMA_WARPS * MMA_TILE_W * (tap_pad - taps); i += MMA_THREADS)
+            gw[i / (tap_pad - taps) * gw_stride + taps + i % (tap_pad - taps)] = 0.0f;
+
+        OplibFragmentC feature_sums[GEN_GRAD_R / 8] = {};
+        const unsigned short* sample_grad = reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n;
+        const unsigned short* sample_input = reinterpret_cast<const unsigned short*>(input) + n * input_n;
+        const unsigned short* low_grad = sample_grad + (index_t)out_y * grad_h + (index_t)(out_x0 + row) * grad_w;
+        const unsigned short* high_grad = low_grad + 8 * grad_w;
+        const int top = tile_y * MMA_TILE_H * stride_h - pad_h, left = out_x0 * stride_w - pad_w;
+        for (int group = 0; group < groups; ++group) {
+            __syncthreads();  // every warp is done with the previous group's span, gw and bias parts
+            // span_weight's rows of the group for the R range, [r][tap pair]; consecutive
+            // threads along r (span_weight's rows).
+            const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
+            for (int word = thread; word < GEN_GRAD_R * (tap_pad / 2); word += MMA_THREADS) {
+                const int r = word % GEN_GRAD_R, tap = 2 * (word / GEN_GRAD_R);
+                const unsigned int values = oplib_load_pair(group_span + (index_t)tap * reduced + r0 + r, reduced,
+                                                            r0 + r < reduced ? taps - tap : 0);
+                span[r * span_stride + tap / 2] = values;
+                if (gen_grad_pair_has_inf<half_t>(values)) inf_flags[1] = group;
+            }
+            const index_t channel0 = (index_t)group * group_channels;
+            for (int c0 = 0; c0 < group_channels; c0 += MMA_CHANNELS) {
+                if (c0 > 0) __syncthreads();  // every warp is done with the previous chunk
+                // The chunk's input rows, [row][column][channel pair], zeros outside the image and
+                // past the group's channels: 16-byte vectors of 8 channels (channels_last), else
+                // consecutive threads along a row's columns.
+                const unsigned short* chunk = sample_input + (channel0 + c0) * input_c;
+                if (vector_input) {
+                    for (int unit = thread; unit < in_h * columns * 2; unit += MMA_THREADS) {
+                        const int half = unit & 1, column = (unit >> 1) % columns, y = (unit >> 1) / columns;
+                        const int iy = top + y, ix = left + column;
+                        Vector16<half_t> v = {};
+                        if (c0 + 8 * half < group_channels && (unsigned int)iy < (unsigned int)height &&
+                            (unsigned int)ix < (unsigned int)width)
+                            v = *reinterpret_cast<const Vector16<half_t>*>(chunk + 8 * half + (index_t)iy * input_h +
+                                                                          (index_t)ix * input_w);
+                        unsigned int* to = staged + (y * columns + column) * GEN_GRAD_COLUMN_WORDS + 4 * half;
+#pragma unroll
+                        for (int k = 0; k < 4; ++k) to[k] = v.lane[2 * k].bits | (unsigned int)v.lane[2 * k + 1].bits << 16;
+                    }
+                } else {
+                    for (int unit = thread; unit < in_h * columns * 8; unit += MMA_THREADS) {
+                        const int column = unit % columns, pair = unit / columns % 8, y = unit / columns / 8;
+                        const int iy = top + y, ix = left + column, c = c0 + 2 * pair;
+                        const bool inside = (unsigned int)iy < (unsigned int)height && (unsigned int)ix < (unsigned int)width;
+                        staged[(y * columns + column) * GEN_GRAD_COLUMN_WORDS + pair] =
+                            oplib_load_pair(chunk + 2 * pair * input_c + (index_t)iy * input_h + (index_t)ix * input_w,
+                                            input_c, inside ? group_channels - c : 0);
+                    }
+                }
+                __syncthreads();  // the input chunk (and, the first, the span rows) staged
+                // The run's grad_output, pixels x channels: A's fragment (zeros past the map).
+                const index_t chunk_grad = (channel0 + c0) * grad_c;
+                const int c = c0 + 2 * quad;
+                OplibFragmentA run;
+                run.reg[0] = mma_load_pair(low_grad + chunk_grad + 2 * quad * grad_c, grad_c, low_inside ? group_channels - c : 0, grad_words);
+                run.reg[1] = mma_load_pair(high_grad + chunk_grad + 2 * quad * grad_c, grad_c, high_inside ? group_channels - c : 0, grad_words);
+                run.reg[2] = mma_load_pair(low_grad + chunk_grad + (2 * quad + 8) * grad_c, grad_c, low_inside ? group_channels - c - 8 : 0, grad_words);
+                run.reg[3] = mma_load_pair(high_grad + chunk_grad + (2 * quad + 8) * grad_c, grad_c, high_inside ? group_channels - c - 8 : 0, grad_words);
+#pragma unroll 1
+                for (int a = 0; a < kernel_h; ++a) {
+                    const unsigned int* input_row = staged + (warp * stride_h + a * dilation_h) * columns * GEN_GRAD_COLUMN_WORDS;
+                    // An n-tile of columns at a time (the product's element (j, k) is pixel j's tap
+                    // b where k = j*sw + b*dw) to gw, 0 past the map: one tile's values live at once.
+#pragma unroll
+                    for (int t = 0; t < GEN_GRAD_NTILES; ++t) {
+                        if (t >= n_tiles) break;
+                        OplibFragmentC product = {};
+                        oplib_mma<half_t>(product, run,
+                                          oplib_load_fragment_b(input_row + 8 * t * GEN_GRAD_COLUMN_WORDS, GEN_GRAD_COLUMN_WORDS));
+#pragma unroll
+                        for (int v = 0; v < 4; ++v) {
+                            const int j = row + 8 * (v >> 1), offset = 8 * t + 2 * quad + (v & 1) - j * stride_w;
+                            const int b = offset / dilation_w;
+                            if (offset < 0 || offset != b * dilation_w || b >= kernel_w) continue;
+                            float* at = warp_gw + j * gw_stride + a * kernel_w + b;
+                            const float value = (v >> 1 ? high_inside : low_inside) ? product.value[v] : 0.0f;
+                            *at = c0 == 0 ? value : oplib_add(*at, value);
+                        }
+                    }
+                }
+            }
+            __syncthreads();  // every warp's gw of the group is whole
+
+            // 2. grad_feature += gw (16 pixels x taps) span^T (taps x the R range).
+            if (inf_flags[1] == group) {
+#pragma unroll
+                for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
+#pragma unroll
+                    for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x r 8 t + 2 quad (+ 1)
+                        const int j = row + 8 * (v >> 1), r = 8 * t + 2 * quad + (v & 1);
+                        feature_sums[t].value[v] = oplib_add(feature_sums[t].value[v],
+                                                         gen_grad_direct_sum<half_t>(warp_gw + j * gw_stride, 1, span + r * span_stride, taps));
+                    }
+                }
+            }
+#pragma unroll 1
+            for (int k0 = 0; k0 < tap_pad && inf_flags[1] != group; k0 += 16) {
+                OplibFragmentA hi, lo;
+                gen_grad_split_fragment<half_t>(warp_gw + k0, gw_stride, 1, hi, lo);
+#pragma unroll
+                for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
+                    const OplibFragmentB b = oplib_load_fragment_b(span + 8 * t * span_stride + k0 / 2, span_stride);
+                    oplib_mma<half_t>(feature_sums[t], hi, b);
+                    oplib_mma<half_t>(feature_sums[t], lo, b);
+                }
+            }
+            // 3. The block's grad_span_weight, a tile taps 16 (an m-tile) x R range columns 8 (an
+            // n-tile), over the tile's pixels: warp w takes tiles 2w and 2w + 1, one m-tile and two
+            // n-tiles, so that each of gw's fragments is split once for both.
+            if (2 * warp < tap_pad / 16 * (GEN_GRAD_R / 8)) {
+                const int m0 = 16 * (2 * warp / (GEN_GRAD_R / 8)), t0 = 2 * warp % (GEN_GRAD_R / 8);
+                OplibFragmentC sums[2] = {};
+                if (inf_flags[0]) {
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+#pragma unroll
+                        for (int v = 0; v < 4; ++v) {  // taps m0 + row (+ 8) x r 8 (t0 + u) + 2 quad (+ 1)
+                            const int tap = m0 + row + 8 * (v >> 1), r = 8 * (t0 + u) + 2 * quad + (v & 1);
+                            sums[u].value[v] = gen_grad_direct_sum<half_t>(gw + tap, gw_stride, features + r * GEN_GRAD_PIXEL_WORDS,
+                                                                           MMA_WARPS * MMA_TILE_W);
+                        }
+                    }
+                }
+#pragma unroll 2
+                for (int p0 = 0; p0 < MMA_WARPS * MMA_TILE_W && !inf_flags[0]; p0 += 16) {
+                    OplibFragmentA hi, lo;
+                    gen_grad_split_fragment<half_t>(gw + p0 * gw_stride + m0, 1, gw_stride, hi, lo);
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+                        const OplibFragmentB b = oplib_load_fragment_b(features + 8 * (t0 + u) * GEN_GRAD_PIXEL_WORDS + p0 / 2,
+                                                                       GEN_GRAD_PIXEL_WORDS);
+                        oplib_mma<half_t>(sums[u], hi, b);
+                        oplib_mma<half_t>(sums[u], lo, b);
+                    }
+                }
+                float* slot_sums = span_sums + (slot * groups + group) * (index_t)taps * reduced;
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+#pragma unroll
+                    for (int v = 0; v < 4; ++v) {  // taps m0 + row (+ 8) x r r0 + 8 (t0 + u) + 2 quad (+ 1)
+                        const int tap = m0 + row + 8 * (v >> 1), r = r0 + 8 * (t0 + u) + 2 * quad + (v & 1);
+                        if (tap < taps && r < reduced) slot_sums[(index_t)tap * reduced + r] = sums[u].value[v];
+                    }
+                }
+            }
+            // grad_span_bias's sums over the tile, from R range 0's blocks: the block's threads
+            // sum parts of the pixels, then the first MMA_TAPS add the parts up, in order.
+            if (blockIdx.y == 0) {
+                const int tap = thread % MMA_TAPS, part = thread / MMA_TAPS;
+                const int part_pixels = MMA_WARPS * MMA_TILE_W / GEN_GRAD_BIAS_PARTS;
+                float sum = 0.0f;
+                if (tap < taps) {
+                    for (int p = part * part_pixels; p < (part + 1) * part_pixels; ++p) sum = oplib_add(sum, gw[p * gw_stride + tap]);
+                }
+                bias_parts[part * MMA_TAPS + tap] = sum;
+                __syncthreads();  // every part is summed
+                if (thread < taps) {
+                    float total = bias_parts[thread];
+                    for (int p = 1; p < GEN_GRAD_BIAS_PARTS; ++p) total = oplib_add(total, bias_parts[p * MMA_TAPS + thread]);
+                    bias_sums[(slot * groups + group) * taps + thread] = total;
+                }
+            }
+        }
+        // grad_feature's sums of the warp's run to the result, the R range's channels.
+        if (out_y < out_h) {
+            half_t* run = grad_feature + n * result_n + (index_t)out_y * result_h + (index_t)out_x0 * result_w;
+            const bool pair_stores = mma_pair_stores(grad_feature, result_n, result_c, result_h, result_w, reduced);
+#pragma unroll
+            for (int t = 0; t < GEN_GRAD_R / 16; ++t) {
+                const OplibFragmentC pair[2] = {feature_sums[2 * t], feature_sums[2 * t + 1]};
+                mma_store_run(pair, run, result_c, result_w, r0 + 16 * t, reduced, out_x0, out_w, pair_stores);
+            }
         }
     }
 #endif

@@ -1,0 +1,351 @@
+"""generated_mma.cu's generator gradients, involution_generated_mma_backward_generator (the map
+gw formed per tile in shared memory on tensor cores, contracted there with span_weight and the
+feature), on the host emulation: grad_feature, grad_span_weight and grad_span_bias against the
+float64 reference on the registry's samples and random geometries, both run orders, both ways of
+staging the input and of loading grad_output; the same bits in either order and instantiation;
+inf and nan where torch puts them; under AddressSanitizer; and planted bugs that each check
+must catch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oplib import registry
+from oplib.kernels import KernelSource
+from oplib.kernels.involution import cuda as involution_cuda
+from oplib.ops.involution_generated import _generator_grads_result
+from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
+from oplib.testing.toolchain import require_host_compiler
+
+from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, random_samples,
+                               tensor_core_samples_script)
+from test_cuda_generated_mma import CASES, PlantedBug, assert_non_finite_as_expected, float64_reference, with_one_non_finite
+from test_cuda_tiles import TWO_CHANNEL_CHUNKS, _random_specialised_cases
+
+GENERATOR = registry.get("involution_generated_backward_generator")
+KERNEL = "involution_generated_mma_backward_generator"
+GENERATOR_DTYPES = involution_cuda.GENERATED_MMA_GENERATOR_DTYPES
+OUTPUTS = ("grad_feature", "grad_span_weight", "grad_span_bias")
+
+
+def _source() -> KernelSource:
+    return involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+
+
+def generator_arguments(forward_args: tuple) -> tuple:
+    """involution_generated_backward_generator's arguments for a forward call's: a grad_output of
+    the output's size in the input's layout (a seeded draw: the same values each time)."""
+    input, feature, span_weight, _, *window = forward_args
+    generator = torch.Generator().manual_seed(input.numel() + feature.numel())
+    grad = torch.randn(input.shape[0], input.shape[1], *feature.shape[2:], dtype=torch.float64, generator=generator)
+    channels_last = input.stride(1) == 1 and input.shape[1] > 1
+    grad = grad.to(input.dtype).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    return (grad, feature, span_weight, input, *window)
+
+
+def _result(args: tuple, launcher, specialised: bool = True):
+    out = _generator_grads_result(*args)
+    return involution_cuda.involution_generated_mma_backward_generator(*args, out, launcher, specialised), out
+
+
+def _check(args: tuple, launcher, name: str, specialised: bool = True) -> bool:
+    """The kernel's three results against the op's float64 reference; False where it declines."""
+    returned, out = _result(args, launcher, specialised)
+    if returned is None:
+        return False
+    assert returned is out, name
+    atol, rtol = GENERATOR.tolerance(args[0].dtype)
+    for label, result, expected in zip(OUTPUTS, out, float64_reference(GENERATOR, args), strict=True):
+        torch.testing.assert_close(result.double(), expected, atol=atol, rtol=rtol,
+                                   msg=lambda m, label=label: f"{GENERATOR.name}[{name}] {label}: {m}")
+    return True
+
+
+def _declines_only_what_it_cannot_hold(args: tuple) -> bool:
+    """A dtype other than bfloat16, more taps than MMA_TAPS, a run's windows over more than
+    MMA_BAND columns, or a window past the shared memory it may ask for."""
+    kernel_size, stride, dilation = args[4], args[5], args[7]
+    c = _source().constants
+    columns = involution_cuda.generated_mma_generator_extent(_source(), kernel_size, stride, dilation)[1]
+    return (args[0].dtype != torch.bfloat16 or kernel_size[0] * kernel_size[1] > c["MMA_TAPS"] or columns > c["MMA_BAND"]
+            or involution_cuda.generated_mma_generator_shared_bytes(_source(), kernel_size, stride, dilation)
+            > involution_cuda.GENERATED_TILE_MAX_SHARED)
+
+
+def _vectors(args: tuple) -> bool:
+    groups = args[2].shape[0] // (args[4][0] * args[4][1])
+    return involution_cuda.generated_mma_vectors_fit(args[3], groups)
+
+
+def _grad_words(args: tuple) -> bool:
+    groups = args[2].shape[0] // (args[4][0] * args[4][1])
+    return involution_cuda.generated_mma_grad_words(args[0], groups)
+
+
+def _specialisations(launcher) -> set[tuple[str, ...]]:
+    return {launch[4] for launch in launcher.launches if launch[0] == KERNEL}
+
+
+# The forward's geometries (two chunks, RedNet's 7x7 at strides 1 and 2, a run past the map's
+# edge), stride 2 in channels_last with two chunks, and R over two ranges of GEN_GRAD_R with a
+# partial second (its grad_span_weight columns and grad_feature channels from two blocks).
+GENERATOR_CASES = (*CASES, TWO_CHANNEL_CHUNKS._replace(stride=(2, 2), channels_last=True),
+                   TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=44, size=(9, 17), channels_last=True))
+
+
+# The unit tier runs one thread order (the integration tier both).
+@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration) for o in ORDERS[1:])])
+def test_generator_matches_the_reference_on_the_registry_samples(order):
+    """involution_generated_backward_generator's samples (channels_last and transposed operands,
+    odd sizes, rectangular windows, strides, dilations, an empty batch) and the geometries
+    above, by both stagings of the input and both loads of grad_output."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    served, staged_by_vectors, grad_words = 0, set(), set()
+    samples = list(GENERATOR.sample_inputs("cpu", torch.bfloat16, False))
+    for sample in samples:
+        assert _check(sample.args, launcher, sample.name), sample.name
+        served += 1
+    for case in GENERATOR_CASES:
+        args = generator_arguments(case.arguments(torch.bfloat16))
+        assert _check(args, launcher, case.name), case.name
+        staged_by_vectors.add(_vectors(args))
+        grad_words.add(_grad_words(args))
+    assert served == len(samples) > 5
+    assert staged_by_vectors == {True, False} and grad_words == {True, False}
+    assert {launch[3] for launch in launcher.launches} == {256}
+    assert {("3", "1"), ("7", "1"), ("7", "2"), involution_cuda.GENERATED_TILE_RUNTIME} <= _specialisations(launcher)
+    assert {launch[2] for launch in launcher.launches if launch[0] == KERNEL} > {1}  # R ranges, tiles, samples
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("order", ORDERS)
+def test_generator_matches_the_reference_on_random_geometries(order):
+    """The spec's random geometries, half of them channels_last; then random square windows."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    served = 0
+    for index, sample in enumerate(random_samples(GENERATOR, torch.bfloat16, 24, seed=97)):
+        args = sample.args
+        if index % 2:
+            args = tuple(a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4
+                         else a for a in args)
+        if _check(args, launcher, f"random-{index}"):
+            served += 1
+        else:
+            assert _declines_only_what_it_cannot_hold(args), index
+    assert served >= 16
+    for case in _random_specialised_cases(12, seed=101):
+        args = generator_arguments(case.arguments(torch.bfloat16))
+        assert _check(args, launcher, case.name), case.name
+
+
+def _bits(args: tuple, launcher, specialised: bool = True) -> list[torch.Tensor]:
+    returned, out = _result(args, launcher, specialised)
+    assert returned is out
+    return list(out)
+
+
+def test_the_bits_are_the_same_in_every_order_and_instantiation():
+    """No atomics, every sum in a fixed order: both run orders and the instantiation that reads
+    its window from the arguments give the same bits, on the RedNet geometries."""
+    require_host_compiler()
+    for case in GENERATOR_CASES[2:4]:
+        args = generator_arguments(case.arguments(torch.bfloat16))
+        first = _bits(args, EmulatedLauncher(order=ORDERS[0]))
+        for launcher, specialised in ((EmulatedLauncher(order=ORDERS[1]), True), (EmulatedLauncher(), False)):
+            for label, a, b in zip(OUTPUTS, first, _bits(args, launcher, specialised), strict=True):
+                assert torch.equal(a, b), f"{case.name} {label}"
+
+
+def test_generator_declines_what_it_does_not_serve():
+    """float16 (a gw past its range), float32 and float64, more than MMA_TAPS taps, windows over
+    more columns than MMA_BAND, shared memory past its limit: None, out untouched."""
+    source, config = _source(), involution_cuda.generated_mma_generator_config
+    assert config(source, torch.bfloat16, 32, 16, (56, 56), (7, 7), (1, 1), (1, 1)).grid == (28, 1, 32)
+    assert config(source, torch.bfloat16, 32, 128, (7, 7), (7, 7), (1, 1), (1, 1)).grid == (1, 4, 32)
+    assert config(source, torch.bfloat16, 32, 64, (28, 28), (7, 7), (2, 2), (1, 1)).grid == (8, 2, 32)
+    for dtype in (torch.float16, torch.float32, torch.float64):
+        assert config(source, dtype, 2, 16, (56, 56), (7, 7), (1, 1), (1, 1)) is None
+    assert config(source, torch.bfloat16, 2, 16, (56, 56), (9, 9), (1, 1), (1, 1)) is None  # 81 taps
+    assert config(source, torch.bfloat16, 2, 16, (56, 56), (1, 3), (1, 1), (1, 25)) is None  # 66 columns
+    assert config(source, torch.bfloat16, 2, 16, (56, 56), (1, 3), (1, 1), (1, 24)) is not None  # 64
+    assert config(source, torch.bfloat16, 2, 16, (56, 56), (7, 7), (2, 2), (3, 1)) is None  # 33 rows: 110 KiB
+    assert config(source, torch.bfloat16, 2, 16, (56, 56), (7, 7), (2, 2), (1, 1)) is not None  # 21 rows: 87 KiB
+    args = generator_arguments(TWO_CHANNEL_CHUNKS.arguments(torch.float16))
+    out = tuple(torch.full_like(t, 7.0) for t in _generator_grads_result(*args))
+    assert involution_cuda.involution_generated_mma_backward_generator(*args, out, EmulatedLauncher()) is None
+    assert all(bool((t == 7).all()) for t in out)
+
+
+@pytest.mark.parametrize("tensor_cores", [None, True], ids=["default", "tensor-cores"])
+def test_the_cuda_writer_takes_the_kernel_where_asked_and_it_serves(tensor_cores):
+    """By default (``GENERATOR_ON_TENSOR_CORES``, off until a draw times the kernel) every call
+    goes through the float32 map (involution's grad_weight, then the contractions); with the
+    kernel asked for, bfloat16 takes it and float32 the map: all within the reference's
+    tolerance."""
+    require_host_compiler()
+    assert involution_cuda.GENERATOR_ON_TENSOR_CORES is False
+    for dtype in (torch.float32, torch.bfloat16):
+        args = generator_arguments(TWO_CHANNEL_CHUNKS.arguments(dtype))
+        launcher = EmulatedLauncher()
+        out = involution_cuda.involution_generated_backward_generator(*args, _generator_grads_result(*args), launcher,
+                                                                      tensor_cores)
+        atol, rtol = GENERATOR.tolerance(dtype)
+        for result, expected in zip(out, float64_reference(GENERATOR, args), strict=True):
+            torch.testing.assert_close(result.double(), expected, atol=atol, rtol=rtol)
+        assert bool(_specialisations(launcher)) == (tensor_cores is True and dtype == torch.bfloat16)
+
+
+# Where one inf or nan goes (the argument's position, the index).
+NON_FINITE_PLACES = {
+    "grad_output corner": (0, (0, 0, 0, 0)),
+    "grad_output interior": (0, (0, 17, 5, 6)),
+    "input edge": (3, (0, 20, 10, 9)),
+    "input interior": (3, (0, 3, 4, 4)),
+    "feature": (1, (0, 3, 4, 4)),
+    "span_weight": (2, (60, 5)),
+}
+
+
+def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
+    returned, out = _result(args, launcher)
+    assert returned is out, name
+    for label, result, expected in zip(OUTPUTS, out, float64_reference(GENERATOR, args), strict=True):
+        assert_non_finite_as_expected(result, expected, GENERATOR.tolerance(result.dtype), f"{name} {label}")
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
+def test_non_finite_values_land_where_torch_puts_them(value, channels_last):
+    """An inf or a nan in grad_output, the input, the feature or span_weight: every product of
+    the kernel's sums is one of the reference's, so its inf and nan land at the reference's
+    places in all three results. Strides 1 and 2."""
+    require_host_compiler()
+    launcher = EmulatedLauncher()
+    for case in (TWO_CHANNEL_CHUNKS, GENERATOR_CASES[-2]):
+        args = generator_arguments(case._replace(channels_last=channels_last).arguments(torch.bfloat16))
+        for place, changed in with_one_non_finite(args, NON_FINITE_PLACES, value):
+            _assert_non_finite_as_torch(changed, launcher, f"{case.name}-{place}")
+
+
+# ---------------------------------------------------------------------------------------
+# Planted bugs
+# ---------------------------------------------------------------------------------------
+
+
+# A product's element read as the neighbouring tap: the band one column off.
+BAND_TAP = PlantedBug("band-tap", "const int b = offset / dilation_w;", "const int b = offset / dilation_w + 1;")
+# The input chunk read before the block staged it.
+STAGED_BARRIER = PlantedBug("staged-barrier", "__syncthreads();  // the input chunk (and, the first, the span rows) staged",
+                            "// the input chunk (and, the first, the span rows) staged")
+# grad_span_weight read from other warps' gw before they wrote it.
+GW_BARRIER = PlantedBug("gw-barrier", "__syncthreads();  // every warp's gw of the group is whole",
+                        "// every warp's gw of the group is whole")
+# A second channel chunk written over the first instead of added to it.
+CHUNKS_ADDED = PlantedBug("chunks-added", "*at = c0 == 0 ? value : oplib_add(*at, value);", "*at = value;")
+# grad_span_bias's last part of the tile's pixels left out.
+BIAS_PARTS = PlantedBug("bias-parts", "for (int p = 1; p < GEN_GRAD_BIAS_PARTS; ++p)",
+                        "for (int p = 1; p < GEN_GRAD_BIAS_PARTS - 1; ++p)")
+# The lo half of gw left out of grad_span_weight: gw rounded to bfloat16 before the batch's sums.
+SPAN_LO = PlantedBug("span-lo", "oplib_mma<half_t>(sums[u], lo, b);", "")
+# The bias parts one tap-row past the end of the dynamic shared memory.
+BIAS_OVERRUN = PlantedBug("bias-past-the-end", "float* bias_parts = gw + MMA_WARPS * MMA_TILE_W * gw_stride;",
+                          "float* bias_parts = gw + MMA_WARPS * MMA_TILE_W * gw_stride + MMA_TAPS;")
+
+
+def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
+    planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, bug.text, bug.bug)
+    monkeypatch.setattr(involution_cuda, "load_source", lambda filename: planted)
+    return planted
+
+
+@pytest.mark.parametrize("bug", [pytest.param(BAND_TAP),
+                                 *(pytest.param(b, marks=pytest.mark.integration)
+                                   for b in (STAGED_BARRIER, GW_BARRIER, CHUNKS_ADDED, BIAS_PARTS))],
+                         ids=lambda b: b.name)
+def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
+    """Each on the two-chunk geometry (stride 1, NCHW) and the stride-2 channels_last one, in
+    both orders: every one of them must fail the float64 reference check. (The bias's last part
+    is the tile's rows 6 and 7, which only the first geometry's 11 output rows reach.)"""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    for order in ORDERS:
+        for case in (TWO_CHANNEL_CHUNKS, *((GENERATOR_CASES[-2],) if bug is not BIAS_PARTS else ())):
+            with pytest.raises(AssertionError, match="not close"):
+                _check(generator_arguments(case.arguments(torch.bfloat16)), EmulatedLauncher(order=order),
+                       f"{bug.name}-{order}")
+
+
+def _cancelling_case() -> tuple:
+    """grad_span_weight's sums over the batch cancel to a small part of each term: grad_output 1,
+    sample 0's input 1 but one channel a group of 1.0625 (gw 16.0625 at every tap inside the
+    image, halfway between two bfloat16 values) and its feature +1, sample 1's input all 1 (gw
+    16) and its feature -1. The sum over a tap's pixels is 0.0625 a pixel; gw rounded to
+    bfloat16 (16) alone makes it 0."""
+    input, feature, span_weight, _, *window = TWO_CHANNEL_CHUNKS._replace(batch=2, channels=32).arguments(torch.bfloat16)
+    input = torch.ones_like(input)
+    input[0, ::16] = 1.0625
+    feature = torch.ones_like(feature)
+    feature[1] = -1
+    grad = torch.ones(2, 32, *feature.shape[2:], dtype=torch.bfloat16)
+    return (grad, feature, span_weight, input, *window)
+
+
+def test_gw_split_in_hi_and_lo_keeps_grad_span_weight_where_sums_cancel(tmp_path, monkeypatch):
+    """gw enters grad_span_weight's products as hi and lo: where the sums over a batch's pixels
+    cancel, hi alone (the planted kernel without lo) is far from the reference."""
+    require_host_compiler()
+    args = _cancelling_case()
+    assert _check(args, EmulatedLauncher(), "hi and lo")
+    _plant(monkeypatch, tmp_path, SPAN_LO)
+    with pytest.raises(AssertionError, match="grad_span_weight: Tensor-likes are not close"):
+        _check(args, EmulatedLauncher(), "hi alone")
+
+
+_RUN_SAMPLES = tensor_core_samples_script("test_cuda_generated_mma_generator", "GENERATOR", "GENERATOR_CASES",
+                                          "generator_arguments", "GENERATOR_DTYPES", 3)
+
+
+@pytest.mark.integration
+def test_generator_is_clean_under_address_sanitizer():
+    """The samples, the geometries above and random ones: no access outside the tensors, the
+    partial sums or the dynamic shared memory (the host's size of it is the kernel's layout)."""
+    require_host_compiler()
+    assert_clean_under_asan(_RUN_SAMPLES)
+
+
+@pytest.mark.integration
+def test_address_sanitizer_catches_the_bias_parts_past_the_end(tmp_path):
+    require_host_compiler()
+    planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, BIAS_OVERRUN.text, BIAS_OVERRUN.bug)
+    assert_asan_catches(planted, """
+        g, f, s = torch.randn(1, 32, 9, 9).bfloat16(), torch.randn(1, 8, 9, 9).bfloat16(), torch.randn(2 * 49, 8).bfloat16()
+        x = torch.randn(1, 32, 9, 9).bfloat16()
+        out = (torch.empty(1, 8, 9, 9).bfloat16(), torch.empty(98, 8).bfloat16(), torch.empty(98).bfloat16())
+        ops.involution_generated_mma_backward_generator(g, f, s, x, [7, 7], [1, 1], [3, 3], [1, 1], out, launcher)
+    """)
+
+
+def _gpu_arguments() -> list[tuple[tuple, str]]:
+    dtype = torch.bfloat16
+    samples = [(s.args, s.name) for s in GENERATOR.sample_inputs("cpu", dtype, False)]
+    samples += [(generator_arguments(c.arguments(dtype)), c.name) for c in GENERATOR_CASES]
+    samples += [(s.args, f"random-{i}") for i, s in enumerate(random_samples(GENERATOR, dtype, 8, seed=3))]
+    samples += [(generator_arguments(c.arguments(dtype)), c.name) for c in _random_specialised_cases(6, seed=7)]
+    return [(tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args), name) for args, name in samples]
+
+
+@pytest.mark.needs_cuda
+def test_generator_on_a_gpu_matches_the_reference():
+    """CuPy's launch, mma.sync and all: the samples, the geometries above, random ones, an inf
+    where torch puts it, and the same bits twice."""
+    for args, name in _gpu_arguments():
+        if not _check(args, None, name):
+            assert _declines_only_what_it_cannot_hold(args), name
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in generator_arguments(CASES[1].arguments(torch.bfloat16))]
+    assert all(torch.equal(a, b) for a, b in zip(_bits(tuple(args), None), _bits(tuple(args), None)))
+    args[0] = args[0].clone()
+    args[0][0, 17, 5, 6] = float("inf")
+    _assert_non_finite_as_torch(tuple(args), None, "inf")
