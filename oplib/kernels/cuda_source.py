@@ -135,9 +135,18 @@ class KernelSource:
                 *type_words, param_name = param.strip().split(" ")
                 params.append((" ".join(type_words), param_name))
             template_params = tuple(p.split(" ")[-1] for p in template[1:])
-            bounds = [self._integer(v.strip()) for v in (bounds_before or bounds_after or "").split(",") if v.strip()]
+            bounds = [self._bound(v.strip(), i) for i, v in enumerate((bounds_before or bounds_after or "").split(","))
+                      if v.strip()]
             signatures[name] = KernelSignature(name, template_params, tuple(params), *bounds[:2])
         return signatures
+
+    def _bound(self, text: str, position: int) -> Optional[int]:
+        """A launch bound: the most threads (position 0) a number or a ``constexpr int``; the
+        blocks per SM may also be an expression of the template parameters (None here: its
+        value is each instantiation's)."""
+        if position == 1 and not re.fullmatch(r"\w+", text):
+            return None
+        return self._integer(text)
 
     def _integer(self, text: str) -> int:
         """A number, or a ``constexpr int`` of the source or its headers, as written in a launch bound."""

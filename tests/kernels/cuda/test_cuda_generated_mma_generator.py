@@ -163,6 +163,9 @@ def test_generator_declines_what_it_does_not_serve():
     """float16 (a gw past its range), float32 and float64, more than MMA_TAPS taps, windows over
     more columns than MMA_BAND, shared memory past its limit: None, out untouched."""
     source, config = _source(), involution_cuda.generated_mma_generator_config
+    # its blocks per SM depend on the instantiation (three, two for the runtime window): the
+    # launchers read the most threads alone
+    assert (source.kernels[KERNEL].max_threads, source.kernels[KERNEL].min_blocks) == (256, None)
     assert config(source, torch.bfloat16, 32, 16, (56, 56), (7, 7), (1, 1), (1, 1)).grid == (28, 1, 32)
     assert config(source, torch.bfloat16, 32, 128, (7, 7), (7, 7), (1, 1), (1, 1)).grid == (1, 4, 32)
     assert config(source, torch.bfloat16, 32, 64, (28, 28), (7, 7), (2, 2), (1, 1)).grid == (8, 2, 32)

@@ -721,11 +721,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 constexpr int GEN_GRAD_R = 32;  // four n-tiles of grad_feature a warp
 constexpr int GEN_GRAD_COLUMN_WORDS = 12;  // a staged column's 16 channels, and 4
 constexpr int GEN_GRAD_PIXEL_WORDS = 68;  // the tile's 128 pixels in pairs, and 4
-constexpr int GEN_GRAD_NTILES = 8;  // the most n-tiles of a kernel row's product: MMA_BAND columns
 constexpr int GEN_GRAD_BIAS_PARTS = 4;
 static_assert(GEN_GRAD_R % 16 == 0 && MMA_CHANNELS == 16, "whole pairs of n-tiles; one k-step of channels");
 static_assert(MMA_TAPS / 16 * (GEN_GRAD_R / 8) <= 2 * MMA_WARPS, "grad_span_weight's tiles, two a warp");
-static_assert(GEN_GRAD_PIXEL_WORDS == MMA_WARPS * MMA_TILE_W / 2 + 4 && GEN_GRAD_NTILES * 8 == MMA_BAND, "as said");
+static_assert(GEN_GRAD_PIXEL_WORDS == MMA_WARPS * MMA_TILE_W / 2 + 4 && GEN_GRAD_COLUMN_WORDS == MMA_CHANNELS / 2 + 4,
+              "4 words past a multiple of 8: a fragment's 8 rows x 4 words in 32 banks");
 static_assert(GEN_GRAD_BIAS_PARTS * MMA_TAPS == MMA_THREADS && MMA_WARPS * MMA_TILE_W % GEN_GRAD_BIAS_PARTS == 0,
               "the block's threads sum the bias's taps in whole parts of the tile's pixels");
 
@@ -758,20 +758,27 @@ __device__ __forceinline__ bool gen_grad_pair_has_inf(unsigned int pair) {
 
 // sum over k < count of values[k * value_step] times the k-th value of `pairs` (pairs[k / 2], its
 // lower half for an even k), one term at a time in float: the direct sums of steps 2 and 3 for
-// the staged values that hold an inf. Cold, rolled, kept out of the kernel's registers.
+// the staged values that hold an inf. Rolled, and inline in its cold branches: a call there made
+// the kernel hold its live values across it, which spilled at three blocks per SM.
 template <typename half_t>
-__device__ __noinline__ float gen_grad_direct_sum(const float* values, int value_step, const unsigned int* pairs, int count) {
+__device__ __forceinline__ float gen_grad_direct_sum(const float* values, int value_step, const unsigned int* pairs, int count) {
     float sum = 0.0f;
+#pragma unroll 1
     for (int k = 0; k < count; ++k)
         sum = oplib_fma(values[k * value_step], mma_to_float((unsigned short)(pairs[k >> 1] >> 16 * (k & 1)), half_t()), sum);
     return sum;
 }
 
-// Instantiated for the forward's windows (the oplib-template line above).
+// Instantiated for the forward's windows (the oplib-template line above). Three blocks per SM
+// (at most 80 registers) for the instantiations that fix the window, which the model puts at
+// about half the time of two: the kernel is issue-bound, and two blocks leave a scheduler four
+// warps to hide each one's dependent instructions. Its loops over staging and over a row's
+// n-tiles stay rolled for it: unrolled, their hoisted indices spilled. The one that reads the
+// window from its arguments keeps two (its runtime sizes take more registers).
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, R ranges, N), tiles of the output.
 template <typename scalar_t, int KERNEL, int STRIDE>
-__global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backward_generator(
+__global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_generated_mma_backward_generator(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature,
     const scalar_t* __restrict__ span_weight, scalar_t* __restrict__ grad_feature, float* __restrict__ span_sums,
     float* __restrict__ bias_sums, int channels, int height, int width, int groups, int window_h, int window_w,
@@ -814,6 +821,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
         // The tile's feature for the R range, [r][pixel pair] (pixel p = warp * 16 + j), zeros
         // past the map and past R; taps past T of gw, never written after, zero.
         const unsigned short* sample_feature = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
+#pragma unroll 1
         for (int word = thread; word < GEN_GRAD_R * (GEN_GRAD_PIXEL_WORDS - 4); word += MMA_THREADS) {
             const int r = word / (GEN_GRAD_PIXEL_WORDS - 4), pair = word % (GEN_GRAD_PIXEL_WORDS - 4);
             const int y = tile_y * MMA_TILE_H + pair / (MMA_TILE_W / 2), x = out_x0 + 2 * (pair % (MMA_TILE_W / 2));
@@ -838,6 +846,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
             // span_weight's rows of the group for the R range, [r][tap pair]; consecutive
             // threads along r (span_weight's rows).
             const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
+#pragma unroll 1
             for (int word = thread; word < GEN_GRAD_R * (tap_pad / 2); word += MMA_THREADS) {
                 const int r = word % GEN_GRAD_R, tap = 2 * (word / GEN_GRAD_R);
                 const unsigned int values = oplib_load_pair(group_span + (index_t)tap * reduced + r0 + r, reduced,
@@ -853,6 +862,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                 // consecutive threads along a row's columns.
                 const unsigned short* chunk = sample_input + (channel0 + c0) * input_c;
                 if (vector_input) {
+#pragma unroll 1
                     for (int unit = thread; unit < in_h * columns * 2; unit += MMA_THREADS) {
                         const int half = unit & 1, column = (unit >> 1) % columns, y = (unit >> 1) / columns;
                         const int iy = top + y, ix = left + column;
@@ -866,6 +876,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                         for (int k = 0; k < 4; ++k) to[k] = v.lane[2 * k].bits | (unsigned int)v.lane[2 * k + 1].bits << 16;
                     }
                 } else {
+#pragma unroll 1
                     for (int unit = thread; unit < in_h * columns * 8; unit += MMA_THREADS) {
                         const int column = unit % columns, pair = unit / columns % 8, y = unit / columns / 8;
                         const int iy = top + y, ix = left + column, c = c0 + 2 * pair;
@@ -889,9 +900,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                     const unsigned int* input_row = staged + (warp * stride_h + a * dilation_h) * columns * GEN_GRAD_COLUMN_WORDS;
                     // An n-tile of columns at a time (the product's element (j, k) is pixel j's tap
                     // b where k = j*sw + b*dw) to gw, 0 past the map: one tile's values live at once.
-#pragma unroll
-                    for (int t = 0; t < GEN_GRAD_NTILES; ++t) {
-                        if (t >= n_tiles) break;
+#pragma unroll 1
+                    for (int t = 0; t < n_tiles; ++t) {
                         OplibFragmentC product = {};
                         oplib_mma<half_t>(product, run,
                                           oplib_load_fragment_b(input_row + 8 * t * GEN_GRAD_COLUMN_WORDS, GEN_GRAD_COLUMN_WORDS));
@@ -949,7 +959,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                         }
                     }
                 }
-#pragma unroll 2
+#pragma unroll 1
                 for (int p0 = 0; p0 < MMA_WARPS * MMA_TILE_W && !inf_flags[0]; p0 += 16) {
                     OplibFragmentA hi, lo;
                     gen_grad_split_fragment<half_t>(gw + p0 * gw_stride + m0, 1, gw_stride, hi, lo);
