@@ -888,7 +888,8 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
                 iy, ix = top + yy, left + column
                 t.load(1, (base + 8 * half * isc + iy * ish + ix * isw) // 8,
                        (unit < units) & (c0 + 8 * half < pg) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W), 16)
-                t.shared(staged_at + (yy * columns + column) * column_words + 4 * half + _slots(4, 4), unit < units, 4)
+                t.shared(staged_at + (yy * columns + column) * column_words + ((4 * half) ^ (column & 4)) + _slots(4, 4),
+                         unit < units, 4)
             else:  # a word of two channels at a time, consecutive threads along a row's columns
                 units = in_h * columns * 8
                 unit = thread + threads * _slots(-(-units // threads))
@@ -897,7 +898,7 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
                 at = (unit < units) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
                 for h in range(2):
                     t.load(1, base + (2 * channel_pair + h) * isc + iy * ish + ix * isw, at & (c0 + 2 * channel_pair + h < pg), es)
-                t.shared(staged_at + (yy * columns + column) * column_words + channel_pair, unit < units, 4)
+                t.shared(staged_at + (yy * columns + column) * column_words + (channel_pair ^ (column & 4)), unit < units, 4)
             channel = c0 + 2 * quad + 8 * _slots(2)  # grad_output's A fragment: pixels x channel pairs
             grad = n * gsn + (group * pg + channel) * gsc + oy * gsh + (ox0 + pixels) * gsw
             if grad_words:  # a pair a 32-bit load (index in 32-bit units)
@@ -908,7 +909,8 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
             for a in range(KH):
                 input_row = staged_at + (warp * sh + a * dh) * columns * column_words
                 for n_tile in range(n_tiles):
-                    t.shared(input_row + (8 * n_tile + row) * column_words + quad + 4 * _slots(2), oy < OH, 4)
+                    column = 8 * n_tile + row  # its words' halves swapped in columns 4-7 of every 8
+                    t.shared(input_row + column * column_words + ((quad + 4 * _slots(2)) ^ (column & 4)), oy < OH, 4)
                     for v in range(4):
                         j = row + 8 * (v >> 1)
                         offset = 8 * n_tile + 2 * quad + (v & 1) - j * sw

@@ -174,8 +174,8 @@ def test_generator_declines_what_it_does_not_serve():
     assert config(source, torch.bfloat16, 2, 16, (56, 56), (9, 9), (1, 1), (1, 1)) is None  # 81 taps
     assert config(source, torch.bfloat16, 2, 16, (56, 56), (1, 3), (1, 1), (1, 25)) is None  # 66 columns
     assert config(source, torch.bfloat16, 2, 16, (56, 56), (1, 3), (1, 1), (1, 24)) is not None  # 64
-    assert config(source, torch.bfloat16, 2, 16, (56, 56), (7, 7), (2, 2), (3, 1)) is None  # 33 rows: 110 KiB
-    assert config(source, torch.bfloat16, 2, 16, (56, 56), (7, 7), (2, 2), (1, 1)) is not None  # 21 rows: 87 KiB
+    assert config(source, torch.bfloat16, 2, 16, (56, 56), (7, 7), (2, 2), (5, 1)) is None  # 45 rows: 104 KiB
+    assert config(source, torch.bfloat16, 2, 16, (56, 56), (7, 7), (2, 2), (4, 1)) is not None  # 39 rows: 97 KiB
     args = generator_arguments(TWO_CHANNEL_CHUNKS.arguments(torch.float16))
     out = tuple(torch.full_like(t, 7.0) for t in _generator_grads_result(*args))
     assert involution_cuda.involution_generated_mma_backward_generator(*args, out, EmulatedLauncher()) is None

@@ -710,22 +710,42 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 //   span      GEN_GRAD_R x span_stride       the group's span_weight, [r][tap pair], zeros past T
 //                                           and R (span_stride = tap_pad / 2 + 4)
 //   features  GEN_GRAD_R x GEN_GRAD_PIXEL_WORDS   the tile's feature, [r][pixel pair]
-//   staged    in_h x columns x GEN_GRAD_COLUMN_WORDS   the input chunk, [row][column][channel pair]
+//   staged    in_h x columns x GEN_GRAD_COLUMN_WORDS   the input chunk, [row][column][channel pair],
+//                                           the two halves of a column's words swapped in
+//                                           columns 4-7 of every 8 (gen_grad_load_columns)
 //   gw        MMA_WARPS x MMA_TILE_W x gw_stride floats   [pixel][tap] (gw_stride = tap_pad + 4)
 //   bias      GEN_GRAD_BIAS_PARTS x MMA_TAPS floats     grad_span_bias's sums over parts of the tile
 //   flags     2 ints                        an inf in the staged feature; the last group with
 //                                           one in its span rows
 // with tap_pad = T rounded up to 16 (whole k-steps) and columns = K, whole n-tiles of 8. Each
-// stride is 4 words past a multiple of 8 or 32: a fragment's 8 rows x 4 words in 32 banks.
+// other stride is 4 words past a multiple of 8 or 32: a fragment's 8 rows x 4 words in 32 banks.
 
 constexpr int GEN_GRAD_R = 32;  // four n-tiles of grad_feature a warp
-constexpr int GEN_GRAD_COLUMN_WORDS = 12;  // a staged column's 16 channels, and 4
+constexpr int GEN_GRAD_COLUMN_WORDS = 8;  // a staged column's 16 channels, no padding (swapped halves)
 constexpr int GEN_GRAD_PIXEL_WORDS = 68;  // the tile's 128 pixels in pairs, and 4
 constexpr int GEN_GRAD_BIAS_PARTS = 4;
 static_assert(GEN_GRAD_R % 16 == 0 && MMA_CHANNELS == 16, "whole pairs of n-tiles; one k-step of channels");
 static_assert(MMA_TAPS / 16 * (GEN_GRAD_R / 8) <= 2 * MMA_WARPS, "grad_span_weight's tiles, two a warp");
-static_assert(GEN_GRAD_PIXEL_WORDS == MMA_WARPS * MMA_TILE_W / 2 + 4 && GEN_GRAD_COLUMN_WORDS == MMA_CHANNELS / 2 + 4,
-              "4 words past a multiple of 8: a fragment's 8 rows x 4 words in 32 banks");
+static_assert(GEN_GRAD_PIXEL_WORDS == MMA_WARPS * MMA_TILE_W / 2 + 4 && GEN_GRAD_COLUMN_WORDS == MMA_CHANNELS / 2,
+              "4 words past a multiple of 8, or swapped halves: a fragment's 8 rows x 4 words in 32 banks");
+
+// Where word w (channels 2w, 2w + 1) of staged input column k lies among the column's words: the
+// two halves swapped in columns 4-7 of every 8, so that a B fragment's 8 columns x 4 words, 8
+// words apart, fall in 32 different banks without the 4 words of padding a column would take
+// (a third of the staged input, and at stride 2 the third block per SM).
+__device__ __forceinline__ int gen_grad_column_word(int column, int word) { return word ^ (column & 4); }
+
+// B's fragment of the staged input, channels (k) x 8 columns (n) from `column0` of a row
+// (`row_words`: its first column's words), column0 a multiple of 8: a lane's column's swap,
+// gen_grad_column_word's, is its fragment column's (the lane's, not the loop's).
+__device__ __forceinline__ OplibFragmentB gen_grad_load_columns(const unsigned int* row_words, int column0) {
+    const int lane = oplib_lane(), quad = lane & 3, swap = lane >> 2 & 4;
+    const unsigned int* words = row_words + (column0 + (lane >> 2)) * GEN_GRAD_COLUMN_WORDS;
+    OplibFragmentB b;
+    b.reg[0] = words[quad ^ swap];
+    b.reg[1] = words[(quad + 4) ^ swap];
+    return b;
+}
 static_assert(GEN_GRAD_BIAS_PARTS * MMA_TAPS == MMA_THREADS && MMA_WARPS * MMA_TILE_W % GEN_GRAD_BIAS_PARTS == 0,
               "the block's threads sum the bias's taps in whole parts of the tile's pixels");
 
@@ -871,7 +891,8 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                             (unsigned int)ix < (unsigned int)width)
                             v = *reinterpret_cast<const Vector16<half_t>*>(chunk + 8 * half + (index_t)iy * input_h +
                                                                           (index_t)ix * input_w);
-                        unsigned int* to = staged + (y * columns + column) * GEN_GRAD_COLUMN_WORDS + 4 * half;
+                        unsigned int* to = staged + (y * columns + column) * GEN_GRAD_COLUMN_WORDS +
+                                           gen_grad_column_word(column, 4 * half);
 #pragma unroll
                         for (int k = 0; k < 4; ++k) to[k] = v.lane[2 * k].bits | (unsigned int)v.lane[2 * k + 1].bits << 16;
                     }
@@ -881,7 +902,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                         const int column = unit % columns, pair = unit / columns % 8, y = unit / columns / 8;
                         const int iy = top + y, ix = left + column, c = c0 + 2 * pair;
                         const bool inside = (unsigned int)iy < (unsigned int)height && (unsigned int)ix < (unsigned int)width;
-                        staged[(y * columns + column) * GEN_GRAD_COLUMN_WORDS + pair] =
+                        staged[(y * columns + column) * GEN_GRAD_COLUMN_WORDS + gen_grad_column_word(column, pair)] =
                             oplib_load_pair(chunk + 2 * pair * input_c + (index_t)iy * input_h + (index_t)ix * input_w,
                                             input_c, inside ? group_channels - c : 0);
                     }
@@ -903,8 +924,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
 #pragma unroll 1
                     for (int t = 0; t < n_tiles; ++t) {
                         OplibFragmentC product = {};
-                        oplib_mma<half_t>(product, run,
-                                          oplib_load_fragment_b(input_row + 8 * t * GEN_GRAD_COLUMN_WORDS, GEN_GRAD_COLUMN_WORDS));
+                        oplib_mma<half_t>(product, run, gen_grad_load_columns(input_row, 8 * t));
 #pragma unroll
                         for (int v = 0; v < 4; ++v) {
                             const int j = row + 8 * (v >> 1), offset = 8 * t + 2 * quad + (v & 1) - j * stride_w;
