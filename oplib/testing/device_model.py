@@ -828,7 +828,7 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
 def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_backward_generator (generated_mma.cu): ``item`` is the thread's
     index in the grid (block-major, 256 threads a block, a block a tile of 8 rows x 16 columns of
-    a sample and a range of GEN_GRAD_R of R, a warp a row's run). The tile's feature staged
+    a sample, a range of GEN_GRAD_R of R and a split of the groups, a warp a row's run). The tile's feature staged
     ([r][pixel pair]), gw's zeros past T; per group: its span rows staged ([r][tap pair]); per
     chunk of 16 of its channels the input rows staged ([row][column][channel pair]: 16-byte
     vectors and 4 word stores a unit, or a word of two channels at a time), grad_output's A
@@ -836,11 +836,12 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     gw stores (a load and a store from the second chunk on); then grad_feature's products (gw's
     A fragments split from floats, the span's B fragments), the block's grad_span_weight tiles
     (gw's transposed A fragments, the feature's B fragments, the partial sums' stores) and, in
-    R range 0, grad_span_bias's sums (adds as multiply-adds); at the end grad_feature's stores.
+    R range 0, grad_span_bias's sums (adds as multiply-adds); at the end grad_feature's stores (in
+    float to the split's part where the groups are split).
     Tensor cores: no term. The layout's sizes are the source's and its host's."""
     from ..kernels.involution import cuda as involution_cuda
 
-    (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w, gsn, gsc, gsh, gsw, isn, isc, ish, isw,
+    (splits, C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w, gsn, gsc, gsh, gsw, isn, isc, ish, isw,
      fsn, fsc, fsh, fsw, rsn, rsc, rsh, rsw, vector, grad_words) = launch.scalars
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
     c = source.constants
@@ -855,7 +856,9 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     bias_at = gw_at + 128 * gw_stride
     block, thread = item // threads, item % threads
     warp, row, quad = thread // 32, thread % 32 // 4, thread % 4
-    tile, r_range = block % launch.grid[0], block // launch.grid[0] % launch.grid[1]
+    tile, y_block = block % launch.grid[0], block // launch.grid[0] % launch.grid[1]
+    r_range, split = y_block // splits, y_block % splits
+    group_first, group_end = split * G // splits, (split + 1) * G // splits
     n = block // (launch.grid[0] * launch.grid[1])
     slot = tile + launch.grid[0] * n
     tile_y, ox0 = tile // tiles_w, tile % tiles_w * 16
@@ -872,7 +875,10 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     top, left = tile_y * 8 * sh - ph, ox0 * sw - pw
     pixels = row + 8 * _slots(2, 4)  # a fragment's two rows of pixels
     inside = (oy < OH) & (ox0 + pixels < OW)
-    for group in range(G):
+    everywhere = t.active
+    for index in range(-(-G // splits)):  # the block's groups, the most any split takes
+        group = group_first + index
+        t.active = everywhere & (group < group_end)
         word = thread + threads * _slots(-(-span_r * tap_pad // 2 // threads))
         staging = word < span_r * tap_pad // 2
         r, tap = word % span_r, 2 * (word // span_r)
@@ -937,7 +943,7 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
             t.shared(features_at + (8 * n_tile + row) * pixel_words + p0 // 2 + quad + 4 * _slots(2), mine, 4)
         for v in range(4):
             tap, r = m0 + row + 8 * (v >> 1), r0 + 8 * n_tile + 2 * quad + (v & 1)
-            t.store(5, ((slot * G + group) * taps + tap) * R + r, mine & (tap < taps) & (r < R), 4)
+            t.store(6, ((slot * G + group) * taps + tap) * R + r, mine & (tap < taps) & (r < R), 4)
         sums = r_range == 0  # grad_span_bias's parts, then their sum
         tap, part = thread % 64, thread // 64
         for p in range(32):
@@ -946,9 +952,17 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
         t.shared(bias_at + part * 64 + tap, sums, 4)
         for p in range(4):
             t.shared(bias_at + p * 64 + thread, sums & (thread < taps), 4)
-        t.store(6, (slot * G + group) * taps + thread, sums & (thread < taps), 4)
-    pair_stores = rsc == 1 and (rsn | rsh | rsw | R) % 2 == 0
+        t.store(7, (slot * G + group) * taps + thread, sums & (thread < taps), 4)
+    t.active = everywhere
     channel = r0 + 8 * _slots(4, 4) + 2 * quad
+    if splits > 1:  # floats to the split's part, [split][n][y][x][r]
+        for h in range(2):
+            xx = ox0 + row + 8 * h
+            for e in range(2):
+                t.store(5, (((split * launch.grid[2] + n) * OH + oy) * OW + xx) * R + channel + e,
+                        (oy < OH) & (xx < OW) & (channel + e < R), 4)
+        return
+    pair_stores = rsc == 1 and (rsn | rsh | rsw | R) % 2 == 0
     for h in range(2):
         xx = ox0 + row + 8 * h
         at = n * rsn + oy * rsh + xx * rsw
@@ -1455,7 +1469,9 @@ def launch_terms(inputs: LaunchInputs, gpu: GPU, constants: Constants, dram_byte
     pipe = max((work.load_requests + work.store_requests) * constants.request_cycles,
                work.lines * constants.line_cycles)
     round_trips = work.load_requests / work.warps / max(inputs.loads_in_flight, 1.0)
-    warps_per_scheduler = resident * -(-inputs.threads_per_block // 32) / _SCHEDULERS
+    # the warps the busiest SM holds at once: a grid of fewer blocks than its SMs can hold
+    # leaves them fewer than its occupancy allows
+    warps_per_scheduler = min(resident, per_sm) * -(-inputs.threads_per_block // 32) / _SCHEDULERS
     cycles_per_instruction = max(1.0, constants.dependent_issue_cycles / warps_per_scheduler)
     return Terms(
         dram=work.dram_bytes / dram_bytes_per_s,

@@ -193,6 +193,22 @@ def test_a_tail_block_costs_a_whole_wave():
     assert terms[1].l1 / terms[0].l1 == pytest.approx(2 * H200.sms / (H200.sms + 1))
 
 
+def test_a_grid_smaller_than_the_gpu_issues_with_the_warps_it_has():
+    """One block per SM where eight fit (16 registers, 256 threads): each scheduler holds two
+    warps, not sixteen, to hide a warp's dependent instructions; the issue term of the same
+    work over eight times the blocks (each an eighth of it) is an eighth per block, the
+    SM's share the same: the grid that fills the SMs issues four times as fast (8.5 cycles
+    between a warp's instructions: 2 warps a scheduler wait 4.25 cycles an instruction, 16
+    none past 1). The generator kernel's split groups (RedNet-50's small maps) rest on it."""
+    constants = Constants(request_cycles=1, line_cycles=1, latency_cycles=100, launch_seconds=0,
+                          dependent_issue_cycles=8.5)
+    base = _streaming(1)
+    one = dataclasses.replace(base, blocks=H200.sms)
+    eight = dataclasses.replace(base, blocks=8 * H200.sms)
+    terms = [device_model.launch_terms(x, H200, constants, 1e30) for x in (one, eight)]
+    assert terms[0].issue / terms[1].issue == pytest.approx(8.5 / 2)
+
+
 def test_lines_of_coalesced_and_scattered_lanes():
     lanes = torch.arange(32).view(1, 32)
     tally = device_model._Tally(torch.ones(1, 32, dtype=torch.bool), 128)

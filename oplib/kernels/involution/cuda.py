@@ -920,13 +920,24 @@ def generated_mma_generator_shared_bytes(source: KernelSource, kernel_size, stri
                 + c["GEN_GRAD_BIAS_PARTS"] * c["MMA_TAPS"] + 2)
 
 
+def generated_mma_generator_splits(source: KernelSource, blocks: int, groups: int) -> int:
+    """How many blocks share a (tile, R range, sample)'s groups: 1 where the grid of those has
+    ``GEN_GRAD_SPLIT_BLOCKS`` blocks or more, else the fewest splits that bring it there, at
+    most one a group."""
+    target = source.constants["GEN_GRAD_SPLIT_BLOCKS"]
+    return 1 if blocks >= target else max(1, min(groups, -(-target // max(blocks, 1))))
+
+
 def generated_mma_generator_config(source: KernelSource, dtype: torch.dtype, batch: int, reduced: int, out_size,
-                                   kernel_size, stride, dilation) -> Optional[LaunchConfig]:
+                                   kernel_size, stride, dilation, groups: int = 1,
+                                   group_splits: Optional[int] = None) -> Optional[LaunchConfig]:
     """``involution_generated_mma_backward_generator``'s launch: a block of ``MMA_WARPS`` warps
-    per tile of ``MMA_TILE_H`` x ``MMA_TILE_W`` output pixels of a sample and ``GEN_GRAD_R`` of
-    R's channels; None where it does not serve the call (a dtype it declines, more taps than
-    ``MMA_TAPS``, windows of a run spanning more than ``MMA_BAND`` columns, shared memory past
-    ``GENERATED_TILE_MAX_SHARED``, a grid past CUDA's y and z limits)."""
+    per tile of ``MMA_TILE_H`` x ``MMA_TILE_W`` output pixels of a sample, ``GEN_GRAD_R`` of R's
+    channels and a split of the groups (``group_splits``, by default
+    ``generated_mma_generator_splits``'; grid y: the R ranges times the splits); None where it
+    does not serve the call (a dtype it declines, more taps than ``MMA_TAPS``, windows of a run
+    spanning more than ``MMA_BAND`` columns, shared memory past ``GENERATED_TILE_MAX_SHARED``,
+    a grid past CUDA's y and z limits)."""
     c = source.constants
     if dtype not in GENERATED_MMA_GENERATOR_DTYPES or kernel_size[0] * kernel_size[1] > c["MMA_TAPS"]:
         return None
@@ -934,10 +945,11 @@ def generated_mma_generator_config(source: KernelSource, dtype: torch.dtype, bat
         return None
     shared_bytes = generated_mma_generator_shared_bytes(source, kernel_size, stride, dilation)
     ranges = -(-reduced // c["GEN_GRAD_R"])
-    if shared_bytes > GENERATED_TILE_MAX_SHARED or ranges > 65535 or batch > 65535:
-        return None
     tiles = -(-out_size[0] // c["MMA_TILE_H"]) * -(-out_size[1] // c["MMA_TILE_W"])
-    return LaunchConfig((tiles, ranges, batch), (32, c["MMA_WARPS"]), shared_bytes)
+    splits = group_splits or generated_mma_generator_splits(source, tiles * ranges * batch, groups)
+    if shared_bytes > GENERATED_TILE_MAX_SHARED or ranges * splits > 65535 or batch > 65535:
+        return None
+    return LaunchConfig((tiles, ranges * splits, batch), (32, c["MMA_WARPS"]), shared_bytes)
 
 
 def generated_mma_grad_words(grad_output: Tensor, groups: int) -> bool:
@@ -950,23 +962,25 @@ def generated_mma_grad_words(grad_output: Tensor, groups: int) -> bool:
 def involution_generated_mma_backward_generator(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
                                                 input: Tensor, kernel_size, stride, padding, dilation,
                                                 out: tuple[Tensor, Tensor, Tensor],
-                                                launcher: Optional[Launcher] = None,
-                                                specialised: bool = True) -> Optional[tuple[Tensor, Tensor, Tensor]]:
+                                                launcher: Optional[Launcher] = None, specialised: bool = True,
+                                                group_splits: Optional[int] = None) -> Optional[tuple[Tensor, Tensor, Tensor]]:
     """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo), span_weight: (G*KH*KW, R), input:
     (N, C, H, W) -> out: (grad_feature (N, R, Ho, Wo) in its own strides, grad_span_weight
     (G*KH*KW, R), grad_span_bias (G*KH*KW,)), involution_generated_backward_generator by the
     tensor-core kernel: grad_feature written by it, the other two from its partial sums in
     float32 (a slot per tile and sample: (tiles * N, G*KH*KW, R) and (tiles * N, G*KH*KW)),
-    added up here over the slots by torch's sum, which is deterministic. None, out untouched,
-    where ``generated_mma_generator_config`` declines the call or the GPU predates sm_80.
-    ``specialised`` as ``involution_generated_mma``'s."""
+    added up here over the slots by torch's sum, which is deterministic; where the groups are
+    split among blocks (``group_splits``, by default the config's), grad_feature from the
+    splits' parts in float32, (splits, N, Ho, Wo, R), added up the same way. None, out
+    untouched, where ``generated_mma_generator_config`` declines the call or the GPU predates
+    sm_80. ``specialised`` as ``involution_generated_mma``'s."""
     source = load_source(GENERATED_MMA_SOURCE)
     n, channels = grad_output.shape[:2]
     rows, reduced = span_weight.shape
     groups = rows // (kernel_size[0] * kernel_size[1])
     out_size = tuple(grad_output.shape[2:])
     config = generated_mma_generator_config(source, grad_output.dtype, n, reduced, out_size, kernel_size, stride,
-                                            dilation)
+                                            dilation, groups, group_splits)
     if config is None or (grad_output.is_cuda
                           and torch.cuda.get_device_capability(grad_output.device) < GENERATED_MMA_MIN_CAPABILITY):
         return None
@@ -975,9 +989,11 @@ def involution_generated_mma_backward_generator(grad_output: Tensor, feature: Te
         grad_span_weight.zero_()
         grad_span_bias.zero_()
         return out
-    slots = config.grid[0] * n
+    slots, splits = config.grid[0] * n, config.grid[1] // -(-reduced // source.constants["GEN_GRAD_R"])
     span_sums = torch.empty((slots, rows, reduced), dtype=torch.float32, device=grad_output.device)
     bias_sums = torch.empty((slots, rows), dtype=torch.float32, device=grad_output.device)
+    feature_parts = torch.empty((splits, n, *out_size, reduced) if splits > 1 else (0,), dtype=torch.float32,
+                                device=grad_output.device)
     tiles_w = -(-out_size[1] // source.constants["MMA_TILE_W"])
     scalars = (channels, *input.shape[2:], groups, *kernel_size, *out_size, *stride, *padding, *dilation, reduced,
                tiles_w, *grad_output.stride(), *input.stride(), *feature.stride(), *grad_feature.stride(),
@@ -987,7 +1003,9 @@ def involution_generated_mma_backward_generator(grad_output: Tensor, feature: Te
                       else GENERATED_TILE_RUNTIME)
     (launcher or cupy_launcher()).launch(source, kernel, grad_output.dtype, config,
                                          (grad_output, input, feature, span_weight.contiguous(), grad_feature,
-                                          span_sums, bias_sums, *scalars), specialisation)
+                                          feature_parts, span_sums, bias_sums, splits, *scalars), specialisation)
+    if splits > 1:
+        grad_feature.copy_(feature_parts.sum(0).permute(0, 3, 1, 2))
     grad_span_weight.copy_(span_sums.sum(0))
     grad_span_bias.copy_(bias_sums.sum(0))
     return out
@@ -996,9 +1014,9 @@ def involution_generated_mma_backward_generator(grad_output: Tensor, feature: Te
 # Whether involution_generated_backward_generator's CUDA path takes the tensor-core kernel where it
 # serves the call. Not before a draw has timed it beside the map route: the offline model
 # (bench/results/cuda-model.md) puts it issue-bound, ahead of the map route's float32 grad_weight
-# alone at RedNet-50's first two stages in channels_last and behind it at stage 4, and the map
-# route's copies and cuBLAS contractions are no kernels the model traces. The kernel table times
-# it in the "generator grads" row's "tensor cores" column.
+# alone at RedNet-50's stages 1-3 in channels_last and behind it at stage 4, and the map route's
+# copies and cuBLAS contractions are no kernels the model traces. The kernel table times it in
+# the "generator grads" row's "tensor cores" column.
 GENERATOR_ON_TENSOR_CORES = False
 
 

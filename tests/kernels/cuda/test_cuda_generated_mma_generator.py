@@ -8,6 +8,8 @@ must catch."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
 import torch
 
@@ -44,14 +46,15 @@ def generator_arguments(forward_args: tuple) -> tuple:
     return (grad, feature, span_weight, input, *window)
 
 
-def _result(args: tuple, launcher, specialised: bool = True):
+def _result(args: tuple, launcher, specialised: bool = True, group_splits: Optional[int] = None):
     out = _generator_grads_result(*args)
-    return involution_cuda.involution_generated_mma_backward_generator(*args, out, launcher, specialised), out
+    return involution_cuda.involution_generated_mma_backward_generator(*args, out, launcher, specialised,
+                                                                       group_splits), out
 
 
-def _check(args: tuple, launcher, name: str, specialised: bool = True) -> bool:
+def _check(args: tuple, launcher, name: str, specialised: bool = True, group_splits: Optional[int] = None) -> bool:
     """The kernel's three results against the op's float64 reference; False where it declines."""
-    returned, out = _result(args, launcher, specialised)
+    returned, out = _result(args, launcher, specialised, group_splits)
     if returned is None:
         return False
     assert returned is out, name
@@ -159,6 +162,38 @@ def test_the_bits_are_the_same_in_every_order_and_instantiation():
                 assert torch.equal(a, b), f"{case.name} {label}"
 
 
+# Four groups of 16 channels: split in 1, 2, 3 (uneven: 1, 1, 2 groups) and 4.
+FOUR_GROUPS = TWO_CHANNEL_CHUNKS._replace(groups=4)
+
+
+def test_every_split_of_the_groups_gives_the_reference_and_the_same_span_sums():
+    """grad_feature from the splits' parts within the tolerance at every split; grad_span_weight
+    and grad_span_bias, whose sums a split does not change, the same bits at every split."""
+    require_host_compiler()
+    args = generator_arguments(FOUR_GROUPS.arguments(torch.bfloat16))
+    results = {}
+    for splits in (1, 2, 3, 4):
+        launcher = EmulatedLauncher()
+        assert _check(args, launcher, f"{splits} splits", group_splits=splits)
+        assert {launch[2] for launch in launcher.launches} == {2 * splits}  # 2 tiles x 1 R range x splits
+        results[splits] = _result(args, EmulatedLauncher(), group_splits=splits)[1]
+    for splits in (2, 3, 4):
+        assert torch.equal(results[1][1], results[splits][1]) and torch.equal(results[1][2], results[splits][2])
+
+
+def test_the_groups_are_split_where_the_grid_is_small():
+    """Below GEN_GRAD_SPLIT_BLOCKS blocks of tiles x R ranges x samples, the fewest splits that
+    reach it, at most one a group: RedNet-50's stages 2-4 at batch 32 (a fixed count, not the
+    GPU's: the same bits on every GPU)."""
+    source, split, config = _source(), involution_cuda.generated_mma_generator_splits, involution_cuda.generated_mma_generator_config
+    assert source.constants["GEN_GRAD_SPLIT_BLOCKS"] == 512
+    assert [split(source, blocks, groups) for blocks, groups in ((896, 4), (512, 8), (256, 8), (128, 16), (128, 2), (1, 3))] == [
+        1, 1, 2, 4, 2, 3]
+    grids = {size: config(source, torch.bfloat16, 32, channels // 4, (size, size), (7, 7), (1, 1), (1, 1), channels // 16).grid
+             for size, channels in ((56, 64), (28, 128), (14, 256), (7, 512))}
+    assert grids == {56: (28, 1, 32), 28: (8, 2, 32), 14: (2, 8, 32), 7: (1, 16, 32)}
+
+
 def test_generator_declines_what_it_does_not_serve():
     """float16 (a gw past its range), float32 and float64, more than MMA_TAPS taps, windows over
     more columns than MMA_BAND, shared memory past its limit: None, out untouched."""
@@ -253,6 +288,9 @@ BIAS_PARTS = PlantedBug("bias-parts", "for (int p = 1; p < GEN_GRAD_BIAS_PARTS; 
                         "for (int p = 1; p < GEN_GRAD_BIAS_PARTS - 1; ++p)")
 # The lo half of gw left out of grad_span_weight: gw rounded to bfloat16 before the batch's sums.
 SPAN_LO = PlantedBug("span-lo", "oplib_mma<half_t>(sums[u], lo, b);", "")
+# A split's first group one further where the groups do not divide evenly: a group left out.
+GROUP_RANGE = PlantedBug("group-range", "group_first = split * groups / group_splits,",
+                         "group_first = (split * groups + group_splits - 1) / group_splits,")
 # The bias parts one tap-row past the end of the dynamic shared memory.
 BIAS_OVERRUN = PlantedBug("bias-past-the-end", "float* bias_parts = gw + MMA_WARPS * MMA_TILE_W * gw_stride;",
                           "float* bias_parts = gw + MMA_WARPS * MMA_TILE_W * gw_stride + MMA_TAPS;")
@@ -279,6 +317,17 @@ def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
             with pytest.raises(AssertionError, match="not close"):
                 _check(generator_arguments(case.arguments(torch.bfloat16)), EmulatedLauncher(order=order),
                        f"{bug.name}-{order}")
+
+
+@pytest.mark.integration
+def test_a_planted_group_range_fails_the_reference_check(tmp_path, monkeypatch):
+    """Three splits of four groups, in both orders."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, GROUP_RANGE)
+    args = generator_arguments(FOUR_GROUPS.arguments(torch.bfloat16))
+    for order in ORDERS:
+        with pytest.raises(AssertionError, match="not close"):
+            _check(args, EmulatedLauncher(order=order), f"{GROUP_RANGE.name}-{order}", group_splits=3)
 
 
 def _cancelling_case() -> tuple:

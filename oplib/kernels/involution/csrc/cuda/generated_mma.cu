@@ -682,8 +682,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 // grad_output, grad_feature: (N, C, Ho, Wo) and (N, R, Ho, Wo), input: (N, C, H, W), feature
 // (N, R, Ho, Wo), any strides; span_weight (G*T, R) contiguous. The map gw, (N, G*T, Ho, Wo),
 // never reaches global memory. A block of MMA_WARPS warps takes MMA_TILE_H output rows (a warp
-// each) x MMA_TILE_W columns of one sample, and GEN_GRAD_R of R's channels (grid: tiles x R
-// ranges x samples). Per group:
+// each) x MMA_TILE_W columns of one sample, GEN_GRAD_R of R's channels, and its share of the
+// groups (grid: tiles x R ranges x group splits x samples). Per group:
 //   1. the tile's gw, in float in shared memory: per kernel row a, a run's products with the
 //      input row its windows read are, over all of that row's columns, one product, the run's
 //      grad_output (16 pixels x 16 channels) times the staged input row (16 channels x K
@@ -691,7 +691,10 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 //      others are dropped (the forward's band, read the other way round). A chunk of
 //      MMA_CHANNELS of the group's channels at a time, added up in place;
 //   2. each warp's share of grad_feature, (16 pixels x T)(T x GEN_GRAD_R) on tensor cores,
-//      summed over the groups in registers and stored at the end;
+//      summed over the block's groups in registers and stored at the end: as the result where
+//      one block takes all groups, else in float to its split's part, which the host adds up
+//      (a small map leaves a grid of tiles too few blocks to fill the GPU; the host splits the
+//      groups where it has fewer than GEN_GRAD_SPLIT_BLOCKS);
 //   3. the block's share of grad_span_weight, (T x the tile's pixels)(the tile's pixels x
 //      GEN_GRAD_R) on tensor cores, and (R range 0 only) of grad_span_bias, a sum in float, to
 //      the block's slot of two partial sums in float, which the host adds up over the slots.
@@ -724,6 +727,9 @@ constexpr int GEN_GRAD_R = 32;  // four n-tiles of grad_feature a warp
 constexpr int GEN_GRAD_COLUMN_WORDS = 8;  // a staged column's 16 channels, no padding (swapped halves)
 constexpr int GEN_GRAD_PIXEL_WORDS = 68;  // the tile's 128 pixels in pairs, and 4
 constexpr int GEN_GRAD_BIAS_PARTS = 4;
+// Fewer blocks than this, and the host splits the groups among more (a fixed count, not the
+// GPU's: the bits of grad_feature's sums do not depend on the GPU).
+constexpr int GEN_GRAD_SPLIT_BLOCKS = 512;
 static_assert(GEN_GRAD_R % 16 == 0 && MMA_CHANNELS == 16, "whole pairs of n-tiles; one k-step of channels");
 static_assert(MMA_TAPS / 16 * (GEN_GRAD_R / 8) <= 2 * MMA_WARPS, "grad_span_weight's tiles, two a warp");
 static_assert(GEN_GRAD_PIXEL_WORDS == MMA_WARPS * MMA_TILE_W / 2 + 4 && GEN_GRAD_COLUMN_WORDS == MMA_CHANNELS / 2,
@@ -800,8 +806,8 @@ __device__ __forceinline__ float gen_grad_direct_sum(const float* values, int va
 template <typename scalar_t, int KERNEL, int STRIDE>
 __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_generated_mma_backward_generator(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature,
-    const scalar_t* __restrict__ span_weight, scalar_t* __restrict__ grad_feature, float* __restrict__ span_sums,
-    float* __restrict__ bias_sums, int channels, int height, int width, int groups, int window_h, int window_w,
+    const scalar_t* __restrict__ span_weight, scalar_t* __restrict__ grad_feature, float* __restrict__ feature_parts,
+    float* __restrict__ span_sums, float* __restrict__ bias_sums, int group_splits, int channels, int height, int width, int groups, int window_h, int window_w,
     int out_h, int out_w, int step_h, int step_w, int pad_h, int pad_w, int spacing_h, int spacing_w, int reduced,
     int tiles_w, index_t grad_n, index_t grad_c, index_t grad_h, index_t grad_w, index_t input_n, index_t input_c,
     index_t input_h, index_t input_w, index_t feature_n, index_t feature_c, index_t feature_h, index_t feature_w,
@@ -831,7 +837,8 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
 
         const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
         const int out_y = tile_y * MMA_TILE_H + warp, out_x0 = tile_x * MMA_TILE_W;
-        const int r0 = blockIdx.y * GEN_GRAD_R;
+        const int r0 = blockIdx.y / group_splits * GEN_GRAD_R, split = blockIdx.y % group_splits;
+        const int group_first = split * groups / group_splits, group_end = (split + 1) * groups / group_splits;
         const index_t n = blockIdx.z, slot = blockIdx.x + (index_t)gridDim.x * n;
         const bool low_inside = out_y < out_h && out_x0 + row < out_w;
         const bool high_inside = out_y < out_h && out_x0 + row + 8 < out_w;
@@ -861,7 +868,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
         const unsigned short* low_grad = sample_grad + (index_t)out_y * grad_h + (index_t)(out_x0 + row) * grad_w;
         const unsigned short* high_grad = low_grad + 8 * grad_w;
         const int top = tile_y * MMA_TILE_H * stride_h - pad_h, left = out_x0 * stride_w - pad_w;
-        for (int group = 0; group < groups; ++group) {
+        for (int group = group_first; group < group_end; ++group) {
             __syncthreads();  // every warp is done with the previous group's span, gw and bias parts
             // span_weight's rows of the group for the R range, [r][tap pair]; consecutive
             // threads along r (span_weight's rows).
@@ -1003,7 +1010,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
             }
             // grad_span_bias's sums over the tile, from R range 0's blocks: the block's threads
             // sum parts of the pixels, then the first MMA_TAPS add the parts up, in order.
-            if (blockIdx.y == 0) {
+            if (r0 == 0) {
                 const int tap = thread % MMA_TAPS, part = thread / MMA_TAPS;
                 const int part_pixels = MMA_WARPS * MMA_TILE_W / GEN_GRAD_BIAS_PARTS;
                 float sum = 0.0f;
@@ -1019,8 +1026,19 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                 }
             }
         }
-        // grad_feature's sums of the warp's run to the result, the R range's channels.
-        if (out_y < out_h) {
+        // grad_feature's sums of the warp's run, the R range's channels: to the result, or in float
+        // to the split's part, [split][n][y][x][r].
+        if (out_y < out_h && group_splits > 1) {
+            float* part = feature_parts + (((index_t)split * gridDim.z + n) * out_h + out_y) * out_w * reduced;
+#pragma unroll
+            for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
+#pragma unroll
+                for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x r 8 t + 2 quad (+ 1)
+                    const int x = out_x0 + row + 8 * (v >> 1), r = r0 + 8 * t + 2 * quad + (v & 1);
+                    if (x < out_w && r < reduced) part[(index_t)x * reduced + r] = feature_sums[t].value[v];
+                }
+            }
+        } else if (out_y < out_h) {
             half_t* run = grad_feature + n * result_n + (index_t)out_y * result_h + (index_t)out_x0 * result_w;
             const bool pair_stores = mma_pair_stores(grad_feature, result_n, result_c, result_h, result_w, reduced);
 #pragma unroll
