@@ -920,12 +920,18 @@ def generated_mma_generator_shared_bytes(source: KernelSource, kernel_size, stri
                 + c["GEN_GRAD_BIAS_PARTS"] * c["MMA_TAPS"] + 2)
 
 
-def generated_mma_generator_splits(source: KernelSource, blocks: int, groups: int) -> int:
+# Fewer blocks of tiles x R ranges x samples than this, and the generator kernel's groups are
+# split among more (a fixed count, not the GPU's: grad_feature's bits do not depend on the GPU).
+GENERATOR_SPLIT_BLOCKS = 512
+
+
+def generated_mma_generator_splits(blocks: int, groups: int) -> int:
     """How many blocks share a (tile, R range, sample)'s groups: 1 where the grid of those has
-    ``GEN_GRAD_SPLIT_BLOCKS`` blocks or more, else the fewest splits that bring it there, at
+    ``GENERATOR_SPLIT_BLOCKS`` blocks or more, else the fewest splits that bring it there, at
     most one a group."""
-    target = source.constants["GEN_GRAD_SPLIT_BLOCKS"]
-    return 1 if blocks >= target else max(1, min(groups, -(-target // max(blocks, 1))))
+    if blocks >= GENERATOR_SPLIT_BLOCKS:
+        return 1
+    return max(1, min(groups, -(-GENERATOR_SPLIT_BLOCKS // max(blocks, 1))))
 
 
 def generated_mma_generator_config(source: KernelSource, dtype: torch.dtype, batch: int, reduced: int, out_size,
@@ -934,7 +940,7 @@ def generated_mma_generator_config(source: KernelSource, dtype: torch.dtype, bat
     """``involution_generated_mma_backward_generator``'s launch: a block of ``MMA_WARPS`` warps
     per tile of ``MMA_TILE_H`` x ``MMA_TILE_W`` output pixels of a sample, ``GEN_GRAD_R`` of R's
     channels and a split of the groups (``group_splits``, by default
-    ``generated_mma_generator_splits``'; grid y: the R ranges times the splits); None where it
+    ``generated_mma_generator_splits``'s; grid y: the R ranges times the splits); None where it
     does not serve the call (a dtype it declines, more taps than ``MMA_TAPS``, windows of a run
     spanning more than ``MMA_BAND`` columns, shared memory past ``GENERATED_TILE_MAX_SHARED``,
     a grid past CUDA's y and z limits)."""
@@ -946,7 +952,7 @@ def generated_mma_generator_config(source: KernelSource, dtype: torch.dtype, bat
     shared_bytes = generated_mma_generator_shared_bytes(source, kernel_size, stride, dilation)
     ranges = -(-reduced // c["GEN_GRAD_R"])
     tiles = -(-out_size[0] // c["MMA_TILE_H"]) * -(-out_size[1] // c["MMA_TILE_W"])
-    splits = group_splits or generated_mma_generator_splits(source, tiles * ranges * batch, groups)
+    splits = group_splits or generated_mma_generator_splits(tiles * ranges * batch, groups)
     if shared_bytes > GENERATED_TILE_MAX_SHARED or ranges * splits > 65535 or batch > 65535:
         return None
     return LaunchConfig((tiles, ranges * splits, batch), (32, c["MMA_WARPS"]), shared_bytes)

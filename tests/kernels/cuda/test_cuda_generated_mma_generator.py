@@ -182,12 +182,12 @@ def test_every_split_of_the_groups_gives_the_reference_and_the_same_span_sums():
 
 
 def test_the_groups_are_split_where_the_grid_is_small():
-    """Below GEN_GRAD_SPLIT_BLOCKS blocks of tiles x R ranges x samples, the fewest splits that
+    """Below GENERATOR_SPLIT_BLOCKS blocks of tiles x R ranges x samples, the fewest splits that
     reach it, at most one a group: RedNet-50's stages 2-4 at batch 32 (a fixed count, not the
     GPU's: the same bits on every GPU)."""
     source, split, config = _source(), involution_cuda.generated_mma_generator_splits, involution_cuda.generated_mma_generator_config
-    assert source.constants["GEN_GRAD_SPLIT_BLOCKS"] == 512
-    assert [split(source, blocks, groups) for blocks, groups in ((896, 4), (512, 8), (256, 8), (128, 16), (128, 2), (1, 3))] == [
+    assert involution_cuda.GENERATOR_SPLIT_BLOCKS == 512
+    assert [split(blocks, groups) for blocks, groups in ((896, 4), (512, 8), (256, 8), (128, 16), (128, 2), (1, 3))] == [
         1, 1, 2, 4, 2, 3]
     grids = {size: config(source, torch.bfloat16, 32, channels // 4, (size, size), (7, 7), (1, 1), (1, 1), channels // 16).grid
              for size, channels in ((56, 64), (28, 128), (14, 256), (7, 512))}

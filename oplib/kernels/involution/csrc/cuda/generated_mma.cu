@@ -694,7 +694,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 //      summed over the block's groups in registers and stored at the end: as the result where
 //      one block takes all groups, else in float to its split's part, which the host adds up
 //      (a small map leaves a grid of tiles too few blocks to fill the GPU; the host splits the
-//      groups where it has fewer than GEN_GRAD_SPLIT_BLOCKS);
+//      groups where it has fewer than GENERATOR_SPLIT_BLOCKS, cuda.py's);
 //   3. the block's share of grad_span_weight, (T x the tile's pixels)(the tile's pixels x
 //      GEN_GRAD_R) on tensor cores, and (R range 0 only) of grad_span_bias, a sum in float, to
 //      the block's slot of two partial sums in float, which the host adds up over the slots.
@@ -727,9 +727,6 @@ constexpr int GEN_GRAD_R = 32;  // four n-tiles of grad_feature a warp
 constexpr int GEN_GRAD_COLUMN_WORDS = 8;  // a staged column's 16 channels, no padding (swapped halves)
 constexpr int GEN_GRAD_PIXEL_WORDS = 68;  // the tile's 128 pixels in pairs, and 4
 constexpr int GEN_GRAD_BIAS_PARTS = 4;
-// Fewer blocks than this, and the host splits the groups among more (a fixed count, not the
-// GPU's: the bits of grad_feature's sums do not depend on the GPU).
-constexpr int GEN_GRAD_SPLIT_BLOCKS = 512;
 static_assert(GEN_GRAD_R % 16 == 0 && MMA_CHANNELS == 16, "whole pairs of n-tiles; one k-step of channels");
 static_assert(MMA_TAPS / 16 * (GEN_GRAD_R / 8) <= 2 * MMA_WARPS, "grad_span_weight's tiles, two a warp");
 static_assert(GEN_GRAD_PIXEL_WORDS == MMA_WARPS * MMA_TILE_W / 2 + 4 && GEN_GRAD_COLUMN_WORDS == MMA_CHANNELS / 2,
