@@ -706,8 +706,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 // lo's sign is not hi's), so a group whose staged span rows hold one (step 2) and a block whose
 // staged feature does (step 3) take each product once, in float, from the same staged values:
 // inf and nan land where torch puts them. No atomics, every sum in a fixed order: deterministic.
-// float16 is the host's to decline: a gw past 65504, which the float32 map holds, would be an
-// inf.
+// bfloat16 only (GenGradServes): a float16 gw past 65504, which the float32 map holds, would be an
+// inf; its instantiation, like float's and double's, is empty, and the host declines those calls.
 //
 // Dynamic shared memory, 32-bit words (generated_mma_generator_shared_bytes):
 //   span      GEN_GRAD_R x span_stride       the group's span_weight, [r][tap pair], zeros past T
@@ -768,6 +768,28 @@ __device__ __forceinline__ void gen_grad_split_fragment(const float* tile, int r
     }
 }
 
+// blockIdx.y, read from its register where the compiler may not keep an earlier read's value.
+__device__ __forceinline__ unsigned int gen_grad_block_y() {
+#if defined(__CUDA_ARCH__)
+    unsigned int y;
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(y));
+    return y;
+#else
+    return blockIdx.y;
+#endif
+}
+
+// The storage types the kernel serves (see the comment above): bfloat16.
+template <typename scalar_t>
+struct GenGradServes {
+    static constexpr bool value = false;
+};
+
+template <>
+struct GenGradServes<oplib_bfloat16> {
+    static constexpr bool value = true;
+};
+
 // Whether a 16-bit value (its bits) is an inf.
 template <typename half_t>
 __device__ __forceinline__ bool gen_grad_is_inf(unsigned short bits) {
@@ -810,7 +832,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
     index_t input_h, index_t input_w, index_t feature_n, index_t feature_c, index_t feature_h, index_t feature_w,
     index_t result_n, index_t result_c, index_t result_h, index_t result_w, bool vector_input, bool grad_words) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    if constexpr (sizeof(scalar_t) == 2) {
+    if constexpr (GenGradServes<scalar_t>::value) {
         const TileGeometry<KERNEL, STRIDE> geometry(window_h, window_w, step_h, step_w, spacing_h, spacing_w);
         const int kernel_h = geometry.kernel_h, kernel_w = geometry.kernel_w;
         const int stride_h = geometry.stride_h, stride_w = geometry.stride_w;
@@ -1026,12 +1048,16 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
         // grad_feature's sums of the warp's run, the R range's channels: to the result, or in float
         // to the split's part, [split][n][y][x][r].
         if (out_y < out_h && group_splits > 1) {
-            float* part = feature_parts + (((index_t)split * gridDim.z + n) * out_h + out_y) * out_w * reduced;
+            // the split and R range again from the block's index, read anew (kept from the start
+            // across the groups, they took a register that spilled on sm_80)
+            const unsigned int y_block = gen_grad_block_y();
+            const int split_again = y_block % group_splits, r_first = y_block / group_splits * GEN_GRAD_R;
+            float* part = feature_parts + (((index_t)split_again * gridDim.z + n) * out_h + out_y) * out_w * reduced;
 #pragma unroll
             for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
 #pragma unroll
                 for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x r 8 t + 2 quad (+ 1)
-                    const int x = out_x0 + row + 8 * (v >> 1), r = r0 + 8 * t + 2 * quad + (v & 1);
+                    const int x = out_x0 + row + 8 * (v >> 1), r = r_first + 8 * t + 2 * quad + (v & 1);
                     if (x < out_w && r < reduced) part[(index_t)x * reduced + r] = feature_sums[t].value[v];
                 }
             }
