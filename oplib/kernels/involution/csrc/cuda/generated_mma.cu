@@ -156,6 +156,14 @@ __device__ __forceinline__ float mma_rest(float w, unsigned short hi_bits) {
     return mma_finite(high) ? oplib_fma(-1.0f, high, w) : 0.0f;
 }
 
+// The lo word of two floats' split, whose hi word (mma_round_pair's) is `hi`: their parts past
+// hi, rounded.
+template <typename half_t>
+__device__ __forceinline__ unsigned int mma_rest_pair(float w0, float w1, unsigned int hi) {
+    return mma_round_pair(mma_rest<half_t>(w0, (unsigned short)(hi & 0xffffu)),
+                          mma_rest<half_t>(w1, (unsigned short)(hi >> 16)), half_t());
+}
+
 // Stages MMA_CHANNELS channels, from c0, of `rows` rows x 2 column_words columns of a (sample,
 // group)'s activation (`values`: its first channel), the window from (top, left), zeros outside
 // the height x width map and past the group's channels, into staged [row][channel][column], two
@@ -273,8 +281,8 @@ __device__ __forceinline__ bool mma_pair_stores(const half_t* out, index_t out_n
 // KERNEL = STRIDE = 0 reads the window from the arguments and serves every other geometry (the
 // host picks). Both add every sum's terms in the same order: the same bits.
 //
-// The instantiations a host may ask for, of this kernel and of the two backward ones below (oplib.kernels
-// reads these lines):
+// The instantiations a host may ask for, of this kernel and of the two backward ones below
+// (oplib.kernels reads these lines):
 // oplib-instantiate: involution_generated_mma, involution_generated_mma_backward_input, involution_generated_mma_backward_generator
 // oplib-template: KERNEL, STRIDE = 0, 0 | 3, 1 | 3, 2 | 5, 1 | 5, 2 | 7, 1 | 7, 2
 //
@@ -368,8 +376,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
             for (int h = 0; h < 2; ++h) {  // pixels row, row + 8; taps 8 t + 2 quad, + 1
                 const float w0 = weights[t].value[2 * h], w1 = weights[t].value[2 * h + 1];
                 const unsigned int hi = mma_round_pair(w0, w1, half_t());
-                const unsigned int lo = mma_round_pair(mma_rest<half_t>(w0, (unsigned short)(hi & 0xffffu)),
-                                                       mma_rest<half_t>(w1, (unsigned short)(hi >> 16)), half_t());
+                const unsigned int lo = mma_rest_pair<half_t>(w0, w1, hi);
                 plain[(row + 8 * h) * plain_stride + 4 * t + quad] = hi;
                 plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] = lo;
             }
@@ -638,8 +645,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                         const float w0 = pixel_in ? weights[m].value[2 * h] : 0.0f;
                         const float w1 = pixel_in ? weights[m].value[2 * h + 1] : 0.0f;
                         const unsigned int hi = mma_round_pair(w0, w1, half_t());
-                        const unsigned int lo = mma_round_pair(mma_rest<half_t>(w0, (unsigned short)(hi & 0xffffu)),
-                                                               mma_rest<half_t>(w1, (unsigned short)(hi >> 16)), half_t());
+                        const unsigned int lo = mma_rest_pair<half_t>(w0, w1, hi);
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
                             const int b = 2 * quad + e, j = o * stride_w - pad_w + b * dilation_w - x0;
@@ -731,6 +737,8 @@ static_assert(GEN_GRAD_R % 16 == 0 && MMA_CHANNELS == 16, "whole pairs of n-tile
 static_assert(MMA_TAPS / 16 * (GEN_GRAD_R / 8) <= 2 * MMA_WARPS, "grad_span_weight's tiles, two a warp");
 static_assert(GEN_GRAD_PIXEL_WORDS == MMA_WARPS * MMA_TILE_W / 2 + 4 && GEN_GRAD_COLUMN_WORDS == MMA_CHANNELS / 2,
               "4 words past a multiple of 8, or swapped halves: a fragment's 8 rows x 4 words in 32 banks");
+static_assert(GEN_GRAD_BIAS_PARTS * MMA_TAPS == MMA_THREADS && MMA_WARPS * MMA_TILE_W % GEN_GRAD_BIAS_PARTS == 0,
+              "the block's threads sum the bias's taps in whole parts of the tile's pixels");
 
 // Where word w (channels 2w, 2w + 1) of staged input column k lies among the column's words: the
 // two halves swapped in columns 4-7 of every 8, so that a B fragment's 8 columns x 4 words, 8
@@ -749,8 +757,6 @@ __device__ __forceinline__ OplibFragmentB gen_grad_load_columns(const unsigned i
     b.reg[1] = words[(quad + 4) ^ swap];
     return b;
 }
-static_assert(GEN_GRAD_BIAS_PARTS * MMA_TAPS == MMA_THREADS && MMA_WARPS * MMA_TILE_W % GEN_GRAD_BIAS_PARTS == 0,
-              "the block's threads sum the bias's taps in whole parts of the tile's pixels");
 
 // A's fragment of 16 rows x 16 k-values of a float tile, split hi and lo: element (m, k) at
 // tile[m * row_step + k * k_step].
@@ -763,8 +769,7 @@ __device__ __forceinline__ void gen_grad_split_fragment(const float* tile, int r
         const float* at = tile + (row + 8 * (v & 1)) * row_step + (2 * quad + 8 * (v >> 1)) * k_step;
         const float w0 = at[0], w1 = at[k_step];
         hi.reg[v] = mma_round_pair(w0, w1, half_t());
-        lo.reg[v] = mma_round_pair(mma_rest<half_t>(w0, (unsigned short)(hi.reg[v] & 0xffffu)),
-                                   mma_rest<half_t>(w1, (unsigned short)(hi.reg[v] >> 16)), half_t());
+        lo.reg[v] = mma_rest_pair<half_t>(w0, w1, hi.reg[v]);
     }
 }
 
@@ -821,14 +826,15 @@ __device__ __forceinline__ float gen_grad_direct_sum(const float* values, int va
 // n-tiles stay rolled for it: unrolled, their hoisted indices spilled. The one that reads the
 // window from its arguments keeps two (its runtime sizes take more registers).
 //
-// Block (32, MMA_WARPS); grid (tiles_h * tiles_w, R ranges, N), tiles of the output.
+// Block (32, MMA_WARPS); grid (tiles_h * tiles_w, R ranges x group splits, N), tiles of the output.
 template <typename scalar_t, int KERNEL, int STRIDE>
 __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_generated_mma_backward_generator(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature,
     const scalar_t* __restrict__ span_weight, scalar_t* __restrict__ grad_feature, float* __restrict__ feature_parts,
-    float* __restrict__ span_sums, float* __restrict__ bias_sums, int group_splits, int channels, int height, int width, int groups, int window_h, int window_w,
-    int out_h, int out_w, int step_h, int step_w, int pad_h, int pad_w, int spacing_h, int spacing_w, int reduced,
-    int tiles_w, index_t grad_n, index_t grad_c, index_t grad_h, index_t grad_w, index_t input_n, index_t input_c,
+    float* __restrict__ span_sums, float* __restrict__ bias_sums, int group_splits, int channels, int height, int width,
+    int groups, int window_h, int window_w, int out_h, int out_w, int step_h, int step_w, int pad_h, int pad_w,
+    int spacing_h, int spacing_w, int reduced, int tiles_w, index_t grad_n, index_t grad_c, index_t grad_h,
+    index_t grad_w, index_t input_n, index_t input_c,
     index_t input_h, index_t input_w, index_t feature_n, index_t feature_c, index_t feature_h, index_t feature_w,
     index_t result_n, index_t result_c, index_t result_h, index_t result_w, bool vector_input, bool grad_words) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
