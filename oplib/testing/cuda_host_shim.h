@@ -269,7 +269,7 @@ class Block {
     Block(const unsigned int* block, long long shared_bytes, bool descending, void (*body)(void*), void* closure)
         : body_(body), closure_(closure), dims_{block[0], block[1], block[2]},
           threads_((int)(block[0] * block[1] * block[2])), descending_(descending),
-          shared_((unsigned char*)std::malloc((size_t)shared_bytes)) {
+          shared_((unsigned char*)std::malloc((size_t)shared_bytes)), shared_bytes_(shared_bytes) {
         if (shared_bytes > 0) std::memset(shared_, 0xff, (size_t)shared_bytes);
         while ((int)fiber_pool.size() < threads_) fiber_pool.push_back(std::make_unique<Fiber>());
     }
@@ -301,6 +301,21 @@ class Block {
 
     const std::string& error() const { return error_; }
     unsigned char* shared() const { return shared_; }
+
+    // An ldmatrix row's address as the hardware takes it: 16 bytes of the block's dynamic
+    // shared memory, 16-byte aligned (a global address, or a misaligned one, faults there).
+    void check_matrix_row(const void* row, const Site& site) {
+        const unsigned char* at = static_cast<const unsigned char*>(row);
+        if (at < shared_ || at + 16 > shared_ + shared_bytes_) {
+            fail(describe(site) + ": a row address outside the block's shared memory");
+        }
+        if ((at - shared_) % 16 != 0) fail(describe(site) + ": a row address not 16-byte aligned");
+    }
+
+    [[noreturn]] void matrix_row_raced(const Site& site) {
+        fail(describe(site) + ": lane " + std::to_string(running_lane()) + "'s row was written by another lane after this "
+             "lane reached the load (a __syncwarp missing between the writes and the load)");
+    }
 
     // The running thread waits at a __syncthreads.
     void block_barrier(const Site& site) {
@@ -532,6 +547,7 @@ class Block {
     int threads_;
     bool descending_;
     unsigned char* shared_;
+    long long shared_bytes_;
     Context scheduler_;  // the OS thread's own stack, where run() switches from
     bool from_scheduler_ = false;
     int running_ = -1;
@@ -648,6 +664,21 @@ inline void __syncwarp(unsigned int mask = 0xffffffffu, const char* file = __bui
                        int line = __builtin_LINE()) {
     const oplib_emulation::Site site{"__syncwarp", file, line};
     oplib_emulation::exchange(site, mask, 0u, oplib_emulation::running_lane(site));
+}
+
+// ldmatrix's checks on the host (warp.cuh's oplib_load_matrices): a lane's row address, and
+// that its row read when the lane reached the load is the row once every lane has: another
+// lane's write in between is a race on the GPU (a __syncwarp missing before the load).
+inline void oplib_check_matrix_row(const void* row, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    const oplib_emulation::Site site{"ldmatrix", file, line};
+    oplib_emulation::running_block(site.what).check_matrix_row(row, site);
+}
+
+inline void oplib_check_matrix_row_unchanged(bool unchanged, const char* file = __builtin_FILE(),
+                                             int line = __builtin_LINE()) {
+    if (unchanged) return;
+    const oplib_emulation::Site site{"ldmatrix", file, line};
+    oplib_emulation::running_block(site.what).matrix_row_raced(site);
 }
 
 // The value of lane `source` of the calling lane's segment of `width` lanes.

@@ -298,17 +298,51 @@ class _Tally:
         if element_bytes > 4:  # each lane's value spans element_bytes / 4 consecutive words
             words = (words.unsqueeze(-1) + torch.arange(element_bytes // 4)).flatten(-2)
             mask = mask.unsqueeze(-1).expand(*mask.shape, element_bytes // 4).flatten(-2)
-        key = torch.where(mask, words, -1).sort(dim=-1).values
-        new = torch.ones_like(key, dtype=torch.bool)
-        new[..., 1:] = key[..., 1:] != key[..., :-1]
-        new &= key >= 0
-        per_bank = torch.zeros(*key.shape[:-1], 32, dtype=torch.long)
-        per_bank.scatter_add_(-1, torch.where(key >= 0, key % 32, 0), new.long())
-        self.counts["shared_wavefronts"] += float(per_bank.max(dim=-1).values.sum())
+        self.counts["shared_wavefronts"] += _bank_passes(words, mask)
+
+    def matrices(self, rows: Tensor, mask: Tensor, count: int) -> None:
+        """An ldmatrix of ``count`` 8 x 8 matrices of 16-bit values per slot of ``rows`` (each
+        lane's row address, in 4-byte words from the start of the block's shared memory; lanes
+        8 i .. 8 i + 7 name matrix i's rows), by the warps with a lane of ``mask`` active: one
+        instruction, and per matrix the passes its 8 rows of 4 words take."""
+        mask = mask & self.active
+        rows, mask = torch.broadcast_tensors(rows, mask)
+        warp_active = mask.any(-1)
+        self.counts["shared_requests"] += float(warp_active.sum())
+        matrix_rows = rows[..., :8 * count].unflatten(-1, (count, 8))
+        words = (matrix_rows.unsqueeze(-1) + torch.arange(4)).flatten(-2)  # (..., count, 32)
+        live = warp_active[..., None, None].expand(*words.shape)
+        self.counts["shared_wavefronts"] += _bank_passes(words, live)
 
     def fma(self, mask: Tensor, per_slot: int = 1) -> None:
         """``per_slot`` FP32 multiply-add instructions per slot of ``mask`` with a lane active."""
         self.counts["fma_requests"] += per_slot * float((mask & self.active).any(-1).sum())
+
+
+def _bank_passes(words: Tensor, mask: Tensor) -> float:
+    """The passes a shared-memory access takes, summed over its leading dimensions: of the
+    4-byte ``words`` (last dimension) the lanes of ``mask`` touch, the most distinct ones any of
+    the 32 banks serves (one word read by several lanes is a broadcast, one pass)."""
+    key = torch.where(mask, words, -1).sort(dim=-1).values
+    new = torch.ones_like(key, dtype=torch.bool)
+    new[..., 1:] = key[..., 1:] != key[..., :-1]
+    new &= key >= 0
+    per_bank = torch.zeros(*key.shape[:-1], 32, dtype=torch.long)
+    per_bank.scatter_add_(-1, torch.where(key >= 0, key % 32, 0), new.long())
+    return float(per_bank.max(dim=-1).values.sum())
+
+
+def _fragment_a_rows(lane: Tensor, stride: int) -> Tensor:
+    """warp.cuh's oplib_load_fragment_a: each lane's ldmatrix row, in words from the tile's
+    first word (rows ``stride`` words apart)."""
+    return (lane % 8 + 8 * (lane // 8 % 2)) * stride + 4 * (lane // 16)
+
+
+def _fragment_b_rows(lane: Tensor, stride: int, second: int = 0) -> Tensor:
+    """warp.cuh's oplib_load_fragment_b (2 matrices), or with ``second`` (words to the second
+    tile) oplib_load_fragments_b (4): each lane's ldmatrix row, in words from the first tile's
+    first word (columns ``stride`` words apart)."""
+    return lane // 16 * second + lane % 8 * stride + 4 * (lane // 8 % 2)
 
 
 def _slots(n: int, dims: int = 3) -> Tensor:
@@ -564,12 +598,10 @@ def _generated_tile(t: _Tally, item: Tensor, launch: Launch) -> None:
                 t.load(2, (group * taps + tap) * R + r + h, (tap < taps) & (r + h < R), es)
             t.shared(span_at + tap * stride_words + word, True, word_bytes)
         for half in range(2):
-            if halves:  # fragment A (4 words) once, B (2 words) for each of 2 column halves
-                group_row, quad = lane // 4, lane % 4
-                a_rows = 16 * (warp % 4) + group_row + 8 * _slots(2, 4)
-                t.shared(a_rows * stride_words + quad + 4 * _slots(2), True, 4)
-                b_rows = span_at // stride_words + 32 * half + 16 * (warp // 4) + 8 * _slots(2, 4) + group_row
-                t.shared(b_rows * stride_words + quad + 4 * _slots(2), True, 4)
+            if halves:  # ldmatrix: fragment A, and the B fragments of both column halves at once
+                t.matrices(16 * (warp % 4) * stride_words + _fragment_a_rows(lane, stride_words), True, 4)
+                b_at = span_at + (32 * half + 16 * (warp // 4)) * stride_words
+                t.matrices(b_at + _fragment_b_rows(lane, stride_words, 8 * stride_words), True, 4)
             else:
                 column, row = lane % 16, 4 * warp
                 for r in range(0, 16, 2):
@@ -719,8 +751,8 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
             rr = r0 + k0 + 2 * quad + 8 * _slots(2)
             for h in range(2):
                 t.load(1, n * fsn + (rr + h) * fsc + oy * fsh + pixel * fsw, inside & (pixel < OW) & (rr + h < R), es)
-            b_rows = 8 * _slots(tap_tiles, 4) + row
-            t.shared(b_rows * span_stride + k0 // 2 + quad + 4 * _slots(2), inside & (b_rows < 8 * tap_tiles), 4)
+            pairs = _slots(-(-tap_tiles // 2))  # two tap tiles' B fragments an ldmatrix
+            t.matrices(16 * pairs * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride, 8 * span_stride), inside, 4)
     pixels = row + 8 * _slots(2, 4)
     for plane in range(2):  # hi, lo
         t.shared(mine_plain + plane * plain_words + pixels * plain_stride + 4 * _slots(tap_tiles, 5) + quad, inside, 4)
@@ -738,11 +770,10 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
                 t.shared(2 * (mine_plain + plane * plain_words) + 2 * j * plain_stride + a * KW + b, copies, 2)
                 t.shared(2 * (mine_band + plane * band_words) + 2 * j * stride + j * sw + b * dw, copies, 2)
             rows = (warp * sh + a * dh) * 16 * stride
-            for k in range(k_steps):
+            for k in range(k_steps):  # ldmatrix: the two bands' A fragments, the window's two B at once
                 for plane in range(2):
-                    t.shared(mine_band + plane * band_words + (row + 8 * _slots(2, 4)) * stride + 8 * k + quad
-                             + 4 * _slots(2), inside, 4)
-                t.shared(rows + (8 * _slots(2, 4) + row) * stride + 8 * k + quad + 4 * _slots(2), inside, 4)
+                    t.matrices(mine_band + plane * band_words + 8 * k + _fragment_a_rows(lane, stride), inside, 4)
+                t.matrices(rows + 8 * k + _fragment_b_rows(lane, stride, 8 * stride), inside, 4)
         channel = c0 + 8 * _slots(2, 4) + 2 * quad + _slots(2)
         for h in range(2):
             x = ox0 + row + 8 * h
@@ -796,7 +827,7 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
             b = 2 * quad + _slots(2)
             t.load(3, group * taps + a * KW + b, reads & (b < KW), es)
             for k0 in range(0, R, 16):
-                t.shared((a * KW + row) * span_stride + k0 // 2 + quad + 4 * _slots(2), reads, 4)
+                t.matrices(a * KW * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), reads, 2)
                 for m in range(k_steps):
                     pixel = first_column + 16 * m + row + 8 * _slots(2, 4)
                     rr = k0 + 2 * quad + 8 * _slots(2)
@@ -813,12 +844,12 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
                 places = reads & (b < KW) & (j >= 0) & (j < 16)
                 for plane in range(2):
                     t.shared(2 * (mine_band + plane * band_words) + 2 * j * stride + k, places, 2)
-            for k in range(k_steps):
+            rows = staged_at + (oy - first_row) * 16 * stride
+            for k in range(k_steps):  # ldmatrix: the two bands' A fragments, grad_output's two B
                 for plane in range(2):
-                    t.shared(mine_band + plane * band_words + (row + 8 * _slots(2, 4)) * stride + 8 * k + quad
-                             + 4 * _slots(2), reads, 4)
-                t.shared(staged_at + ((oy - first_row) * 16 + 8 * _slots(2, 4) + row) * stride + 8 * k + quad
-                         + 4 * _slots(2), reads, 4)
+                    t.matrices(mine_band + plane * band_words + 8 * k + _fragment_a_rows(lane, stride), reads, 4)
+                for n_tile in range(2):
+                    t.matrices(rows + 8 * n_tile * stride + 8 * k + _fragment_b_rows(lane, stride), reads, 2)
         channel = c0 + 8 * _slots(2, 4) + 2 * quad + _slots(2)
         for h in range(2):
             x = x0 + row + 8 * h
@@ -855,7 +886,7 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     gw_at = staged_at + in_h * columns * column_words
     bias_at = gw_at + 128 * gw_stride
     block, thread = item // threads, item % threads
-    warp, row, quad = thread // 32, thread % 32 // 4, thread % 4
+    warp, lane, row, quad = thread // 32, thread % 32, thread % 32 // 4, thread % 4
     tile, y_block = block % launch.grid[0], block // launch.grid[0] % launch.grid[1]
     r_range, split = y_block // splits, y_block % splits
     group_first, group_end = split * G // splits, (split + 1) * G // splits
@@ -915,8 +946,8 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
             for a in range(KH):
                 input_row = staged_at + (warp * sh + a * dh) * columns * column_words
                 for n_tile in range(n_tiles):
-                    column = 8 * n_tile + row  # its words' halves swapped in columns 4-7 of every 8
-                    t.shared(input_row + column * column_words + ((quad + 4 * _slots(2)) ^ (column & 4)), oy < OH, 4)
+                    column = 8 * n_tile + lane % 8  # an ldmatrix row: its words' halves swapped in columns 4-7
+                    t.matrices(input_row + column * column_words + ((4 * (lane // 8 % 2)) ^ (column & 4)), oy < OH, 2)
                     for v in range(4):
                         j = row + 8 * (v >> 1)
                         offset = 8 * n_tile + 2 * quad + (v & 1) - j * sw
@@ -932,15 +963,17 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
                 for h in range(2):
                     t.shared(at + h, True, 4)
             for n_tile in range(span_r // 8):
-                t.shared((8 * n_tile + row) * span_stride + k0 // 2 + quad + 4 * _slots(2), True, 4)
+                t.matrices(8 * n_tile * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), True, 2)
         mine = 2 * warp < tap_pad // 16 * (span_r // 8)  # two tiles a warp: one m-tile, two n-tiles
-        m0, n_tile = 16 * (2 * warp // (span_r // 8)), 2 * warp % (span_r // 8) + _slots(2, 4)
+        m0, first_n_tile = 16 * (2 * warp // (span_r // 8)), 2 * warp % (span_r // 8)
+        n_tile = first_n_tile + _slots(2, 4)
         for p0 in range(0, 128, 16):
             for v in range(4):
                 p = p0 + 2 * quad + 8 * (v >> 1)
                 for h in range(2):
                     t.shared(gw_at + (p + h) * gw_stride + m0 + row + 8 * (v & 1), mine, 4)
-            t.shared(features_at + (8 * n_tile + row) * pixel_words + p0 // 2 + quad + 4 * _slots(2), mine, 4)
+            t.matrices(features_at + 8 * first_n_tile * pixel_words + p0 // 2
+                       + _fragment_b_rows(lane, pixel_words, 8 * pixel_words), mine, 4)
         for v in range(4):
             tap, r = m0 + row + 8 * (v >> 1), r0 + 8 * n_tile + 2 * quad + (v & 1)
             t.store(6, ((slot * G + group) * taps + tap) * R + r, mine & (tap < taps) & (r < R), 4)

@@ -11,15 +11,25 @@ import textwrap
 from pathlib import Path
 from typing import Optional
 
+import pytest
+
 from oplib import registry
 from oplib.kernels import CUDA_DISPATCH, INCLUDE_DIR, KernelSource, load_source
 from oplib.kernels.involution import cuda as involution_cuda
-from oplib.testing.cuda_emulation import asan_environment
+from oplib.testing.cuda_emulation import EmulationError, asan_environment
 
 
 # spec name -> its CUDA dispatch (oplib.kernels.CudaDispatch): the function its CUDA kernel
 # registration calls with a launcher last, the .cu file and the kernels it launches.
 LAUNCHES = {spec.name: CUDA_DISPATCH[spec.qualname] for spec in registry.all_specs() if spec.qualname in CUDA_DISPATCH}
+
+
+def planted_bug_caught():
+    """What a planted bug must raise: the reference check's mismatch, or, for a warp barrier
+    planted out before a tensor-core load, the emulation's stop at that load (warp.cuh's
+    ldmatrix: a lane's row written by another lane after that lane reached the load), whichever
+    comes first in the run order."""
+    return pytest.raises((AssertionError, EmulationError), match="not close|a __syncwarp missing")
 
 
 def run_under_asan(script: str) -> subprocess.CompletedProcess:

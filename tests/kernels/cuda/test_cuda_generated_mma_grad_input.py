@@ -17,8 +17,8 @@ from oplib.kernels.involution.layouts import result_like
 from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
-from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, random_samples,
-                               tensor_core_samples_script)
+from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, planted_bug_caught,
+                               random_samples, tensor_core_samples_script)
 from test_cuda_generated_mma import (CASES, DTYPES, PlantedBug, assert_non_finite_as_expected, check_against_reference,
                                      float64_reference, with_one_non_finite)
 from test_cuda_tiles import TWO_CHANNEL_CHUNKS, _random_specialised_cases
@@ -233,22 +233,36 @@ def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
     return planted
 
 
+def _caught(call) -> bool:
+    """Whether ``call`` raises what a planted bug must (``planted_bug_caught``)."""
+    try:
+        with planted_bug_caught():
+            call()
+    except pytest.fail.Exception:
+        return False
+    return True
+
+
 # The planted bugs in the integration tier: the unit tier's planted band bug is the forward's
 # (test_cuda_generated_mma.py), each of these a compile of the emulation library (the tier's minutes).
+# Each is caught in both run orders, but the warp barrier's race, which shows in the order where a
+# lane reads its ldmatrix row before another lane writes part of it: at stride 2 only the
+# ascending order has such a lane (the barrier over the whole block, STAGED_BARRIER, shows in both).
 @pytest.mark.integration
 @pytest.mark.parametrize("bug", [BAND_PLACE, _band_sync_bug(), STAGED_BARRIER], ids=lambda b: b.name)
 def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)
-    for order in ORDERS:
-        for case in (TWO_CHANNEL_CHUNKS, GRAD_CASES[-1]):
-            for specialised in (True, False):
+    for case in (TWO_CHANNEL_CHUNKS, GRAD_CASES[-1]):
+        for specialised in (True, False):
+            caught = []
+            for order in ORDERS:
                 launcher = EmulatedLauncher(order=order)
-                with pytest.raises(AssertionError, match="not close"):
-                    _check(grad_input_arguments(case.arguments(torch.bfloat16)), launcher, f"{bug.name}-{order}",
-                           specialised)
+                caught.append(_caught(lambda: _check(grad_input_arguments(case.arguments(torch.bfloat16)), launcher,
+                                                     f"{bug.name}-{order}", specialised)))
                 expected = (str(case.kernel_size[0]), str(case.stride[0]))
                 assert _specialisations(launcher) == {expected if specialised else involution_cuda.GENERATED_TILE_RUNTIME}
+            assert (any(caught) if bug.name == "bands-written-sync" else all(caught)), (case.name, specialised, caught)
 
 
 @pytest.mark.integration

@@ -80,26 +80,95 @@ struct OplibFragmentC {
     float value[4];
 };
 
-// A from a 16 x 16 tile of 16-bit values in pairs: row m's 16 values are the 8 words
-// words[m * stride ...], word j holding columns 2j (lower half) and 2j + 1.
-__device__ __forceinline__ OplibFragmentA oplib_load_fragment_a(const unsigned int* words, int stride) {
+// COUNT 8 x 8 matrices of 16-bit values from shared memory, by ldmatrix: lane 8 i + r gives
+// the address of matrix i's row r, 16 bytes (4 words) 16-byte aligned; lane (group, quad) gets
+// word quad of row group of matrix i in reg[i]. One instruction where the fragments' plain
+// loads take 2 COUNT: their words go through the same banks (a matrix's 8 rows of 16 bytes are
+// one pass when they fall in different banks, as the layouts' 4 words of padding make them).
+// Every lane of the warp calls it, lanes past 8 COUNT with an address of the same matrices (the
+// hardware ignores it). On the host, each lane reads its row and the words go to their lanes by
+// shuffles, each address checked as the hardware takes it (oplib_check_matrix_row: in the
+// block's shared memory, aligned).
+template <int COUNT>
+__device__ __forceinline__ void oplib_load_matrices(const unsigned int* row, unsigned int (&reg)[COUNT]) {
+    static_assert(COUNT == 1 || COUNT == 2 || COUNT == 4, "ldmatrix loads 1, 2 or 4 matrices");
+#ifdef __CUDA_ARCH__  // every target (sm_75 and newer) has ldmatrix
+    unsigned int address;
+    asm("{ .reg .u64 shared_address; cvta.to.shared.u64 shared_address, %1; cvt.u32.u64 %0, shared_address; }"
+        : "=r"(address)
+        : "l"(row));
+    if constexpr (COUNT == 4) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(reg[0]), "=r"(reg[1]), "=r"(reg[2]), "=r"(reg[3])
+                     : "r"(address));
+    } else if constexpr (COUNT == 2) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(reg[0]), "=r"(reg[1]) : "r"(address));
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(reg[0]) : "r"(address));
+    }
+#elif defined(__CUDACC__)
+    // nvcc's host pass, which parses device code it never runs (the emulation's checks are the
+    // host shim's).
+    (void)row;
+#pragma unroll
+    for (int i = 0; i < COUNT; ++i) reg[i] = 0u;
+#else
+    // Each lane reads its row where it stands in its warp's run, as its plain loads would, and
+    // reads it again once every lane has reached the load (the first shuffle's release): a
+    // write by another lane in between, a __syncwarp left out, stops the launch there, and the
+    // words that go to the lanes are the first read's (stale, in the order that races).
     const int lane = oplib_lane(), group = lane >> 2, quad = lane & 3;
+    const bool reads = lane < 8 * COUNT;
+    unsigned long long halves[2] = {};
+    if (reads) {
+        oplib_check_matrix_row(row);
+        halves[0] = row[0] | (unsigned long long)row[1] << 32;
+        halves[1] = row[2] | (unsigned long long)row[3] << 32;
+    }
+#pragma unroll
+    for (int i = 0; i < COUNT; ++i) {
+        const unsigned long long low = __shfl_sync(OPLIB_FULL_WARP, halves[0], 8 * i + group);
+        if (i == 0 && reads) {
+            oplib_check_matrix_row_unchanged(halves[0] == (row[0] | (unsigned long long)row[1] << 32) &&
+                                             halves[1] == (row[2] | (unsigned long long)row[3] << 32));
+        }
+        const unsigned long long high = __shfl_sync(OPLIB_FULL_WARP, halves[1], 8 * i + group);
+        reg[i] = (unsigned int)((quad < 2 ? low : high) >> 32 * (quad & 1));
+    }
+#endif
+}
+
+// A from a 16 x 16 tile of 16-bit values in pairs in shared memory: row m's 16 values are the
+// 8 words words[m * stride ...], word j holding columns 2j (lower half) and 2j + 1; words and
+// stride 16-byte aligned. Matrix i: rows 8 (i & 1) .. + 7, words 4 (i >> 1) .. + 3.
+__device__ __forceinline__ OplibFragmentA oplib_load_fragment_a(const unsigned int* words, int stride) {
+    const int lane = oplib_lane();
     OplibFragmentA a;
-    a.reg[0] = words[group * stride + quad];
-    a.reg[1] = words[(group + 8) * stride + quad];
-    a.reg[2] = words[group * stride + quad + 4];
-    a.reg[3] = words[(group + 8) * stride + quad + 4];
+    oplib_load_matrices<4>(words + ((lane & 7) + 8 * (lane >> 3 & 1)) * stride + 4 * (lane >> 4), a.reg);
     return a;
 }
 
-// B from a 16 x 8 tile held column by column: column n's 16 values are the 8 words
-// words[n * stride ...], word j holding rows 2j (lower half) and 2j + 1.
+// B from a 16 x 8 tile held column by column in shared memory: column n's 16 values are the 8
+// words words[n * stride ...], word j holding rows 2j (lower half) and 2j + 1; words and stride
+// 16-byte aligned. Matrix i: the 8 columns' words 4 i .. + 3.
 __device__ __forceinline__ OplibFragmentB oplib_load_fragment_b(const unsigned int* words, int stride) {
-    const int lane = oplib_lane(), group = lane >> 2, quad = lane & 3;
+    const int lane = oplib_lane();
     OplibFragmentB b;
-    b.reg[0] = words[group * stride + quad];
-    b.reg[1] = words[group * stride + quad + 4];
+    oplib_load_matrices<2>(words + (lane & 7) * stride + 4 * (lane >> 3 & 1), b.reg);
     return b;
+}
+
+// Two B tiles as oplib_load_fragment_b loads each, the second `second` words after the first
+// (the next n-tile, or the next k-step): one ldmatrix.
+__device__ __forceinline__ void oplib_load_fragments_b(const unsigned int* words, int stride, int second,
+                                                       OplibFragmentB& first_b, OplibFragmentB& second_b) {
+    const int lane = oplib_lane();
+    unsigned int reg[4];
+    oplib_load_matrices<4>(words + (lane >> 4) * second + (lane & 7) * stride + 4 * (lane >> 3 & 1), reg);
+    first_b.reg[0] = reg[0];
+    first_b.reg[1] = reg[1];
+    second_b.reg[0] = reg[2];
+    second_b.reg[1] = reg[3];
 }
 
 // D's element (m, n) to tile[m * row_step + n * column_step].

@@ -207,8 +207,10 @@ __device__ __forceinline__ void mma_stage_rows(unsigned int* staged, const unsig
 
 // A run's sums over one kernel row: both bands (hi and lo, 16 x 16 k_steps, `band_words` apart)
 // times the staged rows' two n-tiles of channels (`rows`: 16 k_steps columns each), accumulated
-// into sums; k_steps at most MAX_STEPS.
-template <typename half_t, int MAX_STEPS>
+// into sums; k_steps at most MAX_STEPS. Fragments by ldmatrix: with PAIRED_WINDOWS both n-tiles'
+// B fragments in one (the forward), else one each (grad_input, whose float16 instantiations on
+// sm_120 sit at the 128 registers of two blocks an SM: two more live ones spill there).
+template <typename half_t, int MAX_STEPS, bool PAIRED_WINDOWS>
 __device__ __forceinline__ void mma_band_products(OplibFragmentC (&sums)[2], const unsigned int* band, int band_words,
                                                   const unsigned int* rows, int stride, int k_steps) {
 #pragma unroll
@@ -216,11 +218,13 @@ __device__ __forceinline__ void mma_band_products(OplibFragmentC (&sums)[2], con
         if (k >= k_steps) break;
         const OplibFragmentA hi = oplib_load_fragment_a(band + 8 * k, stride);
         const OplibFragmentA lo = oplib_load_fragment_a(band + band_words + 8 * k, stride);
+        OplibFragmentB window[2];
+        if constexpr (PAIRED_WINDOWS) oplib_load_fragments_b(rows + 8 * k, stride, 8 * stride, window[0], window[1]);
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-            const OplibFragmentB window = oplib_load_fragment_b(rows + 8 * t * stride + 8 * k, stride);
-            oplib_mma<half_t>(sums[t], hi, window);
-            oplib_mma<half_t>(sums[t], lo, window);
+            if constexpr (!PAIRED_WINDOWS) window[t] = oplib_load_fragment_b(rows + 8 * t * stride + 8 * k, stride);
+            oplib_mma<half_t>(sums[t], hi, window[t]);
+            oplib_mma<half_t>(sums[t], lo, window[t]);
         }
     }
 }
@@ -360,11 +364,15 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
                 a.reg[1] = oplib_load_pair(high_pixel + r * feature_c, feature_c, high_inside ? reduced - r : 0);
                 a.reg[2] = oplib_load_pair(low_pixel + (r + 8) * feature_c, feature_c, low_inside ? reduced - r - 8 : 0);
                 a.reg[3] = oplib_load_pair(high_pixel + (r + 8) * feature_c, feature_c, high_inside ? reduced - r - 8 : 0);
+                // Two tap tiles' B fragments a load (past the taps, the staged zeros).
 #pragma unroll
-                for (int t = 0; t < MMA_TAP_TILES; ++t) {
+                for (int t = 0; t < MMA_TAP_TILES; t += 2) {
                     if (8 * t >= taps) break;
-                    const OplibFragmentB b = oplib_load_fragment_b(span + 8 * t * MMA_SPAN_STRIDE + k0 / 2, MMA_SPAN_STRIDE);
-                    oplib_mma<half_t>(weights[t], a, b);
+                    OplibFragmentB b[2];
+                    oplib_load_fragments_b(span + 8 * t * MMA_SPAN_STRIDE + k0 / 2, MMA_SPAN_STRIDE, 8 * MMA_SPAN_STRIDE,
+                                           b[0], b[1]);
+                    oplib_mma<half_t>(weights[t], a, b[0]);
+                    if (8 * (t + 1) < taps) oplib_mma<half_t>(weights[t + 1], a, b[1]);
                 }
             }
         }
@@ -419,7 +427,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
                 }
                 __syncwarp();  // the bands of row a are written
                 const unsigned int* rows = staged + (warp * stride_h + a * dilation_h) * MMA_CHANNELS * stride;
-                mma_band_products<half_t, MMA_BAND / 16>(sums, band, band_words, rows, stride, k_steps);
+                mma_band_products<half_t, MMA_BAND / 16, true>(sums, band, band_words, rows, stride, k_steps);
                 __syncwarp();  // every lane is done with the bands of row a
             }
             // D's element (pixel j, channel c) to the output; with an inf or a nan among the warp's
@@ -657,7 +665,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                 }
                 __syncwarp();  // the bands of row a are written
                 const unsigned int* rows = staged + (i - first_row) * MMA_CHANNELS * stride;
-                mma_band_products<half_t, MMA_GRAD_BAND / 16>(sums, band, band_words, rows, stride, k_steps);
+                mma_band_products<half_t, MMA_GRAD_BAND / 16, false>(sums, band, band_words, rows, stride, k_steps);
                 __syncwarp();  // every lane is done with the bands of row a
             }
             scalar_t* run = grad_input + n * in_n + group_channel0 * in_c + (index_t)y * in_hs + (index_t)x0 * in_ws;
@@ -747,14 +755,14 @@ static_assert(GEN_GRAD_BIAS_PARTS * MMA_TAPS == MMA_THREADS && MMA_WARPS * MMA_T
 __device__ __forceinline__ int gen_grad_column_word(int column, int word) { return word ^ (column & 4); }
 
 // B's fragment of the staged input, channels (k) x 8 columns (n) from `column0` of a row
-// (`row_words`: its first column's words), column0 a multiple of 8: a lane's column's swap,
-// gen_grad_column_word's, is its fragment column's (the lane's, not the loop's).
+// (`row_words`: its first column's words), column0 a multiple of 8, by ldmatrix: matrix i's row
+// r is column column0 + r's words 4 i .. + 3, which gen_grad_column_word's swap puts at 4 i ^ 4
+// in columns 4-7 (a row's 4 words stay together, 16-byte aligned).
 __device__ __forceinline__ OplibFragmentB gen_grad_load_columns(const unsigned int* row_words, int column0) {
-    const int lane = oplib_lane(), quad = lane & 3, swap = lane >> 2 & 4;
-    const unsigned int* words = row_words + (column0 + (lane >> 2)) * GEN_GRAD_COLUMN_WORDS;
+    const int lane = oplib_lane(), column = column0 + (lane & 7);
     OplibFragmentB b;
-    b.reg[0] = words[quad ^ swap];
-    b.reg[1] = words[(quad + 4) ^ swap];
+    oplib_load_matrices<2>(row_words + column * GEN_GRAD_COLUMN_WORDS + gen_grad_column_word(column, 4 * (lane >> 3 & 1)),
+                           b.reg);
     return b;
 }
 
@@ -1015,12 +1023,13 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                 for (int p0 = 0; p0 < MMA_WARPS * MMA_TILE_W && !inf_flags[0]; p0 += 16) {
                     OplibFragmentA hi, lo;
                     gen_grad_split_fragment<half_t>(gw + p0 * gw_stride + m0, 1, gw_stride, hi, lo);
+                    OplibFragmentB b[2];
+                    oplib_load_fragments_b(features + 8 * t0 * GEN_GRAD_PIXEL_WORDS + p0 / 2, GEN_GRAD_PIXEL_WORDS,
+                                           8 * GEN_GRAD_PIXEL_WORDS, b[0], b[1]);
 #pragma unroll
                     for (int u = 0; u < 2; ++u) {
-                        const OplibFragmentB b = oplib_load_fragment_b(features + 8 * (t0 + u) * GEN_GRAD_PIXEL_WORDS + p0 / 2,
-                                                                       GEN_GRAD_PIXEL_WORDS);
-                        oplib_mma<half_t>(sums[u], hi, b);
-                        oplib_mma<half_t>(sums[u], lo, b);
+                        oplib_mma<half_t>(sums[u], hi, b[u]);
+                        oplib_mma<half_t>(sums[u], lo, b[u]);
                     }
                 }
                 float* slot_sums = span_sums + (slot * groups + group) * (index_t)taps * reduced;

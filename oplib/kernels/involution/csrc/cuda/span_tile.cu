@@ -135,11 +135,10 @@ struct SpanTileMma {
 
     __device__ __forceinline__ void add(const unsigned int* feature, const unsigned int* span) {
         const OplibFragmentA a = oplib_load_fragment_a(feature + 16 * (threadIdx.y % 4) * stride, stride);
+        OplibFragmentB b[2];
+        oplib_load_fragments_b(span + 16 * (threadIdx.y / 4) * stride, stride, 8 * stride, b[0], b[1]);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const OplibFragmentB b = oplib_load_fragment_b(span + (16 * (threadIdx.y / 4) + 8 * h) * stride, stride);
-            oplib_mma<half_t>(sums[h], a, b);
-        }
+        for (int h = 0; h < 2; ++h) oplib_mma<half_t>(sums[h], a, b[h]);
     }
 
     __device__ __forceinline__ void store(float* tile) {
