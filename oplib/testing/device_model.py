@@ -785,12 +785,13 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
     index in the grid (block-major, 256 threads a block, a warp a run of 16 pixels of a grad_input
     row). The group's span rows staged (global loads, shared stores) and the bands' zeros; per
     chunk of 16 of the group's channels: the grad_output rows staged (as the forward stages its
-    input), then per kernel row whose output row the warp's input row reads: the bias, per
-    k-step of R the span's B fragment from shared memory and per band k-step the feature's A
-    fragment from global memory (tensor cores: no term), the values' band stores (hi and lo,
-    16 bits each), and per k-step the two bands' A fragments and grad_output's two B fragments;
-    the stores (a feature pair one 32-bit load where the host says it is an aligned word). The
-    layout's sizes are the source's and its host's."""
+    input), then per output row in the map the block stages its feature at the band's pixels
+    (a feature pair one 32-bit load where the host says it is an aligned word), and each warp
+    whose input row reads that row: the bias, per k-step of R the span's B fragment and per band
+    k-step the feature's A fragment, ldmatrix both (tensor cores: no term), the values' band
+    stores (hi and lo, 16 bits each), and per k-step the two bands' A fragments and
+    grad_output's two B fragments; the stores. The layout's sizes are the source's and its
+    host's."""
     from ..kernels.involution import cuda as involution_cuda
 
     (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w,
@@ -804,8 +805,9 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
     staged_at = span_rows * span_stride  # words
     band_words = 8 * 16 * stride
     thread, lane, warp, row, quad, n, group, y, x0 = _mma_thread(item, launch, G, tiles_w)
-    inside = y < H
+    inside_row = y < H
     mine_band = staged_at + rows_h * 16 * stride + warp * 16 * stride
+    features_at = staged_at + rows_h * 16 * stride + 2 * band_words
     first_row = (y - warp + ph - (KH - 1) * dh) // sh
     first_column = (x0 + pw - (KW - 1) * dw) // sw
     word = thread + threads * _slots(-(-span_rows * span_words // threads))
@@ -820,23 +822,37 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
     for c0 in range(0, pg, 16):
         _mma_staging(t, thread, threads, vector, staged_at, rows_h, column_words, stride, first_row, first_column, OH,
                      OW, n * gsn + group * pg * gsc, pg, c0, (gsc, gsh, gsw), es)
-        for a in range(KH):
-            from_y = y + ph - a * dh
-            oy = from_y // sh
-            reads = inside & (from_y % sh == 0) & (oy >= 0) & (oy < OH)
+        for q in reversed(range(rows_h)):  # the output rows, the last first
+            oy = first_row + q
+            in_map = (oy >= 0) & (oy < OH)  # the same for the whole block
+            # The row's feature at the band's pixels: 8 threads along a pixel's words (a 32-bit
+            # load each, index in 32-bit units) where pairs are words, else 32 along the pixels
+            # (two 16-bit loads a word); a word store each.
+            pixels, words = 16 * k_steps, span_words
+            along = 8 if feature_words else 32
+            outer_count, inner_count = (pixels, words) if feature_words else (words, pixels)
+            outer = thread // along + threads // along * _slots(-(-outer_count // (threads // along)), 4)
+            inner = thread % along + along * _slots(-(-inner_count // along))
+            pixel, word = (outer, inner) if feature_words else (inner, outer)
+            staging = in_map & (outer < outer_count) & (inner < inner_count)
+            o, rr = first_column + pixel, 2 * word
+            inside = staging & (o >= 0) & (o < OW)
+            if feature_words:
+                t.load(1, (n * fsn + rr + oy * fsh + o * fsw) // 2, inside & (rr < R), 4)
+            else:
+                for h in range(2):
+                    t.load(1, n * fsn + (rr + h) * fsc + oy * fsh + o * fsw, inside & (rr + h < R), es)
+            t.shared(features_at + pixel * span_stride + word, staging, 4)
+            to_a = y + ph - oy * sh
+            a = to_a // dh
+            reads = inside_row & in_map & (to_a >= 0) & (to_a == a * dh) & (a < KH)
             b = 2 * quad + _slots(2)
             t.load(3, group * taps + a * KW + b, reads & (b < KW), es)
-            for k0 in range(0, R, 16):
+            for k0 in range(0, R, 16):  # ldmatrix: the span's B fragment, the feature's A per band k-step
                 t.matrices(a * KW * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), reads, 2)
                 for m in range(k_steps):
-                    pixel = first_column + 16 * m + row + 8 * _slots(2, 4)
-                    rr = k0 + 2 * quad + 8 * _slots(2)
-                    pixel_in = reads & (pixel >= 0) & (pixel < OW)
-                    if feature_words:  # a pair a 32-bit load (index in 32-bit units)
-                        t.load(1, (n * fsn + rr + oy * fsh + pixel * fsw) // 2, pixel_in & (rr < R), 4)
-                        continue
-                    for h in range(2):
-                        t.load(1, n * fsn + (rr + h) * fsc + oy * fsh + pixel * fsw, pixel_in & (rr + h < R), es)
+                    t.matrices(features_at + 16 * m * span_stride + k0 // 2 + _fragment_a_rows(lane, span_stride),
+                               reads, 4)
             for m in range(k_steps):  # each value's band places, hi and lo (index in 16-bit units)
                 k = 16 * m + row + 8 * _slots(2, 4)
                 b = 2 * quad + _slots(2)
@@ -844,7 +860,7 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
                 places = reads & (b < KW) & (j >= 0) & (j < 16)
                 for plane in range(2):
                     t.shared(2 * (mine_band + plane * band_words) + 2 * j * stride + k, places, 2)
-            rows = staged_at + (oy - first_row) * 16 * stride
+            rows = staged_at + q * 16 * stride
             for k in range(k_steps):  # ldmatrix: the two bands' A fragments, grad_output's two B
                 for plane in range(2):
                     t.matrices(mine_band + plane * band_words + 8 * k + _fragment_a_rows(lane, stride), reads, 4)
@@ -853,7 +869,7 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
         channel = c0 + 8 * _slots(2, 4) + 2 * quad + _slots(2)
         for h in range(2):
             x = x0 + row + 8 * h
-            t.store(4, n * isn + (group * pg + channel) * isc + y * ish + x * isw, inside & (x < W) & (channel < pg), es)
+            t.store(4, n * isn + (group * pg + channel) * isc + y * ish + x * isw, inside_row & (x < W) & (channel < pg), es)
 
 
 def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -> None:

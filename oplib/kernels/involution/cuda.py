@@ -817,13 +817,14 @@ def generated_mma_backward_extent(source: KernelSource, kernel_size, stride, dil
 
 def generated_mma_backward_shared_bytes(source: KernelSource, kernel_size, stride, dilation, reduced: int) -> int:
     """The dynamic shared memory of ``involution_generated_mma_backward_input``: the group's span
-    rows, the staged grad_output chunk, each warp's two bands (generated_mma.cu lays them out)."""
+    rows, the staged grad_output chunk, each warp's two bands, an output row's feature at the
+    band's pixels (generated_mma.cu lays them out)."""
     c = source.constants
     rows, k_steps = generated_mma_backward_extent(source, kernel_size, stride, dilation)
     stride_words, span_stride = 8 * k_steps + 4, 8 * -(-reduced // 16) + 4
     span_rows = (kernel_size[0] - 1) * kernel_size[1] + 8
     return 4 * (span_rows * span_stride + rows * c["MMA_CHANNELS"] * stride_words
-                + 2 * c["MMA_WARPS"] * c["MMA_TILE_W"] * stride_words)
+                + 2 * c["MMA_WARPS"] * c["MMA_TILE_W"] * stride_words + 16 * k_steps * span_stride)
 
 
 def generated_mma_backward_config(source: KernelSource, dtype: torch.dtype, batch: int, groups: int, input_size,

@@ -161,8 +161,9 @@ def test_grad_input_declines_what_it_does_not_serve():
     assert config(source, torch.bfloat16, 2, 4, (56, 56), (9, 1), (1, 1), (1, 1), 16) is not None
     assert config(source, torch.bfloat16, 2, 4, (56, 56), (3, 3), (1, 1), (9, 9), 16) is None  # 34 columns
     assert config(source, torch.bfloat16, 2, 4, (56, 56), (3, 3), (1, 1), (8, 8), 16) is not None  # 32
-    assert config(source, torch.bfloat16, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1), 512) is not None
-    assert config(source, torch.bfloat16, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1), 1024) is None  # span past 99 KiB
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1), 256) is not None
+    # the span rows and an output row's feature past 99 KiB
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1), 512) is None
     args = grad_input_arguments(TWO_CHANNEL_CHUNKS.arguments(torch.float32))
     out = torch.full((1, 64, 11, 10), 7.0)
     assert involution_cuda.involution_generated_mma_backward_input(*args, out, EmulatedLauncher()) is None
@@ -206,24 +207,29 @@ def test_non_finite_values_land_where_torch_puts_them(value, channels_last):
 # A band value one input pixel too far: tap b's weight at the next row of the band.
 BAND_PLACE = PlantedBug("band-place", "j = o * stride_w - pad_w + b * dilation_w - x0;",
                         "j = o * stride_w - pad_w + b * dilation_w - x0 + 1;")
-# The grad_output chunk read before the block staged it.
-STAGED_BARRIER = PlantedBug("staged-barrier", "__syncthreads();  // the grad_output chunk is staged",
-                            "// the grad_output chunk is staged")
+# An output row's feature read before the block staged it (and the grad_output chunk, which the
+# same barrier orders on the first row).
+STAGED_BARRIER = PlantedBug("staged-barrier", "__syncthreads();  // the row's feature is staged",
+                            "// the row's feature is staged")
+# An output row's feature staged over the previous row's while a warp may still read it.
+FEATURE_REUSED = PlantedBug("feature-reused", "__syncthreads();  // the previous row's feature is used",
+                            "// the previous row's feature is used")
 # The direct sum one tap short: only the non-finite test reaches it.
 DIRECT_SUM = PlantedBug("direct-sum-tap-short", "for (int b = 0; b < kernel_w; ++b) {\n                const int from_x",
                         "for (int b = 1; b < kernel_w; ++b) {\n                const int from_x")
-# The staged rows one row short in the layout: the bands of the last warp lie past the end.
+# The staged output row's feature one pixel further on: its last pixel lies past the end of the
+# shared memory.
 STAGED_OVERRUN = PlantedBug(
-    "bands-past-the-end",
-    "unsigned int* band = staged + rows_h * MMA_CHANNELS * stride + warp * MMA_TILE_W * stride;",
-    "unsigned int* band = staged + (rows_h + 1) * MMA_CHANNELS * stride + warp * MMA_TILE_W * stride;")
+    "feature-past-the-end",
+    "unsigned int* features = staged + rows_h * MMA_CHANNELS * stride + 2 * band_words;",
+    "unsigned int* features = staged + rows_h * MMA_CHANNELS * stride + 2 * band_words + span_stride;")
 
 
 def _band_sync_bug() -> PlantedBug:
     """The grad_input kernel's "bands of row a are written" barrier (the forward has one too: the
     text after the scatter loop names it) taken out."""
     text = ("                }\n                __syncwarp();  // the bands of row a are written\n"
-            "                const unsigned int* rows = staged + (i - first_row)")
+            "                const unsigned int* rows = staged + q * MMA_CHANNELS * stride;")
     return PlantedBug("bands-written-sync", text, text.replace("__syncwarp();  // the bands", "// the bands"))
 
 
@@ -247,9 +253,9 @@ def _caught(call) -> bool:
 # (test_cuda_generated_mma.py), each of these a compile of the emulation library (the tier's minutes).
 # Each is caught in both run orders, but the warp barrier's race, which shows in the order where a
 # lane reads its ldmatrix row before another lane writes part of it: at stride 2 only the
-# ascending order has such a lane (the barrier over the whole block, STAGED_BARRIER, shows in both).
+# ascending order has such a lane (the barriers over the whole block show in both).
 @pytest.mark.integration
-@pytest.mark.parametrize("bug", [BAND_PLACE, _band_sync_bug(), STAGED_BARRIER], ids=lambda b: b.name)
+@pytest.mark.parametrize("bug", [BAND_PLACE, _band_sync_bug(), STAGED_BARRIER, FEATURE_REUSED], ids=lambda b: b.name)
 def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)
@@ -290,7 +296,7 @@ def test_grad_input_is_clean_under_address_sanitizer():
 
 
 @pytest.mark.integration
-def test_address_sanitizer_catches_the_bands_past_the_end(tmp_path):
+def test_address_sanitizer_catches_the_feature_past_the_end(tmp_path):
     require_host_compiler()
     planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, STAGED_OVERRUN.text, STAGED_OVERRUN.bug)
     assert_asan_catches(planted, """

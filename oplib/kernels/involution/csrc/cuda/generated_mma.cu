@@ -464,17 +464,23 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
 // row another tap of it: no warp's weights serve another's band (output row i and kernel row a
 // fix the input row), so each warp forms, per kernel row, that row's KW taps at the band's
 // 16 k_steps output pixels, (16 k_steps x R)(R x 8) + bias on tensor cores (the feature's A
-// fragments from global memory, the whole of the group's span_weight staged in shared memory),
-// and each lane writes its D values, split hi and lo, straight to their band places (the same
-// places for every kernel row: the bands' zeros are written once). An output pixel outside the
-// map gets weight 0 (the staged grad_output there is 0 too: no inf times 0).
+// fragments from the output row's feature, staged in shared memory, the whole of the group's
+// span_weight staged there too), and each lane writes its D values, split hi and lo, straight
+// to their band places (the same places for every kernel row: the bands' zeros are written
+// once). An output pixel outside the map gets weight 0 (the staged grad_output there is 0 too:
+// no inf times 0).
 //
 // A block of MMA_WARPS warps takes MMA_TILE_H input rows (a warp each) x MMA_TILE_W columns of
 // one (sample, group) (grid: tiles x groups x samples); per chunk of MMA_CHANNELS of the group's
-// channels it stages the output rows its windows read, then each warp runs its kernel rows. Each
-// input pixel is written by one warp, its sum in a fixed order: deterministic, no atomics. inf
-// and nan as in the forward: a warp whose sums are not all finite recomputes them by the direct
-// sum, the weights formed again one by one.
+// channels it stages the output rows its windows read, then takes those rows one at a time: the
+// block stages the row's feature at the band's pixels once, and each warp whose input row reads
+// that output row (through one kernel row a) forms and applies that kernel row's weights. The
+// feature of an output row serves up to KH warps: read from global memory once a block, where
+// each warp's own fragment loads read it again for each of its kernel rows (and their 64-bit
+// addressing and bounds took most of the kernel's instructions at large R). Each input pixel is
+// written by one warp, its sum in a fixed order (its kernel rows from the last): deterministic,
+// no atomics. inf and nan as in the forward: a warp whose sums are not all finite recomputes
+// them by the direct sum, the weights formed again one by one from global memory.
 //
 // Dynamic shared memory, 32-bit words of two 16-bit values (generated_mma_backward_shared_bytes):
 //   span     span_rows x span_stride                  span_weight's rows of the group, [tap][r]
@@ -482,6 +488,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
 //            past the taps and past R to a whole k-step)
 //   staged   rows_h x MMA_CHANNELS x stride           the grad_output chunk, [row][channel][column]
 //   band     2 x MMA_WARPS x MMA_TILE_W x stride      each warp's bands, hi then lo, [pixel][k]
+//   features 16 k_steps x span_stride                 an output row's feature at the band's
+//            pixels, [pixel][r] (zeros outside the map and past R to a whole k-step)
 // with stride = 8 * k_steps + 4 and span_stride = 8 * ceil(R / 16) + 4 words.
 
 // The most output columns a run's band reads (k_steps <= 2: RedNet's 7x7 windows need 22 at
@@ -538,6 +546,29 @@ __device__ __noinline__ void mma_backward_direct_sums(
     }
 }
 
+// Stages an output row's feature at `pixels` output columns from `first` (`row_values`: the
+// sample's output row; zeros outside the row's `width` and past R) into features [pixel][word],
+// `stride` words a pixel, `words` words of two r each (R to a whole k-step). Where a pair of r
+// is one aligned 32-bit word in memory (`word_pairs`: channels_last) 8 consecutive threads take
+// 8 consecutive words of a pixel; else (NCHW) 32 consecutive threads take a word of 32
+// consecutive pixels, two 16-bit loads each. No division by a runtime count. Every thread of
+// the block takes part.
+__device__ __forceinline__ void mma_stage_features(unsigned int* features, const unsigned short* row_values, int first,
+                                                   int width, int pixels, int reduced, int words, int stride,
+                                                   index_t value_c, index_t value_w, bool word_pairs, int thread) {
+    const int along = word_pairs ? 8 : 32, across = MMA_THREADS / along;
+    const int outer_count = word_pairs ? pixels : words, inner_count = word_pairs ? words : pixels;
+    for (int outer = thread / along; outer < outer_count; outer += across) {
+        for (int inner = thread % along; inner < inner_count; inner += along) {
+            const int pixel = word_pairs ? outer : inner, word = word_pairs ? inner : outer;
+            const int o = first + pixel, r = 2 * word;
+            const bool inside = (unsigned int)o < (unsigned int)width;
+            features[pixel * stride + word] = mma_load_pair(row_values + (index_t)o * value_w + r * value_c, value_c,
+                                                            inside ? reduced - r : 0, word_pairs);
+        }
+    }
+}
+
 // Instantiated for the forward's windows (the oplib-template line above).
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N), tiles of grad_input.
@@ -569,6 +600,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
         unsigned int* staged = span + span_rows * span_stride;
         const int band_words = MMA_WARPS * MMA_TILE_W * stride;
         unsigned int* band = staged + rows_h * MMA_CHANNELS * stride + warp * MMA_TILE_W * stride;
+        unsigned int* features = staged + rows_h * MMA_CHANNELS * stride + 2 * band_words;
 
         const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
         const int y = tile_y * MMA_TILE_H + warp, x0 = tile_x * MMA_TILE_W;
@@ -599,16 +631,23 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
             mma_stage_rows<half_t>(staged, sample_grad + group_channel0 * grad_c, c0, group_channels, rows_h, 8 * k_steps,
                                    stride, first_row, first_column, out_h, out_w, grad_c, grad_h, grad_w, vector_grad,
                                    thread);
-            __syncthreads();  // the grad_output chunk is staged
-            if (!row_inside) continue;
             OplibFragmentC sums[2] = {};
-            // Rolled: each row's generation and band products are a long body already, and
-            // unrolled rows would hold their loads at once (spills at 7x7).
+            // The output rows the block reads, the last first: input row y reads output row i
+            // through kernel row a = (y + ph - i sh) / dh where that divides and lies in the window.
+            // (A row's barriers order the grad_output chunk's staging before its reads as well.)
+            // Rolled: each row's generation and band products are a long body already.
 #pragma unroll 1
-            for (int a = 0; a < kernel_h; ++a) {
-                const int from_y = y + pad_h - a * dilation_h;
-                if (from_y % stride_h != 0 || (unsigned int)(from_y / stride_h) >= (unsigned int)out_h) continue;
-                const int i = from_y / stride_h;
+            for (int q = rows_h - 1; q >= 0; --q) {
+                const int i = first_row + q;
+                if ((unsigned int)i >= (unsigned int)out_h) continue;  // the same for the whole block
+                __syncthreads();  // the previous row's feature is used (the first: grad_output is staged)
+                mma_stage_features(features, feature_bits + (index_t)i * feature_h, first_column, out_w,
+                                   16 * k_steps, reduced, span_words, span_stride, feature_c, feature_w,
+                                   feature_words, thread);
+                __syncthreads();  // the row's feature is staged
+                const int to_a = y + pad_h - i * stride_h;
+                const int a = to_a / dilation_h;
+                if (!row_inside || to_a < 0 || to_a != a * dilation_h || a >= kernel_h) continue;
                 // Row a's weights at the band's output pixels: C fragment m holds pixels first_column +
                 // 16 m + row, + 8 x taps a KW + 2 quad, + 1, from the bias on.
                 OplibFragmentC weights[MMA_GRAD_BAND / 16];
@@ -620,25 +659,13 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                     weights[m].value[0] = weights[m].value[2] = bias_low;
                     weights[m].value[1] = weights[m].value[3] = bias_high;
                 }
-                const unsigned short* pixels = feature_bits + (index_t)i * feature_h;
-                // Rolled too: a k-step's 16 feature loads are in flight together already.
 #pragma unroll 1
                 for (int k0 = 0; k0 < reduced; k0 += 16) {
                     const OplibFragmentB b = oplib_load_fragment_b(span + a * kernel_w * span_stride + k0 / 2, span_stride);
-                    const int r = k0 + 2 * quad;
 #pragma unroll
                     for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
                         if (m >= k_steps) break;
-                        const int low = first_column + 16 * m + row, high = low + 8;
-                        const bool low_in = (unsigned int)low < (unsigned int)out_w, high_in = (unsigned int)high < (unsigned int)out_w;
-                        const unsigned short* low_pixel = pixels + (index_t)low * feature_w;
-                        const unsigned short* high_pixel = pixels + (index_t)high * feature_w;
-                        OplibFragmentA f;
-                        f.reg[0] = mma_load_pair(low_pixel + r * feature_c, feature_c, low_in ? reduced - r : 0, feature_words);
-                        f.reg[1] = mma_load_pair(high_pixel + r * feature_c, feature_c, high_in ? reduced - r : 0, feature_words);
-                        f.reg[2] = mma_load_pair(low_pixel + (r + 8) * feature_c, feature_c, low_in ? reduced - r - 8 : 0, feature_words);
-                        f.reg[3] = mma_load_pair(high_pixel + (r + 8) * feature_c, feature_c, high_in ? reduced - r - 8 : 0, feature_words);
-                        oplib_mma<half_t>(weights[m], f, b);
+                        oplib_mma<half_t>(weights[m], oplib_load_fragment_a(features + 16 * m * span_stride + k0 / 2, span_stride), b);
                     }
                 }
                 // Each value, split hi and lo, to its band places: output pixel o = first_column + k
@@ -664,10 +691,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                     }
                 }
                 __syncwarp();  // the bands of row a are written
-                const unsigned int* rows = staged + (i - first_row) * MMA_CHANNELS * stride;
+                const unsigned int* rows = staged + q * MMA_CHANNELS * stride;
                 mma_band_products<half_t, MMA_GRAD_BAND / 16, false>(sums, band, band_words, rows, stride, k_steps);
                 __syncwarp();  // every lane is done with the bands of row a
             }
+            if (!row_inside) continue;
             scalar_t* run = grad_input + n * in_n + group_channel0 * in_c + (index_t)y * in_hs + (index_t)x0 * in_ws;
             if (mma_any_non_finite(sums)) {
                 mma_backward_direct_sums(reinterpret_cast<const unsigned short*>(span), span_stride, bias + (index_t)group * taps,
