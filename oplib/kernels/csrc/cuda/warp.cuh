@@ -84,11 +84,13 @@ struct OplibFragmentC {
 // the address of matrix i's row r, 16 bytes (4 words) 16-byte aligned; lane (group, quad) gets
 // word quad of row group of matrix i in reg[i]. One instruction where the fragments' plain
 // loads take 2 COUNT: their words go through the same banks (a matrix's 8 rows of 16 bytes are
-// one pass when they fall in different banks, as the layouts' 4 words of padding make them).
-// Every lane of the warp calls it, lanes past 8 COUNT with an address of the same matrices (the
-// hardware ignores it). On the host, each lane reads its row and the words go to their lanes by
-// shuffles, each address checked as the hardware takes it (oplib_check_matrix_row: in the
-// block's shared memory, aligned).
+// one pass when they fall in different banks, as the layouts' 4 words of padding, or the
+// generator's swapped halves, make them). Every lane of the warp calls it, lanes past 8 COUNT
+// with an address of the same matrices (the hardware ignores it). The asm names no memory: a
+// barrier before it (__syncwarp, __syncthreads) orders it after the tile's stores, as for any
+// load, and the emulation stops where one is missing. On the host, each lane reads its row and
+// the words go to their lanes by shuffles, each address checked as the hardware takes it
+// (oplib_check_matrix_row: in the block's shared memory, aligned).
 template <int COUNT>
 __device__ __forceinline__ void oplib_load_matrices(const unsigned int* row, unsigned int (&reg)[COUNT]) {
     static_assert(COUNT == 1 || COUNT == 2 || COUNT == 4, "ldmatrix loads 1, 2 or 4 matrices");
