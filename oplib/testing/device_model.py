@@ -345,6 +345,22 @@ def _fragment_b_rows(lane: Tensor, stride: int, second: int = 0) -> Tensor:
     return lane // 16 * second + lane % 8 * stride + 4 * (lane // 8 % 2)
 
 
+def _band_products(t: "_Tally", lane: Tensor, band_at, band_words: int, rows, stride: int, k_steps: int, mask: Tensor,
+                   paired_windows: bool) -> None:
+    """generated_mma.cu's mma_band_products, the fragment loads of a run's sums over one kernel
+    row: per k-step an ldmatrix for each band's A fragment (hi, lo: ``band_words`` apart from
+    ``band_at``) and the staged ``rows``' B fragments of two n-tiles, in one ldmatrix with
+    ``paired_windows`` (the forward), else one each (grad_input); tensor cores: no term."""
+    for k in range(k_steps):
+        for plane in range(2):
+            t.matrices(band_at + plane * band_words + 8 * k + _fragment_a_rows(lane, stride), mask, 4)
+        if paired_windows:
+            t.matrices(rows + 8 * k + _fragment_b_rows(lane, stride, 8 * stride), mask, 4)
+            continue
+        for n_tile in range(2):
+            t.matrices(rows + 8 * n_tile * stride + 8 * k + _fragment_b_rows(lane, stride), mask, 2)
+
+
 def _slots(n: int, dims: int = 3) -> Tensor:
     """0..n-1 as a leading slot dimension over (warps, lanes) and ``dims - 3`` more slot dims."""
     return torch.arange(n).view(n, *(1,) * (dims - 1))
@@ -769,11 +785,8 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
             for plane in range(2):  # the copies: a 16-bit load and store each (index in 16-bit units)
                 t.shared(2 * (mine_plain + plane * plain_words) + 2 * j * plain_stride + a * KW + b, copies, 2)
                 t.shared(2 * (mine_band + plane * band_words) + 2 * j * stride + j * sw + b * dw, copies, 2)
-            rows = (warp * sh + a * dh) * 16 * stride
-            for k in range(k_steps):  # ldmatrix: the two bands' A fragments, the window's two B at once
-                for plane in range(2):
-                    t.matrices(mine_band + plane * band_words + 8 * k + _fragment_a_rows(lane, stride), inside, 4)
-                t.matrices(rows + 8 * k + _fragment_b_rows(lane, stride, 8 * stride), inside, 4)
+            _band_products(t, lane, mine_band, band_words, (warp * sh + a * dh) * 16 * stride, stride, k_steps, inside,
+                           paired_windows=True)
         channel = c0 + 8 * _slots(2, 4) + 2 * quad + _slots(2)
         for h in range(2):
             x = ox0 + row + 8 * h
@@ -860,12 +873,8 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
                 places = reads & (b < KW) & (j >= 0) & (j < 16)
                 for plane in range(2):
                     t.shared(2 * (mine_band + plane * band_words) + 2 * j * stride + k, places, 2)
-            rows = staged_at + q * 16 * stride
-            for k in range(k_steps):  # ldmatrix: the two bands' A fragments, grad_output's two B
-                for plane in range(2):
-                    t.matrices(mine_band + plane * band_words + 8 * k + _fragment_a_rows(lane, stride), reads, 4)
-                for n_tile in range(2):
-                    t.matrices(rows + 8 * n_tile * stride + 8 * k + _fragment_b_rows(lane, stride), reads, 2)
+            _band_products(t, lane, mine_band, band_words, staged_at + q * 16 * stride, stride, k_steps, reads,
+                           paired_windows=False)
         channel = c0 + 8 * _slots(2, 4) + 2 * quad + _slots(2)
         for h in range(2):
             x = x0 + row + 8 * h

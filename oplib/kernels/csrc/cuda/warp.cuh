@@ -121,19 +121,18 @@ __device__ __forceinline__ void oplib_load_matrices(const unsigned int* row, uns
     // words that go to the lanes are the first read's (stale, in the order that races).
     const int lane = oplib_lane(), group = lane >> 2, quad = lane & 3;
     const bool reads = lane < 8 * COUNT;
+    // The row's words 2 h, 2 h + 1 as one shuffle's value.
+    const auto half_row = [row](int h) { return row[2 * h] | (unsigned long long)row[2 * h + 1] << 32; };
     unsigned long long halves[2] = {};
     if (reads) {
         oplib_check_matrix_row(row);
-        halves[0] = row[0] | (unsigned long long)row[1] << 32;
-        halves[1] = row[2] | (unsigned long long)row[3] << 32;
+        halves[0] = half_row(0);
+        halves[1] = half_row(1);
     }
 #pragma unroll
     for (int i = 0; i < COUNT; ++i) {
         const unsigned long long low = __shfl_sync(OPLIB_FULL_WARP, halves[0], 8 * i + group);
-        if (i == 0 && reads) {
-            oplib_check_matrix_row_unchanged(halves[0] == (row[0] | (unsigned long long)row[1] << 32) &&
-                                             halves[1] == (row[2] | (unsigned long long)row[3] << 32));
-        }
+        if (i == 0 && reads) oplib_check_matrix_row_unchanged(halves[0] == half_row(0) && halves[1] == half_row(1));
         const unsigned long long high = __shfl_sync(OPLIB_FULL_WARP, halves[1], 8 * i + group);
         reg[i] = (unsigned int)((quad < 2 ? low : high) >> 32 * (quad & 1));
     }
