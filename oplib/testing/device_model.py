@@ -726,8 +726,9 @@ def _mma_staging(t: _Tally, thread: Tensor, threads: int, vector: bool, staged_a
 def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma (generated_mma.cu): ``item`` is the thread's index in the grid
     (block-major, 256 threads a block, a warp an output row's run of 16 pixels). Per chunk of R:
-    the span chunk staged (global loads, shared stores), the feature's A fragments from global
-    memory and the span's B fragments from shared memory (tensor cores: no term); the weights
+    the span chunk staged a k-step at a time (global loads, shared stores), the feature's A
+    fragments from global memory (a pair one 32-bit load where the host says it is an aligned
+    word) and the span's B fragments from shared memory (tensor cores: no term); the weights
     split hi and lo into shared memory, the bands' zeros; per chunk of 16 of the group's
     channels: the input rows staged (16-byte vectors and 8 word stores a unit, or a word of two
     values at a time), then per kernel row the band copies and per k-step the two bands' A
@@ -736,7 +737,7 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
     from ..kernels.involution import cuda as involution_cuda
 
     (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w,
-     isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh, fsw, vector) = launch.scalars
+     isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh, fsw, vector, feature_words) = launch.scalars
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
     c = source.constants
     es, taps, pg = launch.dtype.itemsize, KH * KW, C // G
@@ -755,25 +756,33 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
     tap = 8 * _slots(8) + 2 * quad + _slots(2, 4)  # the bias, 2 a tap tile
     t.load(3, group * taps + tap, tap < taps, es)
     for r0 in range(0, R, c["MMA_REDUCED"]):
-        word = thread + threads * _slots(c["MMA_TAPS"] * c["MMA_REDUCED"] // 2 // threads)
-        span_tap, r = word // 32, r0 + 2 * (word % 32)
-        for h in range(2):
-            t.load(2, (group * taps + span_tap) * R + r + h, (span_tap < taps) & (r + h < R), es)
-        t.shared(span_tap * span_stride + word % 32, True, 4)
+        for k0 in range(0, c["MMA_REDUCED"], 16):  # the span chunk a k-step at a time, 8 threads a tap's row
+            if r0 + k0 >= R:
+                break
+            word = thread + threads * _slots(c["MMA_TAPS"] * 8 // threads)
+            span_tap, column = word // 8, k0 // 2 + word % 8
+            r = r0 + 2 * column
+            for h in range(2):
+                t.load(2, (group * taps + span_tap) * R + r + h, (span_tap < taps) & (r + h < R), es)
+            t.shared(span_tap * span_stride + column, True, 4)
         for k0 in range(0, c["MMA_REDUCED"], 16):
             if r0 + k0 >= R:
                 break
             pixel = ox0 + row + 8 * _slots(2, 4)
             rr = r0 + k0 + 2 * quad + 8 * _slots(2)
-            for h in range(2):
-                t.load(1, n * fsn + (rr + h) * fsc + oy * fsh + pixel * fsw, inside & (pixel < OW) & (rr + h < R), es)
+            feature_inside = inside & (pixel < OW)
+            if feature_words:  # a pair one 32-bit load (index in 32-bit units)
+                t.load(1, (n * fsn + rr + oy * fsh + pixel * fsw) // 2, feature_inside & (rr < R), 4)
+            else:
+                for h in range(2):
+                    t.load(1, n * fsn + (rr + h) * fsc + oy * fsh + pixel * fsw, feature_inside & (rr + h < R), es)
             pairs = _slots(-(-tap_tiles // 2))  # two tap tiles' B fragments an ldmatrix
             t.matrices(16 * pairs * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride, 8 * span_stride), inside, 4)
     pixels = row + 8 * _slots(2, 4)
     for plane in range(2):  # hi, lo
         t.shared(mine_plain + plane * plain_words + pixels * plain_stride + 4 * _slots(tap_tiles, 5) + quad, inside, 4)
-        zeros = lane + 32 * _slots(-(-16 * stride // 32))
-        t.shared(mine_band + plane * band_words + zeros, inside & (zeros < 16 * stride), 4)
+        zeros = lane + 32 * _slots(-(-4 * stride // 32))  # 16 bytes a store (index in 16-byte units)
+        t.shared((mine_band + plane * band_words) // 4 + zeros, inside & (zeros < 4 * stride), 16)
     copy = lane + 32 * _slots(c["MMA_BAND_COPIES"])
     j, b = copy // KW, copy % KW
     copies = inside & (copy < 16 * KW)
@@ -830,8 +839,8 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
         t.load(2, (group * taps + span_tap) * R + r + h, staging & (span_tap < taps) & (r + h < R), es)
     t.shared(span_tap * span_stride + word % span_words, staging, 4)
     for plane in range(2):
-        zeros = lane + 32 * _slots(-(-16 * stride // 32))
-        t.shared(mine_band + plane * band_words + zeros, zeros < 16 * stride, 4)
+        zeros = lane + 32 * _slots(-(-4 * stride // 32))  # 16 bytes a store (index in 16-byte units)
+        t.shared((mine_band + plane * band_words) // 4 + zeros, zeros < 4 * stride, 16)
     for c0 in range(0, pg, 16):
         _mma_staging(t, thread, threads, vector, staged_at, rows_h, column_words, stride, first_row, first_column, OH,
                      OW, n * gsn + group * pg * gsc, pg, c0, (gsc, gsh, gsw), es)
@@ -1334,6 +1343,56 @@ def kernel_code(sass: str) -> str:
     return _SUBROUTINE.split(sass, maxsplit=1)[0]
 
 
+# A block of source that runs only for rare inputs (an inf or a nan), kept inline where a call
+# spilled: its ``if (...) {`` line ends in this marker, and the model leaves the SASS compiled
+# from the block out, as kernel_code leaves the subroutines out. (Counted in, the generator's
+# inline direct sums, sixteen small loops inside its loop over the groups, weighed as much as
+# its products.)
+_COLD = re.compile(r"//\s*oplib-cold\b")
+# nvdisasm -g -gi's location of the instructions after it: the line, and the call sites it is
+# inlined at, innermost first.
+_LOCATION = re.compile(r'^\s*//## File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<inlined>.*)$')
+_INLINED = re.compile(r'inlined at "([^"]+)", line (\d+)')
+
+
+def cold_lines(text: str) -> frozenset[int]:
+    """The lines (from 1) of ``text``'s cold blocks: from each line marked ``// oplib-cold``,
+    which opens a block, to the line of the brace that closes it (comments aside)."""
+    lines = text.splitlines()
+    cold: set[int] = set()
+    for first, line in enumerate(lines):
+        if not _COLD.search(line):
+            continue
+        depth = 0
+        for last in range(first, len(lines)):
+            code = lines[last].split("//", 1)[0]
+            depth += code.count("{") - code.count("}")
+            if last == first and depth <= 0:
+                raise ValueError(f"line {first + 1} is marked oplib-cold but opens no block: {line.strip()!r}")
+            if depth <= 0:
+                break
+        else:
+            raise ValueError(f"the cold block of line {first + 1} does not close")
+        cold.update(range(first + 1, last + 2))
+    return frozenset(cold)
+
+
+def hot_code(sass: str, cold: dict[str, frozenset[int]]) -> str:
+    """``sass`` (nvdisasm -g -gi's text) without the instructions compiled from a cold block:
+    those whose line, or a call site they are inlined at, lies in ``cold[the file's name]``.
+    Labels and branches stay, so that the loops around the rest stay whole."""
+    kept, is_cold = [], False
+    for line in sass.splitlines():
+        location = _LOCATION.match(line)
+        if location is not None:
+            frames = [(location["file"], location["line"]), *_INLINED.findall(location["inlined"])]
+            is_cold = any(int(at) in cold.get(Path(file).name, ()) for file, at in frames)
+            continue
+        if not (is_cold and _INSTRUCTION.match(line)):
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def instruction_ratio(sass: str, loop_trips: float = LOOP_TRIPS) -> float:
     """All instructions of one function's SASS text over those a trace counts (``_TRACED``),
     NOPs aside, each weighted by ``loop_trips`` per loop around it (a backward branch and the
@@ -1389,27 +1448,32 @@ def sass_profile(source_name: str, instantiations: tuple[tuple[str, torch.dtype,
                  arch: str = "sm_90") -> dict[str, SassProfile]:
     """Compile ``instantiations`` ((kernel, dtype, specialisation) tuples) of the source
     ``source_name`` (as ``load_source`` names it) for ``arch`` with NVRTC and CuPy's options,
-    disassemble the cubin with nvdisasm, and profile each: name expression -> SassProfile."""
-    from ..kernels.cuda_source import load_source, name_expression
+    disassemble the cubin with nvdisasm, and profile each: name expression -> SassProfile. The
+    compile keeps line information (``-lineinfo``, the same machine code) so that the code of the
+    source's cold blocks (``cold_lines``) is left out with the subroutines."""
+    from ..kernels.cuda_source import INCLUDE_DIR, load_source, name_expression
     from .nvrtc import compile_source
 
     tool = nvdisasm()
     if tool is None:
         raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
     names = tuple(name_expression(*instantiation) for instantiation in instantiations)
-    compiled = compile_source(load_source(source_name), arch, names=names)
+    source = load_source(source_name)
+    compiled = compile_source(source, arch, extra_options=("-lineinfo",), names=names)
     lowered, log, cubin = compiled.lowered_names, compiled.log, compiled.cubin
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "kernels.cubin"
         path.write_bytes(cubin)
-        sass = subprocess.run([tool, "-c", str(path)], check=True, capture_output=True, text=True).stdout
+        sass = subprocess.run([tool, "-c", "-g", "-gi", str(path)], check=True, capture_output=True, text=True).stdout
+    cold = {source.path.name: cold_lines(source.text),
+            **{header.name: cold_lines(header.read_text()) for header in sorted(INCLUDE_DIR.glob("*.cuh"))}}
     functions = dict(zip(*[iter(re.split(r"^\s*\.text\.(\S+):\s*$", sass, flags=re.MULTILINE)[1:])] * 2))
     reports = {m.group(1): m.group(2) for m in re.finditer(
         r"Compiling entry function '(\w+)' for '\w+'(.*?)(?=Compiling entry function|\Z)", log, re.DOTALL)}
     profiles = {}
     for name in names:
         mangled = lowered[name]
-        code = kernel_code(functions[mangled])
+        code = hot_code(kernel_code(functions[mangled]), cold)
         loads, in_flight = _profile_function(code)
         report = reports[mangled]
         shared = re.search(r"(\d+) bytes smem", report)

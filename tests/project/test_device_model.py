@@ -376,6 +376,54 @@ def test_the_instruction_ratio_leaves_the_subroutines_out():
     assert device_model.instruction_ratio(kernel + subroutine) == pytest.approx((5 + 3 * 4 + 1) / (1 + 2 * 4))
 
 
+def test_cold_lines_are_the_marked_blocks():
+    """From each ``if (...) {`` marked ``// oplib-cold`` to its closing brace, nested blocks and
+    braces in comments aside; a marked line that opens no block is an error, not a guess."""
+    source = """int a;
+if (rare) {  // oplib-cold: an inf or a nan
+    if (deeper) { b; }  // a } in a comment
+    c;
+}
+d;
+for (;;) {
+    if (again) {  // oplib-cold
+        e;
+    }
+}
+"""
+    assert device_model.cold_lines(source) == {2, 3, 4, 5, 8, 9, 10}
+    with pytest.raises(ValueError, match="opens no block"):
+        device_model.cold_lines("x = 1;  // oplib-cold\n")
+
+
+def test_the_instruction_ratio_leaves_the_cold_blocks_out():
+    """Instructions whose line, or a call site they are inlined at, lies in a cold block leave
+    the count with the traced ones among them; the loop around them keeps its branch. Counted
+    in, the generator's inline direct sums (sixteen small loops in its loop over the groups)
+    weighed as much as its products."""
+    sass = """
+        //## File "/tmp/kernel.cu", line 10
+        /*0000*/                   MOV R1, R2 ;
+.L_x_0:
+        //## File "/tmp/kernel.cu", line 12
+        /*0010*/                   LDS R3, [R1] ;
+        //## File "/tmp/warp.cuh", line 40 inlined at "/tmp/kernel.cu", line 21
+        /*0020*/                   FFMA R4, R3, R3, R4 ;
+        /*0030*/                   FFMA R4, R4, R3, R4 ;
+        //## File "/tmp/kernel.cu", line 21
+        /*0040*/                   IADD3 R5, R5, 0x1, RZ ;
+        //## File "/tmp/kernel.cu", line 12
+        /*0050*/               @P0 BRA `(.L_x_0) ;
+        /*0060*/                   EXIT ;
+    """
+    cold = {"kernel.cu": frozenset({20, 21, 22})}
+    hot = device_model.hot_code(sass, cold)
+    assert "FFMA" not in hot and "IADD3" not in hot and ".L_x_0:" in hot and "BRA" in hot
+    # MOV, LDS and BRA a trip, EXIT, over LDS: (1 + 2 x 4 + 1) / (1 x 4)
+    assert device_model.instruction_ratio(hot) == pytest.approx((1 + 2 * 4 + 1) / 4)
+    assert device_model.hot_code(sass, {}).count("/*") == 7
+
+
 def test_shared_accesses_count_as_instructions():
     tally = device_model._Tally(torch.ones(2, 32, dtype=torch.bool), 128)
     tally.shared(torch.arange(32).view(1, 1, 32).expand(3, 2, 32), torch.ones(1, dtype=torch.bool), 4)

@@ -791,7 +791,8 @@ def involution_generated_mma(input: Tensor, feature: Tensor, span_weight: Tensor
         return out
     bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
     scalars = (*_fused_scalars(input, feature, out, groups, kernel_size, stride, padding, dilation,
-                               source.constants["MMA_TILE_W"]), generated_mma_vectors_fit(input, groups))
+                               source.constants["MMA_TILE_W"]), generated_mma_vectors_fit(input, groups),
+               generated_mma_feature_words(feature))
     specialisation = (generated_tile_specialisation(source, kernel_size, stride, dilation, "involution_generated_mma")
                       if specialised else GENERATED_TILE_RUNTIME)
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma", input.dtype, config,

@@ -255,6 +255,15 @@ BANDS_OVERRUN = PlantedBug(
     "bands-past-the-end",
     "unsigned int* band = plain - warp * MMA_TILE_W * plain_stride + 2 * plain_words + warp * MMA_TILE_W * stride;",
     "unsigned int* band = plain - warp * MMA_TILE_W * plain_stride + 2 * plain_words + (warp + 1) * MMA_TILE_W * stride;")
+# The span chunk's last k-step left unstaged (its words read as they were).
+SPAN_STEPS = PlantedBug("span-steps", "if (16 * step >= reduced - r0) break;", "if (16 * step >= reduced - r0 - 16) break;")
+# The feature's pairs loaded as words (channels_last) one pair of R's channels further on.
+FEATURE_WORDS = PlantedBug("feature-words", "a.reg[2] = mma_load_pair(low_pixel + r + 8, 1, low_count - 8, true);",
+                           "a.reg[2] = mma_load_pair(low_pixel + r + 10, 1, low_count - 10, true);")
+# The split's long way left out where a hi of the warp is an inf or a nan.
+_HI_COLD = "  // oplib-cold: a hi of the warp is an inf or a nan"
+SPLIT_LONG_WAY = PlantedBug("split-long-way", "        if (oplib_warp_any(non_finite != 0)) {" + _HI_COLD + "\n#pragma unroll\n            for",
+                            "        if (false) {\n#pragma unroll\n            for")
 
 
 def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
@@ -264,7 +273,7 @@ def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
 
 
 @pytest.mark.parametrize("bug", [BAND_COLUMN, *(pytest.param(b, marks=pytest.mark.integration)
-                                               for b in (BAND_SYNC, STAGED_BARRIER))], ids=lambda b: b.name)
+                                               for b in (BAND_SYNC, STAGED_BARRIER, SPAN_STEPS))], ids=lambda b: b.name)
 def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)
@@ -286,6 +295,30 @@ def test_a_planted_direct_sum_bug_fails_the_non_finite_check(tmp_path, monkeypat
     args[0][0, 17, 5, 6] = float("inf")
     with pytest.raises(AssertionError, match="inf at other places|not close"):
         _assert_non_finite_as_torch(tuple(args), EmulatedLauncher(), DIRECT_SUM.name)
+
+
+def test_a_planted_feature_word_bug_fails_only_where_the_feature_is_channels_last(tmp_path, monkeypatch):
+    """The host has a channels_last feature's pairs loaded as words, and only it: the planted
+    word load passes with an NCHW feature (pairs of 16-bit loads) and fails with a channels_last one."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, FEATURE_WORDS)
+    assert _check(TWO_CHANNEL_CHUNKS.arguments(torch.bfloat16), EmulatedLauncher(), "nchw")
+    with planted_bug_caught():
+        _check(TWO_CHANNEL_CHUNKS._replace(channels_last=True).arguments(torch.bfloat16), EmulatedLauncher(),
+               "channels_last")
+
+
+def test_a_planted_split_without_its_long_way_fails_the_non_finite_check(tmp_path, monkeypatch):
+    """The short split alone makes an inf weight's lo a nan: an inf in the bias (a tap's weight an
+    inf at every pixel) then lands as nan; finite weights never need the long way."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, SPLIT_LONG_WAY)
+    args = list(TWO_CHANNEL_CHUNKS.arguments(torch.bfloat16))
+    assert _check(tuple(args), EmulatedLauncher(), "finite")
+    args[3] = args[3].clone()
+    args[3][5] = float("inf")
+    with pytest.raises(AssertionError, match="nan at other places|inf at other places|not close"):
+        _assert_non_finite_as_torch(tuple(args), EmulatedLauncher(), SPLIT_LONG_WAY.name)
 
 
 def test_the_generated_mma_instantiations_are_the_tiles_pairs():

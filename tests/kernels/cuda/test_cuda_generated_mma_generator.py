@@ -294,6 +294,11 @@ GROUP_RANGE = PlantedBug("group-range", "group_first = split * groups / group_sp
 # The bias parts one tap-row past the end of the dynamic shared memory.
 BIAS_OVERRUN = PlantedBug("bias-past-the-end", "float* bias_parts = gw + MMA_WARPS * MMA_TILE_W * gw_stride;",
                           "float* bias_parts = gw + MMA_WARPS * MMA_TILE_W * gw_stride + MMA_TAPS;")
+# gw's split without its long way where a hi of the warp is an inf or a nan.
+SPLIT_LONG_WAY = PlantedBug("split-long-way",
+                            "    if (oplib_warp_any(non_finite != 0)) {  // oplib-cold: a hi of the warp is an inf or a nan\n"
+                            "#pragma unroll\n        for (int v = 0;",
+                            "    if (false) {\n#pragma unroll\n        for (int v = 0;")
 
 
 def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
@@ -319,6 +324,19 @@ def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
             with planted_bug_caught():
                 _check(generator_arguments(case.arguments(torch.bfloat16)), EmulatedLauncher(order=order),
                        f"{bug.name}-{order}")
+
+
+def test_a_planted_split_without_its_long_way_fails_the_non_finite_check(tmp_path, monkeypatch):
+    """The short split alone makes an inf of gw (an inf in grad_output) a nan in its lo: the
+    results then hold nan where torch puts inf; finite values never need the long way."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, SPLIT_LONG_WAY)
+    args = generator_arguments(TWO_CHANNEL_CHUNKS.arguments(torch.bfloat16))
+    assert _check(args, EmulatedLauncher(), "finite")
+    (_, changed), = with_one_non_finite(args, {"grad_output interior": NON_FINITE_PLACES["grad_output interior"]},
+                                        float("inf"))
+    with pytest.raises(AssertionError, match="nan at other places|inf at other places|not close"):
+        _assert_non_finite_as_torch(changed, EmulatedLauncher(), SPLIT_LONG_WAY.name)
 
 
 @pytest.mark.integration

@@ -26,6 +26,18 @@ __device__ __forceinline__ int oplib_lane() {
     return (int)((threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32u);
 }
 
+// Whether v holds for any lane of the (whole, converged) warp: one vote on the GPU; on the host,
+// whose shim has shuffles and no votes, a butterfly of them (the same answer in every lane).
+__device__ __forceinline__ bool oplib_warp_any(bool v) {
+#ifdef __CUDA_ARCH__
+    return __any_sync(OPLIB_FULL_WARP, v) != 0;
+#else
+    unsigned int any = v ? 1u : 0u;
+    for (int offset = 16; offset > 0; offset >>= 1) any |= __shfl_xor_sync(OPLIB_FULL_WARP, any, offset);
+    return any != 0;
+#endif
+}
+
 // a + b, IEEE in float32 (no flush of subnormals under CuPy's -ftz=true, as oplib_fma).
 __device__ __forceinline__ float oplib_add(float a, float b) {
 #ifdef __CUDA_ARCH__
@@ -95,10 +107,10 @@ template <int COUNT>
 __device__ __forceinline__ void oplib_load_matrices(const unsigned int* row, unsigned int (&reg)[COUNT]) {
     static_assert(COUNT == 1 || COUNT == 2 || COUNT == 4, "ldmatrix loads 1, 2 or 4 matrices");
 #ifdef __CUDA_ARCH__  // every target (sm_75 and newer) has ldmatrix
-    unsigned int address;
-    asm("{ .reg .u64 shared_address; cvta.to.shared.u64 shared_address, %1; cvt.u32.u64 %0, shared_address; }"
-        : "=r"(address)
-        : "l"(row));
+    // The builtin, not a cvta in asm: the compiler then keeps the rows' addresses as 32-bit
+    // shared offsets (an asm's operand made it form each 64-bit generic address first, three
+    // instructions a load, rematerialised in the loops).
+    const unsigned int address = (unsigned int)__cvta_generic_to_shared(row);
     if constexpr (COUNT == 4) {
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                      : "=r"(reg[0]), "=r"(reg[1]), "=r"(reg[2]), "=r"(reg[3])

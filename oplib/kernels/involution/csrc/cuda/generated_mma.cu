@@ -20,9 +20,11 @@
 // A block of MMA_WARPS warps takes MMA_TILE_H output rows (a warp each) x MMA_TILE_W columns of
 // one (sample, group) (grid: tiles x groups x samples):
 //   1. each warp forms its run's weights, (16 pixels x R) (R x T) + bias on tensor cores, the
-//      feature's fragments read from global memory and span_weight staged in shared memory a
-//      chunk of MMA_REDUCED at a time; each weight w split in two values of the storage type,
-//      hi = w rounded and lo = (w - hi) rounded, into the warp's `plain` rows, [pixel][tap]
+//      feature's fragments read from global memory (a pair of R's channels one 32-bit load
+//      where the host says it is an aligned word: channels_last) and span_weight staged in
+//      shared memory a chunk of MMA_REDUCED at a time (its k-steps up to R only); each weight
+//      w split in two values of the storage type, hi = w rounded and lo = (w - hi) rounded,
+//      into the warp's `plain` rows, [pixel][tap]
 //      (hi alone would round the weights as the span conv's output does, past the op's
 //      tolerance: hi + lo holds a float's 16 bits and more);
 //   2. per chunk of MMA_CHANNELS of the group's channels, the block stages the input rows its
@@ -73,8 +75,11 @@ static_assert(MMA_THREADS == 32 * MMA_WARPS && MMA_TILE_H == MMA_WARPS && MMA_TI
 static_assert(MMA_TAP_TILES * 8 == MMA_TAPS && MMA_BAND_COPIES * 32 == MMA_TILE_W * MMA_BAND_WIDTH, "as said");
 static_assert(MMA_SPAN_STRIDE == MMA_REDUCED / 2 + 4,
               "4 words past a multiple of 8: a fragment load's 8 rows x 4 words in 32 different banks");
-static_assert(MMA_TAPS * MMA_REDUCED / 2 % MMA_THREADS == 0, "the span chunk in whole passes of the block");
+static_assert(MMA_TAPS * 8 % MMA_THREADS == 0 && MMA_REDUCED % 16 == 0, "a k-step of the span chunk in whole passes of the block");
 static_assert(MMA_BAND % 16 == 0, "the host declines a band past MMA_BAND columns: whole k-steps");
+
+// Blocks marked `oplib-cold` run only for an inf or a nan: the device-time model leaves their
+// code out of a kernel's instruction count (oplib.testing.device_model.cold_lines).
 
 // Whether v is neither inf nor nan: its exponent bits, the sign shifted out, are not all ones
 // (on the bits: NVRTC makes a float comparison a flushing one under CuPy's -ftz=true).
@@ -164,6 +169,33 @@ __device__ __forceinline__ unsigned int mma_rest_pair(float w0, float w1, unsign
                           mma_rest<half_t>(w1, (unsigned short)(hi >> 16)), half_t());
 }
 
+// mma_rest_pair's word where neither half of hi is an inf or a nan (mma_non_finite_halves(hi)
+// is 0): the same bits without its check of each value, a third of a split's instructions. The
+// callers check a warp's hi words at once and take mma_rest_pair for a warp whose words hold one.
+template <typename half_t>
+__device__ __forceinline__ unsigned int mma_rest_pair_finite(float w0, float w1, unsigned int hi) {
+    return mma_round_pair(oplib_fma(-1.0f, mma_to_float((unsigned short)(hi & 0xffffu), half_t()), w0),
+                          oplib_fma(-1.0f, mma_to_float((unsigned short)(hi >> 16), half_t()), w1), half_t());
+}
+
+// Nonzero where a half of a word of two 16-bit values is an inf or a nan: its exponent's bits all
+// ones, which adding the exponent's lowest bit carries into the half's sign bit (and no further).
+__device__ __forceinline__ unsigned int mma_non_finite_halves(unsigned int pair, oplib_bfloat16) {
+    return ((pair & 0x7f807f80u) + 0x00800080u) & 0x80008000u;
+}
+
+__device__ __forceinline__ unsigned int mma_non_finite_halves(unsigned int pair, oplib_half) {
+    return ((pair & 0x7c007c00u) + 0x04000400u) & 0x80008000u;
+}
+
+// values[0] and values[step] as a word (values[0] in its lower half), each if it lies inside
+// (count > 0, > 1), else zero: one 32-bit load where `word` says the pair is one aligned word
+// (step 1, an even count: both inside or neither), else two 16-bit loads.
+__device__ __forceinline__ unsigned int mma_load_pair(const unsigned short* values, index_t step, int count, bool word) {
+    if (word) return count > 0 ? __ldg(reinterpret_cast<const unsigned int*>(values)) : 0u;
+    return oplib_load_pair(values, step, count);
+}
+
 // Stages MMA_CHANNELS channels, from c0, of `rows` rows x 2 column_words columns of a (sample,
 // group)'s activation (`values`: its first channel), the window from (top, left), zeros outside
 // the height x width map and past the group's channels, into staged [row][channel][column], two
@@ -183,13 +215,19 @@ __device__ __forceinline__ void mma_stage_rows(unsigned int* staged, const unsig
             const int iy = top + y, ix = left + 2 * word, c = c0 + 8 * half;
             const bool rows_in = c < group_channels && (unsigned int)iy < (unsigned int)height;
             const unsigned short* at = values + c * value_c + (index_t)iy * value_h + (index_t)ix * value_w;
-            Vector16<half_t> low = {}, high = {};
-            if (rows_in && (unsigned int)ix < (unsigned int)width) low = *reinterpret_cast<const Vector16<half_t>*>(at);
+            // The 8 channels of each column as 4 words (channels 2 m, 2 m + 1 in word m), each
+            // channel's word of the two columns made by one mask-and-shift (as 16-bit values
+            // the compiler moved each half by a byte permute of its own).
+            Vector16<unsigned int> low = {}, high = {};
+            if (rows_in && (unsigned int)ix < (unsigned int)width) low = *reinterpret_cast<const Vector16<unsigned int>*>(at);
             if (rows_in && (unsigned int)(ix + 1) < (unsigned int)width)
-                high = *reinterpret_cast<const Vector16<half_t>*>(at + value_w);
+                high = *reinterpret_cast<const Vector16<unsigned int>*>(at + value_w);
             unsigned int* to = staged + (y * MMA_CHANNELS + 8 * half) * stride + word;
 #pragma unroll
-            for (int k = 0; k < 8; ++k) to[k * stride] = low.lane[k].bits | (unsigned int)high.lane[k].bits << 16;
+            for (int m = 0; m < 4; ++m) {
+                to[2 * m * stride] = (low.lane[m] & 0xffffu) | high.lane[m] << 16;
+                to[(2 * m + 1) * stride] = low.lane[m] >> 16 | (high.lane[m] & 0xffff0000u);
+            }
         }
         return;
     }
@@ -237,35 +275,45 @@ __device__ __forceinline__ bool mma_any_non_finite(const OplibFragmentC (&sums)[
 #pragma unroll
         for (int v = 0; v < 4; ++v) bad |= mma_finite(sums[t].value[v]) ? 0u : 1u;
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) bad |= __shfl_xor_sync(OPLIB_FULL_WARP, bad, offset);
-    return bad != 0;
+    return oplib_warp_any(bad != 0);
 }
 
 // D's element (pixel j, channel c) of a run's two fragments to run[c * out_c + j * out_ws] (the
 // run's first pixel and the chunk's first channel c0 of its group), pixels x0 + j past `width`
 // and channels past the group's left out: two channels a 32-bit store where `pair_stores`
-// (channels_last, every pair 4-byte aligned), else one.
+// (channels_last, an even count of the group's channels, every pair 4-byte aligned), else one.
+// The two ways apart, each with a pixel's address once (interleaved, the compiler had formed
+// each store's address and branched at each: 166 instructions in the forward).
 template <typename half_t>
 __device__ __forceinline__ void mma_store_run(const OplibFragmentC (&sums)[2], half_t* run, index_t out_c,
                                               index_t out_ws, int c0, int group_channels, int x0, int width,
                                               bool pair_stores) {
-    const int lane = oplib_lane(), row = lane >> 2, quad = lane & 3;
+    const int lane = oplib_lane(), row = lane >> 2, quad = lane & 3, c = c0 + 2 * quad;  // n-tile t: c + 8 t
+    if (pair_stores) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // pixels row, row + 8
+        for (int h = 0; h < 2; ++h) {  // pixels row, row + 8
+            const int j = row + 8 * h;
+            if (x0 + j >= width) continue;
+            unsigned int* pairs = reinterpret_cast<unsigned int*>(run + (index_t)j * out_ws + c);
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {  // c even and the count even: the pair is inside or outside
+                if (c + 8 * t < group_channels)
+                    pairs[4 * t] = mma_round_pair(sums[t].value[2 * h], sums[t].value[2 * h + 1], half_t());
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
         const int j = row + 8 * h;
         if (x0 + j >= width) continue;
-        half_t* pixel_out = run + (index_t)j * out_ws;
+        unsigned short* at = reinterpret_cast<unsigned short*>(run + (index_t)j * out_ws) + (index_t)c * out_c;
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-            const int c = c0 + 8 * t + 2 * quad;
             const unsigned int pair = mma_round_pair(sums[t].value[2 * h], sums[t].value[2 * h + 1], half_t());
-            if (pair_stores && c + 1 < group_channels) {
-                *reinterpret_cast<unsigned int*>(pixel_out + c) = pair;
-                continue;
-            }
-            if (c < group_channels) reinterpret_cast<unsigned short*>(pixel_out)[c * out_c] = (unsigned short)(pair & 0xffffu);
-            if (c + 1 < group_channels) reinterpret_cast<unsigned short*>(pixel_out)[(c + 1) * out_c] = (unsigned short)(pair >> 16);
+            unsigned short* tile_at = at + 8 * t * out_c;
+            if (c + 8 * t < group_channels) tile_at[0] = (unsigned short)(pair & 0xffffu);
+            if (c + 8 * t + 1 < group_channels) tile_at[out_c] = (unsigned short)(pair >> 16);
         }
     }
 }
@@ -298,7 +346,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
     int window_h, int window_w, int out_h, int out_w, int step_h, int step_w, int pad_h, int pad_w, int spacing_h,
     int spacing_w, int reduced, int tiles_w, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
     index_t out_n, index_t out_c, index_t out_hs, index_t out_ws, index_t feature_n, index_t feature_c,
-    index_t feature_h, index_t feature_w, bool vector_input) {
+    index_t feature_h, index_t feature_w, bool vector_input, bool feature_words) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     if constexpr (sizeof(scalar_t) == 2) {
         const TileGeometry<KERNEL, STRIDE> geometry(window_h, window_w, step_h, step_w, spacing_h, spacing_w);
@@ -347,23 +395,38 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
         const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
         for (int r0 = 0; r0 < reduced; r0 += MMA_REDUCED) {
             if (r0 > 0) __syncthreads();  // every warp is done with the previous span chunk
-            // Consecutive threads stage consecutive words of a tap's row.
+            // A k-step's 8 words of every tap's row at a time (8 consecutive threads a row), as
+            // many k-steps as the loop below reads: RedNet's R of 16 and 32 take one or two of
+            // the chunk's four.
 #pragma unroll
-            for (int pass = 0; pass < MMA_TAPS * MMA_REDUCED / 2 / MMA_THREADS; ++pass) {
-                const int word = thread + pass * MMA_THREADS;
-                const int tap = word / (MMA_REDUCED / 2), r = r0 + 2 * (word % (MMA_REDUCED / 2));
-                span[tap * MMA_SPAN_STRIDE + word % (MMA_REDUCED / 2)] =
-                    oplib_load_pair(group_span + (index_t)tap * reduced + r, 1, tap < taps ? reduced - r : 0);
+            for (int step = 0; step < MMA_REDUCED / 16; ++step) {
+                if (16 * step >= reduced - r0) break;
+#pragma unroll
+                for (int pass = 0; pass < MMA_TAPS * 8 / MMA_THREADS; ++pass) {
+                    const int word = thread + pass * MMA_THREADS, tap = word / 8, column = 8 * step + word % 8;
+                    const int r = r0 + 2 * column;
+                    span[tap * MMA_SPAN_STRIDE + column] =
+                        oplib_load_pair(group_span + (index_t)tap * reduced + r, 1, tap < taps ? reduced - r : 0);
+                }
             }
             __syncthreads();  // the span chunk is staged
             if (!row_inside) continue;
             for (int k0 = 0; k0 < MMA_REDUCED && r0 + k0 < reduced; k0 += 16) {
                 const int r = r0 + k0 + 2 * quad;
+                // The four loads under one branch (per load, the compiler branched at each).
                 OplibFragmentA a;
-                a.reg[0] = oplib_load_pair(low_pixel + r * feature_c, feature_c, low_inside ? reduced - r : 0);
-                a.reg[1] = oplib_load_pair(high_pixel + r * feature_c, feature_c, high_inside ? reduced - r : 0);
-                a.reg[2] = oplib_load_pair(low_pixel + (r + 8) * feature_c, feature_c, low_inside ? reduced - r - 8 : 0);
-                a.reg[3] = oplib_load_pair(high_pixel + (r + 8) * feature_c, feature_c, high_inside ? reduced - r - 8 : 0);
+                const int low_count = low_inside ? reduced - r : 0, high_count = high_inside ? reduced - r : 0;
+                if (feature_words) {
+                    a.reg[0] = mma_load_pair(low_pixel + r, 1, low_count, true);
+                    a.reg[1] = mma_load_pair(high_pixel + r, 1, high_count, true);
+                    a.reg[2] = mma_load_pair(low_pixel + r + 8, 1, low_count - 8, true);
+                    a.reg[3] = mma_load_pair(high_pixel + r + 8, 1, high_count - 8, true);
+                } else {
+                    a.reg[0] = oplib_load_pair(low_pixel + r * feature_c, feature_c, low_count);
+                    a.reg[1] = oplib_load_pair(high_pixel + r * feature_c, feature_c, high_count);
+                    a.reg[2] = oplib_load_pair(low_pixel + (r + 8) * feature_c, feature_c, low_count - 8);
+                    a.reg[3] = oplib_load_pair(high_pixel + (r + 8) * feature_c, feature_c, high_count - 8);
+                }
                 // Two tap tiles' B fragments a load (past the taps, the staged zeros).
 #pragma unroll
                 for (int t = 0; t < MMA_TAP_TILES; t += 2) {
@@ -376,7 +439,9 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
                 }
             }
         }
-        // The weights split, hi and lo, into the warp's plain rows; the bands' zeros.
+        // The weights split, hi and lo, into the warp's plain rows; the bands' zeros. lo the
+        // short way, then, where a hi of the warp is an inf or a nan, again the long way.
+        unsigned int non_finite = 0;
 #pragma unroll
         for (int t = 0; t < MMA_TAP_TILES; ++t) {
             if (8 * t >= taps) break;
@@ -384,12 +449,29 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
             for (int h = 0; h < 2; ++h) {  // pixels row, row + 8; taps 8 t + 2 quad, + 1
                 const float w0 = weights[t].value[2 * h], w1 = weights[t].value[2 * h + 1];
                 const unsigned int hi = mma_round_pair(w0, w1, half_t());
-                const unsigned int lo = mma_rest_pair<half_t>(w0, w1, hi);
+                non_finite |= mma_non_finite_halves(hi, half_t());
                 plain[(row + 8 * h) * plain_stride + 4 * t + quad] = hi;
-                plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] = lo;
+                plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] = mma_rest_pair_finite<half_t>(w0, w1, hi);
             }
         }
-        for (int word = lane; word < MMA_TILE_W * stride; word += 32) band[word] = band[band_words + word] = 0u;
+        if (oplib_warp_any(non_finite != 0)) {  // oplib-cold: a hi of the warp is an inf or a nan
+#pragma unroll
+            for (int t = 0; t < MMA_TAP_TILES; ++t) {
+                if (8 * t >= taps) break;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float w0 = weights[t].value[2 * h], w1 = weights[t].value[2 * h + 1];
+                    plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] =
+                        mma_rest_pair<half_t>(w0, w1, mma_round_pair(w0, w1, half_t()));
+                }
+            }
+        }
+        // The bands' zeros 16 bytes a store (a band's 16 rows of `stride` words, 4 past a multiple
+        // of 8, are whole vectors, as are the bands' offsets).
+        Vector16<unsigned int>* band_vectors = reinterpret_cast<Vector16<unsigned int>*>(band);
+#pragma unroll 1
+        for (int v = lane; v < MMA_TILE_W * stride / 4; v += 32)
+            band_vectors[v] = band_vectors[band_words / 4 + v] = Vector16<unsigned int>{};
         // The copies of a kernel row into the band a lane makes (the same for every row): from
         // plain's tap b of pixel j (tap a*KW + b for row a) to band column j*sw + b*dw; -1: none.
         int copy_from[MMA_BAND_COPIES], copy_to[MMA_BAND_COPIES];
@@ -433,7 +515,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
             // D's element (pixel j, channel c) to the output; with an inf or a nan among the warp's
             // outputs, the direct sum's instead (rolled: it runs for those warps only).
             const index_t out_row = n * out_n + group_channel0 * out_c + (index_t)out_y * out_hs;
-            if (mma_any_non_finite(sums)) {
+            if (mma_any_non_finite(sums)) {  // oplib-cold: an inf or a nan among the warp's sums
                 const unsigned short* rows = reinterpret_cast<const unsigned short*>(staged) + 2 * warp * stride_h * MMA_CHANNELS * stride;
                 mma_direct_sums(plain_bits, 2 * plain_words, plain_stride, rows, out + out_row, out_c, out_ws, c0,
                                 group_channels, out_x0, out_w, kernel_h, kernel_w, stride_w, dilation_h, dilation_w, stride);
@@ -499,14 +581,6 @@ static_assert(MMA_GRAD_BAND % 16 == 0 && MMA_GRAD_BAND <= MMA_BAND, "whole k-ste
 
 // a / b rounded down, b > 0 (C's division rounds a negative a up).
 __device__ __forceinline__ int mma_floor_div(int a, int b) { return a >= 0 ? a / b : -((b - 1 - a) / b); }
-
-// values[0] and values[step] as a word (values[0] in its lower half), each if it lies inside
-// (count > 0, > 1), else zero: one 32-bit load where `word` says the pair is one aligned word
-// (step 1, an even count: both inside or neither), else two 16-bit loads.
-__device__ __forceinline__ unsigned int mma_load_pair(const unsigned short* values, index_t step, int count, bool word) {
-    if (word) return count > 0 ? __ldg(reinterpret_cast<const unsigned int*>(values)) : 0u;
-    return oplib_load_pair(values, step, count);
-}
 
 // A lane's 8 sums (input pixels row, row + 8 of the run x channels 2 quad, + 1 of each n-tile)
 // by the direct sum, each weight formed again from the staged span rows and the feature, stored
@@ -618,7 +692,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
             span[tap * span_stride + word % span_words] =
                 oplib_load_pair(group_span + (index_t)tap * reduced + r, 1, tap < taps ? reduced - r : 0);
         }
-        for (int word = lane; word < MMA_TILE_W * stride; word += 32) band[word] = band[band_words + word] = 0u;
+        // The bands' zeros 16 bytes a store, as the forward's.
+        Vector16<unsigned int>* band_vectors = reinterpret_cast<Vector16<unsigned int>*>(band);
+#pragma unroll 1
+        for (int v = lane; v < MMA_TILE_W * stride / 4; v += 32)
+            band_vectors[v] = band_vectors[band_words / 4 + v] = Vector16<unsigned int>{};
         unsigned short* band_bits = reinterpret_cast<unsigned short*>(band);
         const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
         const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
@@ -697,7 +775,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
             }
             if (!row_inside) continue;
             scalar_t* run = grad_input + n * in_n + group_channel0 * in_c + (index_t)y * in_hs + (index_t)x0 * in_ws;
-            if (mma_any_non_finite(sums)) {
+            if (mma_any_non_finite(sums)) {  // oplib-cold: an inf or a nan among the warp's sums
                 mma_backward_direct_sums(reinterpret_cast<const unsigned short*>(span), span_stride, bias + (index_t)group * taps,
                                          feature_bits, feature_c, feature_h, feature_w, reduced,
                                          reinterpret_cast<const unsigned short*>(staged), stride, first_row, first_column,
@@ -795,17 +873,27 @@ __device__ __forceinline__ OplibFragmentB gen_grad_load_columns(const unsigned i
 }
 
 // A's fragment of 16 rows x 16 k-values of a float tile, split hi and lo: element (m, k) at
-// tile[m * row_step + k * k_step].
+// tile[m * row_step + k * k_step]. lo the short way, then, where a hi of the warp is an inf or a
+// nan, again the long way.
 template <typename half_t>
 __device__ __forceinline__ void gen_grad_split_fragment(const float* tile, int row_step, int k_step, OplibFragmentA& hi,
                                                         OplibFragmentA& lo) {
     const int lane = oplib_lane(), row = lane >> 2, quad = lane & 3;
+    unsigned int non_finite = 0;
 #pragma unroll
     for (int v = 0; v < 4; ++v) {  // rows row, row + 8 (v & 1) x k-values 2 quad, + 1, + 8 (v >> 1)
         const float* at = tile + (row + 8 * (v & 1)) * row_step + (2 * quad + 8 * (v >> 1)) * k_step;
         const float w0 = at[0], w1 = at[k_step];
         hi.reg[v] = mma_round_pair(w0, w1, half_t());
-        lo.reg[v] = mma_rest_pair<half_t>(w0, w1, hi.reg[v]);
+        non_finite |= mma_non_finite_halves(hi.reg[v], half_t());
+        lo.reg[v] = mma_rest_pair_finite<half_t>(w0, w1, hi.reg[v]);
+    }
+    if (oplib_warp_any(non_finite != 0)) {  // oplib-cold: a hi of the warp is an inf or a nan
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+            const float* at = tile + (row + 8 * (v & 1)) * row_step + (2 * quad + 8 * (v >> 1)) * k_step;
+            lo.reg[v] = mma_rest_pair<half_t>(at[0], at[k_step], hi.reg[v]);
+        }
     }
 }
 
@@ -1008,7 +1096,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
             __syncthreads();  // every warp's gw of the group is whole
 
             // 2. grad_feature += gw (16 pixels x taps) span^T (taps x the R range).
-            if (inf_flags[1] == group) {
+            if (inf_flags[1] == group) {  // oplib-cold: an inf in the group's span rows
 #pragma unroll
                 for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
 #pragma unroll
@@ -1036,7 +1124,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
             if (2 * warp < tap_pad / 16 * (GEN_GRAD_R / 8)) {
                 const int m0 = 16 * (2 * warp / (GEN_GRAD_R / 8)), t0 = 2 * warp % (GEN_GRAD_R / 8);
                 OplibFragmentC sums[2] = {};
-                if (inf_flags[0]) {
+                if (inf_flags[0]) {  // oplib-cold: an inf in the tile's feature
 #pragma unroll
                     for (int u = 0; u < 2; ++u) {
 #pragma unroll
