@@ -832,12 +832,14 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
     features_at = staged_at + rows_h * 16 * stride + 2 * band_words
     first_row = (y - warp + ph - (KH - 1) * dh) // sh
     first_column = (x0 + pw - (KW - 1) * dw) // sw
-    word = thread + threads * _slots(-(-span_rows * span_words // threads))
-    span_tap, r = word // span_words, 2 * (word % span_words)
-    staging = word < span_rows * span_words
-    for h in range(2):
-        t.load(2, (group * taps + span_tap) * R + r + h, staging & (span_tap < taps) & (r + h < R), es)
-    t.shared(span_tap * span_stride + word % span_words, staging, 4)
+    for column0 in range(0, span_words, 8):  # a k-step's 8 words of every span row, 8 threads a row
+        column = column0 + thread % 8
+        span_tap = thread // 8 + threads // 8 * _slots(-(-span_rows // (threads // 8)))
+        staging = span_tap < span_rows
+        r = 2 * column
+        for h in range(2):
+            t.load(2, (group * taps + span_tap) * R + r + h, staging & (span_tap < taps) & (r + h < R), es)
+        t.shared(span_tap * span_stride + column, staging, 4)
     for plane in range(2):
         zeros = lane + 32 * _slots(-(-4 * stride // 32))  # 16 bytes a store (index in 16-byte units)
         t.shared((mine_band + plane * band_words) // 4 + zeros, zeros < 4 * stride, 16)

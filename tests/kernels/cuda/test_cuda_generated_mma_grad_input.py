@@ -190,7 +190,9 @@ def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
 @pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
 def test_non_finite_values_land_where_torch_puts_them(value, channels_last):
     """An inf or a nan in grad_output, the feature or the bias: the warp's direct sum gives
-    torch's inf and nan, at its places only. Strides 1 and 2, both stagings."""
+    torch's inf and nan, at its places only. Strides 1 and 2, both stagings. (An inf in the bias
+    is an inf weight, whose lo the kernel's unchecked split makes a nan: the direct sums, which
+    form each weight anew, must still give torch's inf.)"""
     require_host_compiler()
     launcher = EmulatedLauncher()
     for case in (TWO_CHANNEL_CHUNKS, GRAD_CASES[-1]):

@@ -630,15 +630,28 @@ __device__ __noinline__ void mma_backward_direct_sums(
 __device__ __forceinline__ void mma_stage_features(unsigned int* features, const unsigned short* row_values, int first,
                                                    int width, int pixels, int reduced, int words, int stride,
                                                    index_t value_c, index_t value_w, bool word_pairs, int thread) {
-    const int along = word_pairs ? 8 : 32, across = MMA_THREADS / along;
-    const int outer_count = word_pairs ? pixels : words, inner_count = word_pairs ? words : pixels;
-    for (int outer = thread / along; outer < outer_count; outer += across) {
-        for (int inner = thread % along; inner < inner_count; inner += along) {
-            const int pixel = word_pairs ? outer : inner, word = word_pairs ? inner : outer;
-            const int o = first + pixel, r = 2 * word;
+    // The two ways in loops of their own (one loop choosing at each load took both ways' code).
+    if (word_pairs) {
+#pragma unroll 1
+        for (int pixel = thread / 8; pixel < pixels; pixel += MMA_THREADS / 8) {
+            const int o = first + pixel;
+            const unsigned short* pixel_values = row_values + (index_t)o * value_w;
             const bool inside = (unsigned int)o < (unsigned int)width;
-            features[pixel * stride + word] = mma_load_pair(row_values + (index_t)o * value_w + r * value_c, value_c,
-                                                            inside ? reduced - r : 0, word_pairs);
+#pragma unroll 1
+            for (int word = thread % 8; word < words; word += 8)
+                features[pixel * stride + word] = mma_load_pair(pixel_values + 2 * word, 1, inside ? reduced - 2 * word : 0, true);
+        }
+        return;
+    }
+#pragma unroll 1
+    for (int word = thread / 32; word < words; word += MMA_THREADS / 32) {
+        const int r = 2 * word;
+#pragma unroll 1
+        for (int pixel = thread % 32; pixel < pixels; pixel += 32) {
+            const int o = first + pixel;
+            const bool inside = (unsigned int)o < (unsigned int)width;
+            features[pixel * stride + word] =
+                oplib_load_pair(row_values + (index_t)o * value_w + r * value_c, value_c, inside ? reduced - r : 0);
         }
     }
 }
@@ -685,12 +698,17 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
         const int first_row = mma_floor_div(tile_y * MMA_TILE_H + pad_h - (kernel_h - 1) * dilation_h, stride_h);
         const int first_column = mma_floor_div(x0 + pad_w - (kernel_w - 1) * dilation_w, stride_w);
 
-        // span_weight's rows of the group, whole; consecutive threads along a tap's row.
+        // span_weight's rows of the group, whole: a k-step's 8 words of every row at a time, 8
+        // consecutive threads a row (a word's row and place in it by shifts, where dividing by the
+        // row's runtime length took a dozen instructions a word).
         const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
-        for (int word = thread; word < span_rows * span_words; word += MMA_THREADS) {
-            const int tap = word / span_words, r = 2 * (word % span_words);
-            span[tap * span_stride + word % span_words] =
-                oplib_load_pair(group_span + (index_t)tap * reduced + r, 1, tap < taps ? reduced - r : 0);
+#pragma unroll 1
+        for (int column = thread % 8; column < span_words; column += 8) {
+            for (int tap = thread / 8; tap < span_rows; tap += MMA_THREADS / 8) {
+                const int r = 2 * column;
+                span[tap * span_stride + column] =
+                    oplib_load_pair(group_span + (index_t)tap * reduced + r, 1, tap < taps ? reduced - r : 0);
+            }
         }
         // The bands' zeros 16 bytes a store, as the forward's.
         Vector16<unsigned int>* band_vectors = reinterpret_cast<Vector16<unsigned int>*>(band);
@@ -747,7 +765,10 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                     }
                 }
                 // Each value, split hi and lo, to its band places: output pixel o = first_column + k
-                // (band column k) and tap b serve input pixel x0 + j = o sw - pw + b dw.
+                // (band column k) and tap b serve input pixel x0 + j = o sw - pw + b dw. lo the
+                // short way, unchecked: an inf or a nan hi makes its products, hence the warp's
+                // sums, an inf or a nan, and the warp then takes the direct sums, which form each
+                // weight anew (the forward's direct sums read hi and lo, and check them first).
 #pragma unroll
                 for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
                     if (m >= k_steps) break;
@@ -758,7 +779,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                         const float w0 = pixel_in ? weights[m].value[2 * h] : 0.0f;
                         const float w1 = pixel_in ? weights[m].value[2 * h + 1] : 0.0f;
                         const unsigned int hi = mma_round_pair(w0, w1, half_t());
-                        const unsigned int lo = mma_rest_pair<half_t>(w0, w1, hi);
+                        const unsigned int lo = mma_rest_pair_finite<half_t>(w0, w1, hi);
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
                             const int b = 2 * quad + e, j = o * stride_w - pad_w + b * dilation_w - x0;
