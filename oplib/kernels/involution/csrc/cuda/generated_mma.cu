@@ -392,7 +392,12 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
         const bool low_inside = row_inside && out_x0 + row < out_w, high_inside = row_inside && out_x0 + row + 8 < out_w;
         const unsigned short* low_pixel = feature_bits + (index_t)(out_x0 + row) * feature_w;
         const unsigned short* high_pixel = low_pixel + 8 * feature_w;
-        const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
+        // The thread's place in the span chunk: tap row thread / 8 (+ 32 a pass), word thread % 8
+        // of a k-step, and its tap row in span_weight (the 64-bit offsets formed once).
+        const int span_tap = thread / 8, span_word = thread % 8;
+        const unsigned short* thread_span =
+            reinterpret_cast<const unsigned short*>(span_weight) + ((index_t)group * taps + span_tap) * reduced;
+        const index_t pass_span = (index_t)(MMA_THREADS / 8) * reduced;
         for (int r0 = 0; r0 < reduced; r0 += MMA_REDUCED) {
             if (r0 > 0) __syncthreads();  // every warp is done with the previous span chunk
             // A k-step's 8 words of every tap's row at a time (8 consecutive threads a row), as
@@ -401,12 +406,12 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
 #pragma unroll
             for (int step = 0; step < MMA_REDUCED / 16; ++step) {
                 if (16 * step >= reduced - r0) break;
+                const int column = 8 * step + span_word, r = r0 + 2 * column;
 #pragma unroll
                 for (int pass = 0; pass < MMA_TAPS * 8 / MMA_THREADS; ++pass) {
-                    const int word = thread + pass * MMA_THREADS, tap = word / 8, column = 8 * step + word % 8;
-                    const int r = r0 + 2 * column;
+                    const int tap = span_tap + pass * (MMA_THREADS / 8);
                     span[tap * MMA_SPAN_STRIDE + column] =
-                        oplib_load_pair(group_span + (index_t)tap * reduced + r, 1, tap < taps ? reduced - r : 0);
+                        oplib_load_pair(thread_span + pass * pass_span + r, 1, tap < taps ? reduced - r : 0);
                 }
             }
             __syncthreads();  // the span chunk is staged
