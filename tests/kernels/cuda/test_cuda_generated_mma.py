@@ -260,6 +260,10 @@ SPAN_STEPS = PlantedBug("span-steps", "if (16 * step >= reduced - r0) break;", "
 # The feature's pairs loaded as words (channels_last) one pair of R's channels further on.
 FEATURE_WORDS = PlantedBug("feature-words", "a.reg[2] = mma_load_pair(low_pixel + r + 8, 1, low_count - 8, true);",
                            "a.reg[2] = mma_load_pair(low_pixel + r + 10, 1, low_count - 10, true);")
+# The NCHW staging's step down the rows a column off (each row after a thread's first read one
+# column further right).
+ROW_STEP = PlantedBug("row-step", "const index_t at_step = (index_t)step * value_h;",
+                      "const index_t at_step = (index_t)step * value_h + value_w;")
 # The split's long way left out where a hi of the warp is an inf or a nan.
 _HI_COLD = "  // oplib-cold: a hi of the warp is an inf or a nan"
 SPLIT_LONG_WAY = PlantedBug("split-long-way", "        if (oplib_warp_any(non_finite != 0)) {" + _HI_COLD + "\n#pragma unroll\n            for",
@@ -306,6 +310,17 @@ def test_a_planted_feature_word_bug_fails_only_where_the_feature_is_channels_las
     with planted_bug_caught():
         _check(TWO_CHANNEL_CHUNKS._replace(channels_last=True).arguments(torch.bfloat16), EmulatedLauncher(),
                "channels_last")
+
+
+def test_a_planted_row_step_bug_fails_only_where_the_input_is_nchw(tmp_path, monkeypatch):
+    """The stepping staging is the NCHW input's (channels_last stages 16-byte vectors): the planted
+    step passes with a channels_last input and fails with an NCHW one."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, ROW_STEP)
+    assert _check(TWO_CHANNEL_CHUNKS._replace(channels_last=True).arguments(torch.bfloat16), EmulatedLauncher(),
+                  "channels_last")
+    with planted_bug_caught():
+        _check(TWO_CHANNEL_CHUNKS.arguments(torch.bfloat16), EmulatedLauncher(), "nchw")
 
 
 def test_a_planted_split_without_its_long_way_fails_the_non_finite_check(tmp_path, monkeypatch):

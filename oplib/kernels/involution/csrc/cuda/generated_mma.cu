@@ -232,6 +232,28 @@ __device__ __forceinline__ void mma_stage_rows(unsigned int* staged, const unsig
         return;
     }
     const int words = rows * MMA_CHANNELS * column_words;
+    if (MMA_THREADS % (MMA_CHANNELS * column_words) == 0) {
+        // A pass of the block covers whole rows of every channel (column_words 8 or 16: RedNet's
+        // windows at stride 1): each thread keeps its channel and column word and steps down the
+        // rows, its address a fixed step further each time (the flat loop below formed each
+        // word's 64-bit address anew, some fifty instructions a word).
+        const int word = thread % column_words, c = thread / column_words % MMA_CHANNELS;
+        const int first = thread / column_words / MMA_CHANNELS, step = MMA_THREADS / column_words / MMA_CHANNELS;
+        const int ix = left + 2 * word;
+        const bool channel_in = c0 + c < group_channels;
+        const bool low_in = (unsigned int)ix < (unsigned int)width, high_in = (unsigned int)(ix + 1) < (unsigned int)width;
+        const unsigned short* at = values + (c0 + c) * value_c + (index_t)(top + first) * value_h + (index_t)ix * value_w;
+        const index_t at_step = (index_t)step * value_h;
+        unsigned int* to = staged + (first * MMA_CHANNELS + c) * stride + word;
+#pragma unroll 2
+        for (int y = first; y < rows; y += step, at += at_step, to += step * MMA_CHANNELS * stride) {
+            const bool row_in = channel_in && (unsigned int)(top + y) < (unsigned int)height;
+            const unsigned int low = row_in && low_in ? __ldg(at) : 0u;
+            const unsigned int high = row_in && high_in ? __ldg(at + value_w) : 0u;
+            *to = low | high << 16;
+        }
+        return;
+    }
     for (int i = thread; i < words; i += MMA_THREADS) {
         const int word = i % column_words, c = i / column_words % MMA_CHANNELS, y = i / column_words / MMA_CHANNELS;
         const int iy = top + y, ix = left + 2 * word;
