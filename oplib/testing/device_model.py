@@ -712,15 +712,22 @@ def _mma_staging(t: _Tally, thread: Tensor, threads: int, vector: bool, staged_a
             t.load(0, (base + ch * sc + iy * sh_ + x * sw_) // 8, rows_in & (x >= 0) & (x < width), 16)
         t.shared(staged_at + (y * 16 + 8 * half + _slots(8, 4)) * stride + word, unit < units, 4)
         return
-    words = rows * 16 * column_words  # a word of two columns of a channel at a time
-    i = thread + threads * _slots(-(-words // threads))
-    word, ch, y = i % column_words, i // column_words % 16, i // column_words // 16
+    row_words = 16 * column_words  # a word of two columns of a channel at a time, a thread down the rows
+    if threads % row_words == 0:  # a pass covers whole rows: the flat order of the words
+        words = rows * row_words
+        i = thread + threads * _slots(-(-words // threads))
+        word, ch, y = i % column_words, i // column_words % 16, i // column_words // 16
+        live = i < words
+    else:  # words thread and thread + threads of every row
+        item = thread + threads * _slots(2, 4)
+        word, ch, y = item % column_words, item // column_words, _slots(rows)
+        live = (item < row_words) & (y < rows)
     iy, ix = top + y, left + 2 * word
-    row_in = (i < words) & (c0 + ch < pg) & (iy >= 0) & (iy < height)
+    row_in = live & (c0 + ch < pg) & (iy >= 0) & (iy < height)
     for h in range(2):
         x = ix + h
         t.load(0, base + (c0 + ch) * sc + iy * sh_ + x * sw_, row_in & (x >= 0) & (x < width), es)
-    t.shared(staged_at + (y * 16 + ch) * stride + word, i < words, 4)
+    t.shared(staged_at + (y * 16 + ch) * stride + word, live, 4)
 
 
 def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:

@@ -264,6 +264,9 @@ FEATURE_WORDS = PlantedBug("feature-words", "a.reg[2] = mma_load_pair(low_pixel 
 # column further right).
 ROW_STEP = PlantedBug("row-step", "const index_t at_step = (index_t)step * value_h;",
                       "const index_t at_step = (index_t)step * value_h + value_w;")
+# The NCHW staging's second pass of a row (its words past MMA_THREADS: stride 2's 24 column words
+# of the last channels) left out.
+ROW_SLOTS = PlantedBug("row-slots", "for (int slot = 0; slot < 2; ++slot) {", "for (int slot = 0; slot < 1; ++slot) {")
 # The split's long way left out where a hi of the warp is an inf or a nan.
 _HI_COLD = "  // oplib-cold: a hi of the warp is an inf or a nan"
 SPLIT_LONG_WAY = PlantedBug("split-long-way", "        if (oplib_warp_any(non_finite != 0)) {" + _HI_COLD + "\n#pragma unroll\n            for",
@@ -321,6 +324,19 @@ def test_a_planted_row_step_bug_fails_only_where_the_input_is_nchw(tmp_path, mon
                   "channels_last")
     with planted_bug_caught():
         _check(TWO_CHANNEL_CHUNKS.arguments(torch.bfloat16), EmulatedLauncher(), "nchw")
+
+
+def test_a_planted_row_slots_bug_fails_only_where_a_row_takes_two_passes(tmp_path, monkeypatch):
+    """A row of stride 2's 7x7 windows is 24 column words of 16 channels, more than a pass of the
+    block: the planted bug (no second pass) passes at stride 1, where a pass covers whole rows,
+    and fails at stride 2."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, ROW_SLOTS)
+    stride_two = REDNET_LIKE[1]
+    assert stride_two.stride == (2, 2) and not stride_two.channels_last
+    assert _check(TWO_CHANNEL_CHUNKS.arguments(torch.bfloat16), EmulatedLauncher(), "stride 1")
+    with planted_bug_caught():
+        _check(stride_two.arguments(torch.bfloat16), EmulatedLauncher(), "stride 2")
 
 
 def test_a_planted_split_without_its_long_way_fails_the_non_finite_check(tmp_path, monkeypatch):

@@ -77,6 +77,7 @@ static_assert(MMA_SPAN_STRIDE == MMA_REDUCED / 2 + 4,
               "4 words past a multiple of 8: a fragment load's 8 rows x 4 words in 32 different banks");
 static_assert(MMA_TAPS * 8 % MMA_THREADS == 0 && MMA_REDUCED % 16 == 0, "a k-step of the span chunk in whole passes of the block");
 static_assert(MMA_BAND % 16 == 0, "the host declines a band past MMA_BAND columns: whole k-steps");
+static_assert(MMA_CHANNELS * MMA_BAND / 2 <= 2 * MMA_THREADS, "a staged row's words of every channel in two passes");
 
 // Blocks marked `oplib-cold` run only for an inf or a nan: the device-time model leaves their
 // code out of a kernel's instruction count (oplib.testing.device_model.cold_lines).
@@ -201,8 +202,9 @@ __device__ __forceinline__ unsigned int mma_load_pair(const unsigned short* valu
 // the height x width map and past the group's channels, into staged [row][channel][column], two
 // columns a word, `stride` words a (row, channel). With `vectors` (channels_last, every pixel's
 // and group's channels 16-byte aligned) a thread takes two adjacent columns x 8 channels, two
-// 16-byte loads, and writes their 8 channels' words; else a word, consecutive threads along the
-// columns. Every thread of the block takes part.
+// 16-byte loads, and writes their 8 channels' words; else a word at a time, consecutive threads
+// along a row's column words, then its channels, each thread down the rows of its word. Every
+// thread of the block takes part.
 template <typename half_t>
 __device__ __forceinline__ void mma_stage_rows(unsigned int* staged, const unsigned short* values, int c0,
                                                int group_channels, int rows, int column_words, int stride, int top,
@@ -231,14 +233,10 @@ __device__ __forceinline__ void mma_stage_rows(unsigned int* staged, const unsig
         }
         return;
     }
-    const int words = rows * MMA_CHANNELS * column_words;
-    if (MMA_THREADS % (MMA_CHANNELS * column_words) == 0) {
-        // A pass of the block covers whole rows of every channel (column_words 8 or 16: RedNet's
-        // windows at stride 1): each thread keeps its channel and column word and steps down the
-        // rows, its address a fixed step further each time (the flat loop below formed each
-        // word's 64-bit address anew, some fifty instructions a word).
-        const int word = thread % column_words, c = thread / column_words % MMA_CHANNELS;
-        const int first = thread / column_words / MMA_CHANNELS, step = MMA_THREADS / column_words / MMA_CHANNELS;
+    // Each thread keeps a channel and column word and steps down the rows, its address a fixed
+    // step further each time (a flat loop over the words formed each word's 64-bit address
+    // anew, some fifty instructions a word). `first` and `step` in rows.
+    const auto stage_down = [&](int word, int c, int first, int step) {
         const int ix = left + 2 * word;
         const bool channel_in = c0 + c < group_channels;
         const bool low_in = (unsigned int)ix < (unsigned int)width, high_in = (unsigned int)(ix + 1) < (unsigned int)width;
@@ -252,16 +250,17 @@ __device__ __forceinline__ void mma_stage_rows(unsigned int* staged, const unsig
             const unsigned int high = row_in && high_in ? __ldg(at + value_w) : 0u;
             *to = low | high << 16;
         }
+    };
+    const int row_words = MMA_CHANNELS * column_words;  // a row's words of every channel: 128 to 512
+    if (MMA_THREADS % row_words == 0) {  // a pass covers whole rows (column_words 8 or 16)
+        stage_down(thread % column_words, thread / column_words % MMA_CHANNELS, thread / row_words,
+                   MMA_THREADS / row_words);
         return;
     }
-    for (int i = thread; i < words; i += MMA_THREADS) {
-        const int word = i % column_words, c = i / column_words % MMA_CHANNELS, y = i / column_words / MMA_CHANNELS;
-        const int iy = top + y, ix = left + 2 * word;
-        const bool row_in = c0 + c < group_channels && (unsigned int)iy < (unsigned int)height;
-        const unsigned short* at = values + (c0 + c) * value_c + (index_t)iy * value_h + (index_t)ix * value_w;
-        const unsigned int low = row_in && (unsigned int)ix < (unsigned int)width ? __ldg(at) : 0u;
-        const unsigned int high = row_in && (unsigned int)(ix + 1) < (unsigned int)width ? __ldg(at + value_w) : 0u;
-        staged[(y * MMA_CHANNELS + c) * stride + word] = low | high << 16;
+#pragma unroll
+    for (int slot = 0; slot < 2; ++slot) {  // else words thread and thread + MMA_THREADS of every row
+        const int item = thread + slot * MMA_THREADS;
+        if (item < row_words) stage_down(item % column_words, item / column_words, 0, 1);
     }
 }
 
