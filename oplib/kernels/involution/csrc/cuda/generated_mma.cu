@@ -794,7 +794,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                 // (band column k) and tap b serve input pixel x0 + j = o sw - pw + b dw. lo the
                 // short way, unchecked: an inf or a nan hi makes its products, hence the warp's
                 // sums, an inf or a nan, and the warp then takes the direct sums, which form each
-                // weight anew (the forward's direct sums read hi and lo, and check them first).
+                // weight anew (the forward's direct sums read its split's hi and lo instead, so
+                // the forward takes the long way where a hi is an inf or a nan).
 #pragma unroll
                 for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
                     if (m >= k_steps) break;
