@@ -304,39 +304,26 @@ def test_a_planted_direct_sum_bug_fails_the_non_finite_check(tmp_path, monkeypat
         _assert_non_finite_as_torch(tuple(args), EmulatedLauncher(), DIRECT_SUM.name)
 
 
-def test_a_planted_feature_word_bug_fails_only_where_the_feature_is_channels_last(tmp_path, monkeypatch):
-    """The host has a channels_last feature's pairs loaded as words, and only it: the planted
-    word load passes with an NCHW feature (pairs of 16-bit loads) and fails with a channels_last one."""
+# Planted bugs in code only some calls take, each with a case that takes other code (it passes)
+# and one that takes the planted code (it fails):
+# - the host has a channels_last feature's pairs loaded as words, and only it;
+# - the stepping word-at-a-time staging is the NCHW input's (channels_last stages 16-byte vectors);
+# - a row of stride 2's 7x7 windows is 24 column words of 16 channels, more than a pass of the
+#   block (at stride 1 a pass covers whole rows).
+PATH_BUGS = {
+    "feature-words": (FEATURE_WORDS, TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(channels_last=True)),
+    "row-step": (ROW_STEP, TWO_CHANNEL_CHUNKS._replace(channels_last=True), TWO_CHANNEL_CHUNKS),
+    "row-slots": (ROW_SLOTS, TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(stride=(2, 2))),
+}
+
+
+@pytest.mark.parametrize("bug, passing, failing", PATH_BUGS.values(), ids=PATH_BUGS.keys())
+def test_a_planted_bug_fails_only_where_its_code_runs(bug, passing, failing, tmp_path, monkeypatch):
     require_host_compiler()
-    _plant(monkeypatch, tmp_path, FEATURE_WORDS)
-    assert _check(TWO_CHANNEL_CHUNKS.arguments(torch.bfloat16), EmulatedLauncher(), "nchw")
+    _plant(monkeypatch, tmp_path, bug)
+    assert _check(passing.arguments(torch.bfloat16), EmulatedLauncher(), f"{bug.name} {passing.name}")
     with planted_bug_caught():
-        _check(TWO_CHANNEL_CHUNKS._replace(channels_last=True).arguments(torch.bfloat16), EmulatedLauncher(),
-               "channels_last")
-
-
-def test_a_planted_row_step_bug_fails_only_where_the_input_is_nchw(tmp_path, monkeypatch):
-    """The stepping staging is the NCHW input's (channels_last stages 16-byte vectors): the planted
-    step passes with a channels_last input and fails with an NCHW one."""
-    require_host_compiler()
-    _plant(monkeypatch, tmp_path, ROW_STEP)
-    assert _check(TWO_CHANNEL_CHUNKS._replace(channels_last=True).arguments(torch.bfloat16), EmulatedLauncher(),
-                  "channels_last")
-    with planted_bug_caught():
-        _check(TWO_CHANNEL_CHUNKS.arguments(torch.bfloat16), EmulatedLauncher(), "nchw")
-
-
-def test_a_planted_row_slots_bug_fails_only_where_a_row_takes_two_passes(tmp_path, monkeypatch):
-    """A row of stride 2's 7x7 windows is 24 column words of 16 channels, more than a pass of the
-    block: the planted bug (no second pass) passes at stride 1, where a pass covers whole rows,
-    and fails at stride 2."""
-    require_host_compiler()
-    _plant(monkeypatch, tmp_path, ROW_SLOTS)
-    stride_two = REDNET_LIKE[1]
-    assert stride_two.stride == (2, 2) and not stride_two.channels_last
-    assert _check(TWO_CHANNEL_CHUNKS.arguments(torch.bfloat16), EmulatedLauncher(), "stride 1")
-    with planted_bug_caught():
-        _check(stride_two.arguments(torch.bfloat16), EmulatedLauncher(), "stride 2")
+        _check(failing.arguments(torch.bfloat16), EmulatedLauncher(), f"{bug.name} {failing.name}")
 
 
 def test_a_planted_split_without_its_long_way_fails_the_non_finite_check(tmp_path, monkeypatch):
