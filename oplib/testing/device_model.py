@@ -159,6 +159,27 @@ class Launch:
 
         return name_expression(self.kernel, self.dtype, self.specialisation)
 
+    @property
+    def paths(self) -> frozenset[str]:
+        """The flags of the source's path-marked blocks (``cold_lines``) that hold for this
+        launch: the blocks its kernel takes."""
+        return LAUNCH_PATHS.get(self.kernel, lambda scalars: frozenset())(self.scalars)
+
+    @property
+    def profile_key(self) -> str:
+        """The key of its SassProfile in ``sass_profile``'s answer: the instantiation's name,
+        and the flags of its paths where it has any."""
+        return profile_key(self.name, self.paths)
+
+
+# The flags of a kernel's path-marked blocks (``cold_lines``) that hold for a launch, from its
+# scalar arguments: involution_generated_mma's folded runs (its last scalar but one).
+LAUNCH_PATHS = {"involution_generated_mma": lambda scalars: frozenset({"folded"}) if scalars[-2] else frozenset()}
+
+
+def profile_key(name: str, paths: frozenset[str] = frozenset()) -> str:
+    return f"{name} [{', '.join(sorted(paths))}]" if paths else name
+
 
 @dataclass(frozen=True)
 class Copy:
@@ -345,20 +366,34 @@ def _fragment_b_rows(lane: Tensor, stride: int, second: int = 0) -> Tensor:
     return lane // 16 * second + lane % 8 * stride + 4 * (lane // 8 % 2)
 
 
-def _band_products(t: "_Tally", lane: Tensor, band_at, band_words: int, rows, stride: int, k_steps: int, mask: Tensor,
-                   paired_windows: bool) -> None:
+def _band_products(t: "_Tally", lane: Tensor, band_at, band_words: int, rows, stride: int, k_steps, mask: Tensor,
+                   paired_windows: bool, most_steps: Optional[int] = None) -> None:
     """generated_mma.cu's mma_band_products, the fragment loads of a run's sums over one kernel
     row: per k-step an ldmatrix for each band's A fragment (hi, lo: ``band_words`` apart from
     ``band_at``) and the staged ``rows``' B fragments of two n-tiles, in one ldmatrix with
-    ``paired_windows`` (the forward), else one each (grad_input); tensor cores: no term."""
+    ``paired_windows`` (the forward), else one each (grad_input); tensor cores: no term.
+    ``k_steps`` may differ by thread (a tensor, at most ``most_steps``: grad_input's k-steps
+    with pixels of the map)."""
+    for k in range(k_steps if most_steps is None else most_steps):
+        live = mask if most_steps is None else mask & (k < k_steps)
+        for plane in range(2):
+            t.matrices(band_at + plane * band_words + 8 * k + _fragment_a_rows(lane, stride), live, 4)
+        if paired_windows:
+            t.matrices(rows + 8 * k + _fragment_b_rows(lane, stride, 8 * stride), live, 4)
+            continue
+        for n_tile in range(2):
+            t.matrices(rows + 8 * n_tile * stride + 8 * k + _fragment_b_rows(lane, stride), live, 2)
+
+
+def _folded_band_products(t: "_Tally", lane: Tensor, band_at, band_words: int, upper, lower, stride: int,
+                          k_steps: int, mask: Tensor) -> None:
+    """generated_mma.cu's mma_band_products with FOLDED: per k-step an ldmatrix for each band's A
+    fragment and the ``upper`` and ``lower`` rows' B fragments of two n-tiles, one each."""
     for k in range(k_steps):
         for plane in range(2):
             t.matrices(band_at + plane * band_words + 8 * k + _fragment_a_rows(lane, stride), mask, 4)
-        if paired_windows:
+        for rows in (upper, lower):
             t.matrices(rows + 8 * k + _fragment_b_rows(lane, stride, 8 * stride), mask, 4)
-            continue
-        for n_tile in range(2):
-            t.matrices(rows + 8 * n_tile * stride + 8 * k + _fragment_b_rows(lane, stride), mask, 2)
 
 
 def _slots(n: int, dims: int = 3) -> Tensor:
@@ -694,34 +729,51 @@ def _mma_thread(item: Tensor, launch: Launch, groups: int, tiles_w: int):
     return thread, lane, warp, lane // 4, lane % 4, n, group, tile // tiles_w * 8 + warp, tile % tiles_w * 16
 
 
+def _mma_folded_thread(item: Tensor, launch: Launch, groups: int, tiles_w: int):
+    """involution_generated_mma's decoding of a thread in folded runs: (thread, lane, warp,
+    fragment row, quad, sample, group, the block's sample the warp takes, the warp's upper row
+    in the tile, that row, its run's first column), a block two samples' tiles of 8 x 8 pixels
+    (warps 0-3 the first's), a warp 8 columns of two rows."""
+    thread, lane, warp, row, quad, pair, group, _, _ = _mma_thread(item, launch, groups, tiles_w)
+    tile = item // launch.threads_per_block % launch.grid[0]
+    half, tile_row = warp // 4, 2 * (warp % 4)
+    return (thread, lane, warp, row, quad, 2 * pair + half, group, half, tile_row, tile // tiles_w * 8 + tile_row,
+            tile % tiles_w * 8)
+
+
 def _mma_staging(t: _Tally, thread: Tensor, threads: int, vector: bool, staged_at: int, rows: int, column_words: int,
-                 stride: int, top, left, height: int, width: int, base, pg: int, c0: int, strides: tuple, es: int) -> None:
+                 stride: int, top, left, height: int, width: int, base, pg: int, c0: int, strides: tuple, es: int,
+                 live=True) -> None:
     """generated_mma.cu's mma_stage_rows: a chunk of 16 channels from c0 of ``rows`` rows x
     2 ``column_words`` columns of tensor 0 (the input, or grad_output) from (top, left), zeros
     outside the height x width map; ``base`` its (sample, group)'s first channel's offset,
-    ``strides`` its channel, row and column strides; shared words from ``staged_at``."""
+    ``strides`` its channel, row and column strides; shared words from ``staged_at``; where
+    ``live`` is False (a folded block's second sample past the batch), nothing."""
     sc, sh_, sw_ = strides
+    if not isinstance(live, Tensor) and not live:
+        return
     if vector:  # two columns x 8 channels a unit: two 16-byte loads (index in 16-byte units), 8 word stores
         units = rows * column_words * 2
         unit = thread + threads * _slots(-(-units // threads))
         half, word, y = unit % 2, unit // 2 % column_words, unit // 2 // column_words
         iy, ix, ch = top + y, left + 2 * word, c0 + 8 * half
-        rows_in = (unit < units) & (ch < pg) & (iy >= 0) & (iy < height)
+        rows_in = (unit < units) & (ch < pg) & (iy >= 0) & (iy < height) & live
         for h in range(2):
             x = ix + h
             t.load(0, (base + ch * sc + iy * sh_ + x * sw_) // 8, rows_in & (x >= 0) & (x < width), 16)
-        t.shared(staged_at + (y * 16 + 8 * half + _slots(8, 4)) * stride + word, unit < units, 4)
+        t.shared(staged_at + (y * 16 + 8 * half + _slots(8, 4)) * stride + word, (unit < units) & live, 4)
         return
     row_words = 16 * column_words  # a word of two columns of a channel at a time, a thread down the rows
     if threads % row_words == 0:  # a pass covers whole rows: the flat order of the words
         words = rows * row_words
         i = thread + threads * _slots(-(-words // threads))
         word, ch, y = i % column_words, i // column_words % 16, i // column_words // 16
-        live = i < words
+        inside_rows = i < words
     else:  # words thread and thread + threads of every row
         item = thread + threads * _slots(2, 4)
         word, ch, y = item % column_words, item // column_words, _slots(rows)
-        live = (item < row_words) & (y < rows)
+        inside_rows = (item < row_words) & (y < rows)
+    live = live & inside_rows
     iy, ix = top + y, left + 2 * word
     row_in = live & (c0 + ch < pg) & (iy >= 0) & (iy < height)
     for h in range(2):
@@ -732,7 +784,8 @@ def _mma_staging(t: _Tally, thread: Tensor, threads: int, vector: bool, staged_a
 
 def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma (generated_mma.cu): ``item`` is the thread's index in the grid
-    (block-major, 256 threads a block, a warp an output row's run of 16 pixels). Per chunk of R:
+    (block-major, 256 threads a block, a warp an output row's run of 16 pixels, or folded 8
+    columns of two rows, a block two samples' tiles, each sample's rows staged). Per chunk of R:
     the span chunk staged a k-step at a time (global loads, shared stores), the feature's A
     fragments from global memory (a pair one 32-bit load where the host says it is an aligned
     word) and the span's B fragments from shared memory (tensor cores: no term); the weights
@@ -744,20 +797,29 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
     from ..kernels.involution import cuda as involution_cuda
 
     (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w,
-     isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh, fsw, vector, feature_words) = launch.scalars
+     isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh, fsw, vector, feature_words, folded, N) = launch.scalars
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
     c = source.constants
     es, taps, pg = launch.dtype.itemsize, KH * KW, C // G
-    k_steps = involution_cuda.generated_mma_band_steps(source, (KH, KW), (sh, sw), (dh, dw))
+    k_steps = involution_cuda.generated_mma_band_steps(source, (KH, KW), (sh, sw), (dh, dw), folded)
     stride, column_words = 8 * k_steps + 4, 8 * k_steps
     tap_tiles = -(-taps // 8)
     plain_stride = 4 * tap_tiles + (0 if tap_tiles % 2 else 4)
-    in_h = (c["MMA_TILE_H"] - 1) * sh + (KH - 1) * dh + 1
+    in_h = involution_cuda.generated_mma_staged_rows(source, OH, (KH, KW), (sh, sw), (dh, dw), folded)
+    sample_words = in_h * 16 * stride
     span_stride, threads = c["MMA_SPAN_STRIDE"], launch.threads_per_block
-    plain_at = max(c["MMA_TAPS"] * span_stride, in_h * 16 * stride)  # words
+    plain_at = max(c["MMA_TAPS"] * span_stride, (2 if folded else 1) * sample_words)  # words
     plain_words, band_words = 8 * 16 * plain_stride, 8 * 16 * stride
-    thread, lane, warp, row, quad, n, group, oy, ox0 = _mma_thread(item, launch, G, tiles_w)
-    inside = oy < OH
+    if folded:
+        thread, lane, warp, row, quad, n, group, half, tile_row, oy, ox0 = _mma_folded_thread(item, launch, G, tiles_w)
+    else:
+        thread, lane, warp, row, quad, n, group, oy, ox0 = _mma_thread(item, launch, G, tiles_w)
+        half, tile_row = 0, warp
+    first_sample = n - half
+    inside = (oy < OH) & (n < N)
+    # the lane's two pixels (fragment rows row, row + 8): folded, the second one row lower
+    pixel_y = oy + (_slots(2, 4) if folded else 0)
+    pixel_x = ox0 + row + (0 if folded else 8 * _slots(2, 4))
     mine_plain = plain_at + warp * 16 * plain_stride
     mine_band = plain_at + 2 * plain_words + warp * 16 * stride
     tap = 8 * _slots(8) + 2 * quad + _slots(2, 4)  # the bias, 2 a tap tile
@@ -775,14 +837,13 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
         for k0 in range(0, c["MMA_REDUCED"], 16):
             if r0 + k0 >= R:
                 break
-            pixel = ox0 + row + 8 * _slots(2, 4)
             rr = r0 + k0 + 2 * quad + 8 * _slots(2)
-            feature_inside = inside & (pixel < OW)
+            feature_inside = inside & (pixel_x < OW) & (pixel_y < OH)
             if feature_words:  # a pair one 32-bit load (index in 32-bit units)
-                t.load(1, (n * fsn + rr + oy * fsh + pixel * fsw) // 2, feature_inside & (rr < R), 4)
+                t.load(1, (n * fsn + rr + pixel_y * fsh + pixel_x * fsw) // 2, feature_inside & (rr < R), 4)
             else:
                 for h in range(2):
-                    t.load(1, n * fsn + (rr + h) * fsc + oy * fsh + pixel * fsw, feature_inside & (rr + h < R), es)
+                    t.load(1, n * fsn + (rr + h) * fsc + pixel_y * fsh + pixel_x * fsw, feature_inside & (rr + h < R), es)
             pairs = _slots(-(-tap_tiles // 2))  # two tap tiles' B fragments an ldmatrix
             t.matrices(16 * pairs * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride, 8 * span_stride), inside, 4)
     pixels = row + 8 * _slots(2, 4)
@@ -794,19 +855,27 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
     j, b = copy // KW, copy % KW
     copies = inside & (copy < 16 * KW)
     top, left = oy // 8 * 8 * sh - ph, ox0 * sw - pw
+    lower_rows = torch.where(oy + 1 < OH, sh * 16 * stride, 0) if folded else 0
     for c0 in range(0, pg, 16):
-        _mma_staging(t, thread, threads, vector, 0, in_h, column_words, stride, top, left, H, W,
-                     n * isn + group * pg * isc, pg, c0, (isc, ish, isw), es)
+        for sample in range(2 if folded else 1):  # folded: the block's second sample where the batch has it
+            _mma_staging(t, thread, threads, vector, sample * sample_words, in_h, column_words, stride, top, left, H, W,
+                         (first_sample + sample) * isn + group * pg * isc, pg, c0, (isc, ish, isw), es,
+                         live=first_sample + sample < N)
         for a in range(KH):
             for plane in range(2):  # the copies: a 16-bit load and store each (index in 16-bit units)
                 t.shared(2 * (mine_plain + plane * plain_words) + 2 * j * plain_stride + a * KW + b, copies, 2)
-                t.shared(2 * (mine_band + plane * band_words) + 2 * j * stride + j * sw + b * dw, copies, 2)
-            _band_products(t, lane, mine_band, band_words, (warp * sh + a * dh) * 16 * stride, stride, k_steps, inside,
-                           paired_windows=True)
+                column = (j % 8 if folded else j) * sw + b * dw
+                t.shared(2 * (mine_band + plane * band_words) + 2 * j * stride + column, copies, 2)
+            rows = half * sample_words + (tile_row * sh + a * dh) * 16 * stride
+            if folded:
+                _folded_band_products(t, lane, mine_band, band_words, rows, rows + lower_rows, stride, k_steps, inside)
+            else:
+                _band_products(t, lane, mine_band, band_words, rows, stride, k_steps, inside, paired_windows=True)
         channel = c0 + 8 * _slots(2, 4) + 2 * quad + _slots(2)
         for h in range(2):
-            x = ox0 + row + 8 * h
-            t.store(4, n * osn + (group * pg + channel) * osc + oy * osh + x * osw, inside & (x < OW) & (channel < pg), es)
+            y, x = (oy + h, ox0 + row) if folded else (oy, ox0 + row + 8 * h)
+            t.store(4, n * osn + (group * pg + channel) * osc + y * osh + x * osw,
+                    inside & (x < OW) & (y < OH) & (channel < pg), es)
 
 
 def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> None:
@@ -839,6 +908,7 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
     features_at = staged_at + rows_h * 16 * stride + 2 * band_words
     first_row = (y - warp + ph - (KH - 1) * dh) // sh
     first_column = (x0 + pw - (KW - 1) * dw) // sw
+    live_steps = ((OW - first_column + 15) // 16).clamp(0, k_steps)  # the k-steps with pixels of the map
     for column0 in range(0, span_words, 8):  # a k-step's 8 words of every span row, 8 threads a row
         column = column0 + thread % 8
         span_tap = thread // 8 + threads // 8 * _slots(-(-span_rows // (threads // 8)))
@@ -865,7 +935,7 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
             outer = thread // along + threads // along * _slots(-(-outer_count // (threads // along)), 4)
             inner = thread % along + along * _slots(-(-inner_count // along))
             pixel, word = (outer, inner) if feature_words else (inner, outer)
-            staging = in_map & (outer < outer_count) & (inner < inner_count)
+            staging = in_map & (outer < outer_count) & (inner < inner_count) & (pixel < 16 * live_steps)
             o, rr = first_column + pixel, 2 * word
             inside = staging & (o >= 0) & (o < OW)
             if feature_words:
@@ -883,16 +953,16 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
                 t.matrices(a * KW * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), reads, 2)
                 for m in range(k_steps):
                     t.matrices(features_at + 16 * m * span_stride + k0 // 2 + _fragment_a_rows(lane, span_stride),
-                               reads, 4)
+                               reads & (m < live_steps), 4)
             for m in range(k_steps):  # each value's band places, hi and lo (index in 16-bit units)
                 k = 16 * m + row + 8 * _slots(2, 4)
                 b = 2 * quad + _slots(2)
                 j = (first_column + k) * sw - pw + b * dw - x0
-                places = reads & (b < KW) & (j >= 0) & (j < 16)
+                places = reads & (b < KW) & (j >= 0) & (j < 16) & (m < live_steps)
                 for plane in range(2):
                     t.shared(2 * (mine_band + plane * band_words) + 2 * j * stride + k, places, 2)
-            _band_products(t, lane, mine_band, band_words, staged_at + q * 16 * stride, stride, k_steps, reads,
-                           paired_windows=False)
+            _band_products(t, lane, mine_band, band_words, staged_at + q * 16 * stride, stride, live_steps, reads,
+                           paired_windows=False, most_steps=k_steps)
         channel = c0 + 8 * _slots(2, 4) + 2 * quad + _slots(2)
         for h in range(2):
             x = x0 + row + 8 * h
@@ -1358,32 +1428,65 @@ def kernel_code(sass: str) -> str:
 # inline direct sums, sixteen small loops inside its loop over the groups, weighed as much as
 # its products.)
 _COLD = re.compile(r"//\s*oplib-cold\b")
+# A block of source that runs only on one path of a flag the host passes (generated_mma.cu's
+# folded runs): ``// oplib-when: NAME`` opens one that runs only where NAME holds,
+# ``// oplib-unless: NAME`` one that runs only where it does not. A launch's SASS holds both
+# paths' code; the model leaves out the blocks it does not take (Launch.paths), as it leaves
+# the cold ones out. (Counted in, one path's code weighed on the other's time.)
+_PATH = re.compile(r"//\s*oplib-(?P<kind>when|unless):\s*(?P<flag>\w+)")
 # nvdisasm -g -gi's location of the instructions after it: the line, and the call sites it is
 # inlined at, innermost first.
 _LOCATION = re.compile(r'^\s*//## File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<inlined>.*)$')
 _INLINED = re.compile(r'inlined at "([^"]+)", line (\d+)')
 
 
-def cold_lines(text: str) -> frozenset[int]:
-    """The lines (from 1) of ``text``'s cold blocks: from each line marked ``// oplib-cold``,
-    which opens a block, to the line of the brace that closes it (comments aside)."""
+def cold_lines(text: str, paths: frozenset[str] = frozenset()) -> frozenset[int]:
+    """The lines (from 1) of ``text``'s blocks a launch whose path flags are ``paths`` leaves
+    untaken: its cold blocks and the path-marked ones of the other paths. Each from its marked
+    line, which opens a block, to the line of the brace that closes it (comments aside)."""
     lines = text.splitlines()
     cold: set[int] = set()
     for first, line in enumerate(lines):
-        if not _COLD.search(line):
+        path = _PATH.search(line)
+        if not (_COLD.search(line) or (path is not None and (path["kind"] == "when") != (path["flag"] in paths))):
             continue
         depth = 0
         for last in range(first, len(lines)):
             code = lines[last].split("//", 1)[0]
             depth += code.count("{") - code.count("}")
             if last == first and depth <= 0:
-                raise ValueError(f"line {first + 1} is marked oplib-cold but opens no block: {line.strip()!r}")
+                raise ValueError(f"line {first + 1} is marked but opens no block: {line.strip()!r}")
             if depth <= 0:
                 break
         else:
             raise ValueError(f"the cold block of line {first + 1} does not close")
         cold.update(range(first + 1, last + 2))
     return frozenset(cold)
+
+
+def _callee(args: str) -> str:
+    """The name of the function a SASS CALL's operand names (`($kernel$_Z15mma_direct_sumsI...)`:
+    the last symbol's length-prefixed name)."""
+    symbol = args.strip(" `()").split("$")[-1]
+    length = re.match(r"_Z(\d+)", symbol)
+    return symbol[length.end():length.end() + int(length.group(1))] if length else symbol
+
+
+def cold_functions(text: str) -> frozenset[str]:
+    """The ``__noinline__`` functions of ``text`` called from its cold blocks only: a kernel's
+    SASS calls them (their code lies among the subroutines ``kernel_code`` leaves out), and
+    nvdisasm may give such a call the line of an inlined caller's call site instead of the
+    cold block's."""
+    cold = cold_lines(text)
+    lines = text.splitlines()
+    names = set(re.findall(r"__noinline__\s+\w+\s+(\w+)\s*\(", text))
+    result = set()
+    for name in names:
+        sites = [at for at, line in enumerate(lines, 1) if re.search(rf"\b{name}\s*[<(]", line)
+                 and not re.search(rf"__noinline__\s+\w+\s+{name}\s*\(", line)]
+        if sites and all(at in cold for at in sites):
+            result.add(name)
+    return frozenset(result)
 
 
 def hot_code(sass: str, cold: dict[str, frozenset[int]]) -> str:
@@ -1453,20 +1556,23 @@ def _profile_function(sass: str) -> tuple[dict[int, int], float]:
 
 
 @functools.cache
-def sass_profile(source_name: str, instantiations: tuple[tuple[str, torch.dtype, tuple[str, ...]], ...],
-                 arch: str = "sm_90") -> dict[str, SassProfile]:
-    """Compile ``instantiations`` ((kernel, dtype, specialisation) tuples) of the source
-    ``source_name`` (as ``load_source`` names it) for ``arch`` with NVRTC and CuPy's options,
-    disassemble the cubin with nvdisasm, and profile each: name expression -> SassProfile. The
-    compile keeps line information (``-lineinfo``, the same machine code) so that the code of the
-    source's cold blocks (``cold_lines``) is left out with the subroutines."""
+def sass_profile(source_name: str, instantiations: tuple[tuple, ...], arch: str = "sm_90") -> dict[str, SassProfile]:
+    """Compile ``instantiations`` ((kernel, dtype, specialisation) tuples, or with a fourth, the
+    flags of the paths a launch takes: Launch.paths) of the source ``source_name`` (as
+    ``load_source`` names it) for ``arch`` with NVRTC and CuPy's options, disassemble the cubin
+    with nvdisasm, and profile each: ``profile_key`` (the name expression, and the flags) ->
+    SassProfile. The compile keeps line information (``-lineinfo``, the same machine code) so
+    that the code of the blocks the launch leaves untaken (``cold_lines``: the cold ones, the
+    other paths') is left out with the subroutines."""
     from ..kernels.cuda_source import INCLUDE_DIR, load_source, name_expression
     from .nvrtc import compile_source
 
     tool = nvdisasm()
     if tool is None:
         raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
-    names = tuple(name_expression(*instantiation) for instantiation in instantiations)
+    keyed = tuple((name_expression(*instantiation[:3]), frozenset(instantiation[3]) if len(instantiation) > 3
+                   else frozenset()) for instantiation in instantiations)
+    names = tuple(dict.fromkeys(name for name, _ in keyed))
     source = load_source(source_name)
     compiled = compile_source(source, arch, extra_options=("-lineinfo",), names=names)
     lowered, log, cubin = compiled.lowered_names, compiled.log, compiled.cubin
@@ -1474,19 +1580,26 @@ def sass_profile(source_name: str, instantiations: tuple[tuple[str, torch.dtype,
         path = Path(folder) / "kernels.cubin"
         path.write_bytes(cubin)
         sass = subprocess.run([tool, "-c", "-g", "-gi", str(path)], check=True, capture_output=True, text=True).stdout
-    cold = {source.path.name: cold_lines(source.text),
-            **{header.name: cold_lines(header.read_text()) for header in sorted(INCLUDE_DIR.glob("*.cuh"))}}
+    headers = {header.name: header.read_text() for header in sorted(INCLUDE_DIR.glob("*.cuh"))}
+    cold_callees = cold_functions(source.text)
     functions = dict(zip(*[iter(re.split(r"^\s*\.text\.(\S+):\s*$", sass, flags=re.MULTILINE)[1:])] * 2))
     reports = {m.group(1): m.group(2) for m in re.finditer(
         r"Compiling entry function '(\w+)' for '\w+'(.*?)(?=Compiling entry function|\Z)", log, re.DOTALL)}
     profiles = {}
-    for name in names:
+    for name, paths in keyed:
         mangled = lowered[name]
+        cold = {name_: cold_lines(text, paths) for name_, text in ((source.path.name, source.text), *headers.items())}
         code = hot_code(kernel_code(functions[mangled]), cold)
+        # (the compiler's own routines, __cuda_sm20_div_s64 and the like, uncounted as ever)
+        hot_calls = {callee for op, args in _INSTRUCTION.findall(code)
+                     if op.startswith("CALL") and not (callee := _callee(args)).startswith("__cuda")}
+        if hot_calls - cold_callees:  # their code lies among the subroutines kernel_code leaves out
+            raise ValueError(f"{name} calls {sorted(hot_calls - cold_callees)} outside its cold blocks: the model "
+                             "counts a kernel's own code only")
         loads, in_flight = _profile_function(code)
         report = reports[mangled]
         shared = re.search(r"(\d+) bytes smem", report)
-        profiles[name] = SassProfile(name, arch, int(re.search(r"Used (\d+) registers", report).group(1)),
+        profiles[profile_key(name, paths)] = SassProfile(name, arch, int(re.search(r"Used (\d+) registers", report).group(1)),
                                      int(shared.group(1)) if shared else 0, loads, in_flight, instruction_ratio(code))
     return profiles
 

@@ -452,12 +452,18 @@ def involution_generated(input: Tensor, feature: Tensor, span_weight: Tensor, sp
     """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> out: (N, C, Ho, Wo), by the first kernel
     that serves the call of: the tensor-core one (``involution_generated_mma``: float16 and
     bfloat16 on sm_80 and newer, output rows of at least ``MMA_TILE_W`` pixels, which its runs
-    fill), the tiled one (``involution_generated_tile``), the generic one. The order is the
-    fifth H200 draw's (bench/results/h200/draw5/involution-cuda.md): both fused kernels faster
-    than the generic one at every RedNet-50 row, the tensor-core one the faster of the two except
-    at stage 4's 7x7 output maps, where a 16-pixel run covers 7."""
-    if out.shape[3] >= load_source(GENERATED_MMA_SOURCE).constants["MMA_TILE_W"] and involution_generated_mma(
-            input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation, out, launcher) is not None:
+    fill, or narrower ones it folds, two rows a run), the tiled one
+    (``involution_generated_tile``), the generic one. The order is the fifth H200 draw's
+    (bench/results/h200/draw5/involution-cuda.md): both fused kernels faster than the generic one
+    at every RedNet-50 row, the tensor-core one the faster of the two except at stage 4's 7x7
+    output maps, where a 16-pixel run covered 7. Folded runs cover 14 of 16 there; that they
+    make it the faster there too is the offline model's prediction (bench/results/cuda-model.md),
+    which the next draw's kernel table (both kernels' columns) confirms or refutes."""
+    source = load_source(GENERATED_MMA_SOURCE)
+    fills = out.shape[3] >= source.constants["MMA_TILE_W"] or generated_mma_folds(source, out.shape[3], kernel_size,
+                                                                                     stride, dilation)
+    if fills and involution_generated_mma(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation,
+                                          out, launcher) is not None:
         return out
     if involution_generated_tile(input, feature, span_weight, span_bias, kernel_size, stride, padding, dilation, out,
                                  launcher) is not None:
@@ -725,43 +731,77 @@ GENERATED_MMA_DTYPES = (torch.float16, torch.bfloat16)
 GENERATED_MMA_MIN_CAPABILITY = (8, 0)
 
 
-def generated_mma_band_steps(source: KernelSource, kernel_size, stride, dilation) -> int:
+def generated_mma_run_width(source: KernelSource, folded: bool = False) -> int:
+    """A run's columns: ``MMA_TILE_W``, or half as many folded (8 columns of two rows)."""
+    return source.constants["MMA_TILE_W"] // (2 if folded else 1)
+
+
+def generated_mma_band_steps(source: KernelSource, kernel_size, stride, dilation, folded: bool = False) -> int:
     """The k-steps (16 band columns each) a run's kernel row spans: the input columns its
-    ``MMA_TILE_W`` pixels' windows read, as the kernel computes them."""
-    columns = (source.constants["MMA_TILE_W"] - 1) * stride[1] + (kernel_size[1] - 1) * dilation[1] + 1
+    pixels' windows read (a row's ``MMA_TILE_W`` pixels, or folded 8), as the kernel computes
+    them."""
+    columns = (generated_mma_run_width(source, folded) - 1) * stride[1] + (kernel_size[1] - 1) * dilation[1] + 1
     return -(-columns // 16)
 
 
-def generated_mma_shared_bytes(source: KernelSource, kernel_size, stride, dilation) -> int:
-    """The dynamic shared memory of ``involution_generated_mma``: the span chunk or the staged
-    input chunk (one place), each warp's plain weights and bands, hi and lo (generated_mma.cu
-    lays them out)."""
+def generated_mma_folds(source: KernelSource, out_w: int, kernel_size, stride, dilation) -> bool:
+    """Whether ``involution_generated_mma`` takes folded runs (8 columns of two output rows, a
+    block two samples' tiles): where a folded run's band fits ``MMA_FOLDED_BAND`` columns and
+    either a row's runs then leave fewer pixels outside the map (a width past a multiple of 16
+    by at most 8: a 7x7 map fills 7 of a run's 16 pixels, 14 of a folded one's; its k-steps
+    are at most a run's) or a run's band would not fit ``MMA_BAND``."""
     c = source.constants
-    stride_words = 8 * generated_mma_band_steps(source, kernel_size, stride, dilation) + 4
+    if 16 * generated_mma_band_steps(source, kernel_size, stride, dilation, True) > c["MMA_FOLDED_BAND"]:
+        return False
+    if 16 * generated_mma_band_steps(source, kernel_size, stride, dilation) > c["MMA_BAND"]:
+        return True
+    half = generated_mma_run_width(source, True)
+    return -(-out_w // half) * half < -(-out_w // c["MMA_TILE_W"]) * c["MMA_TILE_W"]
+
+
+def generated_mma_staged_rows(source: KernelSource, out_h: int, kernel_size, stride, dilation, folded: bool) -> int:
+    """The input rows ``involution_generated_mma`` stages for a sample's tile: those its
+    ``MMA_TILE_H`` output rows' windows read, or folded a shorter map's (two samples' rows
+    of stride 2's 7x7 map then fit)."""
+    rows = min(source.constants["MMA_TILE_H"], out_h) if folded else source.constants["MMA_TILE_H"]
+    return (rows - 1) * stride[0] + (kernel_size[0] - 1) * dilation[0] + 1
+
+
+def generated_mma_shared_bytes(source: KernelSource, out_size, kernel_size, stride, dilation) -> int:
+    """The dynamic shared memory of ``involution_generated_mma`` for an output map of
+    ``out_size``: the span chunk or the staged input chunk (one place; folded, two samples'),
+    each warp's plain weights and bands, hi and lo (generated_mma.cu lays them out)."""
+    c = source.constants
+    folded = generated_mma_folds(source, out_size[1], kernel_size, stride, dilation)
+    stride_words = 8 * generated_mma_band_steps(source, kernel_size, stride, dilation, folded) + 4
     tap_tiles = -(-kernel_size[0] * kernel_size[1] // 8)
     plain_stride = 4 * tap_tiles + (0 if tap_tiles % 2 else 4)
-    in_h = (c["MMA_TILE_H"] - 1) * stride[0] + (kernel_size[0] - 1) * dilation[0] + 1
-    staged = max(c["MMA_TAPS"] * c["MMA_SPAN_STRIDE"], in_h * c["MMA_CHANNELS"] * stride_words)
+    in_h = generated_mma_staged_rows(source, out_size[0], kernel_size, stride, dilation, folded)
+    staged = max(c["MMA_TAPS"] * c["MMA_SPAN_STRIDE"], (2 if folded else 1) * in_h * c["MMA_CHANNELS"] * stride_words)
     return 4 * (staged + 2 * c["MMA_WARPS"] * c["MMA_TILE_W"] * (plain_stride + stride_words))
 
 
 def generated_mma_config(source: KernelSource, dtype: torch.dtype, batch: int, groups: int, out_size, kernel_size,
                          stride, dilation) -> Optional[LaunchConfig]:
     """``involution_generated_mma``'s launch: a block of ``MMA_WARPS`` warps per tile of
-    ``MMA_TILE_H`` x ``MMA_TILE_W`` output pixels of a (sample, group); None where it does not
-    serve the call (a dtype without the tensor-core product, more taps than ``MMA_TAPS``, a
-    kernel row wider than ``MMA_BAND_WIDTH`` or spanning more than ``MMA_BAND`` columns, shared
-    memory past ``GENERATED_TILE_MAX_SHARED``, a grid past CUDA's y and z limits)."""
+    ``MMA_TILE_H`` x ``MMA_TILE_W`` output pixels of a (sample, group), or folded
+    (``generated_mma_folds``) per two samples' tiles of ``MMA_TILE_H`` x 8; None where it does
+    not serve the call (a dtype without the tensor-core product, more taps than ``MMA_TAPS``, a
+    kernel row wider than ``MMA_BAND_WIDTH`` or a run's spanning more than its band's columns,
+    shared memory past ``GENERATED_TILE_MAX_SHARED``, a grid past CUDA's y and z limits)."""
     c = source.constants
     if dtype not in GENERATED_MMA_DTYPES or kernel_size[0] * kernel_size[1] > c["MMA_TAPS"]:
         return None
-    if kernel_size[1] > c["MMA_BAND_WIDTH"] or 16 * generated_mma_band_steps(source, kernel_size, stride, dilation) > c["MMA_BAND"]:
+    folded = generated_mma_folds(source, out_size[1], kernel_size, stride, dilation)
+    band = c["MMA_FOLDED_BAND"] if folded else c["MMA_BAND"]
+    if kernel_size[1] > c["MMA_BAND_WIDTH"] or 16 * generated_mma_band_steps(source, kernel_size, stride, dilation,
+                                                                              folded) > band:
         return None
-    shared_bytes = generated_mma_shared_bytes(source, kernel_size, stride, dilation)
+    shared_bytes = generated_mma_shared_bytes(source, out_size, kernel_size, stride, dilation)
     if shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535 or batch > 65535:
         return None
-    tiles = -(-out_size[0] // c["MMA_TILE_H"]) * -(-out_size[1] // c["MMA_TILE_W"])
-    return LaunchConfig((tiles, groups, batch), (32, c["MMA_WARPS"]), shared_bytes)
+    tiles = -(-out_size[0] // c["MMA_TILE_H"]) * -(-out_size[1] // generated_mma_run_width(source, folded))
+    return LaunchConfig((tiles, groups, -(-batch // 2) if folded else batch), (32, c["MMA_WARPS"]), shared_bytes)
 
 
 def generated_mma_vectors_fit(input: Tensor, groups: int) -> bool:
@@ -790,9 +830,10 @@ def involution_generated_mma(input: Tensor, feature: Tensor, span_weight: Tensor
     if out.numel() == 0:
         return out
     bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
+    folded = generated_mma_folds(source, out_w, kernel_size, stride, dilation)
     scalars = (*_fused_scalars(input, feature, out, groups, kernel_size, stride, padding, dilation,
-                               source.constants["MMA_TILE_W"]), generated_mma_vectors_fit(input, groups),
-               generated_mma_feature_words(feature))
+                               generated_mma_run_width(source, folded)), generated_mma_vectors_fit(input, groups),
+               generated_mma_feature_words(feature), folded, n)
     specialisation = (generated_tile_specialisation(source, kernel_size, stride, dilation, "involution_generated_mma")
                       if specialised else GENERATED_TILE_RUNTIME)
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma", input.dtype, config,

@@ -389,9 +389,9 @@ def test_the_generated_grad_input_keeps_its_16_bit_map_route_well_inside_the_tol
 
 
 def test_the_op_dispatch_takes_the_fused_kernel_that_serves_the_call():
-    """Tensor cores for 16-bit values where an output row fills a 16-pixel run, the tile where
-    it does not, the tile for float32, the generic kernel where the tile declines (float64's
-    7x7 windows, past its shared memory)."""
+    """Tensor cores for 16-bit values where an output row fills a 16-pixel run or a folded one
+    (a 7x7 map), the tile where it does neither (a 12-wide map), the tile for float32, the
+    generic kernel where the tile declines (float64's 7x7 windows, past its shared memory)."""
     from oplib.testing.device_model import RecordingLauncher
 
     def kernel(dtype, size, window):
@@ -403,7 +403,8 @@ def test_the_op_dispatch_takes_the_fused_kernel_that_serves_the_call():
 
     assert kernel(torch.bfloat16, 16, 7) == ["involution_generated_mma"]
     assert kernel(torch.float16, 28, 3) == ["involution_generated_mma"]
-    assert kernel(torch.bfloat16, 7, 7) == ["involution_generated_tile"]
+    assert kernel(torch.bfloat16, 7, 7) == ["involution_generated_mma"]
+    assert kernel(torch.bfloat16, 12, 7) == ["involution_generated_tile"]
     assert kernel(torch.float32, 16, 7) == ["involution_generated_tile"]
     assert kernel(torch.float64, 16, 3) == ["involution_generated_tile"]
     assert kernel(torch.float64, 16, 7) == ["involution_generated_forward"]

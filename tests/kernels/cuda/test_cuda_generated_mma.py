@@ -66,13 +66,18 @@ def _check(args: tuple, launcher, name: str, specialised: bool = True) -> bool:
 def _declines_only_what_it_cannot_hold(args: tuple) -> bool:
     """More taps than MMA_TAPS, a kernel row wider than MMA_BAND_WIDTH or spanning more than
     MMA_BAND columns, or a window past the shared memory it may ask for."""
-    kernel_size, stride, dilation = args[4], args[5], args[7]
+    kernel_size, stride, dilation, out_size = args[4], args[5], args[7], tuple(args[1].shape[2:])
     c = _source().constants
-    steps = involution_cuda.generated_mma_band_steps(_source(), kernel_size, stride, dilation)
+    folded = involution_cuda.generated_mma_folds(_source(), out_size[1], kernel_size, stride, dilation)
+    steps = involution_cuda.generated_mma_band_steps(_source(), kernel_size, stride, dilation, folded)
     return (kernel_size[0] * kernel_size[1] > c["MMA_TAPS"] or kernel_size[1] > c["MMA_BAND_WIDTH"]
-            or 16 * steps > c["MMA_BAND"]
-            or involution_cuda.generated_mma_shared_bytes(_source(), kernel_size, stride, dilation)
+            or 16 * steps > c["MMA_FOLDED_BAND" if folded else "MMA_BAND"]
+            or involution_cuda.generated_mma_shared_bytes(_source(), out_size, kernel_size, stride, dilation)
             > involution_cuda.GENERATED_TILE_MAX_SHARED)
+
+
+def _folded(args: tuple) -> bool:
+    return involution_cuda.generated_mma_folds(_source(), args[1].shape[3], args[4], args[5], args[7])
 
 
 def _vectors(args: tuple) -> bool:
@@ -80,9 +85,15 @@ def _vectors(args: tuple) -> bool:
     return involution_cuda.generated_mma_vectors_fit(args[0], groups)
 
 
+# RedNet's stage-4 maps, 7x7 at stride 1 (channels_last) and 2 (NCHW): folded runs, an odd
+# batch's last block with one sample.
+FOLDED = (TileCase(batch=3, channels=64, groups=2, reduced=40, size=(7, 7), kernel_size=(7, 7), stride=(1, 1),
+                   padding=(3, 3), dilation=(1, 1), channels_last=True),
+          TileCase(batch=2, channels=32, groups=2, reduced=24, size=(14, 13), kernel_size=(7, 7), stride=(2, 2),
+                   padding=(3, 3), dilation=(1, 1), channels_last=False))
 # The RedNet geometries in channels_last too (the 16-byte staging), and a run past the map's
 # right edge with two groups of 32 channels (two chunks each) at stride 2.
-CASES = (TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(channels_last=True), *REDNET_LIKE,
+CASES = (TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(channels_last=True), *REDNET_LIKE, *FOLDED,
          TileCase(batch=2, channels=64, groups=2, reduced=36, size=(20, 19), kernel_size=(7, 7), stride=(2, 2),
                   padding=(3, 3), dilation=(1, 1), channels_last=True))
 
@@ -92,21 +103,22 @@ CASES = (TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(channels_last=True), *R
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_generated_mma_matches_the_reference_on_the_registry_samples(dtype, order):
     """involution_generated's samples (channels_last and strided operands, odd sizes, strides,
-    dilations, no bias, an empty batch) and the geometries above, by both stagings."""
+    dilations, no bias, an empty batch) and the geometries above, by both stagings, in runs of
+    16 and folded."""
     require_host_compiler()
     launcher = EmulatedLauncher(order=order)
-    served, staged_by_vectors = 0, set()
+    served, ways = 0, set()
     for sample in GENERATED.sample_inputs("cpu", dtype, False):
         if _check(sample.args, launcher, sample.name):
             served += 1
-            staged_by_vectors.add(_vectors(sample.args))
+            ways.add((_folded(sample.args), _vectors(sample.args)))
         else:
             assert _declines_only_what_it_cannot_hold(sample.args), sample.name
     for case in CASES:
         args = case.arguments(dtype)
         assert _check(args, launcher, case.name), case.name
-        staged_by_vectors.add(_vectors(args))
-    assert served > 5 and staged_by_vectors == {True, False}
+        ways.add((_folded(args), _vectors(args)))
+    assert served > 5 and ways == {(True, True), (True, False), (False, True), (False, False)}
     assert {launch[3] for launch in launcher.launches} == {256}
     # the samples' 3x3 windows and the 7x7 geometries take the specialised instantiations, every
     # other geometry the one that reads its window from the arguments
@@ -162,13 +174,16 @@ def test_generated_mma_declines_what_it_does_not_serve():
     """float32 and float64 (no such tensor-core product), more taps than it holds, a kernel row
     wider than its band copies or spanning more columns than its band: None, out untouched."""
     source, config = _source(), involution_cuda.generated_mma_config
-    assert config(source, torch.bfloat16, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1)).grid == (28, 4, 2)
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1)).grid == (49, 4, 1)  # folded
+    assert config(source, torch.bfloat16, 3, 4, (7, 7), (7, 7), (1, 1), (1, 1)).grid == (1, 4, 2)  # folded
+    assert config(source, torch.bfloat16, 2, 4, (48, 48), (7, 7), (1, 1), (1, 1)).grid == (18, 4, 2)
     assert config(source, torch.float16, 2, 4, (28, 28), (7, 7), (2, 2), (1, 1)).grid == (8, 4, 2)
     assert config(source, torch.float32, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1)) is None
     assert config(source, torch.float64, 2, 4, (56, 56), (7, 7), (1, 1), (1, 1)) is None
     assert config(source, torch.bfloat16, 2, 4, (56, 56), (9, 9), (1, 1), (1, 1)) is None
     assert config(source, torch.bfloat16, 2, 4, (56, 56), (1, 9), (1, 1), (1, 1)) is None
-    assert config(source, torch.bfloat16, 2, 4, (56, 56), (3, 3), (4, 4), (1, 1)) is None  # 63 columns: 4 steps
+    assert config(source, torch.bfloat16, 2, 4, (56, 56), (3, 3), (4, 4), (1, 1)) is None  # folded: 2 x 31 rows staged
+    assert config(source, torch.bfloat16, 2, 4, (48, 48), (3, 3), (5, 5), (1, 1)) is None  # 78 columns, folded 38
     assert config(source, torch.bfloat16, 2, 4, (56, 56), (3, 3), (3, 3), (1, 1)) is not None
     args = TWO_CHANNEL_CHUNKS.arguments(torch.float32)
     out = torch.full((1, 64, 11, 10), 7.0)
@@ -239,17 +254,17 @@ class PlantedBug(NamedTuple):
 
 
 # The bands of a kernel row read before every lane wrote its copies.
-_ROWS = "\n                const unsigned int* rows = staged + (warp * stride_h"
+_ROWS = "\n            const unsigned int* rows = staged + half * sample_words"
 BAND_SYNC = PlantedBug("bands-written-sync", "__syncwarp();  // the bands of row a are written" + _ROWS,
                       "// the bands of row a are written" + _ROWS)
 # The input chunk read before the block staged it.
 STAGED_BARRIER = PlantedBug("staged-barrier", "__syncthreads();  // the input chunk is staged", "// the input chunk is staged")
 # A kernel row's weights one band column to the right.
-BAND_COLUMN = PlantedBug("band-column", "copy_to[i] = copies ? 2 * j * stride + j * stride_w + b * dilation_w : -1;",
-                         "copy_to[i] = copies ? 2 * j * stride + j * stride_w + b * dilation_w + 1 : -1;")
+_COPY_TO = "copy_to[i] = copies ? 2 * j * stride + (folded ? j % 8 : j) * stride_w + b * dilation_w"
+BAND_COLUMN = PlantedBug("band-column", _COPY_TO + " : -1;", _COPY_TO + " + 1 : -1;")
 # The direct sum one tap short: only the non-finite test reaches it.
-DIRECT_SUM = PlantedBug("direct-sum-tap-short", "for (int b = 0; b < kernel_w; ++b) {\n                half_t hi, lo, x;",
-                        "for (int b = 1; b < kernel_w; ++b) {\n                half_t hi, lo, x;")
+DIRECT_SUM = PlantedBug("direct-sum-tap-short", "for (int b = 0; b < kernel_w; ++b) {\n                half_t hi, lo, x_value;",
+                        "for (int b = 1; b < kernel_w; ++b) {\n                half_t hi, lo, x_value;")
 # The bands one band further on: the last warp's lo band lies past the end of the shared memory.
 BANDS_OVERRUN = PlantedBug(
     "bands-past-the-end",
@@ -269,8 +284,12 @@ ROW_STEP = PlantedBug("row-step", "const index_t at_step = (index_t)step * value
 ROW_SLOTS = PlantedBug("row-slots", "for (int slot = 0; slot < 2; ++slot) {", "for (int slot = 0; slot < 1; ++slot) {")
 # The split's long way left out where a hi of the warp is an inf or a nan.
 _HI_COLD = "  // oplib-cold: a hi of the warp is an inf or a nan"
-SPLIT_LONG_WAY = PlantedBug("split-long-way", "        if (oplib_warp_any(non_finite != 0)) {" + _HI_COLD + "\n#pragma unroll\n            for",
-                            "        if (false) {\n#pragma unroll\n            for")
+# Folded runs: the lower row's pixels applied to the upper row's window; a block's second sample
+# left unstaged (its warps read the staged rows as they were).
+FOLDED_LOWER = PlantedBug("folded-lower", "rows + lower_rows);", "rows + 0 * lower_rows);")
+SECOND_SAMPLE = PlantedBug("second-sample", "if (second_sample) {", "if (second_sample && false) {")
+SPLIT_LONG_WAY = PlantedBug("split-long-way", "    if (oplib_warp_any(non_finite != 0)) {" + _HI_COLD + "\n#pragma unroll\n        for (int t",
+                            "    if (false) {\n#pragma unroll\n        for (int t")
 
 
 def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
@@ -309,11 +328,15 @@ def test_a_planted_direct_sum_bug_fails_the_non_finite_check(tmp_path, monkeypat
 # - the host has a channels_last feature's pairs loaded as words, and only it;
 # - the stepping word-at-a-time staging is the NCHW input's (channels_last stages 16-byte vectors);
 # - a row of stride 2's 7x7 windows is 24 column words of 16 channels, more than a pass of the
-#   block (at stride 1 a pass covers whole rows).
+#   block (at stride 1 a pass covers whole rows; a folded run's window is 16 column words);
+# - a map 7 wide takes folded runs, one 10 wide runs of 16;
+# - a block's second sample exists where the batch has one more.
 PATH_BUGS = {
     "feature-words": (FEATURE_WORDS, TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(channels_last=True)),
     "row-step": (ROW_STEP, TWO_CHANNEL_CHUNKS._replace(channels_last=True), TWO_CHANNEL_CHUNKS),
-    "row-slots": (ROW_SLOTS, TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(stride=(2, 2))),
+    "row-slots": (ROW_SLOTS, TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(size=(21, 20), stride=(2, 2))),
+    "folded-lower": (FOLDED_LOWER, TWO_CHANNEL_CHUNKS, FOLDED[0]),
+    "second-sample": (SECOND_SAMPLE, REDNET_LIKE[1], FOLDED[1]),
 }
 
 

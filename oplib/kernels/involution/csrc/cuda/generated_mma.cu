@@ -46,10 +46,11 @@
 // reduced index) in its lower half (the host's generated_mma_shared_bytes is its size):
 //   span     MMA_TAPS x MMA_SPAN_STRIDE        a chunk of span_weight, [tap][r]; once the
 //            weights are formed, in the same place:
-//   staged   in_h x MMA_CHANNELS x stride      the input chunk, [row][channel][column k]
+//   staged   in_h x MMA_CHANNELS x stride      the input chunk, [row][channel][column k] (folded:
+//            twice, the block's two samples')
 //   plain    2 x MMA_WARPS x MMA_TILE_W x plain_stride   each warp's weights, hi then lo, [pixel][tap]
 //   band     2 x MMA_WARPS x MMA_TILE_W x stride         each warp's bands, hi then lo, [pixel][k]
-// with stride = 8 * k_steps + 4 words (K = 16 k_steps columns) and plain_stride the tap tiles'
+// with stride = 8 * k_steps + 4 words (K = 16 k_steps columns, a run's window) and plain_stride the tap tiles'
 // 4 words each, and 4 more where that is a multiple of 8: 4 past a multiple of 8, so that a
 // fragment load's (or store's) 8 rows x 4 words fall in 32 different banks.
 
@@ -67,6 +68,9 @@ constexpr int MMA_CHANNELS = 16;  // two n-tiles
 // warp's 32 lanes copy its 16 x KW weights in at most MMA_BAND_COPIES turns.
 constexpr int MMA_BAND = 64;
 constexpr int MMA_BAND_WIDTH = 8;
+// The most band columns a folded run's kernel row spans (8 columns of a row): the host folds no
+// run wider, the unrolled products of a folded row kept to two k-steps.
+constexpr int MMA_FOLDED_BAND = 32;
 constexpr int MMA_BAND_COPIES = 4;
 constexpr int MMA_SPAN_STRIDE = 36;  // words: MMA_REDUCED / 2, and 4
 
@@ -76,11 +80,14 @@ static_assert(MMA_TAP_TILES * 8 == MMA_TAPS && MMA_BAND_COPIES * 32 == MMA_TILE_
 static_assert(MMA_SPAN_STRIDE == MMA_REDUCED / 2 + 4,
               "4 words past a multiple of 8: a fragment load's 8 rows x 4 words in 32 different banks");
 static_assert(MMA_TAPS * 8 % MMA_THREADS == 0 && MMA_REDUCED % 16 == 0, "a k-step of the span chunk in whole passes of the block");
-static_assert(MMA_BAND % 16 == 0, "the host declines a band past MMA_BAND columns: whole k-steps");
+static_assert(MMA_BAND % 16 == 0 && MMA_FOLDED_BAND % 16 == 0 && MMA_FOLDED_BAND <= MMA_BAND,
+              "the host declines a band past MMA_BAND columns (folded: MMA_FOLDED_BAND): whole k-steps");
 static_assert(MMA_CHANNELS * MMA_BAND / 2 <= 2 * MMA_THREADS, "a staged row's words of every channel in two passes");
 
-// Blocks marked `oplib-cold` run only for an inf or a nan: the device-time model leaves their
-// code out of a kernel's instruction count (oplib.testing.device_model.cold_lines).
+// Blocks marked `oplib-cold` run only for an inf or a nan, and those marked `oplib-when: folded`
+// (`oplib-unless: folded`) only in folded runs (only in runs of 16): the device-time model
+// leaves the code a launch does not take out of its instruction count
+// (oplib.testing.device_model.cold_lines).
 
 // Whether v is neither inf nor nan: its exponent bits, the sign shifted out, are not all ones
 // (on the bits: NVRTC makes a float comparison a flushing one under CuPy's -ftz=true).
@@ -89,29 +96,33 @@ __device__ __forceinline__ bool mma_finite(float v) { return __float_as_uint(v) 
 // A lane's 8 outputs (pixels row, row + 8 x channels 2 quad, + 1 of each n-tile) by the direct
 // sum, from the warp's plain weights (hi + lo: `plain`, `lo_offset` values further) and its
 // output row's staged input rows (`rows`), stored at `out` (the output row's first channel of
-// the group): for a warp whose band products met an inf or a nan. A function of its own,
-// rolled: cold code, kept out of the kernel's registers.
+// the group): for a warp whose band products met an inf or a nan. A run of `run_w` pixels of a
+// row: 16, or 8 for a folded one, whose pixels 8-15 lie on the next output row (their staged
+// rows `high_rows` values further, their outputs `out_high`; `high_row_inside`: that row is in
+// the map). A function of its own, rolled: cold code, kept out of the kernel's registers.
 template <typename half_t>
 __device__ __noinline__ void mma_direct_sums(const unsigned short* plain, int lo_offset, int plain_stride,
                                              const unsigned short* rows, half_t* out, index_t out_c, index_t out_ws,
                                              int c0, int group_channels, int out_x0, int out_w, int kernel_h,
-                                             int kernel_w, int stride_w, int dilation_h, int dilation_w, int stride) {
+                                             int kernel_w, int stride_w, int dilation_h, int dilation_w, int stride,
+                                             int run_w, int high_rows, index_t out_high, bool high_row_inside) {
     const int lane = oplib_lane(), row = lane >> 2, quad = lane & 3;
     for (int v = 0; v < 8; ++v) {
         const int j = row + 8 * (v >> 1 & 1), c = c0 + 8 * (v >> 2) + 2 * quad + (v & 1);
-        if (out_x0 + j >= out_w || c >= group_channels) continue;
+        const int h = j / run_w, x = j % run_w;  // the pixel's row in the run, its column
+        if (out_x0 + x >= out_w || c >= group_channels || (h > 0 && !high_row_inside)) continue;
         float sum = 0.0f;
         for (int a = 0; a < kernel_h; ++a) {
-            const unsigned short* in_row = rows + 2 * (a * dilation_h * MMA_CHANNELS + c - c0) * stride;
+            const unsigned short* in_row = rows + h * high_rows + 2 * (a * dilation_h * MMA_CHANNELS + c - c0) * stride;
             for (int b = 0; b < kernel_w; ++b) {
-                half_t hi, lo, x;
+                half_t hi, lo, x_value;
                 hi.bits = plain[2 * j * plain_stride + a * kernel_w + b];
                 lo.bits = plain[2 * j * plain_stride + a * kernel_w + b + lo_offset];
-                x.bits = in_row[j * stride_w + b * dilation_w];
-                sum = oplib_fma(oplib_add(oplib_to_float(hi), oplib_to_float(lo)), oplib_to_float(x), sum);
+                x_value.bits = in_row[x * stride_w + b * dilation_w];
+                sum = oplib_fma(oplib_add(oplib_to_float(hi), oplib_to_float(lo)), oplib_to_float(x_value), sum);
             }
         }
-        out[c * out_c + (index_t)(out_x0 + j) * out_ws] = Element<half_t>::store(sum);
+        out[c * out_c + h * out_high + (index_t)(out_x0 + x) * out_ws] = Element<half_t>::store(sum);
     }
 }
 
@@ -269,21 +280,36 @@ __device__ __forceinline__ void mma_stage_rows(unsigned int* staged, const unsig
 // into sums; k_steps at most MAX_STEPS. Fragments by ldmatrix: with PAIRED_WINDOWS both n-tiles'
 // B fragments in one (the forward), else one each (grad_input, whose float16 instantiations on
 // sm_120 sit at the 128 registers of two blocks an SM: two more live ones spill there).
-template <typename half_t, int MAX_STEPS, bool PAIRED_WINDOWS>
+// FOLDED, for a folded run (8 columns of two output rows, pixels 8-15 the lower row's): the
+// band's rows 0-7 times the upper row's window (`rows`), its rows 8-15 times the lower row's
+// (`lower`). Each A fragment serves both, the other row's half of it zeros (a band of both
+// rows' columns side by side would take twice the band loads and shared memory, half of it
+// zeros).
+template <typename half_t, int MAX_STEPS, bool PAIRED_WINDOWS, bool FOLDED = false>
 __device__ __forceinline__ void mma_band_products(OplibFragmentC (&sums)[2], const unsigned int* band, int band_words,
-                                                  const unsigned int* rows, int stride, int k_steps) {
+                                                  const unsigned int* rows, int stride, int k_steps,
+                                                  const unsigned int* lower = nullptr) {
 #pragma unroll
     for (int k = 0; k < MAX_STEPS; ++k) {
         if (k >= k_steps) break;
         const OplibFragmentA hi = oplib_load_fragment_a(band + 8 * k, stride);
         const OplibFragmentA lo = oplib_load_fragment_a(band + band_words + 8 * k, stride);
-        OplibFragmentB window[2];
-        if constexpr (PAIRED_WINDOWS) oplib_load_fragments_b(rows + 8 * k, stride, 8 * stride, window[0], window[1]);
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            if constexpr (!PAIRED_WINDOWS) window[t] = oplib_load_fragment_b(rows + 8 * t * stride + 8 * k, stride);
-            oplib_mma<half_t>(sums[t], hi, window[t]);
-            oplib_mma<half_t>(sums[t], lo, window[t]);
+        for (int half = 0; half < (FOLDED ? 2 : 1); ++half) {  // folded: the upper row's pixels, then the lower's
+            // a[0], a[2] hold rows 0-7, a[1], a[3] rows 8-15
+            const unsigned int upper = FOLDED && half ? 0u : ~0u, below = FOLDED && !half ? 0u : ~0u;
+            const OplibFragmentA hi_rows = {{hi.reg[0] & upper, hi.reg[1] & below, hi.reg[2] & upper, hi.reg[3] & below}};
+            const OplibFragmentA lo_rows = {{lo.reg[0] & upper, lo.reg[1] & below, lo.reg[2] & upper, lo.reg[3] & below}};
+            const unsigned int* window_rows = half ? lower : rows;
+            OplibFragmentB window[2];
+            if constexpr (PAIRED_WINDOWS)
+                oplib_load_fragments_b(window_rows + 8 * k, stride, 8 * stride, window[0], window[1]);
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                if constexpr (!PAIRED_WINDOWS) window[t] = oplib_load_fragment_b(window_rows + 8 * t * stride + 8 * k, stride);
+                oplib_mma<half_t>(sums[t], hi_rows, window[t]);
+                oplib_mma<half_t>(sums[t], lo_rows, window[t]);
+            }
         }
     }
 }
@@ -299,23 +325,23 @@ __device__ __forceinline__ bool mma_any_non_finite(const OplibFragmentC (&sums)[
     return oplib_warp_any(bad != 0);
 }
 
-// D's element (pixel j, channel c) of a run's two fragments to run[c * out_c + j * out_ws] (the
-// run's first pixel and the chunk's first channel c0 of its group), pixels x0 + j past `width`
-// and channels past the group's left out: two channels a 32-bit store where `pair_stores`
-// (channels_last, an even count of the group's channels, every pair 4-byte aligned), else one.
-// The two ways apart, each with a pixel's address once (interleaved, the compiler had formed
-// each store's address and branched at each: 166 instructions in the forward).
+// D's elements of the lane's two pixels (fragment rows row and row + 8) to `pixel` and
+// `pixel + high_step` (each pixel's first channel of the chunk, c0 of its group), where
+// low_inside and high_inside say they lie in the map, channels past the group's left out: two
+// channels a 32-bit store where `pair_stores` (channels_last, an even count of the group's
+// channels, every pair 4-byte aligned), else one. The two ways apart, each with a pixel's
+// address once (interleaved, the compiler had formed each store's address and branched at
+// each: 166 instructions in the forward).
 template <typename half_t>
-__device__ __forceinline__ void mma_store_run(const OplibFragmentC (&sums)[2], half_t* run, index_t out_c,
-                                              index_t out_ws, int c0, int group_channels, int x0, int width,
-                                              bool pair_stores) {
-    const int lane = oplib_lane(), row = lane >> 2, quad = lane & 3, c = c0 + 2 * quad;  // n-tile t: c + 8 t
+__device__ __forceinline__ void mma_store_pixels(const OplibFragmentC (&sums)[2], half_t* pixel, index_t high_step,
+                                                 index_t out_c, int c0, int group_channels, bool low_inside,
+                                                 bool high_inside, bool pair_stores) {
+    const int quad = oplib_lane() & 3, c = c0 + 2 * quad;  // n-tile t: c + 8 t
     if (pair_stores) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // pixels row, row + 8
-            const int j = row + 8 * h;
-            if (x0 + j >= width) continue;
-            unsigned int* pairs = reinterpret_cast<unsigned int*>(run + (index_t)j * out_ws + c);
+            if (!(h ? high_inside : low_inside)) continue;
+            unsigned int* pairs = reinterpret_cast<unsigned int*>(pixel + h * high_step + c);
 #pragma unroll
             for (int t = 0; t < 2; ++t) {  // c even and the count even: the pair is inside or outside
                 if (c + 8 * t < group_channels)
@@ -326,9 +352,8 @@ __device__ __forceinline__ void mma_store_run(const OplibFragmentC (&sums)[2], h
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int j = row + 8 * h;
-        if (x0 + j >= width) continue;
-        unsigned short* at = reinterpret_cast<unsigned short*>(run + (index_t)j * out_ws) + (index_t)c * out_c;
+        if (!(h ? high_inside : low_inside)) continue;
+        unsigned short* at = reinterpret_cast<unsigned short*>(pixel + h * high_step) + (index_t)c * out_c;
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
             const unsigned int pair = mma_round_pair(sums[t].value[2 * h], sums[t].value[2 * h + 1], half_t());
@@ -339,6 +364,17 @@ __device__ __forceinline__ void mma_store_run(const OplibFragmentC (&sums)[2], h
     }
 }
 
+// mma_store_pixels for a run of 16 pixels of a row from `run` (its first pixel), pixels x0 + j
+// past `width` left out.
+template <typename half_t>
+__device__ __forceinline__ void mma_store_run(const OplibFragmentC (&sums)[2], half_t* run, index_t out_c,
+                                              index_t out_ws, int c0, int group_channels, int x0, int width,
+                                              bool pair_stores) {
+    const int row = oplib_lane() >> 2;
+    mma_store_pixels(sums, run + (index_t)row * out_ws, 8 * out_ws, out_c, c0, group_channels, x0 + row < width,
+                     x0 + row + 8 < width, pair_stores);
+}
+
 // Whether out's pairs of a chunk's channels may be stored by 32-bit words: channels_last, the
 // group's channels and every pixel's 4-byte aligned.
 template <typename half_t>
@@ -346,6 +382,233 @@ __device__ __forceinline__ bool mma_pair_stores(const half_t* out, index_t out_n
                                                 index_t out_ws, int group_channels) {
     return out_c == 1 && ((out_n | out_hs | out_ws | (index_t)group_channels) & 1) == 0 &&
            (reinterpret_cast<unsigned long long>(out) & 3) == 0;
+}
+
+// The forward's body in runs of 16, or FOLDED in folded runs: each its own code, where every size
+// is a constant of the specialised instantiations (one body with a runtime `folded` made the
+// staging's and the products' loop counts runtime ones: 2.6 times the SASS).
+template <typename scalar_t, int KERNEL, int STRIDE, bool FOLDED>
+__device__ __forceinline__ void generated_mma_forward(
+    const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
+    const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
+    int window_h, int window_w, int out_h, int out_w, int step_h, int step_w, int pad_h, int pad_w, int spacing_h,
+    int spacing_w, int reduced, int tiles_w, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
+    index_t out_n, index_t out_c, index_t out_hs, index_t out_ws, index_t feature_n, index_t feature_c,
+    index_t feature_h, index_t feature_w, bool vector_input, bool feature_words, int batch) {
+    const TileGeometry<KERNEL, STRIDE> geometry(window_h, window_w, step_h, step_w, spacing_h, spacing_w);
+    const int kernel_h = geometry.kernel_h, kernel_w = geometry.kernel_w;
+    const int stride_h = geometry.stride_h, stride_w = geometry.stride_w;
+    const int dilation_h = geometry.dilation_h, dilation_w = geometry.dilation_w;
+    typedef scalar_t half_t;
+    const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+    const int row = lane >> 2, quad = lane & 3;  // a fragment's row (pixel) and column pair
+    const int taps = kernel_h * kernel_w, group_channels = channels / groups;
+    constexpr bool folded = FOLDED;
+    const int run_w = folded ? MMA_TILE_W / 2 : MMA_TILE_W;  // a run's columns
+    const int band_columns = (run_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
+    const int k_steps = (band_columns + 15) / 16, stride = 8 * k_steps + 4;
+    // the input rows of the tile's output rows (folded, a map of fewer rows than a tile: its rows)
+    const int in_h = ((folded && out_h < MMA_TILE_H ? out_h : MMA_TILE_H) - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
+    const int tap_tiles = (taps + 7) / 8, plain_stride = 4 * tap_tiles + (tap_tiles % 2 ? 0 : 4);
+    const int sample_words = in_h * MMA_CHANNELS * stride, staged_words = (folded ? 2 : 1) * sample_words;
+    OPLIB_DYNAMIC_SHARED(unsigned int, shared);
+    unsigned int* span = shared;
+    unsigned int* staged = shared;
+    const int plain_words = MMA_WARPS * MMA_TILE_W * plain_stride, band_words = MMA_WARPS * MMA_TILE_W * stride;
+    unsigned int* plain = shared + (staged_words > MMA_TAPS * MMA_SPAN_STRIDE ? staged_words : MMA_TAPS * MMA_SPAN_STRIDE) +
+                          warp * MMA_TILE_W * plain_stride;
+    unsigned int* band = plain - warp * MMA_TILE_W * plain_stride + 2 * plain_words + warp * MMA_TILE_W * stride;
+
+    const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
+    const int half = folded ? warp / 4 : 0;  // the block's sample the warp takes
+    const int tile_row = folded ? 2 * (warp % 4) : warp;  // the warp's (upper) output row in the tile
+    const int out_y = tile_y * MMA_TILE_H + tile_row, out_x0 = tile_x * run_w;
+    const int group = blockIdx.y;
+    const index_t first_sample = folded ? 2 * (index_t)blockIdx.z : (index_t)blockIdx.z, n = first_sample + half;
+    // (a warp past the map or the batch still takes the block's barriers)
+    const bool row_inside = out_y < out_h && n < batch;
+
+    // 1. The run's weights: C fragment t of tap tile t holds pixels row, row + 8 x taps
+    // 8 t + 2 quad, + 1, from the bias on.
+    OplibFragmentC weights[MMA_TAP_TILES];
+    const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
+#pragma unroll
+    for (int t = 0; t < MMA_TAP_TILES; ++t) {
+        const int tap = 8 * t + 2 * quad;
+        weights[t].value[0] = weights[t].value[2] = tap < taps ? mma_to_float(__ldg(group_bias + tap), half_t()) : 0.0f;
+        weights[t].value[1] = weights[t].value[3] =
+            tap + 1 < taps ? mma_to_float(__ldg(group_bias + tap + 1), half_t()) : 0.0f;
+    }
+    const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n +
+                                         (index_t)out_y * feature_h;
+    // the lane's fragment rows' pixels: row, and row + 8 (folded: the lower row's column row)
+    const bool low_inside = row_inside && out_x0 + row < out_w;
+    const bool high_inside = folded ? low_inside && out_y + 1 < out_h : row_inside && out_x0 + row + 8 < out_w;
+    const unsigned short* low_pixel = feature_bits + (index_t)(out_x0 + row) * feature_w;
+    const unsigned short* high_pixel = low_pixel + (folded ? feature_h : 8 * feature_w);
+    // The thread's place in the span chunk: tap row thread / 8 (+ 32 a pass), word thread % 8
+    // of a k-step, and its tap row in span_weight (the 64-bit offsets formed once).
+    const int span_tap = thread / 8, span_word = thread % 8;
+    const unsigned short* thread_span =
+        reinterpret_cast<const unsigned short*>(span_weight) + ((index_t)group * taps + span_tap) * reduced;
+    const index_t pass_span = (index_t)(MMA_THREADS / 8) * reduced;
+    for (int r0 = 0; r0 < reduced; r0 += MMA_REDUCED) {
+        if (r0 > 0) __syncthreads();  // every warp is done with the previous span chunk
+        // A k-step's 8 words of every tap's row at a time (8 consecutive threads a row), as
+        // many k-steps as the loop below reads: RedNet's R of 16 and 32 take one or two of
+        // the chunk's four.
+#pragma unroll
+        for (int step = 0; step < MMA_REDUCED / 16; ++step) {
+            if (16 * step >= reduced - r0) break;
+            const int column = 8 * step + span_word, r = r0 + 2 * column;
+#pragma unroll
+            for (int pass = 0; pass < MMA_TAPS * 8 / MMA_THREADS; ++pass) {
+                const int tap = span_tap + pass * (MMA_THREADS / 8);
+                span[tap * MMA_SPAN_STRIDE + column] =
+                    oplib_load_pair(thread_span + pass * pass_span + r, 1, tap < taps ? reduced - r : 0);
+            }
+        }
+        __syncthreads();  // the span chunk is staged
+        if (!row_inside) continue;
+        for (int k0 = 0; k0 < MMA_REDUCED && r0 + k0 < reduced; k0 += 16) {
+            const int r = r0 + k0 + 2 * quad;
+            // The four loads under one branch (per load, the compiler branched at each).
+            OplibFragmentA a;
+            const int low_count = low_inside ? reduced - r : 0, high_count = high_inside ? reduced - r : 0;
+            if (feature_words) {
+                a.reg[0] = mma_load_pair(low_pixel + r, 1, low_count, true);
+                a.reg[1] = mma_load_pair(high_pixel + r, 1, high_count, true);
+                a.reg[2] = mma_load_pair(low_pixel + r + 8, 1, low_count - 8, true);
+                a.reg[3] = mma_load_pair(high_pixel + r + 8, 1, high_count - 8, true);
+            } else {
+                a.reg[0] = oplib_load_pair(low_pixel + r * feature_c, feature_c, low_count);
+                a.reg[1] = oplib_load_pair(high_pixel + r * feature_c, feature_c, high_count);
+                a.reg[2] = oplib_load_pair(low_pixel + (r + 8) * feature_c, feature_c, low_count - 8);
+                a.reg[3] = oplib_load_pair(high_pixel + (r + 8) * feature_c, feature_c, high_count - 8);
+            }
+            // Two tap tiles' B fragments a load (past the taps, the staged zeros).
+#pragma unroll
+            for (int t = 0; t < MMA_TAP_TILES; t += 2) {
+                if (8 * t >= taps) break;
+                OplibFragmentB b[2];
+                oplib_load_fragments_b(span + 8 * t * MMA_SPAN_STRIDE + k0 / 2, MMA_SPAN_STRIDE, 8 * MMA_SPAN_STRIDE,
+                                       b[0], b[1]);
+                oplib_mma<half_t>(weights[t], a, b[0]);
+                if (8 * (t + 1) < taps) oplib_mma<half_t>(weights[t + 1], a, b[1]);
+            }
+        }
+    }
+    // The weights split, hi and lo, into the warp's plain rows; the bands' zeros. lo the
+    // short way, then, where a hi of the warp is an inf or a nan, again the long way.
+    unsigned int non_finite = 0;
+#pragma unroll
+    for (int t = 0; t < MMA_TAP_TILES; ++t) {
+        if (8 * t >= taps) break;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // pixels row, row + 8; taps 8 t + 2 quad, + 1
+            const float w0 = weights[t].value[2 * h], w1 = weights[t].value[2 * h + 1];
+            const unsigned int hi = mma_round_pair(w0, w1, half_t());
+            non_finite |= mma_non_finite_halves(hi, half_t());
+            plain[(row + 8 * h) * plain_stride + 4 * t + quad] = hi;
+            plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] = mma_rest_pair_finite<half_t>(w0, w1, hi);
+        }
+    }
+    if (oplib_warp_any(non_finite != 0)) {  // oplib-cold: a hi of the warp is an inf or a nan
+#pragma unroll
+        for (int t = 0; t < MMA_TAP_TILES; ++t) {
+            if (8 * t >= taps) break;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float w0 = weights[t].value[2 * h], w1 = weights[t].value[2 * h + 1];
+                plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] =
+                    mma_rest_pair<half_t>(w0, w1, mma_round_pair(w0, w1, half_t()));
+            }
+        }
+    }
+    // The bands' zeros 16 bytes a store (a band's 16 rows of `stride` words, 4 past a multiple
+    // of 8, are whole vectors, as are the bands' offsets).
+    Vector16<unsigned int>* band_vectors = reinterpret_cast<Vector16<unsigned int>*>(band);
+#pragma unroll 1
+    for (int v = lane; v < MMA_TILE_W * stride / 4; v += 32)
+        band_vectors[v] = band_vectors[band_words / 4 + v] = Vector16<unsigned int>{};
+    // The copies of a kernel row into the band a lane makes (the same for every row): from
+    // plain's tap b of pixel j (tap a*KW + b for row a) to band column j*sw + b*dw; -1: none.
+    int copy_from[MMA_BAND_COPIES], copy_to[MMA_BAND_COPIES];
+#pragma unroll
+    for (int i = 0; i < MMA_BAND_COPIES; ++i) {
+        const int item = lane + 32 * i, j = item / kernel_w, b = item % kernel_w;
+        const bool copies = item < MMA_TILE_W * kernel_w;
+        copy_from[i] = copies ? 2 * j * plain_stride + b : -1;
+        copy_to[i] = copies ? 2 * j * stride + (folded ? j % 8 : j) * stride_w + b * dilation_w : -1;
+    }
+    const unsigned short* plain_bits = reinterpret_cast<const unsigned short*>(plain);
+    unsigned short* band_bits = reinterpret_cast<unsigned short*>(band);
+    __syncwarp();  // the plain rows and the bands' zeros are written
+
+    // 2., 3. A chunk of the group's channels at a time.
+    const int top = tile_y * MMA_TILE_H * stride_h - pad_h, left = out_x0 * stride_w - pad_w;
+    const index_t group_channel0 = (index_t)group * group_channels;
+    const unsigned short* block_input = reinterpret_cast<const unsigned short*>(input) + first_sample * input_n +
+                                        group_channel0 * input_c;
+    const bool second_sample = folded && first_sample + 1 < batch;  // folded: whether it stages a second
+    // Folded, the lower row's staged rows; where that row is past the map (and may be past the
+    // rows staged), the upper row's again: its outputs are not stored, but its sums are
+    // checked for an inf or a nan, which the staged rows hold only where the input does.
+    const int lower_rows = folded && out_y + 1 < out_h ? stride_h * MMA_CHANNELS * stride : 0;
+    const int column_words = 8 * k_steps;
+    const bool pair_stores = mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
+    for (int c0 = 0; c0 < group_channels; c0 += MMA_CHANNELS) {
+        __syncthreads();  // every warp is done with the previous chunk (the first: with the span chunk)
+        mma_stage_rows<half_t>(staged, block_input, c0, group_channels, in_h, column_words, stride, top, left, height,
+                               width, input_c, input_h, input_w, vector_input, thread);
+        if (second_sample) {
+            mma_stage_rows<half_t>(staged + sample_words, block_input + input_n, c0, group_channels, in_h, column_words,
+                                   stride, top, left, height, width, input_c, input_h, input_w, vector_input, thread);
+        }
+        __syncthreads();  // the input chunk is staged
+        if (!row_inside) continue;
+        OplibFragmentC sums[2] = {};
+#pragma unroll
+        for (int a = 0; a < kernel_h; ++a) {
+#pragma unroll
+            for (int i = 0; i < MMA_BAND_COPIES; ++i) {
+                if (copy_from[i] < 0) continue;
+                band_bits[copy_to[i]] = plain_bits[copy_from[i] + a * kernel_w];
+                band_bits[2 * band_words + copy_to[i]] = plain_bits[2 * plain_words + copy_from[i] + a * kernel_w];
+            }
+            __syncwarp();  // the bands of row a are written
+            const unsigned int* rows = staged + half * sample_words + (tile_row * stride_h + a * dilation_h) * MMA_CHANNELS * stride;
+            if constexpr (FOLDED)
+                mma_band_products<half_t, MMA_FOLDED_BAND / 16, true, true>(sums, band, band_words, rows, stride, k_steps,
+                                                                            rows + lower_rows);
+            else
+                mma_band_products<half_t, MMA_BAND / 16, true>(sums, band, band_words, rows, stride, k_steps);
+            __syncwarp();  // every lane is done with the bands of row a
+        }
+        // D's element (pixel j, channel c) to the output; with an inf or a nan among the warp's
+        // outputs, the direct sum's instead (rolled: it runs for those warps only).
+        const index_t out_row = n * out_n + group_channel0 * out_c + (index_t)out_y * out_hs;
+        if (mma_any_non_finite(sums)) {  // oplib-cold: an inf or a nan among the warp's sums
+            const unsigned short* rows = reinterpret_cast<const unsigned short*>(staged + half * sample_words) +
+                                         2 * tile_row * stride_h * MMA_CHANNELS * stride;
+            mma_direct_sums(plain_bits, 2 * plain_words, plain_stride, rows, out + out_row, out_c, out_ws, c0,
+                            group_channels, out_x0, out_w, kernel_h, kernel_w, stride_w, dilation_h, dilation_w, stride,
+                            run_w, 2 * stride_h * MMA_CHANNELS * stride, out_hs, out_y + 1 < out_h);
+            continue;
+        }
+        mma_store_pixels(sums, out + out_row + (index_t)(out_x0 + row) * out_ws, folded ? out_hs : 8 * out_ws, out_c,
+                         c0, group_channels, low_inside, high_inside, pair_stores);
+    }
+}
+
+// The runtime instantiation's bodies (KERNEL = 0), each a function of its own: inlined together
+// they spilled (32 bytes on sm_90), where each alone fits the 128 registers. The specialised
+// instantiations inline theirs straight into the kernel (the device-time model counts a
+// kernel's own code, and finds each body's path by the line it is inlined at: it profiles
+// those, RedNet's).
+template <typename scalar_t, bool FOLDED, typename... Args>
+__device__ __noinline__ void generated_mma_forward_apart(Args... args) {
+    generated_mma_forward<scalar_t, 0, 0, FOLDED>(args...);
 }
 
 // Specialised instantiations: a square window of KERNEL taps a side at equal strides STRIDE and
@@ -359,7 +622,14 @@ __device__ __forceinline__ bool mma_pair_stores(const half_t* out, index_t out_n
 // oplib-instantiate: involution_generated_mma, involution_generated_mma_backward_input, involution_generated_mma_backward_generator
 // oplib-template: KERNEL, STRIDE = 0, 0 | 3, 1 | 3, 2 | 5, 1 | 5, 2 | 7, 1 | 7, 2
 //
-// Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N).
+// Folded runs (`folded`, the host's pick where the map's width leaves fewer of the runs' pixels
+// outside it so, as a 7x7 map does: 7 of a run's 16, 14 of a folded one's): a warp's run is 8
+// columns of two output rows (pixels 8-15 the lower row's), and the block's 8 warps take two
+// samples' tiles of 8 x 8 pixels (warps 0-3 the first sample's, 4-7 the second's), each sample's
+// input rows staged apart; the band holds a pixel's 8-column window, mma_band_products
+// (FOLDED) applies it to either row.
+//
+// Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N), or (.., .., N / 2 rounded up) folded.
 template <typename scalar_t, int KERNEL, int STRIDE>
 __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
@@ -367,189 +637,27 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
     int window_h, int window_w, int out_h, int out_w, int step_h, int step_w, int pad_h, int pad_w, int spacing_h,
     int spacing_w, int reduced, int tiles_w, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
     index_t out_n, index_t out_c, index_t out_hs, index_t out_ws, index_t feature_n, index_t feature_c,
-    index_t feature_h, index_t feature_w, bool vector_input, bool feature_words) {
+    index_t feature_h, index_t feature_w, bool vector_input, bool feature_words, bool folded, int batch) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     if constexpr (sizeof(scalar_t) == 2) {
-        const TileGeometry<KERNEL, STRIDE> geometry(window_h, window_w, step_h, step_w, spacing_h, spacing_w);
-        const int kernel_h = geometry.kernel_h, kernel_w = geometry.kernel_w;
-        const int stride_h = geometry.stride_h, stride_w = geometry.stride_w;
-        const int dilation_h = geometry.dilation_h, dilation_w = geometry.dilation_w;
-        typedef scalar_t half_t;
-        const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
-        const int row = lane >> 2, quad = lane & 3;  // a fragment's row (pixel) and column pair
-        const int taps = kernel_h * kernel_w, group_channels = channels / groups;
-        const int band_columns = (MMA_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
-        const int k_steps = (band_columns + 15) / 16, stride = 8 * k_steps + 4;
-        const int in_h = (MMA_TILE_H - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
-        const int tap_tiles = (taps + 7) / 8, plain_stride = 4 * tap_tiles + (tap_tiles % 2 ? 0 : 4);
-        const int staged_words = in_h * MMA_CHANNELS * stride;
-        OPLIB_DYNAMIC_SHARED(unsigned int, shared);
-        unsigned int* span = shared;
-        unsigned int* staged = shared;
-        const int plain_words = MMA_WARPS * MMA_TILE_W * plain_stride, band_words = MMA_WARPS * MMA_TILE_W * stride;
-        unsigned int* plain = shared + (staged_words > MMA_TAPS * MMA_SPAN_STRIDE ? staged_words : MMA_TAPS * MMA_SPAN_STRIDE) +
-                              warp * MMA_TILE_W * plain_stride;
-        unsigned int* band = plain - warp * MMA_TILE_W * plain_stride + 2 * plain_words + warp * MMA_TILE_W * stride;
-
-        const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
-        const int out_y = tile_y * MMA_TILE_H + warp, out_x0 = tile_x * MMA_TILE_W;
-        const int group = blockIdx.y;
-        const index_t n = blockIdx.z;
-        const bool row_inside = out_y < out_h;  // (a warp past the map still takes the block's barriers)
-
-        // 1. The run's weights: C fragment t of tap tile t holds pixels row, row + 8 x taps
-        // 8 t + 2 quad, + 1, from the bias on.
-        OplibFragmentC weights[MMA_TAP_TILES];
-        const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
-#pragma unroll
-        for (int t = 0; t < MMA_TAP_TILES; ++t) {
-            const int tap = 8 * t + 2 * quad;
-            weights[t].value[0] = weights[t].value[2] = tap < taps ? mma_to_float(__ldg(group_bias + tap), half_t()) : 0.0f;
-            weights[t].value[1] = weights[t].value[3] =
-                tap + 1 < taps ? mma_to_float(__ldg(group_bias + tap + 1), half_t()) : 0.0f;
-        }
-        const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n +
-                                             (index_t)out_y * feature_h;
-        const bool low_inside = row_inside && out_x0 + row < out_w, high_inside = row_inside && out_x0 + row + 8 < out_w;
-        const unsigned short* low_pixel = feature_bits + (index_t)(out_x0 + row) * feature_w;
-        const unsigned short* high_pixel = low_pixel + 8 * feature_w;
-        // The thread's place in the span chunk: tap row thread / 8 (+ 32 a pass), word thread % 8
-        // of a k-step, and its tap row in span_weight (the 64-bit offsets formed once).
-        const int span_tap = thread / 8, span_word = thread % 8;
-        const unsigned short* thread_span =
-            reinterpret_cast<const unsigned short*>(span_weight) + ((index_t)group * taps + span_tap) * reduced;
-        const index_t pass_span = (index_t)(MMA_THREADS / 8) * reduced;
-        for (int r0 = 0; r0 < reduced; r0 += MMA_REDUCED) {
-            if (r0 > 0) __syncthreads();  // every warp is done with the previous span chunk
-            // A k-step's 8 words of every tap's row at a time (8 consecutive threads a row), as
-            // many k-steps as the loop below reads: RedNet's R of 16 and 32 take one or two of
-            // the chunk's four.
-#pragma unroll
-            for (int step = 0; step < MMA_REDUCED / 16; ++step) {
-                if (16 * step >= reduced - r0) break;
-                const int column = 8 * step + span_word, r = r0 + 2 * column;
-#pragma unroll
-                for (int pass = 0; pass < MMA_TAPS * 8 / MMA_THREADS; ++pass) {
-                    const int tap = span_tap + pass * (MMA_THREADS / 8);
-                    span[tap * MMA_SPAN_STRIDE + column] =
-                        oplib_load_pair(thread_span + pass * pass_span + r, 1, tap < taps ? reduced - r : 0);
-                }
+#define OPLIB_MMA_FORWARD_ARGUMENTS                                                                                   \
+    input, feature, span_weight, bias, out, channels, height, width, groups, window_h, window_w, out_h, out_w, step_h, \
+        step_w, pad_h, pad_w, spacing_h, spacing_w, reduced, tiles_w, input_n, input_c, input_h, input_w, out_n, out_c, \
+        out_hs, out_ws, feature_n, feature_c, feature_h, feature_w, vector_input, feature_words, batch
+        if constexpr (KERNEL == 0) {
+            if (folded)
+                generated_mma_forward_apart<scalar_t, true>(OPLIB_MMA_FORWARD_ARGUMENTS);
+            else
+                generated_mma_forward_apart<scalar_t, false>(OPLIB_MMA_FORWARD_ARGUMENTS);
+        } else {
+            if (folded) {  // oplib-when: folded
+                generated_mma_forward<scalar_t, KERNEL, STRIDE, true>(OPLIB_MMA_FORWARD_ARGUMENTS);
             }
-            __syncthreads();  // the span chunk is staged
-            if (!row_inside) continue;
-            for (int k0 = 0; k0 < MMA_REDUCED && r0 + k0 < reduced; k0 += 16) {
-                const int r = r0 + k0 + 2 * quad;
-                // The four loads under one branch (per load, the compiler branched at each).
-                OplibFragmentA a;
-                const int low_count = low_inside ? reduced - r : 0, high_count = high_inside ? reduced - r : 0;
-                if (feature_words) {
-                    a.reg[0] = mma_load_pair(low_pixel + r, 1, low_count, true);
-                    a.reg[1] = mma_load_pair(high_pixel + r, 1, high_count, true);
-                    a.reg[2] = mma_load_pair(low_pixel + r + 8, 1, low_count - 8, true);
-                    a.reg[3] = mma_load_pair(high_pixel + r + 8, 1, high_count - 8, true);
-                } else {
-                    a.reg[0] = oplib_load_pair(low_pixel + r * feature_c, feature_c, low_count);
-                    a.reg[1] = oplib_load_pair(high_pixel + r * feature_c, feature_c, high_count);
-                    a.reg[2] = oplib_load_pair(low_pixel + (r + 8) * feature_c, feature_c, low_count - 8);
-                    a.reg[3] = oplib_load_pair(high_pixel + (r + 8) * feature_c, feature_c, high_count - 8);
-                }
-                // Two tap tiles' B fragments a load (past the taps, the staged zeros).
-#pragma unroll
-                for (int t = 0; t < MMA_TAP_TILES; t += 2) {
-                    if (8 * t >= taps) break;
-                    OplibFragmentB b[2];
-                    oplib_load_fragments_b(span + 8 * t * MMA_SPAN_STRIDE + k0 / 2, MMA_SPAN_STRIDE, 8 * MMA_SPAN_STRIDE,
-                                           b[0], b[1]);
-                    oplib_mma<half_t>(weights[t], a, b[0]);
-                    if (8 * (t + 1) < taps) oplib_mma<half_t>(weights[t + 1], a, b[1]);
-                }
+            if (!folded) {  // oplib-unless: folded
+                generated_mma_forward<scalar_t, KERNEL, STRIDE, false>(OPLIB_MMA_FORWARD_ARGUMENTS);
             }
         }
-        // The weights split, hi and lo, into the warp's plain rows; the bands' zeros. lo the
-        // short way, then, where a hi of the warp is an inf or a nan, again the long way.
-        unsigned int non_finite = 0;
-#pragma unroll
-        for (int t = 0; t < MMA_TAP_TILES; ++t) {
-            if (8 * t >= taps) break;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {  // pixels row, row + 8; taps 8 t + 2 quad, + 1
-                const float w0 = weights[t].value[2 * h], w1 = weights[t].value[2 * h + 1];
-                const unsigned int hi = mma_round_pair(w0, w1, half_t());
-                non_finite |= mma_non_finite_halves(hi, half_t());
-                plain[(row + 8 * h) * plain_stride + 4 * t + quad] = hi;
-                plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] = mma_rest_pair_finite<half_t>(w0, w1, hi);
-            }
-        }
-        if (oplib_warp_any(non_finite != 0)) {  // oplib-cold: a hi of the warp is an inf or a nan
-#pragma unroll
-            for (int t = 0; t < MMA_TAP_TILES; ++t) {
-                if (8 * t >= taps) break;
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const float w0 = weights[t].value[2 * h], w1 = weights[t].value[2 * h + 1];
-                    plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] =
-                        mma_rest_pair<half_t>(w0, w1, mma_round_pair(w0, w1, half_t()));
-                }
-            }
-        }
-        // The bands' zeros 16 bytes a store (a band's 16 rows of `stride` words, 4 past a multiple
-        // of 8, are whole vectors, as are the bands' offsets).
-        Vector16<unsigned int>* band_vectors = reinterpret_cast<Vector16<unsigned int>*>(band);
-#pragma unroll 1
-        for (int v = lane; v < MMA_TILE_W * stride / 4; v += 32)
-            band_vectors[v] = band_vectors[band_words / 4 + v] = Vector16<unsigned int>{};
-        // The copies of a kernel row into the band a lane makes (the same for every row): from
-        // plain's tap b of pixel j (tap a*KW + b for row a) to band column j*sw + b*dw; -1: none.
-        int copy_from[MMA_BAND_COPIES], copy_to[MMA_BAND_COPIES];
-#pragma unroll
-        for (int i = 0; i < MMA_BAND_COPIES; ++i) {
-            const int item = lane + 32 * i, j = item / kernel_w, b = item % kernel_w;
-            const bool copies = item < MMA_TILE_W * kernel_w;
-            copy_from[i] = copies ? 2 * j * plain_stride + b : -1;
-            copy_to[i] = copies ? 2 * j * stride + j * stride_w + b * dilation_w : -1;
-        }
-        const unsigned short* plain_bits = reinterpret_cast<const unsigned short*>(plain);
-        unsigned short* band_bits = reinterpret_cast<unsigned short*>(band);
-        __syncwarp();  // the plain rows and the bands' zeros are written
-
-        // 2., 3. A chunk of the group's channels at a time.
-        const int top = tile_y * MMA_TILE_H * stride_h - pad_h, left = out_x0 * stride_w - pad_w;
-        const index_t group_channel0 = (index_t)group * group_channels;
-        const unsigned short* sample_input = reinterpret_cast<const unsigned short*>(input) + n * input_n;
-        const int column_words = 8 * k_steps;
-        const bool pair_stores = mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
-        for (int c0 = 0; c0 < group_channels; c0 += MMA_CHANNELS) {
-            __syncthreads();  // every warp is done with the previous chunk (the first: with the span chunk)
-            mma_stage_rows<half_t>(staged, sample_input + group_channel0 * input_c, c0, group_channels, in_h, column_words,
-                                   stride, top, left, height, width, input_c, input_h, input_w, vector_input, thread);
-            __syncthreads();  // the input chunk is staged
-            if (!row_inside) continue;
-            OplibFragmentC sums[2] = {};
-#pragma unroll
-            for (int a = 0; a < kernel_h; ++a) {
-#pragma unroll
-                for (int i = 0; i < MMA_BAND_COPIES; ++i) {
-                    if (copy_from[i] < 0) continue;
-                    band_bits[copy_to[i]] = plain_bits[copy_from[i] + a * kernel_w];
-                    band_bits[2 * band_words + copy_to[i]] = plain_bits[2 * plain_words + copy_from[i] + a * kernel_w];
-                }
-                __syncwarp();  // the bands of row a are written
-                const unsigned int* rows = staged + (warp * stride_h + a * dilation_h) * MMA_CHANNELS * stride;
-                mma_band_products<half_t, MMA_BAND / 16, true>(sums, band, band_words, rows, stride, k_steps);
-                __syncwarp();  // every lane is done with the bands of row a
-            }
-            // D's element (pixel j, channel c) to the output; with an inf or a nan among the warp's
-            // outputs, the direct sum's instead (rolled: it runs for those warps only).
-            const index_t out_row = n * out_n + group_channel0 * out_c + (index_t)out_y * out_hs;
-            if (mma_any_non_finite(sums)) {  // oplib-cold: an inf or a nan among the warp's sums
-                const unsigned short* rows = reinterpret_cast<const unsigned short*>(staged) + 2 * warp * stride_h * MMA_CHANNELS * stride;
-                mma_direct_sums(plain_bits, 2 * plain_words, plain_stride, rows, out + out_row, out_c, out_ws, c0,
-                                group_channels, out_x0, out_w, kernel_h, kernel_w, stride_w, dilation_h, dilation_w, stride);
-                continue;
-            }
-            mma_store_run(sums, out + out_row + (index_t)out_x0 * out_ws, out_c, out_ws, c0, group_channels, out_x0,
-                          out_w, pair_stores);
-        }
+#undef OPLIB_MMA_FORWARD_ARGUMENTS
     }
 #endif
 }
