@@ -219,6 +219,9 @@ FEATURE_REUSED = PlantedBug("feature-reused", "__syncthreads();  // the previous
 # The direct sum one tap short: only the non-finite test reaches it.
 DIRECT_SUM = PlantedBug("direct-sum-tap-short", "for (int b = 0; b < kernel_w; ++b) {\n                const int from_x",
                         "for (int b = 1; b < kernel_w; ++b) {\n                const int from_x")
+# The band's last k-step with output pixels of the map taken as past it (its weights neither
+# formed nor applied).
+LIVE_STEPS = PlantedBug("live-steps", ": (live_columns + 15) / 16;", ": live_columns / 16;")
 # The staged output row's feature one pixel further on: its last pixel lies past the end of the
 # shared memory.
 STAGED_OVERRUN = PlantedBug(
@@ -257,7 +260,8 @@ def _caught(call) -> bool:
 # lane reads its ldmatrix row before another lane writes part of it: at stride 2 only the
 # ascending order has such a lane (the barriers over the whole block show in both).
 @pytest.mark.integration
-@pytest.mark.parametrize("bug", [BAND_PLACE, _band_sync_bug(), STAGED_BARRIER, FEATURE_REUSED], ids=lambda b: b.name)
+@pytest.mark.parametrize("bug", [BAND_PLACE, _band_sync_bug(), STAGED_BARRIER, FEATURE_REUSED, LIVE_STEPS],
+                         ids=lambda b: b.name)
 def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)
@@ -301,10 +305,12 @@ def test_grad_input_is_clean_under_address_sanitizer():
 def test_address_sanitizer_catches_the_feature_past_the_end(tmp_path):
     require_host_compiler()
     planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, STAGED_OVERRUN.text, STAGED_OVERRUN.bug)
+    # 20 columns: the first tile's band reads output columns -3 to 28, both k-steps of them in the
+    # map (on a 9-wide map the second holds none, and the kernel stages no feature there)
     assert_asan_catches(planted, """
-        g, f, s = torch.randn(1, 32, 9, 9).bfloat16(), torch.randn(1, 8, 9, 9).bfloat16(), torch.randn(2 * 49, 8).bfloat16()
-        ops.involution_generated_mma_backward_input(g, f, s, None, [9, 9], [7, 7], [1, 1], [3, 3], [1, 1],
-                                                    torch.empty(1, 32, 9, 9).bfloat16(), launcher)
+        g, f, s = torch.randn(1, 32, 9, 20).bfloat16(), torch.randn(1, 8, 9, 20).bfloat16(), torch.randn(2 * 49, 8).bfloat16()
+        ops.involution_generated_mma_backward_input(g, f, s, None, [9, 20], [7, 7], [1, 1], [3, 3], [1, 1],
+                                                    torch.empty(1, 32, 9, 20).bfloat16(), launcher)
     """)
 
 

@@ -831,6 +831,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
         // The output rows and columns the block's windows read begin at (first_row, first_column).
         const int first_row = mma_floor_div(tile_y * MMA_TILE_H + pad_h - (kernel_h - 1) * dilation_h, stride_h);
         const int first_column = mma_floor_div(x0 + pad_w - (kernel_w - 1) * dilation_w, stride_w);
+        // The band's k-steps that hold output pixels of the map: those past its right edge hold
+        // only zero weights times zero grad_output (a 7x7 map's runs read output columns -3 to 28,
+        // the second k-step all past the map). The others' weights are neither formed nor applied.
+        const int live_columns = out_w - first_column;
+        const int live_steps = live_columns >= 16 * k_steps ? k_steps : live_columns <= 0 ? 0 : (live_columns + 15) / 16;
 
         // span_weight's rows of the group, whole: a k-step's 8 words of every row at a time, 8
         // consecutive threads a row (a word's row and place in it by shifts, where dividing by the
@@ -872,7 +877,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                 if ((unsigned int)i >= (unsigned int)out_h) continue;  // the same for the whole block
                 __syncthreads();  // the previous row's feature is used (the first: grad_output is staged)
                 mma_stage_features(features, feature_bits + (index_t)i * feature_h, first_column, out_w,
-                                   16 * k_steps, reduced, span_words, span_stride, feature_c, feature_w,
+                                   16 * live_steps, reduced, span_words, span_stride, feature_c, feature_w,
                                    feature_words, thread);
                 __syncthreads();  // the row's feature is staged
                 const int to_a = y + pad_h - i * stride_h;
@@ -894,7 +899,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                     const OplibFragmentB b = oplib_load_fragment_b(span + a * kernel_w * span_stride + k0 / 2, span_stride);
 #pragma unroll
                     for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
-                        if (m >= k_steps) break;
+                        if (m >= live_steps) break;
                         oplib_mma<half_t>(weights[m], oplib_load_fragment_a(features + 16 * m * span_stride + k0 / 2, span_stride), b);
                     }
                 }
@@ -906,7 +911,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                 // the forward takes the long way where a hi is an inf or a nan).
 #pragma unroll
                 for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
-                    if (m >= k_steps) break;
+                    if (m >= live_steps) break;
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int k = 16 * m + row + 8 * h, o = first_column + k;
@@ -926,7 +931,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                 }
                 __syncwarp();  // the bands of row a are written
                 const unsigned int* rows = staged + q * MMA_CHANNELS * stride;
-                mma_band_products<half_t, MMA_GRAD_BAND / 16, false>(sums, band, band_words, rows, stride, k_steps);
+                mma_band_products<half_t, MMA_GRAD_BAND / 16, false>(sums, band, band_words, rows, stride, live_steps);
                 __syncwarp();  // every lane is done with the bands of row a
             }
             if (!row_inside) continue;
