@@ -165,7 +165,7 @@ def model_rows(batch: int, workers: int = 2) -> tuple[list[dict], list[dict]]:
     cases = list(dict.fromkeys((r["shape"], r["dtype"], r["layout"]) for r in rows))
     with ProcessPoolExecutor(workers) as pool:
         recorded = dict(zip(cases, pool.map(_record, cases)))
-    launches = {(e.source, e.kernel, e.dtype, e.specialisation, tuple(sorted(e.paths))) for per_case in recorded.values()
+    launches = {(e.source, e.kernel, e.dtype, e.specialisation) for per_case in recorded.values()
                 for _, events in per_case for e, _ in events if isinstance(e, Launch)}
     profiles = {}
     for source in sorted({key[0] for key in launches}):
@@ -177,7 +177,7 @@ def model_rows(batch: int, workers: int = 2) -> tuple[list[dict], list[dict]]:
             if isinstance(event, Copy):
                 inputs.append(event)
                 continue
-            profile = profiles[event.profile_key]
+            profile = profiles[event.name]
             inputs.append(LaunchInputs(event.name, event.blocks, event.threads_per_block,
                                        event.shared_bytes + profile.shared_bytes, profile.registers,
                                        profile.loads_in_flight, profile.widest_load, work, profile.instruction_ratio))

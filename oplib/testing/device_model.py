@@ -159,26 +159,6 @@ class Launch:
 
         return name_expression(self.kernel, self.dtype, self.specialisation)
 
-    @property
-    def paths(self) -> frozenset[str]:
-        """The flags of the source's path-marked blocks (``cold_lines``) that hold for this
-        launch: the blocks its kernel takes."""
-        return LAUNCH_PATHS.get(self.kernel, lambda scalars: frozenset())(self.scalars)
-
-    @property
-    def profile_key(self) -> str:
-        """The key of its SassProfile in ``sass_profile``'s answer: the instantiation's name,
-        and the flags of its paths where it has any."""
-        return profile_key(self.name, self.paths)
-
-
-# The flags of a kernel's path-marked blocks (``cold_lines``) that hold for a launch, from its
-# scalar arguments: involution_generated_mma's folded runs (its last scalar but one).
-LAUNCH_PATHS = {"involution_generated_mma": lambda scalars: frozenset({"folded"}) if scalars[-2] else frozenset()}
-
-
-def profile_key(name: str, paths: frozenset[str] = frozenset()) -> str:
-    return f"{name} [{', '.join(sorted(paths))}]" if paths else name
 
 
 @dataclass(frozen=True)
@@ -797,7 +777,8 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
     from ..kernels.involution import cuda as involution_cuda
 
     (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w,
-     isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh, fsw, vector, feature_words, folded, N) = launch.scalars
+     isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh, fsw, vector, feature_words, N) = launch.scalars
+    folded = launch.specialisation[2] == "true"
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
     c = source.constants
     es, taps, pg = launch.dtype.itemsize, KH * KW, C // G
@@ -1428,34 +1409,27 @@ def kernel_code(sass: str) -> str:
 # inline direct sums, sixteen small loops inside its loop over the groups, weighed as much as
 # its products.)
 _COLD = re.compile(r"//\s*oplib-cold\b")
-# A block of source that runs only on one path of a flag the host passes (generated_mma.cu's
-# folded runs): ``// oplib-when: NAME`` opens one that runs only where NAME holds,
-# ``// oplib-unless: NAME`` one that runs only where it does not. A launch's SASS holds both
-# paths' code; the model leaves out the blocks it does not take (Launch.paths), as it leaves
-# the cold ones out. (Counted in, one path's code weighed on the other's time.)
-_PATH = re.compile(r"//\s*oplib-(?P<kind>when|unless):\s*(?P<flag>\w+)")
+
 # nvdisasm -g -gi's location of the instructions after it: the line, and the call sites it is
 # inlined at, innermost first.
 _LOCATION = re.compile(r'^\s*//## File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<inlined>.*)$')
 _INLINED = re.compile(r'inlined at "([^"]+)", line (\d+)')
 
 
-def cold_lines(text: str, paths: frozenset[str] = frozenset()) -> frozenset[int]:
-    """The lines (from 1) of ``text``'s blocks a launch whose path flags are ``paths`` leaves
-    untaken: its cold blocks and the path-marked ones of the other paths. Each from its marked
-    line, which opens a block, to the line of the brace that closes it (comments aside)."""
+def cold_lines(text: str) -> frozenset[int]:
+    """The lines (from 1) of ``text``'s cold blocks: from each line marked ``// oplib-cold``,
+    which opens a block, to the line of the brace that closes it (comments aside)."""
     lines = text.splitlines()
     cold: set[int] = set()
     for first, line in enumerate(lines):
-        path = _PATH.search(line)
-        if not (_COLD.search(line) or (path is not None and (path["kind"] == "when") != (path["flag"] in paths))):
+        if not _COLD.search(line):
             continue
         depth = 0
         for last in range(first, len(lines)):
             code = lines[last].split("//", 1)[0]
             depth += code.count("{") - code.count("}")
             if last == first and depth <= 0:
-                raise ValueError(f"line {first + 1} is marked but opens no block: {line.strip()!r}")
+                raise ValueError(f"line {first + 1} is marked oplib-cold but opens no block: {line.strip()!r}")
             if depth <= 0:
                 break
         else:
@@ -1556,23 +1530,22 @@ def _profile_function(sass: str) -> tuple[dict[int, int], float]:
 
 
 @functools.cache
-def sass_profile(source_name: str, instantiations: tuple[tuple, ...], arch: str = "sm_90") -> dict[str, SassProfile]:
-    """Compile ``instantiations`` ((kernel, dtype, specialisation) tuples, or with a fourth, the
-    flags of the paths a launch takes: Launch.paths) of the source ``source_name`` (as
-    ``load_source`` names it) for ``arch`` with NVRTC and CuPy's options, disassemble the cubin
-    with nvdisasm, and profile each: ``profile_key`` (the name expression, and the flags) ->
-    SassProfile. The compile keeps line information (``-lineinfo``, the same machine code) so
-    that the code of the blocks the launch leaves untaken (``cold_lines``: the cold ones, the
-    other paths') is left out with the subroutines."""
+def sass_profile(source_name: str, instantiations: tuple[tuple[str, torch.dtype, tuple[str, ...]], ...],
+                 arch: str = "sm_90") -> dict[str, SassProfile]:
+    """Compile ``instantiations`` ((kernel, dtype, specialisation) tuples) of the source
+    ``source_name`` (as ``load_source`` names it) for ``arch`` with NVRTC and CuPy's options,
+    disassemble the cubin with nvdisasm, and profile each: name expression -> SassProfile. The
+    compile keeps line information (``-lineinfo``, the same machine code) so that the code of the
+    source's cold blocks (``cold_lines``) is left out with the subroutines; a kernel that calls a
+    function of the source outside its cold blocks is refused (that code lies among the
+    subroutines)."""
     from ..kernels.cuda_source import INCLUDE_DIR, load_source, name_expression
     from .nvrtc import compile_source
 
     tool = nvdisasm()
     if tool is None:
         raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
-    keyed = tuple((name_expression(*instantiation[:3]), frozenset(instantiation[3]) if len(instantiation) > 3
-                   else frozenset()) for instantiation in instantiations)
-    names = tuple(dict.fromkeys(name for name, _ in keyed))
+    names = tuple(name_expression(*instantiation) for instantiation in instantiations)
     source = load_source(source_name)
     compiled = compile_source(source, arch, extra_options=("-lineinfo",), names=names)
     lowered, log, cubin = compiled.lowered_names, compiled.log, compiled.cubin
@@ -1580,15 +1553,15 @@ def sass_profile(source_name: str, instantiations: tuple[tuple, ...], arch: str 
         path = Path(folder) / "kernels.cubin"
         path.write_bytes(cubin)
         sass = subprocess.run([tool, "-c", "-g", "-gi", str(path)], check=True, capture_output=True, text=True).stdout
-    headers = {header.name: header.read_text() for header in sorted(INCLUDE_DIR.glob("*.cuh"))}
+    cold = {source.path.name: cold_lines(source.text),
+            **{header.name: cold_lines(header.read_text()) for header in sorted(INCLUDE_DIR.glob("*.cuh"))}}
     cold_callees = cold_functions(source.text)
     functions = dict(zip(*[iter(re.split(r"^\s*\.text\.(\S+):\s*$", sass, flags=re.MULTILINE)[1:])] * 2))
     reports = {m.group(1): m.group(2) for m in re.finditer(
         r"Compiling entry function '(\w+)' for '\w+'(.*?)(?=Compiling entry function|\Z)", log, re.DOTALL)}
     profiles = {}
-    for name, paths in keyed:
+    for name in names:
         mangled = lowered[name]
-        cold = {name_: cold_lines(text, paths) for name_, text in ((source.path.name, source.text), *headers.items())}
         code = hot_code(kernel_code(functions[mangled]), cold)
         # (the compiler's own routines, __cuda_sm20_div_s64 and the like, uncounted as ever)
         hot_calls = {callee for op, args in _INSTRUCTION.findall(code)
@@ -1599,7 +1572,7 @@ def sass_profile(source_name: str, instantiations: tuple[tuple, ...], arch: str 
         loads, in_flight = _profile_function(code)
         report = reports[mangled]
         shared = re.search(r"(\d+) bytes smem", report)
-        profiles[profile_key(name, paths)] = SassProfile(name, arch, int(re.search(r"Used (\d+) registers", report).group(1)),
+        profiles[name] = SassProfile(name, arch, int(re.search(r"Used (\d+) registers", report).group(1)),
                                      int(shared.group(1)) if shared else 0, loads, in_flight, instruction_ratio(code))
     return profiles
 

@@ -315,12 +315,11 @@ def test_the_json_inputs_are_what_the_model_derives_for_some_rows(committed):
             launches = [e for e, _ in events if isinstance(e, device_model.Launch)]
             profiles = {}
             for launch in launches:
-                profiles.update(device_model.sass_profile(launch.source, ((launch.kernel, launch.dtype, launch.specialisation,
-                                                                           tuple(sorted(launch.paths))),)))
+                profiles.update(device_model.sass_profile(launch.source, ((launch.kernel, launch.dtype, launch.specialisation),)))
             regenerated = [e if isinstance(e, device_model.Copy) else LaunchInputs(
-                e.name, e.blocks, e.threads_per_block, e.shared_bytes + profiles[e.profile_key].shared_bytes,
-                profiles[e.profile_key].registers, profiles[e.profile_key].loads_in_flight,
-                profiles[e.profile_key].widest_load, work, profiles[e.profile_key].instruction_ratio)
+                e.name, e.blocks, e.threads_per_block, e.shared_bytes + profiles[e.name].shared_bytes,
+                profiles[e.name].registers, profiles[e.name].loads_in_flight, profiles[e.name].widest_load, work,
+                profiles[e.name].instruction_ratio)
                 for e, work in events]  # fmt: skip
             # NVRTC's register count can move by one or two with the other kernels compiled in
             # the same module (the model compiles a source's instantiations together; here one),
@@ -400,29 +399,6 @@ for (;;) {
     assert device_model.cold_lines(source) == {2, 3, 4, 5, 8, 9, 10}
     with pytest.raises(ValueError, match="opens no block"):
         device_model.cold_lines("x = 1;  // oplib-cold\n")
-
-
-def test_path_blocks_are_untaken_on_the_other_path():
-    """A block marked ``// oplib-when: FLAG`` is untaken where the launch's paths lack FLAG, one
-    marked ``// oplib-unless: FLAG`` where they hold it; cold blocks are untaken on every path.
-    involution_generated_mma's launches say whether they take its folded runs."""
-    source = """if (folded) {  // oplib-when: folded
-    a;
-}
-if (!folded) {  // oplib-unless: folded
-    b;
-}
-if (rare) {  // oplib-cold
-    c;
-}
-"""
-    assert device_model.cold_lines(source) == {1, 2, 3, 7, 8, 9}
-    assert device_model.cold_lines(source, frozenset({"folded"})) == {4, 5, 6, 7, 8, 9}
-    launch = device_model.Launch("generated_mma.cu", "involution_generated_mma", torch.bfloat16, ("7", "1"), (1, 1, 1),
-                                 (32, 8, 1), 0, (0,) * 30 + (True, 2), ())
-    assert launch.paths == {"folded"} and launch.profile_key.endswith(" [folded]")
-    unfolded = dataclasses.replace(launch, scalars=(0,) * 30 + (False, 2))
-    assert unfolded.paths == frozenset() and unfolded.profile_key == unfolded.name
 
 
 def test_the_instruction_ratio_leaves_the_cold_blocks_out():

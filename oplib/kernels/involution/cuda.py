@@ -678,7 +678,7 @@ def generated_tile_specialisation(source: KernelSource, kernel_size, stride, dil
     dilation), else ``GENERATED_TILE_RUNTIME``. Both give the same bits."""
     fixed = (str(kernel_size[0]), str(stride[0]))
     square = kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
-    if square and fixed in source.specialisations[kernel]:
+    if square and fixed in {specialisation[:2] for specialisation in source.specialisations[kernel]}:
         return fixed
     return GENERATED_TILE_RUNTIME
 
@@ -820,7 +820,8 @@ def involution_generated_mma(input: Tensor, feature: Tensor, span_weight: Tensor
     tensor-core kernel in out's own strides (input, feature and out of any strides); None, out
     untouched, where ``generated_mma_config`` declines the call or the GPU predates sm_80. The
     instantiation is ``generated_tile_specialisation``'s pick, or with ``specialised=False`` the
-    one that reads the window from its arguments (the same bits, to compare them)."""
+    one that reads the window from its arguments (the same bits, to compare them), in folded runs
+    where ``generated_mma_folds`` says (its last template argument)."""
     source = load_source(GENERATED_MMA_SOURCE)
     n, out_h, out_w = input.shape[0], *out.shape[2:]
     groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
@@ -833,9 +834,10 @@ def involution_generated_mma(input: Tensor, feature: Tensor, span_weight: Tensor
     folded = generated_mma_folds(source, out_w, kernel_size, stride, dilation)
     scalars = (*_fused_scalars(input, feature, out, groups, kernel_size, stride, padding, dilation,
                                generated_mma_run_width(source, folded)), generated_mma_vectors_fit(input, groups),
-               generated_mma_feature_words(feature), folded, n)
-    specialisation = (generated_tile_specialisation(source, kernel_size, stride, dilation, "involution_generated_mma")
-                      if specialised else GENERATED_TILE_RUNTIME)
+               generated_mma_feature_words(feature), n)
+    window = (generated_tile_specialisation(source, kernel_size, stride, dilation, "involution_generated_mma")
+              if specialised else GENERATED_TILE_RUNTIME)
+    specialisation = (*window, "true" if folded else "false")
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma", input.dtype, config,
                                          (input, feature, span_weight.contiguous(), bias, out, *scalars), specialisation)
     return out

@@ -126,7 +126,8 @@ def test_generated_mma_matches_the_reference_on_the_registry_samples(dtype, orde
 
 
 def _specialisations(launcher) -> set[tuple[str, ...]]:
-    return {launch[4] for launch in launcher.launches if launch[0] == "involution_generated_mma"}
+    """The windows (KERNEL, STRIDE) of the forward's launches, folded or not."""
+    return {launch[4][:2] for launch in launcher.launches if launch[0] == "involution_generated_mma"}
 
 
 def _served_result(args: tuple, launcher, specialised: bool) -> torch.Tensor:
@@ -254,7 +255,7 @@ class PlantedBug(NamedTuple):
 
 
 # The bands of a kernel row read before every lane wrote its copies.
-_ROWS = "\n            const unsigned int* rows = staged + half * sample_words"
+_ROWS = "\n                const unsigned int* rows = staged + half * sample_words"
 BAND_SYNC = PlantedBug("bands-written-sync", "__syncwarp();  // the bands of row a are written" + _ROWS,
                       "// the bands of row a are written" + _ROWS)
 # The input chunk read before the block staged it.
@@ -288,8 +289,8 @@ _HI_COLD = "  // oplib-cold: a hi of the warp is an inf or a nan"
 # left unstaged (its warps read the staged rows as they were).
 FOLDED_LOWER = PlantedBug("folded-lower", "rows + lower_rows);", "rows + 0 * lower_rows);")
 SECOND_SAMPLE = PlantedBug("second-sample", "if (second_sample) {", "if (second_sample && false) {")
-SPLIT_LONG_WAY = PlantedBug("split-long-way", "    if (oplib_warp_any(non_finite != 0)) {" + _HI_COLD + "\n#pragma unroll\n        for (int t",
-                            "    if (false) {\n#pragma unroll\n        for (int t")
+SPLIT_LONG_WAY = PlantedBug("split-long-way", "        if (oplib_warp_any(non_finite != 0)) {" + _HI_COLD + "\n#pragma unroll\n            for (int t",
+                            "        if (false) {\n#pragma unroll\n            for (int t")
 
 
 def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
@@ -363,9 +364,11 @@ def test_a_planted_split_without_its_long_way_fails_the_non_finite_check(tmp_pat
 
 
 def test_the_generated_mma_instantiations_are_the_tiles_pairs():
-    """The same square windows as the tiled kernel, picked the same way."""
+    """The same square windows as the tiled kernel, picked the same way, each in runs of 16 and
+    folded."""
     mma = _source().specialisations["involution_generated_mma"]
-    assert mma == load_source(involution_cuda.SPAN_TILE_SOURCE).specialisations["involution_generated_tile"]
+    tile = load_source(involution_cuda.SPAN_TILE_SOURCE).specialisations["involution_generated_tile"]
+    assert mma == tuple((*window, folded) for window in tile for folded in ("false", "true"))
     pick = involution_cuda.generated_tile_specialisation
     assert pick(_source(), (7, 7), (2, 2), (1, 1), "involution_generated_mma") == ("7", "2")
     assert pick(_source(), (7, 7), (2, 2), (2, 2), "involution_generated_mma") == involution_cuda.GENERATED_TILE_RUNTIME

@@ -84,10 +84,8 @@ static_assert(MMA_BAND % 16 == 0 && MMA_FOLDED_BAND % 16 == 0 && MMA_FOLDED_BAND
               "the host declines a band past MMA_BAND columns (folded: MMA_FOLDED_BAND): whole k-steps");
 static_assert(MMA_CHANNELS * MMA_BAND / 2 <= 2 * MMA_THREADS, "a staged row's words of every channel in two passes");
 
-// Blocks marked `oplib-cold` run only for an inf or a nan, and those marked `oplib-when: folded`
-// (`oplib-unless: folded`) only in folded runs (only in runs of 16): the device-time model
-// leaves the code a launch does not take out of its instruction count
-// (oplib.testing.device_model.cold_lines).
+// Blocks marked `oplib-cold` run only for an inf or a nan: the device-time model leaves their
+// code out of a kernel's instruction count (oplib.testing.device_model.cold_lines).
 
 // Whether v is neither inf nor nan: its exponent bits, the sign shifted out, are not all ones
 // (on the bits: NVRTC makes a float comparison a flushing one under CuPy's -ftz=true).
@@ -384,233 +382,6 @@ __device__ __forceinline__ bool mma_pair_stores(const half_t* out, index_t out_n
            (reinterpret_cast<unsigned long long>(out) & 3) == 0;
 }
 
-// The forward's body in runs of 16, or FOLDED in folded runs: each its own code, where every size
-// is a constant of the specialised instantiations (one body with a runtime `folded` made the
-// staging's and the products' loop counts runtime ones: 2.6 times the SASS).
-template <typename scalar_t, int KERNEL, int STRIDE, bool FOLDED>
-__device__ __forceinline__ void generated_mma_forward(
-    const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
-    const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
-    int window_h, int window_w, int out_h, int out_w, int step_h, int step_w, int pad_h, int pad_w, int spacing_h,
-    int spacing_w, int reduced, int tiles_w, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
-    index_t out_n, index_t out_c, index_t out_hs, index_t out_ws, index_t feature_n, index_t feature_c,
-    index_t feature_h, index_t feature_w, bool vector_input, bool feature_words, int batch) {
-    const TileGeometry<KERNEL, STRIDE> geometry(window_h, window_w, step_h, step_w, spacing_h, spacing_w);
-    const int kernel_h = geometry.kernel_h, kernel_w = geometry.kernel_w;
-    const int stride_h = geometry.stride_h, stride_w = geometry.stride_w;
-    const int dilation_h = geometry.dilation_h, dilation_w = geometry.dilation_w;
-    typedef scalar_t half_t;
-    const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
-    const int row = lane >> 2, quad = lane & 3;  // a fragment's row (pixel) and column pair
-    const int taps = kernel_h * kernel_w, group_channels = channels / groups;
-    constexpr bool folded = FOLDED;
-    const int run_w = folded ? MMA_TILE_W / 2 : MMA_TILE_W;  // a run's columns
-    const int band_columns = (run_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
-    const int k_steps = (band_columns + 15) / 16, stride = 8 * k_steps + 4;
-    // the input rows of the tile's output rows (folded, a map of fewer rows than a tile: its rows)
-    const int in_h = ((folded && out_h < MMA_TILE_H ? out_h : MMA_TILE_H) - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
-    const int tap_tiles = (taps + 7) / 8, plain_stride = 4 * tap_tiles + (tap_tiles % 2 ? 0 : 4);
-    const int sample_words = in_h * MMA_CHANNELS * stride, staged_words = (folded ? 2 : 1) * sample_words;
-    OPLIB_DYNAMIC_SHARED(unsigned int, shared);
-    unsigned int* span = shared;
-    unsigned int* staged = shared;
-    const int plain_words = MMA_WARPS * MMA_TILE_W * plain_stride, band_words = MMA_WARPS * MMA_TILE_W * stride;
-    unsigned int* plain = shared + (staged_words > MMA_TAPS * MMA_SPAN_STRIDE ? staged_words : MMA_TAPS * MMA_SPAN_STRIDE) +
-                          warp * MMA_TILE_W * plain_stride;
-    unsigned int* band = plain - warp * MMA_TILE_W * plain_stride + 2 * plain_words + warp * MMA_TILE_W * stride;
-
-    const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
-    const int half = folded ? warp / 4 : 0;  // the block's sample the warp takes
-    const int tile_row = folded ? 2 * (warp % 4) : warp;  // the warp's (upper) output row in the tile
-    const int out_y = tile_y * MMA_TILE_H + tile_row, out_x0 = tile_x * run_w;
-    const int group = blockIdx.y;
-    const index_t first_sample = folded ? 2 * (index_t)blockIdx.z : (index_t)blockIdx.z, n = first_sample + half;
-    // (a warp past the map or the batch still takes the block's barriers)
-    const bool row_inside = out_y < out_h && n < batch;
-
-    // 1. The run's weights: C fragment t of tap tile t holds pixels row, row + 8 x taps
-    // 8 t + 2 quad, + 1, from the bias on.
-    OplibFragmentC weights[MMA_TAP_TILES];
-    const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
-#pragma unroll
-    for (int t = 0; t < MMA_TAP_TILES; ++t) {
-        const int tap = 8 * t + 2 * quad;
-        weights[t].value[0] = weights[t].value[2] = tap < taps ? mma_to_float(__ldg(group_bias + tap), half_t()) : 0.0f;
-        weights[t].value[1] = weights[t].value[3] =
-            tap + 1 < taps ? mma_to_float(__ldg(group_bias + tap + 1), half_t()) : 0.0f;
-    }
-    const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n +
-                                         (index_t)out_y * feature_h;
-    // the lane's fragment rows' pixels: row, and row + 8 (folded: the lower row's column row)
-    const bool low_inside = row_inside && out_x0 + row < out_w;
-    const bool high_inside = folded ? low_inside && out_y + 1 < out_h : row_inside && out_x0 + row + 8 < out_w;
-    const unsigned short* low_pixel = feature_bits + (index_t)(out_x0 + row) * feature_w;
-    const unsigned short* high_pixel = low_pixel + (folded ? feature_h : 8 * feature_w);
-    // The thread's place in the span chunk: tap row thread / 8 (+ 32 a pass), word thread % 8
-    // of a k-step, and its tap row in span_weight (the 64-bit offsets formed once).
-    const int span_tap = thread / 8, span_word = thread % 8;
-    const unsigned short* thread_span =
-        reinterpret_cast<const unsigned short*>(span_weight) + ((index_t)group * taps + span_tap) * reduced;
-    const index_t pass_span = (index_t)(MMA_THREADS / 8) * reduced;
-    for (int r0 = 0; r0 < reduced; r0 += MMA_REDUCED) {
-        if (r0 > 0) __syncthreads();  // every warp is done with the previous span chunk
-        // A k-step's 8 words of every tap's row at a time (8 consecutive threads a row), as
-        // many k-steps as the loop below reads: RedNet's R of 16 and 32 take one or two of
-        // the chunk's four.
-#pragma unroll
-        for (int step = 0; step < MMA_REDUCED / 16; ++step) {
-            if (16 * step >= reduced - r0) break;
-            const int column = 8 * step + span_word, r = r0 + 2 * column;
-#pragma unroll
-            for (int pass = 0; pass < MMA_TAPS * 8 / MMA_THREADS; ++pass) {
-                const int tap = span_tap + pass * (MMA_THREADS / 8);
-                span[tap * MMA_SPAN_STRIDE + column] =
-                    oplib_load_pair(thread_span + pass * pass_span + r, 1, tap < taps ? reduced - r : 0);
-            }
-        }
-        __syncthreads();  // the span chunk is staged
-        if (!row_inside) continue;
-        for (int k0 = 0; k0 < MMA_REDUCED && r0 + k0 < reduced; k0 += 16) {
-            const int r = r0 + k0 + 2 * quad;
-            // The four loads under one branch (per load, the compiler branched at each).
-            OplibFragmentA a;
-            const int low_count = low_inside ? reduced - r : 0, high_count = high_inside ? reduced - r : 0;
-            if (feature_words) {
-                a.reg[0] = mma_load_pair(low_pixel + r, 1, low_count, true);
-                a.reg[1] = mma_load_pair(high_pixel + r, 1, high_count, true);
-                a.reg[2] = mma_load_pair(low_pixel + r + 8, 1, low_count - 8, true);
-                a.reg[3] = mma_load_pair(high_pixel + r + 8, 1, high_count - 8, true);
-            } else {
-                a.reg[0] = oplib_load_pair(low_pixel + r * feature_c, feature_c, low_count);
-                a.reg[1] = oplib_load_pair(high_pixel + r * feature_c, feature_c, high_count);
-                a.reg[2] = oplib_load_pair(low_pixel + (r + 8) * feature_c, feature_c, low_count - 8);
-                a.reg[3] = oplib_load_pair(high_pixel + (r + 8) * feature_c, feature_c, high_count - 8);
-            }
-            // Two tap tiles' B fragments a load (past the taps, the staged zeros).
-#pragma unroll
-            for (int t = 0; t < MMA_TAP_TILES; t += 2) {
-                if (8 * t >= taps) break;
-                OplibFragmentB b[2];
-                oplib_load_fragments_b(span + 8 * t * MMA_SPAN_STRIDE + k0 / 2, MMA_SPAN_STRIDE, 8 * MMA_SPAN_STRIDE,
-                                       b[0], b[1]);
-                oplib_mma<half_t>(weights[t], a, b[0]);
-                if (8 * (t + 1) < taps) oplib_mma<half_t>(weights[t + 1], a, b[1]);
-            }
-        }
-    }
-    // The weights split, hi and lo, into the warp's plain rows; the bands' zeros. lo the
-    // short way, then, where a hi of the warp is an inf or a nan, again the long way.
-    unsigned int non_finite = 0;
-#pragma unroll
-    for (int t = 0; t < MMA_TAP_TILES; ++t) {
-        if (8 * t >= taps) break;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // pixels row, row + 8; taps 8 t + 2 quad, + 1
-            const float w0 = weights[t].value[2 * h], w1 = weights[t].value[2 * h + 1];
-            const unsigned int hi = mma_round_pair(w0, w1, half_t());
-            non_finite |= mma_non_finite_halves(hi, half_t());
-            plain[(row + 8 * h) * plain_stride + 4 * t + quad] = hi;
-            plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] = mma_rest_pair_finite<half_t>(w0, w1, hi);
-        }
-    }
-    if (oplib_warp_any(non_finite != 0)) {  // oplib-cold: a hi of the warp is an inf or a nan
-#pragma unroll
-        for (int t = 0; t < MMA_TAP_TILES; ++t) {
-            if (8 * t >= taps) break;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float w0 = weights[t].value[2 * h], w1 = weights[t].value[2 * h + 1];
-                plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] =
-                    mma_rest_pair<half_t>(w0, w1, mma_round_pair(w0, w1, half_t()));
-            }
-        }
-    }
-    // The bands' zeros 16 bytes a store (a band's 16 rows of `stride` words, 4 past a multiple
-    // of 8, are whole vectors, as are the bands' offsets).
-    Vector16<unsigned int>* band_vectors = reinterpret_cast<Vector16<unsigned int>*>(band);
-#pragma unroll 1
-    for (int v = lane; v < MMA_TILE_W * stride / 4; v += 32)
-        band_vectors[v] = band_vectors[band_words / 4 + v] = Vector16<unsigned int>{};
-    // The copies of a kernel row into the band a lane makes (the same for every row): from
-    // plain's tap b of pixel j (tap a*KW + b for row a) to band column j*sw + b*dw; -1: none.
-    int copy_from[MMA_BAND_COPIES], copy_to[MMA_BAND_COPIES];
-#pragma unroll
-    for (int i = 0; i < MMA_BAND_COPIES; ++i) {
-        const int item = lane + 32 * i, j = item / kernel_w, b = item % kernel_w;
-        const bool copies = item < MMA_TILE_W * kernel_w;
-        copy_from[i] = copies ? 2 * j * plain_stride + b : -1;
-        copy_to[i] = copies ? 2 * j * stride + (folded ? j % 8 : j) * stride_w + b * dilation_w : -1;
-    }
-    const unsigned short* plain_bits = reinterpret_cast<const unsigned short*>(plain);
-    unsigned short* band_bits = reinterpret_cast<unsigned short*>(band);
-    __syncwarp();  // the plain rows and the bands' zeros are written
-
-    // 2., 3. A chunk of the group's channels at a time.
-    const int top = tile_y * MMA_TILE_H * stride_h - pad_h, left = out_x0 * stride_w - pad_w;
-    const index_t group_channel0 = (index_t)group * group_channels;
-    const unsigned short* block_input = reinterpret_cast<const unsigned short*>(input) + first_sample * input_n +
-                                        group_channel0 * input_c;
-    const bool second_sample = folded && first_sample + 1 < batch;  // folded: whether it stages a second
-    // Folded, the lower row's staged rows; where that row is past the map (and may be past the
-    // rows staged), the upper row's again: its outputs are not stored, but its sums are
-    // checked for an inf or a nan, which the staged rows hold only where the input does.
-    const int lower_rows = folded && out_y + 1 < out_h ? stride_h * MMA_CHANNELS * stride : 0;
-    const int column_words = 8 * k_steps;
-    const bool pair_stores = mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
-    for (int c0 = 0; c0 < group_channels; c0 += MMA_CHANNELS) {
-        __syncthreads();  // every warp is done with the previous chunk (the first: with the span chunk)
-        mma_stage_rows<half_t>(staged, block_input, c0, group_channels, in_h, column_words, stride, top, left, height,
-                               width, input_c, input_h, input_w, vector_input, thread);
-        if (second_sample) {
-            mma_stage_rows<half_t>(staged + sample_words, block_input + input_n, c0, group_channels, in_h, column_words,
-                                   stride, top, left, height, width, input_c, input_h, input_w, vector_input, thread);
-        }
-        __syncthreads();  // the input chunk is staged
-        if (!row_inside) continue;
-        OplibFragmentC sums[2] = {};
-#pragma unroll
-        for (int a = 0; a < kernel_h; ++a) {
-#pragma unroll
-            for (int i = 0; i < MMA_BAND_COPIES; ++i) {
-                if (copy_from[i] < 0) continue;
-                band_bits[copy_to[i]] = plain_bits[copy_from[i] + a * kernel_w];
-                band_bits[2 * band_words + copy_to[i]] = plain_bits[2 * plain_words + copy_from[i] + a * kernel_w];
-            }
-            __syncwarp();  // the bands of row a are written
-            const unsigned int* rows = staged + half * sample_words + (tile_row * stride_h + a * dilation_h) * MMA_CHANNELS * stride;
-            if constexpr (FOLDED)
-                mma_band_products<half_t, MMA_FOLDED_BAND / 16, true, true>(sums, band, band_words, rows, stride, k_steps,
-                                                                            rows + lower_rows);
-            else
-                mma_band_products<half_t, MMA_BAND / 16, true>(sums, band, band_words, rows, stride, k_steps);
-            __syncwarp();  // every lane is done with the bands of row a
-        }
-        // D's element (pixel j, channel c) to the output; with an inf or a nan among the warp's
-        // outputs, the direct sum's instead (rolled: it runs for those warps only).
-        const index_t out_row = n * out_n + group_channel0 * out_c + (index_t)out_y * out_hs;
-        if (mma_any_non_finite(sums)) {  // oplib-cold: an inf or a nan among the warp's sums
-            const unsigned short* rows = reinterpret_cast<const unsigned short*>(staged + half * sample_words) +
-                                         2 * tile_row * stride_h * MMA_CHANNELS * stride;
-            mma_direct_sums(plain_bits, 2 * plain_words, plain_stride, rows, out + out_row, out_c, out_ws, c0,
-                            group_channels, out_x0, out_w, kernel_h, kernel_w, stride_w, dilation_h, dilation_w, stride,
-                            run_w, 2 * stride_h * MMA_CHANNELS * stride, out_hs, out_y + 1 < out_h);
-            continue;
-        }
-        mma_store_pixels(sums, out + out_row + (index_t)(out_x0 + row) * out_ws, folded ? out_hs : 8 * out_ws, out_c,
-                         c0, group_channels, low_inside, high_inside, pair_stores);
-    }
-}
-
-// The runtime instantiation's bodies (KERNEL = 0), each a function of its own: inlined together
-// they spilled (32 bytes on sm_90), where each alone fits the 128 registers. The specialised
-// instantiations inline theirs straight into the kernel (the device-time model counts a
-// kernel's own code, and finds each body's path by the line it is inlined at: it profiles
-// those, RedNet's).
-template <typename scalar_t, bool FOLDED, typename... Args>
-__device__ __noinline__ void generated_mma_forward_apart(Args... args) {
-    generated_mma_forward<scalar_t, 0, 0, FOLDED>(args...);
-}
-
 // Specialised instantiations: a square window of KERNEL taps a side at equal strides STRIDE and
 // no dilation (RedNet's 7x7 at stride 1 or 2, and 3x3 and 5x5), whose sizes are then constants:
 // the band copies' places, the kernel rows and k-steps (unrolled), the staging's unit counts.
@@ -621,43 +392,233 @@ __device__ __noinline__ void generated_mma_forward_apart(Args... args) {
 // (oplib.kernels reads these lines):
 // oplib-instantiate: involution_generated_mma, involution_generated_mma_backward_input, involution_generated_mma_backward_generator
 // oplib-template: KERNEL, STRIDE = 0, 0 | 3, 1 | 3, 2 | 5, 1 | 5, 2 | 7, 1 | 7, 2
+// oplib-template: FOLDED = false | true
 //
-// Folded runs (`folded`, the host's pick where the map's width leaves fewer of the runs' pixels
-// outside it so, as a 7x7 map does: 7 of a run's 16, 14 of a folded one's): a warp's run is 8
+// FOLDED: folded runs (the host's pick where the map's width leaves fewer of the runs' pixels
+// outside it so, as a 7x7 map does: 7 of a run's 16, 14 of a folded one's). A warp's run is 8
 // columns of two output rows (pixels 8-15 the lower row's), and the block's 8 warps take two
 // samples' tiles of 8 x 8 pixels (warps 0-3 the first sample's, 4-7 the second's), each sample's
 // input rows staged apart; the band holds a pixel's 8-column window, mma_band_products
-// (FOLDED) applies it to either row.
+// (FOLDED) applies it to either row. A template argument, not a runtime one: each way's sizes
+// are then constants of the specialised instantiations (with a runtime flag the staging's and
+// the products' loop counts were runtime ones, 2.6 times the SASS), and each instantiation
+// holds one way's code (the runtime instantiation holding both spilled on sm_90).
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N), or (.., .., N / 2 rounded up) folded.
-template <typename scalar_t, int KERNEL, int STRIDE>
+template <typename scalar_t, int KERNEL, int STRIDE, bool FOLDED>
 __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
     const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
     int window_h, int window_w, int out_h, int out_w, int step_h, int step_w, int pad_h, int pad_w, int spacing_h,
     int spacing_w, int reduced, int tiles_w, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
     index_t out_n, index_t out_c, index_t out_hs, index_t out_ws, index_t feature_n, index_t feature_c,
-    index_t feature_h, index_t feature_w, bool vector_input, bool feature_words, bool folded, int batch) {
+    index_t feature_h, index_t feature_w, bool vector_input, bool feature_words, int batch) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     if constexpr (sizeof(scalar_t) == 2) {
-#define OPLIB_MMA_FORWARD_ARGUMENTS                                                                                   \
-    input, feature, span_weight, bias, out, channels, height, width, groups, window_h, window_w, out_h, out_w, step_h, \
-        step_w, pad_h, pad_w, spacing_h, spacing_w, reduced, tiles_w, input_n, input_c, input_h, input_w, out_n, out_c, \
-        out_hs, out_ws, feature_n, feature_c, feature_h, feature_w, vector_input, feature_words, batch
-        if constexpr (KERNEL == 0) {
-            if (folded)
-                generated_mma_forward_apart<scalar_t, true>(OPLIB_MMA_FORWARD_ARGUMENTS);
-            else
-                generated_mma_forward_apart<scalar_t, false>(OPLIB_MMA_FORWARD_ARGUMENTS);
-        } else {
-            if (folded) {  // oplib-when: folded
-                generated_mma_forward<scalar_t, KERNEL, STRIDE, true>(OPLIB_MMA_FORWARD_ARGUMENTS);
+        const TileGeometry<KERNEL, STRIDE> geometry(window_h, window_w, step_h, step_w, spacing_h, spacing_w);
+        const int kernel_h = geometry.kernel_h, kernel_w = geometry.kernel_w;
+        const int stride_h = geometry.stride_h, stride_w = geometry.stride_w;
+        const int dilation_h = geometry.dilation_h, dilation_w = geometry.dilation_w;
+        typedef scalar_t half_t;
+        const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+        const int row = lane >> 2, quad = lane & 3;  // a fragment's row (pixel) and column pair
+        const int taps = kernel_h * kernel_w, group_channels = channels / groups;
+        constexpr bool folded = FOLDED;
+        const int run_w = folded ? MMA_TILE_W / 2 : MMA_TILE_W;  // a run's columns
+        const int band_columns = (run_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
+        const int k_steps = (band_columns + 15) / 16, stride = 8 * k_steps + 4;
+        // the input rows of the tile's output rows (folded, a map of fewer rows than a tile: its rows)
+        const int in_h = ((folded && out_h < MMA_TILE_H ? out_h : MMA_TILE_H) - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
+        const int tap_tiles = (taps + 7) / 8, plain_stride = 4 * tap_tiles + (tap_tiles % 2 ? 0 : 4);
+        const int sample_words = in_h * MMA_CHANNELS * stride, staged_words = (folded ? 2 : 1) * sample_words;
+        OPLIB_DYNAMIC_SHARED(unsigned int, shared);
+        unsigned int* span = shared;
+        unsigned int* staged = shared;
+        const int plain_words = MMA_WARPS * MMA_TILE_W * plain_stride, band_words = MMA_WARPS * MMA_TILE_W * stride;
+        unsigned int* plain = shared + (staged_words > MMA_TAPS * MMA_SPAN_STRIDE ? staged_words : MMA_TAPS * MMA_SPAN_STRIDE) +
+                              warp * MMA_TILE_W * plain_stride;
+        unsigned int* band = plain - warp * MMA_TILE_W * plain_stride + 2 * plain_words + warp * MMA_TILE_W * stride;
+
+        const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
+        const int half = folded ? warp / 4 : 0;  // the block's sample the warp takes
+        const int tile_row = folded ? 2 * (warp % 4) : warp;  // the warp's (upper) output row in the tile
+        const int out_y = tile_y * MMA_TILE_H + tile_row, out_x0 = tile_x * run_w;
+        const int group = blockIdx.y;
+        const index_t first_sample = folded ? 2 * (index_t)blockIdx.z : (index_t)blockIdx.z, n = first_sample + half;
+        // (a warp past the map or the batch still takes the block's barriers)
+        const bool row_inside = out_y < out_h && n < batch;
+
+        // 1. The run's weights: C fragment t of tap tile t holds pixels row, row + 8 x taps
+        // 8 t + 2 quad, + 1, from the bias on.
+        OplibFragmentC weights[MMA_TAP_TILES];
+        const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
+#pragma unroll
+        for (int t = 0; t < MMA_TAP_TILES; ++t) {
+            const int tap = 8 * t + 2 * quad;
+            weights[t].value[0] = weights[t].value[2] = tap < taps ? mma_to_float(__ldg(group_bias + tap), half_t()) : 0.0f;
+            weights[t].value[1] = weights[t].value[3] =
+                tap + 1 < taps ? mma_to_float(__ldg(group_bias + tap + 1), half_t()) : 0.0f;
+        }
+        const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n +
+                                             (index_t)out_y * feature_h;
+        // the lane's fragment rows' pixels: row, and row + 8 (folded: the lower row's column row)
+        const bool low_inside = row_inside && out_x0 + row < out_w;
+        const bool high_inside = folded ? low_inside && out_y + 1 < out_h : row_inside && out_x0 + row + 8 < out_w;
+        const unsigned short* low_pixel = feature_bits + (index_t)(out_x0 + row) * feature_w;
+        const unsigned short* high_pixel = low_pixel + (folded ? feature_h : 8 * feature_w);
+        // The thread's place in the span chunk: tap row thread / 8 (+ 32 a pass), word thread % 8
+        // of a k-step, and its tap row in span_weight (the 64-bit offsets formed once).
+        const int span_tap = thread / 8, span_word = thread % 8;
+        const unsigned short* thread_span =
+            reinterpret_cast<const unsigned short*>(span_weight) + ((index_t)group * taps + span_tap) * reduced;
+        const index_t pass_span = (index_t)(MMA_THREADS / 8) * reduced;
+        for (int r0 = 0; r0 < reduced; r0 += MMA_REDUCED) {
+            if (r0 > 0) __syncthreads();  // every warp is done with the previous span chunk
+            // A k-step's 8 words of every tap's row at a time (8 consecutive threads a row), as
+            // many k-steps as the loop below reads: RedNet's R of 16 and 32 take one or two of
+            // the chunk's four.
+#pragma unroll
+            for (int step = 0; step < MMA_REDUCED / 16; ++step) {
+                if (16 * step >= reduced - r0) break;
+                const int column = 8 * step + span_word, r = r0 + 2 * column;
+#pragma unroll
+                for (int pass = 0; pass < MMA_TAPS * 8 / MMA_THREADS; ++pass) {
+                    const int tap = span_tap + pass * (MMA_THREADS / 8);
+                    span[tap * MMA_SPAN_STRIDE + column] =
+                        oplib_load_pair(thread_span + pass * pass_span + r, 1, tap < taps ? reduced - r : 0);
+                }
             }
-            if (!folded) {  // oplib-unless: folded
-                generated_mma_forward<scalar_t, KERNEL, STRIDE, false>(OPLIB_MMA_FORWARD_ARGUMENTS);
+            __syncthreads();  // the span chunk is staged
+            if (!row_inside) continue;
+            for (int k0 = 0; k0 < MMA_REDUCED && r0 + k0 < reduced; k0 += 16) {
+                const int r = r0 + k0 + 2 * quad;
+                // The four loads under one branch (per load, the compiler branched at each).
+                OplibFragmentA a;
+                const int low_count = low_inside ? reduced - r : 0, high_count = high_inside ? reduced - r : 0;
+                if (feature_words) {
+                    a.reg[0] = mma_load_pair(low_pixel + r, 1, low_count, true);
+                    a.reg[1] = mma_load_pair(high_pixel + r, 1, high_count, true);
+                    a.reg[2] = mma_load_pair(low_pixel + r + 8, 1, low_count - 8, true);
+                    a.reg[3] = mma_load_pair(high_pixel + r + 8, 1, high_count - 8, true);
+                } else {
+                    a.reg[0] = oplib_load_pair(low_pixel + r * feature_c, feature_c, low_count);
+                    a.reg[1] = oplib_load_pair(high_pixel + r * feature_c, feature_c, high_count);
+                    a.reg[2] = oplib_load_pair(low_pixel + (r + 8) * feature_c, feature_c, low_count - 8);
+                    a.reg[3] = oplib_load_pair(high_pixel + (r + 8) * feature_c, feature_c, high_count - 8);
+                }
+                // Two tap tiles' B fragments a load (past the taps, the staged zeros).
+#pragma unroll
+                for (int t = 0; t < MMA_TAP_TILES; t += 2) {
+                    if (8 * t >= taps) break;
+                    OplibFragmentB b[2];
+                    oplib_load_fragments_b(span + 8 * t * MMA_SPAN_STRIDE + k0 / 2, MMA_SPAN_STRIDE, 8 * MMA_SPAN_STRIDE,
+                                           b[0], b[1]);
+                    oplib_mma<half_t>(weights[t], a, b[0]);
+                    if (8 * (t + 1) < taps) oplib_mma<half_t>(weights[t + 1], a, b[1]);
+                }
             }
         }
-#undef OPLIB_MMA_FORWARD_ARGUMENTS
+        // The weights split, hi and lo, into the warp's plain rows; the bands' zeros. lo the
+        // short way, then, where a hi of the warp is an inf or a nan, again the long way.
+        unsigned int non_finite = 0;
+#pragma unroll
+        for (int t = 0; t < MMA_TAP_TILES; ++t) {
+            if (8 * t >= taps) break;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // pixels row, row + 8; taps 8 t + 2 quad, + 1
+                const float w0 = weights[t].value[2 * h], w1 = weights[t].value[2 * h + 1];
+                const unsigned int hi = mma_round_pair(w0, w1, half_t());
+                non_finite |= mma_non_finite_halves(hi, half_t());
+                plain[(row + 8 * h) * plain_stride + 4 * t + quad] = hi;
+                plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] = mma_rest_pair_finite<half_t>(w0, w1, hi);
+            }
+        }
+        if (oplib_warp_any(non_finite != 0)) {  // oplib-cold: a hi of the warp is an inf or a nan
+#pragma unroll
+            for (int t = 0; t < MMA_TAP_TILES; ++t) {
+                if (8 * t >= taps) break;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float w0 = weights[t].value[2 * h], w1 = weights[t].value[2 * h + 1];
+                    plain[plain_words + (row + 8 * h) * plain_stride + 4 * t + quad] =
+                        mma_rest_pair<half_t>(w0, w1, mma_round_pair(w0, w1, half_t()));
+                }
+            }
+        }
+        // The bands' zeros 16 bytes a store (a band's 16 rows of `stride` words, 4 past a multiple
+        // of 8, are whole vectors, as are the bands' offsets).
+        Vector16<unsigned int>* band_vectors = reinterpret_cast<Vector16<unsigned int>*>(band);
+#pragma unroll 1
+        for (int v = lane; v < MMA_TILE_W * stride / 4; v += 32)
+            band_vectors[v] = band_vectors[band_words / 4 + v] = Vector16<unsigned int>{};
+        // The copies of a kernel row into the band a lane makes (the same for every row): from
+        // plain's tap b of pixel j (tap a*KW + b for row a) to band column j*sw + b*dw; -1: none.
+        int copy_from[MMA_BAND_COPIES], copy_to[MMA_BAND_COPIES];
+#pragma unroll
+        for (int i = 0; i < MMA_BAND_COPIES; ++i) {
+            const int item = lane + 32 * i, j = item / kernel_w, b = item % kernel_w;
+            const bool copies = item < MMA_TILE_W * kernel_w;
+            copy_from[i] = copies ? 2 * j * plain_stride + b : -1;
+            copy_to[i] = copies ? 2 * j * stride + (folded ? j % 8 : j) * stride_w + b * dilation_w : -1;
+        }
+        const unsigned short* plain_bits = reinterpret_cast<const unsigned short*>(plain);
+        unsigned short* band_bits = reinterpret_cast<unsigned short*>(band);
+        __syncwarp();  // the plain rows and the bands' zeros are written
+
+        // 2., 3. A chunk of the group's channels at a time.
+        const int top = tile_y * MMA_TILE_H * stride_h - pad_h, left = out_x0 * stride_w - pad_w;
+        const index_t group_channel0 = (index_t)group * group_channels;
+        const unsigned short* block_input = reinterpret_cast<const unsigned short*>(input) + first_sample * input_n +
+                                            group_channel0 * input_c;
+        const bool second_sample = folded && first_sample + 1 < batch;  // folded: whether it stages a second
+        // Folded, the lower row's staged rows; where that row is past the map (and may be past the
+        // rows staged), the upper row's again: its outputs are not stored, but its sums are
+        // checked for an inf or a nan, which the staged rows hold only where the input does.
+        const int lower_rows = folded && out_y + 1 < out_h ? stride_h * MMA_CHANNELS * stride : 0;
+        const int column_words = 8 * k_steps;
+        const bool pair_stores = mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
+        for (int c0 = 0; c0 < group_channels; c0 += MMA_CHANNELS) {
+            __syncthreads();  // every warp is done with the previous chunk (the first: with the span chunk)
+            mma_stage_rows<half_t>(staged, block_input, c0, group_channels, in_h, column_words, stride, top, left, height,
+                                   width, input_c, input_h, input_w, vector_input, thread);
+            if (second_sample) {
+                mma_stage_rows<half_t>(staged + sample_words, block_input + input_n, c0, group_channels, in_h, column_words,
+                                       stride, top, left, height, width, input_c, input_h, input_w, vector_input, thread);
+            }
+            __syncthreads();  // the input chunk is staged
+            if (!row_inside) continue;
+            OplibFragmentC sums[2] = {};
+#pragma unroll
+            for (int a = 0; a < kernel_h; ++a) {
+#pragma unroll
+                for (int i = 0; i < MMA_BAND_COPIES; ++i) {
+                    if (copy_from[i] < 0) continue;
+                    band_bits[copy_to[i]] = plain_bits[copy_from[i] + a * kernel_w];
+                    band_bits[2 * band_words + copy_to[i]] = plain_bits[2 * plain_words + copy_from[i] + a * kernel_w];
+                }
+                __syncwarp();  // the bands of row a are written
+                const unsigned int* rows = staged + half * sample_words + (tile_row * stride_h + a * dilation_h) * MMA_CHANNELS * stride;
+                if constexpr (FOLDED)
+                    mma_band_products<half_t, MMA_FOLDED_BAND / 16, true, true>(sums, band, band_words, rows, stride, k_steps,
+                                                                                rows + lower_rows);
+                else
+                    mma_band_products<half_t, MMA_BAND / 16, true>(sums, band, band_words, rows, stride, k_steps);
+                __syncwarp();  // every lane is done with the bands of row a
+            }
+            // D's element (pixel j, channel c) to the output; with an inf or a nan among the warp's
+            // outputs, the direct sum's instead (rolled: it runs for those warps only).
+            const index_t out_row = n * out_n + group_channel0 * out_c + (index_t)out_y * out_hs;
+            if (mma_any_non_finite(sums)) {  // oplib-cold: an inf or a nan among the warp's sums
+                const unsigned short* rows = reinterpret_cast<const unsigned short*>(staged + half * sample_words) +
+                                             2 * tile_row * stride_h * MMA_CHANNELS * stride;
+                mma_direct_sums(plain_bits, 2 * plain_words, plain_stride, rows, out + out_row, out_c, out_ws, c0,
+                                group_channels, out_x0, out_w, kernel_h, kernel_w, stride_w, dilation_h, dilation_w, stride,
+                                run_w, 2 * stride_h * MMA_CHANNELS * stride, out_hs, out_y + 1 < out_h);
+                continue;
+            }
+            mma_store_pixels(sums, out + out_row + (index_t)(out_x0 + row) * out_ws, folded ? out_hs : 8 * out_ws, out_c,
+                             c0, group_channels, low_inside, high_inside, pair_stores);
+        }
     }
 #endif
 }
