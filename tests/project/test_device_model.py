@@ -401,6 +401,25 @@ for (;;) {
         device_model.cold_lines("x = 1;  // oplib-cold\n")
 
 
+def test_the_functions_called_from_cold_blocks_only_are_cold():
+    """A ``__noinline__`` function whose every call lies in a cold block is cold: a kernel's SASS
+    may call it (nvdisasm can give that call an inlined caller's line); one called from hot code
+    is not, and sass_profile refuses a kernel that calls it (its code is no part of the count)."""
+    source = """__device__ __noinline__ void direct_sums(int a) { }
+__device__ __noinline__ void body_apart(int a) { }
+__global__ void kernel(int a) {
+    if (rare) {  // oplib-cold
+        direct_sums(a);
+    }
+    body_apart(a);
+}
+"""
+    assert device_model.cold_functions(source) == {"direct_sums"}
+    call = "`($_Z24involution_generated_mmaI14oplib_bfloat16Li7ELi1EEvPKT_$_Z15mma_direct_sumsI14oplib_bfloat16EvPKt)`"
+    assert device_model._callee(call) == "mma_direct_sums"
+    assert device_model._callee("`(__cuda_sm20_div_s64)`") == "__cuda_sm20_div_s64"
+
+
 def test_the_instruction_ratio_leaves_the_cold_blocks_out():
     """Instructions whose line, or a call site they are inlined at, lies in a cold block leave
     the count with the traced ones among them; the loop around them keeps its branch. Counted
