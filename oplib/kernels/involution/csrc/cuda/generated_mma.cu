@@ -18,7 +18,8 @@
 // of span_tile.cu is issue-bound).
 //
 // A block of MMA_WARPS warps takes MMA_TILE_H output rows (a warp each) x MMA_TILE_W columns of
-// one (sample, group) (grid: tiles x groups x samples):
+// one (sample, group) (grid: tiles x groups x samples), or on a narrow map two samples' tiles
+// of 8 x 8 pixels, a warp 8 columns of two rows (FOLDED, at the kernel):
 //   1. each warp forms its run's weights, (16 pixels x R) (R x T) + bias on tensor cores, the
 //      feature's fragments read from global memory (a pair of R's channels one 32-bit load
 //      where the host says it is an aligned word: channels_last) and span_weight staged in
@@ -428,7 +429,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
         const int band_columns = (run_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
         const int k_steps = (band_columns + 15) / 16, stride = 8 * k_steps + 4;
         // the input rows of the tile's output rows (folded, a map of fewer rows than a tile: its rows)
-        const int in_h = ((folded && out_h < MMA_TILE_H ? out_h : MMA_TILE_H) - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
+        const int tile_rows = folded && out_h < MMA_TILE_H ? out_h : MMA_TILE_H;
+        const int in_h = (tile_rows - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
         const int tap_tiles = (taps + 7) / 8, plain_stride = 4 * tap_tiles + (tap_tiles % 2 ? 0 : 4);
         const int sample_words = in_h * MMA_CHANNELS * stride, staged_words = (folded ? 2 : 1) * sample_words;
         OPLIB_DYNAMIC_SHARED(unsigned int, shared);
@@ -461,7 +463,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
         }
         const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n +
                                              (index_t)out_y * feature_h;
-        // the lane's fragment rows' pixels: row, and row + 8 (folded: the lower row's column row)
+        // the pixels of the lane's fragment rows row and row + 8 (folded: column `row` of the lower row)
         const bool low_inside = row_inside && out_x0 + row < out_w;
         const bool high_inside = folded ? low_inside && out_y + 1 < out_h : row_inside && out_x0 + row + 8 < out_w;
         const unsigned short* low_pixel = feature_bits + (index_t)(out_x0 + row) * feature_w;
@@ -597,8 +599,9 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
                     band_bits[2 * band_words + copy_to[i]] = plain_bits[2 * plain_words + copy_from[i] + a * kernel_w];
                 }
                 __syncwarp();  // the bands of row a are written
-                const unsigned int* rows = staged + half * sample_words + (tile_row * stride_h + a * dilation_h) * MMA_CHANNELS * stride;
-                if constexpr (FOLDED)
+                const unsigned int* rows = staged + half * sample_words +
+                                           (tile_row * stride_h + a * dilation_h) * MMA_CHANNELS * stride;
+                if constexpr (folded)
                     mma_band_products<half_t, MMA_FOLDED_BAND / 16, true, true>(sums, band, band_words, rows, stride, k_steps,
                                                                                 rows + lower_rows);
                 else
