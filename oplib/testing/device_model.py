@@ -160,7 +160,6 @@ class Launch:
         return name_expression(self.kernel, self.dtype, self.specialisation)
 
 
-
 @dataclass(frozen=True)
 class Copy:
     """A copy that torch runs around a launch (a layout change: ``clone``, ``copy_``):
@@ -347,33 +346,25 @@ def _fragment_b_rows(lane: Tensor, stride: int, second: int = 0) -> Tensor:
 
 
 def _band_products(t: "_Tally", lane: Tensor, band_at, band_words: int, rows, stride: int, k_steps, mask: Tensor,
-                   paired_windows: bool, most_steps: Optional[int] = None) -> None:
+                   paired_windows: bool, most_steps: Optional[int] = None, lower=None) -> None:
     """generated_mma.cu's mma_band_products, the fragment loads of a run's sums over one kernel
     row: per k-step an ldmatrix for each band's A fragment (hi, lo: ``band_words`` apart from
     ``band_at``) and the staged ``rows``' B fragments of two n-tiles, in one ldmatrix with
     ``paired_windows`` (the forward), else one each (grad_input); tensor cores: no term.
     ``k_steps`` may differ by thread (a tensor, at most ``most_steps``: grad_input's k-steps
-    with pixels of the map)."""
+    with pixels of the map). With ``lower`` (FOLDED, a folded run), the B fragments of the
+    upper row's window (``rows``) and of the lower row's, each A fragment serving both."""
+    windows = (rows,) if lower is None else (rows, lower)
     for k in range(k_steps if most_steps is None else most_steps):
         live = mask if most_steps is None else mask & (k < k_steps)
         for plane in range(2):
             t.matrices(band_at + plane * band_words + 8 * k + _fragment_a_rows(lane, stride), live, 4)
-        if paired_windows:
-            t.matrices(rows + 8 * k + _fragment_b_rows(lane, stride, 8 * stride), live, 4)
-            continue
-        for n_tile in range(2):
-            t.matrices(rows + 8 * n_tile * stride + 8 * k + _fragment_b_rows(lane, stride), live, 2)
-
-
-def _folded_band_products(t: "_Tally", lane: Tensor, band_at, band_words: int, upper, lower, stride: int,
-                          k_steps: int, mask: Tensor) -> None:
-    """generated_mma.cu's mma_band_products with FOLDED: per k-step an ldmatrix for each band's A
-    fragment and the ``upper`` and ``lower`` rows' B fragments of two n-tiles, one each."""
-    for k in range(k_steps):
-        for plane in range(2):
-            t.matrices(band_at + plane * band_words + 8 * k + _fragment_a_rows(lane, stride), mask, 4)
-        for rows in (upper, lower):
-            t.matrices(rows + 8 * k + _fragment_b_rows(lane, stride, 8 * stride), mask, 4)
+        for window in windows:
+            if paired_windows:
+                t.matrices(window + 8 * k + _fragment_b_rows(lane, stride, 8 * stride), live, 4)
+                continue
+            for n_tile in range(2):
+                t.matrices(window + 8 * n_tile * stride + 8 * k + _fragment_b_rows(lane, stride), live, 2)
 
 
 def _slots(n: int, dims: int = 3) -> Tensor:
@@ -848,10 +839,8 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
                 column = (j % 8 if folded else j) * sw + b * dw
                 t.shared(2 * (mine_band + plane * band_words) + 2 * j * stride + column, copies, 2)
             rows = half * sample_words + (tile_row * sh + a * dh) * 16 * stride
-            if folded:
-                _folded_band_products(t, lane, mine_band, band_words, rows, rows + lower_rows, stride, k_steps, inside)
-            else:
-                _band_products(t, lane, mine_band, band_words, rows, stride, k_steps, inside, paired_windows=True)
+            _band_products(t, lane, mine_band, band_words, rows, stride, k_steps, inside, paired_windows=True,
+                           lower=rows + lower_rows if folded else None)
         channel = c0 + 8 * _slots(2, 4) + 2 * quad + _slots(2)
         for h in range(2):
             y, x = (oy + h, ox0 + row) if folded else (oy, ox0 + row + 8 * h)
@@ -1409,7 +1398,6 @@ def kernel_code(sass: str) -> str:
 # inline direct sums, sixteen small loops inside its loop over the groups, weighed as much as
 # its products.)
 _COLD = re.compile(r"//\s*oplib-cold\b")
-
 # nvdisasm -g -gi's location of the instructions after it: the line, and the call sites it is
 # inlined at, innermost first.
 _LOCATION = re.compile(r'^\s*//## File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<inlined>.*)$')

@@ -767,16 +767,16 @@ def generated_mma_staged_rows(source: KernelSource, out_h: int, kernel_size, str
     return (rows - 1) * stride[0] + (kernel_size[0] - 1) * dilation[0] + 1
 
 
-def generated_mma_shared_bytes(source: KernelSource, out_size, kernel_size, stride, dilation) -> int:
-    """The dynamic shared memory of ``involution_generated_mma`` for an output map of
-    ``out_size``: the span chunk or the staged input chunk (one place; folded, two samples'),
-    each warp's plain weights and bands, hi and lo (generated_mma.cu lays them out)."""
+def generated_mma_shared_bytes(source: KernelSource, out_h: int, kernel_size, stride, dilation, folded: bool) -> int:
+    """The dynamic shared memory of ``involution_generated_mma`` for an output map of ``out_h``
+    rows, in folded runs or not (``generated_mma_folds``): the span chunk or the staged input
+    chunk (one place; folded, two samples'), each warp's plain weights and bands, hi and lo
+    (generated_mma.cu lays them out)."""
     c = source.constants
-    folded = generated_mma_folds(source, out_size[1], kernel_size, stride, dilation)
     stride_words = 8 * generated_mma_band_steps(source, kernel_size, stride, dilation, folded) + 4
     tap_tiles = -(-kernel_size[0] * kernel_size[1] // 8)
     plain_stride = 4 * tap_tiles + (0 if tap_tiles % 2 else 4)
-    in_h = generated_mma_staged_rows(source, out_size[0], kernel_size, stride, dilation, folded)
+    in_h = generated_mma_staged_rows(source, out_h, kernel_size, stride, dilation, folded)
     staged = max(c["MMA_TAPS"] * c["MMA_SPAN_STRIDE"], (2 if folded else 1) * in_h * c["MMA_CHANNELS"] * stride_words)
     return 4 * (staged + 2 * c["MMA_WARPS"] * c["MMA_TILE_W"] * (plain_stride + stride_words))
 
@@ -797,7 +797,7 @@ def generated_mma_config(source: KernelSource, dtype: torch.dtype, batch: int, g
     if kernel_size[1] > c["MMA_BAND_WIDTH"] or 16 * generated_mma_band_steps(source, kernel_size, stride, dilation,
                                                                               folded) > band:
         return None
-    shared_bytes = generated_mma_shared_bytes(source, out_size, kernel_size, stride, dilation)
+    shared_bytes = generated_mma_shared_bytes(source, out_size[0], kernel_size, stride, dilation, folded)
     if shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535 or batch > 65535:
         return None
     tiles = -(-out_size[0] // c["MMA_TILE_H"]) * -(-out_size[1] // generated_mma_run_width(source, folded))

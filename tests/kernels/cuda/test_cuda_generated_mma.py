@@ -72,7 +72,7 @@ def _declines_only_what_it_cannot_hold(args: tuple) -> bool:
     steps = involution_cuda.generated_mma_band_steps(_source(), kernel_size, stride, dilation, folded)
     return (kernel_size[0] * kernel_size[1] > c["MMA_TAPS"] or kernel_size[1] > c["MMA_BAND_WIDTH"]
             or 16 * steps > c["MMA_FOLDED_BAND" if folded else "MMA_BAND"]
-            or involution_cuda.generated_mma_shared_bytes(_source(), out_size, kernel_size, stride, dilation)
+            or involution_cuda.generated_mma_shared_bytes(_source(), out_size[0], kernel_size, stride, dilation, folded)
             > involution_cuda.GENERATED_TILE_MAX_SHARED)
 
 
