@@ -947,11 +947,14 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     chunk of 16 of its channels the input rows staged ([row][column][channel pair]: 16-byte
     vectors and 4 word stores a unit, or a word of two channels at a time), grad_output's A
     fragment from global memory, per kernel row and n-tile the input's B fragment and the band's
-    gw stores (a load and a store from the second chunk on); then grad_feature's products (gw's
-    A fragments split from floats, the span's B fragments), the block's grad_span_weight tiles
-    (gw's transposed A fragments, the feature's B fragments, the partial sums' stores) and, in
-    R range 0, grad_span_bias's sums (adds as multiply-adds); at the end grad_feature's stores (in
-    float to the split's part where the groups are split).
+    gw stores (a load and a store from the second chunk on; none in a warp whose row is past the
+    map, nor past the n-tiles of the band with a tap of a pixel inside it); each warp's split of its rows (the floats' loads, the hi and lo words' stores, the
+    bias's adds as multiply-adds) and, in R range 0, its bias sums' store; then grad_feature's
+    products (gw's hi and lo A fragments and the span's B fragments by ldmatrix, none past the
+    map), the block's grad_span_weight tiles (gw's transposed A fragments and the feature's B
+    fragments over the tile's rows inside the map, the partial sums' stores) and, in R range 0,
+    grad_span_bias's sum of the warps' sums; at the end grad_feature's stores (in float to the
+    split's part where the groups are split).
     Tensor cores: no term. The layout's sizes are the source's and its host's."""
     from ..kernels.involution import cuda as involution_cuda
 
@@ -967,7 +970,6 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     features_at = span_r * span_stride
     staged_at = features_at + span_r * pixel_words
     gw_at = staged_at + in_h * columns * column_words
-    bias_at = gw_at + 128 * gw_stride
     block, thread = item // threads, item % threads
     warp, lane, row, quad = thread // 32, thread % 32, thread % 32 // 4, thread % 4
     tile, y_block = block % launch.grid[0], block // launch.grid[0] % launch.grid[1]
@@ -983,10 +985,9 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     for h in range(2):
         t.load(2, n * fsn + (r0 + r) * fsc + y * fsh + (x + h) * fsw, (r0 + r < R) & (y < OH) & (x + h < OW), es)
     t.shared(features_at + r * pixel_words + pair, True, 4)
-    if tap_pad > taps:
-        i = thread + threads * _slots(-(-128 * (tap_pad - taps) // threads))
-        t.shared(gw_at + i // (tap_pad - taps) * gw_stride + taps + i % (tap_pad - taps), i < 128 * (tap_pad - taps), 4)
     top, left = tile_y * 8 * sh - ph, ox0 * sw - pw
+    live_w = (OW - ox0).clamp(max=16)  # the n-tiles of products with a tap of a pixel inside the map
+    live_tiles = ((live_w - 1) * sw + (KW - 1) * dw) // 8 + 1
     pixels = row + 8 * _slots(2, 4)  # a fragment's two rows of pixels
     inside = (oy < OH) & (ox0 + pixels < OW)
     everywhere = t.active
@@ -1029,8 +1030,9 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
             for a in range(KH):
                 input_row = staged_at + (warp * sh + a * dh) * columns * column_words
                 for n_tile in range(n_tiles):
+                    live = (oy < OH) & (n_tile < live_tiles)
                     column = 8 * n_tile + lane % 8  # an ldmatrix row: its words' halves swapped in columns 4-7
-                    t.matrices(input_row + column * column_words + ((4 * (lane // 8 % 2)) ^ (column & 4)), oy < OH, 2)
+                    t.matrices(input_row + column * column_words + ((4 * (lane // 8 % 2)) ^ (column & 4)), live, 2)
                     for v in range(4):
                         j = row + 8 * (v >> 1)
                         offset = 8 * n_tile + 2 * quad + (v & 1) - j * sw
@@ -1038,37 +1040,44 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
                         on_band = (offset >= 0) & (offset == b * dw) & (b < KW)
                         at = gw_at + (warp * 16 + j) * gw_stride + a * KW + b
                         if c0 > 0:
-                            t.shared(at, on_band, 4)
-                        t.shared(at, on_band, 4)
-        for k0 in range(0, tap_pad, 16):  # grad_feature: gw's A fragment split from floats, the span's B
-            for v in range(4):
-                at = gw_at + (warp * 16 + row + 8 * (v & 1)) * gw_stride + k0 + 2 * quad + 8 * (v >> 1)
-                for h in range(2):
-                    t.shared(at + h, True, 4)
+                            t.shared(at, on_band & live, 4)
+                        t.shared(at, on_band & live, 4)
+        # the warp splits its rows in place: a lane 4 taps (16 bytes) of every other row, those
+        # of pixels inside the map, its hi and lo words 8 bytes each; the bias's adds
+        lane_taps = 4 * (lane % 16)
+        for step in range(8):
+            j = lane // 16 + 2 * step
+            row_at = gw_at + (warp * 16 + j) * gw_stride
+            t.shared((row_at + lane_taps) // 4, (oy < OH) & (ox0 + j < OW) & (lane_taps < tap_pad), 16)
+            t.fma(True, 4)
+            for plane in range(2):
+                t.shared((row_at + plane * tap_pad // 2 + lane_taps // 2) // 2, lane_taps < tap_pad, 8)
+        t.shared((staged_at + warp * 64 + lane_taps) // 4, (r_range == 0) & (lane < 16) & (lane_taps < tap_pad), 16)
+        warp_at = gw_at + warp * 16 * gw_stride
+        for k0 in range(0, tap_pad, 16):  # grad_feature: gw's hi and lo A fragments, the span's B
+            for plane in range(2):
+                t.matrices(warp_at + plane * tap_pad // 2 + k0 // 2 + _fragment_a_rows(lane, gw_stride), oy < OH, 4)
             for n_tile in range(span_r // 8):
-                t.matrices(8 * n_tile * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), True, 2)
+                t.matrices(8 * n_tile * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), oy < OH, 2)
         mine = 2 * warp < tap_pad // 16 * (span_r // 8)  # two tiles a warp: one m-tile, two n-tiles
         m0, first_n_tile = 16 * (2 * warp // (span_r // 8)), 2 * warp % (span_r // 8)
         n_tile = first_n_tile + _slots(2, 4)
-        for p0 in range(0, 128, 16):
-            for v in range(4):
-                p = p0 + 2 * quad + 8 * (v >> 1)
-                for h in range(2):
-                    t.shared(gw_at + (p + h) * gw_stride + m0 + row + 8 * (v & 1), mine, 4)
+        live_rows = (OH - tile_y * 8).clamp(max=8)  # a k-step a row of the tile's, those inside the map
+        for step in range(8):
+            p0 = 16 * step
+            transposed = (lane % 8 + 8 * (lane // 16)) * gw_stride + 4 * (lane // 8 % 2)
+            for plane in range(2):
+                t.matrices(gw_at + p0 * gw_stride + plane * tap_pad // 2 + m0 // 2 + transposed, mine & (step < live_rows), 4)
             t.matrices(features_at + 8 * first_n_tile * pixel_words + p0 // 2
-                       + _fragment_b_rows(lane, pixel_words, 8 * pixel_words), mine, 4)
+                       + _fragment_b_rows(lane, pixel_words, 8 * pixel_words), mine & (step < live_rows), 4)
         for v in range(4):
             tap, r = m0 + row + 8 * (v >> 1), r0 + 8 * n_tile + 2 * quad + (v & 1)
             t.store(6, ((slot * G + group) * taps + tap) * R + r, mine & (tap < taps) & (r < R), 4)
-        sums = r_range == 0  # grad_span_bias's parts, then their sum
-        tap, part = thread % 64, thread // 64
-        for p in range(32):
-            t.shared(gw_at + (part * 32 + p) * gw_stride + tap, sums & (tap < taps), 4)
-        t.fma(sums & (tap < taps), 32)
-        t.shared(bias_at + part * 64 + tap, sums, 4)
-        for p in range(4):
-            t.shared(bias_at + p * 64 + thread, sums & (thread < taps), 4)
-        t.store(7, (slot * G + group) * taps + thread, sums & (thread < taps), 4)
+        sums = (r_range == 0) & (thread < taps)  # grad_span_bias: the warps' sums added up
+        for part in range(8):
+            t.shared(staged_at + part * 64 + thread, sums, 4)
+        t.fma(sums, 7)
+        t.store(7, (slot * G + group) * taps + thread, sums, 4)
     t.active = everywhere
     channel = r0 + 8 * _slots(4, 4) + 2 * quad
     if splits > 1:  # floats to the split's part, [split][n][y][x][r]

@@ -955,14 +955,14 @@ def generated_mma_generator_extent(source: KernelSource, kernel_size, stride, di
 
 def generated_mma_generator_shared_bytes(source: KernelSource, kernel_size, stride, dilation) -> int:
     """The dynamic shared memory of ``involution_generated_mma_backward_generator``: the group's
-    span rows of the block's R range, the tile's feature, the staged input chunk, the tile's gw
-    in float, the bias's parts and two flags (generated_mma.cu lays them out)."""
+    span rows of the block's R range, the tile's feature, the staged input chunk (the warps'
+    bias sums after it), the tile's gw in float and two flags (generated_mma.cu lays them
+    out)."""
     c = source.constants
     rows, columns = generated_mma_generator_extent(source, kernel_size, stride, dilation)
     tap_pad = 16 * -(-kernel_size[0] * kernel_size[1] // 16)
     return 4 * (c["GEN_GRAD_R"] * (tap_pad // 2 + 4) + c["GEN_GRAD_R"] * c["GEN_GRAD_PIXEL_WORDS"]
-                + rows * columns * c["GEN_GRAD_COLUMN_WORDS"] + c["MMA_WARPS"] * c["MMA_TILE_W"] * (tap_pad + 4)
-                + c["GEN_GRAD_BIAS_PARTS"] * c["MMA_TAPS"] + 2)
+                + rows * columns * c["GEN_GRAD_COLUMN_WORDS"] + c["MMA_WARPS"] * c["MMA_TILE_W"] * (tap_pad + 4) + 2)
 
 
 # Fewer blocks of tiles x R ranges x samples than this, and the generator kernel's groups are

@@ -279,26 +279,44 @@ BAND_TAP = PlantedBug("band-tap", "const int b = offset / dilation_w;", "const i
 STAGED_BARRIER = PlantedBug("staged-barrier", "__syncthreads();  // the input chunk (and, the first, the span rows) staged",
                             "// the input chunk (and, the first, the span rows) staged")
 # grad_span_weight read from other warps' gw before they wrote it.
-GW_BARRIER = PlantedBug("gw-barrier", "__syncthreads();  // every warp's gw of the group is whole",
-                        "// every warp's gw of the group is whole")
+GW_BARRIER = PlantedBug("gw-barrier", "__syncthreads();  // every warp's gw of the group is split",
+                        "// every warp's gw of the group is split")
 # A second channel chunk written over the first instead of added to it.
 CHUNKS_ADDED = PlantedBug("chunks-added", "*at = c0 == 0 ? value : oplib_add(*at, value);", "*at = value;")
-# grad_span_bias's last part of the tile's pixels left out.
-BIAS_PARTS = PlantedBug("bias-parts", "for (int p = 1; p < GEN_GRAD_BIAS_PARTS; ++p)",
-                        "for (int p = 1; p < GEN_GRAD_BIAS_PARTS - 1; ++p)")
+# grad_span_bias's last warp's sums (the tile's row 7) left out.
+BIAS_PARTS = PlantedBug("bias-parts", "for (int part = 1; part < MMA_WARPS; ++part)",
+                        "for (int part = 1; part < MMA_WARPS - 1; ++part)")
+# gw's split read before every lane of the warp has stored its products.
+PRODUCTS_SYNC = PlantedBug("products-sync", "__syncwarp();  // every lane's products are in the warp's rows",
+                           "// every lane's products are in the warp's rows")
+# gw's split written over its row before every lane of the warp has read its words.
+SPLIT_SYNC = PlantedBug("split-sync", "__syncwarp();  // the row's words read, by every lane, before any is written over",
+                        "// the row's words read, by every lane, before any is written over")
+# grad_feature's lo fragment loaded from the hi words: hi taken twice, lo never.
+FEATURE_LO = PlantedBug("feature-lo", "oplib_load_fragment_a(warp_words + tap_pad / 2 + k0 / 2, gw_stride)",
+                        "oplib_load_fragment_a(warp_words + k0 / 2, gw_stride)")
+# grad_span_weight's hi fragment loaded untransposed: pixels taken for taps.
+SPAN_TRANSPOSED = PlantedBug("span-transposed", "oplib_load_fragment_a_transposed(at, gw_stride)",
+                             "oplib_load_fragment_a(at, gw_stride)")
+# grad_span_weight's last k-step of the tile's rows inside the map left out.
+LIVE_PIXELS = PlantedBug("live-pixels", "p0 < live_pixels && !inf_flags[0]", "p0 < live_pixels - 16 && !inf_flags[0]")
+# The pixels past the map split from what their floats hold (the previous group's split words),
+# not as zeros.
+PIXELS_PAST_THE_MAP = PlantedBug("pixels-past-the-map", "const bool pixel_inside = out_y < out_h && out_x0 + j < out_w;",
+                                 "const bool pixel_inside = true;")
+# The last n-tile of products that holds a tap of the map's pixels left out.
+LIVE_TILES = PlantedBug("live-tiles", "(kernel_w - 1) * dilation_w) / 8 + 1;", "(kernel_w - 1) * dilation_w) / 8;")
 # The lo half of gw left out of grad_span_weight: gw rounded to bfloat16 before the batch's sums.
 SPAN_LO = PlantedBug("span-lo", "oplib_mma<half_t>(sums[u], lo, b[u]);", "")
 # A split's first group one further where the groups do not divide evenly: a group left out.
 GROUP_RANGE = PlantedBug("group-range", "group_first = split * groups / group_splits,",
                          "group_first = (split * groups + group_splits - 1) / group_splits,")
-# The bias parts one tap-row past the end of the dynamic shared memory.
-BIAS_OVERRUN = PlantedBug("bias-past-the-end", "float* bias_parts = gw + MMA_WARPS * MMA_TILE_W * gw_stride;",
-                          "float* bias_parts = gw + MMA_WARPS * MMA_TILE_W * gw_stride + MMA_TAPS;")
+# A split row's lo words one row further: the last row's past the end of the dynamic shared memory.
+SPLIT_OVERRUN = PlantedBug("split-past-the-end", "*reinterpret_cast<GenGradWords*>(words + tap_pad / 2) =",
+                           "*reinterpret_cast<GenGradWords*>(words + tap_pad / 2 + gw_stride) =")
 # gw's split without its long way where a hi of the warp is an inf or a nan.
-SPLIT_LONG_WAY = PlantedBug("split-long-way",
-                            "    if (oplib_warp_any(non_finite != 0)) {  // oplib-cold: a hi of the warp is an inf or a nan\n"
-                            "#pragma unroll\n        for (int v = 0;",
-                            "    if (false) {\n#pragma unroll\n        for (int v = 0;")
+SPLIT_LONG_WAY = PlantedBug("split-long-way", "if (non_finite != 0) {  // oplib-cold: a hi is an inf or a nan",
+                            "if (false) {")
 
 
 def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
@@ -309,14 +327,15 @@ def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
 
 @pytest.mark.parametrize("bug", [pytest.param(BAND_TAP),
                                  *(pytest.param(b, marks=pytest.mark.integration)
-                                   for b in (STAGED_BARRIER, GW_BARRIER, CHUNKS_ADDED, BIAS_PARTS))],
+                                   for b in (STAGED_BARRIER, GW_BARRIER, CHUNKS_ADDED, BIAS_PARTS, SPLIT_SYNC,
+                                             FEATURE_LO, SPAN_TRANSPOSED, LIVE_PIXELS, LIVE_TILES))],
                          ids=lambda b: b.name)
 def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
     """Each on the two-chunk geometry (stride 1, NCHW) and the stride-2 channels_last one, in
     both orders: every one of them must fail the float64 reference check, or a barrier left out
     may stop the emulation first at an ldmatrix whose row another lane of the warp wrote after
-    the reading lane got there. (The bias's last part is the tile's rows 6 and 7, which only the
-    first geometry's 11 output rows reach.)"""
+    the reading lane got there. (The bias's last part is the tile's row 7, which only the first
+    geometry's 11 output rows reach.)"""
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)
     for order in ORDERS:
@@ -337,6 +356,30 @@ def test_a_planted_split_without_its_long_way_fails_the_non_finite_check(tmp_pat
                                         float("inf"))
     with pytest.raises(AssertionError, match="nan at other places|inf at other places|not close"):
         _assert_non_finite_as_torch(changed, EmulatedLauncher(), SPLIT_LONG_WAY.name)
+
+
+@pytest.mark.integration
+def test_a_planted_split_before_the_products_are_stored_fails_in_the_order_its_race_runs(tmp_path, monkeypatch):
+    """Without the warp barrier after the products, a lane splits words other lanes of its warp
+    store after it reads them. On the host the race shows where the lanes run last to first:
+    the stride-2 geometry's grad_feature is then far from the reference."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, PRODUCTS_SYNC)
+    with planted_bug_caught():
+        _check(generator_arguments(GENERATOR_CASES[-2].arguments(torch.bfloat16)), EmulatedLauncher(order=ORDERS[1]),
+               PRODUCTS_SYNC.name)
+
+
+@pytest.mark.integration
+def test_a_planted_split_of_the_pixels_past_the_map_fails_the_reference_check(tmp_path, monkeypatch):
+    """Four groups a block: the tiles' pixels past the map hold the previous group's split words
+    (rows past the 11-row map), or floats no products wrote (columns past its edge), which the
+    planted split reads as gw."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, PIXELS_PAST_THE_MAP)
+    args = generator_arguments(FOUR_GROUPS.arguments(torch.bfloat16))
+    with planted_bug_caught():
+        _check(args, EmulatedLauncher(), PIXELS_PAST_THE_MAP.name, group_splits=1)
 
 
 @pytest.mark.integration
@@ -389,9 +432,9 @@ def test_generator_is_clean_under_address_sanitizer():
 
 
 @pytest.mark.integration
-def test_address_sanitizer_catches_the_bias_parts_past_the_end(tmp_path):
+def test_address_sanitizer_catches_the_split_past_the_end(tmp_path):
     require_host_compiler()
-    planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, BIAS_OVERRUN.text, BIAS_OVERRUN.bug)
+    planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, SPLIT_OVERRUN.text, SPLIT_OVERRUN.bug)
     assert_asan_catches(planted, """
         g, f, s = torch.randn(1, 32, 9, 9).bfloat16(), torch.randn(1, 8, 9, 9).bfloat16(), torch.randn(2 * 49, 8).bfloat16()
         x = torch.randn(1, 32, 9, 9).bfloat16()

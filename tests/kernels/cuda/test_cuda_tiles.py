@@ -145,12 +145,21 @@ def test_dynamic_shared_memory_is_fresh_and_poisoned_in_every_block():
 def _expected_fragments(tile: torch.Tensor) -> torch.Tensor:
     """The PTX ISA's fragment layout (warp.cuh's table) of a 16 x 8-word tile: per lane (group
     g, quad q), A's registers (g, q), (g + 8, q), (g, q + 4), (g + 8, q + 4); B's of the tile's
-    row g (B's column), words q and q + 4; the pair's B of rows g and g + 8."""
+    row g (B's column), words q and q + 4; the pair's B of rows g and g + 8; the transposed A's
+    (ldmatrix .trans: the tile's row k is A's column k), A's elements (m, k), (m, k + 1) in a
+    register's halves for m = g, g + 8 and k = 2 q, 2 q + 8, element (m, k) the 16-bit half m % 2
+    of the tile's word (k, m // 2)."""
+    words = tile.long()
+
+    def half(k: int, m: int) -> int:
+        return int(words[k, m // 2]) >> 16 * (m % 2) & 0xFFFF
+
     rows = []
     for lane in range(32):
         g, q = lane // 4, lane % 4
+        transposed = [half(k, m) | half(k + 1, m) << 16 for k in (2 * q, 2 * q + 8) for m in (g, g + 8)]
         rows.append([tile[g, q], tile[g + 8, q], tile[g, q + 4], tile[g + 8, q + 4], tile[g, q], tile[g, q + 4],
-                     tile[g, q], tile[g, q + 4], tile[g + 8, q], tile[g + 8, q + 4]])
+                     tile[g, q], tile[g, q + 4], tile[g + 8, q], tile[g + 8, q + 4], *transposed])
     return torch.tensor(rows, dtype=torch.float64)
 
 
@@ -163,11 +172,11 @@ def _fragment_tile() -> torch.Tensor:
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("stride", [8, 12])
 def test_fragment_loads_follow_the_ptx_layout(stride, order):
-    """warp.cuh's ldmatrix loads, run on the host from each lane's row address: A, B and a pair
-    of B tiles, each lane's registers as the PTX ISA lays the fragments out."""
+    """warp.cuh's ldmatrix loads, run on the host from each lane's row address: A, B, a pair of
+    B tiles and A transposed, each lane's registers as the PTX ISA lays the fragments out."""
     require_host_compiler()
     tile = _fragment_tile()
-    out = torch.full((32, 10), -1.0, dtype=torch.float64)
+    out = torch.full((32, 14), -1.0, dtype=torch.float64)
     EmulatedLauncher(order=order).launch(COOPERATION, "fragments", torch.float64, LaunchConfig(1, 32, shared_bytes=1024),
                                          (tile, out, stride, 0))
     torch.testing.assert_close(out, _expected_fragments(tile.view(16, 8)), rtol=0, atol=0)
@@ -185,7 +194,7 @@ def test_fragment_loads_stop_where_the_hardware_faults_or_races(mode, message, o
     written it, stop the launch with the place, in either run order (the race shows in both:
     a lane reads its row before another lane writes part of it, whichever runs first)."""
     require_host_compiler()
-    out = torch.zeros(32, 10, dtype=torch.float64)
+    out = torch.zeros(32, 14, dtype=torch.float64)
     with pytest.raises(EmulationError, match=message):
         EmulatedLauncher(order=order).launch(COOPERATION, "fragments", torch.float64,
                                              LaunchConfig(1, 32, shared_bytes=1024), (_fragment_tile(), out, 12, mode))

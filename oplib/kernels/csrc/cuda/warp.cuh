@@ -94,16 +94,18 @@ struct OplibFragmentC {
 
 // COUNT 8 x 8 matrices of 16-bit values from shared memory, by ldmatrix: lane 8 i + r gives
 // the address of matrix i's row r, 16 bytes (4 words) 16-byte aligned; lane (group, quad) gets
-// word quad of row group of matrix i in reg[i]. One instruction where the fragments' plain
-// loads take 2 COUNT: their words go through the same banks (a matrix's 8 rows of 16 bytes are
-// one pass when they fall in different banks, as the layouts' 4 words of padding, or the
-// generator's swapped halves, make them). Every lane of the warp calls it, lanes past 8 COUNT
-// with an address of the same matrices (the hardware ignores it). The asm names no memory: a
-// barrier before it (__syncwarp, __syncthreads) orders it after the tile's stores, as for any
-// load, and the emulation stops where one is missing. On the host, each lane reads its row and
-// the words go to their lanes by shuffles, each address checked as the hardware takes it
+// word quad of row group of matrix i in reg[i], or, TRANSPOSED (ldmatrix .trans), the values of
+// column `group` at rows 2 quad and 2 quad + 1 (the first in the lower half). One instruction
+// where the fragments' plain loads take 2 COUNT: their words go through the same banks (a
+// matrix's 8 rows of 16 bytes are one pass when they fall in different banks, as the layouts' 4
+// words of padding, or the generator's swapped halves, make them). Every lane of the warp calls
+// it, lanes past 8 COUNT with an address of the same matrices (the hardware ignores it). The asm
+// names no memory: a barrier before it (__syncwarp, __syncthreads) orders it after the tile's
+// stores, as for any load, and the emulation stops where one is missing. On the host, each lane
+// reads its row and the words go to their lanes by shuffles (transposed, a lane's two values
+// out of two lanes' rows shuffled whole), each address checked as the hardware takes it
 // (oplib_check_matrix_row: in the block's shared memory, aligned).
-template <int COUNT>
+template <int COUNT, bool TRANSPOSED = false>
 __device__ __forceinline__ void oplib_load_matrices(const unsigned int* row, unsigned int (&reg)[COUNT]) {
     static_assert(COUNT == 1 || COUNT == 2 || COUNT == 4, "ldmatrix loads 1, 2 or 4 matrices");
 #ifdef __CUDA_ARCH__  // every target (sm_75 and newer) has ldmatrix
@@ -111,12 +113,22 @@ __device__ __forceinline__ void oplib_load_matrices(const unsigned int* row, uns
     // shared offsets (an asm's operand made it form each 64-bit generic address first, three
     // instructions a load, rematerialised in the loops).
     const unsigned int address = (unsigned int)__cvta_generic_to_shared(row);
-    if constexpr (COUNT == 4) {
+    if constexpr (COUNT == 4 && TRANSPOSED) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(reg[0]), "=r"(reg[1]), "=r"(reg[2]), "=r"(reg[3])
+                     : "r"(address));
+    } else if constexpr (COUNT == 4) {
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                      : "=r"(reg[0]), "=r"(reg[1]), "=r"(reg[2]), "=r"(reg[3])
                      : "r"(address));
+    } else if constexpr (COUNT == 2 && TRANSPOSED) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+                     : "=r"(reg[0]), "=r"(reg[1])
+                     : "r"(address));
     } else if constexpr (COUNT == 2) {
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(reg[0]), "=r"(reg[1]) : "r"(address));
+    } else if constexpr (TRANSPOSED) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];" : "=r"(reg[0]) : "r"(address));
     } else {
         asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(reg[0]) : "r"(address));
     }
@@ -135,6 +147,11 @@ __device__ __forceinline__ void oplib_load_matrices(const unsigned int* row, uns
     const bool reads = lane < 8 * COUNT;
     // The row's words 2 h, 2 h + 1 as one shuffle's value.
     const auto half_row = [row](int h) { return row[2 * h] | (unsigned long long)row[2 * h + 1] << 32; };
+    // Value `group` of a row shuffled whole: its word group / 2, the half group & 1.
+    const auto value = [group](unsigned long long low, unsigned long long high) {
+        const unsigned long long words = group < 4 ? low : high;
+        return (unsigned int)(words >> 32 * (group >> 1 & 1)) >> 16 * (group & 1) & 0xffffu;
+    };
     unsigned long long halves[2] = {};
     if (reads) {
         oplib_check_matrix_row(row);
@@ -143,10 +160,18 @@ __device__ __forceinline__ void oplib_load_matrices(const unsigned int* row, uns
     }
 #pragma unroll
     for (int i = 0; i < COUNT; ++i) {
-        const unsigned long long low = __shfl_sync(OPLIB_FULL_WARP, halves[0], 8 * i + group);
+        // the rows of lanes 8 i + group (plain), or 8 i + 2 quad and the next (transposed)
+        const int first = TRANSPOSED ? 8 * i + 2 * quad : 8 * i + group;
+        const unsigned long long low = __shfl_sync(OPLIB_FULL_WARP, halves[0], first);
         if (i == 0 && reads) oplib_check_matrix_row_unchanged(halves[0] == half_row(0) && halves[1] == half_row(1));
-        const unsigned long long high = __shfl_sync(OPLIB_FULL_WARP, halves[1], 8 * i + group);
-        reg[i] = (unsigned int)((quad < 2 ? low : high) >> 32 * (quad & 1));
+        const unsigned long long high = __shfl_sync(OPLIB_FULL_WARP, halves[1], first);
+        if constexpr (TRANSPOSED) {
+            const unsigned long long next_low = __shfl_sync(OPLIB_FULL_WARP, halves[0], first + 1);
+            const unsigned long long next_high = __shfl_sync(OPLIB_FULL_WARP, halves[1], first + 1);
+            reg[i] = value(low, high) | value(next_low, next_high) << 16;
+        } else {
+            reg[i] = (unsigned int)((quad < 2 ? low : high) >> 32 * (quad & 1));
+        }
     }
 #endif
 }
@@ -158,6 +183,16 @@ __device__ __forceinline__ OplibFragmentA oplib_load_fragment_a(const unsigned i
     const int lane = oplib_lane();
     OplibFragmentA a;
     oplib_load_matrices<4>(words + ((lane & 7) + 8 * (lane >> 3 & 1)) * stride + 4 * (lane >> 4), a.reg);
+    return a;
+}
+
+// A from a 16 x 16 tile held column by column in shared memory: column k's 16 values are the 8
+// words words[k * stride ...], word j holding rows 2j (lower half) and 2j + 1; words and stride
+// 16-byte aligned. Matrix i: columns 8 (i >> 1) .. + 7, words 4 (i & 1) .. + 3, transposed.
+__device__ __forceinline__ OplibFragmentA oplib_load_fragment_a_transposed(const unsigned int* words, int stride) {
+    const int lane = oplib_lane();
+    OplibFragmentA a;
+    oplib_load_matrices<4, true>(words + ((lane & 7) + 8 * (lane >> 4)) * stride + 4 * (lane >> 3 & 1), a.reg);
     return a;
 }
 

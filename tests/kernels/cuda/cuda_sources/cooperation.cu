@@ -69,7 +69,8 @@ __global__ void stuck(scalar_t* __restrict__ out, int mode) {
 // warp.cuh's fragment loads (ldmatrix on a GPU) in a block of one warp: the warp stages a tile
 // of 16 rows x 8 words (word w of row m is input[8 m + w], rows `stride` words apart) in dynamic
 // shared memory, then loads fragment A from it, fragment B (its rows as B's columns), and the
-// two B tiles 8 rows apart; out[10 lane + k]: A's 4 registers, B's 2, the pair's 4. By `mode`,
+// two B tiles 8 rows apart, and A transposed (its rows as A's columns); out[14 lane + k]: A's 4
+// registers, B's 2, the pair's 4, the transposed A's 4. By `mode`,
 // what the hardware faults on or races: 1 rows 4 bytes past their 16-byte alignment, 2 rows in
 // global memory (`input`), 3 no __syncwarp between the staging and the loads.
 template <typename scalar_t>
@@ -85,7 +86,9 @@ __global__ void fragments(const scalar_t* __restrict__ input, scalar_t* __restri
     const OplibFragmentB b = oplib_load_fragment_b(from, stride);
     OplibFragmentB first, second;
     oplib_load_fragments_b(from, stride, 8 * stride, first, second);
-    const unsigned int got[10] = {a.reg[0], a.reg[1], a.reg[2], a.reg[3], b.reg[0], b.reg[1],
-                                  first.reg[0], first.reg[1], second.reg[0], second.reg[1]};
-    for (int k = 0; k < 10; ++k) out[10 * lane + k] = Element<scalar_t>::store((acc_t)got[k]);
+    const OplibFragmentA transposed = oplib_load_fragment_a_transposed(from, stride);
+    const unsigned int got[14] = {a.reg[0], a.reg[1], a.reg[2], a.reg[3], b.reg[0], b.reg[1],
+                                  first.reg[0], first.reg[1], second.reg[0], second.reg[1],
+                                  transposed.reg[0], transposed.reg[1], transposed.reg[2], transposed.reg[3]};
+    for (int k = 0; k < 14; ++k) out[14 * lane + k] = Element<scalar_t>::store((acc_t)got[k]);
 }

@@ -935,21 +935,29 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 //      columns) on tensor cores; pixel j's tap b is its element (j, j*sw + b*dw), and the
 //      others are dropped (the forward's band, read the other way round). A chunk of
 //      MMA_CHANNELS of the group's channels at a time, added up in place;
-//   2. each warp's share of grad_feature, (16 pixels x T)(T x GEN_GRAD_R) on tensor cores,
+//   2. each warp splits its rows of gw in place, once, into the two values of the storage type
+//      both products take (below), and sums them per tap for grad_span_bias;
+//   3. each warp's share of grad_feature, (16 pixels x T)(T x GEN_GRAD_R) on tensor cores,
 //      summed over the block's groups in registers and stored at the end: as the result where
 //      one block takes all groups, else in float to its split's part, which the host adds up
 //      (a small map leaves a grid of tiles too few blocks to fill the GPU; the host splits the
 //      groups where it has fewer than GENERATOR_SPLIT_BLOCKS, cuda.py's);
-//   3. the block's share of grad_span_weight, (T x the tile's pixels)(the tile's pixels x
-//      GEN_GRAD_R) on tensor cores, and (R range 0 only) of grad_span_bias, a sum in float, to
-//      the block's slot of two partial sums in float, which the host adds up over the slots.
+//   4. the block's share of grad_span_weight, (T x the tile's pixels)(the tile's pixels x
+//      GEN_GRAD_R) on tensor cores, and (R range 0 only) of grad_span_bias, the warps' sums
+//      added up, to the block's slot of two partial sums in float, which the host adds up over
+//      the slots.
 // gw enters both products as two values of the storage type, hi and lo (as the forward's
 // weights do): hi alone would round it before the sums over a batch's pixels, which cancel.
+// The split is made once (step 2) and both products load gw's fragments by ldmatrix, the second
+// transposed: split from floats at each fragment, as before, the splits took half the kernel's
+// instructions (four of grad_feature's k-steps and eight of grad_span_weight's a group, each
+// split again in every R range).
 // Every product of the three sums is one of the direct sum's, or 0 times 0 (taps past T and
 // pixels past the map hold gw = 0, and meet zeros), but for an inf in span_weight or the
 // feature: hi and lo would each meet it (0 times inf where lo is 0, infs of opposite signs where
-// lo's sign is not hi's), so a group whose staged span rows hold one (step 2) and a block whose
-// staged feature does (step 3) take each product once, in float, from the same staged values:
+// lo's sign is not hi's), so a group whose staged span rows hold one (step 3) and a block whose
+// staged feature does (step 4) take each product once, in float, from the same staged values
+// (gw as hi + lo):
 // inf and nan land where torch puts them. No atomics, every sum in a fixed order: deterministic.
 // bfloat16 only (GenGradServes): a float16 gw past 65504, which the float32 map holds, would be an
 // inf; its instantiation, like float's and double's, is empty, and the host declines those calls.
@@ -961,8 +969,10 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 //   staged    in_h x columns x GEN_GRAD_COLUMN_WORDS   the input chunk, [row][column][channel pair],
 //                                           the two halves of a column's words swapped in
 //                                           columns 4-7 of every 8 (gen_grad_load_columns)
-//   gw        MMA_WARPS x MMA_TILE_W x gw_stride floats   [pixel][tap] (gw_stride = tap_pad + 4)
-//   bias      GEN_GRAD_BIAS_PARTS x MMA_TAPS floats     grad_span_bias's sums over parts of the tile
+//                                           (after the products: the warps' sums for
+//                                           grad_span_bias, MMA_WARPS x MMA_TAPS floats)
+//   gw        MMA_WARPS x MMA_TILE_W x gw_stride floats   [pixel][tap] (gw_stride = tap_pad + 4);
+//                                           split: a pixel's tap_pad / 2 hi words, then its lo
 //   flags     2 ints                        an inf in the staged feature; the last group with
 //                                           one in its span rows
 // with tap_pad = T rounded up to 16 (whole k-steps) and columns = K, whole n-tiles of 8. Each
@@ -971,13 +981,17 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 constexpr int GEN_GRAD_R = 32;  // four n-tiles of grad_feature a warp
 constexpr int GEN_GRAD_COLUMN_WORDS = 8;  // a staged column's 16 channels, no padding (swapped halves)
 constexpr int GEN_GRAD_PIXEL_WORDS = 68;  // the tile's 128 pixels in pairs, and 4
-constexpr int GEN_GRAD_BIAS_PARTS = 4;
 static_assert(GEN_GRAD_R % 16 == 0 && MMA_CHANNELS == 16, "whole pairs of n-tiles; one k-step of channels");
 static_assert(MMA_TAPS / 16 * (GEN_GRAD_R / 8) <= 2 * MMA_WARPS, "grad_span_weight's tiles, two a warp");
 static_assert(GEN_GRAD_PIXEL_WORDS == MMA_WARPS * MMA_TILE_W / 2 + 4 && GEN_GRAD_COLUMN_WORDS == MMA_CHANNELS / 2,
               "4 words past a multiple of 8, or swapped halves: a fragment's 8 rows x 4 words in 32 banks");
-static_assert(GEN_GRAD_BIAS_PARTS * MMA_TAPS == MMA_THREADS && MMA_WARPS * MMA_TILE_W % GEN_GRAD_BIAS_PARTS == 0,
-              "the block's threads sum the bias's taps in whole parts of the tile's pixels");
+static_assert(MMA_TILE_H * MMA_TILE_W * GEN_GRAD_COLUMN_WORDS >= MMA_WARPS * MMA_TAPS && MMA_TAPS == 4 * 16,
+              "the warps' bias sums fit in the least staged input; a row's taps, 4 a lane, in half a warp");
+
+// A lane's two hi (or lo) words of gw's split, stored at once (st.shared.v2).
+struct alignas(8) GenGradWords {
+    unsigned int word[2];
+};
 
 // Where word w (channels 2w, 2w + 1) of staged input column k lies among the column's words: the
 // two halves swapped in columns 4-7 of every 8, so that a B fragment's 8 columns x 4 words, 8
@@ -995,31 +1009,6 @@ __device__ __forceinline__ OplibFragmentB gen_grad_load_columns(const unsigned i
     oplib_load_matrices<2>(row_words + column * GEN_GRAD_COLUMN_WORDS + gen_grad_column_word(column, 4 * (lane >> 3 & 1)),
                            b.reg);
     return b;
-}
-
-// A's fragment of 16 rows x 16 k-values of a float tile, split hi and lo: element (m, k) at
-// tile[m * row_step + k * k_step]. lo the short way, then, where a hi of the warp is an inf or a
-// nan, again the long way.
-template <typename half_t>
-__device__ __forceinline__ void gen_grad_split_fragment(const float* tile, int row_step, int k_step, OplibFragmentA& hi,
-                                                        OplibFragmentA& lo) {
-    const int lane = oplib_lane(), row = lane >> 2, quad = lane & 3;
-    unsigned int non_finite = 0;
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {  // rows row, row + 8 (v & 1) x k-values 2 quad, + 1, + 8 (v >> 1)
-        const float* at = tile + (row + 8 * (v & 1)) * row_step + (2 * quad + 8 * (v >> 1)) * k_step;
-        const float w0 = at[0], w1 = at[k_step];
-        hi.reg[v] = mma_round_pair(w0, w1, half_t());
-        non_finite |= mma_non_finite_halves(hi.reg[v], half_t());
-        lo.reg[v] = mma_rest_pair_finite<half_t>(w0, w1, hi.reg[v]);
-    }
-    if (oplib_warp_any(non_finite != 0)) {  // oplib-cold: a hi of the warp is an inf or a nan
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-            const float* at = tile + (row + 8 * (v & 1)) * row_step + (2 * quad + 8 * (v >> 1)) * k_step;
-            lo.reg[v] = mma_rest_pair<half_t>(at[0], at[k_step], hi.reg[v]);
-        }
-    }
 }
 
 // blockIdx.y, read from its register where the compiler may not keep an earlier read's value.
@@ -1055,16 +1044,28 @@ __device__ __forceinline__ bool gen_grad_pair_has_inf(unsigned int pair) {
     return gen_grad_is_inf<half_t>((unsigned short)(pair & 0xffffu)) || gen_grad_is_inf<half_t>((unsigned short)(pair >> 16));
 }
 
-// sum over k < count of values[k * value_step] times the k-th value of `pairs` (pairs[k / 2], its
-// lower half for an even k), one term at a time in float: the direct sums of steps 2 and 3 for
-// the staged values that hold an inf. Rolled, and inline in its cold branches: a call there made
-// the kernel hold its live values across it, which spilled at three blocks per SM.
+// gw at `tap` of the split row `row_words` (step 2): its hi and lo, which both products take, added
+// in float (exactly: lo is what hi leaves of the float; 0 where hi is an inf or a nan).
 template <typename half_t>
-__device__ __forceinline__ float gen_grad_direct_sum(const float* values, int value_step, const unsigned int* pairs, int count) {
+__device__ __forceinline__ float gen_grad_gw(const unsigned int* row_words, int tap, int tap_pad) {
+    const int shift = 16 * (tap & 1);
+    return oplib_add(mma_to_float((unsigned short)(row_words[tap >> 1] >> shift), half_t()),
+                     mma_to_float((unsigned short)(row_words[tap_pad / 2 + (tap >> 1)] >> shift), half_t()));
+}
+
+// sum over k < count of gw at (the row `rows` + k row_step, tap + k tap_step) times the k-th value
+// of `pairs` (pairs[k / 2], its lower half for an even k), one term at a time in float: the
+// direct sums of steps 3 and 4 for the staged values that hold an inf. Rolled, and inline in its
+// cold branches: a call there made the kernel hold its live values across it, which spilled at
+// three blocks per SM.
+template <typename half_t>
+__device__ __forceinline__ float gen_grad_direct_sum(const unsigned int* rows, int row_step, int tap, int tap_step,
+                                                     int tap_pad, const unsigned int* pairs, int count) {
     float sum = 0.0f;
 #pragma unroll 1
-    for (int k = 0; k < count; ++k)
-        sum = oplib_fma(values[k * value_step], mma_to_float((unsigned short)(pairs[k >> 1] >> 16 * (k & 1)), half_t()), sum);
+    for (int k = 0; k < count; ++k, rows += row_step, tap += tap_step)
+        sum = oplib_fma(gen_grad_gw<half_t>(rows, tap, tap_pad),
+                        mma_to_float((unsigned short)(pairs[k >> 1] >> 16 * (k & 1)), half_t()), sum);
     return sum;
 }
 
@@ -1105,9 +1106,13 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
         unsigned int* features = span + GEN_GRAD_R * span_stride;
         unsigned int* staged = features + GEN_GRAD_R * GEN_GRAD_PIXEL_WORDS;
         float* gw = reinterpret_cast<float*>(staged + in_h * columns * GEN_GRAD_COLUMN_WORDS);
-        float* bias_parts = gw + MMA_WARPS * MMA_TILE_W * gw_stride;
-        int* inf_flags = reinterpret_cast<int*>(bias_parts + GEN_GRAD_BIAS_PARTS * MMA_TAPS);
+        int* inf_flags = reinterpret_cast<int*>(gw + MMA_WARPS * MMA_TILE_W * gw_stride);
         float* warp_gw = gw + warp * MMA_TILE_W * gw_stride;
+        // gw split (step 2): pixel p's hi words at gw_words + p * gw_stride, its lo tap_pad / 2 after
+        const unsigned int* gw_words = reinterpret_cast<const unsigned int*>(gw);
+        // grad_span_bias's sums of each warp's pixels, [warp][tap], over the staged input (free
+        // once every warp's products are done)
+        float* bias_parts = reinterpret_cast<float*>(staged);
 
         const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
         const int out_y = tile_y * MMA_TILE_H + warp, out_x0 = tile_x * MMA_TILE_W;
@@ -1116,11 +1121,17 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
         const index_t n = blockIdx.z, slot = blockIdx.x + (index_t)gridDim.x * n;
         const bool low_inside = out_y < out_h && out_x0 + row < out_w;
         const bool high_inside = out_y < out_h && out_x0 + row + 8 < out_w;
+        // The n-tiles of a run's products that hold a tap of a pixel inside the map: its last
+        // pixel there reads columns up to (live_w - 1) sw + (KW - 1) dw (at RedNet's last stage,
+        // two of three at stride 1 and three of five at stride 2). gw past the map is the
+        // split's zeros.
+        const int live_w = out_w - out_x0 < MMA_TILE_W ? out_w - out_x0 : MMA_TILE_W;
+        const int live_tiles = ((live_w - 1) * stride_w + (kernel_w - 1) * dilation_w) / 8 + 1;
 
         if (thread == 0) inf_flags[0] = 0, inf_flags[1] = -1;
         __syncthreads();  // the flags are set before any thread may raise one
         // The tile's feature for the R range, [r][pixel pair] (pixel p = warp * 16 + j), zeros
-        // past the map and past R; taps past T of gw, never written after, zero.
+        // past the map and past R.
         const unsigned short* sample_feature = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
 #pragma unroll 1
         for (int word = thread; word < GEN_GRAD_R * (GEN_GRAD_PIXEL_WORDS - 4); word += MMA_THREADS) {
@@ -1133,8 +1144,6 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
             features[r * GEN_GRAD_PIXEL_WORDS + pair] = values;
             if (gen_grad_pair_has_inf<half_t>(values)) inf_flags[0] = 1;
         }
-        for (int i = thread; i < MMA_WARPS * MMA_TILE_W * (tap_pad - taps); i += MMA_THREADS)
-            gw[i / (tap_pad - taps) * gw_stride + taps + i % (tap_pad - taps)] = 0.0f;
 
         OplibFragmentC feature_sums[GEN_GRAD_R / 8] = {};
         const unsigned short* sample_grad = reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n;
@@ -1198,12 +1207,12 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                 run.reg[2] = mma_load_pair(low_grad + chunk_grad + (2 * quad + 8) * grad_c, grad_c, low_inside ? group_channels - c - 8 : 0, grad_words);
                 run.reg[3] = mma_load_pair(high_grad + chunk_grad + (2 * quad + 8) * grad_c, grad_c, high_inside ? group_channels - c - 8 : 0, grad_words);
 #pragma unroll 1
-                for (int a = 0; a < kernel_h; ++a) {
+                for (int a = 0; a < kernel_h && out_y < out_h; ++a) {
                     const unsigned int* input_row = staged + (warp * stride_h + a * dilation_h) * columns * GEN_GRAD_COLUMN_WORDS;
                     // An n-tile of columns at a time (the product's element (j, k) is pixel j's tap
                     // b where k = j*sw + b*dw) to gw, 0 past the map: one tile's values live at once.
 #pragma unroll 1
-                    for (int t = 0; t < n_tiles; ++t) {
+                    for (int t = 0; t < live_tiles; ++t) {
                         OplibFragmentC product = {};
                         oplib_mma<half_t>(product, run, gen_grad_load_columns(input_row, 8 * t));
 #pragma unroll
@@ -1218,24 +1227,70 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                     }
                 }
             }
-            __syncthreads();  // every warp's gw of the group is whole
+            // 2. The warp splits its own rows of gw in place, hi then lo: a row's taps in pairs,
+            // its hi words first and its lo words tap_pad / 2 after them (taps past T, and pixels
+            // past the map, whose floats the products leave as they were, as zeros); and sums its
+            // pixels' gw per tap, in float, for grad_span_bias. A lane 4 taps of every other row
+            // (a row's floats read whole, those past T dropped); every lane reads its words of the
+            // two rows before any lane writes over them.
+            const int lane_taps = 4 * (lane & 15);
+            float bias[4] = {};
+            __syncwarp();  // every lane's products are in the warp's rows
+#pragma unroll 1
+            for (int j = lane >> 4; j < MMA_TILE_W; j += 2) {
+                float* gw_row = warp_gw + j * gw_stride;
+                const bool pixel_inside = out_y < out_h && out_x0 + j < out_w;
+                float w[4] = {};
+                if (pixel_inside && lane_taps < tap_pad) {
+                    const Vector16<float> four = *reinterpret_cast<const Vector16<float>*>(gw_row + lane_taps);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) w[e] = lane_taps + e < taps ? four.lane[e] : 0.0f;
+                }
+                unsigned int hi[2], lo[2], non_finite = 0;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    hi[h] = mma_round_pair(w[2 * h], w[2 * h + 1], half_t());
+                    non_finite |= mma_non_finite_halves(hi[h], half_t());
+                    lo[h] = mma_rest_pair_finite<half_t>(w[2 * h], w[2 * h + 1], hi[h]);
+                }
+                if (non_finite != 0) {  // oplib-cold: a hi is an inf or a nan
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) lo[h] = mma_rest_pair<half_t>(w[2 * h], w[2 * h + 1], hi[h]);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) bias[e] = oplib_add(bias[e], w[e]);
+                __syncwarp();  // the row's words read, by every lane, before any is written over
+                if (lane_taps < tap_pad) {
+                    unsigned int* words = reinterpret_cast<unsigned int*>(gw_row) + lane_taps / 2;
+                    *reinterpret_cast<GenGradWords*>(words) = {{hi[0], hi[1]}};
+                    *reinterpret_cast<GenGradWords*>(words + tap_pad / 2) = {{lo[0], lo[1]}};
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) bias[e] = oplib_add(bias[e], __shfl_xor_sync(OPLIB_FULL_WARP, bias[e], 16));
+            __syncthreads();  // every warp's gw of the group is split (and done with the staged input)
+            if (r0 == 0 && lane < 16 && lane_taps < tap_pad)
+                *reinterpret_cast<Vector16<float>*>(bias_parts + warp * MMA_TAPS + lane_taps) = {{bias[0], bias[1], bias[2], bias[3]}};
 
-            // 2. grad_feature += gw (16 pixels x taps) span^T (taps x the R range).
-            if (inf_flags[1] == group) {  // oplib-cold: an inf in the group's span rows
+            // 3. grad_feature += gw (16 pixels x taps) span^T (taps x the R range), but for a warp
+            // whose row is past the map (its sums are never stored).
+            const unsigned int* warp_words = gw_words + warp * MMA_TILE_W * gw_stride;
+            if (inf_flags[1] == group && out_y < out_h) {  // oplib-cold: an inf in the group's span rows
 #pragma unroll
                 for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
 #pragma unroll
                     for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x r 8 t + 2 quad (+ 1)
                         const int j = row + 8 * (v >> 1), r = 8 * t + 2 * quad + (v & 1);
-                        feature_sums[t].value[v] = oplib_add(feature_sums[t].value[v],
-                                                         gen_grad_direct_sum<half_t>(warp_gw + j * gw_stride, 1, span + r * span_stride, taps));
+                        feature_sums[t].value[v] = oplib_add(
+                            feature_sums[t].value[v],
+                            gen_grad_direct_sum<half_t>(warp_words + j * gw_stride, 0, 0, 1, tap_pad, span + r * span_stride, taps));
                     }
                 }
             }
 #pragma unroll 1
-            for (int k0 = 0; k0 < tap_pad && inf_flags[1] != group; k0 += 16) {
-                OplibFragmentA hi, lo;
-                gen_grad_split_fragment<half_t>(warp_gw + k0, gw_stride, 1, hi, lo);
+            for (int k0 = 0; k0 < tap_pad && inf_flags[1] != group && out_y < out_h; k0 += 16) {
+                const OplibFragmentA hi = oplib_load_fragment_a(warp_words + k0 / 2, gw_stride);
+                const OplibFragmentA lo = oplib_load_fragment_a(warp_words + tap_pad / 2 + k0 / 2, gw_stride);
 #pragma unroll
                 for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
                     const OplibFragmentB b = oplib_load_fragment_b(span + 8 * t * span_stride + k0 / 2, span_stride);
@@ -1243,11 +1298,14 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                     oplib_mma<half_t>(feature_sums[t], lo, b);
                 }
             }
-            // 3. The block's grad_span_weight, a tile taps 16 (an m-tile) x R range columns 8 (an
-            // n-tile), over the tile's pixels: warp w takes tiles 2w and 2w + 1, one m-tile and two
-            // n-tiles, so that each of gw's fragments is split once for both.
+            // 4. The block's grad_span_weight, a tile taps 16 (an m-tile) x R range columns 8 (an
+            // n-tile), over the tile's pixels (k-steps of 16: a warp's row, those past the map
+            // left out): warp w takes tiles 2w and 2w + 1, one m-tile and two n-tiles, so that
+            // each of gw's fragments is loaded once for both.
             if (2 * warp < tap_pad / 16 * (GEN_GRAD_R / 8)) {
                 const int m0 = 16 * (2 * warp / (GEN_GRAD_R / 8)), t0 = 2 * warp % (GEN_GRAD_R / 8);
+                const int live_rows = out_h - tile_y * MMA_TILE_H;
+                const int live_pixels = MMA_TILE_W * (live_rows < MMA_WARPS ? live_rows : MMA_WARPS);
                 OplibFragmentC sums[2] = {};
                 if (inf_flags[0]) {  // oplib-cold: an inf in the tile's feature
 #pragma unroll
@@ -1255,15 +1313,16 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
 #pragma unroll
                         for (int v = 0; v < 4; ++v) {  // taps m0 + row (+ 8) x r 8 (t0 + u) + 2 quad (+ 1)
                             const int tap = m0 + row + 8 * (v >> 1), r = 8 * (t0 + u) + 2 * quad + (v & 1);
-                            sums[u].value[v] = gen_grad_direct_sum<half_t>(gw + tap, gw_stride, features + r * GEN_GRAD_PIXEL_WORDS,
-                                                                           MMA_WARPS * MMA_TILE_W);
+                            sums[u].value[v] = gen_grad_direct_sum<half_t>(gw_words, gw_stride, tap, 0, tap_pad,
+                                                                           features + r * GEN_GRAD_PIXEL_WORDS, live_pixels);
                         }
                     }
                 }
 #pragma unroll 1
-                for (int p0 = 0; p0 < MMA_WARPS * MMA_TILE_W && !inf_flags[0]; p0 += 16) {
-                    OplibFragmentA hi, lo;
-                    gen_grad_split_fragment<half_t>(gw + p0 * gw_stride + m0, 1, gw_stride, hi, lo);
+                for (int p0 = 0; p0 < live_pixels && !inf_flags[0]; p0 += 16) {
+                    const unsigned int* at = gw_words + p0 * gw_stride + m0 / 2;
+                    const OplibFragmentA hi = oplib_load_fragment_a_transposed(at, gw_stride);
+                    const OplibFragmentA lo = oplib_load_fragment_a_transposed(at + tap_pad / 2, gw_stride);
                     OplibFragmentB b[2];
                     oplib_load_fragments_b(features + 8 * t0 * GEN_GRAD_PIXEL_WORDS + p0 / 2, GEN_GRAD_PIXEL_WORDS,
                                            8 * GEN_GRAD_PIXEL_WORDS, b[0], b[1]);
@@ -1283,20 +1342,13 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                     }
                 }
             }
-            // grad_span_bias's sums over the tile, from R range 0's blocks: the block's threads
-            // sum parts of the pixels, then the first MMA_TAPS add the parts up, in order.
+            // grad_span_bias's sums over the tile, from R range 0's blocks: the warps' parts added
+            // up in order.
             if (r0 == 0) {
-                const int tap = thread % MMA_TAPS, part = thread / MMA_TAPS;
-                const int part_pixels = MMA_WARPS * MMA_TILE_W / GEN_GRAD_BIAS_PARTS;
-                float sum = 0.0f;
-                if (tap < taps) {
-                    for (int p = part * part_pixels; p < (part + 1) * part_pixels; ++p) sum = oplib_add(sum, gw[p * gw_stride + tap]);
-                }
-                bias_parts[part * MMA_TAPS + tap] = sum;
-                __syncthreads();  // every part is summed
+                __syncthreads();  // every warp's part is staged
                 if (thread < taps) {
                     float total = bias_parts[thread];
-                    for (int p = 1; p < GEN_GRAD_BIAS_PARTS; ++p) total = oplib_add(total, bias_parts[p * MMA_TAPS + thread]);
+                    for (int part = 1; part < MMA_WARPS; ++part) total = oplib_add(total, bias_parts[part * MMA_TAPS + thread]);
                     bias_sums[(slot * groups + group) * taps + thread] = total;
                 }
             }
