@@ -942,16 +942,18 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
 def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_backward_generator (generated_mma.cu): ``item`` is the thread's
     index in the grid (block-major, 256 threads a block, a block a tile of 8 rows x 16 columns of
-    a sample, a range of GEN_GRAD_R of R and a split of the groups, a warp a row's run). The tile's feature staged
-    ([r][pixel pair]), gw's zeros past T; per group: its span rows staged ([r][tap pair]); per
+    a sample and a range of GEN_GRAD_R of R, or narrow 8 columns and twice the range, and a
+    split of the groups; a warp a row's run). The tile's feature staged ([r][pixel pair]); per
+    group: its span rows staged ([r][tap pair]); per
     chunk of 16 of its channels the input rows staged ([row][column][channel pair]: 16-byte
     vectors and 4 word stores a unit, or a word of two channels at a time), grad_output's A
     fragment from global memory, per kernel row and n-tile the input's B fragment and the band's
     gw stores (a load and a store from the second chunk on; none in a warp whose row is past the
-    map, nor past the n-tiles of the band with a tap of a pixel inside it); each warp's split of its rows (the floats' loads, the hi and lo words' stores, the
-    bias's adds as multiply-adds) and, in R range 0, its bias sums' store; then grad_feature's
-    products (gw's hi and lo A fragments and the span's B fragments by ldmatrix, none past the
-    map), the block's grad_span_weight tiles (gw's transposed A fragments and the feature's B
+    map, nor past the n-tiles of the band with a tap of a pixel inside it); each warp's split of
+    its rows (the floats' loads, the hi and lo words' stores, the bias's adds as multiply-adds)
+    and, in R range 0, its bias sums' store; then grad_feature's products (gw's hi and lo A
+    fragments of the warp's m-tile and the span's B fragments by ldmatrix, none past the map),
+    the block's grad_span_weight tiles (gw's transposed A fragments and the feature's B
     fragments over the tile's rows inside the map, the partial sums' stores) and, in R range 0,
     grad_span_bias's sum of the warps' sums; at the end grad_feature's stores (in float to the
     split's part where the groups are split).
@@ -963,8 +965,11 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
     c = source.constants
     es, taps, pg, threads = launch.dtype.itemsize, KH * KW, C // G, launch.threads_per_block
-    in_h, columns = involution_cuda.generated_mma_generator_extent(source, (KH, KW), (sh, sw), (dh, dw))
-    n_tiles, span_r, pixel_words, column_words = columns // 8, c["GEN_GRAD_R"], c["GEN_GRAD_PIXEL_WORDS"], c["GEN_GRAD_COLUMN_WORDS"]
+    narrow = launch.specialisation[2] == "true"  # tiles 8 wide, twice the R range
+    tile_w, span_r = involution_cuda.generated_mma_generator_tile(source, narrow)
+    in_h, columns = involution_cuda.generated_mma_generator_extent(source, (KH, KW), (sh, sw), (dh, dw), narrow)
+    n_tiles, pixel_words, column_words = columns // 8, 8 * tile_w // 2 + 4, c["GEN_GRAD_COLUMN_WORDS"]
+    span_tiles = 4 if narrow else 2  # grad_span_weight's n-tiles a warp
     tap_pad = 16 * -(-taps // 16)
     span_stride, gw_stride = tap_pad // 2 + 4, tap_pad + 4
     features_at = span_r * span_stride
@@ -977,19 +982,24 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     group_first, group_end = split * G // splits, (split + 1) * G // splits
     n = block // (launch.grid[0] * launch.grid[1])
     slot = tile + launch.grid[0] * n
-    tile_y, ox0 = tile // tiles_w, tile % tiles_w * 16
+    tile_y, ox0 = tile // tiles_w, tile % tiles_w * tile_w
     oy, r0 = tile_y * 8 + warp, r_range * span_r
     word = thread + threads * _slots(span_r * (pixel_words - 4) // threads)
     r, pair = word // (pixel_words - 4), word % (pixel_words - 4)
-    y, x = tile_y * 8 + pair // 8, ox0 + 2 * (pair % 8)
+    y, x = tile_y * 8 + pair // (tile_w // 2), ox0 + 2 * (pair % (tile_w // 2))
     for h in range(2):
         t.load(2, n * fsn + (r0 + r) * fsc + y * fsh + (x + h) * fsw, (r0 + r < R) & (y < OH) & (x + h < OW), es)
     t.shared(features_at + r * pixel_words + pair, True, 4)
     top, left = tile_y * 8 * sh - ph, ox0 * sw - pw
-    live_w = (OW - ox0).clamp(max=16)  # the n-tiles of products with a tap of a pixel inside the map
+    live_w = (OW - ox0).clamp(max=tile_w)  # the n-tiles of products with a tap of a pixel inside the map
     live_tiles = ((live_w - 1) * sw + (KW - 1) * dw) // 8 + 1
     pixels = row + 8 * _slots(2, 4)  # a fragment's two rows of pixels
-    inside = (oy < OH) & (ox0 + pixels < OW)
+    # grad_feature's m-tile of the warp: 16 pixels from m_pixel (narrow: rows m_y, m_y + 1), and
+    # its channels of the range from r_half
+    m_pixel = 16 * (warp % 4) if narrow else 16 * warp
+    m_y = tile_y * 8 + 2 * (warp % 4) if narrow else oy
+    r_half = 32 * (warp // 4) if narrow else 0
+    inside = (oy < OH) & (ox0 + pixels < OW) & (pixels < tile_w)
     everywhere = t.active
     for index in range(-(-G // splits)):  # the block's groups, the most any split takes
         group = group_first + index
@@ -1037,39 +1047,40 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
                         j = row + 8 * (v >> 1)
                         offset = 8 * n_tile + 2 * quad + (v & 1) - j * sw
                         b = offset // dw
-                        on_band = (offset >= 0) & (offset == b * dw) & (b < KW)
-                        at = gw_at + (warp * 16 + j) * gw_stride + a * KW + b
+                        on_band = (offset >= 0) & (offset == b * dw) & (b < KW) & (j < tile_w)
+                        at = gw_at + (warp * tile_w + j) * gw_stride + a * KW + b
                         if c0 > 0:
                             t.shared(at, on_band & live, 4)
                         t.shared(at, on_band & live, 4)
         # the warp splits its rows in place: a lane 4 taps (16 bytes) of every other row, those
         # of pixels inside the map, its hi and lo words 8 bytes each; the bias's adds
         lane_taps = 4 * (lane % 16)
-        for step in range(8):
+        for step in range(tile_w // 2):
             j = lane // 16 + 2 * step
-            row_at = gw_at + (warp * 16 + j) * gw_stride
+            row_at = gw_at + (warp * tile_w + j) * gw_stride
             t.shared((row_at + lane_taps) // 4, (oy < OH) & (ox0 + j < OW) & (lane_taps < tap_pad), 16)
             t.fma(True, 4)
             for plane in range(2):
                 t.shared((row_at + plane * tap_pad // 2 + lane_taps // 2) // 2, lane_taps < tap_pad, 8)
         t.shared((staged_at + warp * 64 + lane_taps) // 4, (r_range == 0) & (lane < 16) & (lane_taps < tap_pad), 16)
-        warp_at = gw_at + warp * 16 * gw_stride
+        warp_at = gw_at + m_pixel * gw_stride
         for k0 in range(0, tap_pad, 16):  # grad_feature: gw's hi and lo A fragments, the span's B
             for plane in range(2):
-                t.matrices(warp_at + plane * tap_pad // 2 + k0 // 2 + _fragment_a_rows(lane, gw_stride), oy < OH, 4)
-            for n_tile in range(span_r // 8):
-                t.matrices(8 * n_tile * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), oy < OH, 2)
-        mine = 2 * warp < tap_pad // 16 * (span_r // 8)  # two tiles a warp: one m-tile, two n-tiles
-        m0, first_n_tile = 16 * (2 * warp // (span_r // 8)), 2 * warp % (span_r // 8)
-        n_tile = first_n_tile + _slots(2, 4)
-        live_rows = (OH - tile_y * 8).clamp(max=8)  # a k-step a row of the tile's, those inside the map
-        for step in range(8):
+                t.matrices(warp_at + plane * tap_pad // 2 + k0 // 2 + _fragment_a_rows(lane, gw_stride), m_y < OH, 4)
+            for n_tile in range(c["GEN_GRAD_R"] // 8):
+                t.matrices((r_half + 8 * n_tile) * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), m_y < OH, 2)
+        mine = span_tiles * warp < tap_pad // 16 * (span_r // 8)  # one m-tile, span_tiles n-tiles a warp
+        m0, first_n_tile = 16 * (span_tiles * warp // (span_r // 8)), span_tiles * warp % (span_r // 8)
+        n_tile = first_n_tile + _slots(span_tiles, 4)
+        live_pixels = tile_w * (OH - tile_y * 8).clamp(max=8)  # k-steps of 16, those with pixels inside the map
+        for step in range(8 * tile_w // 16):
             p0 = 16 * step
             transposed = (lane % 8 + 8 * (lane // 16)) * gw_stride + 4 * (lane // 8 % 2)
             for plane in range(2):
-                t.matrices(gw_at + p0 * gw_stride + plane * tap_pad // 2 + m0 // 2 + transposed, mine & (step < live_rows), 4)
-            t.matrices(features_at + 8 * first_n_tile * pixel_words + p0 // 2
-                       + _fragment_b_rows(lane, pixel_words, 8 * pixel_words), mine & (step < live_rows), 4)
+                t.matrices(gw_at + p0 * gw_stride + plane * tap_pad // 2 + m0 // 2 + transposed, mine & (p0 < live_pixels), 4)
+            for pair_of_tiles in range(span_tiles // 2):
+                t.matrices(features_at + 8 * (first_n_tile + 2 * pair_of_tiles) * pixel_words + p0 // 2
+                           + _fragment_b_rows(lane, pixel_words, 8 * pixel_words), mine & (p0 < live_pixels), 4)
         for v in range(4):
             tap, r = m0 + row + 8 * (v >> 1), r0 + 8 * n_tile + 2 * quad + (v & 1)
             t.store(6, ((slot * G + group) * taps + tap) * R + r, mine & (tap < taps) & (r < R), 4)
@@ -1079,19 +1090,19 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
         t.fma(sums, 7)
         t.store(7, (slot * G + group) * taps + thread, sums, 4)
     t.active = everywhere
-    channel = r0 + 8 * _slots(4, 4) + 2 * quad
+    channel = r0 + r_half + 8 * _slots(4, 4) + 2 * quad
+    # a fragment's rows 8-15: pixels 8-15 of the warp's row, or narrow the next row's 0-7
+    rows_at = [(m_y, ox0 + row), (m_y + 1, ox0 + row) if narrow else (m_y, ox0 + row + 8)]
     if splits > 1:  # floats to the split's part, [split][n][y][x][r]
-        for h in range(2):
-            xx = ox0 + row + 8 * h
+        for yy, xx in rows_at:
             for e in range(2):
-                t.store(5, (((split * launch.grid[2] + n) * OH + oy) * OW + xx) * R + channel + e,
-                        (oy < OH) & (xx < OW) & (channel + e < R), 4)
+                t.store(5, (((split * launch.grid[2] + n) * OH + yy) * OW + xx) * R + channel + e,
+                        (m_y < OH) & (yy < OH) & (xx < OW) & (channel + e < R), 4)
         return
     pair_stores = rsc == 1 and (rsn | rsh | rsw | R) % 2 == 0
-    for h in range(2):
-        xx = ox0 + row + 8 * h
-        at = n * rsn + oy * rsh + xx * rsw
-        stores = (oy < OH) & (xx < OW)
+    for yy, xx in rows_at:
+        at = n * rsn + yy * rsh + xx * rsw
+        stores = (m_y < OH) & (yy < OH) & (xx < OW)
         if pair_stores:  # a 32-bit store (index in 32-bit units)
             t.store(4, (at + channel) // 2, stores & (channel + 1 < R), 4)
         else:

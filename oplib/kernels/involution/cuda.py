@@ -943,26 +943,51 @@ def involution_generated_mma_backward_input(grad_output: Tensor, feature: Tensor
 GENERATED_MMA_GENERATOR_DTYPES = (torch.bfloat16,)
 
 
-def generated_mma_generator_extent(source: KernelSource, kernel_size, stride, dilation) -> tuple[int, int]:
-    """(rows, columns) of the input a tile of ``MMA_TILE_H`` x ``MMA_TILE_W`` output pixels
-    stages, as the kernel computes them: its windows' rows, and their columns in whole n-tiles
-    of 8."""
+def generated_mma_generator_narrow(source: KernelSource, out_w: int, reduced: int) -> bool:
+    """Whether ``involution_generated_mma_backward_generator`` takes narrow tiles (8 columns,
+    twice the R range): for a map at most 8 wide, whose row a 16-wide tile holds in twice the
+    pixels; and where narrow tiles hold a row in as many pixels as 16-wide ones while R spans
+    more than one 16-wide tile's range, whose gw a narrow tile forms once for twice the channels
+    (14 wide, R 64: RedNet-50's third stage; the model puts it at about 0.8x of the 16-wide
+    tiles there). Not where they would only save a few of a wide map's pixels (56 wide, R 16:
+    a run of 8 forms 2 n-tiles of products where a run of 16 forms 3, and half of a narrow
+    range's channels would be empty)."""
+    tile_w = source.constants["MMA_TILE_W"]
+    narrow_slots, wide_slots = tile_w // 2 * -(-out_w // (tile_w // 2)), tile_w * -(-out_w // tile_w)
+    return out_w <= tile_w // 2 or (narrow_slots == wide_slots and reduced > source.constants["GEN_GRAD_R"])
+
+
+def generated_mma_generator_tile(source: KernelSource, narrow: bool) -> tuple[int, int]:
+    """(columns of a tile, channels of an R range) of the generator kernel, narrow or not."""
     c = source.constants
+    return (c["MMA_TILE_W"] // 2, 2 * c["GEN_GRAD_R"]) if narrow else (c["MMA_TILE_W"], c["GEN_GRAD_R"])
+
+
+def generated_mma_generator_extent(source: KernelSource, kernel_size, stride, dilation,
+                                   narrow: bool = False) -> tuple[int, int]:
+    """(rows, columns) of the input a tile of ``MMA_TILE_H`` output rows (of ``MMA_TILE_W``
+    pixels, or narrow 8) stages, as the kernel computes them: its windows' rows, and their
+    columns in whole n-tiles of 8."""
+    c = source.constants
+    tile_w = generated_mma_generator_tile(source, narrow)[0]
     rows = (c["MMA_TILE_H"] - 1) * stride[0] + (kernel_size[0] - 1) * dilation[0] + 1
-    columns = (c["MMA_TILE_W"] - 1) * stride[1] + (kernel_size[1] - 1) * dilation[1] + 1
+    columns = (tile_w - 1) * stride[1] + (kernel_size[1] - 1) * dilation[1] + 1
     return rows, 8 * -(-columns // 8)
 
 
-def generated_mma_generator_shared_bytes(source: KernelSource, kernel_size, stride, dilation) -> int:
+def generated_mma_generator_shared_bytes(source: KernelSource, kernel_size, stride, dilation,
+                                         narrow: bool = False) -> int:
     """The dynamic shared memory of ``involution_generated_mma_backward_generator``: the group's
     span rows of the block's R range, the tile's feature, the staged input chunk (the warps'
     bias sums after it), the tile's gw in float and two flags (generated_mma.cu lays them
     out)."""
     c = source.constants
-    rows, columns = generated_mma_generator_extent(source, kernel_size, stride, dilation)
+    tile_w, span_r = generated_mma_generator_tile(source, narrow)
+    rows, columns = generated_mma_generator_extent(source, kernel_size, stride, dilation, narrow)
     tap_pad = 16 * -(-kernel_size[0] * kernel_size[1] // 16)
-    return 4 * (c["GEN_GRAD_R"] * (tap_pad // 2 + 4) + c["GEN_GRAD_R"] * c["GEN_GRAD_PIXEL_WORDS"]
-                + rows * columns * c["GEN_GRAD_COLUMN_WORDS"] + c["MMA_WARPS"] * c["MMA_TILE_W"] * (tap_pad + 4) + 2)
+    pixel_words = c["MMA_WARPS"] * tile_w // 2 + 4
+    return 4 * (span_r * (tap_pad // 2 + 4) + span_r * pixel_words + rows * columns * c["GEN_GRAD_COLUMN_WORDS"]
+                + c["MMA_WARPS"] * tile_w * (tap_pad + 4) + 2)
 
 
 # Fewer blocks of tiles x R ranges x samples than this, and the generator kernel's groups are
@@ -983,20 +1008,23 @@ def generated_mma_generator_config(source: KernelSource, dtype: torch.dtype, bat
                                    kernel_size, stride, dilation, groups: int = 1,
                                    group_splits: Optional[int] = None) -> Optional[LaunchConfig]:
     """``involution_generated_mma_backward_generator``'s launch: a block of ``MMA_WARPS`` warps
-    per tile of ``MMA_TILE_H`` x ``MMA_TILE_W`` output pixels of a sample, ``GEN_GRAD_R`` of R's
-    channels and a split of the groups (``group_splits``, by default
-    ``generated_mma_generator_splits``'s; grid y: the R ranges times the splits); None where it
-    does not serve the call (a dtype it declines, more taps than ``MMA_TAPS``, windows of a run
-    spanning more than ``MMA_BAND`` columns, shared memory past ``GENERATED_TILE_MAX_SHARED``,
-    a grid past CUDA's y and z limits)."""
+    per tile of ``MMA_TILE_H`` x ``MMA_TILE_W`` output pixels of a sample and ``GEN_GRAD_R`` of
+    R's channels (narrow, ``generated_mma_generator_narrow``: 8 columns and twice the channels)
+    and a split of the groups (``group_splits``, by default ``generated_mma_generator_splits``'s;
+    grid y: the R ranges times the splits); None where it does not serve the call (a dtype it
+    declines, more taps than ``MMA_TAPS``, windows of a run spanning more than ``MMA_BAND``
+    columns, shared memory past ``GENERATED_TILE_MAX_SHARED``, a grid past CUDA's y and z
+    limits)."""
     c = source.constants
     if dtype not in GENERATED_MMA_GENERATOR_DTYPES or kernel_size[0] * kernel_size[1] > c["MMA_TAPS"]:
         return None
-    if generated_mma_generator_extent(source, kernel_size, stride, dilation)[1] > c["MMA_BAND"]:
+    narrow = generated_mma_generator_narrow(source, out_size[1], reduced)
+    if generated_mma_generator_extent(source, kernel_size, stride, dilation, narrow)[1] > c["MMA_BAND"]:
         return None
-    shared_bytes = generated_mma_generator_shared_bytes(source, kernel_size, stride, dilation)
-    ranges = -(-reduced // c["GEN_GRAD_R"])
-    tiles = -(-out_size[0] // c["MMA_TILE_H"]) * -(-out_size[1] // c["MMA_TILE_W"])
+    shared_bytes = generated_mma_generator_shared_bytes(source, kernel_size, stride, dilation, narrow)
+    tile_w, span_r = generated_mma_generator_tile(source, narrow)
+    ranges = -(-reduced // span_r)
+    tiles = -(-out_size[0] // c["MMA_TILE_H"]) * -(-out_size[1] // tile_w)
     splits = group_splits or generated_mma_generator_splits(tiles * ranges * batch, groups)
     if shared_bytes > GENERATED_TILE_MAX_SHARED or ranges * splits > 65535 or batch > 65535:
         return None
@@ -1040,18 +1068,21 @@ def involution_generated_mma_backward_generator(grad_output: Tensor, feature: Te
         grad_span_weight.zero_()
         grad_span_bias.zero_()
         return out
-    slots, splits = config.grid[0] * n, config.grid[1] // -(-reduced // source.constants["GEN_GRAD_R"])
+    narrow = generated_mma_generator_narrow(source, out_size[1], reduced)
+    tile_w, span_r = generated_mma_generator_tile(source, narrow)
+    slots, splits = config.grid[0] * n, config.grid[1] // -(-reduced // span_r)
     span_sums = torch.empty((slots, rows, reduced), dtype=torch.float32, device=grad_output.device)
     bias_sums = torch.empty((slots, rows), dtype=torch.float32, device=grad_output.device)
     feature_parts = torch.empty((splits, n, *out_size, reduced) if splits > 1 else (0,), dtype=torch.float32,
                                 device=grad_output.device)
-    tiles_w = -(-out_size[1] // source.constants["MMA_TILE_W"])
+    tiles_w = -(-out_size[1] // tile_w)
     scalars = (channels, *input.shape[2:], groups, *kernel_size, *out_size, *stride, *padding, *dilation, reduced,
                tiles_w, *grad_output.stride(), *input.stride(), *feature.stride(), *grad_feature.stride(),
                generated_mma_vectors_fit(input, groups), generated_mma_grad_words(grad_output, groups))
     kernel = "involution_generated_mma_backward_generator"
-    specialisation = (generated_tile_specialisation(source, kernel_size, stride, dilation, kernel) if specialised
-                      else GENERATED_TILE_RUNTIME)
+    window = (generated_tile_specialisation(source, kernel_size, stride, dilation, kernel) if specialised
+              else GENERATED_TILE_RUNTIME)
+    specialisation = (*window[:2], "true" if narrow else "false")
     (launcher or cupy_launcher()).launch(source, kernel, grad_output.dtype, config,
                                          (grad_output, input, feature, span_weight.contiguous(), grad_feature,
                                           feature_parts, span_sums, bias_sums, splits, *scalars), specialisation)

@@ -22,7 +22,7 @@ from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, planted_bug_caught,
                                random_samples, tensor_core_samples_script)
-from test_cuda_generated_mma import CASES, PlantedBug, assert_non_finite_as_expected, float64_reference, with_one_non_finite
+from test_cuda_generated_mma import CASES, FOLDED, PlantedBug, assert_non_finite_as_expected, float64_reference, with_one_non_finite
 from test_cuda_tiles import TWO_CHANNEL_CHUNKS, _random_specialised_cases
 
 GENERATOR = registry.get("involution_generated_backward_generator")
@@ -87,14 +87,25 @@ def _grad_words(args: tuple) -> bool:
 
 
 def _specialisations(launcher) -> set[tuple[str, ...]]:
-    return {launch[4] for launch in launcher.launches if launch[0] == KERNEL}
+    """The windows (KERNEL, STRIDE) of the kernel's launches."""
+    return {launch[4][:2] for launch in launcher.launches if launch[0] == KERNEL}
+
+
+def _narrow(args: tuple) -> bool:
+    return involution_cuda.generated_mma_generator_narrow(_source(), args[1].shape[3], args[1].shape[1])
 
 
 # The forward's geometries (two chunks, RedNet's 7x7 at strides 1 and 2, a run past the map's
-# edge), stride 2 in channels_last with two chunks, and R over two ranges of GEN_GRAD_R with a
-# partial second (its grad_span_weight columns and grad_feature channels from two blocks).
-GENERATOR_CASES = (*CASES, TWO_CHANNEL_CHUNKS._replace(stride=(2, 2), channels_last=True),
-                   TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=44, size=(9, 17), channels_last=True))
+# edge), stride 2 in channels_last with two chunks, R over two ranges of GEN_GRAD_R with a
+# partial second (its grad_span_weight columns and grad_feature channels from two blocks); in
+# narrow tiles, a 10x14 map with R past a 16-wide tile's range (two tiles a row, the second's
+# last 2 columns past the map), and an 8x8 map with four groups and R over two of their ranges
+# (the second partial; the tile's last rows inside the map).
+STRIDE_2_CHUNKS = TWO_CHANNEL_CHUNKS._replace(stride=(2, 2), channels_last=True)
+GENERATOR_CASES = (*CASES, STRIDE_2_CHUNKS,
+                   TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=44, size=(9, 17), channels_last=True),
+                   TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=40, size=(10, 14)),
+                   TWO_CHANNEL_CHUNKS._replace(groups=4, reduced=72, size=(8, 8), channels_last=True))
 
 
 # The unit tier runs one thread order (the integration tier both).
@@ -102,10 +113,11 @@ GENERATOR_CASES = (*CASES, TWO_CHANNEL_CHUNKS._replace(stride=(2, 2), channels_l
 def test_generator_matches_the_reference_on_the_registry_samples(order):
     """involution_generated_backward_generator's samples (channels_last and transposed operands,
     odd sizes, rectangular windows, strides, dilations, an empty batch) and the geometries
-    above, by both stagings of the input and both loads of grad_output."""
+    above, by both stagings of the input and both loads of grad_output, in 16-wide tiles and
+    narrow ones."""
     require_host_compiler()
     launcher = EmulatedLauncher(order=order)
-    served, staged_by_vectors, grad_words = 0, set(), set()
+    served, staged_by_vectors, grad_words, narrow = 0, set(), set(), set()
     samples = list(GENERATOR.sample_inputs("cpu", torch.bfloat16, False))
     for sample in samples:
         assert _check(sample.args, launcher, sample.name), sample.name
@@ -115,8 +127,9 @@ def test_generator_matches_the_reference_on_the_registry_samples(order):
         assert _check(args, launcher, case.name), case.name
         staged_by_vectors.add(_vectors(args))
         grad_words.add(_grad_words(args))
+        narrow.add(_narrow(args))
     assert served == len(samples) > 5
-    assert staged_by_vectors == {True, False} and grad_words == {True, False}
+    assert staged_by_vectors == {True, False} and grad_words == {True, False} and narrow == {True, False}
     assert {launch[3] for launch in launcher.launches} == {256}
     assert {("3", "1"), ("7", "1"), ("7", "2"), involution_cuda.GENERATED_TILE_RUNTIME} <= _specialisations(launcher)
     assert {launch[2] for launch in launcher.launches if launch[0] == KERNEL} > {1}  # R ranges, tiles, samples
@@ -168,7 +181,8 @@ FOUR_GROUPS = TWO_CHANNEL_CHUNKS._replace(groups=4)
 
 def test_every_split_of_the_groups_gives_the_reference_and_the_same_span_sums():
     """grad_feature from the splits' parts within the tolerance at every split; grad_span_weight
-    and grad_span_bias, whose sums a split does not change, the same bits at every split."""
+    and grad_span_bias, whose sums a split does not change, the same bits at every split; in
+    16-wide tiles and narrow ones."""
     require_host_compiler()
     args = generator_arguments(FOUR_GROUPS.arguments(torch.bfloat16))
     results = {}
@@ -179,6 +193,12 @@ def test_every_split_of_the_groups_gives_the_reference_and_the_same_span_sums():
         results[splits] = _result(args, EmulatedLauncher(), group_splits=splits)[1]
     for splits in (2, 3, 4):
         assert torch.equal(results[1][1], results[splits][1]) and torch.equal(results[1][2], results[splits][2])
+    args = generator_arguments(GENERATOR_CASES[-1].arguments(torch.bfloat16))  # narrow, two R ranges
+    assert _narrow(args)
+    narrow = [_result(args, EmulatedLauncher(), group_splits=splits)[1] for splits in (1, 2, 3, 4)]
+    for splits, out in zip((1, 2, 3, 4), narrow):
+        assert _check(args, EmulatedLauncher(), f"narrow, {splits} splits", group_splits=splits)
+        assert torch.equal(narrow[0][1], out[1]) and torch.equal(narrow[0][2], out[2])
 
 
 def test_the_groups_are_split_where_the_grid_is_small():
@@ -191,7 +211,8 @@ def test_the_groups_are_split_where_the_grid_is_small():
         1, 1, 2, 4, 2, 3]
     grids = {size: config(source, torch.bfloat16, 32, channels // 4, (size, size), (7, 7), (1, 1), (1, 1), channels // 16).grid
              for size, channels in ((56, 64), (28, 128), (14, 256), (7, 512))}
-    assert grids == {56: (28, 1, 32), 28: (8, 2, 32), 14: (2, 8, 32), 7: (1, 16, 32)}
+    # (14 and 7 in narrow tiles: 2 x 2 and 1 of 8 columns, one and two R ranges of 64)
+    assert grids == {56: (28, 1, 32), 28: (8, 2, 32), 14: (4, 4, 32), 7: (1, 16, 32)}
 
 
 def test_generator_declines_what_it_does_not_serve():
@@ -202,8 +223,9 @@ def test_generator_declines_what_it_does_not_serve():
     # launchers read the most threads alone
     assert (source.kernels[KERNEL].max_threads, source.kernels[KERNEL].min_blocks) == (256, None)
     assert config(source, torch.bfloat16, 32, 16, (56, 56), (7, 7), (1, 1), (1, 1)).grid == (28, 1, 32)
-    assert config(source, torch.bfloat16, 32, 128, (7, 7), (7, 7), (1, 1), (1, 1)).grid == (1, 4, 32)
-    assert config(source, torch.bfloat16, 32, 64, (28, 28), (7, 7), (2, 2), (1, 1)).grid == (8, 2, 32)
+    assert config(source, torch.bfloat16, 32, 128, (7, 7), (7, 7), (1, 1), (1, 1)).grid == (1, 2, 32)  # narrow
+    assert config(source, torch.bfloat16, 32, 64, (28, 28), (7, 7), (2, 2), (1, 1)).grid == (16, 1, 32)  # narrow
+    assert config(source, torch.bfloat16, 32, 32, (28, 28), (7, 7), (2, 2), (1, 1)).grid == (8, 1, 32)
     for dtype in (torch.float16, torch.float32, torch.float64):
         assert config(source, dtype, 2, 16, (56, 56), (7, 7), (1, 1), (1, 1)) is None
     assert config(source, torch.bfloat16, 2, 16, (56, 56), (9, 9), (1, 1), (1, 1)) is None  # 81 taps
@@ -262,7 +284,7 @@ def test_non_finite_values_land_where_torch_puts_them(value, channels_last):
     places in all three results. Strides 1 and 2."""
     require_host_compiler()
     launcher = EmulatedLauncher()
-    for case in (TWO_CHANNEL_CHUNKS, GENERATOR_CASES[-2]):
+    for case in (TWO_CHANNEL_CHUNKS, STRIDE_2_CHUNKS):
         args = generator_arguments(case._replace(channels_last=channels_last).arguments(torch.bfloat16))
         for place, changed in with_one_non_finite(args, NON_FINITE_PLACES, value):
             _assert_non_finite_as_torch(changed, launcher, f"{case.name}-{place}")
@@ -306,6 +328,16 @@ PIXELS_PAST_THE_MAP = PlantedBug("pixels-past-the-map", "const bool pixel_inside
                                  "const bool pixel_inside = true;")
 # The last n-tile of products that holds a tap of the map's pixels left out.
 LIVE_TILES = PlantedBug("live-tiles", "(kernel_w - 1) * dilation_w) / 8 + 1;", "(kernel_w - 1) * dilation_w) / 8;")
+# Narrow tiles: a warp's m-tile one row down where it is two (its pixels' grad_feature to the
+# wrong rows); every warp's channels from the range's first half; its second row's stores 8
+# pixels along its first, to the result and to a split's part.
+NARROW_M_ROWS = PlantedBug("narrow-m-rows", "tile_y * MMA_TILE_H + 2 * (warp % 4) : out_y;",
+                           "tile_y * MMA_TILE_H + (warp % 4) : out_y;")
+NARROW_R_HALF = PlantedBug("narrow-r-half", "const int r_half = NARROW ? GEN_GRAD_R * (warp / 4) : 0;",
+                           "const int r_half = 0;")
+NARROW_HIGH_ROW = PlantedBug("narrow-high-row", "mma_store_pixels(pair, pixel, NARROW ? result_h : 8 * result_w,",
+                             "mma_store_pixels(pair, pixel, 8 * result_w,")
+NARROW_HIGH_PART = PlantedBug("narrow-high-part", "high_x = NARROW ? m_x : m_x + 8,", "high_x = m_x + 8,")
 # The lo half of gw left out of grad_span_weight: gw rounded to bfloat16 before the batch's sums.
 SPAN_LO = PlantedBug("span-lo", "oplib_mma<half_t>(sums[u], lo, b[u]);", "")
 # A split's first group one further where the groups do not divide evenly: a group left out.
@@ -339,7 +371,7 @@ def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)
     for order in ORDERS:
-        for case in (TWO_CHANNEL_CHUNKS, *((GENERATOR_CASES[-2],) if bug is not BIAS_PARTS else ())):
+        for case in (TWO_CHANNEL_CHUNKS, *((STRIDE_2_CHUNKS,) if bug is not BIAS_PARTS else ())):
             with planted_bug_caught():
                 _check(generator_arguments(case.arguments(torch.bfloat16)), EmulatedLauncher(order=order),
                        f"{bug.name}-{order}")
@@ -358,6 +390,31 @@ def test_a_planted_split_without_its_long_way_fails_the_non_finite_check(tmp_pat
         _assert_non_finite_as_torch(changed, EmulatedLauncher(), SPLIT_LONG_WAY.name)
 
 
+# The narrow geometries: RedNet's 7x7 at stride 1 (R 40: both halves of a range) and the 8x8
+# map with R over two ranges.
+NARROW_CASES = (FOLDED[0], GENERATOR_CASES[-1])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("bug", [NARROW_M_ROWS, NARROW_R_HALF, NARROW_HIGH_ROW, NARROW_HIGH_PART],
+                         ids=lambda b: b.name)
+def test_a_planted_narrow_tile_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
+    """Each on the narrow geometries, in both orders, with the groups split (grad_feature in
+    parts, the default on these small grids) and in one block (to the result). (The second
+    row's stores 8 pixels along land where they belong on the 8-wide map, whose next row is
+    8 pixels on in channels_last: the 7-wide one shows them.)"""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    splits = (1,) if bug is NARROW_HIGH_ROW else (None,) if bug is NARROW_HIGH_PART else (None, 1)
+    for order in ORDERS:
+        for case in NARROW_CASES[:1] if bug is NARROW_HIGH_ROW else NARROW_CASES:
+            args = generator_arguments(case.arguments(torch.bfloat16))
+            assert _narrow(args), case.name
+            for group_splits in splits:
+                with planted_bug_caught():
+                    _check(args, EmulatedLauncher(order=order), f"{bug.name}-{order}", group_splits=group_splits)
+
+
 @pytest.mark.integration
 def test_a_planted_split_before_the_products_are_stored_fails_in_the_order_its_race_runs(tmp_path, monkeypatch):
     """Without the warp barrier after the products, a lane splits words other lanes of its warp
@@ -366,7 +423,7 @@ def test_a_planted_split_before_the_products_are_stored_fails_in_the_order_its_r
     require_host_compiler()
     _plant(monkeypatch, tmp_path, PRODUCTS_SYNC)
     with planted_bug_caught():
-        _check(generator_arguments(GENERATOR_CASES[-2].arguments(torch.bfloat16)), EmulatedLauncher(order=ORDERS[1]),
+        _check(generator_arguments(STRIDE_2_CHUNKS.arguments(torch.bfloat16)), EmulatedLauncher(order=ORDERS[1]),
                PRODUCTS_SYNC.name)
 
 

@@ -394,6 +394,7 @@ __device__ __forceinline__ bool mma_pair_stores(const half_t* out, index_t out_n
 // oplib-instantiate: involution_generated_mma, involution_generated_mma_backward_input, involution_generated_mma_backward_generator
 // oplib-template: KERNEL, STRIDE = 0, 0 | 3, 1 | 3, 2 | 5, 1 | 5, 2 | 7, 1 | 7, 2
 // oplib-template: FOLDED = false | true
+// oplib-template: NARROW = false | true
 //
 // FOLDED: folded runs (the host's pick where the map's width leaves fewer of the runs' pixels
 // outside it so, as a 7x7 map does: 7 of a run's 16, 14 of a folded one's). A warp's run is 8
@@ -927,8 +928,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 // grad_output, grad_feature: (N, C, Ho, Wo) and (N, R, Ho, Wo), input: (N, C, H, W), feature
 // (N, R, Ho, Wo), any strides; span_weight (G*T, R) contiguous. The map gw, (N, G*T, Ho, Wo),
 // never reaches global memory. A block of MMA_WARPS warps takes MMA_TILE_H output rows (a warp
-// each) x MMA_TILE_W columns of one sample, GEN_GRAD_R of R's channels, and its share of the
-// groups (grid: tiles x R ranges x group splits x samples). Per group:
+// each) x tile_w columns of one sample, span_r of R's channels, and its share of the groups
+// (grid: tiles x R ranges x group splits x samples): tile_w = MMA_TILE_W and span_r = GEN_GRAD_R,
+// or, NARROW (the host's choice for a map at most 8 wide, RedNet's last stage), 8 columns and
+// twice the channels, so that a 7-wide map's 49 pixels fill 64 of a tile's rather than 128, and
+// its gw is formed once for 64 of R's channels rather than 32. Per group:
 //   1. the tile's gw, in float in shared memory: per kernel row a, a run's products with the
 //      input row its windows read are, over all of that row's columns, one product, the run's
 //      grad_output (16 pixels x 16 channels) times the staged input row (16 channels x K
@@ -937,7 +941,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 //      MMA_CHANNELS of the group's channels at a time, added up in place;
 //   2. each warp splits its rows of gw in place, once, into the two values of the storage type
 //      both products take (below), and sums them per tap for grad_span_bias;
-//   3. each warp's share of grad_feature, (16 pixels x T)(T x GEN_GRAD_R) on tensor cores,
+//   3. each warp's share of grad_feature, (16 pixels x T)(T x GEN_GRAD_R) on tensor cores (the
+//      16 pixels its row's, or NARROW two rows' of 8, and half the R range),
 //      summed over the block's groups in registers and stored at the end: as the result where
 //      one block takes all groups, else in float to its split's part, which the host adds up
 //      (a small map leaves a grid of tiles too few blocks to fill the GPU; the host splits the
@@ -963,15 +968,16 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 // inf; its instantiation, like float's and double's, is empty, and the host declines those calls.
 //
 // Dynamic shared memory, 32-bit words (generated_mma_generator_shared_bytes):
-//   span      GEN_GRAD_R x span_stride       the group's span_weight, [r][tap pair], zeros past T
+//   span      span_r x span_stride           the group's span_weight, [r][tap pair], zeros past T
 //                                           and R (span_stride = tap_pad / 2 + 4)
-//   features  GEN_GRAD_R x GEN_GRAD_PIXEL_WORDS   the tile's feature, [r][pixel pair]
+//   features  span_r x pixel_words           the tile's feature, [r][pixel pair] (pixel_words: the
+//                                           tile's pixels in pairs, and 4)
 //   staged    in_h x columns x GEN_GRAD_COLUMN_WORDS   the input chunk, [row][column][channel pair],
 //                                           the two halves of a column's words swapped in
 //                                           columns 4-7 of every 8 (gen_grad_load_columns)
 //                                           (after the products: the warps' sums for
 //                                           grad_span_bias, MMA_WARPS x MMA_TAPS floats)
-//   gw        MMA_WARPS x MMA_TILE_W x gw_stride floats   [pixel][tap] (gw_stride = tap_pad + 4);
+//   gw        MMA_WARPS x tile_w x gw_stride floats   [pixel][tap] (gw_stride = tap_pad + 4);
 //                                           split: a pixel's tap_pad / 2 hi words, then its lo
 //   flags     2 ints                        an inf in the staged feature; the last group with
 //                                           one in its span rows
@@ -980,12 +986,13 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 
 constexpr int GEN_GRAD_R = 32;  // four n-tiles of grad_feature a warp
 constexpr int GEN_GRAD_COLUMN_WORDS = 8;  // a staged column's 16 channels, no padding (swapped halves)
-constexpr int GEN_GRAD_PIXEL_WORDS = 68;  // the tile's 128 pixels in pairs, and 4
 static_assert(GEN_GRAD_R % 16 == 0 && MMA_CHANNELS == 16, "whole pairs of n-tiles; one k-step of channels");
 static_assert(MMA_TAPS / 16 * (GEN_GRAD_R / 8) <= 2 * MMA_WARPS, "grad_span_weight's tiles, two a warp");
-static_assert(GEN_GRAD_PIXEL_WORDS == MMA_WARPS * MMA_TILE_W / 2 + 4 && GEN_GRAD_COLUMN_WORDS == MMA_CHANNELS / 2,
-              "4 words past a multiple of 8, or swapped halves: a fragment's 8 rows x 4 words in 32 banks");
-static_assert(MMA_TILE_H * MMA_TILE_W * GEN_GRAD_COLUMN_WORDS >= MMA_WARPS * MMA_TAPS && MMA_TAPS == 4 * 16,
+static_assert((MMA_WARPS * MMA_TILE_W / 2 + 4) % 32 == 4 && (MMA_WARPS * MMA_TILE_W / 4 + 4) % 32 == 4 &&
+                  GEN_GRAD_COLUMN_WORDS == MMA_CHANNELS / 2,
+              "the feature's rows (either tile) 4 words past a multiple of 32, the staged columns' halves swapped: "
+              "a fragment's 8 rows x 4 words in 32 banks");
+static_assert(MMA_TILE_H * MMA_TILE_W / 2 * GEN_GRAD_COLUMN_WORDS >= MMA_WARPS * MMA_TAPS && MMA_TAPS == 4 * 16,
               "the warps' bias sums fit in the least staged input; a row's taps, 4 a lane, in half a warp");
 
 // A lane's two hi (or lo) words of gw's split, stored at once (st.shared.v2).
@@ -1077,7 +1084,7 @@ __device__ __forceinline__ float gen_grad_direct_sum(const unsigned int* rows, i
 // window from its arguments keeps two (its runtime sizes take more registers).
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, R ranges x group splits, N), tiles of the output.
-template <typename scalar_t, int KERNEL, int STRIDE>
+template <typename scalar_t, int KERNEL, int STRIDE, bool NARROW>
 __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_generated_mma_backward_generator(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature,
     const scalar_t* __restrict__ span_weight, scalar_t* __restrict__ grad_feature, float* __restrict__ feature_parts,
@@ -1098,16 +1105,21 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
         const int row = lane >> 2, quad = lane & 3;
         const int taps = kernel_h * kernel_w, group_channels = channels / groups;
         const int tap_pad = 16 * ((taps + 15) / 16), span_stride = tap_pad / 2 + 4, gw_stride = tap_pad + 4;
-        const int band_columns = (MMA_TILE_W - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
+        // NARROW: a tile 8 columns wide, twice the R range (the same registers of grad_feature's
+        // sums: a warp's m-tile two rows of 8 pixels, half the range's channels)
+        constexpr int tile_w = NARROW ? MMA_TILE_W / 2 : MMA_TILE_W, span_r = NARROW ? 2 * GEN_GRAD_R : GEN_GRAD_R;
+        constexpr int pixel_words = MMA_WARPS * tile_w / 2 + 4;  // the tile's pixels in pairs, and 4
+        constexpr int span_tiles = NARROW ? 4 : 2;  // grad_span_weight's n-tiles a warp
+        const int band_columns = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
         const int n_tiles = (band_columns + 7) / 8, columns = 8 * n_tiles;
         const int in_h = (MMA_TILE_H - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
         OPLIB_DYNAMIC_SHARED(unsigned int, shared);
         unsigned int* span = shared;
-        unsigned int* features = span + GEN_GRAD_R * span_stride;
-        unsigned int* staged = features + GEN_GRAD_R * GEN_GRAD_PIXEL_WORDS;
+        unsigned int* features = span + span_r * span_stride;
+        unsigned int* staged = features + span_r * pixel_words;
         float* gw = reinterpret_cast<float*>(staged + in_h * columns * GEN_GRAD_COLUMN_WORDS);
-        int* inf_flags = reinterpret_cast<int*>(gw + MMA_WARPS * MMA_TILE_W * gw_stride);
-        float* warp_gw = gw + warp * MMA_TILE_W * gw_stride;
+        int* inf_flags = reinterpret_cast<int*>(gw + MMA_WARPS * tile_w * gw_stride);
+        float* warp_gw = gw + warp * tile_w * gw_stride;
         // gw split (step 2): pixel p's hi words at gw_words + p * gw_stride, its lo tap_pad / 2 after
         const unsigned int* gw_words = reinterpret_cast<const unsigned int*>(gw);
         // grad_span_bias's sums of each warp's pixels, [warp][tap], over the staged input (free
@@ -1115,37 +1127,42 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
         float* bias_parts = reinterpret_cast<float*>(staged);
 
         const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
-        const int out_y = tile_y * MMA_TILE_H + warp, out_x0 = tile_x * MMA_TILE_W;
-        const int r0 = blockIdx.y / group_splits * GEN_GRAD_R, split = blockIdx.y % group_splits;
+        const int out_y = tile_y * MMA_TILE_H + warp, out_x0 = tile_x * tile_w;
+        const int r0 = blockIdx.y / group_splits * span_r, split = blockIdx.y % group_splits;
         const int group_first = split * groups / group_splits, group_end = (split + 1) * groups / group_splits;
         const index_t n = blockIdx.z, slot = blockIdx.x + (index_t)gridDim.x * n;
         const bool low_inside = out_y < out_h && out_x0 + row < out_w;
-        const bool high_inside = out_y < out_h && out_x0 + row + 8 < out_w;
+        const bool high_inside = !NARROW && out_y < out_h && out_x0 + row + 8 < out_w;
         // The n-tiles of a run's products that hold a tap of a pixel inside the map: its last
         // pixel there reads columns up to (live_w - 1) sw + (KW - 1) dw (at RedNet's last stage,
         // two of three at stride 1 and three of five at stride 2). gw past the map is the
         // split's zeros.
-        const int live_w = out_w - out_x0 < MMA_TILE_W ? out_w - out_x0 : MMA_TILE_W;
+        const int live_w = out_w - out_x0 < tile_w ? out_w - out_x0 : tile_w;
         const int live_tiles = ((live_w - 1) * stride_w + (kernel_w - 1) * dilation_w) / 8 + 1;
+        // grad_feature's m-tile of the warp: 16 of the tile's pixels from m_pixel (the warp's row,
+        // or NARROW two rows of 8 from row m_y), and its channels of the R range from r_half
+        const int m_pixel = NARROW ? 16 * (warp % 4) : 16 * warp;
+        const int m_y = NARROW ? tile_y * MMA_TILE_H + 2 * (warp % 4) : out_y;
+        const int r_half = NARROW ? GEN_GRAD_R * (warp / 4) : 0;
 
         if (thread == 0) inf_flags[0] = 0, inf_flags[1] = -1;
         __syncthreads();  // the flags are set before any thread may raise one
-        // The tile's feature for the R range, [r][pixel pair] (pixel p = warp * 16 + j), zeros
+        // The tile's feature for the R range, [r][pixel pair] (pixel p = warp * tile_w + j), zeros
         // past the map and past R.
         const unsigned short* sample_feature = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
 #pragma unroll 1
-        for (int word = thread; word < GEN_GRAD_R * (GEN_GRAD_PIXEL_WORDS - 4); word += MMA_THREADS) {
-            const int r = word / (GEN_GRAD_PIXEL_WORDS - 4), pair = word % (GEN_GRAD_PIXEL_WORDS - 4);
-            const int y = tile_y * MMA_TILE_H + pair / (MMA_TILE_W / 2), x = out_x0 + 2 * (pair % (MMA_TILE_W / 2));
+        for (int word = thread; word < span_r * (pixel_words - 4); word += MMA_THREADS) {
+            const int r = word / (pixel_words - 4), pair = word % (pixel_words - 4);
+            const int y = tile_y * MMA_TILE_H + pair / (tile_w / 2), x = out_x0 + 2 * (pair % (tile_w / 2));
             const bool inside = r0 + r < reduced && y < out_h;
             const unsigned int values =
                 oplib_load_pair(sample_feature + (index_t)(r0 + r) * feature_c + (index_t)y * feature_h + (index_t)x * feature_w,
                                 feature_w, inside ? out_w - x : 0);
-            features[r * GEN_GRAD_PIXEL_WORDS + pair] = values;
+            features[r * pixel_words + pair] = values;
             if (gen_grad_pair_has_inf<half_t>(values)) inf_flags[0] = 1;
         }
 
-        OplibFragmentC feature_sums[GEN_GRAD_R / 8] = {};
+        OplibFragmentC feature_sums[GEN_GRAD_R / 8] = {};  // NARROW: of the range's half r_half
         const unsigned short* sample_grad = reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n;
         const unsigned short* sample_input = reinterpret_cast<const unsigned short*>(input) + n * input_n;
         const unsigned short* low_grad = sample_grad + (index_t)out_y * grad_h + (index_t)(out_x0 + row) * grad_w;
@@ -1157,8 +1174,8 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
             // threads along r (span_weight's rows).
             const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
 #pragma unroll 1
-            for (int word = thread; word < GEN_GRAD_R * (tap_pad / 2); word += MMA_THREADS) {
-                const int r = word % GEN_GRAD_R, tap = 2 * (word / GEN_GRAD_R);
+            for (int word = thread; word < span_r * (tap_pad / 2); word += MMA_THREADS) {
+                const int r = word % span_r, tap = 2 * (word / span_r);
                 const unsigned int values = oplib_load_pair(group_span + (index_t)tap * reduced + r0 + r, reduced,
                                                             r0 + r < reduced ? taps - tap : 0);
                 span[r * span_stride + tap / 2] = values;
@@ -1216,7 +1233,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                         OplibFragmentC product = {};
                         oplib_mma<half_t>(product, run, gen_grad_load_columns(input_row, 8 * t));
 #pragma unroll
-                        for (int v = 0; v < 4; ++v) {
+                        for (int v = 0; v < (NARROW ? 2 : 4); ++v) {  // NARROW: pixels 8-15 are no tile's
                             const int j = row + 8 * (v >> 1), offset = 8 * t + 2 * quad + (v & 1) - j * stride_w;
                             const int b = offset / dilation_w;
                             if (offset < 0 || offset != b * dilation_w || b >= kernel_w) continue;
@@ -1237,7 +1254,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
             float bias[4] = {};
             __syncwarp();  // every lane's products are in the warp's rows
 #pragma unroll 1
-            for (int j = lane >> 4; j < MMA_TILE_W; j += 2) {
+            for (int j = lane >> 4; j < tile_w; j += 2) {
                 float* gw_row = warp_gw + j * gw_stride;
                 const bool pixel_inside = out_y < out_h && out_x0 + j < out_w;
                 float w[4] = {};
@@ -1272,15 +1289,15 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
             if (r0 == 0 && lane < 16 && lane_taps < tap_pad)
                 *reinterpret_cast<Vector16<float>*>(bias_parts + warp * MMA_TAPS + lane_taps) = {{bias[0], bias[1], bias[2], bias[3]}};
 
-            // 3. grad_feature += gw (16 pixels x taps) span^T (taps x the R range), but for a warp
-            // whose row is past the map (its sums are never stored).
-            const unsigned int* warp_words = gw_words + warp * MMA_TILE_W * gw_stride;
-            if (inf_flags[1] == group && out_y < out_h) {  // oplib-cold: an inf in the group's span rows
+            // 3. grad_feature += gw (16 pixels x taps) span^T (taps x GEN_GRAD_R of the range), but
+            // for an m-tile past the map (its sums are never stored).
+            const unsigned int* warp_words = gw_words + m_pixel * gw_stride;
+            if (inf_flags[1] == group && m_y < out_h) {  // oplib-cold: an inf in the group's span rows
 #pragma unroll
                 for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
 #pragma unroll
-                    for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x r 8 t + 2 quad (+ 1)
-                        const int j = row + 8 * (v >> 1), r = 8 * t + 2 * quad + (v & 1);
+                    for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x r r_half + 8 t + 2 quad (+ 1)
+                        const int j = row + 8 * (v >> 1), r = r_half + 8 * t + 2 * quad + (v & 1);
                         feature_sums[t].value[v] = oplib_add(
                             feature_sums[t].value[v],
                             gen_grad_direct_sum<half_t>(warp_words + j * gw_stride, 0, 0, 1, tap_pad, span + r * span_stride, taps));
@@ -1288,33 +1305,33 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                 }
             }
 #pragma unroll 1
-            for (int k0 = 0; k0 < tap_pad && inf_flags[1] != group && out_y < out_h; k0 += 16) {
+            for (int k0 = 0; k0 < tap_pad && inf_flags[1] != group && m_y < out_h; k0 += 16) {
                 const OplibFragmentA hi = oplib_load_fragment_a(warp_words + k0 / 2, gw_stride);
                 const OplibFragmentA lo = oplib_load_fragment_a(warp_words + tap_pad / 2 + k0 / 2, gw_stride);
 #pragma unroll
                 for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
-                    const OplibFragmentB b = oplib_load_fragment_b(span + 8 * t * span_stride + k0 / 2, span_stride);
+                    const OplibFragmentB b = oplib_load_fragment_b(span + (r_half + 8 * t) * span_stride + k0 / 2, span_stride);
                     oplib_mma<half_t>(feature_sums[t], hi, b);
                     oplib_mma<half_t>(feature_sums[t], lo, b);
                 }
             }
             // 4. The block's grad_span_weight, a tile taps 16 (an m-tile) x R range columns 8 (an
-            // n-tile), over the tile's pixels (k-steps of 16: a warp's row, those past the map
-            // left out): warp w takes tiles 2w and 2w + 1, one m-tile and two n-tiles, so that
-            // each of gw's fragments is loaded once for both.
-            if (2 * warp < tap_pad / 16 * (GEN_GRAD_R / 8)) {
-                const int m0 = 16 * (2 * warp / (GEN_GRAD_R / 8)), t0 = 2 * warp % (GEN_GRAD_R / 8);
+            // n-tile), over the tile's pixels (k-steps of 16: a warp's row, or NARROW two; those
+            // past the map left out): warp w takes span_tiles n-tiles of one m-tile, from tile
+            // span_tiles w on, so that each of gw's fragments is loaded once for them all.
+            if (span_tiles * warp < tap_pad / 16 * (span_r / 8)) {
+                const int m0 = 16 * (span_tiles * warp / (span_r / 8)), t0 = span_tiles * warp % (span_r / 8);
                 const int live_rows = out_h - tile_y * MMA_TILE_H;
-                const int live_pixels = MMA_TILE_W * (live_rows < MMA_WARPS ? live_rows : MMA_WARPS);
-                OplibFragmentC sums[2] = {};
+                const int live_pixels = tile_w * (live_rows < MMA_WARPS ? live_rows : MMA_WARPS);
+                OplibFragmentC sums[span_tiles] = {};
                 if (inf_flags[0]) {  // oplib-cold: an inf in the tile's feature
 #pragma unroll
-                    for (int u = 0; u < 2; ++u) {
+                    for (int u = 0; u < span_tiles; ++u) {
 #pragma unroll
                         for (int v = 0; v < 4; ++v) {  // taps m0 + row (+ 8) x r 8 (t0 + u) + 2 quad (+ 1)
                             const int tap = m0 + row + 8 * (v >> 1), r = 8 * (t0 + u) + 2 * quad + (v & 1);
                             sums[u].value[v] = gen_grad_direct_sum<half_t>(gw_words, gw_stride, tap, 0, tap_pad,
-                                                                           features + r * GEN_GRAD_PIXEL_WORDS, live_pixels);
+                                                                           features + r * pixel_words, live_pixels);
                         }
                     }
                 }
@@ -1323,18 +1340,20 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                     const unsigned int* at = gw_words + p0 * gw_stride + m0 / 2;
                     const OplibFragmentA hi = oplib_load_fragment_a_transposed(at, gw_stride);
                     const OplibFragmentA lo = oplib_load_fragment_a_transposed(at + tap_pad / 2, gw_stride);
-                    OplibFragmentB b[2];
-                    oplib_load_fragments_b(features + 8 * t0 * GEN_GRAD_PIXEL_WORDS + p0 / 2, GEN_GRAD_PIXEL_WORDS,
-                                           8 * GEN_GRAD_PIXEL_WORDS, b[0], b[1]);
+                    OplibFragmentB b[span_tiles];
 #pragma unroll
-                    for (int u = 0; u < 2; ++u) {
+                    for (int u = 0; u < span_tiles; u += 2)
+                        oplib_load_fragments_b(features + 8 * (t0 + u) * pixel_words + p0 / 2, pixel_words, 8 * pixel_words,
+                                               b[u], b[u + 1]);
+#pragma unroll
+                    for (int u = 0; u < span_tiles; ++u) {
                         oplib_mma<half_t>(sums[u], hi, b[u]);
                         oplib_mma<half_t>(sums[u], lo, b[u]);
                     }
                 }
                 float* slot_sums = span_sums + (slot * groups + group) * (index_t)taps * reduced;
 #pragma unroll
-                for (int u = 0; u < 2; ++u) {
+                for (int u = 0; u < span_tiles; ++u) {
 #pragma unroll
                     for (int v = 0; v < 4; ++v) {  // taps m0 + row (+ 8) x r r0 + 8 (t0 + u) + 2 quad (+ 1)
                         const int tap = m0 + row + 8 * (v >> 1), r = r0 + 8 * (t0 + u) + 2 * quad + (v & 1);
@@ -1353,29 +1372,34 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                 }
             }
         }
-        // grad_feature's sums of the warp's run, the R range's channels: to the result, or in float
-        // to the split's part, [split][n][y][x][r].
-        if (out_y < out_h && group_splits > 1) {
+        // grad_feature's sums of the warp's m-tile, its channels of the R range: to the result, or in
+        // float to the split's part, [split][n][y][x][r]. Fragment rows 8-15 are pixels 8-15 of the
+        // warp's row, or NARROW the next row's 0-7.
+        const int m_x = out_x0 + row, high_x = NARROW ? m_x : m_x + 8, high_y = NARROW ? m_y + 1 : m_y;
+        if (m_y < out_h && group_splits > 1) {
             // the split and R range again from the block's index, read anew (kept from the start
             // across the groups, they took a register that spilled on sm_80)
             const unsigned int y_block = gen_grad_block_y();
-            const int split_again = y_block % group_splits, r_first = y_block / group_splits * GEN_GRAD_R;
-            float* part = feature_parts + (((index_t)split_again * gridDim.z + n) * out_h + out_y) * out_w * reduced;
+            const int split_again = y_block % group_splits, r_first = y_block / group_splits * span_r + r_half;
+            float* part = feature_parts + (((index_t)split_again * gridDim.z + n) * out_h + m_y) * out_w * reduced;
+            float* high_part = part + (NARROW ? (index_t)out_w * reduced : 0);
 #pragma unroll
             for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
 #pragma unroll
                 for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x r 8 t + 2 quad (+ 1)
-                    const int x = out_x0 + row + 8 * (v >> 1), r = r_first + 8 * t + 2 * quad + (v & 1);
-                    if (x < out_w && r < reduced) part[(index_t)x * reduced + r] = feature_sums[t].value[v];
+                    const int x = v >> 1 ? high_x : m_x, r = r_first + 8 * t + 2 * quad + (v & 1);
+                    if ((v >> 1 ? high_y : m_y) < out_h && x < out_w && r < reduced)
+                        (v >> 1 ? high_part : part)[(index_t)x * reduced + r] = feature_sums[t].value[v];
                 }
             }
-        } else if (out_y < out_h) {
-            half_t* run = grad_feature + n * result_n + (index_t)out_y * result_h + (index_t)out_x0 * result_w;
+        } else if (m_y < out_h) {
+            half_t* pixel = grad_feature + n * result_n + (index_t)m_y * result_h + (index_t)m_x * result_w;
             const bool pair_stores = mma_pair_stores(grad_feature, result_n, result_c, result_h, result_w, reduced);
 #pragma unroll
             for (int t = 0; t < GEN_GRAD_R / 16; ++t) {
                 const OplibFragmentC pair[2] = {feature_sums[2 * t], feature_sums[2 * t + 1]};
-                mma_store_run(pair, run, result_c, result_w, r0 + 16 * t, reduced, out_x0, out_w, pair_stores);
+                mma_store_pixels(pair, pixel, NARROW ? result_h : 8 * result_w, result_c, r0 + r_half + 16 * t, reduced,
+                                 m_x < out_w, high_y < out_h && high_x < out_w, pair_stores);
             }
         }
     }
