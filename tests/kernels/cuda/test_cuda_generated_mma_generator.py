@@ -69,10 +69,10 @@ def _declines_only_what_it_cannot_hold(args: tuple) -> bool:
     """A dtype other than bfloat16, more taps than MMA_TAPS, a run's windows over more than
     MMA_BAND columns, or a window past the shared memory it may ask for."""
     kernel_size, stride, dilation = args[4], args[5], args[7]
-    c = _source().constants
-    columns = involution_cuda.generated_mma_generator_extent(_source(), kernel_size, stride, dilation)[1]
+    c, narrow = _source().constants, _narrow(args)
+    columns = involution_cuda.generated_mma_generator_extent(_source(), kernel_size, stride, dilation, narrow)[1]
     return (args[0].dtype != torch.bfloat16 or kernel_size[0] * kernel_size[1] > c["MMA_TAPS"] or columns > c["MMA_BAND"]
-            or involution_cuda.generated_mma_generator_shared_bytes(_source(), kernel_size, stride, dilation)
+            or involution_cuda.generated_mma_generator_shared_bytes(_source(), kernel_size, stride, dilation, narrow)
             > involution_cuda.GENERATED_TILE_MAX_SHARED)
 
 
