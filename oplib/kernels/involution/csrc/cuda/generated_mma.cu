@@ -935,8 +935,9 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 // its gw is formed once for 64 of R's channels rather than 32. Per group:
 //   1. the tile's gw, in float in shared memory: per kernel row a, a run's products with the
 //      input row its windows read are, over all of that row's columns, one product, the run's
-//      grad_output (16 pixels x 16 channels) times the staged input row (16 channels x K
-//      columns) on tensor cores; pixel j's tap b is its element (j, j*sw + b*dw), and the
+//      grad_output (16 pixels x 16 channels; NARROW, 8 pixels and 8 rows of zeros) times the
+//      staged input row (16 channels x K columns) on tensor cores, the n-tiles of K with a tap
+//      of a pixel inside the map only; pixel j's tap b is its element (j, j*sw + b*dw), and the
 //      others are dropped (the forward's band, read the other way round). A chunk of
 //      MMA_CHANNELS of the group's channels at a time, added up in place;
 //   2. each warp splits its rows of gw in place, once, into the two values of the storage type
