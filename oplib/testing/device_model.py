@@ -998,7 +998,7 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     # its channels of the range from r_half
     m_pixel = 16 * (warp % 4) if narrow else 16 * warp
     m_y = tile_y * 8 + 2 * (warp % 4) if narrow else oy
-    r_half = 32 * (warp // 4) if narrow else 0
+    r_half = c["GEN_GRAD_R"] * (warp // 4) if narrow else 0
     inside = (oy < OH) & (ox0 + pixels < OW) & (pixels < tile_w)
     everywhere = t.active
     for index in range(-(-G // splits)):  # the block's groups, the most any split takes

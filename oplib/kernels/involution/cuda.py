@@ -1082,7 +1082,7 @@ def involution_generated_mma_backward_generator(grad_output: Tensor, feature: Te
     kernel = "involution_generated_mma_backward_generator"
     window = (generated_tile_specialisation(source, kernel_size, stride, dilation, kernel) if specialised
               else GENERATED_TILE_RUNTIME)
-    specialisation = (*window[:2], "true" if narrow else "false")
+    specialisation = (*window, "true" if narrow else "false")
     (launcher or cupy_launcher()).launch(source, kernel, grad_output.dtype, config,
                                          (grad_output, input, feature, span_weight.contiguous(), grad_feature,
                                           feature_parts, span_sums, bias_sums, splits, *scalars), specialisation)

@@ -315,8 +315,8 @@ PRODUCTS_SYNC = PlantedBug("products-sync", "__syncwarp();  // every lane's prod
 SPLIT_SYNC = PlantedBug("split-sync", "__syncwarp();  // the row's words read, by every lane, before any is written over",
                         "// the row's words read, by every lane, before any is written over")
 # grad_feature's lo fragment loaded from the hi words: hi taken twice, lo never.
-FEATURE_LO = PlantedBug("feature-lo", "oplib_load_fragment_a(warp_words + tap_pad / 2 + k0 / 2, gw_stride)",
-                        "oplib_load_fragment_a(warp_words + k0 / 2, gw_stride)")
+FEATURE_LO = PlantedBug("feature-lo", "oplib_load_fragment_a(m_words + tap_pad / 2 + k0 / 2, gw_stride)",
+                        "oplib_load_fragment_a(m_words + k0 / 2, gw_stride)")
 # grad_span_weight's hi fragment loaded untransposed: pixels taken for taps.
 SPAN_TRANSPOSED = PlantedBug("span-transposed", "oplib_load_fragment_a_transposed(at, gw_stride)",
                              "oplib_load_fragment_a(at, gw_stride)")

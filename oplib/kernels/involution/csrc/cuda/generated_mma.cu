@@ -1292,7 +1292,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
 
             // 3. grad_feature += gw (16 pixels x taps) span^T (taps x GEN_GRAD_R of the range), but
             // for an m-tile past the map (its sums are never stored).
-            const unsigned int* warp_words = gw_words + m_pixel * gw_stride;
+            const unsigned int* m_words = gw_words + m_pixel * gw_stride;  // the warp's m-tile
             if (inf_flags[1] == group && m_y < out_h) {  // oplib-cold: an inf in the group's span rows
 #pragma unroll
                 for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
@@ -1301,14 +1301,14 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                         const int j = row + 8 * (v >> 1), r = r_half + 8 * t + 2 * quad + (v & 1);
                         feature_sums[t].value[v] = oplib_add(
                             feature_sums[t].value[v],
-                            gen_grad_direct_sum<half_t>(warp_words + j * gw_stride, 0, 0, 1, tap_pad, span + r * span_stride, taps));
+                            gen_grad_direct_sum<half_t>(m_words + j * gw_stride, 0, 0, 1, tap_pad, span + r * span_stride, taps));
                     }
                 }
             }
 #pragma unroll 1
             for (int k0 = 0; k0 < tap_pad && inf_flags[1] != group && m_y < out_h; k0 += 16) {
-                const OplibFragmentA hi = oplib_load_fragment_a(warp_words + k0 / 2, gw_stride);
-                const OplibFragmentA lo = oplib_load_fragment_a(warp_words + tap_pad / 2 + k0 / 2, gw_stride);
+                const OplibFragmentA hi = oplib_load_fragment_a(m_words + k0 / 2, gw_stride);
+                const OplibFragmentA lo = oplib_load_fragment_a(m_words + tap_pad / 2 + k0 / 2, gw_stride);
 #pragma unroll
                 for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
                     const OplibFragmentB b = oplib_load_fragment_b(span + (r_half + 8 * t) * span_stride + k0 / 2, span_stride);
