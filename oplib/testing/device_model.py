@@ -896,16 +896,18 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
         for q in reversed(range(rows_h)):  # the output rows, the last first
             oy = first_row + q
             in_map = (oy >= 0) & (oy < OH)  # the same for the whole block
-            # The row's feature at the band's pixels: 8 threads along a pixel's words (a 32-bit
-            # load each, index in 32-bit units) where pairs are words, else 32 along the pixels
-            # (two 16-bit loads a word); a word store each.
-            pixels, words = 16 * k_steps, span_words
-            along = 8 if feature_words else 32
-            outer_count, inner_count = (pixels, words) if feature_words else (words, pixels)
-            outer = thread // along + threads // along * _slots(-(-outer_count // (threads // along)), 4)
-            inner = thread % along + along * _slots(-(-inner_count // along))
-            pixel, word = (outer, inner) if feature_words else (inner, outer)
-            staging = in_map & (outer < outer_count) & (inner < inner_count) & (pixel < 16 * live_steps)
+            # The row's feature at the band's 16 live_steps pixels, 256 / pixels threads a pixel
+            # (a shift: 16 or 8) along its words (a 32-bit load each, index in 32-bit units)
+            # where pairs are words, else along a word's pixels (two 16-bit loads a word); a word
+            # store each. (Loaded a row ahead of its store: the same loads.)
+            shift = torch.where(live_steps > 1, 3, 4)
+            step = 1 << shift
+            if feature_words:
+                pixel, first_word = thread >> shift, thread & (step - 1)
+            else:
+                pixel, first_word = thread & (threads // step - 1), thread >> (8 - shift)
+            word = first_word + step * _slots(-(-span_words // 8))
+            staging = in_map & (word < span_words) & (live_steps > 0)
             o, rr = first_column + pixel, 2 * word
             inside = staging & (o >= 0) & (o < OW)
             if feature_words:

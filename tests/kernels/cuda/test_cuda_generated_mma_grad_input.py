@@ -79,10 +79,16 @@ def _specialisations(launcher) -> set[tuple[str, ...]]:
     return {launch[4] for launch in launcher.launches if launch[0] == KERNEL}
 
 
+# An R past what a thread's feature share holds (MMA_FEATURE_SHARE words, 8 or 16 threads a
+# pixel), so that it stages the rest as it stores: two k-steps of pixels (32, 8 threads each:
+# R over 64) in channels_last, and one (16, 16 threads each: R over 128) in NCHW.
+LARGE_R = (TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=72, size=(15, 14), channels_last=True),
+           TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=136, size=(7, 7)))
 # The forward's geometries (two chunks, RedNet's 7x7 at strides 1 and 2, a run past the map's
-# edge), and stride 2 in channels_last with two chunks: stride 2 leaves every other input pixel
-# of a row without the taps of half the kernel rows.
-GRAD_CASES = (*CASES, TWO_CHANNEL_CHUNKS._replace(stride=(2, 2), channels_last=True))
+# edge), the large Rs, and stride 2 in channels_last with two chunks: stride 2 leaves every
+# other input pixel of a row without the taps of half the kernel rows.
+STRIDE_2_CHUNKS = TWO_CHANNEL_CHUNKS._replace(stride=(2, 2), channels_last=True)
+GRAD_CASES = (*CASES, *LARGE_R, STRIDE_2_CHUNKS)
 
 
 # The unit tier runs bfloat16 in one thread order (the integration tier float16 and both orders).
@@ -195,7 +201,7 @@ def test_non_finite_values_land_where_torch_puts_them(value, channels_last):
     form each weight anew, must still give torch's inf.)"""
     require_host_compiler()
     launcher = EmulatedLauncher()
-    for case in (TWO_CHANNEL_CHUNKS, GRAD_CASES[-1]):
+    for case in (TWO_CHANNEL_CHUNKS, STRIDE_2_CHUNKS):
         args = grad_input_arguments(case._replace(channels_last=channels_last).arguments(torch.bfloat16))
         for place, changed in with_one_non_finite(args, NON_FINITE_PLACES, value):
             _assert_non_finite_as_torch(changed, launcher, f"{case.name}-{place}")
@@ -222,6 +228,27 @@ DIRECT_SUM = PlantedBug("direct-sum-tap-short", "for (int b = 0; b < kernel_w; +
 # The band's last k-step with output pixels of the map taken as past it (its weights neither
 # formed nor applied).
 LIVE_STEPS = PlantedBug("live-steps", ": (live_columns + 15) / 16;", ": live_columns / 16;")
+# The next row's feature loaded a row ahead for the row itself (each row but the first staged
+# with its predecessor's feature).
+NEXT_ROW = PlantedBug("next-row", "feature_bits + (index_t)(i - 1) * feature_h", "feature_bits + (index_t)i * feature_h")
+# A chunk's first row's feature loaded for the row below it.
+FIRST_ROW = PlantedBug("first-row", "feature_bits + (index_t)(first_row + q_top) * feature_h",
+                       "feature_bits + (index_t)(first_row + q_top - 1) * feature_h")
+# The next row's feature loaded by the warps that read this row only (each thread loads its
+# own share of it, whatever its warp's input row reads).
+EVERY_WARP_LOADS = PlantedBug("every-warp-loads", "                if (q > q_bottom)\n                    mma_load_feature_share(",
+                              "                if (q > q_bottom && reads)\n                    mma_load_feature_share(")
+# The map's first output row left out where the block's windows reach above the map.
+FIRST_IN_MAP = PlantedBug("first-in-map", "q_bottom = first_row < 0 ? -first_row : 0;",
+                          "q_bottom = first_row < 0 ? 1 - first_row : 0;")
+# A thread's words past its share staged from the previous pair of channels (a large R only:
+# LARGE_R). (Not left unstaged: the emulation's shared memory starts as nans, which send a
+# warp to the direct sums, and they form the weights from global memory.)
+SHARE_REST = PlantedBug("share-rest", "to[word] = mma_feature_word(pixel_values, 2 * word,",
+                        "to[word] = mma_feature_word(pixel_values, 2 * word - 2,")
+# A span row's second batch of words loaded from the first's places (R over 64 only: LARGE_R).
+SPAN_BATCHES = PlantedBug("span-batches", "const int r = 2 * (column0 + 8 * v);",
+                          "const int r = 2 * (column0 % (8 * SPAN_BATCH) + 8 * v);")
 # The staged output row's feature one pixel further on: its last pixel lies past the end of the
 # shared memory.
 STAGED_OVERRUN = PlantedBug(
@@ -232,8 +259,8 @@ STAGED_OVERRUN = PlantedBug(
 
 def _band_sync_bug() -> PlantedBug:
     """The grad_input kernel's "bands of row a are written" barrier (the forward has one too: the
-    text after the scatter loop names it) taken out."""
-    text = ("                }\n                __syncwarp();  // the bands of row a are written\n"
+    text around it names grad_input's) taken out."""
+    text = ("                if (!reads) continue;\n                __syncwarp();  // the bands of row a are written\n"
             "                const unsigned int* rows = staged + q * MMA_CHANNELS * stride;")
     return PlantedBug("bands-written-sync", text, text.replace("__syncwarp();  // the bands", "// the bands"))
 
@@ -259,13 +286,17 @@ def _caught(call) -> bool:
 # Each is caught in both run orders, but the warp barrier's race, which shows in the order where a
 # lane reads its ldmatrix row before another lane writes part of it: at stride 2 only the
 # ascending order has such a lane (the barriers over the whole block show in both).
+# The bugs of a large R's staging, on LARGE_R; every other on two chunks at strides 1 and 2.
 @pytest.mark.integration
-@pytest.mark.parametrize("bug", [BAND_PLACE, _band_sync_bug(), STAGED_BARRIER, FEATURE_REUSED, LIVE_STEPS],
-                         ids=lambda b: b.name)
-def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
+@pytest.mark.parametrize("bug, cases", [
+    *((b, (TWO_CHANNEL_CHUNKS, STRIDE_2_CHUNKS))
+      for b in (BAND_PLACE, _band_sync_bug(), STAGED_BARRIER, FEATURE_REUSED, LIVE_STEPS, NEXT_ROW, FIRST_ROW,
+                EVERY_WARP_LOADS, FIRST_IN_MAP)),
+    *((b, LARGE_R) for b in (SHARE_REST, SPAN_BATCHES))], ids=lambda b: getattr(b, "name", ""))
+def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)
-    for case in (TWO_CHANNEL_CHUNKS, GRAD_CASES[-1]):
+    for case in cases:
         for specialised in (True, False):
             caught = []
             for order in ORDERS:

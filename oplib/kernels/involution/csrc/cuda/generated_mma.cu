@@ -719,40 +719,79 @@ __device__ __noinline__ void mma_backward_direct_sums(
     }
 }
 
-// Stages an output row's feature at `pixels` output columns from `first` (`row_values`: the
-// sample's output row; zeros outside the row's `width` and past R) into features [pixel][word],
-// `stride` words a pixel, `words` words of two r each (R to a whole k-step). Where a pair of r
-// is one aligned 32-bit word in memory (`word_pairs`: channels_last) 8 consecutive threads take
-// 8 consecutive words of a pixel; else (NCHW) 32 consecutive threads take a word of 32
-// consecutive pixels, two 16-bit loads each. No division by a runtime count. Every thread of
-// the block takes part.
-__device__ __forceinline__ void mma_stage_features(unsigned int* features, const unsigned short* row_values, int first,
-                                                   int width, int pixels, int reduced, int words, int stride,
-                                                   index_t value_c, index_t value_w, bool word_pairs, int thread) {
-    // The two ways in loops of their own (one loop choosing at each load took both ways' code).
-    if (word_pairs) {
-#pragma unroll 1
-        for (int pixel = thread / 8; pixel < pixels; pixel += MMA_THREADS / 8) {
-            const int o = first + pixel;
-            const unsigned short* pixel_values = row_values + (index_t)o * value_w;
-            const bool inside = (unsigned int)o < (unsigned int)width;
-#pragma unroll 1
-            for (int word = thread % 8; word < words; word += 8)
-                features[pixel * stride + word] = mma_load_pair(pixel_values + 2 * word, 1, inside ? reduced - 2 * word : 0, true);
-        }
-        return;
+// An output row's feature at the band's 16 live_steps pixels, staged a row ahead: a thread
+// loads its share of the next row into registers (mma_load_feature_share) once the current
+// row's weights are formed, and stores it (mma_store_feature_share) after the row's band
+// products, so the loads' latency passes behind them (loaded and stored at once, each row's
+// staging was a chain of dependent round trips between two barriers, which a 7x7 map's few
+// blocks could not hide). The block's 256 threads cover the pixels, MMA_THREADS / pixels threads
+// a pixel (16 or 8: shifts, no division by a runtime count): channels_last (`word_pairs`, a pair
+// of R's channels one aligned 32-bit word) consecutive threads along a pixel's words, NCHW along
+// a word's pixels, two 16-bit loads a word, joined as they are loaded (so NCHW's products wait
+// for its loads: kept apart to the store, the values took registers that two blocks an SM do
+// not have). A thread holds MMA_FEATURE_SHARE words, those `step` apart from `word`, and stages
+// any further ones (a large R: RedNet's last two stages) when it stores; a share of 4 spilled on
+// sm_80 and sm_86. Zeros outside the row's `width` and past R (to a whole k-step: `words`).
+constexpr int MMA_FEATURE_SHARE = 2;
+static_assert(MMA_THREADS == 256 && MMA_GRAD_BAND == 32, "16 or 32 pixels, 16 or 8 threads each");
+
+// A thread's place in a row's feature: its pixel, its first word and the step to its next (of a
+// block's barely changing values: recomputed at each use, they take no registers across the
+// products).
+struct MmaFeaturePlace {
+    int pixel, word, step;
+
+    __device__ __forceinline__ MmaFeaturePlace(int live_steps, bool word_pairs, int thread) {
+        const int shift = live_steps > 1 ? 3 : 4;  // log2 of the threads a pixel
+        step = 1 << shift;
+        pixel = word_pairs ? thread >> shift : thread & (MMA_THREADS / step - 1);
+        word = word_pairs ? thread & (step - 1) : thread >> (8 - shift);
     }
-#pragma unroll 1
-    for (int word = thread / 32; word < words; word += MMA_THREADS / 32) {
-        const int r = 2 * word;
-#pragma unroll 1
-        for (int pixel = thread % 32; pixel < pixels; pixel += 32) {
-            const int o = first + pixel;
-            const bool inside = (unsigned int)o < (unsigned int)width;
-            features[pixel * stride + word] =
-                oplib_load_pair(row_values + (index_t)o * value_w + r * value_c, value_c, inside ? reduced - r : 0);
-        }
+};
+
+struct MmaFeatureShare {
+    unsigned int words[MMA_FEATURE_SHARE];
+};
+
+__device__ __forceinline__ unsigned int mma_feature_word(const unsigned short* pixel_values, int r, int count,
+                                                         index_t value_c, bool word_pairs) {
+    return word_pairs ? mma_load_pair(pixel_values + r, 1, count, true) : oplib_load_pair(pixel_values + r * value_c, value_c, count);
+}
+
+// `row_values`: the sample's output row; `first`: the band's first output column.
+__device__ __forceinline__ void mma_load_feature_share(MmaFeatureShare& share, const unsigned short* row_values,
+                                                       int first, int width, int reduced, int words, index_t value_c,
+                                                       index_t value_w, bool word_pairs, int live_steps, int thread) {
+    const MmaFeaturePlace place(live_steps, word_pairs, thread);
+    const int o = first + place.pixel;
+    const bool inside = (unsigned int)o < (unsigned int)width;
+    const unsigned short* pixel_values = row_values + (index_t)o * value_w;
+#pragma unroll
+    for (int v = 0; v < MMA_FEATURE_SHARE; ++v) {
+        const int r = 2 * (place.word + v * place.step);
+        share.words[v] = mma_feature_word(pixel_values, r, inside && r < 2 * words ? reduced - r : 0, value_c, word_pairs);
     }
+}
+
+// Stores the share into features [pixel][word] (`stride` words a pixel), then stages the
+// thread's words past it.
+__device__ __forceinline__ void mma_store_feature_share(unsigned int* features, const MmaFeatureShare& share,
+                                                        const unsigned short* row_values, int first, int width,
+                                                        int reduced, int words, int stride, index_t value_c,
+                                                        index_t value_w, bool word_pairs, int live_steps, int thread) {
+    const MmaFeaturePlace place(live_steps, word_pairs, thread);
+    unsigned int* to = features + place.pixel * stride;
+#pragma unroll
+    for (int v = 0; v < MMA_FEATURE_SHARE; ++v) {
+        const int word = place.word + v * place.step;
+        if (word < words) to[word] = share.words[v];
+    }
+    const int o = first + place.pixel;
+    const bool inside = (unsigned int)o < (unsigned int)width;
+    const unsigned short* pixel_values = row_values + (index_t)o * value_w;
+#pragma unroll 1
+    for (int word = place.word + MMA_FEATURE_SHARE * place.step; word < words; word += place.step)
+        to[word] = mma_feature_word(pixel_values, 2 * word, inside ? reduced - 2 * word : 0, value_c, word_pairs);
 }
 
 // Instantiated for the forward's windows (the oplib-template line above).
@@ -802,16 +841,27 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
         const int live_columns = out_w - first_column;
         const int live_steps = live_columns >= 16 * k_steps ? k_steps : live_columns <= 0 ? 0 : (live_columns + 15) / 16;
 
-        // span_weight's rows of the group, whole: a k-step's 8 words of every row at a time, 8
-        // consecutive threads a row (a word's row and place in it by shifts, where dividing by the
-        // row's runtime length took a dozen instructions a word).
+        // span_weight's rows of the group, whole: 8 consecutive threads along a row's words (a
+        // word's row and place in it by shifts, where dividing by the row's runtime length took a
+        // dozen instructions a word), a thread's words of a row loaded SPAN_BATCH at a time before
+        // any is stored (a word at a time, a large R's staging was a chain of round trips).
         const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
+        constexpr int SPAN_BATCH = 4;
 #pragma unroll 1
-        for (int column = thread % 8; column < span_words; column += 8) {
-            for (int tap = thread / 8; tap < span_rows; tap += MMA_THREADS / 8) {
-                const int r = 2 * column;
-                span[tap * span_stride + column] =
-                    oplib_load_pair(group_span + (index_t)tap * reduced + r, 1, tap < taps ? reduced - r : 0);
+        for (int tap = thread / 8; tap < span_rows; tap += MMA_THREADS / 8) {
+            const unsigned short* span_row = group_span + (index_t)tap * reduced;
+            const int count = tap < taps ? reduced : 0;
+#pragma unroll 1
+            for (int column0 = thread % 8; column0 < span_words; column0 += 8 * SPAN_BATCH) {
+                unsigned int words[SPAN_BATCH];
+#pragma unroll
+                for (int v = 0; v < SPAN_BATCH; ++v) {
+                    const int r = 2 * (column0 + 8 * v);
+                    words[v] = r < 2 * span_words ? oplib_load_pair(span_row + r, 1, count - r) : 0u;
+                }
+#pragma unroll
+                for (int v = 0; v < SPAN_BATCH; ++v)
+                    if (column0 + 8 * v < span_words) span[tap * span_stride + column0 + 8 * v] = words[v];
             }
         }
         // The bands' zeros 16 bytes a store, as the forward's.
@@ -826,7 +876,16 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
         const index_t group_channel0 = (index_t)group * group_channels;
         const unsigned short* sample_grad = reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n;
         const bool pair_stores = mma_pair_stores(grad_input, in_n, in_c, in_hs, in_ws, group_channels);
+        // The output rows the block reads that lie in the map (q_bottom to q_top, of rows_h).
+        const int q_top = rows_h - 1 < out_h - 1 - first_row ? rows_h - 1 : out_h - 1 - first_row;
+        const int q_bottom = first_row < 0 ? -first_row : 0;
+        MmaFeatureShare share;
         for (int c0 = 0; c0 < group_channels; c0 += MMA_CHANNELS) {
+            // the first row's feature in flight while the grad_output chunk is staged
+            if (q_top >= q_bottom)
+                mma_load_feature_share(share, feature_bits + (index_t)(first_row + q_top) * feature_h, first_column,
+                                       out_w, reduced, span_words, feature_c, feature_w, feature_words, live_steps,
+                                       thread);
             __syncthreads();  // every warp is done with the previous chunk (the first: the span is staged)
             mma_stage_rows<half_t>(staged, sample_grad + group_channel0 * grad_c, c0, group_channels, rows_h, 8 * k_steps,
                                    stride, first_row, first_column, out_h, out_w, grad_c, grad_h, grad_w, vector_grad,
@@ -837,63 +896,71 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
             // (A row's barriers order the grad_output chunk's staging before its reads as well.)
             // Rolled: each row's generation and band products are a long body already.
 #pragma unroll 1
-            for (int q = rows_h - 1; q >= 0; --q) {
+            for (int q = q_top; q >= q_bottom; --q) {
                 const int i = first_row + q;
-                if ((unsigned int)i >= (unsigned int)out_h) continue;  // the same for the whole block
                 __syncthreads();  // the previous row's feature is used (the first: grad_output is staged)
-                mma_stage_features(features, feature_bits + (index_t)i * feature_h, first_column, out_w,
-                                   16 * live_steps, reduced, span_words, span_stride, feature_c, feature_w,
-                                   feature_words, thread);
+                mma_store_feature_share(features, share, feature_bits + (index_t)i * feature_h, first_column, out_w,
+                                        reduced, span_words, span_stride, feature_c, feature_w, feature_words,
+                                        live_steps, thread);
                 __syncthreads();  // the row's feature is staged
                 const int to_a = y + pad_h - i * stride_h;
                 const int a = to_a / dilation_h;
-                if (!row_inside || to_a < 0 || to_a != a * dilation_h || a >= kernel_h) continue;
-                // Row a's weights at the band's output pixels: C fragment m holds pixels first_column +
-                // 16 m + row, + 8 x taps a KW + 2 quad, + 1, from the bias on.
-                OplibFragmentC weights[MMA_GRAD_BAND / 16];
-                const int tap = a * kernel_w + 2 * quad;
-                const float bias_low = 2 * quad < kernel_w ? mma_to_float(__ldg(group_bias + tap), half_t()) : 0.0f;
-                const float bias_high = 2 * quad + 1 < kernel_w ? mma_to_float(__ldg(group_bias + tap + 1), half_t()) : 0.0f;
+                const bool reads = row_inside && to_a >= 0 && to_a == a * dilation_h && a < kernel_h;
+                if (reads) {  // the warp's input row reads output row i, through kernel row a
+                    // Row a's weights at the band's output pixels: C fragment m holds pixels first_column +
+                    // 16 m + row, + 8 x taps a KW + 2 quad, + 1, from the bias on.
+                    OplibFragmentC weights[MMA_GRAD_BAND / 16];
+                    const int tap = a * kernel_w + 2 * quad;
+                    const float bias_low = 2 * quad < kernel_w ? mma_to_float(__ldg(group_bias + tap), half_t()) : 0.0f;
+                    const float bias_high = 2 * quad + 1 < kernel_w ? mma_to_float(__ldg(group_bias + tap + 1), half_t()) : 0.0f;
 #pragma unroll
-                for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
-                    weights[m].value[0] = weights[m].value[2] = bias_low;
-                    weights[m].value[1] = weights[m].value[3] = bias_high;
-                }
+                    for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
+                        weights[m].value[0] = weights[m].value[2] = bias_low;
+                        weights[m].value[1] = weights[m].value[3] = bias_high;
+                    }
 #pragma unroll 1
-                for (int k0 = 0; k0 < reduced; k0 += 16) {
-                    const OplibFragmentB b = oplib_load_fragment_b(span + a * kernel_w * span_stride + k0 / 2, span_stride);
+                    for (int k0 = 0; k0 < reduced; k0 += 16) {
+                        const OplibFragmentB b = oplib_load_fragment_b(span + a * kernel_w * span_stride + k0 / 2, span_stride);
+#pragma unroll
+                        for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
+                            if (m >= live_steps) break;
+                            oplib_mma<half_t>(weights[m], oplib_load_fragment_a(features + 16 * m * span_stride + k0 / 2, span_stride), b);
+                        }
+                    }
+                    // Each value, split hi and lo, to its band places: output pixel o = first_column + k
+                    // (band column k) and tap b serve input pixel x0 + j = o sw - pw + b dw. lo the
+                    // short way, unchecked: an inf or a nan hi makes its products, hence the warp's
+                    // sums, an inf or a nan, and the warp then takes the direct sums, which form each
+                    // weight anew (the forward's direct sums read its split's hi and lo instead, so
+                    // the forward takes the long way where a hi is an inf or a nan).
 #pragma unroll
                     for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
                         if (m >= live_steps) break;
-                        oplib_mma<half_t>(weights[m], oplib_load_fragment_a(features + 16 * m * span_stride + k0 / 2, span_stride), b);
-                    }
-                }
-                // Each value, split hi and lo, to its band places: output pixel o = first_column + k
-                // (band column k) and tap b serve input pixel x0 + j = o sw - pw + b dw. lo the
-                // short way, unchecked: an inf or a nan hi makes its products, hence the warp's
-                // sums, an inf or a nan, and the warp then takes the direct sums, which form each
-                // weight anew (the forward's direct sums read its split's hi and lo instead, so
-                // the forward takes the long way where a hi is an inf or a nan).
 #pragma unroll
-                for (int m = 0; m < MMA_GRAD_BAND / 16; ++m) {
-                    if (m >= live_steps) break;
+                        for (int h = 0; h < 2; ++h) {
+                            const int k = 16 * m + row + 8 * h, o = first_column + k;
+                            const bool pixel_in = (unsigned int)o < (unsigned int)out_w;
+                            const float w0 = pixel_in ? weights[m].value[2 * h] : 0.0f;
+                            const float w1 = pixel_in ? weights[m].value[2 * h + 1] : 0.0f;
+                            const unsigned int hi = mma_round_pair(w0, w1, half_t());
+                            const unsigned int lo = mma_rest_pair_finite<half_t>(w0, w1, hi);
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int k = 16 * m + row + 8 * h, o = first_column + k;
-                        const bool pixel_in = (unsigned int)o < (unsigned int)out_w;
-                        const float w0 = pixel_in ? weights[m].value[2 * h] : 0.0f;
-                        const float w1 = pixel_in ? weights[m].value[2 * h + 1] : 0.0f;
-                        const unsigned int hi = mma_round_pair(w0, w1, half_t());
-                        const unsigned int lo = mma_rest_pair_finite<half_t>(w0, w1, hi);
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int b = 2 * quad + e, j = o * stride_w - pad_w + b * dilation_w - x0;
-                            if (b >= kernel_w || (unsigned int)j >= (unsigned int)MMA_TILE_W) continue;
-                            band_bits[2 * j * stride + k] = (unsigned short)(hi >> 16 * e);
-                            band_bits[2 * band_words + 2 * j * stride + k] = (unsigned short)(lo >> 16 * e);
+                            for (int e = 0; e < 2; ++e) {
+                                const int b = 2 * quad + e, j = o * stride_w - pad_w + b * dilation_w - x0;
+                                if (b >= kernel_w || (unsigned int)j >= (unsigned int)MMA_TILE_W) continue;
+                                band_bits[2 * j * stride + k] = (unsigned short)(hi >> 16 * e);
+                                band_bits[2 * band_words + 2 * j * stride + k] = (unsigned short)(lo >> 16 * e);
+                            }
                         }
                     }
                 }
+                // The next row's feature, in flight during this row's band products (issued before
+                // the weights are formed, it took registers that two blocks an SM do not have).
+                if (q > q_bottom)
+                    mma_load_feature_share(share, feature_bits + (index_t)(i - 1) * feature_h, first_column, out_w,
+                                           reduced, span_words, feature_c, feature_w, feature_words, live_steps,
+                                           thread);
+                if (!reads) continue;
                 __syncwarp();  // the bands of row a are written
                 const unsigned int* rows = staged + q * MMA_CHANNELS * stride;
                 mma_band_products<half_t, MMA_GRAD_BAND / 16, false>(sums, band, band_words, rows, stride, live_steps);
