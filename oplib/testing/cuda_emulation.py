@@ -86,12 +86,17 @@ def cooperative(source: KernelSource) -> bool:
     return False
 
 
+# The exported count of the library's runs of `oplib-cold` blocks (the shim's cold_block_runs).
+COLD_BLOCK_RUNS = "oplib_emulation_cold_block_runs"
+
+
 def _launcher_source(source: KernelSource, kernel: str, dtype: torch.dtype) -> str:
     """A C++ file including the kernel source plus, per instantiation of ``kernel`` in ``dtype``
     (each specialisation), an exported ``extern "C"`` function that runs it over a grid, its
     threads in the order ``descending`` says, and returns nullptr or an error message."""
     launch = "launch_fibers" if cooperative(source) else "launch"
-    lines = [f'#include "{SHIM}"', f'#include "{source.path}"', ""]
+    lines = [f'#include "{SHIM}"', f'#include "{source.path}"', "",
+             f'extern "C" long long {COLD_BLOCK_RUNS}() {{ return oplib_emulation::cold_block_runs.load(); }}', ""]
     signature, ctype = source.kernels[kernel], CTYPES[dtype]
     arg_names = ", ".join(name for _, name in signature.params)
     for specialisation in source.specialisations[kernel]:
@@ -172,6 +177,9 @@ class EmulatedLauncher:
         self.order = order
         # (kernel, dtype, blocks, threads per block, specialisation) of every launch, in order
         self.launches: list[tuple[str, torch.dtype, int, int, tuple[str, ...]]] = []
+        # the threads' runs of `oplib-cold` blocks (OPLIB_COLD_BLOCK) over every launch: the code
+        # of infs and nans, which a check on finite values requires none of
+        self.cold_block_runs = 0
 
     def launch(self, source: KernelSource, kernel: str, dtype: torch.dtype, config: LaunchConfig,
                args: Sequence[KernelArg], specialisation: tuple[str, ...] = ()) -> None:
@@ -203,6 +211,10 @@ class EmulatedLauncher:
         blocks = config.grid[0] * config.grid[1] * config.grid[2]
         self.launches.append((kernel, dtype, blocks, config.threads_per_block, specialisation))
         function.restype = ctypes.c_char_p
+        cold_runs = getattr(_load(library), COLD_BLOCK_RUNS)
+        cold_runs.restype = ctypes.c_longlong
+        cold_before = cold_runs()
         error = function(*c_args)
+        self.cold_block_runs += cold_runs() - cold_before
         if error is not None:
             raise EmulationError(f"{kernel}<{CTYPES[dtype]}>: {error.decode()}")

@@ -655,6 +655,14 @@ const char* launch_fibers(const unsigned int* grid, const unsigned int* block, l
 
 #define OPLIB_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(oplib_emulation::dynamic_shared())
 
+// The runs of `oplib-cold` blocks (OPLIB_COLD_BLOCK, warp.cuh) in this library since it was
+// loaded, one a thread: oplib.testing.cuda_emulation's launcher source exports it, and its
+// launcher reads it around each launch.
+namespace oplib_emulation {
+inline std::atomic<long long> cold_block_runs{0};
+}
+#define OPLIB_COLD_BLOCK() ((void)oplib_emulation::cold_block_runs.fetch_add(1, std::memory_order_relaxed))
+
 inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     const oplib_emulation::Site site{"__syncthreads", file, line};
     oplib_emulation::running_block(site.what).block_barrier(site);

@@ -25,11 +25,13 @@ LAUNCHES = {spec.name: CUDA_DISPATCH[spec.qualname] for spec in registry.all_spe
 
 
 def planted_bug_caught():
-    """What a planted bug must raise: the reference check's mismatch, or, for a warp barrier
-    planted out before a tensor-core load, the emulation's stop at that load (warp.cuh's
-    ldmatrix: a lane's row written by another lane after that lane reached the load), whichever
-    comes first in the run order."""
-    return pytest.raises((AssertionError, EmulationError), match="not close|a __syncwarp missing")
+    """What a planted bug must raise: the reference check's mismatch, its finding that finite
+    values ran a kernel's code of infs and nans (``no_cold_blocks_on_finite_values``: shared
+    memory read before it was written), or, for a warp barrier planted out before a tensor-core
+    load, the emulation's stop at that load (warp.cuh's ldmatrix: a lane's row written by
+    another lane after that lane reached the load), whichever comes first in the run order."""
+    return pytest.raises((AssertionError, EmulationError),
+                         match="not close|finite values ran the code of infs and nans|a __syncwarp missing")
 
 
 def run_under_asan(script: str) -> subprocess.CompletedProcess:

@@ -204,7 +204,10 @@ def test_non_finite_values_land_where_torch_puts_them(value, channels_last):
     for case in (TWO_CHANNEL_CHUNKS, STRIDE_2_CHUNKS):
         args = grad_input_arguments(case._replace(channels_last=channels_last).arguments(torch.bfloat16))
         for place, changed in with_one_non_finite(args, NON_FINITE_PLACES, value):
+            runs = launcher.cold_block_runs
             _assert_non_finite_as_torch(changed, launcher, f"{case.name}-{place}")
+            # the emulation counts the direct sums' runs (what a check on finite values requires none of)
+            assert launcher.cold_block_runs > runs, (case.name, place)
 
 
 # ---------------------------------------------------------------------------------------
@@ -246,6 +249,11 @@ FIRST_IN_MAP = PlantedBug("first-in-map", "q_bottom = first_row < 0 ? -first_row
 # warp to the direct sums, and they form the weights from global memory.)
 SHARE_REST = PlantedBug("share-rest", "to[word] = mma_feature_word(pixel_values, 2 * word,",
                         "to[word] = mma_feature_word(pixel_values, 2 * word - 2,")
+# The same words left unstaged: the emulation's nans there send the warps to the direct sums,
+# which give the reference's numbers from global memory; the check that finite values run no
+# such code catches it (on a GPU, stale words would give wrong numbers).
+SHARE_REST_UNSTAGED = PlantedBug("share-rest-unstaged", "word = place.word + MMA_FEATURE_SHARE * place.step;",
+                                 "word = place.word + (MMA_FEATURE_SHARE + 8) * place.step;")
 # A span row's second batch of words loaded from the first's places (R over 64 only: LARGE_R).
 SPAN_BATCHES = PlantedBug("span-batches", "const int r = 2 * (column0 + 8 * v);",
                           "const int r = 2 * (column0 % (8 * SPAN_BATCH) + 8 * v);")
@@ -292,7 +300,7 @@ def _caught(call) -> bool:
     *((b, (TWO_CHANNEL_CHUNKS, STRIDE_2_CHUNKS))
       for b in (BAND_PLACE, _band_sync_bug(), STAGED_BARRIER, FEATURE_REUSED, LIVE_STEPS, NEXT_ROW, FIRST_ROW,
                 EVERY_WARP_LOADS, FIRST_IN_MAP)),
-    *((b, LARGE_R) for b in (SHARE_REST, SPAN_BATCHES))], ids=lambda b: getattr(b, "name", ""))
+    *((b, LARGE_R) for b in (SHARE_REST, SHARE_REST_UNSTAGED, SPAN_BATCHES))], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)

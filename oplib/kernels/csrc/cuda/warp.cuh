@@ -21,6 +21,14 @@ constexpr unsigned int OPLIB_FULL_WARP = 0xffffffffu;
     type* name = reinterpret_cast<type*>(oplib_dynamic_shared)
 #endif
 
+// Marks a block of code that runs only for an inf or a nan (the `oplib-cold` blocks): nothing on
+// the GPU; the host emulation counts its runs, so that a check on finite values can require
+// none (a kernel that read shared memory before writing it would read the emulation's nans
+// and take such a block, which may well give the right result from global memory).
+#ifndef OPLIB_COLD_BLOCK
+#define OPLIB_COLD_BLOCK() ((void)0)
+#endif
+
 // The calling thread's lane: its linear index in the block modulo the warp size.
 __device__ __forceinline__ int oplib_lane() {
     return (int)((threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32u);

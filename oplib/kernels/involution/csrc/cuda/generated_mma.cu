@@ -86,7 +86,8 @@ static_assert(MMA_BAND % 16 == 0 && MMA_FOLDED_BAND % 16 == 0 && MMA_FOLDED_BAND
 static_assert(MMA_CHANNELS * MMA_BAND / 2 <= 2 * MMA_THREADS, "a staged row's words of every channel in two passes");
 
 // Blocks marked `oplib-cold` run only for an inf or a nan: the device-time model leaves their
-// code out of a kernel's instruction count (oplib.testing.device_model.cold_lines).
+// code out of a kernel's instruction count (oplib.testing.device_model.cold_lines), and each
+// begins with OPLIB_COLD_BLOCK (warp.cuh), whose runs the host emulation counts.
 
 // Whether v is neither inf nor nan: its exponent bits, the sign shifted out, are not all ones
 // (on the bits: NVRTC makes a float comparison a flushing one under CuPy's -ftz=true).
@@ -537,6 +538,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
             }
         }
         if (oplib_warp_any(non_finite != 0)) {  // oplib-cold: a hi of the warp is an inf or a nan
+            OPLIB_COLD_BLOCK();
 #pragma unroll
             for (int t = 0; t < MMA_TAP_TILES; ++t) {
                 if (8 * t >= taps) break;
@@ -613,6 +615,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
             // outputs, the direct sum's instead (rolled: it runs for those warps only).
             const index_t out_row = n * out_n + group_channel0 * out_c + (index_t)out_y * out_hs;
             if (mma_any_non_finite(sums)) {  // oplib-cold: an inf or a nan among the warp's sums
+                OPLIB_COLD_BLOCK();
                 const unsigned short* rows = reinterpret_cast<const unsigned short*>(staged + half * sample_words) +
                                              2 * tile_row * stride_h * MMA_CHANNELS * stride;
                 mma_direct_sums(plain_bits, 2 * plain_words, plain_stride, rows, out + out_row, out_c, out_ws, c0,
@@ -969,6 +972,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
             if (!row_inside) continue;
             scalar_t* run = grad_input + n * in_n + group_channel0 * in_c + (index_t)y * in_hs + (index_t)x0 * in_ws;
             if (mma_any_non_finite(sums)) {  // oplib-cold: an inf or a nan among the warp's sums
+                OPLIB_COLD_BLOCK();
                 mma_backward_direct_sums(reinterpret_cast<const unsigned short*>(span), span_stride, bias + (index_t)group * taps,
                                          feature_bits, feature_c, feature_h, feature_w, reduced,
                                          reinterpret_cast<const unsigned short*>(staged), stride, first_row, first_column,
@@ -1339,6 +1343,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                     lo[h] = mma_rest_pair_finite<half_t>(w[2 * h], w[2 * h + 1], hi[h]);
                 }
                 if (non_finite != 0) {  // oplib-cold: a hi is an inf or a nan
+                    OPLIB_COLD_BLOCK();
 #pragma unroll
                     for (int h = 0; h < 2; ++h) lo[h] = mma_rest_pair<half_t>(w[2 * h], w[2 * h + 1], hi[h]);
                 }
@@ -1361,6 +1366,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
             // for an m-tile past the map (its sums are never stored).
             const unsigned int* m_words = gw_words + m_pixel * gw_stride;  // the warp's m-tile
             if (inf_flags[1] == group && m_y < out_h) {  // oplib-cold: an inf in the group's span rows
+                OPLIB_COLD_BLOCK();
 #pragma unroll
                 for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
 #pragma unroll
@@ -1393,6 +1399,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                 const int live_pixels = tile_w * (live_rows < MMA_WARPS ? live_rows : MMA_WARPS);
                 OplibFragmentC sums[span_tiles] = {};
                 if (inf_flags[0]) {  // oplib-cold: an inf in the tile's feature
+                    OPLIB_COLD_BLOCK();
 #pragma unroll
                     for (int u = 0; u < span_tiles; ++u) {
 #pragma unroll
