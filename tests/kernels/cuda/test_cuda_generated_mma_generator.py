@@ -349,6 +349,10 @@ GROUP_RANGE = PlantedBug("group-range", "group_first = split * groups / group_sp
 # A split row's lo words one row further: the last row's past the end of the dynamic shared memory.
 SPLIT_OVERRUN = PlantedBug("split-past-the-end", "*reinterpret_cast<GenGradWords*>(words + tap_pad / 2) =",
                            "*reinterpret_cast<GenGradWords*>(words + tap_pad / 2 + gw_stride) =")
+# A batch of span words stored from the batch's first place (a thread's second word of the
+# group's span rows wrong).
+SPAN_BATCH = PlantedBug("span-batch", "span[r * span_stride + tap / 2] = values[v];",
+                        "span[r * span_stride + tap / 2] = values[0];")
 # gw's split without its long way where a hi of the warp is an inf or a nan.
 SPLIT_LONG_WAY = PlantedBug("split-long-way", "if (non_finite != 0) {  // oplib-cold: a hi is an inf or a nan",
                             "if (false) {")
@@ -363,7 +367,7 @@ def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
 @pytest.mark.parametrize("bug", [pytest.param(BAND_TAP),
                                  *(pytest.param(b, marks=pytest.mark.integration)
                                    for b in (STAGED_BARRIER, GW_BARRIER, CHUNKS_ADDED, BIAS_PARTS, SPLIT_SYNC,
-                                             FEATURE_LO, SPAN_TRANSPOSED, LIVE_PIXELS, LIVE_TILES))],
+                                             FEATURE_LO, SPAN_TRANSPOSED, LIVE_PIXELS, LIVE_TILES, SPAN_BATCH))],
                          ids=lambda b: b.name)
 def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
     """Each on the two-chunk geometry (stride 1, NCHW) and the stride-2 channels_last one, in

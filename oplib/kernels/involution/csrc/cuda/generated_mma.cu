@@ -657,8 +657,9 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma(
 // A block of MMA_WARPS warps takes MMA_TILE_H input rows (a warp each) x MMA_TILE_W columns of
 // one (sample, group) (grid: tiles x groups x samples); per chunk of MMA_CHANNELS of the group's
 // channels it stages the output rows its windows read, then takes those rows one at a time: the
-// block stages the row's feature at the band's pixels once, and each warp whose input row reads
-// that output row (through one kernel row a) forms and applies that kernel row's weights. The
+// block stages the row's feature at the band's pixels once (loaded a row ahead: below,
+// MMA_FEATURE_SHARE), and each warp whose input row reads that output row (through one kernel
+// row a) forms and applies that kernel row's weights. The
 // feature of an output row serves up to KH warps: read from global memory once a block, where
 // each warp's own fragment loads read it again for each of its kernel rows (and their 64-bit
 // addressing and bounds took most of the kernel's instructions at large R). Each input pixel is
@@ -1243,15 +1244,28 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
         for (int group = group_first; group < group_end; ++group) {
             __syncthreads();  // every warp is done with the previous group's span, gw and bias parts
             // span_weight's rows of the group for the R range, [r][tap pair]; consecutive
-            // threads along r (span_weight's rows).
+            // threads along r (span_weight's rows), a thread's words GEN_GRAD_SPAN_BATCH at a time
+            // loaded before any is stored (a word at a time, a group's staging was a chain of
+            // round trips: 7 at RedNet's last stage, in each group of a block; now 4).
             const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
+            const int span_words = span_r * (tap_pad / 2);
+            constexpr int GEN_GRAD_SPAN_BATCH = 2;  // 4 spilled the runtime window's sm_80 code
 #pragma unroll 1
-            for (int word = thread; word < span_r * (tap_pad / 2); word += MMA_THREADS) {
-                const int r = word % span_r, tap = 2 * (word / span_r);
-                const unsigned int values = oplib_load_pair(group_span + (index_t)tap * reduced + r0 + r, reduced,
-                                                            r0 + r < reduced ? taps - tap : 0);
-                span[r * span_stride + tap / 2] = values;
-                if (gen_grad_pair_has_inf<half_t>(values)) inf_flags[1] = group;
+            for (int word0 = thread; word0 < span_words; word0 += GEN_GRAD_SPAN_BATCH * MMA_THREADS) {
+                unsigned int values[GEN_GRAD_SPAN_BATCH];
+#pragma unroll
+                for (int v = 0; v < GEN_GRAD_SPAN_BATCH; ++v) {
+                    const int word = word0 + v * MMA_THREADS, r = word % span_r, tap = 2 * (word / span_r);
+                    values[v] = oplib_load_pair(group_span + (index_t)tap * reduced + r0 + r, reduced,
+                                                word < span_words && r0 + r < reduced ? taps - tap : 0);
+                }
+#pragma unroll
+                for (int v = 0; v < GEN_GRAD_SPAN_BATCH; ++v) {
+                    const int word = word0 + v * MMA_THREADS, r = word % span_r, tap = 2 * (word / span_r);
+                    if (word >= span_words) break;
+                    span[r * span_stride + tap / 2] = values[v];
+                    if (gen_grad_pair_has_inf<half_t>(values[v])) inf_flags[1] = group;
+                }
             }
             const index_t channel0 = (index_t)group * group_channels;
             for (int c0 = 0; c0 < group_channels; c0 += MMA_CHANNELS) {
