@@ -247,8 +247,8 @@ FIRST_IN_MAP = PlantedBug("first-in-map", "q_bottom = first_row < 0 ? -first_row
 # A thread's words past its share staged from the previous pair of channels (a large R only:
 # LARGE_R). (Not left unstaged: the emulation's shared memory starts as nans, which send a
 # warp to the direct sums, and they form the weights from global memory.)
-SHARE_REST = PlantedBug("share-rest", "to[word] = mma_feature_word(pixel_values, 2 * word,",
-                        "to[word] = mma_feature_word(pixel_values, 2 * word - 2,")
+SHARE_REST = PlantedBug("share-rest", "to[word] = mma_feature_word(place.values, 2 * word,",
+                        "to[word] = mma_feature_word(place.values, 2 * word - 2,")
 # The same words left unstaged: the emulation's nans there send the warps to the direct sums,
 # which give the reference's numbers from global memory; the check that finite values run no
 # such code catches it (on a GPU, stale words would give wrong numbers).

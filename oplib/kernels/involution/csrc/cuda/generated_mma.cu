@@ -739,17 +739,24 @@ __device__ __noinline__ void mma_backward_direct_sums(
 constexpr int MMA_FEATURE_SHARE = 2;
 static_assert(MMA_THREADS == 256 && MMA_GRAD_BAND == 32, "16 or 32 pixels, 16 or 8 threads each");
 
-// A thread's place in a row's feature: its pixel, its first word and the step to its next (of a
-// block's barely changing values: recomputed at each use, they take no registers across the
-// products).
+// A thread's place in a row's feature: its pixel, its first word and the step to its next, and
+// the pixel's values in the row (`row_values`, the band's first output column `first`; `inside`
+// the row's `width`). Of a block's barely changing values: recomputed at each use, they take no
+// registers across the products.
 struct MmaFeaturePlace {
     int pixel, word, step;
+    bool inside;
+    const unsigned short* values;
 
-    __device__ __forceinline__ MmaFeaturePlace(int live_steps, bool word_pairs, int thread) {
+    __device__ __forceinline__ MmaFeaturePlace(int live_steps, bool word_pairs, int thread,
+                                               const unsigned short* row_values, int first, int width, index_t value_w) {
         const int shift = live_steps > 1 ? 3 : 4;  // log2 of the threads a pixel
         step = 1 << shift;
         pixel = word_pairs ? thread >> shift : thread & (MMA_THREADS / step - 1);
         word = word_pairs ? thread & (step - 1) : thread >> (8 - shift);
+        const int o = first + pixel;
+        inside = (unsigned int)o < (unsigned int)width;
+        values = row_values + (index_t)o * value_w;
     }
 };
 
@@ -766,14 +773,12 @@ __device__ __forceinline__ unsigned int mma_feature_word(const unsigned short* p
 __device__ __forceinline__ void mma_load_feature_share(MmaFeatureShare& share, const unsigned short* row_values,
                                                        int first, int width, int reduced, int words, index_t value_c,
                                                        index_t value_w, bool word_pairs, int live_steps, int thread) {
-    const MmaFeaturePlace place(live_steps, word_pairs, thread);
-    const int o = first + place.pixel;
-    const bool inside = (unsigned int)o < (unsigned int)width;
-    const unsigned short* pixel_values = row_values + (index_t)o * value_w;
+    const MmaFeaturePlace place(live_steps, word_pairs, thread, row_values, first, width, value_w);
 #pragma unroll
     for (int v = 0; v < MMA_FEATURE_SHARE; ++v) {
         const int r = 2 * (place.word + v * place.step);
-        share.words[v] = mma_feature_word(pixel_values, r, inside && r < 2 * words ? reduced - r : 0, value_c, word_pairs);
+        share.words[v] = mma_feature_word(place.values, r, place.inside && r < 2 * words ? reduced - r : 0, value_c,
+                                          word_pairs);
     }
 }
 
@@ -783,19 +788,16 @@ __device__ __forceinline__ void mma_store_feature_share(unsigned int* features, 
                                                         const unsigned short* row_values, int first, int width,
                                                         int reduced, int words, int stride, index_t value_c,
                                                         index_t value_w, bool word_pairs, int live_steps, int thread) {
-    const MmaFeaturePlace place(live_steps, word_pairs, thread);
+    const MmaFeaturePlace place(live_steps, word_pairs, thread, row_values, first, width, value_w);
     unsigned int* to = features + place.pixel * stride;
 #pragma unroll
     for (int v = 0; v < MMA_FEATURE_SHARE; ++v) {
         const int word = place.word + v * place.step;
         if (word < words) to[word] = share.words[v];
     }
-    const int o = first + place.pixel;
-    const bool inside = (unsigned int)o < (unsigned int)width;
-    const unsigned short* pixel_values = row_values + (index_t)o * value_w;
 #pragma unroll 1
     for (int word = place.word + MMA_FEATURE_SHARE * place.step; word < words; word += place.step)
-        to[word] = mma_feature_word(pixel_values, 2 * word, inside ? reduced - 2 * word : 0, value_c, word_pairs);
+        to[word] = mma_feature_word(place.values, 2 * word, place.inside ? reduced - 2 * word : 0, value_c, word_pairs);
 }
 
 // Instantiated for the forward's windows (the oplib-template line above).
