@@ -372,7 +372,7 @@ def test_last_on_a_gpu_matches_the_reference(kind):
                     assert torch.equal(out, chunked), name
 
 
-# Bugs a review could miss, and the kernels each reaches. The first five change values, which
+# Bugs a review could miss, and the kernels each reaches. The first seven change values, which
 # the reference check must catch; the two bounds also read past the input (the row below the
 # image, the pixel past a row's end, past the tensor at the last sample), and the copy one value
 # past a warp's records reads past the weight (forward) or writes past grad_weight at the last
@@ -383,6 +383,8 @@ PLANTS = {
     "outside-taps-added": (("forward",), "if (!((inside >> b) & 1u)) continue;", ";"),
     "outside-sums-kept": (("grad_weight",), "if (!((inside >> b) & 1u)) sum[b] = 0;", ";"),
     "last-shuffle-skipped": (("grad_weight",), "if (offset >= parts) continue;", "if (offset >= parts / 2) continue;"),
+    "next-row-not-advanced": (("grad_weight",), "row += W * C;\n                inside", "inside"),
+    "next-row-bounded-as-this-one": (("grad_weight",), "inside = row_inside(y0 + a + 1, H)", "inside = row_inside(y0 + a, H)"),
     "copy-one-past": (("forward", "grad_weight"), "v < count; v += 32) to[v] = from[v];",
                       "v <= count; v += 32) to[v] = from[v];"),
 }

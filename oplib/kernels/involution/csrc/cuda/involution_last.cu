@@ -216,6 +216,13 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_forw
     }
 }
 
+// grad_weight's blocks an SM is asked to hold: float64's sums and the next row's loads took
+// more registers than three blocks leave (16 bytes spilled on sm_90), so two there.
+template <typename scalar_t>
+struct LastWeightMinBlocks {
+    static constexpr int value = sizeof(scalar_t) == 8 ? 2 : LAST_MIN_BLOCKS;
+};
+
 // grad_weight, the same mapping: a lane's grad_output vector is loaded once for all taps; a
 // tap's partial sums over a lane's channels are added across the group's PARTS lanes by
 // shuffles (a butterfly: every lane of the group gets the same bits) and staged in shared
@@ -224,7 +231,7 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_forw
 // the chunked kernel writes. The group's sum is split across lanes, so its bits are not the
 // chunked kernel's (each is checked against the float64 reference); it is deterministic.
 template <typename scalar_t, int KERNEL, int STRIDE>
-__global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_backward_weight_last(
+__global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::value) involution_backward_weight_last(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, scalar_t* __restrict__ grad_weight,
     index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t out_w,
     index_t pad_h, index_t pad_w) {
@@ -257,10 +264,15 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_back
 #pragma unroll
         for (int b = 0; b < KERNEL; ++b) staged_taps |= (b & (parts - 1)) == part ? 1u << b : 0u;
         const scalar_t* row = input + (((index_t)n * H + y0) * W + x0) * C + c0;
-        for (int a = 0; a < KERNEL; ++a, row += W * C) {
-            const unsigned int inside = row_inside(y0 + a, H) ? columns : 0u;
-            Vector16<scalar_t> values[KERNEL];
-            load_row<scalar_t, KERNEL>(values, row, C, inside, input + c0);
+        // A row's loads are issued once the previous row's sums are formed, before its shuffles
+        // and stores, and used in the next trip of the loop, so they are in flight together.
+        // Loaded in the trip that used them, ptxas issued them one at a time, each after the
+        // previous tap's sum: float32 and float64 on every target, every dtype on sm_100 and
+        // sm_120 (one load in flight where a row has seven).
+        unsigned int inside = row_inside(y0, H) ? columns : 0u;
+        Vector16<scalar_t> values[KERNEL];
+        load_row<scalar_t, KERNEL>(values, row, C, inside, input + c0);
+        for (int a = 0; a < KERNEL; ++a) {
             acc_t sum[KERNEL];
 #pragma unroll
             for (int b = 0; b < KERNEL; ++b) {
@@ -270,6 +282,11 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_back
 #pragma unroll
                 for (int e = 0; e < LANES; ++e) sum[b] = oplib_fma(grad[e], x[e], sum[b]);
                 if (!((inside >> b) & 1u)) sum[b] = 0;
+            }
+            if (a + 1 < KERNEL) {
+                row += W * C;
+                inside = row_inside(y0 + a + 1, H) ? columns : 0u;
+                load_row<scalar_t, KERNEL>(values, row, C, inside, input + c0);
             }
             // The group's parts are adjacent lanes from a multiple of `parts` on: sum over them.
 #pragma unroll
