@@ -29,8 +29,8 @@ a process of its own through tools/gpu_check.py). Its stages:
   sixth H200 draw, before the vectors kernels became the ops', timed them in a "vectors" column
   beside the chunked kernels); the "lanes on channels" column of a channels_last row is the
   call under the ``LAST`` policy (a lane a 16-byte vector of a group's channels, DCNv4's
-  mapping: the forward's and grad_input's chunked kernels at one vector a thread, grad_weight
-  involution_last.cu's kernel, the group summed by shuffles), timed beside the op's call until
+  mapping: involution_last.cu's kernels, grad_input's a block a segment of an input row,
+  grad_weight's the group summed by shuffles), timed beside the op's call until
   a draw has measured it, where it launches something else; "generated grad_input" is ``involution_generated_backward_input``,
   which goes through the weight map (the span conv, then involution's grad_input kernel), its
   floor grad_output, the feature map and grad_input, and its "generic (before)" column its

@@ -83,8 +83,7 @@ VECTORS_ROWS = {VECTORS: ("forward", "vectors (ms)", "involution_vectors"),
                 VECTORS_GRAD_INPUT: ("grad_input", "vectors (ms)", "involution_vectors_backward_input"),
                 VECTORS_GRAD_WEIGHT: ("grad_weight", "vectors (ms)", "involution_vectors_backward_weight")}
 # A lane a 16-byte vector of a group's channels in channels_last calls (the ``LAST`` policy:
-# the forward's and grad_input's chunked kernels at one vector a thread, grad_weight
-# involution_last.cu's kernel), timed in the table's "lanes on channels" column beside the op's
+# involution_last.cu's kernels, grad_input's a block a segment of an input row), timed in the table's "lanes on channels" column beside the op's
 # call where it launches something else (``_lanes_on_channels_launch``).
 LANES_ON_CHANNELS = "LAST"
 LAST_FORWARD, LAST_GRAD_INPUT = "lanes on channels forward", "lanes on channels grad_input"
@@ -643,8 +642,9 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
         "grad_input and grad_weight, a vector of 4 pixels a lane (2 in float64) and a fixed number of a group's "
         "channels (grad_weight: one kernel row) a thread (widths a multiple of the vector); and the "
         "channels_last calls with a lane a 16-byte vector of a group's channels (\"lanes on channels\", the `LAST` "
-        "policy): the forward's and grad_input's chunked kernels at one vector a thread, grad_weight "
-        "`involution_last.cu`'s kernel, the group summed by shuffles. Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
+        "policy): `involution_last.cu`'s kernels, the forward's with the warp's weights staged in shared memory, "
+        "grad_input's a block a segment of an input row with each kernel row's weights staged in shared memory, "
+        "grad_weight's the group summed by shuffles. Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
         "that serves the row now: the measured time scaled by the two "
         f"predictions' ratio is what the next draw should find. Predicted / now {ratio_range(ratios)}, faster at "
         f"{sum(r < 1.0 for r in ratios)} of {len(ratios)} rows.",

@@ -1284,8 +1284,53 @@ def _backward_weight_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     _warp_copy(t, 2, first * K * K, values, 32 // parts * K * K, es, lanes, to_global=True)
 
 
+def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_backward_input_last (involution_last.cu): a block a segment of one input row.
+    Per kernel row that reaches an output row, the segment's pieces of the row's weights copied
+    into shared memory by all the block's threads, a value a thread a round; then per tap of
+    the lane's column phase a grad_output vector (every lane loads each: a tap with no output
+    pixel reads the sample's first) and, where the tap has one, a shared-memory read of its
+    weight and LANES multiply-adds; one vector store. Vectors traced by their first element."""
+    total, C, H, W, G, OH, OW, ph, pw = launch.scalars
+    K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
+    es = launch.dtype.itemsize
+    lanes = 16 // es
+    vectors = C // lanes
+    segment, parts = 256 // vectors, C // G // lanes
+    segments = -(-W // segment)
+    task, thread = item // 256, item % 256
+    v = thread % vectors
+    g, c0 = v // parts, v * lanes
+    row, x_first = task // segments, (task % segments) * segment
+    y, n = row % H, row // H
+    x = x_first + thread // vectors
+    active = x < W
+    b_phase = (x + pw) % S
+    j_first = (x + pw - b_phase) // S
+    j_low = (-(-(x_first + pw - (K - 1)) // S)).clamp(min=0)
+    j_high = ((torch.clamp(x_first + segment, max=W) - 1 + pw) // S).clamp(max=OW - 1)
+    staged = (j_high - j_low + 1).clamp(min=0) * G * K
+    k = thread + 256 * _slots(-(-int(staged.max()) // 256))
+    piece = k // K
+    step = torch.arange(-(-K // S)).view(-1, 1, 1)
+    b, j = b_phase + S * step, j_first - step
+    for a in range(K):
+        ry = y + ph - a
+        reaches = (ry >= 0) & (ry % S == 0) & (ry // S < OH)
+        i = torch.where(reaches, ry // S, 0)
+        copies = reaches & (k < staged)
+        t.load(1, ((n * OH + i) * OW + j_low) * G * K * K + a * K + piece * K * K + k - piece * K, copies, es)
+        t.shared(k, copies, es)
+        reads = reaches & active & (b < K) & (j >= 0) & (j < OW)
+        t.load(0, torch.where(reads, ((n * OH + i) * OW + j) * C + c0, c0), reaches, es)
+        t.shared(torch.where(reads, ((j - j_low) * G + g) * K + b, 0), reads, es)
+        t.fma(reads, lanes)
+    t.store(2, ((n * H + y) * W + x) * C + c0, active, es)
+
+
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_forward_last": _forward_last,
+    "involution_backward_input_last": _backward_input_last,
     "involution_backward_weight_last": _backward_weight_last,
     "involution_forward_chunked": _forward_chunked,
     "involution_forward_vectors": _forward_vectors,

@@ -60,9 +60,9 @@ class LaunchPolicy:
     ``vectors``: the NCHW calls ``involution_vectors.cu`` serves go to its kernels (False: to the
     chunked kernels, as ``CHUNKED``, which the benches time beside them and the chunked kernels'
     own tests use). ``lanes_on_channels``: channels_last calls give a lane one 16-byte vector
-    of a group's channels, DCNv4's mapping (``LAST``): the forward and grad_input's chunked
-    kernels one vector a thread (not the most channels that keep ``target_threads``), and
-    grad_weight ``involution_last.cu``'s kernel where it serves the call; off until a GPU draw
+    of a group's channels, DCNv4's mapping (``LAST``): ``involution_last.cu``'s kernels where
+    they serve the call, else the chunked kernels at one vector a thread (not the most
+    channels that keep ``target_threads``); off until a GPU draw
     has timed them beside the chunked kernels as they run now (the kernel table's "lanes on
     channels" column).
     """
@@ -327,6 +327,9 @@ def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, s
     if (policy or POLICY).vectors and involution_vectors_backward_input(
             grad_output, weight, input_size, stride, padding, dilation, out, launcher) is not None:
         return out
+    if (policy or POLICY).lanes_on_channels and involution_last_backward_input(
+            grad_output, weight, input_size, stride, padding, dilation, out, launcher) is not None:
+        return out
     return _channel_chunked("involution_backward_input", grad_output, weight, stride, padding, dilation, out, launcher,
                           policy)
 
@@ -416,6 +419,38 @@ def involution_last(input: Tensor, weight: Tensor, stride, padding, dilation, ou
     groups, kh, kw = weight.shape[1:4]
     return _launch_last("involution_forward_last", (input, out), weight, input.shape, groups, (kh, kw), stride,
                         padding, dilation, out, launcher)
+
+
+def involution_last_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation,
+                                   out: Tensor, launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+    """grad_output: (N, C, Ho, Wo) channels_last, weight: (N, G, K, K, Ho, Wo) pixel-major ->
+    out: grad_input (N, C, H, W) channels_last, by the kernel whose block takes a segment of an
+    input row (a lane a 16-byte vector of a group's channels) and stages each kernel row's
+    weights in shared memory; None, out untouched, where it declines: what ``_launch_last``
+    declines, and a pixel's vectors not a power of two up to a block (the segment is a block's
+    lanes over them). The same bits as ``involution_backward_input``'s chunked kernel."""
+    source = load_source(LAST_SOURCE)
+    specialisation = _last_window(source, weight.shape[2:4], stride, dilation)
+    last = torch.channels_last
+    if specialisation is None or not (grad_output.is_contiguous(memory_format=last) and is_pixel_major(weight)):
+        return None
+    # (an out whose size makes the two layouts one, a 1x1 map, may come contiguous: the kernel
+    # writes a channels_last buffer, copied into it)
+    result = out if out.is_contiguous(memory_format=last) else torch.empty_like(out, memory_format=last)
+    n, channels = grad_output.shape[:2]
+    groups, (height, width), (out_h, out_w) = weight.shape[1], input_size, weight.shape[4:]
+    threads_per_block = source.constants["LAST_THREADS"]
+    vectors = channels // (source.constants["VECTOR_BYTES"] // grad_output.dtype.itemsize)
+    if (last_parts(source, channels, groups, grad_output.dtype) is None or vectors > threads_per_block
+            or vectors & (vectors - 1) or any(t.data_ptr() % source.constants["VECTOR_BYTES"] for t in (grad_output, result))):
+        return None
+    segment = threads_per_block // vectors
+    threads = n * height * -(-width // segment) * threads_per_block
+    if threads > POLICY.index32_limit:  # the kernel counts its segments in an int
+        return None
+    _run(launcher or cupy_launcher(), "involution_backward_input_last", result, True, (grad_output, weight),
+         (threads, channels, height, width, groups, out_h, out_w, *padding), threads, specialisation, LAST_SOURCE)
+    return out if result is out else out.copy_(result)
 
 
 def involution_last_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation,
@@ -524,10 +559,11 @@ def launch_involution(input, weight, stride, padding, dilation, launcher: Launch
 
 
 # involution's grad_input kernels, whichever serves the call: also those of the fused op's grad_input.
-GRAD_INPUT_KERNELS = ("involution_backward_input", "involution_backward_input_chunked", "involution_backward_input_vectors")
+GRAD_INPUT_KERNELS = ("involution_backward_input", "involution_backward_input_chunked", "involution_backward_input_vectors",
+                      "involution_backward_input_last")
 
 
-@cuda_dispatch("oplib::involution_backward_input", (SOURCE, VECTORS_SOURCE), GRAD_INPUT_KERNELS)
+@cuda_dispatch("oplib::involution_backward_input", (SOURCE, VECTORS_SOURCE, LAST_SOURCE), GRAD_INPUT_KERNELS)
 def launch_involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, launcher: Launcher,
                                      policy=None) -> Tensor:
     out = result_like(grad_output, input_size)
@@ -554,7 +590,7 @@ def launch_involution_generated(input, feature, span_weight, span_bias, kernel_s
                                 launcher)
 
 
-@cuda_dispatch("oplib::involution_generated_backward_input", (SOURCE, VECTORS_SOURCE), GRAD_INPUT_KERNELS)
+@cuda_dispatch("oplib::involution_generated_backward_input", (SOURCE, VECTORS_SOURCE, LAST_SOURCE), GRAD_INPUT_KERNELS)
 def launch_involution_generated_backward_input(grad_output, feature, span_weight, span_bias, input_size, kernel_size,
                                                stride, padding, dilation, launcher: Launcher) -> Tensor:
     out = result_like(grad_output, input_size)

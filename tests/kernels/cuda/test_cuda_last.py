@@ -5,8 +5,10 @@ reference on random geometries (every instantiation and dtype, any padding, grou
 lanes, partial last warps, weights aligned to a vector and not), the forward bit for bit
 against involution.cu's chunked kernel, infinite values at taps outside the image, the
 registry's samples and the calls they decline, the ops' dispatch under the policy,
-AddressSanitizer, and planted bugs these checks catch; and on a GPU. grad_input under the
-policy: the chunked kernel at one vector a thread, with the ops' bits."""
+AddressSanitizer, and planted bugs these checks catch; and on a GPU. grad_input (a block a
+segment of an input row, each kernel row's weights staged in shared memory) likewise, bit for
+bit against the chunked kernel; where it declines, the chunked kernel at one vector a thread,
+with the ops' bits."""
 
 from __future__ import annotations
 
@@ -45,11 +47,17 @@ class Kind:
     def grad_weight(self) -> bool:
         return self.op == "involution_backward_weight"
 
+    @property
+    def grad_input(self) -> bool:
+        return self.op == "involution_backward_input"
+
 
 FORWARD = Kind("involution_forward_last", "involution", involution_cuda.involution_last)
 GRAD_WEIGHT = Kind("involution_backward_weight_last", "involution_backward_weight",
                    involution_cuda.involution_last_backward_weight)
-KINDS = {"forward": FORWARD, "grad_weight": GRAD_WEIGHT}
+GRAD_INPUT = Kind("involution_backward_input_last", "involution_backward_input",
+                  involution_cuda.involution_last_backward_input)
+KINDS = {"forward": FORWARD, "grad_weight": GRAD_WEIGHT, "grad_input": GRAD_INPUT}
 
 
 def _instantiations(kind: Kind = GRAD_WEIGHT) -> list[tuple[int, int]]:
@@ -59,21 +67,25 @@ def _instantiations(kind: Kind = GRAD_WEIGHT) -> list[tuple[int, int]]:
 
 def _result(args: tuple, kind: Kind = GRAD_WEIGHT) -> torch.Tensor:
     """The result the op allocates for ``args`` (the op's arguments): pixel-major for
-    grad_weight, channels_last for the forward."""
+    grad_weight, channels_last for the forward and grad_input."""
     if kind.grad_weight:
         grad_output, input, kernel_size, *_, groups = args
         return weight_result(grad_output, (input.shape[0], groups, *kernel_size, *grad_output.shape[2:]), True)
+    if kind.grad_input:
+        grad_output, _, input_size = args[:3]
+        return grad_output.new_empty(*grad_output.shape[:2], *input_size).to(memory_format=LAST)
     input, weight = args[:2]
     return input.new_empty(input.shape[0], input.shape[1], *weight.shape[4:]).to(memory_format=LAST)
 
 
 def _case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype, kind: Kind = GRAD_WEIGHT) -> tuple:
     """The op's arguments for random channels_last operands of one instantiated window (the
-    forward's weight pixel-major): 16, 32 or 64 channels a group (2 to 32 lanes; at 64 the
-    warp's records start off a vector's alignment at K = 3 and 5), one to three groups, any
+    weight pixel-major): 16, 32 or 64 channels a group (2 to 32 lanes; at 64 the warp's records
+    start off a vector's alignment at K = 3 and 5), one to three groups (grad_input: one, two or
+    four, a pixel's vectors a power of two; up to 256 channels, a segment of one pixel), any
     padding on either axis, sizes from one output pixel up (work items rarely a multiple of a
-    warp)."""
-    groups, per_group = rng.choice([1, 2, 3]), rng.choice([16, 16, 32, 64])
+    warp; rows rarely a multiple of grad_input's segment)."""
+    groups, per_group = rng.choice([1, 2, 4] if kind.grad_input else [1, 2, 3]), rng.choice([16, 16, 32, 64])
     pad = [rng.randint(0, kernel - 1), rng.randint(0, kernel - 1)]
     height = max(rng.randint(1, 9), kernel - 2 * pad[0])
     width = max(rng.randint(1, 9), kernel - 2 * pad[1])
@@ -85,7 +97,11 @@ def _case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype, kind
     if kind.grad_weight:
         grad_output = torch.randn(n, channels, out_h, out_w, dtype=dtype).to(memory_format=LAST)
         return grad_output, input, [kernel, kernel], *window, groups
-    return input, as_pixel_major(torch.randn(n, groups, kernel, kernel, out_h, out_w, dtype=dtype)), *window
+    weight = as_pixel_major(torch.randn(n, groups, kernel, kernel, out_h, out_w, dtype=dtype))
+    if kind.grad_input:
+        grad_output = torch.randn(n, channels, out_h, out_w, dtype=dtype).to(memory_format=LAST)
+        return grad_output, weight, [height, width], *window
+    return input, weight, *window
 
 
 def _chunked_forward(args: tuple) -> torch.Tensor:
@@ -93,9 +109,18 @@ def _chunked_forward(args: tuple) -> torch.Tensor:
     return involution_cuda.involution(*args, _result(args, FORWARD), EmulatedLauncher(), involution_cuda.CHUNKED)
 
 
+def _chunked(kind: Kind, args: tuple) -> torch.Tensor:
+    """involution.cu's chunked forward or grad_input on the same call (the ``CHUNKED`` policy)."""
+    if kind.grad_input:
+        return involution_cuda.involution_backward_input(*args, _result(args, kind), EmulatedLauncher(),
+                                                         involution_cuda.CHUNKED)
+    return _chunked_forward(args)
+
+
 def _check_random(launcher, cases: int, seed: int, dtypes=registry.FLOAT_DTYPES, kind: Kind = GRAD_WEIGHT) -> set:
     """``cases`` random geometries per instantiation and dtype against the float64 reference
-    (the forward also against the chunked kernel's bits); returns the instantiations launched."""
+    (the forward and grad_input also against the chunked kernel's bits); returns the
+    instantiations launched."""
     rng, spec = random.Random(seed), registry.get(kind.op)
     for kernel, stride in _instantiations(kind):
         for dtype in dtypes:
@@ -108,7 +133,7 @@ def _check_random(launcher, cases: int, seed: int, dtypes=registry.FLOAT_DTYPES,
                 if kind.grad_weight:
                     assert is_pixel_major(out)
                 else:
-                    assert out.is_contiguous(memory_format=LAST) and torch.equal(out, _chunked_forward(args)), name
+                    assert out.is_contiguous(memory_format=LAST) and torch.equal(out, _chunked(kind, args)), name
     return {(launch[0], launch[4]) for launch in launcher.launches}
 
 
@@ -309,41 +334,48 @@ def test_the_op_takes_the_last_kernel_under_its_policy(kind):
             assert_matches_reference(spec, registry.SampleInput(narrow, "narrow"), result, dtype)
 
 
-def test_lanes_on_channels_gives_the_chunked_grad_input_one_vector_a_thread():
-    """Under ``LAST`` a channels_last grad_input runs the chunked kernel with one 16-byte vector
-    of a group's channels a thread (its last argument; the ops' policy gives a thread 16
-    channels at RedNet's first stages), with the very bits of the ops' policy: each channel's
-    sum takes the same taps in the same order, whichever thread owns it. NCHW calls launch
-    what they launch under the ops' policy."""
+def test_lanes_on_channels_grad_input_takes_the_segment_kernel_or_a_vector_a_thread():
+    """Under ``LAST`` a channels_last grad_input runs involution_backward_input_last where it
+    serves, and where it declines (three groups: a pixel's vectors not a power of two) the
+    chunked kernel with one 16-byte vector of a group's channels a thread (its last argument;
+    the ops' policy gives a thread 16 channels at RedNet's first stages); both with the very
+    bits of the ops' policy: each channel's sum takes the same taps in the same order, whichever
+    thread owns it. NCHW calls launch what they launch under the ops' policy."""
     require_host_compiler()
     dispatch, rng = CUDA_DISPATCH["oplib::involution_backward_input"], random.Random(7)
     for kernel, stride in [(3, 1), (7, 1), (7, 2)]:
         for dtype in registry.FLOAT_DTYPES:
             lanes = 16 // dtype.itemsize
-            groups, per_group = rng.choice([1, 2]), rng.choice([16, 32])
-            height, width = rng.randint(kernel, 12), rng.randint(kernel, 12)
-            out_h = (height + 2 * (kernel // 2) - kernel) // stride + 1
-            out_w = (width + 2 * (kernel // 2) - kernel) // stride + 1
-            w = torch.randn(2, groups, kernel, kernel, out_h, out_w, dtype=dtype)
-            grad_output = torch.randn(2, groups * per_group, out_h, out_w, dtype=dtype)
-            args = (grad_output.to(memory_format=LAST), w, [height, width], [stride, stride], [kernel // 2] * 2, [1, 1])
-            recorded = device_model.RecordingLauncher()
-            dispatch(*args, recorded, involution_cuda.LAST)
-            (launch,) = recorded.launches
-            assert launch.kernel.endswith("_chunked") and launch.scalars[-1] == lanes, (dtype, kernel, stride)
-            # the ops' policy as it launches at RedNet's sizes: the most channels a thread
-            many = dataclasses.replace(involution_cuda.POLICY, target_threads=1)
-            recorded = device_model.RecordingLauncher()
-            dispatch(*args, recorded, many)
-            assert recorded.launches[0].scalars[-1] > lanes
-            routed = dispatch(*args, EmulatedLauncher(), involution_cuda.LAST)
-            assert torch.equal(routed, dispatch(*args, EmulatedLauncher(), many)), (dtype, kernel, stride)
-            nchw = (grad_output, *args[1:])
-            default, lanes_on_channels = device_model.RecordingLauncher(), device_model.RecordingLauncher()
-            dispatch(*nchw, default)
-            dispatch(*nchw, lanes_on_channels, involution_cuda.LAST)
-            assert [(l.kernel, l.scalars) for l in default.launches] == [
-                (l.kernel, l.scalars) for l in lanes_on_channels.launches]
+            for groups in (rng.choice([1, 2]), 3):
+                per_group = rng.choice([16, 32])
+                height, width = rng.randint(kernel, 12), rng.randint(kernel, 12)
+                out_h = (height + 2 * (kernel // 2) - kernel) // stride + 1
+                out_w = (width + 2 * (kernel // 2) - kernel) // stride + 1
+                w = as_pixel_major(torch.randn(2, groups, kernel, kernel, out_h, out_w, dtype=dtype))
+                grad_output = torch.randn(2, groups * per_group, out_h, out_w, dtype=dtype)
+                args = (grad_output.to(memory_format=LAST), w, [height, width], [stride, stride], [kernel // 2] * 2,
+                        [1, 1])
+                recorded = device_model.RecordingLauncher()
+                dispatch(*args, recorded, involution_cuda.LAST)
+                (launch,) = recorded.launches
+                case = (dtype, kernel, stride, groups)
+                if groups == 3:
+                    assert launch.kernel.endswith("_chunked") and launch.scalars[-1] == lanes, case
+                else:
+                    assert launch.kernel == GRAD_INPUT.kernel, case
+                # the ops' policy as it launches at RedNet's sizes: the most channels a thread
+                many = dataclasses.replace(involution_cuda.POLICY, target_threads=1)
+                recorded = device_model.RecordingLauncher()
+                dispatch(*args, recorded, many)
+                assert recorded.launches[0].scalars[-1] > lanes
+                routed = dispatch(*args, EmulatedLauncher(), involution_cuda.LAST)
+                assert torch.equal(routed, dispatch(*args, EmulatedLauncher(), many)), case
+                nchw = (grad_output, *args[1:])
+                default, lanes_on_channels = device_model.RecordingLauncher(), device_model.RecordingLauncher()
+                dispatch(*nchw, default)
+                dispatch(*nchw, lanes_on_channels, involution_cuda.LAST)
+                assert [(l.kernel, l.scalars) for l in default.launches] == [
+                    (l.kernel, l.scalars) for l in lanes_on_channels.launches]
 
 
 @pytest.mark.needs_cuda
@@ -372,11 +404,13 @@ def test_last_on_a_gpu_matches_the_reference(kind):
                     assert torch.equal(out, chunked), name
 
 
-# Bugs a review could miss, and the kernels each reaches. The first seven change values, which
-# the reference check must catch; the two bounds also read past the input (the row below the
-# image, the pixel past a row's end, past the tensor at the last sample), and the copy one value
-# past a warp's records reads past the weight (forward) or writes past grad_weight at the last
-# warp, which ASan must catch (elsewhere it only stages or rewrites a value no one reads).
+# Bugs a review could miss, and the kernels each reaches. All but the two "one-past" ones change
+# values, which the reference check must catch; the two bounds also read past the input (the
+# row below the image, the pixel past a row's end, past the tensor at the last sample), the
+# copy one value past a warp's records reads past the weight (forward) or writes past
+# grad_weight at the last warp, and grad_input's staging one value past a segment's pieces
+# reads past the weight at the last record, which ASan must catch (elsewhere each only stages
+# or rewrites a value no one reads).
 PLANTS = {
     "row-bound-one-past": (("forward", "grad_weight"), "return y >= 0 && y < height;", "return y >= 0 && y <= height;"),
     "column-bound-one-past": (("forward", "grad_weight"), "x0 + b >= 0 && x0 + b < width", "x0 + b >= 0 && x0 + b <= width"),
@@ -387,10 +421,18 @@ PLANTS = {
     "next-row-bounded-as-this-one": (("grad_weight",), "inside = row_inside(y0 + a + 1, H)", "inside = row_inside(y0 + a, H)"),
     "copy-one-past": (("forward", "grad_weight"), "v < count; v += 32) to[v] = from[v];",
                       "v <= count; v += 32) to[v] = from[v];"),
+    "window-one-column-late": (("grad_input",), "x_first + pw - (KERNEL - 1);", "x_first + pw - (KERNEL - 2);"),
+    "pieces-a-row-apart": (("grad_input",), "(k / KERNEL) * (TAPS - KERNEL)]", "(k / KERNEL) * (TAPS - 2 * KERNEL)]"),
+    "restaged-before-all-read": (("grad_input",), "__syncthreads();  // the staging is free for the next kernel row",
+                                 ";"),
+    "staging-one-past": (("grad_input",), "k < pieces * KERNEL; k += LAST_THREADS",
+                         "k <= pieces * KERNEL; k += LAST_THREADS"),
 }
-VALUE_PLANTS = [(kind, plant) for plant, (kinds, *_) in PLANTS.items() if plant != "copy-one-past" for kind in kinds]
+# (the copy and the staging one value past read past a tensor, and change no value read)
+ACCESS_ONLY = {"copy-one-past", "staging-one-past"}
+VALUE_PLANTS = [(kind, plant) for plant, (kinds, *_) in PLANTS.items() if plant not in ACCESS_ONLY for kind in kinds]
 ACCESS_PLANTS = [(kind, plant) for plant, (kinds, *_) in PLANTS.items()
-                 if "bound" in plant or plant == "copy-one-past" for kind in kinds]
+                 if "bound" in plant or plant in ACCESS_ONLY for kind in kinds]
 
 
 def _use(monkeypatch, planted) -> None:
@@ -424,7 +466,7 @@ print("clean:", len(launcher.launches), "launches")
 
 @pytest.mark.integration
 def test_last_is_clean_under_address_sanitizer():
-    """Both kernels, every instantiation in every dtype on random geometries: no access
+    """The three kernels, every instantiation in every dtype on random geometries: no access
     outside the tensors (the emulation's buffers are exact-size heap blocks)."""
     require_host_compiler()
     assert_clean_under_asan(_RUN_RANDOM)
@@ -432,7 +474,7 @@ def test_last_is_clean_under_address_sanitizer():
 
 # Per kernel, a call whose over-reads leave the input or the weight: the last pixel's taps below
 # and right of the image, and the last warp's records end at the weight's end (grad_weight's
-# copy writes past its end).
+# copy writes past its end; grad_input's last segment reads the last record).
 ASAN_CALLS = {
     "forward": """
     last = torch.channels_last
@@ -445,6 +487,13 @@ ASAN_CALLS = {
     g, x = torch.randn(1, 16, 4, 4).to(memory_format=last), torch.randn(1, 16, 4, 4).to(memory_format=last)
     out = torch.empty(1, 4, 4, 1, 3, 3).permute(0, 3, 4, 5, 1, 2)
     ops.involution_last_backward_weight(g, x, [3, 3], [1, 1], [1, 1], [1, 1], 1, out, launcher)
+""",
+    "grad_input": """
+    last = torch.channels_last
+    g = torch.randn(1, 16, 4, 4).to(memory_format=last)
+    w = torch.randn(1, 4, 4, 1, 3, 3).permute(0, 3, 4, 5, 1, 2)
+    out = torch.empty(1, 16, 4, 4).to(memory_format=last)
+    ops.involution_last_backward_input(g, w, [4, 4], [1, 1], [1, 1], [1, 1], out, launcher)
 """,
 }
 

@@ -36,12 +36,12 @@
 // (16 records of bfloat16, 8 of float32, 4 of float64). The host reads these lines.
 constexpr int LAST_THREADS = 256;
 constexpr int LAST_WARPS = LAST_THREADS / 32;
-// Blocks an SM is asked to hold. The forward fits four (64 registers, no spills on any target),
-// and the offline model, which finds it bound by instruction issue at three, puts four at
-// 0.77x of three's time at RedNet-50's first stage in bfloat16; grad_weight spilled at four
-// (sm_90), so three.
-constexpr int LAST_MIN_BLOCKS = 3;
-constexpr int LAST_FORWARD_MIN_BLOCKS = 4;
+// Blocks an SM is asked to hold. The forward and grad_input fit four (64 registers, no spills
+// on any target), and the offline model, which finds the forward bound by instruction issue at
+// three, puts four at 0.77x of three's time at RedNet-50's first stage in bfloat16; grad_weight
+// spilled at four (sm_90), so three.
+constexpr int LAST_MIN_BLOCKS = 4;
+constexpr int LAST_WEIGHT_MIN_BLOCKS = 3;
 constexpr int LAST_MIN_GROUP_CHANNELS = 16;
 constexpr int LAST_MAX_PARTS = 32;
 constexpr int LAST_STAGED_BYTES_PER_TAP = 32 * VECTOR_BYTES / LAST_MIN_GROUP_CHANNELS;
@@ -171,11 +171,11 @@ __device__ __forceinline__ void warp_copy(scalar_t* to, const scalar_t* from, in
 // input load and a shared-memory read of its weight. The taps are added in involution.cu's
 // chunked kernel's order, those outside the image dropped: its bits.
 
-// oplib-instantiate: involution_forward_last, involution_backward_weight_last
+// oplib-instantiate: involution_forward_last, involution_backward_weight_last, involution_backward_input_last
 // oplib-template: KERNEL = 3 | 5 | 7
 // oplib-template: STRIDE = 1 | 2
 template <typename scalar_t, int KERNEL, int STRIDE>
-__global__ void __launch_bounds__(LAST_THREADS, LAST_FORWARD_MIN_BLOCKS) involution_forward_last(
+__global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_forward_last(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ weight, scalar_t* __restrict__ output,
     index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t out_w,
     index_t pad_h, index_t pad_w) {
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_FORWARD_MIN_BLOCKS) involut
 // more registers than three blocks leave (16 bytes spilled on sm_90), so two there.
 template <typename scalar_t>
 struct LastWeightMinBlocks {
-    static constexpr int value = sizeof(scalar_t) == 8 ? 2 : LAST_MIN_BLOCKS;
+    static constexpr int value = sizeof(scalar_t) == 8 ? 2 : LAST_WEIGHT_MIN_BLOCKS;
 };
 
 // grad_weight, the same mapping: a lane's grad_output vector is loaded once for all taps; a
@@ -309,5 +309,112 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
         // The warp's records are consecutive in grad_weight: copy them out whole.
         warp_copy(grad_weight + (index_t)(base / parts) * TAPS, staged, launch.records(base) * TAPS, launch.lane);
         __syncwarp();  // the staging is free for the next round
+    }
+}
+
+// grad_input, the same lanes on a block's scale: a block takes a segment of one input row,
+// SEGMENT = LAST_THREADS / V pixels (V = C / LANES vectors a pixel, a power of two up to
+// LAST_THREADS: the host declines the rest), a lane a vector of a group's channels, and
+//
+//   grad_input[n, y, x, c] = sum over the taps (a, b) with y + ph = i*S + a, x + pw = j*S + b
+//                            of weight[n, i, j, g(c), a, b] * grad_output[n, i, j, c].
+//
+// Why: involution.cu's chunked kernel at a vector a thread loads a tap's weight per lane, from
+// a record of its own (the records of a warp's pixels and groups, a line each: 8 to 16 lines a
+// load). A weight record's kernel row serves the row's pixels at adjacent columns, so for each
+// kernel row the block first copies the rows of the records its segment reads (the row's
+// pieces of KERNEL values, adjacent in memory, for every group) into shared memory with all
+// its threads, then each tap is one grad_output vector load (whole lines, as the forward's
+// input) and a shared-memory read of its weight. The kernel row is the block's own (its input
+// row is), so the copy is between two barriers and no thread skips them. Taps are added in
+// the chunked kernel's order (kernel row, then column) and those with no output pixel
+// skipped: its bits. Shared memory: the segment's records at most (SEGMENT + KERNEL - 1) x G
+// pieces of KERNEL values, at most 256 K^2 bytes at LAST_MIN_GROUP_CHANNELS channels a group
+// or more, the forward's staging. A block per segment, grid-stride over segments (`total` is
+// their count times LAST_THREADS).
+template <typename scalar_t, int KERNEL, int STRIDE>
+__global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_backward_input_last(
+    const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ weight, scalar_t* __restrict__ grad_input,
+    index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t out_w,
+    index_t pad_h, index_t pad_w) {
+    typedef typename Element<scalar_t>::acc_t acc_t;
+    constexpr int LANES = Vector16<scalar_t>::lanes;
+    constexpr int TAPS = KERNEL * KERNEL;
+    constexpr int PHASE_TAPS = (KERNEL + STRIDE - 1) / STRIDE;  // the taps of a column phase
+    __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS * LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
+    scalar_t* staged = reinterpret_cast<scalar_t*>(staged_vectors);
+    const index_t C = channels;
+    const int H = (int)height, W = (int)width, G = (int)groups, OH = (int)out_h, OW = (int)out_w;
+    const int ph = (int)pad_h, pw = (int)pad_w;
+    const int vectors = (int)(C / LANES), segment = LAST_THREADS / vectors, segments = (W + segment - 1) / segment;
+    const int parts = (int)(C / G) / LANES;
+    const int tid = (int)threadIdx.x, px = tid / vectors, v = tid - px * vectors, g = v / parts;
+    const index_t c0 = (index_t)v * LANES;
+    const int tasks = (int)(total / LAST_THREADS);
+    const index_t grad_row_step = (index_t)OW * C, weight_row_step = (index_t)OW * G * TAPS;  // an output row's
+    for (int task = (int)blockIdx.x; task < tasks; task += (int)gridDim.x) {
+        const int row = task / segments, x_first = (task - row * segments) * segment;
+        const int y = row % H, n = row / H;
+        const int x = x_first + px, x_last = (x_first + segment < W ? x_first + segment : W) - 1;
+        const bool active = x < W;
+        // Tap b reaches column x from output column (x + pw - b) / S when that is an integer
+        // in [0, OW): b = b_phase + S t, from output column j_first - t.
+        const int b_phase = (x + pw) % STRIDE, j_first = (x + pw - b_phase) / STRIDE;
+        // The output columns the segment reads: [j_low, j_high].
+        const int reach = x_first + pw - (KERNEL - 1);
+        const int j_low_unclamped = reach > 0 ? (reach + STRIDE - 1) / STRIDE : reach / STRIDE;
+        const int j_low = j_low_unclamped > 0 ? j_low_unclamped : 0;
+        const int j_high = (x_last + pw) / STRIDE < OW - 1 ? (x_last + pw) / STRIDE : OW - 1;
+        const int pieces = (j_high - j_low + 1) * G;  // no more than zero when the segment reads none
+        // Bit t: tap t has an output column (the same at every kernel row). Tap t's column
+        // lies t * C values before tap 0's, and its weight t * (S - G K) before tap 0's in the
+        // staging.
+        unsigned int taps = 0;
+#pragma unroll
+        for (int t = 0; t < PHASE_TAPS; ++t) {
+            const int j = j_first - t;
+            taps |= active && b_phase + STRIDE * t < KERNEL && j >= 0 && j < OW ? 1u << t : 0u;
+        }
+        // The sample's first output row at the lane's first tap, and at the segment's pieces.
+        const scalar_t* grad_sample = grad_output + ((index_t)n * OH * OW + j_first) * C + c0;
+        const scalar_t* weight_sample = weight + ((index_t)n * OH * OW + j_low) * G * TAPS;
+        const int first_weight = ((j_first - j_low) * G + g) * KERNEL + b_phase;
+        const int weight_step = STRIDE - G * KERNEL;
+        acc_t sum[LANES];
+#pragma unroll
+        for (int e = 0; e < LANES; ++e) sum[e] = 0;
+        for (int a = 0; a < KERNEL; ++a) {
+            const int ry = y + ph - a;
+            if (ry < 0 || ry % STRIDE != 0 || ry / STRIDE >= OH) continue;  // the block's, whole
+            const int i = ry / STRIDE;
+            // Piece p (record j_low + p / G, group p % G) holds the kernel row's KERNEL values:
+            // value k of the staging is value k - p K of piece p, p = k / K.
+            const scalar_t* pieces_row = weight_sample + i * weight_row_step + a * KERNEL;
+#pragma unroll 1
+            for (int k = tid; k < pieces * KERNEL; k += LAST_THREADS)
+                staged[k] = pieces_row[k + (index_t)(k / KERNEL) * (TAPS - KERNEL)];
+            __syncthreads();
+            const scalar_t* column = grad_sample + i * grad_row_step;
+            Vector16<scalar_t> values[PHASE_TAPS];
+#pragma unroll
+            for (int t = 0; t < PHASE_TAPS; ++t, column -= C)  // loaded together, no branch between
+                values[t] = *reinterpret_cast<const Vector16<scalar_t>*>((taps >> t) & 1u ? column : grad_output + c0);
+#pragma unroll
+            for (int t = 0; t < PHASE_TAPS; ++t) {
+                if (!((taps >> t) & 1u)) continue;
+                const acc_t w = widen(staged[first_weight + t * weight_step]);
+                acc_t go[LANES];
+                widen_vector<scalar_t>(go, values[t]);
+#pragma unroll
+                for (int e = 0; e < LANES; ++e) sum[e] = oplib_fma(w, go[e], sum[e]);
+            }
+            __syncthreads();  // the staging is free for the next kernel row
+        }
+        if (active) {
+            Vector16<scalar_t> result;
+#pragma unroll
+            for (int e = 0; e < LANES; ++e) result.lane[e] = Element<scalar_t>::store(sum[e]);
+            *reinterpret_cast<Vector16<scalar_t>*>(grad_input + ((index_t)(n * H + y) * W + x) * C + c0) = result;
+        }
     }
 }
