@@ -1310,7 +1310,7 @@ def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     j_low = (-(-(x_first + pw - (K - 1)) // S)).clamp(min=0)
     j_high = ((torch.clamp(x_first + segment, max=W) - 1 + pw) // S).clamp(max=OW - 1)
     staged = (j_high - j_low + 1).clamp(min=0) * G * K
-    k = thread + 256 * _slots(-(-int(staged.max()) // 256))
+    k = thread + 256 * _slots(max(1, -(-int(staged.max()) // 256)))
     piece = k // K
     step = torch.arange(-(-K // S)).view(-1, 1, 1)
     b, j = b_phase + S * step, j_first - step

@@ -267,6 +267,31 @@ def test_the_vectors_grad_weight_trace_counts_a_launch_counted_by_hand():
     assert work.fma_requests == inside * 4 * 12
 
 
+def test_the_lanes_on_channels_grad_input_trace_counts_a_launch_counted_by_hand():
+    """involution_last.cu's grad_input at a 1x4 map of 16 float32 channels (4 vectors a pixel:
+    a block a segment of 64 pixels, one block, 8 warps, the first 16 lanes active), a 3x3
+    kernel, padding 1: of the three kernel rows only the middle one reaches the output row. Its
+    pieces, 4 records of one group, 3 values each, copied by the first 12 lanes (a load and a
+    shared store of warp 0); then every warp loads its 3 taps' grad_output vectors (every lane
+    loads), and warp 0 alone reads each tap's weight from shared memory and adds 4 multiply-adds
+    a tap; one vector store, warp 0's."""
+    from oplib.kernels.involution import cuda as involution_cuda
+    from oplib.kernels.involution.layouts import as_pixel_major
+
+    g = torch.randn(1, 16, 1, 4).to(memory_format=torch.channels_last)
+    w = as_pixel_major(torch.randn(1, 1, 3, 3, 1, 4))
+    recording = device_model.RecordingLauncher()
+    out = torch.empty(1, 16, 1, 4).to(memory_format=torch.channels_last)
+    assert involution_cuda.involution_last_backward_input(g, w, [1, 4], [1, 1], [1, 1], [1, 1], out,
+                                                          recording) is not None
+    (launch,) = recording.launches
+    assert launch.kernel == "involution_backward_input_last" and launch.blocks == 1
+    work = device_model.kernel_work(launch)
+    assert work.warps == 8
+    assert (work.load_requests, work.store_requests) == (1 + 8 * 3, 1)
+    assert (work.shared_requests, work.fma_requests) == (1 + 3, 3 * 4)
+
+
 @pytest.mark.parametrize("index, mask, element_bytes, passes", [
     ("lanes", "all", 4, 1),  # 32 consecutive words, one a bank
     ("lanes * 2", "all", 4, 2),  # two lanes a bank
