@@ -62,9 +62,8 @@ class LaunchPolicy:
     own tests use). ``lanes_on_channels``: channels_last calls give a lane one 16-byte vector
     of a group's channels, DCNv4's mapping (``LAST``): ``involution_last.cu``'s kernels where
     they serve the call, else the chunked kernels at one vector a thread (not the most
-    channels that keep ``target_threads``); off until a GPU draw
-    has timed them beside the chunked kernels as they run now (the kernel table's "lanes on
-    channels" column).
+    channels that keep ``target_threads``); off until a GPU draw has timed them beside the
+    chunked kernels as they run now (the kernel table's "lanes on channels" column).
     """
 
     kernel_sizes: tuple[int, ...]
@@ -439,10 +438,10 @@ def involution_last_backward_input(grad_output: Tensor, weight: Tensor, input_si
     result = out if out.is_contiguous(memory_format=last) else torch.empty_like(out, memory_format=last)
     n, channels = grad_output.shape[:2]
     groups, (height, width), (out_h, out_w) = weight.shape[1], input_size, weight.shape[4:]
-    threads_per_block = source.constants["LAST_THREADS"]
-    vectors = channels // (source.constants["VECTOR_BYTES"] // grad_output.dtype.itemsize)
+    threads_per_block, vector_bytes = source.constants["LAST_THREADS"], source.constants["VECTOR_BYTES"]
+    vectors = channels // (vector_bytes // grad_output.dtype.itemsize)
     if (last_parts(source, channels, groups, grad_output.dtype) is None or vectors > threads_per_block
-            or vectors & (vectors - 1) or any(t.data_ptr() % source.constants["VECTOR_BYTES"] for t in (grad_output, result))):
+            or vectors & (vectors - 1) or any(t.data_ptr() % vector_bytes for t in (grad_output, result))):
         return None
     segment = threads_per_block // vectors
     threads = n * height * -(-width // segment) * threads_per_block
