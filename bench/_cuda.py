@@ -30,7 +30,8 @@ a process of its own through tools/gpu_check.py). Its stages:
   beside the chunked kernels); the "lanes on channels" column of a channels_last row is the
   call under the ``LAST`` policy (a lane a 16-byte vector of a group's channels, DCNv4's
   mapping: involution_last.cu's kernels, grad_input's a block a segment of an input row,
-  grad_weight's the group summed by shuffles), timed beside the op's call until
+  grad_weight's the group summed by shuffles; the "vector a thread" column, grad_input's other
+  candidate under it, the chunked kernel at one vector a thread), timed beside the op's call until
   a draw has measured it, where it launches something else; "generated grad_input" is ``involution_generated_backward_input``,
   which goes through the weight map (the span conv, then involution's grad_input kernel), its
   floor grad_output, the feature map and grad_input, and its "generic (before)" column its
@@ -373,6 +374,12 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             dispatch(lanes_on_channels, involution_cuda.LAST)
             if launched(lanes_on_channels.launches) != launched(probe.launches):
                 calls["lanes on channels", kernel] = functools.partial(dispatch, launcher, involution_cuda.LAST)
+            # grad_input's other candidate under it: the chunked kernel at a vector a thread
+            vector = RecordingLauncher()
+            dispatch(vector, involution_cuda.LAST_VECTOR_GRAD_INPUT)
+            if launched(vector.launches) not in (launched(probe.launches), launched(lanes_on_channels.launches)):
+                calls["vector a thread", kernel] = functools.partial(dispatch, launcher,
+                                                                     involution_cuda.LAST_VECTOR_GRAD_INPUT)
     # span conv + involution as Involution2d's unfused path runs them: its span conv is cuDNN's
     calls["generic", "generated forward"] = lambda: ops["forward"](
         x, generated_weight(f, s, b, kernel_size, by_matmul=False), stride, padding, dilation
@@ -431,6 +438,8 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
             profiled[f"chunked {kernel}"] = calls["chunked", kernel]
         if ("lanes on channels", kernel) in calls:
             profiled[f"lanes on channels {kernel}"] = calls["lanes on channels", kernel]
+        if ("vector a thread", kernel) in calls:
+            profiled[f"vector a thread {kernel}"] = calls["vector a thread", kernel]
     return profiled
 
 
@@ -472,6 +481,8 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
                         "chunked_ms": device["chunked", kernel] * 1e3 if ("chunked", kernel) in device else None,
                         "lanes_on_channels_ms": (device["lanes on channels", kernel] * 1e3
                                                  if ("lanes on channels", kernel) in device else None),
+                        "vector_a_thread_ms": (device["vector a thread", kernel] * 1e3
+                                               if ("vector a thread", kernel) in device else None),
                     })
                 print(f"{shape.name} {dtype} {layout}: " + ", ".join(
                     f"{row['kernel']} {row['device_ms']:.3f} ms ({row['over_floor']:.1f}x floor)" for row in rows[-len(KERNELS):]
@@ -485,7 +496,7 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
 def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     columns = ["shape", "dtype", "layout", "kernel", "device (ms)", "floor (ms)", "device / floor",
                "generic (before, ms)", "wall per call (ms)", "depthwise 7x7 (ms)", "unfold (ms)", "tiled (ms)",
-               "tensor cores (ms)", "chunked (ms)", "lanes on channels (ms)"]  # fmt: skip
+               "tensor cores (ms)", "chunked (ms)", "lanes on channels (ms)", "vector a thread (ms)"]  # fmt: skip
     cells = [
         [row["shape"], row["dtype"], row["layout"], row["kernel"], f"{row['device_ms']:.4f}", f"{row['floor_ms']:.4f}",
          f"{row['over_floor']:.2f}x", f"{row['generic_ms']:.4f}", f"{row['wall_ms']:.4f}", f"{row['depthwise_ms']:.4f}",
@@ -493,7 +504,8 @@ def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
          "-" if row.get("tiled_ms") is None else f"{row['tiled_ms']:.4f}",
          "-" if row.get("tensor_cores_ms") is None else f"{row['tensor_cores_ms']:.4f}",
          "-" if row.get("chunked_ms") is None else f"{row['chunked_ms']:.4f}",
-         "-" if row.get("lanes_on_channels_ms") is None else f"{row['lanes_on_channels_ms']:.4f}"]
+         "-" if row.get("lanes_on_channels_ms") is None else f"{row['lanes_on_channels_ms']:.4f}",
+         "-" if row.get("vector_a_thread_ms") is None else f"{row['vector_a_thread_ms']:.4f}"]
         for row in rows
     ]  # fmt: skip
     return columns, cells

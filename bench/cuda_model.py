@@ -85,13 +85,17 @@ VECTORS_ROWS = {VECTORS: ("forward", "vectors (ms)", "involution_vectors"),
 # A lane a 16-byte vector of a group's channels in channels_last calls (the ``LAST`` policy:
 # involution_last.cu's kernels, grad_input's a block a segment of an input row), timed in the table's "lanes on channels" column beside the op's
 # call where it launches something else (``_lanes_on_channels_launch``).
-LANES_ON_CHANNELS = "LAST"
+# grad_input's other candidate under it, the chunked kernel at one vector a thread
+# (``LAST_VECTOR_GRAD_INPUT``), in the "vector a thread" column.
+LANES_ON_CHANNELS, VECTOR_A_THREAD = "LAST", "LAST_VECTOR_GRAD_INPUT"
 LAST_FORWARD, LAST_GRAD_INPUT = "lanes on channels forward", "lanes on channels grad_input"
 LAST_GRAD_WEIGHT = "lanes on channels grad_weight"
+LAST_GRAD_INPUT_VECTOR = "vector a thread grad_input"
 CANDIDATES = {**VECTORS_ROWS,
               LAST_FORWARD: ("forward", "lanes on channels (ms)", LANES_ON_CHANNELS),
               LAST_GRAD_INPUT: ("grad_input", "lanes on channels (ms)", LANES_ON_CHANNELS),
-              LAST_GRAD_WEIGHT: ("grad_weight", "lanes on channels (ms)", LANES_ON_CHANNELS)}
+              LAST_GRAD_WEIGHT: ("grad_weight", "lanes on channels (ms)", LANES_ON_CHANNELS),
+              LAST_GRAD_INPUT_VECTOR: ("grad_input", "vector a thread (ms)", VECTOR_A_THREAD)}
 
 
 # Kernels no row of the measured table serves yet, predicted at every (shape, dtype, layout) they
@@ -144,7 +148,8 @@ def _record(case: tuple[str, str, str]) -> list[tuple[str, list]]:
         events = device_model.record_launches(qualname, *args, policy=policy)
         result.append((kernel, [(e, device_model.kernel_work(e) if isinstance(e, Launch) else None) for e in events]))
     for fused, (kernel, _, function) in {**FUSED, **CANDIDATES}.items():
-        launch = _lanes_on_channels_launch(case, kernel) if function == LANES_ON_CHANNELS else _fused_launch(case, function)
+        launch = (_lanes_on_channels_launch(case, kernel, getattr(involution_cuda, function))
+                  if function in (LANES_ON_CHANNELS, VECTOR_A_THREAD) else _fused_launch(case, function))
         if launch is not None:
             result.append((fused, [(launch, device_model.kernel_work(launch))]))
     for predicted, function in PREDICTED.items():
@@ -399,11 +404,12 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     return recording.launches[0] if recording.launches else None
 
 
-def _lanes_on_channels_launch(case: tuple[str, str, str], kernel: str) -> Optional[Launch]:
+def _lanes_on_channels_launch(case: tuple[str, str, str], kernel: str, policy) -> Optional[Launch]:
     """The launch of the table's ``kernel`` call (forward, grad_input, grad_weight) at one
-    (shape, dtype, layout) under the ``LAST`` policy, recorded on CPU tensors; None where it
-    launches what the ops' policy launches (NCHW calls; channels_last ones that already give a
-    thread one vector)."""
+    (shape, dtype, layout) under ``policy`` (``LAST`` or ``LAST_VECTOR_GRAD_INPUT``), recorded
+    on CPU tensors; None where it launches what the ops' policy launches (NCHW calls;
+    channels_last ones that already give a thread one vector), or (``LAST_VECTOR_GRAD_INPUT``)
+    what ``LAST`` launches."""
     name, dtype_name, layout = case
     shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
     qualname, args = calls(shape, getattr(torch, dtype_name), layout)[kernel]
@@ -411,8 +417,9 @@ def _lanes_on_channels_launch(case: tuple[str, str, str], kernel: str) -> Option
     def launches(policy):
         return [e for e in device_model.record_launches(qualname, *args, policy=policy) if isinstance(e, Launch)]
 
-    last = launches(involution_cuda.LAST)
-    return None if launched(last) == launched(launches(involution_cuda.POLICY)) else last[0]
+    last = launches(policy)
+    others = [launches(involution_cuda.POLICY)] + ([launches(involution_cuda.LAST)] if policy is not involution_cuda.LAST else [])
+    return None if any(launched(last) == launched(other) for other in others) else last[0]
 
 
 def _predicted(row: dict, constants: Constants, bandwidth: float):
@@ -644,7 +651,8 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
         "channels_last calls with a lane a 16-byte vector of a group's channels (\"lanes on channels\", the `LAST` "
         "policy): `involution_last.cu`'s kernels, the forward's with the warp's weights staged in shared memory, "
         "grad_input's a block a segment of an input row with each kernel row's weights staged in shared memory, "
-        "grad_weight's the group summed by shuffles. Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
+        "grad_weight's the group summed by shuffles; and grad_input's other candidate under the policy, the chunked "
+        "kernel at one vector a thread (\"vector a thread\", `LAST_VECTOR_GRAD_INPUT`). Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
         "that serves the row now: the measured time scaled by the two "
         f"predictions' ratio is what the next draw should find. Predicted / now {ratio_range(ratios)}, faster at "
         f"{sum(r < 1.0 for r in ratios)} of {len(ratios)} rows.",

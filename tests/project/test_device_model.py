@@ -77,7 +77,8 @@ def test_the_kernels_waiting_for_a_draw_are_predicted_at_every_row_they_serve(co
     """The ``LAST`` policy's calls, not yet timed on a GPU, are predicted at channels_last rows
     only: grad_weight (involution_last.cu's kernel) at every one (RedNet-50's 16 channels a
     group), the forward and grad_input wherever the ops' policy gives a thread more than one
-    vector of channels (RedNet-50's first two stages in both dtypes at least)."""
+    vector of channels (RedNet-50's first two stages in both dtypes at least); grad_input's
+    other candidate (a vector a thread) at some of grad_input's rows and no other."""
     _, model, rows = committed
     last = {(c["shape"], c["dtype"], c["layout"], c["kernel"]) for c in model["candidates"]
             if c["kernel"].startswith("lanes on channels")}
@@ -89,6 +90,10 @@ def test_the_kernels_waiting_for_a_draw_are_predicted_at_every_row_they_serve(co
         for shape in ("stage1 64@56 s1", "stage2 128@28 s1"):
             for dtype in ("float32", "bfloat16"):
                 assert (shape, dtype, "channels_last", kernel) in last
+    # grad_input's other candidate under the policy, at the rows where the two differ
+    vector = {(c["shape"], c["dtype"], c["layout"]) for c in model["candidates"]
+              if c["kernel"] == cuda_model.LAST_GRAD_INPUT_VECTOR}
+    assert vector and vector <= {case[:3] for case in last if case[3] == cuda_model.LAST_GRAD_INPUT}
 
 
 def test_the_generator_kernel_is_predicted_at_every_bfloat16_row(committed):

@@ -64,6 +64,10 @@ class LaunchPolicy:
     they serve the call, else the chunked kernels at one vector a thread (not the most
     channels that keep ``target_threads``); off until a GPU draw has timed them beside the
     chunked kernels as they run now (the kernel table's "lanes on channels" column).
+    ``grad_input_segments``: under ``lanes_on_channels``, a channels_last grad_input takes
+    ``involution_last.cu``'s segment kernel where it serves the call (False: the chunked kernel
+    at one vector a thread, as ``LAST_VECTOR_GRAD_INPUT``, which the kernel table times beside it
+    until a draw has chosen between them).
     """
 
     kernel_sizes: tuple[int, ...]
@@ -75,6 +79,7 @@ class LaunchPolicy:
     target_threads: int = 1 << 17
     vectors: bool = True
     lanes_on_channels: bool = False
+    grad_input_segments: bool = True
 
     @classmethod
     def from_source(cls, source: KernelSource) -> LaunchPolicy:
@@ -125,6 +130,9 @@ POLICY = LaunchPolicy.from_source(load_source(SOURCE))
 CHUNKED = dataclasses.replace(POLICY, vectors=False)
 # The ops' policy with a lane a vector of a group's channels in every channels_last call.
 LAST = dataclasses.replace(POLICY, lanes_on_channels=True)
+# ``LAST`` with channels_last grad_input on the chunked kernel at one vector a thread: the two
+# grad_input candidates, which the kernel table times side by side until a draw chooses.
+LAST_VECTOR_GRAD_INPUT = dataclasses.replace(LAST, grad_input_segments=False)
 
 
 def _in_layout(out: Tensor, last: bool, weight: bool = False) -> bool:
@@ -323,10 +331,11 @@ def involution_vectors_backward_weight(grad_output: Tensor, input: Tensor, kerne
 def involution_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation, out: Tensor,
                               launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Tensor:
     """grad_output: (N, C, Ho, Wo), weight: (N, G, KH, KW, Ho, Wo) -> out: grad_input (N, C, H, W)."""
-    if (policy or POLICY).vectors and involution_vectors_backward_input(
+    policy = policy or POLICY
+    if policy.vectors and involution_vectors_backward_input(
             grad_output, weight, input_size, stride, padding, dilation, out, launcher) is not None:
         return out
-    if (policy or POLICY).lanes_on_channels and involution_last_backward_input(
+    if policy.lanes_on_channels and policy.grad_input_segments and involution_last_backward_input(
             grad_output, weight, input_size, stride, padding, dilation, out, launcher) is not None:
         return out
     return _channel_chunked("involution_backward_input", grad_output, weight, stride, padding, dilation, out, launcher,

@@ -338,8 +338,8 @@ def test_lanes_on_channels_grad_input_takes_the_segment_kernel_or_a_vector_a_thr
     """Under ``LAST`` a channels_last grad_input runs involution_backward_input_last where it
     serves, and where it declines (three groups: a pixel's vectors not a power of two) the
     chunked kernel with one 16-byte vector of a group's channels a thread (its last argument;
-    the ops' policy gives a thread 16 channels at RedNet's first stages); both with the very
-    bits of the ops' policy: each channel's sum takes the same taps in the same order, whichever
+    the ops' policy gives a thread 16 channels at RedNet's first stages), which
+    ``LAST_VECTOR_GRAD_INPUT`` runs everywhere; all with the very bits of the ops' policy: each channel's sum takes the same taps in the same order, whichever
     thread owns it. NCHW calls launch what they launch under the ops' policy."""
     require_host_compiler()
     dispatch, rng = CUDA_DISPATCH["oplib::involution_backward_input"], random.Random(7)
@@ -363,6 +363,12 @@ def test_lanes_on_channels_grad_input_takes_the_segment_kernel_or_a_vector_a_thr
                     assert launch.kernel.endswith("_chunked") and launch.scalars[-1] == lanes, case
                 else:
                     assert launch.kernel == GRAD_INPUT.kernel, case
+                # the policy's other grad_input candidate: the chunked kernel at a vector a thread
+                recorded = device_model.RecordingLauncher()
+                dispatch(*args, recorded, involution_cuda.LAST_VECTOR_GRAD_INPUT)
+                (launch,) = recorded.launches
+                assert launch.kernel.endswith("_chunked") and launch.scalars[-1] == lanes, case
+                vector = dispatch(*args, EmulatedLauncher(), involution_cuda.LAST_VECTOR_GRAD_INPUT)
                 # the ops' policy as it launches at RedNet's sizes: the most channels a thread
                 many = dataclasses.replace(involution_cuda.POLICY, target_threads=1)
                 recorded = device_model.RecordingLauncher()
@@ -370,6 +376,7 @@ def test_lanes_on_channels_grad_input_takes_the_segment_kernel_or_a_vector_a_thr
                 assert recorded.launches[0].scalars[-1] > lanes
                 routed = dispatch(*args, EmulatedLauncher(), involution_cuda.LAST)
                 assert torch.equal(routed, dispatch(*args, EmulatedLauncher(), many)), case
+                assert torch.equal(vector, routed), case
                 nchw = (grad_output, *args[1:])
                 default, lanes_on_channels = device_model.RecordingLauncher(), device_model.RecordingLauncher()
                 dispatch(*nchw, default)
