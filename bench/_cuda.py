@@ -374,6 +374,8 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             dispatch(lanes_on_channels, involution_cuda.LAST)
             if launched(lanes_on_channels.launches) != launched(probe.launches):
                 calls["lanes on channels", kernel] = functools.partial(dispatch, launcher, involution_cuda.LAST)
+            if kernel != "grad_input":
+                continue
             # grad_input's other candidate under it: the chunked kernel at a vector a thread
             vector = RecordingLauncher()
             dispatch(vector, involution_cuda.LAST_VECTOR_GRAD_INPUT)

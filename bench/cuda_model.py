@@ -83,10 +83,10 @@ VECTORS_ROWS = {VECTORS: ("forward", "vectors (ms)", "involution_vectors"),
                 VECTORS_GRAD_INPUT: ("grad_input", "vectors (ms)", "involution_vectors_backward_input"),
                 VECTORS_GRAD_WEIGHT: ("grad_weight", "vectors (ms)", "involution_vectors_backward_weight")}
 # A lane a 16-byte vector of a group's channels in channels_last calls (the ``LAST`` policy:
-# involution_last.cu's kernels, grad_input's a block a segment of an input row), timed in the table's "lanes on channels" column beside the op's
-# call where it launches something else (``_lanes_on_channels_launch``).
-# grad_input's other candidate under it, the chunked kernel at one vector a thread
-# (``LAST_VECTOR_GRAD_INPUT``), in the "vector a thread" column.
+# involution_last.cu's kernels, grad_input's a block a segment of an input row), timed in the
+# table's "lanes on channels" column beside the op's call where it launches something else
+# (``_lanes_on_channels_launch``); grad_input's other candidate under it, the chunked kernel at
+# one vector a thread (``LAST_VECTOR_GRAD_INPUT``), in the "vector a thread" column.
 LANES_ON_CHANNELS, VECTOR_A_THREAD = "LAST", "LAST_VECTOR_GRAD_INPUT"
 LAST_FORWARD, LAST_GRAD_INPUT = "lanes on channels forward", "lanes on channels grad_input"
 LAST_GRAD_WEIGHT = "lanes on channels grad_weight"

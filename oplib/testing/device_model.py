@@ -1295,10 +1295,10 @@ def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
     es = launch.dtype.itemsize
     lanes = 16 // es
-    vectors = C // lanes
-    segment, parts = 256 // vectors, C // G // lanes
+    vectors, threads = C // lanes, launch.threads_per_block
+    segment, parts = threads // vectors, C // G // lanes
     segments = -(-W // segment)
-    task, thread = item // 256, item % 256
+    task, thread = item // threads, item % threads
     v = thread % vectors
     g, c0 = v // parts, v * lanes
     row, x_first = task // segments, (task % segments) * segment
@@ -1310,7 +1310,7 @@ def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     j_low = (-(-(x_first + pw - (K - 1)) // S)).clamp(min=0)
     j_high = ((torch.clamp(x_first + segment, max=W) - 1 + pw) // S).clamp(max=OW - 1)
     staged = (j_high - j_low + 1).clamp(min=0) * G * K
-    k = thread + 256 * _slots(max(1, -(-int(staged.max()) // 256)))
+    k = thread + threads * _slots(max(1, -(-int(staged.max()) // threads)))
     piece = k // K
     step = torch.arange(-(-K // S)).view(-1, 1, 1)
     b, j = b_phase + S * step, j_first - step

@@ -391,23 +391,34 @@ def _last_window(source: KernelSource, kernel_size, stride, dilation) -> Optiona
     return specialisation if square and specialisation in source.specialisations["involution_forward_last"] else None
 
 
-def _launch_last(kernel: str, activations: tuple[Tensor, Tensor], weight: Tensor, input_shape, groups: int,
-                 kernel_size, stride, padding, dilation, out: Tensor, launcher: Optional[Launcher]) -> Optional[Tensor]:
-    """Launch ``kernel`` of ``involution_last.cu`` into ``out`` over the output pixels of the
-    pixel-major ``weight`` (the tensor read or written there), or None, nothing launched, where
-    it declines: another layout (the two activations channels_last, the weight pixel-major), a
-    window ``_last_window`` declines, a grouping ``last_parts`` declines, an activation not
-    aligned to the vector, more work items than an int counts."""
-    source = load_source(LAST_SOURCE)
+def _last_serves(source: KernelSource, kernel_size, stride, dilation, activations: tuple[Tensor, Tensor],
+                 weight: Tensor, channels: int, groups: int) -> Optional[tuple[tuple[str, str], int]]:
+    """(the instantiation, the lanes a group's channels take) of ``involution_last.cu``'s
+    kernels for a call, or None where they decline: another layout (the two activations
+    channels_last, the weight pixel-major), a window ``_last_window`` declines, a grouping
+    ``last_parts`` declines, an activation not aligned to the vector."""
     specialisation = _last_window(source, kernel_size, stride, dilation)
     last = torch.channels_last
     if specialisation is None or not (all(a.is_contiguous(memory_format=last) for a in activations)
                                       and is_pixel_major(weight)):
         return None
-    n, channels, height, width = input_shape
     parts = last_parts(source, channels, groups, activations[0].dtype)
     if parts is None or any(a.data_ptr() % source.constants["VECTOR_BYTES"] for a in activations):
         return None
+    return specialisation, parts
+
+
+def _launch_last(kernel: str, activations: tuple[Tensor, Tensor], weight: Tensor, input_shape, groups: int,
+                 kernel_size, stride, padding, dilation, out: Tensor, launcher: Optional[Launcher]) -> Optional[Tensor]:
+    """Launch ``kernel`` of ``involution_last.cu`` into ``out`` over the output pixels of the
+    pixel-major ``weight`` (the tensor read or written there), or None, nothing launched, where
+    it declines: what ``_last_serves`` declines, more work items than an int counts."""
+    source = load_source(LAST_SOURCE)
+    n, channels, height, width = input_shape
+    served = _last_serves(source, kernel_size, stride, dilation, activations, weight, channels, groups)
+    if served is None:
+        return None
+    specialisation, parts = served
     out_h, out_w = weight.shape[4:]
     threads = n * out_h * out_w * groups * parts
     if threads > POLICY.index32_limit:  # the kernel counts its work items in an int
@@ -438,20 +449,20 @@ def involution_last_backward_input(grad_output: Tensor, weight: Tensor, input_si
     declines, and a pixel's vectors not a power of two up to a block (the segment is a block's
     lanes over them). The same bits as ``involution_backward_input``'s chunked kernel."""
     source = load_source(LAST_SOURCE)
-    specialisation = _last_window(source, weight.shape[2:4], stride, dilation)
     last = torch.channels_last
-    if specialisation is None or not (grad_output.is_contiguous(memory_format=last) and is_pixel_major(weight)):
+    if not grad_output.is_contiguous(memory_format=last):  # (before a buffer for NCHW calls)
         return None
     # (an out whose size makes the two layouts one, a 1x1 map, may come contiguous: the kernel
     # writes a channels_last buffer, copied into it)
     result = out if out.is_contiguous(memory_format=last) else torch.empty_like(out, memory_format=last)
     n, channels = grad_output.shape[:2]
     groups, (height, width), (out_h, out_w) = weight.shape[1], input_size, weight.shape[4:]
-    threads_per_block, vector_bytes = source.constants["LAST_THREADS"], source.constants["VECTOR_BYTES"]
-    vectors = channels // (vector_bytes // grad_output.dtype.itemsize)
-    if (last_parts(source, channels, groups, grad_output.dtype) is None or vectors > threads_per_block
-            or vectors & (vectors - 1) or any(t.data_ptr() % vector_bytes for t in (grad_output, result))):
+    served = _last_serves(source, weight.shape[2:4], stride, dilation, (grad_output, result), weight, channels, groups)
+    threads_per_block = source.constants["LAST_THREADS"]
+    vectors = channels // POLICY.lanes(grad_output.dtype)
+    if served is None or vectors > threads_per_block or vectors & (vectors - 1):
         return None
+    specialisation, _ = served
     segment = threads_per_block // vectors
     threads = n * height * -(-width // segment) * threads_per_block
     if threads > POLICY.index32_limit:  # the kernel counts its segments in an int
