@@ -22,7 +22,9 @@ a process of its own through tools/gpu_check.py). Its stages:
   cores" column generated_mma.cu's (``involution_generated_mma``, 16-bit dtypes), timed beside it
   until it becomes the op's default; the "tensor cores" column of grad_input is generated_mma.cu's
   grad_input of ``involution_generated`` (``involution_generated_mma_backward_input``: the weights
-  formed inside it, where the row's oplib kernel reads the span conv's map); where the op runs
+  formed inside it, where the row's oplib kernel reads the span conv's map), and its "staged"
+  column the other (``involution_generated_mma_backward_input_staged``: a kernel row's weights
+  formed on tensor cores into shared memory, summed by FMAs), where it serves the call; where the op runs
   involution_vectors.cu's NCHW kernel (a vector of pixels a lane: the forward, stride-1
   grad_input and grad_weight at widths a multiple of the vector), the "chunked" column is the
   chunked kernel that serves the call without it (the ``CHUNKED`` policy), timed beside it (the
@@ -351,6 +353,11 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             # grad_input with the weights formed inside (the grad_input row's oplib reads the map)
             calls["tensor cores", "grad_input"] = lambda: involution_cuda.involution_generated_mma_backward_input(
                 g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
+            if involution_cuda.generated_mma_staged_config(
+                    involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE), x.dtype, shape.batch,
+                    shape.channels, shape.groups, size, kernel_size, stride, dilation, f.shape[1]) is not None:
+                calls["staged", "grad_input"] = lambda: involution_cuda.involution_generated_mma_backward_input_staged(
+                    g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
     if launcher is not None:  # the chunked kernel beside the op's call where the op takes involution_vectors.cu's
         dispatches = {
             "forward": lambda run, policy=None: involution_cuda.launch_involution(x, w, stride, padding, dilation, run,
@@ -433,6 +440,8 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
             profiled[f"{candidate} generated forward"] = calls[candidate, "generated forward"]
     if ("tensor cores", "grad_input") in calls:
         profiled["tensor cores generated grad_input"] = calls["tensor cores", "grad_input"]
+    if ("staged", "grad_input") in calls:
+        profiled["staged generated grad_input"] = calls["staged", "grad_input"]
     if ("tensor cores", "generator grads") in calls:
         profiled["tensor cores generator grads"] = calls["tensor cores", "generator grads"]
     for kernel in ("forward", "grad_input", "grad_weight"):
@@ -485,6 +494,7 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
                                                  if ("lanes on channels", kernel) in device else None),
                         "vector_a_thread_ms": (device["vector a thread", kernel] * 1e3
                                                if ("vector a thread", kernel) in device else None),
+                        "staged_ms": device["staged", kernel] * 1e3 if ("staged", kernel) in device else None,
                     })
                 print(f"{shape.name} {dtype} {layout}: " + ", ".join(
                     f"{row['kernel']} {row['device_ms']:.3f} ms ({row['over_floor']:.1f}x floor)" for row in rows[-len(KERNELS):]
@@ -498,7 +508,8 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
 def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     columns = ["shape", "dtype", "layout", "kernel", "device (ms)", "floor (ms)", "device / floor",
                "generic (before, ms)", "wall per call (ms)", "depthwise 7x7 (ms)", "unfold (ms)", "tiled (ms)",
-               "tensor cores (ms)", "chunked (ms)", "lanes on channels (ms)", "vector a thread (ms)"]  # fmt: skip
+               "tensor cores (ms)", "chunked (ms)", "lanes on channels (ms)", "vector a thread (ms)",
+               "staged (ms)"]  # fmt: skip
     cells = [
         [row["shape"], row["dtype"], row["layout"], row["kernel"], f"{row['device_ms']:.4f}", f"{row['floor_ms']:.4f}",
          f"{row['over_floor']:.2f}x", f"{row['generic_ms']:.4f}", f"{row['wall_ms']:.4f}", f"{row['depthwise_ms']:.4f}",
@@ -507,7 +518,8 @@ def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
          "-" if row.get("tensor_cores_ms") is None else f"{row['tensor_cores_ms']:.4f}",
          "-" if row.get("chunked_ms") is None else f"{row['chunked_ms']:.4f}",
          "-" if row.get("lanes_on_channels_ms") is None else f"{row['lanes_on_channels_ms']:.4f}",
-         "-" if row.get("vector_a_thread_ms") is None else f"{row['vector_a_thread_ms']:.4f}"]
+         "-" if row.get("vector_a_thread_ms") is None else f"{row['vector_a_thread_ms']:.4f}",
+         "-" if row.get("staged_ms") is None else f"{row['staged_ms']:.4f}"]
         for row in rows
     ]  # fmt: skip
     return columns, cells

@@ -103,7 +103,12 @@ CANDIDATES = {**VECTORS_ROWS,
 # launches it. involution_generated_backward_generator's tensor-core kernel, whose op the kernel
 # table times in a row of its own from the seventh draw on ("generator grads").
 GENERATOR = "tensor cores generator grads"
-PREDICTED = {GENERATOR: "involution_generated_mma_backward_generator"}
+# involution_generated_backward_input's staged kernel (a kernel row's weights formed on tensor
+# cores into shared memory, summed by FMAs), which the kernel table times in the grad_input row's
+# "staged" column from the eighth draw on.
+STAGED_GRAD_INPUT = "staged grad_input"
+PREDICTED = {GENERATOR: "involution_generated_mma_backward_generator",
+             STAGED_GRAD_INPUT: "involution_generated_mma_backward_input_staged"}
 
 
 # The table's rows the model leaves out: the generated grad_input's call runs the span conv
@@ -394,10 +399,10 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     elif fused == "involution_generated_mma_backward_generator":
         args = (g, feature, o["span_weight"], x, *window)
         involution_cuda.involution_generated_mma_backward_generator(*args, generator_result(*args), recording)
-    elif fused == "involution_generated_mma_backward_input":
+    elif fused in ("involution_generated_mma_backward_input", "involution_generated_mma_backward_input_staged"):
         size = [shape.height, shape.width]
-        involution_cuda.involution_generated_mma_backward_input(g, feature, o["span_weight"], o["span_bias"], size,
-                                                                *window, result_like(g, size), recording)
+        getattr(involution_cuda, fused)(g, feature, o["span_weight"], o["span_bias"], size, *window,
+                                        result_like(g, size), recording)
     else:
         getattr(involution_cuda, fused)(x, feature, o["span_weight"], o["span_bias"], *window,
                                         result_like(x, feature.shape[2:]), recording)
@@ -715,6 +720,18 @@ def generator_floor_bytes(shape: Shape, dtype: torch.dtype) -> int:
     return values * dtype.itemsize
 
 
+def _predicted_candidate(entry: dict, constants: Constants, bandwidth: float, bytes_of) -> tuple:
+    """A ``PREDICTED`` row's (main launch's inputs, its terms, the prediction, blocks per SM,
+    the floor in seconds), ``bytes_of(shape, dtype)`` the bytes its op must move once."""
+    events = events_from_json(entry["events"])
+    main = next(e for e in events if isinstance(e, LaunchInputs))
+    terms = device_model.launch_terms(main, H200, constants, bandwidth)
+    predicted = device_model.predict(events, H200, constants, bandwidth)
+    resident = device_model.resident_blocks(main.registers, main.threads_per_block, main.shared_bytes, H200)
+    shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == entry["shape"])
+    return main, terms, predicted, resident, bytes_of(shape, getattr(torch, entry["dtype"])) / bandwidth
+
+
 def generator_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
     """``PREDICTED``'s generator kernel at every row it serves (bfloat16), predicted with the
     constants fitted above, beside its floor and two measured kernels of the draw at the same
@@ -725,13 +742,8 @@ def generator_lines(data: list[dict], rows: list[dict], constants: Constants, ba
     measured = {_key(r): r["measured_s"] for r in rows}
     cells, over, against_map, against_unfused = [], [], [], []
     for entry in (e for e in data if e["kernel"] == GENERATOR):
-        events = events_from_json(entry["events"])
-        main = next(e for e in events if isinstance(e, LaunchInputs))
-        terms = device_model.launch_terms(main, H200, constants, bandwidth)
-        predicted = device_model.predict(events, H200, constants, bandwidth)
-        resident = device_model.resident_blocks(main.registers, main.threads_per_block, main.shared_bytes, H200)
-        shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == entry["shape"])
-        floor = generator_floor_bytes(shape, getattr(torch, entry["dtype"])) / bandwidth
+        main, terms, predicted, resident, floor = _predicted_candidate(entry, constants, bandwidth,
+                                                                       generator_floor_bytes)
         map_weight = measured[" | ".join((entry["shape"], "float32", entry["layout"], "grad_weight"))]
         unfused_weight = measured[" | ".join((entry["shape"], entry["dtype"], entry["layout"], "grad_weight"))]
         over.append(predicted / floor)
@@ -766,6 +778,70 @@ def generator_lines(data: list[dict], rows: list[dict], constants: Constants, ba
                          "blocks per SM", "instruction ratio", "bound", "predicted (us)", "floor (us)",
                          "predicted / floor", "float32 grad_weight, measured (us)", "predicted / it",
                          "bfloat16 grad_weight, measured (us)", "predicted / it"], "llllllrrrlrrrrrrr", cells),
+    ]
+
+
+def staged_floor_bytes(shape: Shape, dtype: torch.dtype) -> int:
+    """The bytes involution_generated_backward_input must read and write once: grad_output, the
+    feature map (C/4 channels) and grad_input (span_weight and the bias are a few KB)."""
+    out_h, out_w = shape.out_size
+    reduced = max(1, shape.channels // 4)
+    values = shape.batch * ((shape.channels + reduced) * out_h * out_w + shape.channels * shape.height * shape.width)
+    return values * dtype.itemsize
+
+
+def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """``PREDICTED``'s staged grad_input at every row it serves (16-bit dtypes; the draws
+    measured bfloat16), predicted with the constants fitted above, beside its floor and two
+    kernels the draw measured at the same (shape, dtype, layout): involution's grad_input, which
+    the op's map route runs after the span conv (and the unfused path after its own span conv),
+    and the tensor-core grad_input it is to replace, whose kernel changed since (its expected
+    time is in the table of changed kernels above)."""
+    measured = {_key(r): r["measured_s"] for r in rows}
+    cells, over, against_map, against_band = [], [], [], []
+    for entry in (e for e in data if e["kernel"] == STAGED_GRAD_INPUT):
+        key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
+        if f"{key} | grad_input" not in measured:
+            continue
+        main, terms, predicted, resident, floor = _predicted_candidate(entry, constants, bandwidth, staged_floor_bytes)
+        # as the op runs it: involution_vectors.cu's kernel where it serves the call
+        map_kernel = measured.get(f"{key} | {VECTORS_GRAD_INPUT}", measured[f"{key} | grad_input"])
+        band = measured.get(f"{key} | {MMA_GRAD_INPUT}")
+        over.append(predicted / floor)
+        against_map.append(predicted / map_kernel)
+        if band is not None:
+            against_band.append(predicted / band)
+        cells.append([entry["shape"], entry["dtype"], entry["layout"], f"`{main.kernel}`",
+                      f"{main.blocks} x {main.threads_per_block}", str(main.registers),
+                      f"{main.shared_bytes / 1024:.1f}", str(resident), f"{main.instruction_ratio:.2f}", terms.bound,
+                      f"{predicted * 1e6:.1f}", f"{floor * 1e6:.1f}", f"{over[-1]:.2f}x", f"{map_kernel * 1e6:.1f}",
+                      f"{against_map[-1]:.2f}x", "-" if band is None else f"{band * 1e6:.1f}",
+                      "-" if band is None else f"{against_band[-1]:.2f}x"])
+    heading = "## Predicted, not yet measured: the staged grad_input"
+    if not cells:
+        return [heading, "", "None: the kernel serves no row.", ""]
+    return [
+        heading,
+        "",
+        "generated_mma.cu's `involution_generated_mma_backward_input_staged`, a CUDA kernel of "
+        "involution_generated_backward_input in 16-bit dtypes: per tile of input pixels and kernel row, the row's "
+        "weights at the output pixels the tile reads formed on tensor cores into shared memory (never in global "
+        "memory), then summed by FMAs with grad_output staged in shared memory. Predicted with the constants "
+        "fitted above (the kernel is no row they are fitted on), beside its floor (grad_output, the feature and "
+        "grad_input once) and two kernels the draw measured at the same shape, dtype and layout: involution's "
+        "grad_input as the op runs it (the vectors kernel where it serves the call), which the op's map route runs "
+        "after the span conv writes the map (the unfused path after its own span conv), and the tensor-core grad_input this one is to replace (its kernel changed since: its "
+        f"expected time is in the table above). Predicted / floor {ratio_range(over)}, within 2x at "
+        f"{sum(o <= 2.0 for o in over)} of {len(over)} rows. Predicted / involution's grad_input: "
+        f"{ratio_range(against_map)}, faster at {sum(a < 1.0 for a in against_map)} of {len(against_map)} rows; / "
+        f"the tensor-core grad_input: {ratio_range(against_band)}. It declines RedNet-50's 7x7 map at stride 1 (its "
+        "tiles would hold it in less than half their pixels; the map route serves it). The next draw times it in "
+        "the kernel table's grad_input row (its \"staged\" column).",
+        "",
+        *_harness.table(["shape", "dtype", "layout", "instantiation", "grid x block", "registers", "shared (KiB)",
+                         "blocks per SM", "instruction ratio", "bound", "predicted (us)", "floor (us)",
+                         "predicted / floor", "involution grad_input, measured (us)", "predicted / it",
+                         "tensor-core grad_input, measured (us)", "predicted / it"], "llllllrrrlrrrrrrr", cells),
     ]
 
 
@@ -867,6 +943,7 @@ def main() -> None:
                                      *vectors_lines(rows, table, constants, bandwidth), "",
                                      *candidate_lines(model["candidates"], rows, table, constants, bandwidth), "",
                                      *generator_lines(model["candidates"], rows, constants, bandwidth), "",
+                                     *staged_lines(model["candidates"], rows, constants, bandwidth), "",
                                      *mma_lines(rows, table, constants, bandwidth)])
     data = json.loads(data_path.read_text())
     data["model"] = model

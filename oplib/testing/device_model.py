@@ -848,6 +848,20 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
                     inside & (x < OW) & (y < OH) & (channel < pg), es)
 
 
+def _span_staging(t: "_Tally", thread: Tensor, threads: int, group, taps: int, R: int, span_rows: int,
+                  span_words: int, span_stride: int, es: int) -> None:
+    """generated_mma.cu's mma_stage_span_rows: the group's span rows (two 16-bit loads a word)
+    into shared memory from its first word, 8 threads a row along its words."""
+    for column0 in range(0, span_words, 8):  # a k-step's 8 words of every span row, 8 threads a row
+        column = column0 + thread % 8
+        span_tap = thread // 8 + threads // 8 * _slots(-(-span_rows // (threads // 8)))
+        staging = span_tap < span_rows
+        r = 2 * column
+        for h in range(2):
+            t.load(2, (group * taps + span_tap) * R + r + h, staging & (span_tap < taps) & (r + h < R), es)
+        t.shared(span_tap * span_stride + column, staging, 4)
+
+
 def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_backward_input (generated_mma.cu): ``item`` is the thread's
     index in the grid (block-major, 256 threads a block, a warp a run of 16 pixels of a grad_input
@@ -879,14 +893,7 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
     first_row = (y - warp + ph - (KH - 1) * dh) // sh
     first_column = (x0 + pw - (KW - 1) * dw) // sw
     live_steps = ((OW - first_column + 15) // 16).clamp(0, k_steps)  # the k-steps with pixels of the map
-    for column0 in range(0, span_words, 8):  # a k-step's 8 words of every span row, 8 threads a row
-        column = column0 + thread % 8
-        span_tap = thread // 8 + threads // 8 * _slots(-(-span_rows // (threads // 8)))
-        staging = span_tap < span_rows
-        r = 2 * column
-        for h in range(2):
-            t.load(2, (group * taps + span_tap) * R + r + h, staging & (span_tap < taps) & (r + h < R), es)
-        t.shared(span_tap * span_stride + column, staging, 4)
+    _span_staging(t, thread, threads, group, taps, R, span_rows, span_words, span_stride, es)
     for plane in range(2):
         zeros = lane + 32 * _slots(-(-4 * stride // 32))  # 16 bytes a store (index in 16-byte units)
         t.shared((mine_band + plane * band_words) // 4 + zeros, zeros < 4 * stride, 16)
@@ -1328,6 +1335,125 @@ def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     t.store(2, ((n * H + y) * W + x) * C + c0, active, es)
 
 
+def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_generated_mma_backward_input_staged (generated_mma.cu): ``item`` is the
+    thread's index in the grid (block-major, 256 threads a block, a block a tile of a (sample,
+    group) and a chunk of 16 of its channels; a warp 8 runs of 4 pixels x 4 channel quarters of
+    one row and column parity). The group's span rows and grad_output over the region staged (a 16-byte load a pixel's 8
+    channels where the host says they are a vector, else two 16-bit loads a pair; 4 word
+    stores), then per kernel row its weights formed (the bias, per m-tile (16 columns of one of
+    the row's output rows) and k-step of R the feature's A fragment from global memory and the span's B by ldmatrix;
+    tensor cores: no term; a word store per value a run reads) and, for a warp whose rows read
+    an output row through it, its taps' 4 weights (a 16-byte shared load each), the window's
+    grad_output (an 8-byte shared load a pixel) and 4 multiply-adds per (tap, pixel) pair; the
+    stores. The layout's sizes are the source's and its host's."""
+    from ..kernels.involution import cuda as involution_cuda
+
+    (C, H, W, G, OH, OW, ph, pw, R, tiles_w, runs_w, gsn, gsc, gsh, gsw, isn, isc, ish, isw,
+     fsn, fsc, fsh, fsw, vector, feature_words) = launch.scalars
+    K, S = (int(v) for v in launch.specialisation)
+    source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+    es, taps, pg, threads = launch.dtype.itemsize, K * K, C // G, launch.threads_per_block
+    most_taps = -(-K // S)
+    tile_h, tile_w = involution_cuda.generated_mma_staged_tile(source, S, runs_w)
+    region_h, region_w = ((size - 1 + K - 1 + S - 1) // S + 1 for size in (tile_h, tile_w))
+    weight_rows, row_stride = tile_h // S, tile_w // S
+    tap_stride = (weight_rows * row_stride + 27) // 32 * 32 + 4
+    span_rows, span_words = (K - 1) * K + 8, 8 * -(-R // 16)
+    span_stride = span_words + 4
+    staged_at = span_rows * span_stride  # words
+    weights_at = staged_at + -(-region_h * region_w * 10 // 4) * 4
+    column_blocks = -(-region_w // 16)
+    m_tiles = weight_rows * column_blocks
+    chunks = -(-pg // 16)
+    block, thread = item // threads, item % threads
+    lane, warp = thread % 32, thread // 32
+    row, quad = lane // 4, lane % 4
+    tile, group, z = block % launch.grid[0], (block // launch.grid[0]) % G, block // (launch.grid[0] * G)
+    n, c0 = z // chunks, 16 * (z % chunks)
+    y0, x0 = tile // tiles_w * tile_h, tile % tiles_w * tile_w
+    first_row, first_column = (y0 + ph - (K - 1)) // S, (x0 + pw - (K - 1)) // S
+    parity = warp % (S * S)
+    run_x, run_y = row % runs_w, row // runs_w
+    y = y0 + parity // S + S * (warp // (S * S) * (8 // runs_w) + run_y)
+    x = x0 + parity % S + S * 4 * run_x
+    b0 = (x + pw) % S
+    taps_b = most_taps if S == 1 else (K - b0 + S - 1) // S
+    window_column = (x + pw - b0) // S - (most_taps - 1) - first_column
+    _span_staging(t, thread, threads, group, taps, R, span_rows, span_words, span_stride, es)
+
+    def form_row(a: int) -> None:
+        i_low = -((a - y0 - ph) // S)
+        b = 2 * quad + _slots(2)
+        t.load(3, group * taps + a * K + b, b < K, es)
+        m = warp + 8 * _slots(-(-m_tiles // 8))
+        live = m < m_tiles
+        wi, first = m // column_blocks, 16 * (m % column_blocks)
+        for k0 in range(0, R, 16):
+            for v in range(4):
+                i, o = i_low + wi, first_column + first + row + 8 * (v & 1)
+                inside = live & (i >= 0) & (i < OH) & (o >= 0) & (o < OW)
+                r = k0 + 2 * quad + 8 * (v >> 1)
+                if feature_words:
+                    t.load(1, (n * fsn + r + i * fsh + o * fsw) // 2, inside & (r < R), 4)
+                else:
+                    for h in range(2):
+                        t.load(1, n * fsn + (r + h) * fsc + i * fsh + o * fsw, inside & (r + h < R), es)
+            t.matrices(a * K * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), live, 2)
+        for h in range(2):
+            col = first + row + 8 * h
+            for e in range(2):
+                b = 2 * quad + e
+                offset = (x0 + (b - pw) % S + pw - b) // S - first_column
+                at = col - offset
+                places = live & (b < K) & (at >= 0) & (at < row_stride)
+                t.shared(weights_at + (a % 2) * 8 * tap_stride + b * tap_stride + wi * row_stride + at, places, 4)
+
+    units = region_h * region_w * 2
+    unit = thread + threads * _slots(-(-units // threads))
+    half, pixel = unit % 2, unit // 2
+    i, o = first_row + pixel // region_w, first_column + pixel % region_w
+    c = c0 + 8 * half
+    staging = unit < units
+    in_map = staging & (i >= 0) & (i < OH) & (o >= 0) & (o < OW)
+    at = n * gsn + (group * pg + c) * gsc + i * gsh + o * gsw
+    if vector:
+        t.load(0, at // 8, in_map & (c < pg), 16)
+    else:
+        for word in range(8):
+            t.load(0, at + word * gsc, in_map & (c + word < pg), es)
+    for word in range(4):
+        t.shared(staged_at + pixel * 10 + 4 * half + word, staging, 4)
+    form_row(0)
+    for a in range(K):
+        from_y = y + ph - a
+        reads = from_y % S == 0
+        i = from_y // S
+        wi = i - (-((a - y0 - ph) // S))
+        first_tap = weights_at + (a % 2) * 8 * tap_stride + b0 * tap_stride + wi * row_stride + 4 * run_x
+        for tap in range(most_taps):  # 16 bytes each (index in 16-byte units)
+            t.shared((first_tap + S * tap * tap_stride) // 4, reads, 16)
+        window = staged_at + ((i - first_row) * region_w + window_column) * 10 + 2 * quad
+        for k in range(4 + most_taps - 1):  # 8 bytes each
+            t.shared((window + k * 10) // 2, reads, 8)
+            for tap in range(most_taps):
+                if 0 <= k + tap - (most_taps - 1) < 4:
+                    t.fma(reads & (tap < taps_b), 4)
+        if a + 1 < K:
+            form_row(a + 1)
+    channel = c0 + 4 * quad
+    pairs = isc == 1 and (isn | ish | isw | pg) % 2 == 0
+    for p in range(4):
+        xp = x + S * p
+        stored = (y < H) & (xp < W)
+        for e in range(0, 4, 2 if pairs else 1):
+            at = n * isn + (group * pg + channel + e) * isc + y * ish + xp * isw
+            if pairs:
+                t.store(4, at // 2, stored & (channel + e < pg), 4)
+            else:
+                t.store(4, at, stored & (channel + e < pg), es)
+
+
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_forward_last": _forward_last,
     "involution_backward_input_last": _backward_input_last,
@@ -1345,10 +1471,12 @@ TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_generated_tile": _generated_tile,
     "involution_generated_mma": _generated_mma,
     "involution_generated_mma_backward_input": _generated_mma_backward_input,
+    "involution_generated_mma_backward_input_staged": _generated_mma_backward_input_staged,
     "involution_generated_mma_backward_generator": _generated_mma_backward_generator,
 }
 # Tiled kernels: a thread per grid thread (no grid-stride loop), its index block-major.
 TILED = {"involution_generated_tile", "involution_generated_mma", "involution_generated_mma_backward_input",
+         "involution_generated_mma_backward_input_staged",
          "involution_generated_mma_backward_generator"}
 
 

@@ -48,6 +48,8 @@ def test_the_committed_table_is_what_the_model_makes_of_its_inputs(committed):
                                               Constants(**regenerated["constants"]), model["copy_bandwidth_bytes_per_s"])]
     lines += ["", *cuda_model.generator_lines(model["candidates"], rows, Constants(**regenerated["constants"]),
                                               model["copy_bandwidth_bytes_per_s"])]
+    lines += ["", *cuda_model.staged_lines(model["candidates"], rows, Constants(**regenerated["constants"]),
+                                           model["copy_bandwidth_bytes_per_s"])]
     lines += ["", *cuda_model.mma_lines(rows, cuda_model.measured_rows()[1], Constants(**regenerated["constants"]),
                                         model["copy_bandwidth_bytes_per_s"])]
     committed_lines = (RESULTS / "cuda-model.md").read_text().splitlines()
@@ -295,6 +297,29 @@ def test_the_lanes_on_channels_grad_input_trace_counts_a_launch_counted_by_hand(
     assert work.warps == 8
     assert (work.load_requests, work.store_requests) == (1 + 8 * 3, 1)
     assert (work.shared_requests, work.fma_requests) == (1 + 3, 3 * 4)
+
+
+def test_the_staged_grad_input_trace_counts_a_launch_counted_by_hand():
+    """generated_mma.cu's staged grad_input at an 8 x 32 input of one group of 16 bfloat16
+    channels (channels_last), a 3x3 kernel at stride 1, padding 1, in runs of 8 along a row: one
+    block, a tile of 8 rows x 32 columns, 8 warps. Each warp takes each of the 3 kernel rows:
+    12 (tap, pixel) pairs of its runs, 4 multiply-adds each; then each lane stores its 4 pixels
+    x 2 pairs of channels, a 32-bit store each."""
+    from oplib.kernels.involution import cuda as involution_cuda
+
+    g = torch.randn(1, 16, 8, 32, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    f = torch.randn(1, 16, 8, 32, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    s = torch.randn(9, 16, dtype=torch.bfloat16)
+    out = torch.empty(1, 16, 8, 32, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    recording = device_model.RecordingLauncher()
+    assert involution_cuda.involution_generated_mma_backward_input_staged(
+        g, f, s, None, [8, 32], [3, 3], [1, 1], [1, 1], [1, 1], out, recording, runs_w=8) is not None
+    (launch,) = recording.launches
+    assert launch.kernel == "involution_generated_mma_backward_input_staged" and launch.blocks == 1
+    work = device_model.kernel_work(launch)
+    assert work.warps == 8
+    assert work.fma_requests == 8 * 3 * 12 * 4
+    assert work.store_requests == 8 * 4 * 2
 
 
 @pytest.mark.parametrize("index, mask, element_bytes, passes", [

@@ -24,6 +24,7 @@ tests pass a changed policy (``dataclasses.replace``) instead of patching module
 
 from __future__ import annotations
 
+import math
 import dataclasses
 from dataclasses import dataclass
 from typing import Optional
@@ -985,6 +986,118 @@ def involution_generated_mma_backward_input(grad_output: Tensor, feature: Tensor
     (launcher or cupy_launcher()).launch(source, kernel, grad_output.dtype, config,
                                          (grad_output, feature, span_weight.contiguous(), bias, out, *scalars),
                                          specialisation)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# involution_generated's grad_input with the weights staged (generated_mma.cu's
+# involution_generated_mma_backward_input_staged): formed on tensor cores into shared memory,
+# summed by FMAs
+# ---------------------------------------------------------------------------------------
+
+# A warp's runs along a row, the host's choice (8 / runs_w rows of runs).
+GENERATED_STAGED_RUNS_W = (8, 4, 2)
+# The least share of a launch's tile pixels that lie in the map for the kernel to take the call
+# (a 7x7 map in the smallest tiles fills 49 of 256): below it, the map route serves.
+GENERATED_STAGED_MIN_FILL = 0.5
+
+
+def generated_mma_staged_tile(source: KernelSource, stride: int, runs_w: int) -> tuple[int, int]:
+    """(tile_h, tile_w) of grad_input pixels a block takes, as the kernel computes them: its
+    warps' runs of ``STAGED_RUN`` pixels, ``stride`` columns apart, runs_w along a row, one warp
+    for each row and column parity of each group of rows."""
+    c = source.constants
+    run, warps = c["STAGED_RUN"], c["MMA_WARPS"]
+    return stride * (warps // (stride * stride)) * (warps // runs_w), stride * run * runs_w
+
+
+def generated_mma_staged_runs(source: KernelSource, stride: int, input_size) -> tuple[int, float]:
+    """(runs_w, fill): the runs along a row whose tiles leave the fewest of their pixels outside
+    an input of ``input_size`` (the wider on a tie), and the share of the tiles' pixels inside."""
+    best = None
+    for runs_w in GENERATED_STAGED_RUNS_W:
+        tile = generated_mma_staged_tile(source, stride, runs_w)
+        covered = math.prod(-(-size // t) * t for size, t in zip(input_size, tile))
+        fill = math.prod(input_size) / covered
+        if best is None or fill > best[1]:
+            best = (runs_w, fill)
+    return best
+
+
+def generated_mma_staged_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
+                                      reduced: int) -> int:
+    """The dynamic shared memory of ``involution_generated_mma_backward_input_staged``: the group's
+    span rows, grad_output over the region the tile reads, two buffers of a kernel row's
+    weights (generated_mma.cu lays them out)."""
+    c = source.constants
+    tile_h, tile_w = generated_mma_staged_tile(source, stride, runs_w)
+    region_h, region_w = ((t - 1 + kernel - 1 + stride - 1) // stride + 1 for t in (tile_h, tile_w))
+    span_rows, span_stride = (kernel - 1) * kernel + 8, 8 * -(-reduced // 16) + 4
+    staged = -(-region_h * region_w * c["STAGED_PIXEL"] // 4) * 4
+    tap_stride = ((tile_h // stride) * (tile_w // stride) + 27) // 32 * 32 + 4
+    return 4 * (span_rows * span_stride + staged + 2 * 8 * tap_stride)
+
+
+def generated_mma_staged_config(source: KernelSource, dtype: torch.dtype, batch: int, channels: int, groups: int,
+                                input_size, kernel_size, stride, dilation, reduced: int,
+                                runs_w: Optional[int] = None) -> Optional[tuple[LaunchConfig, int]]:
+    """``involution_generated_mma_backward_input_staged``'s launch (a block a tile, a group and a
+    chunk of ``MMA_CHANNELS`` of its channels) and its runs_w (the tiles
+    that fill the input best, or ``runs_w`` where given: the tests take each); None where it does
+    not serve the call: a dtype without the tensor-core product, a window other than a square 3,
+    5 or 7 at equal strides 1 or 2 without dilation (the instantiations it has), the best tiles
+    less than ``GENERATED_STAGED_MIN_FILL`` inside the input, shared memory past
+    ``GENERATED_TILE_MAX_SHARED`` (a large R: the group's span_weight is staged whole), a grid
+    past CUDA's y and z limits."""
+    if dtype not in GENERATED_MMA_DTYPES or tuple(dilation) != (1, 1):
+        return None
+    kernel = kernel_size[0]
+    specialisation = (str(kernel), str(stride[0]))
+    if (kernel_size[1] != kernel or stride[1] != stride[0]
+            or specialisation not in source.specialisations["involution_generated_mma_backward_input_staged"]
+            or specialisation == GENERATED_TILE_RUNTIME):
+        return None
+    fill, chunks = 1.0, -(-(channels // groups) // source.constants["MMA_CHANNELS"])
+    if runs_w is None:
+        runs_w, fill = generated_mma_staged_runs(source, stride[0], input_size)
+    shared_bytes = generated_mma_staged_shared_bytes(source, kernel, stride[0], runs_w, reduced)
+    if (fill < GENERATED_STAGED_MIN_FILL or shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535
+            or batch * chunks > 65535):
+        return None
+    tile = generated_mma_staged_tile(source, stride[0], runs_w)
+    tiles = math.prod(-(-size // t) for size, t in zip(input_size, tile))
+    return LaunchConfig((tiles, groups, batch * chunks), (32, source.constants["MMA_WARPS"]), shared_bytes), runs_w
+
+
+def involution_generated_mma_backward_input_staged(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
+                                                   span_bias: Optional[Tensor], input_size, kernel_size, stride,
+                                                   padding, dilation, out: Tensor,
+                                                   launcher: Optional[Launcher] = None,
+                                                   runs_w: Optional[int] = None) -> Optional[Tensor]:
+    """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo) -> out: grad_input (N, C, H, W),
+    written by the staged kernel in out's own strides (every operand of any strides); None, out
+    untouched, where ``generated_mma_staged_config`` declines the call (``runs_w`` as there) or
+    the GPU predates sm_80."""
+    source = load_source(GENERATED_MMA_SOURCE)
+    n, channels = grad_output.shape[:2]
+    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
+    reduced = feature.shape[1]
+    chosen = generated_mma_staged_config(source, grad_output.dtype, n, channels, groups, input_size, kernel_size,
+                                         stride, dilation, reduced, runs_w)
+    if chosen is None or (grad_output.is_cuda
+                          and torch.cuda.get_device_capability(grad_output.device) < GENERATED_MMA_MIN_CAPABILITY):
+        return None
+    if out.numel() == 0:
+        return out
+    config, runs_w = chosen
+    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
+    tiles_w = -(-input_size[1] // generated_mma_staged_tile(source, stride[0], runs_w)[1])
+    scalars = (channels, *input_size, groups, *grad_output.shape[2:], *padding, reduced, tiles_w, runs_w,
+               *grad_output.stride(), *out.stride(), *feature.stride(), generated_mma_vectors_fit(grad_output, groups),
+               generated_mma_feature_words(feature))
+    (launcher or cupy_launcher()).launch(source, "involution_generated_mma_backward_input_staged", grad_output.dtype,
+                                         config, (grad_output, feature, span_weight.contiguous(), bias, out, *scalars),
+                                         (str(kernel_size[0]), str(stride[0])))
     return out
 
 

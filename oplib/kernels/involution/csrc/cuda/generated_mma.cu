@@ -393,6 +393,7 @@ __device__ __forceinline__ bool mma_pair_stores(const half_t* out, index_t out_n
 // The instantiations a host may ask for, of this kernel and of the two backward ones below
 // (oplib.kernels reads these lines):
 // oplib-instantiate: involution_generated_mma, involution_generated_mma_backward_input, involution_generated_mma_backward_generator
+// oplib-instantiate: involution_generated_mma_backward_input_staged
 // oplib-template: KERNEL, STRIDE = 0, 0 | 3, 1 | 3, 2 | 5, 1 | 5, 2 | 7, 1 | 7, 2
 // oplib-template: FOLDED = false | true
 // oplib-template: NARROW = false | true
@@ -800,6 +801,35 @@ __device__ __forceinline__ void mma_store_feature_share(unsigned int* features, 
         to[word] = mma_feature_word(place.values, 2 * word, place.inside ? reduced - 2 * word : 0, value_c, word_pairs);
 }
 
+// The group's span_weight rows [tap][r] into `span` (`span_stride` words a row), rows past
+// `taps` and words past R (to `span_words`) zeros: 8 consecutive threads along a row's words
+// (a word's row and place in it by shifts, where dividing by the row's runtime length took a
+// dozen instructions a word), a thread's words of a row loaded SPAN_BATCH at a time before any
+// is stored (a word at a time, a large R's staging was a chain of round trips). Every thread of
+// the block takes part.
+__device__ __forceinline__ void mma_stage_span_rows(unsigned int* span, const unsigned short* group_span, int span_rows,
+                                                    int taps, int reduced, int span_words, int span_stride,
+                                                    int thread) {
+    constexpr int SPAN_BATCH = 4;
+#pragma unroll 1
+    for (int tap = thread / 8; tap < span_rows; tap += MMA_THREADS / 8) {
+        const unsigned short* span_row = group_span + (index_t)tap * reduced;
+        const int count = tap < taps ? reduced : 0;
+#pragma unroll 1
+        for (int column0 = thread % 8; column0 < span_words; column0 += 8 * SPAN_BATCH) {
+            unsigned int words[SPAN_BATCH];
+#pragma unroll
+            for (int v = 0; v < SPAN_BATCH; ++v) {
+                const int r = 2 * (column0 + 8 * v);
+                words[v] = r < 2 * span_words ? oplib_load_pair(span_row + r, 1, count - r) : 0u;
+            }
+#pragma unroll
+            for (int v = 0; v < SPAN_BATCH; ++v)
+                if (column0 + 8 * v < span_words) span[tap * span_stride + column0 + 8 * v] = words[v];
+        }
+    }
+}
+
 // Instantiated for the forward's windows (the oplib-template line above).
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N), tiles of grad_input.
@@ -847,29 +877,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
         const int live_columns = out_w - first_column;
         const int live_steps = live_columns >= 16 * k_steps ? k_steps : live_columns <= 0 ? 0 : (live_columns + 15) / 16;
 
-        // span_weight's rows of the group, whole: 8 consecutive threads along a row's words (a
-        // word's row and place in it by shifts, where dividing by the row's runtime length took a
-        // dozen instructions a word), a thread's words of a row loaded SPAN_BATCH at a time before
-        // any is stored (a word at a time, a large R's staging was a chain of round trips).
         const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
-        constexpr int SPAN_BATCH = 4;
-#pragma unroll 1
-        for (int tap = thread / 8; tap < span_rows; tap += MMA_THREADS / 8) {
-            const unsigned short* span_row = group_span + (index_t)tap * reduced;
-            const int count = tap < taps ? reduced : 0;
-#pragma unroll 1
-            for (int column0 = thread % 8; column0 < span_words; column0 += 8 * SPAN_BATCH) {
-                unsigned int words[SPAN_BATCH];
-#pragma unroll
-                for (int v = 0; v < SPAN_BATCH; ++v) {
-                    const int r = 2 * (column0 + 8 * v);
-                    words[v] = r < 2 * span_words ? oplib_load_pair(span_row + r, 1, count - r) : 0u;
-                }
-#pragma unroll
-                for (int v = 0; v < SPAN_BATCH; ++v)
-                    if (column0 + 8 * v < span_words) span[tap * span_stride + column0 + 8 * v] = words[v];
-            }
-        }
+        mma_stage_span_rows(span, group_span, span_rows, taps, reduced, span_words, span_stride, thread);
         // The bands' zeros 16 bytes a store, as the forward's.
         Vector16<unsigned int>* band_vectors = reinterpret_cast<Vector16<unsigned int>*>(band);
 #pragma unroll 1
@@ -984,6 +993,299 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
                 continue;
             }
             mma_store_run(sums, run, in_c, in_ws, c0, group_channels, x0, width, pair_stores);
+        }
+    }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// involution_generated's grad_input with the weights staged: formed on tensor cores into
+// shared memory, summed by FMAs (involution_generated_mma_backward_input_staged)
+// ---------------------------------------------------------------------------------------
+//
+// The band kernel above spends its issue slots on the bands: each weight split in two, written
+// to its band places, and multiplied with a band's zeros. Here the aggregation is involution's
+// grad_input as the ops' kernels do it, in float FMAs, but with the weights and grad_output read
+// from shared memory:
+//   grad_input[n, c, y, x] = sum_{a, b} weight(n, g, a*K + b, i, o) * grad_output[n, c, i, o]
+//   where i = (y + ph - a) / S and o = (x + pw - b) / S divide.
+// A block of MMA_WARPS warps takes a tile of tile_h x tile_w input pixels of one (sample, group)
+// and a chunk of MMA_CHANNELS of the group's channels (grid: tiles x groups x samples * chunks;
+// a group's chunks form their weights each, as a loop over them in the block would):
+//   1. stages grad_output over the region of output pixels the tile's windows read, [row]
+//      [column][channel], zeros outside the map;
+//   2. per kernel row a: forms that row's K taps (one n-tile) at the output rows the tile reads
+//      through it (tile_h / S of them) x the region's columns, (pixels x R)(R x 8) + bias on
+//      tensor cores, the feature's A fragments loaded from global memory, span_weight's rows
+//      staged whole; each value in float into shared memory ([tap][row][column], two buffers:
+//      row a + 1's weights are formed while row a's are read, one barrier a row), 0 at pixels
+//      outside the map;
+//   3. each thread sums, for its run of 4 input pixels (S columns apart: pixels of one column
+//      parity) and 4 channels, row a's taps of its parity: the run's 4 weights of a tap one
+//      16-byte load (each tap's row of the buffer shifted so that it is aligned), each
+//      grad_output vector of the window (4 channels, 8 bytes) read once and used by every tap
+//      and pixel it meets.
+// A warp's 8 runs x 4 channel quarters lie on one row parity and one column parity (S = 2: the
+// 4 parity classes are 4 of the block's warps each), so a warp's taps and rows are the same
+// for all its lanes: no divergence. runs_w (the host's choice: 8, 4 or 2, a warp's runs along a
+// row; 8 / runs_w rows of runs) fits the tile to the map (56 and 28 wide: 32 columns at S = 1;
+// 14: 16). Every sum in a fixed order, no atomics: deterministic. An inf or a nan lands where
+// the direct sum puts it: each weight is a whole dot product (no band zeros), and a pixel
+// outside the map has weight 0 and grad_output 0.
+//
+// Dynamic shared memory (generated_mma_staged_shared_bytes), 32-bit words:
+//   span     span_rows x span_stride            span_weight's rows of the group, as the band
+//                                               kernel stages them
+//   staged   region_h x region_w x STAGED_PIXEL  grad_output, a pixel's 16 channels as 8 words
+//                                               of two 16-bit values, and 2 words of padding
+//                                               (runs 4 pixels apart in different banks)
+//   weights  2 x 8 taps x tap_stride            float, [tap][row][place]: place 4 run_x + p
+//                                               holds the weight the tap gives pixel p of the
+//                                               runs run_x (staged_tap_offset), rows tile_w / S
+//                                               apart, taps tap_stride apart (4 past a multiple
+//                                               of 32: a D fragment's stores in different banks)
+// where region_h x region_w is the most output pixels a tile's windows read.
+
+constexpr int STAGED_RUN = 4;  // a thread's pixels, and its channels (a quarter of MMA_CHANNELS)
+constexpr int STAGED_PIXEL = 10;  // words a staged grad_output pixel: 8, and 2 of padding
+static_assert(MMA_CHANNELS == 4 * STAGED_RUN && MMA_THREADS == 256, "a warp's lanes: 8 runs x 4 channel quarters");
+static_assert(STAGED_PIXEL % 2 == 0 && STAGED_PIXEL >= MMA_CHANNELS / 2 && STAGED_PIXEL % 8 != 0,
+              "a quarter's 2 words 8-byte aligned; runs 4 pixels apart not all in the same banks");
+
+// A thread's 4 channels of a staged grad_output pixel: one 8-byte load.
+struct alignas(8) StagedQuarter {
+    unsigned int word[2];
+};
+
+// The output rows (or columns) a tile of `tile` input pixels from `origin` reads, from
+// first = floor((origin + pad - (K - 1)) / S): at most (tile - 1 + K - 1 + S - 1) / S + 1 of them.
+template <int KERNEL, int STRIDE>
+__device__ __forceinline__ int staged_first_read(int origin, int pad) {
+    return mma_floor_div(origin + pad - (KERNEL - 1), STRIDE);
+}
+
+// The region column that tap b reads at the first pixel of run 0 of the threads that read the
+// tap (those of column parity b - pw): the weights buffer holds tap b's row from there, so that
+// a run's 4 weights lie at 4 run_x, one aligned 16-byte load.
+template <int STRIDE>
+__device__ __forceinline__ int staged_tap_offset(int b, int tile_x, int pad_w, int first_column) {
+    const int parity = ((b - pad_w) % STRIDE + STRIDE) % STRIDE;
+    return (tile_x + parity + pad_w - b) / STRIDE - first_column;
+}
+
+// One kernel row's sums for a thread's run: its taps b0 + S t (t < taps: TAPS, or one fewer for
+// the odd column parity of an odd K at S = 2), each tap's 4 weights from `first_tap` (tap b0's
+// row, the run's place in it; tap t's S t rows further), the window's grad_output pixels from
+// `window` (the first the run's tap TAPS - 1 would read), STAGED_PIXEL words apart. A missing
+// tap is left out, not given weight 0: its window pixel may hold an inf.
+template <typename half_t, int TAPS>
+__device__ __forceinline__ void staged_row_sums(float (&sums)[STAGED_RUN][STAGED_RUN], const float* first_tap,
+                                                int tap_step, int taps, const unsigned int* window) {
+    float w[TAPS][STAGED_RUN];
+#pragma unroll
+    for (int t = 0; t < TAPS; ++t) {
+        const Vector16<float> v = *reinterpret_cast<const Vector16<float>*>(first_tap + t * tap_step);
+#pragma unroll
+        for (int p = 0; p < STAGED_RUN; ++p) w[t][p] = v.lane[p];
+    }
+    // Window pixel k meets the run's pixel p through tap t = p + TAPS - 1 - k.
+#pragma unroll
+    for (int k = 0; k < STAGED_RUN + TAPS - 1; ++k) {
+        const StagedQuarter quarter = *reinterpret_cast<const StagedQuarter*>(window + k * STAGED_PIXEL);
+        const float g[STAGED_RUN] = {mma_to_float((unsigned short)(quarter.word[0] & 0xffffu), half_t()),
+                                     mma_to_float((unsigned short)(quarter.word[0] >> 16), half_t()),
+                                     mma_to_float((unsigned short)(quarter.word[1] & 0xffffu), half_t()),
+                                     mma_to_float((unsigned short)(quarter.word[1] >> 16), half_t())};
+#pragma unroll
+        for (int t = TAPS - 1; t >= 0; --t) {
+            const int p = k + t - (TAPS - 1);
+            if (p < 0 || p >= STAGED_RUN || t >= taps) continue;
+#pragma unroll
+            for (int c = 0; c < STAGED_RUN; ++c) sums[p][c] = oplib_fma(w[t][p], g[c], sums[p][c]);
+        }
+    }
+}
+
+// Instantiated for the forward's windows (the oplib-template line above); only the square
+// windows of KERNEL and STRIDE (1 or 2) are served: KERNEL = 0's instantiation is empty, and
+// the host declines other geometries (the map route serves them).
+//
+// Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N * chunks), tiles of grad_input.
+// Three blocks an SM where they fit 80 registers with no spill (RedNet's 7x7 at stride 1), else
+// two: the other instantiations spilled at three on sm_80, sm_100 or sm_120.
+template <typename scalar_t, int KERNEL, int STRIDE>
+__global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 2) involution_generated_mma_backward_input_staged(
+    const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ feature,
+    const scalar_t* __restrict__ span_weight, const scalar_t* __restrict__ bias, scalar_t* __restrict__ grad_input,
+    int channels, int height, int width, int groups, int out_h, int out_w, int pad_h, int pad_w, int reduced,
+    int tiles_w, int runs_w, index_t grad_n, index_t grad_c, index_t grad_h, index_t grad_w, index_t in_n,
+    index_t in_c, index_t in_hs, index_t in_ws, index_t feature_n, index_t feature_c, index_t feature_h,
+    index_t feature_w, bool vector_grad, bool feature_words) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    if constexpr (sizeof(scalar_t) == 2 && KERNEL > 0 && STRIDE <= 2) {
+        typedef scalar_t half_t;
+        constexpr int K = KERNEL, S = STRIDE, TAPS = (K + S - 1) / S;  // a parity's most taps of a row
+        constexpr int ROW_GROUPS = MMA_WARPS / (S * S);  // a parity class's warps
+        const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+        const int runs_h = MMA_WARPS / runs_w;
+        const int tile_h = S * ROW_GROUPS * runs_h, tile_w = S * STAGED_RUN * runs_w;
+        const int region_h = (tile_h - 1 + K - 1 + S - 1) / S + 1, region_w = (tile_w - 1 + K - 1 + S - 1) / S + 1;
+        const int weight_rows = tile_h / S, row_stride = tile_w / S;
+        const int tap_stride = ((weight_rows * row_stride + 27) & ~31) + 4;
+        const int taps = K * K, group_channels = channels / groups;
+        const int span_rows = (K - 1) * K + 8, span_words = 8 * ((reduced + 15) / 16), span_stride = span_words + 4;
+        OPLIB_DYNAMIC_SHARED(unsigned int, shared);
+        unsigned int* span = shared;
+        unsigned int* staged = span + span_rows * span_stride;
+        float* weights = reinterpret_cast<float*>(staged + ((region_h * region_w * STAGED_PIXEL + 3) & ~3));
+
+        const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
+        const int y0 = tile_y * tile_h, x0 = tile_x * tile_w;
+        const int group = blockIdx.y, chunks = (group_channels + MMA_CHANNELS - 1) / MMA_CHANNELS;
+        const index_t n = blockIdx.z / chunks;
+        const int c0 = MMA_CHANNELS * (blockIdx.z % chunks);
+        const int first_row = staged_first_read<K, S>(y0, pad_h), first_column = staged_first_read<K, S>(x0, pad_w);
+
+        // The thread's run: warp = (row group, row parity, column parity), lane = (run, quarter).
+        const int parity = warp % (S * S), row_parity = parity / S, column_parity = parity % S;
+        const int run = lane >> 2, quarter = lane & 3, run_x = run & (runs_w - 1), run_y = run / runs_w;
+        const int y = y0 + row_parity + S * (warp / (S * S) * runs_h + run_y);
+        const int x = x0 + column_parity + S * STAGED_RUN * run_x;  // the run's first pixel; then S apart
+        // The row's taps of the warp's column parity: b0 + S t, t < taps_b.
+        const int b0 = ((x + pad_w) % S + S) % S, taps_b = S == 1 ? TAPS : (K - b0 + S - 1) / S;
+        // The run's first window column: tap TAPS - 1's at pixel 0 (at S = 2 and the odd parity,
+        // an output column of the region all the same: (x + pw - K) / 2 >= first_column).
+        const int window_column = (x + pad_w - b0) / S - (TAPS - 1) - first_column;
+        const int run_place = STAGED_RUN * run_x;
+
+        const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
+        mma_stage_span_rows(span, group_span, span_rows, taps, reduced, span_words, span_stride, thread);
+        const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
+        const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
+        const unsigned short* sample_grad =
+            reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n + (index_t)group * group_channels * grad_c;
+        const int row = lane >> 2, quad = lane & 3;  // a fragment's
+        const int column_blocks = (region_w + 15) / 16, m_tiles = weight_rows * column_blocks;
+        // A reduced channel's step in the feature, and 8 of them (channels_last with pairs as
+        // words: 1, the word loads' step; else the channel stride, two 16-bit loads a pair).
+        const index_t feature_step = feature_words ? 1 : feature_c, eighth_step = 8 * feature_step;
+
+        // Kernel row a's weights into buffer `into`: m-tiles of the (weight_rows x region_w)
+        // pixels, the warps in turn; output row i_low + wi, column first_column + col.
+        const auto form_row = [&](int a, float* into) {
+            const int i_low = mma_floor_div(y0 + pad_h - a + S - 1, S);
+            const int tap = a * K + 2 * quad;
+            const float bias_low = 2 * quad < K ? mma_to_float(__ldg(group_bias + tap), half_t()) : 0.0f;
+            const float bias_high = 2 * quad + 1 < K ? mma_to_float(__ldg(group_bias + tap + 1), half_t()) : 0.0f;
+            int offsets[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) offsets[e] = staged_tap_offset<S>(2 * quad + e, x0, pad_w, first_column);
+            // An m-tile is 16 columns of one of the row's output rows (no division by the
+            // region's width a pixel: the columns past it are formed and left unstored).
+#pragma unroll 1
+            for (int m = warp; m < m_tiles; m += MMA_WARPS) {
+                const int wi = m / column_blocks, first = 16 * (m - wi * column_blocks), i = i_low + wi;
+                const unsigned short* row_values = feature_bits + (index_t)i * feature_h;
+                const unsigned short* values[2];
+                bool inside[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int o = first_column + first + row + 8 * h;
+                    inside[h] = (unsigned int)i < (unsigned int)out_h && (unsigned int)o < (unsigned int)out_w;
+                    values[h] = row_values + (index_t)o * feature_w;
+                }
+                // The pixels' values of the lane's reduced channels, advanced a k-step at a time
+                // (formed anew at each load, their 64-bit addresses took most of the row's code).
+#pragma unroll
+                for (int h = 0; h < 2; ++h) values[h] += 2 * quad * feature_step;
+                OplibFragmentC d = {{bias_low, bias_high, bias_low, bias_high}};
+#pragma unroll 1
+                for (int k0 = 0; k0 < reduced; k0 += 16) {
+                    OplibFragmentA f;
+#pragma unroll
+                    for (int v = 0; v < 4; ++v) {
+                        const int h = v & 1, r = k0 + 2 * quad + 8 * (v >> 1), count = inside[h] ? reduced - r : 0;
+                        const unsigned short* pair = values[h] + (v >> 1) * eighth_step;
+                        f.reg[v] = feature_words ? (count > 0 ? __ldg(reinterpret_cast<const unsigned int*>(pair)) : 0u)
+                                                 : oplib_load_pair(pair, feature_step, count);
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) values[h] += 2 * eighth_step;
+                    oplib_mma<half_t>(d, f, oplib_load_fragment_b(span + a * K * span_stride + k0 / 2, span_stride));
+                }
+                float* to = into + wi * row_stride + first + row;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {  // a column no run reads through the tap is left out
+                        const int at = first + row + 8 * h - offsets[e];
+                        if (2 * quad + e < K && (unsigned int)at < (unsigned int)row_stride)
+                            to[(2 * quad + e) * tap_stride + 8 * h - offsets[e]] = inside[h] ? d.value[2 * h + e] : 0.0f;
+                    }
+                }
+            }
+        };
+
+        // grad_output over the region: a unit is a pixel's 8 channels (half of the chunk).
+#pragma unroll 1
+        for (int unit = thread; unit < region_h * region_w * 2; unit += MMA_THREADS) {
+            const int half = unit & 1, pixel = unit >> 1, ri = pixel / region_w, col = pixel - ri * region_w;
+            const int i = first_row + ri, o = first_column + col, c = c0 + 8 * half;
+            const bool in_map = (unsigned int)i < (unsigned int)out_h && (unsigned int)o < (unsigned int)out_w;
+            const unsigned short* at = sample_grad + (index_t)c * grad_c + (index_t)i * grad_h + (index_t)o * grad_w;
+            unsigned int words[4] = {};
+            if (vector_grad) {
+                if (in_map && c < group_channels) {
+                    const Vector16<unsigned int> v = *reinterpret_cast<const Vector16<unsigned int>*>(at);
+#pragma unroll
+                    for (int m = 0; m < 4; ++m) words[m] = v.lane[m];
+                }
+            } else {
+#pragma unroll
+                for (int m = 0; m < 4; ++m)
+                    words[m] = oplib_load_pair(at + 2 * m * grad_c, grad_c, in_map ? group_channels - c - 2 * m : 0);
+            }
+            unsigned int* to = staged + pixel * STAGED_PIXEL + 4 * half;
+#pragma unroll
+            for (int m = 0; m < 4; ++m) to[m] = words[m];
+        }
+        __syncthreads();  // span_weight's rows are staged
+        form_row(0, weights);
+        float sums[STAGED_RUN][STAGED_RUN] = {};
+#pragma unroll 1
+        for (int a = 0; a < K; ++a) {
+            __syncthreads();  // row a's weights (and grad_output) are staged
+            const float* buffer = weights + (a & 1) * 8 * tap_stride;
+            const int from_y = y + pad_h - a;
+            if (from_y % S == 0) {  // the warp's rows read output row i through kernel row a
+                const int i = from_y / S;
+                const int wi = i - mma_floor_div(y0 + pad_h - a + S - 1, S);
+                const unsigned int* window = staged + ((i - first_row) * region_w + window_column) * STAGED_PIXEL + 2 * quarter;
+                staged_row_sums<half_t, TAPS>(sums, buffer + b0 * tap_stride + wi * row_stride + run_place,
+                                              S * tap_stride, taps_b, window);
+            }
+            if (a + 1 < K) form_row(a + 1, weights + ((a + 1) & 1) * 8 * tap_stride);
+        }
+        // The run's sums, rounded, to its pixels (S columns apart) and 4 channels.
+        if (y >= height) return;
+        const bool pair_stores = mma_pair_stores(grad_input, in_n, in_c, in_hs, in_ws, group_channels);
+        const int c = c0 + STAGED_RUN * quarter;
+        scalar_t* at = grad_input + n * in_n + ((index_t)group * group_channels + c) * in_c + (index_t)y * in_hs;
+#pragma unroll
+        for (int p = 0; p < STAGED_RUN; ++p) {
+            const int xp = x + S * p;
+            if (xp >= width) continue;
+            unsigned short* pixel = reinterpret_cast<unsigned short*>(at + (index_t)xp * in_ws);
+#pragma unroll
+            for (int e = 0; e < STAGED_RUN; e += 2) {
+                const unsigned int pair = mma_round_pair(sums[p][e], sums[p][e + 1], half_t());
+                if (pair_stores && c + e < group_channels) {
+                    *reinterpret_cast<unsigned int*>(pixel + e) = pair;
+                    continue;
+                }
+                if (c + e < group_channels) pixel[e * in_c] = (unsigned short)(pair & 0xffffu);
+                if (c + e + 1 < group_channels) pixel[(e + 1) * in_c] = (unsigned short)(pair >> 16);
+            }
         }
     }
 #endif
