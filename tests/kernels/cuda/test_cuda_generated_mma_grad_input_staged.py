@@ -70,8 +70,8 @@ STAGED_CASES = (*GRAD_CASES, *WIDE)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.integration)], ids=str)
 def test_staged_grad_input_matches_the_reference(dtype, order):
     """The registry's samples (channels_last, odd sizes, rectangular windows, strides, dilations,
-    no bias, an empty batch) and the geometries above in each tile layout; the wide maps in the
-    layout the host picks, which fills them."""
+    no bias, an empty batch) and the geometries above in the tile layouts (the unit tier one a
+    geometry, in turn); the wide maps in the layout the host picks, which fills them."""
     require_host_compiler()
     launcher = EmulatedLauncher(order=order)
     served, vectors, words = 0, set(), set()
@@ -82,9 +82,11 @@ def test_staged_grad_input_matches_the_reference(dtype, order):
         else:
             assert _declines_only_what_it_has_no_instantiation_for(sample.args), sample.name
     assert served >= len(samples) // 3
-    for case in STAGED_CASES:
+    # the unit tier a layout a geometry in turn, the integration tier each layout every geometry
+    every_layout = order != ORDERS[0] or dtype != torch.bfloat16
+    for index, case in enumerate(STAGED_CASES):
         args = grad_input_arguments(case.arguments(dtype))
-        for runs_w in RUNS_W:
+        for runs_w in RUNS_W if every_layout else RUNS_W[index % 3:index % 3 + 1]:
             assert _check(args, launcher, case.name, runs_w), (case.name, runs_w)
         vectors.add(involution_cuda.generated_mma_vectors_fit(args[0], args[2].shape[0] // 49))
         words.add(involution_cuda.generated_mma_feature_words(args[1]))
@@ -119,7 +121,7 @@ def test_every_layout_gives_the_same_bits():
     """Each input pixel's sum takes its kernel rows, then its taps, in one order whatever the
     tile and the thread order: the three layouts and both orders give one result, twice."""
     require_host_compiler()
-    for case in WIDE[:2]:
+    for case in WIDE[1:2]:  # stride 2: a warp a row and column parity
         args = grad_input_arguments(case.arguments(torch.bfloat16))
         results = [_result(args, EmulatedLauncher(order=order), runs_w)[1] for runs_w in RUNS_W for order in ORDERS]
         assert all(torch.equal(results[0], r) for r in results[1:]), case.name
