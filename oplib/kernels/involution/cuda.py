@@ -1042,13 +1042,13 @@ def generated_mma_staged_config(source: KernelSource, dtype: torch.dtype, batch:
                                 input_size, kernel_size, stride, dilation, reduced: int,
                                 runs_w: Optional[int] = None) -> Optional[tuple[LaunchConfig, int]]:
     """``involution_generated_mma_backward_input_staged``'s launch (a block a tile, a group and a
-    chunk of ``MMA_CHANNELS`` of its channels) and its runs_w (the tiles
-    that fill the input best, or ``runs_w`` where given: the tests take each); None where it does
-    not serve the call: a dtype without the tensor-core product, a window other than a square 3,
-    5 or 7 at equal strides 1 or 2 without dilation (the instantiations it has), the best tiles
-    less than ``GENERATED_STAGED_MIN_FILL`` inside the input, shared memory past
-    ``GENERATED_TILE_MAX_SHARED`` (a large R: the group's span_weight is staged whole), a grid
-    past CUDA's y and z limits."""
+    chunk of ``MMA_CHANNELS`` of its channels) and its runs_w: the tiles that fill the input
+    best, or ``runs_w`` where given (one of ``GENERATED_STAGED_RUNS_W``: the tests take each).
+    None where it does not serve the call: a dtype without the tensor-core product, a window
+    other than a square 3, 5 or 7 at equal strides 1 or 2 without dilation (the instantiations
+    it has), the best tiles less than ``GENERATED_STAGED_MIN_FILL`` inside the input, shared
+    memory past ``GENERATED_TILE_MAX_SHARED`` (a large R: the group's span_weight is staged
+    whole), a grid past CUDA's y and z limits."""
     if dtype not in GENERATED_MMA_DTYPES or tuple(dilation) != (1, 1):
         return None
     kernel = kernel_size[0]
@@ -1058,6 +1058,9 @@ def generated_mma_staged_config(source: KernelSource, dtype: torch.dtype, batch:
             or specialisation == GENERATED_TILE_RUNTIME):
         return None
     fill, chunks = 1.0, -(-(channels // groups) // source.constants["MMA_CHANNELS"])
+    if runs_w is not None and runs_w not in GENERATED_STAGED_RUNS_W:
+        raise ValueError(f"runs_w must be one of {GENERATED_STAGED_RUNS_W} (the kernel's warps in whole rows of "
+                         f"runs), got {runs_w}")
     if runs_w is None:
         runs_w, fill = generated_mma_staged_runs(source, stride[0], input_size)
     shared_bytes = generated_mma_staged_shared_bytes(source, kernel, stride[0], runs_w, reduced)

@@ -150,6 +150,8 @@ def test_staged_grad_input_declines_what_it_does_not_serve():
                                      ((7, 7), (3, 3), (1, 1)), ((3, 3), (1, 1), (2, 2))):
         assert config(source, torch.bfloat16, 2, 64, 4, (56, 56), window, stride, dilation, 16) is None, window
     assert config(source, torch.bfloat16, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 1024) is None
+    with pytest.raises(ValueError, match="runs_w must be one of"):  # a warp's 8 runs in whole rows
+        config(source, torch.bfloat16, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16, runs_w=3)
     args = grad_input_arguments(TWO_CHANNEL_CHUNKS.arguments(torch.float32))
     out = torch.full((1, 64, 11, 10), 7.0)
     assert involution_cuda.involution_generated_mma_backward_input_staged(*args, out, EmulatedLauncher()) is None
