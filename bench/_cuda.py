@@ -24,7 +24,9 @@ a process of its own through tools/gpu_check.py). Its stages:
   grad_input of ``involution_generated`` (``involution_generated_mma_backward_input``: the weights
   formed inside it, where the row's oplib kernel reads the span conv's map), and its "staged"
   column the other (``involution_generated_mma_backward_input_staged``: a kernel row's weights
-  formed on tensor cores into shared memory, summed by FMAs), where it serves the call; where the op runs
+  formed on tensor cores into shared memory, summed by FMAs), where it serves the call, as the
+  generated forward's "staged" column is ``involution_generated_mma_staged`` (a tile's weights of
+  all its taps formed so, then summed with the input staged beside them); where the op runs
   involution_vectors.cu's NCHW kernel (a vector of pixels a lane: the forward, stride-1
   grad_input and grad_weight at widths a multiple of the vector), the "chunked" column is the
   chunked kernel that serves the call without it (the ``CHUNKED`` policy), timed beside it (the
@@ -353,11 +355,16 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             # grad_input with the weights formed inside (the grad_input row's oplib reads the map)
             calls["tensor cores", "grad_input"] = lambda: involution_cuda.involution_generated_mma_backward_input(
                 g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
-            if involution_cuda.generated_mma_staged_config(
-                    involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE), x.dtype, shape.batch,
-                    shape.channels, shape.groups, size, kernel_size, stride, dilation, f.shape[1]) is not None:
+            source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+            if involution_cuda.generated_mma_staged_config(source, x.dtype, shape.batch, shape.channels, shape.groups,
+                                                           size, kernel_size, stride, dilation, f.shape[1]) is not None:
                 calls["staged", "grad_input"] = lambda: involution_cuda.involution_generated_mma_backward_input_staged(
                     g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
+            if involution_cuda.generated_mma_staged_forward_config(source, x.dtype, shape.batch, shape.channels,
+                                                                   shape.groups, f.shape[2:], kernel_size, stride,
+                                                                   dilation, f.shape[1]) is not None:
+                calls["staged", "generated forward"] = lambda: involution_cuda.involution_generated_mma_staged(
+                    x, f, s, b, kernel_size, stride, padding, dilation, result_like(x, f.shape[2:]), launcher)
     if launcher is not None:  # the chunked kernel beside the op's call where the op takes involution_vectors.cu's
         dispatches = {
             "forward": lambda run, policy=None: involution_cuda.launch_involution(x, w, stride, padding, dilation, run,
@@ -435,7 +442,7 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
     calls = kernel_calls(o, launcher)
     profiled = {f"{candidate} {kernel}": calls[candidate, kernel]
                 for candidate in ("oplib", "generic") for kernel in KERNELS if (candidate, kernel) != ("generic", "generated forward")}
-    for candidate in ("tiled", "tensor cores"):
+    for candidate in ("tiled", "tensor cores", "staged"):
         if (candidate, "generated forward") in calls:
             profiled[f"{candidate} generated forward"] = calls[candidate, "generated forward"]
     if ("tensor cores", "grad_input") in calls:

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 import _harness
-from _cuda import floor_bytes, launched, operands_on  # noqa: F401  (floor_bytes: the table's floors, for readers)
+from _cuda import floor_bytes, launched, operands_on
 from _harness import RESULTS
 from oplib.benchmark import REDNET50_SHAPES, Shape
 from oplib.kernels.involution import cuda as involution_cuda
@@ -107,8 +107,13 @@ GENERATOR = "tensor cores generator grads"
 # cores into shared memory, summed by FMAs), which the kernel table times in the grad_input row's
 # "staged" column from the eighth draw on.
 STAGED_GRAD_INPUT = "staged grad_input"
+# involution_generated's staged forward (a tile's weights formed on tensor cores into shared
+# memory, all taps of a pass at once, summed by FMAs), which the kernel table times in the
+# generated forward row's "staged" column from the eighth draw on.
+STAGED_FORWARD = "staged generated forward"
 PREDICTED = {GENERATOR: "involution_generated_mma_backward_generator",
-             STAGED_GRAD_INPUT: "involution_generated_mma_backward_input_staged"}
+             STAGED_GRAD_INPUT: "involution_generated_mma_backward_input_staged",
+             STAGED_FORWARD: "involution_generated_mma_staged"}
 
 
 # The table's rows the model leaves out: the generated grad_input's call runs the span conv
@@ -710,26 +715,27 @@ def vectors_lines(rows: list[dict], table: list[dict], constants: Constants, ban
     ]
 
 
-def generator_floor_bytes(shape: Shape, dtype: torch.dtype) -> int:
-    """The bytes involution_generated_backward_generator must read and write once: grad_output,
-    the input, the feature map (C/4 channels) and grad_feature (span_weight's gradients are a
-    few KB)."""
-    out_h, out_w = shape.out_size
-    reduced = max(1, shape.channels // 4)
-    values = shape.batch * (shape.channels * (out_h * out_w + shape.height * shape.width) + 2 * reduced * out_h * out_w)
-    return values * dtype.itemsize
-
-
-def _predicted_candidate(entry: dict, constants: Constants, bandwidth: float, bytes_of) -> tuple:
+def _predicted_candidate(entry: dict, constants: Constants, bandwidth: float, op: str) -> tuple:
     """A ``PREDICTED`` row's (main launch's inputs, its terms, the prediction, blocks per SM,
-    the floor in seconds), ``bytes_of(shape, dtype)`` the bytes its op must move once."""
+    the floor in seconds: the bytes the table's row ``op`` must move once, ``floor_bytes``),
+    and the first cells of its line: the row, the launch, the model's terms and the floor."""
     events = events_from_json(entry["events"])
     main = next(e for e in events if isinstance(e, LaunchInputs))
     terms = device_model.launch_terms(main, H200, constants, bandwidth)
     predicted = device_model.predict(events, H200, constants, bandwidth)
     resident = device_model.resident_blocks(main.registers, main.threads_per_block, main.shared_bytes, H200)
     shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == entry["shape"])
-    return main, terms, predicted, resident, bytes_of(shape, getattr(torch, entry["dtype"])) / bandwidth
+    floor = floor_bytes(shape, getattr(torch, entry["dtype"]), op) / bandwidth
+    cells = [entry["shape"], entry["dtype"], entry["layout"], f"`{main.kernel}`",
+             f"{main.blocks} x {main.threads_per_block}", str(main.registers), f"{main.shared_bytes / 1024:.1f}",
+             str(resident), f"{main.instruction_ratio:.2f}", terms.bound, f"{predicted * 1e6:.1f}",
+             f"{floor * 1e6:.1f}", f"{predicted / floor:.2f}x"]
+    return predicted, floor, cells
+
+
+# The first columns of a ``PREDICTED`` kernel's table (``_predicted_candidate``'s cells).
+PREDICTED_COLUMNS = ["shape", "dtype", "layout", "instantiation", "grid x block", "registers", "shared (KiB)",
+                     "blocks per SM", "instruction ratio", "bound", "predicted (us)", "floor (us)", "predicted / floor"]
 
 
 def generator_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
@@ -742,18 +748,14 @@ def generator_lines(data: list[dict], rows: list[dict], constants: Constants, ba
     measured = {_key(r): r["measured_s"] for r in rows}
     cells, over, against_map, against_unfused = [], [], [], []
     for entry in (e for e in data if e["kernel"] == GENERATOR):
-        main, terms, predicted, resident, floor = _predicted_candidate(entry, constants, bandwidth,
-                                                                       generator_floor_bytes)
+        predicted, floor, first = _predicted_candidate(entry, constants, bandwidth, "generator grads")
         map_weight = measured[" | ".join((entry["shape"], "float32", entry["layout"], "grad_weight"))]
         unfused_weight = measured[" | ".join((entry["shape"], entry["dtype"], entry["layout"], "grad_weight"))]
         over.append(predicted / floor)
         against_map.append(predicted / map_weight)
         against_unfused.append(predicted / unfused_weight)
-        cells.append([entry["shape"], entry["dtype"], entry["layout"], f"`{main.kernel}`",
-                      f"{main.blocks} x {main.threads_per_block}", str(main.registers),
-                      f"{main.shared_bytes / 1024:.1f}", str(resident), f"{main.instruction_ratio:.2f}", terms.bound,
-                      f"{predicted * 1e6:.1f}", f"{floor * 1e6:.1f}", f"{over[-1]:.2f}x", f"{map_weight * 1e6:.1f}",
-                      f"{against_map[-1]:.2f}x", f"{unfused_weight * 1e6:.1f}", f"{against_unfused[-1]:.2f}x"])
+        cells.append([*first, f"{map_weight * 1e6:.1f}", f"{against_map[-1]:.2f}x", f"{unfused_weight * 1e6:.1f}",
+                      f"{against_unfused[-1]:.2f}x"])
     heading = "## Predicted, not yet measured: the generator's gradients on tensor cores"
     if not cells:
         return [heading, "", "None: the kernel serves no row.", ""]
@@ -774,20 +776,9 @@ def generator_lines(data: list[dict], rows: list[dict], constants: Constants, ba
         f"faster at {sum(a < 1.0 for a in against_unfused)} of {len(against_unfused)} rows. The next draw times it "
         "in the kernel table's \"generator grads\" row (its \"tensor cores\" column), beside the op's map route.",
         "",
-        *_harness.table(["shape", "dtype", "layout", "instantiation", "grid x block", "registers", "shared (KiB)",
-                         "blocks per SM", "instruction ratio", "bound", "predicted (us)", "floor (us)",
-                         "predicted / floor", "float32 grad_weight, measured (us)", "predicted / it",
+        *_harness.table([*PREDICTED_COLUMNS, "float32 grad_weight, measured (us)", "predicted / it",
                          "bfloat16 grad_weight, measured (us)", "predicted / it"], "llllllrrrlrrrrrrr", cells),
     ]
-
-
-def staged_floor_bytes(shape: Shape, dtype: torch.dtype) -> int:
-    """The bytes involution_generated_backward_input must read and write once: grad_output, the
-    feature map (C/4 channels) and grad_input (span_weight and the bias are a few KB)."""
-    out_h, out_w = shape.out_size
-    reduced = max(1, shape.channels // 4)
-    values = shape.batch * ((shape.channels + reduced) * out_h * out_w + shape.channels * shape.height * shape.width)
-    return values * dtype.itemsize
 
 
 def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
@@ -803,7 +794,7 @@ def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandw
         key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
         if f"{key} | grad_input" not in measured:
             continue
-        main, terms, predicted, resident, floor = _predicted_candidate(entry, constants, bandwidth, staged_floor_bytes)
+        predicted, floor, first = _predicted_candidate(entry, constants, bandwidth, "generated grad_input")
         # as the op runs it: involution_vectors.cu's kernel where it serves the call
         map_kernel = measured.get(f"{key} | {VECTORS_GRAD_INPUT}", measured[f"{key} | grad_input"])
         band = measured.get(f"{key} | {MMA_GRAD_INPUT}")
@@ -811,12 +802,8 @@ def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandw
         against_map.append(predicted / map_kernel)
         if band is not None:
             against_band.append(predicted / band)
-        cells.append([entry["shape"], entry["dtype"], entry["layout"], f"`{main.kernel}`",
-                      f"{main.blocks} x {main.threads_per_block}", str(main.registers),
-                      f"{main.shared_bytes / 1024:.1f}", str(resident), f"{main.instruction_ratio:.2f}", terms.bound,
-                      f"{predicted * 1e6:.1f}", f"{floor * 1e6:.1f}", f"{over[-1]:.2f}x", f"{map_kernel * 1e6:.1f}",
-                      f"{against_map[-1]:.2f}x", "-" if band is None else f"{band * 1e6:.1f}",
-                      "-" if band is None else f"{against_band[-1]:.2f}x"])
+        cells.append([*first, f"{map_kernel * 1e6:.1f}", f"{against_map[-1]:.2f}x",
+                      "-" if band is None else f"{band * 1e6:.1f}", "-" if band is None else f"{against_band[-1]:.2f}x"])
     heading = "## Predicted, not yet measured: the staged grad_input"
     if not cells:
         return [heading, "", "None: the kernel serves no row.", ""]
@@ -838,10 +825,54 @@ def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandw
         "tiles would hold it in less than half their pixels; the map route serves it). The next draw times it in "
         "the kernel table's grad_input row (its \"staged\" column).",
         "",
-        *_harness.table(["shape", "dtype", "layout", "instantiation", "grid x block", "registers", "shared (KiB)",
-                         "blocks per SM", "instruction ratio", "bound", "predicted (us)", "floor (us)",
-                         "predicted / floor", "involution grad_input, measured (us)", "predicted / it",
+        *_harness.table([*PREDICTED_COLUMNS, "involution grad_input, measured (us)", "predicted / it",
                          "tensor-core grad_input, measured (us)", "predicted / it"], "llllllrrrlrrrrrrr", cells),
+    ]
+
+
+def staged_forward_lines(data: list[dict], rows: list[dict], table: list[dict], constants: Constants,
+                         bandwidth: float) -> list[str]:
+    """``PREDICTED``'s staged forward at every row it serves (16-bit dtypes; the draws measured
+    bfloat16), predicted with the constants fitted above, beside its floor and what the draw
+    measured at the same (shape, dtype, layout): the tensor-core forward the op runs there
+    (``rows``), and span conv + involution, the path the fused forward is to beat by the issue's
+    0.5x (``table``'s "generic (before)" of the generated forward)."""
+    measured = {_key(r): r["measured_s"] for r in rows}
+    before = {_key(r): float(r["generic (before, ms)"]) * 1e-3 for r in table if r["kernel"] == "generated forward"}
+    cells, over, against_mma, against_unfused = [], [], [], []
+    for entry in (e for e in data if e["kernel"] == STAGED_FORWARD):
+        key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
+        if f"{key} | {MMA_FORWARD}" not in measured:
+            continue
+        predicted, floor, first = _predicted_candidate(entry, constants, bandwidth, "generated forward")
+        mma, unfused = measured[f"{key} | {MMA_FORWARD}"], before[f"{key} | generated forward"]
+        over.append(predicted / floor)
+        against_mma.append(predicted / mma)
+        against_unfused.append(predicted / unfused)
+        cells.append([*first, f"{mma * 1e6:.1f}", f"{against_mma[-1]:.2f}x", f"{unfused * 1e6:.1f}",
+                      f"{against_unfused[-1]:.2f}x"])
+    heading = "## Predicted, not yet measured: the staged forward"
+    if not cells:
+        return [heading, "", "None: the kernel serves no row.", ""]
+    return [
+        heading,
+        "",
+        "generated_mma.cu's `involution_generated_mma_staged`, a CUDA kernel of involution_generated's forward in "
+        "16-bit dtypes: per tile of output pixels, the weights of all its taps (at stride 2, of half the kernel rows "
+        "at a time) formed on tensor cores into shared memory once (never in global memory), then summed by FMAs "
+        "with the input staged in shared memory. Predicted with the constants fitted above (the kernel is no row "
+        "they are fitted on), beside its floor (the input, the feature and the output once) and what the draw "
+        "measured at the same shape, dtype and layout: the tensor-core forward the op runs there, and span conv + "
+        f"involution, which the issue's bar wants the fused forward at 0.5x of. Predicted / floor {ratio_range(over)}, "
+        f"within 2x at {sum(o <= 2.0 for o in over)} of {len(over)} rows. Predicted / the tensor-core forward: "
+        f"{ratio_range(against_mma)}, faster at {sum(a < 1.0 for a in against_mma)} of {len(against_mma)} rows; / "
+        f"span conv + involution: {ratio_range(against_unfused)}, within 0.5x at "
+        f"{sum(a <= 0.5 for a in against_unfused)} of {len(against_unfused)} rows. It declines RedNet-50's 7x7 maps "
+        "(its tiles would hold them in less than half their pixels; the tensor-core forward serves them). The next "
+        "draw times it in the kernel table's generated forward row (its \"staged\" column).",
+        "",
+        *_harness.table([*PREDICTED_COLUMNS, "tensor-core forward, measured (us)", "predicted / it",
+                         "span conv + involution, measured (us)", "predicted / it"], "llllllrrrlrrrrrrr", cells),
     ]
 
 
@@ -912,6 +943,21 @@ def mma_lines(rows: list[dict], table: list[dict], constants: Constants, bandwid
     return lines[:-1]
 
 
+def sections(rows: list[dict], model: dict, table: list[dict], bandwidth: float) -> list[str]:
+    """The page's sections after ``report``'s table, from the model's constants, instructions,
+    changed and candidate rows (``model``, as the json keeps them) and the measured ``table``."""
+    constants = Constants(**model["constants"])
+    candidates = model["candidates"]
+    return [*tiled_lines(rows, constants, bandwidth), "", *instruction_lines(model["instructions"]), "",
+            *changed_lines(model["changed"], rows, constants, bandwidth), "",
+            *vectors_lines(rows, table, constants, bandwidth), "",
+            *candidate_lines(candidates, rows, table, constants, bandwidth), "",
+            *generator_lines(candidates, rows, constants, bandwidth), "",
+            *staged_lines(candidates, rows, constants, bandwidth), "",
+            *staged_forward_lines(candidates, rows, table, constants, bandwidth), "",
+            *mma_lines(rows, table, constants, bandwidth)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=RESULTS / "cuda-model.md", help="markdown file")
@@ -933,18 +979,10 @@ def main() -> None:
         if [_key(r) for r in rows] != [_key(r) for r in current]:
             raise SystemExit("the committed rows are not the measured table's: run with --derive-measured")
     lines, model = report(rows, bandwidth, h100_measured())
-    constants = Constants(**model["constants"])
-    tiled = tiled_lines(rows, constants, bandwidth)
     model["instructions"] = ncu_instructions(rows)
     model["changed"] = changed_rows(rows, current)
     model["candidates"] = [{**entry, "events": events_to_json(entry["events"])} for entry in candidates]
-    _harness.write_report(settings, [*lines, "", *tiled, "", *instruction_lines(model["instructions"]), "",
-                                     *changed_lines(model["changed"], rows, constants, bandwidth), "",
-                                     *vectors_lines(rows, table, constants, bandwidth), "",
-                                     *candidate_lines(model["candidates"], rows, table, constants, bandwidth), "",
-                                     *generator_lines(model["candidates"], rows, constants, bandwidth), "",
-                                     *staged_lines(model["candidates"], rows, constants, bandwidth), "",
-                                     *mma_lines(rows, table, constants, bandwidth)])
+    _harness.write_report(settings, [*lines, "", *sections(rows, model, table, bandwidth)])
     data = json.loads(data_path.read_text())
     data["model"] = model
     data_path.write_text(json.dumps(data, indent=1) + "\n")

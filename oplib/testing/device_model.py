@@ -917,11 +917,7 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
             staging = in_map & (word < span_words) & (live_steps > 0)
             o, rr = first_column + pixel, 2 * word
             inside = staging & (o >= 0) & (o < OW)
-            if feature_words:
-                t.load(1, (n * fsn + rr + oy * fsh + o * fsw) // 2, inside & (rr < R), 4)
-            else:
-                for h in range(2):
-                    t.load(1, n * fsn + (rr + h) * fsc + oy * fsh + o * fsw, inside & (rr + h < R), es)
+            _feature_pair_loads(t, n * fsn + oy * fsh + o * fsw, rr, inside, R, fsc, feature_words, es)
             t.shared(features_at + pixel * span_stride + word, staging, 4)
             to_a = y + ph - oy * sh
             a = to_a // dh
@@ -1335,6 +1331,61 @@ def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     t.store(2, ((n * H + y) * W + x) * C + c0, active, es)
 
 
+def _feature_pair_loads(t: _Tally, at, r, inside, R: int, fsc: int, feature_words: bool, es: int) -> None:
+    """A lane's pair of the feature's reduced channels (r, r + 1) at index ``at`` (its pixel's
+    channel 0), as generated_mma.cu's kernels load an A fragment's register: one word load where
+    the host says pairs are words (channels_last), else two 16-bit loads; none past R or
+    outside the map (``inside`` false)."""
+    if feature_words:
+        t.load(1, (at + r) // 2, inside & (r < R), 4)
+    else:
+        for h in range(2):
+            t.load(1, at + (r + h) * fsc, inside & (r + h < R), es)
+
+
+def _staged_thread(item: Tensor, launch: Launch, G: int, pg: int, tiles_w: int, tile: tuple[int, int]):
+    """A staged kernel's thread (generated_mma.cu: block-major, a block a tile of a (sample,
+    group) and a chunk of 16 of its channels, the grid (tiles, groups, samples x chunks)): its
+    index in the block, warp, a fragment's row and quad, and the block's group, sample, first
+    channel and tile origin (y0, x0)."""
+    chunks = -(-pg // 16)
+    block, thread = item // launch.threads_per_block, item % launch.threads_per_block
+    lane, warp = thread % 32, thread // 32
+    tile_index, group, z = block % launch.grid[0], (block // launch.grid[0]) % G, block // (launch.grid[0] * G)
+    return (thread, warp, lane // 4, lane % 4, group, z // chunks, 16 * (z % chunks),
+            tile_index // tiles_w * tile[0], tile_index % tiles_w * tile[1])
+
+
+def _staged_region(t: _Tally, thread: Tensor, threads: int, plane_at, c0, pg: int, region: tuple[int, int],
+                   pitch: int, split: int, first: tuple, size: tuple[int, int], strides: tuple, vector: bool, es: int,
+                   staged_at: int) -> None:
+    """generated_mma.cu's staged_region: a region of pixels of tensor argument 0 (a map of
+    ``size``, from its pixel ``first``; ``plane_at`` its index at the group's first channel,
+    ``strides`` its channel, row and column strides) into shared memory from word ``staged_at``,
+    a unit a pixel's 8 channels (a 16-byte load where the host says they are a vector, else two
+    16-bit loads a pair; 4 word stores), a pixel STAGED_PIXEL (10) words, at place ri * pitch +
+    col, or with ``split`` 2 a row's even columns first."""
+    region_h, region_w = region
+    units = region_h * region_w * 2
+    unit = thread + threads * _slots(-(-units // threads))
+    half, pixel = unit % 2, unit // 2
+    ri, col = pixel // region_w, pixel % region_w
+    i, o = first[0] + ri, first[1] + col
+    c = c0 + 8 * half
+    staging = unit < units
+    in_map = staging & (i >= 0) & (i < size[0]) & (o >= 0) & (o < size[1])
+    cs, hs, ws = strides
+    at = plane_at + c * cs + i * hs + o * ws
+    if vector:
+        t.load(0, at // 8, in_map & (c < pg), 16)
+    else:
+        for word in range(8):
+            t.load(0, at + word * cs, in_map & (c + word < pg), es)
+    place = ri * pitch + (col % 2 * ((region_w + 1) // 2) + col // 2 if split == 2 else col)
+    for word in range(4):
+        t.shared(staged_at + place * 10 + 4 * half + word, staging, 4)
+
+
 def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_backward_input_staged (generated_mma.cu): ``item`` is the
     thread's index in the grid (block-major, 256 threads a block, a block a tile of a (sample,
@@ -1365,13 +1416,8 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     weights_at = staged_at + -(-region_h * region_w * 10 // 4) * 4
     column_blocks = -(-region_w // 16)
     m_tiles = weight_rows * column_blocks
-    chunks = -(-pg // 16)
-    block, thread = item // threads, item % threads
-    lane, warp = thread % 32, thread // 32
-    row, quad = lane // 4, lane % 4
-    tile, group, z = block % launch.grid[0], (block // launch.grid[0]) % G, block // (launch.grid[0] * G)
-    n, c0 = z // chunks, 16 * (z % chunks)
-    y0, x0 = tile // tiles_w * tile_h, tile % tiles_w * tile_w
+    thread, warp, row, quad, group, n, c0, y0, x0 = _staged_thread(item, launch, G, pg, tiles_w, (tile_h, tile_w))
+    lane = thread % 32
     first_row, first_column = (y0 + ph - (K - 1)) // S, (x0 + pw - (K - 1)) // S
     parity = warp % (S * S)
     run_x, run_y = row % runs_w, row // runs_w
@@ -1393,12 +1439,8 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
             for v in range(4):
                 i, o = i_low + wi, first_column + first + row + 8 * (v & 1)
                 inside = live & (i >= 0) & (i < OH) & (o >= 0) & (o < OW)
-                r = k0 + 2 * quad + 8 * (v >> 1)
-                if feature_words:
-                    t.load(1, (n * fsn + r + i * fsh + o * fsw) // 2, inside & (r < R), 4)
-                else:
-                    for h in range(2):
-                        t.load(1, n * fsn + (r + h) * fsc + i * fsh + o * fsw, inside & (r + h < R), es)
+                _feature_pair_loads(t, n * fsn + i * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1), inside, R, fsc,
+                                    feature_words, es)
             t.matrices(a * K * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), live, 2)
         for h in range(2):
             col = first + row + 8 * h
@@ -1409,21 +1451,8 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
                 places = live & (b < K) & (at >= 0) & (at < row_stride)
                 t.shared(weights_at + (a % 2) * 8 * tap_stride + b * tap_stride + wi * row_stride + at, places, 4)
 
-    units = region_h * region_w * 2
-    unit = thread + threads * _slots(-(-units // threads))
-    half, pixel = unit % 2, unit // 2
-    i, o = first_row + pixel // region_w, first_column + pixel % region_w
-    c = c0 + 8 * half
-    staging = unit < units
-    in_map = staging & (i >= 0) & (i < OH) & (o >= 0) & (o < OW)
-    at = n * gsn + (group * pg + c) * gsc + i * gsh + o * gsw
-    if vector:
-        t.load(0, at // 8, in_map & (c < pg), 16)
-    else:
-        for word in range(8):
-            t.load(0, at + word * gsc, in_map & (c + word < pg), es)
-    for word in range(4):
-        t.shared(staged_at + pixel * 10 + 4 * half + word, staging, 4)
+    _staged_region(t, thread, threads, n * gsn + group * pg * gsc, c0, pg, (region_h, region_w), region_w, 1,
+                   (first_row, first_column), (OH, OW), (gsc, gsh, gsw), vector, es, staged_at)
     form_row(0)
     for a in range(K):
         from_y = y + ph - a
@@ -1454,6 +1483,90 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
                 t.store(4, at, stored & (channel + e < pg), es)
 
 
+def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_generated_mma_staged (generated_mma.cu): ``item`` is the thread's index in the
+    grid (block-major, 256 threads a block, a block a tile of output pixels of a (sample, group)
+    and a chunk of 16 of its channels; a warp 8 runs of 4 pixels x 4 channel quarters, runs_w
+    along a row). The group's span rows and the input over the region staged (``_staged_region``,
+    at stride 2 a row's even columns first); per pass of kernel rows, the pass's taps formed (per
+    m-tile of 16 of the tile's pixels: the bias, per k-step of R the feature's A fragment from
+    global memory and the span's B by ldmatrix per n-tile; tensor cores: no term; a word store
+    per value of the pass's taps) and, per kernel row of the pass, its K taps' 4 weights (a
+    16-byte shared load each), the window's input (an 8-byte shared load a pixel) and 4
+    multiply-adds per (tap, pixel) pair; the stores. The layout's sizes are the source's and its
+    host's."""
+    from ..kernels.involution import cuda as involution_cuda
+
+    (C, H, W, G, OH, OW, ph, pw, R, tiles_w, runs_w, isn, isc, ish, isw, osn, osc, osh, osw,
+     fsn, fsc, fsh, fsw, vector, feature_words) = launch.scalars
+    K, S = (int(v) for v in launch.specialisation)
+    source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+    es, taps, pg, threads = launch.dtype.itemsize, K * K, C // G, launch.threads_per_block
+    tile_h, tile_w = involution_cuda.generated_mma_staged_forward_tile(source, runs_w)
+    tile_pixels = tile_h * tile_w
+    region_h, region_w = S * (tile_h - 1) + K, S * (tile_w - 1) + K
+    pitch = 2 * -(-region_w // 2) if S == 2 else region_w
+    odd = -(-region_w // 2) * 10 if S == 2 else 0
+    tap_stride = tile_pixels + 4
+    span_rows, span_words = 8 * -(-taps // 8), 8 * -(-R // 16)
+    span_stride = span_words + 4
+    staged_at = span_rows * span_stride  # words
+    weights_at = staged_at + -(-region_h * pitch * 10 // 4) * 4
+    thread, warp, row, quad, group, n, c0, y0, x0 = _staged_thread(item, launch, G, pg, tiles_w, (tile_h, tile_w))
+    lane = thread % 32
+    everyone = thread >= 0
+    _span_staging(t, thread, threads, group, taps, R, span_rows, span_words, span_stride, es)
+    _staged_region(t, thread, threads, n * isn + group * pg * isc, c0, pg, (region_h, region_w), pitch, S,
+                   (S * y0 - ph, S * x0 - pw), (H, W), (isc, ish, isw), vector, es, staged_at)
+    run_x, run_y = row % runs_w, row // runs_w
+    ty, tx = warp * (8 // runs_w) + run_y, 4 * run_x
+    m = warp + 8 * _slots(-(-tile_pixels // 16 // 8))
+    live = m < tile_pixels // 16
+    for first_a, end_a in involution_cuda.generated_mma_staged_forward_passes(K, S):
+        first_tile = first_a * K // 8
+        tiles = -(-end_a * K // 8) - first_tile
+        for tt in range(tiles):
+            for e in range(2):
+                tap = 8 * (first_tile + tt) + 2 * quad + e
+                t.load(3, group * taps + tap, live & (tap < taps), es)
+        for t0 in range(0, tiles, 4):  # FORM_TILES n-tiles at a time, the feature loaded for each set
+            for k0 in range(0, R, 16):
+                for v in range(4):
+                    pixel = 16 * m + row + 8 * (v & 1)
+                    i, o = y0 + pixel // tile_w, x0 + pixel % tile_w
+                    _feature_pair_loads(t, n * fsn + i * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1),
+                                        live & (i < OH) & (o < OW), R, fsc, feature_words, es)
+                for tt in range(t0, min(t0 + 4, tiles)):
+                    t.matrices(8 * (first_tile + tt) * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride),
+                               live, 2)
+        for tt in range(tiles):
+            for e in range(2):
+                place = 8 * tt + 2 * quad + e
+                for h in range(2):
+                    t.shared(weights_at + place * tap_stride + 16 * m + row + 8 * h,
+                             live & (8 * first_tile + place < end_a * K), 4)
+        for a in range(first_a, end_a):
+            first_tap = weights_at + (a * K - 8 * first_tile) * tap_stride + ty * tile_w + tx
+            for b in range(K):  # 16 bytes each (index in 16-byte units)
+                t.shared((first_tap + b * tap_stride) // 4, everyone, 16)
+            window = staged_at + ((S * ty + a) * pitch + tx) * 10 + 2 * quad
+            for k in range(S * 3 + K):  # 8 bytes each
+                at = window + (k % 2 * odd + k // 2 * 10 if S == 2 else k * 10)
+                t.shared(at // 2, everyone, 8)
+                t.fma(everyone, 4 * sum(0 <= k - S * p < K for p in range(4)))
+    y, x = y0 + ty, x0 + tx
+    channel = c0 + 4 * quad
+    pairs = osc == 1 and (osn | osh | osw | pg) % 2 == 0
+    for p in range(4):
+        stored = (y < OH) & (x + p < OW)
+        for e in range(0, 4, 2 if pairs else 1):
+            at = n * osn + (group * pg + channel + e) * osc + y * osh + (x + p) * osw
+            if pairs:
+                t.store(4, at // 2, stored & (channel + e < pg), 4)
+            else:
+                t.store(4, at, stored & (channel + e < pg), es)
+
+
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_forward_last": _forward_last,
     "involution_backward_input_last": _backward_input_last,
@@ -1472,11 +1585,12 @@ TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_generated_mma": _generated_mma,
     "involution_generated_mma_backward_input": _generated_mma_backward_input,
     "involution_generated_mma_backward_input_staged": _generated_mma_backward_input_staged,
+    "involution_generated_mma_staged": _generated_mma_staged,
     "involution_generated_mma_backward_generator": _generated_mma_backward_generator,
 }
 # Tiled kernels: a thread per grid thread (no grid-stride loop), its index block-major.
 TILED = {"involution_generated_tile", "involution_generated_mma", "involution_generated_mma_backward_input",
-         "involution_generated_mma_backward_input_staged",
+         "involution_generated_mma_backward_input_staged", "involution_generated_mma_staged",
          "involution_generated_mma_backward_generator"}
 
 

@@ -1011,17 +1011,23 @@ def generated_mma_staged_tile(source: KernelSource, stride: int, runs_w: int) ->
     return stride * (warps // (stride * stride)) * (warps // runs_w), stride * run * runs_w
 
 
-def generated_mma_staged_runs(source: KernelSource, stride: int, input_size) -> tuple[int, float]:
-    """(runs_w, fill): the runs along a row whose tiles leave the fewest of their pixels outside
-    an input of ``input_size`` (the wider on a tie), and the share of the tiles' pixels inside."""
+def _best_runs(tiles: dict[int, tuple[int, int]], size) -> tuple[int, float]:
+    """(runs_w, fill): of ``tiles`` (runs_w: its tile), the runs whose tiles leave the fewest of
+    their pixels outside a map of ``size`` (the wider on a tie), and the share of the tiles'
+    pixels inside."""
     best = None
-    for runs_w in GENERATED_STAGED_RUNS_W:
-        tile = generated_mma_staged_tile(source, stride, runs_w)
-        covered = math.prod(-(-size // t) * t for size, t in zip(input_size, tile))
-        fill = math.prod(input_size) / covered
+    for runs_w, tile in tiles.items():
+        covered = math.prod(-(-extent // t) * t for extent, t in zip(size, tile))
+        fill = math.prod(size) / covered
         if best is None or fill > best[1]:
             best = (runs_w, fill)
     return best
+
+
+def generated_mma_staged_runs(source: KernelSource, stride: int, input_size) -> tuple[int, float]:
+    """(runs_w, fill): the runs along a row whose tiles leave the fewest of their pixels outside
+    an input of ``input_size`` (the wider on a tie), and the share of the tiles' pixels inside."""
+    return _best_runs({r: generated_mma_staged_tile(source, stride, r) for r in GENERATED_STAGED_RUNS_W}, input_size)
 
 
 def generated_mma_staged_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
@@ -1100,6 +1106,115 @@ def involution_generated_mma_backward_input_staged(grad_output: Tensor, feature:
                generated_mma_feature_words(feature))
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma_backward_input_staged", grad_output.dtype,
                                          config, (grad_output, feature, span_weight.contiguous(), bias, out, *scalars),
+                                         (str(kernel_size[0]), str(stride[0])))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# involution_generated's forward with the weights staged (generated_mma.cu's
+# involution_generated_mma_staged): a tile's weights formed on tensor cores into shared memory,
+# all taps at once, summed by FMAs
+# ---------------------------------------------------------------------------------------
+
+
+def generated_mma_staged_forward_tile(source: KernelSource, runs_w: int) -> tuple[int, int]:
+    """(tile_h, tile_w) of output pixels a block takes, as the kernel computes them: its warps'
+    runs of ``STAGED_RUN`` consecutive pixels, runs_w along a row (a warp's 8 runs in 8 / runs_w
+    rows), the warps one above the other."""
+    c = source.constants
+    return c["MMA_WARPS"] * (8 // runs_w), c["STAGED_RUN"] * runs_w
+
+
+def generated_mma_staged_forward_passes(kernel: int, stride: int) -> list[tuple[int, int]]:
+    """The kernel rows of each pass of ``involution_generated_mma_staged``, [first, end): all at
+    stride 1, at stride 2 two passes (the first half rounded up), as the kernel takes them."""
+    passes = 2 if stride == 2 else 1
+    rows = -(-kernel // passes)
+    return [(first, min(kernel, first + rows)) for first in range(0, kernel, rows)]
+
+
+def generated_mma_staged_forward_pass_rows(kernel: int, stride: int) -> int:
+    """The most rows of the weights buffer a pass fills (its taps, from the first of the n-tile
+    of 8 taps its first row's first tap lies in), as the kernel lays them out."""
+    return max(end * kernel - 8 * (first * kernel // 8) for first, end in generated_mma_staged_forward_passes(kernel, stride))
+
+
+def generated_mma_staged_forward_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
+                                              reduced: int) -> int:
+    """The dynamic shared memory of ``involution_generated_mma_staged``: the group's span rows
+    (whole n-tiles of taps), the input over the region the tile's windows read (at stride 2 a
+    row's even columns, then its odd ones), the tile's weights of a pass's taps
+    (generated_mma.cu lays them out)."""
+    c = source.constants
+    tile_h, tile_w = generated_mma_staged_forward_tile(source, runs_w)
+    region_h, region_w = (stride * (t - 1) + kernel for t in (tile_h, tile_w))
+    pitch = 2 * -(-region_w // 2) if stride == 2 else region_w
+    span = 8 * -(-kernel * kernel // 8) * (8 * -(-reduced // 16) + 4)
+    staged = -(-region_h * pitch * c["STAGED_PIXEL"] // 4) * 4
+    return 4 * (span + staged + generated_mma_staged_forward_pass_rows(kernel, stride) * (tile_h * tile_w + 4))
+
+
+def generated_mma_staged_forward_config(source: KernelSource, dtype: torch.dtype, batch: int, channels: int,
+                                        groups: int, out_size, kernel_size, stride, dilation, reduced: int,
+                                        runs_w: Optional[int] = None) -> Optional[tuple[LaunchConfig, int]]:
+    """``involution_generated_mma_staged``'s launch (a block a tile of the output, a group and a
+    chunk of ``MMA_CHANNELS`` of its channels) and its runs_w: the tiles that fill the output
+    best, or ``runs_w`` where given (one of ``GENERATED_STAGED_RUNS_W``: the tests take each).
+    None where it does not serve the call: a dtype without the tensor-core product, a window
+    other than a square 3, 5 or 7 at equal strides 1 or 2 without dilation (the instantiations
+    it has), the best tiles less than ``GENERATED_STAGED_MIN_FILL`` inside the output, shared
+    memory past ``GENERATED_TILE_MAX_SHARED`` (a large R), a grid past CUDA's y and z limits."""
+    if dtype not in GENERATED_MMA_DTYPES or tuple(dilation) != (1, 1):
+        return None
+    kernel = kernel_size[0]
+    specialisation = (str(kernel), str(stride[0]))
+    if (kernel_size[1] != kernel or stride[1] != stride[0]
+            or specialisation not in source.specialisations["involution_generated_mma_staged"]
+            or specialisation == GENERATED_TILE_RUNTIME):
+        return None
+    if runs_w is not None and runs_w not in GENERATED_STAGED_RUNS_W:
+        raise ValueError(f"runs_w must be one of {GENERATED_STAGED_RUNS_W} (the kernel's warps in whole rows of "
+                         f"runs), got {runs_w}")
+    fill, chunks = 1.0, -(-(channels // groups) // source.constants["MMA_CHANNELS"])
+    if runs_w is None:
+        runs_w, fill = _best_runs({r: generated_mma_staged_forward_tile(source, r) for r in GENERATED_STAGED_RUNS_W},
+                                  out_size)
+    shared_bytes = generated_mma_staged_forward_shared_bytes(source, kernel, stride[0], runs_w, reduced)
+    if (fill < GENERATED_STAGED_MIN_FILL or shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535
+            or batch * chunks > 65535):
+        return None
+    tile = generated_mma_staged_forward_tile(source, runs_w)
+    tiles = math.prod(-(-size // t) for size, t in zip(out_size, tile))
+    return LaunchConfig((tiles, groups, batch * chunks), (32, source.constants["MMA_WARPS"]), shared_bytes), runs_w
+
+
+def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
+                                    kernel_size, stride, padding, dilation, out: Tensor,
+                                    launcher: Optional[Launcher] = None,
+                                    runs_w: Optional[int] = None) -> Optional[Tensor]:
+    """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> out: (N, C, Ho, Wo), written by the staged
+    kernel in out's own strides (every operand of any strides); None, out untouched, where
+    ``generated_mma_staged_forward_config`` declines the call (``runs_w`` as there) or the GPU
+    predates sm_80."""
+    source = load_source(GENERATED_MMA_SOURCE)
+    n, channels = input.shape[:2]
+    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
+    reduced, out_size = feature.shape[1], tuple(out.shape[2:])
+    chosen = generated_mma_staged_forward_config(source, input.dtype, n, channels, groups, out_size, kernel_size,
+                                                 stride, dilation, reduced, runs_w)
+    if chosen is None or (input.is_cuda
+                          and torch.cuda.get_device_capability(input.device) < GENERATED_MMA_MIN_CAPABILITY):
+        return None
+    if out.numel() == 0:
+        return out
+    config, runs_w = chosen
+    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
+    tiles_w = -(-out_size[1] // generated_mma_staged_forward_tile(source, runs_w)[1])
+    scalars = (channels, *input.shape[2:], groups, *out_size, *padding, reduced, tiles_w, runs_w, *input.stride(),
+               *out.stride(), *feature.stride(), generated_mma_vectors_fit(input, groups),
+               generated_mma_feature_words(feature))
+    (launcher or cupy_launcher()).launch(source, "involution_generated_mma_staged", input.dtype, config,
+                                         (input, feature, span_weight.contiguous(), bias, out, *scalars),
                                          (str(kernel_size[0]), str(stride[0])))
     return out
 

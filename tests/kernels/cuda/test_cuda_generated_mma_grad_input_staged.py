@@ -72,27 +72,38 @@ def test_staged_grad_input_matches_the_reference(dtype, order):
     """The registry's samples (channels_last, odd sizes, rectangular windows, strides, dilations,
     no bias, an empty batch) and the geometries above in the tile layouts (the unit tier one a
     geometry, in turn); the wide maps in the layout the host picks, which fills them."""
+    check_every_layout(GRAD_INPUT, _check, _declines_only_what_it_has_no_instantiation_for, STAGED_CASES, WIDE,
+                       grad_input_arguments, dtype, order)
+
+
+def check_every_layout(spec, check, declines, cases, wide, arguments, dtype, order) -> None:
+    """A staged kernel (``check(args, launcher, name, runs_w)``, False where it declines) on
+    ``spec``'s samples in one layout (``declines(args)`` where it does not serve them, a third
+    at most), ``cases`` (each ``arguments(case.arguments(dtype))``) in the tile layouts (one
+    each in turn in the unit tier's ascending bfloat16 run, all of them otherwise), both ways
+    of staging the first operand and of loading the feature among them, and ``wide`` in the
+    layout the host picks; every launch of 256 threads."""
     require_host_compiler()
     launcher = EmulatedLauncher(order=order)
     served, vectors, words = 0, set(), set()
-    samples = list(GRAD_INPUT.sample_inputs("cpu", dtype, False))
+    samples = list(spec.sample_inputs("cpu", dtype, False))
     for sample in samples:
-        if _check(sample.args, launcher, sample.name, runs_w=8):
+        if check(sample.args, launcher, sample.name, 8):
             served += 1
         else:
-            assert _declines_only_what_it_has_no_instantiation_for(sample.args), sample.name
+            assert declines(sample.args), sample.name
     assert served >= len(samples) // 3
     # the unit tier a layout a geometry in turn, the integration tier each layout every geometry
     every_layout = order != ORDERS[0] or dtype != torch.bfloat16
-    for index, case in enumerate(STAGED_CASES):
-        args = grad_input_arguments(case.arguments(dtype))
+    for index, case in enumerate(cases):
+        args = arguments(case.arguments(dtype))
         for runs_w in RUNS_W if every_layout else RUNS_W[index % 3:index % 3 + 1]:
-            assert _check(args, launcher, case.name, runs_w), (case.name, runs_w)
+            assert check(args, launcher, case.name, runs_w), (case.name, runs_w)
         vectors.add(involution_cuda.generated_mma_vectors_fit(args[0], args[2].shape[0] // 49))
         words.add(involution_cuda.generated_mma_feature_words(args[1]))
     assert vectors == {True, False} and words == {True, False}  # both ways of each load
-    for case in WIDE:
-        assert _check(grad_input_arguments(case.arguments(dtype)), launcher, case.name), case.name
+    for case in wide:
+        assert check(arguments(case.arguments(dtype)), launcher, case.name), case.name
     assert {launch[3] for launch in launcher.launches} == {256}
 
 

@@ -393,7 +393,7 @@ __device__ __forceinline__ bool mma_pair_stores(const half_t* out, index_t out_n
 // The instantiations a host may ask for, of this kernel and of the two backward ones below
 // (oplib.kernels reads these lines):
 // oplib-instantiate: involution_generated_mma, involution_generated_mma_backward_input, involution_generated_mma_backward_generator
-// oplib-instantiate: involution_generated_mma_backward_input_staged
+// oplib-instantiate: involution_generated_mma_backward_input_staged, involution_generated_mma_staged
 // oplib-template: KERNEL, STRIDE = 0, 0 | 3, 1 | 3, 2 | 5, 1 | 5, 2 | 7, 1 | 7, 2
 // oplib-template: FOLDED = false | true
 // oplib-template: NARROW = false | true
@@ -1057,6 +1057,91 @@ struct alignas(8) StagedQuarter {
     unsigned int word[2];
 };
 
+// A region of region_h x region_w pixels of a map of rows x columns (its pixel (ri, col) the
+// map's (first_row + ri, first_column + col): zeros outside the map) staged in 16-bit values,
+// the chunk's MMA_CHANNELS channels from c0 (zeros past the group's) a pixel, STAGED_PIXEL words
+// apart: pixel (ri, col) at place ri * pitch + col, or SPLIT = 2 each row's even columns first,
+// then its odd ones (col / 2, and (region_w + 1) / 2 + col / 2; pitch twice that), so that runs
+// reading every other column read consecutive places. `plane` is the map at the group's first
+// channel. A unit is a pixel's 8 channels (half the chunk): one 16-byte load where the host
+// says they are a vector (channels_last, aligned), else two 16-bit loads a pair; 4 word stores.
+template <int SPLIT>
+__device__ __forceinline__ void staged_region(unsigned int* staged, const unsigned short* plane, int c0,
+                                              int group_channels, int region_h, int region_w, int pitch,
+                                              int first_row, int first_column, int rows, int columns,
+                                              index_t c_stride, index_t h_stride, index_t w_stride, bool vector,
+                                              int thread) {
+#pragma unroll 1
+    for (int unit = thread; unit < region_h * region_w * 2; unit += MMA_THREADS) {
+        const int half = unit & 1, pixel = unit >> 1, ri = pixel / region_w, col = pixel - ri * region_w;
+        const int i = first_row + ri, o = first_column + col, c = c0 + 8 * half;
+        const bool in_map = (unsigned int)i < (unsigned int)rows && (unsigned int)o < (unsigned int)columns;
+        const unsigned short* at = plane + (index_t)c * c_stride + (index_t)i * h_stride + (index_t)o * w_stride;
+        unsigned int words[4] = {};
+        if (vector) {
+            if (in_map && c < group_channels) {
+                const Vector16<unsigned int> v = *reinterpret_cast<const Vector16<unsigned int>*>(at);
+#pragma unroll
+                for (int m = 0; m < 4; ++m) words[m] = v.lane[m];
+            }
+        } else {
+#pragma unroll
+            for (int m = 0; m < 4; ++m)
+                words[m] = oplib_load_pair(at + 2 * m * c_stride, c_stride, in_map ? group_channels - c - 2 * m : 0);
+        }
+        const int place = ri * pitch + (SPLIT == 2 ? (col & 1) * ((region_w + 1) >> 1) + (col >> 1) : col);
+        unsigned int* to = staged + place * STAGED_PIXEL + 4 * half;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) to[m] = words[m];
+    }
+}
+
+// A k-step's A fragment of the feature at the lane's two pixels: `values` point at each pixel's
+// reduced channel r0 = k0 + 2 quad (the lane's first) and move on past the k-step; channels
+// feature_step apart (pairs one aligned word where the host says so: feature_words), zeros past
+// R and at a pixel outside the map (inside[h] false).
+__device__ __forceinline__ OplibFragmentA staged_feature_fragment(const unsigned short* (&values)[2],
+                                                                  const bool (&inside)[2], int r0, int reduced,
+                                                                  index_t feature_step, bool feature_words) {
+    const index_t eighth_step = 8 * feature_step;
+    OplibFragmentA f;
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+        const int h = v & 1, r = r0 + 8 * (v >> 1), count = inside[h] ? reduced - r : 0;
+        const unsigned short* pair = values[h] + (v >> 1) * eighth_step;
+        f.reg[v] = feature_words ? (count > 0 ? __ldg(reinterpret_cast<const unsigned int*>(pair)) : 0u)
+                                 : oplib_load_pair(pair, feature_step, count);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) values[h] += 2 * eighth_step;
+    return f;
+}
+
+// A thread's run's sums, rounded, to its 4 pixels (columns x + step p, those before `columns`;
+// `at` the run's row at its first channel c) and 4 channels (those of the group's): a pair of
+// channels one word where the host's layout allows it (pair_stores), else 16-bit stores.
+template <typename half_t>
+__device__ __forceinline__ void staged_store_run(const float (&sums)[STAGED_RUN][STAGED_RUN], half_t* at, int x, int step,
+                                                 int columns, index_t w_stride, int c, int group_channels,
+                                                 index_t c_stride, bool pair_stores) {
+#pragma unroll
+    for (int p = 0; p < STAGED_RUN; ++p) {
+        const int xp = x + step * p;
+        if (xp >= columns) continue;
+        unsigned short* pixel = reinterpret_cast<unsigned short*>(at + (index_t)xp * w_stride);
+#pragma unroll
+        for (int e = 0; e < STAGED_RUN; e += 2) {
+            const unsigned int pair = mma_round_pair(sums[p][e], sums[p][e + 1], half_t());
+            if (pair_stores && c + e < group_channels) {
+                *reinterpret_cast<unsigned int*>(pixel + e) = pair;
+                continue;
+            }
+            if (c + e < group_channels) pixel[e * c_stride] = (unsigned short)(pair & 0xffffu);
+            if (c + e + 1 < group_channels) pixel[(e + 1) * c_stride] = (unsigned short)(pair >> 16);
+        }
+    }
+}
+
 // The output rows (or columns) a tile of `tile` input pixels from `origin` reads, from
 // first = floor((origin + pad - (K - 1)) / S): at most (tile - 1 + K - 1 + S - 1) / S + 1 of them.
 template <int KERNEL, int STRIDE>
@@ -1166,9 +1251,9 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
             reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n + (index_t)group * group_channels * grad_c;
         const int row = lane >> 2, quad = lane & 3;  // a fragment's
         const int column_blocks = (region_w + 15) / 16, m_tiles = weight_rows * column_blocks;
-        // A reduced channel's step in the feature, and 8 of them (channels_last with pairs as
-        // words: 1, the word loads' step; else the channel stride, two 16-bit loads a pair).
-        const index_t feature_step = feature_words ? 1 : feature_c, eighth_step = 8 * feature_step;
+        // A reduced channel's step in the feature (channels_last with pairs as words: 1, the
+        // word loads' step; else the channel stride, two 16-bit loads a pair).
+        const index_t feature_step = feature_words ? 1 : feature_c;
 
         // Kernel row a's weights into buffer `into`: m-tiles of the (weight_rows x region_w)
         // pixels, the warps in turn; output row i_low + wi, column first_column + col.
@@ -1201,16 +1286,8 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
                 OplibFragmentC d = {{bias_low, bias_high, bias_low, bias_high}};
 #pragma unroll 1
                 for (int k0 = 0; k0 < reduced; k0 += 16) {
-                    OplibFragmentA f;
-#pragma unroll
-                    for (int v = 0; v < 4; ++v) {
-                        const int h = v & 1, r = k0 + 2 * quad + 8 * (v >> 1), count = inside[h] ? reduced - r : 0;
-                        const unsigned short* pair = values[h] + (v >> 1) * eighth_step;
-                        f.reg[v] = feature_words ? (count > 0 ? __ldg(reinterpret_cast<const unsigned int*>(pair)) : 0u)
-                                                 : oplib_load_pair(pair, feature_step, count);
-                    }
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) values[h] += 2 * eighth_step;
+                    const OplibFragmentA f = staged_feature_fragment(values, inside, k0 + 2 * quad, reduced, feature_step,
+                                                                     feature_words);
                     oplib_mma<half_t>(d, f, oplib_load_fragment_b(span + a * K * span_stride + k0 / 2, span_stride));
                 }
                 float* to = into + wi * row_stride + first + row;
@@ -1226,29 +1303,9 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
             }
         };
 
-        // grad_output over the region: a unit is a pixel's 8 channels (half of the chunk).
-#pragma unroll 1
-        for (int unit = thread; unit < region_h * region_w * 2; unit += MMA_THREADS) {
-            const int half = unit & 1, pixel = unit >> 1, ri = pixel / region_w, col = pixel - ri * region_w;
-            const int i = first_row + ri, o = first_column + col, c = c0 + 8 * half;
-            const bool in_map = (unsigned int)i < (unsigned int)out_h && (unsigned int)o < (unsigned int)out_w;
-            const unsigned short* at = sample_grad + (index_t)c * grad_c + (index_t)i * grad_h + (index_t)o * grad_w;
-            unsigned int words[4] = {};
-            if (vector_grad) {
-                if (in_map && c < group_channels) {
-                    const Vector16<unsigned int> v = *reinterpret_cast<const Vector16<unsigned int>*>(at);
-#pragma unroll
-                    for (int m = 0; m < 4; ++m) words[m] = v.lane[m];
-                }
-            } else {
-#pragma unroll
-                for (int m = 0; m < 4; ++m)
-                    words[m] = oplib_load_pair(at + 2 * m * grad_c, grad_c, in_map ? group_channels - c - 2 * m : 0);
-            }
-            unsigned int* to = staged + pixel * STAGED_PIXEL + 4 * half;
-#pragma unroll
-            for (int m = 0; m < 4; ++m) to[m] = words[m];
-        }
+        // grad_output over the region.
+        staged_region<1>(staged, sample_grad, c0, group_channels, region_h, region_w, region_w, first_row, first_column,
+                         out_h, out_w, grad_c, grad_h, grad_w, vector_grad, thread);
         __syncthreads();  // span_weight's rows are staged
         form_row(0, weights);
         float sums[STAGED_RUN][STAGED_RUN] = {};
@@ -1271,22 +1328,252 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
         const bool pair_stores = mma_pair_stores(grad_input, in_n, in_c, in_hs, in_ws, group_channels);
         const int c = c0 + STAGED_RUN * quarter;
         scalar_t* at = grad_input + n * in_n + ((index_t)group * group_channels + c) * in_c + (index_t)y * in_hs;
+        staged_store_run(sums, at, x, S, width, in_ws, c, group_channels, in_c, pair_stores);
+    }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// involution_generated's forward with the weights staged: formed on tensor cores into shared
+// memory, summed by FMAs (involution_generated_mma_staged)
+// ---------------------------------------------------------------------------------------
+//
+// The staged grad_input's design, the forward way round, where it is simpler: a pixel's weights
+// are its own (no halo of weights), so a tile's are formed once, many taps together, and the
+// feature is read once a pass. A block of MMA_WARPS warps takes a tile of tile_h x tile_w output
+// pixels of one (sample, group) and a chunk of MMA_CHANNELS of the group's channels (grid: tiles
+// x groups x samples * chunks):
+//   1. stages the group's span rows (all T taps, whole n-tiles of 8) and the input over the
+//      region the tile's windows read, 16-bit ([row][place][channel], zeros outside the image;
+//      at S = 2 each row's even columns, then its odd ones: staged_region<2>);
+//   2. per pass of kernel rows (all K at S = 1; at S = 2 two passes, the first K / 2 rounded up,
+//      as the region of a stride-2 tile leaves no room for every tap's weights):
+//      a. forms the pass's taps at the tile's pixels, (pixels x R)(R x taps) + bias on tensor
+//         cores: an m-tile is 16 of the tile's pixels (row-major), its feature's A fragments
+//         loaded from global memory once for all the pass's n-tiles of 8 taps (from the n-tile
+//         of its first row's first tap); each value in float into shared memory, [tap][pixel];
+//      b. each thread sums, for its run of 4 consecutive output pixels and 4 channels, per
+//         kernel row a of the pass: the row's K taps' 4 weights (a 16-byte load each) and the
+//         window's input pixels (4 channels, an 8-byte load each), each read once and used by
+//         every tap and pixel it meets.
+// A warp's lanes are 8 runs x 4 channel quarters, runs_w runs along a row (the host's choice,
+// 8, 4 or 2: tiles of 32 x 8, 16 x 16 or 8 x 32 pixels); at S = 2 the runs of a row read
+// columns 8 apart, consecutive places of a parity (STAGED_PIXEL words apart: different banks).
+// A barrier a pass and one between passes, no atomics, every sum in a fixed order (kernel rows,
+// then taps): deterministic, the same bits whatever the layout. A window pixel outside the image
+// is staged as 0 and its weight is a whole dot product: an inf or a nan lands where the direct
+// sum puts it.
+//
+// Dynamic shared memory (generated_mma_staged_forward_shared_bytes), 32-bit words:
+//   span     span_rows x span_stride              the group's span rows (span_rows = T in n-tiles
+//                                                 of 8, the rows past T zeros)
+//   staged   region_h x pitch x STAGED_PIXEL      the input chunk (pitch: region_w, or at S = 2
+//                                                 twice its even columns)
+//   weights  staged_pass_rows x tap_stride        float, [tap][pixel], a pass's taps from its
+//                                                 first n-tile's: tap_stride the tile's pixels
+//                                                 and 4 (a D fragment's stores in different
+//                                                 banks; rows 16-byte aligned)
+
+// Of the passes of `rows` kernel rows of a K-wide window: the most n-tiles of 8 taps a pass
+// forms (from the n-tile of its first row's first tap), and the most of the weights buffer's
+// rows a pass fills (its taps, from that n-tile's first).
+__host__ __device__ constexpr int staged_pass_tiles(int K, int rows) {
+    int most = 0;
+    for (int first = 0; first < K; first += rows) {
+        const int end = first + rows < K ? first + rows : K, tiles = (end * K + 7) / 8 - first * K / 8;
+        most = tiles > most ? tiles : most;
+    }
+    return most;
+}
+
+__host__ __device__ constexpr int staged_pass_rows(int K, int rows) {
+    int most = 0;
+    for (int first = 0; first < K; first += rows) {
+        const int end = first + rows < K ? first + rows : K, filled = end * K - 8 * (first * K / 8);
+        most = filled > most ? filled : most;
+    }
+    return most;
+}
+
+// One kernel row's sums for a thread's run of 4 output pixels at column stride S: tap b's 4
+// weights from `first_tap` + b tap_stride (one 16-byte load), the window's input pixels from
+// `window` (the place of column S x + 0 of the row; at S = 2 its odd columns `odd` words on).
+// Window column k meets the run's pixel p through tap b = k - S p.
+template <typename half_t, int K, int S>
+__device__ __forceinline__ void staged_forward_row_sums(float (&sums)[STAGED_RUN][STAGED_RUN], const float* first_tap,
+                                                        int tap_stride, const unsigned int* window, int odd) {
+    float w[K][STAGED_RUN];
+#pragma unroll
+    for (int b = 0; b < K; ++b) {
+        const Vector16<float> v = *reinterpret_cast<const Vector16<float>*>(first_tap + b * tap_stride);
+#pragma unroll
+        for (int p = 0; p < STAGED_RUN; ++p) w[b][p] = v.lane[p];
+    }
+#pragma unroll
+    for (int k = 0; k < S * (STAGED_RUN - 1) + K; ++k) {
+        const unsigned int* at = S == 2 ? window + (k & 1) * odd + (k >> 1) * STAGED_PIXEL : window + k * STAGED_PIXEL;
+        const StagedQuarter quarter = *reinterpret_cast<const StagedQuarter*>(at);
+        const float x[STAGED_RUN] = {mma_to_float((unsigned short)(quarter.word[0] & 0xffffu), half_t()),
+                                     mma_to_float((unsigned short)(quarter.word[0] >> 16), half_t()),
+                                     mma_to_float((unsigned short)(quarter.word[1] & 0xffffu), half_t()),
+                                     mma_to_float((unsigned short)(quarter.word[1] >> 16), half_t())};
 #pragma unroll
         for (int p = 0; p < STAGED_RUN; ++p) {
-            const int xp = x + S * p;
-            if (xp >= width) continue;
-            unsigned short* pixel = reinterpret_cast<unsigned short*>(at + (index_t)xp * in_ws);
+            const int b = k - S * p;
+            if (b < 0 || b >= K) continue;
 #pragma unroll
-            for (int e = 0; e < STAGED_RUN; e += 2) {
-                const unsigned int pair = mma_round_pair(sums[p][e], sums[p][e + 1], half_t());
-                if (pair_stores && c + e < group_channels) {
-                    *reinterpret_cast<unsigned int*>(pixel + e) = pair;
-                    continue;
-                }
-                if (c + e < group_channels) pixel[e * in_c] = (unsigned short)(pair & 0xffffu);
-                if (c + e + 1 < group_channels) pixel[(e + 1) * in_c] = (unsigned short)(pair >> 16);
-            }
+            for (int c = 0; c < STAGED_RUN; ++c) sums[p][c] = oplib_fma(w[b][p], x[c], sums[p][c]);
         }
+    }
+}
+
+// Three blocks an SM at stride 1 from sm_90 on (sm_90 and sm_100 hold three stride-1 tiles,
+// 71-77 KiB each, in their 228 KiB an SM), at most 80 registers, with no spill on any target
+// (sm_120's forming seven n-tiles at once had spilled: FORM_TILES); two before (sm_80's 164
+// KiB hold two; sm_86's and sm_89's 100 KiB, like sm_120's, one), the registers left free.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define OPLIB_STAGED_FORWARD_BLOCKS 3
+#else
+#define OPLIB_STAGED_FORWARD_BLOCKS 2
+#endif
+
+// Instantiated for the forward's windows (the oplib-template line above); only the square
+// windows of KERNEL and STRIDE (1 or 2) are served: KERNEL = 0's instantiation is empty, and
+// the host declines other geometries (the other forward kernels serve them).
+//
+// Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N * chunks), tiles of the output.
+template <typename scalar_t, int KERNEL, int STRIDE>
+__global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWARD_BLOCKS : 2) involution_generated_mma_staged(
+    const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
+    const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
+    int out_h, int out_w, int pad_h, int pad_w, int reduced, int tiles_w, int runs_w, index_t input_n,
+    index_t input_c, index_t input_h, index_t input_w, index_t out_n, index_t out_c, index_t out_hs, index_t out_ws,
+    index_t feature_n, index_t feature_c, index_t feature_h, index_t feature_w, bool vector_input,
+    bool feature_words) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    if constexpr (sizeof(scalar_t) == 2 && KERNEL > 0 && STRIDE <= 2) {
+        typedef scalar_t half_t;
+        constexpr int K = KERNEL, S = STRIDE, T = K * K;
+        // The kernel rows in PASSES passes of PASS_ROWS, each pass's taps formed and summed in
+        // turn (at S = 2 all of them at once would not fit the shared memory with the region).
+        constexpr int PASSES = S == 2 ? 2 : 1, PASS_ROWS = (K + PASSES - 1) / PASSES;
+        constexpr int BUFFER_TILES = staged_pass_tiles(K, PASS_ROWS), FORM_TILES = 4;
+        constexpr int TILE_PIXELS = MMA_WARPS * 8 * STAGED_RUN;  // a warp's 8 runs of 4 pixels, whatever runs_w
+        static_assert(staged_pass_rows(K, PASS_ROWS) <= 8 * BUFFER_TILES, "a pass's taps in its n-tiles");
+        const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+        const int runs_h = 8 / runs_w;  // a warp's rows of runs
+        const int tile_w = STAGED_RUN * runs_w, tile_h = MMA_WARPS * runs_h;
+        const int region_h = S * (tile_h - 1) + K, region_w = S * (tile_w - 1) + K;
+        const int odd = S == 2 ? (region_w + 1) / 2 * STAGED_PIXEL : 0, pitch = S == 2 ? 2 * ((region_w + 1) / 2) : region_w;
+        const int tap_stride = TILE_PIXELS + 4;
+        const int group_channels = channels / groups;
+        const int span_rows = 8 * ((T + 7) / 8), span_words = 8 * ((reduced + 15) / 16), span_stride = span_words + 4;
+        OPLIB_DYNAMIC_SHARED(unsigned int, shared);
+        unsigned int* span = shared;
+        unsigned int* staged = span + span_rows * span_stride;
+        float* weights = reinterpret_cast<float*>(staged + ((region_h * pitch * STAGED_PIXEL + 3) & ~3));
+
+        const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
+        const int y0 = tile_y * tile_h, x0 = tile_x * tile_w;
+        const int group = blockIdx.y, chunks = (group_channels + MMA_CHANNELS - 1) / MMA_CHANNELS;
+        const index_t n = blockIdx.z / chunks;
+        const int c0 = MMA_CHANNELS * (blockIdx.z % chunks);
+
+        const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * T * reduced;
+        mma_stage_span_rows(span, group_span, span_rows, T, reduced, span_words, span_stride, thread);
+        const unsigned short* plane =
+            reinterpret_cast<const unsigned short*>(input) + n * input_n + (index_t)group * group_channels * input_c;
+        staged_region<S>(staged, plane, c0, group_channels, region_h, region_w, pitch, S * y0 - pad_h, S * x0 - pad_w,
+                         height, width, input_c, input_h, input_w, vector_input, thread);
+        __syncthreads();  // the span rows and the input are staged
+
+        const int row = lane >> 2, quad = lane & 3;  // a fragment's
+        const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * T;
+        const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
+        // A reduced channel's step in the feature (channels_last with pairs as words: 1, the
+        // word loads' step; else the channel stride, two 16-bit loads a pair).
+        const index_t feature_step = feature_words ? 1 : feature_c;
+        // The thread's run: lane = (run, quarter), a warp's runs runs_w along a row.
+        const int run = lane >> 2, quarter = lane & 3, run_x = run & (runs_w - 1), run_y = run / runs_w;
+        const int ty = warp * runs_h + run_y, tx = STAGED_RUN * run_x;
+        float sums[STAGED_RUN][STAGED_RUN] = {};
+#pragma unroll
+        for (int pass = 0; pass < PASSES; ++pass) {
+            const int first_a = pass * PASS_ROWS, end_a = first_a + PASS_ROWS < K ? first_a + PASS_ROWS : K;
+            const int first_tile = first_a * K / 8, tiles = (end_a * K + 7) / 8 - first_tile;
+            if (pass > 0) __syncthreads();  // every warp is done with the previous pass's weights
+            // The pass's taps at the tile's pixels: m-tiles of 16 of them (row-major), the warps
+            // in turn; n-tile nt's taps at buffer rows 8 (nt - first_tile) on.
+#pragma unroll
+            for (int warp_tile = 0; warp_tile < TILE_PIXELS / 16 / MMA_WARPS; ++warp_tile) {
+                const int m = warp + MMA_WARPS * warp_tile;
+                const unsigned short* pixels[2];
+                bool inside[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int pixel = 16 * m + row + 8 * h, py = pixel / tile_w, i = y0 + py, o = x0 + pixel - py * tile_w;
+                    inside[h] = i < out_h && o < out_w;
+                    pixels[h] = feature_bits + (index_t)i * feature_h + (index_t)o * feature_w + 2 * quad * feature_step;
+                }
+                float* to = weights + 16 * m + row;
+                // The n-tiles FORM_TILES at a time, the feature read again for each set: seven
+                // n-tiles' accumulators at once spilled at three blocks an SM (sm_120).
+#pragma unroll
+                for (int t0 = 0; t0 < BUFFER_TILES; t0 += FORM_TILES) {
+                    if (t0 >= tiles) break;
+                    OplibFragmentC d[FORM_TILES];
+#pragma unroll
+                    for (int t = 0; t < FORM_TILES; ++t) {
+                        float start[2];
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int tap = 8 * (first_tile + t0 + t) + 2 * quad + e;
+                            start[e] = t0 + t < tiles && tap < T ? mma_to_float(__ldg(group_bias + tap), half_t()) : 0.0f;
+                        }
+                        d[t] = OplibFragmentC{{start[0], start[1], start[0], start[1]}};
+                    }
+                    const unsigned short* values[2] = {pixels[0], pixels[1]};
+#pragma unroll 1
+                    for (int k0 = 0; k0 < reduced; k0 += 16) {
+                        const OplibFragmentA f = staged_feature_fragment(values, inside, k0 + 2 * quad, reduced,
+                                                                         feature_step, feature_words);
+#pragma unroll
+                        for (int t = 0; t < FORM_TILES; ++t) {
+                            if (t0 + t >= tiles) break;
+                            const unsigned int* rows = span + 8 * (first_tile + t0 + t) * span_stride + k0 / 2;
+                            oplib_mma<half_t>(d[t], f, oplib_load_fragment_b(rows, span_stride));
+                        }
+                    }
+#pragma unroll
+                    for (int t = 0; t < FORM_TILES; ++t) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int place = 8 * (t0 + t) + 2 * quad + e;  // the pass's taps only
+                            if (t0 + t >= tiles || 8 * first_tile + place >= end_a * K) continue;
+#pragma unroll
+                            for (int h = 0; h < 2; ++h)
+                                to[place * tap_stride + 8 * h] = inside[h] ? d[t].value[2 * h + e] : 0.0f;
+                        }
+                    }
+                }
+            }
+            __syncthreads();  // the pass's weights are formed
+            const float* run_weights = weights + ty * tile_w + tx;
+            // column S tx of the region: place tx (at S = 2, of the row's even columns)
+            const unsigned int* run_window = staged + (S * ty * pitch + tx) * STAGED_PIXEL + 2 * quarter;
+#pragma unroll 1
+            for (int a = first_a; a < end_a; ++a)
+                staged_forward_row_sums<half_t, K, S>(sums, run_weights + (a * K - 8 * first_tile) * tap_stride,
+                                                      tap_stride, run_window + a * pitch * STAGED_PIXEL, odd);
+        }
+
+        // The run's sums, rounded, to its 4 pixels and 4 channels.
+        const int y = y0 + ty, x = x0 + tx;
+        if (y >= out_h) return;
+        const int c = c0 + STAGED_RUN * quarter;
+        const bool pair_stores = mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
+        scalar_t* at = out + n * out_n + ((index_t)group * group_channels + c) * out_c + (index_t)y * out_hs;
+        staged_store_run(sums, at, x, 1, out_w, out_ws, c, group_channels, out_c, pair_stores);
     }
 #endif
 }

@@ -1,0 +1,259 @@
+"""generated_mma.cu's staged forward, involution_generated_mma_staged (a tile's weights formed on
+tensor cores into shared memory, all taps of a pass at once, then summed by FMAs with the input
+staged there too), on the host emulation: against the float64 reference on the registry's
+samples and random geometries in float16 and bfloat16, each tile layout, both run orders and
+both ways of staging the input and loading the feature; the same bits whatever the layout; inf
+and nan where torch puts them; under AddressSanitizer; and planted bugs that each check must
+catch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oplib.kernels import KernelSource
+from oplib.kernels.involution import cuda as involution_cuda
+from oplib.kernels.involution.layouts import result_like
+from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
+from oplib.testing.toolchain import require_host_compiler
+
+from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, random_samples,
+                               tensor_core_samples_script)
+from test_cuda_generated_mma import (CASES, DTYPES, GENERATED, NON_FINITE_PLACES, PlantedBug,
+                                     assert_non_finite_as_expected, check_against_reference, float64_reference,
+                                     with_one_non_finite)
+from test_cuda_generated_mma_grad_input import _caught, _plant
+from test_cuda_generated_mma_grad_input_staged import check_every_layout
+from test_cuda_tiles import TWO_CHANNEL_CHUNKS, _random_specialised_cases
+
+KERNEL = "involution_generated_mma_staged"
+RUNS_W = involution_cuda.GENERATED_STAGED_RUNS_W
+
+
+def _source() -> KernelSource:
+    return involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+
+
+def _result(args: tuple, launcher, runs_w=None):
+    out = result_like(args[0], args[1].shape[2:])
+    return involution_cuda.involution_generated_mma_staged(*args, out, launcher, runs_w), out
+
+
+def _check(args: tuple, launcher, name: str, runs_w=None) -> bool:
+    """The kernel's output against the op's float64 reference; False where it declines."""
+    return check_against_reference(GENERATED, _result, args, launcher, f"{name}, runs_w {runs_w}", runs_w)
+
+
+def _declines_only_what_it_has_no_instantiation_for(args: tuple) -> bool:
+    """A window other than a square 3, 5 or 7 at equal strides 1 or 2 without dilation, or shared
+    memory past what it may ask for (a large R)."""
+    kernel_size, stride, dilation = args[4], args[5], args[7]
+    fixed = (kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
+             and kernel_size[0] in (3, 5, 7) and stride[0] in (1, 2))
+    largest = max(involution_cuda.generated_mma_staged_forward_shared_bytes(_source(), kernel_size[0], stride[0],
+                                                                            runs_w, args[1].shape[1])
+                  for runs_w in RUNS_W)
+    return not fixed or largest > involution_cuda.GENERATED_TILE_MAX_SHARED
+
+
+# Maps the tiles fill (the host takes them without a forced layout): RedNet's 7x7 at strides 1
+# and 2 over two tiles of each layout's width, channels_last and NCHW, an R of two k-steps and
+# one past a k-step, three groups, a 5x5 window with a padding other than K // 2 (outputs 18 x
+# 60, 15 x 32, 14 x 14 and 18 x 20).
+WIDE = (TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=24, size=(18, 60), channels_last=True),
+        TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=40, size=(30, 64), stride=(2, 2)),
+        TWO_CHANNEL_CHUNKS._replace(channels=48, groups=3, reduced=16, size=(14, 14), channels_last=True),
+        TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=8, size=(20, 26), kernel_size=(5, 5), padding=(1, 3)))
+STAGED_CASES = (*CASES, *WIDE)
+
+
+@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration) for o in ORDERS[1:])])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.integration)], ids=str)
+def test_staged_forward_matches_the_reference(dtype, order):
+    """The registry's samples (channels_last and strided operands, odd sizes, rectangular
+    windows, strides, dilations, no bias, an empty batch) and the geometries above in the tile
+    layouts (the unit tier one a geometry, in turn); the wide maps in the layout the host picks,
+    which fills them."""
+    check_every_layout(GENERATED, _check, _declines_only_what_it_has_no_instantiation_for, STAGED_CASES, WIDE, tuple,
+                       dtype, order)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_staged_forward_matches_the_reference_on_random_geometries(dtype, order):
+    """The spec's random geometries, half of them channels_last, in a layout each (few are the
+    square windows it serves: it declines the others); then random square windows it serves,
+    in each layout."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    for index, sample in enumerate(random_samples(GENERATED, dtype, 24, seed=89 + DTYPES.index(dtype))):
+        args = sample.args
+        if index % 2:
+            args = (args[0].contiguous(memory_format=torch.channels_last), args[1].contiguous(
+                memory_format=torch.channels_last), *args[2:])
+        if not _check(args, launcher, f"random-{index}", RUNS_W[index % 3]):
+            assert _declines_only_what_it_has_no_instantiation_for(args), index
+    for index, case in enumerate(_random_specialised_cases(18, seed=103 + DTYPES.index(dtype))):
+        assert _check(case.arguments(dtype), launcher, case.name, RUNS_W[index % 3]), case.name
+
+
+def test_every_layout_gives_the_same_bits():
+    """Each output's sum takes its kernel rows, then its taps, in one order whatever the tile
+    and the thread order: the three layouts and both orders give one result, at strides 1 and 2
+    (two passes of kernel rows)."""
+    require_host_compiler()
+    for case in WIDE[:2]:
+        args = case.arguments(torch.bfloat16)
+        results = [_result(args, EmulatedLauncher(order=order), runs_w)[1] for runs_w in RUNS_W for order in ORDERS]
+        assert all(torch.equal(results[0], r) for r in results[1:]), case.name
+
+
+def test_staged_forward_declines_what_it_does_not_serve():
+    """float32 and float64, windows it has no instantiation for, a map its tiles fill less than
+    half of (RedNet-50's 7x7 last stage), a span_weight past the shared memory: None, out
+    untouched. RedNet-50's other maps in the layout that fills them, at stride 2 in two passes."""
+    source, config = _source(), involution_cuda.generated_mma_staged_forward_config
+    # (batch, channels, groups, output size, kernel, stride, R): RedNet-50's shapes at batch 32
+    stage1, runs_w = config(source, torch.bfloat16, 32, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16)
+    assert stage1.grid == (14, 4, 32) and stage1.block == (32, 8, 1) and runs_w == 8
+    assert config(source, torch.bfloat16, 32, 128, 8, (28, 28), (7, 7), (1, 1), (1, 1), 32)[1] == 8
+    assert config(source, torch.bfloat16, 32, 256, 16, (14, 14), (7, 7), (1, 1), (1, 1), 64)[1] == 4
+    assert config(source, torch.float16, 32, 128, 8, (28, 28), (7, 7), (2, 2), (1, 1), 32)[0].grid == (4, 8, 32)
+    assert config(source, torch.bfloat16, 32, 256, 16, (14, 14), (7, 7), (2, 2), (1, 1), 64)[1] == 4
+    assert involution_cuda.generated_mma_staged_forward_passes(7, 2) == [(0, 4), (4, 7)]
+    for size, stride in (((7, 7), (1, 1)), ((7, 7), (2, 2))):  # fill 49 / 256
+        assert config(source, torch.bfloat16, 32, 512, 32, size, (7, 7), stride, (1, 1), 128) is None
+    assert config(source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (1, 1), (1, 1), 128, runs_w=2) is not None
+    # a block a chunk of 16 of a group's channels: 40 channels a group are 3 chunks
+    assert config(source, torch.bfloat16, 2, 80, 2, (56, 56), (7, 7), (1, 1), (1, 1), 16)[0].grid == (14, 2, 6)
+    assert config(source, torch.bfloat16, 32768, 64, 2, (56, 56), (7, 7), (1, 1), (1, 1), 16) is None
+    for dtype in (torch.float32, torch.float64):
+        assert config(source, dtype, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16) is None
+    for window, stride, dilation in (((9, 9), (1, 1), (1, 1)), ((7, 5), (1, 1), (1, 1)), ((7, 7), (1, 2), (1, 1)),
+                                     ((7, 7), (3, 3), (1, 1)), ((3, 3), (1, 1), (2, 2))):
+        assert config(source, torch.bfloat16, 2, 64, 4, (56, 56), window, stride, dilation, 16) is None, window
+    assert config(source, torch.bfloat16, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 1024) is None
+    with pytest.raises(ValueError, match="runs_w must be one of"):  # a warp's 8 runs in whole rows
+        config(source, torch.bfloat16, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16, runs_w=3)
+    args = TWO_CHANNEL_CHUNKS.arguments(torch.float32)
+    out = torch.full((1, 64, 11, 10), 7.0)
+    assert involution_cuda.involution_generated_mma_staged(*args, out, EmulatedLauncher()) is None
+    assert bool((out == 7).all())
+
+
+def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
+    result, out = _result(args, launcher, 4)
+    assert result is out, name
+    assert_non_finite_as_expected(out, float64_reference(GENERATED, args), GENERATED.tolerance(out.dtype), name)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
+def test_non_finite_values_land_where_torch_puts_them(value):
+    """An inf or a nan in the input, the feature or the bias: each weight is a whole dot product
+    and each sum a plain one (no band zeros), and a window pixel outside the image is 0, so they
+    land at torch's places. Strides 1 and 2, both layouts."""
+    require_host_compiler()
+    launcher = EmulatedLauncher()
+    for case in (TWO_CHANNEL_CHUNKS, WIDE[1]):
+        for channels_last in (False, True):
+            args = case._replace(channels_last=channels_last).arguments(torch.bfloat16)
+            for place, changed in with_one_non_finite(args, NON_FINITE_PLACES, value):
+                _assert_non_finite_as_torch(changed, launcher, f"{case.name}-{channels_last}-{place}")
+
+
+# ---------------------------------------------------------------------------------------
+# Planted bugs
+# ---------------------------------------------------------------------------------------
+
+# The window read one column late.
+WINDOW_LATE = PlantedBug("window-one-column-late",
+                         "const unsigned int* run_window = staged + (S * ty * pitch + tx) * STAGED_PIXEL",
+                         "const unsigned int* run_window = staged + (S * ty * pitch + tx + 1) * STAGED_PIXEL")
+# A pass's weights read before every warp formed them.
+PASS_BARRIER = PlantedBug("pass-barrier", "__syncthreads();  // the pass's weights are formed",
+                          "// the pass's weights are formed")
+# The second pass's weights formed while warps still read the first's (stride 2 only).
+BETWEEN_PASSES = PlantedBug("between-passes",
+                            "if (pass > 0) __syncthreads();  // every warp is done with the previous pass's weights",
+                            "// every warp is done with the previous pass's weights")
+# A row's odd columns staged one place early, over its last even column (stride 2 only).
+ODD_COLUMNS = PlantedBug("odd-columns", "(col & 1) * ((region_w + 1) >> 1) + (col >> 1)",
+                         "(col & 1) * (region_w >> 1) + (col >> 1)")
+# A tap's bias taken from the tap after it.
+BIAS_TAP = PlantedBug("bias-tap", "start[e] = t0 + t < tiles && tap < T ? mma_to_float(__ldg(group_bias + tap)",
+                      "start[e] = t0 + t < tiles && tap < T ? mma_to_float(__ldg(group_bias + tap + 1)")
+# A pass's last tap left unformed.
+LAST_TAP = PlantedBug("last-tap", "if (t0 + t >= tiles || 8 * first_tile + place >= end_a * K) continue;",
+                      "if (t0 + t >= tiles || 8 * first_tile + place >= end_a * K - 1) continue;")
+# The map's last column taken for a pixel outside it (its weights 0).
+LAST_COLUMN = PlantedBug("last-column", "inside[h] = i < out_h && o < out_w;", "inside[h] = i < out_h && o < out_w - 1;")
+# The weights a tap's row further on: the buffer's last row past the end of the shared memory.
+BUFFER_OVERRUN = PlantedBug("buffer-past-the-end",
+                            "float* weights = reinterpret_cast<float*>(staged + ((region_h * pitch * STAGED_PIXEL + 3) & ~3));",
+                            "float* weights = reinterpret_cast<float*>(staged + ((region_h * pitch * STAGED_PIXEL + 3) & ~3) + tap_stride);")
+
+
+# Every bug on a stride-1 and a stride-2 map (the passes' and the parity's only at stride 2),
+# in both run orders but the races', which one order may miss.
+STRIDE_CASES = (WIDE[0], WIDE[1])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("bug, cases", [
+    *((b, STRIDE_CASES) for b in (WINDOW_LATE, PASS_BARRIER, BIAS_TAP, LAST_TAP, LAST_COLUMN)),
+    *((b, STRIDE_CASES[1:]) for b in (BETWEEN_PASSES, ODD_COLUMNS))], ids=lambda b: getattr(b, "name", ""))
+def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    for case in cases:
+        caught = [_caught(lambda: _check(case.arguments(torch.bfloat16), EmulatedLauncher(order=order),
+                                         f"{bug.name}-{order}"))
+                  for order in ORDERS]
+        races = bug.name in ("pass-barrier", "between-passes")
+        assert any(caught) if races else all(caught), (case.name, caught)
+
+
+_RUN_SAMPLES = tensor_core_samples_script("test_cuda_generated_mma_staged", "GENERATED", "STAGED_CASES", None,
+                                          "DTYPES", 0)
+
+
+@pytest.mark.integration
+def test_staged_forward_is_clean_under_address_sanitizer():
+    """The samples, the geometries above, random ones and a nan: no access outside the tensors
+    or the dynamic shared memory (the host's size of it is the kernel's layout)."""
+    require_host_compiler()
+    assert_clean_under_asan(_RUN_SAMPLES.replace("launcher, case.name)", "launcher, case.name, 2)"))
+
+
+@pytest.mark.integration
+def test_address_sanitizer_catches_the_buffer_past_the_end(tmp_path):
+    require_host_compiler()
+    planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, BUFFER_OVERRUN.text, BUFFER_OVERRUN.bug)
+    assert_asan_catches(planted, """
+        x, f, s = torch.randn(1, 32, 9, 20).bfloat16(), torch.randn(1, 8, 9, 20).bfloat16(), torch.randn(2 * 49, 8).bfloat16()
+        ops.involution_generated_mma_staged(x, f, s, None, [7, 7], [1, 1], [3, 3], [1, 1],
+                                            torch.empty(1, 32, 9, 20).bfloat16(), launcher, 8)
+    """)
+
+
+def _gpu_arguments(dtype: torch.dtype) -> list[tuple[tuple, str]]:
+    samples = [(s.args, s.name) for s in GENERATED.sample_inputs("cpu", dtype, False)]
+    samples += [(c.arguments(dtype), c.name) for c in STAGED_CASES]
+    samples += [(s.args, f"random-{i}") for i, s in enumerate(random_samples(GENERATED, dtype, 8, seed=3))]
+    samples += [(c.arguments(dtype), c.name) for c in _random_specialised_cases(6, seed=7)]
+    return [(tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args), name) for args, name in samples]
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_staged_forward_on_a_gpu_matches_the_reference(dtype):
+    """CuPy's launch, mma.sync and all: the samples, the geometries above, random ones in each
+    layout, and an inf where torch puts it."""
+    for index, (args, name) in enumerate(_gpu_arguments(dtype)):
+        if not _check(args, None, name, RUNS_W[index % 3]):
+            assert _declines_only_what_it_has_no_instantiation_for(args), name
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in WIDE[0].arguments(dtype)]
+    args[0] = args[0].clone()
+    args[0][0, 17, 5, 6] = float("inf")
+    _assert_non_finite_as_torch(tuple(args), None, "inf")
