@@ -1011,23 +1011,49 @@ def generated_mma_staged_tile(source: KernelSource, stride: int, runs_w: int) ->
     return stride * (warps // (stride * stride)) * (warps // runs_w), stride * run * runs_w
 
 
-def _best_runs(tiles: dict[int, tuple[int, int]], size) -> tuple[int, float]:
-    """(runs_w, fill): of ``tiles`` (runs_w: its tile), the runs whose tiles leave the fewest of
-    their pixels outside a map of ``size`` (the wider on a tie), and the share of the tiles'
-    pixels inside."""
+def _best_runs(tile_of, size) -> tuple[int, float]:
+    """(runs_w, fill): of ``GENERATED_STAGED_RUNS_W``, the runs along a row whose tiles
+    (``tile_of(runs_w)``) leave the fewest of their pixels outside a map of ``size`` (the wider
+    on a tie), and the share of the tiles' pixels inside."""
     best = None
-    for runs_w, tile in tiles.items():
-        covered = math.prod(-(-extent // t) * t for extent, t in zip(size, tile))
+    for runs_w in GENERATED_STAGED_RUNS_W:
+        covered = math.prod(-(-extent // t) * t for extent, t in zip(size, tile_of(runs_w)))
         fill = math.prod(size) / covered
         if best is None or fill > best[1]:
             best = (runs_w, fill)
     return best
 
 
-def generated_mma_staged_runs(source: KernelSource, stride: int, input_size) -> tuple[int, float]:
-    """(runs_w, fill): the runs along a row whose tiles leave the fewest of their pixels outside
-    an input of ``input_size`` (the wider on a tie), and the share of the tiles' pixels inside."""
-    return _best_runs({r: generated_mma_staged_tile(source, stride, r) for r in GENERATED_STAGED_RUNS_W}, input_size)
+def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes_of, dtype: torch.dtype, batch: int,
+                   channels: int, groups: int, size, kernel_size, stride, dilation,
+                   runs_w: Optional[int]) -> Optional[tuple[LaunchConfig, int]]:
+    """The launch of either staged kernel (a block a tile of a map of ``size``, a group and a
+    chunk of ``MMA_CHANNELS`` of its channels) and its runs_w: the tiles (``tile_of(runs_w)``)
+    that fill the map best, or ``runs_w`` where given (one of ``GENERATED_STAGED_RUNS_W``: the
+    tests take each; another is a ValueError). None where the kernel does not serve the call: a
+    dtype without the tensor-core product, a window other than a square 3, 5 or 7 at equal
+    strides 1 or 2 without dilation (the instantiations it has), the best tiles less than
+    ``GENERATED_STAGED_MIN_FILL`` inside the map, shared memory (``shared_bytes_of(runs_w)``)
+    past ``GENERATED_TILE_MAX_SHARED`` (a large R: the group's span_weight is staged whole), a
+    grid past CUDA's y and z limits."""
+    if dtype not in GENERATED_MMA_DTYPES or tuple(dilation) != (1, 1):
+        return None
+    specialisation = (str(kernel_size[0]), str(stride[0]))
+    if (kernel_size[1] != kernel_size[0] or stride[1] != stride[0]
+            or specialisation not in source.specialisations[kernel_name] or specialisation == GENERATED_TILE_RUNTIME):
+        return None
+    if runs_w is not None and runs_w not in GENERATED_STAGED_RUNS_W:
+        raise ValueError(f"runs_w must be one of {GENERATED_STAGED_RUNS_W} (the kernel's warps in whole rows of "
+                         f"runs), got {runs_w}")
+    fill, chunks = 1.0, -(-(channels // groups) // source.constants["MMA_CHANNELS"])
+    if runs_w is None:
+        runs_w, fill = _best_runs(tile_of, size)
+    shared_bytes = shared_bytes_of(runs_w)
+    if (fill < GENERATED_STAGED_MIN_FILL or shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535
+            or batch * chunks > 65535):
+        return None
+    tiles = math.prod(-(-extent // t) for extent, t in zip(size, tile_of(runs_w)))
+    return LaunchConfig((tiles, groups, batch * chunks), (32, source.constants["MMA_WARPS"]), shared_bytes), runs_w
 
 
 def generated_mma_staged_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
@@ -1047,35 +1073,12 @@ def generated_mma_staged_shared_bytes(source: KernelSource, kernel: int, stride:
 def generated_mma_staged_config(source: KernelSource, dtype: torch.dtype, batch: int, channels: int, groups: int,
                                 input_size, kernel_size, stride, dilation, reduced: int,
                                 runs_w: Optional[int] = None) -> Optional[tuple[LaunchConfig, int]]:
-    """``involution_generated_mma_backward_input_staged``'s launch (a block a tile, a group and a
-    chunk of ``MMA_CHANNELS`` of its channels) and its runs_w: the tiles that fill the input
-    best, or ``runs_w`` where given (one of ``GENERATED_STAGED_RUNS_W``: the tests take each).
-    None where it does not serve the call: a dtype without the tensor-core product, a window
-    other than a square 3, 5 or 7 at equal strides 1 or 2 without dilation (the instantiations
-    it has), the best tiles less than ``GENERATED_STAGED_MIN_FILL`` inside the input, shared
-    memory past ``GENERATED_TILE_MAX_SHARED`` (a large R: the group's span_weight is staged
-    whole), a grid past CUDA's y and z limits."""
-    if dtype not in GENERATED_MMA_DTYPES or tuple(dilation) != (1, 1):
-        return None
-    kernel = kernel_size[0]
-    specialisation = (str(kernel), str(stride[0]))
-    if (kernel_size[1] != kernel or stride[1] != stride[0]
-            or specialisation not in source.specialisations["involution_generated_mma_backward_input_staged"]
-            or specialisation == GENERATED_TILE_RUNTIME):
-        return None
-    fill, chunks = 1.0, -(-(channels // groups) // source.constants["MMA_CHANNELS"])
-    if runs_w is not None and runs_w not in GENERATED_STAGED_RUNS_W:
-        raise ValueError(f"runs_w must be one of {GENERATED_STAGED_RUNS_W} (the kernel's warps in whole rows of "
-                         f"runs), got {runs_w}")
-    if runs_w is None:
-        runs_w, fill = generated_mma_staged_runs(source, stride[0], input_size)
-    shared_bytes = generated_mma_staged_shared_bytes(source, kernel, stride[0], runs_w, reduced)
-    if (fill < GENERATED_STAGED_MIN_FILL or shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535
-            or batch * chunks > 65535):
-        return None
-    tile = generated_mma_staged_tile(source, stride[0], runs_w)
-    tiles = math.prod(-(-size // t) for size, t in zip(input_size, tile))
-    return LaunchConfig((tiles, groups, batch * chunks), (32, source.constants["MMA_WARPS"]), shared_bytes), runs_w
+    """``involution_generated_mma_backward_input_staged``'s launch and runs_w (``_staged_launch``:
+    tiles of grad_input, which fill the input best)."""
+    return _staged_launch(source, "involution_generated_mma_backward_input_staged",
+                          lambda r: generated_mma_staged_tile(source, stride[0], r),
+                          lambda r: generated_mma_staged_shared_bytes(source, kernel_size[0], stride[0], r, reduced),
+                          dtype, batch, channels, groups, input_size, kernel_size, stride, dilation, runs_w)
 
 
 def involution_generated_mma_backward_input_staged(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
@@ -1157,35 +1160,13 @@ def generated_mma_staged_forward_shared_bytes(source: KernelSource, kernel: int,
 def generated_mma_staged_forward_config(source: KernelSource, dtype: torch.dtype, batch: int, channels: int,
                                         groups: int, out_size, kernel_size, stride, dilation, reduced: int,
                                         runs_w: Optional[int] = None) -> Optional[tuple[LaunchConfig, int]]:
-    """``involution_generated_mma_staged``'s launch (a block a tile of the output, a group and a
-    chunk of ``MMA_CHANNELS`` of its channels) and its runs_w: the tiles that fill the output
-    best, or ``runs_w`` where given (one of ``GENERATED_STAGED_RUNS_W``: the tests take each).
-    None where it does not serve the call: a dtype without the tensor-core product, a window
-    other than a square 3, 5 or 7 at equal strides 1 or 2 without dilation (the instantiations
-    it has), the best tiles less than ``GENERATED_STAGED_MIN_FILL`` inside the output, shared
-    memory past ``GENERATED_TILE_MAX_SHARED`` (a large R), a grid past CUDA's y and z limits."""
-    if dtype not in GENERATED_MMA_DTYPES or tuple(dilation) != (1, 1):
-        return None
-    kernel = kernel_size[0]
-    specialisation = (str(kernel), str(stride[0]))
-    if (kernel_size[1] != kernel or stride[1] != stride[0]
-            or specialisation not in source.specialisations["involution_generated_mma_staged"]
-            or specialisation == GENERATED_TILE_RUNTIME):
-        return None
-    if runs_w is not None and runs_w not in GENERATED_STAGED_RUNS_W:
-        raise ValueError(f"runs_w must be one of {GENERATED_STAGED_RUNS_W} (the kernel's warps in whole rows of "
-                         f"runs), got {runs_w}")
-    fill, chunks = 1.0, -(-(channels // groups) // source.constants["MMA_CHANNELS"])
-    if runs_w is None:
-        runs_w, fill = _best_runs({r: generated_mma_staged_forward_tile(source, r) for r in GENERATED_STAGED_RUNS_W},
-                                  out_size)
-    shared_bytes = generated_mma_staged_forward_shared_bytes(source, kernel, stride[0], runs_w, reduced)
-    if (fill < GENERATED_STAGED_MIN_FILL or shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535
-            or batch * chunks > 65535):
-        return None
-    tile = generated_mma_staged_forward_tile(source, runs_w)
-    tiles = math.prod(-(-size // t) for size, t in zip(out_size, tile))
-    return LaunchConfig((tiles, groups, batch * chunks), (32, source.constants["MMA_WARPS"]), shared_bytes), runs_w
+    """``involution_generated_mma_staged``'s launch and runs_w (``_staged_launch``: tiles of the
+    output, which fill it best)."""
+    return _staged_launch(source, "involution_generated_mma_staged",
+                          lambda r: generated_mma_staged_forward_tile(source, r),
+                          lambda r: generated_mma_staged_forward_shared_bytes(source, kernel_size[0], stride[0], r,
+                                                                              reduced),
+                          dtype, batch, channels, groups, out_size, kernel_size, stride, dilation, runs_w)
 
 
 def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
