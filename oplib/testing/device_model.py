@@ -1487,14 +1487,15 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_staged (generated_mma.cu): ``item`` is the thread's index in the
     grid (block-major, 256 threads a block, a block a tile of output pixels of a (sample, group)
     and a chunk of 16 of its channels; a warp 8 runs of 4 pixels x 4 channel quarters, runs_w
-    along a row). The group's span rows and the input over the region staged (``_staged_region``,
-    at stride 2 a row's even columns first); per pass of kernel rows, the pass's taps formed (per
-    m-tile of 16 of the tile's pixels: the bias, per k-step of R the feature's A fragment from
-    global memory and the span's B by ldmatrix per n-tile; tensor cores: no term; a word store
-    per value of the pass's taps) and, per kernel row of the pass, its K taps' 4 weights (a
-    16-byte shared load each), the window's input (an 8-byte shared load a pixel) and 4
-    multiply-adds per (tap, pixel) pair; the stores. The layout's sizes are the source's and its
-    host's."""
+    along a row). The group's span rows and their bias (a value a thread, stored in float) and
+    the input over the region the tile's pixels in the map read staged (``_staged_region``, at
+    stride 2 a row's even columns first); per pass of kernel rows, the pass's taps formed (per
+    m-tile of 16 of the tile's pixels: per n-tile the bias, an 8-byte shared load; per k-step of
+    R the feature's A fragment from global memory and the span's B by ldmatrix per n-tile;
+    tensor cores: no term; a word store per value of the pass's taps) and, per kernel row of the
+    pass, for a run with a pixel in the map, its K taps' 4 weights (a 16-byte shared load each),
+    the window's input (an 8-byte shared load a pixel) and 4 multiply-adds per (tap, pixel)
+    pair; the stores. The layout's sizes are the source's and its host's."""
     from ..kernels.involution import cuda as involution_cuda
 
     (C, H, W, G, OH, OW, ph, pw, R, tiles_w, runs_w, isn, isc, ish, isw, osn, osc, osh, osw,
@@ -1504,41 +1505,41 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     es, taps, pg, threads = launch.dtype.itemsize, K * K, C // G, launch.threads_per_block
     tile_h, tile_w = involution_cuda.generated_mma_staged_forward_tile(source, runs_w)
     tile_pixels = tile_h * tile_w
-    region_h, region_w = S * (tile_h - 1) + K, S * (tile_w - 1) + K
+    region_h, region_w = involution_cuda.generated_mma_staged_forward_region(source, K, S, runs_w, (OH, OW))
     pitch = 2 * -(-region_w // 2) if S == 2 else region_w
     odd = -(-region_w // 2) * 10 if S == 2 else 0
     tap_stride = tile_pixels + 4
     span_rows, span_words = 8 * -(-taps // 8), 8 * -(-R // 16)
     span_stride = span_words + 4
-    staged_at = span_rows * span_stride  # words
+    bias_at = span_rows * span_stride  # words
+    staged_at = bias_at + span_rows
     weights_at = staged_at + -(-region_h * pitch * 10 // 4) * 4
     thread, warp, row, quad, group, n, c0, y0, x0 = _staged_thread(item, launch, G, pg, tiles_w, (tile_h, tile_w))
     lane = thread % 32
-    everyone = thread >= 0
     _span_staging(t, thread, threads, group, taps, R, span_rows, span_words, span_stride, es)
+    t.load(3, group * taps + thread, (thread < span_rows) & (thread < taps), es)
+    t.shared(bias_at + thread, thread < span_rows, 4)
     _staged_region(t, thread, threads, n * isn + group * pg * isc, c0, pg, (region_h, region_w), pitch, S,
                    (S * y0 - ph, S * x0 - pw), (H, W), (isc, ish, isw), vector, es, staged_at)
     run_x, run_y = row % runs_w, row // runs_w
     ty, tx = warp * (8 // runs_w) + run_y, 4 * run_x
+    summing = (y0 + ty < OH) & (x0 + tx < OW)  # a run with a pixel in the map
     m = warp + 8 * _slots(-(-tile_pixels // 16 // 8))
     live = m < tile_pixels // 16
     for first_a, end_a in involution_cuda.generated_mma_staged_forward_passes(K, S):
         first_tile = first_a * K // 8
         tiles = -(-end_a * K // 8) - first_tile
         for tt in range(tiles):
-            for e in range(2):
-                tap = 8 * (first_tile + tt) + 2 * quad + e
-                t.load(3, group * taps + tap, live & (tap < taps), es)
-        for t0 in range(0, tiles, 4):  # FORM_TILES n-tiles at a time, the feature loaded for each set
-            for k0 in range(0, R, 16):
-                for v in range(4):
-                    pixel = 16 * m + row + 8 * (v & 1)
-                    i, o = y0 + pixel // tile_w, x0 + pixel % tile_w
-                    _feature_pair_loads(t, n * fsn + i * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1),
-                                        live & (i < OH) & (o < OW), R, fsc, feature_words, es)
-                for tt in range(t0, min(t0 + 4, tiles)):
-                    t.matrices(8 * (first_tile + tt) * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride),
-                               live, 2)
+            t.shared((bias_at + 8 * (first_tile + tt) + 2 * quad) // 2, live, 8)
+        for k0 in range(0, R, 16):  # every n-tile of the pass at once: the feature read once a k-step
+            for v in range(4):
+                pixel = 16 * m + row + 8 * (v & 1)
+                i, o = y0 + pixel // tile_w, x0 + pixel % tile_w
+                _feature_pair_loads(t, n * fsn + i * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1),
+                                    live & (i < OH) & (o < OW), R, fsc, feature_words, es)
+            for tt in range(tiles):
+                t.matrices(8 * (first_tile + tt) * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride),
+                           live, 2)
         for tt in range(tiles):
             for e in range(2):
                 place = 8 * tt + 2 * quad + e
@@ -1548,12 +1549,12 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
         for a in range(first_a, end_a):
             first_tap = weights_at + (a * K - 8 * first_tile) * tap_stride + ty * tile_w + tx
             for b in range(K):  # 16 bytes each (index in 16-byte units)
-                t.shared((first_tap + b * tap_stride) // 4, everyone, 16)
+                t.shared((first_tap + b * tap_stride) // 4, summing, 16)
             window = staged_at + ((S * ty + a) * pitch + tx) * 10 + 2 * quad
             for k in range(S * 3 + K):  # 8 bytes each
                 at = window + (k % 2 * odd + k // 2 * 10 if S == 2 else k * 10)
-                t.shared(at // 2, everyone, 8)
-                t.fma(everyone, 4 * sum(0 <= k - S * p < K for p in range(4)))
+                t.shared(at // 2, summing, 8)
+                t.fma(summing, 4 * sum(0 <= k - S * p < K for p in range(4)))
     y, x = y0 + ty, x0 + tx
     channel = c0 + 4 * quad
     pairs = osc == 1 and (osn | osh | osw | pg) % 2 == 0

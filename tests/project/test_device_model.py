@@ -311,18 +311,19 @@ def test_the_staged_grad_input_trace_counts_a_launch_counted_by_hand():
 
 
 def test_the_staged_forward_trace_counts_a_launch_counted_by_hand():
-    """generated_mma.cu's staged forward at an 8 x 32 output of one group of 16 bfloat16 channels
+    """generated_mma.cu's staged forward at a 6 x 30 output of one group of 16 bfloat16 channels
     (channels_last), a 3x3 kernel at stride 1, padding 1, in runs of 8 along a row: one block, a
-    tile of 8 rows x 32 columns, 8 warps. Each warp takes each of the 3 kernel rows: 6 window
-    columns meet 12 (tap, pixel) pairs of its runs, 4 multiply-adds each, after 3 16-byte
-    weight loads and 6 8-byte input loads; then each lane stores its 4 pixels x 2 pairs of
-    channels, a 32-bit store each."""
+    tile of 8 rows x 32 columns, 8 warps, a warp a row. Warps 0-5 (the map's rows) take each of
+    the 3 kernel rows: 6 window columns meet 12 (tap, pixel) pairs of its runs, 4 multiply-adds
+    each, after 3 16-byte weight loads and 6 8-byte input loads; then each lane stores its
+    pixels in the map x 2 pairs of channels, a 32-bit store each (a warp's 4 pixels, as its
+    first 7 runs lie in the map). Warps 6 and 7 form weights and neither sum nor store."""
     from oplib.kernels.involution import cuda as involution_cuda
 
-    x = torch.randn(1, 16, 8, 32, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
-    f = torch.randn(1, 16, 8, 32, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    x = torch.randn(1, 16, 6, 30, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    f = torch.randn(1, 16, 6, 30, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
     s = torch.randn(9, 16, dtype=torch.bfloat16)
-    out = torch.empty(1, 16, 8, 32, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    out = torch.empty(1, 16, 6, 30, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
     recording = device_model.RecordingLauncher()
     assert involution_cuda.involution_generated_mma_staged(x, f, s, None, [3, 3], [1, 1], [1, 1], [1, 1], out,
                                                            recording, runs_w=8) is not None
@@ -330,14 +331,15 @@ def test_the_staged_forward_trace_counts_a_launch_counted_by_hand():
     assert launch.kernel == "involution_generated_mma_staged" and launch.blocks == 1
     work = device_model.kernel_work(launch)
     assert work.warps == 8
-    assert work.fma_requests == 8 * 3 * 12 * 4
-    assert work.store_requests == 8 * 4 * 2
+    assert work.fma_requests == 6 * 3 * 12 * 4
+    assert work.store_requests == 6 * 4 * 2
     # shared memory, warp instructions: the span's 16 rows of 8 words (warps 0-3, a store
-    # each); the 10 x 34 region's 680 units, 3 passes of the block (the last in warps 0-5), 4
-    # word stores a unit; per warp, 2 m-tiles of 2 n-tiles (one k-step): an ldmatrix each, and
-    # the stores of taps 0-7 (2 values x 2 rows) and of tap 8 (quad 0's first value, 2 rows);
-    # the sums' 3 + 6 loads a kernel row
-    assert work.shared_requests == 4 + (8 + 8 + 6) * 4 + 8 * 2 * (2 + 4 + 2) + 8 * 3 * (3 + 6)
+    # each) and their 16 biases (warp 0); the region the map's pixels read, 8 x 32 (not the
+    # tile's 10 x 34), 512 units, 2 passes of the block, 4 word stores a unit; per warp, 2
+    # m-tiles of 2 n-tiles (one k-step): a bias load and an ldmatrix each, and the stores of
+    # taps 0-7 (2 values x 2 rows) and of tap 8 (quad 0's first value, 2 rows); the sums' 3 +
+    # 6 loads a kernel row
+    assert work.shared_requests == 4 + 1 + 16 * 4 + 8 * 2 * (2 + 2 + 4 + 2) + 6 * 3 * (3 + 6)
 
 
 @pytest.mark.parametrize("index, mask, element_bytes, passes", [

@@ -1142,17 +1142,27 @@ def generated_mma_staged_forward_pass_rows(kernel: int, stride: int) -> int:
     return max(end * kernel - 8 * (first * kernel // 8) for first, end in generated_mma_staged_forward_passes(kernel, stride))
 
 
+def generated_mma_staged_forward_region(source: KernelSource, kernel: int, stride: int, runs_w: int,
+                                        out_size) -> tuple[int, int]:
+    """(rows, columns) of the input a block of ``involution_generated_mma_staged`` stages, as the
+    kernel computes them: the windows of its tile's pixels, or of a map of ``out_size`` smaller
+    than the tile, of its own."""
+    tile = generated_mma_staged_forward_tile(source, runs_w)
+    return tuple(stride * (min(t, extent) - 1) + kernel for t, extent in zip(tile, out_size))
+
+
 def generated_mma_staged_forward_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
-                                              reduced: int) -> int:
+                                              reduced: int, out_size) -> int:
     """The dynamic shared memory of ``involution_generated_mma_staged``: the group's span rows
-    (whole n-tiles of taps), the input over the region the tile's windows read (at stride 2 a
-    row's even columns, then its odd ones), the tile's weights of a pass's taps
-    (generated_mma.cu lays them out)."""
+    (whole n-tiles of taps) and their bias, the input over the region the tile's windows read
+    (``generated_mma_staged_forward_region``; at stride 2 a row's even columns, then its odd
+    ones), the tile's weights of a pass's taps (generated_mma.cu lays them out)."""
     c = source.constants
     tile_h, tile_w = generated_mma_staged_forward_tile(source, runs_w)
-    region_h, region_w = (stride * (t - 1) + kernel for t in (tile_h, tile_w))
+    region_h, region_w = generated_mma_staged_forward_region(source, kernel, stride, runs_w, out_size)
     pitch = 2 * -(-region_w // 2) if stride == 2 else region_w
-    span = 8 * -(-kernel * kernel // 8) * (8 * -(-reduced // 16) + 4)
+    span_rows = 8 * -(-kernel * kernel // 8)
+    span = span_rows * (8 * -(-reduced // 16) + 4 + 1)
     staged = -(-region_h * pitch * c["STAGED_PIXEL"] // 4) * 4
     return 4 * (span + staged + generated_mma_staged_forward_pass_rows(kernel, stride) * (tile_h * tile_w + 4))
 
@@ -1165,7 +1175,7 @@ def generated_mma_staged_forward_config(source: KernelSource, dtype: torch.dtype
     return _staged_launch(source, "involution_generated_mma_staged",
                           lambda r: generated_mma_staged_forward_tile(source, r),
                           lambda r: generated_mma_staged_forward_shared_bytes(source, kernel_size[0], stride[0], r,
-                                                                              reduced),
+                                                                              reduced, out_size),
                           dtype, batch, channels, groups, out_size, kernel_size, stride, dilation, runs_w)
 
 

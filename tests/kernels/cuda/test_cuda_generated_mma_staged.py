@@ -51,7 +51,8 @@ def _declines_only_what_it_has_no_instantiation_for(args: tuple) -> bool:
     fixed = (kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
              and kernel_size[0] in (3, 5, 7) and stride[0] in (1, 2))
     largest = max(involution_cuda.generated_mma_staged_forward_shared_bytes(_source(), kernel_size[0], stride[0],
-                                                                            runs_w, args[1].shape[1])
+                                                                            runs_w, args[1].shape[1],
+                                                                            tuple(args[1].shape[2:]))
                   for runs_w in RUNS_W)
     return not fixed or largest > involution_cuda.GENERATED_TILE_MAX_SHARED
 
@@ -142,6 +143,25 @@ def test_staged_forward_declines_what_it_does_not_serve():
     assert bool((out == 7).all())
 
 
+def test_a_map_smaller_than_the_tile_stages_its_own_windows():
+    """A block stages the input its tile's pixels in the map read: at RedNet-50's 14x14 maps (a
+    16 x 16 tile) 20 x 20 pixels where the whole tile's windows are 22 x 22, which brings the
+    third stage's block to three an SM of the H200 (two while it staged the tile's region)."""
+    from oplib.testing import device_model
+
+    source = _source()
+    region = involution_cuda.generated_mma_staged_forward_region
+    assert region(source, 7, 1, 4, (14, 14)) == (20, 20)
+    assert region(source, 7, 1, 8, (56, 56)) == (14, 38)  # a map the tiles cover: the tile's windows
+    assert region(source, 7, 2, 8, (28, 28)) == (21, 61)
+    assert region(source, 5, 1, 8, (3, 100)) == (7, 36)
+    for channels, size in ((64, 56), (128, 28), (256, 14)):  # RedNet-50's stride-1 layers, R = C / 4
+        config, _ = involution_cuda.generated_mma_staged_forward_config(
+            source, torch.bfloat16, 32, channels, channels // 16, (size, size), (7, 7), (1, 1), (1, 1), channels // 4)
+        # at the most registers the kernel asks for, 80
+        assert device_model.resident_blocks(80, 256, config.shared_bytes, device_model.H200) == 3, size
+
+
 def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
     result, out = _result(args, launcher, 4)
     assert result is out, name
@@ -181,12 +201,18 @@ BETWEEN_PASSES = PlantedBug("between-passes",
 ODD_COLUMNS = PlantedBug("odd-columns", "(col & 1) * ((region_w + 1) >> 1) + (col >> 1)",
                          "(col & 1) * (region_w >> 1) + (col >> 1)")
 # A tap's bias taken from the tap after it.
-BIAS_TAP = PlantedBug("bias-tap", "start[e] = t0 + t < tiles && tap < T ? mma_to_float(__ldg(group_bias + tap)",
-                      "start[e] = t0 + t < tiles && tap < T ? mma_to_float(__ldg(group_bias + tap + 1)")
+BIAS_TAP = PlantedBug("bias-tap", "mma_to_float(__ldg(group_bias + thread), half_t())",
+                      "mma_to_float(__ldg(group_bias + thread + 1), half_t())")
 # A pass's last tap left unformed.
-LAST_TAP = PlantedBug("last-tap", "if (t0 + t >= tiles || 8 * first_tile + place >= end_a * K) continue;",
-                      "if (t0 + t >= tiles || 8 * first_tile + place >= end_a * K - 1) continue;")
-# The map's last column taken for a pixel outside it (its weights 0).
+LAST_TAP = PlantedBug("last-tap", "if (t >= tiles || 8 * first_tile + place >= end_a * K) continue;",
+                      "if (t >= tiles || 8 * first_tile + place >= end_a * K - 1) continue;")
+# The region staging's carry a column short: the pixel after a row's last staged on the next
+# row one place early (and a row's first never staged).
+REGION_CARRY = PlantedBug("region-carry", "col -= carry ? region_w : 0;", "col -= carry ? region_w - 1 : 0;")
+# The region a row short of what the tile's pixels in the map read.
+REGION_ROWS = PlantedBug("region-rows", "const int region_h = S * ((tile_h < out_h ? tile_h : out_h) - 1) + K;",
+                         "const int region_h = S * ((tile_h < out_h ? tile_h : out_h) - 1) + K - 1;")
+# The map's last column taken for a pixel outside it (its feature read as zeros: its weights the bias).
 LAST_COLUMN = PlantedBug("last-column", "inside[h] = i < out_h && o < out_w;", "inside[h] = i < out_h && o < out_w - 1;")
 # The weights a tap's row further on: the buffer's last row past the end of the shared memory.
 BUFFER_OVERRUN = PlantedBug("buffer-past-the-end",
@@ -201,7 +227,8 @@ STRIDE_CASES = (WIDE[0], WIDE[1])
 
 @pytest.mark.integration
 @pytest.mark.parametrize("bug, cases", [
-    *((b, STRIDE_CASES) for b in (WINDOW_LATE, PASS_BARRIER, BIAS_TAP, LAST_TAP, LAST_COLUMN)),
+    *((b, STRIDE_CASES) for b in (WINDOW_LATE, PASS_BARRIER, BIAS_TAP, LAST_TAP, LAST_COLUMN, REGION_CARRY,
+                                  REGION_ROWS)),
     *((b, STRIDE_CASES[1:]) for b in (BETWEEN_PASSES, ODD_COLUMNS))], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()

@@ -1057,6 +1057,11 @@ struct alignas(8) StagedQuarter {
     unsigned int word[2];
 };
 
+// A D fragment's two taps' bias, staged in float: one 8-byte load.
+struct alignas(8) StagedBias {
+    float value[2];
+};
+
 // A region of region_h x region_w pixels of a map of rows x columns (its pixel (ri, col) the
 // map's (first_row + ri, first_column + col): zeros outside the map) staged in 16-bit values,
 // the chunk's MMA_CHANNELS channels from c0 (zeros past the group's) a pixel, STAGED_PIXEL words
@@ -1071,10 +1076,16 @@ __device__ __forceinline__ void staged_region(unsigned int* staged, const unsign
                                               int first_row, int first_column, int rows, int columns,
                                               index_t c_stride, index_t h_stride, index_t w_stride, bool vector,
                                               int thread) {
+    // A thread's units step a block's worth (MMA_THREADS) a trip: `step` rows and `shift`
+    // columns, and a row more where the columns pass the row's end (a select, not a branch),
+    // its half fixed (a row holds an even number of units), where dividing each unit's index by
+    // the row's runtime length took a dozen instructions a trip.
+    const int row_units = 2 * region_w, step = MMA_THREADS / row_units;
+    const int shift = (MMA_THREADS - step * row_units) / 2, half = thread & 1, c = c0 + 8 * half;
+    int ri = thread / row_units, col = (thread - ri * row_units) >> 1;
 #pragma unroll 1
-    for (int unit = thread; unit < region_h * region_w * 2; unit += MMA_THREADS) {
-        const int half = unit & 1, pixel = unit >> 1, ri = pixel / region_w, col = pixel - ri * region_w;
-        const int i = first_row + ri, o = first_column + col, c = c0 + 8 * half;
+    while (ri < region_h) {
+        const int i = first_row + ri, o = first_column + col;
         const bool in_map = (unsigned int)i < (unsigned int)rows && (unsigned int)o < (unsigned int)columns;
         const unsigned short* at = plane + (index_t)c * c_stride + (index_t)i * h_stride + (index_t)o * w_stride;
         unsigned int words[4] = {};
@@ -1093,6 +1104,10 @@ __device__ __forceinline__ void staged_region(unsigned int* staged, const unsign
         unsigned int* to = staged + place * STAGED_PIXEL + 4 * half;
 #pragma unroll
         for (int m = 0; m < 4; ++m) to[m] = words[m];
+        col += shift;
+        const bool carry = col >= region_w;
+        col -= carry ? region_w : 0;
+        ri += step + carry;
     }
 }
 
@@ -1343,9 +1358,9 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
 // feature is read once a pass. A block of MMA_WARPS warps takes a tile of tile_h x tile_w output
 // pixels of one (sample, group) and a chunk of MMA_CHANNELS of the group's channels (grid: tiles
 // x groups x samples * chunks):
-//   1. stages the group's span rows (all T taps, whole n-tiles of 8) and the input over the
-//      region the tile's windows read, 16-bit ([row][place][channel], zeros outside the image;
-//      at S = 2 each row's even columns, then its odd ones: staged_region<2>);
+//   1. stages the group's span rows (all T taps, whole n-tiles of 8) and their bias, and the
+//      input over the region the tile's windows read, 16-bit ([row][place][channel], zeros
+//      outside the image; at S = 2 each row's even columns, then its odd ones: staged_region<2>);
 //   2. per pass of kernel rows (all K at S = 1; at S = 2 two passes, the first K / 2 rounded up,
 //      as the region of a stride-2 tile leaves no room for every tap's weights):
 //      a. forms the pass's taps at the tile's pixels, (pixels x R)(R x taps) + bias on tensor
@@ -1367,8 +1382,11 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
 // Dynamic shared memory (generated_mma_staged_forward_shared_bytes), 32-bit words:
 //   span     span_rows x span_stride              the group's span rows (span_rows = T in n-tiles
 //                                                 of 8, the rows past T zeros)
+//   bias     span_rows                            float, the span rows' bias (zeros past T)
 //   staged   region_h x pitch x STAGED_PIXEL      the input chunk (pitch: region_w, or at S = 2
-//                                                 twice its even columns)
+//                                                 twice its even columns), over the windows of
+//                                                 the tile's pixels in the map's extent (a map
+//                                                 smaller than the tile: its own)
 //   weights  staged_pass_rows x tap_stride        float, [tap][pixel], a pass's taps from its
 //                                                 first n-tile's: tap_stride the tile's pixels
 //                                                 and 4 (a D fragment's stores in different
@@ -1428,9 +1446,10 @@ __device__ __forceinline__ void staged_forward_row_sums(float (&sums)[STAGED_RUN
 }
 
 // Three blocks an SM at stride 1 from sm_90 on (sm_90 and sm_100 hold three stride-1 tiles,
-// 71-77 KiB each, in their 228 KiB an SM), at most 80 registers, with no spill on any target
-// (sm_120's forming seven n-tiles at once had spilled: FORM_TILES); two before (sm_80's 164
-// KiB hold two; sm_86's and sm_89's 100 KiB, like sm_120's, one), the registers left free.
+// 71-74 KiB each, in their 228 KiB an SM), at most 80 registers, with no spill on any target
+// (sm_120's forming seven n-tiles at once spilled while each lane loaded its bias from global
+// memory); two before (sm_80's 164 KiB hold two; sm_86's and sm_89's 100 KiB, like sm_120's,
+// one), the registers left free.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define OPLIB_STAGED_FORWARD_BLOCKS 3
 #else
@@ -1457,20 +1476,25 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         // The kernel rows in PASSES passes of PASS_ROWS, each pass's taps formed and summed in
         // turn (at S = 2 all of them at once would not fit the shared memory with the region).
         constexpr int PASSES = S == 2 ? 2 : 1, PASS_ROWS = (K + PASSES - 1) / PASSES;
-        constexpr int BUFFER_TILES = staged_pass_tiles(K, PASS_ROWS), FORM_TILES = 4;
+        constexpr int BUFFER_TILES = staged_pass_tiles(K, PASS_ROWS);
         constexpr int TILE_PIXELS = MMA_WARPS * 8 * STAGED_RUN;  // a warp's 8 runs of 4 pixels, whatever runs_w
         static_assert(staged_pass_rows(K, PASS_ROWS) <= 8 * BUFFER_TILES, "a pass's taps in its n-tiles");
         const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
         const int runs_h = 8 / runs_w;  // a warp's rows of runs
         const int tile_w = STAGED_RUN * runs_w, tile_h = MMA_WARPS * runs_h;
-        const int region_h = S * (tile_h - 1) + K, region_w = S * (tile_w - 1) + K;
+        const int tile_w_shift = runs_w == 8 ? 5 : runs_w == 4 ? 4 : 3;  // log2(tile_w), no division
+        // The region the tile's pixels inside the map read: a map smaller than the tile (14 x 14
+        // in 16 x 16) stages only its own windows' input.
+        const int region_h = S * ((tile_h < out_h ? tile_h : out_h) - 1) + K;
+        const int region_w = S * ((tile_w < out_w ? tile_w : out_w) - 1) + K;
         const int odd = S == 2 ? (region_w + 1) / 2 * STAGED_PIXEL : 0, pitch = S == 2 ? 2 * ((region_w + 1) / 2) : region_w;
         const int tap_stride = TILE_PIXELS + 4;
         const int group_channels = channels / groups;
         const int span_rows = 8 * ((T + 7) / 8), span_words = 8 * ((reduced + 15) / 16), span_stride = span_words + 4;
         OPLIB_DYNAMIC_SHARED(unsigned int, shared);
         unsigned int* span = shared;
-        unsigned int* staged = span + span_rows * span_stride;
+        float* span_bias = reinterpret_cast<float*>(span + span_rows * span_stride);
+        unsigned int* staged = span + span_rows * (span_stride + 1);
         float* weights = reinterpret_cast<float*>(staged + ((region_h * pitch * STAGED_PIXEL + 3) & ~3));
 
         const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
@@ -1481,14 +1505,17 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
 
         const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * T * reduced;
         mma_stage_span_rows(span, group_span, span_rows, T, reduced, span_words, span_stride, thread);
+        if (thread < span_rows) {
+            const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * T;
+            span_bias[thread] = thread < T ? mma_to_float(__ldg(group_bias + thread), half_t()) : 0.0f;
+        }
         const unsigned short* plane =
             reinterpret_cast<const unsigned short*>(input) + n * input_n + (index_t)group * group_channels * input_c;
         staged_region<S>(staged, plane, c0, group_channels, region_h, region_w, pitch, S * y0 - pad_h, S * x0 - pad_w,
                          height, width, input_c, input_h, input_w, vector_input, thread);
-        __syncthreads();  // the span rows and the input are staged
+        __syncthreads();  // the span rows, their bias and the input are staged
 
         const int row = lane >> 2, quad = lane & 3;  // a fragment's
-        const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * T;
         const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
         // A reduced channel's step in the feature (channels_last with pairs as words: 1, the
         // word loads' step; else the channel stride, two 16-bit loads a pair).
@@ -1511,49 +1538,45 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
                 bool inside[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int pixel = 16 * m + row + 8 * h, py = pixel / tile_w, i = y0 + py, o = x0 + pixel - py * tile_w;
+                    const int pixel = 16 * m + row + 8 * h, py = pixel >> tile_w_shift, i = y0 + py;
+                    const int o = x0 + pixel - (py << tile_w_shift);
                     inside[h] = i < out_h && o < out_w;
                     pixels[h] = feature_bits + (index_t)i * feature_h + (index_t)o * feature_w + 2 * quad * feature_step;
                 }
                 float* to = weights + 16 * m + row;
-                // The n-tiles FORM_TILES at a time, the feature read again for each set: seven
-                // n-tiles' accumulators at once spilled at three blocks an SM (sm_120).
+                // All the pass's n-tiles at once, the feature's A fragment read once a k-step (the
+                // bias from shared memory left room for their accumulators: no spill on any
+                // target at three blocks an SM).
+                OplibFragmentC d[BUFFER_TILES];
 #pragma unroll
-                for (int t0 = 0; t0 < BUFFER_TILES; t0 += FORM_TILES) {
-                    if (t0 >= tiles) break;
-                    OplibFragmentC d[FORM_TILES];
-#pragma unroll
-                    for (int t = 0; t < FORM_TILES; ++t) {
-                        float start[2];
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int tap = 8 * (first_tile + t0 + t) + 2 * quad + e;
-                            start[e] = t0 + t < tiles && tap < T ? mma_to_float(__ldg(group_bias + tap), half_t()) : 0.0f;
-                        }
-                        d[t] = OplibFragmentC{{start[0], start[1], start[0], start[1]}};
-                    }
-                    const unsigned short* values[2] = {pixels[0], pixels[1]};
+                for (int t = 0; t < BUFFER_TILES; ++t) {
+                    if (t >= tiles) break;
+                    // the D fragment's two taps' bias (zeros past T): one 8-byte load
+                    const StagedBias start =
+                        *reinterpret_cast<const StagedBias*>(span_bias + 8 * (first_tile + t) + 2 * quad);
+                    d[t] = OplibFragmentC{{start.value[0], start.value[1], start.value[0], start.value[1]}};
+                }
+                const unsigned short* values[2] = {pixels[0], pixels[1]};
 #pragma unroll 1
-                    for (int k0 = 0; k0 < reduced; k0 += 16) {
-                        const OplibFragmentA f = staged_feature_fragment(values, inside, k0 + 2 * quad, reduced,
-                                                                         feature_step, feature_words);
+                for (int k0 = 0; k0 < reduced; k0 += 16) {
+                    const OplibFragmentA f =
+                        staged_feature_fragment(values, inside, k0 + 2 * quad, reduced, feature_step, feature_words);
 #pragma unroll
-                        for (int t = 0; t < FORM_TILES; ++t) {
-                            if (t0 + t >= tiles) break;
-                            const unsigned int* rows = span + 8 * (first_tile + t0 + t) * span_stride + k0 / 2;
-                            oplib_mma<half_t>(d[t], f, oplib_load_fragment_b(rows, span_stride));
-                        }
+                    for (int t = 0; t < BUFFER_TILES; ++t) {
+                        if (t >= tiles) break;
+                        const unsigned int* rows = span + 8 * (first_tile + t) * span_stride + k0 / 2;
+                        oplib_mma<half_t>(d[t], f, oplib_load_fragment_b(rows, span_stride));
                     }
+                }
 #pragma unroll
-                    for (int t = 0; t < FORM_TILES; ++t) {
+                for (int t = 0; t < BUFFER_TILES; ++t) {
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int place = 8 * (t0 + t) + 2 * quad + e;  // the pass's taps only
-                            if (t0 + t >= tiles || 8 * first_tile + place >= end_a * K) continue;
+                    for (int e = 0; e < 2; ++e) {
+                        const int place = 8 * t + 2 * quad + e;  // the pass's taps only
+                        if (t >= tiles || 8 * first_tile + place >= end_a * K) continue;
+                        // a pixel outside the map keeps its bias: no stored output reads it
 #pragma unroll
-                            for (int h = 0; h < 2; ++h)
-                                to[place * tap_stride + 8 * h] = inside[h] ? d[t].value[2 * h + e] : 0.0f;
-                        }
+                        for (int h = 0; h < 2; ++h) to[place * tap_stride + 8 * h] = d[t].value[2 * h + e];
                     }
                 }
             }
@@ -1561,6 +1584,11 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
             const float* run_weights = weights + ty * tile_w + tx;
             // column S tx of the region: place tx (at S = 2, of the row's even columns)
             const unsigned int* run_window = staged + (S * ty * pitch + tx) * STAGED_PIXEL + 2 * quarter;
+            // A run from outside the map has nothing to store (and its windows lie past the
+            // region); one in it reads its pixels' windows, inside the region, and past the
+            // region's row only for its pixels outside the map, whose sums are not stored (the
+            // last row's past the region but within the weights after it).
+            if (y0 + ty >= out_h || x0 + tx >= out_w) continue;
 #pragma unroll 1
             for (int a = first_a; a < end_a; ++a)
                 staged_forward_row_sums<half_t, K, S>(sums, run_weights + (a * K - 8 * first_tile) * tap_stride,
