@@ -867,8 +867,9 @@ def staged_forward_lines(data: list[dict], rows: list[dict], table: list[dict], 
         f"within 2x at {sum(o <= 2.0 for o in over)} of {len(over)} rows. Predicted / the tensor-core forward: "
         f"{ratio_range(against_mma)}, faster at {sum(a < 1.0 for a in against_mma)} of {len(against_mma)} rows; / "
         f"span conv + involution: {ratio_range(against_unfused)}, within 0.5x at "
-        f"{sum(a <= 0.5 for a in against_unfused)} of {len(against_unfused)} rows. It declines RedNet-50's 7x7 maps "
-        "(its tiles would hold them in less than half their pixels; the tensor-core forward serves them). The next "
+        f"{sum(a <= 0.5 for a in against_unfused)} of {len(against_unfused)} rows. RedNet-50's 7x7 maps it takes "
+        "folded, four samples a block (8 x 8 pixels each of an 8 x 32 tile); at stride 2 it declines them (four "
+        "samples' regions and an R of 128 past the shared memory; the tensor-core forward serves them). The next "
         "draw times it in the kernel table's generated forward row (its \"staged\" column).",
         "",
         *_harness.table([*PREDICTED_COLUMNS, "tensor-core forward, measured (us)", "predicted / it",

@@ -1486,9 +1486,10 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
 def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_staged (generated_mma.cu): ``item`` is the thread's index in the
     grid (block-major, 256 threads a block, a block a tile of output pixels of a (sample, group)
-    and a chunk of 16 of its channels; a warp 8 runs of 4 pixels x 4 channel quarters, runs_w
-    along a row). The group's span rows and their bias (a value a thread, stored in float) and
-    the input over the region the tile's pixels in the map read staged (``_staged_region``, at
+    and a chunk of 16 of its channels, or folded of 1 << fold_shift samples, each a share of the
+    tile's rows; a warp 8 runs of 4 pixels x 4 channel quarters, runs_w along a row). The group's
+    span rows and their bias (a value a thread, stored in float) and, per sample, the input over
+    the region its pixels in the map read staged (``_staged_region``, at
     stride 2 a row's even columns first); per pass of kernel rows, the pass's taps formed (per
     m-tile of 16 of the tile's pixels: per n-tile the bias, an 8-byte shared load; per k-step of
     R the feature's A fragment from global memory and the span's B by ldmatrix per n-tile;
@@ -1498,13 +1499,13 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     pair; the stores. The layout's sizes are the source's and its host's."""
     from ..kernels.involution import cuda as involution_cuda
 
-    (C, H, W, G, OH, OW, ph, pw, R, tiles_w, runs_w, isn, isc, ish, isw, osn, osc, osh, osw,
+    (C, H, W, G, OH, OW, ph, pw, R, tiles_w, runs_w, N, fold_shift, isn, isc, ish, isw, osn, osc, osh, osw,
      fsn, fsc, fsh, fsw, vector, feature_words) = launch.scalars
     K, S = (int(v) for v in launch.specialisation)
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
     es, taps, pg, threads = launch.dtype.itemsize, K * K, C // G, launch.threads_per_block
     tile_h, tile_w = involution_cuda.generated_mma_staged_forward_tile(source, runs_w)
-    tile_pixels = tile_h * tile_w
+    tile_pixels, sample_rows = tile_h * tile_w, tile_h >> fold_shift
     region_h, region_w = involution_cuda.generated_mma_staged_forward_region(source, K, S, runs_w, (OH, OW))
     pitch = 2 * -(-region_w // 2) if S == 2 else region_w
     odd = -(-region_w // 2) * 10 if S == 2 else 0
@@ -1513,17 +1514,23 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     span_stride = span_words + 4
     bias_at = span_rows * span_stride  # words
     staged_at = bias_at + span_rows
-    weights_at = staged_at + -(-region_h * pitch * 10 // 4) * 4
-    thread, warp, row, quad, group, n, c0, y0, x0 = _staged_thread(item, launch, G, pg, tiles_w, (tile_h, tile_w))
+    region_words = region_h * pitch * 10  # a sample's
+    weights_at = staged_at + -(-(region_words << fold_shift) // 4) * 4
+    thread, warp, row, quad, group, n0, c0, y0, x0 = _staged_thread(item, launch, G, pg, tiles_w, (tile_h, tile_w))
+    n0 = n0 << fold_shift
     lane = thread % 32
     _span_staging(t, thread, threads, group, taps, R, span_rows, span_words, span_stride, es)
     t.load(3, group * taps + thread, (thread < span_rows) & (thread < taps), es)
     t.shared(bias_at + thread, thread < span_rows, 4)
-    _staged_region(t, thread, threads, n * isn + group * pg * isc, c0, pg, (region_h, region_w), pitch, S,
-                   (S * y0 - ph, S * x0 - pw), (H, W), (isc, ish, isw), vector, es, staged_at)
+    for s in range(1 << fold_shift):  # a sample past the batch: its region zeros, nothing read
+        _staged_region(t, thread, threads, (n0 + s) * isn + group * pg * isc, c0, pg, (region_h, region_w), pitch, S,
+                       (S * y0 - ph, S * x0 - pw), (torch.where(n0 + s < N, H, 0), W), (isc, ish, isw), vector, es,
+                       staged_at + s * region_words)
     run_x, run_y = row % runs_w, row // runs_w
     ty, tx = warp * (8 // runs_w) + run_y, 4 * run_x
-    summing = (y0 + ty < OH) & (x0 + tx < OW)  # a run with a pixel in the map
+    run_sample, sample_y = ty // sample_rows, ty % sample_rows
+    n = n0 + run_sample
+    summing = (y0 + sample_y < OH) & (x0 + tx < OW) & (n < N)  # a run with a pixel in the map
     m = warp + 8 * _slots(-(-tile_pixels // 16 // 8))
     live = m < tile_pixels // 16
     for first_a, end_a in involution_cuda.generated_mma_staged_forward_passes(K, S):
@@ -1534,9 +1541,10 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
         for k0 in range(0, R, 16):  # every n-tile of the pass at once: the feature read once a k-step
             for v in range(4):
                 pixel = 16 * m + row + 8 * (v & 1)
-                i, o = y0 + pixel // tile_w, x0 + pixel % tile_w
-                _feature_pair_loads(t, n * fsn + i * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1),
-                                    live & (i < OH) & (o < OW), R, fsc, feature_words, es)
+                py, o = pixel // tile_w, x0 + pixel % tile_w
+                sample, i = n0 + py // sample_rows, y0 + py % sample_rows
+                _feature_pair_loads(t, sample * fsn + i * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1),
+                                    live & (i < OH) & (o < OW) & (sample < N), R, fsc, feature_words, es)
             for tt in range(tiles):
                 t.matrices(8 * (first_tile + tt) * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride),
                            live, 2)
@@ -1550,16 +1558,16 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
             first_tap = weights_at + (a * K - 8 * first_tile) * tap_stride + ty * tile_w + tx
             for b in range(K):  # 16 bytes each (index in 16-byte units)
                 t.shared((first_tap + b * tap_stride) // 4, summing, 16)
-            window = staged_at + ((S * ty + a) * pitch + tx) * 10 + 2 * quad
+            window = staged_at + run_sample * region_words + ((S * sample_y + a) * pitch + tx) * 10 + 2 * quad
             for k in range(S * 3 + K):  # 8 bytes each
                 at = window + (k % 2 * odd + k // 2 * 10 if S == 2 else k * 10)
                 t.shared(at // 2, summing, 8)
                 t.fma(summing, 4 * sum(0 <= k - S * p < K for p in range(4)))
-    y, x = y0 + ty, x0 + tx
+    y, x = y0 + sample_y, x0 + tx
     channel = c0 + 4 * quad
     pairs = osc == 1 and (osn | osh | osw | pg) % 2 == 0
     for p in range(4):
-        stored = (y < OH) & (x + p < OW)
+        stored = (y < OH) & (x + p < OW) & (n < N)
         for e in range(0, 4, 2 if pairs else 1):
             at = n * osn + (group * pg + channel + e) * osc + y * osh + (x + p) * osw
             if pairs:

@@ -1025,8 +1025,8 @@ def _best_runs(tile_of, size) -> tuple[int, float]:
 
 
 def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes_of, dtype: torch.dtype, batch: int,
-                   channels: int, groups: int, size, kernel_size, stride, dilation,
-                   runs_w: Optional[int]) -> Optional[tuple[LaunchConfig, int]]:
+                   channels: int, groups: int, size, kernel_size, stride, dilation, runs_w: Optional[int],
+                   fold_of=lambda runs_w: 1) -> Optional[tuple[LaunchConfig, int]]:
     """The launch of either staged kernel (a block a tile of a map of ``size``, a group and a
     chunk of ``MMA_CHANNELS`` of its channels) and its runs_w: the tiles (``tile_of(runs_w)``)
     that fill the map best, or ``runs_w`` where given (one of ``GENERATED_STAGED_RUNS_W``: the
@@ -1035,7 +1035,8 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
     strides 1 or 2 without dilation (the instantiations it has), the best tiles less than
     ``GENERATED_STAGED_MIN_FILL`` inside the map, shared memory (``shared_bytes_of(runs_w)``)
     past ``GENERATED_TILE_MAX_SHARED`` (a large R: the group's span_weight is staged whole), a
-    grid past CUDA's y and z limits."""
+    grid past CUDA's y and z limits. ``fold_of(runs_w)``: the samples a block takes (the
+    forward's small maps), ``tile_of`` then a sample's share of the tile."""
     if dtype not in GENERATED_MMA_DTYPES or tuple(dilation) != (1, 1):
         return None
     specialisation = (str(kernel_size[0]), str(stride[0]))
@@ -1048,12 +1049,12 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
     fill, chunks = 1.0, -(-(channels // groups) // source.constants["MMA_CHANNELS"])
     if runs_w is None:
         runs_w, fill = _best_runs(tile_of, size)
-    shared_bytes = shared_bytes_of(runs_w)
+    shared_bytes, blocks_z = shared_bytes_of(runs_w), -(-batch // fold_of(runs_w)) * chunks
     if (fill < GENERATED_STAGED_MIN_FILL or shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535
-            or batch * chunks > 65535):
+            or blocks_z > 65535):
         return None
     tiles = math.prod(-(-extent // t) for extent, t in zip(size, tile_of(runs_w)))
-    return LaunchConfig((tiles, groups, batch * chunks), (32, source.constants["MMA_WARPS"]), shared_bytes), runs_w
+    return LaunchConfig((tiles, groups, blocks_z), (32, source.constants["MMA_WARPS"]), shared_bytes), runs_w
 
 
 def generated_mma_staged_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
@@ -1142,19 +1143,39 @@ def generated_mma_staged_forward_pass_rows(kernel: int, stride: int) -> int:
     return max(end * kernel - 8 * (first * kernel // 8) for first, end in generated_mma_staged_forward_passes(kernel, stride))
 
 
+# The samples a block of the staged forward takes where a map fits a quarter of its tallest
+# tiles (8 x 32: 8 x 8, RedNet-50's 7x7 maps), each sample's map in 8 of the tile's rows.
+GENERATED_STAGED_FOLD = 4
+
+
+def generated_mma_staged_forward_fold(source: KernelSource, runs_w: int, out_size) -> int:
+    """The samples a block of ``involution_generated_mma_staged`` takes in tiles of ``runs_w``:
+    ``GENERATED_STAGED_FOLD`` where a map of ``out_size`` fits that share of the tile's rows,
+    else 1."""
+    tile_h, tile_w = generated_mma_staged_forward_tile(source, runs_w)
+    fold = GENERATED_STAGED_FOLD
+    return fold if out_size[0] <= tile_h // fold and out_size[1] <= tile_w else 1
+
+
+def generated_mma_staged_forward_share(source: KernelSource, runs_w: int, out_size) -> tuple[int, int]:
+    """(rows, columns) of a block's tile a sample takes: the tile, or folded its share."""
+    tile_h, tile_w = generated_mma_staged_forward_tile(source, runs_w)
+    return tile_h // generated_mma_staged_forward_fold(source, runs_w, out_size), tile_w
+
+
 def generated_mma_staged_forward_region(source: KernelSource, kernel: int, stride: int, runs_w: int,
                                         out_size) -> tuple[int, int]:
-    """(rows, columns) of the input a block of ``involution_generated_mma_staged`` stages, as the
-    kernel computes them: the windows of its tile's pixels, or of a map of ``out_size`` smaller
-    than the tile, of its own."""
-    tile = generated_mma_staged_forward_tile(source, runs_w)
-    return tuple(stride * (min(t, extent) - 1) + kernel for t, extent in zip(tile, out_size))
+    """(rows, columns) of the input a block of ``involution_generated_mma_staged`` stages for a
+    sample, as the kernel computes them: the windows of the sample's share of the tile, or of a
+    map of ``out_size`` smaller than it, of its own."""
+    share = generated_mma_staged_forward_share(source, runs_w, out_size)
+    return tuple(stride * (min(t, extent) - 1) + kernel for t, extent in zip(share, out_size))
 
 
 def generated_mma_staged_forward_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
                                               reduced: int, out_size) -> int:
     """The dynamic shared memory of ``involution_generated_mma_staged``: the group's span rows
-    (whole n-tiles of taps) and their bias, the input over the region the tile's windows read
+    (whole n-tiles of taps) and their bias, the input over the region each sample's windows read
     (``generated_mma_staged_forward_region``; at stride 2 a row's even columns, then its odd
     ones), the tile's weights of a pass's taps (generated_mma.cu lays them out)."""
     c = source.constants
@@ -1163,7 +1184,8 @@ def generated_mma_staged_forward_shared_bytes(source: KernelSource, kernel: int,
     pitch = 2 * -(-region_w // 2) if stride == 2 else region_w
     span_rows = 8 * -(-kernel * kernel // 8)
     span = span_rows * (8 * -(-reduced // 16) + 4 + 1)
-    staged = -(-region_h * pitch * c["STAGED_PIXEL"] // 4) * 4
+    fold = generated_mma_staged_forward_fold(source, runs_w, out_size)
+    staged = -(-fold * region_h * pitch * c["STAGED_PIXEL"] // 4) * 4
     return 4 * (span + staged + generated_mma_staged_forward_pass_rows(kernel, stride) * (tile_h * tile_w + 4))
 
 
@@ -1171,12 +1193,14 @@ def generated_mma_staged_forward_config(source: KernelSource, dtype: torch.dtype
                                         groups: int, out_size, kernel_size, stride, dilation, reduced: int,
                                         runs_w: Optional[int] = None) -> Optional[tuple[LaunchConfig, int]]:
     """``involution_generated_mma_staged``'s launch and runs_w (``_staged_launch``: tiles of the
-    output, which fill it best)."""
+    output, which fill it best; a map that fits a share of the tallest tiles folded, a block
+    ``GENERATED_STAGED_FOLD`` samples)."""
     return _staged_launch(source, "involution_generated_mma_staged",
-                          lambda r: generated_mma_staged_forward_tile(source, r),
+                          lambda r: generated_mma_staged_forward_share(source, r, out_size),
                           lambda r: generated_mma_staged_forward_shared_bytes(source, kernel_size[0], stride[0], r,
                                                                               reduced, out_size),
-                          dtype, batch, channels, groups, out_size, kernel_size, stride, dilation, runs_w)
+                          dtype, batch, channels, groups, out_size, kernel_size, stride, dilation, runs_w,
+                          lambda r: generated_mma_staged_forward_fold(source, r, out_size))
 
 
 def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
@@ -1201,8 +1225,9 @@ def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight:
     config, runs_w = chosen
     bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
     tiles_w = -(-out_size[1] // generated_mma_staged_forward_tile(source, runs_w)[1])
-    scalars = (channels, *input.shape[2:], groups, *out_size, *padding, reduced, tiles_w, runs_w, *input.stride(),
-               *out.stride(), *feature.stride(), generated_mma_vectors_fit(input, groups),
+    fold_shift = generated_mma_staged_forward_fold(source, runs_w, out_size).bit_length() - 1
+    scalars = (channels, *input.shape[2:], groups, *out_size, *padding, reduced, tiles_w, runs_w, n, fold_shift,
+               *input.stride(), *out.stride(), *feature.stride(), generated_mma_vectors_fit(input, groups),
                generated_mma_feature_words(feature))
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma_staged", input.dtype, config,
                                          (input, feature, span_weight.contiguous(), bias, out, *scalars),

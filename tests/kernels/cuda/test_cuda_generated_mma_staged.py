@@ -60,11 +60,14 @@ def _declines_only_what_it_has_no_instantiation_for(args: tuple) -> bool:
 # Maps the tiles fill (the host takes them without a forced layout): RedNet's 7x7 at strides 1
 # and 2 over two tiles of each layout's width, channels_last and NCHW, an R of two k-steps and
 # one past a k-step, three groups, a 5x5 window with a padding other than K // 2 (outputs 18 x
-# 60, 15 x 32, 14 x 14 and 18 x 20).
+# 60, 15 x 32, 14 x 14 and 18 x 20); 7x7 maps folded, four samples a block, at strides 1 and 2,
+# batches of 6 and 5 (the second block's last samples past the batch).
 WIDE = (TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=24, size=(18, 60), channels_last=True),
         TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=40, size=(30, 64), stride=(2, 2)),
         TWO_CHANNEL_CHUNKS._replace(channels=48, groups=3, reduced=16, size=(14, 14), channels_last=True),
-        TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=8, size=(20, 26), kernel_size=(5, 5), padding=(1, 3)))
+        TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=8, size=(20, 26), kernel_size=(5, 5), padding=(1, 3)),
+        TWO_CHANNEL_CHUNKS._replace(batch=6, channels=32, reduced=24, size=(7, 7), channels_last=True),
+        TWO_CHANNEL_CHUNKS._replace(batch=5, channels=32, reduced=16, size=(13, 13), stride=(2, 2)))
 STAGED_CASES = (*CASES, *WIDE)
 
 
@@ -112,8 +115,9 @@ def test_every_layout_gives_the_same_bits():
 
 def test_staged_forward_declines_what_it_does_not_serve():
     """float32 and float64, windows it has no instantiation for, a map its tiles fill less than
-    half of (RedNet-50's 7x7 last stage), a span_weight past the shared memory: None, out
-    untouched. RedNet-50's other maps in the layout that fills them, at stride 2 in two passes."""
+    half of, a span_weight past the shared memory: None, out untouched. RedNet-50's maps in the
+    layout that fills them, at stride 2 in two passes; its 7x7 maps folded, four samples a block
+    (at stride 2, where four samples' regions do not fit beside an R of 128, declined)."""
     source, config = _source(), involution_cuda.generated_mma_staged_forward_config
     # (batch, channels, groups, output size, kernel, stride, R): RedNet-50's shapes at batch 32
     stage1, runs_w = config(source, torch.bfloat16, 32, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16)
@@ -123,9 +127,13 @@ def test_staged_forward_declines_what_it_does_not_serve():
     assert config(source, torch.float16, 32, 128, 8, (28, 28), (7, 7), (2, 2), (1, 1), 32)[0].grid == (4, 8, 32)
     assert config(source, torch.bfloat16, 32, 256, 16, (14, 14), (7, 7), (2, 2), (1, 1), 64)[1] == 4
     assert involution_cuda.generated_mma_staged_forward_passes(7, 2) == [(0, 4), (4, 7)]
-    for size, stride in (((7, 7), (1, 1)), ((7, 7), (2, 2))):  # fill 49 / 256
-        assert config(source, torch.bfloat16, 32, 512, 32, size, (7, 7), stride, (1, 1), 128) is None
-    assert config(source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (1, 1), (1, 1), 128, runs_w=2) is not None
+    folded, runs_w = config(source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (1, 1), (1, 1), 128)
+    assert folded.grid == (1, 32, 8) and runs_w == 2  # 8 x 32 tiles, 8 x 8 a sample
+    assert config(source, torch.bfloat16, 5, 512, 32, (7, 7), (7, 7), (1, 1), (1, 1), 128)[0].grid == (1, 32, 2)
+    assert config(source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (2, 2), (1, 1), 128) is None
+    assert config(source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (2, 2), (1, 1), 16) is not None
+    assert config(source, torch.bfloat16, 32, 64, 4, (3, 3), (7, 7), (1, 1), (1, 1), 16) is None  # fill 9 / 64
+    assert config(source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (1, 1), (1, 1), 128, runs_w=8) is not None
     # a block a chunk of 16 of a group's channels: 40 channels a group are 3 chunks
     assert config(source, torch.bfloat16, 2, 80, 2, (56, 56), (7, 7), (1, 1), (1, 1), 16)[0].grid == (14, 2, 6)
     assert config(source, torch.bfloat16, 32768, 64, 2, (56, 56), (7, 7), (1, 1), (1, 1), 16) is None
@@ -187,9 +195,8 @@ def test_non_finite_values_land_where_torch_puts_them(value):
 # ---------------------------------------------------------------------------------------
 
 # The window read one column late.
-WINDOW_LATE = PlantedBug("window-one-column-late",
-                         "const unsigned int* run_window = staged + (S * ty * pitch + tx) * STAGED_PIXEL",
-                         "const unsigned int* run_window = staged + (S * ty * pitch + tx + 1) * STAGED_PIXEL")
+WINDOW_LATE = PlantedBug("window-one-column-late", "(S * sample_y * pitch + tx) * STAGED_PIXEL + 2 * quarter",
+                         "(S * sample_y * pitch + tx + 1) * STAGED_PIXEL + 2 * quarter")
 # A pass's weights read before every warp formed them.
 PASS_BARRIER = PlantedBug("pass-barrier", "__syncthreads();  // the pass's weights are formed",
                           "// the pass's weights are formed")
@@ -210,26 +217,35 @@ LAST_TAP = PlantedBug("last-tap", "if (t >= tiles || 8 * first_tile + place >= e
 # row one place early (and a row's first never staged).
 REGION_CARRY = PlantedBug("region-carry", "col -= carry ? region_w : 0;", "col -= carry ? region_w - 1 : 0;")
 # The region a row short of what the tile's pixels in the map read.
-REGION_ROWS = PlantedBug("region-rows", "const int region_h = S * ((tile_h < out_h ? tile_h : out_h) - 1) + K;",
-                         "const int region_h = S * ((tile_h < out_h ? tile_h : out_h) - 1) + K - 1;")
+REGION_ROWS = PlantedBug("region-rows", "const int region_h = S * ((sample_rows < out_h ? sample_rows : out_h) - 1) + K;",
+                         "const int region_h = S * ((sample_rows < out_h ? sample_rows : out_h) - 1) + K - 1;")
+# Folded, every run's window in the first sample's region.
+FOLDED_WINDOW = PlantedBug("folded-window", "staged + run_sample * region_words + (S * sample_y * pitch + tx)",
+                           "staged + (S * sample_y * pitch + tx)")
+# Folded, every pixel's feature the block's first sample's.
+FOLDED_FEATURE = PlantedBug("folded-feature", "(index_t)(inside[h] ? sample : n0) * feature_n",
+                            "(index_t)n0 * feature_n")
 # The map's last column taken for a pixel outside it (its feature read as zeros: its weights the bias).
-LAST_COLUMN = PlantedBug("last-column", "inside[h] = i < out_h && o < out_w;", "inside[h] = i < out_h && o < out_w - 1;")
+LAST_COLUMN = PlantedBug("last-column", "inside[h] = i < out_h && o < out_w && sample < batch;",
+                         "inside[h] = i < out_h && o < out_w - 1 && sample < batch;")
 # The weights a tap's row further on: the buffer's last row past the end of the shared memory.
 BUFFER_OVERRUN = PlantedBug("buffer-past-the-end",
-                            "float* weights = reinterpret_cast<float*>(staged + ((region_h * pitch * STAGED_PIXEL + 3) & ~3));",
-                            "float* weights = reinterpret_cast<float*>(staged + ((region_h * pitch * STAGED_PIXEL + 3) & ~3) + tap_stride);")
+                            "float* weights = reinterpret_cast<float*>(staged + (((region_words << fold_shift) + 3) & ~3));",
+                            "float* weights = reinterpret_cast<float*>(staged + (((region_words << fold_shift) + 3) & ~3) + tap_stride);")
 
 
 # Every bug on a stride-1 and a stride-2 map (the passes' and the parity's only at stride 2),
-# in both run orders but the races', which one order may miss.
+# in both run orders but the races', which one order may miss; the folding's on folded maps.
 STRIDE_CASES = (WIDE[0], WIDE[1])
+FOLDED_CASES = (WIDE[4], WIDE[5])
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("bug, cases", [
     *((b, STRIDE_CASES) for b in (WINDOW_LATE, PASS_BARRIER, BIAS_TAP, LAST_TAP, LAST_COLUMN, REGION_CARRY,
                                   REGION_ROWS)),
-    *((b, STRIDE_CASES[1:]) for b in (BETWEEN_PASSES, ODD_COLUMNS))], ids=lambda b: getattr(b, "name", ""))
+    *((b, STRIDE_CASES[1:]) for b in (BETWEEN_PASSES, ODD_COLUMNS)),
+    *((b, FOLDED_CASES) for b in (FOLDED_WINDOW, FOLDED_FEATURE))], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)

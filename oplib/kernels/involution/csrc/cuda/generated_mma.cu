@@ -1465,9 +1465,9 @@ template <typename scalar_t, int KERNEL, int STRIDE>
 __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWARD_BLOCKS : 2) involution_generated_mma_staged(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
     const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
-    int out_h, int out_w, int pad_h, int pad_w, int reduced, int tiles_w, int runs_w, index_t input_n,
-    index_t input_c, index_t input_h, index_t input_w, index_t out_n, index_t out_c, index_t out_hs, index_t out_ws,
-    index_t feature_n, index_t feature_c, index_t feature_h, index_t feature_w, bool vector_input,
+    int out_h, int out_w, int pad_h, int pad_w, int reduced, int tiles_w, int runs_w, int batch, int fold_shift,
+    index_t input_n, index_t input_c, index_t input_h, index_t input_w, index_t out_n, index_t out_c, index_t out_hs,
+    index_t out_ws, index_t feature_n, index_t feature_c, index_t feature_h, index_t feature_w, bool vector_input,
     bool feature_words) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     if constexpr (sizeof(scalar_t) == 2 && KERNEL > 0 && STRIDE <= 2) {
@@ -1483,9 +1483,13 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         const int runs_h = 8 / runs_w;  // a warp's rows of runs
         const int tile_w = STAGED_RUN * runs_w, tile_h = MMA_WARPS * runs_h;
         const int tile_w_shift = runs_w == 8 ? 5 : runs_w == 4 ? 4 : 3;  // log2(tile_w), no division
-        // The region the tile's pixels inside the map read: a map smaller than the tile (14 x 14
+        // Folded (fold_shift > 0: 1 << fold_shift samples a block, a map of one tile), a sample's
+        // share of the tile is its sample_rows rows: tile row py is sample py >> sample_shift's
+        // row py & (sample_rows - 1).
+        const int sample_shift = (runs_w == 8 ? 3 : runs_w == 4 ? 4 : 5) - fold_shift, sample_rows = 1 << sample_shift;
+        // The region a sample's pixels inside the map read: a map smaller than the tile (14 x 14
         // in 16 x 16) stages only its own windows' input.
-        const int region_h = S * ((tile_h < out_h ? tile_h : out_h) - 1) + K;
+        const int region_h = S * ((sample_rows < out_h ? sample_rows : out_h) - 1) + K;
         const int region_w = S * ((tile_w < out_w ? tile_w : out_w) - 1) + K;
         const int odd = S == 2 ? (region_w + 1) / 2 * STAGED_PIXEL : 0, pitch = S == 2 ? 2 * ((region_w + 1) / 2) : region_w;
         const int tap_stride = TILE_PIXELS + 4;
@@ -1495,12 +1499,13 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         unsigned int* span = shared;
         float* span_bias = reinterpret_cast<float*>(span + span_rows * span_stride);
         unsigned int* staged = span + span_rows * (span_stride + 1);
-        float* weights = reinterpret_cast<float*>(staged + ((region_h * pitch * STAGED_PIXEL + 3) & ~3));
+        const int region_words = region_h * pitch * STAGED_PIXEL;  // a sample's
+        float* weights = reinterpret_cast<float*>(staged + (((region_words << fold_shift) + 3) & ~3));
 
         const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
         const int y0 = tile_y * tile_h, x0 = tile_x * tile_w;
         const int group = blockIdx.y, chunks = (group_channels + MMA_CHANNELS - 1) / MMA_CHANNELS;
-        const index_t n = blockIdx.z / chunks;
+        const int n0 = (blockIdx.z / chunks) << fold_shift;  // the block's first sample
         const int c0 = MMA_CHANNELS * (blockIdx.z % chunks);
 
         const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * T * reduced;
@@ -1509,20 +1514,29 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
             const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * T;
             span_bias[thread] = thread < T ? mma_to_float(__ldg(group_bias + thread), half_t()) : 0.0f;
         }
-        const unsigned short* plane =
-            reinterpret_cast<const unsigned short*>(input) + n * input_n + (index_t)group * group_channels * input_c;
-        staged_region<S>(staged, plane, c0, group_channels, region_h, region_w, pitch, S * y0 - pad_h, S * x0 - pad_w,
-                         height, width, input_c, input_h, input_w, vector_input, thread);
+#pragma unroll 1
+        for (int s = 0; s < 1 << fold_shift; ++s) {
+            // a sample past the batch: its region zeros (nothing read), its outputs not stored
+            const bool sampled = n0 + s < batch;
+            const unsigned short* plane = reinterpret_cast<const unsigned short*>(input) +
+                                          (index_t)(sampled ? n0 + s : n0) * input_n +
+                                          (index_t)group * group_channels * input_c;
+            staged_region<S>(staged + s * region_words, plane, c0, group_channels, region_h, region_w, pitch,
+                             S * y0 - pad_h, S * x0 - pad_w, sampled ? height : 0, width, input_c, input_h, input_w,
+                             vector_input, thread);
+        }
         __syncthreads();  // the span rows, their bias and the input are staged
 
         const int row = lane >> 2, quad = lane & 3;  // a fragment's
-        const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
+        const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature);
         // A reduced channel's step in the feature (channels_last with pairs as words: 1, the
         // word loads' step; else the channel stride, two 16-bit loads a pair).
         const index_t feature_step = feature_words ? 1 : feature_c;
         // The thread's run: lane = (run, quarter), a warp's runs runs_w along a row.
         const int run = lane >> 2, quarter = lane & 3, run_x = run & (runs_w - 1), run_y = run / runs_w;
         const int ty = warp * runs_h + run_y, tx = STAGED_RUN * run_x;
+        // the run's sample (of the block's) and row in the sample's share of the tile
+        const int run_sample = ty >> sample_shift, sample_y = ty & (sample_rows - 1);
         float sums[STAGED_RUN][STAGED_RUN] = {};
 #pragma unroll
         for (int pass = 0; pass < PASSES; ++pass) {
@@ -1538,10 +1552,11 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
                 bool inside[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int pixel = 16 * m + row + 8 * h, py = pixel >> tile_w_shift, i = y0 + py;
-                    const int o = x0 + pixel - (py << tile_w_shift);
-                    inside[h] = i < out_h && o < out_w;
-                    pixels[h] = feature_bits + (index_t)i * feature_h + (index_t)o * feature_w + 2 * quad * feature_step;
+                    const int pixel = 16 * m + row + 8 * h, py = pixel >> tile_w_shift, sample = n0 + (py >> sample_shift);
+                    const int i = y0 + (py & (sample_rows - 1)), o = x0 + pixel - (py << tile_w_shift);
+                    inside[h] = i < out_h && o < out_w && sample < batch;
+                    pixels[h] = feature_bits + (index_t)(inside[h] ? sample : n0) * feature_n + (index_t)i * feature_h +
+                                (index_t)o * feature_w + 2 * quad * feature_step;
                 }
                 float* to = weights + 16 * m + row;
                 // All the pass's n-tiles at once, the feature's A fragment read once a k-step (the
@@ -1583,12 +1598,13 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
             __syncthreads();  // the pass's weights are formed
             const float* run_weights = weights + ty * tile_w + tx;
             // column S tx of the region: place tx (at S = 2, of the row's even columns)
-            const unsigned int* run_window = staged + (S * ty * pitch + tx) * STAGED_PIXEL + 2 * quarter;
+            const unsigned int* run_window =
+                staged + run_sample * region_words + (S * sample_y * pitch + tx) * STAGED_PIXEL + 2 * quarter;
             // A run from outside the map has nothing to store (and its windows lie past the
             // region); one in it reads its pixels' windows, inside the region, and past the
             // region's row only for its pixels outside the map, whose sums are not stored (the
             // last row's past the region but within the weights after it).
-            if (y0 + ty >= out_h || x0 + tx >= out_w) continue;
+            if (y0 + sample_y >= out_h || x0 + tx >= out_w || n0 + run_sample >= batch) continue;
 #pragma unroll 1
             for (int a = first_a; a < end_a; ++a)
                 staged_forward_row_sums<half_t, K, S>(sums, run_weights + (a * K - 8 * first_tile) * tap_stride,
@@ -1596,11 +1612,12 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         }
 
         // The run's sums, rounded, to its 4 pixels and 4 channels.
-        const int y = y0 + ty, x = x0 + tx;
-        if (y >= out_h) return;
+        const int y = y0 + sample_y, x = x0 + tx;
+        if (y >= out_h || n0 + run_sample >= batch) return;
         const int c = c0 + STAGED_RUN * quarter;
         const bool pair_stores = mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
-        scalar_t* at = out + n * out_n + ((index_t)group * group_channels + c) * out_c + (index_t)y * out_hs;
+        scalar_t* at = out + (index_t)(n0 + run_sample) * out_n + ((index_t)group * group_channels + c) * out_c +
+                       (index_t)y * out_hs;
         staged_store_run(sums, at, x, 1, out_w, out_ws, c, group_channels, out_c, pair_stores);
     }
 #endif
