@@ -1358,24 +1358,26 @@ def _staged_thread(item: Tensor, launch: Launch, G: int, pg: int, tiles_w: int, 
 
 def _staged_region(t: _Tally, thread: Tensor, threads: int, plane_at, c0, pg: int, region: tuple[int, int],
                    pitch: int, split: int, first: tuple, size: tuple[int, int], strides: tuple, vector: bool, es: int,
-                   staged_at: int) -> None:
+                   staged_at: int, samples: int = 1, present=1, sample_step: int = 0) -> None:
     """generated_mma.cu's staged_region: a region of pixels of tensor argument 0 (a map of
     ``size``, from its pixel ``first``; ``plane_at`` its index at the group's first channel,
     ``strides`` its channel, row and column strides) into shared memory from word ``staged_at``,
     a unit a pixel's 8 channels (a 16-byte load where the host says they are a vector, else two
     16-bit loads a pair; 4 word stores), a pixel STAGED_PIXEL (10) words, at place ri * pitch +
-    col, or with ``split`` 2 a row's even columns first."""
+    col, or with ``split`` 2 a row's even columns first; ``samples`` regions one after the other,
+    of maps ``sample_step`` apart, from the ``present``-th zeros."""
     region_h, region_w = region
-    units = region_h * region_w * 2
+    units = samples * region_h * region_w * 2
     unit = thread + threads * _slots(-(-units // threads))
     half, pixel = unit % 2, unit // 2
     ri, col = pixel // region_w, pixel % region_w
-    i, o = first[0] + ri, first[1] + col
+    sample = ri // region_h
+    i, o = first[0] + ri % region_h, first[1] + col
     c = c0 + 8 * half
     staging = unit < units
-    in_map = staging & (i >= 0) & (i < size[0]) & (o >= 0) & (o < size[1])
+    in_map = staging & (sample < present) & (i >= 0) & (i < size[0]) & (o >= 0) & (o < size[1])
     cs, hs, ws = strides
-    at = plane_at + c * cs + i * hs + o * ws
+    at = plane_at + sample * sample_step + c * cs + i * hs + o * ws
     if vector:
         t.load(0, at // 8, in_map & (c < pg), 16)
     else:
@@ -1522,10 +1524,9 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     _span_staging(t, thread, threads, group, taps, R, span_rows, span_words, span_stride, es)
     t.load(3, group * taps + thread, (thread < span_rows) & (thread < taps), es)
     t.shared(bias_at + thread, thread < span_rows, 4)
-    for s in range(1 << fold_shift):  # a sample past the batch: its region zeros, nothing read
-        _staged_region(t, thread, threads, (n0 + s) * isn + group * pg * isc, c0, pg, (region_h, region_w), pitch, S,
-                       (S * y0 - ph, S * x0 - pw), (torch.where(n0 + s < N, H, 0), W), (isc, ish, isw), vector, es,
-                       staged_at + s * region_words)
+    _staged_region(t, thread, threads, n0 * isn + group * pg * isc, c0, pg, (region_h, region_w), pitch, S,
+                   (S * y0 - ph, S * x0 - pw), (H, W), (isc, ish, isw), vector, es, staged_at, 1 << fold_shift, N - n0,
+                   isn)
     run_x, run_y = row % runs_w, row // runs_w
     ty, tx = warp * (8 // runs_w) + run_y, 4 * run_x
     run_sample, sample_y = ty // sample_rows, ty % sample_rows

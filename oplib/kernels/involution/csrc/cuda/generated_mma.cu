@@ -1068,26 +1068,35 @@ struct alignas(8) StagedBias {
 // apart: pixel (ri, col) at place ri * pitch + col, or SPLIT = 2 each row's even columns first,
 // then its odd ones (col / 2, and (region_w + 1) / 2 + col / 2; pitch twice that), so that runs
 // reading every other column read consecutive places. `plane` is the map at the group's first
-// channel. A unit is a pixel's 8 channels (half the chunk): one 16-byte load where the host
-// says they are a vector (channels_last, aligned), else two 16-bit loads a pair; 4 word stores.
+// channel. `samples` regions one after the other, of the maps sample_step apart, those from the
+// `present`-th zeros (samples past the batch). A unit is a pixel's 8 channels (half the chunk):
+// one 16-byte load where the host says they are a vector (channels_last, aligned), else two
+// 16-bit loads a pair; 4 word stores.
 template <int SPLIT>
 __device__ __forceinline__ void staged_region(unsigned int* staged, const unsigned short* plane, int c0,
                                               int group_channels, int region_h, int region_w, int pitch,
-                                              int first_row, int first_column, int rows, int columns,
-                                              index_t c_stride, index_t h_stride, index_t w_stride, bool vector,
-                                              int thread) {
+                                              int samples, int present, index_t sample_step, int first_row,
+                                              int first_column, int rows, int columns, index_t c_stride,
+                                              index_t h_stride, index_t w_stride, bool vector, int thread) {
     // A thread's units step a block's worth (MMA_THREADS) a trip: `step` rows and `shift`
     // columns, and a row more where the columns pass the row's end (a select, not a branch),
     // its half fixed (a row holds an even number of units), where dividing each unit's index by
     // the row's runtime length took a dozen instructions a trip.
     const int row_units = 2 * region_w, step = MMA_THREADS / row_units;
     const int shift = (MMA_THREADS - step * row_units) / 2, half = thread & 1, c = c0 + 8 * half;
+    // A staged row ri's sample, ri / region_h, by a multiply and a shift: exact for ri < 2^16 /
+    // region_h (the error ri (ceil(2^16 / region_h) region_h - 2^16) / 2^16 / region_h stays
+    // under 1 / region_h), here at most 4 x 69 rows.
+    const unsigned int sample_magic = (65536u + region_h - 1) / region_h;
     int ri = thread / row_units, col = (thread - ri * row_units) >> 1;
 #pragma unroll 1
-    while (ri < region_h) {
-        const int i = first_row + ri, o = first_column + col;
-        const bool in_map = (unsigned int)i < (unsigned int)rows && (unsigned int)o < (unsigned int)columns;
-        const unsigned short* at = plane + (index_t)c * c_stride + (index_t)i * h_stride + (index_t)o * w_stride;
+    while (ri < samples * region_h) {
+        const int sample = (int)(((unsigned int)ri * sample_magic) >> 16), i = first_row + ri - sample * region_h;
+        const int o = first_column + col;
+        const bool in_map = sample < present && (unsigned int)i < (unsigned int)rows &&
+                            (unsigned int)o < (unsigned int)columns;
+        const unsigned short* at = plane + sample * sample_step + (index_t)c * c_stride + (index_t)i * h_stride +
+                                   (index_t)o * w_stride;
         unsigned int words[4] = {};
         if (vector) {
             if (in_map && c < group_channels) {
@@ -1319,8 +1328,8 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
         };
 
         // grad_output over the region.
-        staged_region<1>(staged, sample_grad, c0, group_channels, region_h, region_w, region_w, first_row, first_column,
-                         out_h, out_w, grad_c, grad_h, grad_w, vector_grad, thread);
+        staged_region<1>(staged, sample_grad, c0, group_channels, region_h, region_w, region_w, 1, 1, 0, first_row,
+                         first_column, out_h, out_w, grad_c, grad_h, grad_w, vector_grad, thread);
         __syncthreads();  // span_weight's rows are staged
         form_row(0, weights);
         float sums[STAGED_RUN][STAGED_RUN] = {};
@@ -1514,17 +1523,13 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
             const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * T;
             span_bias[thread] = thread < T ? mma_to_float(__ldg(group_bias + thread), half_t()) : 0.0f;
         }
-#pragma unroll 1
-        for (int s = 0; s < 1 << fold_shift; ++s) {
-            // a sample past the batch: its region zeros (nothing read), its outputs not stored
-            const bool sampled = n0 + s < batch;
-            const unsigned short* plane = reinterpret_cast<const unsigned short*>(input) +
-                                          (index_t)(sampled ? n0 + s : n0) * input_n +
-                                          (index_t)group * group_channels * input_c;
-            staged_region<S>(staged + s * region_words, plane, c0, group_channels, region_h, region_w, pitch,
-                             S * y0 - pad_h, S * x0 - pad_w, sampled ? height : 0, width, input_c, input_h, input_w,
-                             vector_input, thread);
-        }
+        // each sample's region in turn (a sample past the batch: zeros, nothing read; its outputs
+        // are not stored)
+        const unsigned short* plane =
+            reinterpret_cast<const unsigned short*>(input) + (index_t)n0 * input_n + (index_t)group * group_channels * input_c;
+        staged_region<S>(staged, plane, c0, group_channels, region_h, region_w, pitch, 1 << fold_shift, batch - n0,
+                         input_n, S * y0 - pad_h, S * x0 - pad_w, height, width, input_c, input_h, input_w, vector_input,
+                         thread);
         __syncthreads();  // the span rows, their bias and the input are staged
 
         const int row = lane >> 2, quad = lane & 3;  // a fragment's
