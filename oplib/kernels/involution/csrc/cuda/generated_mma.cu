@@ -1365,8 +1365,9 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
 // The staged grad_input's design, the forward way round, where it is simpler: a pixel's weights
 // are its own (no halo of weights), so a tile's are formed once, many taps together, and the
 // feature is read once a pass. A block of MMA_WARPS warps takes a tile of tile_h x tile_w output
-// pixels of one (sample, group) and a chunk of MMA_CHANNELS of the group's channels (grid: tiles
-// x groups x samples * chunks):
+// pixels of one (sample, group) and a chunk of MMA_CHANNELS of the group's channels, or folded
+// (a map in a quarter of the tile's rows) of 1 << fold_shift samples, each sample's map in its
+// share of the rows (grid: tiles x groups x sample blocks * chunks):
 //   1. stages the group's span rows (all T taps, whole n-tiles of 8) and their bias, and the
 //      input over the region the tile's windows read, 16-bit ([row][place][channel], zeros
 //      outside the image; at S = 2 each row's even columns, then its odd ones: staged_region<2>);
@@ -1469,7 +1470,7 @@ __device__ __forceinline__ void staged_forward_row_sums(float (&sums)[STAGED_RUN
 // windows of KERNEL and STRIDE (1 or 2) are served: KERNEL = 0's instantiation is empty, and
 // the host declines other geometries (the other forward kernels serve them).
 //
-// Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N * chunks), tiles of the output.
+// Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, ceil(N / 2^fold_shift) * chunks), tiles of the output.
 template <typename scalar_t, int KERNEL, int STRIDE>
 __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWARD_BLOCKS : 2) involution_generated_mma_staged(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
