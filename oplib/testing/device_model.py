@@ -1392,12 +1392,14 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     """involution_generated_mma_backward_input_staged (generated_mma.cu): ``item`` is the
     thread's index in the grid (block-major, 256 threads a block, a block a tile of a (sample,
     group) and a chunk of 16 of its channels; a warp 8 runs of 4 pixels x 4 channel quarters of
-    one row and column parity). The group's span rows and grad_output over the region staged (a 16-byte load a pixel's 8
-    channels where the host says they are a vector, else two 16-bit loads a pair; 4 word
-    stores), then per kernel row its weights formed (the bias, per m-tile (16 columns of one of
-    the row's output rows) and k-step of R the feature's A fragment from global memory and the span's B by ldmatrix;
-    tensor cores: no term; a word store per value a run reads) and, for a warp whose rows read
-    an output row through it, its taps' 4 weights (a 16-byte shared load each), the window's
+    one row and column parity). The group's span rows and their bias (a value a thread, stored
+    in float) and grad_output over the region staged (a 16-byte load a pixel's 8 channels where
+    the host says they are a vector, else two 16-bit loads a pair; 4 word stores), then per
+    STAGED_GRAD_ROWS kernel rows their weights formed (per m-tile, 16 columns of one of the
+    output rows any of them reads: per n-tile the bias, two shared loads; per k-step of R the
+    feature's A fragment from global memory and per n-tile the span's B by ldmatrix; tensor
+    cores: no term; a word store per value a run reads) and, per kernel row, for a warp whose
+    rows read an output row through it, its taps' 4 weights (a 16-byte shared load each), the window's
     grad_output (an 8-byte shared load a pixel) and 4 multiply-adds per (tap, pixel) pair; the
     stores. The layout's sizes are the source's and its host's."""
     from ..kernels.involution import cuda as involution_cuda
@@ -1412,12 +1414,14 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     region_h, region_w = ((size - 1 + K - 1 + S - 1) // S + 1 for size in (tile_h, tile_w))
     weight_rows, row_stride = tile_h // S, tile_w // S
     tap_stride = (weight_rows * row_stride + 27) // 32 * 32 + 4
-    span_rows, span_words = (K - 1) * K + 8, 8 * -(-R // 16)
+    span_rows, span_words = K * K + 7, 8 * -(-R // 16)
     span_stride = span_words + 4
-    staged_at = span_rows * span_stride  # words
+    bias_at = span_rows * span_stride  # words
+    staged_at = bias_at + span_rows
     weights_at = staged_at + -(-region_h * region_w * 10 // 4) * 4
     column_blocks = -(-region_w // 16)
-    m_tiles = weight_rows * column_blocks
+    rows_at_once = min(K, source.constants["STAGED_GRAD_ROWS"])
+    buffer_taps = rows_at_once * K
     thread, warp, row, quad, group, n, c0, y0, x0 = _staged_thread(item, launch, G, pg, tiles_w, (tile_h, tile_w))
     lane = thread % 32
     first_row, first_column = (y0 + ph - (K - 1)) // S, (x0 + pw - (K - 1)) // S
@@ -1429,49 +1433,62 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     taps_b = most_taps if S == 1 else (K - b0 + S - 1) // S
     window_column = (x + pw - b0) // S - (most_taps - 1) - first_column
     _span_staging(t, thread, threads, group, taps, R, span_rows, span_words, span_stride, es)
+    t.load(3, group * taps + thread, (thread < span_rows) & (thread < taps), es)
+    t.shared(bias_at + thread, thread < span_rows, 4)
 
-    def form_row(a: int) -> None:
-        i_low = -((a - y0 - ph) // S)
-        b = 2 * quad + _slots(2)
-        t.load(3, group * taps + a * K + b, b < K, es)
-        m = warp + 8 * _slots(-(-m_tiles // 8))
+    def form_rows(a0: int, buffer: int) -> None:
+        rows = min(rows_at_once, K - a0)
+        places, tiles = rows * K, -(-rows * K // 8)
+        i_first = (y0 + ph - (a0 + rows - 1) + S - 1) // S
+        m_tiles = ((y0 + ph - a0 + S - 1) // S - i_first + weight_rows) * column_blocks
+        m = warp + 8 * _slots(-(-int(torch.as_tensor(m_tiles).max()) // 8))  # (the blocks' tile origins differ)
         live = m < m_tiles
-        wi, first = m // column_blocks, 16 * (m % column_blocks)
+        ui, first = m // column_blocks, 16 * (m % column_blocks)
+        i = i_first + ui
+        for tt in range(-(-buffer_taps // 8)):
+            for e in range(2):
+                t.shared(bias_at + a0 * K + 8 * tt + 2 * quad + e, live, 4)
         for k0 in range(0, R, 16):
             for v in range(4):
-                i, o = i_low + wi, first_column + first + row + 8 * (v & 1)
+                o = first_column + first + row + 8 * (v & 1)
                 inside = live & (i >= 0) & (i < OH) & (o >= 0) & (o < OW)
                 _feature_pair_loads(t, n * fsn + i * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1), inside, R, fsc,
                                     feature_words, es)
-            t.matrices(a * K * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), live, 2)
-        for h in range(2):
-            col = first + row + 8 * h
+            for tt in range(tiles):
+                t.matrices((a0 * K + 8 * tt) * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), live, 2)
+        for tt in range(-(-buffer_taps // 8)):
             for e in range(2):
-                b = 2 * quad + e
-                offset = (x0 + (b - pw) % S + pw - b) // S - first_column
-                at = col - offset
-                places = live & (b < K) & (at >= 0) & (at < row_stride)
-                t.shared(weights_at + (a % 2) * 8 * tap_stride + b * tap_stride + wi * row_stride + at, places, 4)
+                place = 8 * tt + 2 * quad + e
+                r, b = place // K, place % K
+                wi = i - (y0 + ph - a0 + S - 1 - r) // S  # the pixel's row among kernel row a0 + r's
+                offset = (x0 + pw - b + (b - pw) % S) // S - first_column
+                for h in range(2):
+                    at = first + row + 8 * h - offset
+                    stored = live & (place < places) & (wi >= 0) & (wi < weight_rows) & (at >= 0) & (at < row_stride)
+                    t.shared(weights_at + (buffer * buffer_taps + place) * tap_stride + wi * row_stride + at, stored, 4)
 
     _staged_region(t, thread, threads, n * gsn + group * pg * gsc, c0, pg, (region_h, region_w), region_w, 1,
                    (first_row, first_column), (OH, OW), (gsc, gsh, gsw), vector, es, staged_at)
-    form_row(0)
-    for a in range(K):
-        from_y = y + ph - a
-        reads = from_y % S == 0
-        i = from_y // S
-        wi = i - (-((a - y0 - ph) // S))
-        first_tap = weights_at + (a % 2) * 8 * tap_stride + b0 * tap_stride + wi * row_stride + 4 * run_x
-        for tap in range(most_taps):  # 16 bytes each (index in 16-byte units)
-            t.shared((first_tap + S * tap * tap_stride) // 4, reads, 16)
-        window = staged_at + ((i - first_row) * region_w + window_column) * 10 + 2 * quad
-        for k in range(4 + most_taps - 1):  # 8 bytes each
-            t.shared((window + k * 10) // 2, reads, 8)
-            for tap in range(most_taps):
-                if 0 <= k + tap - (most_taps - 1) < 4:
-                    t.fma(reads & (tap < taps_b), 4)
-        if a + 1 < K:
-            form_row(a + 1)
+    form_rows(0, 0)
+    for step, a0 in enumerate(range(0, K, rows_at_once)):
+        end = min(a0 + rows_at_once, K)
+        for a in range(a0, end):
+            from_y = y + ph - a
+            reads = from_y % S == 0
+            i = from_y // S
+            wi = i - (-((a - y0 - ph) // S))
+            first_tap = (weights_at + ((step % 2) * buffer_taps + (a - a0) * K + b0) * tap_stride + wi * row_stride +
+                         4 * run_x)
+            for tap in range(most_taps):  # 16 bytes each (index in 16-byte units)
+                t.shared((first_tap + S * tap * tap_stride) // 4, reads, 16)
+            window = staged_at + ((i - first_row) * region_w + window_column) * 10 + 2 * quad
+            for k in range(4 + most_taps - 1):  # 8 bytes each
+                t.shared((window + k * 10) // 2, reads, 8)
+                for tap in range(most_taps):
+                    if 0 <= k + tap - (most_taps - 1) < 4:
+                        t.fma(reads & (tap < taps_b), 4)
+        if end < K:
+            form_rows(end, (step + 1) % 2)
     channel = c0 + 4 * quad
     pairs = isc == 1 and (isn | ish | isw | pg) % 2 == 0
     for p in range(4):

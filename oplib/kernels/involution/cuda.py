@@ -1060,15 +1060,17 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
 def generated_mma_staged_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
                                       reduced: int) -> int:
     """The dynamic shared memory of ``involution_generated_mma_backward_input_staged``: the group's
-    span rows, grad_output over the region the tile reads, two buffers of a kernel row's
-    weights (generated_mma.cu lays them out)."""
+    span rows (an n-tile's 8 from any tap) and their bias, grad_output over the region the tile reads, two
+    buffers of ``STAGED_GRAD_ROWS`` kernel rows' weights and a tap past them (generated_mma.cu
+    lays them out)."""
     c = source.constants
     tile_h, tile_w = generated_mma_staged_tile(source, stride, runs_w)
     region_h, region_w = ((t - 1 + kernel - 1 + stride - 1) // stride + 1 for t in (tile_h, tile_w))
-    span_rows, span_stride = (kernel - 1) * kernel + 8, 8 * -(-reduced // 16) + 4
+    span_rows, span_stride = kernel * kernel + 7, 8 * -(-reduced // 16) + 4
     staged = -(-region_h * region_w * c["STAGED_PIXEL"] // 4) * 4
     tap_stride = ((tile_h // stride) * (tile_w // stride) + 27) // 32 * 32 + 4
-    return 4 * (span_rows * span_stride + staged + 2 * 8 * tap_stride)
+    buffer_taps = min(kernel, c["STAGED_GRAD_ROWS"]) * kernel
+    return 4 * (span_rows * (span_stride + 1) + staged + (2 * buffer_taps + 1) * tap_stride)
 
 
 def generated_mma_staged_config(source: KernelSource, dtype: torch.dtype, batch: int, channels: int, groups: int,

@@ -1,6 +1,6 @@
-"""generated_mma.cu's staged grad_input, involution_generated_mma_backward_input_staged (a kernel
-row's weights formed on tensor cores into shared memory, then summed by FMAs with grad_output
-staged there too), on the host emulation: against the float64 reference on the registry's
+"""generated_mma.cu's staged grad_input, involution_generated_mma_backward_input_staged
+(STAGED_GRAD_ROWS kernel rows' weights formed at once on tensor cores into shared memory, then
+summed by FMAs with grad_output staged there too), on the host emulation: against the float64 reference on the registry's
 samples and random geometries in float16 and bfloat16, each tile layout, both run orders and
 both ways of staging grad_output and loading the feature; the same bits whatever the layout; inf
 and nan where torch puts them; under AddressSanitizer; and planted bugs that each check must
@@ -195,24 +195,26 @@ def test_non_finite_values_land_where_torch_puts_them(value):
 
 # The window read one column late.
 WINDOW_LATE = PlantedBug("window-one-column-late", "- (TAPS - 1) - first_column;", "- (TAPS - 1) - first_column + 1;")
-# Kernel row a + 1's weights formed into the buffer row a's are read from.
-ONE_BUFFER = PlantedBug("one-buffer", "form_row(a + 1, weights + ((a + 1) & 1) * 8 * tap_stride);",
-                        "form_row(a + 1, weights + (a & 1) * 8 * tap_stride);")
-# A kernel row's weights read before every warp formed them.
-ROW_BARRIER = PlantedBug("row-barrier", "__syncthreads();  // row a's weights (and grad_output) are staged",
-                         "// row a's weights (and grad_output) are staged")
+# The next rows' weights formed into the buffer these rows' are read from.
+ONE_BUFFER = PlantedBug("one-buffer", "form_rows(end, weights + ((step + 1) & 1) * buffer_taps * tap_stride);",
+                        "form_rows(end, weights + (step & 1) * buffer_taps * tap_stride);")
+# Kernel rows' weights read before every warp formed them.
+ROW_BARRIER = PlantedBug("row-barrier", "__syncthreads();  // rows a0 .. a0 + ROWS - 1's weights (and grad_output) are staged",
+                         "// rows a0 .. a0 + ROWS - 1's weights (and grad_output) are staged")
 # The buffer's places of a tap as if every tap were read by column parity 0 (stride 2 only).
-TAP_PARITY = PlantedBug("tap-parity", "const int parity = ((b - pad_w) % STRIDE + STRIDE) % STRIDE;",
-                        "const int parity = 0;")
+TAP_PARITY = PlantedBug("tap-parity", "const int parity = (b - pad_w) & (STRIDE - 1);", "const int parity = (b - pad_w) & 0;")
 # A tap's second bias value taken from the tap after it.
-BIAS_TAP = PlantedBug("bias-tap", "2 * quad + 1 < K ? mma_to_float(__ldg(group_bias + tap + 1)",
-                      "2 * quad + 1 < K ? mma_to_float(__ldg(group_bias + tap + 2)")
+BIAS_TAP = PlantedBug("bias-tap", "high = rows_bias[8 * t + 1];", "high = rows_bias[8 * t + 2];")
 # The last place of a tap's row left unformed (its rightmost run's last pixel).
 LAST_PLACE = PlantedBug("last-place", "(unsigned int)at < (unsigned int)row_stride)",
                         "(unsigned int)at < (unsigned int)(row_stride - 1))")
-# The first output row a kernel row's weights are formed at taken one lower.
-ROW_LOW = PlantedBug("row-low", "const int i_low = mma_floor_div(y0 + pad_h - a + S - 1, S);",
-                     "const int i_low = mma_floor_div(y0 + pad_h - a + S - 1, S) + 1;")
+# The output rows formed for a group of kernel rows begun one row low: their first unformed.
+UNION_FIRST = PlantedBug("union-first", "const int i_first = mma_floor_div(y0 + pad_h - (a0 + rows - 1) + S - 1, S);",
+                         "const int i_first = mma_floor_div(y0 + pad_h - (a0 + rows - 1) + S - 1, S) + 1;")
+# Every tap's row among the group's first kernel row's output rows: the second row's weights
+# stored a row off.
+ROW_OF_TAP = PlantedBug("row-of-tap", "const int wi = i - ((row_base - r) >> (S - 1));",
+                        "const int wi = i - (row_base >> (S - 1));")
 # The weights two taps' rows further on: the second buffer's last tap rows past the end of the
 # shared memory.
 BUFFER_OVERRUN = PlantedBug("buffer-past-the-end", "(staged + ((region_h * region_w * STAGED_PIXEL + 3) & ~3));",
@@ -226,7 +228,8 @@ STRIDE_CASES = (WIDE[0], WIDE[1])
 
 @pytest.mark.integration
 @pytest.mark.parametrize("bug, cases", [
-    *((b, STRIDE_CASES) for b in (WINDOW_LATE, ONE_BUFFER, ROW_BARRIER, BIAS_TAP, LAST_PLACE, ROW_LOW)),
+    *((b, STRIDE_CASES) for b in (WINDOW_LATE, ONE_BUFFER, ROW_BARRIER, BIAS_TAP, LAST_PLACE, UNION_FIRST,
+                                  ROW_OF_TAP)),
     (TAP_PARITY, STRIDE_CASES[1:])], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()

@@ -1014,14 +1014,16 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 // a group's chunks form their weights each, as a loop over them in the block would):
 //   1. stages grad_output over the region of output pixels the tile's windows read, [row]
 //      [column][channel], zeros outside the map;
-//   2. per kernel row a: forms that row's K taps (one n-tile) at the output rows the tile reads
-//      through it (tile_h / S of them) x the region's columns, (pixels x R)(R x 8) + bias on
-//      tensor cores, the feature's A fragments loaded from global memory, span_weight's rows
-//      staged whole; each value in float into shared memory ([tap][row][column], two buffers:
-//      row a + 1's weights are formed while row a's are read, one barrier a row), 0 at pixels
-//      outside the map;
+//   2. per STAGED_GRAD_ROWS kernel rows: forms their taps (ROWS x K, packed, in n-tiles of 8)
+//      at the output rows the tile reads through any of them (tile_h / S through each, the
+//      rows' sets shifted by a row or half of one) x the region's columns, (pixels x R)(R x
+//      ROWS K) + bias on tensor cores, the feature's A fragment loaded from global memory once
+//      for all the rows' n-tiles (a row at a time, it was loaded once a row), span_weight's
+//      rows staged whole; each value a run reads in float into shared memory ([tap][row]
+//      [column], two buffers: the next rows' weights are formed while these rows' are read, one
+//      barrier for ROWS rows), 0 at pixels outside the map;
 //   3. each thread sums, for its run of 4 input pixels (S columns apart: pixels of one column
-//      parity) and 4 channels, row a's taps of its parity: the run's 4 weights of a tap one
+//      parity) and 4 channels, each row's taps of its parity: the run's 4 weights of a tap one
 //      16-byte load (each tap's row of the buffer shifted so that it is aligned), each
 //      grad_output vector of the window (4 channels, 8 bytes) read once and used by every tap
 //      and pixel it meets.
@@ -1036,10 +1038,14 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 // Dynamic shared memory (generated_mma_staged_shared_bytes), 32-bit words:
 //   span     span_rows x span_stride            span_weight's rows of the group, as the band
 //                                               kernel stages them
+//   bias     span_rows                          float, the group's bias, zeros past its taps
 //   staged   region_h x region_w x STAGED_PIXEL  grad_output, a pixel's 16 channels as 8 words
 //                                               of two 16-bit values, and 2 words of padding
 //                                               (runs 4 pixels apart in different banks)
-//   weights  2 x 8 taps x tap_stride            float, [tap][row][place]: place 4 run_x + p
+//   weights  (2 x ROWS x K + 1) taps x          float, [tap][row][place]: tap r K + b the
+//            tap_stride                         buffer's kernel row r's tap b (the one tap past
+//                                               both: a run of the odd column parity at S = 2
+//                                               loads a tap past its row's, unused); place 4 run_x + p
 //                                               holds the weight the tap gives pixel p of the
 //                                               runs run_x (staged_tap_offset), rows tile_w / S
 //                                               apart, taps tap_stride apart (4 past a multiple
@@ -1048,6 +1054,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 
 constexpr int STAGED_RUN = 4;  // a thread's pixels, and its channels (a quarter of MMA_CHANNELS)
 constexpr int STAGED_PIXEL = 10;  // words a staged grad_output pixel: 8, and 2 of padding
+constexpr int STAGED_GRAD_ROWS = 2;  // the grad_input's kernel rows formed at once
+static_assert(STAGED_GRAD_ROWS >= 1, "a kernel row at least");
 static_assert(MMA_CHANNELS == 4 * STAGED_RUN && MMA_THREADS == 256, "a warp's lanes: 8 runs x 4 channel quarters");
 static_assert(STAGED_PIXEL % 2 == 0 && STAGED_PIXEL >= MMA_CHANNELS / 2 && STAGED_PIXEL % 8 != 0,
               "a quarter's 2 words 8-byte aligned; runs 4 pixels apart not all in the same banks");
@@ -1175,11 +1183,14 @@ __device__ __forceinline__ int staged_first_read(int origin, int pad) {
 
 // The region column that tap b reads at the first pixel of run 0 of the threads that read the
 // tap (those of column parity b - pw): the weights buffer holds tap b's row from there, so that
-// a run's 4 weights lie at 4 run_x, one aligned 16-byte load.
+// a run's 4 weights lie at 4 run_x, one aligned 16-byte load. column_base = tile_x + pad_w, and
+// column_base - b + parity = tile_x - S floor((b - pad_w) / S), a multiple of S (tile_x is): a
+// shift divides it exactly.
 template <int STRIDE>
-__device__ __forceinline__ int staged_tap_offset(int b, int tile_x, int pad_w, int first_column) {
-    const int parity = ((b - pad_w) % STRIDE + STRIDE) % STRIDE;
-    return (tile_x + parity + pad_w - b) / STRIDE - first_column;
+__device__ __forceinline__ int staged_tap_offset(int b, int column_base, int pad_w, int first_column) {
+    static_assert(STRIDE == 1 || STRIDE == 2, "a shift divides by the stride");
+    const int parity = (b - pad_w) & (STRIDE - 1);
+    return ((column_base - b + parity) >> (STRIDE - 1)) - first_column;
 }
 
 // One kernel row's sums for a thread's run: its taps b0 + S t (t < taps: TAPS, or one fewer for
@@ -1235,6 +1246,9 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
         typedef scalar_t half_t;
         constexpr int K = KERNEL, S = STRIDE, TAPS = (K + S - 1) / S;  // a parity's most taps of a row
         constexpr int ROW_GROUPS = MMA_WARPS / (S * S);  // a parity class's warps
+        // The kernel rows formed at once: their taps n-tiles of one A fragment (ROWS * K taps,
+        // packed: tap b of the group's row r at place r * K + b).
+        constexpr int ROWS = K < STAGED_GRAD_ROWS ? K : STAGED_GRAD_ROWS, ROW_TILES = (ROWS * K + 7) / 8;
         const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
         const int runs_h = MMA_WARPS / runs_w;
         const int tile_h = S * ROW_GROUPS * runs_h, tile_w = S * STAGED_RUN * runs_w;
@@ -1242,10 +1256,11 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
         const int weight_rows = tile_h / S, row_stride = tile_w / S;
         const int tap_stride = ((weight_rows * row_stride + 27) & ~31) + 4;
         const int taps = K * K, group_channels = channels / groups;
-        const int span_rows = (K - 1) * K + 8, span_words = 8 * ((reduced + 15) / 16), span_stride = span_words + 4;
+        const int span_rows = K * K + 7, span_words = 8 * ((reduced + 15) / 16), span_stride = span_words + 4;
         OPLIB_DYNAMIC_SHARED(unsigned int, shared);
         unsigned int* span = shared;
-        unsigned int* staged = span + span_rows * span_stride;
+        float* span_bias = reinterpret_cast<float*>(span + span_rows * span_stride);
+        unsigned int* staged = span + span_rows * (span_stride + 1);
         float* weights = reinterpret_cast<float*>(staged + ((region_h * region_w * STAGED_PIXEL + 3) & ~3));
 
         const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
@@ -1266,34 +1281,38 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
         // an output column of the region all the same: (x + pw - K) / 2 >= first_column).
         const int window_column = (x + pad_w - b0) / S - (TAPS - 1) - first_column;
         const int run_place = STAGED_RUN * run_x;
+        const int column_base = x0 + pad_w;
 
         const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
         mma_stage_span_rows(span, group_span, span_rows, taps, reduced, span_words, span_stride, thread);
+        if (thread < span_rows) {  // the bias in float, zeros past the taps
+            const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
+            span_bias[thread] = thread < taps ? mma_to_float(__ldg(group_bias + thread), half_t()) : 0.0f;
+        }
         const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
-        const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
         const unsigned short* sample_grad =
             reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n + (index_t)group * group_channels * grad_c;
         const int row = lane >> 2, quad = lane & 3;  // a fragment's
-        const int column_blocks = (region_w + 15) / 16, m_tiles = weight_rows * column_blocks;
+        const int column_blocks = (region_w + 15) / 16;
         // A reduced channel's step in the feature (channels_last with pairs as words: 1, the
         // word loads' step; else the channel stride, two 16-bit loads a pair).
         const index_t feature_step = feature_words ? 1 : feature_c;
 
-        // Kernel row a's weights into buffer `into`: m-tiles of the (weight_rows x region_w)
-        // pixels, the warps in turn; output row i_low + wi, column first_column + col.
-        const auto form_row = [&](int a, float* into) {
-            const int i_low = mma_floor_div(y0 + pad_h - a + S - 1, S);
-            const int tap = a * K + 2 * quad;
-            const float bias_low = 2 * quad < K ? mma_to_float(__ldg(group_bias + tap), half_t()) : 0.0f;
-            const float bias_high = 2 * quad + 1 < K ? mma_to_float(__ldg(group_bias + tap + 1), half_t()) : 0.0f;
-            int offsets[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) offsets[e] = staged_tap_offset<S>(2 * quad + e, x0, pad_w, first_column);
-            // An m-tile is 16 columns of one of the row's output rows (no division by the
-            // region's width a pixel: the columns past it are formed and left unstored).
+        // Kernel rows a0 .. a0 + rows - 1's weights into buffer `into`: m-tiles of the output
+        // rows any of them reads (kernel row a's weight_rows from i_low(a), the union from the
+        // last row's) x the region's columns, the warps in turn, every row's taps of a pixel from
+        // one A fragment; output row i_first + ui, column first_column + col.
+        const auto form_rows = [&](int a0, float* into) {
+            const int rows = K - a0 < ROWS ? K - a0 : ROWS, places = rows * K, tiles = (places + 7) / 8;
+            const int i_first = mma_floor_div(y0 + pad_h - (a0 + rows - 1) + S - 1, S);
+            const int m_tiles = (mma_floor_div(y0 + pad_h - a0 + S - 1, S) - i_first + weight_rows) * column_blocks;
+            const float* rows_bias = span_bias + a0 * K + 2 * quad;  // past the rows' taps: unstored
+            const int row_base = y0 + pad_h - a0 + S - 1;  // i_low(a) = floor((row_base - (a - a0)) / S)
+            // An m-tile is 16 columns of one output row (no division by the region's width a
+            // pixel: the columns past it are formed and left unstored).
 #pragma unroll 1
             for (int m = warp; m < m_tiles; m += MMA_WARPS) {
-                const int wi = m / column_blocks, first = 16 * (m - wi * column_blocks), i = i_low + wi;
+                const int ui = m / column_blocks, first = 16 * (m - ui * column_blocks), i = i_first + ui;
                 const unsigned short* row_values = feature_bits + (index_t)i * feature_h;
                 const unsigned short* values[2];
                 bool inside[2];
@@ -1307,21 +1326,38 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
                 // (formed anew at each load, their 64-bit addresses took most of the row's code).
 #pragma unroll
                 for (int h = 0; h < 2; ++h) values[h] += 2 * quad * feature_step;
-                OplibFragmentC d = {{bias_low, bias_high, bias_low, bias_high}};
+                OplibFragmentC d[ROW_TILES];
+#pragma unroll
+                for (int t = 0; t < ROW_TILES; ++t) {
+                    const float low = rows_bias[8 * t], high = rows_bias[8 * t + 1];
+                    d[t] = OplibFragmentC{{low, high, low, high}};
+                }
 #pragma unroll 1
                 for (int k0 = 0; k0 < reduced; k0 += 16) {
                     const OplibFragmentA f = staged_feature_fragment(values, inside, k0 + 2 * quad, reduced, feature_step,
                                                                      feature_words);
-                    oplib_mma<half_t>(d, f, oplib_load_fragment_b(span + a * K * span_stride + k0 / 2, span_stride));
+#pragma unroll
+                    for (int t = 0; t < ROW_TILES; ++t) {
+                        if (t >= tiles) break;
+                        oplib_mma<half_t>(d[t], f, oplib_load_fragment_b(span + (a0 * K + 8 * t) * span_stride + k0 / 2,
+                                                                         span_stride));
+                    }
                 }
-                float* to = into + wi * row_stride + first + row;
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
+                for (int t = 0; t < ROW_TILES; ++t) {
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {  // a column no run reads through the tap is left out
-                        const int at = first + row + 8 * h - offsets[e];
-                        if (2 * quad + e < K && (unsigned int)at < (unsigned int)row_stride)
-                            to[(2 * quad + e) * tap_stride + 8 * h - offsets[e]] = inside[h] ? d.value[2 * h + e] : 0.0f;
+                    for (int e = 0; e < 2; ++e) {
+                        const int place = 8 * t + 2 * quad + e, r = place / K, b = place - r * K;
+                        if (place >= places) continue;
+                        // the pixel's row among kernel row a0 + r's (i_low by a shift: S is 1 or 2)
+                        const int wi = i - ((row_base - r) >> (S - 1));
+                        const int offset = staged_tap_offset<S>(b, column_base, pad_w, first_column);
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {  // a pixel no run reads through the tap is left out
+                            const int at = first + row + 8 * h - offset;
+                            if ((unsigned int)wi < (unsigned int)weight_rows && (unsigned int)at < (unsigned int)row_stride)
+                                into[place * tap_stride + wi * row_stride + at] = inside[h] ? d[t].value[2 * h + e] : 0.0f;
+                        }
                     }
                 }
             }
@@ -1331,21 +1367,29 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
         staged_region<1>(staged, sample_grad, c0, group_channels, region_h, region_w, region_w, 1, 1, 0, first_row,
                          first_column, out_h, out_w, grad_c, grad_h, grad_w, vector_grad, thread);
         __syncthreads();  // span_weight's rows are staged
-        form_row(0, weights);
+        form_rows(0, weights);
         float sums[STAGED_RUN][STAGED_RUN] = {};
+        const int buffer_taps = ROWS * K;
 #pragma unroll 1
-        for (int a = 0; a < K; ++a) {
-            __syncthreads();  // row a's weights (and grad_output) are staged
-            const float* buffer = weights + (a & 1) * 8 * tap_stride;
-            const int from_y = y + pad_h - a;
-            if (from_y % S == 0) {  // the warp's rows read output row i through kernel row a
-                const int i = from_y / S;
-                const int wi = i - mma_floor_div(y0 + pad_h - a + S - 1, S);
-                const unsigned int* window = staged + ((i - first_row) * region_w + window_column) * STAGED_PIXEL + 2 * quarter;
-                staged_row_sums<half_t, TAPS>(sums, buffer + b0 * tap_stride + wi * row_stride + run_place,
-                                              S * tap_stride, taps_b, window);
+        for (int a0 = 0, step = 0; a0 < K; a0 += ROWS, ++step) {
+            __syncthreads();  // rows a0 .. a0 + ROWS - 1's weights (and grad_output) are staged
+            const float* buffer = weights + (step & 1) * buffer_taps * tap_stride;
+            const int end = a0 + ROWS < K ? a0 + ROWS : K;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const int a = a0 + r;
+                if (a >= end) break;
+                const int from_y = y + pad_h - a;
+                if (from_y % S == 0) {  // the warp's rows read output row i through kernel row a
+                    const int i = from_y / S;
+                    const int wi = i - mma_floor_div(y0 + pad_h - a + S - 1, S);
+                    const unsigned int* window =
+                        staged + ((i - first_row) * region_w + window_column) * STAGED_PIXEL + 2 * quarter;
+                    staged_row_sums<half_t, TAPS>(sums, buffer + (r * K + b0) * tap_stride + wi * row_stride + run_place,
+                                                  S * tap_stride, taps_b, window);
+                }
             }
-            if (a + 1 < K) form_row(a + 1, weights + ((a + 1) & 1) * 8 * tap_stride);
+            if (end < K) form_rows(end, weights + ((step + 1) & 1) * buffer_taps * tap_stride);
         }
         // The run's sums, rounded, to its pixels (S columns apart) and 4 channels.
         if (y >= height) return;
