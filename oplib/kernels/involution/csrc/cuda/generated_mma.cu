@@ -1293,6 +1293,8 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
         const unsigned short* sample_grad =
             reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n + (index_t)group * group_channels * grad_c;
         const int row = lane >> 2, quad = lane & 3;  // a fragment's
+        // the lane's row of a B fragment's ldmatrix (oplib_load_fragment_b's, formed once)
+        const unsigned int* lane_span = span + (lane & 7) * span_stride + 4 * (lane >> 3 & 1);
         const int column_blocks = (region_w + 15) / 16;
         // A reduced channel's step in the feature (channels_last with pairs as words: 1, the
         // word loads' step; else the channel stride, two 16-bit loads a pair).
@@ -1339,8 +1341,9 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
 #pragma unroll
                     for (int t = 0; t < ROW_TILES; ++t) {
                         if (t >= tiles) break;
-                        oplib_mma<half_t>(d[t], f, oplib_load_fragment_b(span + (a0 * K + 8 * t) * span_stride + k0 / 2,
-                                                                         span_stride));
+                        OplibFragmentB b;
+                        oplib_load_matrices<2>(lane_span + (a0 * K + 8 * t) * span_stride + k0 / 2, b.reg);
+                        oplib_mma<half_t>(d[t], f, b);
                     }
                 }
 #pragma unroll
@@ -1578,6 +1581,9 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         __syncthreads();  // the span rows, their bias and the input are staged
 
         const int row = lane >> 2, quad = lane & 3;  // a fragment's
+        // the lane's row of a B fragment's ldmatrix (oplib_load_fragment_b's, formed once: per
+        // k-step the compiler formed the lane from threadIdx and blockDim again)
+        const unsigned int* lane_span = span + (lane & 7) * span_stride + 4 * (lane >> 3 & 1);
         const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature);
         // A reduced channel's step in the feature (channels_last with pairs as words: 1, the
         // word loads' step; else the channel stride, two 16-bit loads a pair).
@@ -1629,8 +1635,9 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
 #pragma unroll
                     for (int t = 0; t < BUFFER_TILES; ++t) {
                         if (t >= tiles) break;
-                        const unsigned int* rows = span + 8 * (first_tile + t) * span_stride + k0 / 2;
-                        oplib_mma<half_t>(d[t], f, oplib_load_fragment_b(rows, span_stride));
+                        OplibFragmentB b;
+                        oplib_load_matrices<2>(lane_span + 8 * (first_tile + t) * span_stride + k0 / 2, b.reg);
+                        oplib_mma<half_t>(d[t], f, b);
                     }
                 }
 #pragma unroll
