@@ -1709,7 +1709,13 @@ _INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s*(?:@!?U?P\w+\s+)?(?P<op>[A-Z][\
 # trip count the static code stands for. Against Nsight Compute's executed instructions over
 # the traced ones on an H200 (bench/results/h200/draw4/second/), 4 kept the specialised and
 # generated kernels' ratios within about 1.35x of the measured ones; 1 (no weighting)
-# overstated the generated forward's fourfold, its one hot loop among much setup code.
+# overstated the generated forward's fourfold, its one hot loop among much setup code. Each
+# loop weighted by its real trips instead (counted by hand for the two tensor-core kernels of
+# draw6/'s Nsight Compute table, at that draw's commit) moved both ratios further from the
+# measured ones, the grad_input's from 0.82x to 0.72x of it: a loop's SASS holds both sides of
+# its runtime-uniform branches (the feature's NCHW and word paths), of which one runs, and
+# trips alone miss what the hardware counts. A count that beats this one needs basic blocks'
+# executions, not loops' trips.
 LOOP_TRIPS = 4
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _TARGET = re.compile(r"`\((\.L_x_\d+)\)")
