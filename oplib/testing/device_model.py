@@ -1445,7 +1445,7 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
         live = m < m_tiles
         ui, first = m // column_blocks, 16 * (m % column_blocks)
         i = i_first + ui
-        for tt in range(-(-buffer_taps // 8)):
+        for tt in range(tiles):
             for e in range(2):
                 t.shared(bias_at + a0 * K + 8 * tt + 2 * quad + e, live, 4)
         for k0 in range(0, R, 16):

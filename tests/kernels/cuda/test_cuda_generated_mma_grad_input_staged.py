@@ -204,7 +204,7 @@ ROW_BARRIER = PlantedBug("row-barrier", "__syncthreads();  // rows a0 .. a0 + RO
 # The buffer's places of a tap as if every tap were read by column parity 0 (stride 2 only).
 TAP_PARITY = PlantedBug("tap-parity", "const int parity = (b - pad_w) & (STRIDE - 1);", "const int parity = (b - pad_w) & 0;")
 # A tap's second bias value taken from the tap after it.
-BIAS_TAP = PlantedBug("bias-tap", "high = rows_bias[8 * t + 1];", "high = rows_bias[8 * t + 2];")
+BIAS_TAP = PlantedBug("bias-tap", "rows_bias[8 * t + 1] : 0.0f;", "rows_bias[8 * t + 2] : 0.0f;")
 # The last place of a tap's row left unformed (its rightmost run's last pixel).
 LAST_PLACE = PlantedBug("last-place", "(unsigned int)at < (unsigned int)row_stride)",
                         "(unsigned int)at < (unsigned int)(row_stride - 1))")

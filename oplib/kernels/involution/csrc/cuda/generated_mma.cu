@@ -1308,7 +1308,9 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
             const int rows = K - a0 < ROWS ? K - a0 : ROWS, places = rows * K, tiles = (places + 7) / 8;
             const int i_first = mma_floor_div(y0 + pad_h - (a0 + rows - 1) + S - 1, S);
             const int m_tiles = (mma_floor_div(y0 + pad_h - a0 + S - 1, S) - i_first + weight_rows) * column_blocks;
-            const float* rows_bias = span_bias + a0 * K + 2 * quad;  // past the rows' taps: unstored
+            // the rows' bias (an n-tile's places past the rows' taps: the next row's, unstored; its
+            // last n-tile's end at most K K + 6, within span_rows)
+            const float* rows_bias = span_bias + a0 * K + 2 * quad;
             const int row_base = y0 + pad_h - a0 + S - 1;  // i_low(a) = floor((row_base - (a - a0)) / S)
             // An m-tile is 16 columns of one output row (no division by the region's width a
             // pixel: the columns past it are formed and left unstored).
@@ -1330,8 +1332,9 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
                 for (int h = 0; h < 2; ++h) values[h] += 2 * quad * feature_step;
                 OplibFragmentC d[ROW_TILES];
 #pragma unroll
-                for (int t = 0; t < ROW_TILES; ++t) {
-                    const float low = rows_bias[8 * t], high = rows_bias[8 * t + 1];
+                for (int t = 0; t < ROW_TILES; ++t) {  // (an n-tile past the rows' is neither formed nor stored)
+                    const float low = t < tiles ? rows_bias[8 * t] : 0.0f;
+                    const float high = t < tiles ? rows_bias[8 * t + 1] : 0.0f;
                     d[t] = OplibFragmentC{{low, high, low, high}};
                 }
 #pragma unroll 1
