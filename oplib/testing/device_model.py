@@ -862,6 +862,13 @@ def _span_staging(t: "_Tally", thread: Tensor, threads: int, group, taps: int, R
         t.shared(span_tap * span_stride + column, staging, 4)
 
 
+def _bias_staging(t: "_Tally", thread: Tensor, group, taps: int, span_rows: int, bias_at: int, es: int) -> None:
+    """generated_mma.cu's mma_stage_span_bias: the group's bias in float from word ``bias_at``,
+    a thread a tap, span_rows threads (zeros past the taps, nothing loaded)."""
+    t.load(3, group * taps + thread, (thread < span_rows) & (thread < taps), es)
+    t.shared(bias_at + thread, thread < span_rows, 4)
+
+
 def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_backward_input (generated_mma.cu): ``item`` is the thread's
     index in the grid (block-major, 256 threads a block, a warp a run of 16 pixels of a grad_input
@@ -1433,8 +1440,7 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     taps_b = most_taps if S == 1 else (K - b0 + S - 1) // S
     window_column = (x + pw - b0) // S - (most_taps - 1) - first_column
     _span_staging(t, thread, threads, group, taps, R, span_rows, span_words, span_stride, es)
-    t.load(3, group * taps + thread, (thread < span_rows) & (thread < taps), es)
-    t.shared(bias_at + thread, thread < span_rows, 4)
+    _bias_staging(t, thread, group, taps, span_rows, bias_at, es)
 
     def form_rows(a0: int, buffer: int) -> None:
         rows = min(rows_at_once, K - a0)
@@ -1539,8 +1545,7 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     n0 = n0 << fold_shift
     lane = thread % 32
     _span_staging(t, thread, threads, group, taps, R, span_rows, span_words, span_stride, es)
-    t.load(3, group * taps + thread, (thread < span_rows) & (thread < taps), es)
-    t.shared(bias_at + thread, thread < span_rows, 4)
+    _bias_staging(t, thread, group, taps, span_rows, bias_at, es)
     _staged_region(t, thread, threads, n0 * isn + group * pg * isc, c0, pg, (region_h, region_w), pitch, S,
                    (S * y0 - ph, S * x0 - pw), (H, W), (isc, ish, isw), vector, es, staged_at, 1 << fold_shift, N - n0,
                    isn)

@@ -208,8 +208,8 @@ BETWEEN_PASSES = PlantedBug("between-passes",
 ODD_COLUMNS = PlantedBug("odd-columns", "(col & 1) * ((region_w + 1) >> 1) + (col >> 1)",
                          "(col & 1) * (region_w >> 1) + (col >> 1)")
 # A tap's bias taken from the tap after it.
-BIAS_TAP = PlantedBug("bias-tap", "thread < T ? mma_to_float(__ldg(group_bias + thread), half_t())",
-                      "thread < T ? mma_to_float(__ldg(group_bias + thread + 1), half_t())")
+BIAS_TAP = PlantedBug("bias-tap", "thread < taps ? mma_to_float(__ldg(group_bias + thread), half_t())",
+                      "thread < taps ? mma_to_float(__ldg(group_bias + thread + 1), half_t())")
 # A pass's last tap left unformed.
 LAST_TAP = PlantedBug("last-tap", "if (t >= tiles || 8 * first_tile + place >= end_a * K) continue;",
                       "if (t >= tiles || 8 * first_tile + place >= end_a * K - 1) continue;")

@@ -830,6 +830,17 @@ __device__ __forceinline__ void mma_stage_span_rows(unsigned int* span, const un
     }
 }
 
+// The group's span_bias in float into `span_bias` (span_rows floats, zeros past the taps, so that
+// an n-tile's 8 rows may start at any tap): each of the staged kernels adds it to the weights it forms.
+template <typename half_t>
+__device__ __forceinline__ void mma_stage_span_bias(float* span_bias, const void* bias, int group, int taps,
+                                                    int span_rows, int thread) {
+    if (thread < span_rows) {
+        const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
+        span_bias[thread] = thread < taps ? mma_to_float(__ldg(group_bias + thread), half_t()) : 0.0f;
+    }
+}
+
 // Instantiated for the forward's windows (the oplib-template line above).
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N), tiles of grad_input.
@@ -1285,10 +1296,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
 
         const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
         mma_stage_span_rows(span, group_span, span_rows, taps, reduced, span_words, span_stride, thread);
-        if (thread < span_rows) {  // the bias in float, zeros past the taps
-            const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
-            span_bias[thread] = thread < taps ? mma_to_float(__ldg(group_bias + thread), half_t()) : 0.0f;
-        }
+        mma_stage_span_bias<half_t>(span_bias, bias, group, taps, span_rows, thread);
         const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
         const unsigned short* sample_grad =
             reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n + (index_t)group * group_channels * grad_c;
@@ -1570,10 +1578,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
 
         const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * T * reduced;
         mma_stage_span_rows(span, group_span, span_rows, T, reduced, span_words, span_stride, thread);
-        if (thread < span_rows) {
-            const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * T;
-            span_bias[thread] = thread < T ? mma_to_float(__ldg(group_bias + thread), half_t()) : 0.0f;
-        }
+        mma_stage_span_bias<half_t>(span_bias, bias, group, T, span_rows, thread);
         // each sample's region in turn (a sample past the batch: zeros, nothing read; its outputs
         // are not stored)
         const unsigned short* plane =
