@@ -850,16 +850,24 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
 
 def _span_staging(t: "_Tally", thread: Tensor, threads: int, group, taps: int, R: int, span_rows: int,
                   span_words: int, span_stride: int, es: int) -> None:
-    """generated_mma.cu's mma_stage_span_rows: the group's span rows (two 16-bit loads a word)
-    into shared memory from its first word, 8 threads a row along its words."""
-    for column0 in range(0, span_words, 8):  # a k-step's 8 words of every span row, 8 threads a row
-        column = column0 + thread % 8
-        span_tap = thread // 8 + threads // 8 * _slots(-(-span_rows // (threads // 8)))
-        staging = span_tap < span_rows
-        r = 2 * column
-        for h in range(2):
-            t.load(2, (group * taps + span_tap) * R + r + h, staging & (span_tap < taps) & (r + h < R), es)
-        t.shared(span_tap * span_stride + column, staging, 4)
+    """generated_mma.cu's mma_stage_span_rows: the group's span rows into shared memory, the
+    block's threads along the rows' units as one run, a thread's units ``threads`` apart; a
+    unit 8 values (one 16-byte load and store) where R is a multiple of 8 (the rows aligned, as
+    a parameter's are), else a word (two 16-bit loads)."""
+    unit_words = 4 if R % 8 == 0 else 1
+    row_units = span_words // unit_words
+    units = span_rows * row_units
+    unit = thread + threads * _slots(-(-units // threads))
+    live = unit < units
+    span_tap, column = unit // row_units, unit % row_units
+    r = 2 * unit_words * column
+    if unit_words == 4:
+        t.load(2, ((group * taps + span_tap) * R + r) // 8, live & (span_tap < taps) & (r < R), 16)
+        t.shared((span_tap * span_stride) // 4 + column, live, 16)
+        return
+    for h in range(2):
+        t.load(2, (group * taps + span_tap) * R + r + h, live & (span_tap < taps) & (r + h < R), es)
+    t.shared(span_tap * span_stride + column, live, 4)
 
 
 def _bias_staging(t: "_Tally", thread: Tensor, group, taps: int, span_rows: int, bias_at: int, es: int) -> None:

@@ -333,13 +333,13 @@ def test_the_staged_forward_trace_counts_a_launch_counted_by_hand():
     assert work.warps == 8
     assert work.fma_requests == 6 * 3 * 12 * 4
     assert work.store_requests == 6 * 4 * 2
-    # shared memory, warp instructions: the span's 16 rows of 8 words (warps 0-3, a store
-    # each) and their 16 biases (warp 0); the region the map's pixels read, 8 x 32 (not the
+    # shared memory, warp instructions: the span's 16 rows of 8 words, 2 16-byte units a row
+    # (warp 0, a store) and their 16 biases (warp 0); the region the map's pixels read, 8 x 32 (not the
     # tile's 10 x 34), 512 units, 2 passes of the block, 4 word stores a unit; per warp, 2
     # m-tiles of 2 n-tiles (one k-step): a bias load and an ldmatrix each, and the stores of
     # taps 0-7 (2 values x 2 rows) and of tap 8 (quad 0's first value, 2 rows); the sums' 3 +
     # 6 loads a kernel row
-    assert work.shared_requests == 4 + 1 + 16 * 4 + 8 * 2 * (2 + 2 + 4 + 2) + 6 * 3 * (3 + 6)
+    assert work.shared_requests == 1 + 1 + 16 * 4 + 8 * 2 * (2 + 2 + 4 + 2) + 6 * 3 * (3 + 6)
 
 
 @pytest.mark.parametrize("index, mask, element_bytes, passes", [

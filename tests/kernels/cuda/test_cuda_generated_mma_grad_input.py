@@ -254,9 +254,9 @@ SHARE_REST = PlantedBug("share-rest", "to[word] = mma_feature_word(place.values,
 # such code catches it (on a GPU, stale words would give wrong numbers).
 SHARE_REST_UNSTAGED = PlantedBug("share-rest-unstaged", "word = place.word + MMA_FEATURE_SHARE * place.step;",
                                  "word = place.word + (MMA_FEATURE_SHARE + 8) * place.step;")
-# A span row's second batch of words loaded from the first's places (R over 64 only: LARGE_R).
-SPAN_BATCHES = PlantedBug("span-batches", "const int r = 2 * (column0 + 8 * v);",
-                          "const int r = 2 * (column0 % (8 * SPAN_BATCH) + 8 * v);")
+# A span row's units past its eighth loaded from the first eight's places (R over 64 only: LARGE_R).
+SPAN_UNITS = PlantedBug("span-units", "const int r = 2 * UNIT_WORDS * column,",
+                        "const int r = 2 * UNIT_WORDS * (column & 7),")
 # The staged output row's feature one pixel further on: its last pixel lies past the end of the
 # shared memory.
 STAGED_OVERRUN = PlantedBug(
@@ -300,7 +300,7 @@ def _caught(call) -> bool:
     *((b, (TWO_CHANNEL_CHUNKS, STRIDE_2_CHUNKS))
       for b in (BAND_PLACE, _band_sync_bug(), STAGED_BARRIER, FEATURE_REUSED, LIVE_STEPS, NEXT_ROW, FIRST_ROW,
                 EVERY_WARP_LOADS, FIRST_IN_MAP)),
-    *((b, LARGE_R) for b in (SHARE_REST, SHARE_REST_UNSTAGED, SPAN_BATCHES))], ids=lambda b: getattr(b, "name", ""))
+    *((b, LARGE_R) for b in (SHARE_REST, SHARE_REST_UNSTAGED, SPAN_UNITS))], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)

@@ -228,6 +228,12 @@ FOLDED_FEATURE = PlantedBug("folded-feature", "(index_t)(inside[h] ? sample : n0
 # The map's last column taken for a pixel outside it (its feature read as zeros: its weights the bias).
 LAST_COLUMN = PlantedBug("last-column", "inside[h] = i < out_h && o < out_w && sample < batch;",
                          "inside[h] = i < out_h && o < out_w - 1 && sample < batch;")
+# A row's last 16-byte unit of span_weight within R left zero (span staging's vector path).
+SPAN_UNIT = PlantedBug("span-unit", "values[v] = count > 0 ? *reinterpret_cast<const Unit*>(at) : Unit{};",
+                       "values[v] = count > 8 ? *reinterpret_cast<const Unit*>(at) : Unit{};")
+# A span unit stepping past its row's end placed a column late on the next row (its first unit
+# never staged).
+SPAN_CARRY = PlantedBug("span-carry", "column -= carry ? row_units : 0;", "column -= carry ? row_units - 1 : 0;")
 # The weights a tap's row further on: the buffer's last row past the end of the shared memory.
 BUFFER_OVERRUN = PlantedBug("buffer-past-the-end",
                             "float* weights = reinterpret_cast<float*>(staged + (((region_words << fold_shift) + 3) & ~3));",
@@ -244,7 +250,9 @@ FOLDED_CASES = (WIDE[4], WIDE[5])
 @pytest.mark.parametrize("bug, cases", [
     *((b, STRIDE_CASES) for b in (WINDOW_LATE, PASS_BARRIER, BIAS_TAP, LAST_TAP, LAST_COLUMN, REGION_CARRY,
                                   REGION_ROWS)),
-    *((b, STRIDE_CASES[1:]) for b in (BETWEEN_PASSES, ODD_COLUMNS)),
+    (SPAN_UNIT, STRIDE_CASES),
+    # (R = 24's rows are whole trips of the block's threads: no unit steps past a row's end there)
+    *((b, STRIDE_CASES[1:]) for b in (BETWEEN_PASSES, ODD_COLUMNS, SPAN_CARRY)),
     *((b, FOLDED_CASES) for b in (FOLDED_WINDOW, FOLDED_FEATURE))], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()

@@ -802,32 +802,62 @@ __device__ __forceinline__ void mma_store_feature_share(unsigned int* features, 
 }
 
 // The group's span_weight rows [tap][r] into `span` (`span_stride` words a row), rows past
-// `taps` and words past R (to `span_words`) zeros: 8 consecutive threads along a row's words
-// (a word's row and place in it by shifts, where dividing by the row's runtime length took a
-// dozen instructions a word), a thread's words of a row loaded SPAN_BATCH at a time before any
-// is stored (a word at a time, a large R's staging was a chain of round trips). Every thread of
-// the block takes part.
+// `taps` and words past R (to `span_words`) zeros. The block's threads take the rows' units as
+// one run, consecutive threads consecutive units, a thread's units MMA_THREADS apart, SPAN_BATCH
+// of them loaded before any is stored (a unit at a time, a large R's staging was a chain of
+// round trips); a unit's row and column step with a carry, as staged_region's do (no division
+// a unit). A unit is 8 values (one 16-byte load and store) where R is a multiple of 8 and the
+// rows 16-byte aligned (RedNet's: every R is), else a word (two 16-bit loads): about 30
+// instructions a word, where 8 threads a row with a batch along it (the earlier way) took 280
+// instructions a warp at RedNet's stage 1 (R = 16), a tenth of the staged forward's. Every
+// thread of the block takes part.
+template <int WORDS>
+struct alignas(4 * WORDS) SpanUnit {
+    unsigned int lane[WORDS];
+};
+
+template <int UNIT_WORDS>
+__device__ __forceinline__ void mma_stage_span_units(unsigned int* span, const unsigned short* group_span,
+                                                     int span_rows, int taps, int reduced, int span_words,
+                                                     int span_stride, int thread) {
+    typedef SpanUnit<UNIT_WORDS> Unit;
+    constexpr int SPAN_BATCH = 4;
+    const int row_units = span_words / UNIT_WORDS, units = span_rows * row_units;
+    const int step = MMA_THREADS / row_units, shift = MMA_THREADS - step * row_units;
+    int tap = thread / row_units, column = thread - tap * row_units;
+#pragma unroll 1
+    for (int unit0 = thread; unit0 < units; unit0 += SPAN_BATCH * MMA_THREADS) {
+        Unit values[SPAN_BATCH];
+        int places[SPAN_BATCH];
+#pragma unroll
+        for (int v = 0; v < SPAN_BATCH; ++v) {
+            // a 32-bit offset in the group's rows (the 64-bit one took a dozen instructions a word)
+            const int r = 2 * UNIT_WORDS * column, count = unit0 + v * MMA_THREADS < units && tap < taps ? reduced - r : 0;
+            const unsigned short* at = group_span + (tap * reduced + r);
+            if constexpr (UNIT_WORDS == 1)
+                values[v].lane[0] = oplib_load_pair(at, 1, count);
+            else
+                values[v] = count > 0 ? *reinterpret_cast<const Unit*>(at) : Unit{};
+            places[v] = tap * span_stride + UNIT_WORDS * column;
+            column += shift;
+            const bool carry = column >= row_units;
+            column -= carry ? row_units : 0;
+            tap += step + carry;
+        }
+#pragma unroll
+        for (int v = 0; v < SPAN_BATCH; ++v)
+            if (unit0 + v * MMA_THREADS < units) *reinterpret_cast<Unit*>(span + places[v]) = values[v];
+    }
+}
+
 __device__ __forceinline__ void mma_stage_span_rows(unsigned int* span, const unsigned short* group_span, int span_rows,
                                                     int taps, int reduced, int span_words, int span_stride,
                                                     int thread) {
-    constexpr int SPAN_BATCH = 4;
-#pragma unroll 1
-    for (int tap = thread / 8; tap < span_rows; tap += MMA_THREADS / 8) {
-        const unsigned short* span_row = group_span + (index_t)tap * reduced;
-        const int count = tap < taps ? reduced : 0;
-#pragma unroll 1
-        for (int column0 = thread % 8; column0 < span_words; column0 += 8 * SPAN_BATCH) {
-            unsigned int words[SPAN_BATCH];
-#pragma unroll
-            for (int v = 0; v < SPAN_BATCH; ++v) {
-                const int r = 2 * (column0 + 8 * v);
-                words[v] = r < 2 * span_words ? oplib_load_pair(span_row + r, 1, count - r) : 0u;
-            }
-#pragma unroll
-            for (int v = 0; v < SPAN_BATCH; ++v)
-                if (column0 + 8 * v < span_words) span[tap * span_stride + column0 + 8 * v] = words[v];
-        }
-    }
+    // span_words (8 a k-step) and span_stride (4 more) whole units of 4 words, rows 16-byte aligned
+    if (reduced % 8 == 0 && reinterpret_cast<size_t>(group_span) % 16 == 0)
+        mma_stage_span_units<4>(span, group_span, span_rows, taps, reduced, span_words, span_stride, thread);
+    else
+        mma_stage_span_units<1>(span, group_span, span_rows, taps, reduced, span_words, span_stride, thread);
 }
 
 // The group's span_bias in float into `span_bias` (span_rows floats, zeros past the taps, so that
