@@ -876,7 +876,6 @@ def _bias_staging(t: "_Tally", thread: Tensor, group, taps: int, span_rows: int,
     t.load(3, group * taps + thread, (thread < span_rows) & (thread < taps), es)
     t.shared(bias_at + thread, thread < span_rows, 4)
 
-
 def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_backward_input (generated_mma.cu): ``item`` is the thread's
     index in the grid (block-major, 256 threads a block, a warp a run of 16 pixels of a grad_input
@@ -1451,35 +1450,34 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     _bias_staging(t, thread, group, taps, span_rows, bias_at, es)
 
     def form_rows(a0: int, buffer: int) -> None:
-        rows = min(rows_at_once, K - a0)
-        places, tiles = rows * K, -(-rows * K // 8)
+        rows = min(rows_at_once, K - a0)  # an n-tile a kernel row, its taps 0 .. 7
         i_first = (y0 + ph - (a0 + rows - 1) + S - 1) // S
         m_tiles = ((y0 + ph - a0 + S - 1) // S - i_first + weight_rows) * column_blocks
         m = warp + 8 * _slots(-(-int(torch.as_tensor(m_tiles).max()) // 8))  # (the blocks' tile origins differ)
         live = m < m_tiles
         ui, first = m // column_blocks, 16 * (m % column_blocks)
         i = i_first + ui
-        for tt in range(tiles):
+        for tt in range(rows):
             for e in range(2):
-                t.shared(bias_at + a0 * K + 8 * tt + 2 * quad + e, live, 4)
+                t.shared(bias_at + (a0 + tt) * K + 2 * quad + e, live, 4)
         for k0 in range(0, R, 16):
             for v in range(4):
                 o = first_column + first + row + 8 * (v & 1)
                 inside = live & (i >= 0) & (i < OH) & (o >= 0) & (o < OW)
                 _feature_pair_loads(t, n * fsn + i * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1), inside, R, fsc,
                                     feature_words, es)
-            for tt in range(tiles):
-                t.matrices((a0 * K + 8 * tt) * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), live, 2)
-        for tt in range(-(-buffer_taps // 8)):
+            for tt in range(rows):
+                t.matrices((a0 + tt) * K * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), live, 2)
+        for r in range(rows):
+            wi = i - (y0 + ph - a0 + S - 1 - r) // S  # the pixel's row among kernel row a0 + r's
             for e in range(2):
-                place = 8 * tt + 2 * quad + e
-                r, b = place // K, place % K
-                wi = i - (y0 + ph - a0 + S - 1 - r) // S  # the pixel's row among kernel row a0 + r's
+                b = 2 * quad + e  # the lane's tap (those past K unstored)
                 offset = (x0 + pw - b + (b - pw) % S) // S - first_column
                 for h in range(2):
                     at = first + row + 8 * h - offset
-                    stored = live & (place < places) & (wi >= 0) & (wi < weight_rows) & (at >= 0) & (at < row_stride)
-                    t.shared(weights_at + (buffer * buffer_taps + place) * tap_stride + wi * row_stride + at, stored, 4)
+                    stored = live & (b < K) & (wi >= 0) & (wi < weight_rows) & (at >= 0) & (at < row_stride)
+                    t.shared(weights_at + (buffer * buffer_taps + r * K + b) * tap_stride + wi * row_stride + at,
+                             stored, 4)
 
     _staged_region(t, thread, threads, n * gsn + group * pg * gsc, c0, pg, (region_h, region_w), region_w, 1,
                    (first_row, first_column), (OH, OW), (gsc, gsh, gsw), vector, es, staged_at)

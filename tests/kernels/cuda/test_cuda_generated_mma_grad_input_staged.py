@@ -204,7 +204,7 @@ ROW_BARRIER = PlantedBug("row-barrier", "__syncthreads();  // rows a0 .. a0 + RO
 # The buffer's places of a tap as if every tap were read by column parity 0 (stride 2 only).
 TAP_PARITY = PlantedBug("tap-parity", "const int parity = (b - pad_w) & (STRIDE - 1);", "const int parity = (b - pad_w) & 0;")
 # A tap's second bias value taken from the tap after it.
-BIAS_TAP = PlantedBug("bias-tap", "rows_bias[8 * t + 1] : 0.0f;", "rows_bias[8 * t + 2] : 0.0f;")
+BIAS_TAP = PlantedBug("bias-tap", "rows_bias[K * t + 1] : 0.0f;", "rows_bias[K * t + 2] : 0.0f;")
 # The last place of a tap's row left unformed (its rightmost run's last pixel).
 LAST_PLACE = PlantedBug("last-place", "(unsigned int)at < (unsigned int)row_stride)",
                         "(unsigned int)at < (unsigned int)(row_stride - 1))")
@@ -213,7 +213,7 @@ UNION_FIRST = PlantedBug("union-first", "const int i_first = mma_floor_div(y0 + 
                          "const int i_first = mma_floor_div(y0 + pad_h - (a0 + rows - 1) + S - 1, S) + 1;")
 # Every tap's row among the group's first kernel row's output rows: the second row's weights
 # stored a row off.
-ROW_OF_TAP = PlantedBug("row-of-tap", "const int wi = i - ((row_base - r) >> (S - 1));",
+ROW_OF_TAP = PlantedBug("row-of-tap", "const int wi = i - ((row_base - t) >> (S - 1));",
                         "const int wi = i - (row_base >> (S - 1));")
 # The weights two taps' rows further on: the second buffer's last tap rows past the end of the
 # shared memory.

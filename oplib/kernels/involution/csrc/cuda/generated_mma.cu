@@ -1055,8 +1055,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 // a group's chunks form their weights each, as a loop over them in the block would):
 //   1. stages grad_output over the region of output pixels the tile's windows read, [row]
 //      [column][channel], zeros outside the map;
-//   2. per STAGED_GRAD_ROWS kernel rows: forms their taps (ROWS x K, packed, in n-tiles of 8)
-//      at the output rows the tile reads through any of them (tile_h / S through each, the
+//   2. per STAGED_GRAD_ROWS kernel rows: forms their taps (an n-tile of 8 a row, those past K
+//      unstored) at the output rows the tile reads through any of them (tile_h / S through each, the
 //      rows' sets shifted by a row or half of one) x the region's columns, (pixels x R)(R x
 //      ROWS K) + bias on tensor cores, the feature's A fragment loaded from global memory once
 //      for all the rows' n-tiles (a row at a time, it was loaded once a row), span_weight's
@@ -1287,9 +1287,12 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
         typedef scalar_t half_t;
         constexpr int K = KERNEL, S = STRIDE, TAPS = (K + S - 1) / S;  // a parity's most taps of a row
         constexpr int ROW_GROUPS = MMA_WARPS / (S * S);  // a parity class's warps
-        // The kernel rows formed at once: their taps n-tiles of one A fragment (ROWS * K taps,
-        // packed: tap b of the group's row r at place r * K + b).
-        constexpr int ROWS = K < STAGED_GRAD_ROWS ? K : STAGED_GRAD_ROWS, ROW_TILES = (ROWS * K + 7) / 8;
+        // The kernel rows formed at once, from one A fragment: an n-tile a row (its taps 0 .. 7,
+        // those past K unstored), so that a value's row is its n-tile's and its tap the lane's
+        // (where K K taps packed 8 an n-tile took a division a value and about 30 instructions
+        // a (tile, value) pair to find its row, tap and place).
+        constexpr int ROWS = K < STAGED_GRAD_ROWS ? K : STAGED_GRAD_ROWS;
+        static_assert(K <= 8, "a kernel row's taps in one n-tile");
         const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
         const int runs_h = MMA_WARPS / runs_w;
         const int tile_h = S * ROW_GROUPS * runs_h, tile_w = S * STAGED_RUN * runs_w;
@@ -1343,13 +1346,14 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
         // last row's) x the region's columns, the warps in turn, every row's taps of a pixel from
         // one A fragment; output row i_first + ui, column first_column + col.
         const auto form_rows = [&](int a0, float* into) {
-            const int rows = K - a0 < ROWS ? K - a0 : ROWS, places = rows * K, tiles = (places + 7) / 8;
+            const int rows = K - a0 < ROWS ? K - a0 : ROWS;
             const int i_first = mma_floor_div(y0 + pad_h - (a0 + rows - 1) + S - 1, S);
             const int m_tiles = (mma_floor_div(y0 + pad_h - a0 + S - 1, S) - i_first + weight_rows) * column_blocks;
-            // the rows' bias (an n-tile's places past the rows' taps: the next row's, unstored; its
-            // last n-tile's end at most K K + 6, within span_rows)
+            // the rows' bias (an n-tile's taps past K: the next row's, unstored; the last row's
+            // end at most K K + 6, within span_rows)
             const float* rows_bias = span_bias + a0 * K + 2 * quad;
             const int row_base = y0 + pad_h - a0 + S - 1;  // i_low(a) = floor((row_base - (a - a0)) / S)
+            const unsigned int* rows_span = lane_span + a0 * K * span_stride;  // the rows' first tap's
             // An m-tile is 16 columns of one output row (no division by the region's width a
             // pixel: the columns past it are formed and left unstored).
 #pragma unroll 1
@@ -1368,11 +1372,11 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
                 // (formed anew at each load, their 64-bit addresses took most of the row's code).
 #pragma unroll
                 for (int h = 0; h < 2; ++h) values[h] += 2 * quad * feature_step;
-                OplibFragmentC d[ROW_TILES];
+                OplibFragmentC d[ROWS];
 #pragma unroll
-                for (int t = 0; t < ROW_TILES; ++t) {  // (an n-tile past the rows' is neither formed nor stored)
-                    const float low = t < tiles ? rows_bias[8 * t] : 0.0f;
-                    const float high = t < tiles ? rows_bias[8 * t + 1] : 0.0f;
+                for (int t = 0; t < ROWS; ++t) {  // (a row past the rows' is neither formed nor stored)
+                    const float low = t < rows ? rows_bias[K * t] : 0.0f;
+                    const float high = t < rows ? rows_bias[K * t + 1] : 0.0f;
                     d[t] = OplibFragmentC{{low, high, low, high}};
                 }
 #pragma unroll 1
@@ -1380,27 +1384,28 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
                     const OplibFragmentA f = staged_feature_fragment(values, inside, k0 + 2 * quad, reduced, feature_step,
                                                                      feature_words);
 #pragma unroll
-                    for (int t = 0; t < ROW_TILES; ++t) {
-                        if (t >= tiles) break;
+                    for (int t = 0; t < ROWS; ++t) {
+                        if (t >= rows) break;
                         OplibFragmentB b;
-                        oplib_load_matrices<2>(lane_span + (a0 * K + 8 * t) * span_stride + k0 / 2, b.reg);
+                        oplib_load_matrices<2>(rows_span + t * K * span_stride + k0 / 2, b.reg);
                         oplib_mma<half_t>(d[t], f, b);
                     }
                 }
 #pragma unroll
-                for (int t = 0; t < ROW_TILES; ++t) {
+                for (int t = 0; t < ROWS; ++t) {
+                    // the pixel's row among kernel row a0 + t's (i_low by a shift: S is 1 or 2)
+                    const int wi = i - ((row_base - t) >> (S - 1));
+                    if (t >= rows || (unsigned int)wi >= (unsigned int)weight_rows) continue;
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const int place = 8 * t + 2 * quad + e, r = place / K, b = place - r * K;
-                        if (place >= places) continue;
-                        // the pixel's row among kernel row a0 + r's (i_low by a shift: S is 1 or 2)
-                        const int wi = i - ((row_base - r) >> (S - 1));
+                        const int b = 2 * quad + e;  // the lane's tap
+                        if (b >= K) continue;
                         const int offset = staged_tap_offset<S>(b, column_base, pad_w, first_column);
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {  // a pixel no run reads through the tap is left out
                             const int at = first + row + 8 * h - offset;
-                            if ((unsigned int)wi < (unsigned int)weight_rows && (unsigned int)at < (unsigned int)row_stride)
-                                into[place * tap_stride + wi * row_stride + at] = inside[h] ? d[t].value[2 * h + e] : 0.0f;
+                            if ((unsigned int)at < (unsigned int)row_stride)
+                                into[(t * K + b) * tap_stride + wi * row_stride + at] = inside[h] ? d[t].value[2 * h + e] : 0.0f;
                         }
                     }
                 }
