@@ -1409,10 +1409,11 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     one row and column parity). The group's span rows and their bias (a value a thread, stored
     in float) and grad_output over the region staged (a 16-byte load a pixel's 8 channels where
     the host says they are a vector, else two 16-bit loads a pair; 4 word stores), then per
-    STAGED_GRAD_ROWS kernel rows their weights formed (per m-tile, 16 columns of one of the
-    output rows any of them reads: per n-tile the bias, two shared loads; per k-step of R the
-    feature's A fragment from global memory and per n-tile the span's B by ldmatrix; tensor
-    cores: no term; a word store per value a run reads) and, per kernel row, for a warp whose
+    STAGED_GRAD_ROWS kernel rows their weights formed (per m-tile, 16 of the pixels, row-major,
+    of the output rows any of them reads x the region's columns: per n-tile the bias, two
+    shared loads; per k-step of R the feature's A fragment from global memory and per n-tile
+    the span's B by ldmatrix; tensor cores: no term; a word store per value a run reads) and,
+    per kernel row, for a warp whose
     rows read an output row through it, its taps' 4 weights (a 16-byte shared load each), the window's
     grad_output (an 8-byte shared load a pixel) and 4 multiply-adds per (tap, pixel) pair; the
     stores. The layout's sizes are the source's and its host's."""
@@ -1433,7 +1434,6 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     bias_at = span_rows * span_stride  # words
     staged_at = bias_at + span_rows
     weights_at = staged_at + -(-region_h * region_w * 10 // 4) * 4
-    column_blocks = -(-region_w // 16)
     rows_at_once = min(K, source.constants["STAGED_GRAD_ROWS"])
     buffer_taps = rows_at_once * K
     thread, warp, row, quad, group, n, c0, y0, x0 = _staged_thread(item, launch, G, pg, tiles_w, (tile_h, tile_w))
@@ -1452,29 +1452,32 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     def form_rows(a0: int, buffer: int) -> None:
         rows = min(rows_at_once, K - a0)  # an n-tile a kernel row, its taps 0 .. 7
         i_first = (y0 + ph - (a0 + rows - 1) + S - 1) // S
-        m_tiles = ((y0 + ph - a0 + S - 1) // S - i_first + weight_rows) * column_blocks
+        pixels = ((y0 + ph - a0 + S - 1) // S - i_first + weight_rows) * region_w  # the rows' x the region's columns
+        m_tiles = -(-pixels // 16)
         m = warp + 8 * _slots(-(-int(torch.as_tensor(m_tiles).max()) // 8))  # (the blocks' tile origins differ)
         live = m < m_tiles
-        ui, first = m // column_blocks, 16 * (m % column_blocks)
-        i = i_first + ui
+        pixel = [16 * m + row + 8 * h for h in range(2)]  # the lane's two, row-major
+        i = [i_first + p // region_w for p in pixel]
+        column = [p % region_w for p in pixel]
         for tt in range(rows):
             for e in range(2):
                 t.shared(bias_at + (a0 + tt) * K + 2 * quad + e, live, 4)
         for k0 in range(0, R, 16):
             for v in range(4):
-                o = first_column + first + row + 8 * (v & 1)
-                inside = live & (i >= 0) & (i < OH) & (o >= 0) & (o < OW)
-                _feature_pair_loads(t, n * fsn + i * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1), inside, R, fsc,
+                h = v & 1
+                o = first_column + column[h]
+                inside = live & (i[h] >= 0) & (i[h] < OH) & (o >= 0) & (o < OW)
+                _feature_pair_loads(t, n * fsn + i[h] * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1), inside, R, fsc,
                                     feature_words, es)
             for tt in range(rows):
                 t.matrices((a0 + tt) * K * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), live, 2)
         for r in range(rows):
-            wi = i - (y0 + ph - a0 + S - 1 - r) // S  # the pixel's row among kernel row a0 + r's
             for e in range(2):
                 b = 2 * quad + e  # the lane's tap (those past K unstored)
                 offset = (x0 + pw - b + (b - pw) % S) // S - first_column
                 for h in range(2):
-                    at = first + row + 8 * h - offset
+                    wi = i[h] - (y0 + ph - a0 + S - 1 - r) // S  # the pixel's row among kernel row a0 + r's
+                    at = column[h] - offset
                     stored = live & (b < K) & (wi >= 0) & (wi < weight_rows) & (at >= 0) & (at < row_stride)
                     t.shared(weights_at + (buffer * buffer_taps + r * K + b) * tap_stride + wi * row_stride + at,
                              stored, 4)

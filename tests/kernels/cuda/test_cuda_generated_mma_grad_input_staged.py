@@ -213,8 +213,11 @@ UNION_FIRST = PlantedBug("union-first", "const int i_first = mma_floor_div(y0 + 
                          "const int i_first = mma_floor_div(y0 + pad_h - (a0 + rows - 1) + S - 1, S) + 1;")
 # Every tap's row among the group's first kernel row's output rows: the second row's weights
 # stored a row off.
-ROW_OF_TAP = PlantedBug("row-of-tap", "const int wi = i - ((row_base - t) >> (S - 1));",
-                        "const int wi = i - (row_base >> (S - 1));")
+ROW_OF_TAP = PlantedBug("row-of-tap", "const int ui_low = ((row_base - t) >> (S - 1)) - i_first;",
+                        "const int ui_low = (row_base >> (S - 1)) - i_first;")
+# A formed pixel's row found as if the rows were a column longer: pixels placed off their rows.
+PIXEL_ROW = PlantedBug("pixel-row", "0xffffffffu / (unsigned int)region_w + 1u;",
+                       "0xffffffffu / (unsigned int)(region_w + 1) + 1u;")
 # The weights two taps' rows further on: the second buffer's last tap rows past the end of the
 # shared memory.
 BUFFER_OVERRUN = PlantedBug("buffer-past-the-end", "(staged + ((region_h * region_w * STAGED_PIXEL + 3) & ~3));",
@@ -229,7 +232,7 @@ STRIDE_CASES = (WIDE[0], WIDE[1])
 @pytest.mark.integration
 @pytest.mark.parametrize("bug, cases", [
     *((b, STRIDE_CASES) for b in (WINDOW_LATE, ONE_BUFFER, ROW_BARRIER, BIAS_TAP, LAST_PLACE, UNION_FIRST,
-                                  ROW_OF_TAP)),
+                                  ROW_OF_TAP, PIXEL_ROW)),
     (TAP_PARITY, STRIDE_CASES[1:])], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()

@@ -1336,37 +1336,48 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
         const int row = lane >> 2, quad = lane & 3;  // a fragment's
         // the lane's row of a B fragment's ldmatrix (oplib_load_fragment_b's, formed once)
         const unsigned int* lane_span = span + (lane & 7) * span_stride + 4 * (lane >> 3 & 1);
-        const int column_blocks = (region_w + 15) / 16;
         // A reduced channel's step in the feature (channels_last with pairs as words: 1, the
         // word loads' step; else the channel stride, two 16-bit loads a pair).
         const index_t feature_step = feature_words ? 1 : feature_c;
 
-        // Kernel rows a0 .. a0 + rows - 1's weights into buffer `into`: m-tiles of the output
-        // rows any of them reads (kernel row a's weight_rows from i_low(a), the union from the
-        // last row's) x the region's columns, the warps in turn, every row's taps of a pixel from
-        // one A fragment; output row i_first + ui, column first_column + col.
+        // A pixel's row among the formed ones, p / region_w, by a multiply (exact for p below
+        // 2^32 / region_w).
+        const unsigned int column_magic = 0xffffffffu / (unsigned int)region_w + 1u;
+
+        // Kernel rows a0 .. a0 + rows - 1's weights into buffer `into`: m-tiles of 16 of the
+        // pixels (row-major) of the output rows any of them reads (kernel row a's weight_rows
+        // from i_low(a), the union from the last row's) x the region's columns, the warps in
+        // turn, every row's taps of a pixel from one A fragment; pixel p at output row i_first +
+        // p / region_w, column first_column + p % region_w.
         const auto form_rows = [&](int a0, float* into) {
             const int rows = K - a0 < ROWS ? K - a0 : ROWS;
             const int i_first = mma_floor_div(y0 + pad_h - (a0 + rows - 1) + S - 1, S);
-            const int m_tiles = (mma_floor_div(y0 + pad_h - a0 + S - 1, S) - i_first + weight_rows) * column_blocks;
+            const int pixels = (mma_floor_div(y0 + pad_h - a0 + S - 1, S) - i_first + weight_rows) * region_w;
+            const int m_tiles = (pixels + 15) / 16;
             // the rows' bias (an n-tile's taps past K: the next row's, unstored; the last row's
             // end at most K K + 6, within span_rows)
             const float* rows_bias = span_bias + a0 * K + 2 * quad;
             const int row_base = y0 + pad_h - a0 + S - 1;  // i_low(a) = floor((row_base - (a - a0)) / S)
             const unsigned int* rows_span = lane_span + a0 * K * span_stride;  // the rows' first tap's
-            // An m-tile is 16 columns of one output row (no division by the region's width a
-            // pixel: the columns past it are formed and left unstored).
+            // (An m-tile of 16 columns of one output row formed the region's 38 columns of
+            // RedNet's stage-1 tile as 48, a fifth of its pixels past them; a pixel past the rows
+            // here reads a row's weights no run reads: unstored.)
 #pragma unroll 1
             for (int m = warp; m < m_tiles; m += MMA_WARPS) {
-                const int ui = m / column_blocks, first = 16 * (m - ui * column_blocks), i = i_first + ui;
-                const unsigned short* row_values = feature_bits + (index_t)i * feature_h;
                 const unsigned short* values[2];
                 bool inside[2];
+                // the lane's first pixel's row among the formed ones and region column (its second,
+                // 8 pixels on, found from them: kept apart, they spilled on sm_80 at three blocks
+                // an SM); region_w is above 8, so the second is at most a row further
+                const int p = 16 * m + row, first_ui = (int)(((unsigned long long)p * column_magic) >> 32);
+                const int first_col = p - first_ui * region_w;
+                const bool second_wraps = first_col + 8 >= region_w;
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int o = first_column + first + row + 8 * h;
+                    const bool wraps = h == 1 && second_wraps;
+                    const int i = i_first + first_ui + wraps, o = first_column + first_col + 8 * h - (wraps ? region_w : 0);
                     inside[h] = (unsigned int)i < (unsigned int)out_h && (unsigned int)o < (unsigned int)out_w;
-                    values[h] = row_values + (index_t)o * feature_w;
+                    values[h] = feature_bits + (index_t)i * feature_h + (index_t)o * feature_w;
                 }
                 // The pixels' values of the lane's reduced channels, advanced a k-step at a time
                 // (formed anew at each load, their 64-bit addresses took most of the row's code).
@@ -1393,9 +1404,9 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
                 }
 #pragma unroll
                 for (int t = 0; t < ROWS; ++t) {
-                    // the pixel's row among kernel row a0 + t's (i_low by a shift: S is 1 or 2)
-                    const int wi = i - ((row_base - t) >> (S - 1));
-                    if (t >= rows || (unsigned int)wi >= (unsigned int)weight_rows) continue;
+                    if (t >= rows) continue;
+                    // kernel row a0 + t's first output row, among the formed ones (S is 1 or 2)
+                    const int ui_low = ((row_base - t) >> (S - 1)) - i_first;
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int b = 2 * quad + e;  // the lane's tap
@@ -1403,8 +1414,10 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
                         const int offset = staged_tap_offset<S>(b, column_base, pad_w, first_column);
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {  // a pixel no run reads through the tap is left out
-                            const int at = first + row + 8 * h - offset;
-                            if ((unsigned int)at < (unsigned int)row_stride)
+                            const bool wraps = h == 1 && second_wraps;
+                            const int wi = first_ui + wraps - ui_low;
+                            const int at = first_col + 8 * h - (wraps ? region_w : 0) - offset;
+                            if ((unsigned int)wi < (unsigned int)weight_rows && (unsigned int)at < (unsigned int)row_stride)
                                 into[(t * K + b) * tap_stride + wi * row_stride + at] = inside[h] ? d[t].value[2 * h + e] : 0.0f;
                         }
                     }
