@@ -1729,7 +1729,13 @@ _INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s*(?:@!?U?P\w+\s+)?(?P<op>[A-Z][\
 # measured ones, the grad_input's from 0.82x to 0.72x of it: a loop's SASS holds both sides of
 # its runtime-uniform branches (the feature's NCHW and word paths), of which one runs, and
 # trips alone miss what the hardware counts. A count that beats this one needs basic blocks'
-# executions, not loops' trips.
+# executions, not loops' trips. What a fixed weight cannot see, for a kernel change: a path
+# added beside a general one raises every launch's ratio, whichever runs (an NCHW staging path
+# for the staged forward, left out: 4.77 -> 5.11 for its channels_last rows too), and a loop
+# body made longer to run fewer trips reads as a loss (the staged grad_input's m-tiles over the
+# formed pixels: 6.42 -> 6.71, where its loops at their real trips lost 7-12% of their
+# instructions); a layout as a template argument, one way's code an instantiation, would
+# let the ratio see only the path that runs.
 LOOP_TRIPS = 4
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _TARGET = re.compile(r"`\((\.L_x_\d+)\)")
