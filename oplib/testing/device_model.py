@@ -1535,7 +1535,7 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
 
     (C, H, W, G, OH, OW, ph, pw, R, tiles_w, runs_w, N, fold_shift, isn, isc, ish, isw, osn, osc, osh, osw,
      fsn, fsc, fsh, fsw, vector, feature_words) = launch.scalars
-    K, S = (int(v) for v in launch.specialisation)
+    K, S = (int(v) for v in launch.specialisation[:2])  # (and VECTORS: the same work)
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
     es, taps, pg, threads = launch.dtype.itemsize, K * K, C // G, launch.threads_per_block
     tile_h, tile_w = involution_cuda.generated_mma_staged_forward_tile(source, runs_w)

@@ -947,6 +947,14 @@ def generated_mma_backward_config(source: KernelSource, dtype: torch.dtype, batc
     return LaunchConfig((tiles, groups, batch), (32, c["MMA_WARPS"]), shared_bytes)
 
 
+def generated_mma_pair_stores(out: Tensor, groups: int) -> bool:
+    """generated_mma.cu's mma_pair_stores: whether a pair of a group's channels (c, c + 1; c
+    even) is one aligned 32-bit store in ``out``: channels_last, even strides and group size."""
+    n_stride, c_stride, h_stride, w_stride = out.stride()
+    return (c_stride == 1 and all(s % 2 == 0 for s in (n_stride, h_stride, w_stride, out.shape[1] // groups))
+            and out.data_ptr() % 4 == 0)
+
+
 def generated_mma_feature_words(feature: Tensor) -> bool:
     """Whether the kernel may load the feature's pairs of reduced channels (r, r + 1; r even) as
     one aligned 32-bit word: channels_last with an even R, every pixel's channels starting at an
@@ -1040,8 +1048,9 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
     if dtype not in GENERATED_MMA_DTYPES or tuple(dilation) != (1, 1):
         return None
     specialisation = (str(kernel_size[0]), str(stride[0]))
+    windows = {served[:2] for served in source.specialisations[kernel_name]}  # (the forward's: and VECTORS)
     if (kernel_size[1] != kernel_size[0] or stride[1] != stride[0]
-            or specialisation not in source.specialisations[kernel_name] or specialisation == GENERATED_TILE_RUNTIME):
+            or specialisation not in windows or specialisation == GENERATED_TILE_RUNTIME):
         return None
     if runs_w is not None and runs_w not in GENERATED_STAGED_RUNS_W:
         raise ValueError(f"runs_w must be one of {GENERATED_STAGED_RUNS_W} (the kernel's warps in whole rows of "
@@ -1228,12 +1237,14 @@ def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight:
     bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
     tiles_w = -(-out_size[1] // generated_mma_staged_forward_tile(source, runs_w)[1])
     fold_shift = generated_mma_staged_forward_fold(source, runs_w, out_size).bit_length() - 1
+    vector_input, feature_words = generated_mma_vectors_fit(input, groups), generated_mma_feature_words(feature)
     scalars = (channels, *input.shape[2:], groups, *out_size, *padding, reduced, tiles_w, runs_w, n, fold_shift,
-               *input.stride(), *out.stride(), *feature.stride(), generated_mma_vectors_fit(input, groups),
-               generated_mma_feature_words(feature))
+               *input.stride(), *out.stride(), *feature.stride(), vector_input, feature_words)
+    # the instantiation with only the vector ways where all three hold (channels_last, aligned)
+    vectors = vector_input and feature_words and generated_mma_pair_stores(out, groups)
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma_staged", input.dtype, config,
                                          (input, feature, span_weight.contiguous(), bias, out, *scalars),
-                                         (str(kernel_size[0]), str(stride[0])))
+                                         (str(kernel_size[0]), str(stride[0]), "true" if vectors else "false"))
     return out
 
 

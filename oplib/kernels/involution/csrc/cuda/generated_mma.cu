@@ -397,6 +397,7 @@ __device__ __forceinline__ bool mma_pair_stores(const half_t* out, index_t out_n
 // oplib-template: KERNEL, STRIDE = 0, 0 | 3, 1 | 3, 2 | 5, 1 | 5, 2 | 7, 1 | 7, 2
 // oplib-template: FOLDED = false | true
 // oplib-template: NARROW = false | true
+// oplib-template: VECTORS = false | true
 //
 // FOLDED: folded runs (the host's pick where the map's width leaves fewer of the runs' pixels
 // outside it so, as a 7x7 map does: 7 of a run's 16, 14 of a folded one's). A warp's run is 8
@@ -1574,10 +1575,14 @@ __device__ __forceinline__ void staged_forward_row_sums(float (&sums)[STAGED_RUN
 
 // Instantiated for the forward's windows (the oplib-template line above); only the square
 // windows of KERNEL and STRIDE (1 or 2) are served: KERNEL = 0's instantiation is empty, and
-// the host declines other geometries (the other forward kernels serve them).
+// the host declines other geometries (the other forward kernels serve them). VECTORS: the host
+// found the input's 8-channel units 16-byte vectors, the feature's channel pairs aligned words
+// and the output's channel pairs word stores (channels_last, aligned): that instantiation holds
+// only those ways (each runtime flag's other way took its place in the staging, the k-step
+// and the stores, where one way runs: as FOLDED, a template argument), the other every way.
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, ceil(N / 2^fold_shift) * chunks), tiles of the output.
-template <typename scalar_t, int KERNEL, int STRIDE>
+template <typename scalar_t, int KERNEL, int STRIDE, bool VECTORS>
 __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWARD_BLOCKS : 2) involution_generated_mma_staged(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
     const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
@@ -1632,8 +1637,8 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         const unsigned short* plane =
             reinterpret_cast<const unsigned short*>(input) + (index_t)n0 * input_n + (index_t)group * group_channels * input_c;
         staged_region<S>(staged, plane, c0, group_channels, region_h, region_w, pitch, 1 << fold_shift, batch - n0,
-                         input_n, S * y0 - pad_h, S * x0 - pad_w, height, width, input_c, input_h, input_w, vector_input,
-                         thread);
+                         input_n, S * y0 - pad_h, S * x0 - pad_w, height, width, input_c, input_h, input_w,
+                         VECTORS || vector_input, thread);
         __syncthreads();  // the span rows, their bias and the input are staged
 
         const int row = lane >> 2, quad = lane & 3;  // a fragment's
@@ -1643,7 +1648,8 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature);
         // A reduced channel's step in the feature (channels_last with pairs as words: 1, the
         // word loads' step; else the channel stride, two 16-bit loads a pair).
-        const index_t feature_step = feature_words ? 1 : feature_c;
+        const bool words = VECTORS || feature_words;
+        const index_t feature_step = words ? 1 : feature_c;
         // The thread's run: lane = (run, quarter), a warp's runs runs_w along a row.
         const int run = lane >> 2, quarter = lane & 3, run_x = run & (runs_w - 1), run_y = run / runs_w;
         const int ty = warp * runs_h + run_y, tx = STAGED_RUN * run_x;
@@ -1687,7 +1693,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
 #pragma unroll 1
                 for (int k0 = 0; k0 < reduced; k0 += 16) {
                     const OplibFragmentA f =
-                        staged_feature_fragment(values, inside, k0 + 2 * quad, reduced, feature_step, feature_words);
+                        staged_feature_fragment(values, inside, k0 + 2 * quad, reduced, feature_step, words);
 #pragma unroll
                     for (int t = 0; t < BUFFER_TILES; ++t) {
                         if (t >= tiles) break;
@@ -1728,7 +1734,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         const int y = y0 + sample_y, x = x0 + tx;
         if (y >= out_h || n0 + run_sample >= batch) return;
         const int c = c0 + STAGED_RUN * quarter;
-        const bool pair_stores = mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
+        const bool pair_stores = VECTORS || mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
         scalar_t* at = out + (index_t)(n0 + run_sample) * out_n + ((index_t)group * group_channels + c) * out_c +
                        (index_t)y * out_hs;
         staged_store_run(sums, at, x, 1, out_w, out_ws, c, group_channels, out_c, pair_stores);
