@@ -1421,7 +1421,7 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
 
     (C, H, W, G, OH, OW, ph, pw, R, tiles_w, runs_w, gsn, gsc, gsh, gsw, isn, isc, ish, isw,
      fsn, fsc, fsh, fsw, vector, feature_words) = launch.scalars
-    K, S = (int(v) for v in launch.specialisation)
+    K, S = (int(v) for v in launch.specialisation[:2])  # (and VECTORS: the same work)
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
     es, taps, pg, threads = launch.dtype.itemsize, K * K, C // G, launch.threads_per_block
     most_taps = -(-K // S)

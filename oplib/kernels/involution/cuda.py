@@ -1048,7 +1048,7 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
     if dtype not in GENERATED_MMA_DTYPES or tuple(dilation) != (1, 1):
         return None
     specialisation = (str(kernel_size[0]), str(stride[0]))
-    windows = {served[:2] for served in source.specialisations[kernel_name]}  # (the forward's: and VECTORS)
+    windows = {served[:2] for served in source.specialisations[kernel_name]}  # (and VECTORS)
     if (kernel_size[1] != kernel_size[0] or stride[1] != stride[0]
             or specialisation not in windows or specialisation == GENERATED_TILE_RUNTIME):
         return None
@@ -1116,12 +1116,14 @@ def involution_generated_mma_backward_input_staged(grad_output: Tensor, feature:
     config, runs_w = chosen
     bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
     tiles_w = -(-input_size[1] // generated_mma_staged_tile(source, stride[0], runs_w)[1])
+    vector_grad, feature_words = generated_mma_vectors_fit(grad_output, groups), generated_mma_feature_words(feature)
     scalars = (channels, *input_size, groups, *grad_output.shape[2:], *padding, reduced, tiles_w, runs_w,
-               *grad_output.stride(), *out.stride(), *feature.stride(), generated_mma_vectors_fit(grad_output, groups),
-               generated_mma_feature_words(feature))
+               *grad_output.stride(), *out.stride(), *feature.stride(), vector_grad, feature_words)
+    # the instantiation with only the vector ways where all three hold (channels_last, aligned)
+    vectors = vector_grad and feature_words and generated_mma_pair_stores(out, groups)
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma_backward_input_staged", grad_output.dtype,
                                          config, (grad_output, feature, span_weight.contiguous(), bias, out, *scalars),
-                                         (str(kernel_size[0]), str(stride[0])))
+                                         (str(kernel_size[0]), str(stride[0]), "true" if vectors else "false"))
     return out
 
 

@@ -1273,9 +1273,11 @@ __device__ __forceinline__ void staged_row_sums(float (&sums)[STAGED_RUN][STAGED
 // the host declines other geometries (the map route serves them).
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N * chunks), tiles of grad_input.
+// VECTORS as the staged forward's (grad_output's units vectors, the feature's pairs words,
+// grad_input's pairs word stores): that instantiation holds only those ways.
 // Three blocks an SM where they fit 80 registers with no spill (RedNet's 7x7 at stride 1), else
 // two: the other instantiations spilled at three on sm_80, sm_100 or sm_120.
-template <typename scalar_t, int KERNEL, int STRIDE>
+template <typename scalar_t, int KERNEL, int STRIDE, bool VECTORS>
 __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 2) involution_generated_mma_backward_input_staged(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ feature,
     const scalar_t* __restrict__ span_weight, const scalar_t* __restrict__ bias, scalar_t* __restrict__ grad_input,
@@ -1339,7 +1341,8 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
         const unsigned int* lane_span = span + (lane & 7) * span_stride + 4 * (lane >> 3 & 1);
         // A reduced channel's step in the feature (channels_last with pairs as words: 1, the
         // word loads' step; else the channel stride, two 16-bit loads a pair).
-        const index_t feature_step = feature_words ? 1 : feature_c;
+        const bool words = VECTORS || feature_words;
+        const index_t feature_step = words ? 1 : feature_c;
 
         // A pixel's row among the formed ones, p / region_w, by a multiply (exact for p below
         // 2^32 / region_w).
@@ -1393,8 +1396,8 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
                 }
 #pragma unroll 1
                 for (int k0 = 0; k0 < reduced; k0 += 16) {
-                    const OplibFragmentA f = staged_feature_fragment(values, inside, k0 + 2 * quad, reduced, feature_step,
-                                                                     feature_words);
+                    const OplibFragmentA f =
+                        staged_feature_fragment(values, inside, k0 + 2 * quad, reduced, feature_step, words);
 #pragma unroll
                     for (int t = 0; t < ROWS; ++t) {
                         if (t >= rows) break;
@@ -1428,7 +1431,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
 
         // grad_output over the region.
         staged_region<1>(staged, sample_grad, c0, group_channels, region_h, region_w, region_w, 1, 1, 0, first_row,
-                         first_column, out_h, out_w, grad_c, grad_h, grad_w, vector_grad, thread);
+                         first_column, out_h, out_w, grad_c, grad_h, grad_w, VECTORS || vector_grad, thread);
         __syncthreads();  // span_weight's rows are staged
         form_rows(0, weights);
         float sums[STAGED_RUN][STAGED_RUN] = {};
@@ -1456,7 +1459,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
         }
         // The run's sums, rounded, to its pixels (S columns apart) and 4 channels.
         if (y >= height) return;
-        const bool pair_stores = mma_pair_stores(grad_input, in_n, in_c, in_hs, in_ws, group_channels);
+        const bool pair_stores = VECTORS || mma_pair_stores(grad_input, in_n, in_c, in_hs, in_ws, group_channels);
         const int c = c0 + STAGED_RUN * quarter;
         scalar_t* at = grad_input + n * in_n + ((index_t)group * group_channels + c) * in_c + (index_t)y * in_hs;
         staged_store_run(sums, at, x, S, width, in_ws, c, group_channels, in_c, pair_stores);
