@@ -1381,6 +1381,12 @@ def _staged_region(t: _Tally, thread: Tensor, threads: int, plane_at, c0, pg: in
     col, or with ``split`` 2 a row's even columns first; ``samples`` regions one after the other,
     of maps ``sample_step`` apart, from the ``present``-th zeros."""
     region_h, region_w = region
+    cs, hs, ws = strides
+    if (not vector and ws == 1 and (size[1] | cs | hs | sample_step) % 2 == 0
+            and samples * sample_step + pg * cs + size[0] * hs + size[1] < 2 ** 31):
+        _staged_region_pairs(t, thread, threads, plane_at, c0, pg, region, pitch, split, first, size, (cs, hs),
+                             staged_at, samples, present, sample_step)
+        return
     units = samples * region_h * region_w * 2
     unit = thread + threads * _slots(-(-units // threads))
     half, pixel = unit % 2, unit // 2
@@ -1390,7 +1396,6 @@ def _staged_region(t: _Tally, thread: Tensor, threads: int, plane_at, c0, pg: in
     c = c0 + 8 * half
     staging = unit < units
     in_map = staging & (sample < present) & (i >= 0) & (i < size[0]) & (o >= 0) & (o < size[1])
-    cs, hs, ws = strides
     at = plane_at + sample * sample_step + c * cs + i * hs + o * ws
     if vector:
         t.load(0, at // 8, in_map & (c < pg), 16)
@@ -1401,6 +1406,40 @@ def _staged_region(t: _Tally, thread: Tensor, threads: int, plane_at, c0, pg: in
     for word in range(4):
         t.shared(staged_at + place * 10 + 4 * half + word, staging, 4)
 
+
+
+def _staged_region_pairs(t: _Tally, thread: Tensor, threads: int, plane_at, c0, pg: int, region: tuple[int, int],
+                         pitch: int, split: int, first: tuple, size: tuple[int, int], strides: tuple, staged_at: int,
+                         samples: int, present, sample_step: int) -> None:
+    """generated_mma.cu's staged_region_pairs (staged_region's NCHW way where a row's columns
+    pair into aligned words): a unit a pixel pair's 8 channels (x even), a word load a channel,
+    two 8-byte stores a column; units along a row's column pairs, then the chunk's halves, then
+    the rows."""
+    region_h, region_w = region
+    cs, hs = strides
+    lead = first[1] % 2
+    first_even = first[1] - lead
+    row_pairs = (region_w + lead + 1) // 2
+    lines = samples * region_h * 2
+    most = int(torch.as_tensor(lines * row_pairs).max())
+    unit = thread + threads * _slots(-(-most // threads))
+    line, pair = unit // row_pairs, unit % row_pairs
+    live = line < lines
+    ri, half = line // 2, line % 2
+    sample = ri // region_h
+    i, x = first[0] + ri % region_h, first_even + 2 * pair
+    c = c0 + 8 * half
+    in_map = live & (sample < present) & (i >= 0) & (i < size[0]) & (x >= 0) & (x < size[1])
+    at = plane_at + sample * sample_step + c * cs + i * hs + x  # even: 4-byte words
+    for k in range(8):
+        t.load(0, (at + k * cs) // 2, in_map & (c + k < pg), 4)
+    col = x - first[1]
+    for p in range(2):
+        q = col + p
+        stored = live & (q >= 0) & (q < region_w)
+        place = ri * pitch + (q % 2 * ((region_w + 1) // 2) + q // 2 if split == 2 else q)
+        for w in range(2):  # 8 bytes each (index in 8-byte units)
+            t.shared((staged_at + place * 10 + 4 * half) // 2 + w, stored, 8)
 
 def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_backward_input_staged (generated_mma.cu): ``item`` is the

@@ -234,6 +234,11 @@ SPAN_UNIT = PlantedBug("span-unit", "values[v] = count > 0 ? *reinterpret_cast<c
 # A span unit stepping past its row's end placed a column late on the next row (its first unit
 # never staged).
 SPAN_CARRY = PlantedBug("span-carry", "column -= carry ? row_units : 0;", "column -= carry ? row_units - 1 : 0;")
+# NCHW pairs staging: a pixel pair's second column given the first's channels; a unit
+# stepping past its row's end one pair late on the next row (its first pair never staged).
+PAIR_COLUMNS = PlantedBug("pair-columns", "(words[k] >> 16) | (words[k + 1] & 0xffff0000u);",
+                          "(words[k] & 0xffffu) | (words[k + 1] << 16);")
+PAIR_CARRY = PlantedBug("pair-carry", "pair -= carry ? row_pairs : 0;", "pair -= carry ? row_pairs - 1 : 0;")
 # The weights a tap's row further on: the buffer's last row past the end of the shared memory.
 BUFFER_OVERRUN = PlantedBug("buffer-past-the-end",
                             "float* weights = reinterpret_cast<float*>(staged + (((region_words << fold_shift) + 3) & ~3));",
@@ -248,11 +253,12 @@ FOLDED_CASES = (WIDE[4], WIDE[5])
 
 @pytest.mark.integration
 @pytest.mark.parametrize("bug, cases", [
-    *((b, STRIDE_CASES) for b in (WINDOW_LATE, PASS_BARRIER, BIAS_TAP, LAST_TAP, LAST_COLUMN, REGION_CARRY,
-                                  REGION_ROWS)),
+    *((b, STRIDE_CASES) for b in (WINDOW_LATE, PASS_BARRIER, BIAS_TAP, LAST_TAP, LAST_COLUMN, REGION_ROWS)),
+    # (the stride-2 map is NCHW with even widths: staged in pairs, PAIR_CARRY's place)
+    (REGION_CARRY, STRIDE_CASES[:1]),
     (SPAN_UNIT, STRIDE_CASES),
     # (R = 24's rows are whole trips of the block's threads: no unit steps past a row's end there)
-    *((b, STRIDE_CASES[1:]) for b in (BETWEEN_PASSES, ODD_COLUMNS, SPAN_CARRY)),
+    *((b, STRIDE_CASES[1:]) for b in (BETWEEN_PASSES, ODD_COLUMNS, SPAN_CARRY, PAIR_COLUMNS, PAIR_CARRY)),
     *((b, FOLDED_CASES) for b in (FOLDED_WINDOW, FOLDED_FEATURE))], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()

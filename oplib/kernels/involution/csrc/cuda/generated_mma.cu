@@ -1120,8 +1120,65 @@ struct alignas(8) StagedBias {
 // reading every other column read consecutive places. `plane` is the map at the group's first
 // channel. `samples` regions one after the other, of the maps sample_step apart, those from the
 // `present`-th zeros (samples past the batch). A unit is a pixel's 8 channels (half the chunk):
-// one 16-byte load where the host says they are a vector (channels_last, aligned), else two
-// 16-bit loads a pair; 4 word stores.
+// one 16-byte load where the host says they are a vector (channels_last, aligned); else, where
+// a row's columns pair into aligned words (NCHW, even widths and strides: staged_region_pairs),
+// 2 channels x 2 columns; else two 16-bit loads a pair; 4 word stores.
+template <int SPLIT>
+__device__ __forceinline__ int staged_place(int ri, int col, int pitch, int region_w) {
+    return ri * pitch + (SPLIT == 2 ? (col & 1) * ((region_w + 1) >> 1) + (col >> 1) : col);
+}
+
+// staged_region's NCHW way where a row's columns pair into aligned 32-bit words: a unit is a
+// pixel pair's 8 channels (half the chunk; x even), a word load a channel, joined into each
+// column's 4 channel pairs (two 8-byte stores a column): about 4 instructions a value, where
+// 16-bit loads took about 14 at RedNet's NCHW stage 1. Units along a row's column pairs, then
+// the chunk's halves, then the rows, stepping a block's worth a trip with a carry (no division
+// a unit); a 32-bit offset from `plane` (the host's maps: `offsets_fit`).
+template <int SPLIT>
+__device__ __forceinline__ void staged_region_pairs(unsigned int* staged, const unsigned short* plane, int c0,
+                                                    int group_channels, int region_h, int region_w, int pitch,
+                                                    int samples, int present, int sample_step, int first_row,
+                                                    int first_column, int rows, int columns, int c_stride,
+                                                    int h_stride, unsigned int sample_magic, int thread) {
+    const int first_even = first_column & ~1, lead = first_column - first_even;  // (floored for negatives too)
+    const int row_pairs = (region_w + lead + 1) >> 1, lines = samples * region_h * 2;
+    const int step = MMA_THREADS / row_pairs, shift = MMA_THREADS - step * row_pairs;
+    int line = thread / row_pairs, pair = thread - line * row_pairs;  // line: (row, half)
+#pragma unroll 1
+    while (line < lines) {
+        const int ri = line >> 1, half = line & 1;
+        const int sample = (int)(((unsigned int)ri * sample_magic) >> 16), i = first_row + ri - sample * region_h;
+        const int x = first_even + 2 * pair, c = c0 + 8 * half;
+        // x is even and so is the width: the pair lies in the map whole or not at all
+        const bool in_map =
+            sample < present && (unsigned int)i < (unsigned int)rows && (unsigned int)x < (unsigned int)columns;
+        const unsigned int* at =
+            reinterpret_cast<const unsigned int*>(plane + (sample * sample_step + c * c_stride + i * h_stride + x));
+        unsigned int words[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) words[k] = in_map && c + k < group_channels ? __ldg(at + k * (c_stride >> 1)) : 0u;
+        StagedQuarter columns_words[2][2];  // [column][quarter]: channel pairs (k, k + 1)
+#pragma unroll
+        for (int k = 0; k < 8; k += 2) {
+            columns_words[0][k >> 2].word[(k >> 1) & 1] = (words[k] & 0xffffu) | (words[k + 1] << 16);
+            columns_words[1][k >> 2].word[(k >> 1) & 1] = (words[k] >> 16) | (words[k + 1] & 0xffff0000u);
+        }
+        const int col = x - first_column;  // the region column of the pair's first
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            if (col + p < 0 || col + p >= region_w) continue;
+            StagedQuarter* to = reinterpret_cast<StagedQuarter*>(
+                staged + staged_place<SPLIT>(ri, col + p, pitch, region_w) * STAGED_PIXEL + 4 * half);
+            to[0] = columns_words[p][0];
+            to[1] = columns_words[p][1];
+        }
+        pair += shift;
+        const bool carry = pair >= row_pairs;
+        pair -= carry ? row_pairs : 0;
+        line += step + carry;
+    }
+}
+
 template <int SPLIT>
 __device__ __forceinline__ void staged_region(unsigned int* staged, const unsigned short* plane, int c0,
                                               int group_channels, int region_h, int region_w, int pitch,
@@ -1138,6 +1195,15 @@ __device__ __forceinline__ void staged_region(unsigned int* staged, const unsign
     // region_h (the error ri (ceil(2^16 / region_h) region_h - 2^16) / 2^16 / region_h stays
     // under 1 / region_h), here at most 4 x 69 rows.
     const unsigned int sample_magic = (65536u + region_h - 1) / region_h;
+    // (the pair way's 32-bit offsets: the samples' regions' furthest element within 2^31)
+    const bool offsets_fit = (samples * sample_step + group_channels * c_stride + rows * h_stride + columns) < (1ll << 31);
+    if (!vector && w_stride == 1 && ((columns | c_stride | h_stride | sample_step) & 1) == 0 && offsets_fit &&
+        reinterpret_cast<size_t>(plane) % 4 == 0) {
+        staged_region_pairs<SPLIT>(staged, plane, c0, group_channels, region_h, region_w, pitch, samples, present,
+                                   (int)sample_step, first_row, first_column, rows, columns, (int)c_stride,
+                                   (int)h_stride, sample_magic, thread);
+        return;
+    }
     int ri = thread / row_units, col = (thread - ri * row_units) >> 1;
 #pragma unroll 1
     while (ri < samples * region_h) {
@@ -1159,8 +1225,7 @@ __device__ __forceinline__ void staged_region(unsigned int* staged, const unsign
             for (int m = 0; m < 4; ++m)
                 words[m] = oplib_load_pair(at + 2 * m * c_stride, c_stride, in_map ? group_channels - c - 2 * m : 0);
         }
-        const int place = ri * pitch + (SPLIT == 2 ? (col & 1) * ((region_w + 1) >> 1) + (col >> 1) : col);
-        unsigned int* to = staged + place * STAGED_PIXEL + 4 * half;
+        unsigned int* to = staged + staged_place<SPLIT>(ri, col, pitch, region_w) * STAGED_PIXEL + 4 * half;
 #pragma unroll
         for (int m = 0; m < 4; ++m) to[m] = words[m];
         col += shift;
