@@ -955,6 +955,15 @@ def generated_mma_pair_stores(out: Tensor, groups: int) -> bool:
             and out.data_ptr() % 4 == 0)
 
 
+def _staged_vectors(x: Tensor, feature: Tensor, out: Tensor, groups: int) -> tuple[bool, bool, str]:
+    """The staged kernels' runtime flags (``x``'s 8-channel units vectors, the feature's pairs
+    words) and their VECTORS template argument: "true", the instantiation with only the vector
+    ways, where those two and ``out``'s pair stores all hold (channels_last, aligned)."""
+    vector_x, feature_words = generated_mma_vectors_fit(x, groups), generated_mma_feature_words(feature)
+    vectors = vector_x and feature_words and generated_mma_pair_stores(out, groups)
+    return vector_x, feature_words, "true" if vectors else "false"
+
+
 def generated_mma_feature_words(feature: Tensor) -> bool:
     """Whether the kernel may load the feature's pairs of reduced channels (r, r + 1; r even) as
     one aligned 32-bit word: channels_last with an even R, every pixel's channels starting at an
@@ -1116,14 +1125,12 @@ def involution_generated_mma_backward_input_staged(grad_output: Tensor, feature:
     config, runs_w = chosen
     bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
     tiles_w = -(-input_size[1] // generated_mma_staged_tile(source, stride[0], runs_w)[1])
-    vector_grad, feature_words = generated_mma_vectors_fit(grad_output, groups), generated_mma_feature_words(feature)
+    vector_grad, feature_words, vectors = _staged_vectors(grad_output, feature, out, groups)
     scalars = (channels, *input_size, groups, *grad_output.shape[2:], *padding, reduced, tiles_w, runs_w,
                *grad_output.stride(), *out.stride(), *feature.stride(), vector_grad, feature_words)
-    # the instantiation with only the vector ways where all three hold (channels_last, aligned)
-    vectors = vector_grad and feature_words and generated_mma_pair_stores(out, groups)
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma_backward_input_staged", grad_output.dtype,
                                          config, (grad_output, feature, span_weight.contiguous(), bias, out, *scalars),
-                                         (str(kernel_size[0]), str(stride[0]), "true" if vectors else "false"))
+                                         (str(kernel_size[0]), str(stride[0]), vectors))
     return out
 
 
@@ -1239,14 +1246,12 @@ def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight:
     bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
     tiles_w = -(-out_size[1] // generated_mma_staged_forward_tile(source, runs_w)[1])
     fold_shift = generated_mma_staged_forward_fold(source, runs_w, out_size).bit_length() - 1
-    vector_input, feature_words = generated_mma_vectors_fit(input, groups), generated_mma_feature_words(feature)
+    vector_input, feature_words, vectors = _staged_vectors(input, feature, out, groups)
     scalars = (channels, *input.shape[2:], groups, *out_size, *padding, reduced, tiles_w, runs_w, n, fold_shift,
                *input.stride(), *out.stride(), *feature.stride(), vector_input, feature_words)
-    # the instantiation with only the vector ways where all three hold (channels_last, aligned)
-    vectors = vector_input and feature_words and generated_mma_pair_stores(out, groups)
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma_staged", input.dtype, config,
                                          (input, feature, span_weight.contiguous(), bias, out, *scalars),
-                                         (str(kernel_size[0]), str(stride[0]), "true" if vectors else "false"))
+                                         (str(kernel_size[0]), str(stride[0]), vectors))
     return out
 
 

@@ -1122,7 +1122,7 @@ struct alignas(8) StagedBias {
 // `present`-th zeros (samples past the batch). A unit is a pixel's 8 channels (half the chunk):
 // one 16-byte load where the host says they are a vector (channels_last, aligned); else, where
 // a row's columns pair into aligned words (NCHW, even widths and strides: staged_region_pairs),
-// 2 channels x 2 columns; else two 16-bit loads a pair; 4 word stores.
+// 8 channels x 2 columns; else two 16-bit loads a pair; 4 word stores.
 template <int SPLIT>
 __device__ __forceinline__ int staged_place(int ri, int col, int pitch, int region_w) {
     return ri * pitch + (SPLIT == 2 ? (col & 1) * ((region_w + 1) >> 1) + (col >> 1) : col);
@@ -1130,8 +1130,8 @@ __device__ __forceinline__ int staged_place(int ri, int col, int pitch, int regi
 
 // staged_region's NCHW way where a row's columns pair into aligned 32-bit words: a unit is a
 // pixel pair's 8 channels (half the chunk; x even), a word load a channel, joined into each
-// column's 4 channel pairs (two 8-byte stores a column): about 4 instructions a value, where
-// 16-bit loads took about 14 at RedNet's NCHW stage 1. Units along a row's column pairs, then
+// column's 4 channel pairs (two 8-byte stores a column): about 7 instructions a value in its
+// sm_90 SASS, where 16-bit loads took about 14.5 at RedNet's NCHW stage 1. Units along a row's column pairs, then
 // the chunk's halves, then the rows, stepping a block's worth a trip with a carry (no division
 // a unit); a 32-bit offset from `plane` (the host's maps: `offsets_fit`).
 template <int SPLIT>
