@@ -858,8 +858,8 @@ def staged_forward_lines(data: list[dict], rows: list[dict], table: list[dict], 
         heading,
         "",
         "generated_mma.cu's `involution_generated_mma_staged`, a CUDA kernel of involution_generated's forward in "
-        "16-bit dtypes: per tile of output pixels, the weights of all its taps (at stride 2, of half the kernel rows "
-        "at a time) formed on tensor cores into shared memory once (never in global memory), then summed by FMAs "
+        "16-bit dtypes: per tile of output pixels, the weights of all its taps (at stride 2 and for a 7 x 7 window, of "
+        "half the kernel rows at a time) formed on tensor cores into shared memory once (never in global memory), then summed by FMAs "
         "with the input staged in shared memory. Predicted with the constants fitted above (the kernel is no row "
         "they are fitted on), beside its floor (the input, the feature and the output once) and what the draw "
         "measured at the same shape, dtype and layout: the tensor-core forward the op runs there, and span conv + "

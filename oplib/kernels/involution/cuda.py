@@ -1150,9 +1150,10 @@ def generated_mma_staged_forward_tile(source: KernelSource, runs_w: int) -> tupl
 
 
 def generated_mma_staged_forward_passes(kernel: int, stride: int) -> list[tuple[int, int]]:
-    """The kernel rows of each pass of ``involution_generated_mma_staged``, [first, end): all at
-    stride 1, at stride 2 two passes (the first half rounded up), as the kernel takes them."""
-    passes = 2 if stride == 2 else 1
+    """The kernel rows of each pass of ``involution_generated_mma_staged``, [first, end): two
+    passes (the first half rounded up) at stride 2 and for a window of more than 32 taps (7 x 7),
+    else all in one, as the kernel takes them."""
+    passes = 2 if stride == 2 or kernel * kernel > 32 else 1
     rows = -(-kernel // passes)
     return [(first, min(kernel, first + rows)) for first in range(0, kernel, rows)]
 

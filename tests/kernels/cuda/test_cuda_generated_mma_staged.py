@@ -116,8 +116,9 @@ def test_every_layout_gives_the_same_bits():
 def test_staged_forward_declines_what_it_does_not_serve():
     """float32 and float64, windows it has no instantiation for, a map its tiles fill less than
     half of, a span_weight past the shared memory: None, out untouched. RedNet-50's maps in the
-    layout that fills them, at stride 2 in two passes; its 7x7 maps folded, four samples a block
-    (at stride 2, where four samples' regions do not fit beside an R of 128, declined)."""
+    layout that fills them, its 7x7 windows in two passes of kernel rows (a 5x5 one's in one);
+    its 7x7 maps folded, four samples a block (at stride 2, where four samples' regions do not
+    fit beside an R of 128, declined)."""
     source, config = _source(), involution_cuda.generated_mma_staged_forward_config
     # (batch, channels, groups, output size, kernel, stride, R): RedNet-50's shapes at batch 32
     stage1, runs_w = config(source, torch.bfloat16, 32, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16)
@@ -126,7 +127,10 @@ def test_staged_forward_declines_what_it_does_not_serve():
     assert config(source, torch.bfloat16, 32, 256, 16, (14, 14), (7, 7), (1, 1), (1, 1), 64)[1] == 4
     assert config(source, torch.float16, 32, 128, 8, (28, 28), (7, 7), (2, 2), (1, 1), 32)[0].grid == (4, 8, 32)
     assert config(source, torch.bfloat16, 32, 256, 16, (14, 14), (7, 7), (2, 2), (1, 1), 64)[1] == 4
-    assert involution_cuda.generated_mma_staged_forward_passes(7, 2) == [(0, 4), (4, 7)]
+    for stride in (1, 2):
+        assert involution_cuda.generated_mma_staged_forward_passes(7, stride) == [(0, 4), (4, 7)]
+    assert involution_cuda.generated_mma_staged_forward_passes(5, 1) == [(0, 5)]
+    assert involution_cuda.generated_mma_staged_forward_passes(3, 2) == [(0, 2), (2, 3)]
     folded, runs_w = config(source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (1, 1), (1, 1), 128)
     assert folded.grid == (1, 32, 8) and runs_w == 2  # 8 x 32 tiles, 8 x 8 a sample
     assert config(source, torch.bfloat16, 5, 512, 32, (7, 7), (7, 7), (1, 1), (1, 1), 128)[0].grid == (1, 32, 2)
@@ -200,7 +204,7 @@ WINDOW_LATE = PlantedBug("window-one-column-late", "(S * sample_y * pitch + tx) 
 # A pass's weights read before every warp formed them.
 PASS_BARRIER = PlantedBug("pass-barrier", "__syncthreads();  // the pass's weights are formed",
                           "// the pass's weights are formed")
-# The second pass's weights formed while warps still read the first's (stride 2 only).
+# The second pass's weights formed while warps still read the first's (7x7 windows and stride 2).
 BETWEEN_PASSES = PlantedBug("between-passes",
                             "if (pass > 0) __syncthreads();  // every warp is done with the previous pass's weights",
                             "// every warp is done with the previous pass's weights")
@@ -245,7 +249,7 @@ BUFFER_OVERRUN = PlantedBug("buffer-past-the-end",
                             "float* weights = reinterpret_cast<float*>(staged + (((region_words << fold_shift) + 3) & ~3) + tap_stride);")
 
 
-# Every bug on a stride-1 and a stride-2 map (the passes' and the parity's only at stride 2),
+# Every bug on a stride-1 and a stride-2 map (the parity's only at stride 2),
 # in both run orders but the races', which one order may miss; the folding's on folded maps.
 STRIDE_CASES = (WIDE[0], WIDE[1])
 FOLDED_CASES = (WIDE[4], WIDE[5])
@@ -253,12 +257,13 @@ FOLDED_CASES = (WIDE[4], WIDE[5])
 
 @pytest.mark.integration
 @pytest.mark.parametrize("bug, cases", [
-    *((b, STRIDE_CASES) for b in (WINDOW_LATE, PASS_BARRIER, BIAS_TAP, LAST_TAP, LAST_COLUMN, REGION_ROWS)),
+    *((b, STRIDE_CASES) for b in (WINDOW_LATE, PASS_BARRIER, BETWEEN_PASSES, BIAS_TAP, LAST_TAP, LAST_COLUMN,
+                                  REGION_ROWS)),
     # (the stride-2 map is NCHW with even widths: staged in pairs, PAIR_CARRY's place)
     (REGION_CARRY, STRIDE_CASES[:1]),
     (SPAN_UNIT, STRIDE_CASES),
     # (R = 24's rows are whole trips of the block's threads: no unit steps past a row's end there)
-    *((b, STRIDE_CASES[1:]) for b in (BETWEEN_PASSES, ODD_COLUMNS, SPAN_CARRY, PAIR_COLUMNS, PAIR_CARRY)),
+    *((b, STRIDE_CASES[1:]) for b in (ODD_COLUMNS, SPAN_CARRY, PAIR_COLUMNS, PAIR_CARRY)),
     *((b, FOLDED_CASES) for b in (FOLDED_WINDOW, FOLDED_FEATURE))], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()

@@ -1546,8 +1546,9 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
 //   1. stages the group's span rows (all T taps, whole n-tiles of 8) and their bias, and the
 //      input over the region the tile's windows read, 16-bit ([row][place][channel], zeros
 //      outside the image; at S = 2 each row's even columns, then its odd ones: staged_region<2>);
-//   2. per pass of kernel rows (all K at S = 1; at S = 2 two passes, the first K / 2 rounded up,
-//      as the region of a stride-2 tile leaves no room for every tap's weights):
+//   2. per pass of kernel rows (two passes, the first K / 2 rounded up, at S = 2, as the region
+//      of a stride-2 tile leaves no room for every tap's weights, and for a 7 x 7 window, so
+//      that four blocks fit an SM; else all K in one):
 //      a. forms the pass's taps at the tile's pixels, (pixels x R)(R x taps) + bias on tensor
 //         cores: an m-tile is 16 of the tile's pixels (row-major), its feature's A fragments
 //         loaded from global memory once for all the pass's n-tiles of 8 taps (from the n-tile
@@ -1630,12 +1631,15 @@ __device__ __forceinline__ void staged_forward_row_sums(float (&sums)[STAGED_RUN
     }
 }
 
-// Three blocks an SM at stride 1 from sm_90 on (sm_90 and sm_100 hold three stride-1 tiles,
-// 71-74 KiB each, in their 228 KiB an SM), at most 80 registers, with no spill on any target
-// (sm_120's forming seven n-tiles at once spilled while each lane loaded its bias from global
-// memory); two before (sm_80's 164 KiB hold two; sm_86's and sm_89's 100 KiB, like sm_120's,
-// one), the registers left free.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Four blocks an SM at stride 1 on sm_90 (its 228 KiB hold four stride-1 tiles of 52-53 KiB,
+// their weights formed in two passes of kernel rows; in one pass, 73 KiB, they held three),
+// at most 64 registers, with no spill; three on sm_80 (its 164 KiB hold three) and sm_100
+// (four spilled 4 bytes there); two elsewhere (sm_86's, sm_89's and sm_120's 100 KiB hold
+// one), the registers left free. Four blocks put 8 warps on each scheduler, three 6: the
+// warps' dependent instructions issue from more of them.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+#define OPLIB_STAGED_FORWARD_BLOCKS 4
+#elif defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 1000)
 #define OPLIB_STAGED_FORWARD_BLOCKS 3
 #else
 #define OPLIB_STAGED_FORWARD_BLOCKS 2
@@ -1663,8 +1667,9 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         typedef scalar_t half_t;
         constexpr int K = KERNEL, S = STRIDE, T = K * K;
         // The kernel rows in PASSES passes of PASS_ROWS, each pass's taps formed and summed in
-        // turn (at S = 2 all of them at once would not fit the shared memory with the region).
-        constexpr int PASSES = S == 2 ? 2 : 1, PASS_ROWS = (K + PASSES - 1) / PASSES;
+        // turn: at S = 2 all of them at once would not fit the shared memory with the region, and
+        // at S = 1 a 7 x 7 window's would leave room for three blocks an SM, not four.
+        constexpr int PASSES = S == 2 || K * K > 32 ? 2 : 1, PASS_ROWS = (K + PASSES - 1) / PASSES;
         constexpr int BUFFER_TILES = staged_pass_tiles(K, PASS_ROWS);
         constexpr int TILE_PIXELS = MMA_WARPS * 8 * STAGED_RUN;  // a warp's 8 runs of 4 pixels, whatever runs_w
         static_assert(staged_pass_rows(K, PASS_ROWS) <= 8 * BUFFER_TILES, "a pass's taps in its n-tiles");
