@@ -858,8 +858,8 @@ def staged_forward_lines(data: list[dict], rows: list[dict], table: list[dict], 
         heading,
         "",
         "generated_mma.cu's `involution_generated_mma_staged`, a CUDA kernel of involution_generated's forward in "
-        "16-bit dtypes: per tile of output pixels, the weights of all its taps (at stride 2 and for a 7 x 7 window, of "
-        "half the kernel rows at a time) formed on tensor cores into shared memory once (never in global memory), then summed by FMAs "
+        "16-bit dtypes: per tile of output pixels, the weights of all its taps (for a 7 x 7 window, of half the kernel "
+        "rows at a time, at stride 2 of a third) formed on tensor cores into shared memory once (never in global memory), then summed by FMAs "
         "with the input staged in shared memory. Predicted with the constants fitted above (the kernel is no row "
         "they are fitted on), beside its floor (the input, the feature and the output once) and what the draw "
         "measured at the same shape, dtype and layout: the tensor-core forward the op runs there, and span conv + "
@@ -868,8 +868,8 @@ def staged_forward_lines(data: list[dict], rows: list[dict], table: list[dict], 
         f"{ratio_range(against_mma)}, faster at {sum(a < 1.0 for a in against_mma)} of {len(against_mma)} rows; / "
         f"span conv + involution: {ratio_range(against_unfused)}, within 0.5x at "
         f"{sum(a <= 0.5 for a in against_unfused)} of {len(against_unfused)} rows. RedNet-50's 7x7 maps it takes "
-        "folded, four samples a block (8 x 8 pixels each of an 8 x 32 tile); at stride 2 it declines them (four "
-        "samples' regions and an R of 128 past the shared memory; the tensor-core forward serves them). The next "
+        "folded, four samples a block (8 x 8 pixels each of an 8 x 32 tile), at stride 2 too (the kernel rows in "
+        "three passes leave room for four samples' regions beside an R of 128). The next "
         "draw times it in the kernel table's generated forward row (its \"staged\" column).",
         "",
         *_harness.table([*PREDICTED_COLUMNS, "tensor-core forward, measured (us)", "predicted / it",

@@ -1150,12 +1150,13 @@ def generated_mma_staged_forward_tile(source: KernelSource, runs_w: int) -> tupl
 
 
 def generated_mma_staged_forward_passes(kernel: int, stride: int) -> list[tuple[int, int]]:
-    """The kernel rows of each pass of ``involution_generated_mma_staged``, [first, end): two
-    passes (the first half rounded up) at stride 2 and for a window of more than 32 taps (7 x 7),
-    else all in one, as the kernel takes them."""
-    passes = 2 if stride == 2 or kernel * kernel > 32 else 1
-    rows = -(-kernel // passes)
-    return [(first, min(kernel, first + rows)) for first in range(0, kernel, rows)]
+    """The kernel rows of each pass of ``involution_generated_mma_staged``, [first, end), shared
+    out evenly, the longer passes first, as the kernel takes them (generated_mma.cu's
+    staged_pass_first): one pass, one more for a window of more than 32 taps (7 x 7), and one
+    more at stride 2."""
+    passes = 1 + (stride == 2) + (kernel * kernel > 32)
+    firsts = [-(-pass_ * kernel // passes) for pass_ in range(passes + 1)]
+    return list(zip(firsts[:-1], firsts[1:]))
 
 
 def generated_mma_staged_forward_pass_rows(kernel: int, stride: int) -> int:

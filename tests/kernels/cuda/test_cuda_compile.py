@@ -34,11 +34,11 @@ INTEGRATION_ARCH_PARAMS = [pytest.param(arch, marks=pytest.mark.integration) for
 # nvcc's compile of every instantiation, in the integration tier only: the unit tier's NVRTC
 # compile for sm_90 (what CuPy runs) already proves the sources compile, and nvcc's -Werror
 # pass over involution.cu took 83 s of the unit tier's 8 minutes. nvcc (-Werror, the host
-# compiler's -Wall) for one target each side of the sources' only architecture test,
-# __CUDA_ARCH__ >= 800: every preprocessed path; the other targets differ in ptxas's code
-# only, which NVRTC's compile with ptxas's report checks for every target (a minute or more
-# of nvcc each for involution.cu, 8 of CI's minutes in all).
-NVCC_ARCHITECTURES = ("sm_75", "sm_90")
+# compiler's -Wall) for a target each side of each of the sources' architecture tests,
+# __CUDA_ARCH__ >= 800, >= 900 and >= 1000 (the staged forward's blocks an SM): every
+# preprocessed path; the other targets differ in ptxas's code only, which NVRTC's compile with
+# ptxas's report checks for every target (a minute or more of nvcc each for involution.cu).
+NVCC_ARCHITECTURES = ("sm_75", "sm_90", "sm_120")
 NVCC_ARCH_PARAMS = [pytest.param(arch, marks=pytest.mark.integration) for arch in NVCC_ARCHITECTURES]
 
 

@@ -116,9 +116,9 @@ def test_every_layout_gives_the_same_bits():
 def test_staged_forward_declines_what_it_does_not_serve():
     """float32 and float64, windows it has no instantiation for, a map its tiles fill less than
     half of, a span_weight past the shared memory: None, out untouched. RedNet-50's maps in the
-    layout that fills them, its 7x7 windows in two passes of kernel rows (a 5x5 one's in one);
-    its 7x7 maps folded, four samples a block (at stride 2, where four samples' regions do not
-    fit beside an R of 128, declined)."""
+    layout that fills them, a 7x7 window's kernel rows in two passes (at stride 2 three, which
+    leave room for the folded stride-2 map's four regions beside an R of 128; a 5x5 window's in
+    one, at stride 2 two); its 7x7 maps folded, four samples a block."""
     source, config = _source(), involution_cuda.generated_mma_staged_forward_config
     # (batch, channels, groups, output size, kernel, stride, R): RedNet-50's shapes at batch 32
     stage1, runs_w = config(source, torch.bfloat16, 32, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16)
@@ -127,14 +127,13 @@ def test_staged_forward_declines_what_it_does_not_serve():
     assert config(source, torch.bfloat16, 32, 256, 16, (14, 14), (7, 7), (1, 1), (1, 1), 64)[1] == 4
     assert config(source, torch.float16, 32, 128, 8, (28, 28), (7, 7), (2, 2), (1, 1), 32)[0].grid == (4, 8, 32)
     assert config(source, torch.bfloat16, 32, 256, 16, (14, 14), (7, 7), (2, 2), (1, 1), 64)[1] == 4
-    for stride in (1, 2):
-        assert involution_cuda.generated_mma_staged_forward_passes(7, stride) == [(0, 4), (4, 7)]
-    assert involution_cuda.generated_mma_staged_forward_passes(5, 1) == [(0, 5)]
-    assert involution_cuda.generated_mma_staged_forward_passes(3, 2) == [(0, 2), (2, 3)]
+    passes = involution_cuda.generated_mma_staged_forward_passes
+    assert passes(7, 1) == [(0, 4), (4, 7)] and passes(7, 2) == [(0, 3), (3, 5), (5, 7)]
+    assert passes(5, 1) == [(0, 5)] and passes(5, 2) == [(0, 3), (3, 5)] and passes(3, 2) == [(0, 2), (2, 3)]
     folded, runs_w = config(source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (1, 1), (1, 1), 128)
     assert folded.grid == (1, 32, 8) and runs_w == 2  # 8 x 32 tiles, 8 x 8 a sample
     assert config(source, torch.bfloat16, 5, 512, 32, (7, 7), (7, 7), (1, 1), (1, 1), 128)[0].grid == (1, 32, 2)
-    assert config(source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (2, 2), (1, 1), 128) is None
+    assert config(source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (2, 2), (1, 1), 128)[0].grid == (1, 32, 8)
     assert config(source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (2, 2), (1, 1), 16) is not None
     assert config(source, torch.bfloat16, 32, 64, 4, (3, 3), (7, 7), (1, 1), (1, 1), 16) is None  # fill 9 / 64
     assert config(source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (1, 1), (1, 1), 128, runs_w=8) is not None

@@ -1546,9 +1546,11 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
 //   1. stages the group's span rows (all T taps, whole n-tiles of 8) and their bias, and the
 //      input over the region the tile's windows read, 16-bit ([row][place][channel], zeros
 //      outside the image; at S = 2 each row's even columns, then its odd ones: staged_region<2>);
-//   2. per pass of kernel rows (two passes, the first K / 2 rounded up, at S = 2, as the region
-//      of a stride-2 tile leaves no room for every tap's weights, and for a 7 x 7 window, so
-//      that four blocks fit an SM; else all K in one):
+//   2. per pass of kernel rows (staged_pass_first: the rows shared out evenly, the longer
+//      passes first): all K in one at S = 1 but for a 7 x 7 window, two there (so that four
+//      blocks fit an SM); at S = 2, where the region of a stride-2 tile is four times as large,
+//      one pass more (a 7 x 7 window's rows 3, 2, 2: three blocks an SM where the region leaves
+//      room, RedNet-50's third stage):
 //      a. forms the pass's taps at the tile's pixels, (pixels x R)(R x taps) + bias on tensor
 //         cores: an m-tile is 16 of the tile's pixels (row-major), its feature's A fragments
 //         loaded from global memory once for all the pass's n-tiles of 8 taps (from the n-tile
@@ -1578,22 +1580,30 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 
 //                                                 and 4 (a D fragment's stores in different
 //                                                 banks; rows 16-byte aligned)
 
-// Of the passes of `rows` kernel rows of a K-wide window: the most n-tiles of 8 taps a pass
-// forms (from the n-tile of its first row's first tap), and the most of the weights buffer's
-// rows a pass fills (its taps, from that n-tile's first).
-__host__ __device__ constexpr int staged_pass_tiles(int K, int rows) {
+// The first kernel row of pass `pass` of `passes` over a K-wide window's rows (pass `passes`:
+// K): the rows shared out as evenly as they go, the longer passes first (7 rows in 3: 3, 2, 2).
+__host__ __device__ constexpr int staged_pass_first(int K, int passes, int pass) {
+    return (pass * K + passes - 1) / passes;
+}
+
+// Of the passes of a K-wide window's rows: the most n-tiles of 8 taps a pass forms (from the
+// n-tile of its first row's first tap), and the most of the weights buffer's rows a pass fills
+// (its taps, from that n-tile's first).
+__host__ __device__ constexpr int staged_pass_tiles(int K, int passes) {
     int most = 0;
-    for (int first = 0; first < K; first += rows) {
-        const int end = first + rows < K ? first + rows : K, tiles = (end * K + 7) / 8 - first * K / 8;
+    for (int pass = 0; pass < passes; ++pass) {
+        const int first = staged_pass_first(K, passes, pass), end = staged_pass_first(K, passes, pass + 1);
+        const int tiles = (end * K + 7) / 8 - first * K / 8;
         most = tiles > most ? tiles : most;
     }
     return most;
 }
 
-__host__ __device__ constexpr int staged_pass_rows(int K, int rows) {
+__host__ __device__ constexpr int staged_pass_rows(int K, int passes) {
     int most = 0;
-    for (int first = 0; first < K; first += rows) {
-        const int end = first + rows < K ? first + rows : K, filled = end * K - 8 * (first * K / 8);
+    for (int pass = 0; pass < passes; ++pass) {
+        const int first = staged_pass_first(K, passes, pass), end = staged_pass_first(K, passes, pass + 1);
+        const int filled = end * K - 8 * (first * K / 8);
         most = filled > most ? filled : most;
     }
     return most;
@@ -1633,16 +1643,28 @@ __device__ __forceinline__ void staged_forward_row_sums(float (&sums)[STAGED_RUN
 
 // Four blocks an SM at stride 1 on sm_90 (its 228 KiB hold four stride-1 tiles of 52-53 KiB,
 // their weights formed in two passes of kernel rows; in one pass, 73 KiB, they held three),
-// at most 64 registers, with no spill; three on sm_80 (its 164 KiB hold three) and sm_100
-// (four spilled 4 bytes there); two elsewhere (sm_86's, sm_89's and sm_120's 100 KiB hold
-// one), the registers left free. Four blocks put 8 warps on each scheduler, three 6: the
-// warps' dependent instructions issue from more of them.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+// at most 64 registers, with no spill; three from sm_100 on (four spilled 4 bytes on sm_100,
+// 24 on sm_120, whose 100 KiB hold one anyway) and from sm_80 on (sm_80's 164 KiB hold three;
+// sm_86's and sm_89's 100 KiB one). Four blocks put 8 warps on each scheduler, three 6: the
+// warps' dependent instructions issue from more of them. At stride 2 three blocks from sm_90
+// on (80 registers, no spill), where a block's region leaves room: sm_90's and sm_100's 228
+// KiB hold three of RedNet-50's third stage (73 KiB), two of its second (77 KiB); two before
+// (sm_80 spilled 4 bytes at three, which its 164 KiB could not hold anyway). (Thresholds only,
+// as every architecture test of the sources: NVCC_ARCHITECTURES, test_cuda_compile's, holds a
+// target on each side of each.)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define OPLIB_STAGED_FORWARD_BLOCKS 3
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define OPLIB_STAGED_FORWARD_BLOCKS 4
-#elif defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 1000)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define OPLIB_STAGED_FORWARD_BLOCKS 3
 #else
 #define OPLIB_STAGED_FORWARD_BLOCKS 2
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define OPLIB_STAGED_FORWARD_STRIDED_BLOCKS 3
+#else
+#define OPLIB_STAGED_FORWARD_STRIDED_BLOCKS 2
 #endif
 
 // Instantiated for the forward's windows (the oplib-template line above); only the square
@@ -1655,7 +1677,8 @@ __device__ __forceinline__ void staged_forward_row_sums(float (&sums)[STAGED_RUN
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, ceil(N / 2^fold_shift) * chunks), tiles of the output.
 template <typename scalar_t, int KERNEL, int STRIDE, bool VECTORS>
-__global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWARD_BLOCKS : 2) involution_generated_mma_staged(
+__global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWARD_BLOCKS : OPLIB_STAGED_FORWARD_STRIDED_BLOCKS)
+    involution_generated_mma_staged(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
     const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
     int out_h, int out_w, int pad_h, int pad_w, int reduced, int tiles_w, int runs_w, int batch, int fold_shift,
@@ -1666,13 +1689,15 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
     if constexpr (sizeof(scalar_t) == 2 && KERNEL > 0 && STRIDE <= 2) {
         typedef scalar_t half_t;
         constexpr int K = KERNEL, S = STRIDE, T = K * K;
-        // The kernel rows in PASSES passes of PASS_ROWS, each pass's taps formed and summed in
-        // turn: at S = 2 all of them at once would not fit the shared memory with the region, and
-        // at S = 1 a 7 x 7 window's would leave room for three blocks an SM, not four.
-        constexpr int PASSES = S == 2 || K * K > 32 ? 2 : 1, PASS_ROWS = (K + PASSES - 1) / PASSES;
-        constexpr int BUFFER_TILES = staged_pass_tiles(K, PASS_ROWS);
+        // The kernel rows in PASSES passes, each pass's taps formed and summed in turn: a 7 x 7
+        // window's weights at once would leave room for three blocks an SM at S = 1, not four,
+        // and at S = 2 the region takes four times the room (one pass more: a 7 x 7 window's
+        // third pass makes room for a third block at RedNet-50's third stage, the folded last
+        // stage's four regions room beside an R of 128).
+        constexpr int PASSES = 1 + (S == 2) + (K * K > 32);
+        constexpr int BUFFER_TILES = staged_pass_tiles(K, PASSES);
         constexpr int TILE_PIXELS = MMA_WARPS * 8 * STAGED_RUN;  // a warp's 8 runs of 4 pixels, whatever runs_w
-        static_assert(staged_pass_rows(K, PASS_ROWS) <= 8 * BUFFER_TILES, "a pass's taps in its n-tiles");
+        static_assert(staged_pass_rows(K, PASSES) <= 8 * BUFFER_TILES, "a pass's taps in its n-tiles");
         const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
         const int runs_h = 8 / runs_w;  // a warp's rows of runs
         const int tile_w = STAGED_RUN * runs_w, tile_h = MMA_WARPS * runs_h;
@@ -1731,7 +1756,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         float sums[STAGED_RUN][STAGED_RUN] = {};
 #pragma unroll
         for (int pass = 0; pass < PASSES; ++pass) {
-            const int first_a = pass * PASS_ROWS, end_a = first_a + PASS_ROWS < K ? first_a + PASS_ROWS : K;
+            const int first_a = staged_pass_first(K, PASSES, pass), end_a = staged_pass_first(K, PASSES, pass + 1);
             const int first_tile = first_a * K / 8, tiles = (end_a * K + 7) / 8 - first_tile;
             if (pass > 0) __syncthreads();  // every warp is done with the previous pass's weights
             // The pass's taps at the tile's pixels: m-tiles of 16 of them (row-major), the warps
