@@ -1060,7 +1060,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 //      unstored) at the output rows the tile reads through any of them (tile_h / S through each, the
 //      rows' sets shifted by a row or half of one) x the region's columns, (pixels x R)(R x
 //      ROWS K) + bias on tensor cores, the feature's A fragment loaded from global memory once
-//      for all the rows' n-tiles (a row at a time, it was loaded once a row), span_weight's
+//      for all the rows' n-tiles (STAGED_GRAD_ROWS is 1: once a row), span_weight's
 //      rows staged whole; each value a run reads in float into shared memory ([tap][row]
 //      [column], two buffers: the next rows' weights are formed while these rows' are read, one
 //      barrier for ROWS rows), 0 at pixels outside the map;
@@ -1096,7 +1096,12 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 
 constexpr int STAGED_RUN = 4;  // a thread's pixels, and its channels (a quarter of MMA_CHANNELS)
 constexpr int STAGED_PIXEL = 10;  // words a staged grad_output pixel: 8, and 2 of padding
-constexpr int STAGED_GRAD_ROWS = 2;  // the grad_input's kernel rows formed at once
+// The grad_input's kernel rows formed at once: one, so that four blocks an SM fit at stride 1 on
+// sm_90 (39-42 KiB, 64 registers with no spill), where two rows from one load of the feature's
+// A fragments held three (53-56 KiB, 80 registers; at 64, 16 bytes of spill). The fragments are
+// loaded 7 times in place of 4; the model puts the kernel at 4-26% less time at RedNet-50's
+// shapes (the stride-2 rows' part of that: three blocks at 80 registers, launch bounds).
+constexpr int STAGED_GRAD_ROWS = 1;
 static_assert(STAGED_GRAD_ROWS >= 1, "a kernel row at least");
 static_assert(MMA_CHANNELS == 4 * STAGED_RUN && MMA_THREADS == 256, "a warp's lanes: 8 runs x 4 channel quarters");
 static_assert(STAGED_PIXEL % 2 == 0 && STAGED_PIXEL >= MMA_CHANNELS / 2 && STAGED_PIXEL % 8 != 0,
@@ -1340,10 +1345,20 @@ __device__ __forceinline__ void staged_row_sums(float (&sums)[STAGED_RUN][STAGED
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N * chunks), tiles of grad_input.
 // VECTORS as the staged forward's (grad_output's units vectors, the feature's pairs words,
 // grad_input's pairs word stores): that instantiation holds only those ways.
-// Three blocks an SM where they fit 80 registers with no spill (RedNet's 7x7 at stride 1), else
-// two: the other instantiations spilled at three on sm_80, sm_100 or sm_120.
+// RedNet's 7x7 windows: four blocks an SM at stride 1 and three at stride 2 from sm_90 on (64
+// and 80 registers, no spill; sm_90's 228 KiB hold them: a kernel row formed at a time,
+// STAGED_GRAD_ROWS), three and two before (sm_80's stride-2 NCHW instantiation spilled 12
+// bytes at three); the other windows two (they spilled at three on sm_80, sm_100 or sm_120).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define OPLIB_STAGED_GRAD_BLOCKS 4
+#define OPLIB_STAGED_GRAD_STRIDED_BLOCKS 3
+#else
+#define OPLIB_STAGED_GRAD_BLOCKS 3
+#define OPLIB_STAGED_GRAD_STRIDED_BLOCKS 2
+#endif
 template <typename scalar_t, int KERNEL, int STRIDE, bool VECTORS>
-__global__ void __launch_bounds__(MMA_THREADS, KERNEL == 7 && STRIDE == 1 ? 3 : 2) involution_generated_mma_backward_input_staged(
+__global__ void __launch_bounds__(MMA_THREADS, KERNEL != 7 ? 2 : STRIDE == 1 ? OPLIB_STAGED_GRAD_BLOCKS : OPLIB_STAGED_GRAD_STRIDED_BLOCKS)
+    involution_generated_mma_backward_input_staged(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ feature,
     const scalar_t* __restrict__ span_weight, const scalar_t* __restrict__ bias, scalar_t* __restrict__ grad_input,
     int channels, int height, int width, int groups, int out_h, int out_w, int pad_h, int pad_w, int reduced,
