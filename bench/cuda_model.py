@@ -877,6 +877,100 @@ def staged_forward_lines(data: list[dict], rows: list[dict], table: list[dict], 
     ]
 
 
+def span_conv_backward_floor(shape_name: str, dtype: torch.dtype, bandwidth: float) -> float:
+    """Seconds the unfused path's span conv backward takes at least: its two products (cuDNN's)
+    read the weight map's gradient, (N, G K^2, Ho, Wo), and the feature, and write grad_feature,
+    each once over the DRAM bandwidth (span_weight's gradient a few KB)."""
+    shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == shape_name)
+    out_h, out_w = shape.out_size
+    feature = shape.batch * max(1, shape.channels // 4) * out_h * out_w
+    weight_map = shape.batch * shape.groups * shape.kernel ** 2 * out_h * out_w
+    return (weight_map + 2 * feature) * dtype.itemsize / bandwidth
+
+
+def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: list[dict], constants: Constants,
+                bandwidth: float) -> list[str]:
+    """The issue's two bars on the fused path, forward at most 0.5x and forward + backward below
+    1.0x of span conv + involution, at each (shape, layout) in bfloat16 where the fused kernels
+    are predicted or measured: the fused path's three kernels, each the faster of the predicted
+    (``PREDICTED``) and the measured one (a kernel changed since, ``changed``: its expected time,
+    the measured one scaled as the model scales it), beside the unfused path's kernels as the
+    draw measured them (span conv + involution, involution's grad_input and grad_weight as the op
+    runs them) and its span conv backward at its DRAM floor (unmeasured: a lower bound)."""
+    measured = {_key(r): r["measured_s"] for r in rows}
+    events_by = {_key(r): r["events"] for r in rows}
+    expected = {_key(entry) for entry in changed}
+    for entry in changed:
+        key = _key(entry)
+        now = device_model.predict(events_from_json(entry["events"]), H200, constants, bandwidth)
+        measured[key] *= now / device_model.predict(events_by[key], H200, constants, bandwidth)
+    before = {_key(r): float(r["generic (before, ms)"]) * 1e-3 for r in table if r["kernel"] == "generated forward"}
+    predicted = {}  # (kernel, key) -> seconds
+    for entry in data:
+        if entry["kernel"] in PREDICTED:
+            key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
+            predicted[entry["kernel"], key] = _predicted_candidate(entry, constants, bandwidth, "generated forward")[0]
+
+    def faster(options: list[tuple[str, Optional[float]]]) -> tuple[str, float]:
+        return min(((name, t) for name, t in options if t is not None), key=lambda o: o[1])
+
+    cells, forward_ratios, both_ratios = [], [], []
+    for key, unfused_forward in before.items():
+        shape_name, dtype, layout = key.split(" | ")[:3]
+        row = " | ".join((shape_name, dtype, layout))
+        if dtype != "bfloat16" or (GENERATOR, row) not in predicted:
+            continue
+        def tensor_cores(kernel: str) -> tuple[str, Optional[float]]:
+            key = f"{row} | {kernel}"
+            return f"tensor cores, {'expected' if key in expected else 'measured'}", measured.get(key)
+
+        forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))), tensor_cores(MMA_FORWARD)])
+        grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))),
+                             tensor_cores(MMA_GRAD_INPUT)])
+        generator = predicted[GENERATOR, row]
+        unfused_input = measured.get(f"{row} | {VECTORS_GRAD_INPUT}", measured[f"{row} | grad_input"])
+        unfused_weight = measured.get(f"{row} | {VECTORS_GRAD_WEIGHT}", measured[f"{row} | grad_weight"])
+        span_backward = span_conv_backward_floor(shape_name, torch.bfloat16, bandwidth)
+        fused = forward[1] + grad_input[1] + generator
+        unfused = unfused_forward + unfused_input + unfused_weight + span_backward
+        forward_ratios.append(forward[1] / unfused_forward)
+        both_ratios.append(fused / unfused)
+        cells.append([shape_name, dtype, layout, f"{forward[1] * 1e6:.1f} ({forward[0]})",
+                      f"{grad_input[1] * 1e6:.1f} ({grad_input[0]})", f"{generator * 1e6:.1f}", f"{fused * 1e6:.1f}",
+                      f"{unfused_forward * 1e6:.1f}", f"{unfused_input * 1e6:.1f}", f"{unfused_weight * 1e6:.1f}",
+                      f"{span_backward * 1e6:.1f}", f"{unfused * 1e6:.1f}", f"{forward_ratios[-1]:.2f}x",
+                      f"{both_ratios[-1]:.2f}x"])
+    heading = "## Predicted: the fused path against span conv + involution, forward and backward"
+    if not cells:
+        return [heading, "", "None: no row has the fused kernels predicted or measured.", ""]
+    return [
+        heading,
+        "",
+        "The issue's bars on the fused path (involution_generated and its two backward ops), in bfloat16, where its "
+        "CUDA kernels are predicted (the tables above) or measured: each of its three kernels the faster of the two "
+        "(the forward: the staged kernel predicted or the tensor-core one; grad_input: the staged kernel predicted or "
+        "the tensor-core one; the tensor-core kernels as measured, or changed since, their expected time from the "
+        "table of changed kernels; the generator's gradients: the tensor-core kernel predicted), "
+        "beside the unfused path as the draw measured it: span conv + involution, involution's grad_input and "
+        "grad_weight as the op runs them (the vectors kernels where they serve the call), and the span conv's "
+        "backward at its DRAM floor (the weight map's gradient and the feature read and grad_feature written once; "
+        "unmeasured, so the unfused total is a lower bound and the fused / unfused ratio an upper bound). The op's "
+        "CUDA path runs the fused backward through the map route (span_weight's product writes the weight map, "
+        "then involution's kernels) until a draw confirms these kernels; the draw measured it first on the seventh "
+        "(the kernel table's generated grad_input and generator grads rows), so it is no option here. Fused / "
+        f"unfused, forward: {ratio_range(forward_ratios)}, within 0.5x at {sum(r <= 0.5 for r in forward_ratios)} of "
+        f"{len(forward_ratios)} rows; forward + backward: {ratio_range(both_ratios)}, below 1.0x at "
+        f"{sum(r < 1.0 for r in both_ratios)} of {len(both_ratios)} rows.",
+        "",
+        *_harness.table(["shape", "dtype", "layout", "fused forward (us)", "fused grad_input (us)",
+                         "fused generator grads, predicted (us)", "fused, forward + backward (us)",
+                         "span conv + involution, measured (us)", "involution grad_input, measured (us)",
+                         "involution grad_weight, measured (us)", "span conv backward, floor (us)",
+                         "unfused, forward + backward (us)", "fused / unfused, forward",
+                         "fused / unfused, forward + backward"], "lllllrrrrrrrrr", cells),
+    ]
+
+
 # The tensor-core kernels (generated_mma.cu), measured rows of the table: each row's title.
 MMA_TITLES = {
     MMA_FORWARD: "the tensor-core forward, involution_generated_mma",
@@ -956,6 +1050,7 @@ def sections(rows: list[dict], model: dict, table: list[dict], bandwidth: float)
             *generator_lines(candidates, rows, constants, bandwidth), "",
             *staged_lines(candidates, rows, constants, bandwidth), "",
             *staged_forward_lines(candidates, rows, table, constants, bandwidth), "",
+            *layer_lines(candidates, model["changed"], rows, table, constants, bandwidth), "",
             *mma_lines(rows, table, constants, bandwidth)]
 
 

@@ -849,25 +849,26 @@ def _generated_mma(t: _Tally, item: Tensor, launch: Launch) -> None:
 
 
 def _span_staging(t: "_Tally", thread: Tensor, threads: int, group, taps: int, R: int, span_rows: int,
-                  span_words: int, span_stride: int, es: int) -> None:
-    """generated_mma.cu's mma_stage_span_rows: the group's span rows into shared memory, the
-    block's threads along the rows' units as one run, a thread's units ``threads`` apart; a
-    unit 8 values (one 16-byte load and store) where R is a multiple of 8 (the rows aligned, as
-    a parameter's are), else a word (two 16-bit loads)."""
+                  span_words: int, span_stride: int, es: int, first_tap: int = 0) -> None:
+    """generated_mma.cu's mma_stage_span_rows: the group's span rows from tap ``first_tap`` on
+    into shared memory, the block's threads along the rows' units as one run, a thread's units
+    ``threads`` apart; a unit 8 values (one 16-byte load and store) where R is a multiple of 8
+    (the rows aligned, as a parameter's are), else a word (two 16-bit loads)."""
     unit_words = 4 if R % 8 == 0 else 1
     row_units = span_words // unit_words
     units = span_rows * row_units
     unit = thread + threads * _slots(-(-units // threads))
     live = unit < units
-    span_tap, column = unit // row_units, unit % row_units
+    row, column = unit // row_units, unit % row_units
+    span_tap = first_tap + row
     r = 2 * unit_words * column
     if unit_words == 4:
         t.load(2, ((group * taps + span_tap) * R + r) // 8, live & (span_tap < taps) & (r < R), 16)
-        t.shared((span_tap * span_stride) // 4 + column, live, 16)
+        t.shared((row * span_stride) // 4 + column, live, 16)
         return
     for h in range(2):
         t.load(2, (group * taps + span_tap) * R + r + h, live & (span_tap < taps) & (r + h < R), es)
-    t.shared(span_tap * span_stride + column, live, 4)
+    t.shared(row * span_stride + column, live, 4)
 
 
 def _bias_staging(t: "_Tally", thread: Tensor, group, taps: int, span_rows: int, bias_at: int, es: int) -> None:
@@ -1560,16 +1561,17 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_staged (generated_mma.cu): ``item`` is the thread's index in the
     grid (block-major, 256 threads a block, a block a tile of output pixels of a (sample, group)
     and a chunk of 16 of its channels, or folded of 1 << fold_shift samples, each a share of the
-    tile's rows; a warp 8 runs of 4 pixels x 4 channel quarters, runs_w along a row). The group's
-    span rows and their bias (a value a thread, stored in float) and, per sample, the input over
-    the region its pixels in the map read staged (``_staged_region``, at
-    stride 2 a row's even columns first); per pass of kernel rows, the pass's taps formed (per
+    tile's rows; a warp 8 runs of 4 pixels x 4 channel quarters, runs_w along a row). The span
+    rows (at stride 2 the first pass's), the taps' bias (a value a thread, stored in float) and,
+    per sample, the input over the region its pixels in the map read staged (``_staged_region``,
+    at stride 2 a row's even columns first); per pass of kernel rows, the pass's taps formed (per
     m-tile of 16 of the tile's pixels: per n-tile the bias, an 8-byte shared load; per k-step of
     R the feature's A fragment from global memory and the span's B by ldmatrix per n-tile;
     tensor cores: no term; a word store per value of the pass's taps) and, per kernel row of the
     pass, for a run with a pixel in the map, its K taps' 4 weights (a 16-byte shared load each),
     the window's input (an 8-byte shared load a pixel) and 4 multiply-adds per (tap, pixel)
-    pair; the stores. The layout's sizes are the source's and its host's."""
+    pair, then at stride 2 the next pass's span rows staged; the stores. The layout's sizes are
+    the source's and its host's."""
     from ..kernels.involution import cuda as involution_cuda
 
     (C, H, W, G, OH, OW, ph, pw, R, tiles_w, runs_w, N, fold_shift, isn, isc, ish, isw, osn, osc, osh, osw,
@@ -1585,14 +1587,22 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     tap_stride = tile_pixels + 4
     span_rows, span_words = 8 * -(-taps // 8), 8 * -(-R // 16)
     span_stride = span_words + 4
-    bias_at = span_rows * span_stride  # words
+    bias_at = 8 * involution_cuda.generated_mma_staged_forward_span_tiles(K, S) * span_stride  # words
     staged_at = bias_at + span_rows
     region_words = region_h * pitch * 10  # a sample's
     weights_at = staged_at + -(-(region_words << fold_shift) // 4) * 4
     thread, warp, row, quad, group, n0, c0, y0, x0 = _staged_thread(item, launch, G, pg, tiles_w, (tile_h, tile_w))
     n0 = n0 << fold_shift
     lane = thread % 32
-    _span_staging(t, thread, threads, group, taps, R, span_rows, span_words, span_stride, es)
+    passes = involution_cuda.generated_mma_staged_forward_passes(K, S)
+    pass_span = S == 2  # a pass's span rows at a time, else all of them once
+
+    def pass_span_staging(first_a: int, end_a: int) -> None:  # staged_pass_span_rows
+        first_tile = first_a * K // 8
+        _span_staging(t, thread, threads, group, taps, R, 8 * (-(-end_a * K // 8) - first_tile), span_words,
+                      span_stride, es, first_tap=8 * first_tile)
+
+    pass_span_staging(*passes[0]) if pass_span else pass_span_staging(0, K)
     _bias_staging(t, thread, group, taps, span_rows, bias_at, es)
     _staged_region(t, thread, threads, n0 * isn + group * pg * isc, c0, pg, (region_h, region_w), pitch, S,
                    (S * y0 - ph, S * x0 - pw), (H, W), (isc, ish, isw), vector, es, staged_at, 1 << fold_shift, N - n0,
@@ -1604,7 +1614,7 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     summing = (y0 + sample_y < OH) & (x0 + tx < OW) & (n < N)  # a run with a pixel in the map
     m = warp + 8 * _slots(-(-tile_pixels // 16 // 8))
     live = m < tile_pixels // 16
-    for first_a, end_a in involution_cuda.generated_mma_staged_forward_passes(K, S):
+    for index, (first_a, end_a) in enumerate(passes):
         first_tile = first_a * K // 8
         tiles = -(-end_a * K // 8) - first_tile
         for tt in range(tiles):
@@ -1617,8 +1627,8 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
                 _feature_pair_loads(t, sample * fsn + i * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1),
                                     live & (i < OH) & (o < OW) & (sample < N), R, fsc, feature_words, es)
             for tt in range(tiles):
-                t.matrices(8 * (first_tile + tt) * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride),
-                           live, 2)
+                t.matrices(8 * (tt + (0 if pass_span else first_tile)) * span_stride + k0 // 2
+                           + _fragment_b_rows(lane, span_stride), live, 2)
         for tt in range(tiles):
             for e in range(2):
                 place = 8 * tt + 2 * quad + e
@@ -1634,6 +1644,8 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
                 at = window + (k % 2 * odd + k // 2 * 10 if S == 2 else k * 10)
                 t.shared(at // 2, summing, 8)
                 t.fma(summing, 4 * sum(0 <= k - S * p < K for p in range(4)))
+        if pass_span and index + 1 < len(passes):
+            pass_span_staging(*passes[index + 1])
     y, x = y0 + sample_y, x0 + tx
     channel = c0 + 4 * quad
     pairs = osc == 1 and (osn | osh | osw | pg) % 2 == 0

@@ -1165,6 +1165,18 @@ def generated_mma_staged_forward_pass_rows(kernel: int, stride: int) -> int:
     return max(end * kernel - 8 * (first * kernel // 8) for first, end in generated_mma_staged_forward_passes(kernel, stride))
 
 
+def generated_mma_staged_forward_pass_tiles(kernel: int, stride: int) -> int:
+    """The most n-tiles of 8 taps a pass forms (from the n-tile its first row's first tap lies
+    in): the rows of span_weight the kernel stages a pass, in eights (staged_pass_tiles)."""
+    return max(-(-end * kernel // 8) - first * kernel // 8 for first, end in generated_mma_staged_forward_passes(kernel, stride))
+
+
+def generated_mma_staged_forward_span_tiles(kernel: int, stride: int) -> int:
+    """The n-tiles of 8 span rows the kernel holds: at stride 2 a pass's (staged again each pass),
+    at stride 1 all the taps' (generated_mma.cu's SPAN_TILES)."""
+    return generated_mma_staged_forward_pass_tiles(kernel, stride) if stride == 2 else -(-kernel * kernel // 8)
+
+
 # The samples a block of the staged forward takes where a map fits a quarter of its tallest
 # tiles (8 x 32: 8 x 8, RedNet-50's 7x7 maps), each sample's map in 8 of the tile's rows.
 GENERATED_STAGED_FOLD = 4
@@ -1196,16 +1208,16 @@ def generated_mma_staged_forward_region(source: KernelSource, kernel: int, strid
 
 def generated_mma_staged_forward_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
                                               reduced: int, out_size) -> int:
-    """The dynamic shared memory of ``involution_generated_mma_staged``: the group's span rows
-    (whole n-tiles of taps) and their bias, the input over the region each sample's windows read
-    (``generated_mma_staged_forward_region``; at stride 2 a row's even columns, then its odd
+    """The dynamic shared memory of ``involution_generated_mma_staged``: the span rows it holds
+    (``generated_mma_staged_forward_span_tiles``), the bias of all the taps, the input over the region each sample's windows
+    read (``generated_mma_staged_forward_region``; at stride 2 a row's even columns, then its odd
     ones), the tile's weights of a pass's taps (generated_mma.cu lays them out)."""
     c = source.constants
     tile_h, tile_w = generated_mma_staged_forward_tile(source, runs_w)
     region_h, region_w = generated_mma_staged_forward_region(source, kernel, stride, runs_w, out_size)
     pitch = 2 * -(-region_w // 2) if stride == 2 else region_w
     span_rows = 8 * -(-kernel * kernel // 8)
-    span = span_rows * (8 * -(-reduced // 16) + 4 + 1)
+    span = 8 * generated_mma_staged_forward_span_tiles(kernel, stride) * (8 * -(-reduced // 16) + 4) + span_rows
     fold = generated_mma_staged_forward_fold(source, runs_w, out_size)
     staged = -(-fold * region_h * pitch * c["STAGED_PIXEL"] // 4) * 4
     return 4 * (span + staged + generated_mma_staged_forward_pass_rows(kernel, stride) * (tile_h * tile_w + 4))

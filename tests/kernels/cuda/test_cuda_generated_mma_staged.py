@@ -58,12 +58,12 @@ def _declines_only_what_it_has_no_instantiation_for(args: tuple) -> bool:
 
 
 # Maps the tiles fill (the host takes them without a forced layout): RedNet's 7x7 at strides 1
-# and 2 over two tiles of each layout's width, channels_last and NCHW, an R of two k-steps and
-# one past a k-step, three groups, a 5x5 window with a padding other than K // 2 (outputs 18 x
+# and 2 over two tiles of each layout's width, channels_last and NCHW, an R of 1.5 k-steps and
+# an odd one past two (its span rows staged a word a unit, more units a pass than threads), three groups, a 5x5 window with a padding other than K // 2 (outputs 18 x
 # 60, 15 x 32, 14 x 14 and 18 x 20); 7x7 maps folded, four samples a block, at strides 1 and 2,
 # batches of 6 and 5 (the second block's last samples past the batch).
 WIDE = (TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=24, size=(18, 60), channels_last=True),
-        TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=40, size=(30, 64), stride=(2, 2)),
+        TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=41, size=(30, 64), stride=(2, 2)),
         TWO_CHANNEL_CHUNKS._replace(channels=48, groups=3, reduced=16, size=(14, 14), channels_last=True),
         TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=8, size=(20, 26), kernel_size=(5, 5), padding=(1, 3)),
         TWO_CHANNEL_CHUNKS._replace(batch=6, channels=32, reduced=24, size=(7, 7), channels_last=True),
@@ -173,6 +173,27 @@ def test_a_map_smaller_than_the_tile_stages_its_own_windows():
         assert device_model.resident_blocks(80, 256, config.shared_bytes, device_model.H200) == 3, size
 
 
+def test_a_pass_stages_its_own_span_rows():
+    """At stride 2 a block holds one pass's span rows at a time (a 7 x 7 window's n-tiles of 8
+    taps: 3 of 7), which brings RedNet-50's second stage at stride 2 (R = 32) to three blocks an
+    SM of the H200, as its third: with all 56 rows it needed 2.5 KiB more, past what three
+    allow. At stride 1 it holds all of them (a pass's would fit no block more)."""
+    from oplib.testing import device_model
+
+    source = _source()
+    span_tiles = involution_cuda.generated_mma_staged_forward_span_tiles
+    assert involution_cuda.generated_mma_staged_forward_pass_tiles(7, 2) == span_tiles(7, 2) == 3
+    assert involution_cuda.generated_mma_staged_forward_pass_tiles(7, 1) == 4 and span_tiles(7, 1) == 7
+    assert span_tiles(3, 2) == 2 and span_tiles(5, 1) == 4  # (3 x 3 at stride 2: a pass's two n-tiles are all)
+    for channels, size in ((128, 56), (256, 28)):  # RedNet-50's stride-2 layers, R = C / 4
+        config, _ = involution_cuda.generated_mma_staged_forward_config(
+            source, torch.bfloat16, 32, channels, channels // 16, (size // 2, size // 2), (7, 7), (2, 2), (1, 1),
+            channels // 4)
+        assert device_model.resident_blocks(80, 256, config.shared_bytes, device_model.H200) == 3, size
+        all_rows = config.shared_bytes + 4 * 32 * (8 * -(-channels // 4 // 16) + 4)
+        assert device_model.resident_blocks(80, 256, all_rows, device_model.H200) == (2 if size == 56 else 3), size
+
+
 def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
     result, out = _result(args, launcher, 4)
     assert result is out, name
@@ -207,6 +228,10 @@ PASS_BARRIER = PlantedBug("pass-barrier", "__syncthreads();  // the pass's weigh
 BETWEEN_PASSES = PlantedBug("between-passes",
                             "if (pass > 0) __syncthreads();  // every warp is done with the previous pass's weights",
                             "// every warp is done with the previous pass's weights")
+# The next pass's span rows staged from the pass's own first n-tile: its taps formed from the
+# wrong rows of span_weight (stride 2, where a block holds a pass's rows at a time).
+PASS_SPAN = PlantedBug("pass-span", "staged_pass_span_rows<K, PASSES, 1>(span, span_weight, pass + 1, reduced);",
+                       "staged_pass_span_rows<K, PASSES, 1>(span, span_weight, pass, reduced);")
 # A row's odd columns staged one place early, over its last even column (stride 2 only).
 ODD_COLUMNS = PlantedBug("odd-columns", "(col & 1) * ((region_w + 1) >> 1) + (col >> 1)",
                          "(col & 1) * (region_w >> 1) + (col >> 1)")
@@ -260,9 +285,11 @@ FOLDED_CASES = (WIDE[4], WIDE[5])
                                   REGION_ROWS)),
     # (the stride-2 map is NCHW with even widths: staged in pairs, PAIR_CARRY's place)
     (REGION_CARRY, STRIDE_CASES[:1]),
-    (SPAN_UNIT, STRIDE_CASES),
-    # (R = 24's rows are whole trips of the block's threads: no unit steps past a row's end there)
-    *((b, STRIDE_CASES[1:]) for b in (ODD_COLUMNS, SPAN_CARRY, PAIR_COLUMNS, PAIR_CARRY)),
+    # (the vector units' bug where R is a multiple of 8, the stride-1 map's R = 24)
+    (SPAN_UNIT, STRIDE_CASES[:1]),
+    # (R = 24's rows are whole trips of the block's threads: no unit steps past a row's end there;
+    # at R = 41 a pass's 24 rows are 576 word units, more than one a thread)
+    *((b, STRIDE_CASES[1:]) for b in (ODD_COLUMNS, PASS_SPAN, SPAN_CARRY, PAIR_COLUMNS, PAIR_CARRY)),
     *((b, FOLDED_CASES) for b in (FOLDED_WINDOW, FOLDED_FEATURE))], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()

@@ -817,12 +817,11 @@ struct alignas(4 * WORDS) SpanUnit {
     unsigned int lane[WORDS];
 };
 
-template <int UNIT_WORDS>
+template <int UNIT_WORDS, int SPAN_BATCH>
 __device__ __forceinline__ void mma_stage_span_units(unsigned int* span, const unsigned short* group_span,
                                                      int span_rows, int taps, int reduced, int span_words,
                                                      int span_stride, int thread) {
     typedef SpanUnit<UNIT_WORDS> Unit;
-    constexpr int SPAN_BATCH = 4;
     const int row_units = span_words / UNIT_WORDS, units = span_rows * row_units;
     const int step = MMA_THREADS / row_units, shift = MMA_THREADS - step * row_units;
     int tap = thread / row_units, column = thread - tap * row_units;
@@ -851,14 +850,17 @@ __device__ __forceinline__ void mma_stage_span_units(unsigned int* span, const u
     }
 }
 
+// SPAN_BATCH: a thread's units loaded before the first is stored (fewer where registers are held
+// by other work: the staged forward's sums between its passes).
+template <int SPAN_BATCH = 4>
 __device__ __forceinline__ void mma_stage_span_rows(unsigned int* span, const unsigned short* group_span, int span_rows,
                                                     int taps, int reduced, int span_words, int span_stride,
                                                     int thread) {
     // span_words (8 a k-step) and span_stride (4 more) whole units of 4 words, rows 16-byte aligned
     if (reduced % 8 == 0 && reinterpret_cast<size_t>(group_span) % 16 == 0)
-        mma_stage_span_units<4>(span, group_span, span_rows, taps, reduced, span_words, span_stride, thread);
+        mma_stage_span_units<4, SPAN_BATCH>(span, group_span, span_rows, taps, reduced, span_words, span_stride, thread);
     else
-        mma_stage_span_units<1>(span, group_span, span_rows, taps, reduced, span_words, span_stride, thread);
+        mma_stage_span_units<1, SPAN_BATCH>(span, group_span, span_rows, taps, reduced, span_words, span_stride, thread);
 }
 
 // The group's span_bias in float into `span_bias` (span_rows floats, zeros past the taps, so that
@@ -1558,14 +1560,15 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL != 7 ? 2 : STRIDE == 1 ? O
 // pixels of one (sample, group) and a chunk of MMA_CHANNELS of the group's channels, or folded
 // (a map in a quarter of the tile's rows) of 1 << fold_shift samples, each sample's map in its
 // share of the rows (grid: tiles x groups x sample blocks * chunks):
-//   1. stages the group's span rows (all T taps, whole n-tiles of 8) and their bias, and the
-//      input over the region the tile's windows read, 16-bit ([row][place][channel], zeros
-//      outside the image; at S = 2 each row's even columns, then its odd ones: staged_region<2>);
+//   1. stages the span rows (whole n-tiles of 8 taps; at S = 2 the first pass's), the bias of all T taps,
+//      and the input over the region the tile's windows read, 16-bit ([row][place][channel],
+//      zeros outside the image; at S = 2 each row's even columns, then its odd ones:
+//      staged_region<2>);
 //   2. per pass of kernel rows (staged_pass_first: the rows shared out evenly, the longer
 //      passes first): all K in one at S = 1 but for a 7 x 7 window, two there (so that four
 //      blocks fit an SM); at S = 2, where the region of a stride-2 tile is four times as large,
 //      one pass more (a 7 x 7 window's rows 3, 2, 2: three blocks an SM where the region leaves
-//      room, RedNet-50's third stage):
+//      room, RedNet-50's second and third stages):
 //      a. forms the pass's taps at the tile's pixels, (pixels x R)(R x taps) + bias on tensor
 //         cores: an m-tile is 16 of the tile's pixels (row-major), its feature's A fragments
 //         loaded from global memory once for all the pass's n-tiles of 8 taps (from the n-tile
@@ -1573,7 +1576,8 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL != 7 ? 2 : STRIDE == 1 ? O
 //      b. each thread sums, for its run of 4 consecutive output pixels and 4 channels, per
 //         kernel row a of the pass: the row's K taps' 4 weights (a 16-byte load each) and the
 //         window's input pixels (4 channels, an 8-byte load each), each read once and used by
-//         every tap and pixel it meets.
+//         every tap and pixel it meets;
+//      c. at S = 2, stages the next pass's span rows in place of the pass's (staged_pass_span_rows).
 // A warp's lanes are 8 runs x 4 channel quarters, runs_w runs along a row (the host's choice,
 // 8, 4 or 2: tiles of 32 x 8, 16 x 16 or 8 x 32 pixels); at S = 2 the runs of a row read
 // columns 8 apart, consecutive places of a parity (STAGED_PIXEL words apart: different banks).
@@ -1583,9 +1587,11 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL != 7 ? 2 : STRIDE == 1 ? O
 // sum puts it.
 //
 // Dynamic shared memory (generated_mma_staged_forward_shared_bytes), 32-bit words:
-//   span     span_rows x span_stride              the group's span rows (span_rows = T in n-tiles
-//                                                 of 8, the rows past T zeros)
-//   bias     span_rows                            float, the span rows' bias (zeros past T)
+//   span     8 SPAN_TILES x span_stride           the span rows: at S = 2 a pass's (the most n-tiles
+//                                                 of 8 taps a pass forms, staged_pass_tiles), at
+//                                                 S = 1 all T in n-tiles (rows past T zeros)
+//   bias     span_rows                            float, the T taps' bias in n-tiles of 8
+//                                                 (span_rows; zeros past T)
 //   staged   region_h x pitch x STAGED_PIXEL      the input chunk (pitch: region_w, or at S = 2
 //                                                 twice its even columns), over the windows of
 //                                                 the tile's pixels in the map's extent (a map
@@ -1624,6 +1630,36 @@ __host__ __device__ constexpr int staged_pass_rows(int K, int passes) {
     return most;
 }
 
+// blockIdx.y, read from its register where the compiler may not keep an earlier read's value
+// (nor what it computed from it) live across a loop.
+__device__ __forceinline__ unsigned int block_y_again() {
+#if defined(__CUDA_ARCH__)
+    unsigned int y;
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(y));
+    return y;
+#else
+    return blockIdx.y;
+#endif
+}
+
+// The span rows of pass `pass`'s n-tiles (of a K-wide window's rows in `passes`) into `span`, from
+// its first n-tile's first tap (rows past the window's taps zeros): a buffer of
+// staged_pass_tiles(K, passes) n-tiles, not the window's all, so that a block of RedNet-50's
+// second stage at stride 2 fits three an SM (32 of 56 rows fewer at R = 32, 2.5 KiB).
+// The group (blockIdx.y) and the rows' sizes found again from the block's index and R: kept live
+// from the start across the passes' sums, they spilled 8 bytes at 64 registers on sm_90.
+template <int K, int passes, int SPAN_BATCH>
+__device__ __forceinline__ void staged_pass_span_rows(unsigned int* span, const void* span_weight, int pass,
+                                                      int reduced) {
+    const int first_tile = staged_pass_first(K, passes, pass) * K / 8;
+    const int tiles = (staged_pass_first(K, passes, pass + 1) * K + 7) / 8 - first_tile;
+    const int span_words = 8 * ((reduced + 15) / 16), thread = threadIdx.x + 32 * threadIdx.y;
+    const unsigned short* rows =
+        reinterpret_cast<const unsigned short*>(span_weight) + ((index_t)block_y_again() * K * K + 8 * first_tile) * reduced;
+    mma_stage_span_rows<SPAN_BATCH>(span, rows, 8 * tiles, K * K - 8 * first_tile, reduced, span_words, span_words + 4,
+                                    thread);
+}
+
 // One kernel row's sums for a thread's run of 4 output pixels at column stride S: tap b's 4
 // weights from `first_tap` + b tap_stride (one 16-byte load), the window's input pixels from
 // `window` (the place of column S x + 0 of the row; at S = 2 its odd columns `odd` words on).
@@ -1656,14 +1692,15 @@ __device__ __forceinline__ void staged_forward_row_sums(float (&sums)[STAGED_RUN
     }
 }
 
-// Four blocks an SM at stride 1 on sm_90 (its 228 KiB hold four stride-1 tiles of 52-53 KiB,
+// Four blocks an SM at stride 1 on sm_90 (its 228 KiB hold four stride-1 tiles of 49-51 KiB,
 // their weights formed in two passes of kernel rows; in one pass, 73 KiB, they held three),
 // at most 64 registers, with no spill; three from sm_100 on (four spilled 4 bytes on sm_100,
 // 24 on sm_120, whose 100 KiB hold one anyway) and from sm_80 on (sm_80's 164 KiB hold three;
 // sm_86's and sm_89's 100 KiB one). Four blocks put 8 warps on each scheduler, three 6: the
 // warps' dependent instructions issue from more of them. At stride 2 three blocks from sm_90
 // on (80 registers, no spill), where a block's region leaves room: sm_90's and sm_100's 228
-// KiB hold three of RedNet-50's third stage (73 KiB), two of its second (77 KiB); two before
+// KiB hold three of RedNet-50's third stage (69 KiB) and of its second (74 KiB: a pass's span
+// rows staged, not all; 77 KiB with all of them); two before
 // (sm_80 spilled 4 bytes at three, which its 164 KiB could not hold anyway). (Thresholds only,
 // as every architecture test of the sources: NVCC_ARCHITECTURES, test_cuda_compile's, holds a
 // target on each side of each.)
@@ -1707,12 +1744,17 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         // The kernel rows in PASSES passes, each pass's taps formed and summed in turn: a 7 x 7
         // window's weights at once would leave room for three blocks an SM at S = 1, not four,
         // and at S = 2 the region takes four times the room (one pass more: a 7 x 7 window's
-        // third pass makes room for a third block at RedNet-50's third stage, the folded last
-        // stage's four regions room beside an R of 128).
+        // third pass makes room for a third block at RedNet-50's second and third stages, the
+        // folded last stage's four regions room beside an R of 128).
         constexpr int PASSES = 1 + (S == 2) + (K * K > 32);
         constexpr int BUFFER_TILES = staged_pass_tiles(K, PASSES);
         constexpr int TILE_PIXELS = MMA_WARPS * 8 * STAGED_RUN;  // a warp's 8 runs of 4 pixels, whatever runs_w
         static_assert(staged_pass_rows(K, PASSES) <= 8 * BUFFER_TILES, "a pass's taps in its n-tiles");
+        // At S = 2 a pass's span rows at a time (staged_pass_span_rows), where the region leaves
+        // no room for all of them (RedNet-50's second stage at three blocks an SM); at S = 1 all of
+        // them once, as one pass's (no block more would fit without them).
+        constexpr bool PASS_SPAN = S == 2;
+        constexpr int SPAN_TILES = PASS_SPAN ? BUFFER_TILES : (T + 7) / 8;
         const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
         const int runs_h = 8 / runs_w;  // a warp's rows of runs
         const int tile_w = STAGED_RUN * runs_w, tile_h = MMA_WARPS * runs_h;
@@ -1730,9 +1772,9 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         const int group_channels = channels / groups;
         const int span_rows = 8 * ((T + 7) / 8), span_words = 8 * ((reduced + 15) / 16), span_stride = span_words + 4;
         OPLIB_DYNAMIC_SHARED(unsigned int, shared);
-        unsigned int* span = shared;
-        float* span_bias = reinterpret_cast<float*>(span + span_rows * span_stride);
-        unsigned int* staged = span + span_rows * (span_stride + 1);
+        unsigned int* span = shared;  // 8 SPAN_TILES span rows
+        float* span_bias = reinterpret_cast<float*>(span + 8 * SPAN_TILES * span_stride);
+        unsigned int* staged = reinterpret_cast<unsigned int*>(span_bias + span_rows);
         const int region_words = region_h * pitch * STAGED_PIXEL;  // a sample's
         float* weights = reinterpret_cast<float*>(staged + (((region_words << fold_shift) + 3) & ~3));
 
@@ -1742,8 +1784,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         const int n0 = (blockIdx.z / chunks) << fold_shift;  // the block's first sample
         const int c0 = MMA_CHANNELS * (blockIdx.z % chunks);
 
-        const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * T * reduced;
-        mma_stage_span_rows(span, group_span, span_rows, T, reduced, span_words, span_stride, thread);
+        staged_pass_span_rows<K, PASS_SPAN ? PASSES : 1, 4>(span, span_weight, 0, reduced);
         mma_stage_span_bias<half_t>(span_bias, bias, group, T, span_rows, thread);
         // each sample's region in turn (a sample past the batch: zeros, nothing read; its outputs
         // are not stored)
@@ -1811,7 +1852,8 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
                     for (int t = 0; t < BUFFER_TILES; ++t) {
                         if (t >= tiles) break;
                         OplibFragmentB b;
-                        oplib_load_matrices<2>(lane_span + 8 * (first_tile + t) * span_stride + k0 / 2, b.reg);
+                        oplib_load_matrices<2>(lane_span + 8 * (t + (PASS_SPAN ? 0 : first_tile)) * span_stride + k0 / 2,
+                                               b.reg);
                         oplib_mma<half_t>(d[t], f, b);
                     }
                 }
@@ -1827,7 +1869,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
                     }
                 }
             }
-            __syncthreads();  // the pass's weights are formed
+            __syncthreads();  // the pass's weights are formed, its span rows read
             const float* run_weights = weights + ty * tile_w + tx;
             // column S tx of the region: place tx (at S = 2, of the row's even columns)
             const unsigned int* run_window =
@@ -1836,11 +1878,16 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
             // region); one in it reads its pixels' windows, inside the region, and past the
             // region's row only for its pixels outside the map, whose sums are not stored (the
             // last row's past the region but within the weights after it).
-            if (y0 + sample_y >= out_h || x0 + tx >= out_w || n0 + run_sample >= batch) continue;
+            if (y0 + sample_y < out_h && x0 + tx < out_w && n0 + run_sample < batch) {
 #pragma unroll 1
-            for (int a = first_a; a < end_a; ++a)
-                staged_forward_row_sums<half_t, K, S>(sums, run_weights + (a * K - 8 * first_tile) * tap_stride,
-                                                      tap_stride, run_window + a * pitch * STAGED_PIXEL, odd);
+                for (int a = first_a; a < end_a; ++a)
+                    staged_forward_row_sums<half_t, K, S>(sums, run_weights + (a * K - 8 * first_tile) * tap_stride,
+                                                          tap_stride, run_window + a * pitch * STAGED_PIXEL, odd);
+            }
+            // the next pass's span rows in place of this one's (the barrier that starts that pass
+            // shows them)
+            if (PASS_SPAN && pass + 1 < PASSES)
+                staged_pass_span_rows<K, PASSES, 1>(span, span_weight, pass + 1, reduced);
         }
 
         // The run's sums, rounded, to its 4 pixels and 4 channels.
@@ -1957,17 +2004,6 @@ __device__ __forceinline__ OplibFragmentB gen_grad_load_columns(const unsigned i
     oplib_load_matrices<2>(row_words + column * GEN_GRAD_COLUMN_WORDS + gen_grad_column_word(column, 4 * (lane >> 3 & 1)),
                            b.reg);
     return b;
-}
-
-// blockIdx.y, read from its register where the compiler may not keep an earlier read's value.
-__device__ __forceinline__ unsigned int gen_grad_block_y() {
-#if defined(__CUDA_ARCH__)
-    unsigned int y;
-    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(y));
-    return y;
-#else
-    return blockIdx.y;
-#endif
 }
 
 // The storage types the kernel serves (see the comment above): bfloat16.
@@ -2336,7 +2372,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
         if (m_y < out_h && group_splits > 1) {
             // the split and R range again from the block's index, read anew (kept from the start
             // across the groups, they took a register that spilled on sm_80)
-            const unsigned int y_block = gen_grad_block_y();
+            const unsigned int y_block = block_y_again();
             const int split_again = y_block % group_splits, r_first = y_block / group_splits * span_r + r_half;
             float* part = feature_parts + (((index_t)split_again * gridDim.z + n) * out_h + m_y) * out_w * reduced;
             float* high_part = part + (NARROW ? (index_t)out_w * reduced : 0);
