@@ -1602,7 +1602,7 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
         _span_staging(t, thread, threads, group, taps, R, 8 * (-(-end_a * K // 8) - first_tile), span_words,
                       span_stride, es, first_tap=8 * first_tile)
 
-    pass_span_staging(*passes[0]) if pass_span else pass_span_staging(0, K)
+    pass_span_staging(*(passes[0] if pass_span else (0, K)))
     _bias_staging(t, thread, group, taps, span_rows, bias_at, es)
     _staged_region(t, thread, threads, n0 * isn + group * pg * isc, c0, pg, (region_h, region_w), pitch, S,
                    (S * y0 - ph, S * x0 - pw), (H, W), (isc, ish, isw), vector, es, staged_at, 1 << fold_shift, N - n0,

@@ -1209,9 +1209,10 @@ def generated_mma_staged_forward_region(source: KernelSource, kernel: int, strid
 def generated_mma_staged_forward_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
                                               reduced: int, out_size) -> int:
     """The dynamic shared memory of ``involution_generated_mma_staged``: the span rows it holds
-    (``generated_mma_staged_forward_span_tiles``), the bias of all the taps, the input over the region each sample's windows
-    read (``generated_mma_staged_forward_region``; at stride 2 a row's even columns, then its odd
-    ones), the tile's weights of a pass's taps (generated_mma.cu lays them out)."""
+    (``generated_mma_staged_forward_span_tiles``), the bias of all the taps, the input over the
+    region each sample's windows read (``generated_mma_staged_forward_region``; at stride 2 a
+    row's even columns, then its odd ones), the tile's weights of a pass's taps (generated_mma.cu
+    lays them out)."""
     c = source.constants
     tile_h, tile_w = generated_mma_staged_forward_tile(source, runs_w)
     region_h, region_w = generated_mma_staged_forward_region(source, kernel, stride, runs_w, out_size)
