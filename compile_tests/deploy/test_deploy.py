@@ -1,7 +1,7 @@
-"""``python -m oplib export``: each format is written, loaded back as a deployment would load
-it, and checked against eager by the command itself; here the file is loaded once more in a
-fresh process. The same for ``--features-only`` (a backbone returning a list of maps), and
-``oplib.deploy.export`` of a narrow backbone in the unit tier."""
+"""``python -m oplib export``: the file is written, loaded back as a deployment would load it,
+and checked against eager by the command itself; here it is loaded once more, at another batch
+and size. ``--features-only`` (a backbone returning a list of maps) in each format, the
+classifier in pt2 and ONNX, and ``oplib.deploy.export`` of a narrow backbone in the unit tier."""
 
 from __future__ import annotations
 
@@ -53,8 +53,12 @@ def _assert_close_to(got: list[torch.Tensor], expected: list[torch.Tensor]) -> N
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
 def test_export_command_writes_a_checked_file(fmt, tmp_path):
+    """The classifier in pt2 and ONNX. Its AOTInductor package is left to the backbone's test
+    below: the command's aoti branch is the same code for both (export, package, load, compare),
+    the backbone's list of maps is the harder output, and each AOTInductor build of RedNet-26
+    took 3-4 minutes of the integration tier's CPU time here."""
     torch.manual_seed(0)
     weights = tmp_path / "weights.pth"
     model = oplib.models.rednet26().eval()
