@@ -881,23 +881,48 @@ def span_conv_backward_floor(shape_name: str, dtype: torch.dtype, bandwidth: flo
     """Seconds the unfused path's span conv backward takes at least: its two products (cuDNN's)
     read the weight map's gradient, (N, G K^2, Ho, Wo), and the feature, and write grad_feature,
     each once over the DRAM bandwidth (span_weight's gradient a few KB)."""
+    sizes = _layer_sizes(shape_name)
+    return (sizes["weight_map"] + 2 * sizes["feature"]) * dtype.itemsize / bandwidth
+
+
+def _layer_sizes(shape_name: str) -> dict[str, int]:
+    """Elements of a RedNet-50 layer's tensors at batch 32: input (N, C, H, W), grad_output (N,
+    C, Ho, Wo), the feature (N, C/4, Ho, Wo) and the weight map (N, G K^2, Ho, Wo)."""
     shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == shape_name)
     out_h, out_w = shape.out_size
-    feature = shape.batch * max(1, shape.channels // 4) * out_h * out_w
-    weight_map = shape.batch * shape.groups * shape.kernel ** 2 * out_h * out_w
-    return (weight_map + 2 * feature) * dtype.itemsize / bandwidth
+    return {"input": shape.batch * shape.channels * shape.height * shape.width,
+            "grad_output": shape.batch * shape.channels * out_h * out_w,
+            "feature": shape.batch * max(1, shape.channels // 4) * out_h * out_w,
+            "weight_map": shape.batch * shape.groups * shape.kernel ** 2 * out_h * out_w}
+
+
+def generator_map_route_floor(shape_name: str, dtype: torch.dtype, bandwidth: float) -> float:
+    """Seconds the op's map route for the generator's gradients (``generator_grads_through_map``)
+    takes at least besides involution's float32 grad_weight: grad_output, the input and the
+    feature copied to float32 (each read in ``dtype``, written in float32), the float32 map gw
+    read by each of its three contractions (grad_feature, grad_span_weight, grad_span_bias), the
+    float32 feature read and grad_feature written, and grad_feature copied back to ``dtype``,
+    each once over the DRAM bandwidth."""
+    sizes, wide = _layer_sizes(shape_name), torch.float32.itemsize
+    copies = (sizes["grad_output"] + sizes["input"] + sizes["feature"]) * (dtype.itemsize + wide)
+    contractions = 3 * sizes["weight_map"] * wide + 2 * sizes["feature"] * wide
+    return (copies + contractions + sizes["feature"] * (wide + dtype.itemsize)) / bandwidth
 
 
 def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: list[dict], constants: Constants,
                 bandwidth: float) -> list[str]:
     """The issue's two bars on the fused path, forward at most 0.5x and forward + backward below
     1.0x of span conv + involution, at each (shape, layout) in bfloat16 where the fused kernels
-    are predicted or measured: the fused path's three kernels, each the faster of the predicted
-    (``PREDICTED``) and the measured one (a kernel changed since, ``changed``: its expected time,
-    the measured one scaled as the model scales it), beside the unfused path's kernels as the
-    draw measured them (span conv + involution, involution's grad_input and grad_weight as the op
-    runs them) and its span conv backward at its DRAM floor (unmeasured: a lower bound)."""
+    are predicted or measured. The fused path: its forward the faster of the predicted staged
+    kernel (``PREDICTED``) and the measured tensor-core one (a kernel changed since, ``changed``:
+    its expected time, the measured one scaled as the model scales it); each of its two backward
+    ops the fastest of its kernels (predicted or measured) and the op's map route, at least its
+    measured kernels and its other traffic at its DRAM floor. The unfused path: the draw's span
+    conv (its span conv + involution less its involution forward), involution's forward,
+    grad_input and grad_weight as the op runs them now, and its span conv backward at its DRAM
+    floor (unmeasured: a lower bound)."""
     measured = {_key(r): r["measured_s"] for r in rows}
+    drawn = dict(measured)  # as the draw measured them, before the changed kernels' scaling
     events_by = {_key(r): r["events"] for r in rows}
     expected = {_key(entry) for entry in changed}
     for entry in changed:
@@ -914,8 +939,12 @@ def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: 
     def faster(options: list[tuple[str, Optional[float]]]) -> tuple[str, float]:
         return min(((name, t) for name, t in options if t is not None), key=lambda o: o[1])
 
-    cells, forward_ratios, both_ratios = [], [], []
-    for key, unfused_forward in before.items():
+    def as_run(row: str, kernel: str, vectors: str) -> float:
+        """involution's ``kernel`` at ``row`` as the op runs it now: the vectors kernel where it serves."""
+        return measured.get(f"{row} | {vectors}", measured[f"{row} | {kernel}"])
+
+    cells, forward_ratios, both_ratios, routes = [], [], [], {}
+    for key, span_and_involution in before.items():
         shape_name, dtype, layout = key.split(" | ")[:3]
         row = " | ".join((shape_name, dtype, layout))
         if dtype != "bfloat16" or (GENERATOR, row) not in predicted:
@@ -924,50 +953,65 @@ def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: 
             key = f"{row} | {kernel}"
             return f"tensor cores, {'expected' if key in expected else 'measured'}", measured.get(key)
 
+        # The draw's span conv: its span conv + involution ran involution's forward as the op did then.
+        span_forward = span_and_involution - drawn[f"{row} | forward"]
+        unfused_forward = span_forward + as_run(row, "forward", VECTORS)
+        unfused_input = as_run(row, "grad_input", VECTORS_GRAD_INPUT)
+        unfused_weight = as_run(row, "grad_weight", VECTORS_GRAD_WEIGHT)
+        span_backward = span_conv_backward_floor(shape_name, torch.bfloat16, bandwidth)
+        # The map route: the span conv writes the map and involution's grad_input reads it; gw in
+        # float32 from float32 copies by involution's float32 grad_weight, then contracted.
+        wide = " | ".join((shape_name, "float32", layout))
+        map_input = span_forward + unfused_input
+        map_generator = (as_run(wide, "grad_weight", VECTORS_GRAD_WEIGHT)
+                         + generator_map_route_floor(shape_name, torch.bfloat16, bandwidth))
         forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))), tensor_cores(MMA_FORWARD)])
         grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))),
-                             tensor_cores(MMA_GRAD_INPUT)])
-        generator = predicted[GENERATOR, row]
-        unfused_input = measured.get(f"{row} | {VECTORS_GRAD_INPUT}", measured[f"{row} | grad_input"])
-        unfused_weight = measured.get(f"{row} | {VECTORS_GRAD_WEIGHT}", measured[f"{row} | grad_weight"])
-        span_backward = span_conv_backward_floor(shape_name, torch.bfloat16, bandwidth)
-        fused = forward[1] + grad_input[1] + generator
+                             tensor_cores(MMA_GRAD_INPUT), ("map route", map_input)])
+        generator = faster([("tensor cores, predicted", predicted[GENERATOR, row]), ("map route", map_generator)])
+        routes[row] = (grad_input[0], generator[0])
+        fused = forward[1] + grad_input[1] + generator[1]
         unfused = unfused_forward + unfused_input + unfused_weight + span_backward
         forward_ratios.append(forward[1] / unfused_forward)
         both_ratios.append(fused / unfused)
         cells.append([shape_name, dtype, layout, f"{forward[1] * 1e6:.1f} ({forward[0]})",
-                      f"{grad_input[1] * 1e6:.1f} ({grad_input[0]})", f"{generator * 1e6:.1f}", f"{fused * 1e6:.1f}",
-                      f"{unfused_forward * 1e6:.1f}", f"{unfused_input * 1e6:.1f}", f"{unfused_weight * 1e6:.1f}",
-                      f"{span_backward * 1e6:.1f}", f"{unfused * 1e6:.1f}", f"{forward_ratios[-1]:.2f}x",
-                      f"{both_ratios[-1]:.2f}x"])
+                      f"{grad_input[1] * 1e6:.1f} ({grad_input[0]})", f"{generator[1] * 1e6:.1f} ({generator[0]})",
+                      f"{fused * 1e6:.1f}", f"{span_forward * 1e6:.1f}", f"{unfused_forward * 1e6:.1f}",
+                      f"{unfused_input * 1e6:.1f}", f"{unfused_weight * 1e6:.1f}", f"{span_backward * 1e6:.1f}",
+                      f"{unfused * 1e6:.1f}", f"{forward_ratios[-1]:.2f}x", f"{both_ratios[-1]:.2f}x"])
     heading = "## Predicted: the fused path against span conv + involution, forward and backward"
     if not cells:
         return [heading, "", "None: no row has the fused kernels predicted or measured.", ""]
+    by_map = [sum(route[i] == "map route" for route in routes.values()) for i in range(2)]
     return [
         heading,
         "",
         "The issue's bars on the fused path (involution_generated and its two backward ops), in bfloat16, where its "
-        "CUDA kernels are predicted (the tables above) or measured: each of its three kernels the faster of the two "
-        "(the forward: the staged kernel predicted or the tensor-core one; grad_input: the staged kernel predicted or "
-        "the tensor-core one; the tensor-core kernels as measured, or changed since, their expected time from the "
-        "table of changed kernels; the generator's gradients: the tensor-core kernel predicted), "
-        "beside the unfused path as the draw measured it: span conv + involution, involution's grad_input and "
-        "grad_weight as the op runs them (the vectors kernels where they serve the call), and the span conv's "
-        "backward at its DRAM floor (the weight map's gradient and the feature read and grad_feature written once; "
-        "unmeasured, so the unfused total is a lower bound and the fused / unfused ratio an upper bound). The op's "
-        "CUDA path runs the fused backward through the map route (span_weight's product writes the weight map, "
-        "then involution's kernels) until a draw confirms these kernels; the draw measured it first on the seventh "
-        "(the kernel table's generated grad_input and generator grads rows), so it is no option here. Fused / "
-        f"unfused, forward: {ratio_range(forward_ratios)}, within 0.5x at {sum(r <= 0.5 for r in forward_ratios)} of "
+        "CUDA kernels are predicted (the tables above) or measured. The fused path: its forward the faster of the "
+        "staged kernel predicted and the tensor-core one (as measured, or changed since: its expected time from the "
+        "table of changed kernels); each backward op the fastest of its kernels (grad_input: the staged kernel "
+        "predicted or the tensor-core one; the generator's gradients: the tensor-core kernel predicted) and the op's "
+        "map route, which its CUDA path runs until a draw confirms the kernels: for grad_input the draw's span conv "
+        "writing the weight map and involution's grad_input reading it, for the generator's gradients involution's "
+        "float32 grad_weight as measured plus the float32 copies and the three contractions of the float32 map at "
+        "their DRAM floor (`generator_grads_through_map`; a lower bound). The unfused path: the draw's span conv "
+        "(its span conv + involution less the involution forward it ran), involution's forward, grad_input and "
+        "grad_weight as the op runs them now (the vectors kernels where they serve the call: what the next draw's "
+        "span conv + involution runs), and the span conv's backward at its DRAM floor (the weight map's gradient and "
+        "the feature read and grad_feature written once; unmeasured, so the unfused total is a lower bound and the "
+        "fused / unfused ratio an upper bound). Fused / unfused, forward: "
+        f"{ratio_range(forward_ratios)}, within 0.5x at {sum(r <= 0.5 for r in forward_ratios)} of "
         f"{len(forward_ratios)} rows; forward + backward: {ratio_range(both_ratios)}, below 1.0x at "
-        f"{sum(r < 1.0 for r in both_ratios)} of {len(both_ratios)} rows.",
+        f"{sum(r < 1.0 for r in both_ratios)} of {len(both_ratios)} rows. The map route is the faster grad_input at "
+        f"{by_map[0]} of {len(routes)} rows and the faster generator's gradients at {by_map[1]}.",
         "",
         *_harness.table(["shape", "dtype", "layout", "fused forward (us)", "fused grad_input (us)",
-                         "fused generator grads, predicted (us)", "fused, forward + backward (us)",
-                         "span conv + involution, measured (us)", "involution grad_input, measured (us)",
-                         "involution grad_weight, measured (us)", "span conv backward, floor (us)",
-                         "unfused, forward + backward (us)", "fused / unfused, forward",
-                         "fused / unfused, forward + backward"], "lllllrrrrrrrrr", cells),
+                         "fused generator grads (us)", "fused, forward + backward (us)",
+                         "span conv, measured (us)", "span conv + involution (us)",
+                         "involution grad_input, measured (us)", "involution grad_weight, measured (us)",
+                         "span conv backward, floor (us)", "unfused, forward + backward (us)",
+                         "fused / unfused, forward", "fused / unfused, forward + backward"],
+                        "lllllllrrrrrrrr", cells),
     ]
 
 

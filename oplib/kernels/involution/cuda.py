@@ -1433,9 +1433,10 @@ def involution_generated_mma_backward_generator(grad_output: Tensor, feature: Te
 # Whether involution_generated_backward_generator's CUDA path takes the tensor-core kernel where it
 # serves the call. Not before a draw has timed it beside the map route: the offline model
 # (bench/results/cuda-model.md) puts it issue-bound, ahead of the map route's float32 grad_weight
-# alone at RedNet-50's stages 1-3 in channels_last and behind it at stage 4, and the map route's
-# copies and cuBLAS contractions are no kernels the model traces. The kernel table times it in
-# the "generator grads" row's "tensor cores" column.
+# alone at RedNet-50's stages 1-3 in channels_last and behind it at stage 4; with the map route's
+# copies and cuBLAS contractions at their DRAM floor (no kernels the model traces), ahead of the
+# whole route at every bfloat16 row but stage 4's NCHW at stride 1 (the page's forward + backward
+# section). The kernel table times it in the "generator grads" row's "tensor cores" column.
 GENERATOR_ON_TENSOR_CORES = False
 
 
