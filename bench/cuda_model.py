@@ -899,12 +899,13 @@ def _layer_sizes(shape_name: str) -> dict[str, int]:
 def generator_map_route_floor(shape_name: str, dtype: torch.dtype, bandwidth: float) -> float:
     """Seconds the op's map route for the generator's gradients (``generator_grads_through_map``)
     takes at least besides involution's float32 grad_weight: grad_output, the input and the
-    feature copied to float32 (each read in ``dtype``, written in float32), the float32 map gw
+    feature copied to float32 (each read in ``dtype``, written in float32; none in float32), the float32 map gw
     read by each of its three contractions (grad_feature, grad_span_weight, grad_span_bias), the
     float32 feature read and grad_feature written, and grad_feature copied back to ``dtype``,
     each once over the DRAM bandwidth."""
     sizes, wide = _layer_sizes(shape_name), torch.float32.itemsize
-    copies = (sizes["grad_output"] + sizes["input"] + sizes["feature"]) * (dtype.itemsize + wide)
+    # (float32 operands are no copies: Tensor.to returns them)
+    copies = 0 if dtype == torch.float32 else (sizes["grad_output"] + sizes["input"] + sizes["feature"]) * (dtype.itemsize + wide)
     contractions = 3 * sizes["weight_map"] * wide + 2 * sizes["feature"] * wide
     return (copies + contractions + sizes["feature"] * (wide + dtype.itemsize)) / bandwidth
 
@@ -913,7 +914,8 @@ def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: 
                 bandwidth: float) -> list[str]:
     """The issue's two bars on the fused path, forward at most 0.5x and forward + backward below
     1.0x of span conv + involution, at each (shape, layout) in bfloat16 where the fused kernels
-    are predicted or measured. The fused path: its forward the faster of the predicted staged
+    are predicted or measured, and in float32 (its forward the faster of the tiled kernel and the
+    op's as measured, its backward the map route). In bfloat16: its forward the faster of the predicted staged
     kernel (``PREDICTED``) and the measured tensor-core one (a kernel changed since, ``changed``:
     its expected time, the measured one scaled as the model scales it); each of its two backward
     ops the fastest of its kernels (predicted or measured) and the op's map route, at least its
@@ -943,11 +945,11 @@ def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: 
         """involution's ``kernel`` at ``row`` as the op runs it now: the vectors kernel where it serves."""
         return measured.get(f"{row} | {vectors}", measured[f"{row} | {kernel}"])
 
-    cells, forward_ratios, both_ratios, routes = [], [], [], {}
+    cells, forward_ratios, both_ratios, routes = [], {}, {}, {}
     for key, span_and_involution in before.items():
         shape_name, dtype, layout = key.split(" | ")[:3]
         row = " | ".join((shape_name, dtype, layout))
-        if dtype != "bfloat16" or (GENERATOR, row) not in predicted:
+        if dtype not in ("bfloat16", "float32") or dtype == "bfloat16" and (GENERATOR, row) not in predicted:
             continue
         def tensor_cores(kernel: str) -> tuple[str, Optional[float]]:
             key = f"{row} | {kernel}"
@@ -958,52 +960,64 @@ def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: 
         unfused_forward = span_forward + as_run(row, "forward", VECTORS)
         unfused_input = as_run(row, "grad_input", VECTORS_GRAD_INPUT)
         unfused_weight = as_run(row, "grad_weight", VECTORS_GRAD_WEIGHT)
-        span_backward = span_conv_backward_floor(shape_name, torch.bfloat16, bandwidth)
+        torch_dtype = getattr(torch, dtype)
+        span_backward = span_conv_backward_floor(shape_name, torch_dtype, bandwidth)
         # The map route: the span conv writes the map and involution's grad_input reads it; gw in
-        # float32 from float32 copies by involution's float32 grad_weight, then contracted.
+        # float32 (from float32 copies) by involution's float32 grad_weight, then contracted.
         wide = " | ".join((shape_name, "float32", layout))
         map_input = span_forward + unfused_input
         map_generator = (as_run(wide, "grad_weight", VECTORS_GRAD_WEIGHT)
-                         + generator_map_route_floor(shape_name, torch.bfloat16, bandwidth))
-        forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))), tensor_cores(MMA_FORWARD)])
-        grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))),
-                             tensor_cores(MMA_GRAD_INPUT), ("map route", map_input)])
-        generator = faster([("tensor cores, predicted", predicted[GENERATOR, row]), ("map route", map_generator)])
-        routes[row] = (grad_input[0], generator[0])
+                         + generator_map_route_floor(shape_name, torch_dtype, bandwidth))
+        if dtype == "bfloat16":
+            forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))), tensor_cores(MMA_FORWARD)])
+            grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))),
+                                 tensor_cores(MMA_GRAD_INPUT), ("map route", map_input)])
+            generator = faster([("tensor cores, predicted", predicted[GENERATOR, row]), ("map route", map_generator)])
+        else:  # float32: the tiled kernel (FMAs) or the op's, and no kernel of the fused backward's
+            forward = faster([(f"tiled, {'expected' if f'{row} | {TILED}' in expected else 'measured'}",
+                               measured.get(f"{row} | {TILED}")), ("the op's, measured", measured[f"{row} | generated forward"])])
+            grad_input, generator = ("map route", map_input), ("map route", map_generator)
+        if dtype == "bfloat16":
+            routes[row] = (grad_input[0], generator[0])
         fused = forward[1] + grad_input[1] + generator[1]
         unfused = unfused_forward + unfused_input + unfused_weight + span_backward
-        forward_ratios.append(forward[1] / unfused_forward)
-        both_ratios.append(fused / unfused)
+        forward_ratios.setdefault(dtype, []).append(forward[1] / unfused_forward)
+        both_ratios.setdefault(dtype, []).append(fused / unfused)
         cells.append([shape_name, dtype, layout, f"{forward[1] * 1e6:.1f} ({forward[0]})",
                       f"{grad_input[1] * 1e6:.1f} ({grad_input[0]})", f"{generator[1] * 1e6:.1f} ({generator[0]})",
                       f"{fused * 1e6:.1f}", f"{span_forward * 1e6:.1f}", f"{unfused_forward * 1e6:.1f}",
                       f"{unfused_input * 1e6:.1f}", f"{unfused_weight * 1e6:.1f}", f"{span_backward * 1e6:.1f}",
-                      f"{unfused * 1e6:.1f}", f"{forward_ratios[-1]:.2f}x", f"{both_ratios[-1]:.2f}x"])
+                      f"{unfused * 1e6:.1f}", f"{forward_ratios[dtype][-1]:.2f}x", f"{both_ratios[dtype][-1]:.2f}x"])
     heading = "## Predicted: the fused path against span conv + involution, forward and backward"
     if not cells:
         return [heading, "", "None: no row has the fused kernels predicted or measured.", ""]
     by_map = [sum(route[i] == "map route" for route in routes.values()) for i in range(2)]
+    verdicts = [f"{dtype}, forward {ratio_range(forward_ratios[dtype])}, within 0.5x at "
+                f"{sum(r <= 0.5 for r in forward_ratios[dtype])} of {len(forward_ratios[dtype])} rows; forward + "
+                f"backward {ratio_range(both_ratios[dtype])}, below 1.0x at {sum(r < 1.0 for r in both_ratios[dtype])} of "
+                f"{len(both_ratios[dtype])}"
+                for dtype in forward_ratios]
     return [
         heading,
         "",
-        "The issue's bars on the fused path (involution_generated and its two backward ops), in bfloat16, where its "
-        "CUDA kernels are predicted (the tables above) or measured. The fused path: its forward the faster of the "
-        "staged kernel predicted and the tensor-core one (as measured, or changed since: its expected time from the "
-        "table of changed kernels); each backward op the fastest of its kernels (grad_input: the staged kernel "
-        "predicted or the tensor-core one; the generator's gradients: the tensor-core kernel predicted) and the op's "
-        "map route, which its CUDA path runs until a draw confirms the kernels: for grad_input the draw's span conv "
-        "writing the weight map and involution's grad_input reading it, for the generator's gradients involution's "
-        "float32 grad_weight as measured plus the float32 copies and the three contractions of the float32 map at "
-        "their DRAM floor (`generator_grads_through_map`; a lower bound). The unfused path: the draw's span conv "
-        "(its span conv + involution less the involution forward it ran), involution's forward, grad_input and "
-        "grad_weight as the op runs them now (the vectors kernels where they serve the call: what the next draw's "
-        "span conv + involution runs), and the span conv's backward at its DRAM floor (the weight map's gradient and "
-        "the feature read and grad_feature written once; unmeasured, so the unfused total is a lower bound and the "
-        "fused / unfused ratio an upper bound). Fused / unfused, forward: "
-        f"{ratio_range(forward_ratios)}, within 0.5x at {sum(r <= 0.5 for r in forward_ratios)} of "
-        f"{len(forward_ratios)} rows; forward + backward: {ratio_range(both_ratios)}, below 1.0x at "
-        f"{sum(r < 1.0 for r in both_ratios)} of {len(both_ratios)} rows. The map route is the faster grad_input at "
-        f"{by_map[0]} of {len(routes)} rows and the faster generator's gradients at {by_map[1]}.",
+        "The issue's bars on the fused path (involution_generated and its two backward ops) in bfloat16 and float32, "
+        "where its CUDA kernels are predicted (the tables above) or measured. The fused path in bfloat16: its forward "
+        "the faster of the staged kernel predicted and the tensor-core one (as measured, or changed since: its "
+        "expected time from the table of changed kernels); each backward op the fastest of its kernels (grad_input: "
+        "the staged kernel predicted or the tensor-core one; the generator's gradients: the tensor-core kernel "
+        "predicted) and the op's map route, which its CUDA path runs until a draw confirms the kernels. In float32 "
+        "(no tensor-core kernel serves it): its forward the faster of the tiled kernel (FMAs) and the op's as "
+        "measured, its backward the map route. The map route: for grad_input the draw's span conv writing the weight "
+        "map and involution's grad_input reading it, for the generator's gradients involution's float32 grad_weight "
+        "as measured plus (bfloat16) the float32 copies and the three contractions of the float32 map at their DRAM "
+        "floor (`generator_grads_through_map`; a lower bound). The unfused path: the draw's span conv (its span "
+        "conv + involution less the involution forward it ran), involution's forward, grad_input and grad_weight as "
+        "the op runs them now (the vectors kernels where they serve the call: what the next draw's span conv + "
+        "involution runs), and the span conv's backward at its DRAM floor (the weight map's gradient and the "
+        "feature read and grad_feature written once; unmeasured, so the unfused total is a lower bound and the "
+        f"fused / unfused ratio an upper bound). Fused / unfused: {'; '.join(verdicts)}. In bfloat16 the map route "
+        f"is the faster grad_input at {by_map[0]} of {len(routes)} rows and the faster generator's gradients at "
+        f"{by_map[1]}.",
         "",
         *_harness.table(["shape", "dtype", "layout", "fused forward (us)", "fused grad_input (us)",
                          "fused generator grads (us)", "fused, forward + backward (us)",

@@ -100,13 +100,17 @@ def test_the_map_routes_floors_count_the_bytes_by_hand():
     feature 32 x 128 x 7 x 7, the weight map 32 x 32 x 49 x 7 x 7) at 1e12 bytes a second: the
     generator's map route copies grad_output, the input and the feature to float32 (2 bytes
     read, 4 written each), reads the float32 map three times, the float32 feature once, writes
-    grad_feature in float32 and copies it back (4 read, 2 written); the span conv's backward
-    reads the 16-bit map and the feature and writes grad_feature."""
+    grad_feature in float32 and copies it back (4 read, 2 written; float32 operands are no
+    copies, and 4 written back); the span conv's backward reads the 16-bit map and the feature
+    and writes grad_feature."""
     activation, feature, weight_map = 32 * 512 * 49, 32 * 128 * 49, 32 * 32 * 49 * 49
     copies = (2 * activation + feature) * 6
     contractions = 3 * weight_map * 4 + feature * 4 + feature * 4 + feature * 6
     assert cuda_model.generator_map_route_floor("stage4 512@7 s1", torch.bfloat16, 1e12) == pytest.approx(
         (copies + contractions) / 1e12, rel=1e-12)
+    # float32 operands are not copied; grad_feature is still copied into the op's result
+    assert cuda_model.generator_map_route_floor("stage4 512@7 s1", torch.float32, 1e12) == pytest.approx(
+        (contractions + feature * 2) / 1e12, rel=1e-12)
     assert cuda_model.span_conv_backward_floor("stage4 512@7 s1", torch.bfloat16, 1e12) == pytest.approx(
         (weight_map + 2 * feature) * 2 / 1e12, rel=1e-12)
 
