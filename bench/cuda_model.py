@@ -941,6 +941,9 @@ def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: 
     def faster(options: list[tuple[str, Optional[float]]]) -> tuple[str, float]:
         return min(((name, t) for name, t in options if t is not None), key=lambda o: o[1])
 
+    def map_route(key: str, estimate: float) -> tuple[str, float]:
+        return ("map route, measured", measured[key]) if key in measured else ("map route", estimate)
+
     def as_run(row: str, kernel: str, vectors: str) -> float:
         """involution's ``kernel`` at ``row`` as the op runs it now: the vectors kernel where it serves."""
         return measured.get(f"{row} | {vectors}", measured[f"{row} | {kernel}"])
@@ -964,19 +967,20 @@ def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: 
         span_backward = span_conv_backward_floor(shape_name, torch_dtype, bandwidth)
         # The map route: the span conv writes the map and involution's grad_input reads it; gw in
         # float32 (from float32 copies) by involution's float32 grad_weight, then contracted.
+        # (a draw from the seventh on times the ops' map routes: their rows replace the estimates)
         wide = " | ".join((shape_name, "float32", layout))
-        map_input = span_forward + unfused_input
-        map_generator = (as_run(wide, "grad_weight", VECTORS_GRAD_WEIGHT)
-                         + generator_map_route_floor(shape_name, torch_dtype, bandwidth))
+        map_input = map_route(f"{row} | generated grad_input", span_forward + unfused_input)
+        map_generator = map_route(f"{row} | generator grads", as_run(wide, "grad_weight", VECTORS_GRAD_WEIGHT)
+                                  + generator_map_route_floor(shape_name, torch_dtype, bandwidth))
         if dtype == "bfloat16":
             forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))), tensor_cores(MMA_FORWARD)])
             grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))),
-                                 tensor_cores(MMA_GRAD_INPUT), ("map route", map_input)])
-            generator = faster([("tensor cores, predicted", predicted[GENERATOR, row]), ("map route", map_generator)])
+                                 tensor_cores(MMA_GRAD_INPUT), map_input])
+            generator = faster([("tensor cores, predicted", predicted[GENERATOR, row]), map_generator])
         else:  # float32: the tiled kernel (FMAs) or the op's, and no kernel of the fused backward's
             forward = faster([(f"tiled, {'expected' if f'{row} | {TILED}' in expected else 'measured'}",
                                measured.get(f"{row} | {TILED}")), ("the op's, measured", measured[f"{row} | generated forward"])])
-            grad_input, generator = ("map route", map_input), ("map route", map_generator)
+            grad_input, generator = map_input, map_generator
         if dtype == "bfloat16":
             routes[row] = (grad_input[0], generator[0])
         fused = forward[1] + grad_input[1] + generator[1]
@@ -991,7 +995,7 @@ def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: 
     heading = "## Predicted: the fused path against span conv + involution, forward and backward"
     if not cells:
         return [heading, "", "None: no row has the fused kernels predicted or measured.", ""]
-    by_map = [sum(route[i] == "map route" for route in routes.values()) for i in range(2)]
+    by_map = [sum(route[i].startswith("map route") for route in routes.values()) for i in range(2)]
     verdicts = [f"{dtype}, forward {ratio_range(forward_ratios[dtype])}, within 0.5x at "
                 f"{sum(r <= 0.5 for r in forward_ratios[dtype])} of {len(forward_ratios[dtype])} rows; forward + "
                 f"backward {ratio_range(both_ratios[dtype])}, below 1.0x at {sum(r < 1.0 for r in both_ratios[dtype])} of "
@@ -1010,7 +1014,8 @@ def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: 
         "measured, its backward the map route. The map route: for grad_input the draw's span conv writing the weight "
         "map and involution's grad_input reading it, for the generator's gradients involution's float32 grad_weight "
         "as measured plus (bfloat16) the float32 copies and the three contractions of the float32 map at their DRAM "
-        "floor (`generator_grads_through_map`; a lower bound). The unfused path: the draw's span conv (its span "
+        "floor (`generator_grads_through_map`; a lower bound), or each as a draw measured it (\"map route, measured\": "
+        "the generated grad_input and generator grads rows, from the seventh draw on). The unfused path: the draw's span conv (its span "
         "conv + involution less the involution forward it ran), involution's forward, grad_input and grad_weight as "
         "the op runs them now (the vectors kernels where they serve the call: what the next draw's span conv + "
         "involution runs), and the span conv's backward at its DRAM floor (the weight map's gradient and the "

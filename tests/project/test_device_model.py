@@ -95,6 +95,22 @@ def test_the_generator_kernel_is_predicted_at_every_bfloat16_row(committed):
     assert len(generator) == 14
 
 
+def test_a_measured_map_route_replaces_its_estimate(committed):
+    """Where a draw timed an op's map route (the generated grad_input and generator grads rows,
+    from the seventh draw on), the forward + backward section takes it in place of its estimate:
+    a row given a map route faster than everything else picks it, marked measured."""
+    _, model, rows = committed
+    row = {**next(r for r in rows if (r["shape"], r["dtype"], r["layout"]) == ("stage1 64@56 s1", "bfloat16", "NCHW")),
+           "events": []}
+    timed = rows + [{**row, "kernel": "generated grad_input", "measured_s": 1e-6},
+                    {**row, "kernel": "generator grads", "measured_s": 2e-6}]
+    lines = cuda_model.layer_lines(model["candidates"], model["changed"], timed, cuda_model.measured_rows()[1],
+                                   Constants(**model["constants"]), model["copy_bandwidth_bytes_per_s"])
+    cells = next(line for line in lines if line.startswith("| stage1 64@56 s1 | bfloat16 | NCHW |")).split(" | ")
+    assert cells[4:6] == ["1.0 (map route, measured)", "2.0 (map route, measured)"]
+    assert sum("map route, measured" in line for line in lines if line.startswith("| stage")) == 1
+
+
 def test_the_map_routes_floors_count_the_bytes_by_hand():
     """RedNet-50's last stage at stride 1, batch 32 (input and grad_output 32 x 512 x 7 x 7, the
     feature 32 x 128 x 7 x 7, the weight map 32 x 32 x 49 x 7 x 7) at 1e12 bytes a second: the
