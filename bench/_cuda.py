@@ -763,17 +763,64 @@ def _model_step(target: Target, model: nn.Module, forward: Callable[..., Tensor]
     return step
 
 
+# Steps profiled after each model row's timing (``profile_steps``): where a step's time goes.
+PROFILED_STEPS = 2
+# The host's calls that launch a kernel: the runtime's (torch, cuBLAS, cuDNN), the driver's
+# (CuPy, Triton) and a CUDA graph's replay (reduce-overhead), as torch.profiler names them.
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+
+
+def profile_steps(step: Callable[[], None], steps: int, target: Target) -> dict[str, Any]:
+    """``steps`` calls of ``step`` under torch.profiler, per step: the device time of what ran
+    on the GPU (kernels, copies, fills; None in a dry run), the host's launch calls
+    (``LAUNCH_CALLS``), the host time inside oplib's ops (``oplib::`` events, their children
+    included), and the three kernels taking the most device time (a dry run: the three CPU
+    ops taking the most self time), each ``(name, microseconds)``. A step that is mostly host
+    time shows a device time well under its wall time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([] if target.is_dry else [ProfilerActivity.CUDA])
+    target.synchronize()
+    with profile(activities=activities) as recorded:
+        for _ in range(steps):
+            step()
+        target.synchronize()
+    events = recorded.key_averages()
+    device = [e for e in events if e.device_type != DeviceType.CPU]
+    ranked = (sorted(device, key=lambda e: e.self_device_time_total, reverse=True) if not target.is_dry
+              else sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True))
+    return {
+        "device_us": None if target.is_dry else sum(e.self_device_time_total for e in device) / steps,
+        "launches": sum(e.count for e in events if e.key in LAUNCH_CALLS) / steps,
+        "oplib_host_us": sum(e.cpu_time_total for e in events if e.key.startswith("oplib::")) / steps,
+        "top": [(e.key, (e.self_cpu_time_total if target.is_dry else e.self_device_time_total) / steps)
+                for e in ranked[:3]],
+    }
+
+
+def _profile_row(task: str, mode: str, batch: int, name: str, seconds: float, profiled: dict[str, Any]) -> list[str]:
+    device = profiled["device_us"]
+    top = "; ".join(f"`{key[:60]}` {us:.0f}" for key, us in profiled["top"])
+    return [f"{task}, {mode}", str(batch), name, f"{seconds * 1e3:.2f}", "-" if device is None else f"{device / 1e3:.2f}",
+            "-" if device is None else f"{device / 1e6 / seconds:.2f}", f"{profiled['launches']:.0f}",
+            f"{profiled['oplib_host_us'] / 1e3:.2f}", top]
+
+
 def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequence[str] = MODEL_MODES["all"],
-               on_row: Optional[Callable[[list[list[str]]], object]] = None) -> list[list[str]]:
+               on_row: Optional[Callable[[list[list[str]], list[list[str]]], object]] = None
+               ) -> tuple[list[list[str]], list[list[str]]]:
     """RedNet-50 vs ResNet-50: img/s of a training step (bf16 autocast, channels_last, SGD)
-    and of inference, for each row of ``plan.model_rows`` whose mode is in ``modes``.
-    ``on_row`` sees the rows so far after each one (the caller's report is kept current)."""
+    and of inference, for each row of ``plan.model_rows`` whose mode is in ``modes``; and for
+    each row and model, ``PROFILED_STEPS`` steps profiled after the timing (``profile_steps``).
+    ``on_row`` sees the rows and the profiles so far after each row (the caller's report is
+    kept current)."""
     from oplib.models import rednet50
     from rednet import resnet50
 
     target = target or Target.cuda()
     builds = {"RedNet-50": lambda: rednet50(**dict(plan.rednet_options)), "ResNet-50": resnet50}
-    rows = []
+    rows, profiles = [], []
     for task, mode, batch in plan.model_rows:
         if mode not in modes:
             continue
@@ -788,6 +835,12 @@ def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequenc
             for _ in range(3):
                 step()  # compiles, records the CUDA graphs, warms cuDNN's and oplib's caches
             seconds[name] = median(wall_time(step, plan.steps(batch), target) for _ in range(plan.model_rounds))
+            try:
+                profiled = profile_steps(step, PROFILED_STEPS, target)
+            except Exception as error:  # a diagnostic: its failure is its row's, not the timed table's
+                profiled = {"device_us": None, "launches": float("nan"), "oplib_host_us": float("nan"),
+                            "top": [(f"profile failed: {type(error).__name__}: {error}", float("nan"))]}
+            profiles.append(_profile_row(task, mode, batch, name, seconds[name], profiled))
             del model, step
             torch.compiler.reset()
             if not target.is_dry:
@@ -797,6 +850,8 @@ def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequenc
             f"{seconds['ResNet-50'] / seconds['RedNet-50']:.2f}x",
         ])  # fmt: skip
         print(" | ".join(rows[-1]), flush=True)
+        for profiled in profiles[-2:]:
+            print(" | ".join(profiled), flush=True)
         if on_row is not None:
-            on_row(rows)
-    return rows
+            on_row(rows, profiles)
+    return rows, profiles

@@ -540,6 +540,7 @@ class CudaResults:
     layer_load: str = ""
     tiny: Optional[dict[str, float]] = None
     models: Optional[list[list[str]]] = None
+    model_profiles: Optional[list[list[str]]] = None  # the models' steps under torch.profiler
     dry: bool = False
 
 
@@ -588,11 +589,12 @@ def run_cuda(settings, models_choice: str, report: Callable[[CudaResults], objec
         report(results)
     if "models" in stages:
 
-        def model_rows(rows: list[list[str]]) -> None:
-            results.models = rows
+        def model_rows(rows: list[list[str]], profiles: list[list[str]]) -> None:
+            results.models, results.model_profiles = rows, profiles
             report(results)
 
-        results.models = _cuda.run_models(target, plan, _cuda.MODEL_MODES[models_choice], model_rows)
+        results.models, results.model_profiles = _cuda.run_models(target, plan, _cuda.MODEL_MODES[models_choice],
+                                                                  model_rows)
         report(results)
     return results
 
@@ -778,6 +780,29 @@ def _models_section(results: CudaResults, target_name: str, plan, models_choice:
         "",
         *_harness.table(("mode", "batch", "RedNet-50 (img/s)", "ResNet-50 (img/s)", "RedNet-50 / ResNet-50"),
                         "lrrrr", results.models),
+        "",
+        *_profile_lines(results),
+    ]
+
+
+def _profile_lines(results: CudaResults) -> list[str]:
+    """The models' steps under torch.profiler (``_cuda.profile_steps``): where a step's time goes."""
+    import _cuda
+
+    if not results.model_profiles:
+        return []
+    return [
+        "### Where a step's time goes",
+        "",
+        f"Each row's {_cuda.PROFILED_STEPS} steps after its timing, under torch.profiler, per step: the wall time "
+        "(the timing's), the device time of what ran on the GPU (kernels, copies and fills; its share of the wall "
+        "time: well under 1, the host set the pace), the host's kernel launches (the runtime's, the driver's, CUDA "
+        "graph replays), the host time inside oplib's ops (their children included: layout copies, CuPy's launches) "
+        "and the three kernels with the most device time"
+        + (" (this dry run: no device; the three CPU ops with the most self time)" if results.dry else "") + ".",
+        "",
+        *_harness.table(("mode", "batch", "model", "wall (ms)", "device (ms)", "device / wall", "launches",
+                         "in oplib's ops, host (ms)", "most device time (us)"), "lllrrrrrl", results.model_profiles),
         "",
     ]
 

@@ -19,7 +19,8 @@ The stages, in order, with their budgets on an H100 or H200 (``STAGES``; 8 minut
 - ``memcheck``: every op with kernels of its own under compute-sanitizer's memcheck
   (tools/cuda_sanitize.py);
 - ``models``: RedNet-50 against ResNet-50, eager and compiled (its rows most wanted first; the
-  compiled ones take minutes each, so it gets the time left).
+  compiled ones take minutes each, so it gets the time left), and each row's steps under
+  torch.profiler: where a step's time goes.
 
 A stage stops at its budget plus what the stages before it left unused; a stage stopped there
 keeps the rows it wrote. After each stage the summary (``gpu-check.md`` and ``.json``: each

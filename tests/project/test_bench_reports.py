@@ -172,3 +172,26 @@ def test_launch_policy_swaps_the_ops_policy_and_drops_their_plans():
     with pytest.raises(RuntimeError), _cuda.launch_policy(involution_cuda.LAST):
         raise RuntimeError
     assert involution_cuda.POLICY is default
+
+
+def test_a_profiled_step_counts_the_time_in_oplibs_ops_and_its_heaviest_ops():
+    """bench/_cuda.py's ``profile_steps`` on the CPU (a dry run's target): no device time, the
+    host time inside oplib's ops (an involution call's, children included) over the steps, and
+    the CPU ops with the most self time, heaviest first; its row gives each in its column."""
+    import _cuda
+
+    x, w = torch.randn(2, 16, 24, 24), torch.randn(2, 1, 7, 7, 24, 24)
+
+    def step():
+        torch.ops.oplib.involution(x, w, [1, 1], [3, 3], [1, 1])
+        torch.mm(torch.randn(256, 256), torch.randn(256, 256))
+
+    step()
+    profiled = _cuda.profile_steps(step, 2, _cuda.Target("cpu", None, "cpu"))
+    assert profiled["device_us"] is None and profiled["launches"] == 0
+    assert profiled["oplib_host_us"] > 0
+    assert len(profiled["top"]) == 3 and [t for _, t in profiled["top"]] == sorted((t for _, t in profiled["top"]), reverse=True)
+    assert any(name.startswith("oplib::") or name in ("aten::mm", "aten::randn", "aten::normal_") for name, _ in profiled["top"])
+    row = _cuda._profile_row("train", "eager", 2, "RedNet-50", 0.01, profiled)
+    assert row[:7] == ["train, eager", "2", "RedNet-50", "10.00", "-", "-", "0"]
+    assert row[7] == f"{profiled['oplib_host_us'] / 1e3:.2f}" and row[8].startswith(f"`{profiled['top'][0][0][:60]}`")

@@ -195,6 +195,8 @@ def test_the_dry_run_runs_every_stage_and_writes_its_table(gpu_check, tmp_path):
         for table in stage.files:
             assert "|---" in (out / table).read_text(), f"{stage.name}: {table} has no table"
             assert (out / table).with_suffix(".json").exists(), table
+    models = (out / "involution-cuda-models.md").read_text()
+    assert "### Where a step's time goes" in models and "| train, eager | 2 | RedNet-50 |" in models
     summary = (out / "gpu-check.md").read_text()
     assert "## Kernels loaded" in summary and "## needs_cuda tests" in summary and "## compute-sanitizer memcheck" in summary
     with tarfile.open(archive) as packed:
