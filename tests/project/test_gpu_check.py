@@ -187,7 +187,7 @@ def test_the_dry_run_runs_every_stage_and_writes_its_table(gpu_check, tmp_path):
 
     out, archive = tmp_path / "out", tmp_path / "device-out" / "gpu-check.tar.gz"
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--dry", "--out", str(out),
-                             "--archive", str(archive)], capture_output=True, text=True, timeout=2400)
+                             "--archive", str(archive)], capture_output=True, text=True, timeout=3000)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     data = json.loads((out / "gpu-check.json").read_text())
     assert [(s["stage"], s["status"]) for s in data["stages"]] == [(s.name, "ok") for s in gpu_check.STAGES]
