@@ -910,9 +910,10 @@ def generator_map_route_floor(shape_name: str, dtype: torch.dtype, bandwidth: fl
     return (copies + contractions + sizes["feature"] * (wide + dtype.itemsize)) / bandwidth
 
 
-def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: list[dict], constants: Constants,
-                bandwidth: float) -> list[str]:
-    """The issue's two bars on the fused path, forward at most 0.5x and forward + backward below
+def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table: list[dict], constants: Constants,
+                 bandwidth: float) -> list[dict]:
+    """Per (shape, dtype, layout), seconds of the fused path and the unfused one, forward and
+    backward, for the issue's two bars on the fused path, forward at most 0.5x and forward + backward below
     1.0x of span conv + involution, at each (shape, layout) in bfloat16 where the fused kernels
     are predicted or measured, and in float32 (its forward the faster of the tiled kernel and the
     op's as measured, its backward the map route). In bfloat16: its forward the faster of the predicted staged
@@ -948,7 +949,7 @@ def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: 
         """involution's ``kernel`` at ``row`` as the op runs it now: the vectors kernel where it serves."""
         return measured.get(f"{row} | {vectors}", measured[f"{row} | {kernel}"])
 
-    cells, forward_ratios, both_ratios, routes = [], {}, {}, {}
+    totals = []
     for key, span_and_involution in before.items():
         shape_name, dtype, layout = key.split(" | ")[:3]
         row = " | ".join((shape_name, dtype, layout))
@@ -981,17 +982,30 @@ def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: 
             forward = faster([(f"tiled, {'expected' if f'{row} | {TILED}' in expected else 'measured'}",
                                measured.get(f"{row} | {TILED}")), ("the op's, measured", measured[f"{row} | generated forward"])])
             grad_input, generator = map_input, map_generator
+        totals.append({"shape": shape_name, "dtype": dtype, "layout": layout, "forward": forward,
+                       "grad_input": grad_input, "generator": generator,
+                       "fused": forward[1] + grad_input[1] + generator[1], "span_forward": span_forward,
+                       "unfused_forward": unfused_forward, "unfused_input": unfused_input,
+                       "unfused_weight": unfused_weight, "span_backward": span_backward,
+                       "unfused": unfused_forward + unfused_input + unfused_weight + span_backward})
+    return totals
+
+
+def layer_lines(totals: list[dict]) -> list[str]:
+    """``layer_totals`` as the page's section: a row per (shape, dtype, layout), each fused
+    kernel named by where its time comes from, and the two bars' ratios."""
+    cells, forward_ratios, both_ratios, routes = [], {}, {}, {}
+    for t in totals:
+        dtype, forward, grad_input, generator = t["dtype"], t["forward"], t["grad_input"], t["generator"]
         if dtype == "bfloat16":
-            routes[row] = (grad_input[0], generator[0])
-        fused = forward[1] + grad_input[1] + generator[1]
-        unfused = unfused_forward + unfused_input + unfused_weight + span_backward
-        forward_ratios.setdefault(dtype, []).append(forward[1] / unfused_forward)
-        both_ratios.setdefault(dtype, []).append(fused / unfused)
-        cells.append([shape_name, dtype, layout, f"{forward[1] * 1e6:.1f} ({forward[0]})",
+            routes[t["shape"], t["layout"]] = (grad_input[0], generator[0])
+        forward_ratios.setdefault(dtype, []).append(forward[1] / t["unfused_forward"])
+        both_ratios.setdefault(dtype, []).append(t["fused"] / t["unfused"])
+        cells.append([t["shape"], dtype, t["layout"], f"{forward[1] * 1e6:.1f} ({forward[0]})",
                       f"{grad_input[1] * 1e6:.1f} ({grad_input[0]})", f"{generator[1] * 1e6:.1f} ({generator[0]})",
-                      f"{fused * 1e6:.1f}", f"{span_forward * 1e6:.1f}", f"{unfused_forward * 1e6:.1f}",
-                      f"{unfused_input * 1e6:.1f}", f"{unfused_weight * 1e6:.1f}", f"{span_backward * 1e6:.1f}",
-                      f"{unfused * 1e6:.1f}", f"{forward_ratios[dtype][-1]:.2f}x", f"{both_ratios[dtype][-1]:.2f}x"])
+                      *(f"{t[k] * 1e6:.1f}" for k in ("fused", "span_forward", "unfused_forward", "unfused_input",
+                                                      "unfused_weight", "span_backward", "unfused")),
+                      f"{forward_ratios[dtype][-1]:.2f}x", f"{both_ratios[dtype][-1]:.2f}x"])
     heading = "## Predicted: the fused path against span conv + involution, forward and backward"
     if not cells:
         return [heading, "", "None: no row has the fused kernels predicted or measured.", ""]
@@ -1032,6 +1046,86 @@ def layer_lines(data: list[dict], changed: list[dict], rows: list[dict], table: 
                          "fused / unfused, forward", "fused / unfused, forward + backward"],
                         "lllllllrrrrrrrr", cells),
     ]
+
+
+# The draw's RedNet-50 / ResNet-50 table (bench/involution.py's models stage), beside MEASURED.
+MEASURED_MODELS = MEASURED.with_name("involution-cuda-models.json")
+
+
+def rednet50_involutions() -> tuple[dict[str, int], list[str]]:
+    """RedNet-50's involution layers at 224 px: how many take each of ``REDNET50_SHAPES``, and
+    the others (``channels@size sstride``: no row of the table)."""
+    import oplib
+    from oplib.models import rednet50
+
+    model, found = rednet50().eval(), []
+    hooks = [module.register_forward_hook(lambda module, args, out: found.append((*args[0].shape[1:], module.stride[0])))
+             for module in model.modules() if isinstance(module, oplib.nn.Involution2d)]
+    with torch.no_grad():
+        model(torch.zeros(1, 3, 224, 224))
+    for hook in hooks:
+        hook.remove()
+    names = {(s.channels, s.height, s.width, s.stride): s.name for s in REDNET50_SHAPES}
+    counts = {name: 0 for name in names.values()}
+    others = []
+    for channels, height, width, stride in found:
+        if (channels, height, width, stride) in names:
+            counts[names[channels, height, width, stride]] += 1
+        else:
+            others.append(f"{channels}@{height} s{stride}")
+    return counts, others
+
+
+def network_lines(totals: list[dict], counts: dict[str, int], others: list[str], models: list[list[str]]) -> list[str]:
+    """RedNet-50's involution layers summed (``layer_totals``' bfloat16 channels_last rows, each
+    times its count in the network, ``rednet50_involutions``), unfused and fused, against the
+    draw's RedNet-50 and ResNet-50 steps at batch 32 (``models``: the models table's rows): the
+    step with the unfused layers' device time replaced by the fused layers'."""
+    rows = [t for t in totals if t["dtype"] == "bfloat16" and t["layout"] == "channels_last"]
+    heading = "## Predicted: RedNet-50's involution layers in the draw's RedNet-50 / ResNet-50 steps"
+    if not rows or not models:
+        return [heading, "", "None: no bfloat16 channels_last row, or no models table.", ""]
+    sums = {key: sum(counts[t["shape"]] * (t["forward"][1] if key == "fused_forward" else t[key]) for t in rows)
+            for key in ("unfused_forward", "fused_forward", "unfused", "fused")}
+    cells = []
+    for mode, batch, rednet, resnet, _ in models:
+        if batch != "32":
+            continue
+        inference = mode.startswith("inference")
+        unfused, fused = (sums["unfused_forward"], sums["fused_forward"]) if inference else (sums["unfused"], sums["fused"])
+        rednet_step, resnet_step = 32 / float(rednet), 32 / float(resnet)
+        predicted = rednet_step - unfused + fused
+        cells.append([mode, batch, f"{rednet_step * 1e3:.2f}", f"{resnet_step * 1e3:.2f}", f"{unfused * 1e3:.2f}",
+                      f"{unfused / rednet_step:.0%}", f"{fused * 1e3:.2f}", f"{predicted * 1e3:.2f}",
+                      f"{resnet_step / rednet_step:.2f}x", f"{resnet_step / predicted:.2f}x"])
+    layers = sum(counts.values())
+    return [
+        heading,
+        "",
+        f"RedNet-50's {layers} involution layers of the table's shapes ("
+        + ", ".join(f"{n} x {name}" for name, n in counts.items() if n)
+        + f"; {', '.join(others) if others else 'none'} besides, no row of the table and counted on neither side), "
+        "bfloat16 channels_last as the models table runs them, batch 32: the unfused path (span conv + involution and, "
+        "training, their backward as the section above puts them) and the fused path (the section above: each of its "
+        "kernels the fastest predicted or measured), summed over the layers; beside the draw's RedNet-50 and ResNet-50 "
+        "steps (the models table: batch over images a second), RedNet-50's step with its unfused layers' device time "
+        "replaced by the fused layers'. Only the device time changes: a step the host sets the pace of (one whose "
+        "batch-128 step in the models table is barely longer) shrinks by less, so there the predicted ratio is an "
+        "upper bound; a CUDA graph's step (reduce-overhead) is device time.",
+        "",
+        *_harness.table(["mode", "batch", "RedNet-50 step, measured (ms)", "ResNet-50 step, measured (ms)",
+                         "involution layers, unfused (ms)", "their share of RedNet-50's step",
+                         "involution layers, fused (ms)", "RedNet-50 step, predicted (ms)",
+                         "RedNet-50 / ResNet-50, measured", "RedNet-50 / ResNet-50, predicted"], "llrrrrrrrr", cells),
+    ]
+
+
+def models_rows(path: Path = MEASURED_MODELS) -> list[list[str]]:
+    """The rows of the draw's RedNet-50 / ResNet-50 table (none where the draw has no models table)."""
+    if not path.exists():
+        return []
+    tables = json.loads(path.read_text())["tables"]
+    return next((t["rows"] for t in tables if t["heading"].startswith("CUDA: RedNet-50 vs ResNet-50")), [])
 
 
 # The tensor-core kernels (generated_mma.cu), measured rows of the table: each row's title.
@@ -1106,6 +1200,7 @@ def sections(rows: list[dict], model: dict, table: list[dict], bandwidth: float)
     changed and candidate rows (``model``, as the json keeps them) and the measured ``table``."""
     constants = Constants(**model["constants"])
     candidates = model["candidates"]
+    totals = layer_totals(candidates, model["changed"], rows, table, constants, bandwidth)
     return [*tiled_lines(rows, constants, bandwidth), "", *instruction_lines(model["instructions"]), "",
             *changed_lines(model["changed"], rows, constants, bandwidth), "",
             *vectors_lines(rows, table, constants, bandwidth), "",
@@ -1113,7 +1208,7 @@ def sections(rows: list[dict], model: dict, table: list[dict], bandwidth: float)
             *generator_lines(candidates, rows, constants, bandwidth), "",
             *staged_lines(candidates, rows, constants, bandwidth), "",
             *staged_forward_lines(candidates, rows, table, constants, bandwidth), "",
-            *layer_lines(candidates, model["changed"], rows, table, constants, bandwidth), "",
+            *layer_lines(totals), "", *network_lines(totals, *rednet50_involutions(), models_rows()), "",
             *mma_lines(rows, table, constants, bandwidth)]
 
 

@@ -104,11 +104,43 @@ def test_a_measured_map_route_replaces_its_estimate(committed):
            "events": []}
     timed = rows + [{**row, "kernel": "generated grad_input", "measured_s": 1e-6},
                     {**row, "kernel": "generator grads", "measured_s": 2e-6}]
-    lines = cuda_model.layer_lines(model["candidates"], model["changed"], timed, cuda_model.measured_rows()[1],
-                                   Constants(**model["constants"]), model["copy_bandwidth_bytes_per_s"])
+    lines = cuda_model.layer_lines(cuda_model.layer_totals(model["candidates"], model["changed"], timed,
+                                                           cuda_model.measured_rows()[1], Constants(**model["constants"]),
+                                                           model["copy_bandwidth_bytes_per_s"]))
     cells = next(line for line in lines if line.startswith("| stage1 64@56 s1 | bfloat16 | NCHW |")).split(" | ")
     assert cells[4:6] == ["1.0 (map route, measured)", "2.0 (map route, measured)"]
     assert sum("map route, measured" in line for line in lines if line.startswith("| stage")) == 1
+
+
+def test_rednet50s_involutions_are_counted_by_shape():
+    """RedNet-50 at 224 px: its bottlenecks' 16 involutions (3, 4, 6 and 3 a stage, the first of
+    stages 2-4 at stride 2 on the larger map) and the stem's, which no table row holds."""
+    counts, others = cuda_model.rednet50_involutions()
+    assert counts == {"stage1 64@56 s1": 3, "stage2 128@28 s1": 3, "stage3 256@14 s1": 5, "stage4 512@7 s1": 2,
+                      "stage2 128@56 s2": 1, "stage3 256@28 s2": 1, "stage4 512@14 s2": 1}
+    assert others == ["32@112 s1"]
+
+
+def test_the_network_section_replaces_the_unfused_layers_time_by_the_fused():
+    """Two shapes' bfloat16 channels_last totals, counted 3 and 1 times: inference rows trade the
+    forward sums, training rows the forward + backward sums; rows of another batch are left out,
+    and the other dtypes' and layouts' totals count for nothing."""
+    def total(shape, dtype="bfloat16", layout="channels_last", forward=1e-3, unfused_forward=2e-3, fused=3e-3,
+              unfused=5e-3):
+        return {"shape": shape, "dtype": dtype, "layout": layout, "forward": ("staged, predicted", forward),
+                "unfused_forward": unfused_forward, "fused": fused, "unfused": unfused}
+
+    totals = [total("a"), total("b", forward=2e-3, unfused_forward=4e-3, fused=4e-3, unfused=8e-3),
+              total("a", layout="NCHW", forward=9.0), total("b", dtype="float32", fused=9.0)]
+    models = [["inference, reduce-overhead", "32", "1000", "2000", "0.50x"], ["train, eager", "32", "100", "400", "0.25x"],
+              ["train, eager", "128", "100", "400", "0.25x"]]
+    lines = cuda_model.network_lines(totals, {"a": 3, "b": 1}, [], models)
+    rows = [line.split(" | ") for line in lines if line.startswith("| inference") or line.startswith("| train")]
+    # inference: unfused forward 3 x 2 + 4 = 10 ms, fused 3 x 1 + 2 = 5 ms; a step of 32 ms
+    assert rows[0][2:8] == ["32.00", "16.00", "10.00", "31%", "5.00", "27.00"]
+    # training: unfused 3 x 5 + 8 = 23 ms, fused 3 x 3 + 4 = 13 ms; a step of 320 ms
+    assert rows[1][2:8] == ["320.00", "80.00", "23.00", "7%", "13.00", "310.00"]
+    assert len(rows) == 2 and rows[1][-1] == "0.26x |"
 
 
 def test_the_map_routes_floors_count_the_bytes_by_hand():
