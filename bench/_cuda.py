@@ -850,7 +850,7 @@ def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequenc
             f"{seconds['ResNet-50'] / seconds['RedNet-50']:.2f}x",
         ])  # fmt: skip
         print(" | ".join(rows[-1]), flush=True)
-        for profiled in profiles[-2:]:
+        for profiled in profiles[-len(builds):]:
             print(" | ".join(profiled), flush=True)
         if on_row is not None:
             on_row(rows, profiles)

@@ -893,7 +893,7 @@ def _layer_sizes(shape_name: str) -> dict[str, int]:
     return {"input": shape.batch * shape.channels * shape.height * shape.width,
             "grad_output": shape.batch * shape.channels * out_h * out_w,
             "feature": shape.batch * max(1, shape.channels // 4) * out_h * out_w,
-            "weight_map": shape.batch * shape.groups * shape.kernel ** 2 * out_h * out_w}
+            "weight_map": math.prod(shape.weight_shape)}
 
 
 def generator_map_route_floor(shape_name: str, dtype: torch.dtype, bandwidth: float) -> float:
