@@ -182,6 +182,64 @@ def test_fragment_loads_follow_the_ptx_layout(stride, order):
     torch.testing.assert_close(out, _expected_fragments(tile.view(16, 8)), rtol=0, atol=0)
 
 
+def _tf32(values: torch.Tensor) -> torch.Tensor:
+    """float32 values rounded to TF32 as cvt.rna.tf32.f32 rounds finite ones: to nearest, ties
+    away from zero (half of the 13 dropped bits' weight added to the magnitude's bits)."""
+    bits = values.float().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def _tf32_product(a: torch.Tensor, b: torch.Tensor, three: bool, source: KernelSource = COOPERATION,
+                  order: str = ORDERS[0]) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.full((256,), float("nan"))
+    EmulatedLauncher(order=order).launch(source, "tf32_product", torch.float32, LaunchConfig(1, 32),
+                                         (a.float().contiguous(), b.float().contiguous(), out, int(three)))
+    return out[:128].view(16, 8), out[128:].view(16, 8)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_the_tf32_product_follows_the_ptx_layout(order):
+    """warp.cuh's mma.m16n8k8.tf32 on the host, from each lane's fragments as the PTX ISA lays
+    them out: small integers (exact in TF32, every sum exact) give A B exactly; random floats
+    give the product of their TF32 roundings (about 3 decimal digits of A B), and 3xTF32 gives A
+    B to a float's accuracy, a thousand times closer. The rounding is cvt.rna's: ties away from
+    zero, an overflow an inf, inf and nan kept."""
+    require_host_compiler()
+    generator = torch.Generator().manual_seed(5)
+    a, b = (torch.randint(-8, 9, shape, generator=generator).float() for shape in ((16, 8), (8, 8)))
+    for three in (False, True):
+        torch.testing.assert_close(_tf32_product(a, b, three, order=order)[0], a @ b, rtol=0, atol=0)
+    a, b = (torch.randn(shape, generator=generator) for shape in ((16, 8), (8, 8)))
+    exact = a.double() @ b.double()
+    one, rounded = _tf32_product(a, b, False, order=order)
+    torch.testing.assert_close(one.double(), _tf32(a).double() @ _tf32(b).double(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rounded, _tf32(a), rtol=0, atol=0)
+    three = _tf32_product(a, b, True, order=order)[0].double()
+    assert (three - exact).abs().max() < 1e-3 * (one.double() - exact).abs().max()
+    torch.testing.assert_close(three, exact, rtol=2e-6, atol=2e-6)
+    # ties (the 13 dropped bits 0x1000) away from zero; float's largest past TF32's: an inf
+    special = torch.tensor([1 + 2 ** -11, -(1 + 2 ** -11), 1 + 3 * 2 ** -11, torch.finfo(torch.float32).max, float("inf"),
+                            float("nan")])
+    a = torch.zeros(16, 8)
+    a.view(-1)[:len(special)] = special
+    rounded = _tf32_product(a, torch.zeros(8, 8), False, order=order)[1].view(-1)[:len(special)]
+    assert rounded[:3].tolist() == [1 + 2 ** -10, -(1 + 2 ** -10), 1 + 2 ** -9]
+    assert rounded[3] == rounded[4] == float("inf") and rounded[5].isnan()
+
+
+def test_a_wrong_tf32_fragment_fails_the_layout_check(tmp_path):
+    """A's rows group and group + 8 swapped in the fragment: the exact integer product differs."""
+    require_host_compiler()
+    right = "const float a_values[4] = {(float)a[8 * group + quad], (float)a[8 * (group + 8) + quad],"
+    assert COOPERATION.text.count(right) == 1
+    path = tmp_path / "cooperation.cu"
+    path.write_text(COOPERATION.text.replace(
+        right, "const float a_values[4] = {(float)a[8 * (group + 8) + quad], (float)a[8 * group + quad],"))
+    generator = torch.Generator().manual_seed(6)
+    a, b = (torch.randint(-8, 9, shape, generator=generator).float() for shape in ((16, 8), (8, 8)))
+    assert not torch.equal(_tf32_product(a, b, False, KernelSource(path, path.read_text()))[0], a @ b)
+
+
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("mode, message", [
     (1, r"ldmatrix at warp\.cuh:\d+: a row address not 16-byte aligned"),

@@ -318,3 +318,111 @@ __device__ __forceinline__ void oplib_mma(OplibFragmentC& acc, const OplibFragme
     oplib_mma_by_shuffles<half_t>(acc, a, b);
 #endif
 }
+
+// ---------------------------------------------------------------------------------------
+// Tensor cores in TF32: D = A B + C of shape m16n8k8, A and B TF32, C and D float
+// ---------------------------------------------------------------------------------------
+//
+// TF32 is a float's sign, exponent and top 10 mantissa bits (the tensor cores ignore the other
+// 13), held in a 32-bit register. The fragments (PTX ISA, "Matrix Fragments for mma.m16n8k8"
+// of .tf32), with group = lane / 4 and quad = lane % 4:
+//
+//   A (16 x 8, row-major)    a[0]: (group, quad)    a[1]: (group + 8, quad)
+//                            a[2]: (group, quad + 4) a[3]: (group + 8, quad + 4)
+//   B (8 x 8, column-major)  b[0]: (quad, group)    b[1]: (quad + 4, group)
+//   C, D (16 x 8, float)     as m16n8k16's
+//
+// A float32 product takes three of them (3xTF32): x = hi + lo, hi = x rounded to TF32 and lo =
+// x - hi rounded again, and a b ~ a_lo b_hi + a_hi b_lo + a_hi b_hi (a_lo b_lo, 2^-22 of a b
+// and less, left out): close to a float's product where one TF32 product keeps 11 bits.
+struct OplibFragmentTf32A {
+    float value[4];
+};
+struct OplibFragmentTf32B {
+    float value[2];
+};
+
+// v rounded to TF32, to nearest with ties away from zero, as cvt.rna.tf32.f32 does (the low 13
+// bits zero; an inf kept, a nan a nan; a value past TF32's largest an inf, as IEEE rounding
+// makes it). One instruction on sm_80 and newer; on the host, the bits: half of the dropped
+// bits' weight added to the magnitude carries into the kept ones exactly where rna rounds up.
+__device__ __forceinline__ float oplib_round_tf32(float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned int bits;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(v));
+    return __uint_as_float(bits);
+#else
+    const unsigned int bits = __float_as_uint(v);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return (bits & 0x007fffffu) ? __uint_as_float(0x7fffe000u) : v;
+    return __uint_as_float((bits + 0x1000u) & 0xffffe000u);
+#endif
+}
+
+// The TF32 value the tensor cores take of a float: its low 13 bits dropped (an inf or a nan as
+// it is), for the host's product.
+__device__ __forceinline__ float oplib_tf32_operand(float v) {
+    const unsigned int bits = __float_as_uint(v);
+    return (bits & 0x7f800000u) == 0x7f800000u ? v : __uint_as_float(bits & 0xffffe000u);
+}
+
+// acc += A B from the fragments alone, as mma.m16n8k8.tf32 does, for the host (and targets
+// before sm_80): a lane's outputs are rows group and group + 8, columns 2 quad and 2 quad + 1;
+// it takes A's rows from the four lanes of its group (columns source and source + 4 of each) and
+// B's columns from groups 2 quad and 2 quad + 1. Products of two TF32 values are exact in float.
+__device__ __forceinline__ void oplib_mma_tf32_by_shuffles(OplibFragmentC& acc, const OplibFragmentTf32A& a,
+                                                           const OplibFragmentTf32B& b) {
+    const int lane = oplib_lane(), group = lane >> 2, quad = lane & 3;
+#pragma unroll
+    for (int source = 0; source < 4; ++source) {
+        const int a_lane = group * 4 + source;
+        float rows[4];  // (group, source), (group + 8, source), (group, source + 4), (group + 8, source + 4)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) rows[i] = oplib_tf32_operand(__shfl_sync(OPLIB_FULL_WARP, a.value[i], a_lane));
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int b_lane = (2 * quad + j) * 4 + source;
+            const float low = oplib_tf32_operand(__shfl_sync(OPLIB_FULL_WARP, b.value[0], b_lane));
+            const float high = oplib_tf32_operand(__shfl_sync(OPLIB_FULL_WARP, b.value[1], b_lane));
+            acc.value[j] = oplib_fma(rows[2], high, oplib_fma(rows[0], low, acc.value[j]));
+            acc.value[2 + j] = oplib_fma(rows[3], high, oplib_fma(rows[1], low, acc.value[2 + j]));
+        }
+    }
+}
+
+// acc += A B for the warp in TF32 (every lane calls it with its fragments): one tensor-core
+// instruction on sm_80 and newer, elsewhere oplib_mma_tf32_by_shuffles.
+__device__ __forceinline__ void oplib_mma_tf32(OplibFragmentC& acc, const OplibFragmentTf32A& a,
+                                               const OplibFragmentTf32B& b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(acc.value[0]), "+f"(acc.value[1]), "+f"(acc.value[2]), "+f"(acc.value[3])
+                 : "r"(__float_as_uint(a.value[0])), "r"(__float_as_uint(a.value[1])), "r"(__float_as_uint(a.value[2])),
+                   "r"(__float_as_uint(a.value[3])), "r"(__float_as_uint(b.value[0])), "r"(__float_as_uint(b.value[1])));
+#else
+    oplib_mma_tf32_by_shuffles(acc, a, b);
+#endif
+}
+
+// A float32 operand split for 3xTF32: hi = v rounded to TF32, lo = v - hi rounded (exact before
+// the rounding: hi is v's nearest). An inf or a nan in v makes lo a nan: the callers check their
+// results and recompute those that are not finite.
+struct OplibTf32Split {
+    float hi, lo;
+};
+
+__device__ __forceinline__ OplibTf32Split oplib_split_tf32(float v) {
+    const float hi = oplib_round_tf32(v);
+    // v - hi as an FMA by -1: a negation under CuPy's -ftz=true would flush a subnormal hi
+    return OplibTf32Split{hi, oplib_round_tf32(oplib_fma(hi, -1.0f, v))};
+}
+
+// acc += A B in 3xTF32 from the split fragments: the small products first, so that each enters
+// the running sum before the large one.
+__device__ __forceinline__ void oplib_mma_3xtf32(OplibFragmentC& acc, const OplibFragmentTf32A& a_hi,
+                                                 const OplibFragmentTf32A& a_lo, const OplibFragmentTf32B& b_hi,
+                                                 const OplibFragmentTf32B& b_lo) {
+    oplib_mma_tf32(acc, a_lo, b_hi);
+    oplib_mma_tf32(acc, a_hi, b_lo);
+    oplib_mma_tf32(acc, a_hi, b_hi);
+}

@@ -92,3 +92,38 @@ __global__ void fragments(const scalar_t* __restrict__ input, scalar_t* __restri
                                   transposed.reg[0], transposed.reg[1], transposed.reg[2], transposed.reg[3]};
     for (int k = 0; k < 14; ++k) out[14 * lane + k] = Element<scalar_t>::store((acc_t)got[k]);
 }
+
+// warp.cuh's TF32 product in a block of one warp: A (16 x 8, a[8 m + k]) and B (8 x 8, b[8 k + n])
+// taken into fragments as the PTX ISA lays them out, then D = A B (out[8 m + n]) by one TF32
+// product of the operands rounded (`three` 0) or by 3xTF32 from their splits (1); out[128 + i]
+// is a[i] rounded to TF32.
+template <typename scalar_t>
+__global__ void tf32_product(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
+                             scalar_t* __restrict__ out, int three) {
+    typedef typename Element<scalar_t>::acc_t acc_t;
+    const int lane = threadIdx.x, group = lane >> 2, quad = lane & 3;
+    const float a_values[4] = {(float)a[8 * group + quad], (float)a[8 * (group + 8) + quad],
+                               (float)a[8 * group + quad + 4], (float)a[8 * (group + 8) + quad + 4]};
+    const float b_values[2] = {(float)b[8 * quad + group], (float)b[8 * (quad + 4) + group]};
+    OplibFragmentTf32A a_hi, a_lo;
+    OplibFragmentTf32B b_hi, b_lo;
+    for (int i = 0; i < 4; ++i) {
+        const OplibTf32Split split = oplib_split_tf32(a_values[i]);
+        a_hi.value[i] = split.hi;
+        a_lo.value[i] = split.lo;
+    }
+    for (int i = 0; i < 2; ++i) {
+        const OplibTf32Split split = oplib_split_tf32(b_values[i]);
+        b_hi.value[i] = split.hi;
+        b_lo.value[i] = split.lo;
+    }
+    OplibFragmentC d = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    if (three) {
+        oplib_mma_3xtf32(d, a_hi, a_lo, b_hi, b_lo);
+    } else {
+        oplib_mma_tf32(d, a_hi, b_hi);
+    }
+    for (int h = 0; h < 2; ++h)
+        for (int e = 0; e < 2; ++e) out[8 * (group + 8 * h) + 2 * quad + e] = Element<scalar_t>::store((acc_t)d.value[2 * h + e]);
+    for (int i = lane; i < 128; i += 32) out[128 + i] = Element<scalar_t>::store((acc_t)oplib_round_tf32((float)a[i]));
+}
