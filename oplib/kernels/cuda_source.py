@@ -135,8 +135,9 @@ class KernelSource:
                 *type_words, param_name = param.strip().split(" ")
                 params.append((" ".join(type_words), param_name))
             template_params = tuple(p.split(" ")[-1] for p in template[1:])
-            bounds = [self._bound(v.strip(), i) for i, v in enumerate((bounds_before or bounds_after or "").split(","))
-                      if v.strip()]
+            # (the blocks per SM may name a template: split at the first comma only)
+            bounds = [self._bound(v.strip(), i)
+                      for i, v in enumerate((bounds_before or bounds_after or "").split(",", 1)) if v.strip()]
             signatures[name] = KernelSignature(name, template_params, tuple(params), *bounds[:2])
         return signatures
 

@@ -783,6 +783,8 @@ def involution_generated_tile(input: Tensor, feature: Tensor, span_weight: Tenso
 # ---------------------------------------------------------------------------------------
 
 GENERATED_MMA_DTYPES = (torch.float16, torch.bfloat16)
+# The staged forward's: float32 too, its products in 3xTF32 (three TF32 products a float's).
+GENERATED_STAGED_FORWARD_DTYPES = (*GENERATED_MMA_DTYPES, torch.float32)
 # The GPUs with mma.sync on 16-bit values: below, the kernel's instantiations are empty.
 GENERATED_MMA_MIN_CAPABILITY = (8, 0)
 
@@ -949,10 +951,11 @@ def generated_mma_backward_config(source: KernelSource, dtype: torch.dtype, batc
 
 def generated_mma_pair_stores(out: Tensor, groups: int) -> bool:
     """generated_mma.cu's mma_pair_stores: whether a pair of a group's channels (c, c + 1; c
-    even) is one aligned 32-bit store in ``out``: channels_last, even strides and group size."""
+    even) is one aligned store in ``out`` (a 32-bit word, float32's 8 bytes): channels_last, even
+    strides and group size."""
     n_stride, c_stride, h_stride, w_stride = out.stride()
     return (c_stride == 1 and all(s % 2 == 0 for s in (n_stride, h_stride, w_stride, out.shape[1] // groups))
-            and out.data_ptr() % 4 == 0)
+            and out.data_ptr() % (2 * out.element_size()) == 0)
 
 
 def _staged_vectors(x: Tensor, feature: Tensor, out: Tensor, groups: int) -> tuple[bool, bool, str]:
@@ -966,11 +969,11 @@ def _staged_vectors(x: Tensor, feature: Tensor, out: Tensor, groups: int) -> tup
 
 def generated_mma_feature_words(feature: Tensor) -> bool:
     """Whether the kernel may load the feature's pairs of reduced channels (r, r + 1; r even) as
-    one aligned 32-bit word: channels_last with an even R, every pixel's channels starting at an
-    even element of a 4-byte aligned tensor."""
+    one aligned load (a 32-bit word, float32's 8 bytes): channels_last with an even R, every
+    pixel's channels starting at an even element of a tensor aligned to a pair."""
     n_stride, c_stride, h_stride, w_stride = feature.stride()
     return (c_stride == 1 and feature.shape[1] % 2 == 0 and all(s % 2 == 0 for s in (n_stride, h_stride, w_stride))
-            and feature.data_ptr() % 4 == 0)
+            and feature.data_ptr() % (2 * feature.element_size()) == 0)
 
 
 def involution_generated_mma_backward_input(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
@@ -1043,7 +1046,8 @@ def _best_runs(tile_of, size) -> tuple[int, float]:
 
 def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes_of, dtype: torch.dtype, batch: int,
                    channels: int, groups: int, size, kernel_size, stride, dilation, runs_w: Optional[int],
-                   fold_of=lambda runs_w: 1) -> Optional[tuple[LaunchConfig, int]]:
+                   fold_of=lambda runs_w: 1, dtypes: tuple[torch.dtype, ...] = GENERATED_MMA_DTYPES,
+                   chunk: Optional[int] = None) -> Optional[tuple[LaunchConfig, int]]:
     """The launch of either staged kernel (a block a tile of a map of ``size``, a group and a
     chunk of ``MMA_CHANNELS`` of its channels) and its runs_w: the tiles (``tile_of(runs_w)``)
     that fill the map best, or ``runs_w`` where given (one of ``GENERATED_STAGED_RUNS_W``: the
@@ -1053,8 +1057,10 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
     ``GENERATED_STAGED_MIN_FILL`` inside the map, shared memory (``shared_bytes_of(runs_w)``)
     past ``GENERATED_TILE_MAX_SHARED`` (a large R: the group's span_weight is staged whole), a
     grid past CUDA's y and z limits. ``fold_of(runs_w)``: the samples a block takes (the
-    forward's small maps), ``tile_of`` then a sample's share of the tile."""
-    if dtype not in GENERATED_MMA_DTYPES or tuple(dilation) != (1, 1):
+    forward's small maps), ``tile_of`` then a sample's share of the tile. ``dtypes``: those the
+    kernel has the tensor-core product for; ``chunk``: the channels a block takes (``MMA_CHANNELS``
+    unless given)."""
+    if dtype not in dtypes or tuple(dilation) != (1, 1):
         return None
     specialisation = (str(kernel_size[0]), str(stride[0]))
     windows = {served[:2] for served in source.specialisations[kernel_name]}  # (and VECTORS)
@@ -1064,7 +1070,7 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
     if runs_w is not None and runs_w not in GENERATED_STAGED_RUNS_W:
         raise ValueError(f"runs_w must be one of {GENERATED_STAGED_RUNS_W} (the kernel's warps in whole rows of "
                          f"runs), got {runs_w}")
-    fill, chunks = 1.0, -(-(channels // groups) // source.constants["MMA_CHANNELS"])
+    fill, chunks = 1.0, -(-(channels // groups) // (chunk or source.constants["MMA_CHANNELS"]))
     if runs_w is None:
         runs_w, fill = _best_runs(tile_of, size)
     shared_bytes, blocks_z = shared_bytes_of(runs_w), -(-batch // fold_of(runs_w)) * chunks
@@ -1149,26 +1155,29 @@ def generated_mma_staged_forward_tile(source: KernelSource, runs_w: int) -> tupl
     return c["MMA_WARPS"] * (8 // runs_w), c["STAGED_RUN"] * runs_w
 
 
-def generated_mma_staged_forward_passes(kernel: int, stride: int) -> list[tuple[int, int]]:
+def generated_mma_staged_forward_passes(kernel: int, stride: int, wide: bool = False) -> list[tuple[int, int]]:
     """The kernel rows of each pass of ``involution_generated_mma_staged``, [first, end), shared
     out evenly, the longer passes first, as the kernel takes them (generated_mma.cu's
     staged_pass_first): one pass, one more for a window of more than 32 taps (7 x 7), and one
-    more at stride 2."""
-    passes = 1 + (stride == 2) + (kernel * kernel > 32)
+    more at stride 2 or, ``wide`` (float32's), for such a window at stride 1 too."""
+    large = kernel * kernel > 32
+    passes = 1 + (stride == 2 or (wide and large)) + large
     firsts = [-(-pass_ * kernel // passes) for pass_ in range(passes + 1)]
     return list(zip(firsts[:-1], firsts[1:]))
 
 
-def generated_mma_staged_forward_pass_rows(kernel: int, stride: int) -> int:
+def generated_mma_staged_forward_pass_rows(kernel: int, stride: int, wide: bool = False) -> int:
     """The most rows of the weights buffer a pass fills (its taps, from the first of the n-tile
     of 8 taps its first row's first tap lies in), as the kernel lays them out."""
-    return max(end * kernel - 8 * (first * kernel // 8) for first, end in generated_mma_staged_forward_passes(kernel, stride))
+    return max(end * kernel - 8 * (first * kernel // 8)
+               for first, end in generated_mma_staged_forward_passes(kernel, stride, wide))
 
 
-def generated_mma_staged_forward_pass_tiles(kernel: int, stride: int) -> int:
+def generated_mma_staged_forward_pass_tiles(kernel: int, stride: int, wide: bool = False) -> int:
     """The most n-tiles of 8 taps a pass forms (from the n-tile its first row's first tap lies
     in): the rows of span_weight the kernel stages a pass, in eights (staged_pass_tiles)."""
-    return max(-(-end * kernel // 8) - first * kernel // 8 for first, end in generated_mma_staged_forward_passes(kernel, stride))
+    return max(-(-end * kernel // 8) - first * kernel // 8
+               for first, end in generated_mma_staged_forward_passes(kernel, stride, wide))
 
 
 def generated_mma_staged_forward_span_tiles(kernel: int, stride: int) -> int:
@@ -1206,22 +1215,46 @@ def generated_mma_staged_forward_region(source: KernelSource, kernel: int, strid
     return tuple(stride * (min(t, extent) - 1) + kernel for t, extent in zip(share, out_size))
 
 
+def generated_mma_staged_wide_span_stride(reduced: int) -> int:
+    """Floats a span row of the float32 staged forward (generated_mma.cu's
+    staged_wide_span_stride): R in whole k-steps of 8, and 8 more where that is a multiple of 16."""
+    steps = 8 * -(-reduced // 8)
+    return steps + 8 if steps % 16 == 0 else steps
+
+
 def generated_mma_staged_forward_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
-                                              reduced: int, out_size) -> int:
+                                              reduced: int, out_size, dtype: torch.dtype = torch.bfloat16) -> int:
     """The dynamic shared memory of ``involution_generated_mma_staged``: the span rows it holds
-    (``generated_mma_staged_forward_span_tiles``), the bias of all the taps, the input over the
-    region each sample's windows read (``generated_mma_staged_forward_region``; at stride 2 a
-    row's even columns, then its odd ones), the tile's weights of a pass's taps (generated_mma.cu
-    lays them out)."""
+    (``generated_mma_staged_forward_span_tiles``; float32 a pass's at both strides, in floats),
+    the bias of all the taps, the input over the region each sample's windows read
+    (``generated_mma_staged_forward_region``; at stride 2 a row's even columns, then its odd
+    ones; float32's in floats, ``STAGED_WIDE_PIXEL`` a pixel, or at stride 2 of a chunk of
+    ``STAGED_WIDE_HALF`` channels ``STAGED_WIDE_HALF_PIXEL``), the tile's weights of a pass's
+    taps (generated_mma.cu lays them out)."""
     c = source.constants
     tile_h, tile_w = generated_mma_staged_forward_tile(source, runs_w)
     region_h, region_w = generated_mma_staged_forward_region(source, kernel, stride, runs_w, out_size)
     pitch = 2 * -(-region_w // 2) if stride == 2 else region_w
     span_rows = 8 * -(-kernel * kernel // 8)
-    span = 8 * generated_mma_staged_forward_span_tiles(kernel, stride) * (8 * -(-reduced // 16) + 4) + span_rows
     fold = generated_mma_staged_forward_fold(source, runs_w, out_size)
-    staged = -(-fold * region_h * pitch * c["STAGED_PIXEL"] // 4) * 4
-    return 4 * (span + staged + generated_mma_staged_forward_pass_rows(kernel, stride) * (tile_h * tile_w + 4))
+    wide = dtype == torch.float32
+    if wide:
+        span_tiles = generated_mma_staged_forward_pass_tiles(kernel, stride, wide)
+        span = 8 * span_tiles * generated_mma_staged_wide_span_stride(reduced) + span_rows
+        pixel_words = c["STAGED_WIDE_HALF_PIXEL"] if stride == 2 else c["STAGED_WIDE_PIXEL"]
+    else:
+        span = 8 * generated_mma_staged_forward_span_tiles(kernel, stride) * (8 * -(-reduced // 16) + 4) + span_rows
+        pixel_words = c["STAGED_PIXEL"]
+    staged = -(-fold * region_h * pitch * pixel_words // 4) * 4
+    return 4 * (span + staged + generated_mma_staged_forward_pass_rows(kernel, stride, wide) * (tile_h * tile_w + 4))
+
+
+def generated_mma_staged_forward_chunk(source: KernelSource, dtype: torch.dtype, stride: int) -> int:
+    """The channels a block of ``involution_generated_mma_staged`` takes: ``MMA_CHANNELS``, or
+    float32's at stride 2 ``STAGED_WIDE_HALF`` (its region in floats, four times a stride-1
+    one's, fits 99 KiB in 8 channels at RedNet-50's stride-2 shapes, not in 16)."""
+    wide_half = dtype == torch.float32 and stride == 2
+    return source.constants["STAGED_WIDE_HALF" if wide_half else "MMA_CHANNELS"]
 
 
 def generated_mma_staged_forward_config(source: KernelSource, dtype: torch.dtype, batch: int, channels: int,
@@ -1233,9 +1266,10 @@ def generated_mma_staged_forward_config(source: KernelSource, dtype: torch.dtype
     return _staged_launch(source, "involution_generated_mma_staged",
                           lambda r: generated_mma_staged_forward_share(source, r, out_size),
                           lambda r: generated_mma_staged_forward_shared_bytes(source, kernel_size[0], stride[0], r,
-                                                                              reduced, out_size),
+                                                                              reduced, out_size, dtype),
                           dtype, batch, channels, groups, out_size, kernel_size, stride, dilation, runs_w,
-                          lambda r: generated_mma_staged_forward_fold(source, r, out_size))
+                          lambda r: generated_mma_staged_forward_fold(source, r, out_size),
+                          GENERATED_STAGED_FORWARD_DTYPES, generated_mma_staged_forward_chunk(source, dtype, stride[0]))
 
 
 def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],

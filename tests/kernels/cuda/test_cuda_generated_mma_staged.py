@@ -1,7 +1,7 @@
 """generated_mma.cu's staged forward, involution_generated_mma_staged (a tile's weights formed on
 tensor cores into shared memory, all taps of a pass at once, then summed by FMAs with the input
 staged there too), on the host emulation: against the float64 reference on the registry's
-samples and random geometries in float16 and bfloat16, each tile layout, both run orders and
+samples and random geometries in float16, bfloat16 and float32 (3xTF32), each tile layout, both run orders and
 both ways of staging the input and loading the feature; the same bits whatever the layout; inf
 and nan where torch puts them; under AddressSanitizer; and planted bugs that each check must
 catch."""
@@ -19,7 +19,7 @@ from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, random_samples,
                                tensor_core_samples_script)
-from test_cuda_generated_mma import (CASES, DTYPES, GENERATED, NON_FINITE_PLACES, PlantedBug,
+from test_cuda_generated_mma import (CASES, GENERATED, NON_FINITE_PLACES, PlantedBug,
                                      assert_non_finite_as_expected, check_against_reference, float64_reference,
                                      with_one_non_finite)
 from test_cuda_generated_mma_grad_input import _caught, _plant
@@ -28,6 +28,9 @@ from test_cuda_tiles import TWO_CHANNEL_CHUNKS, _random_specialised_cases
 
 KERNEL = "involution_generated_mma_staged"
 RUNS_W = involution_cuda.GENERATED_STAGED_RUNS_W
+STAGED_DTYPES = involution_cuda.GENERATED_STAGED_FORWARD_DTYPES
+# Under AddressSanitizer: a 16-bit type (float16's addresses are bfloat16's) and float32's own way.
+ASAN_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def _source() -> KernelSource:
@@ -52,7 +55,7 @@ def _declines_only_what_it_has_no_instantiation_for(args: tuple) -> bool:
              and kernel_size[0] in (3, 5, 7) and stride[0] in (1, 2))
     largest = max(involution_cuda.generated_mma_staged_forward_shared_bytes(_source(), kernel_size[0], stride[0],
                                                                             runs_w, args[1].shape[1],
-                                                                            tuple(args[1].shape[2:]))
+                                                                            tuple(args[1].shape[2:]), args[0].dtype)
                   for runs_w in RUNS_W)
     return not fixed or largest > involution_cuda.GENERATED_TILE_MAX_SHARED
 
@@ -72,7 +75,8 @@ STAGED_CASES = (*CASES, *WIDE)
 
 
 @pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration) for o in ORDERS[1:])])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.integration)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, pytest.param(torch.float16, marks=pytest.mark.integration)],
+                         ids=str)
 def test_staged_forward_matches_the_reference(dtype, order):
     """The registry's samples (channels_last and strided operands, odd sizes, rectangular
     windows, strides, dilations, no bias, an empty batch) and the geometries above in the tile
@@ -84,37 +88,38 @@ def test_staged_forward_matches_the_reference(dtype, order):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", STAGED_DTYPES, ids=str)
 def test_staged_forward_matches_the_reference_on_random_geometries(dtype, order):
     """The spec's random geometries, half of them channels_last, in a layout each (few are the
     square windows it serves: it declines the others); then random square windows it serves,
     in each layout."""
     require_host_compiler()
     launcher = EmulatedLauncher(order=order)
-    for index, sample in enumerate(random_samples(GENERATED, dtype, 24, seed=89 + DTYPES.index(dtype))):
+    for index, sample in enumerate(random_samples(GENERATED, dtype, 24, seed=89 + STAGED_DTYPES.index(dtype))):
         args = sample.args
         if index % 2:
             args = (args[0].contiguous(memory_format=torch.channels_last), args[1].contiguous(
                 memory_format=torch.channels_last), *args[2:])
         if not _check(args, launcher, f"random-{index}", RUNS_W[index % 3]):
             assert _declines_only_what_it_has_no_instantiation_for(args), index
-    for index, case in enumerate(_random_specialised_cases(18, seed=103 + DTYPES.index(dtype))):
+    for index, case in enumerate(_random_specialised_cases(18, seed=103 + STAGED_DTYPES.index(dtype))):
         assert _check(case.arguments(dtype), launcher, case.name, RUNS_W[index % 3]), case.name
 
 
-def test_every_layout_gives_the_same_bits():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float32, marks=pytest.mark.integration)], ids=str)
+def test_every_layout_gives_the_same_bits(dtype):
     """Each output's sum takes its kernel rows, then its taps, in one order whatever the tile
     and the thread order: the three layouts and both orders give one result, at strides 1 and 2
-    (two passes of kernel rows)."""
+    (two passes of kernel rows; float32's three and, at stride 2, chunks of 8 channels)."""
     require_host_compiler()
     for case in WIDE[:2]:
-        args = case.arguments(torch.bfloat16)
+        args = case.arguments(dtype)
         results = [_result(args, EmulatedLauncher(order=order), runs_w)[1] for runs_w in RUNS_W for order in ORDERS]
         assert all(torch.equal(results[0], r) for r in results[1:]), case.name
 
 
 def test_staged_forward_declines_what_it_does_not_serve():
-    """float32 and float64, windows it has no instantiation for, a map its tiles fill less than
+    """float64, windows it has no instantiation for, a map its tiles fill less than
     half of, a span_weight past the shared memory: None, out untouched. RedNet-50's maps in the
     layout that fills them, a 7x7 window's kernel rows in two passes (at stride 2 three, which
     leave room for the folded stride-2 map's four regions beside an R of 128; a 5x5 window's in
@@ -140,16 +145,15 @@ def test_staged_forward_declines_what_it_does_not_serve():
     # a block a chunk of 16 of a group's channels: 40 channels a group are 3 chunks
     assert config(source, torch.bfloat16, 2, 80, 2, (56, 56), (7, 7), (1, 1), (1, 1), 16)[0].grid == (14, 2, 6)
     assert config(source, torch.bfloat16, 32768, 64, 2, (56, 56), (7, 7), (1, 1), (1, 1), 16) is None
-    for dtype in (torch.float32, torch.float64):
-        assert config(source, dtype, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16) is None
+    assert config(source, torch.float64, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16) is None
     for window, stride, dilation in (((9, 9), (1, 1), (1, 1)), ((7, 5), (1, 1), (1, 1)), ((7, 7), (1, 2), (1, 1)),
                                      ((7, 7), (3, 3), (1, 1)), ((3, 3), (1, 1), (2, 2))):
         assert config(source, torch.bfloat16, 2, 64, 4, (56, 56), window, stride, dilation, 16) is None, window
     assert config(source, torch.bfloat16, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 1024) is None
     with pytest.raises(ValueError, match="runs_w must be one of"):  # a warp's 8 runs in whole rows
         config(source, torch.bfloat16, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16, runs_w=3)
-    args = TWO_CHANNEL_CHUNKS.arguments(torch.float32)
-    out = torch.full((1, 64, 11, 10), 7.0)
+    args = TWO_CHANNEL_CHUNKS.arguments(torch.float64)
+    out = torch.full((1, 64, 11, 10), 7.0, dtype=torch.float64)
     assert involution_cuda.involution_generated_mma_staged(*args, out, EmulatedLauncher()) is None
     assert bool((out == 7).all())
 
@@ -194,22 +198,55 @@ def test_a_pass_stages_its_own_span_rows():
         assert device_model.resident_blocks(80, 256, all_rows, device_model.H200) == (2 if size == 56 else 3), size
 
 
+# RedNet-50's involutions at batch 32: (channels, output size, stride), R = C / 4, 7x7 windows.
+REDNET50 = ((64, 56, 1), (128, 28, 2), (128, 28, 1), (256, 14, 2), (256, 14, 1), (512, 7, 2), (512, 7, 1))
+
+
+def test_float32_takes_rednet50_in_a_block_every_architecture_holds():
+    """float32's tiles (float span rows and input, 3xTF32) within the 99 KiB every architecture
+    gives a block at each of RedNet-50's shapes: a 7x7 window's rows in three passes at stride
+    1 too, and at stride 2 a chunk of 8 channels a block (16 took 112-116 KiB), twice the
+    blocks; room for three blocks an SM of the H200 at stride 1 (at the 80 registers its launch
+    bounds give there) but at the last stage's folded four maps, for two elsewhere (the launch
+    bounds' two at stride 2)."""
+    from oplib.testing import device_model
+
+    source, config = _source(), involution_cuda.generated_mma_staged_forward_config
+    assert involution_cuda.generated_mma_staged_forward_passes(7, 1, wide=True) == [(0, 3), (3, 5), (5, 7)]
+    assert involution_cuda.generated_mma_staged_forward_passes(7, 2, wide=True) == [(0, 3), (3, 5), (5, 7)]
+    # R in whole k-steps of 8, 8 past a multiple of 16 (a B fragment's loads in 32 banks)
+    assert [involution_cuda.generated_mma_staged_wide_span_stride(r) for r in (16, 24, 41)] == [24, 24, 56]
+    for channels, out, stride in REDNET50:
+        chosen, _ = config(source, torch.float32, 32, channels, channels // 16, (out, out), (7, 7), (stride, stride),
+                           (1, 1), channels // 4)
+        bf16, _ = config(source, torch.bfloat16, 32, channels, channels // 16, (out, out), (7, 7), (stride, stride),
+                         (1, 1), channels // 4)
+        assert chosen.shared_bytes <= involution_cuda.GENERATED_TILE_MAX_SHARED, (channels, stride)
+        assert chosen.grid[2] == bf16.grid[2] * (2 if stride == 2 else 1), (channels, stride)
+        blocks = device_model.resident_blocks(80, 256, chosen.shared_bytes, device_model.H200)
+        assert blocks >= (3 if stride == 1 and out > 7 else 2), (channels, stride, blocks)
+
+
 def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
     result, out = _result(args, launcher, 4)
     assert result is out, name
     assert_non_finite_as_expected(out, float64_reference(GENERATED, args), GENERATED.tolerance(out.dtype), name)
 
 
-@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
-def test_non_finite_values_land_where_torch_puts_them(value):
+@pytest.mark.parametrize("value, dtype", [(float("inf"), torch.bfloat16), (float("nan"), torch.bfloat16),
+                                          (float("inf"), torch.float32),
+                                          pytest.param(float("nan"), torch.float32, marks=pytest.mark.integration)],
+                         ids=["inf-bfloat16", "nan-bfloat16", "inf-float32", "nan-float32"])
+def test_non_finite_values_land_where_torch_puts_them(value, dtype):
     """An inf or a nan in the input, the feature or the bias: each weight is a whole dot product
     and each sum a plain one (no band zeros), and a window pixel outside the image is 0, so they
-    land at torch's places. Strides 1 and 2, both layouts."""
+    land at torch's places (float32's split turns them into nans: a warp that meets one forms its
+    weights again by the direct sum). Strides 1 and 2, both layouts."""
     require_host_compiler()
     launcher = EmulatedLauncher()
     for case in (TWO_CHANNEL_CHUNKS, WIDE[1]):
         for channels_last in (False, True):
-            args = case._replace(channels_last=channels_last).arguments(torch.bfloat16)
+            args = case._replace(channels_last=channels_last).arguments(dtype)
             for place, changed in with_one_non_finite(args, NON_FINITE_PLACES, value):
                 _assert_non_finite_as_torch(changed, launcher, f"{case.name}-{channels_last}-{place}")
 
@@ -302,8 +339,80 @@ def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypat
         assert any(caught) if races else all(caught), (case.name, caught)
 
 
+# float32's way (3xTF32, float staging): each of its own places.
+# The window read one column late.
+WIDE_WINDOW_LATE = PlantedBug("wide-window-late", "(S * sample_y * pitch + tx) * PIXEL + CH * quarter",
+                              "(S * sample_y * pitch + tx + 1) * PIXEL + CH * quarter")
+# A pass's weights read before every warp formed them.
+WIDE_PASS_BARRIER = PlantedBug("wide-pass-barrier", "__syncthreads();  // the pass's float weights are formed",
+                               "// the pass's float weights are formed")
+# A's two channels of a pixel in the other k order from B's.
+WIDE_K_ORDER = PlantedBug("wide-k-order", "hi.value[2 * e + h] = split.hi;\n            lo.value[2 * e + h] = split.lo;",
+                          "hi.value[2 * (1 - e) + h] = split.hi;\n            lo.value[2 * (1 - e) + h] = split.lo;")
+# The product without its lo terms: one TF32 product, about 3 decimal digits.
+WIDE_ONE_PRODUCT = PlantedBug("wide-one-product", "oplib_mma_3xtf32(d[t], a_hi, a_lo, b_hi, b_lo);",
+                              "oplib_mma_tf32(d[t], a_hi, b_hi);")
+# The next pass's span rows staged from the pass's own first n-tile (both strides: float stages
+# a pass's rows at a time).
+WIDE_PASS_SPAN = PlantedBug("wide-pass-span",
+                            "staged_wide_pass_span_rows<K, PASSES>(span, span_weight, pass + 1, reduced, thread);",
+                            "staged_wide_pass_span_rows<K, PASSES>(span, span_weight, pass, reduced, thread);")
+# A pass's last tap left unformed.
+WIDE_LAST_TAP = PlantedBug("wide-last-tap", "if (t >= tiles || place >= end_a * K - 8 * first_tile) continue;",
+                           "if (t >= tiles || place >= end_a * K - 8 * first_tile - 1) continue;")
+# The region a row short.
+WIDE_REGION_ROWS = PlantedBug("wide-region-rows", "const int region_h = S * (share_h - 1) + K,",
+                              "const int region_h = S * (share_h - 1) + K - 1,")
+# The region staging's carry a column short.
+WIDE_REGION_CARRY = PlantedBug("wide-region-carry", "col -= carry ? per_line : 0;", "col -= carry ? per_line - 1 : 0;")
+# Folded, every pixel's feature the block's first sample's.
+WIDE_FOLDED_FEATURE = PlantedBug("wide-folded-feature", "const int read_sample = inside[h] ? sample : n0;",
+                                 "const int read_sample = n0;")
+# The map's last column taken for a pixel outside it.
+WIDE_LAST_COLUMN = PlantedBug("wide-last-column", "inside[h] = sample < batch && i < out_h && o < out_w;",
+                              "inside[h] = sample < batch && i < out_h && o < out_w - 1;")
+# Stride 2's chunk of 8 channels taken as 16: the second chunk's blocks write the next group's
+# channels' place, each group's upper half never written.
+WIDE_CHUNK = PlantedBug("wide-chunk", "constexpr int CHUNK = S == 2 ? STAGED_WIDE_HALF : MMA_CHANNELS, CH = CHUNK / 4;",
+                        "constexpr int CHUNK = MMA_CHANNELS, CH = (S == 2 ? STAGED_WIDE_HALF : MMA_CHANNELS) / 4;")
+# The direct sum's feature from the lane's first channel, not the pixel's first: only a warp that
+# met an inf or a nan runs it.
+WIDE_COLD = PlantedBug("wide-cold", "const index_t back = (2 * quad + 8 * ((reduced + 7) / 8)) * feature_step;",
+                       "const index_t back = 8 * ((reduced + 7) / 8) * feature_step;")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("bug, cases", [
+    *((b, STRIDE_CASES) for b in (WIDE_WINDOW_LATE, WIDE_PASS_BARRIER, WIDE_K_ORDER, WIDE_ONE_PRODUCT, WIDE_PASS_SPAN,
+                                  WIDE_LAST_TAP, WIDE_REGION_ROWS, WIDE_LAST_COLUMN)),
+    (WIDE_REGION_CARRY, STRIDE_CASES[1:]), (WIDE_CHUNK, STRIDE_CASES[1:]),
+    (WIDE_FOLDED_FEATURE, FOLDED_CASES)], ids=lambda b: getattr(b, "name", ""))
+def test_a_planted_float32_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    for case in cases:
+        caught = [_caught(lambda: _check(case.arguments(torch.float32), EmulatedLauncher(order=order),
+                                         f"{bug.name}-{order}"))
+                  for order in ORDERS]
+        assert any(caught) if bug is WIDE_PASS_BARRIER else all(caught), (case.name, caught)
+
+
+@pytest.mark.integration
+def test_a_planted_float32_cold_path_bug_fails_the_non_finite_check(tmp_path, monkeypatch):
+    """Finite values never reach the direct sum; an inf in the feature does."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, WIDE_COLD)
+    args = WIDE[0].arguments(torch.float32)
+    assert _check(args, EmulatedLauncher(), "finite")
+    changed = list(args)
+    changed[1] = changed[1].clone()
+    changed[1][0, 5, 4, 4] = float("inf")
+    with pytest.raises(AssertionError, match="inf: "):  # (its infs and nans, or its finite values, elsewhere)
+        _assert_non_finite_as_torch(tuple(changed), EmulatedLauncher(), "inf")
+
+
 _RUN_SAMPLES = tensor_core_samples_script("test_cuda_generated_mma_staged", "GENERATED", "STAGED_CASES", None,
-                                          "DTYPES", 0)
+                                          "ASAN_DTYPES", 0)
 
 
 @pytest.mark.integration
@@ -334,7 +443,7 @@ def _gpu_arguments(dtype: torch.dtype) -> list[tuple[tuple, str]]:
 
 
 @pytest.mark.needs_cuda
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", STAGED_DTYPES, ids=str)
 def test_staged_forward_on_a_gpu_matches_the_reference(dtype):
     """CuPy's launch, mma.sync and all: the samples, the geometries above, random ones in each
     layout, and an inf where torch puts it."""

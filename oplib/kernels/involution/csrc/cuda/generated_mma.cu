@@ -375,13 +375,13 @@ __device__ __forceinline__ void mma_store_run(const OplibFragmentC (&sums)[2], h
                      x0 + row + 8 < width, pair_stores);
 }
 
-// Whether out's pairs of a chunk's channels may be stored by 32-bit words: channels_last, the
-// group's channels and every pixel's 4-byte aligned.
-template <typename half_t>
-__device__ __forceinline__ bool mma_pair_stores(const half_t* out, index_t out_n, index_t out_c, index_t out_hs,
+// Whether out's pairs of a chunk's channels may be stored by one store each (a 32-bit word, or
+// for float 8 bytes): channels_last, the group's channels and every pixel's aligned to a pair.
+template <typename value_t>
+__device__ __forceinline__ bool mma_pair_stores(const value_t* out, index_t out_n, index_t out_c, index_t out_hs,
                                                 index_t out_ws, int group_channels) {
     return out_c == 1 && ((out_n | out_hs | out_ws | (index_t)group_channels) & 1) == 0 &&
-           (reinterpret_cast<unsigned long long>(out) & 3) == 0;
+           (reinterpret_cast<unsigned long long>(out) & (2 * sizeof(value_t) - 1)) == 0;
 }
 
 // Specialised instantiations: a square window of KERNEL taps a side at equal strides STRIDE and
@@ -1692,6 +1692,206 @@ __device__ __forceinline__ void staged_forward_row_sums(float (&sums)[STAGED_RUN
     }
 }
 
+// The staged forward in float32: the same kernel with its products in 3xTF32 (warp.cuh), where
+// FMAs could not reach the op's bar (the tiled FMA kernel is issue-bound: one FFMA a multiply-add
+// a lane, where a TF32 mma does 1024 of them a warp and 3xTF32 keeps a float's accuracy). What
+// differs from the 16-bit way (the "wide" helpers below):
+//   - span rows in float, [tap][r], staged_wide_span_stride floats a row (R in whole k-steps of
+//     8, and 8 more where that is a multiple of 16: a B fragment's 8-byte loads, taps group x
+//     reduced 2 quad, of each half-warp in 32 banks); a pass's rows at a time at both strides;
+//   - the input staged in float, a pixel's 16 channels and 4 floats of padding
+//     (STAGED_WIDE_PIXEL: a quarter's 16-byte loads by runs 4 pixels apart in different banks);
+//     at stride 2, whose region is four times as large (16 channels of RedNet-50's stride-2
+//     regions took 112-116 KiB, past the 99 KiB every architecture gives a block), a block takes
+//     a chunk of 8 channels (STAGED_WIDE_HALF channels, a thread 2 of them; a pixel 8 floats and
+//     2 of padding, STAGED_WIDE_HALF_PIXEL), each chunk's block forming the weights again;
+//   - k-steps of 8, whose k order is permuted alike in A and B: the fragment's column quad is
+//     reduced channel k0 + 2 quad and column quad + 4 is k0 + 2 quad + 1, so that a lane's two
+//     values of a pixel are adjacent channels (one 8-byte load channels_last) and its two of a
+//     span row adjacent floats (one 8-byte shared load);
+//   - each operand split into TF32 hi and lo as it is loaded; a warp whose formed weights are not
+//     all finite (an inf or a nan in the feature, span_weight or bias, which the split turns into
+//     nans) forms them again by the direct sum in float, from the same staged span rows: inf and
+//     nan land where torch puts them (the aggregation is FMAs, as the 16-bit way's);
+//   - the sums stored as they are (pairs of channels one 8-byte store where the layout allows).
+constexpr int STAGED_WIDE_PIXEL = 20;  // floats a staged input pixel: 16 channels, 4 of padding
+constexpr int STAGED_WIDE_HALF = 8;  // stride 2's chunk of channels
+constexpr int STAGED_WIDE_HALF_PIXEL = 10;  // floats a pixel of it: 8 channels, 2 of padding
+static_assert(STAGED_WIDE_PIXEL >= MMA_CHANNELS && STAGED_WIDE_PIXEL % 4 == 0 && STAGED_WIDE_PIXEL % 8 != 0,
+              "a quarter one aligned 16-byte load; runs 4 pixels apart in different banks");
+static_assert(STAGED_WIDE_HALF_PIXEL >= STAGED_WIDE_HALF && STAGED_WIDE_HALF_PIXEL % 2 == 0 &&
+                  STAGED_WIDE_HALF_PIXEL % 8 != 0,
+              "a quarter one aligned 8-byte load; runs 4 pixels apart in different banks");
+
+// A thread's CH channels of a staged pixel: one 16-byte (CH 4) or 8-byte (CH 2) load or store.
+template <int CH>
+struct alignas(4 * CH) StagedWideQuarter {
+    float lane[CH];
+};
+
+// Floats a staged span row: R in whole k-steps of 8, 8 past a multiple of 16.
+__host__ __device__ constexpr int staged_wide_span_stride(int reduced) {
+    return 8 * ((reduced + 7) / 8) % 16 == 0 ? 8 * ((reduced + 7) / 8) + 8 : 8 * ((reduced + 7) / 8);
+}
+
+// Two floats of one 8-byte load or store.
+struct alignas(8) StagedWidePair {
+    float value[2];
+};
+
+// `count` rows of span_weight from `rows` (R floats each; those from the `rows_left`-th zeros:
+// past the window's taps) into span [row][r], `stride` floats a row, zeros past R to a whole
+// k-step. Consecutive threads along a row, every thread of the block.
+__device__ __forceinline__ void staged_wide_span_rows(float* span, const float* rows, int count, int rows_left,
+                                                      int reduced, int stride, int thread) {
+    const int steps = 8 * ((reduced + 7) / 8);
+#pragma unroll 1
+    for (int unit = thread; unit < count * steps; unit += MMA_THREADS) {
+        const int row = unit / steps, r = unit - row * steps;
+        span[row * stride + r] = row < rows_left && r < reduced ? __ldg(rows + (index_t)row * reduced + r) : 0.0f;
+    }
+}
+
+// staged_pass_span_rows in float: pass `pass`'s n-tiles of span rows (of a K-wide window's rows
+// in `passes`) from the first n-tile's first tap.
+template <int K, int passes>
+__device__ __forceinline__ void staged_wide_pass_span_rows(float* span, const float* span_weight, int pass,
+                                                           int reduced, int thread) {
+    const int first_tile = staged_pass_first(K, passes, pass) * K / 8;
+    const int tiles = (staged_pass_first(K, passes, pass + 1) * K + 7) / 8 - first_tile;
+    const float* rows = span_weight + ((index_t)block_y_again() * K * K + 8 * first_tile) * reduced;
+    staged_wide_span_rows(span, rows, 8 * tiles, K * K - 8 * first_tile, reduced, staged_wide_span_stride(reduced),
+                          thread);
+}
+
+// staged_region in float: the chunk's 4 CH channels a pixel, PIXEL floats apart, at
+// staged_place's places. A unit is a pixel's quarter (CH channels): one load where the host
+// says they are a vector (channels_last, 16-byte aligned), units along a pixel's quarters, then
+// its columns; else CH loads c_stride apart, units along a row's columns (consecutive threads
+// consecutive columns: NCHW's loads coalesce), then the quarters. A thread's units step a
+// block's worth a trip with a carry (no division a unit); a staged row's sample by staged_region's
+// multiply and shift.
+template <int SPLIT, int CH, int PIXEL>
+__device__ __forceinline__ void staged_wide_region(float* staged, const float* plane, int c0, int group_channels,
+                                                   int region_h, int region_w, int pitch, int samples, int present,
+                                                   index_t sample_step, int first_row, int first_column, int rows,
+                                                   int columns, index_t c_stride, index_t h_stride, index_t w_stride,
+                                                   bool vector, int thread) {
+    const unsigned int sample_magic = (65536u + region_h - 1) / region_h;
+    // vector: a line is a staged row, a thread's quarter fixed (the block's threads a multiple of
+    // 4); else a line is a (staged row, quarter), the quarter its lowest 2 bits
+    const int per_line = region_w, threads = vector ? MMA_THREADS / 4 : MMA_THREADS;
+    const int first = vector ? thread >> 2 : thread, lines = vector ? samples * region_h : 4 * samples * region_h;
+    const int step = threads / per_line, shift = threads - step * per_line;
+    int line = first / per_line, col = first - line * per_line;
+#pragma unroll 1
+    while (line < lines) {
+        const int ri = vector ? line : line >> 2, quarter = vector ? thread & 3 : line & 3;
+        const int sample = (int)(((unsigned int)ri * sample_magic) >> 16), i = first_row + ri - sample * region_h;
+        const int o = first_column + col, c = c0 + CH * quarter;
+        const bool in_map = sample < present && (unsigned int)i < (unsigned int)rows &&
+                            (unsigned int)o < (unsigned int)columns;
+        const float* at = plane + sample * sample_step + (index_t)c * c_stride + (index_t)i * h_stride +
+                          (index_t)o * w_stride;
+        StagedWideQuarter<CH> v;
+        if (vector) {
+            v = in_map && c < group_channels ? *reinterpret_cast<const StagedWideQuarter<CH>*>(at)
+                                             : StagedWideQuarter<CH>{};
+        } else {
+#pragma unroll
+            for (int m = 0; m < CH; ++m) v.lane[m] = in_map && c + m < group_channels ? __ldg(at + m * c_stride) : 0.0f;
+        }
+        *reinterpret_cast<StagedWideQuarter<CH>*>(staged + staged_place<SPLIT>(ri, col, pitch, region_w) * PIXEL +
+                                                  CH * quarter) = v;
+        col += shift;
+        const bool carry = col >= per_line;
+        col -= carry ? per_line : 0;
+        line += step + carry;
+    }
+}
+
+// A k-step's A fragments, hi and lo, of the feature at the lane's two pixels (rows group and
+// group + 8): `values` point at each pixel's reduced channel r0 = k0 + 2 quad and move on past
+// the k-step; channels feature_step apart (a pair one aligned 8-byte load where the host says so:
+// feature_words, R even), zeros past R and at a pixel outside the map (inside[h] false). Column
+// quad is channel r0, column quad + 4 channel r0 + 1 (the permuted k order).
+__device__ __forceinline__ void staged_wide_feature_fragments(const float* (&values)[2], const bool (&inside)[2],
+                                                              int r0, int reduced, index_t feature_step,
+                                                              bool feature_words, OplibFragmentTf32A& hi,
+                                                              OplibFragmentTf32A& lo) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int count = inside[h] ? reduced - r0 : 0;
+        float v[2] = {0.0f, 0.0f};
+        if (feature_words) {
+            if (count > 0) {
+                const StagedWidePair pair = *reinterpret_cast<const StagedWidePair*>(values[h]);
+                v[0] = pair.value[0];
+                v[1] = pair.value[1];
+            }
+        } else {
+            v[0] = count > 0 ? __ldg(values[h]) : 0.0f;
+            v[1] = count > 1 ? __ldg(values[h] + feature_step) : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const OplibTf32Split split = oplib_split_tf32(v[e]);
+            hi.value[2 * e + h] = split.hi;
+            lo.value[2 * e + h] = split.lo;
+        }
+        values[h] += 8 * feature_step;
+    }
+}
+
+// One kernel row's sums for a thread's run in float: staged_forward_row_sums with the window's
+// pixels' CH channels one load each, PIXEL floats apart.
+template <int K, int S, int CH, int PIXEL>
+__device__ __forceinline__ void staged_wide_row_sums(float (&sums)[STAGED_RUN][CH], const float* first_tap,
+                                                     int tap_stride, const float* window, int odd) {
+    float w[K][STAGED_RUN];
+#pragma unroll
+    for (int b = 0; b < K; ++b) {
+        const Vector16<float> v = *reinterpret_cast<const Vector16<float>*>(first_tap + b * tap_stride);
+#pragma unroll
+        for (int p = 0; p < STAGED_RUN; ++p) w[b][p] = v.lane[p];
+    }
+#pragma unroll
+    for (int k = 0; k < S * (STAGED_RUN - 1) + K; ++k) {
+        const float* at = S == 2 ? window + (k & 1) * odd + (k >> 1) * PIXEL : window + k * PIXEL;
+        const StagedWideQuarter<CH> x = *reinterpret_cast<const StagedWideQuarter<CH>*>(at);
+#pragma unroll
+        for (int p = 0; p < STAGED_RUN; ++p) {
+            const int b = k - S * p;
+            if (b < 0 || b >= K) continue;
+#pragma unroll
+            for (int c = 0; c < CH; ++c) sums[p][c] = oplib_fma(w[b][p], x.lane[c], sums[p][c]);
+        }
+    }
+}
+
+// A thread's run's float sums to its 4 pixels (columns x + p, those before `columns`; `at` the
+// run's row at its first channel c) and CH channels (those of the group's): a pair of channels
+// one 8-byte store where the layout allows it (pair_stores), else one store a value.
+template <int CH>
+__device__ __forceinline__ void staged_wide_store_run(const float (&sums)[STAGED_RUN][CH], float* at, int x,
+                                                      int columns, index_t w_stride, int c, int group_channels,
+                                                      index_t c_stride, bool pair_stores) {
+#pragma unroll
+    for (int p = 0; p < STAGED_RUN; ++p) {
+        if (x + p >= columns) continue;
+        float* pixel = at + (index_t)(x + p) * w_stride;
+#pragma unroll
+        for (int e = 0; e < CH; e += 2) {
+            if (pair_stores && c + e < group_channels) {
+                *reinterpret_cast<StagedWidePair*>(pixel + e) = StagedWidePair{{sums[p][e], sums[p][e + 1]}};
+                continue;
+            }
+            if (c + e < group_channels) pixel[e * c_stride] = sums[p][e];
+            if (c + e + 1 < group_channels) pixel[(e + 1) * c_stride] = sums[p][e + 1];
+        }
+    }
+}
+
 // Four blocks an SM at stride 1 on sm_90 (its 228 KiB hold four stride-1 tiles of 49-51 KiB,
 // their weights formed in two passes of kernel rows; in one pass, 73 KiB, they held three),
 // at most 64 registers, with no spill; three from sm_100 on (four spilled 4 bytes on sm_100,
@@ -1718,6 +1918,20 @@ __device__ __forceinline__ void staged_forward_row_sums(float (&sums)[STAGED_RUN
 #else
 #define OPLIB_STAGED_FORWARD_STRIDED_BLOCKS 2
 #endif
+// float32's (its tiles take about 1.4 times the room): three an SM at stride 1 from sm_90 on (the
+// 69-74 KiB of RedNet-50's stride-1 stages, 80 registers), two before (sm_80's 164 KiB hold two;
+// sm_86's and sm_89's 100 KiB one); two at stride 2, whose regions fit 99 KiB only on small maps.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define OPLIB_STAGED_WIDE_BLOCKS 3
+#else
+#define OPLIB_STAGED_WIDE_BLOCKS 2
+#endif
+// The blocks an SM the staged forward asks for (a variable: a launch bound's expression is read
+// by the host up to its first parenthesis).
+template <typename scalar_t, int STRIDE>
+constexpr int STAGED_FORWARD_BLOCKS = sizeof(scalar_t) == 4 ? STRIDE == 1 ? OPLIB_STAGED_WIDE_BLOCKS : 2
+                                      : STRIDE == 1           ? OPLIB_STAGED_FORWARD_BLOCKS
+                                                              : OPLIB_STAGED_FORWARD_STRIDED_BLOCKS;
 
 // Instantiated for the forward's windows (the oplib-template line above); only the square
 // windows of KERNEL and STRIDE (1 or 2) are served: KERNEL = 0's instantiation is empty, and
@@ -1729,8 +1943,7 @@ __device__ __forceinline__ void staged_forward_row_sums(float (&sums)[STAGED_RUN
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, ceil(N / 2^fold_shift) * chunks), tiles of the output.
 template <typename scalar_t, int KERNEL, int STRIDE, bool VECTORS>
-__global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWARD_BLOCKS : OPLIB_STAGED_FORWARD_STRIDED_BLOCKS)
-    involution_generated_mma_staged(
+__global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, STRIDE>) involution_generated_mma_staged(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
     const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
     int out_h, int out_w, int pad_h, int pad_w, int reduced, int tiles_w, int runs_w, int batch, int fold_shift,
@@ -1898,6 +2111,169 @@ __global__ void __launch_bounds__(MMA_THREADS, STRIDE == 1 ? OPLIB_STAGED_FORWAR
         scalar_t* at = out + (index_t)(n0 + run_sample) * out_n + ((index_t)group * group_channels + c) * out_c +
                        (index_t)y * out_hs;
         staged_store_run(sums, at, x, 1, out_w, out_ws, c, group_channels, out_c, pair_stores);
+    } else if constexpr (sizeof(scalar_t) == 4 && KERNEL > 0 && STRIDE <= 2) {
+        // float32: the 16-bit way above with its products in 3xTF32 (what differs: the comment
+        // above staged_wide_span_rows). A pass's span rows at a time at both strides: float rows
+        // take twice the room. A 7 x 7 window's rows in three passes at stride 1 too (3, 2, 2):
+        // in two, the accumulators of a pass's 4 n-tiles beside the run's sums spilled at the 80
+        // registers of three blocks an SM (sm_90, sm_100, sm_120).
+        constexpr int K = KERNEL, S = STRIDE, T = K * K;
+        constexpr int PASSES = 1 + (S == 2 || K * K > 32) + (K * K > 32);
+        // the block's chunk of channels, a thread's share of them and a staged pixel's floats
+        constexpr int CHUNK = S == 2 ? STAGED_WIDE_HALF : MMA_CHANNELS, CH = CHUNK / 4;
+        constexpr int PIXEL = S == 2 ? STAGED_WIDE_HALF_PIXEL : STAGED_WIDE_PIXEL;
+        constexpr int BUFFER_TILES = staged_pass_tiles(K, PASSES);
+        constexpr int TILE_PIXELS = MMA_WARPS * 8 * STAGED_RUN;
+        static_assert(staged_pass_rows(K, PASSES) <= 8 * BUFFER_TILES, "a pass's taps in its n-tiles");
+        const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+        const int runs_h = 8 / runs_w;
+        const int tile_w = STAGED_RUN * runs_w, tile_h = MMA_WARPS * runs_h;
+        const int tile_w_shift = runs_w == 8 ? 5 : runs_w == 4 ? 4 : 3;
+        const int sample_shift = (runs_w == 8 ? 3 : runs_w == 4 ? 4 : 5) - fold_shift, sample_rows = 1 << sample_shift;
+        const int share_h = sample_rows < out_h ? sample_rows : out_h, share_w = tile_w < out_w ? tile_w : out_w;
+        const int region_h = S * (share_h - 1) + K, region_w = S * (share_w - 1) + K;
+        const int odd = S == 2 ? (region_w + 1) / 2 * PIXEL : 0;
+        const int pitch = S == 2 ? 2 * ((region_w + 1) / 2) : region_w;
+        const int tap_stride = TILE_PIXELS + 4;
+        const int group_channels = channels / groups;
+        const int span_rows = 8 * ((T + 7) / 8), span_stride = staged_wide_span_stride(reduced);
+        OPLIB_DYNAMIC_SHARED(float, shared);
+        float* span = shared;  // 8 BUFFER_TILES span rows
+        float* span_bias = span + 8 * BUFFER_TILES * span_stride;
+        float* staged = span_bias + span_rows;
+        const int region_floats = region_h * pitch * PIXEL;  // a sample's
+        float* weights = staged + (((region_floats << fold_shift) + 3) & ~3);
+
+        const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
+        const int y0 = tile_y * tile_h, x0 = tile_x * tile_w;
+        const int group = blockIdx.y, chunks = (group_channels + CHUNK - 1) / CHUNK;
+        const int n0 = (blockIdx.z / chunks) << fold_shift;
+        const int c0 = CHUNK * (blockIdx.z % chunks);
+
+        staged_wide_pass_span_rows<K, PASSES>(span, span_weight, 0, reduced, thread);
+        if (thread < span_rows) span_bias[thread] = thread < T ? __ldg(bias + (index_t)group * T + thread) : 0.0f;
+        const float* plane = input + (index_t)n0 * input_n + (index_t)group * group_channels * input_c;
+        staged_wide_region<S, CH, PIXEL>(staged, plane, c0, group_channels, region_h, region_w, pitch, 1 << fold_shift, batch - n0,
+                              input_n, S * y0 - pad_h, S * x0 - pad_w, height, width, input_c, input_h, input_w,
+                              VECTORS || vector_input, thread);
+        __syncthreads();  // the span rows, their bias and the input are staged
+
+        const int row = lane >> 2, quad = lane & 3;
+        // the lane's two floats of a B fragment: tap `row` of an n-tile, channels k0 + 2 quad, + 1
+        const float* lane_span = span + row * span_stride + 2 * quad;
+        const bool words = VECTORS || feature_words;
+        const index_t feature_step = words ? 1 : feature_c;
+        const int run = lane >> 2, quarter = lane & 3, run_x = run & (runs_w - 1), run_y = run / runs_w;
+        const int ty = warp * runs_h + run_y, tx = STAGED_RUN * run_x;
+        const int run_sample = ty >> sample_shift, sample_y = ty & (sample_rows - 1);
+        float sums[STAGED_RUN][CH] = {};
+#pragma unroll
+        for (int pass = 0; pass < PASSES; ++pass) {
+            const int first_a = staged_pass_first(K, PASSES, pass), end_a = staged_pass_first(K, PASSES, pass + 1);
+            const int first_tile = first_a * K / 8, tiles = (end_a * K + 7) / 8 - first_tile;
+            if (pass > 0) __syncthreads();  // the previous pass's weights are read, this one's span rows staged
+#pragma unroll 1
+            for (int warp_tile = 0; warp_tile < TILE_PIXELS / 16 / MMA_WARPS; ++warp_tile) {
+                const int m = warp + MMA_WARPS * warp_tile;
+                const float* values[2];  // each pixel's reduced channel 2 quad, the lane's first
+                bool inside[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int pixel = 16 * m + row + 8 * h, py = pixel >> tile_w_shift, sample = n0 + (py >> sample_shift);
+                    const int i = y0 + (py & (sample_rows - 1)), o = x0 + pixel - (py << tile_w_shift);
+                    inside[h] = sample < batch && i < out_h && o < out_w;
+                    const int read_sample = inside[h] ? sample : n0;  // (a pixel outside: any address)
+                    values[h] = feature + (index_t)read_sample * feature_n + (index_t)i * feature_h +
+                                (index_t)o * feature_w + 2 * quad * feature_step;
+                }
+                float* to = weights + 16 * m + row;
+                OplibFragmentC d[BUFFER_TILES];
+#pragma unroll
+                for (int t = 0; t < BUFFER_TILES; ++t) {
+                    if (t >= tiles) break;
+                    const StagedBias start =
+                        *reinterpret_cast<const StagedBias*>(span_bias + 8 * (first_tile + t) + 2 * quad);
+                    d[t] = OplibFragmentC{{start.value[0], start.value[1], start.value[0], start.value[1]}};
+                }
+#pragma unroll 1
+                for (int k0 = 0; k0 < reduced; k0 += 8) {
+                    OplibFragmentTf32A a_hi, a_lo;
+                    staged_wide_feature_fragments(values, inside, k0 + 2 * quad, reduced, feature_step, words, a_hi,
+                                                  a_lo);
+#pragma unroll
+                    for (int t = 0; t < BUFFER_TILES; ++t) {
+                        if (t >= tiles) break;
+                        const StagedWidePair pair =
+                            *reinterpret_cast<const StagedWidePair*>(lane_span + 8 * t * span_stride + k0);
+                        OplibFragmentTf32B b_hi, b_lo;
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const OplibTf32Split split = oplib_split_tf32(pair.value[e]);
+                            b_hi.value[e] = split.hi;
+                            b_lo.value[e] = split.lo;
+                        }
+                        oplib_mma_3xtf32(d[t], a_hi, a_lo, b_hi, b_lo);
+                    }
+                }
+                bool non_finite = false;
+#pragma unroll
+                for (int t = 0; t < BUFFER_TILES; ++t) {
+#pragma unroll
+                    for (int v = 0; v < 4; ++v) non_finite |= t < tiles && !mma_finite(d[t].value[v]);
+                }
+                if (oplib_warp_any(non_finite)) {  // oplib-cold: an inf or a nan among the warp's weights
+                    OPLIB_COLD_BLOCK();
+                    // each weight by the direct sum in float, from the staged span rows and bias;
+                    // the pixels' channel 0 found again from where the k-steps left `values` (kept
+                    // live across them, the pointers spilled at 80 registers)
+                    const index_t back = (2 * quad + 8 * ((reduced + 7) / 8)) * feature_step;
+#pragma unroll
+                    for (int t = 0; t < BUFFER_TILES; ++t) {
+                        if (t >= tiles) break;
+#pragma unroll
+                        for (int v = 0; v < 4; ++v) {
+                            const int h = v >> 1, place = 8 * t + 2 * quad + (v & 1);
+                            if (!inside[h]) continue;
+                            float sum = span_bias[8 * first_tile + place];
+                            const float* span_row = span + place * span_stride;
+#pragma unroll 1
+                            for (int r = 0; r < reduced; ++r)
+                                sum = oplib_fma(span_row[r], __ldg(values[h] - back + r * feature_step), sum);
+                            d[t].value[v] = sum;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int t = 0; t < BUFFER_TILES; ++t) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int place = 8 * t + 2 * quad + e;
+                        if (t >= tiles || place >= end_a * K - 8 * first_tile) continue;
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) to[place * tap_stride + 8 * h] = d[t].value[2 * h + e];
+                    }
+                }
+            }
+            __syncthreads();  // the pass's float weights are formed, its span rows read
+            const float* run_weights = weights + ty * tile_w + tx;
+            const float* run_window =
+                staged + run_sample * region_floats + (S * sample_y * pitch + tx) * PIXEL + CH * quarter;
+            if (y0 + sample_y < out_h && x0 + tx < out_w && n0 + run_sample < batch) {
+#pragma unroll 1
+                for (int a = first_a; a < end_a; ++a)
+                    staged_wide_row_sums<K, S, CH, PIXEL>(sums, run_weights + (a * K - 8 * first_tile) * tap_stride,
+                                                          tap_stride, run_window + a * pitch * PIXEL, odd);
+            }
+            if (pass + 1 < PASSES) staged_wide_pass_span_rows<K, PASSES>(span, span_weight, pass + 1, reduced, thread);
+        }
+
+        const int y = y0 + sample_y, x = x0 + tx;
+        if (y >= out_h || n0 + run_sample >= batch) return;
+        const int c = c0 + CH * quarter;
+        const bool pair_stores = VECTORS || mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
+        float* at = out + (index_t)(n0 + run_sample) * out_n + ((index_t)group * group_channels + c) * out_c +
+                    (index_t)y * out_hs;
+        staged_wide_store_run(sums, at, x, out_w, out_ws, c, group_channels, out_c, pair_stores);
     }
 #endif
 }
