@@ -832,20 +832,22 @@ def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandw
 
 def staged_forward_lines(data: list[dict], rows: list[dict], table: list[dict], constants: Constants,
                          bandwidth: float) -> list[str]:
-    """``PREDICTED``'s staged forward at every row it serves (16-bit dtypes; the draws measured
-    bfloat16), predicted with the constants fitted above, beside its floor and what the draw
-    measured at the same (shape, dtype, layout): the tensor-core forward the op runs there
-    (``rows``), and span conv + involution, the path the fused forward is to beat by the issue's
-    0.5x (``table``'s "generic (before)" of the generated forward)."""
+    """``PREDICTED``'s staged forward at every row it serves (16-bit dtypes on tensor cores,
+    float32 in 3xTF32; the draws measured bfloat16 and float32), predicted with the constants
+    fitted above, beside its floor and what the draw measured at the same (shape, dtype, layout):
+    the fused forward the op runs there (``rows``: the tensor-core one, float32's tiled one), and
+    span conv + involution, the path the fused forward is to beat by the issue's 0.5x
+    (``table``'s "generic (before)" of the generated forward)."""
     measured = {_key(r): r["measured_s"] for r in rows}
     before = {_key(r): float(r["generic (before, ms)"]) * 1e-3 for r in table if r["kernel"] == "generated forward"}
     cells, over, against_mma, against_unfused = [], [], [], []
     for entry in (e for e in data if e["kernel"] == STAGED_FORWARD):
         key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
-        if f"{key} | {MMA_FORWARD}" not in measured:
+        fused = TILED if entry["dtype"] == "float32" else MMA_FORWARD
+        if f"{key} | {fused}" not in measured:
             continue
         predicted, floor, first = _predicted_candidate(entry, constants, bandwidth, "generated forward")
-        mma, unfused = measured[f"{key} | {MMA_FORWARD}"], before[f"{key} | generated forward"]
+        mma, unfused = measured[f"{key} | {fused}"], before[f"{key} | generated forward"]
         over.append(predicted / floor)
         against_mma.append(predicted / mma)
         against_unfused.append(predicted / unfused)
@@ -857,14 +859,17 @@ def staged_forward_lines(data: list[dict], rows: list[dict], table: list[dict], 
     return [
         heading,
         "",
-        "generated_mma.cu's `involution_generated_mma_staged`, a CUDA kernel of involution_generated's forward in "
-        "16-bit dtypes: per tile of output pixels, the weights of all its taps (for a 7 x 7 window, of half the kernel "
-        "rows at a time, at stride 2 of a third) formed on tensor cores into shared memory once (never in global memory), then summed by FMAs "
-        "with the input staged in shared memory. Predicted with the constants fitted above (the kernel is no row "
+        "generated_mma.cu's `involution_generated_mma_staged`, a CUDA kernel of involution_generated's forward: per "
+        "tile of output pixels, the weights of all its taps (for a 7 x 7 window, of half the kernel "
+        "rows at a time, at stride 2 of a third; float32's a third at both strides) formed on tensor cores into shared memory once (never in global memory), then summed by FMAs "
+        "with the input staged in shared memory. float32 forms them in 3xTF32 (each operand split into two TF32 "
+        "parts, three TF32 products: a float's accuracy; the model counts their tensor-core time at half the BF16 "
+        "rate) and at stride 2 takes 8 channels a block (its float region's room). Predicted with the constants fitted above (the kernel is no row "
         "they are fitted on), beside its floor (the input, the feature and the output once) and what the draw "
-        "measured at the same shape, dtype and layout: the tensor-core forward the op runs there, and span conv + "
+        "measured at the same shape, dtype and layout: the fused forward the op runs there (the tensor-core one; "
+        "float32's tiled one, FMAs), and span conv + "
         f"involution, which the issue's bar wants the fused forward at 0.5x of. Predicted / floor {ratio_range(over)}, "
-        f"within 2x at {sum(o <= 2.0 for o in over)} of {len(over)} rows. Predicted / the tensor-core forward: "
+        f"within 2x at {sum(o <= 2.0 for o in over)} of {len(over)} rows. Predicted / the op's fused forward: "
         f"{ratio_range(against_mma)}, faster at {sum(a < 1.0 for a in against_mma)} of {len(against_mma)} rows; / "
         f"span conv + involution: {ratio_range(against_unfused)}, within 0.5x at "
         f"{sum(a <= 0.5 for a in against_unfused)} of {len(against_unfused)} rows. RedNet-50's 7x7 maps it takes "
@@ -872,7 +877,7 @@ def staged_forward_lines(data: list[dict], rows: list[dict], table: list[dict], 
         "three passes leave room for four samples' regions beside an R of 128). The next "
         "draw times it in the kernel table's generated forward row (its \"staged\" column).",
         "",
-        *_harness.table([*PREDICTED_COLUMNS, "tensor-core forward, measured (us)", "predicted / it",
+        *_harness.table([*PREDICTED_COLUMNS, "the op's fused forward, measured (us)", "predicted / it",
                          "span conv + involution, measured (us)", "predicted / it"], "llllllrrrlrrrrrrr", cells),
     ]
 
@@ -915,8 +920,8 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
     """Per (shape, dtype, layout), seconds of the fused path and the unfused one, forward and
     backward, for the issue's two bars on the fused path, forward at most 0.5x and forward + backward below
     1.0x of span conv + involution, at each (shape, layout) in bfloat16 where the fused kernels
-    are predicted or measured, and in float32 (its forward the faster of the tiled kernel and the
-    op's as measured, its backward the map route). In bfloat16: its forward the faster of the predicted staged
+    are predicted or measured, and in float32 (its forward the fastest of the predicted staged
+    kernel, in 3xTF32, and the tiled kernel and the op's as measured; its backward the map route). In bfloat16: its forward the faster of the predicted staged
     kernel (``PREDICTED``) and the measured tensor-core one (a kernel changed since, ``changed``:
     its expected time, the measured one scaled as the model scales it); each of its two backward
     ops the fastest of its kernels (predicted or measured) and the op's map route, at least its
@@ -978,8 +983,9 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
             grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))),
                                  tensor_cores(MMA_GRAD_INPUT), map_input])
             generator = faster([("tensor cores, predicted", predicted[GENERATOR, row]), map_generator])
-        else:  # float32: the tiled kernel (FMAs) or the op's, and no kernel of the fused backward's
-            forward = faster([(f"tiled, {'expected' if f'{row} | {TILED}' in expected else 'measured'}",
+        else:  # float32: the staged kernel (3xTF32), the tiled one (FMAs) or the op's; the map route back
+            forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))),
+                              (f"tiled, {'expected' if f'{row} | {TILED}' in expected else 'measured'}",
                                measured.get(f"{row} | {TILED}")), ("the op's, measured", measured[f"{row} | generated forward"])])
             grad_input, generator = map_input, map_generator
         totals.append({"shape": shape_name, "dtype": dtype, "layout": layout, "forward": forward,

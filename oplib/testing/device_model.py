@@ -246,6 +246,9 @@ class KernelWork:
     shared_wavefronts: float = 0.0
     # Warp-level shared-memory load and store instructions with a lane active.
     shared_requests: float = 0.0
+    # Tensor-core multiply-adds, in dense BF16 ones (a TF32 one counts two: half the rate), of the
+    # kernels whose tensor-core work is a term (float32's 3xTF32).
+    tensor_macs: float = 0.0
 
     @property
     def lines(self) -> float:
@@ -266,7 +269,7 @@ class _Tally:
         self.active = active
         self.line_bytes = line_bytes
         self.counts = {"load_requests": 0.0, "load_lines": 0.0, "store_requests": 0.0, "store_lines": 0.0,
-                       "fma_requests": 0.0, "shared_wavefronts": 0.0, "shared_requests": 0.0}
+                       "fma_requests": 0.0, "shared_wavefronts": 0.0, "shared_requests": 0.0, "tensor_macs": 0.0}
 
     def _access(self, kind: str, tensor: int, index: Tensor, mask: Tensor, element_bytes: int) -> None:
         mask = mask & self.active
@@ -317,6 +320,11 @@ class _Tally:
     def fma(self, mask: Tensor, per_slot: int = 1) -> None:
         """``per_slot`` FP32 multiply-add instructions per slot of ``mask`` with a lane active."""
         self.counts["fma_requests"] += per_slot * float((mask & self.active).any(-1).sum())
+
+    def tf32_products(self, mask: Tensor, per_slot: int = 1) -> None:
+        """``per_slot`` mma.m16n8k8.tf32 per slot of ``mask`` with a lane active: 1024
+        multiply-adds each, at half the BF16 rate."""
+        self.counts["tensor_macs"] += 2 * 1024 * per_slot * float((mask & self.active).any(-1).sum())
 
 
 def _bank_passes(words: Tensor, mask: Tensor) -> float:
@@ -1358,16 +1366,17 @@ def _feature_pair_loads(t: _Tally, at, r, inside, R: int, fsc: int, feature_word
             t.load(1, at + (r + h) * fsc, inside & (r + h < R), es)
 
 
-def _staged_thread(item: Tensor, launch: Launch, G: int, pg: int, tiles_w: int, tile: tuple[int, int]):
+def _staged_thread(item: Tensor, launch: Launch, G: int, pg: int, tiles_w: int, tile: tuple[int, int],
+                   chunk: int = 16):
     """A staged kernel's thread (generated_mma.cu: block-major, a block a tile of a (sample,
-    group) and a chunk of 16 of its channels, the grid (tiles, groups, samples x chunks)): its
+    group) and a chunk of ``chunk`` of its channels, the grid (tiles, groups, samples x chunks)): its
     index in the block, warp, a fragment's row and quad, and the block's group, sample, first
     channel and tile origin (y0, x0)."""
-    chunks = -(-pg // 16)
+    chunks = -(-pg // chunk)
     block, thread = item // launch.threads_per_block, item % launch.threads_per_block
     lane, warp = thread % 32, thread // 32
     tile_index, group, z = block % launch.grid[0], (block // launch.grid[0]) % G, block // (launch.grid[0] * G)
-    return (thread, warp, lane // 4, lane % 4, group, z // chunks, 16 * (z % chunks),
+    return (thread, warp, lane // 4, lane % 4, group, z // chunks, chunk * (z % chunks),
             tile_index // tiles_w * tile[0], tile_index % tiles_w * tile[1])
 
 
@@ -1577,6 +1586,9 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     (C, H, W, G, OH, OW, ph, pw, R, tiles_w, runs_w, N, fold_shift, isn, isc, ish, isw, osn, osc, osh, osw,
      fsn, fsc, fsh, fsw, vector, feature_words) = launch.scalars
     K, S = (int(v) for v in launch.specialisation[:2])  # (and VECTORS: the same work)
+    if launch.dtype == torch.float32:
+        _generated_mma_staged_wide(t, item, launch)
+        return
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
     es, taps, pg, threads = launch.dtype.itemsize, K * K, C // G, launch.threads_per_block
     tile_h, tile_w = involution_cuda.generated_mma_staged_forward_tile(source, runs_w)
@@ -1657,6 +1669,138 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
                 t.store(4, at // 2, stored & (channel + e < pg), 4)
             else:
                 t.store(4, at, stored & (channel + e < pg), es)
+
+
+def _generated_mma_staged_wide(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_generated_mma_staged's float32 way (3xTF32: generated_mma.cu's "wide" helpers),
+    as ``_generated_mma_staged`` traces the 16-bit one, with what differs: a block takes a chunk
+    of 16 channels, at stride 2 of 8 (a thread 4 or 2 of them: CH); every pass stages its own
+    span rows, in float, a value a unit (a 4-byte load and store); the region in float, a unit a
+    pixel's CH channels (one load where the host says vector, else CH 4-byte loads; one shared
+    store), a pixel PIXEL words; per m-tile and k-step of 8 the feature's two channels a pixel
+    (one 8-byte load where pairs are words, else two 4-byte loads), per n-tile an 8-byte shared
+    load of the span pair and three TF32 products; per kernel row the window's CH channels a
+    pixel one shared load, CH multiply-adds per (tap, pixel) pair; the sums stored in float
+    (pairs one 8-byte store where the layout allows)."""
+    from ..kernels.involution import cuda as involution_cuda
+
+    (C, H, W, G, OH, OW, ph, pw, R, tiles_w, runs_w, N, fold_shift, isn, isc, ish, isw, osn, osc, osh, osw,
+     fsn, fsc, fsh, fsw, vector, feature_words) = launch.scalars
+    K, S = (int(v) for v in launch.specialisation[:2])
+    source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+    c = source.constants
+    taps, pg, threads = K * K, C // G, launch.threads_per_block
+    chunk = involution_cuda.generated_mma_staged_forward_chunk(source, launch.dtype, S)
+    CH, PIXEL = chunk // 4, c["STAGED_WIDE_HALF_PIXEL"] if S == 2 else c["STAGED_WIDE_PIXEL"]
+    tile_h, tile_w = involution_cuda.generated_mma_staged_forward_tile(source, runs_w)
+    tile_pixels, sample_rows = tile_h * tile_w, tile_h >> fold_shift
+    region_h, region_w = involution_cuda.generated_mma_staged_forward_region(source, K, S, runs_w, (OH, OW))
+    pitch = 2 * -(-region_w // 2) if S == 2 else region_w
+    odd = -(-region_w // 2) * PIXEL if S == 2 else 0
+    tap_stride = tile_pixels + 4
+    span_rows, span_stride = 8 * -(-taps // 8), involution_cuda.generated_mma_staged_wide_span_stride(R)
+    steps = 8 * -(-R // 8)
+    passes = involution_cuda.generated_mma_staged_forward_passes(K, S, wide=True)
+    bias_at = 8 * involution_cuda.generated_mma_staged_forward_pass_tiles(K, S, wide=True) * span_stride
+    staged_at = bias_at + span_rows
+    region_words = region_h * pitch * PIXEL  # a sample's
+    weights_at = staged_at + -(-(region_words << fold_shift) // 4) * 4
+    thread, warp, row, quad, group, n0, c0, y0, x0 = _staged_thread(item, launch, G, pg, tiles_w, (tile_h, tile_w),
+                                                                    chunk)
+    n0 = n0 << fold_shift
+
+    def pass_span_staging(first_a: int, end_a: int) -> None:  # staged_wide_pass_span_rows
+        first_tile = first_a * K // 8
+        rows = 8 * (-(-end_a * K // 8) - first_tile)
+        unit = thread + threads * _slots(-(-rows * steps // threads))
+        live = unit < rows * steps
+        span_row, r = unit // steps, unit % steps
+        tap = 8 * first_tile + span_row
+        t.load(2, (group * taps + tap) * R + r, live & (tap < taps) & (r < R), 4)
+        t.shared(span_row * span_stride + r, live, 4)
+
+    pass_span_staging(*passes[0])
+    _bias_staging(t, thread, group, taps, span_rows, bias_at, 4)
+    # staged_wide_region: vector units along a pixel's quarters, else along a row's columns
+    samples, present = 1 << fold_shift, N - n0
+    lines = samples * region_h
+    units = lines * region_w * 4
+    unit = thread + threads * _slots(-(-units // threads))
+    if vector:
+        quarter, pixel = unit % 4, unit // 4
+        ri, col = pixel // region_w, pixel % region_w
+    else:
+        col, rest = unit % region_w, unit // region_w
+        quarter, ri = rest % 4, rest // 4
+    staging = unit < units
+    sample = ri // region_h
+    i, o = S * y0 - ph + ri % region_h, S * x0 - pw + col
+    channel = c0 + CH * quarter
+    in_map = staging & (sample < present) & (i >= 0) & (i < H) & (o >= 0) & (o < W)
+    at = (n0 + sample) * isn + (group * pg + channel) * isc + i * ish + o * isw
+    if vector:
+        t.load(0, at // CH, in_map & (channel < pg), 4 * CH)
+    else:
+        for m in range(CH):
+            t.load(0, at + m * isc, in_map & (channel + m < pg), 4)
+    place = ri * pitch + (col % 2 * ((region_w + 1) // 2) + col // 2 if S == 2 else col)
+    t.shared((staged_at + place * PIXEL + CH * quarter) // CH, staging, 4 * CH)
+
+    run_x, run_y = row % runs_w, row // runs_w
+    ty, tx = warp * (8 // runs_w) + run_y, 4 * run_x
+    run_sample, sample_y = ty // sample_rows, ty % sample_rows
+    n = n0 + run_sample
+    summing = (y0 + sample_y < OH) & (x0 + tx < OW) & (n < N)
+    m = warp + 8 * _slots(-(-tile_pixels // 16 // 8))
+    live = m < tile_pixels // 16
+    for index, (first_a, end_a) in enumerate(passes):
+        first_tile = first_a * K // 8
+        tiles = -(-end_a * K // 8) - first_tile
+        for tt in range(tiles):
+            t.shared((bias_at + 8 * (first_tile + tt) + 2 * quad) // 2, live, 8)
+        for k0 in range(0, R, 8):
+            for h in range(2):
+                pixel = 16 * m + row + 8 * h
+                py, o = pixel // tile_w, x0 + pixel % tile_w
+                sample, i = n0 + py // sample_rows, y0 + py % sample_rows
+                inside = live & (i < OH) & (o < OW) & (sample < N)
+                at, r = sample * fsn + i * fsh + o * fsw, k0 + 2 * quad
+                if feature_words:  # (8-byte units)
+                    t.load(1, (at + r) // 2, inside & (r < R), 8)
+                else:
+                    for e in range(2):
+                        t.load(1, at + (r + e) * fsc, inside & (r + e < R), 4)
+            for tt in range(tiles):
+                t.shared((8 * tt * span_stride + row * span_stride + 2 * quad + k0) // 2, live, 8)
+                t.tf32_products(live, 3)
+        for tt in range(tiles):
+            for e in range(2):
+                tap_place = 8 * tt + 2 * quad + e
+                for h in range(2):
+                    t.shared(weights_at + tap_place * tap_stride + 16 * m + row + 8 * h,
+                             live & (8 * first_tile + tap_place < end_a * K), 4)
+        for a in range(first_a, end_a):
+            first_tap = weights_at + (a * K - 8 * first_tile) * tap_stride + ty * tile_w + tx
+            for b in range(K):  # 16 bytes each (index in 16-byte units)
+                t.shared((first_tap + b * tap_stride) // 4, summing, 16)
+            window = staged_at + run_sample * region_words + ((S * sample_y + a) * pitch + tx) * PIXEL + CH * quad
+            for k in range(S * 3 + K):
+                at = window + (k % 2 * odd + k // 2 * PIXEL if S == 2 else k * PIXEL)
+                t.shared(at // CH, summing, 4 * CH)
+                t.fma(summing, CH * sum(0 <= k - S * p < K for p in range(4)))
+        if index + 1 < len(passes):
+            pass_span_staging(*passes[index + 1])
+    y, x = y0 + sample_y, x0 + tx
+    channel = c0 + CH * quad
+    pairs = osc == 1 and (osn | osh | osw | pg) % 2 == 0
+    for p in range(4):
+        stored = (y < OH) & (x + p < OW) & (n < N)
+        for e in range(0, CH, 2 if pairs else 1):
+            at = n * osn + (group * pg + channel + e) * osc + y * osh + (x + p) * osw
+            if pairs:
+                t.store(4, at // 2, stored & (channel + e < pg), 8)
+            else:
+                t.store(4, at, stored & (channel + e < pg), 4)
 
 
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
@@ -2064,14 +2208,15 @@ class Terms:
     fma: float
     shared: float = 0.0
     issue: float = 0.0
+    tensor: float = 0.0
 
     @property
     def bound(self) -> str:
-        return max(("dram", "l1", "latency", "fma", "shared", "issue"), key=lambda name: getattr(self, name))
+        return max(("dram", "l1", "latency", "fma", "shared", "issue", "tensor"), key=lambda name: getattr(self, name))
 
     @property
     def seconds(self) -> float:
-        return max(self.dram, self.l1, self.latency, self.fma, self.shared, self.issue)
+        return max(self.dram, self.l1, self.latency, self.fma, self.shared, self.issue, self.tensor)
 
 
 def launch_terms(inputs: LaunchInputs, gpu: GPU, constants: Constants, dram_bytes_per_s: float) -> Terms:
@@ -2102,6 +2247,7 @@ def launch_terms(inputs: LaunchInputs, gpu: GPU, constants: Constants, dram_byte
         fma=share * work.fma_requests * 32 / (gpu.fma_per_clock * gpu.clock_hz),
         shared=share * work.shared_wavefronts / (gpu.shared_wavefronts_per_clock * gpu.clock_hz),
         issue=share * work.instructions * inputs.instruction_ratio * cycles_per_instruction / (_SCHEDULERS * gpu.clock_hz),
+        tensor=share * work.tensor_macs / (gpu.tensor_macs_per_clock * gpu.clock_hz),
     )
 
 

@@ -271,6 +271,21 @@ def test_a_grid_smaller_than_the_gpu_issues_with_the_warps_it_has():
     assert terms[0].issue / terms[1].issue == pytest.approx(8.5 / 2)
 
 
+def test_tensor_core_work_takes_its_rate():
+    """A launch's tensor-core multiply-adds (float32's 3xTF32) over the SM's dense rate, the
+    busiest SM's share: where nothing else binds, that term does, and twice the work takes
+    twice the time."""
+    constants = Constants(request_cycles=1, line_cycles=1, latency_cycles=100, launch_seconds=0)
+    base = _streaming(1)
+    macs = 1e12
+    heavy = dataclasses.replace(base, blocks=H200.sms, work=dataclasses.replace(base.work, tensor_macs=macs))
+    terms = device_model.launch_terms(heavy, H200, constants, 1e30)
+    assert terms.bound == "tensor"
+    assert terms.tensor == pytest.approx(macs / H200.sms / (H200.tensor_macs_per_clock * H200.clock_hz))
+    twice = dataclasses.replace(heavy, work=dataclasses.replace(base.work, tensor_macs=2 * macs))
+    assert device_model.launch_terms(twice, H200, constants, 1e30).tensor == pytest.approx(2 * terms.tensor)
+
+
 def test_lines_of_coalesced_and_scattered_lanes():
     lanes = torch.arange(32).view(1, 32)
     tally = device_model._Tally(torch.ones(1, 32, dtype=torch.bool), 128)
@@ -408,6 +423,32 @@ def test_the_staged_forward_trace_counts_a_launch_counted_by_hand():
     # taps 0-7 (2 values x 2 rows) and of tap 8 (quad 0's first value, 2 rows); the sums' 3 +
     # 6 loads a kernel row
     assert work.shared_requests == 1 + 1 + 16 * 4 + 8 * 2 * (2 + 2 + 4 + 2) + 6 * 3 * (3 + 6)
+
+
+def test_the_float32_staged_forward_trace_counts_a_launch_counted_by_hand():
+    """The same launch in float32 (3xTF32): the same sums and stores (a pair of channels an
+    8-byte store); in shared memory, the span's 16 rows of 16 floats a unit each, 256 units, a
+    store by each of the 8 warps; the 16 biases (warp 0); the region's 8 x 32 pixels in 4
+    quarters of 4 channels, 1024 units, 4 passes of the block, a 16-byte store each; per warp,
+    2 m-tiles of 2 n-tiles and 2 k-steps of 8: a bias load per n-tile, an 8-byte load of the
+    span's pair per n-tile and k-step, the same weight stores; the sums' 3 + 6 loads a kernel
+    row. On tensor cores, three TF32 products per n-tile and k-step, 1024 multiply-adds each,
+    counted as two BF16 ones (half the rate)."""
+    from oplib.kernels.involution import cuda as involution_cuda
+
+    x = torch.randn(1, 16, 6, 30).to(memory_format=torch.channels_last)
+    f = torch.randn(1, 16, 6, 30).to(memory_format=torch.channels_last)
+    out = torch.empty(1, 16, 6, 30).to(memory_format=torch.channels_last)
+    recording = device_model.RecordingLauncher()
+    assert involution_cuda.involution_generated_mma_staged(x, f, torch.randn(9, 16), None, [3, 3], [1, 1], [1, 1],
+                                                           [1, 1], out, recording, runs_w=8) is not None
+    (launch,) = recording.launches
+    work = device_model.kernel_work(launch)
+    assert work.warps == 8 and launch.dtype == torch.float32
+    assert work.fma_requests == 6 * 3 * 12 * 4
+    assert work.store_requests == 6 * 4 * 2
+    assert work.shared_requests == 8 + 1 + 4 * 8 + 8 * 2 * (2 + 2 * 2 + 4 + 2) + 6 * 3 * (3 + 6)
+    assert work.tensor_macs == 8 * 2 * 2 * 2 * 3 * 2 * 1024
 
 
 @pytest.mark.parametrize("index, mask, element_bytes, passes", [
