@@ -80,7 +80,7 @@ def check_every_layout(spec, check, declines, cases, wide, arguments, dtype, ord
     """A staged kernel (``check(args, launcher, name, runs_w)``, False where it declines) on
     ``spec``'s samples in one layout (``declines(args)`` where it does not serve them, a third
     at most), ``cases`` (each ``arguments(case.arguments(dtype))``) in the tile layouts (one
-    each in turn in the unit tier's ascending bfloat16 run, all of them otherwise), both ways
+    each in turn in the unit tier's ascending bfloat16 and float32 runs, all of them otherwise), both ways
     of staging the first operand and of loading the feature among them, and ``wide`` in the
     layout the host picks; every launch of 256 threads."""
     require_host_compiler()
@@ -93,8 +93,9 @@ def check_every_layout(spec, check, declines, cases, wide, arguments, dtype, ord
         else:
             assert declines(sample.args), sample.name
     assert served >= len(samples) // 3
-    # the unit tier a layout a geometry in turn, the integration tier each layout every geometry
-    every_layout = order != ORDERS[0] or dtype != torch.bfloat16
+    # the unit tier (bfloat16 and float32, ascending) a layout a geometry in turn, the
+    # integration tier each layout every geometry
+    every_layout = order != ORDERS[0] or dtype not in (torch.bfloat16, torch.float32)
     for index, case in enumerate(cases):
         args = arguments(case.arguments(dtype))
         for runs_w in RUNS_W if every_layout else RUNS_W[index % 3:index % 3 + 1]:

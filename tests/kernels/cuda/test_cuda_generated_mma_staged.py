@@ -388,13 +388,16 @@ WIDE_COLD = PlantedBug("wide-cold", "const index_t back = (2 * quad + 8 * ((redu
     (WIDE_REGION_CARRY, STRIDE_CASES[1:]), (WIDE_CHUNK, STRIDE_CASES[1:]),
     (WIDE_FOLDED_FEATURE, FOLDED_CASES)], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_float32_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
+    """In the ascending order (the 16-bit way's bugs take both: the float way's places are its
+    own, its run orders the same code), and the race in both, either catching it."""
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)
+    races = bug is WIDE_PASS_BARRIER
     for case in cases:
         caught = [_caught(lambda: _check(case.arguments(torch.float32), EmulatedLauncher(order=order),
                                          f"{bug.name}-{order}"))
-                  for order in ORDERS]
-        assert any(caught) if bug is WIDE_PASS_BARRIER else all(caught), (case.name, caught)
+                  for order in (ORDERS if races else ORDERS[:1])]
+        assert any(caught) if races else all(caught), (case.name, caught)
 
 
 @pytest.mark.integration
