@@ -417,12 +417,55 @@ __device__ __forceinline__ OplibTf32Split oplib_split_tf32(float v) {
     return OplibTf32Split{hi, oplib_round_tf32(oplib_fma(hi, -1.0f, v))};
 }
 
+// The three products of oplib_mma_3xtf32 by shuffles at once, for the host: each source lane's
+// hi and lo values fetched once (64 shuffles where three products took 96: the emulation's
+// float32 kernels spend their time here), its k-slice's small products added before its large
+// one. (The tensor cores' order of a product's sums is theirs; the results agree to a float's
+// rounding, as the reference checks require.)
+__device__ __forceinline__ void oplib_mma_3xtf32_by_shuffles(OplibFragmentC& acc, const OplibFragmentTf32A& a_hi,
+                                                             const OplibFragmentTf32A& a_lo,
+                                                             const OplibFragmentTf32B& b_hi,
+                                                             const OplibFragmentTf32B& b_lo) {
+    const int lane = oplib_lane(), group = lane >> 2, quad = lane & 3;
+#pragma unroll
+    for (int source = 0; source < 4; ++source) {
+        const int a_lane = group * 4 + source;
+        float hi[4], lo[4];  // as oplib_mma_tf32_by_shuffles's rows
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            hi[i] = oplib_tf32_operand(__shfl_sync(OPLIB_FULL_WARP, a_hi.value[i], a_lane));
+            lo[i] = oplib_tf32_operand(__shfl_sync(OPLIB_FULL_WARP, a_lo.value[i], a_lane));
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int b_lane = (2 * quad + j) * 4 + source;
+            float b[2][2];  // [hi, lo][k = source, source + 4]
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                b[0][e] = oplib_tf32_operand(__shfl_sync(OPLIB_FULL_WARP, b_hi.value[e], b_lane));
+                b[1][e] = oplib_tf32_operand(__shfl_sync(OPLIB_FULL_WARP, b_lo.value[e], b_lane));
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // rows group, group + 8
+                float sum = acc.value[2 * h + j];
+                sum = oplib_fma(lo[2 + h], b[0][1], oplib_fma(lo[h], b[0][0], sum));
+                sum = oplib_fma(hi[2 + h], b[1][1], oplib_fma(hi[h], b[1][0], sum));
+                acc.value[2 * h + j] = oplib_fma(hi[2 + h], b[0][1], oplib_fma(hi[h], b[0][0], sum));
+            }
+        }
+    }
+}
+
 // acc += A B in 3xTF32 from the split fragments: the small products first, so that each enters
-// the running sum before the large one.
+// the running sum before the large one (three tensor-core instructions on sm_80 and newer).
 __device__ __forceinline__ void oplib_mma_3xtf32(OplibFragmentC& acc, const OplibFragmentTf32A& a_hi,
                                                  const OplibFragmentTf32A& a_lo, const OplibFragmentTf32B& b_hi,
                                                  const OplibFragmentTf32B& b_lo) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     oplib_mma_tf32(acc, a_lo, b_hi);
     oplib_mma_tf32(acc, a_hi, b_lo);
     oplib_mma_tf32(acc, a_hi, b_hi);
+#else
+    oplib_mma_3xtf32_by_shuffles(acc, a_hi, a_lo, b_hi, b_lo);
+#endif
 }
