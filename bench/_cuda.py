@@ -26,8 +26,8 @@ a process of its own through tools/gpu_check.py). Its stages:
   column the other (``involution_generated_mma_backward_input_staged``: a kernel row's weights
   formed on tensor cores into shared memory, summed by FMAs), where it serves the call, as the
   generated forward's "staged" column is ``involution_generated_mma_staged`` (a tile's weights of
-  all its taps formed so, then summed with the input staged beside them; float32's in 3xTF32,
-  timed in the float32 rows too); where the op runs
+  all its taps formed so, then summed with the input staged beside them; both staged kernels'
+  float32 ways in 3xTF32, timed in the float32 rows too); where the op runs
   involution_vectors.cu's NCHW kernel (a vector of pixels a lane: the forward, stride-1
   grad_input and grad_weight at widths a multiple of the vector), the "chunked" column is the
   chunked kernel that serves the call without it (the ``CHUNKED`` policy), timed beside it (the
@@ -356,13 +356,12 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             # grad_input with the weights formed inside (the grad_input row's oplib reads the map)
             calls["tensor cores", "grad_input"] = lambda: involution_cuda.involution_generated_mma_backward_input(
                 g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
-            source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
-            if involution_cuda.generated_mma_staged_config(source, x.dtype, shape.batch, shape.channels, shape.groups,
-                                                           size, kernel_size, stride, dilation, f.shape[1]) is not None:
-                calls["staged", "grad_input"] = lambda: involution_cuda.involution_generated_mma_backward_input_staged(
-                    g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
-        # the staged forward: 16-bit on tensor cores, float32 in 3xTF32
+        # the staged kernels: 16-bit on tensor cores, float32 in 3xTF32
         source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+        if involution_cuda.generated_mma_staged_config(source, x.dtype, shape.batch, shape.channels, shape.groups,
+                                                       size, kernel_size, stride, dilation, f.shape[1]) is not None:
+            calls["staged", "grad_input"] = lambda: involution_cuda.involution_generated_mma_backward_input_staged(
+                g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher)
         if involution_cuda.generated_mma_staged_forward_config(source, x.dtype, shape.batch, shape.channels,
                                                                shape.groups, f.shape[2:], kernel_size, stride,
                                                                dilation, f.shape[1]) is not None:

@@ -811,9 +811,10 @@ def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandw
         heading,
         "",
         "generated_mma.cu's `involution_generated_mma_backward_input_staged`, a CUDA kernel of "
-        "involution_generated_backward_input in 16-bit dtypes: per tile of input pixels and kernel row "
+        "involution_generated_backward_input: per tile of input pixels and kernel row "
         "(STAGED_GRAD_ROWS rows at once), the row's weights at the output pixels the tile reads formed on tensor "
-        "cores into shared memory (never in global memory), then summed by FMAs with grad_output staged in shared memory. Predicted with the constants "
+        "cores into shared memory (never in global memory; float32's in 3xTF32), then summed by FMAs with grad_output "
+        "staged in shared memory. Predicted with the constants "
         "fitted above (the kernel is no row they are fitted on), beside its floor (grad_output, the feature and "
         "grad_input once) and two kernels the draw measured at the same shape, dtype and layout: involution's "
         "grad_input as the op runs it (the vectors kernel where it serves the call), which the op's map route runs "
@@ -921,7 +922,8 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
     backward, for the issue's two bars on the fused path, forward at most 0.5x and forward + backward below
     1.0x of span conv + involution, at each (shape, layout) in bfloat16 where the fused kernels
     are predicted or measured, and in float32 (its forward the fastest of the predicted staged
-    kernel, in 3xTF32, and the tiled kernel and the op's as measured; its backward the map route). In bfloat16: its forward the faster of the predicted staged
+    kernel, in 3xTF32, and the tiled kernel and the op's as measured; its grad_input the faster of
+    the predicted staged kernel and the map route; its generator's gradients the map route). In bfloat16: its forward the faster of the predicted staged
     kernel (``PREDICTED``) and the measured tensor-core one (a kernel changed since, ``changed``:
     its expected time, the measured one scaled as the model scales it); each of its two backward
     ops the fastest of its kernels (predicted or measured) and the op's map route, at least its
@@ -983,11 +985,12 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
             grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))),
                                  tensor_cores(MMA_GRAD_INPUT), map_input])
             generator = faster([("tensor cores, predicted", predicted[GENERATOR, row]), map_generator])
-        else:  # float32: the staged kernel (3xTF32), the tiled one (FMAs) or the op's; the map route back
+        else:  # float32: the staged kernels (3xTF32), the tiled one (FMAs), the op's and the map routes
             forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))),
                               (f"tiled, {'expected' if f'{row} | {TILED}' in expected else 'measured'}",
                                measured.get(f"{row} | {TILED}")), ("the op's, measured", measured[f"{row} | generated forward"])])
-            grad_input, generator = map_input, map_generator
+            grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))), map_input])
+            generator = map_generator
         totals.append({"shape": shape_name, "dtype": dtype, "layout": layout, "forward": forward,
                        "grad_input": grad_input, "generator": generator,
                        "fused": forward[1] + grad_input[1] + generator[1], "span_forward": span_forward,
@@ -1029,9 +1032,10 @@ def layer_lines(totals: list[dict]) -> list[str]:
         "the faster of the staged kernel predicted and the tensor-core one (as measured, or changed since: its "
         "expected time from the table of changed kernels); each backward op the fastest of its kernels (grad_input: "
         "the staged kernel predicted or the tensor-core one; the generator's gradients: the tensor-core kernel "
-        "predicted) and the op's map route, which its CUDA path runs until a draw confirms the kernels. In float32 "
-        "(no tensor-core kernel serves it): its forward the faster of the tiled kernel (FMAs) and the op's as "
-        "measured, its backward the map route. The map route: for grad_input the draw's span conv writing the weight "
+        "predicted) and the op's map route, which its CUDA path runs until a draw confirms the kernels. In float32: "
+        "its forward the fastest of the staged kernel predicted (3xTF32 on tensor cores), the tiled kernel (FMAs) and "
+        "the op's as measured; its grad_input the faster of the staged kernel predicted (3xTF32) and the map route; "
+        "its generator's gradients the map route (no kernel of them serves float32). The map route: for grad_input the draw's span conv writing the weight "
         "map and involution's grad_input reading it, for the generator's gradients involution's float32 grad_weight "
         "as measured plus (bfloat16) the float32 copies and the three contractions of the float32 map at their DRAM "
         "floor (`generator_grads_through_map`; a lower bound), or each as a draw measured it (\"map route, measured\": "

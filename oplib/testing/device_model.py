@@ -1473,16 +1473,20 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     K, S = (int(v) for v in launch.specialisation[:2])  # (and VECTORS: the same work)
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
     es, taps, pg, threads = launch.dtype.itemsize, K * K, C // G, launch.threads_per_block
+    # float32's way (3xTF32): span rows and grad_output in floats, k-steps of 8, three TF32
+    # products per n-tile and k-step, a window pixel's 4 channels one 16-byte load
+    wide = launch.dtype == torch.float32
+    pixel_words = source.constants["STAGED_WIDE_PIXEL"] if wide else 10
     most_taps = -(-K // S)
     tile_h, tile_w = involution_cuda.generated_mma_staged_tile(source, S, runs_w)
     region_h, region_w = ((size - 1 + K - 1 + S - 1) // S + 1 for size in (tile_h, tile_w))
     weight_rows, row_stride = tile_h // S, tile_w // S
     tap_stride = (weight_rows * row_stride + 27) // 32 * 32 + 4
     span_rows, span_words = K * K + 7, 8 * -(-R // 16)
-    span_stride = span_words + 4
+    span_stride = involution_cuda.generated_mma_staged_wide_span_stride(R) if wide else span_words + 4
     bias_at = span_rows * span_stride  # words
-    staged_at = bias_at + span_rows
-    weights_at = staged_at + -(-region_h * region_w * 10 // 4) * 4
+    staged_at = bias_at + (-(-span_rows // 4) * 4 if wide else span_rows)
+    weights_at = staged_at + -(-region_h * region_w * pixel_words // 4) * 4
     rows_at_once = min(K, source.constants["STAGED_GRAD_ROWS"])
     buffer_taps = rows_at_once * K
     thread, warp, row, quad, group, n, c0, y0, x0 = _staged_thread(item, launch, G, pg, tiles_w, (tile_h, tile_w))
@@ -1495,7 +1499,10 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     b0 = (x + pw) % S
     taps_b = most_taps if S == 1 else (K - b0 + S - 1) // S
     window_column = (x + pw - b0) // S - (most_taps - 1) - first_column
-    _span_staging(t, thread, threads, group, taps, R, span_rows, span_words, span_stride, es)
+    if wide:
+        _wide_span_staging(t, thread, threads, group, taps, R, span_rows, span_stride)
+    else:
+        _span_staging(t, thread, threads, group, taps, R, span_rows, span_words, span_stride, es)
     _bias_staging(t, thread, group, taps, span_rows, bias_at, es)
 
     def form_rows(a0: int, buffer: int) -> None:
@@ -1511,15 +1518,25 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
         for tt in range(rows):
             for e in range(2):
                 t.shared(bias_at + (a0 + tt) * K + 2 * quad + e, live, 4)
-        for k0 in range(0, R, 16):
-            for v in range(4):
+        for k0 in range(0, R, 8 if wide else 16):
+            for v in range(2 if wide else 4):
                 h = v & 1
                 o = first_column + column[h]
                 inside = live & (i[h] >= 0) & (i[h] < OH) & (o >= 0) & (o < OW)
-                _feature_pair_loads(t, n * fsn + i[h] * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1), inside, R, fsc,
-                                    feature_words, es)
+                at, r = n * fsn + i[h] * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1)
+                if not wide:
+                    _feature_pair_loads(t, at, r, inside, R, fsc, feature_words, es)
+                elif feature_words:  # (8-byte units)
+                    t.load(1, (at + r) // 2, inside & (r < R), 8)
+                else:
+                    for e in range(2):
+                        t.load(1, at + (r + e) * fsc, inside & (r + e < R), 4)
             for tt in range(rows):
-                t.matrices((a0 + tt) * K * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), live, 2)
+                if wide:
+                    t.shared(((a0 + tt) * K * span_stride + row * span_stride + 2 * quad + k0) // 2, live, 8)
+                    t.tf32_products(live, 3)
+                else:
+                    t.matrices((a0 + tt) * K * span_stride + k0 // 2 + _fragment_b_rows(lane, span_stride), live, 2)
         for r in range(rows):
             for e in range(2):
                 b = 2 * quad + e  # the lane's tap (those past K unstored)
@@ -1531,8 +1548,12 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
                     t.shared(weights_at + (buffer * buffer_taps + r * K + b) * tap_stride + wi * row_stride + at,
                              stored, 4)
 
-    _staged_region(t, thread, threads, n * gsn + group * pg * gsc, c0, pg, (region_h, region_w), region_w, 1,
-                   (first_row, first_column), (OH, OW), (gsc, gsh, gsw), vector, es, staged_at)
+    if wide:
+        _wide_region(t, thread, threads, n * gsn + group * pg * gsc, c0, 4, pixel_words, pg, (region_h, region_w),
+                     region_w, 1, (first_row, first_column), (OH, OW), (gsc, gsh, gsw), vector, staged_at)
+    else:
+        _staged_region(t, thread, threads, n * gsn + group * pg * gsc, c0, pg, (region_h, region_w), region_w, 1,
+                       (first_row, first_column), (OH, OW), (gsc, gsh, gsw), vector, es, staged_at)
     form_rows(0, 0)
     for step, a0 in enumerate(range(0, K, rows_at_once)):
         end = min(a0 + rows_at_once, K)
@@ -1545,9 +1566,12 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
                          4 * run_x)
             for tap in range(most_taps):  # 16 bytes each (index in 16-byte units)
                 t.shared((first_tap + S * tap * tap_stride) // 4, reads, 16)
-            window = staged_at + ((i - first_row) * region_w + window_column) * 10 + 2 * quad
-            for k in range(4 + most_taps - 1):  # 8 bytes each
-                t.shared((window + k * 10) // 2, reads, 8)
+            window = staged_at + ((i - first_row) * region_w + window_column) * pixel_words + (4 if wide else 2) * quad
+            for k in range(4 + most_taps - 1):  # 8 bytes each, or float32's 16
+                if wide:
+                    t.shared((window + k * pixel_words) // 4, reads, 16)
+                else:
+                    t.shared((window + k * 10) // 2, reads, 8)
                 for tap in range(most_taps):
                     if 0 <= k + tap - (most_taps - 1) < 4:
                         t.fma(reads & (tap < taps_b), 4)
@@ -1561,7 +1585,7 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
         for e in range(0, 4, 2 if pairs else 1):
             at = n * isn + (group * pg + channel + e) * isc + y * ish + xp * isw
             if pairs:
-                t.store(4, at // 2, stored & (channel + e < pg), 4)
+                t.store(4, at // 2, stored & (channel + e < pg), 2 * es)
             else:
                 t.store(4, at, stored & (channel + e < pg), es)
 
@@ -1671,6 +1695,52 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
                 t.store(4, at, stored & (channel + e < pg), es)
 
 
+def _wide_span_staging(t: _Tally, thread: Tensor, threads: int, group, taps: int, R: int, rows: int,
+                       span_stride: int, first_tap: int = 0) -> None:
+    """generated_mma.cu's staged_wide_span_rows: ``rows`` span rows from tap ``first_tap`` in float,
+    R in whole k-steps of 8 a row, a unit a value (a 4-byte load and store), the block's threads
+    along the rows (zeros past the taps and past R, nothing loaded)."""
+    steps = 8 * -(-R // 8)
+    unit = thread + threads * _slots(-(-rows * steps // threads))
+    live = unit < rows * steps
+    span_row, r = unit // steps, unit % steps
+    tap = first_tap + span_row
+    t.load(2, (group * taps + tap) * R + r, live & (tap < taps) & (r < R), 4)
+    t.shared(span_row * span_stride + r, live, 4)
+
+
+def _wide_region(t: _Tally, thread: Tensor, threads: int, plane_at, c0, CH: int, PIXEL: int, pg: int,
+                 region: tuple[int, int], pitch: int, split: int, first: tuple, size: tuple[int, int], strides: tuple,
+                 vector: bool, staged_at: int, samples: int = 1, present=1, sample_step: int = 0) -> None:
+    """generated_mma.cu's staged_wide_region: a region of tensor argument 0 in float, a unit a
+    pixel's CH channels (one load where the host says vector, units along a pixel's quarters;
+    else CH 4-byte loads, units along a row's columns), one shared store, a pixel PIXEL words at
+    ``_staged_region``'s places."""
+    region_h, region_w = region
+    cs, hs, ws = strides
+    units = samples * region_h * region_w * 4
+    unit = thread + threads * _slots(-(-units // threads))
+    if vector:
+        quarter, pixel = unit % 4, unit // 4
+        ri, col = pixel // region_w, pixel % region_w
+    else:
+        col, rest = unit % region_w, unit // region_w
+        quarter, ri = rest % 4, rest // 4
+    staging = unit < units
+    sample = ri // region_h
+    i, o = first[0] + ri % region_h, first[1] + col
+    channel = c0 + CH * quarter
+    in_map = staging & (sample < present) & (i >= 0) & (i < size[0]) & (o >= 0) & (o < size[1])
+    at = plane_at + sample * sample_step + channel * cs + i * hs + o * ws
+    if vector:
+        t.load(0, at // CH, in_map & (channel < pg), 4 * CH)
+    else:
+        for m in range(CH):
+            t.load(0, at + m * cs, in_map & (channel + m < pg), 4)
+    place = ri * pitch + (col % 2 * ((region_w + 1) // 2) + col // 2 if split == 2 else col)
+    t.shared((staged_at + place * PIXEL + CH * quarter) // CH, staging, 4 * CH)
+
+
 def _generated_mma_staged_wide(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_staged's float32 way (3xTF32: generated_mma.cu's "wide" helpers),
     as ``_generated_mma_staged`` traces the 16-bit one, with what differs: a block takes a chunk
@@ -1699,7 +1769,6 @@ def _generated_mma_staged_wide(t: _Tally, item: Tensor, launch: Launch) -> None:
     odd = -(-region_w // 2) * PIXEL if S == 2 else 0
     tap_stride = tile_pixels + 4
     span_rows, span_stride = 8 * -(-taps // 8), involution_cuda.generated_mma_staged_wide_span_stride(R)
-    steps = 8 * -(-R // 8)
     passes = involution_cuda.generated_mma_staged_forward_passes(K, S, wide=True)
     bias_at = 8 * involution_cuda.generated_mma_staged_forward_pass_tiles(K, S, wide=True) * span_stride
     staged_at = bias_at + span_rows
@@ -1711,40 +1780,13 @@ def _generated_mma_staged_wide(t: _Tally, item: Tensor, launch: Launch) -> None:
 
     def pass_span_staging(first_a: int, end_a: int) -> None:  # staged_wide_pass_span_rows
         first_tile = first_a * K // 8
-        rows = 8 * (-(-end_a * K // 8) - first_tile)
-        unit = thread + threads * _slots(-(-rows * steps // threads))
-        live = unit < rows * steps
-        span_row, r = unit // steps, unit % steps
-        tap = 8 * first_tile + span_row
-        t.load(2, (group * taps + tap) * R + r, live & (tap < taps) & (r < R), 4)
-        t.shared(span_row * span_stride + r, live, 4)
+        _wide_span_staging(t, thread, threads, group, taps, R, 8 * (-(-end_a * K // 8) - first_tile), span_stride,
+                           8 * first_tile)
 
     pass_span_staging(*passes[0])
     _bias_staging(t, thread, group, taps, span_rows, bias_at, 4)
-    # staged_wide_region: vector units along a pixel's quarters, else along a row's columns
-    samples, present = 1 << fold_shift, N - n0
-    lines = samples * region_h
-    units = lines * region_w * 4
-    unit = thread + threads * _slots(-(-units // threads))
-    if vector:
-        quarter, pixel = unit % 4, unit // 4
-        ri, col = pixel // region_w, pixel % region_w
-    else:
-        col, rest = unit % region_w, unit // region_w
-        quarter, ri = rest % 4, rest // 4
-    staging = unit < units
-    sample = ri // region_h
-    i, o = S * y0 - ph + ri % region_h, S * x0 - pw + col
-    channel = c0 + CH * quarter
-    in_map = staging & (sample < present) & (i >= 0) & (i < H) & (o >= 0) & (o < W)
-    at = (n0 + sample) * isn + (group * pg + channel) * isc + i * ish + o * isw
-    if vector:
-        t.load(0, at // CH, in_map & (channel < pg), 4 * CH)
-    else:
-        for m in range(CH):
-            t.load(0, at + m * isc, in_map & (channel + m < pg), 4)
-    place = ri * pitch + (col % 2 * ((region_w + 1) // 2) + col // 2 if S == 2 else col)
-    t.shared((staged_at + place * PIXEL + CH * quarter) // CH, staging, 4 * CH)
+    _wide_region(t, thread, threads, n0 * isn + group * pg * isc, c0, CH, PIXEL, pg, (region_h, region_w), pitch, S,
+                 (S * y0 - ph, S * x0 - pw), (H, W), (isc, ish, isw), vector, staged_at, 1 << fold_shift, N - n0, isn)
 
     run_x, run_y = row % runs_w, row // runs_w
     ty, tx = warp * (8 // runs_w) + run_y, 4 * run_x

@@ -393,6 +393,28 @@ def test_the_staged_grad_input_trace_counts_a_launch_counted_by_hand():
     assert work.store_requests == 8 * 4 * 2
 
 
+def test_the_float32_staged_grad_input_trace_counts_a_launch_counted_by_hand():
+    """The same launch in float32 (3xTF32): the same sums and stores (a pair of channels an
+    8-byte store); on tensor cores, per kernel row, the 17 m-tiles of 16 of the 8 x 34 output
+    pixels its tile reads (8 rows of the 32 columns and their halo), 2 k-steps of 8 of R, one
+    n-tile (the row's taps), three TF32 products each, 1024 multiply-adds a product counted as
+    two BF16 ones."""
+    from oplib.kernels.involution import cuda as involution_cuda
+
+    g = torch.randn(1, 16, 8, 32).to(memory_format=torch.channels_last)
+    f = torch.randn(1, 16, 8, 32).to(memory_format=torch.channels_last)
+    out = torch.empty(1, 16, 8, 32).to(memory_format=torch.channels_last)
+    recording = device_model.RecordingLauncher()
+    assert involution_cuda.involution_generated_mma_backward_input_staged(
+        g, f, torch.randn(9, 16), None, [8, 32], [3, 3], [1, 1], [1, 1], [1, 1], out, recording, runs_w=8) is not None
+    (launch,) = recording.launches
+    work = device_model.kernel_work(launch)
+    assert work.warps == 8 and launch.dtype == torch.float32
+    assert work.fma_requests == 8 * 3 * 12 * 4
+    assert work.store_requests == 8 * 4 * 2
+    assert work.tensor_macs == 3 * 17 * 2 * 3 * 2 * 1024
+
+
 def test_the_staged_forward_trace_counts_a_launch_counted_by_hand():
     """generated_mma.cu's staged forward at a 6 x 30 output of one group of 16 bfloat16 channels
     (channels_last), a 3x3 kernel at stride 1, padding 1, in runs of 8 along a row: one block, a

@@ -783,8 +783,9 @@ def involution_generated_tile(input: Tensor, feature: Tensor, span_weight: Tenso
 # ---------------------------------------------------------------------------------------
 
 GENERATED_MMA_DTYPES = (torch.float16, torch.bfloat16)
-# The staged forward's: float32 too, its products in 3xTF32 (three TF32 products a float's).
-GENERATED_STAGED_FORWARD_DTYPES = (*GENERATED_MMA_DTYPES, torch.float32)
+# The staged kernels' (forward and grad_input): float32 too, its products in 3xTF32 (three TF32
+# products a float's).
+GENERATED_STAGED_DTYPES = (*GENERATED_MMA_DTYPES, torch.float32)
 # The GPUs with mma.sync on 16-bit values: below, the kernel's instantiations are empty.
 GENERATED_MMA_MIN_CAPABILITY = (8, 0)
 
@@ -1082,19 +1083,24 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
 
 
 def generated_mma_staged_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
-                                      reduced: int) -> int:
+                                      reduced: int, dtype: torch.dtype = torch.bfloat16) -> int:
     """The dynamic shared memory of ``involution_generated_mma_backward_input_staged``: the group's
     span rows (an n-tile's 8 from any tap) and their bias, grad_output over the region the tile reads, two
     buffers of ``STAGED_GRAD_ROWS`` kernel rows' weights and a tap past them (generated_mma.cu
-    lays them out)."""
+    lays them out); float32's span rows and grad_output in floats (``STAGED_WIDE_PIXEL`` a pixel)."""
     c = source.constants
     tile_h, tile_w = generated_mma_staged_tile(source, stride, runs_w)
     region_h, region_w = ((t - 1 + kernel - 1 + stride - 1) // stride + 1 for t in (tile_h, tile_w))
-    span_rows, span_stride = kernel * kernel + 7, 8 * -(-reduced // 16) + 4
-    staged = -(-region_h * region_w * c["STAGED_PIXEL"] // 4) * 4
+    span_rows = kernel * kernel + 7
+    if dtype == torch.float32:
+        span = span_rows * generated_mma_staged_wide_span_stride(reduced) + -(-span_rows // 4) * 4
+        staged = -(-region_h * region_w * c["STAGED_WIDE_PIXEL"] // 4) * 4
+    else:
+        span = span_rows * (8 * -(-reduced // 16) + 4 + 1)
+        staged = -(-region_h * region_w * c["STAGED_PIXEL"] // 4) * 4
     tap_stride = ((tile_h // stride) * (tile_w // stride) + 27) // 32 * 32 + 4
     buffer_taps = min(kernel, c["STAGED_GRAD_ROWS"]) * kernel
-    return 4 * (span_rows * (span_stride + 1) + staged + (2 * buffer_taps + 1) * tap_stride)
+    return 4 * (span + staged + (2 * buffer_taps + 1) * tap_stride)
 
 
 def generated_mma_staged_config(source: KernelSource, dtype: torch.dtype, batch: int, channels: int, groups: int,
@@ -1104,8 +1110,10 @@ def generated_mma_staged_config(source: KernelSource, dtype: torch.dtype, batch:
     tiles of grad_input, which fill the input best)."""
     return _staged_launch(source, "involution_generated_mma_backward_input_staged",
                           lambda r: generated_mma_staged_tile(source, stride[0], r),
-                          lambda r: generated_mma_staged_shared_bytes(source, kernel_size[0], stride[0], r, reduced),
-                          dtype, batch, channels, groups, input_size, kernel_size, stride, dilation, runs_w)
+                          lambda r: generated_mma_staged_shared_bytes(source, kernel_size[0], stride[0], r, reduced,
+                                                                      dtype),
+                          dtype, batch, channels, groups, input_size, kernel_size, stride, dilation, runs_w,
+                          dtypes=GENERATED_STAGED_DTYPES)
 
 
 def involution_generated_mma_backward_input_staged(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
@@ -1269,7 +1277,7 @@ def generated_mma_staged_forward_config(source: KernelSource, dtype: torch.dtype
                                                                               reduced, out_size, dtype),
                           dtype, batch, channels, groups, out_size, kernel_size, stride, dilation, runs_w,
                           lambda r: generated_mma_staged_forward_fold(source, r, out_size),
-                          GENERATED_STAGED_FORWARD_DTYPES, generated_mma_staged_forward_chunk(source, dtype, stride[0]))
+                          GENERATED_STAGED_DTYPES, generated_mma_staged_forward_chunk(source, dtype, stride[0]))
 
 
 def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],

@@ -1,7 +1,7 @@
 """generated_mma.cu's staged grad_input, involution_generated_mma_backward_input_staged
 (STAGED_GRAD_ROWS kernel rows' weights formed at once on tensor cores into shared memory, then
 summed by FMAs with grad_output staged there too), on the host emulation: against the float64 reference on the registry's
-samples and random geometries in float16 and bfloat16, each tile layout, both run orders and
+samples and random geometries in float16, bfloat16 and float32 (3xTF32), each tile layout, both run orders and
 both ways of staging grad_output and loading the feature; the same bits whatever the layout; inf
 and nan where torch puts them; under AddressSanitizer; and planted bugs that each check must
 catch."""
@@ -20,7 +20,7 @@ from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, random_samples,
                                tensor_core_samples_script)
-from test_cuda_generated_mma import (DTYPES, PlantedBug, assert_non_finite_as_expected, check_against_reference,
+from test_cuda_generated_mma import (PlantedBug, assert_non_finite_as_expected, check_against_reference,
                                      float64_reference, with_one_non_finite)
 from test_cuda_generated_mma_grad_input import GRAD_CASES, NON_FINITE_PLACES, _caught, _plant, grad_input_arguments
 from test_cuda_tiles import TWO_CHANNEL_CHUNKS, _random_specialised_cases
@@ -28,6 +28,9 @@ from test_cuda_tiles import TWO_CHANNEL_CHUNKS, _random_specialised_cases
 GRAD_INPUT = registry.get("involution_generated_backward_input")
 KERNEL = "involution_generated_mma_backward_input_staged"
 RUNS_W = involution_cuda.GENERATED_STAGED_RUNS_W
+STAGED_DTYPES = involution_cuda.GENERATED_STAGED_DTYPES
+# Under AddressSanitizer: a 16-bit type (float16's addresses are bfloat16's) and float32's own way.
+ASAN_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def _source() -> KernelSource:
@@ -51,7 +54,8 @@ def _declines_only_what_it_has_no_instantiation_for(args: tuple) -> bool:
     fixed = (kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
              and kernel_size[0] in (3, 5, 7) and stride[0] in (1, 2))
     largest = max(involution_cuda.generated_mma_staged_shared_bytes(_source(), kernel_size[0], stride[0], runs_w,
-                                                                    args[1].shape[1]) for runs_w in RUNS_W)
+                                                                    args[1].shape[1], args[0].dtype)
+                  for runs_w in RUNS_W)
     return not fixed or largest > involution_cuda.GENERATED_TILE_MAX_SHARED
 
 
@@ -67,7 +71,8 @@ STAGED_CASES = (*GRAD_CASES, *WIDE)
 
 
 @pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration) for o in ORDERS[1:])])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.integration)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, pytest.param(torch.float16, marks=pytest.mark.integration)],
+                         ids=str)
 def test_staged_grad_input_matches_the_reference(dtype, order):
     """The registry's samples (channels_last, odd sizes, rectangular windows, strides, dilations,
     no bias, an empty batch) and the geometries above in the tile layouts (the unit tier one a
@@ -110,39 +115,41 @@ def check_every_layout(spec, check, declines, cases, wide, arguments, dtype, ord
 
 @pytest.mark.integration
 @pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", STAGED_DTYPES, ids=str)
 def test_staged_grad_input_matches_the_reference_on_random_geometries(dtype, order):
     """The spec's random geometries, half of them channels_last, in a layout each (few are the
     square windows it serves: it declines the others); then random square windows it serves,
     in each layout."""
     require_host_compiler()
     launcher = EmulatedLauncher(order=order)
-    for index, sample in enumerate(random_samples(GRAD_INPUT, dtype, 24, seed=97 + DTYPES.index(dtype))):
+    for index, sample in enumerate(random_samples(GRAD_INPUT, dtype, 24, seed=97 + STAGED_DTYPES.index(dtype))):
         args = sample.args
         if index % 2:
             args = (args[0].contiguous(memory_format=torch.channels_last), args[1].contiguous(
                 memory_format=torch.channels_last), *args[2:])
         if not _check(args, launcher, f"random-{index}", RUNS_W[index % 3]):
             assert _declines_only_what_it_has_no_instantiation_for(args), index
-    for index, case in enumerate(_random_specialised_cases(18, seed=101 + DTYPES.index(dtype))):
+    for index, case in enumerate(_random_specialised_cases(18, seed=101 + STAGED_DTYPES.index(dtype))):
         args = grad_input_arguments(case.arguments(dtype))
         assert _check(args, launcher, case.name, RUNS_W[index % 3]), case.name
 
 
-def test_every_layout_gives_the_same_bits():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float32, marks=pytest.mark.integration)], ids=str)
+def test_every_layout_gives_the_same_bits(dtype):
     """Each input pixel's sum takes its kernel rows, then its taps, in one order whatever the
     tile and the thread order: the three layouts and both orders give one result, twice."""
     require_host_compiler()
     for case in WIDE[1:2]:  # stride 2: a warp a row and column parity
-        args = grad_input_arguments(case.arguments(torch.bfloat16))
+        args = grad_input_arguments(case.arguments(dtype))
         results = [_result(args, EmulatedLauncher(order=order), runs_w)[1] for runs_w in RUNS_W for order in ORDERS]
         assert all(torch.equal(results[0], r) for r in results[1:]), case.name
 
 
 def test_staged_grad_input_declines_what_it_does_not_serve():
-    """float32 and float64, windows it has no instantiation for, a map its tiles fill less than
-    half of (RedNet-50's 7x7 last stage), a span_weight past the shared memory: None, out
-    untouched. RedNet-50's other grad_input maps in the layout that fills them."""
+    """float64, windows it has no instantiation for, a map its tiles fill less than half of
+    (RedNet-50's 7x7 last stage), a span_weight past the shared memory: None, out untouched.
+    RedNet-50's other grad_input maps in the layout that fills them, float32's (span rows and
+    grad_output in floats) within the 99 KiB every architecture gives a block."""
     source, config = _source(), involution_cuda.generated_mma_staged_config
     # (batch, channels, groups, input size, kernel, stride, R): RedNet-50's shapes at batch 32
     assert config(source, torch.bfloat16, 32, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16)[0].grid == (14, 4, 32)
@@ -156,16 +163,22 @@ def test_staged_grad_input_declines_what_it_does_not_serve():
     # a block a chunk of 16 of a group's channels: 40 channels a group are 3 chunks
     assert config(source, torch.bfloat16, 2, 80, 2, (56, 56), (7, 7), (1, 1), (1, 1), 16)[0].grid == (14, 2, 6)
     assert config(source, torch.bfloat16, 32768, 64, 2, (56, 56), (7, 7), (1, 1), (1, 1), 16) is None
-    for dtype in (torch.float32, torch.float64):
-        assert config(source, dtype, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16) is None
+    assert config(source, torch.float64, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16) is None
+    for channels, size, stride in ((64, 56, 1), (128, 56, 2), (128, 28, 1), (256, 28, 2), (256, 14, 1), (512, 14, 2)):
+        wide = config(source, torch.float32, 32, channels, channels // 16, (size, size), (7, 7), (stride, stride),
+                      (1, 1), channels // 4)
+        narrow = config(source, torch.bfloat16, 32, channels, channels // 16, (size, size), (7, 7),
+                        (stride, stride), (1, 1), channels // 4)
+        assert wide[0].grid == narrow[0].grid and wide[1] == narrow[1], (channels, stride)
+        assert narrow[0].shared_bytes < wide[0].shared_bytes <= involution_cuda.GENERATED_TILE_MAX_SHARED
     for window, stride, dilation in (((9, 9), (1, 1), (1, 1)), ((7, 5), (1, 1), (1, 1)), ((7, 7), (1, 2), (1, 1)),
                                      ((7, 7), (3, 3), (1, 1)), ((3, 3), (1, 1), (2, 2))):
         assert config(source, torch.bfloat16, 2, 64, 4, (56, 56), window, stride, dilation, 16) is None, window
     assert config(source, torch.bfloat16, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 1024) is None
     with pytest.raises(ValueError, match="runs_w must be one of"):  # a warp's 8 runs in whole rows
         config(source, torch.bfloat16, 2, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16, runs_w=3)
-    args = grad_input_arguments(TWO_CHANNEL_CHUNKS.arguments(torch.float32))
-    out = torch.full((1, 64, 11, 10), 7.0)
+    args = grad_input_arguments(TWO_CHANNEL_CHUNKS.arguments(torch.float64))
+    out = torch.full((1, 64, 11, 10), 7.0, dtype=torch.float64)
     assert involution_cuda.involution_generated_mma_backward_input_staged(*args, out, EmulatedLauncher()) is None
     assert bool((out == 7).all())
 
@@ -176,16 +189,21 @@ def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
     assert_non_finite_as_expected(out, float64_reference(GRAD_INPUT, args), GRAD_INPUT.tolerance(out.dtype), name)
 
 
-@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
-def test_non_finite_values_land_where_torch_puts_them(value):
+@pytest.mark.parametrize("value, dtype", [(float("inf"), torch.bfloat16), (float("nan"), torch.bfloat16),
+                                          (float("inf"), torch.float32),
+                                          pytest.param(float("nan"), torch.float32, marks=pytest.mark.integration)],
+                         ids=["inf-bfloat16", "nan-bfloat16", "inf-float32", "nan-float32"])
+def test_non_finite_values_land_where_torch_puts_them(value, dtype):
     """An inf or a nan in grad_output, the feature or the bias: each weight is a whole dot
     product and each sum a plain one (no band zeros), and a pixel outside the map has weight 0
-    and grad_output 0, so they land at torch's places. Strides 1 and 2, both layouts."""
+    and grad_output 0, so they land at torch's places (float32's split turns them into nans: a
+    warp that meets one forms its weights again by the direct sum). Strides 1 and 2, both
+    layouts."""
     require_host_compiler()
     launcher = EmulatedLauncher()
     for case in (TWO_CHANNEL_CHUNKS, GRAD_CASES[-1]):
         for channels_last in (False, True):
-            args = grad_input_arguments(case._replace(channels_last=channels_last).arguments(torch.bfloat16))
+            args = grad_input_arguments(case._replace(channels_last=channels_last).arguments(dtype))
             for place, changed in with_one_non_finite(args, NON_FINITE_PLACES, value):
                 _assert_non_finite_as_torch(changed, launcher, f"{case.name}-{channels_last}-{place}")
 
@@ -249,8 +267,62 @@ def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypat
         assert any(caught) if races else all(caught), (case.name, caught)
 
 
+# float32's way (3xTF32, float staging): its places of the 16-bit way's bugs, and its own.
+WIDE_WINDOW_LATE = PlantedBug("wide-window-late", "- first_column - (TAPS - 1);", "- first_column - (TAPS - 1) + 1;")
+WIDE_ONE_BUFFER = PlantedBug("wide-one-buffer", "(~step & 1) * buffer_taps * tap_stride);", "(step & 1) * buffer_taps * tap_stride);")
+WIDE_ROW_BARRIER = PlantedBug("wide-row-barrier",
+                              "__syncthreads();  // rows a0 .. a0 + ROWS - 1's float weights (and grad_output) are staged",
+                              "// rows a0 .. a0 + ROWS - 1's float weights (and grad_output) are staged")
+WIDE_BIAS_TAP = PlantedBug("wide-bias-tap", "rows_bias[1 + K * t] : 0.0f;", "rows_bias[2 + K * t] : 0.0f;")
+WIDE_LAST_PLACE = PlantedBug("wide-last-place", "if ((unsigned int)at < (unsigned int)row_stride && ",
+                             "if ((unsigned int)at < (unsigned int)(row_stride - 1) && ")
+WIDE_UNION_FIRST = PlantedBug("wide-union-first", "mma_floor_div(y0 + pad_h - a0 - (rows - 1) + S - 1, S);",
+                              "mma_floor_div(y0 + pad_h - a0 - (rows - 1) + S - 1, S) + 1;")
+WIDE_ROW_OF_TAP = PlantedBug("wide-row-of-tap", "const int ui_low = -i_first + ((row_base - t) >> (S - 1));",
+                             "const int ui_low = -i_first + ((row_base - t) >> S);")
+WIDE_PIXEL_ROW = PlantedBug("wide-pixel-row", "1u + 0xffffffffu / (unsigned int)region_w;",
+                            "1u + 0xffffffffu / (unsigned int)(region_w + 1);")
+# The product without its lo terms: one TF32 product, about 3 decimal digits.
+WIDE_ONE_PRODUCT = PlantedBug("wide-one-product", "oplib_mma_3xtf32(d[t], a_hi, a_lo, b_hi, b_lo);  // (a kernel row's",
+                              "oplib_mma_tf32(d[t], a_hi, b_hi), (void)b_lo;  // (a kernel row's")
+# The direct sum's feature from the lane's first channel: only a warp that met an inf or a nan runs it.
+WIDE_COLD = PlantedBug("wide-cold", "const index_t back = (8 * ((reduced + 7) / 8) + 2 * quad) * feature_step;",
+                       "const index_t back = 8 * ((reduced + 7) / 8) * feature_step;")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("bug, cases", [
+    *((b, STRIDE_CASES) for b in (WIDE_WINDOW_LATE, WIDE_ONE_BUFFER, WIDE_ROW_BARRIER, WIDE_BIAS_TAP, WIDE_LAST_PLACE,
+                                  WIDE_UNION_FIRST, WIDE_ROW_OF_TAP, WIDE_ONE_PRODUCT)),
+    (WIDE_PIXEL_ROW, STRIDE_CASES[:1])], ids=lambda b: getattr(b, "name", ""))
+def test_a_planted_float32_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
+    """In the ascending order, the races in both, either catching them."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    races = bug in (WIDE_ONE_BUFFER, WIDE_ROW_BARRIER)
+    for case in cases:
+        caught = [_caught(lambda: _check(grad_input_arguments(case.arguments(torch.float32)),
+                                         EmulatedLauncher(order=order), f"{bug.name}-{order}"))
+                  for order in (ORDERS if races else ORDERS[:1])]
+        assert any(caught) if races else all(caught), (case.name, caught)
+
+
+@pytest.mark.integration
+def test_a_planted_float32_cold_path_bug_fails_the_non_finite_check(tmp_path, monkeypatch):
+    """Finite values never reach the direct sum; an inf in the feature does."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, WIDE_COLD)
+    args = grad_input_arguments(WIDE[0].arguments(torch.float32))
+    assert _check(args, EmulatedLauncher(), "finite")
+    changed = list(args)
+    changed[1] = changed[1].clone()
+    changed[1][0, 5, 4, 4] = float("inf")
+    with pytest.raises(AssertionError, match="inf: "):
+        _assert_non_finite_as_torch(tuple(changed), EmulatedLauncher(), "inf")
+
+
 _RUN_SAMPLES = tensor_core_samples_script("test_cuda_generated_mma_grad_input_staged", "GRAD_INPUT", "STAGED_CASES",
-                                          "grad_input_arguments", "DTYPES", 1)
+                                          "grad_input_arguments", "ASAN_DTYPES", 1)
 
 
 @pytest.mark.integration
@@ -281,7 +353,7 @@ def _gpu_arguments(dtype: torch.dtype) -> list[tuple[tuple, str]]:
 
 
 @pytest.mark.needs_cuda
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", STAGED_DTYPES, ids=str)
 def test_staged_grad_input_on_a_gpu_matches_the_reference(dtype):
     """CuPy's launch, mma.sync and all: the samples, the geometries above, random ones in each
     layout, and an inf where torch puts it."""

@@ -28,7 +28,7 @@ from test_cuda_tiles import TWO_CHANNEL_CHUNKS, _random_specialised_cases
 
 KERNEL = "involution_generated_mma_staged"
 RUNS_W = involution_cuda.GENERATED_STAGED_RUNS_W
-STAGED_DTYPES = involution_cuda.GENERATED_STAGED_FORWARD_DTYPES
+STAGED_DTYPES = involution_cuda.GENERATED_STAGED_DTYPES
 # Under AddressSanitizer: a 16-bit type (float16's addresses are bfloat16's) and float32's own way.
 ASAN_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -350,8 +350,8 @@ WIDE_PASS_BARRIER = PlantedBug("wide-pass-barrier", "__syncthreads();  // the pa
 WIDE_K_ORDER = PlantedBug("wide-k-order", "hi.value[2 * e + h] = split.hi;\n            lo.value[2 * e + h] = split.lo;",
                           "hi.value[2 * (1 - e) + h] = split.hi;\n            lo.value[2 * (1 - e) + h] = split.lo;")
 # The product without its lo terms: one TF32 product, about 3 decimal digits.
-WIDE_ONE_PRODUCT = PlantedBug("wide-one-product", "oplib_mma_3xtf32(d[t], a_hi, a_lo, b_hi, b_lo);",
-                              "oplib_mma_tf32(d[t], a_hi, b_hi);")
+WIDE_ONE_PRODUCT = PlantedBug("wide-one-product", "oplib_mma_3xtf32(d[t], a_hi, a_lo, b_hi, b_lo);\n",
+                              "oplib_mma_tf32(d[t], a_hi, b_hi), (void)b_lo;\n")
 # The next pass's span rows staged from the pass's own first n-tile (both strides: float stages
 # a pass's rows at a time).
 WIDE_PASS_SPAN = PlantedBug("wide-pass-span",

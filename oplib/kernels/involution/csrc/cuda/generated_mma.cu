@@ -1340,6 +1340,223 @@ __device__ __forceinline__ void staged_row_sums(float (&sums)[STAGED_RUN][STAGED
     }
 }
 
+// The staged kernels in float32 (the staged grad_input below and the staged forward after it):
+// the same kernels with their products in 3xTF32 (warp.cuh), where FMAs could not reach the
+// op's bar (the tiled FMA kernel is issue-bound: one FFMA a multiply-add a lane, where a TF32
+// mma does 1024 of them a warp and 3xTF32 keeps a float's accuracy). What differs from the
+// 16-bit way (the "wide" helpers below):
+//   - span rows in float, [tap][r], staged_wide_span_stride floats a row (R in whole k-steps of
+//     8, and 8 more where that is a multiple of 16: a B fragment's 8-byte loads, taps group x
+//     reduced 2 quad, of each half-warp in 32 banks); the forward's a pass's rows at a time at
+//     both strides, the grad_input's all of the group's, as its 16-bit way's;
+//   - the input (grad_output) staged in float, a pixel's 16 channels and 4 floats of padding
+//     (STAGED_WIDE_PIXEL: a quarter's 16-byte loads by runs 4 pixels apart in different banks);
+//     the forward at stride 2, whose region is four times as large (16 channels of RedNet-50's
+//     stride-2 regions took 112-116 KiB, past the 99 KiB every architecture gives a block), takes
+//     a chunk of 8 channels a block (STAGED_WIDE_HALF channels, a thread 2 of them; a pixel 8
+//     floats and 2 of padding, STAGED_WIDE_HALF_PIXEL), each chunk's block forming the weights
+//     again (the grad_input's region, of output pixels, is a quarter of it there);
+//   - k-steps of 8, whose k order is permuted alike in A and B: the fragment's column quad is
+//     reduced channel k0 + 2 quad and column quad + 4 is k0 + 2 quad + 1, so that a lane's two
+//     values of a pixel are adjacent channels (one 8-byte load channels_last) and its two of a
+//     span row adjacent floats (one 8-byte shared load);
+//   - each operand split into TF32 hi and lo as it is loaded; a warp whose formed weights are not
+//     all finite (an inf or a nan in the feature, span_weight or bias, which the split turns into
+//     nans) forms them again by the direct sum in float, from the same staged span rows: inf and
+//     nan land where torch puts them (the aggregation is FMAs, as the 16-bit way's);
+//   - the sums stored as they are (pairs of channels one 8-byte store where the layout allows).
+constexpr int STAGED_WIDE_PIXEL = 20;  // floats a staged input pixel: 16 channels, 4 of padding
+constexpr int STAGED_WIDE_HALF = 8;  // stride 2's chunk of channels
+constexpr int STAGED_WIDE_HALF_PIXEL = 10;  // floats a pixel of it: 8 channels, 2 of padding
+static_assert(STAGED_WIDE_PIXEL >= MMA_CHANNELS && STAGED_WIDE_PIXEL % 4 == 0 && STAGED_WIDE_PIXEL % 8 != 0,
+              "a quarter one aligned 16-byte load; runs 4 pixels apart in different banks");
+static_assert(STAGED_WIDE_HALF_PIXEL >= STAGED_WIDE_HALF && STAGED_WIDE_HALF_PIXEL % 2 == 0 &&
+                  STAGED_WIDE_HALF_PIXEL % 8 != 0,
+              "a quarter one aligned 8-byte load; runs 4 pixels apart in different banks");
+
+// A thread's CH channels of a staged pixel: one 16-byte (CH 4) or 8-byte (CH 2) load or store.
+template <int CH>
+struct alignas(4 * CH) StagedWideQuarter {
+    float lane[CH];
+};
+
+// Floats a staged span row: R in whole k-steps of 8, 8 past a multiple of 16.
+__host__ __device__ constexpr int staged_wide_span_stride(int reduced) {
+    return 8 * ((reduced + 7) / 8) % 16 == 0 ? 8 * ((reduced + 7) / 8) + 8 : 8 * ((reduced + 7) / 8);
+}
+
+// Two floats of one 8-byte load or store.
+struct alignas(8) StagedWidePair {
+    float value[2];
+};
+
+// `count` rows of span_weight from `rows` (R floats each; those from the `rows_left`-th zeros:
+// past the window's taps) into span [row][r], `stride` floats a row, zeros past R to a whole
+// k-step. Consecutive threads along a row, every thread of the block.
+__device__ __forceinline__ void staged_wide_span_rows(float* span, const float* rows, int count, int rows_left,
+                                                      int reduced, int stride, int thread) {
+    const int steps = 8 * ((reduced + 7) / 8);
+#pragma unroll 1
+    for (int unit = thread; unit < count * steps; unit += MMA_THREADS) {
+        const int row = unit / steps, r = unit - row * steps;
+        span[row * stride + r] = row < rows_left && r < reduced ? __ldg(rows + (index_t)row * reduced + r) : 0.0f;
+    }
+}
+
+// staged_region in float: the chunk's 4 CH channels a pixel, PIXEL floats apart, at
+// staged_place's places. A unit is a pixel's quarter (CH channels): one load where the host
+// says they are a vector (channels_last, 16-byte aligned), units along a pixel's quarters, then
+// its columns; else CH loads c_stride apart, units along a row's columns (consecutive threads
+// consecutive columns: NCHW's loads coalesce), then the quarters. A thread's units step a
+// block's worth a trip with a carry (no division a unit); a staged row's sample by staged_region's
+// multiply and shift.
+template <int SPLIT, int CH, int PIXEL>
+__device__ __forceinline__ void staged_wide_region(float* staged, const float* plane, int c0, int group_channels,
+                                                   int region_h, int region_w, int pitch, int samples, int present,
+                                                   index_t sample_step, int first_row, int first_column, int rows,
+                                                   int columns, index_t c_stride, index_t h_stride, index_t w_stride,
+                                                   bool vector, int thread) {
+    const unsigned int sample_magic = (65536u + region_h - 1) / region_h;
+    // vector: a line is a staged row, a thread's quarter fixed (the block's threads a multiple of
+    // 4); else a line is a (staged row, quarter), the quarter its lowest 2 bits
+    const int per_line = region_w, threads = vector ? MMA_THREADS / 4 : MMA_THREADS;
+    const int first = vector ? thread >> 2 : thread, lines = vector ? samples * region_h : 4 * samples * region_h;
+    const int step = threads / per_line, shift = threads - step * per_line;
+    int line = first / per_line, col = first - line * per_line;
+#pragma unroll 1
+    while (line < lines) {
+        const int ri = vector ? line : line >> 2, quarter = vector ? thread & 3 : line & 3;
+        const int sample = (int)(((unsigned int)ri * sample_magic) >> 16), i = first_row + ri - sample * region_h;
+        const int o = first_column + col, c = c0 + CH * quarter;
+        const bool in_map = sample < present && (unsigned int)i < (unsigned int)rows &&
+                            (unsigned int)o < (unsigned int)columns;
+        const float* at = plane + sample * sample_step + (index_t)c * c_stride + (index_t)i * h_stride +
+                          (index_t)o * w_stride;
+        StagedWideQuarter<CH> v;
+        if (vector) {
+            v = in_map && c < group_channels ? *reinterpret_cast<const StagedWideQuarter<CH>*>(at)
+                                             : StagedWideQuarter<CH>{};
+        } else {
+#pragma unroll
+            for (int m = 0; m < CH; ++m) v.lane[m] = in_map && c + m < group_channels ? __ldg(at + m * c_stride) : 0.0f;
+        }
+        *reinterpret_cast<StagedWideQuarter<CH>*>(staged + staged_place<SPLIT>(ri, col, pitch, region_w) * PIXEL +
+                                                  CH * quarter) = v;
+        col += shift;
+        const bool carry = col >= per_line;
+        col -= carry ? per_line : 0;
+        line += step + carry;
+    }
+}
+
+// A k-step's A fragments, hi and lo, of the feature at the lane's two pixels (rows group and
+// group + 8): `values` point at each pixel's reduced channel r0 = k0 + 2 quad and move on past
+// the k-step; channels feature_step apart (a pair one aligned 8-byte load where the host says so:
+// feature_words, R even), zeros past R and at a pixel outside the map (inside[h] false). Column
+// quad is channel r0, column quad + 4 channel r0 + 1 (the permuted k order).
+__device__ __forceinline__ void staged_wide_feature_fragments(const float* (&values)[2], const bool (&inside)[2],
+                                                              int r0, int reduced, index_t feature_step,
+                                                              bool feature_words, OplibFragmentTf32A& hi,
+                                                              OplibFragmentTf32A& lo) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int count = inside[h] ? reduced - r0 : 0;
+        float v[2] = {0.0f, 0.0f};
+        if (feature_words) {
+            if (count > 0) {
+                const StagedWidePair pair = *reinterpret_cast<const StagedWidePair*>(values[h]);
+                v[0] = pair.value[0];
+                v[1] = pair.value[1];
+            }
+        } else {
+            v[0] = count > 0 ? __ldg(values[h]) : 0.0f;
+            v[1] = count > 1 ? __ldg(values[h] + feature_step) : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const OplibTf32Split split = oplib_split_tf32(v[e]);
+            hi.value[2 * e + h] = split.hi;
+            lo.value[2 * e + h] = split.lo;
+        }
+        values[h] += 8 * feature_step;
+    }
+}
+
+// One kernel row's sums for a thread's run in float: staged_forward_row_sums with the window's
+// pixels' CH channels one load each, PIXEL floats apart.
+template <int K, int S, int CH, int PIXEL>
+__device__ __forceinline__ void staged_wide_row_sums(float (&sums)[STAGED_RUN][CH], const float* first_tap,
+                                                     int tap_stride, const float* window, int odd) {
+    float w[K][STAGED_RUN];
+#pragma unroll
+    for (int b = 0; b < K; ++b) {
+        const Vector16<float> v = *reinterpret_cast<const Vector16<float>*>(first_tap + b * tap_stride);
+#pragma unroll
+        for (int p = 0; p < STAGED_RUN; ++p) w[b][p] = v.lane[p];
+    }
+#pragma unroll
+    for (int k = 0; k < S * (STAGED_RUN - 1) + K; ++k) {
+        const float* at = S == 2 ? window + (k & 1) * odd + (k >> 1) * PIXEL : window + k * PIXEL;
+        const StagedWideQuarter<CH> x = *reinterpret_cast<const StagedWideQuarter<CH>*>(at);
+#pragma unroll
+        for (int p = 0; p < STAGED_RUN; ++p) {
+            const int b = k - S * p;
+            if (b < 0 || b >= K) continue;
+#pragma unroll
+            for (int c = 0; c < CH; ++c) sums[p][c] = oplib_fma(w[b][p], x.lane[c], sums[p][c]);
+        }
+    }
+}
+
+// staged_row_sums in float (the staged grad_input's): a window pixel's 4 channels one 16-byte
+// load, STAGED_WIDE_PIXEL floats apart.
+template <int TAPS>
+__device__ __forceinline__ void staged_wide_grad_row_sums(float (&sums)[STAGED_RUN][STAGED_RUN], const float* first_tap,
+                                                          int tap_step, int taps, const float* window) {
+    float w[TAPS][STAGED_RUN];
+#pragma unroll
+    for (int t = 0; t < TAPS; ++t) {
+        const Vector16<float> v = *reinterpret_cast<const Vector16<float>*>(first_tap + t * tap_step);
+#pragma unroll
+        for (int p = 0; p < STAGED_RUN; ++p) w[t][p] = v.lane[p];
+    }
+#pragma unroll
+    for (int k = 0; k < STAGED_RUN + TAPS - 1; ++k) {
+        const Vector16<float> g = *reinterpret_cast<const Vector16<float>*>(window + k * STAGED_WIDE_PIXEL);
+#pragma unroll
+        for (int t = TAPS - 1; t >= 0; --t) {
+            const int p = k + t - (TAPS - 1);
+            if (p < 0 || p >= STAGED_RUN || t >= taps) continue;
+#pragma unroll
+            for (int c = 0; c < STAGED_RUN; ++c) sums[p][c] = oplib_fma(w[t][p], g.lane[c], sums[p][c]);
+        }
+    }
+}
+
+// A thread's run's float sums to its 4 pixels (columns x + step p, those before `columns`; `at` the
+// run's row at its first channel c) and CH channels (those of the group's): a pair of channels
+// one 8-byte store where the layout allows it (pair_stores), else one store a value.
+template <int CH>
+__device__ __forceinline__ void staged_wide_store_run(const float (&sums)[STAGED_RUN][CH], float* at, int x, int step,
+                                                      int columns, index_t w_stride, int c, int group_channels,
+                                                      index_t c_stride, bool pair_stores) {
+#pragma unroll
+    for (int p = 0; p < STAGED_RUN; ++p) {
+        const int xp = x + step * p;
+        if (xp >= columns) continue;
+        float* pixel = at + (index_t)xp * w_stride;
+#pragma unroll
+        for (int e = 0; e < CH; e += 2) {
+            if (pair_stores && c + e < group_channels) {
+                *reinterpret_cast<StagedWidePair*>(pixel + e) = StagedWidePair{{sums[p][e], sums[p][e + 1]}};
+                continue;
+            }
+            if (c + e < group_channels) pixel[e * c_stride] = sums[p][e];
+            if (c + e + 1 < group_channels) pixel[(e + 1) * c_stride] = sums[p][e + 1];
+        }
+    }
+}
+
 // Instantiated for the forward's windows (the oplib-template line above); only the square
 // windows of KERNEL and STRIDE (1 or 2) are served: KERNEL = 0's instantiation is empty, and
 // the host declines other geometries (the map route serves them).
@@ -1358,8 +1575,23 @@ __device__ __forceinline__ void staged_row_sums(float (&sums)[STAGED_RUN][STAGED
 #define OPLIB_STAGED_GRAD_BLOCKS 3
 #define OPLIB_STAGED_GRAD_STRIDED_BLOCKS 2
 #endif
+// float32's (its span rows and grad_output in floats: 62-69 KiB at RedNet-50's stride-1 shapes,
+// 30-45 KiB at stride 2): three at stride 1 from sm_90 on (80 registers, no spill), two before
+// (sm_80's 164 KiB hold two); two at stride 2 (its NCHW instantiation spilled 4 bytes at three
+// on sm_90).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define OPLIB_STAGED_GRAD_WIDE_BLOCKS 3
+#else
+#define OPLIB_STAGED_GRAD_WIDE_BLOCKS 2
+#endif
+// The blocks an SM the staged grad_input asks for (a variable: see STAGED_FORWARD_BLOCKS).
+template <typename scalar_t, int KERNEL, int STRIDE>
+constexpr int STAGED_GRAD_BLOCKS = KERNEL != 7               ? 2
+                                   : sizeof(scalar_t) == 4 ? STRIDE == 1 ? OPLIB_STAGED_GRAD_WIDE_BLOCKS : 2
+                                   : STRIDE == 1             ? OPLIB_STAGED_GRAD_BLOCKS
+                                                             : OPLIB_STAGED_GRAD_STRIDED_BLOCKS;
 template <typename scalar_t, int KERNEL, int STRIDE, bool VECTORS>
-__global__ void __launch_bounds__(MMA_THREADS, KERNEL != 7 ? 2 : STRIDE == 1 ? OPLIB_STAGED_GRAD_BLOCKS : OPLIB_STAGED_GRAD_STRIDED_BLOCKS)
+__global__ void __launch_bounds__(MMA_THREADS, STAGED_GRAD_BLOCKS<scalar_t, KERNEL, STRIDE>)
     involution_generated_mma_backward_input_staged(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ feature,
     const scalar_t* __restrict__ span_weight, const scalar_t* __restrict__ bias, scalar_t* __restrict__ grad_input,
@@ -1545,6 +1777,190 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL != 7 ? 2 : STRIDE == 1 ? O
         const int c = c0 + STAGED_RUN * quarter;
         scalar_t* at = grad_input + n * in_n + ((index_t)group * group_channels + c) * in_c + (index_t)y * in_hs;
         staged_store_run(sums, at, x, S, width, in_ws, c, group_channels, in_c, pair_stores);
+    } else if constexpr (sizeof(scalar_t) == 4 && KERNEL > 0 && STRIDE <= 2) {
+        // float32: the 16-bit way above with its products in 3xTF32 (the "wide" helpers'
+        // comment says what differs); the group's span rows all staged, in float. The same
+        // layout of runs, rows and buffers.
+        constexpr int K = KERNEL, S = STRIDE, TAPS = (K + S - 1) / S;
+        constexpr int ROW_GROUPS = MMA_WARPS / (S * S);
+        constexpr int ROWS = K < STAGED_GRAD_ROWS ? K : STAGED_GRAD_ROWS;
+        static_assert(K <= 8, "a kernel row's taps in one n-tile");
+        const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+        const int runs_h = MMA_WARPS / runs_w;
+        const int tile_h = S * ROW_GROUPS * runs_h, tile_w = S * STAGED_RUN * runs_w;
+        const int region_h = (tile_h - 1 + K - 1 + S - 1) / S + 1, region_w = (tile_w - 1 + K - 1 + S - 1) / S + 1;
+        const int weight_rows = tile_h / S, row_stride = tile_w / S;
+        const int tap_stride = ((weight_rows * row_stride + 27) & ~31) + 4;
+        const int taps = K * K, group_channels = channels / groups;
+        const int span_rows = K * K + 7, span_stride = staged_wide_span_stride(reduced);
+        OPLIB_DYNAMIC_SHARED(float, shared);
+        float* span = shared;
+        float* span_bias = span + span_rows * span_stride;
+        float* staged = span_bias + ((span_rows + 3) & ~3);
+        float* weights = staged + ((region_h * region_w * STAGED_WIDE_PIXEL + 3) & ~3);
+
+        const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
+        const int y0 = tile_y * tile_h, x0 = tile_x * tile_w;
+        const int group = blockIdx.y, chunks = (group_channels + MMA_CHANNELS - 1) / MMA_CHANNELS;
+        const index_t n = blockIdx.z / chunks;
+        const int c0 = MMA_CHANNELS * (blockIdx.z % chunks);
+        const int first_row = staged_first_read<K, S>(y0, pad_h), first_column = staged_first_read<K, S>(x0, pad_w);
+
+        const int parity = warp % (S * S), row_parity = parity / S, column_parity = parity % S;
+        const int run = lane >> 2, quarter = lane & 3, run_x = run & (runs_w - 1), run_y = run / runs_w;
+        const int y = y0 + row_parity + S * (warp / (S * S) * runs_h + run_y);
+        const int x = x0 + column_parity + S * STAGED_RUN * run_x;
+        const int b0 = ((x + pad_w) % S + S) % S, taps_b = S == 1 ? TAPS : (K - b0 + S - 1) / S;
+        const int window_column = (x + pad_w - b0) / S - first_column - (TAPS - 1);
+        const int run_place = STAGED_RUN * run_x;
+        const int column_base = x0 + pad_w;
+
+        staged_wide_span_rows(span, span_weight + (index_t)group * taps * reduced, span_rows, taps, reduced,
+                              span_stride, thread);
+        if (thread < span_rows) span_bias[thread] = thread < taps ? __ldg(bias + (index_t)group * taps + thread) : 0.0f;
+        const float* sample_feature = feature + n * feature_n;
+        const float* sample_grad = grad_output + n * grad_n + (index_t)group * group_channels * grad_c;
+        const int row = lane >> 2, quad = lane & 3;
+        // the lane's two floats of a B fragment: tap `row` of a kernel row's n-tile, channels
+        // k0 + 2 quad, + 1
+        const float* lane_span = span + row * span_stride + 2 * quad;
+        const bool words = VECTORS || feature_words;
+        const index_t feature_step = words ? 1 : feature_c;
+        const unsigned int column_magic = 1u + 0xffffffffu / (unsigned int)region_w;
+
+        // form_rows of the 16-bit way: kernel rows a0 .. a0 + rows - 1's weights into `into`.
+        const auto form_rows = [&](int a0, float* into) {
+            const int rows = K - a0 < ROWS ? K - a0 : ROWS;
+            const int i_first = mma_floor_div(y0 + pad_h - a0 - (rows - 1) + S - 1, S);
+            const int pixels = (mma_floor_div(y0 + pad_h - a0 + S - 1, S) - i_first + weight_rows) * region_w;
+            const int m_tiles = (pixels + 15) / 16;
+            const float* rows_bias = span_bias + a0 * K + 2 * quad;
+            const int row_base = y0 + pad_h - a0 + S - 1;
+            const float* rows_span = lane_span + a0 * K * span_stride;
+#pragma unroll 1
+            for (int m = warp; m < m_tiles; m += MMA_WARPS) {
+                const float* values[2];  // each pixel's reduced channel 2 quad, the lane's first
+                bool inside[2];
+                const int p = 16 * m + row, first_ui = (int)(((unsigned long long)p * column_magic) >> 32);
+                const int first_col = p - first_ui * region_w;
+                const bool second_wraps = first_col + 8 >= region_w;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const bool wraps = h == 1 && second_wraps;
+                    const int i = i_first + first_ui + wraps, o = first_column + first_col + 8 * h - (wraps ? region_w : 0);
+                    inside[h] = (unsigned int)i < (unsigned int)out_h && (unsigned int)o < (unsigned int)out_w;
+                    values[h] = sample_feature + (index_t)i * feature_h + (index_t)o * feature_w + 2 * quad * feature_step;
+                }
+                OplibFragmentC d[ROWS];
+#pragma unroll
+                for (int t = 0; t < ROWS; ++t) {
+                    const float low = t < rows ? rows_bias[K * t] : 0.0f;
+                    const float high = t < rows ? rows_bias[1 + K * t] : 0.0f;
+                    d[t] = OplibFragmentC{{low, high, low, high}};
+                }
+#pragma unroll 1
+                for (int k0 = 0; k0 < reduced; k0 += 8) {
+                    OplibFragmentTf32A a_hi, a_lo;
+                    staged_wide_feature_fragments(values, inside, k0 + 2 * quad, reduced, feature_step, words, a_hi,
+                                                  a_lo);
+#pragma unroll
+                    for (int t = 0; t < ROWS; ++t) {
+                        if (t >= rows) break;
+                        const StagedWidePair pair =
+                            *reinterpret_cast<const StagedWidePair*>(rows_span + t * K * span_stride + k0);
+                        OplibFragmentTf32B b_hi, b_lo;
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const OplibTf32Split split = oplib_split_tf32(pair.value[e]);
+                            b_hi.value[e] = split.hi;
+                            b_lo.value[e] = split.lo;
+                        }
+                        oplib_mma_3xtf32(d[t], a_hi, a_lo, b_hi, b_lo);  // (a kernel row's n-tile)
+                    }
+                }
+                bool non_finite = false;
+#pragma unroll
+                for (int t = 0; t < ROWS; ++t) {
+#pragma unroll
+                    for (int v = 0; v < 4; ++v) non_finite |= t < rows && !mma_finite(d[t].value[v]);
+                }
+                if (oplib_warp_any(non_finite)) {  // oplib-cold: an inf or a nan among the warp's weights
+                    OPLIB_COLD_BLOCK();
+                    // each weight by the direct sum in float, from the staged span rows and bias
+                    // (the pixels' channel 0 found again from where the k-steps left `values`)
+                    const index_t back = (8 * ((reduced + 7) / 8) + 2 * quad) * feature_step;
+#pragma unroll
+                    for (int t = 0; t < ROWS; ++t) {
+                        if (t >= rows) break;
+#pragma unroll
+                        for (int v = 0; v < 4; ++v) {
+                            const int h = v >> 1, tap = (a0 + t) * K + 2 * quad + (v & 1);
+                            if (!inside[h]) continue;
+                            float sum = span_bias[tap];
+                            const float* span_row = span + tap * span_stride;
+#pragma unroll 1
+                            for (int r = 0; r < reduced; ++r)
+                                sum = oplib_fma(span_row[r], __ldg(values[h] - back + r * feature_step), sum);
+                            d[t].value[v] = sum;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int t = 0; t < ROWS; ++t) {
+                    if (t >= rows) continue;
+                    const int ui_low = -i_first + ((row_base - t) >> (S - 1));
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int b = 2 * quad + e;
+                        if (b >= K) continue;
+                        const int offset = staged_tap_offset<S>(b, column_base, pad_w, first_column);
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const bool wraps = h == 1 && second_wraps;
+                            const int wi = first_ui + wraps - ui_low;
+                            const int at = first_col + 8 * h - (wraps ? region_w : 0) - offset;
+                            if ((unsigned int)at < (unsigned int)row_stride && (unsigned int)wi < (unsigned int)weight_rows)
+                                into[(t * K + b) * tap_stride + wi * row_stride + at] = inside[h] ? d[t].value[2 * h + e] : 0.0f;
+                        }
+                    }
+                }
+            }
+        };
+
+        // grad_output over the region, in float.
+        staged_wide_region<1, STAGED_RUN, STAGED_WIDE_PIXEL>(staged, sample_grad, c0, group_channels, region_h, region_w,
+                                                             region_w, 1, 1, 0, first_row, first_column, out_h, out_w,
+                                                             grad_c, grad_h, grad_w, VECTORS || vector_grad, thread);
+        __syncthreads();  // span_weight's float rows are staged
+        form_rows(0, weights);
+        float sums[STAGED_RUN][STAGED_RUN] = {};
+        const int buffer_taps = ROWS * K;
+#pragma unroll 1
+        for (int a0 = 0, step = 0; a0 < K; a0 += ROWS, ++step) {
+            __syncthreads();  // rows a0 .. a0 + ROWS - 1's float weights (and grad_output) are staged
+            const float* buffer = weights + (step & 1) * buffer_taps * tap_stride;
+            const int end = a0 + ROWS < K ? a0 + ROWS : K;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const int a = a0 + r;
+                if (a >= end) break;
+                const int from_y = y + pad_h - a;
+                if (from_y % S == 0) {
+                    const int i = from_y / S;
+                    const int wi = i - mma_floor_div(y0 + pad_h - a + S - 1, S);
+                    const float* window = staged + ((i - first_row) * region_w + window_column) * STAGED_WIDE_PIXEL +
+                                          STAGED_RUN * quarter;
+                    staged_wide_grad_row_sums<TAPS>(sums, buffer + (r * K + b0) * tap_stride + wi * row_stride + run_place,
+                                                    S * tap_stride, taps_b, window);
+                }
+            }
+            if (end < K) form_rows(end, weights + (~step & 1) * buffer_taps * tap_stride);
+        }
+        if (y >= height) return;
+        const bool pair_stores = VECTORS || mma_pair_stores(grad_input, in_n, in_c, in_hs, in_ws, group_channels);
+        const int c = c0 + STAGED_RUN * quarter;
+        float* at = grad_input + n * in_n + ((index_t)group * group_channels + c) * in_c + (index_t)y * in_hs;
+        staged_wide_store_run(sums, at, x, S, width, in_ws, c, group_channels, in_c, pair_stores);
     }
 #endif
 }
@@ -1692,66 +2108,6 @@ __device__ __forceinline__ void staged_forward_row_sums(float (&sums)[STAGED_RUN
     }
 }
 
-// The staged forward in float32: the same kernel with its products in 3xTF32 (warp.cuh), where
-// FMAs could not reach the op's bar (the tiled FMA kernel is issue-bound: one FFMA a multiply-add
-// a lane, where a TF32 mma does 1024 of them a warp and 3xTF32 keeps a float's accuracy). What
-// differs from the 16-bit way (the "wide" helpers below):
-//   - span rows in float, [tap][r], staged_wide_span_stride floats a row (R in whole k-steps of
-//     8, and 8 more where that is a multiple of 16: a B fragment's 8-byte loads, taps group x
-//     reduced 2 quad, of each half-warp in 32 banks); a pass's rows at a time at both strides;
-//   - the input staged in float, a pixel's 16 channels and 4 floats of padding
-//     (STAGED_WIDE_PIXEL: a quarter's 16-byte loads by runs 4 pixels apart in different banks);
-//     at stride 2, whose region is four times as large (16 channels of RedNet-50's stride-2
-//     regions took 112-116 KiB, past the 99 KiB every architecture gives a block), a block takes
-//     a chunk of 8 channels (STAGED_WIDE_HALF channels, a thread 2 of them; a pixel 8 floats and
-//     2 of padding, STAGED_WIDE_HALF_PIXEL), each chunk's block forming the weights again;
-//   - k-steps of 8, whose k order is permuted alike in A and B: the fragment's column quad is
-//     reduced channel k0 + 2 quad and column quad + 4 is k0 + 2 quad + 1, so that a lane's two
-//     values of a pixel are adjacent channels (one 8-byte load channels_last) and its two of a
-//     span row adjacent floats (one 8-byte shared load);
-//   - each operand split into TF32 hi and lo as it is loaded; a warp whose formed weights are not
-//     all finite (an inf or a nan in the feature, span_weight or bias, which the split turns into
-//     nans) forms them again by the direct sum in float, from the same staged span rows: inf and
-//     nan land where torch puts them (the aggregation is FMAs, as the 16-bit way's);
-//   - the sums stored as they are (pairs of channels one 8-byte store where the layout allows).
-constexpr int STAGED_WIDE_PIXEL = 20;  // floats a staged input pixel: 16 channels, 4 of padding
-constexpr int STAGED_WIDE_HALF = 8;  // stride 2's chunk of channels
-constexpr int STAGED_WIDE_HALF_PIXEL = 10;  // floats a pixel of it: 8 channels, 2 of padding
-static_assert(STAGED_WIDE_PIXEL >= MMA_CHANNELS && STAGED_WIDE_PIXEL % 4 == 0 && STAGED_WIDE_PIXEL % 8 != 0,
-              "a quarter one aligned 16-byte load; runs 4 pixels apart in different banks");
-static_assert(STAGED_WIDE_HALF_PIXEL >= STAGED_WIDE_HALF && STAGED_WIDE_HALF_PIXEL % 2 == 0 &&
-                  STAGED_WIDE_HALF_PIXEL % 8 != 0,
-              "a quarter one aligned 8-byte load; runs 4 pixels apart in different banks");
-
-// A thread's CH channels of a staged pixel: one 16-byte (CH 4) or 8-byte (CH 2) load or store.
-template <int CH>
-struct alignas(4 * CH) StagedWideQuarter {
-    float lane[CH];
-};
-
-// Floats a staged span row: R in whole k-steps of 8, 8 past a multiple of 16.
-__host__ __device__ constexpr int staged_wide_span_stride(int reduced) {
-    return 8 * ((reduced + 7) / 8) % 16 == 0 ? 8 * ((reduced + 7) / 8) + 8 : 8 * ((reduced + 7) / 8);
-}
-
-// Two floats of one 8-byte load or store.
-struct alignas(8) StagedWidePair {
-    float value[2];
-};
-
-// `count` rows of span_weight from `rows` (R floats each; those from the `rows_left`-th zeros:
-// past the window's taps) into span [row][r], `stride` floats a row, zeros past R to a whole
-// k-step. Consecutive threads along a row, every thread of the block.
-__device__ __forceinline__ void staged_wide_span_rows(float* span, const float* rows, int count, int rows_left,
-                                                      int reduced, int stride, int thread) {
-    const int steps = 8 * ((reduced + 7) / 8);
-#pragma unroll 1
-    for (int unit = thread; unit < count * steps; unit += MMA_THREADS) {
-        const int row = unit / steps, r = unit - row * steps;
-        span[row * stride + r] = row < rows_left && r < reduced ? __ldg(rows + (index_t)row * reduced + r) : 0.0f;
-    }
-}
-
 // staged_pass_span_rows in float: pass `pass`'s n-tiles of span rows (of a K-wide window's rows
 // in `passes`) from the first n-tile's first tap.
 template <int K, int passes>
@@ -1762,134 +2118,6 @@ __device__ __forceinline__ void staged_wide_pass_span_rows(float* span, const fl
     const float* rows = span_weight + ((index_t)block_y_again() * K * K + 8 * first_tile) * reduced;
     staged_wide_span_rows(span, rows, 8 * tiles, K * K - 8 * first_tile, reduced, staged_wide_span_stride(reduced),
                           thread);
-}
-
-// staged_region in float: the chunk's 4 CH channels a pixel, PIXEL floats apart, at
-// staged_place's places. A unit is a pixel's quarter (CH channels): one load where the host
-// says they are a vector (channels_last, 16-byte aligned), units along a pixel's quarters, then
-// its columns; else CH loads c_stride apart, units along a row's columns (consecutive threads
-// consecutive columns: NCHW's loads coalesce), then the quarters. A thread's units step a
-// block's worth a trip with a carry (no division a unit); a staged row's sample by staged_region's
-// multiply and shift.
-template <int SPLIT, int CH, int PIXEL>
-__device__ __forceinline__ void staged_wide_region(float* staged, const float* plane, int c0, int group_channels,
-                                                   int region_h, int region_w, int pitch, int samples, int present,
-                                                   index_t sample_step, int first_row, int first_column, int rows,
-                                                   int columns, index_t c_stride, index_t h_stride, index_t w_stride,
-                                                   bool vector, int thread) {
-    const unsigned int sample_magic = (65536u + region_h - 1) / region_h;
-    // vector: a line is a staged row, a thread's quarter fixed (the block's threads a multiple of
-    // 4); else a line is a (staged row, quarter), the quarter its lowest 2 bits
-    const int per_line = region_w, threads = vector ? MMA_THREADS / 4 : MMA_THREADS;
-    const int first = vector ? thread >> 2 : thread, lines = vector ? samples * region_h : 4 * samples * region_h;
-    const int step = threads / per_line, shift = threads - step * per_line;
-    int line = first / per_line, col = first - line * per_line;
-#pragma unroll 1
-    while (line < lines) {
-        const int ri = vector ? line : line >> 2, quarter = vector ? thread & 3 : line & 3;
-        const int sample = (int)(((unsigned int)ri * sample_magic) >> 16), i = first_row + ri - sample * region_h;
-        const int o = first_column + col, c = c0 + CH * quarter;
-        const bool in_map = sample < present && (unsigned int)i < (unsigned int)rows &&
-                            (unsigned int)o < (unsigned int)columns;
-        const float* at = plane + sample * sample_step + (index_t)c * c_stride + (index_t)i * h_stride +
-                          (index_t)o * w_stride;
-        StagedWideQuarter<CH> v;
-        if (vector) {
-            v = in_map && c < group_channels ? *reinterpret_cast<const StagedWideQuarter<CH>*>(at)
-                                             : StagedWideQuarter<CH>{};
-        } else {
-#pragma unroll
-            for (int m = 0; m < CH; ++m) v.lane[m] = in_map && c + m < group_channels ? __ldg(at + m * c_stride) : 0.0f;
-        }
-        *reinterpret_cast<StagedWideQuarter<CH>*>(staged + staged_place<SPLIT>(ri, col, pitch, region_w) * PIXEL +
-                                                  CH * quarter) = v;
-        col += shift;
-        const bool carry = col >= per_line;
-        col -= carry ? per_line : 0;
-        line += step + carry;
-    }
-}
-
-// A k-step's A fragments, hi and lo, of the feature at the lane's two pixels (rows group and
-// group + 8): `values` point at each pixel's reduced channel r0 = k0 + 2 quad and move on past
-// the k-step; channels feature_step apart (a pair one aligned 8-byte load where the host says so:
-// feature_words, R even), zeros past R and at a pixel outside the map (inside[h] false). Column
-// quad is channel r0, column quad + 4 channel r0 + 1 (the permuted k order).
-__device__ __forceinline__ void staged_wide_feature_fragments(const float* (&values)[2], const bool (&inside)[2],
-                                                              int r0, int reduced, index_t feature_step,
-                                                              bool feature_words, OplibFragmentTf32A& hi,
-                                                              OplibFragmentTf32A& lo) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int count = inside[h] ? reduced - r0 : 0;
-        float v[2] = {0.0f, 0.0f};
-        if (feature_words) {
-            if (count > 0) {
-                const StagedWidePair pair = *reinterpret_cast<const StagedWidePair*>(values[h]);
-                v[0] = pair.value[0];
-                v[1] = pair.value[1];
-            }
-        } else {
-            v[0] = count > 0 ? __ldg(values[h]) : 0.0f;
-            v[1] = count > 1 ? __ldg(values[h] + feature_step) : 0.0f;
-        }
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const OplibTf32Split split = oplib_split_tf32(v[e]);
-            hi.value[2 * e + h] = split.hi;
-            lo.value[2 * e + h] = split.lo;
-        }
-        values[h] += 8 * feature_step;
-    }
-}
-
-// One kernel row's sums for a thread's run in float: staged_forward_row_sums with the window's
-// pixels' CH channels one load each, PIXEL floats apart.
-template <int K, int S, int CH, int PIXEL>
-__device__ __forceinline__ void staged_wide_row_sums(float (&sums)[STAGED_RUN][CH], const float* first_tap,
-                                                     int tap_stride, const float* window, int odd) {
-    float w[K][STAGED_RUN];
-#pragma unroll
-    for (int b = 0; b < K; ++b) {
-        const Vector16<float> v = *reinterpret_cast<const Vector16<float>*>(first_tap + b * tap_stride);
-#pragma unroll
-        for (int p = 0; p < STAGED_RUN; ++p) w[b][p] = v.lane[p];
-    }
-#pragma unroll
-    for (int k = 0; k < S * (STAGED_RUN - 1) + K; ++k) {
-        const float* at = S == 2 ? window + (k & 1) * odd + (k >> 1) * PIXEL : window + k * PIXEL;
-        const StagedWideQuarter<CH> x = *reinterpret_cast<const StagedWideQuarter<CH>*>(at);
-#pragma unroll
-        for (int p = 0; p < STAGED_RUN; ++p) {
-            const int b = k - S * p;
-            if (b < 0 || b >= K) continue;
-#pragma unroll
-            for (int c = 0; c < CH; ++c) sums[p][c] = oplib_fma(w[b][p], x.lane[c], sums[p][c]);
-        }
-    }
-}
-
-// A thread's run's float sums to its 4 pixels (columns x + p, those before `columns`; `at` the
-// run's row at its first channel c) and CH channels (those of the group's): a pair of channels
-// one 8-byte store where the layout allows it (pair_stores), else one store a value.
-template <int CH>
-__device__ __forceinline__ void staged_wide_store_run(const float (&sums)[STAGED_RUN][CH], float* at, int x,
-                                                      int columns, index_t w_stride, int c, int group_channels,
-                                                      index_t c_stride, bool pair_stores) {
-#pragma unroll
-    for (int p = 0; p < STAGED_RUN; ++p) {
-        if (x + p >= columns) continue;
-        float* pixel = at + (index_t)(x + p) * w_stride;
-#pragma unroll
-        for (int e = 0; e < CH; e += 2) {
-            if (pair_stores && c + e < group_channels) {
-                *reinterpret_cast<StagedWidePair*>(pixel + e) = StagedWidePair{{sums[p][e], sums[p][e + 1]}};
-                continue;
-            }
-            if (c + e < group_channels) pixel[e * c_stride] = sums[p][e];
-            if (c + e + 1 < group_channels) pixel[(e + 1) * c_stride] = sums[p][e + 1];
-        }
-    }
 }
 
 // Four blocks an SM at stride 1 on sm_90 (its 228 KiB hold four stride-1 tiles of 49-51 KiB,
@@ -1926,8 +2154,8 @@ __device__ __forceinline__ void staged_wide_store_run(const float (&sums)[STAGED
 #else
 #define OPLIB_STAGED_WIDE_BLOCKS 2
 #endif
-// The blocks an SM the staged forward asks for (a variable: a launch bound's expression is read
-// by the host up to its first parenthesis).
+// The blocks an SM the staged forward asks for (a variable: the host reads a launch bound's
+// expression up to its first parenthesis).
 template <typename scalar_t, int STRIDE>
 constexpr int STAGED_FORWARD_BLOCKS = sizeof(scalar_t) == 4 ? STRIDE == 1 ? OPLIB_STAGED_WIDE_BLOCKS : 2
                                       : STRIDE == 1           ? OPLIB_STAGED_FORWARD_BLOCKS
@@ -2273,7 +2501,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
         const bool pair_stores = VECTORS || mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
         float* at = out + (index_t)(n0 + run_sample) * out_n + ((index_t)group * group_channels + c) * out_c +
                     (index_t)y * out_hs;
-        staged_wide_store_run(sums, at, x, out_w, out_ws, c, group_channels, out_c, pair_stores);
+        staged_wide_store_run(sums, at, x, 1, out_w, out_ws, c, group_channels, out_c, pair_stores);
     }
 #endif
 }
