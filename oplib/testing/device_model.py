@@ -1356,11 +1356,12 @@ def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
 
 def _feature_pair_loads(t: _Tally, at, r, inside, R: int, fsc: int, feature_words: bool, es: int) -> None:
     """A lane's pair of the feature's reduced channels (r, r + 1) at index ``at`` (its pixel's
-    channel 0), as generated_mma.cu's kernels load an A fragment's register: one word load where
-    the host says pairs are words (channels_last), else two 16-bit loads; none past R or
-    outside the map (``inside`` false)."""
+    channel 0), as generated_mma.cu's kernels load an A fragment's register (or, float32's, its
+    two values of a pixel): one load of the pair where the host says pairs are aligned words
+    (channels_last), else two loads of ``es`` bytes; none past R or outside the map (``inside``
+    false)."""
     if feature_words:
-        t.load(1, (at + r) // 2, inside & (r < R), 4)
+        t.load(1, (at + r) // 2, inside & (r < R), 2 * es)
     else:
         for h in range(2):
             t.load(1, at + (r + h) * fsc, inside & (r + h < R), es)
@@ -1523,14 +1524,8 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
                 h = v & 1
                 o = first_column + column[h]
                 inside = live & (i[h] >= 0) & (i[h] < OH) & (o >= 0) & (o < OW)
-                at, r = n * fsn + i[h] * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1)
-                if not wide:
-                    _feature_pair_loads(t, at, r, inside, R, fsc, feature_words, es)
-                elif feature_words:  # (8-byte units)
-                    t.load(1, (at + r) // 2, inside & (r < R), 8)
-                else:
-                    for e in range(2):
-                        t.load(1, at + (r + e) * fsc, inside & (r + e < R), 4)
+                _feature_pair_loads(t, n * fsn + i[h] * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1), inside, R, fsc,
+                                    feature_words, es)
             for tt in range(rows):
                 if wide:
                     t.shared(((a0 + tt) * K * span_stride + row * span_stride + 2 * quad + k0) // 2, live, 8)
@@ -1806,12 +1801,7 @@ def _generated_mma_staged_wide(t: _Tally, item: Tensor, launch: Launch) -> None:
                 py, o = pixel // tile_w, x0 + pixel % tile_w
                 sample, i = n0 + py // sample_rows, y0 + py % sample_rows
                 inside = live & (i < OH) & (o < OW) & (sample < N)
-                at, r = sample * fsn + i * fsh + o * fsw, k0 + 2 * quad
-                if feature_words:  # (8-byte units)
-                    t.load(1, (at + r) // 2, inside & (r < R), 8)
-                else:
-                    for e in range(2):
-                        t.load(1, at + (r + e) * fsc, inside & (r + e < R), 4)
+                _feature_pair_loads(t, sample * fsn + i * fsh + o * fsw, k0 + 2 * quad, inside, R, fsc, feature_words, 4)
             for tt in range(tiles):
                 t.shared((8 * tt * span_stride + row * span_stride + 2 * quad + k0) // 2, live, 8)
                 t.tf32_products(live, 3)
