@@ -1452,6 +1452,26 @@ def _staged_region_pairs(t: _Tally, thread: Tensor, threads: int, plane_at, c0, 
         for w in range(2):  # 8 bytes each (index in 8-byte units)
             t.shared((staged_at + place * 10 + 4 * half) // 2 + w, stored, 8)
 
+def _staged_run_stores(t: _Tally, row_at, channel, channels: int, pg: int, x, step: int, columns: int, strides: tuple,
+                       stored, es: int) -> None:
+    """The staged kernels' stores of a thread's run (staged_store_run, staged_wide_store_run):
+    its 4 pixels (columns x + step p before ``columns``) of the row at index ``row_at`` (of tensor
+    argument 4, at the group's channel 0; ``stored``: the row's run stores at all) x its
+    ``channels`` channels from ``channel`` (those of the group's), a pair one store of 2 es bytes
+    where the layout allows it (channels_last, even strides and group), else one a value."""
+    sn, sc, sh, sw = strides
+    pairs = sc == 1 and (sn | sh | sw | pg) % 2 == 0
+    for p in range(4):
+        xp = x + step * p
+        live = stored & (xp < columns)
+        for e in range(0, channels, 2 if pairs else 1):
+            at = row_at + (channel + e) * sc + xp * sw
+            if pairs:
+                t.store(4, at // 2, live & (channel + e < pg), 2 * es)
+            else:
+                t.store(4, at, live & (channel + e < pg), es)
+
+
 def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_backward_input_staged (generated_mma.cu): ``item`` is the
     thread's index in the grid (block-major, 256 threads a block, a block a tile of a (sample,
@@ -1572,17 +1592,8 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
                         t.fma(reads & (tap < taps_b), 4)
         if end < K:
             form_rows(end, (step + 1) % 2)
-    channel = c0 + 4 * quad
-    pairs = isc == 1 and (isn | ish | isw | pg) % 2 == 0
-    for p in range(4):
-        xp = x + S * p
-        stored = (y < H) & (xp < W)
-        for e in range(0, 4, 2 if pairs else 1):
-            at = n * isn + (group * pg + channel + e) * isc + y * ish + xp * isw
-            if pairs:
-                t.store(4, at // 2, stored & (channel + e < pg), 2 * es)
-            else:
-                t.store(4, at, stored & (channel + e < pg), es)
+    _staged_run_stores(t, n * isn + group * pg * isc + y * ish, c0 + 4 * quad, 4, pg, x, S, W, (isn, isc, ish, isw),
+                       y < H, es)
 
 
 def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
@@ -1678,16 +1689,8 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
         if pass_span and index + 1 < len(passes):
             pass_span_staging(*passes[index + 1])
     y, x = y0 + sample_y, x0 + tx
-    channel = c0 + 4 * quad
-    pairs = osc == 1 and (osn | osh | osw | pg) % 2 == 0
-    for p in range(4):
-        stored = (y < OH) & (x + p < OW) & (n < N)
-        for e in range(0, 4, 2 if pairs else 1):
-            at = n * osn + (group * pg + channel + e) * osc + y * osh + (x + p) * osw
-            if pairs:
-                t.store(4, at // 2, stored & (channel + e < pg), 4)
-            else:
-                t.store(4, at, stored & (channel + e < pg), es)
+    _staged_run_stores(t, n * osn + group * pg * osc + y * osh, c0 + 4 * quad, 4, pg, x, 1, OW, (osn, osc, osh, osw),
+                       (y < OH) & (n < N), es)
 
 
 def _wide_span_staging(t: _Tally, thread: Tensor, threads: int, group, taps: int, R: int, rows: int,
@@ -1823,16 +1826,8 @@ def _generated_mma_staged_wide(t: _Tally, item: Tensor, launch: Launch) -> None:
         if index + 1 < len(passes):
             pass_span_staging(*passes[index + 1])
     y, x = y0 + sample_y, x0 + tx
-    channel = c0 + CH * quad
-    pairs = osc == 1 and (osn | osh | osw | pg) % 2 == 0
-    for p in range(4):
-        stored = (y < OH) & (x + p < OW) & (n < N)
-        for e in range(0, CH, 2 if pairs else 1):
-            at = n * osn + (group * pg + channel + e) * osc + y * osh + (x + p) * osw
-            if pairs:
-                t.store(4, at // 2, stored & (channel + e < pg), 8)
-            else:
-                t.store(4, at, stored & (channel + e < pg), 4)
+    _staged_run_stores(t, n * osn + group * pg * osc + y * osh, c0 + CH * quad, CH, pg, x, 1, OW, (osn, osc, osh, osw),
+                       (y < OH) & (n < N), 4)
 
 
 TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
