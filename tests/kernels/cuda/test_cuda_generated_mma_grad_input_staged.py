@@ -113,6 +113,28 @@ def check_every_layout(spec, check, declines, cases, wide, arguments, dtype, ord
     assert {launch[3] for launch in launcher.launches} == {256}
 
 
+def assert_float32_bug_caught(check, arguments, bug: PlantedBug, cases, races: bool) -> None:
+    """A bug planted in a staged kernel's float32 way fails ``check`` (the reference check) on
+    each of ``cases`` (``arguments(case)`` its arguments) in the ascending order (the float way's
+    places are its own, its run orders the 16-bit way's code), a race in either order."""
+    for case in cases:
+        caught = [_caught(lambda: check(arguments(case), EmulatedLauncher(order=order), f"{bug.name}-{order}"))
+                  for order in (ORDERS if races else ORDERS[:1])]
+        assert any(caught) if races else all(caught), (case.name, caught)
+
+
+def assert_only_the_inf_check_catches(check, assert_non_finite, args: tuple) -> None:
+    """A bug planted in a float32 way's direct sum, which only a warp that met an inf or a nan
+    runs: ``args`` pass ``check``; with an inf in the feature (``args[1]``) they fail
+    ``assert_non_finite`` (its infs and nans, or its finite values, elsewhere)."""
+    assert check(args, EmulatedLauncher(), "finite")
+    changed = list(args)
+    changed[1] = changed[1].clone()
+    changed[1][0, 5, 4, 4] = float("inf")
+    with pytest.raises(AssertionError, match="inf: "):
+        assert_non_finite(tuple(changed), EmulatedLauncher(), "inf")
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("dtype", STAGED_DTYPES, ids=str)
@@ -299,12 +321,8 @@ def test_a_planted_float32_bug_fails_the_reference_check(bug, cases, tmp_path, m
     """In the ascending order, the races in both, either catching them."""
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)
-    races = bug in (WIDE_ONE_BUFFER, WIDE_ROW_BARRIER)
-    for case in cases:
-        caught = [_caught(lambda: _check(grad_input_arguments(case.arguments(torch.float32)),
-                                         EmulatedLauncher(order=order), f"{bug.name}-{order}"))
-                  for order in (ORDERS if races else ORDERS[:1])]
-        assert any(caught) if races else all(caught), (case.name, caught)
+    assert_float32_bug_caught(_check, lambda case: grad_input_arguments(case.arguments(torch.float32)), bug, cases,
+                              races=bug in (WIDE_ONE_BUFFER, WIDE_ROW_BARRIER))
 
 
 @pytest.mark.integration
@@ -312,13 +330,8 @@ def test_a_planted_float32_cold_path_bug_fails_the_non_finite_check(tmp_path, mo
     """Finite values never reach the direct sum; an inf in the feature does."""
     require_host_compiler()
     _plant(monkeypatch, tmp_path, WIDE_COLD)
-    args = grad_input_arguments(WIDE[0].arguments(torch.float32))
-    assert _check(args, EmulatedLauncher(), "finite")
-    changed = list(args)
-    changed[1] = changed[1].clone()
-    changed[1][0, 5, 4, 4] = float("inf")
-    with pytest.raises(AssertionError, match="inf: "):
-        _assert_non_finite_as_torch(tuple(changed), EmulatedLauncher(), "inf")
+    assert_only_the_inf_check_catches(_check, _assert_non_finite_as_torch,
+                                      grad_input_arguments(WIDE[0].arguments(torch.float32)))
 
 
 _RUN_SAMPLES = tensor_core_samples_script("test_cuda_generated_mma_grad_input_staged", "GRAD_INPUT", "STAGED_CASES",

@@ -23,7 +23,8 @@ from test_cuda_generated_mma import (CASES, GENERATED, NON_FINITE_PLACES, Plante
                                      assert_non_finite_as_expected, check_against_reference, float64_reference,
                                      with_one_non_finite)
 from test_cuda_generated_mma_grad_input import _caught, _plant
-from test_cuda_generated_mma_grad_input_staged import check_every_layout
+from test_cuda_generated_mma_grad_input_staged import (assert_float32_bug_caught, assert_only_the_inf_check_catches,
+                                                       check_every_layout)
 from test_cuda_tiles import TWO_CHANNEL_CHUNKS, _random_specialised_cases
 
 KERNEL = "involution_generated_mma_staged"
@@ -388,16 +389,12 @@ WIDE_COLD = PlantedBug("wide-cold", "const index_t back = (2 * quad + 8 * ((redu
     (WIDE_REGION_CARRY, STRIDE_CASES[1:]), (WIDE_CHUNK, STRIDE_CASES[1:]),
     (WIDE_FOLDED_FEATURE, FOLDED_CASES)], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_float32_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
-    """In the ascending order (the 16-bit way's bugs take both: the float way's places are its
-    own, its run orders the same code), and the race in both, either catching it."""
+    """In the ascending order (the 16-bit way's bugs take both), and the race in both, either
+    catching it."""
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)
-    races = bug is WIDE_PASS_BARRIER
-    for case in cases:
-        caught = [_caught(lambda: _check(case.arguments(torch.float32), EmulatedLauncher(order=order),
-                                         f"{bug.name}-{order}"))
-                  for order in (ORDERS if races else ORDERS[:1])]
-        assert any(caught) if races else all(caught), (case.name, caught)
+    assert_float32_bug_caught(_check, lambda case: case.arguments(torch.float32), bug, cases,
+                              races=bug is WIDE_PASS_BARRIER)
 
 
 @pytest.mark.integration
@@ -405,13 +402,7 @@ def test_a_planted_float32_cold_path_bug_fails_the_non_finite_check(tmp_path, mo
     """Finite values never reach the direct sum; an inf in the feature does."""
     require_host_compiler()
     _plant(monkeypatch, tmp_path, WIDE_COLD)
-    args = WIDE[0].arguments(torch.float32)
-    assert _check(args, EmulatedLauncher(), "finite")
-    changed = list(args)
-    changed[1] = changed[1].clone()
-    changed[1][0, 5, 4, 4] = float("inf")
-    with pytest.raises(AssertionError, match="inf: "):  # (its infs and nans, or its finite values, elsewhere)
-        _assert_non_finite_as_torch(tuple(changed), EmulatedLauncher(), "inf")
+    assert_only_the_inf_check_catches(_check, _assert_non_finite_as_torch, WIDE[0].arguments(torch.float32))
 
 
 _RUN_SAMPLES = tensor_core_samples_script("test_cuda_generated_mma_staged", "GENERATED", "STAGED_CASES", None,
