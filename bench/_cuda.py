@@ -776,9 +776,11 @@ def profile_steps(step: Callable[[], None], steps: int, target: Target) -> dict[
     """``steps`` calls of ``step`` under torch.profiler, per step: the device time of what ran
     on the GPU (kernels, copies, fills; None in a dry run), the host's launch calls
     (``LAUNCH_CALLS``), the host time inside oplib's ops (``oplib::`` events, their children
-    included), and the three kernels taking the most device time (a dry run: the three CPU
-    ops taking the most self time), each ``(name, microseconds)``. A step that is mostly host
-    time shows a device time well under its wall time."""
+    included), the three kernels taking the most device time (a dry run: the three CPU ops
+    taking the most self time), and the three host events taking the most self time (aten
+    ops, the runtime's and the driver's calls, the autograd engine's nodes), each ``(name,
+    microseconds)``. A step that is mostly host time shows a device time well under its wall
+    time, and its host events say where the host spends it."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -790,23 +792,25 @@ def profile_steps(step: Callable[[], None], steps: int, target: Target) -> dict[
         target.synchronize()
     events = recorded.key_averages()
     device = [e for e in events if e.device_type != DeviceType.CPU]
-    ranked = (sorted(device, key=lambda e: e.self_device_time_total, reverse=True) if not target.is_dry
-              else sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True))
+    host = sorted((e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.self_cpu_time_total,
+                  reverse=True)
+    ranked = sorted(device, key=lambda e: e.self_device_time_total, reverse=True) if not target.is_dry else host
     return {
         "device_us": None if target.is_dry else sum(e.self_device_time_total for e in device) / steps,
         "launches": sum(e.count for e in events if e.key in LAUNCH_CALLS) / steps,
         "oplib_host_us": sum(e.cpu_time_total for e in events if e.key.startswith("oplib::")) / steps,
         "top": [(e.key, (e.self_cpu_time_total if target.is_dry else e.self_device_time_total) / steps)
                 for e in ranked[:3]],
+        "host_top": [(e.key, e.self_cpu_time_total / steps) for e in host[:3]],
     }
 
 
 def _profile_row(task: str, mode: str, batch: int, name: str, seconds: float, profiled: dict[str, Any]) -> list[str]:
     device = profiled["device_us"]
-    top = "; ".join(f"`{key[:60]}` {us:.0f}" for key, us in profiled["top"])
+    top, host_top = ("; ".join(f"`{key[:60]}` {us:.0f}" for key, us in profiled[part]) for part in ("top", "host_top"))
     return [f"{task}, {mode}", str(batch), name, f"{seconds * 1e3:.2f}", "-" if device is None else f"{device / 1e3:.2f}",
             "-" if device is None else f"{device / 1e6 / seconds:.2f}", f"{profiled['launches']:.0f}",
-            f"{profiled['oplib_host_us'] / 1e3:.2f}", top]
+            f"{profiled['oplib_host_us'] / 1e3:.2f}", top, host_top]
 
 
 def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequence[str] = MODEL_MODES["all"],
@@ -841,7 +845,7 @@ def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequenc
                 profiled = profile_steps(step, PROFILED_STEPS, target)
             except Exception as error:  # a diagnostic: its failure is its row's, not the timed table's
                 profiled = {"device_us": None, "launches": float("nan"), "oplib_host_us": float("nan"),
-                            "top": [(f"profile failed: {type(error).__name__}: {error}", float("nan"))]}
+                            "top": [(f"profile failed: {type(error).__name__}: {error}", float("nan"))], "host_top": []}
             profiles.append(_profile_row(task, mode, batch, name, seconds[name], profiled))
             del model, step
             torch.compiler.reset()

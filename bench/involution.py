@@ -603,8 +603,6 @@ def run_cuda_only(settings, models_choice: str, stage: str = "all", dry: bool = 
     """The CUDA tables alone: every stage (``stage`` "all"), or one (``make gpu-check`` runs
     each in a process of its own). The report is rewritten after each stage and each row, so a
     run cut short (a device lease ending) still leaves what it finished."""
-    import _cuda
-
     stages = CUDA_STAGES if stage == "all" else (stage,)
     target_name = f"dry run on the CPU ({cpu_model()}), the CUDA kernels emulated" if dry else torch.cuda.get_device_name()
     plan = cuda_plan(settings, dry)
@@ -797,12 +795,15 @@ def _profile_lines(results: CudaResults) -> list[str]:
         f"Each row's {_cuda.PROFILED_STEPS} steps after its timing, under torch.profiler, per step: the wall time "
         "(the timing's), the device time of what ran on the GPU (kernels, copies and fills; its share of the wall "
         "time: well under 1, the host set the pace), the host's kernel launches (the runtime's, the driver's, CUDA "
-        "graph replays), the host time inside oplib's ops (their children included: layout copies, CuPy's launches) "
-        "and the three kernels with the most device time"
-        + (" (this dry run: no device; the three CPU ops with the most self time)" if results.dry else "") + ".",
+        "graph replays), the host time inside oplib's ops (their children included: layout copies, CuPy's launches), "
+        "the three kernels with the most device time"
+        + (" (this dry run: no device; the three CPU ops with the most self time)" if results.dry else "")
+        + ", and the three host events with the most self time (aten ops, the runtime's and the driver's calls, "
+        "the autograd engine's nodes: where a step whose device time is well under its wall time spends it).",
         "",
         *_harness.table(("mode", "batch", "model", "wall (ms)", "device (ms)", "device / wall", "launches",
-                         "in oplib's ops, host (ms)", "most device time (us)"), "lllrrrrrl", results.model_profiles),
+                         "in oplib's ops, host (ms)", "most device time (us)", "most host time (us)"), "lllrrrrrll",
+                        results.model_profiles),
         "",
     ]
 

@@ -177,7 +177,8 @@ def test_launch_policy_swaps_the_ops_policy_and_drops_their_plans():
 def test_a_profiled_step_counts_the_time_in_oplibs_ops_and_its_heaviest_ops():
     """bench/_cuda.py's ``profile_steps`` on the CPU (a dry run's target): no device time, the
     host time inside oplib's ops (an involution call's, children included) over the steps, and
-    the CPU ops with the most self time, heaviest first; its row gives each in its column."""
+    the CPU ops with the most self time, heaviest first (on the CPU, also the host's heaviest
+    events); its row gives each in its column."""
     import _cuda
 
     x, w = torch.randn(2, 16, 24, 24), torch.randn(2, 1, 7, 7, 24, 24)
@@ -195,3 +196,6 @@ def test_a_profiled_step_counts_the_time_in_oplibs_ops_and_its_heaviest_ops():
     row = _cuda._profile_row("train", "eager", 2, "RedNet-50", 0.01, profiled)
     assert row[:7] == ["train, eager", "2", "RedNet-50", "10.00", "-", "-", "0"]
     assert row[7] == f"{profiled['oplib_host_us'] / 1e3:.2f}" and row[8].startswith(f"`{profiled['top'][0][0][:60]}`")
+    # the host's heaviest events, heaviest first: on the CPU, the heaviest ops
+    assert [name for name, _ in profiled["host_top"]] == [name for name, _ in profiled["top"]]
+    assert row[9].startswith(f"`{profiled['host_top'][0][0][:60]}`")
