@@ -1318,8 +1318,9 @@ def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight:
 # ---------------------------------------------------------------------------------------
 
 # float16 is declined: the kernel's gw enters its products as two values of the storage type,
-# and a gw past float16's 65504, which float32's map holds, would be an inf.
-GENERATED_MMA_GENERATOR_DTYPES = (torch.bfloat16,)
+# and a gw past float16's 65504, which float32's map holds, would be an inf. float32's products
+# are 3xTF32 (gw in float, each operand split as it is loaded).
+GENERATED_MMA_GENERATOR_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def generated_mma_generator_narrow(source: KernelSource, out_w: int, reduced: int) -> bool:
@@ -1355,15 +1356,19 @@ def generated_mma_generator_extent(source: KernelSource, kernel_size, stride, di
 
 
 def generated_mma_generator_shared_bytes(source: KernelSource, kernel_size, stride, dilation,
-                                         narrow: bool = False) -> int:
+                                         narrow: bool = False, dtype: torch.dtype = torch.bfloat16) -> int:
     """The dynamic shared memory of ``involution_generated_mma_backward_generator``: the group's
     span rows of the block's R range, the tile's feature, the staged input chunk (the warps'
-    bias sums after it), the tile's gw in float and two flags (generated_mma.cu lays them
-    out)."""
+    bias sums after it), the tile's gw in float and the flags (generated_mma.cu lays them out;
+    float32's rows in floats, its input a k-step of ``GEN_GRAD_WIDE_CHANNELS`` at a time)."""
     c = source.constants
     tile_w, span_r = generated_mma_generator_tile(source, narrow)
     rows, columns = generated_mma_generator_extent(source, kernel_size, stride, dilation, narrow)
     tap_pad = 16 * -(-kernel_size[0] * kernel_size[1] // 16)
+    if dtype == torch.float32:
+        tap_stride, pixels = tap_pad + c["GEN_GRAD_WIDE_PAD"], c["MMA_WARPS"] * tile_w
+        return 4 * (span_r * tap_stride + span_r * (pixels + 4) + rows * columns * c["GEN_GRAD_WIDE_CHANNELS"]
+                    + pixels * tap_stride + 3)
     pixel_words = c["MMA_WARPS"] * tile_w // 2 + 4
     return 4 * (span_r * (tap_pad // 2 + 4) + span_r * pixel_words + rows * columns * c["GEN_GRAD_COLUMN_WORDS"]
                 + c["MMA_WARPS"] * tile_w * (tap_pad + 4) + 2)
@@ -1400,7 +1405,7 @@ def generated_mma_generator_config(source: KernelSource, dtype: torch.dtype, bat
     narrow = generated_mma_generator_narrow(source, out_size[1], reduced)
     if generated_mma_generator_extent(source, kernel_size, stride, dilation, narrow)[1] > c["MMA_BAND"]:
         return None
-    shared_bytes = generated_mma_generator_shared_bytes(source, kernel_size, stride, dilation, narrow)
+    shared_bytes = generated_mma_generator_shared_bytes(source, kernel_size, stride, dilation, narrow, dtype)
     tile_w, span_r = generated_mma_generator_tile(source, narrow)
     ranges = -(-reduced // span_r)
     tiles = -(-out_size[0] // c["MMA_TILE_H"]) * -(-out_size[1] // tile_w)

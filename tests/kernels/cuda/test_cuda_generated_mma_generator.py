@@ -1,10 +1,10 @@
 """generated_mma.cu's generator gradients, involution_generated_mma_backward_generator (the map
 gw formed per tile in shared memory on tensor cores, contracted there with span_weight and the
-feature), on the host emulation: grad_feature, grad_span_weight and grad_span_bias against the
-float64 reference on the registry's samples and random geometries, both run orders, both ways of
-staging the input and of loading grad_output; the same bits in either order and instantiation;
-inf and nan where torch puts them; under AddressSanitizer; and planted bugs that each check
-must catch."""
+feature), on the host emulation, in bfloat16 and float32 (3xTF32): grad_feature,
+grad_span_weight and grad_span_bias against the float64 reference on the registry's samples and
+random geometries, both run orders, both ways of staging the input and of loading grad_output;
+the same bits in either order and instantiation; inf and nan where torch puts them; under
+AddressSanitizer; and planted bugs that each check must catch."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under
                                random_samples, tensor_core_samples_script)
 from test_cuda_generated_mma import (CASES, FOLDED, PlantedBug, assert_non_finite_as_expected, float64_reference,
                                      no_cold_blocks_on_finite_values, with_one_non_finite)
+from test_cuda_generated_mma_grad_input_staged import assert_float32_bug_caught
 from test_cuda_tiles import TWO_CHANNEL_CHUNKS, _random_specialised_cases
 
 GENERATOR = registry.get("involution_generated_backward_generator")
@@ -69,13 +70,13 @@ def _check(args: tuple, launcher, name: str, specialised: bool = True, group_spl
 
 
 def _declines_only_what_it_cannot_hold(args: tuple) -> bool:
-    """A dtype other than bfloat16, more taps than MMA_TAPS, a run's windows over more than
-    MMA_BAND columns, or a window past the shared memory it may ask for."""
+    """A dtype other than bfloat16 and float32, more taps than MMA_TAPS, a run's windows over
+    more than MMA_BAND columns, or a window past the shared memory it may ask for."""
     kernel_size, stride, dilation = args[4], args[5], args[7]
-    c, narrow = _source().constants, _narrow(args)
+    c, narrow, dtype = _source().constants, _narrow(args), args[0].dtype
     columns = involution_cuda.generated_mma_generator_extent(_source(), kernel_size, stride, dilation, narrow)[1]
-    return (args[0].dtype != torch.bfloat16 or kernel_size[0] * kernel_size[1] > c["MMA_TAPS"] or columns > c["MMA_BAND"]
-            or involution_cuda.generated_mma_generator_shared_bytes(_source(), kernel_size, stride, dilation, narrow)
+    return (dtype not in GENERATOR_DTYPES or kernel_size[0] * kernel_size[1] > c["MMA_TAPS"] or columns > c["MMA_BAND"]
+            or involution_cuda.generated_mma_generator_shared_bytes(_source(), kernel_size, stride, dilation, narrow, dtype)
             > involution_cuda.GENERATED_TILE_MAX_SHARED)
 
 
@@ -113,7 +114,8 @@ GENERATOR_CASES = (*CASES, STRIDE_2_CHUNKS,
 
 # The unit tier runs one thread order (the integration tier both).
 @pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration) for o in ORDERS[1:])])
-def test_generator_matches_the_reference_on_the_registry_samples(order):
+@pytest.mark.parametrize("dtype", GENERATOR_DTYPES, ids=str)
+def test_generator_matches_the_reference_on_the_registry_samples(dtype, order):
     """involution_generated_backward_generator's samples (channels_last and transposed operands,
     odd sizes, rectangular windows, strides, dilations, an empty batch) and the geometries
     above, by both stagings of the input and both loads of grad_output, in 16-wide tiles and
@@ -121,12 +123,12 @@ def test_generator_matches_the_reference_on_the_registry_samples(order):
     require_host_compiler()
     launcher = EmulatedLauncher(order=order)
     served, staged_by_vectors, grad_words, narrow = 0, set(), set(), set()
-    samples = list(GENERATOR.sample_inputs("cpu", torch.bfloat16, False))
+    samples = list(GENERATOR.sample_inputs("cpu", dtype, False))
     for sample in samples:
         assert _check(sample.args, launcher, sample.name), sample.name
         served += 1
     for case in GENERATOR_CASES:
-        args = generator_arguments(case.arguments(torch.bfloat16))
+        args = generator_arguments(case.arguments(dtype))
         assert _check(args, launcher, case.name), case.name
         staged_by_vectors.add(_vectors(args))
         grad_words.add(_grad_words(args))
@@ -140,12 +142,13 @@ def test_generator_matches_the_reference_on_the_registry_samples(order):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("order", ORDERS)
-def test_generator_matches_the_reference_on_random_geometries(order):
+@pytest.mark.parametrize("dtype", GENERATOR_DTYPES, ids=str)
+def test_generator_matches_the_reference_on_random_geometries(dtype, order):
     """The spec's random geometries, half of them channels_last; then random square windows."""
     require_host_compiler()
     launcher = EmulatedLauncher(order=order)
     served = 0
-    for index, sample in enumerate(random_samples(GENERATOR, torch.bfloat16, 24, seed=97)):
+    for index, sample in enumerate(random_samples(GENERATOR, dtype, 24, seed=97 + GENERATOR_DTYPES.index(dtype))):
         args = sample.args
         if index % 2:
             args = tuple(a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4
@@ -155,8 +158,8 @@ def test_generator_matches_the_reference_on_random_geometries(order):
         else:
             assert _declines_only_what_it_cannot_hold(args), index
     assert served >= 16
-    for case in _random_specialised_cases(12, seed=101):
-        args = generator_arguments(case.arguments(torch.bfloat16))
+    for case in _random_specialised_cases(12, seed=101 + GENERATOR_DTYPES.index(dtype)):
+        args = generator_arguments(case.arguments(dtype))
         assert _check(args, launcher, case.name), case.name
 
 
@@ -166,12 +169,13 @@ def _bits(args: tuple, launcher, specialised: bool = True) -> list[torch.Tensor]
     return list(out)
 
 
-def test_the_bits_are_the_same_in_every_order_and_instantiation():
+@pytest.mark.parametrize("dtype", GENERATOR_DTYPES, ids=str)
+def test_the_bits_are_the_same_in_every_order_and_instantiation(dtype):
     """No atomics, every sum in a fixed order: both run orders and the instantiation that reads
     its window from the arguments give the same bits, on the RedNet geometries."""
     require_host_compiler()
     for case in GENERATOR_CASES[2:4]:
-        args = generator_arguments(case.arguments(torch.bfloat16))
+        args = generator_arguments(case.arguments(dtype))
         first = _bits(args, EmulatedLauncher(order=ORDERS[0]))
         for launcher, specialised in ((EmulatedLauncher(order=ORDERS[1]), True), (EmulatedLauncher(), False)):
             for label, a, b in zip(OUTPUTS, first, _bits(args, launcher, specialised), strict=True):
@@ -182,12 +186,13 @@ def test_the_bits_are_the_same_in_every_order_and_instantiation():
 FOUR_GROUPS = TWO_CHANNEL_CHUNKS._replace(groups=4)
 
 
-def test_every_split_of_the_groups_gives_the_reference_and_the_same_span_sums():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float32, marks=pytest.mark.integration)], ids=str)
+def test_every_split_of_the_groups_gives_the_reference_and_the_same_span_sums(dtype):
     """grad_feature from the splits' parts within the tolerance at every split; grad_span_weight
     and grad_span_bias, whose sums a split does not change, the same bits at every split; in
     16-wide tiles and narrow ones."""
     require_host_compiler()
-    args = generator_arguments(FOUR_GROUPS.arguments(torch.bfloat16))
+    args = generator_arguments(FOUR_GROUPS.arguments(dtype))
     results = {}
     for splits in (1, 2, 3, 4):
         launcher = EmulatedLauncher()
@@ -196,7 +201,7 @@ def test_every_split_of_the_groups_gives_the_reference_and_the_same_span_sums():
         results[splits] = _result(args, EmulatedLauncher(), group_splits=splits)[1]
     for splits in (2, 3, 4):
         assert torch.equal(results[1][1], results[splits][1]) and torch.equal(results[1][2], results[splits][2])
-    args = generator_arguments(GENERATOR_CASES[-1].arguments(torch.bfloat16))  # narrow, two R ranges
+    args = generator_arguments(GENERATOR_CASES[-1].arguments(dtype))  # narrow, two R ranges
     assert _narrow(args)
     narrow = [_result(args, EmulatedLauncher(), group_splits=splits)[1] for splits in (1, 2, 3, 4)]
     for splits, out in zip((1, 2, 3, 4), narrow):
@@ -219,8 +224,8 @@ def test_the_groups_are_split_where_the_grid_is_small():
 
 
 def test_generator_declines_what_it_does_not_serve():
-    """float16 (a gw past its range), float32 and float64, more than MMA_TAPS taps, windows over
-    more columns than MMA_BAND, shared memory past its limit: None, out untouched."""
+    """float16 (a gw past its range) and float64, more than MMA_TAPS taps, windows over more
+    columns than MMA_BAND, shared memory past its limit: None, out untouched."""
     source, config = _source(), involution_cuda.generated_mma_generator_config
     # its blocks per SM depend on the instantiation (three, two for the runtime window): the
     # launchers read the most threads alone
@@ -229,7 +234,7 @@ def test_generator_declines_what_it_does_not_serve():
     assert config(source, torch.bfloat16, 32, 128, (7, 7), (7, 7), (1, 1), (1, 1)).grid == (1, 2, 32)  # narrow
     assert config(source, torch.bfloat16, 32, 64, (28, 28), (7, 7), (2, 2), (1, 1)).grid == (16, 1, 32)  # narrow
     assert config(source, torch.bfloat16, 32, 32, (28, 28), (7, 7), (2, 2), (1, 1)).grid == (8, 1, 32)
-    for dtype in (torch.float16, torch.float32, torch.float64):
+    for dtype in (torch.float16, torch.float64):
         assert config(source, dtype, 2, 16, (56, 56), (7, 7), (1, 1), (1, 1)) is None
     assert config(source, torch.bfloat16, 2, 16, (56, 56), (9, 9), (1, 1), (1, 1)) is None  # 81 taps
     assert config(source, torch.bfloat16, 2, 16, (56, 56), (1, 3), (1, 1), (1, 25)) is None  # 66 columns
@@ -242,12 +247,24 @@ def test_generator_declines_what_it_does_not_serve():
     assert all(bool((t == 7).all()) for t in out)
 
 
+def test_float32_takes_rednet50_in_a_block_every_architecture_holds():
+    """float32's tiles (span rows, feature and gw in floats, the input a k-step of 8 channels at
+    a time): RedNet-50's 7x7 windows at both strides in the grids bfloat16 takes, each block
+    within the 99 KiB every architecture gives one."""
+    source, config = _source(), involution_cuda.generated_mma_generator_config
+    for size, channels, stride in ((56, 64, 1), (28, 128, 1), (14, 256, 1), (7, 512, 1), (28, 128, 2), (14, 256, 2),
+                                   (7, 512, 2)):
+        chosen = [config(source, dtype, 32, channels // 4, (size, size), (7, 7), (stride, stride), (1, 1), channels // 16)
+                  for dtype in GENERATOR_DTYPES]
+        assert chosen[0].grid == chosen[1].grid and chosen[1].block[:2] == (32, 8), (size, stride)
+        assert chosen[0].shared_bytes < chosen[1].shared_bytes <= involution_cuda.GENERATED_TILE_MAX_SHARED, (size, stride)
+
+
 @pytest.mark.parametrize("tensor_cores", [None, True], ids=["default", "tensor-cores"])
 def test_the_cuda_writer_takes_the_kernel_where_asked_and_it_serves(tensor_cores):
     """By default (``GENERATOR_ON_TENSOR_CORES``, off until a draw times the kernel) every call
     goes through the float32 map (involution's grad_weight, then the contractions); with the
-    kernel asked for, bfloat16 takes it and float32 the map: all within the reference's
-    tolerance."""
+    kernel asked for, bfloat16 and float32 take it: all within the reference's tolerance."""
     require_host_compiler()
     assert involution_cuda.GENERATOR_ON_TENSOR_CORES is False
     for dtype in (torch.float32, torch.bfloat16):
@@ -258,7 +275,7 @@ def test_the_cuda_writer_takes_the_kernel_where_asked_and_it_serves(tensor_cores
         atol, rtol = GENERATOR.tolerance(dtype)
         for result, expected in zip(out, float64_reference(GENERATOR, args), strict=True):
             torch.testing.assert_close(result.double(), expected, atol=atol, rtol=rtol)
-        assert bool(_specialisations(launcher)) == (tensor_cores is True and dtype == torch.bfloat16)
+        assert bool(_specialisations(launcher)) == (tensor_cores is True)
 
 
 # Where one inf or nan goes (the argument's position, the index).
@@ -280,15 +297,19 @@ def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
-@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
-def test_non_finite_values_land_where_torch_puts_them(value, channels_last):
+@pytest.mark.parametrize("value, dtype", [(float("inf"), torch.bfloat16), (float("nan"), torch.bfloat16),
+                                          (float("inf"), torch.float32),
+                                          pytest.param(float("nan"), torch.float32, marks=pytest.mark.integration)],
+                         ids=["inf-bfloat16", "nan-bfloat16", "inf-float32", "nan-float32"])
+def test_non_finite_values_land_where_torch_puts_them(value, dtype, channels_last):
     """An inf or a nan in grad_output, the input, the feature or span_weight: every product of
-    the kernel's sums is one of the reference's, so its inf and nan land at the reference's
-    places in all three results. Strides 1 and 2."""
+    the kernel's sums is one of the reference's (float32's 3xTF32 turns a non-finite operand
+    into a nan: the products that meet one are the direct sum's), so its inf and nan land at the
+    reference's places in all three results. Strides 1 and 2."""
     require_host_compiler()
     launcher = EmulatedLauncher()
     for case in (TWO_CHANNEL_CHUNKS, STRIDE_2_CHUNKS):
-        args = generator_arguments(case._replace(channels_last=channels_last).arguments(torch.bfloat16))
+        args = generator_arguments(case._replace(channels_last=channels_last).arguments(dtype))
         for place, changed in with_one_non_finite(args, NON_FINITE_PLACES, value):
             _assert_non_finite_as_torch(changed, launcher, f"{case.name}-{place}")
 
@@ -307,7 +328,7 @@ STAGED_BARRIER = PlantedBug("staged-barrier", "__syncthreads();  // the input ch
 GW_BARRIER = PlantedBug("gw-barrier", "__syncthreads();  // every warp's gw of the group is split",
                         "// every warp's gw of the group is split")
 # A second channel chunk written over the first instead of added to it.
-CHUNKS_ADDED = PlantedBug("chunks-added", "*at = c0 == 0 ? value : oplib_add(*at, value);", "*at = value;")
+CHUNKS_ADDED = PlantedBug("chunks-added", "*at = first ? value : oplib_add(*at, value);", "(void)first, *at = value;")
 # grad_span_bias's last warp's sums (the tile's row 7) left out.
 BIAS_PARTS = PlantedBug("bias-parts", "for (int part = 1; part < MMA_WARPS; ++part)",
                         "for (int part = 1; part < MMA_WARPS - 1; ++part)")
@@ -336,8 +357,7 @@ LIVE_TILES = PlantedBug("live-tiles", "(kernel_w - 1) * dilation_w) / 8 + 1;", "
 # pixels along its first, to the result and to a split's part.
 NARROW_M_ROWS = PlantedBug("narrow-m-rows", "tile_y * MMA_TILE_H + 2 * (warp % 4) : out_y;",
                            "tile_y * MMA_TILE_H + (warp % 4) : out_y;")
-NARROW_R_HALF = PlantedBug("narrow-r-half", "const int r_half = NARROW ? GEN_GRAD_R * (warp / 4) : 0;",
-                           "const int r_half = 0;")
+NARROW_R_HALF = PlantedBug("narrow-r-half", "r_half = NARROW ? GEN_GRAD_R * (warp / 4) : 0;", "r_half = 0;")
 NARROW_HIGH_ROW = PlantedBug("narrow-high-row", "mma_store_pixels(pair, pixel, NARROW ? result_h : 8 * result_w,",
                              "mma_store_pixels(pair, pixel, 8 * result_w,")
 NARROW_HIGH_PART = PlantedBug("narrow-high-part", "high_x = NARROW ? m_x : m_x + 8,", "high_x = m_x + 8,")
@@ -483,6 +503,84 @@ def test_gw_split_in_hi_and_lo_keeps_grad_span_weight_where_sums_cancel(tmp_path
         _check(args, EmulatedLauncher(), "hi alone")
 
 
+# float32's way (3xTF32, gw and the staged rows in floats): each of its own places.
+# B's two channels of a staged column in the other k order from A's.
+WIDE_K_ORDER = PlantedBug("wide-k-order", "gen_grad_wide_split(in_hi, in_lo, 0, in.value[0]);",
+                          "gen_grad_wide_split(in_hi, in_lo, 0, in.value[1]);")
+# The input's k-step read before the block staged it.
+WIDE_STAGED_BARRIER = PlantedBug("wide-staged-barrier",
+                                 "__syncthreads();  // the input's k-step (and, the first, the span rows) staged",
+                                 "// the input's k-step (and, the first, the span rows) staged")
+# A staged column's two units of 4 channels in each other's place.
+WIDE_STAGED_HALVES = PlantedBug("wide-staged-halves", "staged + (y * columns + column) * CH + 4 * half) = v;",
+                                "staged + (y * columns + column) * CH + 4 * (half ^ 1)) = v;")
+# gw's products without their lo terms: one TF32 product, about 3 decimal digits.
+WIDE_ONE_PRODUCT = PlantedBug("wide-one-product", "oplib_mma_3xtf32(product, run_hi, run_lo, in_hi, in_lo);",
+                              "oplib_mma_tf32(product, run_hi, in_hi), (void)run_lo, (void)in_lo;")
+# grad_feature's every other k-step of taps left out.
+WIDE_FEATURE_STEPS = PlantedBug("wide-feature-steps", "gw_finite && m_y < out_h; k0 += 8) {",
+                                "gw_finite && m_y < out_h; k0 += 16) {")
+# grad_span_weight's gw untransposed in its second k half: pixels taken for taps.
+WIDE_SPAN_TRANSPOSED = PlantedBug("wide-span-transposed", "gen_grad_wide_split(hi, lo, 2, at[4 * tap_stride]);",
+                                  "gen_grad_wide_split(hi, lo, 2, at[4]);")
+# Narrow tiles: grad_span_weight's second two n-tiles of a warp never summed (their slots as
+# torch.empty left them).
+WIDE_NARROW_PAIRS = PlantedBug("wide-narrow-pairs", "for (int u0 = 0; u0 < span_tiles; u0 += 2) {",
+                               "for (int u0 = 0; u0 < 2; u0 += 2) {")
+# gw at the pixels past the map kept as their floats hold (the previous group's gw, or floats no
+# products wrote), not as zeros.
+WIDE_PIXELS_PAST_THE_MAP = PlantedBug("wide-pixels-past-the-map",
+                                      "four.lane[e] = pixel_inside && lane_taps + e < taps ? four.lane[e] : 0.0f;",
+                                      "(void)pixel_inside, four.lane[e] = lane_taps + e < taps ? four.lane[e] : 0.0f;")
+# gw's pass before every lane of the warp has stored its products.
+WIDE_PRODUCTS_SYNC = PlantedBug("wide-products-sync", "__syncwarp();  // every lane's products are in the warp's gw rows",
+                                "// every lane's products are in the warp's gw rows")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("bug, cases, group_splits", [
+    *((b, (TWO_CHANNEL_CHUNKS, STRIDE_2_CHUNKS), None)
+      for b in (WIDE_K_ORDER, WIDE_STAGED_BARRIER, WIDE_STAGED_HALVES, WIDE_ONE_PRODUCT, WIDE_FEATURE_STEPS,
+                WIDE_SPAN_TRANSPOSED, WIDE_PRODUCTS_SYNC)),
+    (WIDE_NARROW_PAIRS, NARROW_CASES, None), (WIDE_PIXELS_PAST_THE_MAP, (FOUR_GROUPS,), 1)],
+    ids=lambda b: getattr(b, "name", ""))
+def test_a_planted_float32_bug_fails_the_reference_check(bug, cases, group_splits, tmp_path, monkeypatch):
+    """In the ascending order (the 16-bit way's bugs take both), the races in both, either
+    catching it; the pixels past the map with four groups in one block (their floats then hold
+    the previous group's gw)."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    assert_float32_bug_caught(lambda args, launcher, name: _check(args, launcher, name, group_splits=group_splits),
+                              lambda case: generator_arguments(case.arguments(torch.float32)), bug, cases,
+                              races=bug in (WIDE_STAGED_BARRIER, WIDE_PRODUCTS_SYNC))
+
+
+# The direct sums, which only a product, group or block that met an inf or a nan runs, each a term
+# short: gw's products (an inf in grad_output), grad_feature's (in span_weight), grad_span_weight's
+# (in the feature).
+WIDE_COLD_PRODUCT = PlantedBug("wide-cold-product",
+                               "for (int k = 0; k < count && (v >> 1 ? tile.high_inside : tile.low_inside); ++k)",
+                               "for (int k = 1; k < count && (v >> 1 ? tile.high_inside : tile.low_inside); ++k)")
+WIDE_COLD_FEATURE = PlantedBug("wide-cold-feature", "for (int tap = 0; tap < taps; ++tap) sum = oplib_fma(gw_row[tap],",
+                               "for (int tap = 1; tap < taps; ++tap) sum = oplib_fma(gw_row[tap],")
+WIDE_COLD_SPAN = PlantedBug("wide-cold-span", "for (int p = 0; p < live_pixels; ++p)", "for (int p = 1; p < live_pixels; ++p)")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("bug, place", [(WIDE_COLD_PRODUCT, "grad_output interior"), (WIDE_COLD_FEATURE, "span_weight"),
+                                        (WIDE_COLD_SPAN, "feature")], ids=lambda b: getattr(b, "name", ""))
+def test_a_planted_float32_cold_path_bug_fails_the_non_finite_check(bug, place, tmp_path, monkeypatch):
+    """Finite values never reach the direct sums; an inf at the place that sends its products
+    there does."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    args = generator_arguments(TWO_CHANNEL_CHUNKS.arguments(torch.float32))
+    assert _check(args, EmulatedLauncher(), "finite")
+    (_, changed), = with_one_non_finite(args, {place: NON_FINITE_PLACES[place]}, float("inf"))
+    with pytest.raises(AssertionError, match="^inf grad_"):
+        _assert_non_finite_as_torch(changed, EmulatedLauncher(), "inf")
+
+
 _RUN_SAMPLES = tensor_core_samples_script("test_cuda_generated_mma_generator", "GENERATOR", "GENERATOR_CASES",
                                           "generator_arguments", "GENERATOR_DTYPES", 3)
 
@@ -495,20 +593,27 @@ def test_generator_is_clean_under_address_sanitizer():
     assert_clean_under_asan(_RUN_SAMPLES)
 
 
+# float32's pass over gw a row further: the last warp's last row past the end of the dynamic
+# shared memory.
+WIDE_ROW_OVERRUN = PlantedBug("wide-row-past-the-end", "float* gw_row = warp_gw + j * tap_stride + lane_taps;",
+                              "float* gw_row = warp_gw + (j + 1) * tap_stride + lane_taps;")
+
+
 @pytest.mark.integration
-def test_address_sanitizer_catches_the_split_past_the_end(tmp_path):
+@pytest.mark.parametrize("bug, dtype", [(SPLIT_OVERRUN, "bfloat16"), (WIDE_ROW_OVERRUN, "float")],
+                         ids=lambda b: getattr(b, "name", ""))
+def test_address_sanitizer_catches_a_row_past_the_end(bug, dtype, tmp_path):
     require_host_compiler()
-    planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, SPLIT_OVERRUN.text, SPLIT_OVERRUN.bug)
-    assert_asan_catches(planted, """
-        g, f, s = torch.randn(1, 32, 9, 9).bfloat16(), torch.randn(1, 8, 9, 9).bfloat16(), torch.randn(2 * 49, 8).bfloat16()
-        x = torch.randn(1, 32, 9, 9).bfloat16()
-        out = (torch.empty(1, 8, 9, 9).bfloat16(), torch.empty(98, 8).bfloat16(), torch.empty(98).bfloat16())
+    planted = _planted(tmp_path, involution_cuda.GENERATED_MMA_SOURCE, bug.text, bug.bug)
+    assert_asan_catches(planted, f"""
+        g, f, s = torch.randn(1, 32, 9, 9).{dtype}(), torch.randn(1, 8, 9, 9).{dtype}(), torch.randn(2 * 49, 8).{dtype}()
+        x = torch.randn(1, 32, 9, 9).{dtype}()
+        out = (torch.empty(1, 8, 9, 9).{dtype}(), torch.empty(98, 8).{dtype}(), torch.empty(98).{dtype}())
         ops.involution_generated_mma_backward_generator(g, f, s, x, [7, 7], [1, 1], [3, 3], [1, 1], out, launcher)
     """)
 
 
-def _gpu_arguments() -> list[tuple[tuple, str]]:
-    dtype = torch.bfloat16
+def _gpu_arguments(dtype: torch.dtype) -> list[tuple[tuple, str]]:
     samples = [(s.args, s.name) for s in GENERATOR.sample_inputs("cpu", dtype, False)]
     samples += [(generator_arguments(c.arguments(dtype)), c.name) for c in GENERATOR_CASES]
     samples += [(s.args, f"random-{i}") for i, s in enumerate(random_samples(GENERATOR, dtype, 8, seed=3))]
@@ -518,13 +623,14 @@ def _gpu_arguments() -> list[tuple[tuple, str]]:
 
 @pytest.mark.needs_cuda
 def test_generator_on_a_gpu_matches_the_reference():
-    """CuPy's launch, mma.sync and all: the samples, the geometries above, random ones, an inf
-    where torch puts it, and the same bits twice."""
-    for args, name in _gpu_arguments():
-        if not _check(args, None, name):
-            assert _declines_only_what_it_cannot_hold(args), name
-    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in generator_arguments(CASES[1].arguments(torch.bfloat16))]
-    assert all(torch.equal(a, b) for a, b in zip(_bits(tuple(args), None), _bits(tuple(args), None)))
-    args[0] = args[0].clone()
-    args[0][0, 17, 5, 6] = float("inf")
-    _assert_non_finite_as_torch(tuple(args), None, "inf")
+    """CuPy's launch, mma.sync and all, in bfloat16 and float32: the samples, the geometries
+    above, random ones, an inf where torch puts it, and the same bits twice."""
+    for dtype in GENERATOR_DTYPES:
+        for args, name in _gpu_arguments(dtype):
+            if not _check(args, None, name):
+                assert _declines_only_what_it_cannot_hold(args), name
+        args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in generator_arguments(CASES[1].arguments(dtype))]
+        assert all(torch.equal(a, b) for a, b in zip(_bits(tuple(args), None), _bits(tuple(args), None)))
+        args[0] = args[0].clone()
+        args[0][0, 17, 5, 6] = float("inf")
+        _assert_non_finite_as_torch(tuple(args), None, f"inf {dtype}")

@@ -2657,6 +2657,454 @@ __device__ __forceinline__ float gen_grad_direct_sum(const unsigned int* rows, i
     return sum;
 }
 
+// A generator block's tile (MMA_TILE_H output rows, a warp each, of tile_w columns), R range
+// (span_r of R's channels) and split of the groups, and its warp's pixels: both ways'.
+template <bool NARROW>
+struct GenGradTile {
+    static constexpr int tile_w = NARROW ? MMA_TILE_W / 2 : MMA_TILE_W, span_r = NARROW ? 2 * GEN_GRAD_R : GEN_GRAD_R;
+    int tile_y, out_y, out_x0, r0, group_first, group_end;
+    index_t n, slot;
+    bool low_inside, high_inside;  // the lane's fragment rows' pixels (row, row + 8) in the map
+    // The n-tiles of a run's products that hold a tap of a pixel inside the map: its last pixel
+    // there reads columns up to (live_w - 1) sw + (KW - 1) dw (at RedNet's last stage, two of
+    // three at stride 1 and three of five at stride 2). gw past the map is written as zeros.
+    int live_tiles;
+    // grad_feature's m-tile of the warp: 16 of the tile's pixels from m_pixel (the warp's row,
+    // or NARROW two rows of 8 from row m_y), and its channels of the R range from r_half; the
+    // lane's fragment rows' pixels: (m_y, m_x), and (high_y, high_x) pixel 8 of the row, or
+    // NARROW the next row's pixel 0
+    int m_pixel, m_y, r_half, m_x, high_x, high_y;
+
+    __device__ __forceinline__ GenGradTile(int tiles_w, int group_splits, int groups, int out_h, int out_w,
+                                           int stride_w, int kernel_w, int dilation_w) {
+        const int warp = threadIdx.y, row = threadIdx.x >> 2;
+        tile_y = blockIdx.x / tiles_w;
+        const int tile_x = blockIdx.x % tiles_w;
+        out_y = tile_y * MMA_TILE_H + warp, out_x0 = tile_x * tile_w;
+        r0 = blockIdx.y / group_splits * span_r;
+        const int split = blockIdx.y % group_splits;
+        group_first = split * groups / group_splits, group_end = (split + 1) * groups / group_splits;
+        n = blockIdx.z, slot = blockIdx.x + (index_t)gridDim.x * n;
+        low_inside = out_y < out_h && out_x0 + row < out_w;
+        high_inside = !NARROW && out_y < out_h && out_x0 + row + 8 < out_w;
+        const int live_w = out_w - out_x0 < tile_w ? out_w - out_x0 : tile_w;
+        live_tiles = ((live_w - 1) * stride_w + (kernel_w - 1) * dilation_w) / 8 + 1;
+        m_pixel = NARROW ? 16 * (warp % 4) : 16 * warp;
+        m_y = NARROW ? tile_y * MMA_TILE_H + 2 * (warp % 4) : out_y;
+        r_half = NARROW ? GEN_GRAD_R * (warp / 4) : 0;
+        m_x = out_x0 + row, high_x = NARROW ? m_x : m_x + 8, high_y = NARROW ? m_y + 1 : m_y;
+    }
+};
+
+// A run's product with n-tile t of the input row its kernel row a reads into the warp's gw
+// ([pixel][tap], gw_stride floats a pixel): the product's element (j, k) is pixel j's tap b
+// where k = j sw + b dw, the others dropped; 0 at a pixel past the map; the first chunk's
+// stored, the others' added.
+template <bool NARROW>
+__device__ __forceinline__ void gen_grad_store_product(const OplibFragmentC& product, float* warp_gw, int gw_stride,
+                                                       int a, int t, int kernel_w, int stride_w, int dilation_w,
+                                                       bool low_inside, bool high_inside, bool first) {
+    const int row = threadIdx.x >> 2, quad = threadIdx.x & 3;
+#pragma unroll
+    for (int v = 0; v < (NARROW ? 2 : 4); ++v) {  // NARROW: pixels 8-15 are no tile's
+        const int j = row + 8 * (v >> 1), offset = 8 * t + 2 * quad + (v & 1) - j * stride_w;
+        const int b = offset / dilation_w;
+        if (offset < 0 || offset != b * dilation_w || b >= kernel_w) continue;
+        float* at = warp_gw + j * gw_stride + a * kernel_w + b;
+        const float value = (v >> 1 ? high_inside : low_inside) ? product.value[v] : 0.0f;
+        *at = first ? value : oplib_add(*at, value);
+    }
+}
+
+// grad_span_weight's sums of a warp's COUNT tiles (taps m0 + 16, r of n-tiles t0 ..) to its
+// block's slot, taps past T and channels past R left out.
+template <int COUNT>
+__device__ __forceinline__ void gen_grad_store_span_sums(const OplibFragmentC (&sums)[COUNT], float* slot_sums, int m0,
+                                                         int t0, int r0, int taps, int reduced) {
+    const int row = threadIdx.x >> 2, quad = threadIdx.x & 3;
+#pragma unroll
+    for (int u = 0; u < COUNT; ++u) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {  // taps m0 + row (+ 8) x r r0 + 8 (t0 + u) + 2 quad (+ 1)
+            const int tap = m0 + row + 8 * (v >> 1), r = r0 + 8 * (t0 + u) + 2 * quad + (v & 1);
+            if (tap < taps && r < reduced) slot_sums[(index_t)tap * reduced + r] = sums[u].value[v];
+        }
+    }
+}
+
+// grad_feature's sums of a warp's m-tile in float, channels r_first + 8 t + 2 quad (+ 1), to `low`
+// (the lane's first fragment row's map row, at column 0) and `high` (its second's), a pixel
+// x_step and a channel r_step apart: pixels past the map and channels past R left out.
+template <bool NARROW>
+__device__ __forceinline__ void gen_grad_store_feature_sums(const OplibFragmentC (&sums)[GEN_GRAD_R / 8], float* low,
+                                                            float* high, index_t x_step, index_t r_step,
+                                                            const GenGradTile<NARROW>& tile, int r_first, int out_h,
+                                                            int out_w, int reduced) {
+    const int quad = threadIdx.x & 3;
+#pragma unroll
+    for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x r 8 t + 2 quad (+ 1)
+            const int x = v >> 1 ? tile.high_x : tile.m_x, r = r_first + 8 * t + 2 * quad + (v & 1);
+            if ((v >> 1 ? tile.high_y : tile.m_y) < out_h && x < out_w && r < reduced)
+                (v >> 1 ? high : low)[(index_t)x * x_step + (index_t)r * r_step] = sums[t].value[v];
+        }
+    }
+}
+
+// grad_span_bias's sums over the tile (R range 0's blocks): the warps' parts ([warp][tap]) added
+// up in order, to the block's slot.
+__device__ __forceinline__ void gen_grad_store_bias(const float* bias_parts, float* bias_sums, index_t slot, int groups,
+                                                    int group, int taps, int thread) {
+    if (thread < taps) {
+        float total = bias_parts[thread];
+        for (int part = 1; part < MMA_WARPS; ++part) total = oplib_add(total, bias_parts[part * MMA_TAPS + thread]);
+        bias_sums[(slot * groups + group) * taps + thread] = total;
+    }
+}
+
+// The generator's gradients in float32: the kernel's three products in 3xTF32 (warp.cuh), where
+// the map route (gw in float32, then cuBLAS) was float32's only way. The same tiles, grid, R
+// ranges, group splits and outputs as the 16-bit way above; what differs:
+//   - gw stays in float and each product splits its operands into TF32 hi and lo as it loads
+//     them (no split pass: there is no storage type to round gw to); the pass over gw after the
+//     products (step 2) writes zeros at taps past T and pixels past the map, sums grad_span_bias
+//     and notes a group whose gw holds a value whose hi is not finite;
+//   - the input is staged a k-step at a time, GEN_GRAD_WIDE_CHANNELS channels, [row][column]
+//     [channel]: a B fragment's 8-byte loads, 8 columns x 4 channel pairs, in 32 banks with no
+//     padding (16 channels in float took a stride-2 tile past 99 KiB);
+//   - k-steps of 8 in the products. The first two permute their k order alike in A and B (column
+//     quad is channel, or tap, k0 + 2 quad, column quad + 4 is k0 + 2 quad + 1: a lane's pair one
+//     8-byte load, of grad_output channels_last, of the staged input, of gw's and span's rows);
+//     grad_span_weight's (k the tile's pixels) is in order, so that gw's column loads, quad
+//     pixels apart, and the feature's fall in 32 banks;
+//   - span rows, the feature and gw in floats, their rows GEN_GRAD_WIDE_PAD floats past the taps'
+//     whole k-steps (8 past a multiple of 32, or 24: a half-warp's 8-byte loads 4 rows x 4 pairs
+//     in 32 banks) and the feature's 4 past the tile's pixels;
+//   - an inf or a nan: 3xTF32 gives nan where a product's operand is not finite (lo = x - hi), so
+//     a product of gw whose warp's results are not all finite is formed again by the direct sum
+//     in float (the chunk's grad_output read again from global memory); grad_feature's products
+//     of a group whose span rows or gw hold a non-finite hi, and grad_span_weight's of a block
+//     whose feature does or a group whose gw does, are each the direct sum in float from the
+//     same staged values: inf and nan land where torch puts them.
+//
+// Dynamic shared memory (generated_mma_generator_shared_bytes), floats:
+//   span      span_r x (tap_pad + GEN_GRAD_WIDE_PAD)    the group's span_weight, [r][tap]
+//   features  span_r x (MMA_WARPS tile_w + 4)           the tile's feature, [r][pixel]
+//   staged    in_h x columns x GEN_GRAD_WIDE_CHANNELS   the input's k-step, [row][column][channel]
+//                                                       (then the warps' bias sums)
+//   gw        MMA_WARPS x tile_w x (tap_pad + GEN_GRAD_WIDE_PAD)   [pixel][tap]
+//   flags     3 ints                                    a non-finite hi in the feature; the last
+//                                                       group with one in its span rows, and in gw
+constexpr int GEN_GRAD_WIDE_CHANNELS = 8;  // a staged k-step of the input
+constexpr int GEN_GRAD_WIDE_PAD = 8;  // floats past a gw or span row's taps
+static_assert((64 + GEN_GRAD_WIDE_PAD) % 32 == 8 && (16 + GEN_GRAD_WIDE_PAD) % 32 == 24 &&
+                  (MMA_WARPS * MMA_TILE_W + 4) % 32 == 4 && (MMA_WARPS * MMA_TILE_W / 2 + 4) % 32 == 4,
+              "rows of taps 8 or 24 past a multiple of 32 words; the feature's rows 4");
+static_assert(MMA_TILE_H * 8 * GEN_GRAD_WIDE_CHANNELS >= MMA_WARPS * MMA_TAPS,
+              "the warps' bias sums fit in the least staged input");
+
+// Whether v's TF32 hi (v rounded) is finite: 3xTF32 takes v whole where it is.
+__device__ __forceinline__ bool gen_grad_wide_finite(float v) { return mma_finite(oplib_round_tf32(v)); }
+
+// A TF32 fragment's hi and lo at its `index`-th value, from v.
+template <typename Fragment>
+__device__ __forceinline__ void gen_grad_wide_split(Fragment& hi, Fragment& lo, int index, float v) {
+    const OplibTf32Split split = oplib_split_tf32(v);
+    hi.value[index] = split.hi;
+    lo.value[index] = split.lo;
+}
+
+template <int KERNEL, int STRIDE, bool NARROW>
+__device__ __forceinline__ void generator_wide(
+    const float* __restrict__ grad_output, const float* __restrict__ input, const float* __restrict__ feature,
+    const float* __restrict__ span_weight, float* __restrict__ grad_feature, float* __restrict__ feature_parts,
+    float* __restrict__ span_sums, float* __restrict__ bias_sums, int group_splits, int channels, int height, int width,
+    int groups, int window_h, int window_w, int out_h, int out_w, int step_h, int step_w, int pad_h, int pad_w,
+    int spacing_h, int spacing_w, int reduced, int tiles_w, index_t grad_n, index_t grad_c, index_t grad_h,
+    index_t grad_w, index_t input_n, index_t input_c, index_t input_h, index_t input_w, index_t feature_n,
+    index_t feature_c, index_t feature_h, index_t feature_w, index_t result_n, index_t result_c, index_t result_h,
+    index_t result_w, bool vector_input, bool grad_words) {
+    const TileGeometry<KERNEL, STRIDE> geometry(window_h, window_w, step_h, step_w, spacing_h, spacing_w);
+    const int kernel_h = geometry.kernel_h, kernel_w = geometry.kernel_w;
+    const int stride_h = geometry.stride_h, stride_w = geometry.stride_w;
+    const int dilation_h = geometry.dilation_h, dilation_w = geometry.dilation_w;
+    const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+    const int row = lane >> 2, quad = lane & 3;
+    const int taps = kernel_h * kernel_w, group_channels = channels / groups;
+    const int tap_pad = 16 * ((taps + 15) / 16), tap_stride = tap_pad + GEN_GRAD_WIDE_PAD;
+    constexpr int tile_w = GenGradTile<NARROW>::tile_w, span_r = GenGradTile<NARROW>::span_r;
+    constexpr int tile_pixels = MMA_WARPS * tile_w, feature_stride = tile_pixels + 4;
+    constexpr int span_tiles = NARROW ? 4 : 2;  // grad_span_weight's n-tiles a warp
+    constexpr int CH = GEN_GRAD_WIDE_CHANNELS;
+    const int band_columns = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
+    const int columns = 8 * ((band_columns + 7) / 8);
+    const int in_h = (MMA_TILE_H - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
+    OPLIB_DYNAMIC_SHARED(unsigned int, shared);
+    float* span = reinterpret_cast<float*>(shared);
+    float* features = span + span_r * tap_stride;
+    float* staged = features + span_r * feature_stride;
+    float* gw = staged + in_h * columns * CH;
+    int* flags = reinterpret_cast<int*>(gw + MMA_WARPS * tile_w * tap_stride);
+    float* warp_gw = gw + warp * tile_w * tap_stride;
+    float* bias_parts = staged;  // [warp][tap], after the products
+
+    const GenGradTile<NARROW> tile(tiles_w, group_splits, groups, out_h, out_w, stride_w, kernel_w, dilation_w);
+    const int out_y = tile.out_y, r0 = tile.r0, m_y = tile.m_y;
+    const index_t n = tile.n;
+
+    if (thread == 0) flags[0] = 0, flags[1] = -1, flags[2] = -1;
+    __syncthreads();  // the flags are set before any thread may raise one
+    // The tile's feature for the R range, [r][pixel] (pixel p = warp * tile_w + j), zeros past the
+    // map and past R; consecutive threads along a row's pixels.
+    const float* sample_feature = feature + n * feature_n;
+#pragma unroll 1
+    for (int e = thread; e < span_r * tile_pixels; e += MMA_THREADS) {
+        const int r = e / tile_pixels, p = e % tile_pixels;
+        const int y = tile.tile_y * MMA_TILE_H + p / tile_w, x = tile.out_x0 + p % tile_w;
+        const bool inside = r0 + r < reduced && y < out_h && x < out_w;
+        const float value =
+            inside ? __ldg(sample_feature + (index_t)(r0 + r) * feature_c + (index_t)y * feature_h + (index_t)x * feature_w)
+                   : 0.0f;
+        features[r * feature_stride + p] = value;
+        if (!gen_grad_wide_finite(value)) flags[0] = 1;
+    }
+
+    OplibFragmentC feature_sums[GEN_GRAD_R / 8] = {};  // NARROW: of the range's half r_half
+    const float* sample_grad = grad_output + n * grad_n;
+    const float* sample_input = input + n * input_n;
+    const float* low_grad = sample_grad + (index_t)out_y * grad_h + (index_t)(tile.out_x0 + row) * grad_w;
+    const float* high_grad = low_grad + 8 * grad_w;
+    const int top = tile.tile_y * MMA_TILE_H * stride_h - pad_h, left = tile.out_x0 * stride_w - pad_w;
+    for (int group = tile.group_first; group < tile.group_end; ++group) {
+        __syncthreads();  // every warp is done with the previous group's span, gw and bias parts
+        // span_weight's rows of the group for the R range, [r][tap]: a thread a pair of taps of
+        // one r, consecutive threads along r (span_weight's rows).
+        const float* group_span = span_weight + (index_t)group * taps * reduced;
+#pragma unroll 1
+        for (int e = thread; e < span_r * (tap_pad / 2); e += MMA_THREADS) {
+            const int r = e % span_r, tap = 2 * (e / span_r);
+            const bool live_r = r0 + r < reduced;
+            const StagedWidePair pair = {{live_r && tap < taps ? __ldg(group_span + (index_t)tap * reduced + r0 + r) : 0.0f,
+                                          live_r && tap + 1 < taps ? __ldg(group_span + (index_t)(tap + 1) * reduced + r0 + r)
+                                                                   : 0.0f}};
+            *reinterpret_cast<StagedWidePair*>(span + r * tap_stride + tap) = pair;
+            if (!gen_grad_wide_finite(pair.value[0]) || !gen_grad_wide_finite(pair.value[1])) flags[1] = group;
+        }
+        const index_t channel0 = (index_t)group * group_channels;
+        for (int c0 = 0; c0 < group_channels; c0 += CH) {
+            if (c0 > 0) __syncthreads();  // every warp is done with the previous k-step's input
+            // The k-step's input rows, [row][column][channel], zeros outside the image and past the
+            // group's channels: a unit a column's 4 channels, one 16-byte load (channels_last,
+            // aligned: vector_input) along the units of a column, else 4 loads, consecutive
+            // threads along a row's columns; one 16-byte store.
+            const float* chunk = sample_input + (channel0 + c0) * input_c;
+#pragma unroll 1
+            for (int unit = thread; unit < in_h * columns * 2; unit += MMA_THREADS) {
+                const int half = vector_input ? unit & 1 : unit / columns % 2;
+                const int column = vector_input ? (unit >> 1) % columns : unit % columns;
+                const int y = vector_input ? (unit >> 1) / columns : unit / columns / 2;
+                const int iy = top + y, ix = left + column, c = c0 + 4 * half;
+                const bool inside = (unsigned int)iy < (unsigned int)height && (unsigned int)ix < (unsigned int)width;
+                const float* at = chunk + 4 * half * input_c + (index_t)iy * input_h + (index_t)ix * input_w;
+                Vector16<float> v = {};
+                if (vector_input) {
+                    if (inside && c < group_channels) v = *reinterpret_cast<const Vector16<float>*>(at);
+                } else {
+#pragma unroll
+                    for (int m = 0; m < 4; ++m) v.lane[m] = inside && c + m < group_channels ? __ldg(at + m * input_c) : 0.0f;
+                }
+                *reinterpret_cast<Vector16<float>*>(staged + (y * columns + column) * CH + 4 * half) = v;
+            }
+            __syncthreads();  // the input's k-step (and, the first, the span rows) staged
+            // The run's grad_output, pixels x the k-step's channels: A's fragment, hi and lo (zeros
+            // past the map and the group's channels); column quad channel c, quad + 4 channel c + 1.
+            const index_t chunk_grad = (channel0 + c0) * grad_c;
+            const int c = c0 + 2 * quad;
+            OplibFragmentTf32A run_hi, run_lo;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // pixels row, row + 8
+                const float* at = (h ? high_grad : low_grad) + chunk_grad + 2 * quad * grad_c;
+                const int count = (h ? tile.high_inside : tile.low_inside) ? group_channels - c : 0;
+                StagedWidePair pair = {{0.0f, 0.0f}};
+                if (grad_words) {
+                    if (count > 0) pair = *reinterpret_cast<const StagedWidePair*>(at);
+                } else {
+                    pair.value[0] = count > 0 ? __ldg(at) : 0.0f;
+                    pair.value[1] = count > 1 ? __ldg(at + grad_c) : 0.0f;
+                }
+                gen_grad_wide_split(run_hi, run_lo, h, pair.value[0]);
+                gen_grad_wide_split(run_hi, run_lo, h + 2, pair.value[1]);
+            }
+#pragma unroll 1
+            for (int a = 0; a < kernel_h && out_y < out_h; ++a) {
+                const float* input_row = staged + (warp * stride_h + a * dilation_h) * columns * CH;
+#pragma unroll 1
+                for (int t = 0; t < tile.live_tiles; ++t) {
+                    const StagedWidePair in = *reinterpret_cast<const StagedWidePair*>(input_row + (8 * t + row) * CH + 2 * quad);
+                    OplibFragmentTf32B in_hi, in_lo;
+                    gen_grad_wide_split(in_hi, in_lo, 0, in.value[0]);
+                    gen_grad_wide_split(in_hi, in_lo, 1, in.value[1]);
+                    OplibFragmentC product = {};
+                    oplib_mma_3xtf32(product, run_hi, run_lo, in_hi, in_lo);
+                    bool non_finite = false;
+#pragma unroll
+                    for (int v = 0; v < 4; ++v) non_finite |= !mma_finite(product.value[v]);
+                    if (oplib_warp_any(non_finite)) {  // oplib-cold: an inf or a nan among the warp's products
+                        OPLIB_COLD_BLOCK();
+#pragma unroll 1
+                        for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x column 8 t + 2 quad (+ 1)
+                            const float* grad_at = (v >> 1 ? high_grad : low_grad) + chunk_grad;
+                            const float* column = input_row + (8 * t + 2 * quad + (v & 1)) * CH;
+                            const int count = group_channels - c0 < CH ? group_channels - c0 : CH;
+                            float sum = 0.0f;
+#pragma unroll 1
+                            for (int k = 0; k < count && (v >> 1 ? tile.high_inside : tile.low_inside); ++k)
+                                sum = oplib_fma(__ldg(grad_at + k * grad_c), column[k], sum);
+                            product.value[v] = sum;
+                        }
+                    }
+                    gen_grad_store_product<NARROW>(product, warp_gw, tap_stride, a, t, kernel_w, stride_w, dilation_w,
+                                                   tile.low_inside, tile.high_inside, c0 == 0);
+                }
+            }
+        }
+        // 2. The warp's rows of gw: zeros at taps past T and at pixels past the map (whose floats
+        // the products leave as they were), each pixel's gw summed per tap for grad_span_bias, and a
+        // hi that is not finite noted. A lane 4 taps of every other row.
+        const int lane_taps = 4 * (lane & 15);
+        float bias[4] = {};
+        bool gw_non_finite = false;
+        __syncwarp();  // every lane's products are in the warp's gw rows
+#pragma unroll 1
+        for (int j = lane >> 4; j < tile_w && lane_taps < tap_pad; j += 2) {
+            float* gw_row = warp_gw + j * tap_stride + lane_taps;
+            const bool pixel_inside = out_y < out_h && tile.out_x0 + j < out_w;
+            Vector16<float> four = *reinterpret_cast<const Vector16<float>*>(gw_row);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                four.lane[e] = pixel_inside && lane_taps + e < taps ? four.lane[e] : 0.0f;
+                gw_non_finite |= !gen_grad_wide_finite(four.lane[e]);
+                bias[e] = oplib_add(bias[e], four.lane[e]);
+            }
+            *reinterpret_cast<Vector16<float>*>(gw_row) = four;
+        }
+        if (oplib_warp_any(gw_non_finite) && lane == 0) flags[2] = group;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bias[e] = oplib_add(bias[e], __shfl_xor_sync(OPLIB_FULL_WARP, bias[e], 16));
+        __syncthreads();  // every warp's gw of the group is written (and done with the staged input)
+        if (r0 == 0 && lane < 16 && lane_taps < tap_pad)
+            *reinterpret_cast<Vector16<float>*>(bias_parts + warp * MMA_TAPS + lane_taps) = {{bias[0], bias[1], bias[2], bias[3]}};
+        const bool gw_finite = flags[2] != group;
+
+        // 3. grad_feature += gw (16 pixels x taps) span^T (taps x GEN_GRAD_R of the range), but for
+        // an m-tile past the map (its sums are never stored).
+        const float* m_rows = gw + tile.m_pixel * tap_stride;  // the warp's m-tile
+        if ((flags[1] == group || !gw_finite) && m_y < out_h) {  // oplib-cold: a hi of the span rows or gw not finite
+            OPLIB_COLD_BLOCK();
+#pragma unroll 1
+            for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
+#pragma unroll 1
+                for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x r r_half + 8 t + 2 quad (+ 1)
+                    const float* gw_row = m_rows + (row + 8 * (v >> 1)) * tap_stride;
+                    const float* span_row = span + (tile.r_half + 8 * t + 2 * quad + (v & 1)) * tap_stride;
+                    float sum = 0.0f;
+#pragma unroll 1
+                    for (int tap = 0; tap < taps; ++tap) sum = oplib_fma(gw_row[tap], span_row[tap], sum);
+                    feature_sums[t].value[v] = oplib_add(feature_sums[t].value[v], sum);
+                }
+            }
+        }
+#pragma unroll 1
+        for (int k0 = 0; k0 < tap_pad && flags[1] != group && gw_finite && m_y < out_h; k0 += 8) {
+            OplibFragmentTf32A hi, lo;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // pixels row, row + 8; taps k0 + 2 quad, + 1
+                const StagedWidePair pair = *reinterpret_cast<const StagedWidePair*>(m_rows + (row + 8 * h) * tap_stride + k0 + 2 * quad);
+                gen_grad_wide_split(hi, lo, h, pair.value[0]);
+                gen_grad_wide_split(hi, lo, h + 2, pair.value[1]);
+            }
+#pragma unroll
+            for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
+                const StagedWidePair pair =
+                    *reinterpret_cast<const StagedWidePair*>(span + (tile.r_half + 8 * t + row) * tap_stride + k0 + 2 * quad);
+                OplibFragmentTf32B b_hi, b_lo;
+                gen_grad_wide_split(b_hi, b_lo, 0, pair.value[0]);
+                gen_grad_wide_split(b_hi, b_lo, 1, pair.value[1]);
+                oplib_mma_3xtf32(feature_sums[t], hi, lo, b_hi, b_lo);
+            }
+        }
+        // 4. The block's grad_span_weight, a tile taps 16 x R range columns 8, over the tile's
+        // pixels (k-steps of 8, in order; those past the map's rows left out): the 16-bit way's
+        // tiles a warp, two n-tiles at a time (NARROW's four at once spilled at three blocks an
+        // SM; gw's fragments are loaded again for the second two).
+        if (span_tiles * warp < tap_pad / 16 * (span_r / 8)) {
+            const int m0 = 16 * (span_tiles * warp / (span_r / 8)), t0 = span_tiles * warp % (span_r / 8);
+            const int live_rows = out_h - tile.tile_y * MMA_TILE_H;
+            const int live_pixels = tile_w * (live_rows < MMA_WARPS ? live_rows : MMA_WARPS);
+            const bool direct = flags[0] || !gw_finite;
+            float* slot_sums = span_sums + (tile.slot * groups + group) * (index_t)taps * reduced;
+#pragma unroll 1
+            for (int u0 = 0; u0 < span_tiles; u0 += 2) {
+                OplibFragmentC sums[2] = {};
+                if (direct) {  // oplib-cold: a hi of the tile's feature or of gw not finite
+                    OPLIB_COLD_BLOCK();
+#pragma unroll 1
+                    for (int u = 0; u < 2; ++u) {
+#pragma unroll 1
+                        for (int v = 0; v < 4; ++v) {  // taps m0 + row (+ 8) x r 8 (t0 + u0 + u) + 2 quad (+ 1)
+                            const float* gw_column = gw + m0 + row + 8 * (v >> 1);
+                            const float* feature_row = features + (8 * (t0 + u0 + u) + 2 * quad + (v & 1)) * feature_stride;
+                            float sum = 0.0f;
+#pragma unroll 1
+                            for (int p = 0; p < live_pixels; ++p)
+                                sum = oplib_fma(gw_column[p * tap_stride], feature_row[p], sum);
+                            sums[u].value[v] = sum;
+                        }
+                    }
+                }
+#pragma unroll 1
+                for (int p0 = 0; p0 < live_pixels && !direct; p0 += 8) {
+                    // A: gw transposed, taps m0 + row (+ 8) x pixels p0 + quad (+ 4)
+                    const float* at = gw + (p0 + quad) * tap_stride + m0 + row;
+                    OplibFragmentTf32A hi, lo;
+                    gen_grad_wide_split(hi, lo, 0, at[0]);
+                    gen_grad_wide_split(hi, lo, 1, at[8]);
+                    gen_grad_wide_split(hi, lo, 2, at[4 * tap_stride]);
+                    gen_grad_wide_split(hi, lo, 3, at[4 * tap_stride + 8]);
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+                        // B: the feature, pixels p0 + quad (+ 4) x r 8 (t0 + u0 + u) + row
+                        const float* b_at = features + (8 * (t0 + u0 + u) + row) * feature_stride + p0 + quad;
+                        OplibFragmentTf32B b_hi, b_lo;
+                        gen_grad_wide_split(b_hi, b_lo, 0, b_at[0]);
+                        gen_grad_wide_split(b_hi, b_lo, 1, b_at[4]);
+                        oplib_mma_3xtf32(sums[u], hi, lo, b_hi, b_lo);
+                    }
+                }
+                gen_grad_store_span_sums(sums, slot_sums, m0, t0 + u0, r0, taps, reduced);
+            }
+        }
+        if (r0 == 0) {  // grad_span_bias's sums over the tile, from R range 0's blocks
+            __syncthreads();  // every warp's part is staged
+            gen_grad_store_bias(bias_parts, bias_sums, tile.slot, groups, group, taps, thread);
+        }
+    }
+    // grad_feature's sums of the warp's m-tile, its channels of the R range: to the result, or to
+    // the split's part, [split][n][y][x][r].
+    if (m_y >= out_h) return;
+    const bool parts = group_splits > 1;
+    // the split and R range again from the block's index (kept from the start across the groups,
+    // they took a register)
+    const unsigned int y_block = block_y_again();
+    const int r_first = y_block / group_splits * span_r + tile.r_half;
+    float* low = parts ? feature_parts + (((index_t)(y_block % group_splits) * gridDim.z + n) * out_h + m_y) * out_w * reduced
+                       : grad_feature + n * result_n + (index_t)m_y * result_h;
+    float* high = low + (NARROW ? (parts ? (index_t)out_w * reduced : result_h) : 0);
+    gen_grad_store_feature_sums(feature_sums, low, high, parts ? reduced : result_w, parts ? 1 : result_c, tile, r_first,
+                                out_h, out_w, reduced);
+}
+
 // Instantiated for the forward's windows (the oplib-template line above). Three blocks per SM
 // (at most 80 registers) for the instantiations that fix the window, which the model puts at
 // about half the time of two: the kernel is issue-bound, and two blocks leave a scheduler four
@@ -2665,8 +3113,19 @@ __device__ __forceinline__ float gen_grad_direct_sum(const unsigned int* rows, i
 // window from its arguments keeps two (its runtime sizes take more registers).
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, R ranges x group splits, N), tiles of the output.
+// float32's (its staged rows and gw in floats: 74-90 KiB a block at RedNet-50's 7x7 windows,
+// 61-70 KiB narrow): three from sm_90 on (80 registers, no spill), two before (sm_80's 164 KiB
+// hold two, and its non-narrow instantiations spilled 20 bytes at three).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define OPLIB_GEN_GRAD_WIDE_BLOCKS 3
+#else
+#define OPLIB_GEN_GRAD_WIDE_BLOCKS 2
+#endif
+// The blocks an SM the generator kernel asks for (a variable: see STAGED_FORWARD_BLOCKS).
+template <typename scalar_t, int KERNEL>
+constexpr int GEN_GRAD_BLOCKS = KERNEL == 0 ? 2 : sizeof(scalar_t) == 4 ? OPLIB_GEN_GRAD_WIDE_BLOCKS : 3;
 template <typename scalar_t, int KERNEL, int STRIDE, bool NARROW>
-__global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_generated_mma_backward_generator(
+__global__ void __launch_bounds__(MMA_THREADS, GEN_GRAD_BLOCKS<scalar_t, KERNEL>) involution_generated_mma_backward_generator(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature,
     const scalar_t* __restrict__ span_weight, scalar_t* __restrict__ grad_feature, float* __restrict__ feature_parts,
     float* __restrict__ span_sums, float* __restrict__ bias_sums, int group_splits, int channels, int height, int width,
@@ -2707,24 +3166,11 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
         // once every warp's products are done)
         float* bias_parts = reinterpret_cast<float*>(staged);
 
-        const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
-        const int out_y = tile_y * MMA_TILE_H + warp, out_x0 = tile_x * tile_w;
-        const int r0 = blockIdx.y / group_splits * span_r, split = blockIdx.y % group_splits;
-        const int group_first = split * groups / group_splits, group_end = (split + 1) * groups / group_splits;
-        const index_t n = blockIdx.z, slot = blockIdx.x + (index_t)gridDim.x * n;
-        const bool low_inside = out_y < out_h && out_x0 + row < out_w;
-        const bool high_inside = !NARROW && out_y < out_h && out_x0 + row + 8 < out_w;
-        // The n-tiles of a run's products that hold a tap of a pixel inside the map: its last
-        // pixel there reads columns up to (live_w - 1) sw + (KW - 1) dw (at RedNet's last stage,
-        // two of three at stride 1 and three of five at stride 2). gw past the map is the
-        // split's zeros.
-        const int live_w = out_w - out_x0 < tile_w ? out_w - out_x0 : tile_w;
-        const int live_tiles = ((live_w - 1) * stride_w + (kernel_w - 1) * dilation_w) / 8 + 1;
-        // grad_feature's m-tile of the warp: 16 of the tile's pixels from m_pixel (the warp's row,
-        // or NARROW two rows of 8 from row m_y), and its channels of the R range from r_half
-        const int m_pixel = NARROW ? 16 * (warp % 4) : 16 * warp;
-        const int m_y = NARROW ? tile_y * MMA_TILE_H + 2 * (warp % 4) : out_y;
-        const int r_half = NARROW ? GEN_GRAD_R * (warp / 4) : 0;
+        const GenGradTile<NARROW> tile(tiles_w, group_splits, groups, out_h, out_w, stride_w, kernel_w, dilation_w);
+        const int tile_y = tile.tile_y, out_y = tile.out_y, out_x0 = tile.out_x0, r0 = tile.r0, live_tiles = tile.live_tiles;
+        const int m_pixel = tile.m_pixel, m_y = tile.m_y, r_half = tile.r_half;
+        const index_t n = tile.n, slot = tile.slot;
+        const bool low_inside = tile.low_inside, high_inside = tile.high_inside;
 
         if (thread == 0) inf_flags[0] = 0, inf_flags[1] = -1;
         __syncthreads();  // the flags are set before any thread may raise one
@@ -2749,7 +3195,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
         const unsigned short* low_grad = sample_grad + (index_t)out_y * grad_h + (index_t)(out_x0 + row) * grad_w;
         const unsigned short* high_grad = low_grad + 8 * grad_w;
         const int top = tile_y * MMA_TILE_H * stride_h - pad_h, left = out_x0 * stride_w - pad_w;
-        for (int group = group_first; group < group_end; ++group) {
+        for (int group = tile.group_first; group < tile.group_end; ++group) {
             __syncthreads();  // every warp is done with the previous group's span, gw and bias parts
             // span_weight's rows of the group for the R range, [r][tap pair]; consecutive
             // threads along r (span_weight's rows), a thread's words GEN_GRAD_SPAN_BATCH at a time
@@ -2826,15 +3272,8 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                     for (int t = 0; t < live_tiles; ++t) {
                         OplibFragmentC product = {};
                         oplib_mma<half_t>(product, run, gen_grad_load_columns(input_row, 8 * t));
-#pragma unroll
-                        for (int v = 0; v < (NARROW ? 2 : 4); ++v) {  // NARROW: pixels 8-15 are no tile's
-                            const int j = row + 8 * (v >> 1), offset = 8 * t + 2 * quad + (v & 1) - j * stride_w;
-                            const int b = offset / dilation_w;
-                            if (offset < 0 || offset != b * dilation_w || b >= kernel_w) continue;
-                            float* at = warp_gw + j * gw_stride + a * kernel_w + b;
-                            const float value = (v >> 1 ? high_inside : low_inside) ? product.value[v] : 0.0f;
-                            *at = c0 == 0 ? value : oplib_add(*at, value);
-                        }
+                        gen_grad_store_product<NARROW>(product, warp_gw, gw_stride, a, t, kernel_w, stride_w, dilation_w,
+                                                       low_inside, high_inside, c0 == 0);
                     }
                 }
             }
@@ -2948,31 +3387,18 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                         oplib_mma<half_t>(sums[u], lo, b[u]);
                     }
                 }
-                float* slot_sums = span_sums + (slot * groups + group) * (index_t)taps * reduced;
-#pragma unroll
-                for (int u = 0; u < span_tiles; ++u) {
-#pragma unroll
-                    for (int v = 0; v < 4; ++v) {  // taps m0 + row (+ 8) x r r0 + 8 (t0 + u) + 2 quad (+ 1)
-                        const int tap = m0 + row + 8 * (v >> 1), r = r0 + 8 * (t0 + u) + 2 * quad + (v & 1);
-                        if (tap < taps && r < reduced) slot_sums[(index_t)tap * reduced + r] = sums[u].value[v];
-                    }
-                }
+                gen_grad_store_span_sums(sums, span_sums + (slot * groups + group) * (index_t)taps * reduced, m0, t0, r0,
+                                         taps, reduced);
             }
-            // grad_span_bias's sums over the tile, from R range 0's blocks: the warps' parts added
-            // up in order.
-            if (r0 == 0) {
+            if (r0 == 0) {  // grad_span_bias's sums over the tile, from R range 0's blocks
                 __syncthreads();  // every warp's part is staged
-                if (thread < taps) {
-                    float total = bias_parts[thread];
-                    for (int part = 1; part < MMA_WARPS; ++part) total = oplib_add(total, bias_parts[part * MMA_TAPS + thread]);
-                    bias_sums[(slot * groups + group) * taps + thread] = total;
-                }
+                gen_grad_store_bias(bias_parts, bias_sums, slot, groups, group, taps, thread);
             }
         }
         // grad_feature's sums of the warp's m-tile, its channels of the R range: to the result, or in
         // float to the split's part, [split][n][y][x][r]. Fragment rows 8-15 are pixels 8-15 of the
         // warp's row, or NARROW the next row's 0-7.
-        const int m_x = out_x0 + row, high_x = NARROW ? m_x : m_x + 8, high_y = NARROW ? m_y + 1 : m_y;
+        const int m_x = tile.m_x, high_x = tile.high_x, high_y = tile.high_y;
         if (m_y < out_h && group_splits > 1) {
             // the split and R range again from the block's index, read anew (kept from the start
             // across the groups, they took a register that spilled on sm_80)
@@ -2980,15 +3406,7 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
             const int split_again = y_block % group_splits, r_first = y_block / group_splits * span_r + r_half;
             float* part = feature_parts + (((index_t)split_again * gridDim.z + n) * out_h + m_y) * out_w * reduced;
             float* high_part = part + (NARROW ? (index_t)out_w * reduced : 0);
-#pragma unroll
-            for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
-#pragma unroll
-                for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x r 8 t + 2 quad (+ 1)
-                    const int x = v >> 1 ? high_x : m_x, r = r_first + 8 * t + 2 * quad + (v & 1);
-                    if ((v >> 1 ? high_y : m_y) < out_h && x < out_w && r < reduced)
-                        (v >> 1 ? high_part : part)[(index_t)x * reduced + r] = feature_sums[t].value[v];
-                }
-            }
+            gen_grad_store_feature_sums(feature_sums, part, high_part, reduced, 1, tile, r_first, out_h, out_w, reduced);
         } else if (m_y < out_h) {
             half_t* pixel = grad_feature + n * result_n + (index_t)m_y * result_h + (index_t)m_x * result_w;
             const bool pair_stores = mma_pair_stores(grad_feature, result_n, result_c, result_h, result_w, reduced);
@@ -2999,6 +3417,13 @@ __global__ void __launch_bounds__(MMA_THREADS, KERNEL == 0 ? 2 : 3) involution_g
                                  m_x < out_w, high_y < out_h && high_x < out_w, pair_stores);
             }
         }
+    } else if constexpr (sizeof(scalar_t) == 4) {
+        generator_wide<KERNEL, STRIDE, NARROW>(grad_output, input, feature, span_weight, grad_feature, feature_parts,
+                                               span_sums, bias_sums, group_splits, channels, height, width, groups,
+                                               window_h, window_w, out_h, out_w, step_h, step_w, pad_h, pad_w, spacing_h,
+                                               spacing_w, reduced, tiles_w, grad_n, grad_c, grad_h, grad_w, input_n,
+                                               input_c, input_h, input_w, feature_n, feature_c, feature_h, feature_w,
+                                               result_n, result_c, result_h, result_w, vector_input, grad_words);
     }
 #endif
 }
