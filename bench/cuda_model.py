@@ -739,12 +739,12 @@ PREDICTED_COLUMNS = ["shape", "dtype", "layout", "instantiation", "grid x block"
 
 
 def generator_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
-    """``PREDICTED``'s generator kernel at every row it serves (bfloat16), predicted with the
-    constants fitted above, beside its floor and two measured kernels of the draw at the same
-    shape and layout: involution's grad_weight in float32, which the map route (the op's CUDA
-    path) runs on float32 copies before three contractions of the float32 map it writes, a
-    part of that route; and in bfloat16, the unfused path's map before the span conv's
-    backward (cuDNN's), a part of what the fused path's backward is to beat."""
+    """``PREDICTED``'s generator kernel at every row it serves (bfloat16, and float32 in 3xTF32),
+    predicted with the constants fitted above, beside its floor and two measured kernels of the
+    draw at the same shape and layout: involution's grad_weight in float32, which the map route
+    (the op's CUDA path) runs on float32 copies before three contractions of the float32 map it
+    writes, a part of that route; and in the row's dtype, the unfused path's map before the
+    span conv's backward (cuDNN's), a part of what the fused path's backward is to beat."""
     measured = {_key(r): r["measured_s"] for r in rows}
     cells, over, against_map, against_unfused = [], [], [], []
     for entry in (e for e in data if e["kernel"] == GENERATOR):
@@ -763,21 +763,23 @@ def generator_lines(data: list[dict], rows: list[dict], constants: Constants, ba
         heading,
         "",
         "generated_mma.cu's `involution_generated_mma_backward_generator`, the CUDA kernel of "
-        "involution_generated_backward_generator in bfloat16: per tile, gw formed on tensor cores in shared memory "
-        "(never in global memory), contracted there with span_weight (grad_feature) and the feature (the block's "
-        "partial sums of grad_span_weight and grad_span_bias, which torch adds up). Predicted with the constants "
+        "involution_generated_backward_generator in bfloat16 and float32: per tile, gw formed on tensor cores in shared "
+        "memory (never in global memory), contracted there with span_weight (grad_feature) and the feature (the "
+        "block's partial sums of grad_span_weight and grad_span_bias, which torch adds up); float32's products in "
+        "3xTF32 (each operand split into two TF32 parts as it is loaded, three TF32 products: a float's accuracy; the "
+        "model counts their tensor-core time at half the BF16 rate). Predicted with the constants "
         "fitted above (the kernel is no row they are fitted on), beside its floor (grad_output, the input, the "
         "feature and grad_feature once) and two kernels the draw measured at the same shape and layout: "
         "involution's float32 grad_weight, the first of the four steps of the map route the op takes (the map in "
-        "float32 from float32 copies, then three contractions of it), and involution's bfloat16 grad_weight, the "
-        "unfused path's map before cuDNN's span conv backward contracts it. Predicted / floor "
+        "float32 from float32 copies, then three contractions of it), and involution's grad_weight in the row's dtype, "
+        "the unfused path's map before cuDNN's span conv backward contracts it. Predicted / floor "
         f"{ratio_range(over)}, within 2x at {sum(o <= 2.0 for o in over)} of {len(over)} rows. Predicted / the "
-        f"float32 grad_weight: {ratio_range(against_map)}; / the bfloat16 grad_weight: {ratio_range(against_unfused)}, "
+        f"float32 grad_weight: {ratio_range(against_map)}; / the row's dtype's grad_weight: {ratio_range(against_unfused)}, "
         f"faster at {sum(a < 1.0 for a in against_unfused)} of {len(against_unfused)} rows. The next draw times it "
         "in the kernel table's \"generator grads\" row (its \"tensor cores\" column), beside the op's map route.",
         "",
         *_harness.table([*PREDICTED_COLUMNS, "float32 grad_weight, measured (us)", "predicted / it",
-                         "bfloat16 grad_weight, measured (us)", "predicted / it"], "llllllrrrlrrrrrrr", cells),
+                         "its dtype's grad_weight, measured (us)", "predicted / it"], "llllllrrrlrrrrrrr", cells),
     ]
 
 
@@ -923,7 +925,8 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
     1.0x of span conv + involution, at each (shape, layout) in bfloat16 where the fused kernels
     are predicted or measured, and in float32 (its forward the fastest of the predicted staged
     kernel, in 3xTF32, and the tiled kernel and the op's as measured; its grad_input the faster of
-    the predicted staged kernel and the map route; its generator's gradients the map route). In bfloat16: its forward the faster of the predicted staged
+    the predicted staged kernel and the map route; its generator's gradients the faster of the predicted
+    tensor-core kernel, in 3xTF32, and the map route). In bfloat16: its forward the faster of the predicted staged
     kernel (``PREDICTED``) and the measured tensor-core one (a kernel changed since, ``changed``:
     its expected time, the measured one scaled as the model scales it); each of its two backward
     ops the fastest of its kernels (predicted or measured) and the op's map route, at least its
@@ -990,7 +993,7 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
                               (f"tiled, {'expected' if f'{row} | {TILED}' in expected else 'measured'}",
                                measured.get(f"{row} | {TILED}")), ("the op's, measured", measured[f"{row} | generated forward"])])
             grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))), map_input])
-            generator = map_generator
+            generator = faster([("tensor cores, predicted", predicted.get((GENERATOR, row))), map_generator])
         totals.append({"shape": shape_name, "dtype": dtype, "layout": layout, "forward": forward,
                        "grad_input": grad_input, "generator": generator,
                        "fused": forward[1] + grad_input[1] + generator[1], "span_forward": span_forward,
@@ -1035,7 +1038,8 @@ def layer_lines(totals: list[dict]) -> list[str]:
         "predicted) and the op's map route, which its CUDA path runs until a draw confirms the kernels. In float32: "
         "its forward the fastest of the staged kernel predicted (3xTF32 on tensor cores), the tiled kernel (FMAs) and "
         "the op's as measured; its grad_input the faster of the staged kernel predicted (3xTF32) and the map route; "
-        "its generator's gradients the map route (no kernel of them serves float32). The map route: for grad_input the draw's span conv writing the weight "
+        "its generator's gradients the faster of the tensor-core kernel predicted (3xTF32) and the map route. The map "
+        "route: for grad_input the draw's span conv writing the weight "
         "map and involution's grad_input reading it, for the generator's gradients involution's float32 grad_weight "
         "as measured plus (bfloat16) the float32 copies and the three contractions of the float32 map at their DRAM "
         "floor (`generator_grads_through_map`; a lower bound), or each as a draw measured it (\"map route, measured\": "

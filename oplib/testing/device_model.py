@@ -53,6 +53,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import torch
@@ -967,6 +968,75 @@ def _generated_mma_backward_input(t: _Tally, item: Tensor, launch: Launch) -> No
             t.store(4, n * isn + (group * pg + channel) * isc + y * ish + x * isw, inside_row & (x < W) & (channel < pg), es)
 
 
+def _gen_grad_tile(item: Tensor, launch: Launch, narrow: bool) -> SimpleNamespace:
+    """The generator kernel's block and warp places (generated_mma.cu's GenGradTile), both ways':
+    the thread's lane parts, its block's tile (tile_y, ox0), R range (r0), split of the groups
+    (split: group_first to group_end), sample (n) and partial sums' slot; its warp's output row (oy), the
+    live n-tiles of a run's products, the fragment rows' pixels (inside the map where
+    ``inside``) and grad_feature's m-tile (m_pixel, m_y, r_half)."""
+    from ..kernels.involution import cuda as involution_cuda
+
+    splits, G, KW, OH, OW, sw, dw, tiles_w = (launch.scalars[i] for i in (0, 4, 6, 7, 8, 10, 14, 16))
+    source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+    tile_w, span_r = involution_cuda.generated_mma_generator_tile(source, narrow)
+    threads = launch.threads_per_block
+    block, thread = item // threads, item % threads
+    warp, lane = thread // 32, thread % 32
+    tile, y_block = block % launch.grid[0], block // launch.grid[0] % launch.grid[1]
+    r_range, split = y_block // splits, y_block % splits
+    n = block // (launch.grid[0] * launch.grid[1])
+    tile_y, ox0 = tile // tiles_w, tile % tiles_w * tile_w
+    live_w = (OW - ox0).clamp(max=tile_w)  # the n-tiles of products with a tap of a pixel inside the map
+    pixels = lane // 4 + 8 * _slots(2, 4)  # a fragment's two rows of pixels
+    oy = tile_y * 8 + warp
+    return SimpleNamespace(
+        thread=thread, warp=warp, lane=lane, row=lane // 4, quad=lane % 4, r_range=r_range, r0=r_range * span_r,
+        split=split, group_first=split * G // splits, group_end=(split + 1) * G // splits, n=n, slot=tile + launch.grid[0] * n,
+        tile_y=tile_y, ox0=ox0, oy=oy, live_tiles=((live_w - 1) * sw + (KW - 1) * dw) // 8 + 1, pixels=pixels,
+        inside=(oy < OH) & (ox0 + pixels < OW) & (pixels < tile_w),
+        # grad_feature's m-tile of the warp: 16 pixels from m_pixel (narrow: rows m_y, m_y + 1), and
+        # its channels of the range from r_half
+        m_pixel=16 * (warp % 4) if narrow else 16 * warp, m_y=tile_y * 8 + 2 * (warp % 4) if narrow else oy,
+        r_half=source.constants["GEN_GRAD_R"] * (warp // 4) if narrow else 0)
+
+
+def _gen_grad_store_product(t: _Tally, place: SimpleNamespace, warp_at, gw_stride: int, a: int, n_tile: int,
+                            launch: Launch, tile_w: int, live, first: bool) -> None:
+    """A run's product into the warp's gw rows (generated_mma.cu's gen_grad_store_product): the
+    band's elements, a word store each (and a load before it from the second chunk on)."""
+    KW, sw, dw = (launch.scalars[i] for i in (6, 10, 14))
+    for v in range(4):
+        j = place.row + 8 * (v >> 1)
+        offset = 8 * n_tile + 2 * place.quad + (v & 1) - j * sw
+        b = offset // dw
+        on_band = (offset >= 0) & (offset == b * dw) & (b < KW) & (j < tile_w)
+        at = warp_at + j * gw_stride + a * KW + b
+        if not first:
+            t.shared(at, on_band & live, 4)
+        t.shared(at, on_band & live, 4)
+
+
+def _gen_grad_span_loads(t: _Tally, place: SimpleNamespace, group, launch: Launch, span_r: int, tap_pad: int):
+    """A group's span rows of the block's R range, a pair of taps a thread, consecutive threads
+    along r: the two loads; (r, tap, the threads that stage) for the store."""
+    taps, R, es = launch.scalars[5] * launch.scalars[6], launch.scalars[15], launch.dtype.itemsize
+    e = place.thread + launch.threads_per_block * _slots(-(-span_r * tap_pad // 2 // launch.threads_per_block))
+    staging = e < span_r * tap_pad // 2
+    r, tap = e % span_r, 2 * (e // span_r)
+    for h in range(2):
+        t.load(3, (group * taps + tap + h) * R + place.r0 + r, staging & (place.r0 + r < R) & (tap + h < taps), es)
+    return r, tap, staging
+
+
+def _gen_grad_bias_total(t: _Tally, place: SimpleNamespace, staged_at: int, taps: int, G: int, group) -> None:
+    """grad_span_bias's sums over the tile (R range 0's blocks): the warps' parts added up, stored."""
+    sums = (place.r_range == 0) & (place.thread < taps)
+    for part in range(8):
+        t.shared(staged_at + part * 64 + place.thread, sums, 4)
+    t.fma(sums, 7)
+    t.store(7, (place.slot * G + group) * taps + place.thread, sums, 4)
+
+
 def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_generated_mma_backward_generator (generated_mma.cu): ``item`` is the thread's
     index in the grid (block-major, 256 threads a block, a block a tile of 8 rows x 16 columns of
@@ -985,9 +1055,13 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     fragments over the tile's rows inside the map, the partial sums' stores) and, in R range 0,
     grad_span_bias's sum of the warps' sums; at the end grad_feature's stores (in float to the
     split's part where the groups are split).
-    Tensor cores: no term. The layout's sizes are the source's and its host's."""
+    Tensor cores: no term. The layout's sizes are the source's and its host's. float32 is its
+    own way (``_generated_mma_backward_generator_wide``)."""
     from ..kernels.involution import cuda as involution_cuda
 
+    if launch.dtype == torch.float32:
+        _generated_mma_backward_generator_wide(t, item, launch)
+        return
     (splits, C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w, gsn, gsc, gsh, gsw, isn, isc, ish, isw,
      fsn, fsc, fsh, fsw, rsn, rsc, rsh, rsw, vector, grad_words) = launch.scalars
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
@@ -1003,15 +1077,9 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     features_at = span_r * span_stride
     staged_at = features_at + span_r * pixel_words
     gw_at = staged_at + in_h * columns * column_words
-    block, thread = item // threads, item % threads
-    warp, lane, row, quad = thread // 32, thread % 32, thread % 32 // 4, thread % 4
-    tile, y_block = block % launch.grid[0], block // launch.grid[0] % launch.grid[1]
-    r_range, split = y_block // splits, y_block % splits
-    group_first, group_end = split * G // splits, (split + 1) * G // splits
-    n = block // (launch.grid[0] * launch.grid[1])
-    slot = tile + launch.grid[0] * n
-    tile_y, ox0 = tile // tiles_w, tile % tiles_w * tile_w
-    oy, r0 = tile_y * 8 + warp, r_range * span_r
+    place = _gen_grad_tile(item, launch, narrow)
+    thread, warp, lane, row, quad, n = place.thread, place.warp, place.lane, place.row, place.quad, place.n
+    tile_y, ox0, oy, r0, r_range, slot = place.tile_y, place.ox0, place.oy, place.r0, place.r_range, place.slot
     word = thread + threads * _slots(span_r * (pixel_words - 4) // threads)
     r, pair = word // (pixel_words - 4), word % (pixel_words - 4)
     y, x = tile_y * 8 + pair // (tile_w // 2), ox0 + 2 * (pair % (tile_w // 2))
@@ -1019,24 +1087,13 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
         t.load(2, n * fsn + (r0 + r) * fsc + y * fsh + (x + h) * fsw, (r0 + r < R) & (y < OH) & (x + h < OW), es)
     t.shared(features_at + r * pixel_words + pair, True, 4)
     top, left = tile_y * 8 * sh - ph, ox0 * sw - pw
-    live_w = (OW - ox0).clamp(max=tile_w)  # the n-tiles of products with a tap of a pixel inside the map
-    live_tiles = ((live_w - 1) * sw + (KW - 1) * dw) // 8 + 1
-    pixels = row + 8 * _slots(2, 4)  # a fragment's two rows of pixels
-    # grad_feature's m-tile of the warp: 16 pixels from m_pixel (narrow: rows m_y, m_y + 1), and
-    # its channels of the range from r_half
-    m_pixel = 16 * (warp % 4) if narrow else 16 * warp
-    m_y = tile_y * 8 + 2 * (warp % 4) if narrow else oy
-    r_half = c["GEN_GRAD_R"] * (warp // 4) if narrow else 0
-    inside = (oy < OH) & (ox0 + pixels < OW) & (pixels < tile_w)
+    live_tiles, pixels, inside = place.live_tiles, place.pixels, place.inside
+    m_pixel, m_y, r_half = place.m_pixel, place.m_y, place.r_half
     everywhere = t.active
     for index in range(-(-G // splits)):  # the block's groups, the most any split takes
-        group = group_first + index
-        t.active = everywhere & (group < group_end)
-        word = thread + threads * _slots(-(-span_r * tap_pad // 2 // threads))
-        staging = word < span_r * tap_pad // 2
-        r, tap = word % span_r, 2 * (word // span_r)
-        for h in range(2):
-            t.load(3, (group * taps + tap + h) * R + r0 + r, staging & (r0 + r < R) & (tap + h < taps), es)
+        group = place.group_first + index
+        t.active = everywhere & (group < place.group_end)
+        r, tap, staging = _gen_grad_span_loads(t, place, group, launch, span_r, tap_pad)
         t.shared(r * span_stride + tap // 2, staging, 4)
         for c0 in range(0, pg, 16):
             base = n * isn + (group * pg + c0) * isc
@@ -1071,15 +1128,8 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
                     live = (oy < OH) & (n_tile < live_tiles)
                     column = 8 * n_tile + lane % 8  # an ldmatrix row: its words' halves swapped in columns 4-7
                     t.matrices(input_row + column * column_words + ((4 * (lane // 8 % 2)) ^ (column & 4)), live, 2)
-                    for v in range(4):
-                        j = row + 8 * (v >> 1)
-                        offset = 8 * n_tile + 2 * quad + (v & 1) - j * sw
-                        b = offset // dw
-                        on_band = (offset >= 0) & (offset == b * dw) & (b < KW) & (j < tile_w)
-                        at = gw_at + (warp * tile_w + j) * gw_stride + a * KW + b
-                        if c0 > 0:
-                            t.shared(at, on_band & live, 4)
-                        t.shared(at, on_band & live, 4)
+                    _gen_grad_store_product(t, place, gw_at + warp * tile_w * gw_stride, gw_stride, a, n_tile, launch,
+                                            tile_w, live, c0 == 0)
         # the warp splits its rows in place: a lane 4 taps (16 bytes) of every other row, those
         # of pixels inside the map, its hi and lo words 8 bytes each; the bias's adds
         lane_taps = 4 * (lane % 16)
@@ -1112,11 +1162,7 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
         for v in range(4):
             tap, r = m0 + row + 8 * (v >> 1), r0 + 8 * n_tile + 2 * quad + (v & 1)
             t.store(6, ((slot * G + group) * taps + tap) * R + r, mine & (tap < taps) & (r < R), 4)
-        sums = (r_range == 0) & (thread < taps)  # grad_span_bias: the warps' sums added up
-        for part in range(8):
-            t.shared(staged_at + part * 64 + thread, sums, 4)
-        t.fma(sums, 7)
-        t.store(7, (slot * G + group) * taps + thread, sums, 4)
+        _gen_grad_bias_total(t, place, staged_at, taps, G, group)
     t.active = everywhere
     channel = r0 + r_half + 8 * _slots(4, 4) + 2 * quad
     # a fragment's rows 8-15: pixels 8-15 of the warp's row, or narrow the next row's 0-7
@@ -1124,7 +1170,7 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     if splits > 1:  # floats to the split's part, [split][n][y][x][r]
         for yy, xx in rows_at:
             for e in range(2):
-                t.store(5, (((split * launch.grid[2] + n) * OH + yy) * OW + xx) * R + channel + e,
+                t.store(5, (((place.split * launch.grid[2] + n) * OH + yy) * OW + xx) * R + channel + e,
                         (m_y < OH) & (yy < OH) & (xx < OW) & (channel + e < R), 4)
         return
     pair_stores = rsc == 1 and (rsn | rsh | rsw | R) % 2 == 0
@@ -1137,6 +1183,132 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
             for e in range(2):
                 t.store(4, at + (channel + e) * rsc, stores & (channel + e < R), es)
 
+
+def _generated_mma_backward_generator_wide(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_generated_mma_backward_generator's float32 way (generated_mma.cu's
+    generator_wide): the bfloat16 trace's tiles, grid and groups, with the tile's feature staged
+    a float at a time ([r][pixel]); per group its span rows (a pair of taps' floats, an 8-byte
+    store); per k-step of 8 of its channels the input rows (a unit of 4 channels: a 16-byte
+    load, or 4 loads, and a 16-byte store), grad_output's A fragment (a pair an 8-byte load, or
+    two), per kernel row and n-tile the input's B fragment (an 8-byte shared load), three TF32
+    products and the band's gw stores; each warp's pass over its rows (a 16-byte load and
+    store a lane and row, the bias's adds); grad_feature's products (per k-step of 8 taps, gw's
+    A fragment in two 8-byte loads and per n-tile the span's B in one, three TF32 products);
+    the block's grad_span_weight tiles, two n-tiles at a time (per k-step of 8 pixels inside the
+    map gw's 4 loads and per n-tile the feature's 2, three TF32 products); grad_span_bias's sum
+    of the warps' sums; at the end grad_feature's float stores. Tensor cores: their term (TF32,
+    half the BF16 rate)."""
+    from ..kernels.involution import cuda as involution_cuda
+
+    (splits, C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w, gsn, gsc, gsh, gsw, isn, isc, ish, isw,
+     fsn, fsc, fsh, fsw, rsn, rsc, rsh, rsw, vector, grad_words) = launch.scalars
+    source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+    c = source.constants
+    taps, pg, threads, CH = KH * KW, C // G, launch.threads_per_block, c["GEN_GRAD_WIDE_CHANNELS"]
+    narrow = launch.specialisation[2] == "true"  # tiles 8 wide, twice the R range
+    tile_w, span_r = involution_cuda.generated_mma_generator_tile(source, narrow)
+    in_h, columns = involution_cuda.generated_mma_generator_extent(source, (KH, KW), (sh, sw), (dh, dw), narrow)
+    n_tiles, tile_pixels = columns // 8, 8 * tile_w
+    span_tiles = 4 if narrow else 2  # grad_span_weight's n-tiles a warp
+    tap_pad = 16 * -(-taps // 16)
+    tap_stride, feature_stride = tap_pad + c["GEN_GRAD_WIDE_PAD"], tile_pixels + 4
+    features_at = span_r * tap_stride  # (floats)
+    staged_at = features_at + span_r * feature_stride
+    gw_at = staged_at + in_h * columns * CH
+    place = _gen_grad_tile(item, launch, narrow)
+    thread, warp, lane, row, quad, n = place.thread, place.warp, place.lane, place.row, place.quad, place.n
+    tile_y, ox0, oy, r0, r_range, slot = place.tile_y, place.ox0, place.oy, place.r0, place.r_range, place.slot
+    e = thread + threads * _slots(span_r * tile_pixels // threads)
+    r, p = e // tile_pixels, e % tile_pixels
+    y, x = tile_y * 8 + p // tile_w, ox0 + p % tile_w
+    t.load(2, n * fsn + (r0 + r) * fsc + y * fsh + x * fsw, (r0 + r < R) & (y < OH) & (x < OW), 4)
+    t.shared(features_at + r * feature_stride + p, True, 4)
+    top, left = tile_y * 8 * sh - ph, ox0 * sw - pw
+    live_tiles, pixels, inside = place.live_tiles, place.pixels, place.inside
+    m_pixel, m_y, r_half = place.m_pixel, place.m_y, place.r_half
+    everywhere = t.active
+    for index in range(-(-G // splits)):  # the block's groups, the most any split takes
+        group = place.group_first + index
+        t.active = everywhere & (group < place.group_end)
+        r, tap, staging = _gen_grad_span_loads(t, place, group, launch, span_r, tap_pad)
+        t.shared((r * tap_stride + tap) // 2, staging, 8)
+        for c0 in range(0, pg, CH):
+            base = n * isn + (group * pg + c0) * isc
+            units = in_h * columns * 2
+            unit = thread + threads * _slots(-(-units // threads))
+            if vector:  # a unit of 4 channels one 16-byte load (index in 16-byte units)
+                half, column, yy = unit % 2, unit // 2 % columns, unit // 2 // columns
+            else:  # 4 loads, consecutive threads along a row's columns
+                column, half, yy = unit % columns, unit // columns % 2, unit // columns // 2
+            iy, ix = top + yy, left + column
+            at = (unit < units) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+            if vector:
+                t.load(1, (base + 4 * half * isc + iy * ish + ix * isw) // 4, at & (c0 + 4 * half < pg), 16)
+            else:
+                for m in range(4):
+                    t.load(1, base + (4 * half + m) * isc + iy * ish + ix * isw, at & (c0 + 4 * half + m < pg), 4)
+            t.shared((staged_at + (yy * columns + column) * CH + 4 * half) // 4, unit < units, 16)
+            channel = c0 + 2 * quad  # grad_output's A fragment: pixels x a channel pair
+            grad = n * gsn + (group * pg + channel) * gsc + oy * gsh + (ox0 + pixels) * gsw
+            if grad_words:  # a pair one 8-byte load (index in 8-byte units)
+                t.load(0, grad // 2, inside & (channel < pg), 8)
+            else:
+                for h in range(2):
+                    t.load(0, grad + h * gsc, inside & (channel + h < pg), 4)
+            for a in range(KH):
+                input_row = staged_at + (warp * sh + a * dh) * columns * CH
+                for n_tile in range(n_tiles):
+                    live = (oy < OH) & (n_tile < live_tiles)
+                    t.shared((input_row + (8 * n_tile + row) * CH + 2 * quad) // 2, live, 8)
+                    t.tf32_products(live, 3)
+                    _gen_grad_store_product(t, place, gw_at + warp * tile_w * tap_stride, tap_stride, a, n_tile, launch,
+                                            tile_w, live, c0 == 0)
+        # the warp's pass over its rows: a lane 4 taps (16 bytes) of every other row, loaded and
+        # stored; the bias's adds
+        lane_taps = 4 * (lane % 16)
+        for step in range(tile_w // 2):
+            j = lane // 16 + 2 * step
+            row_at = gw_at + (warp * tile_w + j) * tap_stride
+            t.shared((row_at + lane_taps) // 4, lane_taps < tap_pad, 16)
+            t.fma(lane_taps < tap_pad, 4)
+            t.shared((row_at + lane_taps) // 4, lane_taps < tap_pad, 16)
+        t.shared((staged_at + warp * 64 + lane_taps) // 4, (r_range == 0) & (lane < 16) & (lane_taps < tap_pad), 16)
+        warp_at = gw_at + m_pixel * tap_stride
+        for k0 in range(0, tap_pad, 8):  # grad_feature: gw's A fragment, the span's B, per n-tile
+            for h in range(2):
+                t.shared((warp_at + (row + 8 * h) * tap_stride + k0 + 2 * quad) // 2, m_y < OH, 8)
+            for n_tile in range(c["GEN_GRAD_R"] // 8):
+                t.shared(((r_half + 8 * n_tile + row) * tap_stride + k0 + 2 * quad) // 2, m_y < OH, 8)
+                t.tf32_products(m_y < OH, 3)
+        mine = span_tiles * warp < tap_pad // 16 * (span_r // 8)  # one m-tile, span_tiles n-tiles a warp
+        m0, first_n_tile = 16 * (span_tiles * warp // (span_r // 8)), span_tiles * warp % (span_r // 8)
+        live_pixels = tile_w * (OH - tile_y * 8).clamp(max=8)  # k-steps of 8, those with pixels inside the map
+        for u0 in range(0, span_tiles, 2):
+            for step in range(tile_pixels // 8):
+                p0, live = 8 * step, mine & (8 * step < live_pixels)
+                for h in range(2):  # gw transposed: pixels p0 + quad (+ 4), taps m0 + row (+ 8)
+                    for tap_half in range(2):
+                        t.shared(gw_at + (p0 + quad + 4 * h) * tap_stride + m0 + row + 8 * tap_half, live, 4)
+                for u in range(2):
+                    for h in range(2):
+                        t.shared(features_at + (8 * (first_n_tile + u0 + u) + row) * feature_stride + p0 + quad + 4 * h,
+                                 live, 4)
+                    t.tf32_products(live, 3)
+            n_tile = first_n_tile + u0 + _slots(2, 4)
+            for v in range(4):
+                tap, r = m0 + row + 8 * (v >> 1), r0 + 8 * n_tile + 2 * quad + (v & 1)
+                t.store(6, ((slot * G + group) * taps + tap) * R + r, mine & (tap < taps) & (r < R), 4)
+        _gen_grad_bias_total(t, place, staged_at, taps, G, group)
+    t.active = everywhere
+    channel = r0 + r_half + 8 * _slots(4, 4) + 2 * quad
+    rows_at = [(m_y, ox0 + row), (m_y + 1, ox0 + row) if narrow else (m_y, ox0 + row + 8)]
+    for yy, xx in rows_at:
+        for e in range(2):
+            if splits > 1:  # to the split's part, [split][n][y][x][r]
+                at, tensor = (((place.split * launch.grid[2] + n) * OH + yy) * OW + xx) * R + channel + e, 5
+            else:
+                at, tensor = n * rsn + yy * rsh + xx * rsw + (channel + e) * rsc, 4
+            t.store(tensor, at, (m_y < OH) & (yy < OH) & (xx < OW) & (channel + e < R), 4)
 
 def _vectors_item(launch: Launch, item: Tensor, columns: int, rows: int, parts: Optional[int] = None):
     """``decode_vector_item`` of involution_vectors.cu over rows of ``columns`` pixels, with the

@@ -86,13 +86,13 @@ def test_the_kernels_waiting_for_a_draw_are_predicted_at_every_row_they_serve(co
     assert vector and vector <= {case[:3] for case in last if case[3] == cuda_model.LAST_GRAD_INPUT}
 
 
-def test_the_generator_kernel_is_predicted_at_every_bfloat16_row(committed):
+def test_the_generator_kernel_is_predicted_at_every_bfloat16_and_float32_row(committed):
     """The generator gradients' tensor-core kernel, which no table row serves yet, at every
-    bfloat16 (shape, layout) of the table (the only dtype it serves), at no other."""
+    bfloat16 and float32 (shape, layout) of the table (the dtypes it serves), at no other."""
     _, model, rows = committed
     generator = {(c["shape"], c["dtype"], c["layout"]) for c in model["candidates"] if c["kernel"] == cuda_model.GENERATOR}
-    assert generator == {(r["shape"], r["dtype"], r["layout"]) for r in rows if r["dtype"] == "bfloat16"}
-    assert len(generator) == 14
+    assert generator == {(r["shape"], r["dtype"], r["layout"]) for r in rows if r["dtype"] in ("bfloat16", "float32")}
+    assert len(generator) == 28
 
 
 def test_a_measured_map_route_replaces_its_estimate(committed):
@@ -471,6 +471,38 @@ def test_the_float32_staged_forward_trace_counts_a_launch_counted_by_hand():
     assert work.store_requests == 6 * 4 * 2
     assert work.shared_requests == 8 + 1 + 4 * 8 + 8 * 2 * (2 + 2 * 2 + 4 + 2) + 6 * 3 * (3 + 6)
     assert work.tensor_macs == 8 * 2 * 2 * 2 * 3 * 2 * 1024
+
+
+def test_the_float32_generator_trace_counts_a_launch_counted_by_hand():
+    """generated_mma.cu's generator gradients in float32 (3xTF32) at an 8 x 16 map of one group
+    of 16 channels (channels_last), R 8, a 3x3 kernel at stride 1, padding 1: one block, a tile
+    of 8 rows x 16 columns, 8 warps, a warp a row. On tensor cores, three TF32 products each
+    (1024 multiply-adds, counted as two BF16 ones): gw's, 2 k-steps of 8 channels x 3 kernel
+    rows x the 3 n-tiles of its 18 columns a warp; grad_feature's, 2 k-steps of 8 of the 16
+    padded taps x 4 n-tiles a warp; grad_span_weight's, its one m-tile of taps x 4 n-tiles of
+    the range taken two a warp by warps 0 and 1, 16 k-steps of the tile's 128 pixels each. The
+    bias's adds, 4 a lane's row pair, 8 pairs a warp (lanes past the 16 taps idle), and their
+    7 adds over the warps; the stores: warp 0's span sums, 4 values of its first n-tile (R 8:
+    the range's other n-tiles, its second and warp 1's two, hold none); the bias's sums (warp 0);
+    grad_feature, 2 pixels x 2 channels a lane (the range's first n-tile)."""
+    from oplib.kernels.involution import cuda as involution_cuda
+    from oplib.ops.involution_generated import _generator_grads_result
+
+    g = torch.randn(1, 16, 8, 16).to(memory_format=torch.channels_last)
+    f = torch.randn(1, 8, 8, 16).to(memory_format=torch.channels_last)
+    x = torch.randn(1, 16, 8, 16).to(memory_format=torch.channels_last)
+    args = (g, f, torch.randn(9, 8), x, [3, 3], [1, 1], [1, 1], [1, 1])
+    recording = device_model.RecordingLauncher()
+    assert involution_cuda.involution_generated_mma_backward_generator(*args, _generator_grads_result(*args),
+                                                                       recording) is not None
+    (launch,) = recording.launches
+    assert launch.kernel == "involution_generated_mma_backward_generator" and launch.blocks == 1
+    assert launch.dtype == torch.float32 and launch.specialisation[2] == "false"
+    work = device_model.kernel_work(launch)
+    assert work.warps == 8
+    assert work.tensor_macs == (8 * 2 * 3 * 3 + 8 * 2 * 4 + 2 * 16 * 2) * 3 * 2 * 1024
+    assert work.fma_requests == 8 * 8 * 4 + 7
+    assert work.store_requests == 4 + 1 + 8 * 2 * 2
 
 
 @pytest.mark.parametrize("index, mask, element_bytes, passes", [

@@ -2556,8 +2556,9 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
 // staged feature does (step 4) take each product once, in float, from the same staged values
 // (gw as hi + lo):
 // inf and nan land where torch puts them. No atomics, every sum in a fixed order: deterministic.
-// bfloat16 only (GenGradServes): a float16 gw past 65504, which the float32 map holds, would be an
-// inf; its instantiation, like float's and double's, is empty, and the host declines those calls.
+// The 16-bit way serves bfloat16 only (GenGradServes): a float16 gw past 65504, which the float32
+// map holds, would be an inf; its instantiation, like double's, is empty, and the host declines
+// those calls. float32 has a way of its own (generator_wide, below).
 //
 // Dynamic shared memory, 32-bit words (generated_mma_generator_shared_bytes):
 //   span      span_r x span_stride           the group's span_weight, [r][tap pair], zeros past T
@@ -2610,7 +2611,7 @@ __device__ __forceinline__ OplibFragmentB gen_grad_load_columns(const unsigned i
     return b;
 }
 
-// The storage types the kernel serves (see the comment above): bfloat16.
+// The storage types the kernel's 16-bit way serves (see the comment above): bfloat16.
 template <typename scalar_t>
 struct GenGradServes {
     static constexpr bool value = false;
