@@ -1195,7 +1195,8 @@ def _generated_mma_backward_generator_wide(t: _Tally, item: Tensor, launch: Laun
     store a lane and row, the bias's adds); grad_feature's products (per k-step of 8 taps, gw's
     A fragment in two 8-byte loads and per n-tile the span's B in one, three TF32 products);
     the block's grad_span_weight tiles, two n-tiles at a time (per k-step of 8 pixels inside the
-    map gw's 4 loads and per n-tile the feature's 2, three TF32 products); grad_span_bias's sum
+    map gw's two 8-byte loads, its rows paired, the feature's B fragments of both by ldmatrix,
+    three TF32 products an n-tile); grad_span_bias's sum
     of the warps' sums; at the end grad_feature's float stores. Tensor cores: their term (TF32,
     half the BF16 rate)."""
     from ..kernels.involution import cuda as involution_cuda
@@ -1286,17 +1287,14 @@ def _generated_mma_backward_generator_wide(t: _Tally, item: Tensor, launch: Laun
         for u0 in range(0, span_tiles, 2):
             for step in range(tile_pixels // 8):
                 p0, live = 8 * step, mine & (8 * step < live_pixels)
-                for h in range(2):  # gw transposed: pixels p0 + quad (+ 4), taps m0 + row (+ 8)
-                    for tap_half in range(2):
-                        t.shared(gw_at + (p0 + quad + 4 * h) * tap_stride + m0 + row + 8 * tap_half, live, 4)
-                for u in range(2):
-                    for h in range(2):
-                        t.shared(features_at + (8 * (first_n_tile + u0 + u) + row) * feature_stride + p0 + quad + 4 * h,
-                                 live, 4)
-                    t.tf32_products(live, 3)
+                for h in range(2):  # gw transposed, its rows paired: pixels p0 + quad (+ 4), taps m0 + 2 row, + 1
+                    t.shared((gw_at + (p0 + quad + 4 * h) * tap_stride + m0 + 2 * row) // 2, live, 8)
+                feature_row = 8 * (first_n_tile + u0) + lane % 8 + 8 * (lane // 16)  # an ldmatrix row
+                t.matrices(features_at + feature_row * feature_stride + p0 + 4 * (lane // 8 % 2), live, 4)
+                t.tf32_products(live, 3 * 2)
             n_tile = first_n_tile + u0 + _slots(2, 4)
             for v in range(4):
-                tap, r = m0 + row + 8 * (v >> 1), r0 + 8 * n_tile + 2 * quad + (v & 1)
+                tap, r = m0 + 2 * row + (v >> 1), r0 + 8 * n_tile + 2 * quad + (v & 1)
                 t.store(6, ((slot * G + group) * taps + tap) * R + r, mine & (tap < taps) & (r < R), 4)
         _gen_grad_bias_total(t, place, staged_at, taps, G, group)
     t.active = everywhere

@@ -520,9 +520,9 @@ WIDE_ONE_PRODUCT = PlantedBug("wide-one-product", "oplib_mma_3xtf32(product, run
 # grad_feature's every other k-step of taps left out.
 WIDE_FEATURE_STEPS = PlantedBug("wide-feature-steps", "gw_finite && m_y < out_h; k0 += 8) {",
                                 "gw_finite && m_y < out_h; k0 += 16) {")
-# grad_span_weight's gw untransposed in its second k half: pixels taken for taps.
-WIDE_SPAN_TRANSPOSED = PlantedBug("wide-span-transposed", "gen_grad_wide_split(hi, lo, 2, at[4 * tap_stride]);",
-                                  "gen_grad_wide_split(hi, lo, 2, at[4]);")
+# grad_span_weight's gw rows unpaired: a fragment row's tap m0 + r / 2 read for m0 + 2 (r % 8) + r / 8.
+WIDE_SPAN_PAIRED = PlantedBug("wide-span-paired", "gw + (p0 + quad + 4 * h) * tap_stride + m0 + 2 * row);",
+                              "gw + (p0 + quad + 4 * h) * tap_stride + m0 + row);")
 # Narrow tiles: grad_span_weight's second two n-tiles of a warp never summed (their slots as
 # torch.empty left them).
 WIDE_NARROW_PAIRS = PlantedBug("wide-narrow-pairs", "for (int u0 = 0; u0 < span_tiles; u0 += 2) {",
@@ -541,7 +541,7 @@ WIDE_PRODUCTS_SYNC = PlantedBug("wide-products-sync", "__syncwarp();  // every l
 @pytest.mark.parametrize("bug, cases, group_splits", [
     *((b, (TWO_CHANNEL_CHUNKS, STRIDE_2_CHUNKS), None)
       for b in (WIDE_K_ORDER, WIDE_STAGED_BARRIER, WIDE_STAGED_HALVES, WIDE_ONE_PRODUCT, WIDE_FEATURE_STEPS,
-                WIDE_SPAN_TRANSPOSED, WIDE_PRODUCTS_SYNC)),
+                WIDE_SPAN_PAIRED, WIDE_PRODUCTS_SYNC)),
     (WIDE_NARROW_PAIRS, NARROW_CASES, None), (WIDE_PIXELS_PAST_THE_MAP, (FOUR_GROUPS,), 1)],
     ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_float32_bug_fails_the_reference_check(bug, cases, group_splits, tmp_path, monkeypatch):

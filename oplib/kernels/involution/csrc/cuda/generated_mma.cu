@@ -2717,9 +2717,10 @@ __device__ __forceinline__ void gen_grad_store_product(const OplibFragmentC& pro
     }
 }
 
-// grad_span_weight's sums of a warp's COUNT tiles (taps m0 + 16, r of n-tiles t0 ..) to its
-// block's slot, taps past T and channels past R left out.
-template <int COUNT>
+// grad_span_weight's sums of a warp's COUNT tiles (taps m0 .. + 15, r of n-tiles t0 ..) to its
+// block's slot, taps past T and channels past R left out. Fragment row r is tap m0 + r, or
+// PAIRED (float32's: a lane's two taps adjacent) m0 + 2 (r % 8) + r / 8.
+template <int COUNT, bool PAIRED = false>
 __device__ __forceinline__ void gen_grad_store_span_sums(const OplibFragmentC (&sums)[COUNT], float* slot_sums, int m0,
                                                          int t0, int r0, int taps, int reduced) {
     const int row = threadIdx.x >> 2, quad = threadIdx.x & 3;
@@ -2727,7 +2728,8 @@ __device__ __forceinline__ void gen_grad_store_span_sums(const OplibFragmentC (&
     for (int u = 0; u < COUNT; ++u) {
 #pragma unroll
         for (int v = 0; v < 4; ++v) {  // taps m0 + row (+ 8) x r r0 + 8 (t0 + u) + 2 quad (+ 1)
-            const int tap = m0 + row + 8 * (v >> 1), r = r0 + 8 * (t0 + u) + 2 * quad + (v & 1);
+            const int tap = PAIRED ? m0 + 2 * row + (v >> 1) : m0 + row + 8 * (v >> 1);
+            const int r = r0 + 8 * (t0 + u) + 2 * quad + (v & 1);
             if (tap < taps && r < reduced) slot_sums[(index_t)tap * reduced + r] = sums[u].value[v];
         }
     }
@@ -3053,8 +3055,8 @@ __device__ __forceinline__ void generator_wide(
 #pragma unroll 1
                     for (int u = 0; u < 2; ++u) {
 #pragma unroll 1
-                        for (int v = 0; v < 4; ++v) {  // taps m0 + row (+ 8) x r 8 (t0 + u0 + u) + 2 quad (+ 1)
-                            const float* gw_column = gw + m0 + row + 8 * (v >> 1);
+                        for (int v = 0; v < 4; ++v) {  // taps m0 + 2 row (+ 1) x r 8 (t0 + u0 + u) + 2 quad (+ 1)
+                            const float* gw_column = gw + m0 + 2 * row + (v >> 1);
                             const float* feature_row = features + (8 * (t0 + u0 + u) + 2 * quad + (v & 1)) * feature_stride;
                             float sum = 0.0f;
 #pragma unroll 1
@@ -3066,24 +3068,32 @@ __device__ __forceinline__ void generator_wide(
                 }
 #pragma unroll 1
                 for (int p0 = 0; p0 < live_pixels && !direct; p0 += 8) {
-                    // A: gw transposed, taps m0 + row (+ 8) x pixels p0 + quad (+ 4)
-                    const float* at = gw + (p0 + quad) * tap_stride + m0 + row;
+                    // A: gw transposed, its rows paired (fragment row r tap m0 + 2 (r % 8) + r / 8: a lane's
+                    // two taps of a pixel adjacent, one 8-byte load) x pixels p0 + quad (+ 4)
                     OplibFragmentTf32A hi, lo;
-                    gen_grad_wide_split(hi, lo, 0, at[0]);
-                    gen_grad_wide_split(hi, lo, 1, at[8]);
-                    gen_grad_wide_split(hi, lo, 2, at[4 * tap_stride]);
-                    gen_grad_wide_split(hi, lo, 3, at[4 * tap_stride + 8]);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const StagedWidePair pair =
+                            *reinterpret_cast<const StagedWidePair*>(gw + (p0 + quad + 4 * h) * tap_stride + m0 + 2 * row);
+                        gen_grad_wide_split(hi, lo, 2 * h, pair.value[0]);
+                        gen_grad_wide_split(hi, lo, 2 * h + 1, pair.value[1]);
+                    }
+                    // B: the feature's two n-tiles by ldmatrix, pixels p0 .. + 7 x r 8 (t0 + u0) .. + 15:
+                    // matrix i rows r 8 (t0 + u0 + i / 2) .. + 7, their pixels p0 + 4 (i % 2) .. + 3
+                    unsigned int words[4];
+                    oplib_load_matrices<4>(reinterpret_cast<const unsigned int*>(features) +
+                                               (8 * (t0 + u0) + (lane & 7) + 8 * (lane >> 4)) * feature_stride + p0 +
+                                               4 * (lane >> 3 & 1),
+                                           words);
 #pragma unroll
                     for (int u = 0; u < 2; ++u) {
-                        // B: the feature, pixels p0 + quad (+ 4) x r 8 (t0 + u0 + u) + row
-                        const float* b_at = features + (8 * (t0 + u0 + u) + row) * feature_stride + p0 + quad;
                         OplibFragmentTf32B b_hi, b_lo;
-                        gen_grad_wide_split(b_hi, b_lo, 0, b_at[0]);
-                        gen_grad_wide_split(b_hi, b_lo, 1, b_at[4]);
+                        gen_grad_wide_split(b_hi, b_lo, 0, __uint_as_float(words[2 * u]));
+                        gen_grad_wide_split(b_hi, b_lo, 1, __uint_as_float(words[2 * u + 1]));
                         oplib_mma_3xtf32(sums[u], hi, lo, b_hi, b_lo);
                     }
                 }
-                gen_grad_store_span_sums(sums, slot_sums, m0, t0 + u0, r0, taps, reduced);
+                gen_grad_store_span_sums<2, true>(sums, slot_sums, m0, t0 + u0, r0, taps, reduced);
             }
         }
         if (r0 == 0) {  // grad_span_bias's sums over the tile, from R range 0's blocks
