@@ -505,8 +505,8 @@ def test_gw_split_in_hi_and_lo_keeps_grad_span_weight_where_sums_cancel(tmp_path
 
 # float32's way (3xTF32, gw and the staged rows in floats): each of its own places.
 # B's two channels of a staged column in the other k order from A's.
-WIDE_K_ORDER = PlantedBug("wide-k-order", "gen_grad_wide_split(in_hi, in_lo, 0, in.value[0]);",
-                          "gen_grad_wide_split(in_hi, in_lo, 0, in.value[1]);")
+WIDE_K_ORDER = PlantedBug("wide-k-order", "oplib_split_tf32_into(in_hi, in_lo, 0, in.value[0]);",
+                          "oplib_split_tf32_into(in_hi, in_lo, 0, in.value[1]);")
 # The input's k-step read before the block staged it.
 WIDE_STAGED_BARRIER = PlantedBug("wide-staged-barrier",
                                  "__syncthreads();  // the input's k-step (and, the first, the span rows) staged",

@@ -348,8 +348,8 @@ WIDE_WINDOW_LATE = PlantedBug("wide-window-late", "(S * sample_y * pitch + tx) *
 WIDE_PASS_BARRIER = PlantedBug("wide-pass-barrier", "__syncthreads();  // the pass's float weights are formed",
                                "// the pass's float weights are formed")
 # A's two channels of a pixel in the other k order from B's.
-WIDE_K_ORDER = PlantedBug("wide-k-order", "hi.value[2 * e + h] = split.hi;\n            lo.value[2 * e + h] = split.lo;",
-                          "hi.value[2 * (1 - e) + h] = split.hi;\n            lo.value[2 * (1 - e) + h] = split.lo;")
+WIDE_K_ORDER = PlantedBug("wide-k-order", "oplib_split_tf32_into(hi, lo, 2 * e + h, v[e]);",
+                          "oplib_split_tf32_into(hi, lo, 2 * (1 - e) + h, v[e]);")
 # The product without its lo terms: one TF32 product, about 3 decimal digits.
 WIDE_ONE_PRODUCT = PlantedBug("wide-one-product", "oplib_mma_3xtf32(d[t], a_hi, a_lo, b_hi, b_lo);\n",
                               "oplib_mma_tf32(d[t], a_hi, b_hi), (void)b_lo;\n")

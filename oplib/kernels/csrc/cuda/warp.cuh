@@ -417,6 +417,14 @@ __device__ __forceinline__ OplibTf32Split oplib_split_tf32(float v) {
     return OplibTf32Split{hi, oplib_round_tf32(oplib_fma(hi, -1.0f, v))};
 }
 
+// v split into the `index`-th values of a TF32 fragment's hi and lo (OplibFragmentTf32A or B).
+template <typename Fragment>
+__device__ __forceinline__ void oplib_split_tf32_into(Fragment& hi, Fragment& lo, int index, float v) {
+    const OplibTf32Split split = oplib_split_tf32(v);
+    hi.value[index] = split.hi;
+    lo.value[index] = split.lo;
+}
+
 // The three products of oplib_mma_3xtf32 by shuffles at once, for the host: each source lane's
 // hi and lo values fetched once (64 shuffles where three products took 96: the emulation's
 // float32 kernels spend their time here), its k-slice's small products added before its large

@@ -107,16 +107,8 @@ __global__ void tf32_product(const scalar_t* __restrict__ a, const scalar_t* __r
     const float b_values[2] = {(float)b[8 * quad + group], (float)b[8 * (quad + 4) + group]};
     OplibFragmentTf32A a_hi, a_lo;
     OplibFragmentTf32B b_hi, b_lo;
-    for (int i = 0; i < 4; ++i) {
-        const OplibTf32Split split = oplib_split_tf32(a_values[i]);
-        a_hi.value[i] = split.hi;
-        a_lo.value[i] = split.lo;
-    }
-    for (int i = 0; i < 2; ++i) {
-        const OplibTf32Split split = oplib_split_tf32(b_values[i]);
-        b_hi.value[i] = split.hi;
-        b_lo.value[i] = split.lo;
-    }
+    for (int i = 0; i < 4; ++i) oplib_split_tf32_into(a_hi, a_lo, i, a_values[i]);
+    for (int i = 0; i < 2; ++i) oplib_split_tf32_into(b_hi, b_lo, i, b_values[i]);
     OplibFragmentC d = {{0.0f, 0.0f, 0.0f, 0.0f}};
     if (three) {
         oplib_mma_3xtf32(d, a_hi, a_lo, b_hi, b_lo);

@@ -1473,11 +1473,7 @@ __device__ __forceinline__ void staged_wide_feature_fragments(const float* (&val
             v[1] = count > 1 ? __ldg(values[h] + feature_step) : 0.0f;
         }
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const OplibTf32Split split = oplib_split_tf32(v[e]);
-            hi.value[2 * e + h] = split.hi;
-            lo.value[2 * e + h] = split.lo;
-        }
+        for (int e = 0; e < 2; ++e) oplib_split_tf32_into(hi, lo, 2 * e + h, v[e]);
         values[h] += 8 * feature_step;
     }
 }
@@ -1870,11 +1866,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_GRAD_BLOCKS<scalar_t, KERN
                             *reinterpret_cast<const StagedWidePair*>(rows_span + t * K * span_stride + k0);
                         OplibFragmentTf32B b_hi, b_lo;
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const OplibTf32Split split = oplib_split_tf32(pair.value[e]);
-                            b_hi.value[e] = split.hi;
-                            b_lo.value[e] = split.lo;
-                        }
+                        for (int e = 0; e < 2; ++e) oplib_split_tf32_into(b_hi, b_lo, e, pair.value[e]);
                         oplib_mma_3xtf32(d[t], a_hi, a_lo, b_hi, b_lo);  // (a kernel row's n-tile)
                     }
                 }
@@ -2435,11 +2427,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
                             *reinterpret_cast<const StagedWidePair*>(lane_span + 8 * t * span_stride + k0);
                         OplibFragmentTf32B b_hi, b_lo;
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const OplibTf32Split split = oplib_split_tf32(pair.value[e]);
-                            b_hi.value[e] = split.hi;
-                            b_lo.value[e] = split.lo;
-                        }
+                        for (int e = 0; e < 2; ++e) oplib_split_tf32_into(b_hi, b_lo, e, pair.value[e]);
                         oplib_mma_3xtf32(d[t], a_hi, a_lo, b_hi, b_lo);
                     }
                 }
@@ -2779,8 +2767,9 @@ __device__ __forceinline__ void gen_grad_store_bias(const float* bias_parts, flo
 //   - k-steps of 8 in the products. The first two permute their k order alike in A and B (column
 //     quad is channel, or tap, k0 + 2 quad, column quad + 4 is k0 + 2 quad + 1: a lane's pair one
 //     8-byte load, of grad_output channels_last, of the staged input, of gw's and span's rows);
-//     grad_span_weight's (k the tile's pixels) is in order, so that gw's column loads, quad
-//     pixels apart, and the feature's fall in 32 banks;
+//     grad_span_weight's (k the tile's pixels) is in order, its A (gw transposed) with its rows
+//     paired instead (a lane's two taps of a pixel one 8-byte load) and its B (the feature's
+//     rows) by ldmatrix;
 //   - span rows, the feature and gw in floats, their rows GEN_GRAD_WIDE_PAD floats past the taps'
 //     whole k-steps (8 past a multiple of 32, or 24: a half-warp's 8-byte loads 4 rows x 4 pairs
 //     in 32 banks) and the feature's 4 past the tile's pixels;
@@ -2809,14 +2798,6 @@ static_assert(MMA_TILE_H * 8 * GEN_GRAD_WIDE_CHANNELS >= MMA_WARPS * MMA_TAPS,
 
 // Whether v's TF32 hi (v rounded) is finite: 3xTF32 takes v whole where it is.
 __device__ __forceinline__ bool gen_grad_wide_finite(float v) { return mma_finite(oplib_round_tf32(v)); }
-
-// A TF32 fragment's hi and lo at its `index`-th value, from v.
-template <typename Fragment>
-__device__ __forceinline__ void gen_grad_wide_split(Fragment& hi, Fragment& lo, int index, float v) {
-    const OplibTf32Split split = oplib_split_tf32(v);
-    hi.value[index] = split.hi;
-    lo.value[index] = split.lo;
-}
 
 template <int KERNEL, int STRIDE, bool NARROW>
 __device__ __forceinline__ void generator_wide(
@@ -2936,8 +2917,8 @@ __device__ __forceinline__ void generator_wide(
                     pair.value[0] = count > 0 ? __ldg(at) : 0.0f;
                     pair.value[1] = count > 1 ? __ldg(at + grad_c) : 0.0f;
                 }
-                gen_grad_wide_split(run_hi, run_lo, h, pair.value[0]);
-                gen_grad_wide_split(run_hi, run_lo, h + 2, pair.value[1]);
+                oplib_split_tf32_into(run_hi, run_lo, h, pair.value[0]);
+                oplib_split_tf32_into(run_hi, run_lo, h + 2, pair.value[1]);
             }
 #pragma unroll 1
             for (int a = 0; a < kernel_h && out_y < out_h; ++a) {
@@ -2946,8 +2927,8 @@ __device__ __forceinline__ void generator_wide(
                 for (int t = 0; t < tile.live_tiles; ++t) {
                     const StagedWidePair in = *reinterpret_cast<const StagedWidePair*>(input_row + (8 * t + row) * CH + 2 * quad);
                     OplibFragmentTf32B in_hi, in_lo;
-                    gen_grad_wide_split(in_hi, in_lo, 0, in.value[0]);
-                    gen_grad_wide_split(in_hi, in_lo, 1, in.value[1]);
+                    oplib_split_tf32_into(in_hi, in_lo, 0, in.value[0]);
+                    oplib_split_tf32_into(in_hi, in_lo, 1, in.value[1]);
                     OplibFragmentC product = {};
                     oplib_mma_3xtf32(product, run_hi, run_lo, in_hi, in_lo);
                     bool non_finite = false;
@@ -3024,16 +3005,16 @@ __device__ __forceinline__ void generator_wide(
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // pixels row, row + 8; taps k0 + 2 quad, + 1
                 const StagedWidePair pair = *reinterpret_cast<const StagedWidePair*>(m_rows + (row + 8 * h) * tap_stride + k0 + 2 * quad);
-                gen_grad_wide_split(hi, lo, h, pair.value[0]);
-                gen_grad_wide_split(hi, lo, h + 2, pair.value[1]);
+                oplib_split_tf32_into(hi, lo, h, pair.value[0]);
+                oplib_split_tf32_into(hi, lo, h + 2, pair.value[1]);
             }
 #pragma unroll
             for (int t = 0; t < GEN_GRAD_R / 8; ++t) {
                 const StagedWidePair pair =
                     *reinterpret_cast<const StagedWidePair*>(span + (tile.r_half + 8 * t + row) * tap_stride + k0 + 2 * quad);
                 OplibFragmentTf32B b_hi, b_lo;
-                gen_grad_wide_split(b_hi, b_lo, 0, pair.value[0]);
-                gen_grad_wide_split(b_hi, b_lo, 1, pair.value[1]);
+                oplib_split_tf32_into(b_hi, b_lo, 0, pair.value[0]);
+                oplib_split_tf32_into(b_hi, b_lo, 1, pair.value[1]);
                 oplib_mma_3xtf32(feature_sums[t], hi, lo, b_hi, b_lo);
             }
         }
@@ -3075,8 +3056,8 @@ __device__ __forceinline__ void generator_wide(
                     for (int h = 0; h < 2; ++h) {
                         const StagedWidePair pair =
                             *reinterpret_cast<const StagedWidePair*>(gw + (p0 + quad + 4 * h) * tap_stride + m0 + 2 * row);
-                        gen_grad_wide_split(hi, lo, 2 * h, pair.value[0]);
-                        gen_grad_wide_split(hi, lo, 2 * h + 1, pair.value[1]);
+                        oplib_split_tf32_into(hi, lo, 2 * h, pair.value[0]);
+                        oplib_split_tf32_into(hi, lo, 2 * h + 1, pair.value[1]);
                     }
                     // B: the feature's two n-tiles by ldmatrix, pixels p0 .. + 7 x r 8 (t0 + u0) .. + 15:
                     // matrix i rows r 8 (t0 + u0 + i / 2) .. + 7, their pixels p0 + 4 (i % 2) .. + 3
@@ -3088,8 +3069,8 @@ __device__ __forceinline__ void generator_wide(
 #pragma unroll
                     for (int u = 0; u < 2; ++u) {
                         OplibFragmentTf32B b_hi, b_lo;
-                        gen_grad_wide_split(b_hi, b_lo, 0, __uint_as_float(words[2 * u]));
-                        gen_grad_wide_split(b_hi, b_lo, 1, __uint_as_float(words[2 * u + 1]));
+                        oplib_split_tf32_into(b_hi, b_lo, 0, __uint_as_float(words[2 * u]));
+                        oplib_split_tf32_into(b_hi, b_lo, 1, __uint_as_float(words[2 * u + 1]));
                         oplib_mma_3xtf32(sums[u], hi, lo, b_hi, b_lo);
                     }
                 }
