@@ -239,8 +239,8 @@ def involution_generated_backward_generator(
     involution_backward_weight(grad_output, input), (N, G*KH*KW, Ho*Wo), is contracted as it is
     formed: grad_feature = span_weight^T gw, grad_span_weight = sum over samples and pixels of
     gw feature^T, grad_span_bias = sum of gw. On CPU the native kernel never writes gw to
-    memory, nor does CUDA's tensor-core kernel (bfloat16 on sm_80 and newer, not yet the
-    default: ``GENERATOR_ON_TENSOR_CORES``); the plain-PyTorch route and CUDA's map route make it
+    memory, nor does CUDA's tensor-core kernel (bfloat16, and float32 in 3xTF32, on sm_80 and
+    newer, not yet the default: ``GENERATOR_ON_TENSOR_CORES``); the plain-PyTorch route and CUDA's map route make it
     and drop it."""
     return _BACKWARD_GENERATOR.run("cpu", grad_output, feature, span_weight, input, kernel_size, stride, padding,
                                    dilation)

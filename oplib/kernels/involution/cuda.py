@@ -1482,7 +1482,8 @@ def involution_generated_mma_backward_generator(grad_output: Tensor, feature: Te
 # (bench/results/cuda-model.md) puts it issue-bound, ahead of the map route's float32 grad_weight
 # alone at RedNet-50's stages 1-3 in channels_last and behind it at stage 4; with the map route's
 # copies and cuBLAS contractions at their DRAM floor (no kernels the model traces), ahead of the
-# whole route at every bfloat16 row but stage 4's NCHW at stride 1 (the page's forward + backward
+# whole route at every bfloat16 row but stage 4's NCHW at stride 1, and in float32 (3xTF32, about
+# twice bfloat16's time) at half the rows, behind it at stage 4 (the page's forward + backward
 # section). The kernel table times it in the "generator grads" row's "tensor cores" column.
 GENERATOR_ON_TENSOR_CORES = False
 
@@ -1495,8 +1496,8 @@ def involution_generated_backward_generator(grad_output: Tensor, feature: Tensor
     (``generator_grads_through_map``: gw written in float32 by involution's grad_weight kernels,
     then contracted by cuBLAS), or with ``tensor_cores`` (by default
     ``GENERATOR_ON_TENSOR_CORES``) the tensor-core kernel where it serves the call
-    (``involution_generated_mma_backward_generator``: bfloat16 on sm_80 and newer, the map never
-    written)."""
+    (``involution_generated_mma_backward_generator``: bfloat16, and float32 in 3xTF32, on sm_80 and
+    newer, the map never written)."""
     kernel = GENERATOR_ON_TENSOR_CORES if tensor_cores is None else tensor_cores
     if kernel and involution_generated_mma_backward_generator(grad_output, feature, span_weight, input, kernel_size,
                                                               stride, padding, dilation, out, launcher) is not None:
