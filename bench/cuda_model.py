@@ -83,7 +83,7 @@ VECTORS_ROWS = {VECTORS: ("forward", "vectors (ms)", "involution_vectors"),
                 VECTORS_GRAD_INPUT: ("grad_input", "vectors (ms)", "involution_vectors_backward_input"),
                 VECTORS_GRAD_WEIGHT: ("grad_weight", "vectors (ms)", "involution_vectors_backward_weight")}
 # A lane a 16-byte vector of a group's channels in channels_last calls (the ``LAST`` policy:
-# involution_last.cu's kernels, grad_input's a block a segment of an input row), timed in the
+# involution_last.cu's kernels, grad_input's a block a segment of a band of rows), timed in the
 # table's "lanes on channels" column beside the op's call where it launches something else
 # (``_lanes_on_channels_launch``); grad_input's other candidate under it, the chunked kernel at
 # one vector a thread (``LAST_VECTOR_GRAD_INPUT``), in the "vector a thread" column.
@@ -660,7 +660,8 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
         "channels (grad_weight: one kernel row) a thread (widths a multiple of the vector); and the "
         "channels_last calls with a lane a 16-byte vector of a group's channels (\"lanes on channels\", the `LAST` "
         "policy): `involution_last.cu`'s kernels, the forward's with the warp's weights staged in shared memory, "
-        "grad_input's a block a segment of an input row with each kernel row's weights staged in shared memory, "
+        "grad_input's a block a segment of a band of two input rows with, for each output row, the band's kernel "
+        "rows of its weights staged in shared memory, "
         "grad_weight's the group summed by shuffles; and grad_input's other candidate under the policy, the chunked "
         "kernel at one vector a thread (\"vector a thread\", `LAST_VECTOR_GRAD_INPUT`). Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
         "that serves the row now: the measured time scaled by the two "

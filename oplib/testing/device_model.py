@@ -1481,47 +1481,66 @@ def _backward_weight_last(t: _Tally, item: Tensor, launch: Launch) -> None:
 
 
 def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
-    """involution_backward_input_last (involution_last.cu): a block a segment of one input row.
-    Per kernel row that reaches an output row, the segment's pieces of the row's weights copied
-    into shared memory by all the block's threads, a value a thread a round; then per tap of
-    the lane's column phase a grad_output vector (every lane loads each: a tap with no output
-    pixel reads the sample's first) and, where the tap has one, a shared-memory read of its
-    weight and LANES multiply-adds; one vector store. Vectors traced by their first element."""
+    """involution_backward_input_last (involution_last.cu): a block a segment of a band of
+    ``LAST_GRAD_INPUT_ROWS`` input rows. Per output row the band reads (the last first), the
+    segment's pieces of the band's kernel rows copied into shared memory by all the block's
+    threads, a value a thread a round (those past a record's rows skipped); then per tap of the
+    lane's column phase a grad_output vector (every lane loads each: a tap with no output pixel
+    reads the sample's first) and, where the tap has one, for each of the band's rows that takes
+    a kernel row of the output row a shared-memory read of its weight and LANES multiply-adds;
+    a vector store per row of the band in the image. Vectors traced by their first element."""
     total, C, H, W, G, OH, OW, ph, pw = launch.scalars
     K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
+    rows = _last_grad_input_rows()
+    run = rows * K
     es = launch.dtype.itemsize
     lanes = 16 // es
     vectors, threads = C // lanes, launch.threads_per_block
     segment, parts = threads // vectors, C // G // lanes
-    segments = -(-W // segment)
+    segments, bands = -(-W // segment), -(-H // rows)
     task, thread = item // threads, item % threads
     v = thread % vectors
     g, c0 = v // parts, v * lanes
-    row, x_first = task // segments, (task % segments) * segment
-    y, n = row % H, row // H
+    band, x_first = task // segments, (task % segments) * segment
+    y_first, n = (band % bands) * rows, band // bands
     x = x_first + thread // vectors
     active = x < W
     b_phase = (x + pw) % S
     j_first = (x + pw - b_phase) // S
     j_low = (-(-(x_first + pw - (K - 1)) // S)).clamp(min=0)
     j_high = ((torch.clamp(x_first + segment, max=W) - 1 + pw) // S).clamp(max=OW - 1)
-    staged = (j_high - j_low + 1).clamp(min=0) * G * K
+    staged = (j_high - j_low + 1).clamp(min=0) * G * run
     k = thread + threads * _slots(max(1, -(-int(staged.max()) // threads)))
-    piece = k // K
+    piece, q = k // run, k % run
     step = torch.arange(-(-K // S)).view(-1, 1, 1)
     b, j = b_phase + S * step, j_first - step
-    for a in range(K):
-        ry = y + ph - a
-        reaches = (ry >= 0) & (ry % S == 0) & (ry // S < OH)
-        i = torch.where(reaches, ry // S, 0)
-        copies = reaches & (k < staged)
-        t.load(1, ((n * OH + i) * OW + j_low) * G * K * K + a * K + piece * K * K + k - piece * K, copies, es)
+    i_low = (-(-(y_first + ph - (K - 1)) // S)).clamp(min=0)
+    i_high = ((y_first + rows - 1 + ph) // S).clamp(max=OH - 1)
+    for back in range((rows + K - 2) // S + 1):
+        i = i_high - back
+        reaches = i >= i_low
+        i = torch.where(reaches, i, 0)
+        a_first = y_first + ph - i * S
+        at = a_first * K + q
+        copies = reaches & (k < staged) & (at >= 0) & (at < K * K)
+        t.load(1, ((n * OH + i) * OW + j_low) * G * K * K + piece * K * K + at, copies, es)
         t.shared(k, copies, es)
         reads = reaches & active & (b < K) & (j >= 0) & (j < OW)
         t.load(0, torch.where(reads, ((n * OH + i) * OW + j) * C + c0, c0), reaches, es)
-        t.shared(torch.where(reads, ((j - j_low) * G + g) * K + b, 0), reads, es)
-        t.fma(reads, lanes)
-    t.store(2, ((n * H + y) * W + x) * C + c0, active, es)
+        for r in range(rows):
+            takes = reads & (a_first + r >= 0) & (a_first + r < K)
+            t.shared(torch.where(takes, ((j - j_low) * G + g) * run + r * K + b, 0), takes, es)
+            t.fma(takes, lanes)
+    for r in range(rows):
+        t.store(2, ((n * H + y_first + r) * W + x) * C + c0, active & (y_first + r < H), es)
+
+
+@functools.cache
+def _last_grad_input_rows() -> int:
+    """involution_last.cu's LAST_GRAD_INPUT_ROWS: the input rows of a grad_input block's band."""
+    from ..kernels.cuda_source import load_source
+
+    return load_source("involution/csrc/cuda/involution_last.cu").constants["LAST_GRAD_INPUT_ROWS"]
 
 
 def _feature_pair_loads(t: _Tally, at, r, inside, R: int, fsc: int, feature_words: bool, es: int) -> None:

@@ -444,8 +444,9 @@ def involution_last(input: Tensor, weight: Tensor, stride, padding, dilation, ou
 def involution_last_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation,
                                    out: Tensor, launcher: Optional[Launcher] = None) -> Optional[Tensor]:
     """grad_output: (N, C, Ho, Wo) channels_last, weight: (N, G, K, K, Ho, Wo) pixel-major ->
-    out: grad_input (N, C, H, W) channels_last, by the kernel whose block takes a segment of an
-    input row (a lane a 16-byte vector of a group's channels) and stages each kernel row's
+    out: grad_input (N, C, H, W) channels_last, by the kernel whose block takes a segment of a
+    band of ``LAST_GRAD_INPUT_ROWS`` input rows (a lane a 16-byte vector of a group's channels
+    in each row) and stages, for each output row the band reads, the band's kernel rows of its
     weights in shared memory; None, out untouched, where it declines: what ``_launch_last``
     declines, and a pixel's vectors not a power of two up to a block (the segment is a block's
     lanes over them). The same bits as ``involution_backward_input``'s chunked kernel."""
@@ -464,8 +465,8 @@ def involution_last_backward_input(grad_output: Tensor, weight: Tensor, input_si
     if served is None or vectors > threads_per_block or vectors & (vectors - 1):
         return None
     specialisation, _ = served
-    segment = threads_per_block // vectors
-    threads = n * height * -(-width // segment) * threads_per_block
+    segment, rows = threads_per_block // vectors, source.constants["LAST_GRAD_INPUT_ROWS"]
+    threads = n * -(-height // rows) * -(-width // segment) * threads_per_block
     if threads > POLICY.index32_limit:  # the kernel counts its segments in an int
         return None
     _run(launcher or cupy_launcher(), "involution_backward_input_last", result, True, (grad_output, weight),

@@ -6,9 +6,9 @@ lanes, partial last warps, weights aligned to a vector and not), the forward bit
 against involution.cu's chunked kernel, infinite values at taps outside the image, the
 registry's samples and the calls they decline, the ops' dispatch under the policy,
 AddressSanitizer, and planted bugs these checks catch; and on a GPU. grad_input (a block a
-segment of an input row, each kernel row's weights staged in shared memory) likewise, bit for
-bit against the chunked kernel; where it declines, the chunked kernel at one vector a thread,
-with the ops' bits."""
+segment of a band of input rows, for each output row the band's kernel rows of its weights
+staged in shared memory) likewise, bit for bit against the chunked kernel; where it declines,
+the chunked kernel at one vector a thread, with the ops' bits."""
 
 from __future__ import annotations
 
@@ -429,14 +429,26 @@ PLANTS = {
     "copy-one-past": (("forward", "grad_weight"), "v < count; v += 32) to[v] = from[v];",
                       "v <= count; v += 32) to[v] = from[v];"),
     "window-one-column-late": (("grad_input",), "x_first + pw - (KERNEL - 1);", "x_first + pw - (KERNEL - 2);"),
-    "pieces-a-row-apart": (("grad_input",), "(k / KERNEL) * (TAPS - KERNEL)]", "(k / KERNEL) * (TAPS - 2 * KERNEL)]"),
-    "restaged-before-all-read": (("grad_input",), "__syncthreads();  // the staging is free for the next kernel row",
+    "pieces-a-row-apart": (("grad_input",), "records[p * TAPS + at]", "records[p * (TAPS - KERNEL) + at]"),
+    "restaged-before-all-read": (("grad_input",), "__syncthreads();  // the staging is free for the next output row",
                                  ";"),
-    "staging-one-past": (("grad_input",), "k < pieces * KERNEL; k += LAST_THREADS",
-                         "k <= pieces * KERNEL; k += LAST_THREADS"),
+    "staging-one-past": (("grad_input",), "k < (unsigned int)(pieces * RUN); k += LAST_THREADS",
+                         "k <= (unsigned int)(pieces * RUN); k += LAST_THREADS"),
+    # the band's rows: each its own kernel row of the staged pieces, a kernel row past the last
+    # read, the output rows in the chunked kernel's order (the same values, other bits), and the
+    # last band's row past the image stored (past the tensor at the last sample; elsewhere into
+    # the next sample's first row, which its own block writes after, in the emulation's order)
+    "band-rows-one-kernel-row": (("grad_input",), "first_weight[r * KERNEL - t * weight_step]",
+                                 "first_weight[-t * weight_step]"),
+    "band-kernel-row-one-past": (("grad_input",), "(unsigned int)(a_first + r) >= (unsigned int)KERNEL",
+                                 "(unsigned int)(a_first + r) > (unsigned int)KERNEL"),
+    "output-rows-first-first": (("grad_input",), "int i = i_high; i >= i_low; --i", "int i = i_low; i <= i_high; ++i"),
+    "band-row-past-the-image-stored": (("grad_input",), "if (!active || y_first + r >= H) continue;",
+                                       "if (!active) continue;"),
 }
-# (the copy and the staging one value past read past a tensor, and change no value read)
-ACCESS_ONLY = {"copy-one-past", "staging-one-past"}
+# (the copy and the staging one value past read past a tensor, and change no value read; the
+# band's row past the image writes past one)
+ACCESS_ONLY = {"copy-one-past", "staging-one-past", "band-row-past-the-image-stored"}
 VALUE_PLANTS = [(kind, plant) for plant, (kinds, *_) in PLANTS.items() if plant not in ACCESS_ONLY for kind in kinds]
 ACCESS_PLANTS = [(kind, plant) for plant, (kinds, *_) in PLANTS.items()
                  if "bound" in plant or plant in ACCESS_ONLY for kind in kinds]
@@ -481,7 +493,8 @@ def test_last_is_clean_under_address_sanitizer():
 
 # Per kernel, a call whose over-reads leave the input or the weight: the last pixel's taps below
 # and right of the image, and the last warp's records end at the weight's end (grad_weight's
-# copy writes past its end; grad_input's last segment reads the last record).
+# copy writes past its end; grad_input's last segment reads the last record, and its last band,
+# of an odd height, has a row past the image).
 ASAN_CALLS = {
     "forward": """
     last = torch.channels_last
@@ -497,10 +510,10 @@ ASAN_CALLS = {
 """,
     "grad_input": """
     last = torch.channels_last
-    g = torch.randn(1, 16, 4, 4).to(memory_format=last)
-    w = torch.randn(1, 4, 4, 1, 3, 3).permute(0, 3, 4, 5, 1, 2)
-    out = torch.empty(1, 16, 4, 4).to(memory_format=last)
-    ops.involution_last_backward_input(g, w, [4, 4], [1, 1], [1, 1], [1, 1], out, launcher)
+    g = torch.randn(1, 16, 5, 4).to(memory_format=last)
+    w = torch.randn(1, 5, 4, 1, 3, 3).permute(0, 3, 4, 5, 1, 2)
+    out = torch.empty(1, 16, 5, 4).to(memory_format=last)
+    ops.involution_last_backward_input(g, w, [5, 4], [1, 1], [1, 1], [1, 1], out, launcher)
 """,
 }
 

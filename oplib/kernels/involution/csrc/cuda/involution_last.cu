@@ -312,9 +312,10 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
     }
 }
 
-// grad_input, the same lanes on a block's scale: a block takes a segment of one input row,
-// SEGMENT = LAST_THREADS / V pixels (V = C / LANES vectors a pixel, a power of two up to
-// LAST_THREADS: the host declines the rest), a lane a vector of a group's channels, and
+// grad_input, the same lanes on a block's scale: a block takes a band of LAST_GRAD_INPUT_ROWS
+// input rows over a segment of columns, SEGMENT = LAST_THREADS / V pixels (V = C / LANES
+// vectors a pixel, a power of two up to LAST_THREADS: the host declines the rest), a lane a
+// vector of a group's channels at one column of every row of the band, and
 //
 //   grad_input[n, y, x, c] = sum over the taps (a, b) with y + ph = i*S + a, x + pw = j*S + b
 //                            of weight[n, i, j, g(c), a, b] * grad_output[n, i, j, c].
@@ -322,16 +323,38 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
 // Why: involution.cu's chunked kernel at a vector a thread loads a tap's weight per lane, from
 // a record of its own (the records of a warp's pixels and groups, a line each: 8 to 16 lines a
 // load). A weight record's kernel row serves the row's pixels at adjacent columns, so for each
-// kernel row the block first copies the rows of the records its segment reads (the row's
-// pieces of KERNEL values, adjacent in memory, for every group) into shared memory with all
-// its threads, then each tap is one grad_output vector load (whole lines, as the forward's
-// input) and a shared-memory read of its weight. The kernel row is the block's own (its input
-// row is), so the copy is between two barriers and no thread skips them. Taps are added in
-// the chunked kernel's order (kernel row, then column) and those with no output pixel
-// skipped: its bits. Shared memory: the segment's records at most (SEGMENT + KERNEL - 1) x G
-// pieces of KERNEL values, at most 256 K^2 bytes at LAST_MIN_GROUP_CHANNELS channels a group
-// or more, the forward's staging. A block per segment, grid-stride over segments (`total` is
-// their count times LAST_THREADS).
+// output row the band reads the block first copies the rows of the records its segment reads
+// (the rows the band's input rows take, adjacent in memory, for every group) into shared
+// memory with all its threads; then each tap is one grad_output vector load (whole lines, as
+// the forward's input) and a shared-memory read of its weight for each of the band's rows. A
+// vector, loaded and widened once, serves every row of the band: with a block an input row
+// (this kernel before), each tap's load, its address and the 8 conversions of a bfloat16
+// vector were for one row's sums, and ptxas kept no staging address across taps (about 14
+// instructions a tap to rebuild it); the offline model counts 4.3 instructions a traced one
+// here against 6.3 then (bfloat16, stride 1, sm_90) and predicts 0.68x of the time at
+// RedNet-50's first stage (bench/results/cuda-model.md). The output row is the block's own, so
+// the copy is between two barriers and no thread skips them. Output rows are taken last first,
+// so that each input row's kernel rows come in the chunked kernel's order (kernel row, then
+// column), and taps with no output pixel are skipped: its bits. Shared memory: the segment's
+// records at most (SEGMENT + KERNEL - 1) x G pieces of ROWS x KERNEL values, at most ROWS x
+// 256 K^2 bytes at LAST_MIN_GROUP_CHANNELS channels a group or more. A block per band segment,
+// grid-stride over them (`total` is their count times LAST_THREADS).
+//
+// Two rows a band: three spilled (sm_90, stride 2) and took 37 KiB of shared memory a block. A
+// lane loads its taps' grad_output vectors LAST_GRAD_INPUT_LOADED at a time: with more in
+// registers at once beside the band's sums, ptxas took more than the 64 registers four blocks
+// an SM leave and spilled (all of a row's: float32, and bfloat16 at stride 2, on sm_90; four:
+// float16 on sm_75, sm_80 and sm_90; three: float16 still), and the offline model finds the
+// kernel bound by instruction issue, not by its loads' latency, at two. A band's row past the
+// image (the last band of an odd height) is summed like the others and not stored: testing for
+// it at each tap took more instructions everywhere and spilled at stride 2 (sm_90), where the
+// row's sums are wasted only at the one RedNet-50 row of odd height (stage 4, 7 x 7). There, in
+// bfloat16, the bands leave 256 blocks at batch 32 for an H200's 132 SMs, too few warps to
+// issue from, and the model puts this kernel slower than a block a row: the one RedNet-50 row
+// where it does.
+constexpr int LAST_GRAD_INPUT_ROWS = 2;
+constexpr int LAST_GRAD_INPUT_LOADED = 2;
+
 template <typename scalar_t, int KERNEL, int STRIDE>
 __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_backward_input_last(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ weight, scalar_t* __restrict__ grad_input,
@@ -340,21 +363,25 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_back
     typedef typename Element<scalar_t>::acc_t acc_t;
     constexpr int LANES = Vector16<scalar_t>::lanes;
     constexpr int TAPS = KERNEL * KERNEL;
+    constexpr int ROWS = LAST_GRAD_INPUT_ROWS;
+    constexpr int RUN = ROWS * KERNEL;  // a piece: the band's kernel rows of one record
     constexpr int PHASE_TAPS = (KERNEL + STRIDE - 1) / STRIDE;  // the taps of a column phase
-    __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS * LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
+    constexpr int LOADED = PHASE_TAPS < LAST_GRAD_INPUT_LOADED ? PHASE_TAPS : LAST_GRAD_INPUT_LOADED;
+    __shared__ Vector16<scalar_t> staged_vectors[ROWS * LAST_WARPS * LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
     scalar_t* staged = reinterpret_cast<scalar_t*>(staged_vectors);
     const index_t C = channels;
     const int H = (int)height, W = (int)width, G = (int)groups, OH = (int)out_h, OW = (int)out_w;
     const int ph = (int)pad_h, pw = (int)pad_w;
     const int vectors = (int)(C / LANES), segment = LAST_THREADS / vectors, segments = (W + segment - 1) / segment;
+    const int bands = (H + ROWS - 1) / ROWS;
     const int parts = (int)(C / G) / LANES;
     const int tid = (int)threadIdx.x, px = tid / vectors, v = tid - px * vectors, g = v / parts;
     const index_t c0 = (index_t)v * LANES;
     const int tasks = (int)(total / LAST_THREADS);
     const index_t grad_row_step = (index_t)OW * C, weight_row_step = (index_t)OW * G * TAPS;  // an output row's
     for (int task = (int)blockIdx.x; task < tasks; task += (int)gridDim.x) {
-        const int row = task / segments, x_first = (task - row * segments) * segment;
-        const int y = row % H, n = row / H;
+        const int band = task / segments, x_first = (task - band * segments) * segment;
+        const int y_first = (band % bands) * ROWS, n = band / bands;
         const int x = x_first + px, x_last = (x_first + segment < W ? x_first + segment : W) - 1;
         const bool active = x < W;
         // Tap b reaches column x from output column (x + pw - b) / S when that is an integer
@@ -366,8 +393,14 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_back
         const int j_low = j_low_unclamped > 0 ? j_low_unclamped : 0;
         const int j_high = (x_last + pw) / STRIDE < OW - 1 ? (x_last + pw) / STRIDE : OW - 1;
         const int pieces = (j_high - j_low + 1) * G;  // no more than zero when the segment reads none
-        // Bit t: tap t has an output column (the same at every kernel row). Tap t's column
-        // lies t * C values before tap 0's, and its weight t * (S - G K) before tap 0's in the
+        // The output rows the band reads, [i_low, i_high]: from output row i, the band's row r
+        // (input row y_first + r) takes kernel row a_first + r, a_first = y_first + ph - i S.
+        const int rise = y_first + ph - (KERNEL - 1);
+        const int i_low_unclamped = rise > 0 ? (rise + STRIDE - 1) / STRIDE : rise / STRIDE;
+        const int i_low = i_low_unclamped > 0 ? i_low_unclamped : 0;
+        const int i_high = (y_first + ROWS - 1 + ph) / STRIDE < OH - 1 ? (y_first + ROWS - 1 + ph) / STRIDE : OH - 1;
+        // Bit t: tap t has an output column (the same at every output row). Tap t's column
+        // lies t * C values before tap 0's, and its weight t * (G RUN - S) before tap 0's in the
         // staging.
         unsigned int taps = 0;
 #pragma unroll
@@ -378,43 +411,57 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_back
         // The sample's first output row at the lane's first tap, and at the segment's pieces.
         const scalar_t* grad_sample = grad_output + ((index_t)n * OH * OW + j_first) * C + c0;
         const scalar_t* weight_sample = weight + ((index_t)n * OH * OW + j_low) * G * TAPS;
-        const int first_weight = ((j_first - j_low) * G + g) * KERNEL + b_phase;
-        const int weight_step = STRIDE - G * KERNEL;
-        acc_t sum[LANES];
+        const scalar_t* first_weight = staged + ((j_first - j_low) * G + g) * RUN + b_phase;
+        const int weight_step = G * RUN - STRIDE;
+        acc_t sum[ROWS][LANES];
 #pragma unroll
-        for (int e = 0; e < LANES; ++e) sum[e] = 0;
-        for (int a = 0; a < KERNEL; ++a) {
-            const int ry = y + ph - a;
-            if (ry < 0 || ry % STRIDE != 0 || ry / STRIDE >= OH) continue;  // the block's, whole
-            const int i = ry / STRIDE;
-            // Piece p (record j_low + p / G, group p % G) holds the kernel row's KERNEL values:
-            // value k of the staging is value k - p K of piece p, p = k / K.
-            const scalar_t* pieces_row = weight_sample + i * weight_row_step + a * KERNEL;
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int e = 0; e < LANES; ++e) sum[r][e] = 0;
+        for (int i = i_high; i >= i_low; --i) {
+            const int a_first = y_first + ph - i * STRIDE;
+            // Value q of piece p (record j_low + p / G, group p % G) is value a_first K + q of
+            // the record, where that lies in it (a band's row past the kernel's rows takes none).
+            const scalar_t* records = weight_sample + i * weight_row_step;
+            const unsigned int first = (unsigned int)(a_first * KERNEL);
 #pragma unroll 1
-            for (int k = tid; k < pieces * KERNEL; k += LAST_THREADS)
-                staged[k] = pieces_row[k + (index_t)(k / KERNEL) * (TAPS - KERNEL)];
+            for (unsigned int k = tid; k < (unsigned int)(pieces * RUN); k += LAST_THREADS) {
+                const unsigned int p = k / RUN, at = first + (k - p * RUN);
+                if (at < (unsigned int)TAPS) staged[k] = records[p * TAPS + at];
+            }
             __syncthreads();
             const scalar_t* column = grad_sample + i * grad_row_step;
-            Vector16<scalar_t> values[PHASE_TAPS];
 #pragma unroll
-            for (int t = 0; t < PHASE_TAPS; ++t, column -= C)  // loaded together, no branch between
-                values[t] = *reinterpret_cast<const Vector16<scalar_t>*>((taps >> t) & 1u ? column : grad_output + c0);
+            for (int t0 = 0; t0 < PHASE_TAPS; t0 += LOADED) {
+                Vector16<scalar_t> values[LOADED];
 #pragma unroll
-            for (int t = 0; t < PHASE_TAPS; ++t) {
-                if (!((taps >> t) & 1u)) continue;
-                const acc_t w = widen(staged[first_weight + t * weight_step]);
-                acc_t go[LANES];
-                widen_vector<scalar_t>(go, values[t]);
+                for (int u = 0; u < LOADED && t0 + u < PHASE_TAPS; ++u)  // loaded together, no branch between
+                    values[u] = *reinterpret_cast<const Vector16<scalar_t>*>(
+                        (taps >> (t0 + u)) & 1u ? column - (t0 + u) * C : grad_output + c0);
 #pragma unroll
-                for (int e = 0; e < LANES; ++e) sum[e] = oplib_fma(w, go[e], sum[e]);
+                for (int u = 0; u < LOADED && t0 + u < PHASE_TAPS; ++u) {
+                    const int t = t0 + u;
+                    if (!((taps >> t) & 1u)) continue;
+                    acc_t go[LANES];
+                    widen_vector<scalar_t>(go, values[u]);
+#pragma unroll
+                    for (int r = 0; r < ROWS; ++r) {
+                        if ((unsigned int)(a_first + r) >= (unsigned int)KERNEL) continue;  // the band's, whole
+                        const acc_t w = widen(first_weight[r * KERNEL - t * weight_step]);
+#pragma unroll
+                        for (int e = 0; e < LANES; ++e) sum[r][e] = oplib_fma(w, go[e], sum[r][e]);
+                    }
+                }
             }
-            __syncthreads();  // the staging is free for the next kernel row
+            __syncthreads();  // the staging is free for the next output row
         }
-        if (active) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (!active || y_first + r >= H) continue;
             Vector16<scalar_t> result;
 #pragma unroll
-            for (int e = 0; e < LANES; ++e) result.lane[e] = Element<scalar_t>::store(sum[e]);
-            *reinterpret_cast<Vector16<scalar_t>*>(grad_input + ((index_t)(n * H + y) * W + x) * C + c0) = result;
+            for (int e = 0; e < LANES; ++e) result.lane[e] = Element<scalar_t>::store(sum[r][e]);
+            *reinterpret_cast<Vector16<scalar_t>*>(grad_input + ((index_t)(n * H + y_first + r) * W + x) * C + c0) = result;
         }
     }
 }
