@@ -57,6 +57,19 @@
 
 #include "tile.cuh"
 
+// The blocks an SM a kernel's launch bound asks for, by the target: before sm_80, from sm_80,
+// from sm_90 and from sm_100 on (the host emulation takes the first). The kernels' comments say
+// why each number: the room each target's shared memory leaves and where ptxas spilled.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define OPLIB_BLOCKS_BY_ARCH(before_80, from_80, from_90, from_100) (from_100)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define OPLIB_BLOCKS_BY_ARCH(before_80, from_80, from_90, from_100) (from_90)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define OPLIB_BLOCKS_BY_ARCH(before_80, from_80, from_90, from_100) (from_80)
+#else
+#define OPLIB_BLOCKS_BY_ARCH(before_80, from_80, from_90, from_100) (before_80)
+#endif
+
 constexpr int MMA_WARPS = 8;
 constexpr int MMA_THREADS = 256;
 constexpr int MMA_TILE_H = 8;  // a warp an output row
@@ -1564,22 +1577,13 @@ __device__ __forceinline__ void staged_wide_store_run(const float (&sums)[STAGED
 // and 80 registers, no spill; sm_90's 228 KiB hold them: a kernel row formed at a time,
 // STAGED_GRAD_ROWS), three and two before (sm_80's stride-2 NCHW instantiation spilled 12
 // bytes at three); the other windows two (they spilled at three on sm_80, sm_100 or sm_120).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define OPLIB_STAGED_GRAD_BLOCKS 4
-#define OPLIB_STAGED_GRAD_STRIDED_BLOCKS 3
-#else
-#define OPLIB_STAGED_GRAD_BLOCKS 3
-#define OPLIB_STAGED_GRAD_STRIDED_BLOCKS 2
-#endif
+#define OPLIB_STAGED_GRAD_BLOCKS OPLIB_BLOCKS_BY_ARCH(3, 3, 4, 4)
+#define OPLIB_STAGED_GRAD_STRIDED_BLOCKS OPLIB_BLOCKS_BY_ARCH(2, 2, 3, 3)
 // float32's (its span rows and grad_output in floats: 62-69 KiB at RedNet-50's stride-1 shapes,
 // 30-45 KiB at stride 2): three at stride 1 from sm_90 on (80 registers, no spill), two before
 // (sm_80's 164 KiB hold two); two at stride 2 (its NCHW instantiation spilled 4 bytes at three
 // on sm_90).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define OPLIB_STAGED_GRAD_WIDE_BLOCKS 3
-#else
-#define OPLIB_STAGED_GRAD_WIDE_BLOCKS 2
-#endif
+#define OPLIB_STAGED_GRAD_WIDE_BLOCKS OPLIB_BLOCKS_BY_ARCH(2, 2, 3, 3)
 // The blocks an SM the staged grad_input asks for (a variable: see STAGED_FORWARD_BLOCKS).
 template <typename scalar_t, int KERNEL, int STRIDE>
 constexpr int STAGED_GRAD_BLOCKS = KERNEL != 7               ? 2
@@ -2124,28 +2128,12 @@ __device__ __forceinline__ void staged_wide_pass_span_rows(float* span, const fl
 // (sm_80 spilled 4 bytes at three, which its 164 KiB could not hold anyway). (Thresholds only,
 // as every architecture test of the sources: NVCC_ARCHITECTURES, test_cuda_compile's, holds a
 // target on each side of each.)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-#define OPLIB_STAGED_FORWARD_BLOCKS 3
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define OPLIB_STAGED_FORWARD_BLOCKS 4
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define OPLIB_STAGED_FORWARD_BLOCKS 3
-#else
-#define OPLIB_STAGED_FORWARD_BLOCKS 2
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define OPLIB_STAGED_FORWARD_STRIDED_BLOCKS 3
-#else
-#define OPLIB_STAGED_FORWARD_STRIDED_BLOCKS 2
-#endif
+#define OPLIB_STAGED_FORWARD_BLOCKS OPLIB_BLOCKS_BY_ARCH(2, 3, 4, 3)
+#define OPLIB_STAGED_FORWARD_STRIDED_BLOCKS OPLIB_BLOCKS_BY_ARCH(2, 2, 3, 3)
 // float32's (its tiles take about 1.4 times the room): three an SM at stride 1 from sm_90 on (the
 // 69-74 KiB of RedNet-50's stride-1 stages, 80 registers), two before (sm_80's 164 KiB hold two;
 // sm_86's and sm_89's 100 KiB one); two at stride 2, whose regions fit 99 KiB only on small maps.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define OPLIB_STAGED_WIDE_BLOCKS 3
-#else
-#define OPLIB_STAGED_WIDE_BLOCKS 2
-#endif
+#define OPLIB_STAGED_WIDE_BLOCKS OPLIB_BLOCKS_BY_ARCH(2, 2, 3, 3)
 // The blocks an SM the staged forward asks for (a variable: the host reads a launch bound's
 // expression up to its first parenthesis).
 template <typename scalar_t, int STRIDE>
@@ -3108,11 +3096,7 @@ __device__ __forceinline__ void generator_wide(
 // float32's (its staged rows and gw in floats: 74-90 KiB a block at RedNet-50's 7x7 windows,
 // 61-70 KiB narrow): three from sm_90 on (80 registers, no spill), two before (sm_80's 164 KiB
 // hold two, and its non-narrow instantiations spilled 20 bytes at three).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define OPLIB_GEN_GRAD_WIDE_BLOCKS 3
-#else
-#define OPLIB_GEN_GRAD_WIDE_BLOCKS 2
-#endif
+#define OPLIB_GEN_GRAD_WIDE_BLOCKS OPLIB_BLOCKS_BY_ARCH(2, 2, 3, 3)
 // The blocks an SM the generator kernel asks for (a variable: see STAGED_FORWARD_BLOCKS).
 template <typename scalar_t, int KERNEL>
 constexpr int GEN_GRAD_BLOCKS = KERNEL == 0 ? 2 : sizeof(scalar_t) == 4 ? OPLIB_GEN_GRAD_WIDE_BLOCKS : 3;
