@@ -1438,21 +1438,45 @@ def _warp_copy(t: _Tally, tensor: int, start: Tensor, values: Tensor, most: int,
 
 
 def _forward_last(t: _Tally, item: Tensor, launch: Launch) -> None:
-    """involution_forward_last (involution_last.cu): the warp's records' weights copied into
-    shared memory; per kernel row the row's K input vectors (every one loaded: a tap outside the
-    image reads the sample's first pixel), and per tap inside the image a shared-memory load of
-    its weight and LANES multiply-adds; one vector store. Vectors traced by their first element."""
-    _, C, H, W, _, _, _, ph, pw = launch.scalars
-    K, S, es, lanes, parts, n, i, j, pixel, c0, slot, first, values = _last_item(item, launch)
-    _warp_copy(t, 1, first * K * K, values, 32 // parts * K * K, es, lanes, to_global=False)
-    x = j * S - pw + _slots(K)
+    """involution_forward_last (involution_last.cu): a lane two adjacent pixels of a row (the
+    second past the row where the width is odd: summed, not stored); the warp's records, both
+    pixels' of each lane, copied into shared memory; per kernel row the K + S input vectors the
+    two pixels read (every one loaded: a column outside the image reads the sample's first
+    pixel), and per column inside the image a shared-memory load of the weight and LANES
+    multiply-adds for each pixel whose tap it is; a vector store per pixel in the row. Vectors
+    traced by their first element."""
+    total, C, H, W, G, OH, OW, ph, pw = launch.scalars
+    K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
+    es = launch.dtype.itemsize
+    lanes = 16 // es
+    parts = C // G // lanes
+    pairs = -(-OW // 2)
+    unit, part = item // parts, item % parts
+    g, run = unit % G, unit // G
+    j, i, n = run % pairs * 2, (run // pairs) % OH, run // (pairs * OH)
+    pixel = (n * OH + i) * OW + j
+    c0 = g * (C // G) + part * lanes
+    record = pixel * G + g
+    second = j + 1 < OW
+    first_record = record[..., :1]
+    last_record = torch.where(second, record + G, record).max(dim=-1, keepdim=True).values
+    slot = record - first_record
+    _warp_copy(t, 1, first_record * K * K, (last_record - first_record + 1) * K * K, 2 * (32 // parts) * K * K, es,
+               lanes, to_global=False)
+    second_slot = torch.where(second, slot + G, slot)
+    c = _slots(K + S)
+    x = j * S - pw + c
     for a in range(K):
         y = i * S - ph + a
         inside = (y >= 0) & (y < H) & (x >= 0) & (x < W)
         t.load(0, torch.where(inside, ((n * H + y) * W + x) * C + c0, c0), True, es)
-        t.shared(slot * K * K + a * K + _slots(K), inside, es)
-        t.fma(inside, lanes)
+        first_tap, second_tap = inside & (c < K), inside & (c >= S)
+        t.shared(slot * K * K + a * K + c, first_tap, es)
+        t.fma(first_tap, lanes)
+        t.shared(second_slot * K * K + a * K + c - S, second_tap, es)
+        t.fma(second_tap, lanes)
     t.store(2, pixel * C + c0, True, es)
+    t.store(2, (pixel + 1) * C + c0, second, es)
 
 
 def _backward_weight_last(t: _Tally, item: Tensor, launch: Launch) -> None:

@@ -345,6 +345,30 @@ def test_the_vectors_grad_weight_trace_counts_a_launch_counted_by_hand():
     assert work.fma_requests == inside * 4 * 12
 
 
+def test_the_lanes_on_channels_forward_trace_counts_a_launch_counted_by_hand():
+    """involution_last.cu's forward at a 1x3 map of 16 float32 channels (4 lanes a group), a
+    3x3 kernel, padding 1: two pixels a lane, so 8 work items, warp 0's first 8 lanes: lanes
+    0-3 pixels 0 and 1, lanes 4-7 pixel 2 and one past the row. The warp's records 0 to 2, 27
+    floats, copied as 6 vectors and 3 values (a load and a shared store each). Every lane loads
+    the 4 input columns of each of the 3 kernel rows; only the middle row lies in the image,
+    where the first pixels' taps are columns 0-2 (pixel 0: 1-2, pixel 2: 0-1) and the second
+    pixels' columns 1-3 (a shared read and 4 multiply-adds a column each); one store for the
+    first pixels, one for the second pixels of lanes 0-3."""
+    from oplib.kernels.involution import cuda as involution_cuda
+    from oplib.kernels.involution.layouts import as_pixel_major
+
+    x = torch.randn(1, 16, 1, 3).to(memory_format=torch.channels_last)
+    w = as_pixel_major(torch.randn(1, 1, 3, 3, 1, 3))
+    recording = device_model.RecordingLauncher()
+    out = torch.empty(1, 16, 1, 3).to(memory_format=torch.channels_last)
+    assert involution_cuda.involution_last(x, w, [1, 1], [1, 1], [1, 1], out, recording) is not None
+    (launch,) = recording.launches
+    assert launch.kernel == "involution_forward_last" and launch.scalars[0] == 8
+    work = device_model.kernel_work(launch)
+    assert (work.load_requests, work.store_requests) == (2 + 3 * 4, 2)
+    assert (work.shared_requests, work.fma_requests) == (2 + 3 + 3, (3 + 3) * 4)
+
+
 def test_the_lanes_on_channels_grad_input_trace_counts_a_launch_counted_by_hand():
     """involution_last.cu's grad_input at a 1x4 map of 16 float32 channels (4 vectors a pixel:
     a block a segment of 64 pixels of a band of 2 rows, one block, 8 warps, the first 16 lanes

@@ -410,10 +410,12 @@ def _last_serves(source: KernelSource, kernel_size, stride, dilation, activation
 
 
 def _launch_last(kernel: str, activations: tuple[Tensor, Tensor], weight: Tensor, input_shape, groups: int,
-                 kernel_size, stride, padding, dilation, out: Tensor, launcher: Optional[Launcher]) -> Optional[Tensor]:
+                 kernel_size, stride, padding, dilation, out: Tensor, launcher: Optional[Launcher],
+                 columns: int = 1) -> Optional[Tensor]:
     """Launch ``kernel`` of ``involution_last.cu`` into ``out`` over the output pixels of the
-    pixel-major ``weight`` (the tensor read or written there), or None, nothing launched, where
-    it declines: what ``_last_serves`` declines, more work items than an int counts."""
+    pixel-major ``weight`` (the tensor read or written there), ``columns`` adjacent pixels of a
+    row a work item, or None, nothing launched, where it declines: what ``_last_serves``
+    declines, more work items than an int counts."""
     source = load_source(LAST_SOURCE)
     n, channels, height, width = input_shape
     served = _last_serves(source, kernel_size, stride, dilation, activations, weight, channels, groups)
@@ -421,7 +423,7 @@ def _launch_last(kernel: str, activations: tuple[Tensor, Tensor], weight: Tensor
         return None
     specialisation, parts = served
     out_h, out_w = weight.shape[4:]
-    threads = n * out_h * out_w * groups * parts
+    threads = n * out_h * -(-out_w // columns) * groups * parts
     if threads > POLICY.index32_limit:  # the kernel counts its work items in an int
         return None
     operands = tuple(t for t in (*activations, weight) if t is not out)
@@ -434,11 +436,13 @@ def involution_last(input: Tensor, weight: Tensor, stride, padding, dilation, ou
                     launcher: Optional[Launcher] = None) -> Optional[Tensor]:
     """input: (N, C, H, W) channels_last, weight: (N, G, K, K, Ho, Wo) pixel-major -> out:
     (N, C, Ho, Wo) channels_last, by the kernel whose lanes each own a 16-byte vector of a
-    group's channels, the warp's weights staged in shared memory; None, out untouched, where it
-    declines (``_launch_last``). The same bits as ``involution``'s chunked kernel."""
+    group's channels at ``LAST_FORWARD_COLUMNS`` adjacent pixels of a row, the warp's weights
+    staged in shared memory; None, out untouched, where it declines (``_launch_last``). The
+    same bits as ``involution``'s chunked kernel."""
     groups, kh, kw = weight.shape[1:4]
+    columns = load_source(LAST_SOURCE).constants["LAST_FORWARD_COLUMNS"]
     return _launch_last("involution_forward_last", (input, out), weight, input.shape, groups, (kh, kw), stride,
-                        padding, dilation, out, launcher)
+                        padding, dilation, out, launcher, columns)
 
 
 def involution_last_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation,

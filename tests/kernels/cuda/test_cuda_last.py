@@ -1,8 +1,9 @@
 """A lane a 16-byte vector of a group's channels in channels_last calls (the ``LAST`` policy,
-DCNv4's mapping). involution_last.cu's forward (the warp's weights staged in shared memory) and
-grad_weight (the group summed by shuffles) through the host emulation: against the float64
-reference on random geometries (every instantiation and dtype, any padding, groups of 2 to 32
-lanes, partial last warps, weights aligned to a vector and not), the forward bit for bit
+DCNv4's mapping). involution_last.cu's forward (two adjacent pixels a lane, the warp's weights
+staged in shared memory) and grad_weight (the group summed by shuffles) through the host
+emulation: against the float64 reference on random geometries (every instantiation and dtype,
+any padding, groups of 2 to 32 lanes, partial last warps, weights aligned to a vector and not,
+odd widths: a forward pair with a pixel past the row), the forward bit for bit
 against involution.cu's chunked kernel, infinite values at taps outside the image, the
 registry's samples and the calls they decline, the ops' dispatch under the policy,
 AddressSanitizer, and planted bugs these checks catch; and on a GPU. grad_input (a block a
@@ -421,7 +422,16 @@ def test_last_on_a_gpu_matches_the_reference(kind):
 PLANTS = {
     "row-bound-one-past": (("forward", "grad_weight"), "return y >= 0 && y < height;", "return y >= 0 && y <= height;"),
     "column-bound-one-past": (("forward", "grad_weight"), "x0 + b >= 0 && x0 + b < width", "x0 + b >= 0 && x0 + b <= width"),
-    "outside-taps-added": (("forward",), "if (!((inside >> b) & 1u)) continue;", ";"),
+    "outside-taps-added": (("forward",), "if (!((inside >> c) & 1u)) continue;", ";"),
+    # the forward's second pixel: its weights, the warp's last record (the last lane's second
+    # pixel's), and a second pixel past the row stored (into the next row's first pixel, and
+    # past the tensor at the last row)
+    "second-pixel-weights-of-the-first": (("forward",), "second_taps[a * KERNEL + c - STRIDE]",
+                                          "((void)second_taps, taps)[a * KERNEL + c - STRIDE]"),
+    "warp-records-end-at-a-first-pixel": (("forward",), "second ? it.record + launch.G : it.record, last_lane",
+                                          "it.record, last_lane"),
+    "second-pixel-past-the-row-stored": (("forward",), "const bool second = it.active && it.j + 1 < launch.OW;",
+                                         "const bool second = it.active;"),
     "outside-sums-kept": (("grad_weight",), "if (!((inside >> b) & 1u)) sum[b] = 0;", ";"),
     "last-shuffle-skipped": (("grad_weight",), "if (offset >= parts) continue;", "if (offset >= parts / 2) continue;"),
     "next-row-not-advanced": (("grad_weight",), "row += W * C;\n                inside", "inside"),
@@ -447,8 +457,8 @@ PLANTS = {
                                        "if (!active) continue;"),
 }
 # (the copy and the staging one value past read past a tensor, and change no value read; the
-# band's row past the image writes past one)
-ACCESS_ONLY = {"copy-one-past", "staging-one-past", "band-row-past-the-image-stored"}
+# band's row past the image and the second pixel past the row write past one)
+ACCESS_ONLY = {"copy-one-past", "staging-one-past", "band-row-past-the-image-stored", "second-pixel-past-the-row-stored"}
 VALUE_PLANTS = [(kind, plant) for plant, (kinds, *_) in PLANTS.items() if plant not in ACCESS_ONLY for kind in kinds]
 ACCESS_PLANTS = [(kind, plant) for plant, (kinds, *_) in PLANTS.items()
                  if "bound" in plant or plant in ACCESS_ONLY for kind in kinds]
@@ -494,13 +504,14 @@ def test_last_is_clean_under_address_sanitizer():
 # Per kernel, a call whose over-reads leave the input or the weight: the last pixel's taps below
 # and right of the image, and the last warp's records end at the weight's end (grad_weight's
 # copy writes past its end; grad_input's last segment reads the last record, and its last band,
-# of an odd height, has a row past the image).
+# of an odd height, has a row past the image; the forward's last pair, of an odd width, has a
+# pixel past the row).
 ASAN_CALLS = {
     "forward": """
     last = torch.channels_last
-    x = torch.randn(1, 16, 4, 4).to(memory_format=last)
-    w = torch.randn(1, 4, 4, 1, 3, 3).permute(0, 3, 4, 5, 1, 2)
-    ops.involution_last(x, w, [1, 1], [1, 1], [1, 1], torch.empty(1, 16, 4, 4).to(memory_format=last), launcher)
+    x = torch.randn(1, 16, 4, 5).to(memory_format=last)
+    w = torch.randn(1, 4, 5, 1, 3, 3).permute(0, 3, 4, 5, 1, 2)
+    ops.involution_last(x, w, [1, 1], [1, 1], [1, 1], torch.empty(1, 16, 4, 5).to(memory_format=last), launcher)
 """,
     "grad_weight": """
     last = torch.channels_last

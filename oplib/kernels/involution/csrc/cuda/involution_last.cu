@@ -96,15 +96,17 @@ __device__ __forceinline__ unsigned int columns_inside(int x0, index_t width) {
     return mask;
 }
 
-// A kernel row's KERNEL input vectors, from `row` on (`step` values apart), with no branch
-// between the loads: a tap whose bit of `inside` is clear reads `elsewhere` instead (a pixel
-// of the image, the same line for every lane), and its sum is reset to +0 after.
-template <typename scalar_t, int KERNEL>
-__device__ __forceinline__ void load_row(Vector16<scalar_t>* values, const scalar_t* row, index_t step,
-                                         unsigned int inside, const scalar_t* elsewhere) {
+// values[u] = the vector at first + (start + u) step, for u < COUNT (and start + u < LIMIT),
+// loaded with no branch between: where bit start + u of `present` is clear, the vector at
+// `elsewhere` instead (a pixel of the tensor, the same line for every lane), whose term the
+// caller drops. Issued together, they are in flight at once.
+template <typename scalar_t, int COUNT, int LIMIT = COUNT>
+__device__ __forceinline__ void load_vectors(Vector16<scalar_t>* values, const scalar_t* first, index_t step, int start,
+                                             unsigned int present, const scalar_t* elsewhere) {
 #pragma unroll
-    for (int b = 0; b < KERNEL; ++b)
-        values[b] = *reinterpret_cast<const Vector16<scalar_t>*>((inside >> b) & 1u ? row + b * step : elsewhere);
+    for (int u = 0; u < COUNT && start + u < LIMIT; ++u)
+        values[u] = *reinterpret_cast<const Vector16<scalar_t>*>(
+            (present >> (start + u)) & 1u ? first + (start + u) * step : elsewhere);
 }
 
 // A lane's work item: a vector of channels of one group at one output pixel. Items run over
@@ -149,6 +151,28 @@ struct LastLaunch {
 
     // The records of the round from `base` (fewer in the last warp).
     __device__ __forceinline__ int records(int base) const { return (items - base < 32 ? items - base : 32) / parts; }
+
+    // The forward's work item: a vector of channels of one group at the output pixels (i, j)
+    // and (i, j + 1), j even (the second past the row where OW is odd). Items run over
+    // (n, i, j / 2, g, part), part fastest; `record` and `pixel` are the first pixel's, and a
+    // warp's records, both pixels' of each item, are consecutive in the weight (the slot is
+    // the caller's: a record's place from the warp's first).
+    __device__ __forceinline__ LastItem pair_item(int base, int lanes) const {
+        LastItem it;
+        const int item = base + lane, pairs = (OW + 1) / 2;
+        it.active = item < items;
+        const int unit = item / parts;
+        it.part = item - unit * parts;
+        const int g = unit % G, run = unit / G;
+        it.j = run % pairs * 2;
+        it.i = (run / pairs) % OH;
+        it.n = run / (pairs * OH);
+        it.pixel = (it.n * OH + it.i) * OW + it.j;
+        it.record = it.pixel * G + g;
+        it.slot = 0;
+        it.c0 = (index_t)g * (C / G) + it.part * lanes;
+        return it;
+    }
 };
 
 // to[0 .. count) = from[0 .. count) by a warp's lanes, adjacent lanes adjacent values: 16 bytes
@@ -166,10 +190,24 @@ __device__ __forceinline__ void warp_copy(scalar_t* to, const scalar_t* from, in
     for (int v = copied + lane; v < count; v += 32) to[v] = from[v];
 }
 
-// The forward: a lane owns a 16-byte vector of a group's channels at one output pixel; the
-// warp's records' weights are first copied whole into shared memory, then each tap is one
-// input load and a shared-memory read of its weight. The taps are added in involution.cu's
-// chunked kernel's order, those outside the image dropped: its bits.
+// The forward: a lane owns a 16-byte vector of a group's channels at two adjacent output
+// pixels of a row; the warp's records' weights (both pixels' of each lane) are first copied
+// whole into shared memory, then each input vector of a kernel row is one load, widened once,
+// and serves a tap of each pixel (column c of the row: tap c of the first, tap c - S of the
+// second), each a shared-memory read of its weight. The taps of each pixel are added in
+// involution.cu's chunked kernel's order, those outside the image dropped: its bits.
+//
+// Why two pixels: with a lane one pixel (this kernel before) each tap's input load, its
+// address and the 8 conversions of a bfloat16 vector served one tap; here the K + S vectors of
+// a kernel row serve 2K taps. The offline model counts 2.7 instructions a traced one against
+// 3.8 then (bfloat16, stride 1, sm_90) and predicts 0.72x of the time at RedNet-50's first
+// stage, float32 bound by DRAM at its first three (bench/results/cuda-model.md). The vectors
+// are loaded LAST_FORWARD_LOADED at a time, as grad_input's, within the 64 registers four
+// blocks leave. Pairs halve the grid: at RedNet-50's stage 4 (7 x 7 outputs) in bfloat16, 224
+// blocks at batch 32 for an H200's 132 SMs, the model puts this kernel slower than a pixel a
+// lane, as grad_input's bands there.
+constexpr int LAST_FORWARD_COLUMNS = 2;
+constexpr int LAST_FORWARD_LOADED = 2;
 
 // oplib-instantiate: involution_forward_last, involution_backward_weight_last, involution_backward_input_last
 // oplib-template: KERNEL = 3 | 5 | 7
@@ -182,40 +220,64 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_forw
     typedef typename Element<scalar_t>::acc_t acc_t;
     constexpr int LANES = Vector16<scalar_t>::lanes;
     constexpr int TAPS = KERNEL * KERNEL;
-    __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS][LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
+    constexpr int COLUMNS = KERNEL + STRIDE;  // the input columns of a kernel row the two pixels read
+    constexpr int LOADED = LAST_FORWARD_LOADED;
+    static_assert(LAST_FORWARD_COLUMNS == 2, "a lane's two pixels");
+    __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS]
+                                                [LAST_FORWARD_COLUMNS * LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
     const LastLaunch launch(total, channels, height, width, groups, out_h, out_w, LANES);
     const index_t C = launch.C, H = launch.H, W = launch.W;
     scalar_t* staged = reinterpret_cast<scalar_t*>(staged_vectors[launch.warp]);
     for (int base = launch.first; base < launch.items; base += launch.step) {
-        const LastItem it = launch.item(base, LANES);
-        warp_copy(staged, weight + (index_t)(base / launch.parts) * TAPS, launch.records(base) * TAPS, launch.lane);
+        const LastItem it = launch.pair_item(base, LANES);
+        const bool second = it.active && it.j + 1 < launch.OW;
+        // The warp's records: from lane 0's first to its last active lane's last.
+        const int last_lane = launch.items - base < 32 ? launch.items - base - 1 : 31;
+        const int first_record = __shfl_sync(OPLIB_FULL_WARP, it.record, 0);
+        const int last_record = __shfl_sync(OPLIB_FULL_WARP, second ? it.record + launch.G : it.record, last_lane);
+        warp_copy(staged, weight + (index_t)first_record * TAPS, (last_record - first_record + 1) * TAPS, launch.lane);
         __syncwarp();
         const int y0 = it.i * STRIDE - (int)pad_h, x0 = it.j * STRIDE - (int)pad_w;
-        const unsigned int columns = it.active ? columns_inside<KERNEL>(x0, W) : 0u;
-        const scalar_t* taps = staged + it.slot * TAPS;
+        const unsigned int columns = it.active ? columns_inside<COLUMNS>(x0, W) : 0u;
+        // A second pixel past the row reads the first's weights (its sums are not stored).
+        const scalar_t* taps = staged + (it.record - first_record) * TAPS;
+        const scalar_t* second_taps = second ? taps + launch.G * TAPS : taps;
         const scalar_t* row = input + (((index_t)it.n * H + y0) * W + x0) * C + it.c0;
-        acc_t sum[LANES];
+        acc_t sum[LAST_FORWARD_COLUMNS][LANES];
 #pragma unroll
-        for (int e = 0; e < LANES; ++e) sum[e] = 0;
+        for (int e = 0; e < LANES; ++e) sum[0][e] = sum[1][e] = 0;
         for (int a = 0; a < KERNEL; ++a, row += W * C) {
             const unsigned int inside = row_inside(y0 + a, H) ? columns : 0u;
-            Vector16<scalar_t> values[KERNEL];
-            load_row<scalar_t, KERNEL>(values, row, C, inside, input + it.c0);
 #pragma unroll
-            for (int b = 0; b < KERNEL; ++b) {
-                if (!((inside >> b) & 1u)) continue;
-                const acc_t w = widen(taps[a * KERNEL + b]);
-                acc_t x[LANES];
-                widen_vector<scalar_t>(x, values[b]);
+            for (int c0 = 0; c0 < COLUMNS; c0 += LOADED) {
+                Vector16<scalar_t> values[LOADED];
+                load_vectors<scalar_t, LOADED, COLUMNS>(values, row, C, c0, inside, input + it.c0);
 #pragma unroll
-                for (int e = 0; e < LANES; ++e) sum[e] = oplib_fma(w, x[e], sum[e]);
+                for (int u = 0; u < LOADED && c0 + u < COLUMNS; ++u) {
+                    const int c = c0 + u;
+                    if (!((inside >> c) & 1u)) continue;
+                    acc_t x[LANES];
+                    widen_vector<scalar_t>(x, values[u]);
+                    if (c < KERNEL) {
+                        const acc_t w = widen(taps[a * KERNEL + c]);
+#pragma unroll
+                        for (int e = 0; e < LANES; ++e) sum[0][e] = oplib_fma(w, x[e], sum[0][e]);
+                    }
+                    if (c >= STRIDE) {
+                        const acc_t w = widen(second_taps[a * KERNEL + c - STRIDE]);
+#pragma unroll
+                        for (int e = 0; e < LANES; ++e) sum[1][e] = oplib_fma(w, x[e], sum[1][e]);
+                    }
+                }
             }
         }
-        if (it.active) {
+#pragma unroll
+        for (int r = 0; r < LAST_FORWARD_COLUMNS; ++r) {
+            if (!(r == 0 ? it.active : second)) continue;
             Vector16<scalar_t> result;
 #pragma unroll
-            for (int e = 0; e < LANES; ++e) result.lane[e] = Element<scalar_t>::store(sum[e]);
-            *reinterpret_cast<Vector16<scalar_t>*>(output + (index_t)it.pixel * C + it.c0) = result;
+            for (int e = 0; e < LANES; ++e) result.lane[e] = Element<scalar_t>::store(sum[r][e]);
+            *reinterpret_cast<Vector16<scalar_t>*>(output + ((index_t)it.pixel + r) * C + it.c0) = result;
         }
         __syncwarp();  // the staging is free for the next round
     }
@@ -276,7 +338,7 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
         // sm_120 (one load in flight where a row has seven).
         unsigned int inside = row_inside(y0, H) ? columns : 0u;
         Vector16<scalar_t> values[KERNEL];
-        load_row<scalar_t, KERNEL>(values, row, C, inside, input + c0);
+        load_vectors<scalar_t, KERNEL>(values, row, C, 0, inside, input + c0);
         for (int a = 0; a < KERNEL; ++a) {
             acc_t sum[KERNEL];
 #pragma unroll
@@ -291,7 +353,7 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
             if (a + 1 < KERNEL) {
                 row += W * C;
                 inside = row_inside(y0 + a + 1, H) ? columns : 0u;
-                load_row<scalar_t, KERNEL>(values, row, C, inside, input + c0);
+                load_vectors<scalar_t, KERNEL>(values, row, C, 0, inside, input + c0);
             }
             // The group's parts are adjacent lanes from a multiple of `parts` on: sum over them.
 #pragma unroll
@@ -434,10 +496,7 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_back
 #pragma unroll
             for (int t0 = 0; t0 < PHASE_TAPS; t0 += LOADED) {
                 Vector16<scalar_t> values[LOADED];
-#pragma unroll
-                for (int u = 0; u < LOADED && t0 + u < PHASE_TAPS; ++u)  // loaded together, no branch between
-                    values[u] = *reinterpret_cast<const Vector16<scalar_t>*>(
-                        (taps >> (t0 + u)) & 1u ? column - (t0 + u) * C : grad_output + c0);
+                load_vectors<scalar_t, LOADED, PHASE_TAPS>(values, column, -C, t0, taps, grad_output + c0);
 #pragma unroll
                 for (int u = 0; u < LOADED && t0 + u < PHASE_TAPS; ++u) {
                     const int t = t0 + u;
