@@ -99,7 +99,9 @@ __device__ __forceinline__ unsigned int columns_inside(int x0, index_t width) {
 // values[u] = the vector at first + (start + u) step, for u < COUNT (and start + u < LIMIT),
 // loaded with no branch between: where bit start + u of `present` is clear, the vector at
 // `elsewhere` instead (a pixel of the tensor, the same line for every lane), whose term the
-// caller drops. Issued together, they are in flight at once.
+// caller drops. So that they can be in flight at once: grad_weight's and grad_input's are
+// (sm_90's SASS); the forward's, each used only inside its tap's branch, ptxas moves into the
+// branches, one load in flight, as it did when a lane took one pixel.
 template <typename scalar_t, int COUNT, int LIMIT = COUNT>
 __device__ __forceinline__ void load_vectors(Vector16<scalar_t>* values, const scalar_t* first, index_t step, int start,
                                              unsigned int present, const scalar_t* elsewhere) {
