@@ -408,14 +408,14 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
 // lane loads its taps' grad_output vectors LAST_GRAD_INPUT_LOADED at a time: with more in
 // registers at once beside the band's sums, ptxas took more than the 64 registers four blocks
 // an SM leave and spilled (all of a row's: float32, and bfloat16 at stride 2, on sm_90; four:
-// float16 on sm_75, sm_80 and sm_90; three: float16 still), and the offline model finds the
-// kernel bound by instruction issue, not by its loads' latency, at two. A band's row past the
-// image (the last band of an odd height) is summed like the others and not stored: testing for
-// it at each tap took more instructions everywhere and spilled at stride 2 (sm_90), where the
-// row's sums are wasted only at the one RedNet-50 row of odd height (stage 4, 7 x 7). There, in
-// bfloat16, the bands leave 256 blocks at batch 32 for an H200's 132 SMs, too few warps to
-// issue from, and the model puts this kernel slower than a block a row: the one RedNet-50 row
-// where it does.
+// float16 on sm_75 to sm_90, bfloat16 on sm_75 and sm_80; three: float16 on sm_75, sm_80 and
+// sm_90), and the offline model finds the kernel bound by instruction issue, not by its loads'
+// latency, at two. A band's row past the image (the last band of an odd height) is summed like
+// the others and not stored: testing for it at each tap took more instructions everywhere and
+// spilled at stride 2 (sm_90), where the row's sums are wasted only at the one RedNet-50 row of
+// odd height (stage 4, 7 x 7). There, in bfloat16, the bands leave 256 blocks at batch 32 for an
+// H200's 132 SMs, too few warps to issue from, and the model puts this kernel slower than a
+// block a row: the one RedNet-50 row where it does.
 constexpr int LAST_GRAD_INPUT_ROWS = 2;
 constexpr int LAST_GRAD_INPUT_LOADED = 2;
 
