@@ -1513,9 +1513,11 @@ def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     reads the sample's first) and, where the tap has one, for each of the band's rows that takes
     a kernel row of the output row a shared-memory read of its weight and LANES multiply-adds;
     a vector store per row of the band in the image. Vectors traced by their first element."""
+    from ..kernels.cuda_source import load_source
+
     total, C, H, W, G, OH, OW, ph, pw = launch.scalars
     K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
-    rows = _last_grad_input_rows()
+    rows = load_source(launch.source).constants["LAST_GRAD_INPUT_ROWS"]
     run = rows * K
     es = launch.dtype.itemsize
     lanes = 16 // es
@@ -1558,13 +1560,6 @@ def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     for r in range(rows):
         t.store(2, ((n * H + y_first + r) * W + x) * C + c0, active & (y_first + r < H), es)
 
-
-@functools.cache
-def _last_grad_input_rows() -> int:
-    """involution_last.cu's LAST_GRAD_INPUT_ROWS: the input rows of a grad_input block's band."""
-    from ..kernels.cuda_source import load_source
-
-    return load_source("involution/csrc/cuda/involution_last.cu").constants["LAST_GRAD_INPUT_ROWS"]
 
 
 def _feature_pair_loads(t: _Tally, at, r, inside, R: int, fsc: int, feature_words: bool, es: int) -> None:
