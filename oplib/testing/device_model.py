@@ -1423,24 +1423,55 @@ def _last_item(item: Tensor, launch: Launch):
 
 
 def _warp_copy(t: _Tally, tensor: int, start: Tensor, values: Tensor, most: int, es: int, lanes: int,
-               to_global: bool) -> None:
-    """``warp_copy`` of involution_last.cu between the warp's staging and ``values`` elements of
-    tensor argument ``tensor`` from ``start`` (at most ``most``): 16-byte vectors where the
-    global end is aligned to them (the tensor's start is), then a value a lane."""
+               to_global: bool, staged: Tensor | int = 0) -> None:
+    """``warp_copy`` of involution_last.cu between the warp's staging from element ``staged``
+    and ``values`` elements of tensor argument ``tensor`` from ``start`` (at most ``most``):
+    16-byte vectors where both ends are aligned to them (the tensor's start and the staging's
+    are), then a value a lane."""
     lane = torch.arange(32)
-    vectors = torch.where((start * es) % 16 == 0, values // lanes, 0)
+    vectors = torch.where((start * es) % 16 + (staged * es) % 16 == 0, values // lanes, 0)
     v = lane + 32 * _slots(-(-most // lanes // 32))
-    t.shared(v * lanes, v < vectors, es * lanes)
+    t.shared(staged + v * lanes, v < vectors, es * lanes)
     (t.store if to_global else t.load)(tensor, start + v * lanes, v < vectors, es)
     v = vectors * lanes + lane + 32 * _slots(-(-most // 32))
-    t.shared(v, v < values, es)
+    t.shared(staged + v, v < values, es)
     (t.store if to_global else t.load)(tensor, start + v, v < values, es)
+
+
+def _pair_runs(base: Tensor, total: int, parts: int, G: int, OW: int) -> list[tuple[Tensor, Tensor]]:
+    """``LastLaunch::pair_records`` of involution_last.cu: the (start, end) records of the up to
+    three runs of the warp's pair items from ``base`` (empty where they are equal)."""
+    pairs = -(-OW // 2)
+    last_lane = (total - base).clamp(max=32) - 1
+    unit0, unit1 = base // parts, (base + last_lane) // parts
+    pair0, pair1 = unit0 // G, unit1 // G
+    group0, group1 = unit0 - pair0 * G, unit1 - pair1 * G
+    j0, j1 = pair0 % pairs * 2, pair1 % pairs * 2
+    pixel0, pixel1 = pair0 // pairs * OW + j0, pair1 // pairs * OW + j1
+    one_pair = pair0 == pair1
+    start0 = pixel0 * G + group0
+    end2 = torch.where(j1 + 1 < OW, pixel1 + 1, pixel1) * G + group1 + 1
+    hole0 = (j0 + 1 < OW) & torch.where(one_pair, group1 - group0 + 1 < G, group0 > 0)
+    hole1 = (j1 + 1 < OW) & ~one_pair & (group1 + 1 < G)
+    end0 = torch.where(hole0, pixel0 * G + torch.where(one_pair, group1 + 1, G), start0)
+    start1 = torch.where(hole0, (pixel0 + 1) * G + group0, start0)
+    end1 = torch.where(hole1, pixel1 * G + group1 + 1, end2)
+    start2 = torch.where(hole1, (pixel1 + 1) * G, end2)
+    return [(start0, end0), (start1, end1), (start2, end2)]
+
+
+def _pair_position(record: Tensor, runs: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """``PairRecords::position``: where ``record`` lies in the staging, in records."""
+    (start0, end0), (start1, end1), (start2, _) = runs
+    return (record - start0 - torch.where(record >= start1, start1 - end0, 0)
+            - torch.where(record >= start2, start2 - end1, 0))
 
 
 def _forward_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_forward_last (involution_last.cu): a lane two adjacent pixels of a row (the
     second past the row where the width is odd: summed, not stored); the warp's records, both
-    pixels' of each lane, copied into shared memory; per kernel row the K + S input vectors the
+    pixels' of each lane, copied into shared memory in up to three runs (``_pair_runs``); per
+    kernel row the K + S input vectors the
     two pixels read (every one loaded: a column outside the image reads the sample's first
     pixel), and per column inside the image a shared-memory load of the weight and LANES
     multiply-adds for each pixel whose tap it is; a vector store per pixel in the row. Vectors
@@ -1458,12 +1489,14 @@ def _forward_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     c0 = g * (C // G) + part * lanes
     record = pixel * G + g
     second = j + 1 < OW
-    first_record = record[..., :1]
-    last_record = torch.where(second, record + G, record).max(dim=-1, keepdim=True).values
-    slot = record - first_record
-    _warp_copy(t, 1, first_record * K * K, (last_record - first_record + 1) * K * K, 2 * (32 // parts) * K * K, es,
-               lanes, to_global=False)
-    second_slot = torch.where(second, slot + G, slot)
+    runs = _pair_runs(item - torch.arange(32), total, parts, G, OW)
+    staged = 0
+    for start, end in runs:
+        _warp_copy(t, 1, start * K * K, (end - start) * K * K, 2 * (32 // parts) * K * K, es, lanes, to_global=False,
+                   staged=staged * K * K)
+        staged = staged + end - start
+    slot = _pair_position(record, runs)
+    second_slot = torch.where(second, _pair_position(record + G, runs), slot)
     c = _slots(K + S)
     x = j * S - pw + c
     for a in range(K):

@@ -169,6 +169,38 @@ def test_every_grouping_and_both_copies_are_exercised():
     assert {2, 4, 8, 16, 32} <= parts and misaligned == {True, False}
 
 
+def _check_pairs_of_many_groups(launcher, device: str = "cpu") -> None:
+    """The forward where a warp takes part of a pair's groups: 32 groups of 16 channels
+    (RedNet-50's stage 4; a warp half a pair's in bfloat16, a quarter in float32) and 5 (a
+    warp's units straddle pairs, from a group past the first pair's first to one before the last
+    pair's last), an odd width (a last pair of one pixel), every instantiation and dtype: the
+    float64 reference and the chunked kernel's bits. Staged as the span from the warp's first
+    record to its last, these warps overran their staging (a crash in the emulation)."""
+    spec = registry.get(FORWARD.op)
+    for kernel, stride in _instantiations(FORWARD):
+        for dtype in registry.FLOAT_DTYPES:
+            for groups in (5, 32):
+                generator = torch.Generator().manual_seed(groups * 100 + kernel * 10 + stride)
+                pad = (kernel - 1) // 2
+                input = torch.randn(2, groups * 16, 3, 5, dtype=dtype, generator=generator)
+                out_h, out_w = (3 + 2 * pad - kernel) // stride + 1, (5 + 2 * pad - kernel) // stride + 1
+                weight = torch.randn(2, groups, kernel, kernel, out_h, out_w, dtype=dtype, generator=generator)
+                cpu_args = (input.to(memory_format=LAST), as_pixel_major(weight), [stride, stride], [pad, pad], [1, 1])
+                args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in cpu_args)
+                out = FORWARD.launch(*args, _result(args, FORWARD), launcher)
+                assert out is not None
+                name = f"k{kernel}-s{stride}-{dtype}-{groups}-groups"
+                assert_matches_reference(spec, registry.SampleInput(cpu_args, name), out.cpu(), dtype)
+                chunked = involution_cuda.involution(*args, _result(args, FORWARD),
+                                                     EmulatedLauncher() if device == "cpu" else None,
+                                                     involution_cuda.CHUNKED)
+                assert torch.equal(out, chunked), name
+
+
+def test_the_forward_stages_warps_that_take_part_of_a_pair():
+    _check_pairs_of_many_groups(EmulatedLauncher())
+
+
 def _infinite_grad_output(launcher, dtypes=registry.FLOAT_DTYPES) -> None:
     """An infinite grad_output in one channel at the corner pixel: its taps inside the image
     are infinite, with the chunked kernel's signs, and those outside are +0 (bits zero), what
@@ -412,6 +444,13 @@ def test_last_on_a_gpu_matches_the_reference(kind):
                     assert torch.equal(out, chunked), name
 
 
+@pytest.mark.needs_cuda
+def test_the_forward_stages_warps_that_take_part_of_a_pair_on_a_gpu():
+    from oplib.kernels import cupy_launcher
+
+    _check_pairs_of_many_groups(cupy_launcher(), "cuda")
+
+
 # Bugs a review could miss, and the kernels each reaches. All but the two "one-past" ones change
 # values, which the reference check must catch; the two bounds also read past the input (the
 # row below the image, the pixel past a row's end, past the tensor at the last sample), the
@@ -423,13 +462,19 @@ PLANTS = {
     "row-bound-one-past": (("forward", "grad_weight"), "return y >= 0 && y < height;", "return y >= 0 && y <= height;"),
     "column-bound-one-past": (("forward", "grad_weight"), "x0 + b >= 0 && x0 + b < width", "x0 + b >= 0 && x0 + b <= width"),
     "outside-taps-added": (("forward",), "if (!((inside >> c) & 1u)) continue;", ";"),
-    # the forward's second pixel: its weights, the warp's last record (the last lane's second
-    # pixel's), and a second pixel past the row stored (into the next row's first pixel, and
-    # past the tensor at the last row)
+    # the forward's second pixel: its weights, and a second pixel past the row stored (into the
+    # next row's first pixel, and past the tensor at the last row)
     "second-pixel-weights-of-the-first": (("forward",), "second_taps[a * KERNEL + c - STRIDE]",
                                           "((void)second_taps, taps)[a * KERNEL + c - STRIDE]"),
-    "warp-records-end-at-a-first-pixel": (("forward",), "second ? it.record + launch.G : it.record, last_lane",
-                                          "it.record, last_lane"),
+    # the warp's runs of records: the last ending at its last pair's first pixel, the second
+    # starting a record late (the first pair's second pixel's record after the hole not staged)
+    # and ending a record early (the last pair's first pixel's last record not staged)
+    "warp-records-end-at-a-first-pixel": (("forward",), "runs.end[2] = (two1 ? pixel1 + 1 : pixel1) * G",
+                                          "runs.end[2] = pixel1 * G"),
+    "second-run-a-record-late": (("forward",), "runs.start[1] = (pixel0 + 1) * G + group0;",
+                                 "runs.start[1] = (pixel0 + 1) * G + group0 + 1;"),
+    "second-run-a-record-short": (("forward",), "runs.end[1] = pixel1 * G + group1 + 1;",
+                                  "runs.end[1] = pixel1 * G + group1;"),
     "second-pixel-past-the-row-stored": (("forward",), "const bool second = it.active && it.j + 1 < launch.OW;",
                                          "const bool second = it.active;"),
     "outside-sums-kept": (("grad_weight",), "if (!((inside >> b) & 1u)) sum[b] = 0;", ";"),

@@ -121,6 +121,28 @@ struct LastItem {
     index_t c0;                               // the vector's first channel
 };
 
+// The weight's records of a warp's pair items, in order: a unit (a pair, a group g) reads its
+// first pixel's record, pixel * G + g, and where its second pixel lies inside the row the
+// second's, G records on. From the warp's first unit's first record to its last unit's last
+// they are contiguous but where the warp takes part of a pair's groups: the first pair's groups
+// before the warp's first unit, at its second pixel, and the last pair's groups after the
+// warp's last unit, at its first pixel (or, both pairs one, its groups outside the warp between
+// its two pixels). So up to three runs, run r the records [start[r], end[r]) (empty where the
+// two are equal; one run where the warp takes whole pairs), staged one after another: at most
+// two records a unit. Staged whole from the first to the last, the span at 32 groups of 16
+// channels (RedNet-50's stage 4) in bfloat16 was 48 records for a staging of 32.
+struct PairRecords {
+    int start[3], end[3];
+
+    // Where `record`, one of the runs', lies in the staging, in records.
+    __device__ __forceinline__ int position(int record) const {
+        int at = record - start[0];
+        if (record >= start[1]) at -= start[1] - end[0];
+        if (record >= start[2]) at -= start[2] - end[1];
+        return at;
+    }
+};
+
 // A launch's sizes as the kernels use them (work items in 32 bits: the host keeps them below
 // 2^31 with a grid to spare; sizes that scale offsets in 64), the calling lane and warp, and
 // the warp's first round of the grid-stride loop over warps.
@@ -156,9 +178,8 @@ struct LastLaunch {
 
     // The forward's work item: a vector of channels of one group at the output pixels (i, j)
     // and (i, j + 1), j even (the second past the row where OW is odd). Items run over
-    // (n, i, j / 2, g, part), part fastest; `record` and `pixel` are the first pixel's, and a
-    // warp's records, both pixels' of each item, are consecutive in the weight (the slot is
-    // the caller's: a record's place from the warp's first).
+    // (n, i, j / 2, g, part), part fastest; `record` and `pixel` are the first pixel's (the
+    // warp's records, both pixels' of each item, and their places in the staging: PairRecords).
     __device__ __forceinline__ LastItem pair_item(int base, int lanes) const {
         LastItem it;
         const int item = base + lane, pairs = (OW + 1) / 2;
@@ -175,7 +196,33 @@ struct LastLaunch {
         it.c0 = (index_t)g * (C / G) + it.part * lanes;
         return it;
     }
+
+    // The records of the warp's pair items in the round from `base` (PairRecords).
+    __device__ __forceinline__ PairRecords pair_records(int base) const;
 };
+
+__device__ __forceinline__ PairRecords LastLaunch::pair_records(int base) const {
+    const int pairs = (OW + 1) / 2, last_lane = (items - base < 32 ? items - base : 32) - 1;
+    const int unit0 = base / parts, unit1 = (base + last_lane) / parts;  // the first and last units
+    const int pair0 = unit0 / G, pair1 = unit1 / G, group0 = unit0 - pair0 * G, group1 = unit1 - pair1 * G;
+    const int j0 = pair0 % pairs * 2, j1 = pair1 % pairs * 2;
+    const int pixel0 = pair0 / pairs * OW + j0, pixel1 = pair1 / pairs * OW + j1;  // the pairs' first pixels
+    const bool two0 = j0 + 1 < OW, two1 = j1 + 1 < OW;
+    PairRecords runs;
+    runs.start[0] = pixel0 * G + group0;
+    runs.end[2] = (two1 ? pixel1 + 1 : pixel1) * G + group1 + 1;
+    runs.end[0] = runs.start[1] = runs.start[0];
+    runs.end[1] = runs.start[2] = runs.end[2];
+    if (two0 && (pair0 == pair1 ? group1 - group0 + 1 < G : group0 > 0)) {
+        runs.end[0] = pixel0 * G + (pair0 == pair1 ? group1 + 1 : G);
+        runs.start[1] = (pixel0 + 1) * G + group0;
+    }
+    if (two1 && pair0 != pair1 && group1 + 1 < G) {
+        runs.end[1] = pixel1 * G + group1 + 1;
+        runs.start[2] = (pixel1 + 1) * G;
+    }
+    return runs;
+}
 
 // to[0 .. count) = from[0 .. count) by a warp's lanes, adjacent lanes adjacent values: 16 bytes
 // a lane where both ends are aligned to them, then a value a lane for the rest.
@@ -194,9 +241,9 @@ __device__ __forceinline__ void warp_copy(scalar_t* to, const scalar_t* from, in
 
 // The forward: a lane owns a 16-byte vector of a group's channels at two adjacent output
 // pixels of a row; the warp's records' weights (both pixels' of each lane) are first copied
-// whole into shared memory, then each input vector of a kernel row is one load, widened once,
-// and serves a tap of each pixel (column c of the row: tap c of the first, tap c - S of the
-// second), each a shared-memory read of its weight. The taps of each pixel are added in
+// into shared memory in whole runs (PairRecords), then each input vector of a kernel row is
+// one load, widened once, and serves a tap of each pixel (column c of the row: tap c of the
+// first, tap c - S of the second), each a shared-memory read of its weight. The taps of each pixel are added in
 // involution.cu's chunked kernel's order, those outside the image dropped: its bits.
 //
 // Why two pixels: with a lane one pixel (this kernel before) each tap's input load, its
@@ -211,11 +258,19 @@ __device__ __forceinline__ void warp_copy(scalar_t* to, const scalar_t* from, in
 constexpr int LAST_FORWARD_COLUMNS = 2;
 constexpr int LAST_FORWARD_LOADED = 2;
 
+// The forward's blocks an SM is asked to hold: float64's took more registers than four blocks
+// leave once a warp's records were staged in runs (16 bytes spilled on sm_75, sm_80 and sm_90),
+// so three there.
+template <typename scalar_t>
+struct LastForwardMinBlocks {
+    static constexpr int value = sizeof(scalar_t) == 8 ? 3 : LAST_MIN_BLOCKS;
+};
+
 // oplib-instantiate: involution_forward_last, involution_backward_weight_last, involution_backward_input_last
 // oplib-template: KERNEL = 3 | 5 | 7
 // oplib-template: STRIDE = 1 | 2
 template <typename scalar_t, int KERNEL, int STRIDE>
-__global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_forward_last(
+__global__ void __launch_bounds__(LAST_THREADS, LastForwardMinBlocks<scalar_t>::value) involution_forward_last(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ weight, scalar_t* __restrict__ output,
     index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t out_w,
     index_t pad_h, index_t pad_w) {
@@ -231,19 +286,28 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_forw
     const index_t C = launch.C, H = launch.H, W = launch.W;
     scalar_t* staged = reinterpret_cast<scalar_t*>(staged_vectors[launch.warp]);
     for (int base = launch.first; base < launch.items; base += launch.step) {
+        // The runs' bounds are computed again where used, and the item after the copy: live
+        // across it, they took registers the taps' loop needed (spills at 64 a thread).
+#pragma unroll 1
+        for (int r = 0; r < 3; ++r) {
+            const PairRecords records = launch.pair_records(base);
+            // selects, not records.start[r]: an array indexed by the loop's counter would live
+            // in local memory
+            const int start = r == 0 ? records.start[0] : r == 1 ? records.start[1] : records.start[2];
+            const int count = (r == 0 ? records.end[0] : r == 1 ? records.end[1] : records.end[2]) - start;
+            warp_copy(staged + records.position(start) * TAPS, weight + (index_t)start * TAPS, count * TAPS,
+                      launch.lane);
+        }
+        __syncwarp();
         const LastItem it = launch.pair_item(base, LANES);
         const bool second = it.active && it.j + 1 < launch.OW;
-        // The warp's records: from lane 0's first to its last active lane's last.
-        const int last_lane = launch.items - base < 32 ? launch.items - base - 1 : 31;
-        const int first_record = __shfl_sync(OPLIB_FULL_WARP, it.record, 0);
-        const int last_record = __shfl_sync(OPLIB_FULL_WARP, second ? it.record + launch.G : it.record, last_lane);
-        warp_copy(staged, weight + (index_t)first_record * TAPS, (last_record - first_record + 1) * TAPS, launch.lane);
-        __syncwarp();
         const int y0 = it.i * STRIDE - (int)pad_h, x0 = it.j * STRIDE - (int)pad_w;
         const unsigned int columns = it.active ? columns_inside<COLUMNS>(x0, W) : 0u;
         // A second pixel past the row reads the first's weights (its sums are not stored).
-        const scalar_t* taps = staged + (it.record - first_record) * TAPS;
-        const scalar_t* second_taps = second ? taps + launch.G * TAPS : taps;
+        const PairRecords records = launch.pair_records(base);
+        const int first_at = records.position(it.record);
+        const scalar_t* taps = staged + first_at * TAPS;
+        const scalar_t* second_taps = taps + (second ? records.position(it.record + launch.G) - first_at : 0) * TAPS;
         const scalar_t* row = input + (((index_t)it.n * H + y0) * W + x0) * C + it.c0;
         acc_t sum[LAST_FORWARD_COLUMNS][LANES];
 #pragma unroll
