@@ -4,8 +4,9 @@
 
 Each registry sample and a few random geometries, forward and (where the op has one) backward,
 float32 and bfloat16, NCHW and channels_last inputs; then the kernels no op takes by default
-(involution_last.cu's channels_last forward and grad_weight, under the ``LAST`` policy) on
-random geometries of every instantiation, and generated_mma.cu's generator gradients (which the
+(involution_last.cu's channels_last kernels, under the ``LAST`` policy) on random geometries
+of every instantiation and the forward where a warp takes part of a pair's groups (shared
+memory the emulation does not bound), and generated_mma.cu's generator gradients (which the
 ops take in bfloat16 backward) on its tests' RedNet geometries: both stagings of the input,
 both loads of grad_output, R over two ranges. The sanitizer reports any out-of-bounds or misaligned access
 of the kernels. The values are checked by the tests; this only launches. ``--device cpu``
@@ -53,7 +54,8 @@ def launch_every_op(device: str = "cuda") -> int:
 
 def launch_unrouted_kernels(device: str = "cuda", cases: int = 2) -> int:
     """involution_last.cu's kernels on ``cases`` random channels_last geometries of each
-    instantiation, float32 and bfloat16 (``test_cuda_last``'s), and the generator gradients'
+    instantiation, float32 and bfloat16 (``test_cuda_last``'s), its forward on
+    ``test_cuda_last.pairs_of_many_groups``, and the generator gradients'
     tensor-core kernel on ``test_cuda_generated_mma_generator``'s geometries: CuPy's launch on a
     GPU, the host emulation on CPU tensors."""
     import random
@@ -73,6 +75,11 @@ def launch_unrouted_kernels(device: str = "cuda", cases: int = 2) -> int:
                                  for a in test_cuda_last._case(rng, kernel, stride, dtype, kind))
                     assert kind.launch(*args, test_cuda_last._result(args, kind), launcher) is not None
                     launches += 1
+    forward = test_cuda_last.FORWARD
+    for _, cpu_args in test_cuda_last.pairs_of_many_groups():
+        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in cpu_args)
+        assert forward.launch(*args, test_cuda_last._result(args, forward), launcher) is not None
+        launches += 1
     from oplib.kernels.involution import cuda as involution_cuda
     from oplib.ops.involution_generated import _generator_grads_result
 

@@ -169,14 +169,13 @@ def test_every_grouping_and_both_copies_are_exercised():
     assert {2, 4, 8, 16, 32} <= parts and misaligned == {True, False}
 
 
-def _check_pairs_of_many_groups(launcher, device: str = "cpu") -> None:
-    """The forward where a warp takes part of a pair's groups: 32 groups of 16 channels
-    (RedNet-50's stage 4; a warp half a pair's in bfloat16, a quarter in float32) and 5 (a
-    warp's units straddle pairs, from a group past the first pair's first to one before the last
-    pair's last), an odd width (a last pair of one pixel), every instantiation and dtype: the
-    float64 reference and the chunked kernel's bits. Staged as the span from the warp's first
-    record to its last, these warps overran their staging (a crash in the emulation)."""
-    spec = registry.get(FORWARD.op)
+def pairs_of_many_groups():
+    """(name, the forward's arguments on the CPU) where a warp takes part of a pair's groups: 32
+    groups of 16 channels (RedNet-50's stage 4; a warp half a pair's in bfloat16, a quarter in
+    float32) and 5 (a warp's units straddle pairs, from a group past the first pair's first to
+    one before the last pair's last), an odd width (a last pair of one pixel), every
+    instantiation and dtype. Staged as the span from the warp's first record to its last, these
+    warps overran their staging (a crash in the emulation)."""
     for kernel, stride in _instantiations(FORWARD):
         for dtype in registry.FLOAT_DTYPES:
             for groups in (5, 32):
@@ -185,16 +184,22 @@ def _check_pairs_of_many_groups(launcher, device: str = "cpu") -> None:
                 input = torch.randn(2, groups * 16, 3, 5, dtype=dtype, generator=generator)
                 out_h, out_w = (3 + 2 * pad - kernel) // stride + 1, (5 + 2 * pad - kernel) // stride + 1
                 weight = torch.randn(2, groups, kernel, kernel, out_h, out_w, dtype=dtype, generator=generator)
-                cpu_args = (input.to(memory_format=LAST), as_pixel_major(weight), [stride, stride], [pad, pad], [1, 1])
-                args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in cpu_args)
-                out = FORWARD.launch(*args, _result(args, FORWARD), launcher)
-                assert out is not None
-                name = f"k{kernel}-s{stride}-{dtype}-{groups}-groups"
-                assert_matches_reference(spec, registry.SampleInput(cpu_args, name), out.cpu(), dtype)
-                chunked = involution_cuda.involution(*args, _result(args, FORWARD),
-                                                     EmulatedLauncher() if device == "cpu" else None,
-                                                     involution_cuda.CHUNKED)
-                assert torch.equal(out, chunked), name
+                yield (f"k{kernel}-s{stride}-{dtype}-{groups}-groups",
+                       (input.to(memory_format=LAST), as_pixel_major(weight), [stride, stride], [pad, pad], [1, 1]))
+
+
+def _check_pairs_of_many_groups(launcher, device: str = "cpu") -> None:
+    """The forward on ``pairs_of_many_groups``: the float64 reference and the chunked kernel's
+    bits."""
+    spec = registry.get(FORWARD.op)
+    for name, cpu_args in pairs_of_many_groups():
+        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in cpu_args)
+        out = FORWARD.launch(*args, _result(args, FORWARD), launcher)
+        assert out is not None
+        assert_matches_reference(spec, registry.SampleInput(cpu_args, name), out.cpu(), cpu_args[0].dtype)
+        chunked = involution_cuda.involution(*args, _result(args, FORWARD), EmulatedLauncher() if device == "cpu" else None,
+                                             involution_cuda.CHUNKED)
+        assert torch.equal(out, chunked), name
 
 
 def test_the_forward_stages_warps_that_take_part_of_a_pair():
