@@ -8,8 +8,8 @@ an out-of-bounds access (an illegal address on a GPU) aborts with a report; such
 only loads into a process started with the ASan runtime preloaded (see ``asan_environment``).
 
 A kernel whose threads cooperate (shared memory, barriers, warp shuffles: ``cooperative``)
-runs each block's threads as fibers, in the launcher's run order (``ORDERS``); a block that
-can never finish (a barrier some threads never reach) raises ``EmulationError`` saying where.
+runs each block's threads as fibers, in the launcher's run order (``ORDERS`` or
+``INTERLEAVED``); a block that can never finish (a barrier some threads never reach) raises ``EmulationError`` saying where.
 The shim's header comment tells how.
 """
 
@@ -35,8 +35,15 @@ from ..kernels.native import compiler_environment
 from ..kernels.cuda_source import CTYPES, INCLUDE_DIR, KernelArg, KernelSource, name_expression
 
 SHIM = Path(__file__).resolve().parent / "cuda_host_shim.h"
-# The orders in which a block's warps, and the lanes of each, take turns (the shim's header comment).
+# The orders in which a block's warps, and the lanes of each, take turns (the shim's header
+# comment): one after another, ascending or descending, each as far as it can before a block
+# barrier, so that a missing barrier's race shows in one of the two.
 ORDERS = ("ascending", "descending")
+# A third order: the warps ascending in turns, each to its next wait, so that a warp sees what
+# another wrote into its share of shared memory between two of its own collectives (a staging
+# that runs past its share), which the two above never show. It shows fewer missing barriers.
+INTERLEAVED = "interleaved"
+_ORDER_CODES = {**{order: code for code, order in enumerate(ORDERS)}, INTERLEAVED: len(ORDERS)}  # enum Order
 _CACHE_DIR = Path(os.environ.get("OPLIB_EMULATION_CACHE", Path(tempfile.gettempdir()) / "oplib-emulation"))
 
 
@@ -93,7 +100,8 @@ COLD_BLOCK_RUNS = "oplib_emulation_cold_block_runs"
 def _launcher_source(source: KernelSource, kernel: str, dtype: torch.dtype) -> str:
     """A C++ file including the kernel source plus, per instantiation of ``kernel`` in ``dtype``
     (each specialisation), an exported ``extern "C"`` function that runs it over a grid, its
-    threads in the order ``descending`` says, and returns nullptr or an error message."""
+    threads in the order ``order`` says (the shim's enum Order), and returns nullptr or an error
+    message."""
     launch = "launch_fibers" if cooperative(source) else "launch"
     lines = [f'#include "{SHIM}"', f'#include "{source.path}"', "",
              f'extern "C" long long {COLD_BLOCK_RUNS}() {{ return oplib_emulation::cold_block_runs.load(); }}', ""]
@@ -102,9 +110,9 @@ def _launcher_source(source: KernelSource, kernel: str, dtype: torch.dtype) -> s
     for specialisation in source.specialisations[kernel]:
         lines += [
             f'extern "C" const char* {emulated_symbol(kernel, ctype, specialisation)}(const unsigned int* grid, '
-            f"const unsigned int* block, long long shared_bytes, int descending, "
+            f"const unsigned int* block, long long shared_bytes, int order, "
             f"{signature.instantiated_params(ctype)}) {{",
-            f"    return oplib_emulation::{launch}(grid, block, shared_bytes, descending, [&] {{ "
+            f"    return oplib_emulation::{launch}(grid, block, shared_bytes, order, [&] {{ "
             f"{name_expression(kernel, dtype, specialisation)}({arg_names}); }});",
             "}",
             "",
@@ -168,11 +176,11 @@ def _load(library: Path) -> ctypes.CDLL:
 
 class EmulatedLauncher:
     """Launches kernels of a ``KernelSource`` on CPU tensors, one host library per kernel and
-    dtype; the threads of each block run in ``order`` (one of ``ORDERS``)."""
+    dtype; the threads of each block run in ``order`` (one of ``ORDERS``, or ``INTERLEAVED``)."""
 
     def __init__(self, sanitize: bool = False, order: str = "ascending"):
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        if order not in _ORDER_CODES:
+            raise ValueError(f"order must be one of {tuple(_ORDER_CODES)}, got {order!r}")
         self.sanitize = sanitize
         self.order = order
         # (kernel, dtype, blocks, threads per block, specialisation) of every launch, in order
@@ -198,7 +206,7 @@ class EmulatedLauncher:
             raise ValueError(f"{kernel} takes {len(signature.params)} arguments, got {len(args)}")
         dim3 = ctypes.c_uint * 3
         c_args = [dim3(*config.grid), dim3(*config.block), ctypes.c_longlong(config.shared_bytes),
-                  ctypes.c_int(ORDERS.index(self.order))]
+                  ctypes.c_int(_ORDER_CODES[self.order])]
         for (ctype, name), kind, arg in zip(signature.params, signature.param_ctypes, args):
             if kind is ctypes.c_void_p:
                 if not isinstance(arg, Tensor):

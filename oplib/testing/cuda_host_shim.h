@@ -19,7 +19,11 @@
 //
 // The run order (warps, and lanes within a warp, ascending or descending) is a launch
 // argument: a missing barrier shows whichever way its race goes, since in one of the two
-// orders the reading thread runs before the writing one.
+// orders the reading thread runs before the writing one. A third order, interleaved, runs the
+// warps ascending in turns, each to its next wait (a warp collective, a barrier, its end)
+// before the next warp's turn: a warp whose shared memory another warp writes between two of
+// its collectives (a staging that runs past its own share) sees the other's values there, as
+// on a GPU, where in the two orders above it finished before the other began.
 //
 // Shared memory: a `__shared__` variable is `static thread_local` here (one OS thread runs
 // one block at a time); dynamic shared memory, OPLIB_DYNAMIC_SHARED (declared for the GPU in
@@ -124,15 +128,18 @@ inline void set_block(long long b, const unsigned int* grid, const unsigned int*
 // Run ``body`` once per thread of a grid of grid[0..2] blocks of block[0..2] threads, the
 // threads of a block one after another. Returns no error (nullptr): a kernel on this path
 // cannot deadlock.
+// The run orders, as the launchers' `order` argument numbers them (oplib.testing.cuda_emulation's
+// ORDERS and INTERLEAVED).
+enum Order { order_ascending = 0, order_descending = 1, order_interleaved = 2 };
+
 template <typename Body>
-const char* launch(const unsigned int* grid, const unsigned int* block, long long shared_bytes, int descending,
-                   Body body) {
+const char* launch(const unsigned int* grid, const unsigned int* block, long long shared_bytes, int order, Body body) {
     (void)shared_bytes;
     const long long blocks = (long long)grid[0] * grid[1] * grid[2];
 #pragma omp parallel for schedule(dynamic)
     for (long long b = 0; b < blocks; ++b) {
         set_block(b, grid, block);
-        run_in_order(block, descending != 0, body);
+        run_in_order(block, order == order_descending, body);
     }
     return nullptr;
 }
@@ -266,9 +273,10 @@ inline void transfer(Context& from, Context& to);
 // One block's threads as fibers on this OS thread, run by `run` in the block's run order.
 class Block {
   public:
-    Block(const unsigned int* block, long long shared_bytes, bool descending, void (*body)(void*), void* closure)
+    Block(const unsigned int* block, long long shared_bytes, int order, void (*body)(void*), void* closure)
         : body_(body), closure_(closure), dims_{block[0], block[1], block[2]},
-          threads_((int)(block[0] * block[1] * block[2])), descending_(descending),
+          threads_((int)(block[0] * block[1] * block[2])), descending_(order == order_descending),
+          interleaved_(order == order_interleaved),
           shared_((unsigned char*)std::malloc((size_t)shared_bytes)), shared_bytes_(shared_bytes) {
         if (shared_bytes > 0) std::memset(shared_, 0xff, (size_t)shared_bytes);
         while ((int)fiber_pool.size() < threads_) fiber_pool.push_back(std::make_unique<Fiber>());
@@ -278,14 +286,22 @@ class Block {
 
     // Run every thread to its end: true, or false where they cannot all get there (error()
     // says why). Between two block barriers the warps run one after another in the run order,
-    // each as far as it can (through its warp collectives), as if the others had not started.
+    // each as far as it can (through its warp collectives), as if the others had not started;
+    // interleaved, in turns, each to its next wait, until none can run.
     bool run() {
         current_block = this;
         for (int t = 0; t < threads_; ++t) arm(*fiber_pool[t]);
         const int warps = (threads_ + warpSize - 1) / warpSize;
         bool finished = false;
         while (!finished && error_.empty()) {
-            for (int w = 0; w < warps && error_.empty(); ++w) run_warp(descending_ ? warps - 1 - w : w);
+            if (interleaved_) {
+                for (bool ran = true; ran && error_.empty();) {
+                    ran = false;
+                    for (int w = 0; w < warps && error_.empty(); ++w) ran = step_warp(w) || ran;
+                }
+            } else {
+                for (int w = 0; w < warps && error_.empty(); ++w) run_warp(descending_ ? warps - 1 - w : w);
+            }
             finished = std::all_of(fiber_pool.begin(), fiber_pool.begin() + threads_,
                                    [](const auto& f) { return f->state == State::finished; });
             if (!finished && error_.empty()) release_barrier();
@@ -407,17 +423,24 @@ class Block {
     // or returns; then every warp collective all of whose lanes arrived releases them, and
     // they run again.
     void run_warp(int w) {
-        for (;;) {
-            const int first = next_runnable(w, -1);
-            if (first < 0) return;
-            from_scheduler_ = true;
-            switch_to(scheduler_, first);
-            if (!error_.empty()) return;
-            const int base = w * warpSize, lanes = std::min(warpSize, threads_ - base);
-            for (int t = base; t < base + lanes; ++t) {
-                if (fiber_pool[t]->state == State::warp_collective && !release_collective(t)) return;
-            }
+        while (step_warp(w)) {
         }
+    }
+
+    // One turn of warp `w`: its runnable lanes in the run order, each until it waits or
+    // returns, then the release of every warp collective all of whose lanes arrived. False
+    // where no lane could run, or on an error.
+    bool step_warp(int w) {
+        const int first = next_runnable(w, -1);
+        if (first < 0) return false;
+        from_scheduler_ = true;
+        switch_to(scheduler_, first);
+        if (!error_.empty()) return false;
+        const int base = w * warpSize, lanes = std::min(warpSize, threads_ - base);
+        for (int t = base; t < base + lanes; ++t) {
+            if (fiber_pool[t]->state == State::warp_collective && !release_collective(t)) return false;
+        }
+        return true;
     }
 
     void switch_to(Context& from, int t) {
@@ -545,7 +568,7 @@ class Block {
     void* closure_;
     dim3 dims_;
     int threads_;
-    bool descending_;
+    bool descending_, interleaved_;
     unsigned char* shared_;
     long long shared_bytes_;
     Context scheduler_;  // the OS thread's own stack, where run() switches from
@@ -619,7 +642,7 @@ void run_body(void* closure) {
 // memory. Returns nullptr, or the error of a block that could not finish (the launch stops
 // at the first; the message lives until this OS thread's next launch).
 template <typename Body>
-const char* launch_fibers(const unsigned int* grid, const unsigned int* block, long long shared_bytes, int descending,
+const char* launch_fibers(const unsigned int* grid, const unsigned int* block, long long shared_bytes, int order,
                           Body body) {
     const long long blocks = (long long)grid[0] * grid[1] * grid[2];
     std::atomic<bool> failed{false};
@@ -630,7 +653,7 @@ const char* launch_fibers(const unsigned int* grid, const unsigned int* block, l
     for (long long b = 0; b < blocks; ++b) {
         if (failed.load(std::memory_order_relaxed)) continue;
         set_block(b, grid, block);
-        Block emulated(block, shared_bytes, descending != 0, run_body<Body>, &body);
+        Block emulated(block, shared_bytes, order, run_body<Body>, &body);
         if (!emulated.run()) {
             std::lock_guard<std::mutex> lock(mutex);
             if (b < failed_block) {

@@ -16,7 +16,7 @@ from oplib import registry
 from oplib.kernels import KernelSource, load_source
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.layouts import result_like
-from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
+from oplib.testing.cuda_emulation import INTERLEAVED, ORDERS, EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, planted_bug_caught,
@@ -114,7 +114,8 @@ CASES = (TWO_CHANNEL_CHUNKS, TWO_CHANNEL_CHUNKS._replace(channels_last=True), *R
 
 
 # The unit tier runs one thread order (the integration tier both): the tier's minutes.
-@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration) for o in ORDERS[1:])])
+@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration)
+                                                for o in (*ORDERS[1:], INTERLEAVED))])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_generated_mma_matches_the_reference_on_the_registry_samples(dtype, order):
     """involution_generated's samples (channels_last and strided operands, odd sizes, strides,

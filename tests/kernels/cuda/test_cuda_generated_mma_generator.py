@@ -17,7 +17,7 @@ from oplib import registry
 from oplib.kernels import KernelSource
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.ops.involution_generated import _generator_grads_result
-from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
+from oplib.testing.cuda_emulation import INTERLEAVED, ORDERS, EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, planted_bug_caught,
@@ -113,7 +113,8 @@ GENERATOR_CASES = (*CASES, STRIDE_2_CHUNKS,
 
 
 # The unit tier runs one thread order (the integration tier both).
-@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration) for o in ORDERS[1:])])
+@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration)
+                                                for o in (*ORDERS[1:], INTERLEAVED))])
 @pytest.mark.parametrize("dtype", GENERATOR_DTYPES, ids=str)
 def test_generator_matches_the_reference_on_the_registry_samples(dtype, order):
     """involution_generated_backward_generator's samples (channels_last and transposed operands,

@@ -14,7 +14,7 @@ from oplib import registry
 from oplib.kernels import KernelSource
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.layouts import result_like
-from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
+from oplib.testing.cuda_emulation import INTERLEAVED, ORDERS, EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, planted_bug_caught,
@@ -92,7 +92,8 @@ GRAD_CASES = (*CASES, *LARGE_R, STRIDE_2_CHUNKS)
 
 
 # The unit tier runs bfloat16 in one thread order (the integration tier float16 and both orders).
-@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration) for o in ORDERS[1:])])
+@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration)
+                                                for o in (*ORDERS[1:], INTERLEAVED))])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.integration)], ids=str)
 def test_grad_input_matches_the_reference_on_the_registry_samples(dtype, order):
     """involution_generated_backward_input's samples (channels_last, odd sizes, rectangular

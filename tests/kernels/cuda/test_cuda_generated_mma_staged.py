@@ -14,7 +14,7 @@ import torch
 from oplib.kernels import KernelSource
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.layouts import result_like
-from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher
+from oplib.testing.cuda_emulation import INTERLEAVED, ORDERS, EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import (_planted, assert_asan_catches, assert_clean_under_asan, random_samples,
@@ -75,7 +75,8 @@ WIDE = (TWO_CHANNEL_CHUNKS._replace(channels=32, reduced=24, size=(18, 60), chan
 STAGED_CASES = (*CASES, *WIDE)
 
 
-@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration) for o in ORDERS[1:])])
+@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration)
+                                                for o in (*ORDERS[1:], INTERLEAVED))])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, pytest.param(torch.float16, marks=pytest.mark.integration)],
                          ids=str)
 def test_staged_forward_matches_the_reference(dtype, order):

@@ -27,7 +27,7 @@ from oplib.kernels.cuda_launch import BLOCK_SIZE
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.layouts import as_pixel_major, is_pixel_major, weight_result
 from oplib.testing import assert_matches_reference, device_model
-from oplib.testing.cuda_emulation import EmulatedLauncher
+from oplib.testing.cuda_emulation import INTERLEAVED, ORDERS, EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import _planted, assert_asan_catches, assert_clean_under_asan
@@ -144,13 +144,16 @@ def test_the_block_is_the_launch_size():
     assert load_source(involution_cuda.LAST_SOURCE).constants["LAST_THREADS"] == BLOCK_SIZE
 
 
+@pytest.mark.parametrize("order", [ORDERS[0], INTERLEAVED])
 @pytest.mark.parametrize("kind", KINDS)
-def test_last_matches_the_reference(kind):
+def test_last_matches_the_reference(kind, order):
     """Every instantiation, every dtype, random geometries: the float64 reference, and for the
-    forward the chunked kernel's very bits (the same taps added in the same order)."""
+    forward the chunked kernel's very bits (the same taps added in the same order); the warps
+    run one after another, and in turns (a warp's staging that runs into the next warp's shows
+    only there: the forward's did, at three groups of 16 channels)."""
     require_host_compiler()
     kind = KINDS[kind]
-    launched = _check_random(EmulatedLauncher(), cases=3, seed=5, kind=kind)
+    launched = _check_random(EmulatedLauncher(order=order), cases=3, seed=5, kind=kind)
     assert launched == {(kind.kernel, s) for s in load_source(involution_cuda.LAST_SOURCE).specialisations[kind.kernel]}
 
 
@@ -202,8 +205,9 @@ def _check_pairs_of_many_groups(launcher, device: str = "cpu") -> None:
         assert torch.equal(out, chunked), name
 
 
-def test_the_forward_stages_warps_that_take_part_of_a_pair():
-    _check_pairs_of_many_groups(EmulatedLauncher())
+@pytest.mark.parametrize("order", [ORDERS[0], INTERLEAVED])
+def test_the_forward_stages_warps_that_take_part_of_a_pair(order):
+    _check_pairs_of_many_groups(EmulatedLauncher(order=order))
 
 
 def _infinite_grad_output(launcher, dtypes=registry.FLOAT_DTYPES) -> None:

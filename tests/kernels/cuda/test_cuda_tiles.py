@@ -23,7 +23,7 @@ from oplib import registry
 from oplib.kernels import KernelSource, LaunchConfig, load_source
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.layouts import result_like
-from oplib.testing.cuda_emulation import ORDERS, EmulatedLauncher, EmulationError, cooperative
+from oplib.testing.cuda_emulation import INTERLEAVED, ORDERS, EmulatedLauncher, EmulationError, cooperative
 from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import (assert_asan_catches, planted_bug_caught, planted_span_tile, random_samples,
@@ -131,6 +131,24 @@ def test_a_missing_barrier_shows_in_the_order_its_race_runs(tmp_path):
             EmulatedLauncher(order=order).launch(planted, "rotate", torch.float64, LaunchConfig(4, 64), (x, out, shift))
             right = torch.equal(out[:, kept], x.roll(-shift, 1)[:, kept])
             assert right == (order != racing), (shift, order)
+
+
+def test_interleaved_warps_see_a_staging_that_runs_into_the_next_warps_share():
+    """A warp that writes past its share of static shared memory into the next warp's, which
+    that warp writes too, reads its own values back in both run orders (there each warp runs to
+    its end before the next begins, or after it ends) and, in its last 8 lanes, the next warp's
+    in the interleaved order, as it may on a GPU; within its share, its own in every order."""
+    require_host_compiler()
+    warp = torch.arange(4, dtype=torch.float64).repeat_interleave(32).repeat(2, 1)
+    for count, order in [(32, o) for o in (*ORDERS, INTERLEAVED)] + [(40, o) for o in ORDERS]:
+        out = torch.empty(2, 128, dtype=torch.float64)
+        EmulatedLauncher(order=order).launch(COOPERATION, "overrun", torch.float64, LaunchConfig(2, 128), (out, count))
+        assert torch.equal(out, warp), (count, order)
+    out = torch.empty(2, 128, dtype=torch.float64)
+    EmulatedLauncher(order=INTERLEAVED).launch(COOPERATION, "overrun", torch.float64, LaunchConfig(2, 128), (out, 40))
+    overrun = torch.arange(128) % 32 >= 24
+    next_warp = torch.where(overrun & (torch.arange(128) < 96), warp + 1, warp)
+    assert torch.equal(out, next_warp)
 
 
 def test_dynamic_shared_memory_is_fresh_and_poisoned_in_every_block():

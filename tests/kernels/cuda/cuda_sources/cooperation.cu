@@ -30,6 +30,20 @@ __global__ void rotate(const scalar_t* __restrict__ input, scalar_t* __restrict_
     output[base + t] = slice[((t + shift) % threads + threads) % threads];
 }
 
+// out[t] = what thread t reads back from static shared memory after its warp wrote its own
+// index into `count` slots from the start of its share of 32, a warp barrier between: the
+// warp's last 32 slots, lane by lane. Past 32, a warp writes into the next warp's share, which
+// that warp writes too.
+template <typename scalar_t>
+__global__ void overrun(scalar_t* __restrict__ out, int count) {
+    typedef typename Element<scalar_t>::acc_t acc_t;
+    __shared__ float shares[1024 + 32];
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+    for (int v = lane; v < count; v += 32) shares[warp * 32 + v] = (float)warp;
+    __syncwarp();
+    out[(index_t)blockIdx.x * blockDim.x + t] = Element<scalar_t>::store((acc_t)shares[warp * 32 + count - 32 + lane]);
+}
+
 // out[b, t] = byte t of block b's dynamic shared memory as the block finds it; then the block
 // overwrites it.
 template <typename scalar_t>
