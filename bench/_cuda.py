@@ -35,7 +35,7 @@ a process of its own through tools/gpu_check.py). Its stages:
   beside the chunked kernels); the "lanes on channels" column of a channels_last row is the
   call under the ``LAST`` policy (a lane a 16-byte vector of a group's channels, DCNv4's
   mapping: involution_last.cu's kernels, grad_input's a block a segment of a band of rows,
-  grad_weight's the group summed by shuffles; the "vector a thread" column, grad_input's other
+  grad_weight's two pixels a lane, the group summed by shuffles; the "vector a thread" column, grad_input's other
   candidate under it, the chunked kernel at one vector a thread), timed beside the op's call until
   a draw has measured it, where it launches something else; "generated grad_input" is ``involution_generated_backward_input``,
   which goes through the weight map (the span conv, then involution's grad_input kernel), its

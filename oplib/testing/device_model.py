@@ -1404,22 +1404,35 @@ def _backward_weight_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
     t.store(2, ((n * G + g) * K * K + a * K + _slots(K)) * plane + i * OW + j0, True, es)
 
 
-def _last_item(item: Tensor, launch: Launch):
-    """``last_item`` of involution_last.cu: (K, S, element bytes, lanes, parts, n, i, j, pixel,
-    the vector's first channel c0, the record's slot among the warp's, the warp's first record
-    and the values of its records) of each work item."""
+def _pair_item(item: Tensor, launch: Launch):
+    """``LastLaunch::pair_item`` of involution_last.cu: (K, S, element bytes, lanes, parts, n, i,
+    j, the first pixel, the vector's first channel c0, the first pixel's record, whether the
+    second pixel lies in the row, and the warp's runs of records, ``_pair_runs``) of each work
+    item."""
     total, C, H, W, G, OH, OW, ph, pw = launch.scalars
     K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
     es = launch.dtype.itemsize
     lanes = 16 // es
     parts = C // G // lanes
-    record, part = item // parts, item % parts
-    g, pixel = record % G, record // G
-    j, i, n = pixel % OW, (pixel // OW) % OH, pixel // (OW * OH)
-    base = item - torch.arange(32)
-    first_record = base // parts
-    values = ((total - base).clamp(max=32) // parts) * K * K
-    return K, S, es, lanes, parts, n, i, j, pixel, g * (C // G) + part * lanes, record - first_record, first_record, values
+    pairs = -(-OW // 2)
+    unit = item // parts
+    g, run = unit % G, unit // G
+    j, i, n = run % pairs * 2, (run // pairs) % OH, run // (pairs * OH)
+    pixel = (n * OH + i) * OW + j
+    runs = _pair_runs(item - torch.arange(32), total, parts, G, OW)
+    return (K, S, es, lanes, parts, n, i, j, pixel, g * (C // G) + item % parts * lanes, pixel * G + g, j + 1 < OW,
+            runs)
+
+
+def _copy_runs(t: _Tally, tensor: int, runs: list[tuple[Tensor, Tensor]], K: int, parts: int, es: int, lanes: int,
+               to_global: bool) -> None:
+    """The warp's runs of records (``_pair_runs``) copied between the weight (tensor argument
+    ``tensor``) and the staging, one after another."""
+    staged = 0
+    for start, end in runs:
+        _warp_copy(t, tensor, start * K * K, (end - start) * K * K, 2 * (32 // parts) * K * K, es, lanes, to_global,
+                   staged=staged * K * K)
+        staged = staged + end - start
 
 
 def _warp_copy(t: _Tally, tensor: int, start: Tensor, values: Tensor, most: int, es: int, lanes: int,
@@ -1471,30 +1484,13 @@ def _forward_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_forward_last (involution_last.cu): a lane two adjacent pixels of a row (the
     second past the row where the width is odd: summed, not stored); the warp's records, both
     pixels' of each lane, copied into shared memory in up to three runs (``_pair_runs``); per
-    kernel row the K + S input vectors the
-    two pixels read (every one loaded: a column outside the image reads the sample's first
-    pixel), and per column inside the image a shared-memory load of the weight and LANES
-    multiply-adds for each pixel whose tap it is; a vector store per pixel in the row. Vectors
-    traced by their first element."""
-    total, C, H, W, G, OH, OW, ph, pw = launch.scalars
-    K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
-    es = launch.dtype.itemsize
-    lanes = 16 // es
-    parts = C // G // lanes
-    pairs = -(-OW // 2)
-    unit, part = item // parts, item % parts
-    g, run = unit % G, unit // G
-    j, i, n = run % pairs * 2, (run // pairs) % OH, run // (pairs * OH)
-    pixel = (n * OH + i) * OW + j
-    c0 = g * (C // G) + part * lanes
-    record = pixel * G + g
-    second = j + 1 < OW
-    runs = _pair_runs(item - torch.arange(32), total, parts, G, OW)
-    staged = 0
-    for start, end in runs:
-        _warp_copy(t, 1, start * K * K, (end - start) * K * K, 2 * (32 // parts) * K * K, es, lanes, to_global=False,
-                   staged=staged * K * K)
-        staged = staged + end - start
+    kernel row the K + S input vectors the two pixels read (every one loaded: a column outside
+    the image reads the sample's first pixel), and per column inside the image a shared-memory
+    load of the weight and LANES multiply-adds for each pixel whose tap it is; a vector store
+    per pixel in the row. Vectors traced by their first element."""
+    _, C, H, W, G, _, _, ph, pw = launch.scalars
+    K, S, es, lanes, parts, n, i, j, pixel, c0, record, second, runs = _pair_item(item, launch)
+    _copy_runs(t, 1, runs, K, parts, es, lanes, to_global=False)
     slot = _pair_position(record, runs)
     second_slot = torch.where(second, _pair_position(record + G, runs), slot)
     c = _slots(K + S)
@@ -1513,28 +1509,35 @@ def _forward_last(t: _Tally, item: Tensor, launch: Launch) -> None:
 
 
 def _backward_weight_last(t: _Tally, item: Tensor, launch: Launch) -> None:
-    """involution_backward_weight_last (involution_last.cu): a lane's grad_output vector; per
-    kernel row, the row's K input vectors (every one loaded: a tap outside the image reads the
-    sample's first pixel) and K x LANES multiply-adds, the K sums added over the group's PARTS
-    lanes by log2(PARTS) shuffles each (traced as shared-memory passes: the shuffles take the
-    same unit's slots) and staged in shared memory, each part its share of the taps; then the
-    warp's records copied out. Vectors traced by their first element."""
-    _, C, H, W, _, _, _, ph, pw = launch.scalars
-    K, S, es, lanes, parts, n, i, j, pixel, c0, slot, first, values = _last_item(item, launch)
+    """involution_backward_weight_last (involution_last.cu): a lane two adjacent pixels of a
+    row (the forward's pair items; the second past the row where the width is odd: not stored)
+    and their grad_output vectors; per kernel row the K + S input vectors the two pixels read
+    (every one loaded: a column outside the image reads the sample's first pixel), and per
+    column LANES multiply-adds for each pixel whose tap it is, the sum added over the group's
+    PARTS lanes by log2(PARTS) shuffles (traced as shared-memory passes: the shuffles take the
+    same unit's slots) and staged in shared memory by the part whose share the tap is; then the
+    warp's records copied out in up to three runs. Vectors traced by their first element."""
+    _, C, H, W, G, _, _, ph, pw = launch.scalars
+    K, S, es, lanes, parts, n, i, j, pixel, c0, record, second, runs = _pair_item(item, launch)
     part = item % parts
     t.load(0, pixel * C + c0, True, es)
-    x = j * S - pw + _slots(K)
-    shuffles = K * (parts.bit_length() - 1)
+    t.load(0, (pixel + 1) * C + c0, second, es)
+    slot, second_slot = _pair_position(record, runs), _pair_position(record + G, runs)
+    c = _slots(K + S)
+    x = j * S - pw + c
+    shuffles = 2 * K * (parts.bit_length() - 1)
     for a in range(K):
         y = i * S - ph + a
         inside = (y >= 0) & (y < H) & (x >= 0) & (x < W)
         t.load(1, torch.where(inside, ((n * H + y) * W + x) * C + c0, c0), True, es)
-        t.fma(torch.ones_like(inside), lanes)
+        first_tap, second_tap = torch.ones_like(inside) & (c < K), torch.ones_like(inside) & (c >= S)
+        t.fma(first_tap, lanes)
+        t.fma(second_tap, lanes)
         if shuffles:
             t.shared(_slots(shuffles) * 0 + torch.arange(32), True, 4)
-        b = _slots(K)
-        t.shared(slot * K * K + a * K + b, (b % parts) == part, es)
-    _warp_copy(t, 2, first * K * K, values, 32 // parts * K * K, es, lanes, to_global=True)
+        t.shared(slot * K * K + a * K + c, first_tap & (c % parts == part), es)
+        t.shared(second_slot * K * K + a * K + c - S, second_tap & second & ((c - S) % parts == part), es)
+    _copy_runs(t, 2, runs, K, parts, es, lanes, to_global=True)
 
 
 def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:

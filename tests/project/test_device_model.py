@@ -369,6 +369,31 @@ def test_the_lanes_on_channels_forward_trace_counts_a_launch_counted_by_hand():
     assert (work.shared_requests, work.fma_requests) == (2 + 3 + 3, (3 + 3) * 4)
 
 
+def test_the_lanes_on_channels_grad_weight_trace_counts_a_launch_counted_by_hand():
+    """involution_last.cu's grad_weight at the forward's 1x3 map above (16 float32 channels, 4
+    lanes a group, a 3x3 kernel, padding 1, two pixels a lane: warp 0's lanes 0-7). Loads: the
+    first pixels' grad_output (lanes 0-7) and the second pixels' (lanes 0-3), and the 4 input
+    columns of each of the 3 kernel rows, every row (outside the image too): 2 + 12. Per row, 3
+    taps of each pixel, 4 multiply-adds each: 72 in all; each tap's sum over 4 lanes, 2 shuffle
+    levels (traced as shared passes): 12 a row; each tap staged by the one part whose share it
+    is, 6 a row. The warp's records 0 to 2 are one run (the second pair has no second pixel):
+    27 floats copied out as 6 vectors and 3 values, a shared read and a store each."""
+    from oplib.kernels.involution import cuda as involution_cuda
+    from oplib.kernels.involution.layouts import weight_result
+
+    g = torch.randn(1, 16, 1, 3).to(memory_format=torch.channels_last)
+    x = torch.randn(1, 16, 1, 3).to(memory_format=torch.channels_last)
+    out = weight_result(g, (1, 1, 3, 3, 1, 3), True)
+    recording = device_model.RecordingLauncher()
+    assert involution_cuda.involution_last_backward_weight(g, x, [3, 3], [1, 1], [1, 1], [1, 1], 1, out,
+                                                           recording) is not None
+    (launch,) = recording.launches
+    assert launch.kernel == "involution_backward_weight_last" and launch.scalars[0] == 8
+    work = device_model.kernel_work(launch)
+    assert (work.load_requests, work.store_requests) == (2 + 3 * 4, 2)
+    assert (work.shared_requests, work.fma_requests) == (3 * (12 + 6) + 2, 3 * 6 * 4)
+
+
 def test_the_lanes_on_channels_grad_input_trace_counts_a_launch_counted_by_hand():
     """involution_last.cu's grad_input at a 1x4 map of 16 float32 channels (4 vectors a pixel:
     a block a segment of 64 pixels of a band of 2 rows, one block, 8 warps, the first 16 lanes

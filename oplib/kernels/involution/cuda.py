@@ -482,10 +482,11 @@ def involution_last_backward_weight(grad_output: Tensor, input: Tensor, kernel_s
                                     groups: int, out: Tensor, launcher: Optional[Launcher] = None) -> Optional[Tensor]:
     """grad_output: (N, C, Ho, Wo), input: (N, C, H, W), both channels_last -> out: grad_weight
     (N, G, K, K, Ho, Wo), pixel-major, by the kernel whose lanes lie along a group's channels (a
-    16-byte vector each) and sum the group by shuffles; None, out untouched, where it declines
-    (``_launch_last``)."""
+    16-byte vector each) at ``LAST_WEIGHT_COLUMNS`` adjacent pixels of a row and sum the group by
+    shuffles; None, out untouched, where it declines (``_launch_last``)."""
+    columns = load_source(LAST_SOURCE).constants["LAST_WEIGHT_COLUMNS"]
     return _launch_last("involution_backward_weight_last", (grad_output, input), out, input.shape, groups, kernel_size,
-                        stride, padding, dilation, out, launcher)
+                        stride, padding, dilation, out, launcher, columns)
 
 
 def _generated(kernel: str, activation: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],

@@ -1,9 +1,10 @@
 """A lane a 16-byte vector of a group's channels in channels_last calls (the ``LAST`` policy,
 DCNv4's mapping). involution_last.cu's forward (two adjacent pixels a lane, the warp's weights
-staged in shared memory) and grad_weight (the group summed by shuffles) through the host
-emulation: against the float64 reference on random geometries (every instantiation and dtype,
-any padding, groups of 2 to 32 lanes, partial last warps, weights aligned to a vector and not,
-odd widths: a forward pair with a pixel past the row), the forward bit for bit
+staged in shared memory) and grad_weight (two adjacent pixels a lane, the group summed by
+shuffles) through the host emulation, the warps one after another and in turns: against the
+float64 reference on random geometries (every instantiation and dtype, any padding, groups of 2
+to 32 lanes, partial last warps, weights aligned to a vector and not, odd widths: a pair with a
+pixel past the row; warps that take part of a pair's groups), the forward bit for bit
 against involution.cu's chunked kernel, infinite values at taps outside the image, the
 registry's samples and the calls they decline, the ops' dispatch under the policy,
 AddressSanitizer, and planted bugs these checks catch; and on a GPU. grad_input (a block a
@@ -473,8 +474,8 @@ PLANTS = {
     "outside-taps-added": (("forward",), "if (!((inside >> c) & 1u)) continue;", ";"),
     # the forward's second pixel: its weights, and a second pixel past the row stored (into the
     # next row's first pixel, and past the tensor at the last row)
-    "second-pixel-weights-of-the-first": (("forward",), "second_taps[a * KERNEL + c - STRIDE]",
-                                          "((void)second_taps, taps)[a * KERNEL + c - STRIDE]"),
+    "second-pixel-weights-of-the-first": (("forward",), "widen(second_taps[a * KERNEL + c - STRIDE])",
+                                          "widen(((void)second_taps, taps)[a * KERNEL + c - STRIDE])"),
     # the warp's runs of records: the last ending at its last pair's first pixel, the second
     # starting a record late (the first pair's second pixel's record after the hole not staged)
     # and ending a record early (the last pair's first pixel's last record not staged)
@@ -486,10 +487,17 @@ PLANTS = {
                                   "runs.end[1] = pixel1 * G + group1;"),
     "second-pixel-past-the-row-stored": (("forward",), "const bool second = it.active && it.j + 1 < launch.OW;",
                                          "const bool second = it.active;"),
-    "outside-sums-kept": (("grad_weight",), "if (!((inside >> b) & 1u)) sum[b] = 0;", ";"),
+    "outside-sums-kept": (("grad_weight",), "if (!((inside >> c) & 1u)) sum[r] = 0;", ";"),
     "last-shuffle-skipped": (("grad_weight",), "if (offset >= parts) continue;", "if (offset >= parts / 2) continue;"),
-    "next-row-not-advanced": (("grad_weight",), "row += W * C;\n                inside", "inside"),
-    "next-row-bounded-as-this-one": (("grad_weight",), "inside = row_inside(y0 + a + 1, H)", "inside = row_inside(y0 + a, H)"),
+    "next-row-not-advanced": (("grad_weight",), "row += W * C;  // the next kernel row", ";"),
+    # grad_weight's second pixel: its sums of the first pixel's grad_output, its tap stored at
+    # the first's place in its record, and a second pixel past the row stored
+    "second-pixel-sums-of-the-first": (("grad_weight",), "sum[r] = oplib_fma(grad[r][e], x[e], sum[r]);",
+                                       "sum[r] = oplib_fma(grad[0][e], x[e], sum[r]);"),
+    "second-pixel-tap-misplaced": (("grad_weight",), "second_taps[a * KERNEL + c - STRIDE] = Element",
+                                   "second_taps[a * KERNEL + c - (STRIDE > 1)] = Element"),
+    "grad-weight-second-pixel-past-the-row-stored": (
+        ("grad_weight",), "second = active && it.j + 1 < launch.OW;", "second = active;"),
     "copy-one-past": (("forward", "grad_weight"), "v < count; v += 32) to[v] = from[v];",
                       "v <= count; v += 32) to[v] = from[v];"),
     "window-one-column-late": (("grad_input",), "x_first + pw - (KERNEL - 1);", "x_first + pw - (KERNEL - 2);"),

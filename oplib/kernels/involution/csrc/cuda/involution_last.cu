@@ -20,7 +20,7 @@
 // floor at RedNet-50's first stage in bfloat16, the kernels RedNet training runs). Here the
 // lanes of a warp lie along the channels of adjacent pixels: each tap is one 16-byte load a
 // lane, the warp's loads whole lines, and the warp's weights (forward) or results (grad_weight),
-// consecutive records, move between global and shared memory as whole vectors.
+// runs of consecutive records, move between global and shared memory as whole vectors.
 //
 // Each kernel row's loads are issued together, with no branch between them (a tap outside the
 // image reads the sample's first pixel instead, and its term is dropped), so that they are in
@@ -356,13 +356,30 @@ struct LastWeightMinBlocks {
     static constexpr int value = sizeof(scalar_t) == 8 ? 2 : LAST_WEIGHT_MIN_BLOCKS;
 };
 
-// grad_weight, the same mapping: a lane's grad_output vector is loaded once for all taps; a
-// tap's partial sums over a lane's channels are added across the group's PARTS lanes by
-// shuffles (a butterfly: every lane of the group gets the same bits) and staged in shared
-// memory, each part its share of the row's taps; then the warp's records are written out
-// whole, instead of one 2-byte store a lane per tap. A tap outside the image sums to +0, what
-// the chunked kernel writes. The group's sum is split across lanes, so its bits are not the
-// chunked kernel's (each is checked against the float64 reference); it is deterministic.
+// grad_weight, the same mapping, a lane a vector of a group's channels at two adjacent output
+// pixels of a row (the forward's pair items): the lane's two grad_output vectors are loaded
+// once for all taps; per kernel row the K + S input vectors the two pixels read are each one
+// load, widened once, and serve a tap of each pixel (column c: tap c of the first, tap c - S of
+// the second). A tap's partial sum over a lane's channels is added across the group's PARTS
+// lanes by shuffles (a butterfly: every lane of the group gets the same bits) as soon as it is
+// formed, and staged in shared memory, each part its share of the taps; then the warp's
+// records are written out in whole runs (PairRecords), instead of one 2-byte store a lane per
+// tap. A tap outside the image sums to +0, what the chunked kernel writes. The group's sum is
+// split across lanes, so its bits are not the chunked kernel's (each is checked against the
+// float64 reference); it is deterministic, and a pixel's are the same as with a pixel a lane.
+//
+// Why two pixels: with a lane one pixel (this kernel before), each input load, its address and
+// the 8 conversions of a bfloat16 vector served one tap; here the K + S vectors of a row serve
+// 2K taps. The sums are shuffled as they are formed, not a row's together: a row's 2K sums
+// beside the two grad_output vectors took more than the 80 registers three blocks leave and
+// spilled (bfloat16 and float16 at K = 7, sm_90). The vectors are loaded LAST_WEIGHT_LOADED at a
+// time: at two (the forward's), the offline model found float32 bound by their latency; at four,
+// by DRAM at RedNet-50's first three stages, and bfloat16 as at two (by instruction issue), with
+// no spill on any target. Pairs halve the grid: at RedNet-50's stage 4 (7 x 7 outputs) the
+// model puts this kernel slower than a pixel a lane, as the forward and grad_input there.
+constexpr int LAST_WEIGHT_COLUMNS = 2;
+constexpr int LAST_WEIGHT_LOADED = 4;
+
 template <typename scalar_t, int KERNEL, int STRIDE>
 __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::value) involution_backward_weight_last(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, scalar_t* __restrict__ grad_weight,
@@ -371,71 +388,92 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
     typedef typename Element<scalar_t>::acc_t acc_t;
     constexpr int LANES = Vector16<scalar_t>::lanes;
     constexpr int TAPS = KERNEL * KERNEL;
-    __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS][LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
+    constexpr int COLUMNS = KERNEL + STRIDE;  // the input columns of a kernel row the two pixels read
+    constexpr int LOADED = LAST_WEIGHT_LOADED;
+    static_assert(LAST_WEIGHT_COLUMNS == 2, "a lane's two pixels");
+    __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS]
+                                                [LAST_WEIGHT_COLUMNS * LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
     const LastLaunch launch(total, channels, height, width, groups, out_h, out_w, LANES);
     const index_t C = launch.C, H = launch.H, W = launch.W;
     const int parts = launch.parts;
     scalar_t* staged = reinterpret_cast<scalar_t*>(staged_vectors[launch.warp]);
     for (int base = launch.first; base < launch.items; base += launch.step) {
-        const LastItem it = launch.item(base, LANES);
-        const bool active = it.active;
-        const int part = it.part, slot = it.slot, n = it.n, pixel = it.pixel;
+        const LastItem it = launch.pair_item(base, LANES);
+        const bool active = it.active, second = active && it.j + 1 < launch.OW;
         const index_t c0 = it.c0;
-        acc_t grad[LANES];
-        {
-            Vector16<scalar_t> values;
-            if (active) values = *reinterpret_cast<const Vector16<scalar_t>*>(grad_output + (index_t)pixel * C + c0);
-            widen_vector<scalar_t>(grad, values);
+        acc_t grad[LAST_WEIGHT_COLUMNS][LANES];
 #pragma unroll
-            for (int e = 0; e < LANES; ++e) grad[e] = active ? grad[e] : (acc_t)0;
+        for (int r = 0; r < LAST_WEIGHT_COLUMNS; ++r) {
+            const bool present = r == 0 ? active : second;
+            Vector16<scalar_t> values;
+            if (present) values = *reinterpret_cast<const Vector16<scalar_t>*>(grad_output + ((index_t)it.pixel + r) * C + c0);
+            widen_vector<scalar_t>(grad[r], values);
+#pragma unroll
+            for (int e = 0; e < LANES; ++e) grad[r][e] = present ? grad[r][e] : (acc_t)0;
         }
         const int y0 = it.i * STRIDE - (int)pad_h, x0 = it.j * STRIDE - (int)pad_w;
-        // Bits by tap column, once per item: the columns inside the image, and the taps this
-        // part stages (b mod parts == part; parts is a power of two).
-        const unsigned int columns = active ? columns_inside<KERNEL>(x0, W) : 0u;
+        const unsigned int columns = active ? columns_inside<COLUMNS>(x0, W) : 0u;
+        // The taps this part stages (b mod parts == part; parts is a power of two).
         unsigned int staged_taps = 0;
 #pragma unroll
-        for (int b = 0; b < KERNEL; ++b) staged_taps |= (b & (parts - 1)) == part ? 1u << b : 0u;
-        const scalar_t* row = input + (((index_t)n * H + y0) * W + x0) * C + c0;
-        // A row's loads are issued once the previous row's sums are formed, before its shuffles
-        // and stores, and used in the next trip of the loop, so they are in flight together.
-        // Loaded in the trip that used them, ptxas issued them one at a time, each after the
-        // previous tap's sum: float32 and float64 on every target, every dtype on sm_100 and
-        // sm_120 (one load in flight where a row has seven).
-        unsigned int inside = row_inside(y0, H) ? columns : 0u;
-        Vector16<scalar_t> values[KERNEL];
-        load_vectors<scalar_t, KERNEL>(values, row, C, 0, inside, input + c0);
+        for (int b = 0; b < KERNEL; ++b) staged_taps |= (b & (parts - 1)) == it.part ? 1u << b : 0u;
+        scalar_t* first_taps;
+        scalar_t* second_taps;
+        {
+            // computed again for the copy below: live across the rows, the runs' bounds took
+            // registers the taps needed
+            const PairRecords records = launch.pair_records(base);
+            first_taps = staged + records.position(it.record) * TAPS;
+            second_taps = staged + records.position(it.record + launch.G) * TAPS;
+        }
+        const scalar_t* row = input + (((index_t)it.n * H + y0) * W + x0) * C + c0;
         for (int a = 0; a < KERNEL; ++a) {
-            acc_t sum[KERNEL];
+            const unsigned int inside = row_inside(y0 + a, H) ? columns : 0u;
 #pragma unroll
-            for (int b = 0; b < KERNEL; ++b) {
-                acc_t x[LANES];
-                widen_vector<scalar_t>(x, values[b]);
-                sum[b] = 0;
+            for (int c_first = 0; c_first < COLUMNS; c_first += LOADED) {
+                Vector16<scalar_t> values[LOADED];
+                load_vectors<scalar_t, LOADED, COLUMNS>(values, row, C, c_first, inside, input + c0);
 #pragma unroll
-                for (int e = 0; e < LANES; ++e) sum[b] = oplib_fma(grad[e], x[e], sum[b]);
-                if (!((inside >> b) & 1u)) sum[b] = 0;
+                for (int u = 0; u < LOADED && c_first + u < COLUMNS; ++u) {
+                    const int c = c_first + u;
+                    acc_t x[LANES];
+                    widen_vector<scalar_t>(x, values[u]);
+                    acc_t sum[LAST_WEIGHT_COLUMNS] = {0, 0};
+#pragma unroll
+                    for (int r = 0; r < LAST_WEIGHT_COLUMNS; ++r) {
+                        if (r == 0 ? c >= KERNEL : c < STRIDE) continue;  // no tap of pixel r
+#pragma unroll
+                        for (int e = 0; e < LANES; ++e) sum[r] = oplib_fma(grad[r][e], x[e], sum[r]);
+                        if (!((inside >> c) & 1u)) sum[r] = 0;
+                    }
+                    // The group's parts are adjacent lanes from a multiple of `parts` on: sum over them.
+#pragma unroll
+                    for (int offset = LAST_MAX_PARTS / 2; offset >= 1; offset >>= 1) {
+                        if (offset >= parts) continue;
+#pragma unroll
+                        for (int r = 0; r < LAST_WEIGHT_COLUMNS; ++r) {
+                            if (r == 0 ? c >= KERNEL : c < STRIDE) continue;
+                            sum[r] = oplib_add(sum[r], __shfl_xor_sync(OPLIB_FULL_WARP, sum[r], offset));
+                        }
+                    }
+                    if (c < KERNEL && active && (staged_taps >> c) & 1u)
+                        first_taps[a * KERNEL + c] = Element<scalar_t>::store(sum[0]);
+                    if (c >= STRIDE && second && (staged_taps >> (c - STRIDE)) & 1u)
+                        second_taps[a * KERNEL + c - STRIDE] = Element<scalar_t>::store(sum[1]);
+                }
             }
-            if (a + 1 < KERNEL) {
-                row += W * C;
-                inside = row_inside(y0 + a + 1, H) ? columns : 0u;
-                load_vectors<scalar_t, KERNEL>(values, row, C, 0, inside, input + c0);
-            }
-            // The group's parts are adjacent lanes from a multiple of `parts` on: sum over them.
-#pragma unroll
-            for (int offset = LAST_MAX_PARTS / 2; offset >= 1; offset >>= 1) {
-                if (offset >= parts) continue;
-#pragma unroll
-                for (int b = 0; b < KERNEL; ++b)
-                    sum[b] = oplib_add(sum[b], __shfl_xor_sync(OPLIB_FULL_WARP, sum[b], offset));
-            }
-#pragma unroll
-            for (int b = 0; b < KERNEL; ++b)  // each part stages its share of the row's taps
-                if (active && (staged_taps >> b) & 1u) staged[slot * TAPS + a * KERNEL + b] = Element<scalar_t>::store(sum[b]);
+            row += W * C;  // the next kernel row
         }
         __syncwarp();
-        // The warp's records are consecutive in grad_weight: copy them out whole.
-        warp_copy(grad_weight + (index_t)(base / parts) * TAPS, staged, launch.records(base) * TAPS, launch.lane);
+        // The warp's records, in runs, out whole.
+#pragma unroll 1
+        for (int r = 0; r < 3; ++r) {
+            const PairRecords records = launch.pair_records(base);
+            const int start = r == 0 ? records.start[0] : r == 1 ? records.start[1] : records.start[2];
+            const int count = (r == 0 ? records.end[0] : r == 1 ? records.end[1] : records.end[2]) - start;
+            warp_copy(grad_weight + (index_t)start * TAPS, staged + records.position(start) * TAPS, count * TAPS,
+                      launch.lane);
+        }
         __syncwarp();  // the staging is free for the next round
     }
 }
