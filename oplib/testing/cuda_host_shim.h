@@ -125,13 +125,13 @@ inline void set_block(long long b, const unsigned int* grid, const unsigned int*
                 (unsigned int)(b / ((long long)grid[0] * grid[1]))};
 }
 
-// Run ``body`` once per thread of a grid of grid[0..2] blocks of block[0..2] threads, the
-// threads of a block one after another. Returns no error (nullptr): a kernel on this path
-// cannot deadlock.
 // The run orders, as the launchers' `order` argument numbers them (oplib.testing.cuda_emulation's
 // ORDERS and INTERLEAVED).
 enum Order { order_ascending = 0, order_descending = 1, order_interleaved = 2 };
 
+// Run ``body`` once per thread of a grid of grid[0..2] blocks of block[0..2] threads, the
+// threads of a block one after another (ascending where `order` is interleaved: they never
+// wait). Returns no error (nullptr): a kernel on this path cannot deadlock.
 template <typename Body>
 const char* launch(const unsigned int* grid, const unsigned int* block, long long shared_bytes, int order, Body body) {
     (void)shared_bytes;
