@@ -111,14 +111,14 @@ __device__ __forceinline__ void load_vectors(Vector16<scalar_t>* values, const s
             (present >> (start + u)) & 1u ? first + (start + u) * step : elsewhere);
 }
 
-// A lane's work item: a vector of channels of one group at one output pixel. Items run over
-// (n, i, j, g, part), part fastest, so a record (n, i, j, g) is `parts` adjacent lanes from a
-// multiple of `parts` on, and a warp's records are consecutive in the weight's pixel-major
-// layout (record r at r * KERNEL^2).
+// A lane's work item in the forward and grad_weight (LastLaunch::pair_item): a vector of
+// channels of one group at two adjacent output pixels of a row. A record (n, i, j, g) is the
+// weight's KERNEL^2 values of a pixel and group, record r at r * KERNEL^2 in the pixel-major
+// layout.
 struct LastItem {
     bool active;
-    int record, part, pixel, n, i, j, slot;  // slot: the record's place among the warp's
-    index_t c0;                               // the vector's first channel
+    int record, part, pixel, n, i, j;  // the first pixel's record, pixel and place
+    index_t c0;                         // the vector's first channel
 };
 
 // The weight's records of a warp's pair items, in order: a unit (a pair, a group g) reads its
@@ -156,28 +156,8 @@ struct LastLaunch {
           lane(oplib_lane()), warp((int)(threadIdx.x / 32u)), first(((int)blockIdx.x * LAST_WARPS + warp) * 32),
           step((int)gridDim.x * LAST_THREADS), C(channels), H(height), W(width) {}
 
-    // The lane's work item in the round from `base` (a vector of `lanes` channels).
-    __device__ __forceinline__ LastItem item(int base, int lanes) const {
-        LastItem it;
-        const int item = base + lane;
-        it.active = item < items;
-        it.record = item / parts;
-        it.part = item - it.record * parts;
-        const int g = it.record % G;
-        it.pixel = it.record / G;
-        it.j = it.pixel % OW;
-        it.i = (it.pixel / OW) % OH;
-        it.n = it.pixel / (OW * OH);
-        it.slot = it.record - base / parts;
-        it.c0 = (index_t)g * (C / G) + it.part * lanes;
-        return it;
-    }
-
-    // The records of the round from `base` (fewer in the last warp).
-    __device__ __forceinline__ int records(int base) const { return (items - base < 32 ? items - base : 32) / parts; }
-
-    // The forward's work item: a vector of channels of one group at the output pixels (i, j)
-    // and (i, j + 1), j even (the second past the row where OW is odd). Items run over
+    // The lane's work item in the round from `base`: a vector of `lanes` channels of one group
+    // at the output pixels (i, j) and (i, j + 1), j even (the second past the row where OW is odd). Items run over
     // (n, i, j / 2, g, part), part fastest; `record` and `pixel` are the first pixel's (the
     // warp's records, both pixels' of each item, and their places in the staging: PairRecords).
     __device__ __forceinline__ LastItem pair_item(int base, int lanes) const {
@@ -192,7 +172,6 @@ struct LastLaunch {
         it.n = run / (pairs * OH);
         it.pixel = (it.n * OH + it.i) * OW + it.j;
         it.record = it.pixel * G + g;
-        it.slot = 0;
         it.c0 = (index_t)g * (C / G) + it.part * lanes;
         return it;
     }
