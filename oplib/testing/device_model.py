@@ -1544,11 +1544,14 @@ def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_backward_input_last (involution_last.cu): a block a segment of a band of
     ``LAST_GRAD_INPUT_ROWS`` input rows. Per output row the band reads (the last first), the
     segment's pieces of the band's kernel rows copied into shared memory by all the block's
-    threads, a value a thread a round (those past a record's rows skipped); then per tap of the
-    lane's column phase a grad_output vector (every lane loads each: a tap with no output pixel
-    reads the sample's first) and, where the tap has one, for each of the band's rows that takes
-    a kernel row of the output row a shared-memory read of its weight and LANES multiply-adds;
-    a vector store per row of the band in the image. Vectors traced by their first element."""
+    threads in units (two 16-bit values, or one value), a power of two of lanes a piece, a
+    thread the same unit of every piece it copies: the unit of memory from the staged unit's
+    first value, and where that value is a unit's second (every other piece) the next one too,
+    each where it holds a value inside the record; then per tap of the lane's column phase a
+    grad_output vector (every lane loads each: a tap with no output pixel reads the sample's
+    first) and, where the tap has one, for each of the band's rows that takes a kernel row of
+    the output row a shared-memory read of its weight and LANES multiply-adds; a vector store
+    per row of the band in the image. Vectors traced by their first element."""
     from ..kernels.cuda_source import load_source
 
     total, C, H, W, G, OH, OW, ph, pw = launch.scalars
@@ -1571,9 +1574,14 @@ def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     j_first = (x + pw - b_phase) // S
     j_low = (-(-(x_first + pw - (K - 1)) // S)).clamp(min=0)
     j_high = ((torch.clamp(x_first + segment, max=W) - 1 + pw) // S).clamp(max=OW - 1)
-    staged = (j_high - j_low + 1).clamp(min=0) * G * run
-    k = thread + threads * _slots(max(1, -(-int(staged.max()) // threads)))
-    piece, q = k // run, k % run
+    pieces = (j_high - j_low + 1).clamp(min=0) * G
+    unit = max(es, 4)
+    values = unit // es  # a unit's
+    staged_units = run // values  # a piece's
+    slots = 1 << (staged_units - 1).bit_length()
+    slot, copied = thread % slots, thread // slots
+    piece = copied + threads // slots * _slots(max(1, -(-int(pieces.max()) // (threads // slots))))
+    copies = piece < pieces
     step = torch.arange(-(-K // S)).view(-1, 1, 1)
     b, j = b_phase + S * step, j_first - step
     i_low = (-(-(y_first + ph - (K - 1)) // S)).clamp(min=0)
@@ -1583,10 +1591,16 @@ def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:
         reaches = i >= i_low
         i = torch.where(reaches, i, 0)
         a_first = y_first + ph - i * S
-        at = a_first * K + q
-        copies = reaches & (k < staged) & (at >= 0) & (at < K * K)
-        t.load(1, ((n * OH + i) * OW + j_low) * G * K * K + piece * K * K + at, copies, es)
-        t.shared(k, copies, es)
+        value = a_first * K + slot * values  # the staged unit's first, in the record
+        first_value = ((n * OH + i) * OW + j_low) * G * K * K + piece * K * K + a_first * K  # the piece's, in the weight
+        shift = first_value % values
+        inside, next_inside = (value >= 0) & (value < K * K), (values > 1) & (value + 1 >= 0) & (value + 1 < K * K)
+        stages = slot < staged_units
+        own = stages & (inside | ((shift == 0) & next_inside))
+        at = (first_value + slot * values - shift) // values  # the unit of memory, in units
+        t.load(1, at, reaches & copies & own, unit)
+        t.load(1, at + 1, reaches & copies & stages & (shift == 1) & next_inside, unit)
+        t.shared(piece * staged_units + slot, reaches & copies & stages, unit)
         reads = reaches & active & (b < K) & (j >= 0) & (j < OW)
         t.load(0, torch.where(reads, ((n * OH + i) * OW + j) * C + c0, c0), reaches, es)
         for r in range(rows):

@@ -399,8 +399,8 @@ def test_the_lanes_on_channels_grad_input_trace_counts_a_launch_counted_by_hand(
     a block a segment of 64 pixels of a band of 2 rows, one block, 8 warps, the first 16 lanes
     active), a 3x3 kernel, padding 1: the band reads the one output row, from which its first
     row takes kernel row 1 and its second (past the image) kernel row 2. Their pieces, 4
-    records of one group, 2 x 3 values each, copied by the first 24 lanes (a load and a shared
-    store of warp 0); then every warp loads its 3 taps' grad_output vectors (every lane loads),
+    records of one group, 2 x 3 values each, copied a value a lane by 6 of 8 lanes a piece (a
+    load and a shared store of warp 0); then every warp loads its 3 taps' grad_output vectors (every lane loads),
     and warp 0 alone reads each tap's weight for each of the band's two rows from shared memory
     and adds 4 multiply-adds for each; one vector store, warp 0's first row's (the second is
     past the image)."""
@@ -419,6 +419,28 @@ def test_the_lanes_on_channels_grad_input_trace_counts_a_launch_counted_by_hand(
     assert work.warps == 8
     assert (work.load_requests, work.store_requests) == (1 + 8 * 3, 1)
     assert (work.shared_requests, work.fma_requests) == (1 + 3 * 2, 3 * 2 * 4)
+
+
+def test_the_lanes_on_channels_grad_input_trace_counts_16_bit_units_by_hand():
+    """The same launch in bfloat16 (2 vectors a pixel: the first 8 lanes active): each piece's
+    6 values are 3 units of two, staged by 3 of 4 lanes a piece, warp 0's first 16. The pieces
+    start at values 3, 12, 21 and 30 of the weight: the first and third at a unit's second
+    value, so their lanes load the unit of memory after theirs too. Two loads and a shared
+    store of warp 0; the rest as in float32, 8 multiply-adds a weight."""
+    from oplib.kernels.involution import cuda as involution_cuda
+    from oplib.kernels.involution.layouts import as_pixel_major
+
+    g = torch.randn(1, 16, 1, 4, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    w = as_pixel_major(torch.randn(1, 1, 3, 3, 1, 4, dtype=torch.bfloat16))
+    recording = device_model.RecordingLauncher()
+    out = torch.empty(1, 16, 1, 4, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    assert involution_cuda.involution_last_backward_input(g, w, [1, 4], [1, 1], [1, 1], [1, 1], out,
+                                                          recording) is not None
+    (launch,) = recording.launches
+    work = device_model.kernel_work(launch)
+    assert work.warps == 8
+    assert (work.load_requests, work.store_requests) == (2 + 8 * 3, 1)
+    assert (work.shared_requests, work.fma_requests) == (1 + 3 * 2, 3 * 2 * 8)
 
 
 def test_the_staged_grad_input_trace_counts_a_launch_counted_by_hand():

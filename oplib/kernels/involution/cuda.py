@@ -452,11 +452,16 @@ def involution_last_backward_input(grad_output: Tensor, weight: Tensor, input_si
     band of ``LAST_GRAD_INPUT_ROWS`` input rows (a lane a 16-byte vector of a group's channels
     in each row) and stages, for each output row the band reads, the band's kernel rows of its
     weights in shared memory; None, out untouched, where it declines: what ``_launch_last``
-    declines, and a pixel's vectors not a power of two up to a block (the segment is a block's
-    lanes over them). The same bits as ``involution_backward_input``'s chunked kernel."""
+    declines, a pixel's vectors not a power of two up to a block (the segment is a block's lanes
+    over them), and a weight that does not start and end on a ``WEIGHT_UNIT_BYTES`` boundary
+    (a 16-bit weight of an odd count of values, or a view from an odd value: the staging copies
+    whole 4-byte units). The same bits as ``involution_backward_input``'s chunked kernel."""
     source = load_source(LAST_SOURCE)
     last = torch.channels_last
     if not grad_output.is_contiguous(memory_format=last):  # (before a buffer for NCHW calls)
+        return None
+    unit = source.constants["WEIGHT_UNIT_BYTES"]
+    if weight.data_ptr() % unit or weight.numel() * weight.element_size() % unit:
         return None
     # (an out whose size makes the two layouts one, a 1x1 map, may come contiguous: the kernel
     # writes a channels_last buffer, copied into it)

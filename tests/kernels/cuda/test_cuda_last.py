@@ -86,13 +86,16 @@ def _case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype, kind
     start off a vector's alignment at K = 3 and 5), one to three groups (grad_input: one, two or
     four, a pixel's vectors a power of two; up to 256 channels, a segment of one pixel), any
     padding on either axis, sizes from one output pixel up (work items rarely a multiple of a
-    warp; rows rarely a multiple of grad_input's segment)."""
+    warp; rows rarely a multiple of grad_input's segment); grad_input's 16-bit weights of an
+    even count of values (two samples where one would give an odd count, which it declines)."""
     groups, per_group = rng.choice([1, 2, 4] if kind.grad_input else [1, 2, 3]), rng.choice([16, 16, 32, 64])
     pad = [rng.randint(0, kernel - 1), rng.randint(0, kernel - 1)]
     height = max(rng.randint(1, 9), kernel - 2 * pad[0])
     width = max(rng.randint(1, 9), kernel - 2 * pad[1])
     n = rng.choice([1, 2])
     out_h, out_w = (height + 2 * pad[0] - kernel) // stride + 1, (width + 2 * pad[1] - kernel) // stride + 1
+    if kind.grad_input and dtype.itemsize == 2 and n * groups * out_h * out_w % 2:
+        n = 2
     channels = groups * per_group
     input = torch.randn(n, channels, height, width, dtype=dtype).to(memory_format=LAST)
     window = ([stride, stride], pad, [1, 1])
@@ -111,12 +114,13 @@ def _chunked_forward(args: tuple) -> torch.Tensor:
     return involution_cuda.involution(*args, _result(args, FORWARD), EmulatedLauncher(), involution_cuda.CHUNKED)
 
 
-def _chunked(kind: Kind, args: tuple) -> torch.Tensor:
-    """involution.cu's chunked forward or grad_input on the same call (the ``CHUNKED`` policy)."""
+def _chunked(kind: Kind, args: tuple, launcher=None) -> torch.Tensor:
+    """involution.cu's chunked forward or grad_input on the same call (the ``CHUNKED`` policy),
+    through ``launcher`` (default: the emulation; on a GPU, None, CuPy's)."""
+    launcher = EmulatedLauncher() if launcher is None and args[0].device.type == "cpu" else launcher
     if kind.grad_input:
-        return involution_cuda.involution_backward_input(*args, _result(args, kind), EmulatedLauncher(),
-                                                         involution_cuda.CHUNKED)
-    return _chunked_forward(args)
+        return involution_cuda.involution_backward_input(*args, _result(args, kind), launcher, involution_cuda.CHUNKED)
+    return involution_cuda.involution(*args, _result(args, FORWARD), launcher, involution_cuda.CHUNKED)
 
 
 def _check_random(launcher, cases: int, seed: int, dtypes=registry.FLOAT_DTYPES, kind: Kind = GRAD_WEIGHT) -> set:
@@ -236,6 +240,51 @@ def _infinite_grad_output(launcher, dtypes=registry.FLOAT_DTYPES) -> None:
             assert zero.any() and torch.equal(out.view(bits)[zero], expected.view(bits)[zero]), (dtype, kernel, stride)
 
 
+def sixteen_bit_weight_views(samples: int, offset: int):
+    """(name, grad_input's arguments on the CPU) for every instantiation in bfloat16 and
+    float16: ``samples`` samples of one group of 16 channels and a 3 x 3 output (9 K^2 values
+    of weight a sample: an odd count), the weight a view from value ``offset`` of its storage,
+    no padding."""
+    for kernel, stride in _instantiations(GRAD_INPUT):
+        size = kernel + 2 * stride
+        for dtype in (torch.bfloat16, torch.float16):
+            generator = torch.Generator().manual_seed(kernel * 10 + stride + offset)
+            values = samples * 9 * kernel * kernel
+            storage = torch.randn(values + offset, dtype=dtype, generator=generator)
+            weight = storage[offset:].view(samples, 3, 3, 1, kernel, kernel).permute(0, 3, 4, 5, 1, 2)
+            grad_output = torch.randn(samples, 16, 3, 3, dtype=dtype, generator=generator).to(memory_format=LAST)
+            yield (f"k{kernel}-s{stride}-{dtype}-{samples}-samples-from-value-{offset}",
+                   (grad_output, weight, [size, size], [stride, stride], [0, 0], [1, 1]))
+
+
+def test_grad_input_declines_weights_that_start_or_end_mid_unit():
+    """grad_input's staging copies whole 4-byte units of 16-bit weights, so the kernel declines
+    a weight that starts or ends inside one (an odd count of values from the storage's first,
+    any count from its second: None, untouched, nothing launched), and the op under ``LAST``
+    takes the chunked kernel at a vector a thread, with the reference's values and the ops'
+    bits; a weight of an even count from the storage's first or third value is served."""
+    require_host_compiler()
+    dispatch, spec = CUDA_DISPATCH["oplib::involution_backward_input"], registry.get(GRAD_INPUT.op)
+    for samples, offset in [(1, 0), (1, 1), (2, 1)]:
+        for name, args in sixteen_bit_weight_views(samples, offset):
+            launcher = EmulatedLauncher()
+            out = _result(args, GRAD_INPUT).fill_(7)
+            assert GRAD_INPUT.launch(*args, out, launcher) is None and not launcher.launches, name
+            assert torch.equal(out, torch.full_like(out, 7)), name
+            recorded = device_model.RecordingLauncher()
+            dispatch(*args, recorded, involution_cuda.LAST)
+            assert [launch.kernel for launch in recorded.launches] == ["involution_backward_input_chunked"], name
+            routed = dispatch(*args, EmulatedLauncher(), involution_cuda.LAST)
+            assert_matches_reference(spec, registry.SampleInput(args, name), routed, args[0].dtype)
+            assert torch.equal(routed, _chunked(GRAD_INPUT, args)), name
+    for offset in (0, 2):
+        for name, args in sixteen_bit_weight_views(2, offset):
+            out = GRAD_INPUT.launch(*args, _result(args, GRAD_INPUT), EmulatedLauncher())
+            assert out is not None, name
+            assert_matches_reference(spec, registry.SampleInput(args, name), out, args[0].dtype)
+            assert torch.equal(out, _chunked(GRAD_INPUT, args)), name
+
+
 def test_infinite_grad_output_makes_no_nan_at_taps_outside():
     require_host_compiler()
     _infinite_grad_output(EmulatedLauncher())
@@ -266,6 +315,31 @@ def _infinite_weights_outside(launcher, dtypes=registry.FLOAT_DTYPES) -> None:
 def test_infinite_weights_at_taps_outside_add_nothing():
     require_host_compiler()
     _infinite_weights_outside(EmulatedLauncher())
+
+
+def _infinite_grad_input(launcher, dtypes=registry.FLOAT_DTYPES) -> None:
+    """grad_input with an infinite grad_output (+inf in one channel at an inner pixel, -inf in
+    another at the corner): the chunked kernel's very bits, NaN-free where its are. A band's
+    row past a record's kernel rows, or a tap with no output pixel, reads a staged value no one
+    wrote for it, or a zero; with a zero it would add 0 * inf = NaN."""
+    for dtype in dtypes:
+        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+        for kernel, stride in _instantiations(GRAD_INPUT):
+            pad = kernel // 2
+            out_h, out_w = (12 + 2 * pad - kernel) // stride + 1, (10 + 2 * pad - kernel) // stride + 1
+            g = torch.randn(2, 32, out_h, out_w, dtype=dtype)
+            g[0, 21, 1, 1], g[1, 3, 0, 0] = float("inf"), float("-inf")
+            w = as_pixel_major(torch.randn(2, 2, kernel, kernel, out_h, out_w, dtype=dtype))
+            args = (g.to(memory_format=LAST), w, [12, 10], [stride, stride], [pad, pad], [1, 1])
+            out = GRAD_INPUT.launch(*args, _result(args, GRAD_INPUT), launcher)
+            expected = _chunked(GRAD_INPUT, args)
+            assert torch.isinf(expected).any() and not torch.isnan(expected).any(), (dtype, kernel, stride)
+            assert torch.equal(out.view(bits), expected.view(bits)), (dtype, kernel, stride)
+
+
+def test_infinite_grad_output_in_grad_input_adds_no_nan():
+    require_host_compiler()
+    _infinite_grad_input(EmulatedLauncher())
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -450,8 +524,7 @@ def test_last_on_a_gpu_matches_the_reference(kind):
                 assert_matches_reference(spec, registry.SampleInput(cpu_args, name), out.cpu(), dtype)
                 assert torch.equal(out, dispatch(*args, cupy_launcher(), involution_cuda.LAST)), name
                 if not kind.grad_weight:
-                    chunked = involution_cuda.involution(*args, _result(args, kind), None, involution_cuda.CHUNKED)
-                    assert torch.equal(out, chunked), name
+                    assert torch.equal(out, _chunked(kind, args)), name
 
 
 @pytest.mark.needs_cuda
@@ -461,11 +534,11 @@ def test_the_forward_stages_warps_that_take_part_of_a_pair_on_a_gpu():
     _check_pairs_of_many_groups(cupy_launcher(), "cuda")
 
 
-# Bugs a review could miss, and the kernels each reaches. All but the two "one-past" ones change
-# values, which the reference check must catch; the two bounds also read past the input (the
-# row below the image, the pixel past a row's end, past the tensor at the last sample), the
-# copy one value past a warp's records reads past the weight (forward) or writes past
-# grad_weight at the last warp, and grad_input's staging one value past a segment's pieces
+# Bugs a review could miss, and the kernels each reaches. All but those of ACCESS_ONLY change
+# values, which the reference check must catch (those of SIXTEEN_BIT only in 16-bit values); the
+# two bounds also read past the input (the row below the image, the pixel past a row's end, past
+# the tensor at the last sample), the copy one value past a warp's records reads past the weight
+# (forward) or writes past grad_weight at the last warp, and grad_input's staging of every unit
 # reads past the weight at the last record, which ASan must catch (elsewhere each only stages
 # or rewrites a value no one reads).
 PLANTS = {
@@ -501,11 +574,21 @@ PLANTS = {
     "copy-one-past": (("forward", "grad_weight"), "v < count; v += 32) to[v] = from[v];",
                       "v <= count; v += 32) to[v] = from[v];"),
     "window-one-column-late": (("grad_input",), "x_first + pw - (KERNEL - 1);", "x_first + pw - (KERNEL - 2);"),
-    "pieces-a-row-apart": (("grad_input",), "records[p * TAPS + at]", "records[p * (TAPS - KERNEL) + at]"),
+    "pieces-a-row-apart": (("grad_input",), "records + copied * TAPS + value - shift",
+                           "records + copied * (TAPS - KERNEL) + value - shift"),
     "restaged-before-all-read": (("grad_input",), "__syncthreads();  // the staging is free for the next output row",
                                  ";"),
-    "staging-one-past": (("grad_input",), "k < (unsigned int)(pieces * RUN); k += LAST_THREADS",
-                         "k <= (unsigned int)(pieces * RUN); k += LAST_THREADS"),
+    # grad_input's staging: every unit of a piece read, those of rows past the record's too
+    # (past the weight at the last record), the record's last value left out, and 16-bit units
+    # not realigned where a piece starts at a unit's second value, or realigned with their own
+    # first value in place of the next lane's
+    "staging-past-the-record": (("grad_input",), "unit_t unit = own ? from[0] : 0;",
+                                "unit_t unit = ((void)own, from[0]);"),
+    "record-end-one-short": (("grad_input",), "inside = (unsigned int)value < TAPS,",
+                             "inside = (unsigned int)value < TAPS - 1,"),
+    "pieces-never-realigned": (("grad_input",), "if (UNIT_VALUES > 1 && shift) unit =", "if (false) unit ="),
+    "realigned-with-its-own-value": (("grad_input",), "(unit >> 16) | ((next ? from[1] : 0) << 16);",
+                                     "(unit >> 16) | ((void)next, unit << 16);"),
     # the band's rows: each its own kernel row of the staged pieces, a kernel row past the last
     # read, the output rows in the chunked kernel's order (the same values, other bits), and the
     # last band's row past the image stored (past the tensor at the last sample; elsewhere into
@@ -518,10 +601,17 @@ PLANTS = {
     "band-row-past-the-image-stored": (("grad_input",), "if (!active || y_first + r >= H) continue;",
                                        "if (!active) continue;"),
 }
-# (the copy and the staging one value past read past a tensor, and change no value read; the
-# band's row past the image and the second pixel past the row write past one)
-ACCESS_ONLY = {"copy-one-past", "staging-one-past", "band-row-past-the-image-stored", "second-pixel-past-the-row-stored"}
-VALUE_PLANTS = [(kind, plant) for plant, (kinds, *_) in PLANTS.items() if plant not in ACCESS_ONLY for kind in kinds]
+# (the copy one value past and the staging past the record read past a tensor, and change no
+# value read; the band's row past the image and the second pixel past the row write past one)
+ACCESS_ONLY = {"copy-one-past", "staging-past-the-record", "band-row-past-the-image-stored",
+               "second-pixel-past-the-row-stored"}
+# (a band's kernel row past the record reads staged zeros in float32: only an infinite
+# grad_output shows them, as NaN)
+INFINITE_ONLY = {"band-kernel-row-one-past"}
+# (grad_input's staging takes 4-byte units of two values in 16-bit dtypes only)
+SIXTEEN_BIT = {"pieces-never-realigned", "realigned-with-its-own-value"}
+VALUE_PLANTS = [(kind, plant) for plant, (kinds, *_) in PLANTS.items() if plant not in ACCESS_ONLY | SIXTEEN_BIT
+                for kind in kinds]
 ACCESS_PLANTS = [(kind, plant) for plant, (kinds, *_) in PLANTS.items()
                  if "bound" in plant or plant in ACCESS_ONLY for kind in kinds]
 
@@ -542,7 +632,19 @@ def test_a_planted_bug_fails_the_reference_check(kind, plant, tmp_path, monkeypa
     require_host_compiler()
     _use(monkeypatch, _plant(tmp_path, plant))
     with pytest.raises(AssertionError):
-        _check_random(EmulatedLauncher(), cases=4, seed=5, dtypes=(torch.float32,), kind=KINDS[kind])
+        if plant in INFINITE_ONLY:
+            _infinite_grad_input(EmulatedLauncher(), dtypes=(torch.float32,))
+        else:
+            _check_random(EmulatedLauncher(), cases=4, seed=5, dtypes=(torch.float32,), kind=KINDS[kind])
+
+
+@pytest.mark.parametrize("plant", sorted(SIXTEEN_BIT))
+def test_a_planted_bug_in_sixteen_bit_staging_fails_the_checks(plant, tmp_path, monkeypatch):
+    """grad_input's 16-bit staging, on random bfloat16 geometries."""
+    require_host_compiler()
+    _use(monkeypatch, _plant(tmp_path, plant))
+    with pytest.raises(AssertionError):
+        _check_random(EmulatedLauncher(), cases=4, seed=5, dtypes=(torch.bfloat16,), kind=GRAD_INPUT)
 
 
 _RUN_RANDOM = """
@@ -565,9 +667,9 @@ def test_last_is_clean_under_address_sanitizer():
 
 # Per kernel, a call whose over-reads leave the input or the weight: the last pixel's taps below
 # and right of the image, and the last warp's records end at the weight's end (grad_weight's
-# copy writes past its end; grad_input's last segment reads the last record, and its last band,
-# of an odd height, has a row past the image; the forward's last pair, of an odd width, has a
-# pixel past the row).
+# copy writes past its end; grad_input's last band, of an odd height and no padding, has a row
+# past the image, whose kernel row at the last output row lies past the last record, the
+# weight's last; the forward's last pair, of an odd width, has a pixel past the row).
 ASAN_CALLS = {
     "forward": """
     last = torch.channels_last
@@ -583,10 +685,10 @@ ASAN_CALLS = {
 """,
     "grad_input": """
     last = torch.channels_last
-    g = torch.randn(1, 16, 5, 4).to(memory_format=last)
-    w = torch.randn(1, 5, 4, 1, 3, 3).permute(0, 3, 4, 5, 1, 2)
+    g = torch.randn(1, 16, 3, 2).to(memory_format=last)
+    w = torch.randn(1, 3, 2, 1, 3, 3).permute(0, 3, 4, 5, 1, 2)
     out = torch.empty(1, 16, 5, 4).to(memory_format=last)
-    ops.involution_last_backward_input(g, w, [5, 4], [1, 1], [1, 1], [1, 1], out, launcher)
+    ops.involution_last_backward_input(g, w, [5, 4], [1, 1], [0, 0], [1, 1], out, launcher)
 """,
 }
 

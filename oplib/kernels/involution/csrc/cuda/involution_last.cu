@@ -500,6 +500,27 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
 constexpr int LAST_GRAD_INPUT_ROWS = 2;
 constexpr int LAST_GRAD_INPUT_LOADED = 2;
 
+// What grad_input's staging copies at once: a 4-byte unit of two 16-bit values, or one value of
+// 4 or 8 bytes. A value at a time, each taking a division, a bound and a 64-bit address, the
+// copy took 25 instructions a value on sm_90 (NVRTC), a third of the kernel's instructions in
+// bfloat16 at RedNet-50's first stage and more than half at its last, whose segments of 4
+// pixels read 320 records an output row. A lane now stages the same unit of each piece it
+// copies: 22 instructions a unit of two 16-bit values, 12 a float32 value (sm_90, NVRTC). The
+// host passes a weight that starts and ends on a unit's boundary (WEIGHT_UNIT_BYTES: a 16-bit
+// weight of an even count of values from a 4-byte boundary) and declines others.
+constexpr int WEIGHT_UNIT_BYTES = 4;
+template <typename scalar_t, bool WIDE = sizeof(scalar_t) == 8>
+struct StagingUnit {
+    typedef unsigned int type;
+    static_assert(sizeof(type) == WEIGHT_UNIT_BYTES, "the host's unit");
+    static constexpr int values = WEIGHT_UNIT_BYTES / (int)sizeof(scalar_t);
+};
+template <typename scalar_t>
+struct StagingUnit<scalar_t, true> {
+    typedef unsigned long long type;
+    static constexpr int values = 1;
+};
+
 template <typename scalar_t, int KERNEL, int STRIDE>
 __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_backward_input_last(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ weight, scalar_t* __restrict__ grad_input,
@@ -512,8 +533,19 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_back
     constexpr int RUN = ROWS * KERNEL;  // a piece: the band's kernel rows of one record
     constexpr int PHASE_TAPS = (KERNEL + STRIDE - 1) / STRIDE;  // the taps of a column phase
     constexpr int LOADED = PHASE_TAPS < LAST_GRAD_INPUT_LOADED ? PHASE_TAPS : LAST_GRAD_INPUT_LOADED;
-    __shared__ Vector16<scalar_t> staged_vectors[ROWS * LAST_WARPS * LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
-    scalar_t* staged = reinterpret_cast<scalar_t*>(staged_vectors);
+    typedef typename StagingUnit<scalar_t>::type unit_t;
+    constexpr int UNIT_VALUES = StagingUnit<scalar_t>::values;
+    constexpr int STAGED_UNITS = RUN / UNIT_VALUES;  // a piece's, each from a unit's first value (RUN is even)
+    static_assert(RUN % 2 == 0 && TAPS % 2 == 1, "the staging's two-value units take an odd kernel, two rows a band");
+    // The copy's lanes: SLOTS a piece, a power of two and at least STAGED_UNITS, so that a
+    // thread stages the same unit of pieces PIECES_APART apart (an even count: their first
+    // values lie at the same place in a unit of memory).
+    constexpr int SLOTS = STAGED_UNITS <= 4 ? 4 : STAGED_UNITS <= 8 ? 8 : STAGED_UNITS <= 16 ? 16 : 32;
+    constexpr int PIECES_APART = LAST_THREADS / SLOTS;
+    static_assert(STAGED_UNITS <= SLOTS && PIECES_APART % 2 == 0, "a thread's pieces start at one place in a unit");
+    constexpr int MAX_PIECES = LAST_THREADS * KERNEL / (int)sizeof(scalar_t);
+    __shared__ unit_t staged_units[MAX_PIECES * STAGED_UNITS];
+    const scalar_t* staged = reinterpret_cast<const scalar_t*>(staged_units);
     const index_t C = channels;
     const int H = (int)height, W = (int)width, G = (int)groups, OH = (int)out_h, OW = (int)out_w;
     const int ph = (int)pad_h, pw = (int)pad_w;
@@ -567,12 +599,33 @@ __global__ void __launch_bounds__(LAST_THREADS, LAST_MIN_BLOCKS) involution_back
             const int a_first = y_first + ph - i * STRIDE;
             // Value q of piece p (record j_low + p / G, group p % G) is value a_first K + q of
             // the record, where that lies in it (a band's row past the kernel's rows takes none).
+            // Piece p, values first .. first + RUN - 1 of record p (from records), is copied to
+            // values p RUN ... of the staging in units, a lane a unit: from the unit of memory
+            // that holds the same values where the piece's first value is a unit's first, else
+            // (every other piece: TAPS is odd) from the second value of one and the first of the
+            // next. Only units of memory that hold a value inside the record (the only ones
+            // read) are read; such a unit may lie across two records, never past the tensor:
+            // the host passes a weight of whole units (WEIGHT_UNIT_BYTES).
             const scalar_t* records = weight_sample + i * weight_row_step;
-            const unsigned int first = (unsigned int)(a_first * KERNEL);
+            const int first = a_first * KERNEL;
+            {
+                const int slot = tid & (SLOTS - 1), copied = tid / SLOTS;  // the thread's first piece
+                const int phase = UNIT_VALUES > 1 ? (int)((size_t)records / sizeof(scalar_t)) & 1 : 0;
+                const int shift = UNIT_VALUES > 1 ? (copied * TAPS + first + phase) & 1 : 0;  // its first value's place
+                const int value = first + slot * UNIT_VALUES;  // the staged unit's first value, in the record
+                const bool inside = (unsigned int)value < TAPS, next_inside = UNIT_VALUES > 1 && (unsigned int)(value + 1) < TAPS;
+                const bool own = slot < STAGED_UNITS && (inside || (!shift && next_inside));
+                const bool next = slot < STAGED_UNITS && shift && next_inside;
+                const unit_t* from = reinterpret_cast<const unit_t*>(records + copied * TAPS + value - shift);
+                unit_t* to = staged_units + copied * STAGED_UNITS + slot;
 #pragma unroll 1
-            for (unsigned int k = tid; k < (unsigned int)(pieces * RUN); k += LAST_THREADS) {
-                const unsigned int p = k / RUN, at = first + (k - p * RUN);
-                if (at < (unsigned int)TAPS) staged[k] = records[p * TAPS + at];
+                for (int p = copied; p < pieces; p += PIECES_APART) {
+                    unit_t unit = own ? from[0] : 0;
+                    if (UNIT_VALUES > 1 && shift) unit = (unit >> 16) | ((next ? from[1] : 0) << 16);
+                    if (slot < STAGED_UNITS) *to = unit;
+                    from += PIECES_APART * TAPS / UNIT_VALUES;
+                    to += PIECES_APART * STAGED_UNITS;
+                }
             }
             __syncthreads();
             const scalar_t* column = grad_sample + i * grad_row_step;
