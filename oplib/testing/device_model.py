@@ -2214,12 +2214,14 @@ _INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s*(?:@!?U?P\w+\s+)?(?P<op>[A-Z][\
 # for the staged forward, left out: 4.77 -> 5.11 for its channels_last rows too), and a loop
 # body made longer to run fewer trips reads as a loss (the staged grad_input's m-tiles over the
 # formed pixels: 6.42 -> 6.71, where its loops at their real trips lost 7-12% of their
-# instructions); a layout as a template argument, one way's code an instantiation, would
-# let the ratio see only the path that runs. And an unrolled loop's copies of an inner loop
-# count 4 trips each: the staged forward's kernel rows split into two passes (three at stride
-# 2) put two (three) copies of its aggregation loop at 4 trips each where the rows' 7 trips
-# ran before as one, and its static ratio fell 4.07 -> 3.13, where its instructions at their
-# real trips rose 8-14%.
+# instructions; channels_last grad_input's staging copied in 4-byte units instead of a value a
+# thread: bfloat16 4.21 -> 4.28, where its instructions an output row at their real trips fell
+# 10-21% over RedNet-50's stride-1 stages); a layout as a template argument, one way's code
+# an instantiation, would let the ratio see only the path that runs. And an unrolled loop's
+# copies of an inner loop count 4 trips each: the staged forward's kernel rows split into two
+# passes (three at stride 2) put two (three) copies of its aggregation loop at 4 trips each
+# where the rows' 7 trips ran before as one, and its static ratio fell 4.07 -> 3.13, where its
+# instructions at their real trips rose 8-14%.
 LOOP_TRIPS = 4
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _TARGET = re.compile(r"`\((\.L_x_\d+)\)")
