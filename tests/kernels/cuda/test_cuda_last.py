@@ -109,11 +109,6 @@ def _case(rng: random.Random, kernel: int, stride: int, dtype: torch.dtype, kind
     return input, weight, *window
 
 
-def _chunked_forward(args: tuple) -> torch.Tensor:
-    """involution.cu's chunked forward on the same call (the ``CHUNKED`` policy)."""
-    return involution_cuda.involution(*args, _result(args, FORWARD), EmulatedLauncher(), involution_cuda.CHUNKED)
-
-
 def _chunked(kind: Kind, args: tuple, launcher=None) -> torch.Tensor:
     """involution.cu's chunked forward or grad_input on the same call (the ``CHUNKED`` policy),
     through ``launcher`` (default: the emulation; on a GPU, None, CuPy's)."""
@@ -205,9 +200,7 @@ def _check_pairs_of_many_groups(launcher, device: str = "cpu") -> None:
         out = FORWARD.launch(*args, _result(args, FORWARD), launcher)
         assert out is not None
         assert_matches_reference(spec, registry.SampleInput(cpu_args, name), out.cpu(), cpu_args[0].dtype)
-        chunked = involution_cuda.involution(*args, _result(args, FORWARD), EmulatedLauncher() if device == "cpu" else None,
-                                             involution_cuda.CHUNKED)
-        assert torch.equal(out, chunked), name
+        assert torch.equal(out, _chunked(FORWARD, args)), name
 
 
 @pytest.mark.parametrize("order", [ORDERS[0], INTERLEAVED])
@@ -308,7 +301,7 @@ def _infinite_weights_outside(launcher, dtypes=registry.FLOAT_DTYPES) -> None:
             args = (torch.randn(1, 32, 6, 16, dtype=dtype).to(memory_format=LAST), as_pixel_major(w),
                     [stride, stride], [pad, pad], [1, 1])
             out = involution_cuda.involution_last(*args, _result(args, FORWARD), launcher)
-            expected = _chunked_forward(args)
+            expected = _chunked(FORWARD, args)
             assert torch.isfinite(expected).all() and torch.equal(out, expected), (dtype, kernel, stride)
 
 

@@ -157,9 +157,10 @@ struct LastLaunch {
           step((int)gridDim.x * LAST_THREADS), C(channels), H(height), W(width) {}
 
     // The lane's work item in the round from `base`: a vector of `lanes` channels of one group
-    // at the output pixels (i, j) and (i, j + 1), j even (the second past the row where OW is odd). Items run over
-    // (n, i, j / 2, g, part), part fastest; `record` and `pixel` are the first pixel's (the
-    // warp's records, both pixels' of each item, and their places in the staging: PairRecords).
+    // at the output pixels (i, j) and (i, j + 1), j even (the second past the row where OW is
+    // odd). Items run over (n, i, j / 2, g, part), part fastest; `record` and `pixel` are the
+    // first pixel's (the warp's records, both pixels' of each item, and their places in the
+    // staging: PairRecords).
     __device__ __forceinline__ LastItem pair_item(int base, int lanes) const {
         LastItem it;
         const int item = base + lane, pairs = (OW + 1) / 2;
