@@ -816,10 +816,9 @@ def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandw
         heading,
         "",
         "generated_mma.cu's `involution_generated_mma_backward_input_staged`, a CUDA kernel of "
-        "involution_generated_backward_input: per tile of input pixels and kernel row "
-        "(STAGED_GRAD_ROWS rows at once), the row's weights at the output pixels the tile reads formed on tensor "
-        "cores into shared memory (never in global memory; float32's in 3xTF32), then summed by FMAs with grad_output "
-        "staged in shared memory. Predicted with the constants "
+        "involution_generated_backward_input: per tile of input pixels, every kernel row's weights at the output "
+        "pixels the tile reads formed on tensor cores into shared memory (never in global memory; float32's a row "
+        "at a time, in 3xTF32), then summed by FMAs with grad_output staged in shared memory. Predicted with the constants "
         "fitted above (the kernel is no row they are fitted on), beside its floor (grad_output, the feature and "
         "grad_input once) and two kernels the draw measured at the same shape, dtype and layout: involution's "
         "grad_input as the op runs it (the vectors kernel where it serves the call), which the op's map route runs "

@@ -1735,13 +1735,15 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     thread's index in the grid (block-major, 256 threads a block, a block a tile of a (sample,
     group) and a chunk of 16 of its channels; a warp 8 runs of 4 pixels x 4 channel quarters of
     one row and column parity). The group's span rows and their bias (a value a thread, stored
-    in float) and grad_output over the region staged (a 16-byte load a pixel's 8 channels where
-    the host says they are a vector, else two 16-bit loads a pair; 4 word stores), then per
-    STAGED_GRAD_ROWS kernel rows their weights formed (per m-tile, 16 of the pixels, row-major,
-    of the output rows any of them reads x the region's columns: per n-tile the bias, two
-    shared loads; per k-step of R the feature's A fragment from global memory and per n-tile
-    the span's B by ldmatrix; tensor cores: no term; a word store per value a run reads) and,
-    per kernel row, for a warp whose
+    in float), then the kernel rows' weights formed (16-bit: every row at once, then grad_output
+    staged in the span rows' place; float32: grad_output staged first, its own place, then
+    STAGED_GRAD_ROWS rows at a time; per m-tile, 16 of the pixels, row-major, of the output rows
+    any of the rows reads x the region's columns: per n-tile the bias, two shared loads; per
+    k-step of R the feature's A fragment from global memory and per n-tile the span's B by
+    ldmatrix; tensor cores: no term; a word store per value, 16-bit's values no run reads to one
+    word past the taps, float32's stored only where a run reads them; grad_output a 16-byte load
+    a pixel's 8 channels where the host says they are a vector, else two 16-bit loads a pair; 4
+    word stores) and, per kernel row, for a warp whose
     rows read an output row through it, its taps' 4 weights (a 16-byte shared load each), the window's
     grad_output (an 8-byte shared load a pixel) and 4 multiply-adds per (tap, pixel) pair; the
     stores. The layout's sizes are the source's and its host's."""
@@ -1764,9 +1766,14 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     span_rows, span_words = K * K + 7, 8 * -(-R // 16)
     span_stride = involution_cuda.generated_mma_staged_wide_span_stride(R) if wide else span_words + 4
     bias_at = span_rows * span_stride  # words
-    staged_at = bias_at + (-(-span_rows // 4) * 4 if wide else span_rows)
-    weights_at = staged_at + -(-region_h * region_w * pixel_words // 4) * 4
-    rows_at_once = min(K, source.constants["STAGED_GRAD_ROWS"])
+    if wide:  # span rows, grad_output and the weights' two buffers apart
+        staged_at = bias_at + -(-span_rows // 4) * 4
+        weights_at = staged_at + -(-region_h * region_w * pixel_words // 4) * 4
+        rows_at_once = min(K, source.constants["STAGED_GRAD_ROWS"])
+    else:  # grad_output in the span rows' place once every kernel row's weights are formed, into one buffer
+        staged_at = 0
+        weights_at = -(-max(bias_at + span_rows, region_h * region_w * pixel_words) // 4) * 4
+        rows_at_once = K
     buffer_taps = rows_at_once * K
     thread, warp, row, quad, group, n, c0, y0, x0 = _staged_thread(item, launch, G, pg, tiles_w, (tile_h, tile_w))
     lane = thread % 32
@@ -1818,16 +1825,20 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
                     wi = i[h] - (y0 + ph - a0 + S - 1 - r) // S  # the pixel's row among kernel row a0 + r's
                     at = column[h] - offset
                     stored = live & (b < K) & (wi >= 0) & (wi < weight_rows) & (at >= 0) & (at < row_stride)
-                    t.shared(weights_at + (buffer * buffer_taps + r * K + b) * tap_stride + wi * row_stride + at,
-                             stored, 4)
+                    place = weights_at + (buffer * buffer_taps + r * K + b) * tap_stride + wi * row_stride + at
+                    if wide:
+                        t.shared(place, stored, 4)
+                    else:  # every value stored, those no run reads to the word past the taps
+                        t.shared(torch.where(stored, place, weights_at + (taps + 1) * tap_stride), live, 4)
 
     if wide:
         _wide_region(t, thread, threads, n * gsn + group * pg * gsc, c0, 4, pixel_words, pg, (region_h, region_w),
                      region_w, 1, (first_row, first_column), (OH, OW), (gsc, gsh, gsw), vector, staged_at)
+        form_rows(0, 0)
     else:
+        form_rows(0, 0)
         _staged_region(t, thread, threads, n * gsn + group * pg * gsc, c0, pg, (region_h, region_w), region_w, 1,
                        (first_row, first_column), (OH, OW), (gsc, gsh, gsw), vector, es, staged_at)
-    form_rows(0, 0)
     for step, a0 in enumerate(range(0, K, rows_at_once)):
         end = min(a0 + rows_at_once, K)
         for a in range(a0, end):

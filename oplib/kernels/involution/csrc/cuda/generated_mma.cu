@@ -1069,21 +1069,25 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 // A block of MMA_WARPS warps takes a tile of tile_h x tile_w input pixels of one (sample, group)
 // and a chunk of MMA_CHANNELS of the group's channels (grid: tiles x groups x samples * chunks;
 // a group's chunks form their weights each, as a loop over them in the block would):
-//   1. stages grad_output over the region of output pixels the tile's windows read, [row]
-//      [column][channel], zeros outside the map;
-//   2. per STAGED_GRAD_ROWS kernel rows: forms their taps (an n-tile of 8 a row, those past K
-//      unstored) at the output rows the tile reads through any of them (tile_h / S through each, the
-//      rows' sets shifted by a row or half of one) x the region's columns, (pixels x R)(R x
-//      ROWS K) + bias on tensor cores, the feature's A fragment loaded from global memory once
-//      for all the rows' n-tiles (STAGED_GRAD_ROWS is 1: once a row), span_weight's
-//      rows staged whole; each value a run reads in float into shared memory ([tap][row]
-//      [column], two buffers: the next rows' weights are formed while these rows' are read, one
-//      barrier for ROWS rows), 0 at pixels outside the map;
+//   1. forms every kernel row's taps (an n-tile of 8 a row, those past K unstored) at the output
+//      rows the tile reads through any of them (tile_h / S through each, the rows' sets shifted
+//      by a row or half of one) x the region's columns, (pixels x R)(R x K taps) + bias on
+//      tensor cores, the feature's A fragment loaded from global memory once for all the rows'
+//      n-tiles, span_weight's rows staged whole; each value a run reads in float into shared
+//      memory ([tap][row][column]), 0 at pixels outside the map;
+//   2. stages grad_output over the region of output pixels the tile's windows read, [row]
+//      [column][channel], zeros outside the map, where the span rows were;
 //   3. each thread sums, for its run of 4 input pixels (S columns apart: pixels of one column
 //      parity) and 4 channels, each row's taps of its parity: the run's 4 weights of a tap one
 //      16-byte load (each tap's row of the buffer shifted so that it is aligned), each
 //      grad_output vector of the window (4 channels, 8 bytes) read once and used by every tap
 //      and pixel it meets.
+// Every row at once: a tile's output rows formed once, where a row at a time formed each of them
+// for each kernel row that reads it (a stride-1 tile of 8 rows: 56 output rows formed in place of
+// 14), and a pixel's feature loads and addresses once for the K rows' products and stores. A value no run reads
+// (a pixel of a row no run of the kernel row reads, or past a tap's runs) goes to a word past the
+// taps (`unread`): every value a store, no branch. The float32 way (below) forms a row at a time
+// into two buffers, the next rows' while these rows' are summed (STAGED_GRAD_ROWS).
 // A warp's 8 runs x 4 channel quarters lie on one row parity and one column parity (S = 2: the
 // 4 parity classes are 4 of the block's warps each), so a warp's taps and rows are the same
 // for all its lanes: no divergence. runs_w (the host's choice: 8, 4 or 2, a warp's runs along a
@@ -1094,28 +1098,30 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 //
 // Dynamic shared memory (generated_mma_staged_shared_bytes), 32-bit words:
 //   span     span_rows x span_stride            span_weight's rows of the group, as the band
-//                                               kernel stages them
+//                                               kernel stages them (while the weights are formed)
 //   bias     span_rows                          float, the group's bias, zeros past its taps
 //   staged   region_h x region_w x STAGED_PIXEL  grad_output, a pixel's 16 channels as 8 words
 //                                               of two 16-bit values, and 2 words of padding
-//                                               (runs 4 pixels apart in different banks)
-//   weights  (2 x ROWS x K + 1) taps x          float, [tap][row][place]: tap r K + b the
-//            tap_stride                         buffer's kernel row r's tap b (the one tap past
-//                                               both: a run of the odd column parity at S = 2
-//                                               loads a tap past its row's, unused); place 4 run_x + p
-//                                               holds the weight the tap gives pixel p of the
-//                                               runs run_x (staged_tap_offset), rows tile_w / S
-//                                               apart, taps tap_stride apart (4 past a multiple
-//                                               of 32: a D fragment's stores in different banks)
-// where region_h x region_w is the most output pixels a tile's windows read.
+//                                               (runs 4 pixels apart in different banks), in
+//                                               the span rows' place once the weights are formed
+//   weights  (K x K + 1) taps x tap_stride      float, [tap][row][place], after the larger of the
+//                                               two above: tap a K + b kernel row a's tap b (the
+//                                               one tap past them: a run of the odd column parity
+//                                               at S = 2 loads a tap past its row's, unused);
+//                                               place 4 run_x + p holds the weight the tap gives
+//                                               pixel p of the runs run_x (staged_tap_offset),
+//                                               rows tile_w / S apart, taps tap_stride apart (4
+//                                               past a multiple of 32: a D fragment's stores in
+//                                               different banks)
+//   unread   4                                  the values no run reads
+// where region_h x region_w is the most output pixels a tile's windows read. The float32 way's
+// layout: its helpers' comment.
 
 constexpr int STAGED_RUN = 4;  // a thread's pixels, and its channels (a quarter of MMA_CHANNELS)
 constexpr int STAGED_PIXEL = 10;  // words a staged grad_output pixel: 8, and 2 of padding
-// The grad_input's kernel rows formed at once: one, so that four blocks an SM fit at stride 1 on
-// sm_90 (39-42 KiB, 64 registers with no spill), where two rows from one load of the feature's
-// A fragments held three (53-56 KiB, 80 registers; at 64, 16 bytes of spill). The fragments are
-// loaded 7 times in place of 4; the model puts the kernel at 4-26% less time at RedNet-50's
-// shapes (the stride-2 rows' part of that: three blocks at 80 registers, launch bounds).
+// The float32 grad_input's kernel rows formed at once: one, in two buffers (its span rows and
+// grad_output in floats leave no room for every row's weights at three blocks an SM, and every
+// row at once spilled at 80 registers on sm_90).
 constexpr int STAGED_GRAD_ROWS = 1;
 static_assert(STAGED_GRAD_ROWS >= 1, "a kernel row at least");
 static_assert(MMA_CHANNELS == 4 * STAGED_RUN && MMA_THREADS == 256, "a warp's lanes: 8 runs x 4 channel quarters");
@@ -1573,11 +1579,12 @@ __device__ __forceinline__ void staged_wide_store_run(const float (&sums)[STAGED
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, N * chunks), tiles of grad_input.
 // VECTORS as the staged forward's (grad_output's units vectors, the feature's pairs words,
 // grad_input's pairs word stores): that instantiation holds only those ways.
-// RedNet's 7x7 windows: four blocks an SM at stride 1 and three at stride 2 from sm_90 on (64
-// and 80 registers, no spill; sm_90's 228 KiB hold them: a kernel row formed at a time,
-// STAGED_GRAD_ROWS), three and two before (sm_80's stride-2 NCHW instantiation spilled 12
-// bytes at three); the other windows two (they spilled at three on sm_80, sm_100 or sm_120).
-#define OPLIB_STAGED_GRAD_BLOCKS OPLIB_BLOCKS_BY_ARCH(3, 3, 4, 4)
+// RedNet's 7x7 windows: three blocks an SM at both strides from sm_90 on (80 registers, no
+// spill; sm_90's 228 KiB hold three of RedNet-50's stride-1 tiles, 70-72 KiB with every kernel
+// row's weights), two before (sm_80's 164 KiB hold two at stride 1; its stride-2 NCHW
+// instantiation spilled 12 bytes at three); the other windows two (they spilled at three on
+// sm_80, sm_100 or sm_120).
+#define OPLIB_STAGED_GRAD_BLOCKS OPLIB_BLOCKS_BY_ARCH(2, 2, 3, 3)
 #define OPLIB_STAGED_GRAD_STRIDED_BLOCKS OPLIB_BLOCKS_BY_ARCH(2, 2, 3, 3)
 // float32's (its span rows and grad_output in floats: 62-69 KiB at RedNet-50's stride-1 shapes,
 // 30-45 KiB at stride 2): three at stride 1 from sm_90 on (80 registers, no spill), two before
@@ -1604,25 +1611,29 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_GRAD_BLOCKS<scalar_t, KERN
         typedef scalar_t half_t;
         constexpr int K = KERNEL, S = STRIDE, TAPS = (K + S - 1) / S;  // a parity's most taps of a row
         constexpr int ROW_GROUPS = MMA_WARPS / (S * S);  // a parity class's warps
-        // The kernel rows formed at once, from one A fragment: an n-tile a row (its taps 0 .. 7,
+        // Every kernel row formed at once, from one A fragment: an n-tile a row (its taps 0 .. 7,
         // those past K unstored), so that a value's row is its n-tile's and its tap the lane's
         // (where K K taps packed 8 an n-tile took a division a value and about 30 instructions
         // a (tile, value) pair to find its row, tap and place).
-        constexpr int ROWS = K < STAGED_GRAD_ROWS ? K : STAGED_GRAD_ROWS;
         static_assert(K <= 8, "a kernel row's taps in one n-tile");
         const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
         const int runs_h = MMA_WARPS / runs_w;
         const int tile_h = S * ROW_GROUPS * runs_h, tile_w = S * STAGED_RUN * runs_w;
         const int region_h = (tile_h - 1 + K - 1 + S - 1) / S + 1, region_w = (tile_w - 1 + K - 1 + S - 1) / S + 1;
         const int weight_rows = tile_h / S, row_stride = tile_w / S;
-        const int tap_stride = ((weight_rows * row_stride + 27) & ~31) + 4;
+        // a tap's places, weight_rows x row_stride = ROW_GROUPS x STAGED_RUN x MMA_WARPS whatever
+        // runs_w (a constant: a row's places of a tap and the next rows' taps immediate offsets)
+        constexpr int tap_stride = ((ROW_GROUPS * STAGED_RUN * MMA_WARPS + 27) & ~31) + 4;
         const int taps = K * K, group_channels = channels / groups;
         const int span_rows = K * K + 7, span_words = 8 * ((reduced + 15) / 16), span_stride = span_words + 4;
+        // span_weight's rows and bias while the weights are formed, grad_output in their place
+        // once they are (the weights' buffer after the larger of the two)
+        const int span_place = span_rows * (span_stride + 1), staged_place = region_h * region_w * STAGED_PIXEL;
         OPLIB_DYNAMIC_SHARED(unsigned int, shared);
         unsigned int* span = shared;
         float* span_bias = reinterpret_cast<float*>(span + span_rows * span_stride);
-        unsigned int* staged = span + span_rows * (span_stride + 1);
-        float* weights = reinterpret_cast<float*>(staged + ((region_h * region_w * STAGED_PIXEL + 3) & ~3));
+        unsigned int* staged = shared;
+        float* weights = reinterpret_cast<float*>(shared + (((span_place > staged_place ? span_place : staged_place) + 3) & ~3));
 
         const int tile_y = blockIdx.x / tiles_w, tile_x = blockIdx.x % tiles_w;
         const int y0 = tile_y * tile_h, x0 = tile_x * tile_w;
@@ -1662,21 +1673,31 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_GRAD_BLOCKS<scalar_t, KERN
         // 2^32 / region_w).
         const unsigned int column_magic = 0xffffffffu / (unsigned int)region_w + 1u;
 
-        // Kernel rows a0 .. a0 + rows - 1's weights into buffer `into`: m-tiles of 16 of the
-        // pixels (row-major) of the output rows any of them reads (kernel row a's weight_rows
-        // from i_low(a), the union from the last row's) x the region's columns, the warps in
-        // turn, every row's taps of a pixel from one A fragment; pixel p at output row i_first +
-        // p / region_w, column first_column + p % region_w.
-        const auto form_rows = [&](int a0, float* into) {
-            const int rows = K - a0 < ROWS ? K - a0 : ROWS;
-            const int i_first = mma_floor_div(y0 + pad_h - (a0 + rows - 1) + S - 1, S);
-            const int pixels = (mma_floor_div(y0 + pad_h - a0 + S - 1, S) - i_first + weight_rows) * region_w;
+        __syncthreads();  // span_weight's rows are staged
+        // Every kernel row's weights: m-tiles of 16 of the pixels (row-major) of the output rows
+        // any row reads (kernel row a's weight_rows from i_low(a) = floor((y0 + ph - a + S - 1)
+        // / S); the union from the last row's, i_first) x the region's columns, the warps in turn,
+        // every row's taps of a pixel from one A fragment; pixel p at output row i_first + p /
+        // region_w, column first_column + p % region_w. Row a's tap b of a pixel at formed row ui
+        // and region column col lands at
+        //   (a K + b) tap_stride + (ui - ui_low(a)) row_stride + col - offset(b)
+        // (ui_low(a) = i_low(a) - i_first; offset: staged_tap_offset), where the row reads the
+        // pixel's row (0 <= ui - ui_low(a) < weight_rows) and the tap's runs its column
+        // (0 <= col - offset(b) < row_stride): a part of the tap, one of the pixel, one of the row.
+        {
+            const int i_first = mma_floor_div(y0 + pad_h - (K - 1) + S - 1, S);
+            const int pixels = (mma_floor_div(y0 + pad_h + S - 1, S) - i_first + weight_rows) * region_w;
             const int m_tiles = (pixels + 15) / 16;
-            // the rows' bias (an n-tile's taps past K: the next row's, unstored; the last row's
-            // end at most K K + 6, within span_rows)
-            const float* rows_bias = span_bias + a0 * K + 2 * quad;
-            const int row_base = y0 + pad_h - a0 + S - 1;  // i_low(a) = floor((row_base - (a - a0)) / S)
-            const unsigned int* rows_span = lane_span + a0 * K * span_stride;  // the rows' first tap's
+            const int row_base = y0 + pad_h + S - 1;  // i_low(a) = floor((row_base - a) / S)
+            // (the lane's taps' bias; a tap past K: the next row's, unstored)
+            const float* taps_bias = span_bias + 2 * quad;
+            float* const unread = weights + (K * K + 1) * tap_stride;
+            int tap_part[2], tap_offset[2];  // (a tap past K: neither used)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                tap_offset[e] = staged_tap_offset<S>(2 * quad + e, column_base, pad_w, first_column);
+                tap_part[e] = (2 * quad + e) * tap_stride - tap_offset[e];
+            }
             // (An m-tile of 16 columns of one output row formed the region's 38 columns of
             // RedNet's stage-1 tile as 48, a fifth of its pixels past them; a pixel past the rows
             // here reads a row's weights no run reads: unstored.)
@@ -1685,8 +1706,8 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_GRAD_BLOCKS<scalar_t, KERN
                 const unsigned short* values[2];
                 bool inside[2];
                 // the lane's first pixel's row among the formed ones and region column (its second,
-                // 8 pixels on, found from them: kept apart, they spilled on sm_80 at three blocks
-                // an SM); region_w is above 8, so the second is at most a row further
+                // 8 pixels on, found from them); region_w is above 8, so the second is at most a
+                // row further
                 const int p = 16 * m + row, first_ui = (int)(((unsigned long long)p * column_magic) >> 32);
                 const int first_col = p - first_ui * region_w;
                 const bool second_wraps = first_col + 8 >= region_w;
@@ -1701,75 +1722,65 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_GRAD_BLOCKS<scalar_t, KERN
                 // (formed anew at each load, their 64-bit addresses took most of the row's code).
 #pragma unroll
                 for (int h = 0; h < 2; ++h) values[h] += 2 * quad * feature_step;
-                OplibFragmentC d[ROWS];
+                OplibFragmentC d[K];
 #pragma unroll
-                for (int t = 0; t < ROWS; ++t) {  // (a row past the rows' is neither formed nor stored)
-                    const float low = t < rows ? rows_bias[K * t] : 0.0f;
-                    const float high = t < rows ? rows_bias[K * t + 1] : 0.0f;
-                    d[t] = OplibFragmentC{{low, high, low, high}};
+                for (int a = 0; a < K; ++a) {
+                    const float low = taps_bias[K * a], high = taps_bias[K * a + 1];
+                    d[a] = OplibFragmentC{{low, high, low, high}};
                 }
 #pragma unroll 1
                 for (int k0 = 0; k0 < reduced; k0 += 16) {
                     const OplibFragmentA f =
                         staged_feature_fragment(values, inside, k0 + 2 * quad, reduced, feature_step, words);
 #pragma unroll
-                    for (int t = 0; t < ROWS; ++t) {
-                        if (t >= rows) break;
+                    for (int a = 0; a < K; ++a) {
                         OplibFragmentB b;
-                        oplib_load_matrices<2>(rows_span + t * K * span_stride + k0 / 2, b.reg);
-                        oplib_mma<half_t>(d[t], f, b);
+                        oplib_load_matrices<2>(lane_span + a * K * span_stride + k0 / 2, b.reg);
+                        oplib_mma<half_t>(d[a], f, b);
                     }
                 }
 #pragma unroll
-                for (int t = 0; t < ROWS; ++t) {
-                    if (t >= rows) continue;
-                    // kernel row a0 + t's first output row, among the formed ones (S is 1 or 2)
-                    const int ui_low = ((row_base - t) >> (S - 1)) - i_first;
+                for (int h = 0; h < 2; ++h) {
+                    const bool wraps = h == 1 && second_wraps;
+                    const int ui = first_ui + wraps, col = first_col + 8 * h - (wraps ? region_w : 0);
+                    bool tap_reads[2];  // a run of the tap's reads the pixel's column
+                    float* at[2];  // the tap's place of the pixel, less a row's part
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const int b = 2 * quad + e;  // the lane's tap
-                        if (b >= K) continue;
-                        const int offset = staged_tap_offset<S>(b, column_base, pad_w, first_column);
+                        tap_reads[e] = 2 * quad + e < K && (unsigned int)(col - tap_offset[e]) < (unsigned int)row_stride;
+                        at[e] = weights + ui * row_stride + col + tap_part[e];
+                    }
 #pragma unroll
-                        for (int h = 0; h < 2; ++h) {  // a pixel no run reads through the tap is left out
-                            const bool wraps = h == 1 && second_wraps;
-                            const int wi = first_ui + wraps - ui_low;
-                            const int at = first_col + 8 * h - (wraps ? region_w : 0) - offset;
-                            if ((unsigned int)wi < (unsigned int)weight_rows && (unsigned int)at < (unsigned int)row_stride)
-                                into[(t * K + b) * tap_stride + wi * row_stride + at] = inside[h] ? d[t].value[2 * h + e] : 0.0f;
-                        }
+                    for (int a = 0; a < K; ++a) {
+                        // kernel row a's first output row among the formed ones
+                        const int ui_low = ((row_base - a) >> (S - 1)) - i_first;
+                        const bool row_reads = (unsigned int)(ui - ui_low) < (unsigned int)weight_rows;
+                        // (a value no run reads to the word past the taps: a store either way, no branch)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            *(row_reads && tap_reads[e] ? at[e] + a * K * tap_stride - ui_low * row_stride : unread) =
+                                inside[h] ? d[a].value[2 * h + e] : 0.0f;
                     }
                 }
             }
-        };
-
-        // grad_output over the region.
+        }
+        __syncthreads();  // every kernel row's weights are formed, and the span rows read
+        // grad_output over the region, in the span rows' place.
         staged_region<1>(staged, sample_grad, c0, group_channels, region_h, region_w, region_w, 1, 1, 0, first_row,
                          first_column, out_h, out_w, grad_c, grad_h, grad_w, VECTORS || vector_grad, thread);
-        __syncthreads();  // span_weight's rows are staged
-        form_rows(0, weights);
+        __syncthreads();  // grad_output is staged
         float sums[STAGED_RUN][STAGED_RUN] = {};
-        const int buffer_taps = ROWS * K;
-#pragma unroll 1
-        for (int a0 = 0, step = 0; a0 < K; a0 += ROWS, ++step) {
-            __syncthreads();  // rows a0 .. a0 + ROWS - 1's weights (and grad_output) are staged
-            const float* buffer = weights + (step & 1) * buffer_taps * tap_stride;
-            const int end = a0 + ROWS < K ? a0 + ROWS : K;
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                const int a = a0 + r;
-                if (a >= end) break;
-                const int from_y = y + pad_h - a;
-                if (from_y % S == 0) {  // the warp's rows read output row i through kernel row a
-                    const int i = from_y / S;
-                    const int wi = i - mma_floor_div(y0 + pad_h - a + S - 1, S);
-                    const unsigned int* window =
-                        staged + ((i - first_row) * region_w + window_column) * STAGED_PIXEL + 2 * quarter;
-                    staged_row_sums<half_t, TAPS>(sums, buffer + (r * K + b0) * tap_stride + wi * row_stride + run_place,
-                                                  S * tap_stride, taps_b, window);
-                }
+        for (int a = 0; a < K; ++a) {
+            const int from_y = y + pad_h - a;
+            if (from_y % S == 0) {  // the warp's rows read output row i through kernel row a
+                const int i = from_y / S;
+                const int wi = i - mma_floor_div(y0 + pad_h - a + S - 1, S);
+                const unsigned int* window =
+                    staged + ((i - first_row) * region_w + window_column) * STAGED_PIXEL + 2 * quarter;
+                staged_row_sums<half_t, TAPS>(sums, weights + (a * K + b0) * tap_stride + wi * row_stride + run_place,
+                                              S * tap_stride, taps_b, window);
             }
-            if (end < K) form_rows(end, weights + ((step + 1) & 1) * buffer_taps * tap_stride);
         }
         // The run's sums, rounded, to its pixels (S columns apart) and 4 channels.
         if (y >= height) return;
@@ -1780,7 +1791,8 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_GRAD_BLOCKS<scalar_t, KERN
     } else if constexpr (sizeof(scalar_t) == 4 && KERNEL > 0 && STRIDE <= 2) {
         // float32: the 16-bit way above with its products in 3xTF32 (the "wide" helpers'
         // comment says what differs); the group's span rows all staged, in float. The same
-        // layout of runs, rows and buffers.
+        // layout of runs and rows; a kernel row's weights formed at a time (STAGED_GRAD_ROWS)
+        // into two buffers, span rows and grad_output apart.
         constexpr int K = KERNEL, S = STRIDE, TAPS = (K + S - 1) / S;
         constexpr int ROW_GROUPS = MMA_WARPS / (S * S);
         constexpr int ROWS = K < STAGED_GRAD_ROWS ? K : STAGED_GRAD_ROWS;
