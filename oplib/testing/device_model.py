@@ -1740,8 +1740,8 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
     STAGED_GRAD_ROWS rows at a time; per m-tile, 16 of the pixels, row-major, of the output rows
     any of the rows reads x the region's columns: per n-tile the bias, two shared loads; per
     k-step of R the feature's A fragment from global memory and per n-tile the span's B by
-    ldmatrix; tensor cores: no term; a word store per value, 16-bit's values no run reads to one
-    word past the taps, float32's stored only where a run reads them; grad_output a 16-byte load
+    ldmatrix; tensor cores: no term; a word store per value a run reads (the others unstored);
+    grad_output a 16-byte load
     a pixel's 8 channels where the host says they are a vector, else two 16-bit loads a pair; 4
     word stores) and, per kernel row, for a warp whose
     rows read an output row through it, its taps' 4 weights (a 16-byte shared load each), the window's
@@ -1826,10 +1826,7 @@ def _generated_mma_backward_input_staged(t: _Tally, item: Tensor, launch: Launch
                     at = column[h] - offset
                     stored = live & (b < K) & (wi >= 0) & (wi < weight_rows) & (at >= 0) & (at < row_stride)
                     place = weights_at + (buffer * buffer_taps + r * K + b) * tap_stride + wi * row_stride + at
-                    if wide:
-                        t.shared(place, stored, 4)
-                    else:  # every value stored, those no run reads to the word past the taps
-                        t.shared(torch.where(stored, place, weights_at + (taps + 1) * tap_stride), live, 4)
+                    t.shared(place, stored, 4)  # (a value no run reads unstored: a predicated store)
 
     if wide:
         _wide_region(t, thread, threads, n * gsn + group * pg * gsc, c0, 4, pixel_words, pg, (region_h, region_w),

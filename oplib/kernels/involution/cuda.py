@@ -1098,9 +1098,9 @@ def generated_mma_staged_shared_bytes(source: KernelSource, kernel: int, stride:
     """The dynamic shared memory of ``involution_generated_mma_backward_input_staged``: the group's
     span rows (an n-tile's 8 from any tap) and their bias, grad_output over the region the tile
     reads, and the weights (generated_mma.cu lays them out). 16-bit: every kernel row's weights in
-    one buffer, a tap past them and a word for the values no run reads (4 words, 16-byte
-    aligned), grad_output staged in the span rows' place once the weights are formed; float32: span rows and grad_output in floats (``STAGED_WIDE_PIXEL`` a pixel) apart,
-    two buffers of ``STAGED_GRAD_ROWS`` kernel rows' weights and a tap past them."""
+    one buffer and a tap past them, grad_output staged in the span rows' place once the weights
+    are formed; float32: span rows and grad_output in floats (``STAGED_WIDE_PIXEL`` a pixel)
+    apart, two buffers of ``STAGED_GRAD_ROWS`` kernel rows' weights and a tap past them."""
     c = source.constants
     tile_h, tile_w = generated_mma_staged_tile(source, stride, runs_w)
     region_h, region_w = ((t - 1 + kernel - 1 + stride - 1) // stride + 1 for t in (tile_h, tile_w))
@@ -1109,7 +1109,7 @@ def generated_mma_staged_shared_bytes(source: KernelSource, kernel: int, stride:
     if dtype != torch.float32:
         span = span_rows * (8 * -(-reduced // 16) + 4 + 1)
         front = -(-max(span, region_h * region_w * c["STAGED_PIXEL"]) // 4) * 4
-        return 4 * (front + (kernel * kernel + 1) * tap_stride + 4)
+        return 4 * (front + (kernel * kernel + 1) * tap_stride)
     span = span_rows * generated_mma_staged_wide_span_stride(reduced) + -(-span_rows // 4) * 4
     staged = -(-region_h * region_w * c["STAGED_WIDE_PIXEL"] // 4) * 4
     buffer_taps = min(kernel, c["STAGED_GRAD_ROWS"]) * kernel

@@ -253,30 +253,31 @@ TAP_PARITY = PlantedBug("tap-parity", "const int parity = (b - pad_w) & (STRIDE 
 # A tap's second bias value taken from the tap after it.
 BIAS_TAP = PlantedBug("bias-tap", "taps_bias[K * a + 1];", "taps_bias[K * a + 2];")
 # The last place of a tap's row left unformed (its rightmost run's last pixel).
-LAST_PLACE = PlantedBug("last-place", "(unsigned int)(col - tap_offset[e]) < (unsigned int)row_stride;",
-                        "(unsigned int)(col - tap_offset[e]) < (unsigned int)(row_stride - 1);")
+LAST_PLACE = PlantedBug("last-place", "(e ? tap_gap - tap_stride : 0)) < (unsigned int)row_stride;",
+                        "(e ? tap_gap - tap_stride : 0)) < (unsigned int)(row_stride - 1);")
 # The output rows formed begun one row low: the last kernel row's first unformed.
 UNION_FIRST = PlantedBug("union-first", "const int i_first = mma_floor_div(y0 + pad_h - (K - 1) + S - 1, S);",
                          "const int i_first = mma_floor_div(y0 + pad_h - (K - 1) + S - 1, S) + 1;")
-# A kernel row's first output row found with the stride's shift one too many: its weights stored
-# rows off.
-ROW_OF_TAP = PlantedBug("row-of-tap", "const int ui_low = ((row_base - a) >> (S - 1)) - i_first;",
-                        "const int ui_low = ((row_base - a) >> S) - i_first;")
+# At stride 2, the odd kernel rows' first output rows found with the other parity of row_base:
+# their weights stored a row off.
+ODD_ROW_ON = PlantedBug("odd-row-on", "odd_row_on = ~row_base & 1;", "odd_row_on = row_base & 1;")
+# A kernel row's last row of weights left unformed.
+LAST_ROW = PlantedBug("last-row", "(unsigned int)(row0 + rows_on) < (unsigned int)weight_rows;",
+                      "(unsigned int)(row0 + rows_on) < (unsigned int)(weight_rows - 1);")
+# A lane's second tap placed a tap on from its first, without the column between their runs'
+# places (stride 1, and stride 2 at an odd padding).
+TAP_GAP = PlantedBug("tap-gap", "const int tap_gap = tap_stride + (S == 1 ? 1 : pad_w & 1);",
+                     "const int tap_gap = tap_stride;")
 # A formed pixel's row found as if the rows were a column longer: pixels placed off their rows.
 PIXEL_ROW = PlantedBug("pixel-row", "0xffffffffu / (unsigned int)region_w + 1u;",
                        "0xffffffffu / (unsigned int)(region_w + 1) + 1u;")
-# The word that takes the values no run reads put among the taps: on the middle tap's second row
-# at the second run's first place, which a run reads.
-UNREAD_IN_A_TAP = PlantedBug("unread-in-a-tap", "float* const unread = weights + (K * K + 1) * tap_stride;",
-                             "float* const unread = weights + (K * K / 2) * tap_stride + row_stride + 4;")
-# The weights two taps' rows further on: the last taps and the unread word past the end of the
-# shared memory.
+# The weights two taps' rows further on: the last taps past the end of the shared memory.
 BUFFER_OVERRUN = PlantedBug("buffer-past-the-end", "(((span_place > staged_place ? span_place : staged_place) + 3) & ~3));",
                             "(((span_place > staged_place ? span_place : staged_place) + 3) & ~3) + 2 * tap_stride);")
 
 
-# Every bug on a stride-1 and a stride-2 map (the parity bug only at stride 2, where a tap's
-# readers have a parity; the pixel-row bug at both, every kernel row's weights formed from the
+# Every bug on a stride-1 and a stride-2 map (the parity bugs only at stride 2, where a tap's
+# readers and a kernel row's output rows have a parity; the pixel-row bug at both, every kernel row's weights formed from the
 # same pixels, where one row at a time left it benign at stride 2), in both run orders but the
 # races', which one order may miss.
 STRIDE_CASES = (WIDE[0], WIDE[1])
@@ -286,8 +287,8 @@ RACES = ("formed-barrier", "staged-barrier")
 @pytest.mark.integration
 @pytest.mark.parametrize("bug, cases", [
     *((b, STRIDE_CASES) for b in (WINDOW_LATE, FORMED_BARRIER, STAGED_BARRIER, BIAS_TAP, LAST_PLACE, UNION_FIRST,
-                                  ROW_OF_TAP, PIXEL_ROW, UNREAD_IN_A_TAP)),
-    (TAP_PARITY, STRIDE_CASES[1:])], ids=lambda b: getattr(b, "name", ""))
+                                  LAST_ROW, TAP_GAP, PIXEL_ROW)),
+    *((b, STRIDE_CASES[1:]) for b in (TAP_PARITY, ODD_ROW_ON))], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)

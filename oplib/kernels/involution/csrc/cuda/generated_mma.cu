@@ -1084,9 +1084,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 //      and pixel it meets.
 // Every row at once: a tile's output rows formed once, where a row at a time formed each of them
 // for each kernel row that reads it (a stride-1 tile of 8 rows: 56 output rows formed in place of
-// 14), and a pixel's feature loads and addresses once for the K rows' products and stores. A value no run reads
-// (a pixel of a row no run of the kernel row reads, or past a tap's runs) goes to a word past the
-// taps (`unread`): every value a store, no branch. The float32 way (below) forms a row at a time
+// 14), and a pixel's feature loads and addresses once for the K rows' products and stores. A
+// pixel's places step by constants from its place in kernel row 0's weights (a row on, K taps on;
+// its second tap a constant further at stride 1, one of two at stride 2); a value no run reads
+// (a pixel of a row no run of the kernel row reads, or past a tap's runs) is unstored: a
+// predicated store, no branch. The float32 way (below) forms a row at a time
 // into two buffers, the next rows' while these rows' are summed (STAGED_GRAD_ROWS).
 // A warp's 8 runs x 4 channel quarters lie on one row parity and one column parity (S = 2: the
 // 4 parity classes are 4 of the block's warps each), so a warp's taps and rows are the same
@@ -1113,7 +1115,6 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) involution_generated_mma_backw
 //                                               rows tile_w / S apart, taps tap_stride apart (4
 //                                               past a multiple of 32: a D fragment's stores in
 //                                               different banks)
-//   unread   4                                  the values no run reads
 // where region_h x region_w is the most output pixels a tile's windows read. The float32 way's
 // layout: its helpers' comment.
 
@@ -1691,13 +1692,16 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_GRAD_BLOCKS<scalar_t, KERN
             const int row_base = y0 + pad_h + S - 1;  // i_low(a) = floor((row_base - a) / S)
             // (the lane's taps' bias; a tap past K: the next row's, unstored)
             const float* taps_bias = span_bias + 2 * quad;
-            float* const unread = weights + (K * K + 1) * tap_stride;
-            int tap_part[2], tap_offset[2];  // (a tap past K: neither used)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                tap_offset[e] = staged_tap_offset<S>(2 * quad + e, column_base, pad_w, first_column);
-                tap_part[e] = (2 * quad + e) * tap_stride - tap_offset[e];
-            }
+            // The lane's first tap's part of a place (its second's: tap_gap further on; a tap past
+            // K: unused).
+            const int tap_offset = staged_tap_offset<S>(2 * quad, column_base, pad_w, first_column);
+            const int tap_part = 2 * quad * tap_stride - tap_offset;
+            // The lane's taps b and b + 1 are a column apart at stride 1 (offset(b + 1) = offset(b)
+            // - 1); at stride 2 of two parities, offset(b + 1) = offset(b) - (pad_w & 1).
+            const int tap_gap = tap_stride + (S == 1 ? 1 : pad_w & 1);
+            // Kernel row a reads output rows from ui_low(a) = ui_low(0) - rows_on(a): at stride 1
+            // rows_on(a) = a; at stride 2 a / 2, an odd row's one more where row_base is even.
+            const int ui_low0 = (row_base >> (S - 1)) - i_first, odd_row_on = ~row_base & 1;
             // (An m-tile of 16 columns of one output row formed the region's 38 columns of
             // RedNet's stage-1 tile as 48, a fifth of its pixels past them; a pixel past the rows
             // here reads a row's weights no run reads: unstored.)
@@ -1744,22 +1748,22 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_GRAD_BLOCKS<scalar_t, KERN
                     const bool wraps = h == 1 && second_wraps;
                     const int ui = first_ui + wraps, col = first_col + 8 * h - (wraps ? region_w : 0);
                     bool tap_reads[2];  // a run of the tap's reads the pixel's column
-                    float* at[2];  // the tap's place of the pixel, less a row's part
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        tap_reads[e] = 2 * quad + e < K && (unsigned int)(col - tap_offset[e]) < (unsigned int)row_stride;
-                        at[e] = weights + ui * row_stride + col + tap_part[e];
-                    }
+                    for (int e = 0; e < 2; ++e)
+                        tap_reads[e] = 2 * quad + e < K &&
+                                       (unsigned int)(col - tap_offset + (e ? tap_gap - tap_stride : 0)) < (unsigned int)row_stride;
+                    // the pixel's row among kernel row 0's weights, and its place there (the lane's
+                    // first tap); kernel row a's rows_on(a) rows on, K taps further
+                    const int row0 = ui - ui_low0;
+                    float* const place0 = weights + row0 * row_stride + col + tap_part;
 #pragma unroll
                     for (int a = 0; a < K; ++a) {
-                        // kernel row a's first output row among the formed ones
-                        const int ui_low = ((row_base - a) >> (S - 1)) - i_first;
-                        const bool row_reads = (unsigned int)(ui - ui_low) < (unsigned int)weight_rows;
-                        // (a value no run reads to the word past the taps: a store either way, no branch)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e)
-                            *(row_reads && tap_reads[e] ? at[e] + a * K * tap_stride - ui_low * row_stride : unread) =
-                                inside[h] ? d[a].value[2 * h + e] : 0.0f;
+                        const int rows_on = S == 1 ? a : a / 2 + (a % 2 ? odd_row_on : 0);
+                        const bool row_reads = (unsigned int)(row0 + rows_on) < (unsigned int)weight_rows;
+                        float* const place = place0 + rows_on * row_stride + a * K * tap_stride;
+                        // (a value no run reads unstored: a predicated store, no branch)
+                        if (row_reads && tap_reads[0]) place[0] = inside[h] ? d[a].value[2 * h] : 0.0f;
+                        if (row_reads && tap_reads[1]) place[tap_gap] = inside[h] ? d[a].value[2 * h + 1] : 0.0f;
                     }
                 }
             }
