@@ -920,6 +920,27 @@ def generator_map_route_floor(shape_name: str, dtype: torch.dtype, bandwidth: fl
     return (copies + contractions + sizes["feature"] * (wide + dtype.itemsize)) / bandwidth
 
 
+def generator_partials_floor(shape_name: str, dtype: torch.dtype, bandwidth: float) -> float:
+    """Seconds the tensor-core generator's op takes at least besides its kernel: torch's sums of
+    the kernel's float32 partial sums (``involution_generated_mma_backward_generator`` in
+    oplib/kernels/involution/cuda.py), grad_span_weight's and grad_span_bias's over a slot per tile
+    and sample, and where the groups are split among blocks grad_feature's over the splits (its
+    float32 sum then copied into grad_feature's layout and dtype), each read and written once over
+    the DRAM bandwidth. The kernel's writes of them are its own traced stores."""
+    shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == shape_name)
+    source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
+    sizes, wide = _layer_sizes(shape_name), torch.float32.itemsize
+    reduced, rows, kernel_size = max(1, shape.channels // 4), shape.groups * shape.kernel**2, [shape.kernel] * 2
+    config = involution_cuda.generated_mma_generator_config(source, dtype, shape.batch, reduced, shape.out_size,
+                                                           kernel_size, [shape.stride] * 2, [1, 1], shape.groups)
+    narrow = involution_cuda.generated_mma_generator_narrow(source, shape.out_size[1], reduced)
+    span_r = involution_cuda.generated_mma_generator_tile(source, narrow)[1]
+    slots, splits = config.grid[0] * shape.batch, config.grid[1] // -(-reduced // span_r)
+    span_sums = slots * rows * (reduced + 1) * wide + rows * (reduced + 1) * dtype.itemsize
+    feature_parts = (splits + 2) * sizes["feature"] * wide + sizes["feature"] * dtype.itemsize if splits > 1 else 0
+    return (span_sums + feature_parts) / bandwidth
+
+
 def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table: list[dict], constants: Constants,
                  bandwidth: float) -> list[dict]:
     """Per (shape, dtype, layout), seconds of the fused path and the unfused one, forward and
@@ -985,17 +1006,20 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
         map_input = map_route(f"{row} | generated grad_input", span_forward + unfused_input)
         map_generator = map_route(f"{row} | generator grads", as_run(wide, "grad_weight", VECTORS_GRAD_WEIGHT)
                                   + generator_map_route_floor(shape_name, torch_dtype, bandwidth))
+        partials = generator_partials_floor(shape_name, torch_dtype, bandwidth)
         if dtype == "bfloat16":
             forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))), tensor_cores(MMA_FORWARD)])
             grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))),
                                  tensor_cores(MMA_GRAD_INPUT), map_input])
-            generator = faster([("tensor cores, predicted", predicted[GENERATOR, row]), map_generator])
+            generator = faster([("tensor cores + sums, predicted", predicted[GENERATOR, row] + partials), map_generator])
         else:  # float32: the staged kernels (3xTF32), the tiled one (FMAs), the op's and the map routes
             forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))),
                               (f"tiled, {'expected' if f'{row} | {TILED}' in expected else 'measured'}",
                                measured.get(f"{row} | {TILED}")), ("the op's, measured", measured[f"{row} | generated forward"])])
             grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))), map_input])
-            generator = faster([("tensor cores, predicted", predicted.get((GENERATOR, row))), map_generator])
+            generator = faster([("tensor cores + sums, predicted",
+                                 predicted[GENERATOR, row] + partials if (GENERATOR, row) in predicted else None),
+                                map_generator])
         totals.append({"shape": shape_name, "dtype": dtype, "layout": layout, "forward": forward,
                        "grad_input": grad_input, "generator": generator,
                        "fused": forward[1] + grad_input[1] + generator[1], "span_forward": span_forward,
@@ -1037,10 +1061,10 @@ def layer_lines(totals: list[dict]) -> list[str]:
         "the faster of the staged kernel predicted and the tensor-core one (as measured, or changed since: its "
         "expected time from the table of changed kernels); each backward op the fastest of its kernels (grad_input: "
         "the staged kernel predicted or the tensor-core one; the generator's gradients: the tensor-core kernel "
-        "predicted) and the op's map route, which its CUDA path runs until a draw confirms the kernels. In float32: "
+        "predicted, with torch's sums of its partial sums at their DRAM floor, `generator_partials_floor`) and the op's map route, which its CUDA path runs until a draw confirms the kernels. In float32: "
         "its forward the fastest of the staged kernel predicted (3xTF32 on tensor cores), the tiled kernel (FMAs) and "
         "the op's as measured; its grad_input the faster of the staged kernel predicted (3xTF32) and the map route; "
-        "its generator's gradients the faster of the tensor-core kernel predicted (3xTF32) and the map route. The map "
+        "its generator's gradients the faster of the tensor-core kernel predicted (3xTF32; with its sums) and the map route. The map "
         "route: for grad_input the draw's span conv writing the weight "
         "map and involution's grad_input reading it, for the generator's gradients involution's float32 grad_weight "
         "as measured plus (bfloat16) the float32 copies and the three contractions of the float32 map at their DRAM "

@@ -1494,10 +1494,10 @@ def involution_generated_mma_backward_generator(grad_output: Tensor, feature: Te
 # serves the call. Not before a draw has timed it beside the map route: the offline model
 # (bench/results/cuda-model.md) puts it issue-bound, ahead of the map route's float32 grad_weight
 # alone at RedNet-50's stages 1-3 in channels_last and behind it at stage 4; with the map route's
-# copies and cuBLAS contractions at their DRAM floor (no kernels the model traces), ahead of the
-# whole route at every bfloat16 row but stage 4's NCHW at stride 1, and in float32 (3xTF32, about
-# twice bfloat16's time) at half the rows, behind it at stage 4 (the page's forward + backward
-# section). The kernel table times it in the "generator grads" row's "tensor cores" column.
+# copies and cuBLAS contractions at their DRAM floor (no kernels the model traces), and torch's
+# sums of the kernel's partial sums at theirs, ahead of the whole route at every bfloat16 row but
+# stage 4's (channels_last at stride 2 aside), and in float32 (3xTF32, about twice bfloat16's
+# time) at about a third of the rows, behind it at stage 4 (the page's forward + backward section). The kernel table times it in the "generator grads" row's "tensor cores" column.
 GENERATOR_ON_TENSOR_CORES = False
 
 
