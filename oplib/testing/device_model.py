@@ -1872,7 +1872,7 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
     at stride 2 a row's even columns first); per pass of kernel rows, the pass's taps formed (per
     m-tile of 16 of the tile's pixels: per n-tile the bias, an 8-byte shared load; per k-step of
     R the feature's A fragment from global memory and the span's B by ldmatrix per n-tile;
-    tensor cores: no term; a word store per value of the pass's taps) and, per kernel row of the
+    tensor cores: no term; an 8-byte store per tap of the pass and the lane's pixel pair) and, per kernel row of the
     pass, for a run with a pixel in the map, its K taps' 4 weights (a 16-byte shared load each),
     the window's input (an 8-byte shared load a pixel) and 4 multiply-adds per (tap, pixel)
     pair, then at stride 2 the next pass's span rows staged; the stores. The layout's sizes are
@@ -1881,7 +1881,8 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
 
     (C, H, W, G, OH, OW, ph, pw, R, tiles_w, runs_w, N, fold_shift, isn, isc, ish, isw, osn, osc, osh, osw,
      fsn, fsc, fsh, fsw, vector, feature_words) = launch.scalars
-    K, S = (int(v) for v in launch.specialisation[:2])  # (and VECTORS: the same work)
+    K, S = (int(v) for v in launch.specialisation[:2])  # (and INPUT_VECTORS: the same work)
+    feature_pairs = launch.specialisation[3:] == ("true",)  # FEATURE_PAIRS
     if launch.dtype == torch.float32:
         _generated_mma_staged_wide(t, item, launch)
         return
@@ -1928,21 +1929,24 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
         for tt in range(tiles):
             t.shared((bias_at + 8 * (first_tile + tt) + 2 * quad) // 2, live, 8)
         for k0 in range(0, R, 16):  # every n-tile of the pass at once: the feature read once a k-step
-            for v in range(4):
-                pixel = 16 * m + row + 8 * (v & 1)
+            for v in range(4):  # (the lane's pixels 2 row and 2 row + 1 of the m-tile)
+                pixel = 16 * m + 2 * row + (v & 1)
                 py, o = pixel // tile_w, x0 + pixel % tile_w
                 sample, i = n0 + py // sample_rows, y0 + py % sample_rows
-                _feature_pair_loads(t, sample * fsn + i * fsh + o * fsw, k0 + 2 * quad + 8 * (v >> 1),
-                                    live & (i < OH) & (o < OW) & (sample < N), R, fsc, feature_words, es)
+                inside, r = live & (i < OH) & (o < OW) & (sample < N), k0 + 2 * quad + 8 * (v >> 1)
+                if not feature_pairs:
+                    _feature_pair_loads(t, sample * fsn + i * fsh + o * fsw, r, inside, R, fsc, feature_words, es)
+                elif v & 1 == 0:  # a word of both pixels a channel (staged_feature_pixel_pairs)
+                    for c in range(2):
+                        t.load(1, (sample * fsn + i * fsh + o + (r + c) * fsc) // 2, inside & (r + c < R), 4)
             for tt in range(tiles):
                 t.matrices(8 * (tt + (0 if pass_span else first_tile)) * span_stride + k0 // 2
                            + _fragment_b_rows(lane, span_stride), live, 2)
         for tt in range(tiles):
-            for e in range(2):
+            for e in range(2):  # a tap's two pixels one 8-byte store (index in 8-byte units)
                 place = 8 * tt + 2 * quad + e
-                for h in range(2):
-                    t.shared(weights_at + place * tap_stride + 16 * m + row + 8 * h,
-                             live & (8 * first_tile + place < end_a * K), 4)
+                t.shared((weights_at + place * tap_stride + 16 * m + 2 * row) // 2,
+                         live & (8 * first_tile + place < end_a * K), 8)
         for a in range(first_a, end_a):
             first_tap = weights_at + (a * K - 8 * first_tile) * tap_stride + ty * tile_w + tx
             for b in range(K):  # 16 bytes each (index in 16-byte units)

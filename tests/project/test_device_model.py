@@ -515,9 +515,9 @@ def test_the_staged_forward_trace_counts_a_launch_counted_by_hand():
     # (warp 0, a store) and their 16 biases (warp 0); the region the map's pixels read, 8 x 32 (not the
     # tile's 10 x 34), 512 units, 2 passes of the block, 4 word stores a unit; per warp, 2
     # m-tiles of 2 n-tiles (one k-step): a bias load and an ldmatrix each, and the stores of
-    # taps 0-7 (2 values x 2 rows) and of tap 8 (quad 0's first value, 2 rows); the sums' 3 +
-    # 6 loads a kernel row
-    assert work.shared_requests == 1 + 1 + 16 * 4 + 8 * 2 * (2 + 2 + 4 + 2) + 6 * 3 * (3 + 6)
+    # taps 0-7 (2 values, a lane's two pixels one 8-byte store each) and of tap 8 (quad 0's
+    # first value, its two pixels one store); the sums' 3 + 6 loads a kernel row
+    assert work.shared_requests == 1 + 1 + 16 * 4 + 8 * 2 * (2 + 2 + 2 + 1) + 6 * 3 * (3 + 6)
 
 
 def test_the_float32_staged_forward_trace_counts_a_launch_counted_by_hand():

@@ -988,6 +988,16 @@ def generated_mma_feature_words(feature: Tensor) -> bool:
             and feature.data_ptr() % (2 * feature.element_size()) == 0)
 
 
+def generated_mma_feature_pairs(feature: Tensor) -> bool:
+    """Whether the staged forward may load a reduced channel's values at a pixel pair (x, x + 1;
+    x even) as one aligned 32-bit word (``staged_feature_pixel_pairs``): 16-bit NCHW rows (unit
+    width stride) of an even width, every row starting at an even element of a 4-byte aligned
+    tensor. (A channels_last feature takes its channel pairs as words instead.)"""
+    n_stride, c_stride, h_stride, w_stride = feature.stride()
+    return (feature.element_size() == 2 and w_stride == 1 and feature.shape[3] % 2 == 0
+            and all(s % 2 == 0 for s in (n_stride, c_stride, h_stride)) and feature.data_ptr() % 4 == 0)
+
+
 def involution_generated_mma_backward_input(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
                                             span_bias: Optional[Tensor], input_size, kernel_size, stride, padding,
                                             dilation, out: Tensor, launcher: Optional[Launcher] = None,
@@ -1317,11 +1327,13 @@ def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight:
     tiles_w = -(-out_size[1] // generated_mma_staged_forward_tile(source, runs_w)[1])
     fold_shift = generated_mma_staged_forward_fold(source, runs_w, out_size).bit_length() - 1
     vector_input, feature_words, vectors = _staged_vectors(input, feature, out, groups)
+    # (an NCHW feature's pixel pairs as words: the instantiation with that k-step)
+    pairs = "true" if vectors == "false" and not feature_words and generated_mma_feature_pairs(feature) else "false"
     scalars = (channels, *input.shape[2:], groups, *out_size, *padding, reduced, tiles_w, runs_w, n, fold_shift,
                *input.stride(), *out.stride(), *feature.stride(), vector_input, feature_words)
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma_staged", input.dtype, config,
                                          (input, feature, span_weight.contiguous(), bias, out, *scalars),
-                                         (str(kernel_size[0]), str(stride[0]), vectors))
+                                         (str(kernel_size[0]), str(stride[0]), vectors, pairs))
     return out
 
 

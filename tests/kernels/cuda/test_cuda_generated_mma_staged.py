@@ -160,6 +160,29 @@ def test_staged_forward_declines_what_it_does_not_serve():
     assert bool((out == 7).all())
 
 
+def test_the_feature_takes_pixel_pairs_only_where_they_are_aligned_words():
+    """The staged forward loads a channel's two pixels as one word (staged_feature_pixel_pairs)
+    where an NCHW feature's rows have an even width and every row starts at an even element of
+    a 4-byte aligned tensor, in 16 bits; not channels_last (whose channel pairs are words), an
+    odd width (RedNet-50's 7x7 maps), a view from an odd element, float32. The launch takes the
+    instantiation of the host's answer (FEATURE_PAIRS), which a channels_last feature never sets."""
+    pairs = involution_cuda.generated_mma_feature_pairs
+    feature = torch.randn(2, 16, 28, 28, dtype=torch.bfloat16)
+    assert pairs(feature) and pairs(feature.half())
+    assert not pairs(feature.contiguous(memory_format=torch.channels_last))
+    assert not pairs(torch.randn(2, 16, 7, 7, dtype=torch.bfloat16))
+    assert not pairs(torch.randn(2, 16, 28, 29, dtype=torch.bfloat16)[..., 1:])  # rows 29 apart
+    assert not pairs(torch.randn(2 * 16 * 28 * 28 + 1, dtype=torch.bfloat16)[1:].view(2, 16, 28, 28))  # odd start
+    assert not pairs(feature.float())
+    from oplib.testing.device_model import RecordingLauncher
+
+    for channels_last, expected in ((False, True), (True, False)):
+        args = WIDE[1]._replace(channels_last=channels_last).arguments(torch.bfloat16)
+        launcher = RecordingLauncher()
+        _result(args, launcher)
+        assert launcher.launches[0].specialisation[2:] == ("false", "true" if expected else "false"), channels_last
+
+
 def test_a_map_smaller_than_the_tile_stages_its_own_windows():
     """A block stages the input its tile's pixels in the map read: at RedNet-50's 14x14 maps (a
     16 x 16 tile) 20 x 20 pixels where the whole tile's windows are 22 x 22, which brings the
@@ -306,6 +329,15 @@ SPAN_CARRY = PlantedBug("span-carry", "column -= carry ? row_units : 0;", "colum
 PAIR_COLUMNS = PlantedBug("pair-columns", "(words[k] >> 16) | (words[k + 1] & 0xffff0000u);",
                           "(words[k] & 0xffffu) | (words[k + 1] << 16);")
 PAIR_CARRY = PlantedBug("pair-carry", "pair -= carry ? row_pairs : 0;", "pair -= carry ? row_pairs - 1 : 0;")
+# NCHW pixel pairs (staged_feature_pixel_pairs): the first pixel given the second's channels; a
+# pixel's second channel of a pair read 8 channels on.
+PIXEL_PAIR_HALVES = PlantedBug("pixel-pair-halves", "f.reg[2 * half] = (first & 0xffffu) | second << 16;",
+                               "f.reg[2 * half] = first >> 16 | (second & 0xffff0000u);")
+PIXEL_PAIR_CHANNEL = PlantedBug("pixel-pair-channel", "reinterpret_cast<const unsigned int*>(channel + feature_c)",
+                                "reinterpret_cast<const unsigned int*>(channel + 8 * feature_c)")
+# A tap's weights of the lane's two pixels stored the other way round (every layout).
+STORE_PAIR = PlantedBug("store-pair", "StagedBias{{d[t].value[e], d[t].value[2 + e]}};",
+                        "StagedBias{{d[t].value[2 + e], d[t].value[e]}};")
 # The weights a tap's row further on: the buffer's last row past the end of the shared memory.
 BUFFER_OVERRUN = PlantedBug("buffer-past-the-end",
                             "float* weights = reinterpret_cast<float*>(staged + (((region_words << fold_shift) + 3) & ~3));",
@@ -320,15 +352,19 @@ FOLDED_CASES = (WIDE[4], WIDE[5])
 
 @pytest.mark.integration
 @pytest.mark.parametrize("bug, cases", [
-    *((b, STRIDE_CASES) for b in (WINDOW_LATE, PASS_BARRIER, BETWEEN_PASSES, BIAS_TAP, LAST_TAP, LAST_COLUMN,
-                                  REGION_ROWS)),
+    *((b, STRIDE_CASES) for b in (WINDOW_LATE, PASS_BARRIER, BETWEEN_PASSES, BIAS_TAP, LAST_TAP, REGION_ROWS,
+                                  STORE_PAIR)),
+    # (the stride-2 map's NCHW feature takes pixel pairs, whose two pixels are in the map or out of it
+    # together: the last column's bug is benign there)
+    (LAST_COLUMN, STRIDE_CASES[:1]),
     # (the stride-2 map is NCHW with even widths: staged in pairs, PAIR_CARRY's place)
     (REGION_CARRY, STRIDE_CASES[:1]),
     # (the vector units' bug where R is a multiple of 8, the stride-1 map's R = 24)
     (SPAN_UNIT, STRIDE_CASES[:1]),
     # (R = 24's rows are whole trips of the block's threads: no unit steps past a row's end there;
     # at R = 41 a pass's 24 rows are 576 word units, more than one a thread)
-    *((b, STRIDE_CASES[1:]) for b in (ODD_COLUMNS, PASS_SPAN, SPAN_CARRY, PAIR_COLUMNS, PAIR_CARRY)),
+    *((b, STRIDE_CASES[1:]) for b in (ODD_COLUMNS, PASS_SPAN, SPAN_CARRY, PAIR_COLUMNS, PAIR_CARRY, PIXEL_PAIR_HALVES,
+                                      PIXEL_PAIR_CHANNEL)),
     *((b, FOLDED_CASES) for b in (FOLDED_WINDOW, FOLDED_FEATURE))], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     require_host_compiler()

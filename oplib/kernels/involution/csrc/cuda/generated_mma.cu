@@ -411,6 +411,7 @@ __device__ __forceinline__ bool mma_pair_stores(const value_t* out, index_t out_
 // oplib-template: FOLDED = false | true
 // oplib-template: NARROW = false | true
 // oplib-template: VECTORS = false | true
+// oplib-template: INPUT_VECTORS, FEATURE_PAIRS = false, false | true, false | false, true
 //
 // FOLDED: folded runs (the host's pick where the map's width leaves fewer of the runs' pixels
 // outside it so, as a 7x7 map does: 7 of a run's 16, 14 of a folded one's). A warp's run is 8
@@ -1283,6 +1284,30 @@ __device__ __forceinline__ OplibFragmentA staged_feature_fragment(const unsigned
     return f;
 }
 
+// staged_feature_fragment where the lane's two pixels are adjacent columns of an NCHW feature
+// whose pixel pairs are aligned words (FEATURE_PAIRS, the host's generated_mma_feature_pairs: the staged forward's lane takes
+// pixels 2 row and 2 row + 1 of its m-tile): a channel's word holds both pixels' values, and two
+// channels' words give each pixel's pair (its A register), so a k-step is four word loads where
+// a pair of 16-bit loads a register took eight. `values` points at the first pixel's reduced
+// channel r0 = k0 + 2 quad and moves on past the k-step; zeros past R and outside the map (both
+// pixels are in it or neither: an even width, an even first column).
+__device__ __forceinline__ OplibFragmentA staged_feature_pixel_pairs(const unsigned short*& values, bool inside, int r0,
+                                                                     int reduced, index_t feature_c) {
+    OplibFragmentA f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = r0 + 8 * half;
+        const unsigned short* channel = values + 8 * half * feature_c;
+        const unsigned int first = inside && r < reduced ? __ldg(reinterpret_cast<const unsigned int*>(channel)) : 0u;
+        const unsigned int second =
+            inside && r + 1 < reduced ? __ldg(reinterpret_cast<const unsigned int*>(channel + feature_c)) : 0u;
+        f.reg[2 * half] = (first & 0xffffu) | second << 16;  // the first pixel's channels r, r + 1
+        f.reg[2 * half + 1] = first >> 16 | (second & 0xffff0000u);  // the second pixel's
+    }
+    values += 16 * feature_c;
+    return f;
+}
+
 // A thread's run's sums, rounded, to its 4 pixels (columns x + step p, those before `columns`;
 // `at` the run's row at its first channel c) and 4 channels (those of the group's): a pair of
 // channels one word where the host's layout allows it (pair_stores), else 16-bit stores.
@@ -1702,6 +1727,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_GRAD_BLOCKS<scalar_t, KERN
             // Kernel row a reads output rows from ui_low(a) = ui_low(0) - rows_on(a): at stride 1
             // rows_on(a) = a; at stride 2 a / 2, an odd row's one more where row_base is even.
             const int ui_low0 = (row_base >> (S - 1)) - i_first, odd_row_on = ~row_base & 1;
+            const int odd_step = odd_row_on * row_stride;  // (S = 2) an odd kernel row's rows past the even one's
             // (An m-tile of 16 columns of one output row formed the region's 38 columns of
             // RedNet's stage-1 tile as 48, a fifth of its pixels past them; a pixel past the rows
             // here reads a row's weights no run reads: unstored.)
@@ -1755,12 +1781,15 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_GRAD_BLOCKS<scalar_t, KERN
                     // the pixel's row among kernel row 0's weights, and its place there (the lane's
                     // first tap); kernel row a's rows_on(a) rows on, K taps further
                     const int row0 = ui - ui_low0;
-                    float* const place0 = weights + row0 * row_stride + col + tap_part;
+                    // (a pointer stepped a row at a time, a kernel row's taps' part an immediate:
+                    // at stride 2 an instruction fewer a kernel row than each row's place formed anew)
+                    float* row_place = weights + row0 * row_stride + col + tap_part;
 #pragma unroll
                     for (int a = 0; a < K; ++a) {
                         const int rows_on = S == 1 ? a : a / 2 + (a % 2 ? odd_row_on : 0);
                         const bool row_reads = (unsigned int)(row0 + rows_on) < (unsigned int)weight_rows;
-                        float* const place = place0 + rows_on * row_stride + a * K * tap_stride;
+                        if (a > 0 && a % S == 0) row_place += row_stride;  // kernel row a - S's a row on
+                        float* const place = row_place + a * K * tap_stride + (a % S ? odd_step : 0);
                         // (a value no run reads unstored: a predicated store, no branch)
                         if (row_reads && tap_reads[0]) place[0] = inside[h] ? d[a].value[2 * h] : 0.0f;
                         if (row_reads && tap_reads[1]) place[tap_gap] = inside[h] ? d[a].value[2 * h + 1] : 0.0f;
@@ -2159,14 +2188,18 @@ constexpr int STAGED_FORWARD_BLOCKS = sizeof(scalar_t) == 4 ? STRIDE == 1 ? OPLI
 
 // Instantiated for the forward's windows (the oplib-template line above); only the square
 // windows of KERNEL and STRIDE (1 or 2) are served: KERNEL = 0's instantiation is empty, and
-// the host declines other geometries (the other forward kernels serve them). VECTORS: the host
-// found the input's 8-channel units 16-byte vectors, the feature's channel pairs aligned words
-// and the output's channel pairs word stores (channels_last, aligned): that instantiation holds
-// only those ways (each runtime flag's other way took its place in the staging, the k-step
-// and the stores, where one way runs: as FOLDED, a template argument), the other every way.
+// the host declines other geometries (the other forward kernels serve them). INPUT_VECTORS:
+// the host found the input's 8-channel units 16-byte vectors, the feature's channel pairs
+// aligned words and the output's channel pairs word stores (channels_last, aligned): that
+// instantiation holds only those ways (each runtime flag's other way took its place in the
+// staging, the k-step and the stores, where one way runs: as FOLDED, a template argument), the
+// others every way. FEATURE_PAIRS: an NCHW feature whose pixel pairs are aligned words (the
+// host's generated_mma_feature_pairs): its k-steps load a channel's two pixels at once
+// (staged_feature_pixel_pairs), a template argument too (a runtime choice of the two k-step
+// loops kept both in the code).
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, groups, ceil(N / 2^fold_shift) * chunks), tiles of the output.
-template <typename scalar_t, int KERNEL, int STRIDE, bool VECTORS>
+template <typename scalar_t, int KERNEL, int STRIDE, bool INPUT_VECTORS, bool FEATURE_PAIRS>
 __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, STRIDE>) involution_generated_mma_staged(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
     const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
@@ -2229,7 +2262,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
             reinterpret_cast<const unsigned short*>(input) + (index_t)n0 * input_n + (index_t)group * group_channels * input_c;
         staged_region<S>(staged, plane, c0, group_channels, region_h, region_w, pitch, 1 << fold_shift, batch - n0,
                          input_n, S * y0 - pad_h, S * x0 - pad_w, height, width, input_c, input_h, input_w,
-                         VECTORS || vector_input, thread);
+                         INPUT_VECTORS || vector_input, thread);
         __syncthreads();  // the span rows, their bias and the input are staged
 
         const int row = lane >> 2, quad = lane & 3;  // a fragment's
@@ -2239,7 +2272,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
         const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature);
         // A reduced channel's step in the feature (channels_last with pairs as words: 1, the
         // word loads' step; else the channel stride, two 16-bit loads a pair).
-        const bool words = VECTORS || feature_words;
+        const bool words = INPUT_VECTORS || feature_words;
         const index_t feature_step = words ? 1 : feature_c;
         // The thread's run: lane = (run, quarter), a warp's runs runs_w along a row.
         const int run = lane >> 2, quarter = lane & 3, run_x = run & (runs_w - 1), run_y = run / runs_w;
@@ -2259,15 +2292,18 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
                 const int m = warp + MMA_WARPS * warp_tile;
                 const unsigned short* pixels[2];
                 bool inside[2];
+                // the lane's two pixels (fragment rows row and row + 8) adjacent columns of a tile
+                // row, 2 row and 2 row + 1 of the m-tile (tile_w is even): one word of a channel
+                // in an NCHW feature (FEATURE_PAIRS), one 8-byte store of a tap's two weights
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int pixel = 16 * m + row + 8 * h, py = pixel >> tile_w_shift, sample = n0 + (py >> sample_shift);
+                    const int pixel = 16 * m + 2 * row + h, py = pixel >> tile_w_shift, sample = n0 + (py >> sample_shift);
                     const int i = y0 + (py & (sample_rows - 1)), o = x0 + pixel - (py << tile_w_shift);
                     inside[h] = i < out_h && o < out_w && sample < batch;
                     pixels[h] = feature_bits + (index_t)(inside[h] ? sample : n0) * feature_n + (index_t)i * feature_h +
                                 (index_t)o * feature_w + 2 * quad * feature_step;
                 }
-                float* to = weights + 16 * m + row;
+                float* to = weights + 16 * m + 2 * row;
                 // All the pass's n-tiles at once, the feature's A fragment read once a k-step (the
                 // bias from shared memory left room for their accumulators: no spill on any
                 // target at three blocks an SM).
@@ -2281,10 +2317,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
                     d[t] = OplibFragmentC{{start.value[0], start.value[1], start.value[0], start.value[1]}};
                 }
                 const unsigned short* values[2] = {pixels[0], pixels[1]};
-#pragma unroll 1
-                for (int k0 = 0; k0 < reduced; k0 += 16) {
-                    const OplibFragmentA f =
-                        staged_feature_fragment(values, inside, k0 + 2 * quad, reduced, feature_step, words);
+                const auto products = [&](const OplibFragmentA& f, int k0) {
 #pragma unroll
                     for (int t = 0; t < BUFFER_TILES; ++t) {
                         if (t >= tiles) break;
@@ -2293,6 +2326,15 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
                                                b.reg);
                         oplib_mma<half_t>(d[t], f, b);
                     }
+                };
+                if constexpr (FEATURE_PAIRS) {
+#pragma unroll 1
+                    for (int k0 = 0; k0 < reduced; k0 += 16)
+                        products(staged_feature_pixel_pairs(values[0], inside[0], k0 + 2 * quad, reduced, feature_c), k0);
+                } else {
+#pragma unroll 1
+                    for (int k0 = 0; k0 < reduced; k0 += 16)
+                        products(staged_feature_fragment(values, inside, k0 + 2 * quad, reduced, feature_step, words), k0);
                 }
 #pragma unroll
                 for (int t = 0; t < BUFFER_TILES; ++t) {
@@ -2301,8 +2343,8 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
                         const int place = 8 * t + 2 * quad + e;  // the pass's taps only
                         if (t >= tiles || 8 * first_tile + place >= end_a * K) continue;
                         // a pixel outside the map keeps its bias: no stored output reads it
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) to[place * tap_stride + 8 * h] = d[t].value[2 * h + e];
+                        *reinterpret_cast<StagedBias*>(to + place * tap_stride) =
+                            StagedBias{{d[t].value[e], d[t].value[2 + e]}};
                     }
                 }
             }
@@ -2331,7 +2373,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
         const int y = y0 + sample_y, x = x0 + tx;
         if (y >= out_h || n0 + run_sample >= batch) return;
         const int c = c0 + STAGED_RUN * quarter;
-        const bool pair_stores = VECTORS || mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
+        const bool pair_stores = INPUT_VECTORS || mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
         scalar_t* at = out + (index_t)(n0 + run_sample) * out_n + ((index_t)group * group_channels + c) * out_c +
                        (index_t)y * out_hs;
         staged_store_run(sums, at, x, 1, out_w, out_ws, c, group_channels, out_c, pair_stores);
@@ -2379,13 +2421,13 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
         const float* plane = input + (index_t)n0 * input_n + (index_t)group * group_channels * input_c;
         staged_wide_region<S, CH, PIXEL>(staged, plane, c0, group_channels, region_h, region_w, pitch, 1 << fold_shift, batch - n0,
                               input_n, S * y0 - pad_h, S * x0 - pad_w, height, width, input_c, input_h, input_w,
-                              VECTORS || vector_input, thread);
+                              INPUT_VECTORS || vector_input, thread);
         __syncthreads();  // the span rows, their bias and the input are staged
 
         const int row = lane >> 2, quad = lane & 3;
         // the lane's two floats of a B fragment: tap `row` of an n-tile, channels k0 + 2 quad, + 1
         const float* lane_span = span + row * span_stride + 2 * quad;
-        const bool words = VECTORS || feature_words;
+        const bool words = INPUT_VECTORS || feature_words;
         const index_t feature_step = words ? 1 : feature_c;
         const int run = lane >> 2, quarter = lane & 3, run_x = run & (runs_w - 1), run_y = run / runs_w;
         const int ty = warp * runs_h + run_y, tx = STAGED_RUN * run_x;
@@ -2490,7 +2532,7 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
         const int y = y0 + sample_y, x = x0 + tx;
         if (y >= out_h || n0 + run_sample >= batch) return;
         const int c = c0 + CH * quarter;
-        const bool pair_stores = VECTORS || mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
+        const bool pair_stores = INPUT_VECTORS || mma_pair_stores(out, out_n, out_c, out_hs, out_ws, group_channels);
         float* at = out + (index_t)(n0 + run_sample) * out_n + ((index_t)group * group_channels + c) * out_c +
                     (index_t)y * out_hs;
         staged_wide_store_run(sums, at, x, 1, out_w, out_ws, c, group_channels, out_c, pair_stores);
