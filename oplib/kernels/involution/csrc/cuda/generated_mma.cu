@@ -1285,10 +1285,10 @@ __device__ __forceinline__ OplibFragmentA staged_feature_fragment(const unsigned
 }
 
 // staged_feature_fragment where the lane's two pixels are adjacent columns of an NCHW feature
-// whose pixel pairs are aligned words (FEATURE_PAIRS, the host's generated_mma_feature_pairs: the staged forward's lane takes
-// pixels 2 row and 2 row + 1 of its m-tile): a channel's word holds both pixels' values, and two
-// channels' words give each pixel's pair (its A register), so a k-step is four word loads where
-// a pair of 16-bit loads a register took eight. `values` points at the first pixel's reduced
+// whose pixel pairs are aligned words (FEATURE_PAIRS, the host's generated_mma_feature_pairs; the
+// staged forward's lane takes pixels 2 row and 2 row + 1 of its m-tile): a channel's word holds
+// both pixels' values, and two channels' words give each pixel's pair (its A register), so a
+// k-step is four word loads where a pair of 16-bit loads a register took eight. `values` points at the first pixel's reduced
 // channel r0 = k0 + 2 quad and moves on past the k-step; zeros past R and outside the map (both
 // pixels are in it or neither: an even width, an even first column).
 __device__ __forceinline__ OplibFragmentA staged_feature_pixel_pairs(const unsigned short*& values, bool inside, int r0,
