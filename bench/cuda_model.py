@@ -933,9 +933,8 @@ def generator_partials_floor(shape_name: str, dtype: torch.dtype, bandwidth: flo
     reduced, rows, kernel_size = max(1, shape.channels // 4), shape.groups * shape.kernel**2, [shape.kernel] * 2
     config = involution_cuda.generated_mma_generator_config(source, dtype, shape.batch, reduced, shape.out_size,
                                                            kernel_size, [shape.stride] * 2, [1, 1], shape.groups)
-    narrow = involution_cuda.generated_mma_generator_narrow(source, shape.out_size[1], reduced)
-    span_r = involution_cuda.generated_mma_generator_tile(source, narrow)[1]
-    slots, splits = config.grid[0] * shape.batch, config.grid[1] // -(-reduced // span_r)
+    slots, splits = involution_cuda.generated_mma_generator_parts(source, config, shape.batch, reduced,
+                                                                  shape.out_size[1])
     span_sums = slots * rows * (reduced + 1) * wide + rows * (reduced + 1) * dtype.itemsize
     feature_parts = (splits + 2) * sizes["feature"] * wide + sizes["feature"] * dtype.itemsize if splits > 1 else 0
     return (span_sums + feature_parts) / bandwidth

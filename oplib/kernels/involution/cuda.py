@@ -1440,6 +1440,15 @@ def generated_mma_generator_config(source: KernelSource, dtype: torch.dtype, bat
     return LaunchConfig((tiles, ranges * splits, batch), (32, c["MMA_WARPS"]), shared_bytes)
 
 
+def generated_mma_generator_parts(source: KernelSource, config: LaunchConfig, batch: int, reduced: int,
+                                  out_w: int) -> tuple[int, int]:
+    """(slots, splits) of ``involution_generated_mma_backward_generator``'s launch ``config``: its
+    float32 partial sums of grad_span_weight and grad_span_bias, a slot per tile and sample, and
+    the group splits, whose parts of grad_feature torch adds up where there is more than one."""
+    span_r = generated_mma_generator_tile(source, generated_mma_generator_narrow(source, out_w, reduced))[1]
+    return config.grid[0] * batch, config.grid[1] // -(-reduced // span_r)
+
+
 def generated_mma_grad_words(grad_output: Tensor, groups: int) -> bool:
     """Whether the kernel may load grad_output's pairs of a group's channels (c, c + 1; c even)
     as one aligned 32-bit word: channels_last with an even count of channels a group, every
@@ -1478,8 +1487,8 @@ def involution_generated_mma_backward_generator(grad_output: Tensor, feature: Te
         grad_span_bias.zero_()
         return out
     narrow = generated_mma_generator_narrow(source, out_size[1], reduced)
-    tile_w, span_r = generated_mma_generator_tile(source, narrow)
-    slots, splits = config.grid[0] * n, config.grid[1] // -(-reduced // span_r)
+    tile_w = generated_mma_generator_tile(source, narrow)[0]
+    slots, splits = generated_mma_generator_parts(source, config, n, reduced, out_size[1])
     span_sums = torch.empty((slots, rows, reduced), dtype=torch.float32, device=grad_output.device)
     bias_sums = torch.empty((slots, rows), dtype=torch.float32, device=grad_output.device)
     feature_parts = torch.empty((splits, n, *out_size, reduced) if splits > 1 else (0,), dtype=torch.float32,
@@ -1509,7 +1518,8 @@ def involution_generated_mma_backward_generator(grad_output: Tensor, feature: Te
 # copies and cuBLAS contractions at their DRAM floor (no kernels the model traces), and torch's
 # sums of the kernel's partial sums at theirs, ahead of the whole route at every bfloat16 row but
 # stage 4's (channels_last at stride 2 aside), and in float32 (3xTF32, about twice bfloat16's
-# time) at about a third of the rows, behind it at stage 4 (the page's forward + backward section). The kernel table times it in the "generator grads" row's "tensor cores" column.
+# time) at about a third of the rows, behind it at stage 4 (the page's forward + backward
+# section). The kernel table times it in the "generator grads" row's "tensor cores" column.
 GENERATOR_ON_TENSOR_CORES = False
 
 
