@@ -111,9 +111,13 @@ STAGED_GRAD_INPUT = "staged grad_input"
 # memory, all taps of a pass at once, summed by FMAs), which the kernel table times in the
 # generated forward row's "staged" column from the eighth draw on.
 STAGED_FORWARD = "staged generated forward"
+# involution_generated's forward on small maps (dense_window.cu: a (sample, group) a block, the
+# window a dense matrix, both products on tensor cores), which no draw has timed yet.
+DENSE_FORWARD = "dense window generated forward"
 PREDICTED = {GENERATOR: "involution_generated_mma_backward_generator",
              STAGED_GRAD_INPUT: "involution_generated_mma_backward_input_staged",
-             STAGED_FORWARD: "involution_generated_mma_staged"}
+             STAGED_FORWARD: "involution_generated_mma_staged",
+             DENSE_FORWARD: "involution_generated_dense_window"}
 
 
 # The table's rows the model leaves out: the generated grad_input's call runs the span conv
@@ -835,18 +839,16 @@ def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandw
     ]
 
 
-def staged_forward_lines(data: list[dict], rows: list[dict], table: list[dict], constants: Constants,
-                         bandwidth: float) -> list[str]:
-    """``PREDICTED``'s staged forward at every row it serves (16-bit dtypes on tensor cores,
-    float32 in 3xTF32; the draws measured bfloat16 and float32), predicted with the constants
-    fitted above, beside its floor and what the draw measured at the same (shape, dtype, layout):
-    the fused forward the op runs there (``rows``: the tensor-core one, float32's tiled one), and
-    span conv + involution, the path the fused forward is to beat by the issue's 0.5x
-    (``table``'s "generic (before)" of the generated forward)."""
+def _forward_candidate_cells(data: list[dict], rows: list[dict], table: list[dict], constants: Constants,
+                             bandwidth: float, kernel: str) -> tuple[list, list, list, list]:
+    """A predicted forward kernel's table (``kernel``, a ``PREDICTED`` row) at every row it
+    serves where the draw measured the op's fused forward: its cells, and its prediction over
+    the floor, over that fused forward and over span conv + involution (``table``'s "generic
+    (before)" of the generated forward)."""
     measured = {_key(r): r["measured_s"] for r in rows}
     before = {_key(r): float(r["generic (before, ms)"]) * 1e-3 for r in table if r["kernel"] == "generated forward"}
     cells, over, against_mma, against_unfused = [], [], [], []
-    for entry in (e for e in data if e["kernel"] == STAGED_FORWARD):
+    for entry in (e for e in data if e["kernel"] == kernel):
         key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
         fused = TILED if entry["dtype"] == "float32" else MMA_FORWARD
         if f"{key} | {fused}" not in measured:
@@ -858,6 +860,47 @@ def staged_forward_lines(data: list[dict], rows: list[dict], table: list[dict], 
         against_unfused.append(predicted / unfused)
         cells.append([*first, f"{mma * 1e6:.1f}", f"{against_mma[-1]:.2f}x", f"{unfused * 1e6:.1f}",
                       f"{against_unfused[-1]:.2f}x"])
+    return cells, over, against_mma, against_unfused
+
+
+def dense_forward_lines(data: list[dict], rows: list[dict], table: list[dict], constants: Constants,
+                        bandwidth: float) -> list[str]:
+    """``PREDICTED``'s dense window forward at every row it serves (16-bit dtypes, maps a block
+    holds whole: RedNet-50's 7 x 7 ones), as ``staged_forward_lines`` puts the staged forward."""
+    cells, over, against_mma, against_unfused = _forward_candidate_cells(data, rows, table, constants, bandwidth,
+                                                                         DENSE_FORWARD)
+    heading = "## Predicted, not yet measured: the dense window forward"
+    if not cells:
+        return [heading, "", "None: the kernel serves no row.", ""]
+    return [
+        heading,
+        "",
+        "dense_window.cu's `involution_generated_dense_window`, a CUDA kernel of involution_generated's forward on "
+        "maps a block holds whole: per (sample, group), the weights formed on tensor cores, written into a dense "
+        "matrix of output pixels by input pixels (hi and lo), and the aggregation one tensor-core product of it "
+        "with the staged input. Predicted with the constants fitted above (the kernel is no row they are fitted "
+        "on), beside its floor and what the draw measured at the same shape, dtype and layout, as the staged "
+        f"forward's table. Predicted / floor {ratio_range(over)}, within 2x at {sum(o <= 2.0 for o in over)} of "
+        f"{len(over)} rows. Predicted / the op's fused forward: {ratio_range(against_mma)}, faster at "
+        f"{sum(a < 1.0 for a in against_mma)} of {len(against_mma)} rows; / span conv + involution: "
+        f"{ratio_range(against_unfused)}, within 0.5x at {sum(a <= 0.5 for a in against_unfused)} of "
+        f"{len(against_unfused)} rows. No draw has timed it yet.",
+        "",
+        *_harness.table([*PREDICTED_COLUMNS, "the op's fused forward, measured (us)", "predicted / it",
+                         "span conv + involution, measured (us)", "predicted / it"], "llllllrrrlrrrrrrr", cells),
+    ]
+
+
+def staged_forward_lines(data: list[dict], rows: list[dict], table: list[dict], constants: Constants,
+                         bandwidth: float) -> list[str]:
+    """``PREDICTED``'s staged forward at every row it serves (16-bit dtypes on tensor cores,
+    float32 in 3xTF32; the draws measured bfloat16 and float32), predicted with the constants
+    fitted above, beside its floor and what the draw measured at the same (shape, dtype, layout):
+    the fused forward the op runs there (``rows``: the tensor-core one, float32's tiled one), and
+    span conv + involution, the path the fused forward is to beat by the issue's 0.5x
+    (``table``'s "generic (before)" of the generated forward)."""
+    cells, over, against_mma, against_unfused = _forward_candidate_cells(data, rows, table, constants, bandwidth,
+                                                                         STAGED_FORWARD)
     heading = "## Predicted, not yet measured: the staged forward"
     if not cells:
         return [heading, "", "None: the kernel serves no row.", ""]
@@ -1007,7 +1050,8 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
                                   + generator_map_route_floor(shape_name, torch_dtype, bandwidth))
         partials = generator_partials_floor(shape_name, torch_dtype, bandwidth)
         if dtype == "bfloat16":
-            forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))), tensor_cores(MMA_FORWARD)])
+            forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))),
+                              ("dense window, predicted", predicted.get((DENSE_FORWARD, row))), tensor_cores(MMA_FORWARD)])
             grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))),
                                  tensor_cores(MMA_GRAD_INPUT), map_input])
             generator = faster([("tensor cores + sums, predicted", predicted[GENERATOR, row] + partials), map_generator])
@@ -1247,6 +1291,7 @@ def sections(rows: list[dict], model: dict, table: list[dict], bandwidth: float)
             *generator_lines(candidates, rows, constants, bandwidth), "",
             *staged_lines(candidates, rows, constants, bandwidth), "",
             *staged_forward_lines(candidates, rows, table, constants, bandwidth), "",
+            *dense_forward_lines(candidates, rows, table, constants, bandwidth), "",
             *layer_lines(totals), "", *network_lines(totals, *rednet50_involutions(), models_rows()), "",
             *mma_lines(rows, table, constants, bandwidth)]
 

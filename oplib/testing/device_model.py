@@ -1963,6 +1963,130 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
                        (y < OH) & (n < N), es)
 
 
+def _dense_rows(t: _Tally, thread: Tensor, threads: int, tensor: int, at: int, stride: int, rows: int,
+                rows_inside: int, words_per_row: int, base, row_w: int, row_h_step: int, row_w_step: int, step: int,
+                count: int, vectors: bool, es: int) -> None:
+    """dense_window.cu's dense_stage_rows: ``rows`` rows of ``words_per_row`` words (``stride``
+    apart, from word ``at`` of the shared memory), consecutive threads along a row, from tensor
+    argument ``tensor`` (row r the pixel (r // row_w, r % row_w) of a map ``row_h_step`` and
+    ``row_w_step`` elements a row and a column from ``base``, its values ``step`` apart, ``count``
+    of them inside, rows from ``rows_inside`` on zeros): a 16-byte load and store a thread a turn
+    with ``vectors``, else two 16-bit loads and a word's store."""
+    per_row = words_per_row // 4 if vectors else words_per_row
+    turn = thread + threads * _slots(-(-rows * per_row // threads))
+    live = turn < rows * per_row
+    row, column = turn // per_row, (8 if vectors else 2) * (turn % per_row)
+    inside = live & (row < rows_inside)
+    first = base + row // row_w * row_h_step + row % row_w * row_w_step
+    if vectors:
+        t.load(tensor, (first + column) // 8, inside & (column < count), 16)
+        t.shared((at + row * stride + column // 2) // 4, live, 16)
+        return
+    for e in range(2):
+        t.load(tensor, first + (column + e) * step, inside & (column + e < count), es)
+    t.shared(at + row * stride + column // 2, live, 4)
+
+
+def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_generated_dense_window (dense_window.cu): ``item`` is the thread's index in the
+    grid (block-major, 128 threads a block, a block a (group, sample), a warp 16 of its pixels).
+    The feature (channels_last: a pixel a row, 16-byte vectors where aligned; NCHW: an R a row,
+    a lane's pixel pair two 16-bit loads) and the group's span rows staged; the weights formed
+    (per k-step of R, A by one ldmatrix and B by one per pair of n-tiles; tensor cores: no term);
+    the dense matrices' zeros (16-byte stores), and per (tap, pixel) of the lane its bias (a
+    global load a tap), the bias's add and, where the tap reads the map, hi's and lo's 16-bit
+    stores; per 16 of the group's channels the input staged (channels_last a pixel a row, NCHW
+    a channel a row), then per k-step of the map's input pixels B's ldmatrix and hi's and lo's A,
+    and the outputs' 16-bit stores. The layout's sizes are the source's and its host's."""
+    from ..kernels.involution import cuda as involution_cuda
+
+    (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh, fsw,
+     feature_vectors, span_vectors, input_vectors) = launch.scalars
+    last = launch.specialisation == ("true",)
+    c = involution_cuda.load_source(involution_cuda.DENSE_WINDOW_SOURCE).constants
+    es, taps, P, Q, pg, threads = launch.dtype.itemsize, KH * KW, OH * OW, H * W, C // G, launch.threads_per_block
+    block, thread = item // threads, item % threads
+    lane, warp = thread % 32, thread // 32
+    row, quad = lane // 4, lane % 4
+    group, n = block % G, block // G
+    first = 16 * warp
+    r_steps, q_steps, tap_rows = -(-R // 16), -(-Q // 16), 16 * -(-taps // 16)
+    reduced_stride, dense_stride = 8 * r_steps + 4, 8 * q_steps + 4
+    pixel_stride, channel_stride = c["DENSE_PIXEL_STRIDE"], c["DENSE_CHANNEL_STRIDE"]
+    feature_words = c["DENSE_PIXELS"] * reduced_stride if last else 16 * r_steps * pixel_stride
+    dense_words = c["DENSE_PIXELS"] * dense_stride
+    staged_at = max(feature_words + tap_rows * reduced_stride, 2 * dense_words)
+    offsets_at = staged_at + (16 * q_steps * channel_stride if last else c["DENSE_CHANNELS"] * dense_stride)
+    t.shared(offsets_at + thread, thread < taps, 4)  # the taps' offsets
+
+    def rows(tensor, at, stride, count_rows, inside_rows, words, base, row_w, row_h_step, row_w_step, step, count,
+             vectors):
+        _dense_rows(t, thread, threads, tensor, at, stride, count_rows, inside_rows, words, base, row_w, row_h_step,
+                    row_w_step, step, count, vectors, es)
+
+    if last:
+        rows(1, 0, reduced_stride, c["DENSE_PIXELS"], P, 8 * r_steps, n * fsn, OW, fsh, fsw, fsc, R, feature_vectors)
+    else:
+        w, r = thread % 32, thread // 32 + 4 * _slots(-(-16 * r_steps // 4))
+        for e in range(2):
+            p = 2 * w + e
+            t.load(1, n * fsn + r * fsc + p // OW * fsh + p % OW * fsw, (r < R) & (p < P), es)
+        t.shared(r * pixel_stride + w, r < 16 * r_steps, 4)
+    rows(2, feature_words, reduced_stride, tap_rows, taps, 8 * r_steps, group * taps * R, tap_rows, 0, R, 1, R,
+         span_vectors)
+    live = first < P
+    for k in range(r_steps):
+        if last:
+            t.matrices(first * reduced_stride + 8 * k + _fragment_a_rows(lane, reduced_stride), live, 4)
+        else:  # oplib_load_fragment_a_transposed
+            t.matrices(16 * k * pixel_stride + first // 2 + (lane % 8 + 8 * (lane // 16)) * pixel_stride
+                       + 4 * (lane // 8 % 2), live, 4)
+        for pair in range(-(-taps // 16)):
+            t.matrices(feature_words + 16 * pair * reduced_stride + 8 * k
+                       + _fragment_b_rows(lane, reduced_stride, 8 * reduced_stride), live, 4)
+    zeros = thread + threads * _slots(-(-2 * dense_words // 4 // threads))
+    t.shared(zeros, zeros < 2 * dense_words // 4, 16)
+    for tile in range(-(-taps // 8)):
+        for h in range(2):
+            tap = 8 * tile + 2 * quad + h
+            t.load(3, group * taps + tap, tap < taps, es)
+            t.shared(offsets_at + tap, tap < taps, 4)
+            for half in range(2):
+                p = first + row + 8 * half
+                weighs = (p < P) & (tap < taps)
+                t.fma(weighs)  # the bias's add
+                y = p // OW * sh - ph + tap // KW * dh
+                x = p % OW * sw - pw + tap % KW * dw
+                inside = weighs & (y >= 0) & (y < H) & (x >= 0) & (x < W)
+                for lo in range(2):
+                    t.shared(2 * p * dense_stride + y * W + x + lo * 2 * dense_words, inside, 2)
+    for c0 in range(0, pg, c["DENSE_CHANNELS"]):
+        chunk = n * isn + (group * pg + c0) * isc
+        if last:
+            rows(0, staged_at, channel_stride, 16 * q_steps, Q, 8, chunk, W, ish, isw, isc, pg - c0, input_vectors)
+        else:
+            turn = thread + threads * _slots(-(-16 * 8 * q_steps // threads))
+            channel, q = turn // (8 * q_steps), 2 * (turn % (8 * q_steps))
+            for e in range(2):
+                t.load(0, chunk + channel * isc + (q + e) // W * ish + (q + e) % W * isw,
+                       (turn < 16 * 8 * q_steps) & (c0 + channel < pg) & (q + e < Q), es)
+            t.shared(staged_at + channel * dense_stride + q // 2, turn < 16 * 8 * q_steps, 4)
+        for k in range(q_steps):
+            if last:  # B transposed: matrix i the rows 16 k + 8 (i & 1) .., channels 8 (i >> 1) ..
+                i = lane // 8
+                t.matrices(staged_at + (16 * k + 8 * (i % 2) + lane % 8) * channel_stride + 4 * (i // 2), live, 4)
+            else:
+                t.matrices(staged_at + 8 * k + _fragment_b_rows(lane, dense_stride, 8 * dense_stride), live, 4)
+            for lo in range(2):
+                t.matrices(lo * dense_words + first * dense_stride + 8 * k + _fragment_a_rows(lane, dense_stride),
+                           live, 4)
+        for v in range(8):
+            p = first + row + 8 * (v // 2 % 2)
+            channel = c0 + 8 * (v // 4) + 2 * quad + v % 2
+            t.store(4, n * osn + (group * pg + channel) * osc + p // OW * osh + p % OW * osw,
+                    (p < P) & (channel < pg), es)
+
+
 def _wide_span_staging(t: _Tally, thread: Tensor, threads: int, group, taps: int, R: int, rows: int,
                        span_stride: int, first_tap: int = 0) -> None:
     """generated_mma.cu's staged_wide_span_rows: ``rows`` span rows from tap ``first_tap`` in float,
@@ -2120,11 +2244,12 @@ TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_generated_mma_backward_input_staged": _generated_mma_backward_input_staged,
     "involution_generated_mma_staged": _generated_mma_staged,
     "involution_generated_mma_backward_generator": _generated_mma_backward_generator,
+    "involution_generated_dense_window": _generated_dense_window,
 }
 # Tiled kernels: a thread per grid thread (no grid-stride loop), its index block-major.
 TILED = {"involution_generated_tile", "involution_generated_mma", "involution_generated_mma_backward_input",
          "involution_generated_mma_backward_input_staged", "involution_generated_mma_staged",
-         "involution_generated_mma_backward_generator"}
+         "involution_generated_mma_backward_generator", "involution_generated_dense_window"}
 
 
 def kernel_work(launch: Launch, gpu: GPU = H200, traced_warps: int = TRACED_WARPS) -> KernelWork:

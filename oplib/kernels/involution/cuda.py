@@ -1338,6 +1338,82 @@ def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight:
 
 
 # ---------------------------------------------------------------------------------------
+# involution_generated's forward on small maps (dense_window.cu's
+# involution_generated_dense_window): a (sample, group) a block, the window a dense matrix
+# ---------------------------------------------------------------------------------------
+
+DENSE_WINDOW_SOURCE = "involution/csrc/cuda/dense_window.cu"
+# float32 is declined: its products would be 3xTF32, not written yet; float64 has none.
+DENSE_WINDOW_DTYPES = GENERATED_MMA_DTYPES
+
+
+def dense_window_shared_bytes(source: KernelSource, inputs: int, taps: int, reduced: int, last: bool) -> int:
+    """``involution_generated_dense_window``'s dynamic shared memory (its comment's layout): the
+    larger of the feature and span rows and the two dense matrices, and the staged input, for a
+    map of ``inputs`` input pixels, ``taps`` taps and R = ``reduced``."""
+    c = source.constants
+    r_steps, q_steps, tap_rows = -(-reduced // 16), -(-inputs // 16), 16 * -(-taps // 16)
+    reduced_stride, dense_stride = 8 * r_steps + 4, 8 * q_steps + 4
+    feature = c["DENSE_PIXELS"] * reduced_stride if last else 16 * r_steps * c["DENSE_PIXEL_STRIDE"]
+    staged = 16 * q_steps * c["DENSE_CHANNEL_STRIDE"] if last else c["DENSE_CHANNELS"] * dense_stride
+    return 4 * (max(feature + tap_rows * reduced_stride, 2 * c["DENSE_PIXELS"] * dense_stride) + staged + c["DENSE_TAPS"])
+
+
+def dense_window_config(source: KernelSource, dtype: torch.dtype, batch: int, groups: int, in_size, out_size,
+                        kernel_size, reduced: int, last: bool) -> Optional[LaunchConfig]:
+    """``involution_generated_dense_window``'s launch: a block of ``DENSE_WARPS`` warps per
+    (group, sample); None where it does not serve the call (a dtype without the tensor-core
+    product, more output pixels than ``DENSE_PIXELS``, input pixels than ``DENSE_INPUTS``, taps
+    than ``DENSE_TAPS``, an R past ``DENSE_REDUCED``, a batch past CUDA's grid y limit)."""
+    c = source.constants
+    taps, inputs = kernel_size[0] * kernel_size[1], in_size[0] * in_size[1]
+    if (dtype not in DENSE_WINDOW_DTYPES or out_size[0] * out_size[1] > c["DENSE_PIXELS"] or taps > c["DENSE_TAPS"]
+            or inputs > c["DENSE_INPUTS"] or reduced > c["DENSE_REDUCED"] or batch > 65535 or groups >= 2 ** 31):
+        return None
+    return LaunchConfig((groups, batch), (32, c["DENSE_WARPS"]),
+                        dense_window_shared_bytes(source, inputs, taps, reduced, last))
+
+
+def _vector_rows(tensor: Tensor, lanes: int, count: int) -> bool:
+    """Whether a channels_last tensor's rows of ``count`` channels (per pixel) move as 16-byte
+    vectors of ``lanes`` values: adjacent channels, every pixel's first aligned."""
+    n_stride, c_stride, h_stride, w_stride = tensor.stride()
+    return (c_stride == 1 and count % lanes == 0 and all(s % lanes == 0 for s in (n_stride, h_stride, w_stride))
+            and tensor.data_ptr() % (lanes * tensor.element_size()) == 0)
+
+
+def involution_generated_dense_window(input: Tensor, feature: Tensor, span_weight: Tensor,
+                                      span_bias: Optional[Tensor], kernel_size, stride, padding, dilation, out: Tensor,
+                                      launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+    """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> out: (N, C, Ho, Wo), written by the dense
+    window kernel in out's own strides (every operand of any strides); None, out untouched,
+    where ``dense_window_config`` declines the call or the GPU predates sm_80. The
+    instantiation is the input's layout's (channels_last or not): its staged layouts and
+    fragment loads."""
+    source = load_source(DENSE_WINDOW_SOURCE)
+    n, channels, height, width = input.shape
+    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
+    reduced, out_size = feature.shape[1], tuple(out.shape[2:])
+    last = is_channels_last(input)
+    config = dense_window_config(source, input.dtype, n, groups, (height, width), out_size, kernel_size, reduced, last)
+    if config is None or (input.is_cuda and torch.cuda.get_device_capability(input.device) < GENERATED_MMA_MIN_CAPABILITY):
+        return None
+    if out.numel() == 0:
+        return out
+    lanes = POLICY.lanes(input.dtype)
+    span_weight = span_weight.contiguous()
+    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
+    vectors = (_vector_rows(feature, lanes, reduced), reduced % lanes == 0 and span_weight.data_ptr() % 16 == 0,
+               _vector_rows(input, lanes, channels // groups))
+    scalars = (channels, height, width, groups, *kernel_size, *out_size, *stride, *padding, *dilation, reduced,
+               *input.stride(), *out.stride(), *feature.stride(), *vectors)
+    (launcher or cupy_launcher()).launch(source, "involution_generated_dense_window", input.dtype, config,
+                                         (input, feature, span_weight, bias, out, *scalars),
+                                         ("true" if last else "false",))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
 # involution_generated's generator gradients on tensor cores (generated_mma.cu's
 # involution_generated_mma_backward_generator): the map gw formed per tile in shared memory
 # ---------------------------------------------------------------------------------------

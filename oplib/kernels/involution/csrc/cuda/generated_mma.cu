@@ -55,6 +55,7 @@
 // 4 words each, and 4 more where that is a multiple of 8: 4 past a multiple of 8, so that a
 // fragment load's (or store's) 8 rows x 4 words fall in 32 different banks.
 
+#include "mma_split.cuh"
 #include "tile.cuh"
 
 // The blocks an SM a kernel's launch bound asks for, by the target: before sm_80, from sm_80,
@@ -102,9 +103,6 @@ static_assert(MMA_CHANNELS * MMA_BAND / 2 <= 2 * MMA_THREADS, "a staged row's wo
 // code out of a kernel's instruction count (oplib.testing.device_model.cold_lines), and each
 // begins with OPLIB_COLD_BLOCK (warp.cuh), whose runs the host emulation counts.
 
-// Whether v is neither inf nor nan: its exponent bits, the sign shifted out, are not all ones
-// (on the bits: NVRTC makes a float comparison a flushing one under CuPy's -ftz=true).
-__device__ __forceinline__ bool mma_finite(float v) { return __float_as_uint(v) << 1 < 0xff000000u; }
 
 // A lane's 8 outputs (pixels row, row + 8 x channels 2 quad, + 1 of each n-tile) by the direct
 // sum, from the warp's plain weights (hi + lo: `plain`, `lo_offset` values further) and its
@@ -137,53 +135,6 @@ __device__ __noinline__ void mma_direct_sums(const unsigned short* plain, int lo
         }
         out[c * out_c + h * out_high + (index_t)(out_x0 + x) * out_ws] = Element<half_t>::store(sum);
     }
-}
-
-// Two floats rounded to nearest even, as a word of two 16-bit values (`low` in the lower half):
-// one cvt.rn on sm_80 and newer (no .ftz: subnormals kept), element.cuh's rounding elsewhere
-// and on the host. The same bits but for a nan's payload.
-__device__ __forceinline__ unsigned int mma_round_pair(float low, float high, oplib_bfloat16) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned int pair;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(high), "f"(low));
-    return pair;
-#else
-    return oplib_float_to_bfloat16(low) | (unsigned int)oplib_float_to_bfloat16(high) << 16;
-#endif
-}
-
-__device__ __forceinline__ unsigned int mma_round_pair(float low, float high, oplib_half) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned int pair;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(high), "f"(low));
-    return pair;
-#else
-    return oplib_float_to_half(low) | (unsigned int)oplib_float_to_half(high) << 16;
-#endif
-}
-
-// A 16-bit value's float: exact either way; one cvt on sm_80 and newer for float16 (whose
-// conversion in software takes a dozen instructions), a shift for bfloat16.
-__device__ __forceinline__ float mma_to_float(unsigned short bits, oplib_bfloat16) {
-    return oplib_bfloat16_to_float(bits);
-}
-
-__device__ __forceinline__ float mma_to_float(unsigned short bits, oplib_half) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    float value;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
-    return value;
-#else
-    return oplib_half_to_float(bits);
-#endif
-}
-
-// w's part past hi, its value in the storage type: w - hi exactly (an FMA by -1), or 0 where hi
-// is an inf (w - hi would be a nan where w * x is an inf).
-template <typename half_t>
-__device__ __forceinline__ float mma_rest(float w, unsigned short hi_bits) {
-    const float high = mma_to_float(hi_bits, half_t());
-    return mma_finite(high) ? oplib_fma(-1.0f, high, w) : 0.0f;
 }
 
 // The lo word of two floats' split, whose hi word (mma_round_pair's) is `hi`: their parts past

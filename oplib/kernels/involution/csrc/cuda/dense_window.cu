@@ -1,0 +1,373 @@
+// involution_generated's forward on maps small enough that one block holds a (sample, group)
+// whole (float16, bfloat16): the weights generated on tensor cores, and their aggregation one
+// product on tensor cores as well, by the window written as a dense matrix.
+//
+//   out[n, c, i, j] = sum_{a, b} weight(n, g(c), a*KW + b, i, j) * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
+//   weight(n, g, t, i, j) = bias[g*T + t] + sum_r span_weight[g*T + t, r] * feature[n, r, i, j]
+//
+// input: (N, C, H, W), out: (N, C, Ho, Wo), feature: (N, R, Ho, Wo) of any strides; span_weight
+// (G*T, R) and bias (G*T) contiguous. The host sends a call here where P = Ho*Wo <= DENSE_PIXELS,
+// T <= DENSE_TAPS, R <= DENSE_REDUCED and Q = H*W <= DENSE_INPUTS; any window, stride, padding
+// and dilation.
+//
+// Pixel p's tap t reads one input pixel q(p, t) (or none: the padding). With the dense matrix
+//   dense[p, q] = weight(.., t, p) where q = q(p, t), else 0          (P x Q)
+// (no two taps of a pixel read the same input pixel) a group's outputs are one product,
+//   out[p, c] = sum_q dense[p, q] * input[q, c]                       (P x Q) (Q x channels)
+// On RedNet-50's 7 x 7 maps at stage 4 that is a 49 x 49 matrix (at stride 2, 49 x 196), a
+// quarter (a sixteenth) of it nonzero: the zeros cost tensor-core work, which is plentiful, where
+// the tiled kernels' per-tap sums and bands cost issue slots. The generation is the product
+// (P x R) (R x T) + bias, as in generated_mma.cu.
+//
+// A block of DENSE_WARPS warps takes one (sample, group) (grid: groups x samples); warp w takes
+// the pixels 16 w .. 16 w + 15, an m-tile of both products:
+//   1. the block stages the sample's feature and the group's span_weight rows in shared memory;
+//   2. each warp forms its pixels' weights, (16 x R) (R x T) on tensor cores, into registers
+//      (C fragments); after a barrier, the dense matrices (hi and lo, zeros written first) take
+//      their place: each weight w, bias added, goes to its input pixel split in two values of
+//      the storage type, hi = w rounded and lo = (w - hi) rounded (mma_split.cuh: hi alone
+//      would round the weights as the span conv's output does);
+//   3. per DENSE_CHANNELS of the group's channels, the block stages the input (zeros past the
+//      map and the group's channels), and each warp multiplies both matrices' rows by it.
+// A product by a zero of the dense matrix is no product of the sum: an inf or a nan of the input
+// makes every output of the group nan where the direct sum reads it at most 49 times, and a
+// weight at a tap in the padding (not in the matrix) is one of the direct sum's terms, times
+// zero. A warp whose weights and outputs are all finite has met none (an inf or a nan in any
+// product reaches the output); one that has recomputes its outputs by the direct sum, every
+// tap, from global memory (dense_direct_sums), so that non-finite values land exactly where
+// torch puts them. No atomics, every sum in a fixed order: deterministic.
+//
+// float and double have no such product, nor has a GPU before sm_80: those instantiations are
+// empty and the host declines those calls. LAST (channels_last's layout: the feature's and the
+// input's channels adjacent) chooses the staged layouts, a template argument so that each
+// instantiation's fragment loads are of one kind; any strides are read either way.
+//
+// Dynamic shared memory, 32-bit words each holding two 16-bit values, the lower one (column,
+// reduced index or channel) in its lower half (the host's dense_window_shared_bytes is its size),
+// with k_r = R rounded up to 16, k_q = Q rounded up to 16, and strides 4 words past a multiple of
+// 8 (a fragment load's 8 rows x 4 words in 32 different banks):
+//   feature  LAST: DENSE_PIXELS x (k_r / 2 + 4)      [pixel][r]
+//            else: k_r x DENSE_PIXEL_STRIDE           [r][pixel]
+//   span     k_t x (k_r / 2 + 4)                      [tap][r], k_t = T rounded up to 16
+//   dense    2 x DENSE_PIXELS x (k_q / 2 + 4)         hi then lo, [pixel][input pixel], in the
+//            place of feature and span once the weights are formed
+//   staged   LAST: k_q x DENSE_CHANNEL_STRIDE         [input pixel][channel]
+//            else: DENSE_CHANNELS x (k_q / 2 + 4)     [channel][input pixel]
+//   taps     DENSE_TAPS                               each tap's row and column offsets
+
+#include "mma_split.cuh"
+#include "tile.cuh"
+
+constexpr int DENSE_WARPS = 4;
+constexpr int DENSE_THREADS = 128;
+constexpr int DENSE_PIXELS = 64;  // a map's output pixels at most: an m-tile a warp
+constexpr int DENSE_TAPS = 64;  // a window's taps at most: the generation's 8 n-tiles
+constexpr int DENSE_TAP_TILES = 8;
+constexpr int DENSE_REDUCED = 128;  // R at most
+constexpr int DENSE_INPUTS = 256;  // a map's input pixels at most: the dense matrix's columns
+constexpr int DENSE_CHANNELS = 16;  // a pass over the group's channels: two n-tiles
+constexpr int DENSE_PIXEL_STRIDE = 36;  // words of an NCHW feature's staged r: DENSE_PIXELS / 2, and 4
+constexpr int DENSE_CHANNEL_STRIDE = 12;  // words of a channels_last input pixel's staged channels: 8, and 4
+
+static_assert(DENSE_THREADS == 32 * DENSE_WARPS && DENSE_PIXELS == 16 * DENSE_WARPS, "a warp an m-tile of pixels");
+static_assert(DENSE_TAP_TILES * 8 == DENSE_TAPS && DENSE_TAP_TILES % 2 == 0, "the generation's n-tiles in pairs");
+static_assert(DENSE_PIXEL_STRIDE == DENSE_PIXELS / 2 + 4 && DENSE_CHANNEL_STRIDE == DENSE_CHANNELS / 2 + 4,
+              "4 words past a multiple of 8");
+static_assert(DENSE_REDUCED % 16 == 0 && DENSE_INPUTS % 16 == 0 && DENSE_TAPS <= DENSE_PIXELS,
+              "the host's limits: whole k-steps of both products");
+
+// The warp's pixels `first` .. first + 15 of every row's stage: a lane's two, row and row + 8.
+struct DensePixel {
+    int index;  // p
+    bool inside;  // p < P
+    int top, left;  // its window's first input row and column (before the taps' offsets)
+    index_t out;  // its output's offset in out (from its channel's)
+};
+
+__device__ __forceinline__ DensePixel dense_pixel(int p, int pixels, int out_w, int stride_h, int stride_w, int pad_h,
+                                                  int pad_w, index_t out_hs, index_t out_ws) {
+    DensePixel pixel;
+    const int i = p / out_w, j = p % out_w;
+    pixel.index = p;
+    pixel.inside = p < pixels;
+    pixel.top = i * stride_h - pad_h;
+    pixel.left = j * stride_w - pad_w;
+    pixel.out = i * out_hs + j * out_ws;
+    return pixel;
+}
+
+// `rows` rows of 16-bit values into `words`, row r's words_per_row words at words + r * stride
+// (word j holding values 2j and 2j + 1), from rows_inside on zeros: row r is pixel (r / row_w,
+// r % row_w) of a map whose rows and columns lie row_h_step and row_w_step values apart from
+// `values`, its values `step` apart, `count` of them inside (zeros past). Consecutive threads
+// take consecutive words of a row; `vectors` (step 1, every row's first value 16-byte aligned,
+// count a multiple of 8 or past the row) takes 8 values a 16-byte load. A thread's next row and
+// column are its last ones stepped (a carry, no division a turn).
+__device__ __forceinline__ void dense_stage_rows(unsigned int* words, int stride, int rows, int rows_inside,
+                                                 int words_per_row, const unsigned short* values, int row_w,
+                                                 index_t row_h_step, index_t row_w_step, index_t step, int count,
+                                                 bool vectors) {
+    const int thread = threadIdx.x + 32 * threadIdx.y;
+    const int per_row = vectors ? words_per_row / 4 : words_per_row;  // a row's turns
+    const int rows_step = DENSE_THREADS / per_row, columns_step = DENSE_THREADS % per_row;
+    int row = thread / per_row, column = thread % per_row;
+    int y = row / row_w, x = row % row_w;
+    while (row < rows) {
+        const unsigned short* at = values + y * row_h_step + x * row_w_step;
+        if (vectors) {
+            Vector16<unsigned int> chunk = {};
+            if (row < rows_inside && 8 * column < count)
+                chunk = *reinterpret_cast<const Vector16<unsigned int>*>(at + 8 * column);
+            *reinterpret_cast<Vector16<unsigned int>*>(words + row * stride + 4 * column) = chunk;
+        } else {
+            words[row * stride + column] =
+                oplib_load_pair(at + 2 * column * step, step, row < rows_inside ? count - 2 * column : 0);
+        }
+        row += rows_step;
+        x += rows_step;
+        column += columns_step;
+        if (column >= per_row) {
+            column -= per_row;
+            ++row;
+            ++x;
+        }
+        while (x >= row_w) {
+            x -= row_w;
+            ++y;
+        }
+    }
+}
+
+// The lane's 8 outputs (pixels row, row + 8 of the warp x channels c0 + 2 quad, + 1 of each
+// n-tile) by the direct sum over every tap, each weight formed again in float from global memory:
+// for a warp whose products met an inf or a nan. A function of its own, rolled: cold code, kept
+// out of the kernel's registers.
+template <typename half_t>
+__device__ __noinline__ void dense_direct_sums(const unsigned short* input, const unsigned short* feature,
+                                               const unsigned short* span, const unsigned short* bias, half_t* out,
+                                               int first, int c0, int group_channels, int pixels, int height, int width,
+                                               int out_w, int kernel_h, int kernel_w, int stride_h, int stride_w,
+                                               int pad_h, int pad_w, int dilation_h, int dilation_w, int reduced,
+                                               index_t input_c, index_t input_h, index_t input_w, index_t out_c,
+                                               index_t out_hs, index_t out_ws, index_t feature_c, index_t feature_h,
+                                               index_t feature_w) {
+    const int lane = oplib_lane(), row = lane >> 2, quad = lane & 3, taps = kernel_h * kernel_w;
+    for (int v = 0; v < 8; ++v) {
+        const int p = first + row + 8 * (v >> 1 & 1), c = c0 + 8 * (v >> 2) + 2 * quad + (v & 1);
+        if (p >= pixels || c >= group_channels) continue;
+        const int i = p / out_w, j = p % out_w;
+        const unsigned short* pixel_feature = feature + i * feature_h + j * feature_w;
+        float sum = 0.0f;
+        for (int t = 0; t < taps; ++t) {
+            float weight = mma_to_float(__ldg(bias + t), half_t());
+            for (int r = 0; r < reduced; ++r)
+                weight = oplib_fma(mma_to_float(__ldg(span + (index_t)t * reduced + r), half_t()),
+                                   mma_to_float(__ldg(pixel_feature + r * feature_c), half_t()), weight);
+            const int y = i * stride_h - pad_h + t / kernel_w * dilation_h, x = j * stride_w - pad_w + t % kernel_w * dilation_w;
+            const bool inside = (unsigned int)y < (unsigned int)height && (unsigned int)x < (unsigned int)width;
+            const float value = inside ? mma_to_float(__ldg(input + c * input_c + y * input_h + x * input_w), half_t()) : 0.0f;
+            sum = oplib_fma(weight, value, sum);
+        }
+        out[c * out_c + (index_t)i * out_hs + (index_t)j * out_ws] = Element<half_t>::store(sum);
+    }
+}
+
+// oplib-instantiate: involution_generated_dense_window
+// oplib-template: LAST = false | true
+//
+// Block (32, DENSE_WARPS); grid (groups, N).
+template <typename scalar_t, bool LAST>
+__global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_window(
+    const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
+    const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
+    int kernel_h, int kernel_w, int out_h, int out_w, int stride_h, int stride_w, int pad_h, int pad_w,
+    int dilation_h, int dilation_w, int reduced, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
+    index_t out_n, index_t out_c, index_t out_hs, index_t out_ws, index_t feature_n, index_t feature_c,
+    index_t feature_h, index_t feature_w, bool feature_vectors, bool span_vectors, bool input_vectors) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    if constexpr (sizeof(scalar_t) == 2) {
+        typedef scalar_t half_t;
+        const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+        const int row = lane >> 2, quad = lane & 3;  // a fragment's row (pixel) and column pair
+        const int taps = kernel_h * kernel_w, pixels = out_h * out_w, inputs = height * width;
+        const int group_channels = channels / groups, group = blockIdx.x, first = 16 * warp;
+        const index_t n = blockIdx.y;
+        const int r_steps = (reduced + 15) / 16, q_steps = (inputs + 15) / 16, tap_rows = 16 * ((taps + 15) / 16);
+        const int reduced_stride = 8 * r_steps + 4, dense_stride = 8 * q_steps + 4;
+        const int feature_words = LAST ? DENSE_PIXELS * reduced_stride : 16 * r_steps * DENSE_PIXEL_STRIDE;
+        const int span_words = tap_rows * reduced_stride, dense_words = DENSE_PIXELS * dense_stride;
+        OPLIB_DYNAMIC_SHARED(unsigned int, shared);
+        unsigned int* staged_feature = shared;
+        unsigned int* span = shared + feature_words;
+        unsigned int* dense = shared;  // hi, then lo dense_words further
+        unsigned int* staged = shared + (feature_words + span_words > 2 * dense_words ? feature_words + span_words
+                                                                                      : 2 * dense_words);
+        // each tap's input row and column offsets (16 bits each), formed once: no division a tap
+        unsigned int* tap_offsets = staged + (LAST ? 16 * q_steps * DENSE_CHANNEL_STRIDE : DENSE_CHANNELS * dense_stride);
+        if (thread < taps)
+            tap_offsets[thread] = (unsigned int)(thread / kernel_w * dilation_h) | (unsigned int)(thread % kernel_w * dilation_w) << 16;
+        const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
+        const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
+        const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
+
+        // 1. The feature (every pixel's R values) and the group's span rows.
+        if constexpr (LAST) {
+            dense_stage_rows(staged_feature, reduced_stride, DENSE_PIXELS, pixels, 8 * r_steps, feature_bits, out_w,
+                             feature_h, feature_w, feature_c, reduced, feature_vectors);
+        } else {
+            // [r][pixel]: a lane's pixel pair is the same for every r (its two offsets formed once)
+            for (int w = thread % (DENSE_PIXELS / 2); w < DENSE_PIXELS / 2; w += DENSE_THREADS) {
+                const int p = 2 * w;
+                const index_t low = p / out_w * feature_h + p % out_w * feature_w;
+                const index_t high = (p + 1) / out_w * feature_h + (p + 1) % out_w * feature_w;
+                for (int r = thread / (DENSE_PIXELS / 2); r < 16 * r_steps; r += DENSE_THREADS / (DENSE_PIXELS / 2)) {
+                    const unsigned short* plane = feature_bits + r * feature_c;
+                    const bool r_inside = r < reduced;
+                    const unsigned int low_value = r_inside && p < pixels ? __ldg(plane + low) : 0u;
+                    const unsigned int high_value = r_inside && p + 1 < pixels ? __ldg(plane + high) : 0u;
+                    staged_feature[r * DENSE_PIXEL_STRIDE + w] = low_value | high_value << 16;
+                }
+            }
+        }
+        dense_stage_rows(span, reduced_stride, tap_rows, taps, 8 * r_steps, group_span, tap_rows, 0, reduced, 1,
+                         reduced, span_vectors);
+        __syncthreads();  // the feature and the span rows are staged
+
+        // 2. The warp's weights: C fragment t holds pixels row, row + 8 x taps 8 t + 2 quad, + 1.
+        OplibFragmentC weights[DENSE_TAP_TILES];
+#pragma unroll
+        for (int t = 0; t < DENSE_TAP_TILES; ++t) weights[t] = OplibFragmentC{};
+        if (first < pixels) {
+            for (int k = 0; k < r_steps; ++k) {
+                const OplibFragmentA a =
+                    LAST ? oplib_load_fragment_a(staged_feature + first * reduced_stride + 8 * k, reduced_stride)
+                         : oplib_load_fragment_a_transposed(staged_feature + 16 * k * DENSE_PIXEL_STRIDE + first / 2,
+                                                            DENSE_PIXEL_STRIDE);
+#pragma unroll
+                for (int t = 0; t < DENSE_TAP_TILES; t += 2) {
+                    if (8 * t >= taps) break;
+                    OplibFragmentB low, high;
+                    oplib_load_fragments_b(span + 8 * t * reduced_stride + 8 * k, reduced_stride, 8 * reduced_stride,
+                                           low, high);
+                    oplib_mma<half_t>(weights[t], a, low);
+                    oplib_mma<half_t>(weights[t + 1], a, high);
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with the feature and the span rows: the dense matrices' place
+        {
+            Vector16<unsigned int>* vectors = reinterpret_cast<Vector16<unsigned int>*>(dense);
+            for (int v = thread; v < 2 * dense_words / 4; v += DENSE_THREADS) vectors[v] = Vector16<unsigned int>{};
+        }
+        __syncthreads();  // the zeros are written
+        const DensePixel low_pixel = dense_pixel(first + row, pixels, out_w, stride_h, stride_w, pad_h, pad_w, out_hs,
+                                                 out_ws);
+        const DensePixel high_pixel = dense_pixel(first + row + 8, pixels, out_w, stride_h, stride_w, pad_h, pad_w,
+                                                  out_hs, out_ws);
+        unsigned short* dense_hi = reinterpret_cast<unsigned short*>(dense);
+        bool non_finite = false;
+#pragma unroll
+        for (int t = 0; t < DENSE_TAP_TILES; ++t) {
+            if (8 * t >= taps) break;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int tap = 8 * t + 2 * quad + h;
+                if (tap >= taps) continue;
+                const float tap_bias = mma_to_float(__ldg(group_bias + tap), half_t());
+                const unsigned int offsets = tap_offsets[tap];
+                const int dy = (int)(offsets & 0xffffu), dx = (int)(offsets >> 16);
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const DensePixel& pixel = half ? high_pixel : low_pixel;
+                    if (!pixel.inside) continue;
+                    const float w = oplib_add(weights[t].value[2 * half + h], tap_bias);
+                    non_finite |= !mma_finite(w);
+                    const int y = pixel.top + dy, x = pixel.left + dx;
+                    if ((unsigned int)y >= (unsigned int)height || (unsigned int)x >= (unsigned int)width) continue;
+                    const unsigned short hi = (unsigned short)(mma_round_pair(w, 0.0f, half_t()) & 0xffffu);
+                    const unsigned short lo = (unsigned short)(mma_round_pair(mma_rest<half_t>(w, hi), 0.0f, half_t()) & 0xffffu);
+                    const int place = 2 * pixel.index * dense_stride + y * width + x;
+                    dense_hi[place] = hi;
+                    dense_hi[place + 2 * dense_words] = lo;
+                }
+            }
+        }
+        const bool warp_non_finite = oplib_warp_any(non_finite);
+        __syncthreads();  // the dense matrices are written
+
+        // 3. Per DENSE_CHANNELS of the group's channels: the input staged, both products, the outputs.
+        const unsigned short* input_bits =
+            reinterpret_cast<const unsigned short*>(input) + n * input_n + (index_t)group * group_channels * input_c;
+        half_t* out_group = out + n * out_n + (index_t)group * group_channels * out_c;
+        for (int c0 = 0; c0 < group_channels; c0 += DENSE_CHANNELS) {
+            if (c0 > 0) __syncthreads();  // every warp is done with the previous channels
+            const unsigned short* chunk = input_bits + c0 * input_c;
+            if constexpr (LAST) {
+                // [input pixel][channel]: a row a pixel, 8 words (16 channels)
+                dense_stage_rows(staged, DENSE_CHANNEL_STRIDE, 16 * q_steps, inputs, DENSE_CHANNELS / 2, chunk, width,
+                                 input_h, input_w, input_c, group_channels - c0, input_vectors);
+            } else {
+                // [channel][input pixel]: a channel's plane, pixel pairs
+                for (int w = thread; w < DENSE_CHANNELS * 8 * q_steps; w += DENSE_THREADS) {
+                    const int c = w / (8 * q_steps), q = 2 * (w % (8 * q_steps));
+                    const unsigned short* plane = chunk + c * input_c;
+                    const bool c_inside = c0 + c < group_channels;
+                    const unsigned int low_value =
+                        c_inside && q < inputs ? __ldg(plane + q / width * input_h + q % width * input_w) : 0u;
+                    const unsigned int high_value =
+                        c_inside && q + 1 < inputs
+                            ? __ldg(plane + (q + 1) / width * input_h + (q + 1) % width * input_w) : 0u;
+                    staged[c * dense_stride + q / 2] = low_value | high_value << 16;
+                }
+            }
+            __syncthreads();  // the channels are staged
+            if (first >= pixels) continue;
+            OplibFragmentC sums[2] = {};
+            for (int k = 0; k < q_steps; ++k) {
+                OplibFragmentB low, high;
+                if constexpr (LAST) {
+                    // B's columns are the channels of a staged row: ldmatrix transposed, matrix i
+                    // the rows 16 k + 8 (i & 1) .., channels 8 (i >> 1) ..
+                    unsigned int reg[4];
+                    const int i = lane >> 3;
+                    oplib_load_matrices<4, true>(
+                        staged + (16 * k + 8 * (i & 1) + (lane & 7)) * DENSE_CHANNEL_STRIDE + 4 * (i >> 1), reg);
+                    low.reg[0] = reg[0];
+                    low.reg[1] = reg[1];
+                    high.reg[0] = reg[2];
+                    high.reg[1] = reg[3];
+                } else {
+                    oplib_load_fragments_b(staged + 8 * k, dense_stride, 8 * dense_stride, low, high);
+                }
+                const OplibFragmentA a_hi = oplib_load_fragment_a(dense + first * dense_stride + 8 * k, dense_stride);
+                const OplibFragmentA a_lo =
+                    oplib_load_fragment_a(dense + dense_words + first * dense_stride + 8 * k, dense_stride);
+                oplib_mma<half_t>(sums[0], a_hi, low);
+                oplib_mma<half_t>(sums[1], a_hi, high);
+                oplib_mma<half_t>(sums[0], a_lo, low);
+                oplib_mma<half_t>(sums[1], a_lo, high);
+            }
+            bool sums_non_finite = false;
+#pragma unroll
+            for (int v = 0; v < 8; ++v) sums_non_finite |= !mma_finite(sums[v >> 2].value[v & 3]);
+            if (oplib_warp_any(sums_non_finite) || warp_non_finite) {  // oplib-cold: an inf or a nan met by the warp
+                OPLIB_COLD_BLOCK();
+                dense_direct_sums<half_t>(reinterpret_cast<const unsigned short*>(input) + n * input_n +
+                                              (index_t)group * group_channels * input_c,
+                                          feature_bits, group_span, group_bias, out_group, first, c0, group_channels,
+                                          pixels, height, width, out_w, kernel_h, kernel_w, stride_h, stride_w, pad_h,
+                                          pad_w, dilation_h, dilation_w, reduced, input_c, input_h, input_w, out_c,
+                                          out_hs, out_ws, feature_c, feature_h, feature_w);
+                continue;
+            }
+#pragma unroll
+            for (int v = 0; v < 8; ++v) {
+                const DensePixel& pixel = v >> 1 & 1 ? high_pixel : low_pixel;
+                const int c = c0 + 8 * (v >> 2) + 2 * quad + (v & 1);
+                if (pixel.inside && c < group_channels)
+                    out_group[c * out_c + pixel.out] = Element<half_t>::store(sums[v >> 2].value[v & 3]);
+            }
+        }
+    }
+#endif
+}
