@@ -27,7 +27,9 @@ a process of its own through tools/gpu_check.py). Its stages:
   formed on tensor cores into shared memory, summed by FMAs), where it serves the call, as the
   generated forward's "staged" column is ``involution_generated_mma_staged`` (a tile's weights of
   all its taps formed so, then summed with the input staged beside them; both staged kernels'
-  float32 ways in 3xTF32, timed in the float32 rows too); where the op runs
+  float32 ways in 3xTF32, timed in the float32 rows too), and its "dense window" column
+  ``involution_generated_dense_window`` (16-bit, maps a block holds whole: a (sample, group) a
+  block, the window a dense matrix and the aggregation a tensor-core product); where the op runs
   involution_vectors.cu's NCHW kernel (a vector of pixels a lane: the forward, stride-1
   grad_input and grad_weight at widths a multiple of the vector), the "chunked" column is the
   chunked kernel that serves the call without it (the ``CHUNKED`` policy), timed beside it (the
@@ -91,7 +93,7 @@ from oplib.benchmark import REDNET50_SHAPES, Shape, call, capture_graph, cpu_mod
 from oplib.kernels import CUDA_DISPATCH, KernelSource, Launcher, cupy_launcher, linear_config
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.cpu import generated_weight, generator_grads_through_map
-from oplib.kernels.involution.layouts import result_like
+from oplib.kernels.involution.layouts import is_channels_last, result_like
 from oplib.ops.involution_generated import _generator_grads_result as generator_grads_result
 from oplib.testing.device_model import RecordingLauncher
 
@@ -367,6 +369,12 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
                                                                dilation, f.shape[1]) is not None:
             calls["staged", "generated forward"] = lambda: involution_cuda.involution_generated_mma_staged(
                 x, f, s, b, kernel_size, stride, padding, dilation, result_like(x, f.shape[2:]), launcher)
+        # the dense window forward (16-bit, maps a block holds whole)
+        if involution_cuda.dense_window_config(involution_cuda.load_source(involution_cuda.DENSE_WINDOW_SOURCE), x.dtype,
+                                               shape.batch, shape.groups, size, f.shape[2:], kernel_size, f.shape[1],
+                                               is_channels_last(x)) is not None:
+            calls["dense window", "generated forward"] = lambda: involution_cuda.involution_generated_dense_window(
+                x, f, s, b, kernel_size, stride, padding, dilation, result_like(x, f.shape[2:]), launcher)
     if launcher is not None:  # the chunked kernel beside the op's call where the op takes involution_vectors.cu's
         dispatches = {
             "forward": lambda run, policy=None: involution_cuda.launch_involution(x, w, stride, padding, dilation, run,
@@ -444,7 +452,7 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
     calls = kernel_calls(o, launcher)
     profiled = {f"{candidate} {kernel}": calls[candidate, kernel]
                 for candidate in ("oplib", "generic") for kernel in KERNELS if (candidate, kernel) != ("generic", "generated forward")}
-    for candidate in ("tiled", "tensor cores", "staged"):
+    for candidate in ("tiled", "tensor cores", "staged", "dense window"):
         if (candidate, "generated forward") in calls:
             profiled[f"{candidate} generated forward"] = calls[candidate, "generated forward"]
     if ("tensor cores", "grad_input") in calls:
@@ -504,6 +512,8 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
                         "vector_a_thread_ms": (device["vector a thread", kernel] * 1e3
                                                if ("vector a thread", kernel) in device else None),
                         "staged_ms": device["staged", kernel] * 1e3 if ("staged", kernel) in device else None,
+                        "dense_window_ms": (device["dense window", kernel] * 1e3
+                                            if ("dense window", kernel) in device else None),
                     })
                 print(f"{shape.name} {dtype} {layout}: " + ", ".join(
                     f"{row['kernel']} {row['device_ms']:.3f} ms ({row['over_floor']:.1f}x floor)" for row in rows[-len(KERNELS):]
@@ -518,7 +528,7 @@ def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     columns = ["shape", "dtype", "layout", "kernel", "device (ms)", "floor (ms)", "device / floor",
                "generic (before, ms)", "wall per call (ms)", "depthwise 7x7 (ms)", "unfold (ms)", "tiled (ms)",
                "tensor cores (ms)", "chunked (ms)", "lanes on channels (ms)", "vector a thread (ms)",
-               "staged (ms)"]  # fmt: skip
+               "staged (ms)", "dense window (ms)"]  # fmt: skip
     cells = [
         [row["shape"], row["dtype"], row["layout"], row["kernel"], f"{row['device_ms']:.4f}", f"{row['floor_ms']:.4f}",
          f"{row['over_floor']:.2f}x", f"{row['generic_ms']:.4f}", f"{row['wall_ms']:.4f}", f"{row['depthwise_ms']:.4f}",
@@ -528,7 +538,8 @@ def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
          "-" if row.get("chunked_ms") is None else f"{row['chunked_ms']:.4f}",
          "-" if row.get("lanes_on_channels_ms") is None else f"{row['lanes_on_channels_ms']:.4f}",
          "-" if row.get("vector_a_thread_ms") is None else f"{row['vector_a_thread_ms']:.4f}",
-         "-" if row.get("staged_ms") is None else f"{row['staged_ms']:.4f}"]
+         "-" if row.get("staged_ms") is None else f"{row['staged_ms']:.4f}",
+         "-" if row.get("dense_window_ms") is None else f"{row['dense_window_ms']:.4f}"]
         for row in rows
     ]  # fmt: skip
     return columns, cells

@@ -991,8 +991,8 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
     are predicted or measured, and in float32 (its forward the fastest of the predicted staged
     kernel, in 3xTF32, and the tiled kernel and the op's as measured; its grad_input the faster of
     the predicted staged kernel and the map route; its generator's gradients the faster of the predicted
-    tensor-core kernel, in 3xTF32, and the map route). In bfloat16: its forward the faster of the predicted staged
-    kernel (``PREDICTED``) and the measured tensor-core one (a kernel changed since, ``changed``:
+    tensor-core kernel, in 3xTF32, and the map route). In bfloat16: its forward the fastest of the predicted staged
+    and dense window kernels (``PREDICTED``) and the measured tensor-core one (a kernel changed since, ``changed``:
     its expected time, the measured one scaled as the model scales it); each of its two backward
     ops the fastest of its kernels (predicted or measured) and the op's map route, at least its
     measured kernels and its other traffic at its DRAM floor. The unfused path: the draw's span
@@ -1101,7 +1101,8 @@ def layer_lines(totals: list[dict]) -> list[str]:
         "",
         "The issue's bars on the fused path (involution_generated and its two backward ops) in bfloat16 and float32, "
         "where its CUDA kernels are predicted (the tables above) or measured. The fused path in bfloat16: its forward "
-        "the faster of the staged kernel predicted and the tensor-core one (as measured, or changed since: its "
+        "the fastest of the staged and the dense window kernels predicted and the tensor-core one (as measured, or "
+        "changed since: its "
         "expected time from the table of changed kernels); each backward op the fastest of its kernels (grad_input: "
         "the staged kernel predicted or the tensor-core one; the generator's gradients: the tensor-core kernel "
         "predicted, with torch's sums of its partial sums at their DRAM floor, `generator_partials_floor`) and the op's map route, which its CUDA path runs until a draw confirms the kernels. In float32: "

@@ -1996,13 +1996,13 @@ def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch) -> None:
     the dense matrices' zeros (16-byte stores), and per (tap, pixel) of the lane its bias (a
     global load a tap), the bias's add and, where the tap reads the map, hi's and lo's 16-bit
     stores; per 16 of the group's channels the input staged (channels_last a pixel a row, NCHW
-    a channel a row), then per k-step of the map's input pixels B's ldmatrix and hi's and lo's A,
-    and the outputs' 16-bit stores. The layout's sizes are the source's and its host's."""
+    a channel a row), then per k-step of the input rows the warp's windows reach B's ldmatrix and
+    hi's and lo's A, and the outputs' 16-bit stores. The layout's sizes are the source's and its host's."""
     from ..kernels.involution import cuda as involution_cuda
 
-    (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh, fsw,
-     feature_vectors, span_vectors, input_vectors) = launch.scalars
-    last = launch.specialisation == ("true",)
+    (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh,
+     fsw) = launch.scalars
+    last, vectors = (flag == "true" for flag in launch.specialisation)  # LAST, VECTORS
     c = involution_cuda.load_source(involution_cuda.DENSE_WINDOW_SOURCE).constants
     es, taps, P, Q, pg, threads = launch.dtype.itemsize, KH * KW, OH * OW, H * W, C // G, launch.threads_per_block
     block, thread = item // threads, item % threads
@@ -2017,7 +2017,7 @@ def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch) -> None:
     dense_words = c["DENSE_PIXELS"] * dense_stride
     staged_at = max(feature_words + tap_rows * reduced_stride, 2 * dense_words)
     offsets_at = staged_at + (16 * q_steps * channel_stride if last else c["DENSE_CHANNELS"] * dense_stride)
-    t.shared(offsets_at + thread, thread < taps, 4)  # the taps' offsets
+    t.shared(offsets_at // 2 + thread, thread < taps, 8)  # the taps' offsets and places
 
     def rows(tensor, at, stride, count_rows, inside_rows, words, base, row_w, row_h_step, row_w_step, step, count,
              vectors):
@@ -2025,7 +2025,7 @@ def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch) -> None:
                     row_w_step, step, count, vectors, es)
 
     if last:
-        rows(1, 0, reduced_stride, c["DENSE_PIXELS"], P, 8 * r_steps, n * fsn, OW, fsh, fsw, fsc, R, feature_vectors)
+        rows(1, 0, reduced_stride, c["DENSE_PIXELS"], P, 8 * r_steps, n * fsn, OW, fsh, fsw, fsc, R, vectors)
     else:
         w, r = thread % 32, thread // 32 + 4 * _slots(-(-16 * r_steps // 4))
         for e in range(2):
@@ -2033,7 +2033,7 @@ def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch) -> None:
             t.load(1, n * fsn + r * fsc + p // OW * fsh + p % OW * fsw, (r < R) & (p < P), es)
         t.shared(r * pixel_stride + w, r < 16 * r_steps, 4)
     rows(2, feature_words, reduced_stride, tap_rows, taps, 8 * r_steps, group * taps * R, tap_rows, 0, R, 1, R,
-         span_vectors)
+         vectors)
     live = first < P
     for k in range(r_steps):
         if last:
@@ -2050,7 +2050,7 @@ def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch) -> None:
         for h in range(2):
             tap = 8 * tile + 2 * quad + h
             t.load(3, group * taps + tap, tap < taps, es)
-            t.shared(offsets_at + tap, tap < taps, 4)
+            t.shared(offsets_at // 2 + tap, tap < taps, 8)
             for half in range(2):
                 p = first + row + 8 * half
                 weighs = (p < P) & (tap < taps)
@@ -2060,26 +2060,33 @@ def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch) -> None:
                 inside = weighs & (y >= 0) & (y < H) & (x >= 0) & (x < W)
                 for lo in range(2):
                     t.shared(2 * p * dense_stride + y * W + x + lo * 2 * dense_words, inside, 2)
+    # the k-steps of the input rows the warp's windows reach
+    top = first // OW * sh - ph
+    bottom = torch.clamp(first + 15, max=P - 1) // OW * sh - ph + (KH - 1) * dh
+    y_first, y_end = top.clamp(min=0), torch.clamp(bottom + 1, max=H)
+    k_first = torch.where(y_first < y_end, y_first * W // 16, 0)
+    k_end = torch.where(y_first < y_end, (y_end * W + 15) // 16, 0)
     for c0 in range(0, pg, c["DENSE_CHANNELS"]):
         chunk = n * isn + (group * pg + c0) * isc
         if last:
-            rows(0, staged_at, channel_stride, 16 * q_steps, Q, 8, chunk, W, ish, isw, isc, pg - c0, input_vectors)
+            rows(0, staged_at, channel_stride, 16 * q_steps, Q, 8, chunk, W, ish, isw, isc, pg - c0, vectors)
         else:
-            turn = thread + threads * _slots(-(-16 * 8 * q_steps // threads))
-            channel, q = turn // (8 * q_steps), 2 * (turn % (8 * q_steps))
+            channel, word = thread // 8, thread % 8 + 8 * _slots(q_steps)  # 8 threads a channel
+            q = 2 * word
             for e in range(2):
                 t.load(0, chunk + channel * isc + (q + e) // W * ish + (q + e) % W * isw,
-                       (turn < 16 * 8 * q_steps) & (c0 + channel < pg) & (q + e < Q), es)
-            t.shared(staged_at + channel * dense_stride + q // 2, turn < 16 * 8 * q_steps, 4)
+                       (c0 + channel < pg) & (q + e < Q), es)
+            t.shared(staged_at + channel * dense_stride + word, torch.ones_like(word, dtype=torch.bool), 4)
         for k in range(q_steps):
+            steps = live & (k >= k_first) & (k < k_end)
             if last:  # B transposed: matrix i the rows 16 k + 8 (i & 1) .., channels 8 (i >> 1) ..
                 i = lane // 8
-                t.matrices(staged_at + (16 * k + 8 * (i % 2) + lane % 8) * channel_stride + 4 * (i // 2), live, 4)
+                t.matrices(staged_at + (16 * k + 8 * (i % 2) + lane % 8) * channel_stride + 4 * (i // 2), steps, 4)
             else:
-                t.matrices(staged_at + 8 * k + _fragment_b_rows(lane, dense_stride, 8 * dense_stride), live, 4)
+                t.matrices(staged_at + 8 * k + _fragment_b_rows(lane, dense_stride, 8 * dense_stride), steps, 4)
             for lo in range(2):
                 t.matrices(lo * dense_words + first * dense_stride + 8 * k + _fragment_a_rows(lane, dense_stride),
-                           live, 4)
+                           steps, 4)
         for v in range(8):
             p = first + row + 8 * (v // 2 % 2)
             channel = c0 + 8 * (v // 4) + 2 * quad + v % 2

@@ -1356,7 +1356,7 @@ def dense_window_shared_bytes(source: KernelSource, inputs: int, taps: int, redu
     reduced_stride, dense_stride = 8 * r_steps + 4, 8 * q_steps + 4
     feature = c["DENSE_PIXELS"] * reduced_stride if last else 16 * r_steps * c["DENSE_PIXEL_STRIDE"]
     staged = 16 * q_steps * c["DENSE_CHANNEL_STRIDE"] if last else c["DENSE_CHANNELS"] * dense_stride
-    return 4 * (max(feature + tap_rows * reduced_stride, 2 * c["DENSE_PIXELS"] * dense_stride) + staged + c["DENSE_TAPS"])
+    return 4 * (max(feature + tap_rows * reduced_stride, 2 * c["DENSE_PIXELS"] * dense_stride) + staged + 2 * c["DENSE_TAPS"])
 
 
 def dense_window_config(source: KernelSource, dtype: torch.dtype, batch: int, groups: int, in_size, out_size,
@@ -1382,14 +1382,25 @@ def _vector_rows(tensor: Tensor, lanes: int, count: int) -> bool:
             and tensor.data_ptr() % (lanes * tensor.element_size()) == 0)
 
 
+def dense_window_vectors(input: Tensor, feature: Tensor, span_weight: Tensor, groups: int) -> bool:
+    """``involution_generated_dense_window``'s VECTORS: span_weight's rows (R a multiple of the
+    vector, aligned) and, where the input is channels_last, the feature's and the input's rows
+    (``_vector_rows``: a group's channels and R a multiple of the vector) move as 16-byte vectors."""
+    lanes = POLICY.lanes(input.dtype)
+    reduced = feature.shape[1]
+    span = reduced % lanes == 0 and span_weight.data_ptr() % (lanes * span_weight.element_size()) == 0
+    return span and (not is_channels_last(input) or (_vector_rows(feature, lanes, reduced)
+                                                     and _vector_rows(input, lanes, input.shape[1] // groups)))
+
+
 def involution_generated_dense_window(input: Tensor, feature: Tensor, span_weight: Tensor,
                                       span_bias: Optional[Tensor], kernel_size, stride, padding, dilation, out: Tensor,
                                       launcher: Optional[Launcher] = None) -> Optional[Tensor]:
     """input: (N, C, H, W), feature: (N, R, Ho, Wo) -> out: (N, C, Ho, Wo), written by the dense
     window kernel in out's own strides (every operand of any strides); None, out untouched,
     where ``dense_window_config`` declines the call or the GPU predates sm_80. The
-    instantiation is the input's layout's (channels_last or not): its staged layouts and
-    fragment loads."""
+    instantiation is the input's layout's (channels_last or not: its staged layouts and
+    fragment loads) and ``dense_window_vectors``'s."""
     source = load_source(DENSE_WINDOW_SOURCE)
     n, channels, height, width = input.shape
     groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
@@ -1400,16 +1411,14 @@ def involution_generated_dense_window(input: Tensor, feature: Tensor, span_weigh
         return None
     if out.numel() == 0:
         return out
-    lanes = POLICY.lanes(input.dtype)
     span_weight = span_weight.contiguous()
     bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
-    vectors = (_vector_rows(feature, lanes, reduced), reduced % lanes == 0 and span_weight.data_ptr() % 16 == 0,
-               _vector_rows(input, lanes, channels // groups))
+    vectors = dense_window_vectors(input, feature, span_weight, groups)
     scalars = (channels, height, width, groups, *kernel_size, *out_size, *stride, *padding, *dilation, reduced,
-               *input.stride(), *out.stride(), *feature.stride(), *vectors)
+               *input.stride(), *out.stride(), *feature.stride())
     (launcher or cupy_launcher()).launch(source, "involution_generated_dense_window", input.dtype, config,
                                          (input, feature, span_weight, bias, out, *scalars),
-                                         ("true" if last else "false",))
+                                         tuple("true" if flag else "false" for flag in (last, vectors)))
     return out
 
 

@@ -50,18 +50,21 @@ def _declines_only_what_it_cannot_hold(args: tuple) -> bool:
             or args[4][0] * args[4][1] > c["DENSE_TAPS"] or args[1].shape[1] > c["DENSE_REDUCED"])
 
 
-def _strided(args: tuple) -> tuple:
-    """The same values in views of larger tensors: the input and the feature a column and a
-    channel into theirs (rows not contiguous with each other, channels_last kept)."""
+def _strided(args: tuple, feature_only: bool = False, aligned: bool = False) -> tuple:
+    """The same values in views of larger tensors whose rows are not contiguous with each other
+    (layouts kept): the input and the feature a column and a channel into theirs, or
+    (``feature_only``) the feature alone, which leaves a channels_last input channels_last; or
+    (``aligned``) 8 columns and no channel in, every pixel's first still 16-byte aligned."""
     def view(t: torch.Tensor) -> torch.Tensor:
         n, c, h, w = t.shape
         last = t.stride(1) == 1 and c > 1
-        big = torch.zeros(n, c + 1, h, w + 3, dtype=t.dtype)
+        skip_c, skip_w = (0, 8) if aligned else (1, 1)
+        big = torch.zeros(n, c + skip_c, h, w + 2 * skip_w + 1, dtype=t.dtype)
         big = big.contiguous(memory_format=torch.channels_last) if last else big
-        big[:, 1:, :, 1:w + 1] = t
-        return big[:, 1:, :, 1:w + 1]
+        big[:, skip_c:, :, skip_w:w + skip_w] = t
+        return big[:, skip_c:, :, skip_w:w + skip_w]
 
-    return (view(args[0]), view(args[1]), *args[2:])
+    return (args[0] if feature_only else view(args[0]), view(args[1]), *args[2:])
 
 
 # Small maps of every kind: RedNet-50's last stage at strides 1 and 2 (7 x 7 maps, 16 channels a
@@ -110,7 +113,9 @@ def test_dense_window_matches_the_reference(dtype, order):
             args = case._replace(channels_last=channels_last).arguments(dtype)
             assert _check(args, launcher, f"{case.name}-{channels_last}")
     for case in DENSE_CASES[:2]:
-        assert _check(_strided(case.arguments(dtype)), launcher, f"{case.name}-strided")
+        args = case._replace(channels_last=True).arguments(dtype)
+        for feature_only, aligned in ((False, False), (True, False), (True, True)):
+            assert _check(_strided(args, feature_only, aligned), launcher, f"{case.name}-strided-{feature_only}-{aligned}")
 
 
 def _random_small_cases(count: int, seed: int) -> list[TileCase]:
@@ -198,22 +203,27 @@ def test_dense_window_declines_what_it_does_not_serve():
 
 
 def test_the_staging_takes_vectors_only_where_they_are_aligned_rows():
-    """16-byte vectors of 8 channels where a channels_last tensor's channels are adjacent and
-    every pixel's first is aligned (and the group's or R's count a multiple of 8); not NCHW, a
-    view from an odd channel, 12 channels a group. The span rows where R is a multiple of 8."""
+    """16-byte vectors (VECTORS) where span_weight's rows are (R a multiple of 8) and, in
+    channels_last, the feature's and the input's rows too (channels adjacent, every pixel's first
+    aligned, a group's channels a multiple of 8; a feature whose rows are not contiguous with
+    each other too); not a view from an odd channel, R = 41, 12 channels a group. NCHW's feature
+    and input take pairs either way."""
     from oplib.testing.device_model import RecordingLauncher
 
-    def flags(args) -> tuple:
+    def specialisation(args) -> tuple:
         launcher = RecordingLauncher()
         _result(args, launcher)
-        return launcher.launches[0].scalars[-3:]
+        return launcher.launches[0].specialisation
 
     args = DENSE_CASES[0].arguments(torch.bfloat16)  # channels_last, 16 channels a group, R = 24
-    assert flags(args) == (True, True, True)
-    assert flags(DENSE_CASES[0]._replace(channels_last=False).arguments(torch.bfloat16)) == (False, True, False)
-    assert flags(_strided(args)) == (False, True, False)
-    assert flags(DENSE_CASES[1]._replace(channels_last=True).arguments(torch.bfloat16)) == (False, False, True)
-    assert flags(DENSE_CASES[0]._replace(channels=24).arguments(torch.bfloat16))[2] is False
+    assert specialisation(args) == ("true", "true")
+    assert specialisation(DENSE_CASES[0]._replace(channels_last=False).arguments(torch.bfloat16)) == ("false", "true")
+    assert specialisation(_strided(args)) == ("false", "true")  # (views: not channels_last)
+    assert specialisation(_strided(args, feature_only=True)) == ("true", "false")
+    assert specialisation(_strided(args, feature_only=True, aligned=True)) == ("true", "true")
+    assert specialisation(DENSE_CASES[1]._replace(channels_last=True).arguments(torch.bfloat16)) == ("true", "false")
+    assert specialisation(DENSE_CASES[1].arguments(torch.bfloat16)) == ("false", "false")
+    assert specialisation(DENSE_CASES[0]._replace(channels=24).arguments(torch.bfloat16)) == ("true", "false")
 
 
 def _assert_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
@@ -248,15 +258,16 @@ def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
 
 
 # A weight placed a column late in the dense matrix.
-PLACE = PlantedBug("place", "const int place = 2 * pixel.index * dense_stride + y * width + x;",
-                   "const int place = 2 * pixel.index * dense_stride + y * width + x + 1;")
+PLACE = PlantedBug("place", "const int place = (half ? high_place : low_place) + tap_place;",
+                   "const int place = (half ? high_place : low_place) + tap_place + 1;")
 # The lo matrix left zero: the weights rounded to the storage type.
-NO_LO = PlantedBug("no-lo", "dense_hi[place + 2 * dense_words] = lo;", "dense_hi[place + 2 * dense_words] = lo & 0u;")
+NO_LO = PlantedBug("no-lo", "(unsigned short)(mma_round_pair(rest, 0.0f, half_t()) & 0xffffu);",
+                   "(unsigned short)(mma_round_pair(rest, 0.0f, half_t()) & 0u);")
 # A tap's bias taken from the tap after it.
 BIAS_TAP = PlantedBug("bias-tap", "mma_to_float(__ldg(group_bias + tap), half_t());",
                       "mma_to_float(__ldg(group_bias + tap + 1), half_t());")
 # The dilation left out of a tap's row.
-DILATION = PlantedBug("dilation", "(unsigned int)(thread / kernel_w * dilation_h)", "(unsigned int)(thread / kernel_w)")
+DILATION = PlantedBug("dilation", "const int dy = thread / kernel_w * dilation_h,", "const int dy = thread / kernel_w,")
 # The weights scattered before every warp's zeros are written.
 ZEROS_BARRIER = PlantedBug("zeros-barrier", "__syncthreads();  // the zeros are written", "// the zeros are written")
 # A group's next channels staged while warps still read the previous ones.
@@ -270,8 +281,11 @@ LAST_FRAGMENT = PlantedBug("last-fragment",
 # NCHW's feature: a pixel pair's two values swapped; NCHW's input likewise.
 FEATURE_PAIR = PlantedBug("feature-pair", "staged_feature[r * DENSE_PIXEL_STRIDE + w] = low_value | high_value << 16;",
                           "staged_feature[r * DENSE_PIXEL_STRIDE + w] = high_value | low_value << 16;")
-INPUT_PAIR = PlantedBug("input-pair", "staged[c * dense_stride + q / 2] = low_value | high_value << 16;",
-                        "staged[c * dense_stride + q / 2] = high_value | low_value << 16;")
+INPUT_PAIR = PlantedBug("input-pair", "staged[c * dense_stride + w] = low_value | high_value << 16;",
+                        "staged[c * dense_stride + w] = high_value | low_value << 16;")
+# NCHW's input: a thread's pixel stepped past a row's end kept on its row.
+INPUT_CARRY = PlantedBug("input-carry", "                        x -= width;\n                        ++y;\n",
+                         "                        x -= width;\n")
 # A row's last 16-byte vector within its count left zero (the vector staging).
 LAST_VECTOR = PlantedBug("last-vector", "if (row < rows_inside && 8 * column < count)",
                          "if (row < rows_inside && 8 * column + 8 < count)")
@@ -290,7 +304,7 @@ STRIDE_CASES = (DENSE_CASES[0], DENSE_CASES[1], DENSE_CASES[1]._replace(channels
     *((b, STRIDE_CASES) for b in (PLACE, BIAS_TAP, ZEROS_BARRIER, R_STEPS)),
     (DILATION, DENSE_CASES[4:5]), (CHANNELS_BARRIER, DENSE_CASES[2:3]),
     (LAST_FRAGMENT, (DENSE_CASES[0], STRIDE_CASES[2])), (LAST_VECTOR, DENSE_CASES[:1]), (ROW_CARRY, DENSE_CASES[1:2]),
-    (FEATURE_PAIR, DENSE_CASES[1:3]), (INPUT_PAIR, DENSE_CASES[1:3])], ids=lambda b: getattr(b, "name", ""))
+    (FEATURE_PAIR, DENSE_CASES[1:3]), (INPUT_PAIR, DENSE_CASES[1:3]), (INPUT_CARRY, DENSE_CASES[1:3])], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     """In every thread order (a race in one of them at least)."""
     require_host_compiler()

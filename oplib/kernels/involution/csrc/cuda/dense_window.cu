@@ -53,7 +53,7 @@
 //            place of feature and span once the weights are formed
 //   staged   LAST: k_q x DENSE_CHANNEL_STRIDE         [input pixel][channel]
 //            else: DENSE_CHANNELS x (k_q / 2 + 4)     [channel][input pixel]
-//   taps     DENSE_TAPS                               each tap's row and column offsets
+//   taps     2 x DENSE_TAPS                           each tap's row and column offsets, its place
 
 #include "mma_split.cuh"
 #include "tile.cuh"
@@ -73,8 +73,9 @@ static_assert(DENSE_THREADS == 32 * DENSE_WARPS && DENSE_PIXELS == 16 * DENSE_WA
 static_assert(DENSE_TAP_TILES * 8 == DENSE_TAPS && DENSE_TAP_TILES % 2 == 0, "the generation's n-tiles in pairs");
 static_assert(DENSE_PIXEL_STRIDE == DENSE_PIXELS / 2 + 4 && DENSE_CHANNEL_STRIDE == DENSE_CHANNELS / 2 + 4,
               "4 words past a multiple of 8");
-static_assert(DENSE_REDUCED % 16 == 0 && DENSE_INPUTS % 16 == 0 && DENSE_TAPS <= DENSE_PIXELS,
-              "the host's limits: whole k-steps of both products");
+static_assert(DENSE_REDUCED % 16 == 0 && DENSE_INPUTS % 16 == 0 && DENSE_TAPS <= DENSE_PIXELS &&
+                  DENSE_THREADS == 8 * DENSE_CHANNELS,
+              "the host's limits: whole k-steps of both products; 8 threads a staged channel");
 
 // The warp's pixels `first` .. first + 15 of every row's stage: a lane's two, row and row + 8.
 struct DensePixel {
@@ -100,21 +101,21 @@ __device__ __forceinline__ DensePixel dense_pixel(int p, int pixels, int out_w, 
 // (word j holding values 2j and 2j + 1), from rows_inside on zeros: row r is pixel (r / row_w,
 // r % row_w) of a map whose rows and columns lie row_h_step and row_w_step values apart from
 // `values`, its values `step` apart, `count` of them inside (zeros past). Consecutive threads
-// take consecutive words of a row; `vectors` (step 1, every row's first value 16-byte aligned,
+// take consecutive words of a row; VECTORS (step 1, every row's first value 16-byte aligned,
 // count a multiple of 8 or past the row) takes 8 values a 16-byte load. A thread's next row and
 // column are its last ones stepped (a carry, no division a turn).
+template <bool VECTORS>
 __device__ __forceinline__ void dense_stage_rows(unsigned int* words, int stride, int rows, int rows_inside,
                                                  int words_per_row, const unsigned short* values, int row_w,
-                                                 index_t row_h_step, index_t row_w_step, index_t step, int count,
-                                                 bool vectors) {
+                                                 index_t row_h_step, index_t row_w_step, index_t step, int count) {
     const int thread = threadIdx.x + 32 * threadIdx.y;
-    const int per_row = vectors ? words_per_row / 4 : words_per_row;  // a row's turns
+    const int per_row = VECTORS ? words_per_row / 4 : words_per_row;  // a row's turns
     const int rows_step = DENSE_THREADS / per_row, columns_step = DENSE_THREADS % per_row;
     int row = thread / per_row, column = thread % per_row;
     int y = row / row_w, x = row % row_w;
     while (row < rows) {
         const unsigned short* at = values + y * row_h_step + x * row_w_step;
-        if (vectors) {
+        if constexpr (VECTORS) {
             Vector16<unsigned int> chunk = {};
             if (row < rows_inside && 8 * column < count)
                 chunk = *reinterpret_cast<const Vector16<unsigned int>*>(at + 8 * column);
@@ -172,18 +173,23 @@ __device__ __noinline__ void dense_direct_sums(const unsigned short* input, cons
     }
 }
 
+// VECTORS (the host's dense_window_vectors): the span rows, and in channels_last the feature's
+// and the input's rows, move as 16-byte vectors. A template argument, not a runtime one: each
+// instantiation then holds one way of staging (the runtime flags kept both in the code).
+//
 // oplib-instantiate: involution_generated_dense_window
 // oplib-template: LAST = false | true
+// oplib-template: VECTORS = false | true
 //
 // Block (32, DENSE_WARPS); grid (groups, N).
-template <typename scalar_t, bool LAST>
+template <typename scalar_t, bool LAST, bool VECTORS>
 __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_window(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ feature, const scalar_t* __restrict__ span_weight,
     const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, int channels, int height, int width, int groups,
     int kernel_h, int kernel_w, int out_h, int out_w, int stride_h, int stride_w, int pad_h, int pad_w,
     int dilation_h, int dilation_w, int reduced, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
     index_t out_n, index_t out_c, index_t out_hs, index_t out_ws, index_t feature_n, index_t feature_c,
-    index_t feature_h, index_t feature_w, bool feature_vectors, bool span_vectors, bool input_vectors) {
+    index_t feature_h, index_t feature_w) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     if constexpr (sizeof(scalar_t) == 2) {
         typedef scalar_t half_t;
@@ -202,18 +208,22 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
         unsigned int* dense = shared;  // hi, then lo dense_words further
         unsigned int* staged = shared + (feature_words + span_words > 2 * dense_words ? feature_words + span_words
                                                                                       : 2 * dense_words);
-        // each tap's input row and column offsets (16 bits each), formed once: no division a tap
+        // each tap's input row and column offsets (16 bits each) and its place in a dense row
+        // (row offset * width + column offset), formed once: no division a tap
         unsigned int* tap_offsets = staged + (LAST ? 16 * q_steps * DENSE_CHANNEL_STRIDE : DENSE_CHANNELS * dense_stride);
-        if (thread < taps)
-            tap_offsets[thread] = (unsigned int)(thread / kernel_w * dilation_h) | (unsigned int)(thread % kernel_w * dilation_w) << 16;
+        if (thread < taps) {
+            const int dy = thread / kernel_w * dilation_h, dx = thread % kernel_w * dilation_w;
+            tap_offsets[2 * thread] = (unsigned int)dy | (unsigned int)dx << 16;
+            tap_offsets[2 * thread + 1] = (unsigned int)(dy * width + dx);
+        }
         const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
         const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
         const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
 
         // 1. The feature (every pixel's R values) and the group's span rows.
         if constexpr (LAST) {
-            dense_stage_rows(staged_feature, reduced_stride, DENSE_PIXELS, pixels, 8 * r_steps, feature_bits, out_w,
-                             feature_h, feature_w, feature_c, reduced, feature_vectors);
+            dense_stage_rows<VECTORS>(staged_feature, reduced_stride, DENSE_PIXELS, pixels, 8 * r_steps, feature_bits,
+                                      out_w, feature_h, feature_w, feature_c, reduced);
         } else {
             // [r][pixel]: a lane's pixel pair is the same for every r (its two offsets formed once)
             for (int w = thread % (DENSE_PIXELS / 2); w < DENSE_PIXELS / 2; w += DENSE_THREADS) {
@@ -229,8 +239,8 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
                 }
             }
         }
-        dense_stage_rows(span, reduced_stride, tap_rows, taps, 8 * r_steps, group_span, tap_rows, 0, reduced, 1,
-                         reduced, span_vectors);
+        dense_stage_rows<VECTORS>(span, reduced_stride, tap_rows, taps, 8 * r_steps, group_span, tap_rows, 0, reduced,
+                                  1, reduced);
         __syncthreads();  // the feature and the span rows are staged
 
         // 2. The warp's weights: C fragment t holds pixels row, row + 8 x taps 8 t + 2 quad, + 1.
@@ -265,6 +275,9 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
         const DensePixel high_pixel = dense_pixel(first + row + 8, pixels, out_w, stride_h, stride_w, pad_h, pad_w,
                                                   out_hs, out_ws);
         unsigned short* dense_hi = reinterpret_cast<unsigned short*>(dense);
+        // the lane's pixels' places in their dense rows, where their windows' first tap would be
+        const int low_place = 2 * low_pixel.index * dense_stride + low_pixel.top * width + low_pixel.left;
+        const int high_place = 2 * high_pixel.index * dense_stride + high_pixel.top * width + high_pixel.left;
         bool non_finite = false;
 #pragma unroll
         for (int t = 0; t < DENSE_TAP_TILES; ++t) {
@@ -274,25 +287,40 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
                 const int tap = 8 * t + 2 * quad + h;
                 if (tap >= taps) continue;
                 const float tap_bias = mma_to_float(__ldg(group_bias + tap), half_t());
-                const unsigned int offsets = tap_offsets[tap];
-                const int dy = (int)(offsets & 0xffffu), dx = (int)(offsets >> 16);
+                const unsigned int offsets = tap_offsets[2 * tap];
+                const int dy = (int)(offsets & 0xffffu), dx = (int)(offsets >> 16), tap_place = (int)tap_offsets[2 * tap + 1];
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const DensePixel& pixel = half ? high_pixel : low_pixel;
                     if (!pixel.inside) continue;
                     const float w = oplib_add(weights[t].value[2 * half + h], tap_bias);
                     non_finite |= !mma_finite(w);
-                    const int y = pixel.top + dy, x = pixel.left + dx;
-                    if ((unsigned int)y >= (unsigned int)height || (unsigned int)x >= (unsigned int)width) continue;
+                    if ((unsigned int)(pixel.top + dy) >= (unsigned int)height ||
+                        (unsigned int)(pixel.left + dx) >= (unsigned int)width)
+                        continue;
+                    // hi and lo: w rounded, and its rest (no check of an inf: a warp whose w is one
+                    // sums directly, and a float16 hi past 65504 makes its outputs nans, which do too)
                     const unsigned short hi = (unsigned short)(mma_round_pair(w, 0.0f, half_t()) & 0xffffu);
-                    const unsigned short lo = (unsigned short)(mma_round_pair(mma_rest<half_t>(w, hi), 0.0f, half_t()) & 0xffffu);
-                    const int place = 2 * pixel.index * dense_stride + y * width + x;
+                    const float rest = oplib_fma(-1.0f, mma_to_float(hi, half_t()), w);
+                    const int place = (half ? high_place : low_place) + tap_place;
                     dense_hi[place] = hi;
-                    dense_hi[place + 2 * dense_words] = lo;
+                    dense_hi[place + 2 * dense_words] = (unsigned short)(mma_round_pair(rest, 0.0f, half_t()) & 0xffffu);
                 }
             }
         }
         const bool warp_non_finite = oplib_warp_any(non_finite);
+        // The k-steps of the input rows the warp's windows reach (the matrix's other columns are
+        // zeros in its rows: at stride 2 on RedNet-50's 14 x 14 input, about half of them)
+        int k_first = 0, k_end = 0;
+        {
+            const int last = (first + 15 < pixels ? first + 15 : pixels - 1) / out_w;
+            const int top = first / out_w * stride_h - pad_h, bottom = last * stride_h - pad_h + (kernel_h - 1) * dilation_h;
+            const int y_first = top > 0 ? top : 0, y_end = bottom < height ? bottom + 1 : height;
+            if (y_first < y_end) {
+                k_first = y_first * width / 16;
+                k_end = (y_end * width + 15) / 16;
+            }
+        }
         __syncthreads();  // the dense matrices are written
 
         // 3. Per DENSE_CHANNELS of the group's channels: the input staged, both products, the outputs.
@@ -304,26 +332,32 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
             const unsigned short* chunk = input_bits + c0 * input_c;
             if constexpr (LAST) {
                 // [input pixel][channel]: a row a pixel, 8 words (16 channels)
-                dense_stage_rows(staged, DENSE_CHANNEL_STRIDE, 16 * q_steps, inputs, DENSE_CHANNELS / 2, chunk, width,
-                                 input_h, input_w, input_c, group_channels - c0, input_vectors);
+                dense_stage_rows<VECTORS>(staged, DENSE_CHANNEL_STRIDE, 16 * q_steps, inputs, DENSE_CHANNELS / 2, chunk,
+                                          width, input_h, input_w, input_c, group_channels - c0);
             } else {
-                // [channel][input pixel]: a channel's plane, pixel pairs
-                for (int w = thread; w < DENSE_CHANNELS * 8 * q_steps; w += DENSE_THREADS) {
-                    const int c = w / (8 * q_steps), q = 2 * (w % (8 * q_steps));
-                    const unsigned short* plane = chunk + c * input_c;
-                    const bool c_inside = c0 + c < group_channels;
-                    const unsigned int low_value =
-                        c_inside && q < inputs ? __ldg(plane + q / width * input_h + q % width * input_w) : 0u;
+                // [channel][input pixel]: 8 threads a channel's plane, a thread every 8th pixel pair,
+                // its pixels' rows and columns stepped (a carry, no division a word)
+                const int c = thread / 8;
+                const unsigned short* plane = chunk + c * input_c;
+                const bool c_inside = c0 + c < group_channels;
+                int q = 2 * (thread % 8), y = q / width, x = q % width;
+                for (int w = thread % 8; w < 8 * q_steps; w += 8, q += 16) {
+                    const int next_y = x + 1 < width ? y : y + 1, next_x = x + 1 < width ? x + 1 : 0;
+                    const unsigned int low_value = c_inside && q < inputs ? __ldg(plane + y * input_h + x * input_w) : 0u;
                     const unsigned int high_value =
-                        c_inside && q + 1 < inputs
-                            ? __ldg(plane + (q + 1) / width * input_h + (q + 1) % width * input_w) : 0u;
-                    staged[c * dense_stride + q / 2] = low_value | high_value << 16;
+                        c_inside && q + 1 < inputs ? __ldg(plane + next_y * input_h + next_x * input_w) : 0u;
+                    staged[c * dense_stride + w] = low_value | high_value << 16;
+                    x += 16;
+                    while (x >= width) {
+                        x -= width;
+                        ++y;
+                    }
                 }
             }
             __syncthreads();  // the channels are staged
             if (first >= pixels) continue;
             OplibFragmentC sums[2] = {};
-            for (int k = 0; k < q_steps; ++k) {
+            for (int k = k_first; k < k_end; ++k) {
                 OplibFragmentB low, high;
                 if constexpr (LAST) {
                     // B's columns are the channels of a staged row: ldmatrix transposed, matrix i
