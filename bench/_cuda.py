@@ -29,7 +29,9 @@ a process of its own through tools/gpu_check.py). Its stages:
   all its taps formed so, then summed with the input staged beside them; both staged kernels'
   float32 ways in 3xTF32, timed in the float32 rows too), and its "dense window" column
   ``involution_generated_dense_window`` (16-bit, maps a block holds whole: a (sample, group) a
-  block, the window a dense matrix and the aggregation a tensor-core product); where the op runs
+  block, the window a dense matrix and the aggregation a tensor-core product), grad_input's
+  ``involution_generated_dense_window_backward_input`` (the matrix's transpose times
+  grad_output); where the op runs
   involution_vectors.cu's NCHW kernel (a vector of pixels a lane: the forward, stride-1
   grad_input and grad_weight at widths a multiple of the vector), the "chunked" column is the
   chunked kernel that serves the call without it (the ``CHUNKED`` policy), timed beside it (the
@@ -375,6 +377,9 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
                                                is_channels_last(x)) is not None:
             calls["dense window", "generated forward"] = lambda: involution_cuda.involution_generated_dense_window(
                 x, f, s, b, kernel_size, stride, padding, dilation, result_like(x, f.shape[2:]), launcher)
+            calls["dense window", "grad_input"] = (
+                lambda: involution_cuda.involution_generated_dense_window_backward_input(
+                    g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher))
     if launcher is not None:  # the chunked kernel beside the op's call where the op takes involution_vectors.cu's
         dispatches = {
             "forward": lambda run, policy=None: involution_cuda.launch_involution(x, w, stride, padding, dilation, run,
@@ -459,6 +464,8 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
         profiled["tensor cores generated grad_input"] = calls["tensor cores", "grad_input"]
     if ("staged", "grad_input") in calls:
         profiled["staged generated grad_input"] = calls["staged", "grad_input"]
+    if ("dense window", "grad_input") in calls:
+        profiled["dense window generated grad_input"] = calls["dense window", "grad_input"]
     if ("tensor cores", "generator grads") in calls:
         profiled["tensor cores generator grads"] = calls["tensor cores", "generator grads"]
     for kernel in ("forward", "grad_input", "grad_weight"):

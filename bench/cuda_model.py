@@ -114,10 +114,12 @@ STAGED_FORWARD = "staged generated forward"
 # involution_generated's forward on small maps (dense_window.cu: a (sample, group) a block, the
 # window a dense matrix, both products on tensor cores), which no draw has timed yet.
 DENSE_FORWARD = "dense window generated forward"
+DENSE_GRAD_INPUT = "dense window grad_input"
 PREDICTED = {GENERATOR: "involution_generated_mma_backward_generator",
              STAGED_GRAD_INPUT: "involution_generated_mma_backward_input_staged",
              STAGED_FORWARD: "involution_generated_mma_staged",
-             DENSE_FORWARD: "involution_generated_dense_window"}
+             DENSE_FORWARD: "involution_generated_dense_window",
+             DENSE_GRAD_INPUT: "involution_generated_dense_window_backward_input"}
 
 
 # The table's rows the model leaves out: the generated grad_input's call runs the span conv
@@ -408,7 +410,8 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     elif fused == "involution_generated_mma_backward_generator":
         args = (g, feature, o["span_weight"], x, *window)
         involution_cuda.involution_generated_mma_backward_generator(*args, generator_result(*args), recording)
-    elif fused in ("involution_generated_mma_backward_input", "involution_generated_mma_backward_input_staged"):
+    elif fused in ("involution_generated_mma_backward_input", "involution_generated_mma_backward_input_staged",
+                   "involution_generated_dense_window_backward_input"):
         size = [shape.height, shape.width]
         getattr(involution_cuda, fused)(g, feature, o["span_weight"], o["span_bias"], size, *window,
                                         result_like(g, size), recording)
@@ -790,16 +793,14 @@ def generator_lines(data: list[dict], rows: list[dict], constants: Constants, ba
     ]
 
 
-def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
-    """``PREDICTED``'s staged grad_input at every row it serves (16-bit dtypes; the draws
-    measured bfloat16), predicted with the constants fitted above, beside its floor and two
-    kernels the draw measured at the same (shape, dtype, layout): involution's grad_input, which
-    the op's map route runs after the span conv (and the unfused path after its own span conv),
-    and the tensor-core grad_input it is to replace, whose kernel changed since (its expected
-    time is in the table of changed kernels above)."""
+def _grad_input_candidate_cells(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float,
+                                kernel: str) -> tuple[list, list, list, list]:
+    """A predicted grad_input kernel's table (``kernel``, a ``PREDICTED`` row) at every row it
+    serves where the draw measured involution's grad_input: its cells, and its prediction over
+    the floor, over involution's grad_input as the op runs it and over the tensor-core grad_input."""
     measured = {_key(r): r["measured_s"] for r in rows}
     cells, over, against_map, against_band = [], [], [], []
-    for entry in (e for e in data if e["kernel"] == STAGED_GRAD_INPUT):
+    for entry in (e for e in data if e["kernel"] == kernel):
         key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
         if f"{key} | grad_input" not in measured:
             continue
@@ -813,6 +814,43 @@ def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandw
             against_band.append(predicted / band)
         cells.append([*first, f"{map_kernel * 1e6:.1f}", f"{against_map[-1]:.2f}x",
                       "-" if band is None else f"{band * 1e6:.1f}", "-" if band is None else f"{against_band[-1]:.2f}x"])
+    return cells, over, against_map, against_band
+
+
+def dense_grad_input_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """``PREDICTED``'s dense window grad_input at every row it serves (16-bit dtypes, maps a
+    block holds whole), as ``staged_lines`` puts the staged grad_input."""
+    cells, over, against_map, against_band = _grad_input_candidate_cells(data, rows, constants, bandwidth,
+                                                                         DENSE_GRAD_INPUT)
+    heading = "## Predicted, not yet measured: the dense window grad_input"
+    if not cells:
+        return [heading, "", "None: the kernel serves no row.", ""]
+    return [
+        heading,
+        "",
+        "dense_window.cu's `involution_generated_dense_window_backward_input`, a CUDA kernel of "
+        "involution_generated_backward_input on maps a block holds whole: per (sample, group), the forward's dense "
+        "matrices formed, then their transposes times grad_output on tensor cores. Predicted with the constants "
+        "fitted above (the kernel is no row they are fitted on), beside its floor and the two kernels the staged "
+        f"grad_input's table sets it beside. Predicted / floor {ratio_range(over)}, within 2x at "
+        f"{sum(o <= 2.0 for o in over)} of {len(over)} rows. Predicted / involution's grad_input: "
+        f"{ratio_range(against_map)}, faster at {sum(a < 1.0 for a in against_map)} of {len(against_map)} rows; / "
+        f"the tensor-core grad_input: {ratio_range(against_band)}. No draw has timed it yet.",
+        "",
+        *_harness.table([*PREDICTED_COLUMNS, "involution grad_input, measured (us)", "predicted / it",
+                         "tensor-core grad_input, measured (us)", "predicted / it"], "llllllrrrlrrrrrrr", cells),
+    ]
+
+
+def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """``PREDICTED``'s staged grad_input at every row it serves (16-bit dtypes; the draws
+    measured bfloat16), predicted with the constants fitted above, beside its floor and two
+    kernels the draw measured at the same (shape, dtype, layout): involution's grad_input, which
+    the op's map route runs after the span conv (and the unfused path after its own span conv),
+    and the tensor-core grad_input it is to replace, whose kernel changed since (its expected
+    time is in the table of changed kernels above)."""
+    cells, over, against_map, against_band = _grad_input_candidate_cells(data, rows, constants, bandwidth,
+                                                                         STAGED_GRAD_INPUT)
     heading = "## Predicted, not yet measured: the staged grad_input"
     if not cells:
         return [heading, "", "None: the kernel serves no row.", ""]
@@ -1053,6 +1091,7 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
             forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))),
                               ("dense window, predicted", predicted.get((DENSE_FORWARD, row))), tensor_cores(MMA_FORWARD)])
             grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))),
+                                 ("dense window, predicted", predicted.get((DENSE_GRAD_INPUT, row))),
                                  tensor_cores(MMA_GRAD_INPUT), map_input])
             generator = faster([("tensor cores + sums, predicted", predicted[GENERATOR, row] + partials), map_generator])
         else:  # float32: the staged kernels (3xTF32), the tiled one (FMAs), the op's and the map routes
@@ -1104,7 +1143,8 @@ def layer_lines(totals: list[dict]) -> list[str]:
         "the fastest of the staged and the dense window kernels predicted and the tensor-core one (as measured, or "
         "changed since: its "
         "expected time from the table of changed kernels); each backward op the fastest of its kernels (grad_input: "
-        "the staged kernel predicted or the tensor-core one; the generator's gradients: the tensor-core kernel "
+        "the staged and the dense window kernels predicted or the tensor-core one; the generator's gradients: the "
+        "tensor-core kernel "
         "predicted, with torch's sums of its partial sums at their DRAM floor, `generator_partials_floor`) and the op's map route, which its CUDA path runs until a draw confirms the kernels. In float32: "
         "its forward the fastest of the staged kernel predicted (3xTF32 on tensor cores), the tiled kernel (FMAs) and "
         "the op's as measured; its grad_input the faster of the staged kernel predicted (3xTF32) and the map route; "
@@ -1293,6 +1333,7 @@ def sections(rows: list[dict], model: dict, table: list[dict], bandwidth: float)
             *staged_lines(candidates, rows, constants, bandwidth), "",
             *staged_forward_lines(candidates, rows, table, constants, bandwidth), "",
             *dense_forward_lines(candidates, rows, table, constants, bandwidth), "",
+            *dense_grad_input_lines(candidates, rows, constants, bandwidth), "",
             *layer_lines(totals), "", *network_lines(totals, *rednet50_involutions(), models_rows()), "",
             *mma_lines(rows, table, constants, bandwidth)]
 

@@ -1987,7 +1987,7 @@ def _dense_rows(t: _Tally, thread: Tensor, threads: int, tensor: int, at: int, s
     t.shared(at + row * stride + column // 2, live, 4)
 
 
-def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch) -> None:
+def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch, grad_input: bool = False) -> None:
     """involution_generated_dense_window (dense_window.cu): ``item`` is the thread's index in the
     grid (block-major, 128 threads a block, a block a (group, sample), a warp 16 of its pixels).
     The feature (channels_last: a pixel a row, 16-byte vectors where aligned; NCHW: an R a row,
@@ -1997,7 +1997,12 @@ def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch) -> None:
     global load a tap), the bias's add and, where the tap reads the map, hi's and lo's 16-bit
     stores; per 16 of the group's channels the input staged (channels_last a pixel a row, NCHW
     a channel a row), then per k-step of the input rows the warp's windows reach B's ldmatrix and
-    hi's and lo's A, and the outputs' 16-bit stores. The layout's sizes are the source's and its host's."""
+    hi's and lo's A, and the outputs' 16-bit stores. ``grad_input``: its grad_input
+    (involution_generated_dense_window_backward_input), whose scalars name grad_output where the
+    forward's name the input: per 16 channels grad_output staged, then per m-tile of the input
+    pixels the warp takes (every fourth) per k-step of the output pixels B's ldmatrix and hi's
+    and lo's A (transposed), and grad_input's 16-bit stores. The layout's sizes are the source's
+    and its host's."""
     from ..kernels.involution import cuda as involution_cuda
 
     (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh,
@@ -2016,7 +2021,10 @@ def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch) -> None:
     feature_words = c["DENSE_PIXELS"] * reduced_stride if last else 16 * r_steps * pixel_stride
     dense_words = c["DENSE_PIXELS"] * dense_stride
     staged_at = max(feature_words + tap_rows * reduced_stride, 2 * dense_words)
-    offsets_at = staged_at + (16 * q_steps * channel_stride if last else c["DENSE_CHANNELS"] * dense_stride)
+    if grad_input:
+        offsets_at = staged_at + (c["DENSE_PIXELS"] * channel_stride if last else c["DENSE_CHANNELS"] * pixel_stride)
+    else:
+        offsets_at = staged_at + (16 * q_steps * channel_stride if last else c["DENSE_CHANNELS"] * dense_stride)
     t.shared(offsets_at // 2 + thread, thread < taps, 8)  # the taps' offsets and places
 
     def rows(tensor, at, stride, count_rows, inside_rows, words, base, row_w, row_h_step, row_w_step, step, count,
@@ -2060,6 +2068,10 @@ def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch) -> None:
                 inside = weighs & (y >= 0) & (y < H) & (x >= 0) & (x < W)
                 for lo in range(2):
                     t.shared(2 * p * dense_stride + y * W + x + lo * 2 * dense_words, inside, 2)
+    if grad_input:
+        _dense_grad_input_products(t, thread, lane, warp, row, quad, group, n, launch, last, vectors, rows, staged_at,
+                                   dense_stride, dense_words, pixel_stride, channel_stride, c["DENSE_CHANNELS"])
+        return
     # the k-steps of the input rows the warp's windows reach
     top = first // OW * sh - ph
     bottom = torch.clamp(first + 15, max=P - 1) // OW * sh - ph + (KH - 1) * dh
@@ -2092,6 +2104,43 @@ def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch) -> None:
             channel = c0 + 8 * (v // 4) + 2 * quad + v % 2
             t.store(4, n * osn + (group * pg + channel) * osc + p // OW * osh + p % OW * osw,
                     (p < P) & (channel < pg), es)
+
+
+def _dense_grad_input_products(t: _Tally, thread, lane, warp, row, quad, group, n, launch: Launch, last: bool,
+                               vectors: bool, rows, staged_at: int, dense_stride: int, dense_words: int,
+                               pixel_stride: int, channel_stride: int, chunk_channels: int) -> None:
+    """``_generated_dense_window``'s step 3 of the grad_input: per chunk of the group's channels,
+    grad_output staged, the products of the matrices' columns, grad_input's stores."""
+    (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, gsn, gsc, gsh, gsw, osn, osc, osh, osw, *_) = launch.scalars
+    es, P, Q, pg = launch.dtype.itemsize, OH * OW, H * W, C // G
+    q_steps, p_steps = -(-Q // 16), -(-P // 16)
+    tile = warp + 4 * _slots(-(-q_steps // 4))
+    live = tile < q_steps
+    for c0 in range(0, pg, chunk_channels):
+        chunk = n * gsn + (group * pg + c0) * gsc
+        if last:
+            rows(0, staged_at, channel_stride, 64, P, 8, chunk, OW, gsh, gsw, gsc, pg - c0, vectors)
+        else:  # dense_stage_planes: 8 threads a channel
+            channel, word = thread // 8, thread % 8 + 8 * _slots(4)
+            for e in range(2):
+                p = 2 * word + e
+                t.load(0, chunk + channel * gsc + p // OW * gsh + p % OW * gsw, (c0 + channel < pg) & (p < P), es)
+            t.shared(staged_at + channel * pixel_stride + word, torch.ones_like(word, dtype=torch.bool), 4)
+        for k in range(p_steps):
+            if last:
+                i = lane // 8
+                t.matrices(staged_at + (16 * k + 8 * (i % 2) + lane % 8) * channel_stride + 4 * (i // 2), live, 4)
+            else:
+                t.matrices(staged_at + 8 * k + _fragment_b_rows(lane, pixel_stride, 8 * pixel_stride), live, 4)
+            for lo in range(2):  # oplib_load_fragment_a_transposed
+                t.matrices(lo * dense_words + 16 * k * dense_stride + 8 * tile
+                           + (lane % 8 + 8 * (lane // 16)) * dense_stride + 4 * (lane // 8 % 2), live, 4)
+        for h in range(2):
+            q = 16 * tile + row + 8 * h
+            for v in range(4):
+                channel = c0 + 8 * (v // 2) + 2 * quad + v % 2
+                t.store(4, n * osn + (group * pg + channel) * osc + q // W * osh + q % W * osw,
+                        live & (q < Q) & (channel < pg), es)
 
 
 def _wide_span_staging(t: _Tally, thread: Tensor, threads: int, group, taps: int, R: int, rows: int,
@@ -2252,11 +2301,13 @@ TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_generated_mma_staged": _generated_mma_staged,
     "involution_generated_mma_backward_generator": _generated_mma_backward_generator,
     "involution_generated_dense_window": _generated_dense_window,
+    "involution_generated_dense_window_backward_input": functools.partial(_generated_dense_window, grad_input=True),
 }
 # Tiled kernels: a thread per grid thread (no grid-stride loop), its index block-major.
 TILED = {"involution_generated_tile", "involution_generated_mma", "involution_generated_mma_backward_input",
          "involution_generated_mma_backward_input_staged", "involution_generated_mma_staged",
-         "involution_generated_mma_backward_generator", "involution_generated_dense_window"}
+         "involution_generated_mma_backward_generator", "involution_generated_dense_window",
+         "involution_generated_dense_window_backward_input"}
 
 
 def kernel_work(launch: Launch, gpu: GPU = H200, traced_warps: int = TRACED_WARPS) -> KernelWork:

@@ -1347,31 +1347,37 @@ DENSE_WINDOW_SOURCE = "involution/csrc/cuda/dense_window.cu"
 DENSE_WINDOW_DTYPES = GENERATED_MMA_DTYPES
 
 
-def dense_window_shared_bytes(source: KernelSource, inputs: int, taps: int, reduced: int, last: bool) -> int:
-    """``involution_generated_dense_window``'s dynamic shared memory (its comment's layout): the
-    larger of the feature and span rows and the two dense matrices, and the staged input, for a
-    map of ``inputs`` input pixels, ``taps`` taps and R = ``reduced``."""
+def dense_window_shared_bytes(source: KernelSource, inputs: int, taps: int, reduced: int, last: bool,
+                              grad_input: bool = False) -> int:
+    """``involution_generated_dense_window``'s dynamic shared memory (its comment's layout), or
+    with ``grad_input`` its grad_input's: the larger of the feature and span rows and the two
+    dense matrices, the staged input (grad_output), the taps' offsets, for a map of ``inputs``
+    input pixels, ``taps`` taps and R = ``reduced``."""
     c = source.constants
     r_steps, q_steps, tap_rows = -(-reduced // 16), -(-inputs // 16), 16 * -(-taps // 16)
     reduced_stride, dense_stride = 8 * r_steps + 4, 8 * q_steps + 4
     feature = c["DENSE_PIXELS"] * reduced_stride if last else 16 * r_steps * c["DENSE_PIXEL_STRIDE"]
-    staged = 16 * q_steps * c["DENSE_CHANNEL_STRIDE"] if last else c["DENSE_CHANNELS"] * dense_stride
+    if grad_input:
+        staged = c["DENSE_PIXELS"] * c["DENSE_CHANNEL_STRIDE"] if last else c["DENSE_CHANNELS"] * c["DENSE_PIXEL_STRIDE"]
+    else:
+        staged = 16 * q_steps * c["DENSE_CHANNEL_STRIDE"] if last else c["DENSE_CHANNELS"] * dense_stride
     return 4 * (max(feature + tap_rows * reduced_stride, 2 * c["DENSE_PIXELS"] * dense_stride) + staged + 2 * c["DENSE_TAPS"])
 
 
 def dense_window_config(source: KernelSource, dtype: torch.dtype, batch: int, groups: int, in_size, out_size,
-                        kernel_size, reduced: int, last: bool) -> Optional[LaunchConfig]:
-    """``involution_generated_dense_window``'s launch: a block of ``DENSE_WARPS`` warps per
-    (group, sample); None where it does not serve the call (a dtype without the tensor-core
-    product, more output pixels than ``DENSE_PIXELS``, input pixels than ``DENSE_INPUTS``, taps
-    than ``DENSE_TAPS``, an R past ``DENSE_REDUCED``, a batch past CUDA's grid y limit)."""
+                        kernel_size, reduced: int, last: bool, grad_input: bool = False) -> Optional[LaunchConfig]:
+    """``involution_generated_dense_window``'s launch (``grad_input``: its grad_input's): a block
+    of ``DENSE_WARPS`` warps per (group, sample); None where it does not serve the call (a dtype
+    without the tensor-core product, more output pixels than ``DENSE_PIXELS``, input pixels than
+    ``DENSE_INPUTS``, taps than ``DENSE_TAPS``, an R past ``DENSE_REDUCED``, a batch past CUDA's
+    grid y limit)."""
     c = source.constants
     taps, inputs = kernel_size[0] * kernel_size[1], in_size[0] * in_size[1]
     if (dtype not in DENSE_WINDOW_DTYPES or out_size[0] * out_size[1] > c["DENSE_PIXELS"] or taps > c["DENSE_TAPS"]
             or inputs > c["DENSE_INPUTS"] or reduced > c["DENSE_REDUCED"] or batch > 65535 or groups >= 2 ** 31):
         return None
     return LaunchConfig((groups, batch), (32, c["DENSE_WARPS"]),
-                        dense_window_shared_bytes(source, inputs, taps, reduced, last))
+                        dense_window_shared_bytes(source, inputs, taps, reduced, last, grad_input))
 
 
 def _vector_rows(tensor: Tensor, lanes: int, count: int) -> bool:
@@ -1418,6 +1424,37 @@ def involution_generated_dense_window(input: Tensor, feature: Tensor, span_weigh
                *input.stride(), *out.stride(), *feature.stride())
     (launcher or cupy_launcher()).launch(source, "involution_generated_dense_window", input.dtype, config,
                                          (input, feature, span_weight, bias, out, *scalars),
+                                         tuple("true" if flag else "false" for flag in (last, vectors)))
+    return out
+
+
+def involution_generated_dense_window_backward_input(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
+                                                     span_bias: Optional[Tensor], input_size, kernel_size, stride,
+                                                     padding, dilation, out: Tensor,
+                                                     launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+    """grad_output: (N, C, Ho, Wo), feature: (N, R, Ho, Wo) -> out: grad_input (N, C, H, W),
+    written by the dense window's grad_input kernel in out's own strides (every operand of any
+    strides); None, out untouched, where ``dense_window_config`` declines the call or the GPU
+    predates sm_80. The instantiation is grad_output's layout's and ``dense_window_vectors``'s."""
+    source = load_source(DENSE_WINDOW_SOURCE)
+    n, channels = grad_output.shape[:2]
+    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
+    reduced, out_size = feature.shape[1], tuple(grad_output.shape[2:])
+    last = is_channels_last(grad_output)
+    config = dense_window_config(source, grad_output.dtype, n, groups, tuple(input_size), out_size, kernel_size, reduced,
+                                 last, grad_input=True)
+    if config is None or (grad_output.is_cuda
+                          and torch.cuda.get_device_capability(grad_output.device) < GENERATED_MMA_MIN_CAPABILITY):
+        return None
+    if out.numel() == 0:
+        return out
+    span_weight = span_weight.contiguous()
+    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
+    vectors = dense_window_vectors(grad_output, feature, span_weight, groups)
+    scalars = (channels, *input_size, groups, *kernel_size, *out_size, *stride, *padding, *dilation, reduced,
+               *grad_output.stride(), *out.stride(), *feature.stride())
+    (launcher or cupy_launcher()).launch(source, "involution_generated_dense_window_backward_input", grad_output.dtype,
+                                         config, (grad_output, feature, span_weight, bias, out, *scalars),
                                          tuple("true" if flag else "false" for flag in (last, vectors)))
     return out
 

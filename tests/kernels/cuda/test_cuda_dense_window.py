@@ -1,9 +1,10 @@
 """dense_window.cu's involution_generated_dense_window (a small map's (sample, group) a block:
 the weights formed on tensor cores, the window written as a dense matrix and the aggregation
-one tensor-core product) on the host emulation: against the float64 reference on the
-registry's samples, small maps of every kind and random geometries, in float16 and bfloat16,
-both layouts and every thread order; the same bits whatever the layout and the order; inf and
-nan where torch puts them; under AddressSanitizer; and planted bugs that each check must catch."""
+one tensor-core product) and its grad_input (the matrix's transpose times grad_output) on the
+host emulation: against the float64 reference on the registry's samples, small maps of every
+kind and random geometries, in float16 and bfloat16, both layouts and every thread order; the
+same bits whatever the layout and the order; inf and nan where torch puts them; under
+AddressSanitizer; and planted bugs that each check must catch."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import random
 import pytest
 import torch
 
+from oplib import registry
 from oplib.kernels import KernelSource
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.layouts import result_like
@@ -21,11 +23,13 @@ from oplib.testing.toolchain import require_host_compiler
 from cuda_test_helpers import _planted, assert_asan_catches, assert_clean_under_asan, random_samples
 from test_cuda_generated_mma import (GENERATED, NON_FINITE_PLACES, PlantedBug, assert_non_finite_as_expected,
                                      check_against_reference, float64_reference, with_one_non_finite)
-from test_cuda_generated_mma_grad_input import _caught
+from test_cuda_generated_mma_grad_input import NON_FINITE_PLACES as GRAD_NON_FINITE_PLACES
+from test_cuda_generated_mma_grad_input import _caught, grad_input_arguments
 from test_cuda_tiles import TileCase
 
 KERNEL = "involution_generated_dense_window"
 DTYPES = involution_cuda.DENSE_WINDOW_DTYPES
+GRAD_INPUT = registry.get("involution_generated_backward_input")
 
 
 def _source() -> KernelSource:
@@ -91,6 +95,22 @@ DENSE_CASES = (
 )
 
 
+def _check_samples_and_maps(spec, check, declines_only_what_it_cannot_hold, arguments, launcher, dtype) -> None:
+    """``check`` on ``spec``'s samples (at least 3 served; the others past the kernel's limits)
+    and on the small maps in both layouts (each forward case's arguments through ``arguments``)."""
+    served = 0
+    for sample in spec.sample_inputs("cpu", dtype, False):
+        if check(sample.args, launcher, sample.name):
+            served += 1
+        else:
+            assert declines_only_what_it_cannot_hold(sample.args), sample.name
+    assert served >= 3
+    for case in DENSE_CASES:
+        for channels_last in (False, True):
+            assert check(arguments(case._replace(channels_last=channels_last).arguments(dtype)), launcher,
+                         f"{case.name}-{channels_last}")
+
+
 @pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration)
                                                 for o in (*ORDERS[1:], INTERLEAVED))])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.integration)],
@@ -101,17 +121,7 @@ def test_dense_window_matches_the_reference(dtype, order):
     the small maps above in both layouts, and in views whose rows are not contiguous."""
     require_host_compiler()
     launcher = EmulatedLauncher(order=order)
-    served = 0
-    for sample in GENERATED.sample_inputs("cpu", dtype, False):
-        if _check(sample.args, launcher, sample.name):
-            served += 1
-        else:
-            assert _declines_only_what_it_cannot_hold(sample.args), sample.name
-    assert served >= 3
-    for case in DENSE_CASES:
-        for channels_last in (False, True):
-            args = case._replace(channels_last=channels_last).arguments(dtype)
-            assert _check(args, launcher, f"{case.name}-{channels_last}")
+    _check_samples_and_maps(GENERATED, _check, _declines_only_what_it_cannot_hold, tuple, launcher, dtype)
     for case in DENSE_CASES[:2]:
         args = case._replace(channels_last=True).arguments(dtype)
         for feature_only, aligned in ((False, False), (True, False), (True, True)):
@@ -162,14 +172,20 @@ def test_every_layout_and_order_gives_the_same_bits():
     """Each output's sum takes the dense matrix's columns in one order, hi before lo, whatever
     the layout the operands are staged in and the threads' order: one result."""
     require_host_compiler()
+    _assert_the_same_bits(_result, tuple)
+
+
+def _assert_the_same_bits(result, arguments) -> None:
+    """``result``'s output (the forward's arguments through ``arguments``) the same in both
+    layouts and every thread order, at strides 1 and 2."""
     for case in DENSE_CASES[:2]:
-        args = case.arguments(torch.bfloat16)
+        args = arguments(case.arguments(torch.bfloat16))
         results = []
         for channels_last in (False, True):
             memory_format = torch.channels_last if channels_last else torch.contiguous_format
             laid = (args[0].contiguous(memory_format=memory_format), args[1].contiguous(memory_format=memory_format),
                     *args[2:])
-            results += [_result(laid, EmulatedLauncher(order=order))[1].contiguous() for order in ORDERS]
+            results += [result(laid, EmulatedLauncher(order=order))[1].contiguous() for order in ORDERS]
         assert all(torch.equal(results[0], r) for r in results[1:]), case.name
 
 
@@ -267,13 +283,14 @@ NO_LO = PlantedBug("no-lo", "(unsigned short)(mma_round_pair(rest, 0.0f, half_t(
 BIAS_TAP = PlantedBug("bias-tap", "mma_to_float(__ldg(group_bias + tap), half_t());",
                       "mma_to_float(__ldg(group_bias + tap + 1), half_t());")
 # The dilation left out of a tap's row.
-DILATION = PlantedBug("dilation", "const int dy = thread / kernel_w * dilation_h,", "const int dy = thread / kernel_w,")
+DILATION = PlantedBug("dilation", "const int dy = thread / kernel_w * dilation_h,",
+                      "const int dy = thread / kernel_w * (dilation_h > 0),")
 # The weights scattered before every warp's zeros are written.
 ZEROS_BARRIER = PlantedBug("zeros-barrier", "__syncthreads();  // the zeros are written", "// the zeros are written")
 # A group's next channels staged while warps still read the previous ones.
 CHANNELS_BARRIER = PlantedBug("channels-barrier",
-                              "if (c0 > 0) __syncthreads();  // every warp is done with the previous channels",
-                              "// every warp is done with the previous channels")
+                              "if (c0 > 0) __syncthreads();  // every warp is done with the previous channels\n",
+                              "// every warp is done with the previous channels\n")
 # channels_last's B fragments: the second n-tile's channels and the second k-half's rows swapped.
 LAST_FRAGMENT = PlantedBug("last-fragment",
                            "(16 * k + 8 * (i & 1) + (lane & 7)) * DENSE_CHANNEL_STRIDE + 4 * (i >> 1), reg);",
@@ -281,11 +298,10 @@ LAST_FRAGMENT = PlantedBug("last-fragment",
 # NCHW's feature: a pixel pair's two values swapped; NCHW's input likewise.
 FEATURE_PAIR = PlantedBug("feature-pair", "staged_feature[r * DENSE_PIXEL_STRIDE + w] = low_value | high_value << 16;",
                           "staged_feature[r * DENSE_PIXEL_STRIDE + w] = high_value | low_value << 16;")
-INPUT_PAIR = PlantedBug("input-pair", "staged[c * dense_stride + w] = low_value | high_value << 16;",
-                        "staged[c * dense_stride + w] = high_value | low_value << 16;")
+INPUT_PAIR = PlantedBug("input-pair", "staged[c * stride + w] = low_value | high_value << 16;",
+                        "staged[c * stride + w] = high_value | low_value << 16;")
 # NCHW's input: a thread's pixel stepped past a row's end kept on its row.
-INPUT_CARRY = PlantedBug("input-carry", "                        x -= width;\n                        ++y;\n",
-                         "                        x -= width;\n")
+INPUT_CARRY = PlantedBug("input-carry", "            x -= map_w;\n            ++y;\n", "            x -= map_w;\n")
 # A row's last 16-byte vector within its count left zero (the vector staging).
 LAST_VECTOR = PlantedBug("last-vector", "if (row < rows_inside && 8 * column < count)",
                          "if (row < rows_inside && 8 * column + 8 < count)")
@@ -371,7 +387,8 @@ _RUN_SAMPLES = """
 import torch
 from oplib.testing.cuda_emulation import EmulatedLauncher
 from test_cuda_dense_window import DENSE_CASES, DTYPES, GENERATED, _assert_non_finite_as_torch, _check, _strided
-from test_cuda_dense_window import _random_small_cases
+from test_cuda_dense_window import GRAD_INPUT, _assert_grad_non_finite_as_torch, _grad_check, _random_small_cases
+from test_cuda_generated_mma_grad_input import grad_input_arguments
 launcher = EmulatedLauncher(sanitize=True)
 for dtype in DTYPES:
     for sample in GENERATED.sample_inputs("cpu", dtype, False):
@@ -386,6 +403,15 @@ for dtype in DTYPES:
     args[1] = args[1].clone()
     args[1][0, 3, 4, 4] = float("nan")
     _assert_non_finite_as_torch(tuple(args), launcher, "nan")
+    for sample in GRAD_INPUT.sample_inputs("cpu", dtype, False):
+        _grad_check(sample.args, launcher, sample.name)
+    for case in DENSE_CASES:
+        for last in (False, True):
+            _grad_check(grad_input_arguments(case._replace(channels_last=last).arguments(dtype)), launcher, case.name)
+    grad = list(grad_input_arguments(DENSE_CASES[1].arguments(dtype)))
+    grad[0] = grad[0].clone()
+    grad[0][0, 3, 4, 4] = float("nan")
+    _assert_grad_non_finite_as_torch(tuple(grad), launcher, "nan")
 print("clean:", len(launcher.launches), "launches")
 """
 
@@ -398,13 +424,14 @@ def test_dense_window_is_clean_under_address_sanitizer():
     assert_clean_under_asan(_RUN_SAMPLES)
 
 
-# The staged input 16 rows on: its last rows past the dynamic shared memory's end.
-STAGED_OVERRUN = PlantedBug("staged-past-the-end", ": 2 * dense_words);",
-                            ": 2 * dense_words) + 16 * DENSE_CHANNEL_STRIDE;")
+# The taps' offsets 16 staged rows on: past the dynamic shared memory's end.
+STAGED_OVERRUN = PlantedBug("offsets-past-the-end",
+                            "tap_offsets = staged + (LAST ? 16 * q_steps * DENSE_CHANNEL_STRIDE",
+                            "tap_offsets = staged + 16 * DENSE_CHANNEL_STRIDE + (LAST ? 16 * q_steps * DENSE_CHANNEL_STRIDE")
 
 
 @pytest.mark.integration
-def test_address_sanitizer_catches_the_staged_input_past_the_end(tmp_path):
+def test_address_sanitizer_catches_the_offsets_past_the_end(tmp_path):
     require_host_compiler()
     planted = _planted(tmp_path, involution_cuda.DENSE_WINDOW_SOURCE, STAGED_OVERRUN.text, STAGED_OVERRUN.bug)
     assert_asan_catches(planted, """
@@ -432,3 +459,164 @@ def test_dense_window_on_a_gpu_matches_the_reference(dtype):
     args[0] = args[0].clone()
     args[0][0, 17, 5, 6] = float("inf")
     _assert_non_finite_as_torch(tuple(args), None, "inf")
+
+
+# ---------------------------------------------------------------------------------------
+# grad_input: involution_generated_dense_window_backward_input
+# ---------------------------------------------------------------------------------------
+
+def _grad_result(args: tuple, launcher, _unused=None):
+    out = result_like(args[0], args[4])
+    return involution_cuda.involution_generated_dense_window_backward_input(*args, out, launcher), out
+
+
+def _grad_check(args: tuple, launcher, name: str) -> bool:
+    """The kernel's grad_input against the op's float64 reference; False where it declines."""
+    return check_against_reference(GRAD_INPUT, _grad_result, args, launcher, name)
+
+
+def _grad_declines_only_what_it_cannot_hold(args: tuple) -> bool:
+    c = _source().constants
+    (height, width), (out_h, out_w) = args[4], args[0].shape[2:]
+    return (args[0].dtype not in DTYPES or out_h * out_w > c["DENSE_PIXELS"] or height * width > c["DENSE_INPUTS"]
+            or args[5][0] * args[5][1] > c["DENSE_TAPS"] or args[1].shape[1] > c["DENSE_REDUCED"])
+
+
+@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration)
+                                                for o in (*ORDERS[1:], INTERLEAVED))])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.integration)],
+                         ids=str)
+def test_dense_window_grad_input_matches_the_reference(dtype, order):
+    """involution_generated_backward_input's samples (it declines those past its limits), the
+    small maps above in both layouts, and grad_output in views whose rows are not contiguous."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    _check_samples_and_maps(GRAD_INPUT, _grad_check, _grad_declines_only_what_it_cannot_hold, grad_input_arguments,
+                            launcher, dtype)
+    for case in DENSE_CASES[:2]:
+        args = grad_input_arguments(case._replace(channels_last=True).arguments(dtype))
+        strided = _strided((args[0], args[1]), feature_only=False)
+        assert _grad_check((*strided, *args[2:]), launcher, f"{case.name}-strided")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dense_window_grad_input_matches_the_reference_on_random_geometries(dtype, order):
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    for index, sample in enumerate(random_samples(GRAD_INPUT, dtype, 16, seed=227 + DTYPES.index(dtype))):
+        if not _grad_check(sample.args, launcher, f"random-{index}"):
+            assert _grad_declines_only_what_it_cannot_hold(sample.args), index
+    for case in _random_small_cases(24, seed=229 + DTYPES.index(dtype)):
+        assert _grad_check(grad_input_arguments(case.arguments(dtype)), launcher, case.name), case.name
+
+
+def test_grad_input_in_every_layout_and_order_gives_the_same_bits():
+    require_host_compiler()
+    _assert_the_same_bits(_grad_result, grad_input_arguments)
+
+
+def test_dense_window_grad_input_declines_what_it_does_not_serve():
+    """What the forward declines; RedNet-50's last stage at batch 32 four blocks an SM of the
+    H200 at stride 1, three at stride 2 (its staged grad_output smaller than the forward's input)."""
+    from oplib.testing import device_model
+
+    source, config = _source(), involution_cuda.dense_window_config
+    for size, blocks in ((7, 4), (14, 3)):
+        for last in (False, True):
+            chosen = config(source, torch.bfloat16, 32, 32, (size, size), (7, 7), (7, 7), 128, last, grad_input=True)
+            assert chosen.grid == (32, 32, 1), (size, last)
+            assert device_model.resident_blocks(128, 128, chosen.shared_bytes, device_model.H200) == blocks, (size, last)
+    assert config(source, torch.float32, 2, 4, (7, 7), (7, 7), (7, 7), 16, True, grad_input=True) is None
+    assert config(source, torch.bfloat16, 2, 4, (16, 18), (8, 9), (7, 7), 16, True, grad_input=True) is None
+    args = grad_input_arguments(DENSE_CASES[0].arguments(torch.float64))
+    out = torch.full((2, 32, 7, 7), 7.0, dtype=torch.float64)
+    assert involution_cuda.involution_generated_dense_window_backward_input(*args, out, EmulatedLauncher()) is None
+    assert bool((out == 7).all())
+
+
+def _assert_grad_non_finite_as_torch(args: tuple, launcher, name: str) -> None:
+    result, out = _grad_result(args, launcher)
+    assert result is out, name
+    assert_non_finite_as_expected(out, float64_reference(GRAD_INPUT, args), GRAD_INPUT.tolerance(out.dtype), name)
+
+
+@pytest.mark.parametrize("value", [float("inf"), pytest.param(float("nan"), marks=pytest.mark.integration)])
+def test_grad_input_non_finite_values_land_where_torch_puts_them(value):
+    """An inf or a nan in grad_output, the feature or the bias: the matrices' zeros times it put
+    nans across the group's grad_input, and a warp that meets one sums directly. Strides 1 and
+    2, both layouts."""
+    require_host_compiler()
+    launcher = EmulatedLauncher()
+    for case in DENSE_CASES[:2]:
+        for channels_last in (False, True):
+            args = grad_input_arguments(case._replace(channels_last=channels_last).arguments(torch.bfloat16))
+            for place, changed in with_one_non_finite(args, GRAD_NON_FINITE_PLACES, value):
+                _assert_grad_non_finite_as_torch(changed, launcher, f"{case.name}-{channels_last}-{place}")
+
+
+# A's columns of the hi matrix an m-tile's half late (its input pixels 8 on).
+GRAD_COLUMNS = PlantedBug("grad-columns",
+                          "oplib_load_fragment_a_transposed(dense + 16 * k * dense_stride + 8 * tile, dense_stride);",
+                          "oplib_load_fragment_a_transposed(dense + 16 * k * dense_stride + 8 * tile + 4, dense_stride);")
+# A group's next channels of grad_output staged while warps still read the previous ones.
+GRAD_BARRIER = PlantedBug("grad-barrier",
+                          "if (c0 > 0) __syncthreads();  // every warp is done with the previous channels' grad_output",
+                          "// every warp is done with the previous channels' grad_output")
+# grad_input's pixel at its row's place as a column and its column's as a row (square maps).
+GRAD_STORE = PlantedBug("grad-store", "out_group + (index_t)(q / width) * out_hs + (index_t)(q % width) * out_ws;",
+                        "out_group + (index_t)(q % width) * out_hs + (index_t)(q / width) * out_ws;")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("bug, cases", [
+    *((b, (DENSE_CASES[2], DENSE_CASES[1]._replace(channels_last=True))) for b in (GRAD_COLUMNS, GRAD_STORE)),
+    (GRAD_BARRIER, DENSE_CASES[2:3])], ids=lambda b: getattr(b, "name", ""))
+def test_a_planted_grad_input_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
+    """On square maps at strides 1 and 2 (the barrier's on three channel passes of a group)."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    for case in cases:
+        caught = [_caught(lambda: _grad_check(grad_input_arguments(case.arguments(torch.bfloat16)),
+                                              EmulatedLauncher(order=order), f"{bug.name}-{order}"))
+                  for order in ORDERS]
+        assert any(caught) if bug is GRAD_BARRIER else all(caught), (case.name, caught)
+
+
+# The direct sum's taps read at every stride step (stride 2 only: a tap no output pixel reaches).
+GRAD_COLD_STRIDE = PlantedBug("grad-cold-stride", "i_step % stride_h != 0 || j_step % stride_w != 0",
+                              "i_step % 1 != 0 || j_step % 1 != 0")
+
+
+@pytest.mark.integration
+def test_a_planted_grad_input_cold_path_bug_fails_the_non_finite_check(tmp_path, monkeypatch):
+    """Finite values never reach the direct sum; an inf in the feature does (stride 2)."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, GRAD_COLD_STRIDE)
+    args = grad_input_arguments(DENSE_CASES[1].arguments(torch.bfloat16))
+    assert _grad_check(args, EmulatedLauncher(), "finite")
+    changed = list(args)
+    changed[1] = changed[1].clone()
+    changed[1][0, 5, 4, 4] = float("inf")
+    with pytest.raises(AssertionError, match="inf: "):
+        _assert_grad_non_finite_as_torch(tuple(changed), EmulatedLauncher(), "inf")
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dense_window_grad_input_on_a_gpu_matches_the_reference(dtype):
+    """CuPy's launch, mma.sync and all: the samples, the small maps in both layouts, random
+    ones, and an inf where torch puts it."""
+    samples = [(s.args, s.name) for s in GRAD_INPUT.sample_inputs("cpu", dtype, False)]
+    samples += [(grad_input_arguments(c._replace(channels_last=last).arguments(dtype)), c.name)
+                for c in DENSE_CASES for last in (False, True)]
+    samples += [(grad_input_arguments(c.arguments(dtype)), c.name) for c in _random_small_cases(12, seed=7)]
+    for args, name in samples:
+        args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+        if not _grad_check(args, None, name):
+            assert _grad_declines_only_what_it_cannot_hold(args), name
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in grad_input_arguments(DENSE_CASES[0].arguments(dtype))]
+    args[0] = args[0].clone()
+    args[0][0, 17, 5, 6] = float("inf")
+    _assert_grad_non_finite_as_torch(tuple(args), None, "inf")

@@ -173,6 +173,180 @@ __device__ __noinline__ void dense_direct_sums(const unsigned short* input, cons
     }
 }
 
+// B's two n-tiles of k-step k from staged [pixel][channel] rows of DENSE_CHANNEL_STRIDE words
+// (channels_last's staging): a row's channels are B's columns, so ldmatrix transposed, matrix i
+// the rows 16 k + 8 (i & 1) .., channels 8 (i >> 1) ...
+__device__ __forceinline__ void dense_load_rows_b(const unsigned int* staged, int k, OplibFragmentB& low,
+                                                  OplibFragmentB& high) {
+    const int lane = oplib_lane(), i = lane >> 3;
+    unsigned int reg[4];
+    oplib_load_matrices<4, true>(staged + (16 * k + 8 * (i & 1) + (lane & 7)) * DENSE_CHANNEL_STRIDE + 4 * (i >> 1), reg);
+    low.reg[0] = reg[0];
+    low.reg[1] = reg[1];
+    high.reg[0] = reg[2];
+    high.reg[1] = reg[3];
+}
+
+// The words of the generation's region, from the start of the shared memory: the larger of the
+// staged feature and span rows and the two dense matrices (the staged activation lies past it).
+template <bool LAST>
+__device__ __forceinline__ int dense_generation_words(int inputs, int taps, int reduced) {
+    const int r_steps = (reduced + 15) / 16, reduced_stride = 8 * r_steps + 4;
+    const int feature_words = LAST ? DENSE_PIXELS * reduced_stride : 16 * r_steps * DENSE_PIXEL_STRIDE;
+    const int rows_words = feature_words + 16 * ((taps + 15) / 16) * reduced_stride;
+    const int dense_words = 2 * DENSE_PIXELS * (8 * ((inputs + 15) / 16) + 4);
+    return rows_words > dense_words ? rows_words : dense_words;
+}
+
+// An NCHW activation's DENSE_CHANNELS planes, from `planes` (channel_step apart, `channels` of
+// them inside) of a map `map_w` pixels wide (rows map_h_step and columns map_w_step values
+// apart, `pixels` of them), into staged [channel][pixel] rows of `words` words, `stride` apart,
+// pixel pairs a word (zeros past the map and the channels): 8 threads a channel, a thread every
+// 8th pair, its pixels' rows and columns stepped (a carry, no division a word).
+__device__ __forceinline__ void dense_stage_planes(unsigned int* staged, int stride, int words,
+                                                   const unsigned short* planes, index_t channel_step, int channels,
+                                                   int map_w, index_t map_h_step, index_t map_w_step, int pixels) {
+    const int thread = threadIdx.x + 32 * threadIdx.y, c = thread / 8;
+    const unsigned short* plane = planes + c * channel_step;
+    const bool c_inside = c < channels;
+    int q = 2 * (thread % 8), y = q / map_w, x = q % map_w;
+    for (int w = thread % 8; w < words; w += 8, q += 16) {
+        const int next_y = x + 1 < map_w ? y : y + 1, next_x = x + 1 < map_w ? x + 1 : 0;
+        const unsigned int low_value = c_inside && q < pixels ? __ldg(plane + y * map_h_step + x * map_w_step) : 0u;
+        const unsigned int high_value =
+            c_inside && q + 1 < pixels ? __ldg(plane + next_y * map_h_step + next_x * map_w_step) : 0u;
+        staged[c * stride + w] = low_value | high_value << 16;
+        x += 16;
+        while (x >= map_w) {
+            x -= map_w;
+            ++y;
+        }
+    }
+}
+
+// Steps 1 and 2 of both kernels for a (sample n, group), every thread of the block: the feature
+// and the group's span rows staged, each warp's weights formed on tensor cores, and the dense
+// matrices (hi, then lo, at `shared`, in the place of the staged rows) written; `tap_offsets`
+// (2 DENSE_TAPS words) takes each tap's offsets. Returns whether a weight of the warp's pixels
+// (one at a tap in the padding too) is an inf or a nan; the matrices are written once the caller's
+// barrier is passed.
+template <typename half_t, bool LAST, bool VECTORS>
+__device__ __forceinline__ bool dense_form_matrices(unsigned int* shared, unsigned int* tap_offsets, const half_t* feature,
+                                                    const half_t* span_weight, const half_t* bias, index_t n, int group,
+                                                    int height, int width, int kernel_h, int kernel_w, int out_h,
+                                                    int out_w, int stride_h, int stride_w, int pad_h, int pad_w,
+                                                    int dilation_h, int dilation_w, int reduced, index_t feature_n,
+                                                    index_t feature_c, index_t feature_h, index_t feature_w) {
+    const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+    const int row = lane >> 2, quad = lane & 3;  // a fragment's row (pixel) and column pair
+    const int taps = kernel_h * kernel_w, pixels = out_h * out_w, inputs = height * width, first = 16 * warp;
+    const int r_steps = (reduced + 15) / 16, q_steps = (inputs + 15) / 16, tap_rows = 16 * ((taps + 15) / 16);
+    const int reduced_stride = 8 * r_steps + 4, dense_stride = 8 * q_steps + 4;
+    const int feature_words = LAST ? DENSE_PIXELS * reduced_stride : 16 * r_steps * DENSE_PIXEL_STRIDE;
+    const int dense_words = DENSE_PIXELS * dense_stride;
+    unsigned int* staged_feature = shared;
+    unsigned int* span = shared + feature_words;
+    unsigned int* dense = shared;  // hi, then lo dense_words further
+    // each tap's input row and column offsets (16 bits each) and its place in a dense row
+    // (row offset * width + column offset), formed once: no division a tap
+    if (thread < taps) {
+        const int dy = thread / kernel_w * dilation_h, dx = thread % kernel_w * dilation_w;
+        tap_offsets[2 * thread] = (unsigned int)dy | (unsigned int)dx << 16;
+        tap_offsets[2 * thread + 1] = (unsigned int)(dy * width + dx);
+    }
+    const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
+    const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
+    const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
+
+    // 1. The feature (every pixel's R values) and the group's span rows.
+    if constexpr (LAST) {
+        dense_stage_rows<VECTORS>(staged_feature, reduced_stride, DENSE_PIXELS, pixels, 8 * r_steps, feature_bits,
+                                  out_w, feature_h, feature_w, feature_c, reduced);
+    } else {
+        // [r][pixel]: a lane's pixel pair is the same for every r (its two offsets formed once)
+        for (int w = thread % (DENSE_PIXELS / 2); w < DENSE_PIXELS / 2; w += DENSE_THREADS) {
+            const int p = 2 * w;
+            const index_t low = p / out_w * feature_h + p % out_w * feature_w;
+            const index_t high = (p + 1) / out_w * feature_h + (p + 1) % out_w * feature_w;
+            for (int r = thread / (DENSE_PIXELS / 2); r < 16 * r_steps; r += DENSE_THREADS / (DENSE_PIXELS / 2)) {
+                const unsigned short* plane = feature_bits + r * feature_c;
+                const bool r_inside = r < reduced;
+                const unsigned int low_value = r_inside && p < pixels ? __ldg(plane + low) : 0u;
+                const unsigned int high_value = r_inside && p + 1 < pixels ? __ldg(plane + high) : 0u;
+                staged_feature[r * DENSE_PIXEL_STRIDE + w] = low_value | high_value << 16;
+            }
+        }
+    }
+    dense_stage_rows<VECTORS>(span, reduced_stride, tap_rows, taps, 8 * r_steps, group_span, tap_rows, 0, reduced,
+                              1, reduced);
+    __syncthreads();  // the feature and the span rows are staged
+
+    // 2. The warp's weights: C fragment t holds pixels row, row + 8 x taps 8 t + 2 quad, + 1.
+    OplibFragmentC weights[DENSE_TAP_TILES];
+#pragma unroll
+    for (int t = 0; t < DENSE_TAP_TILES; ++t) weights[t] = OplibFragmentC{};
+    if (first < pixels) {
+        for (int k = 0; k < r_steps; ++k) {
+            const OplibFragmentA a =
+                LAST ? oplib_load_fragment_a(staged_feature + first * reduced_stride + 8 * k, reduced_stride)
+                     : oplib_load_fragment_a_transposed(staged_feature + 16 * k * DENSE_PIXEL_STRIDE + first / 2,
+                                                        DENSE_PIXEL_STRIDE);
+#pragma unroll
+            for (int t = 0; t < DENSE_TAP_TILES; t += 2) {
+                if (8 * t >= taps) break;
+                OplibFragmentB low, high;
+                oplib_load_fragments_b(span + 8 * t * reduced_stride + 8 * k, reduced_stride, 8 * reduced_stride,
+                                       low, high);
+                oplib_mma<half_t>(weights[t], a, low);
+                oplib_mma<half_t>(weights[t + 1], a, high);
+            }
+        }
+    }
+    __syncthreads();  // every warp is done with the feature and the span rows: the dense matrices' place
+    {
+        Vector16<unsigned int>* vectors = reinterpret_cast<Vector16<unsigned int>*>(dense);
+        for (int v = thread; v < 2 * dense_words / 4; v += DENSE_THREADS) vectors[v] = Vector16<unsigned int>{};
+    }
+    __syncthreads();  // the zeros are written
+    const DensePixel low_pixel = dense_pixel(first + row, pixels, out_w, stride_h, stride_w, pad_h, pad_w, 0, 0);
+    const DensePixel high_pixel = dense_pixel(first + row + 8, pixels, out_w, stride_h, stride_w, pad_h, pad_w, 0, 0);
+    unsigned short* dense_hi = reinterpret_cast<unsigned short*>(dense);
+    // the lane's pixels' places in their dense rows, where their windows' first tap would be
+    const int low_place = 2 * low_pixel.index * dense_stride + low_pixel.top * width + low_pixel.left;
+    const int high_place = 2 * high_pixel.index * dense_stride + high_pixel.top * width + high_pixel.left;
+    bool non_finite = false;
+#pragma unroll
+    for (int t = 0; t < DENSE_TAP_TILES; ++t) {
+        if (8 * t >= taps) break;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int tap = 8 * t + 2 * quad + h;
+            if (tap >= taps) continue;
+            const float tap_bias = mma_to_float(__ldg(group_bias + tap), half_t());
+            const unsigned int offsets = tap_offsets[2 * tap];
+            const int dy = (int)(offsets & 0xffffu), dx = (int)(offsets >> 16), tap_place = (int)tap_offsets[2 * tap + 1];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const DensePixel& pixel = half ? high_pixel : low_pixel;
+                if (!pixel.inside) continue;
+                const float w = oplib_add(weights[t].value[2 * half + h], tap_bias);
+                non_finite |= !mma_finite(w);
+                if ((unsigned int)(pixel.top + dy) >= (unsigned int)height ||
+                    (unsigned int)(pixel.left + dx) >= (unsigned int)width)
+                    continue;
+                // hi and lo: w rounded, and its rest (no check of an inf: a warp whose w is one
+                // sums directly, and a float16 hi past 65504 makes its outputs nans, which do too)
+                const unsigned short hi = (unsigned short)(mma_round_pair(w, 0.0f, half_t()) & 0xffffu);
+                const float rest = oplib_fma(-1.0f, mma_to_float(hi, half_t()), w);
+                const int place = (half ? high_place : low_place) + tap_place;
+                dense_hi[place] = hi;
+                dense_hi[place + 2 * dense_words] = (unsigned short)(mma_round_pair(rest, 0.0f, half_t()) & 0xffffu);
+            }
+        }
+    }
+    return oplib_warp_any(non_finite);
+}
+
 // VECTORS (the host's dense_window_vectors): the span rows, and in channels_last the feature's
 // and the input's rows, move as 16-byte vectors. A template argument, not a runtime one: each
 // instantiation then holds one way of staging (the runtime flags kept both in the code).
@@ -193,122 +367,26 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     if constexpr (sizeof(scalar_t) == 2) {
         typedef scalar_t half_t;
-        const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+        const int warp = threadIdx.y, lane = threadIdx.x;
         const int row = lane >> 2, quad = lane & 3;  // a fragment's row (pixel) and column pair
         const int taps = kernel_h * kernel_w, pixels = out_h * out_w, inputs = height * width;
         const int group_channels = channels / groups, group = blockIdx.x, first = 16 * warp;
         const index_t n = blockIdx.y;
-        const int r_steps = (reduced + 15) / 16, q_steps = (inputs + 15) / 16, tap_rows = 16 * ((taps + 15) / 16);
-        const int reduced_stride = 8 * r_steps + 4, dense_stride = 8 * q_steps + 4;
-        const int feature_words = LAST ? DENSE_PIXELS * reduced_stride : 16 * r_steps * DENSE_PIXEL_STRIDE;
-        const int span_words = tap_rows * reduced_stride, dense_words = DENSE_PIXELS * dense_stride;
+        const int q_steps = (inputs + 15) / 16, dense_stride = 8 * q_steps + 4, dense_words = DENSE_PIXELS * dense_stride;
         OPLIB_DYNAMIC_SHARED(unsigned int, shared);
-        unsigned int* staged_feature = shared;
-        unsigned int* span = shared + feature_words;
         unsigned int* dense = shared;  // hi, then lo dense_words further
-        unsigned int* staged = shared + (feature_words + span_words > 2 * dense_words ? feature_words + span_words
-                                                                                      : 2 * dense_words);
-        // each tap's input row and column offsets (16 bits each) and its place in a dense row
-        // (row offset * width + column offset), formed once: no division a tap
+        unsigned int* staged = shared + dense_generation_words<LAST>(inputs, taps, reduced);
         unsigned int* tap_offsets = staged + (LAST ? 16 * q_steps * DENSE_CHANNEL_STRIDE : DENSE_CHANNELS * dense_stride);
-        if (thread < taps) {
-            const int dy = thread / kernel_w * dilation_h, dx = thread % kernel_w * dilation_w;
-            tap_offsets[2 * thread] = (unsigned int)dy | (unsigned int)dx << 16;
-            tap_offsets[2 * thread + 1] = (unsigned int)(dy * width + dx);
-        }
-        const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
-        const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
-        const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
-
-        // 1. The feature (every pixel's R values) and the group's span rows.
-        if constexpr (LAST) {
-            dense_stage_rows<VECTORS>(staged_feature, reduced_stride, DENSE_PIXELS, pixels, 8 * r_steps, feature_bits,
-                                      out_w, feature_h, feature_w, feature_c, reduced);
-        } else {
-            // [r][pixel]: a lane's pixel pair is the same for every r (its two offsets formed once)
-            for (int w = thread % (DENSE_PIXELS / 2); w < DENSE_PIXELS / 2; w += DENSE_THREADS) {
-                const int p = 2 * w;
-                const index_t low = p / out_w * feature_h + p % out_w * feature_w;
-                const index_t high = (p + 1) / out_w * feature_h + (p + 1) % out_w * feature_w;
-                for (int r = thread / (DENSE_PIXELS / 2); r < 16 * r_steps; r += DENSE_THREADS / (DENSE_PIXELS / 2)) {
-                    const unsigned short* plane = feature_bits + r * feature_c;
-                    const bool r_inside = r < reduced;
-                    const unsigned int low_value = r_inside && p < pixels ? __ldg(plane + low) : 0u;
-                    const unsigned int high_value = r_inside && p + 1 < pixels ? __ldg(plane + high) : 0u;
-                    staged_feature[r * DENSE_PIXEL_STRIDE + w] = low_value | high_value << 16;
-                }
-            }
-        }
-        dense_stage_rows<VECTORS>(span, reduced_stride, tap_rows, taps, 8 * r_steps, group_span, tap_rows, 0, reduced,
-                                  1, reduced);
-        __syncthreads();  // the feature and the span rows are staged
-
-        // 2. The warp's weights: C fragment t holds pixels row, row + 8 x taps 8 t + 2 quad, + 1.
-        OplibFragmentC weights[DENSE_TAP_TILES];
-#pragma unroll
-        for (int t = 0; t < DENSE_TAP_TILES; ++t) weights[t] = OplibFragmentC{};
-        if (first < pixels) {
-            for (int k = 0; k < r_steps; ++k) {
-                const OplibFragmentA a =
-                    LAST ? oplib_load_fragment_a(staged_feature + first * reduced_stride + 8 * k, reduced_stride)
-                         : oplib_load_fragment_a_transposed(staged_feature + 16 * k * DENSE_PIXEL_STRIDE + first / 2,
-                                                            DENSE_PIXEL_STRIDE);
-#pragma unroll
-                for (int t = 0; t < DENSE_TAP_TILES; t += 2) {
-                    if (8 * t >= taps) break;
-                    OplibFragmentB low, high;
-                    oplib_load_fragments_b(span + 8 * t * reduced_stride + 8 * k, reduced_stride, 8 * reduced_stride,
-                                           low, high);
-                    oplib_mma<half_t>(weights[t], a, low);
-                    oplib_mma<half_t>(weights[t + 1], a, high);
-                }
-            }
-        }
-        __syncthreads();  // every warp is done with the feature and the span rows: the dense matrices' place
-        {
-            Vector16<unsigned int>* vectors = reinterpret_cast<Vector16<unsigned int>*>(dense);
-            for (int v = thread; v < 2 * dense_words / 4; v += DENSE_THREADS) vectors[v] = Vector16<unsigned int>{};
-        }
-        __syncthreads();  // the zeros are written
+        const bool warp_non_finite = dense_form_matrices<half_t, LAST, VECTORS>(
+            shared, tap_offsets, feature, span_weight, bias, n, group, height, width, kernel_h, kernel_w, out_h, out_w,
+            stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, reduced, feature_n, feature_c, feature_h, feature_w);
         const DensePixel low_pixel = dense_pixel(first + row, pixels, out_w, stride_h, stride_w, pad_h, pad_w, out_hs,
                                                  out_ws);
         const DensePixel high_pixel = dense_pixel(first + row + 8, pixels, out_w, stride_h, stride_w, pad_h, pad_w,
                                                   out_hs, out_ws);
-        unsigned short* dense_hi = reinterpret_cast<unsigned short*>(dense);
-        // the lane's pixels' places in their dense rows, where their windows' first tap would be
-        const int low_place = 2 * low_pixel.index * dense_stride + low_pixel.top * width + low_pixel.left;
-        const int high_place = 2 * high_pixel.index * dense_stride + high_pixel.top * width + high_pixel.left;
-        bool non_finite = false;
-#pragma unroll
-        for (int t = 0; t < DENSE_TAP_TILES; ++t) {
-            if (8 * t >= taps) break;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int tap = 8 * t + 2 * quad + h;
-                if (tap >= taps) continue;
-                const float tap_bias = mma_to_float(__ldg(group_bias + tap), half_t());
-                const unsigned int offsets = tap_offsets[2 * tap];
-                const int dy = (int)(offsets & 0xffffu), dx = (int)(offsets >> 16), tap_place = (int)tap_offsets[2 * tap + 1];
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const DensePixel& pixel = half ? high_pixel : low_pixel;
-                    if (!pixel.inside) continue;
-                    const float w = oplib_add(weights[t].value[2 * half + h], tap_bias);
-                    non_finite |= !mma_finite(w);
-                    if ((unsigned int)(pixel.top + dy) >= (unsigned int)height ||
-                        (unsigned int)(pixel.left + dx) >= (unsigned int)width)
-                        continue;
-                    // hi and lo: w rounded, and its rest (no check of an inf: a warp whose w is one
-                    // sums directly, and a float16 hi past 65504 makes its outputs nans, which do too)
-                    const unsigned short hi = (unsigned short)(mma_round_pair(w, 0.0f, half_t()) & 0xffffu);
-                    const float rest = oplib_fma(-1.0f, mma_to_float(hi, half_t()), w);
-                    const int place = (half ? high_place : low_place) + tap_place;
-                    dense_hi[place] = hi;
-                    dense_hi[place + 2 * dense_words] = (unsigned short)(mma_round_pair(rest, 0.0f, half_t()) & 0xffffu);
-                }
-            }
-        }
-        const bool warp_non_finite = oplib_warp_any(non_finite);
+        const unsigned short* feature_bits = reinterpret_cast<const unsigned short*>(feature) + n * feature_n;
+        const unsigned short* group_span = reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced;
+        const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
         // The k-steps of the input rows the warp's windows reach (the matrix's other columns are
         // zeros in its rows: at stride 2 on RedNet-50's 14 x 14 input, about half of them)
         int k_first = 0, k_end = 0;
@@ -335,24 +413,9 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
                 dense_stage_rows<VECTORS>(staged, DENSE_CHANNEL_STRIDE, 16 * q_steps, inputs, DENSE_CHANNELS / 2, chunk,
                                           width, input_h, input_w, input_c, group_channels - c0);
             } else {
-                // [channel][input pixel]: 8 threads a channel's plane, a thread every 8th pixel pair,
-                // its pixels' rows and columns stepped (a carry, no division a word)
-                const int c = thread / 8;
-                const unsigned short* plane = chunk + c * input_c;
-                const bool c_inside = c0 + c < group_channels;
-                int q = 2 * (thread % 8), y = q / width, x = q % width;
-                for (int w = thread % 8; w < 8 * q_steps; w += 8, q += 16) {
-                    const int next_y = x + 1 < width ? y : y + 1, next_x = x + 1 < width ? x + 1 : 0;
-                    const unsigned int low_value = c_inside && q < inputs ? __ldg(plane + y * input_h + x * input_w) : 0u;
-                    const unsigned int high_value =
-                        c_inside && q + 1 < inputs ? __ldg(plane + next_y * input_h + next_x * input_w) : 0u;
-                    staged[c * dense_stride + w] = low_value | high_value << 16;
-                    x += 16;
-                    while (x >= width) {
-                        x -= width;
-                        ++y;
-                    }
-                }
+                // [channel][input pixel]
+                dense_stage_planes(staged, dense_stride, 8 * q_steps, chunk, input_c, group_channels - c0, width, input_h,
+                                   input_w, inputs);
             }
             __syncthreads();  // the channels are staged
             if (first >= pixels) continue;
@@ -360,16 +423,7 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
             for (int k = k_first; k < k_end; ++k) {
                 OplibFragmentB low, high;
                 if constexpr (LAST) {
-                    // B's columns are the channels of a staged row: ldmatrix transposed, matrix i
-                    // the rows 16 k + 8 (i & 1) .., channels 8 (i >> 1) ..
-                    unsigned int reg[4];
-                    const int i = lane >> 3;
-                    oplib_load_matrices<4, true>(
-                        staged + (16 * k + 8 * (i & 1) + (lane & 7)) * DENSE_CHANNEL_STRIDE + 4 * (i >> 1), reg);
-                    low.reg[0] = reg[0];
-                    low.reg[1] = reg[1];
-                    high.reg[0] = reg[2];
-                    high.reg[1] = reg[3];
+                    dense_load_rows_b(staged, k, low, high);
                 } else {
                     oplib_load_fragments_b(staged + 8 * k, dense_stride, 8 * dense_stride, low, high);
                 }
@@ -400,6 +454,154 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
                 const int c = c0 + 8 * (v >> 2) + 2 * quad + (v & 1);
                 if (pixel.inside && c < group_channels)
                     out_group[c * out_c + pixel.out] = Element<half_t>::store(sums[v >> 2].value[v & 3]);
+            }
+        }
+    }
+#endif
+}
+
+// The lane's 8 grad_input values (input pixels row, row + 8 of m-tile `tile` x channels c0 +
+// 2 quad, + 1 of each n-tile) by the direct sum over every (output pixel, tap) that reads them,
+// each weight formed again in float from global memory: for a warp whose products met an inf or
+// a nan. A function of its own, rolled: cold code.
+template <typename half_t>
+__device__ __noinline__ void dense_direct_grad_input(const unsigned short* grad, const unsigned short* feature,
+                                                     const unsigned short* span, const unsigned short* bias,
+                                                     half_t* out, int tile, int c0, int group_channels, int height,
+                                                     int width, int out_h, int out_w, int kernel_h, int kernel_w,
+                                                     int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h,
+                                                     int dilation_w, int reduced, index_t grad_c, index_t grad_h,
+                                                     index_t grad_w, index_t out_c, index_t out_hs, index_t out_ws,
+                                                     index_t feature_c, index_t feature_h, index_t feature_w) {
+    const int lane = oplib_lane(), row = lane >> 2, quad = lane & 3, taps = kernel_h * kernel_w;
+    for (int v = 0; v < 8; ++v) {
+        const int q = 16 * tile + row + 8 * (v >> 1 & 1), c = c0 + 8 * (v >> 2) + 2 * quad + (v & 1);
+        if (q >= height * width || c >= group_channels) continue;
+        const int y = q / width, x = q % width;
+        float sum = 0.0f;
+        for (int t = 0; t < taps; ++t) {
+            const int i_step = y + pad_h - t / kernel_w * dilation_h, j_step = x + pad_w - t % kernel_w * dilation_w;
+            if (i_step < 0 || j_step < 0 || i_step % stride_h != 0 || j_step % stride_w != 0) continue;
+            const int i = i_step / stride_h, j = j_step / stride_w;
+            if (i >= out_h || j >= out_w) continue;
+            float weight = mma_to_float(__ldg(bias + t), half_t());
+            for (int r = 0; r < reduced; ++r)
+                weight = oplib_fma(mma_to_float(__ldg(span + (index_t)t * reduced + r), half_t()),
+                                   mma_to_float(__ldg(feature + r * feature_c + i * feature_h + j * feature_w), half_t()),
+                                   weight);
+            sum = oplib_fma(weight, mma_to_float(__ldg(grad + c * grad_c + i * grad_h + j * grad_w), half_t()), sum);
+        }
+        out[c * out_c + (index_t)y * out_hs + (index_t)x * out_ws] = Element<half_t>::store(sum);
+    }
+}
+
+// involution_generated's grad_input on the same plan: the dense matrices' transposes times
+// grad_output,
+//   grad_input[q, c] = sum_p dense[p, q] * grad_output[p, c]          (Q x P) (P x channels)
+// grad_output: (N, C, Ho, Wo), out: grad_input (N, C, H, W), feature as the forward's; the host
+// sends a call here where the forward's kernel would serve the forward. After steps 1 and 2 as
+// the forward's, per DENSE_CHANNELS of the group's channels the block stages grad_output and each
+// warp takes the m-tiles w, w + DENSE_WARPS, .. of the input pixels, their A fragments the
+// matrices' columns (ldmatrix transposed). A warp whose outputs are not all finite (an inf or a
+// nan of grad_output times the matrices' zeros puts nans across them; one of the weights, an inf
+// where it reads) sums them directly (dense_direct_grad_input): a weight at a tap in the padding
+// reads no input pixel, so the outputs' check is all there is to make.
+//
+// Dynamic shared memory: the forward's generation region and taps, with the staged grad_output
+//   staged   LAST: DENSE_PIXELS x DENSE_CHANNEL_STRIDE    [output pixel][channel]
+//            else: DENSE_CHANNELS x DENSE_PIXEL_STRIDE    [channel][output pixel]
+//
+// oplib-instantiate: involution_generated_dense_window_backward_input
+//
+// Block (32, DENSE_WARPS); grid (groups, N).
+template <typename scalar_t, bool LAST, bool VECTORS>
+__global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_window_backward_input(
+    const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ feature,
+    const scalar_t* __restrict__ span_weight, const scalar_t* __restrict__ bias, scalar_t* __restrict__ out,
+    int channels, int height, int width, int groups, int kernel_h, int kernel_w, int out_h, int out_w, int stride_h,
+    int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int reduced, index_t grad_n, index_t grad_c,
+    index_t grad_h, index_t grad_w, index_t out_n, index_t out_c, index_t out_hs, index_t out_ws, index_t feature_n,
+    index_t feature_c, index_t feature_h, index_t feature_w) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    if constexpr (sizeof(scalar_t) == 2) {
+        typedef scalar_t half_t;
+        const int warp = threadIdx.y, lane = threadIdx.x;
+        const int row = lane >> 2, quad = lane & 3;  // a fragment's row (input pixel) and column pair
+        const int taps = kernel_h * kernel_w, pixels = out_h * out_w, inputs = height * width;
+        const int group_channels = channels / groups, group = blockIdx.x;
+        const index_t n = blockIdx.y;
+        const int q_steps = (inputs + 15) / 16, p_steps = (pixels + 15) / 16;
+        const int dense_stride = 8 * q_steps + 4, dense_words = DENSE_PIXELS * dense_stride;
+        OPLIB_DYNAMIC_SHARED(unsigned int, shared);
+        unsigned int* dense = shared;  // hi, then lo dense_words further
+        unsigned int* staged = shared + dense_generation_words<LAST>(inputs, taps, reduced);
+        unsigned int* tap_offsets = staged + (LAST ? DENSE_PIXELS * DENSE_CHANNEL_STRIDE : DENSE_CHANNELS * DENSE_PIXEL_STRIDE);
+        dense_form_matrices<half_t, LAST, VECTORS>(shared, tap_offsets, feature, span_weight, bias, n, group, height,
+                                                   width, kernel_h, kernel_w, out_h, out_w, stride_h, stride_w, pad_h,
+                                                   pad_w, dilation_h, dilation_w, reduced, feature_n, feature_c,
+                                                   feature_h, feature_w);
+        __syncthreads();  // the dense matrices are written
+
+        // 3. Per DENSE_CHANNELS of the group's channels: grad_output staged, the products, grad_input.
+        const unsigned short* grad_bits =
+            reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n + (index_t)group * group_channels * grad_c;
+        half_t* out_group = out + n * out_n + (index_t)group * group_channels * out_c;
+        for (int c0 = 0; c0 < group_channels; c0 += DENSE_CHANNELS) {
+            if (c0 > 0) __syncthreads();  // every warp is done with the previous channels' grad_output
+            const unsigned short* chunk = grad_bits + c0 * grad_c;
+            if constexpr (LAST) {
+                // [output pixel][channel]: a row a pixel, 8 words (16 channels)
+                dense_stage_rows<VECTORS>(staged, DENSE_CHANNEL_STRIDE, DENSE_PIXELS, pixels, DENSE_CHANNELS / 2, chunk,
+                                          out_w, grad_h, grad_w, grad_c, group_channels - c0);
+            } else {
+                dense_stage_planes(staged, DENSE_PIXEL_STRIDE, DENSE_PIXELS / 2, chunk, grad_c, group_channels - c0,
+                                   out_w, grad_h, grad_w, pixels);
+            }
+            __syncthreads();  // the channels are staged
+            for (int tile = warp; tile < q_steps; tile += DENSE_WARPS) {
+                OplibFragmentC sums[2] = {};
+                for (int k = 0; k < p_steps; ++k) {
+                    OplibFragmentB low, high;
+                    if constexpr (LAST) {
+                        dense_load_rows_b(staged, k, low, high);
+                    } else {
+                        oplib_load_fragments_b(staged + 8 * k, DENSE_PIXEL_STRIDE, 8 * DENSE_PIXEL_STRIDE, low, high);
+                    }
+                    // A: the matrices' columns 16 tile .. (input pixels) over rows 16 k .. (output pixels)
+                    const OplibFragmentA a_hi =
+                        oplib_load_fragment_a_transposed(dense + 16 * k * dense_stride + 8 * tile, dense_stride);
+                    const OplibFragmentA a_lo =
+                        oplib_load_fragment_a_transposed(dense + dense_words + 16 * k * dense_stride + 8 * tile, dense_stride);
+                    oplib_mma<half_t>(sums[0], a_hi, low);
+                    oplib_mma<half_t>(sums[1], a_hi, high);
+                    oplib_mma<half_t>(sums[0], a_lo, low);
+                    oplib_mma<half_t>(sums[1], a_lo, high);
+                }
+                bool sums_non_finite = false;
+#pragma unroll
+                for (int v = 0; v < 8; ++v) sums_non_finite |= !mma_finite(sums[v >> 2].value[v & 3]);
+                if (oplib_warp_any(sums_non_finite)) {  // oplib-cold: an inf or a nan met by the warp
+                    OPLIB_COLD_BLOCK();
+                    dense_direct_grad_input<half_t>(
+                        grad_bits, reinterpret_cast<const unsigned short*>(feature) + n * feature_n,
+                        reinterpret_cast<const unsigned short*>(span_weight) + (index_t)group * taps * reduced,
+                        reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps, out_group, tile, c0,
+                        group_channels, height, width, out_h, out_w, kernel_h, kernel_w, stride_h, stride_w, pad_h,
+                        pad_w, dilation_h, dilation_w, reduced, grad_c, grad_h, grad_w, out_c, out_hs, out_ws, feature_c,
+                        feature_h, feature_w);
+                    continue;
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int q = 16 * tile + row + 8 * h;
+                    if (q >= inputs) continue;
+                    half_t* at = out_group + (index_t)(q / width) * out_hs + (index_t)(q % width) * out_ws;
+#pragma unroll
+                    for (int v = 0; v < 4; ++v) {
+                        const int c = c0 + 8 * (v >> 1) + 2 * quad + (v & 1);
+                        if (c < group_channels) at[c * out_c] = Element<half_t>::store(sums[v >> 1].value[2 * h + (v & 1)]);
+                    }
+                }
             }
         }
     }
