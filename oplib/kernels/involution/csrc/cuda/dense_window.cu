@@ -1,6 +1,8 @@
 // involution_generated's forward on maps small enough that one block holds a (sample, group)
 // whole (float16, bfloat16): the weights generated on tensor cores, and their aggregation one
-// product on tensor cores as well, by the window written as a dense matrix.
+// product on tensor cores as well, by the window written as a dense matrix; and its grad_input
+// the same way, the matrix transposed (involution_generated_dense_window_backward_input, at the
+// end of the file).
 //
 //   out[n, c, i, j] = sum_{a, b} weight(n, g(c), a*KW + b, i, j) * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
 //   weight(n, g, t, i, j) = bias[g*T + t] + sum_r span_weight[g*T + t, r] * feature[n, r, i, j]
@@ -28,7 +30,8 @@
 //      the storage type, hi = w rounded and lo = (w - hi) rounded (mma_split.cuh: hi alone
 //      would round the weights as the span conv's output does);
 //   3. per DENSE_CHANNELS of the group's channels, the block stages the input (zeros past the
-//      map and the group's channels), and each warp multiplies both matrices' rows by it.
+//      map and the group's channels), and each warp multiplies both matrices' rows by it, over
+//      the k-steps of the input rows its pixels' windows reach.
 // A product by a zero of the dense matrix is no product of the sum: an inf or a nan of the input
 // makes every output of the group nan where the direct sum reads it at most 49 times, and a
 // weight at a tap in the padding (not in the matrix) is one of the direct sum's terms, times
