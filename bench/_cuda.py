@@ -374,7 +374,7 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
         # the dense window forward (16-bit, maps a block holds whole)
         if involution_cuda.dense_window_config(involution_cuda.load_source(involution_cuda.DENSE_WINDOW_SOURCE), x.dtype,
                                                shape.batch, shape.groups, size, f.shape[2:], kernel_size, f.shape[1],
-                                               is_channels_last(x)) is not None:
+                                               is_channels_last(x), dilation=dilation) is not None:
             calls["dense window", "generated forward"] = lambda: involution_cuda.involution_generated_dense_window(
                 x, f, s, b, kernel_size, stride, padding, dilation, result_like(x, f.shape[2:]), launcher)
             calls["dense window", "grad_input"] = (

@@ -1365,16 +1365,19 @@ def dense_window_shared_bytes(source: KernelSource, inputs: int, taps: int, redu
 
 
 def dense_window_config(source: KernelSource, dtype: torch.dtype, batch: int, groups: int, in_size, out_size,
-                        kernel_size, reduced: int, last: bool, grad_input: bool = False) -> Optional[LaunchConfig]:
+                        kernel_size, reduced: int, last: bool, grad_input: bool = False,
+                        dilation=(1, 1)) -> Optional[LaunchConfig]:
     """``involution_generated_dense_window``'s launch (``grad_input``: its grad_input's): a block
     of ``DENSE_WARPS`` warps per (group, sample); None where it does not serve the call (a dtype
-    without the tensor-core product, more output pixels than ``DENSE_PIXELS``, input pixels than
-    ``DENSE_INPUTS``, taps than ``DENSE_TAPS``, an R past ``DENSE_REDUCED``, a batch past CUDA's
-    grid y limit)."""
+    without the tensor-core product, more output pixels than ``DENSE_PIXELS``, no input pixel or
+    more than ``DENSE_INPUTS``, taps than ``DENSE_TAPS``, an R of 0 or past ``DENSE_REDUCED``, a
+    tap's offset past 16 bits (its (K - 1) * dilation: the kernel packs a tap's two in a word), a
+    batch past CUDA's grid y limit)."""
     c = source.constants
     taps, inputs = kernel_size[0] * kernel_size[1], in_size[0] * in_size[1]
     if (dtype not in DENSE_WINDOW_DTYPES or out_size[0] * out_size[1] > c["DENSE_PIXELS"] or taps > c["DENSE_TAPS"]
-            or inputs > c["DENSE_INPUTS"] or reduced > c["DENSE_REDUCED"] or batch > 65535 or groups >= 2 ** 31):
+            or not 1 <= inputs <= c["DENSE_INPUTS"] or not 1 <= reduced <= c["DENSE_REDUCED"] or batch > 65535
+            or groups >= 2 ** 31 or max((k - 1) * d for k, d in zip(kernel_size, dilation)) >= 2 ** 16):
         return None
     return LaunchConfig((groups, batch), (32, c["DENSE_WARPS"]),
                         dense_window_shared_bytes(source, inputs, taps, reduced, last, grad_input))
@@ -1412,7 +1415,8 @@ def involution_generated_dense_window(input: Tensor, feature: Tensor, span_weigh
     groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
     reduced, out_size = feature.shape[1], tuple(out.shape[2:])
     last = is_channels_last(input)
-    config = dense_window_config(source, input.dtype, n, groups, (height, width), out_size, kernel_size, reduced, last)
+    config = dense_window_config(source, input.dtype, n, groups, (height, width), out_size, kernel_size, reduced, last,
+                                 dilation=dilation)
     if config is None or (input.is_cuda and torch.cuda.get_device_capability(input.device) < GENERATED_MMA_MIN_CAPABILITY):
         return None
     if out.numel() == 0:
@@ -1442,7 +1446,7 @@ def involution_generated_dense_window_backward_input(grad_output: Tensor, featur
     reduced, out_size = feature.shape[1], tuple(grad_output.shape[2:])
     last = is_channels_last(grad_output)
     config = dense_window_config(source, grad_output.dtype, n, groups, tuple(input_size), out_size, kernel_size, reduced,
-                                 last, grad_input=True)
+                                 last, grad_input=True, dilation=dilation)
     if config is None or (grad_output.is_cuda
                           and torch.cuda.get_device_capability(grad_output.device) < GENERATED_MMA_MIN_CAPABILITY):
         return None

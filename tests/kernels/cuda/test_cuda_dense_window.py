@@ -93,6 +93,10 @@ DENSE_CASES = (
     TileCase(batch=1, channels=24, groups=3, reduced=8, size=(10, 11), kernel_size=(3, 3), stride=(3, 3),
              padding=(2, 2), dilation=(1, 1), channels_last=True),
 )
+# A tap's offset past 16 bits (a 1 x 1 map padded by 65537 rows: the second output pixel's second
+# tap reads it), which the kernel's packed offsets cannot hold: declined.
+FAR_TAP = TileCase(batch=1, channels=8, groups=2, reduced=5, size=(1, 1), kernel_size=(2, 1), stride=(65537, 1),
+                   padding=(65537, 0), dilation=(65537, 1), channels_last=False)
 
 
 def _check_samples_and_maps(spec, check, declines_only_what_it_cannot_hold, arguments, launcher, dtype) -> None:
@@ -190,8 +194,9 @@ def _assert_the_same_bits(result, arguments) -> None:
 
 
 def test_dense_window_declines_what_it_does_not_serve():
-    """float32 and float64, a map of more output pixels than DENSE_PIXELS or input pixels than
-    DENSE_INPUTS, more taps than DENSE_TAPS, an R past DENSE_REDUCED: None, out untouched.
+    """float32 and float64, a map of more output pixels than DENSE_PIXELS, no input pixel or more
+    than DENSE_INPUTS, more taps than DENSE_TAPS, an R of 0 or past DENSE_REDUCED, a tap's offset
+    past 16 bits (both kernels): None, out untouched.
     RedNet-50's last stage at batch 32 (7 x 7 maps out of 7 x 7 and 14 x 14, R = 128, 32 groups):
     a block a (group, sample), four an SM of the H200 at stride 1 and three at stride 2 (at the
     128 registers its launch bound allows)."""
@@ -209,6 +214,17 @@ def test_dense_window_declines_what_it_does_not_serve():
     assert config(source, torch.bfloat16, 2, 4, (17, 16), (6, 6), (7, 7), 16, True) is None  # 272 input pixels
     assert config(source, torch.bfloat16, 2, 4, (8, 8), (8, 8), (9, 9), 16, True) is None  # 81 taps
     assert config(source, torch.bfloat16, 2, 4, (7, 7), (7, 7), (7, 7), 129, True) is None
+    assert config(source, torch.bfloat16, 2, 4, (7, 7), (7, 7), (7, 7), 0, True) is None  # R = 0
+    assert config(source, torch.bfloat16, 2, 4, (7, 0), (7, 2), (1, 3), 8, True) is None  # no input pixel
+    assert config(source, torch.bfloat16, 2, 4, (7, 7), (7, 7), (7, 7), 8, True, dilation=(1, 10923)) is None
+    assert config(source, torch.bfloat16, 2, 4, (7, 7), (7, 7), (7, 7), 8, True, dilation=(1, 10922)) is not None
+    for function, arguments, out in ((involution_cuda.involution_generated_dense_window, FAR_TAP.arguments,
+                                      torch.full((1, 8, 2, 1), 7.0, dtype=torch.bfloat16)),
+                                     (involution_cuda.involution_generated_dense_window_backward_input,
+                                      lambda dtype: grad_input_arguments(FAR_TAP.arguments(dtype)),
+                                      torch.full((1, 8, 1, 1), 7.0, dtype=torch.bfloat16))):
+        assert function(*arguments(torch.bfloat16), out, EmulatedLauncher()) is None
+        assert bool((out == 7).all())
     assert config(source, torch.bfloat16, 65536, 4, (7, 7), (7, 7), (7, 7), 16, True) is None
     for dtype in (torch.float32, torch.float64):
         assert config(source, dtype, 2, 4, (7, 7), (7, 7), (7, 7), 16, True) is None

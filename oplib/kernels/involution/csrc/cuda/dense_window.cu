@@ -9,8 +9,8 @@
 //
 // input: (N, C, H, W), out: (N, C, Ho, Wo), feature: (N, R, Ho, Wo) of any strides; span_weight
 // (G*T, R) and bias (G*T) contiguous. The host sends a call here where P = Ho*Wo <= DENSE_PIXELS,
-// T <= DENSE_TAPS, R <= DENSE_REDUCED and Q = H*W <= DENSE_INPUTS; any window, stride, padding
-// and dilation.
+// T <= DENSE_TAPS, 1 <= R <= DENSE_REDUCED and 1 <= Q = H*W <= DENSE_INPUTS; any window, stride,
+// padding and dilation whose taps' offsets, (KH - 1) * dh and (KW - 1) * dw, fit 16 bits.
 //
 // Pixel p's tap t reads one input pixel q(p, t) (or none: the padding). With the dense matrix
 //   dense[p, q] = weight(.., t, p) where q = q(p, t), else 0          (P x Q)
@@ -33,7 +33,8 @@
 //      map and the group's channels), and each warp multiplies both matrices' rows by it, over
 //      the k-steps of the input rows its pixels' windows reach.
 // A product by a zero of the dense matrix is no product of the sum: an inf or a nan of the input
-// makes every output of the group nan where the direct sum reads it at most 49 times, and a
+// makes nan every output whose warp's products reach it, where the direct sum reads it at most
+// 49 times, and a
 // weight at a tap in the padding (not in the matrix) is one of the direct sum's terms, times
 // zero. A warp whose weights and outputs are all finite has met none (an inf or a nan in any
 // product reaches the output); one that has recomputes its outputs by the direct sum, every
@@ -250,8 +251,8 @@ __device__ __forceinline__ bool dense_form_matrices(unsigned int* shared, unsign
     unsigned int* staged_feature = shared;
     unsigned int* span = shared + feature_words;
     unsigned int* dense = shared;  // hi, then lo dense_words further
-    // each tap's input row and column offsets (16 bits each) and its place in a dense row
-    // (row offset * width + column offset), formed once: no division a tap
+    // each tap's input row and column offsets (16 bits each: the host declines more) and its
+    // place in a dense row (row offset * width + column offset), formed once: no division a tap
     if (thread < taps) {
         const int dy = thread / kernel_w * dilation_h, dx = thread % kernel_w * dilation_w;
         tap_offsets[2 * thread] = (unsigned int)dy | (unsigned int)dx << 16;
