@@ -31,7 +31,9 @@ a process of its own through tools/gpu_check.py). Its stages:
   ``involution_generated_dense_window`` (16-bit, maps a block holds whole: a (sample, group) a
   block, the window a dense matrix and the aggregation a tensor-core product), grad_input's
   ``involution_generated_dense_window_backward_input`` (the matrix's transpose times
-  grad_output); where the op runs
+  grad_output), and grad_weight's ``involution_dense_window_backward_weight`` (the products of
+  grad_output and the input on tensor cores, gathered at the taps: the ``dense_window``
+  policy's grad_weight); where the op runs
   involution_vectors.cu's NCHW kernel (a vector of pixels a lane: the forward, stride-1
   grad_input and grad_weight at widths a multiple of the vector), the "chunked" column is the
   chunked kernel that serves the call without it (the ``CHUNKED`` policy), timed beside it (the
@@ -95,7 +97,7 @@ from oplib.benchmark import REDNET50_SHAPES, Shape, call, capture_graph, cpu_mod
 from oplib.kernels import CUDA_DISPATCH, KernelSource, Launcher, cupy_launcher, linear_config
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.cpu import generated_weight, generator_grads_through_map
-from oplib.kernels.involution.layouts import is_channels_last, result_like
+from oplib.kernels.involution.layouts import is_channels_last, result_like, weight_result
 from oplib.ops.involution_generated import _generator_grads_result as generator_grads_result
 from oplib.testing.device_model import RecordingLauncher
 
@@ -380,6 +382,14 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             calls["dense window", "grad_input"] = (
                 lambda: involution_cuda.involution_generated_dense_window_backward_input(
                     g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher))
+        # involution's grad_weight on the same maps (16-bit)
+        if involution_cuda.dense_weight_config(involution_cuda.load_source(involution_cuda.DENSE_WINDOW_SOURCE), x.dtype,
+                                               shape.batch, shape.groups, size, g.shape[2:], kernel_size,
+                                               is_channels_last(x), dilation=dilation) is not None:
+            weight_shape = (shape.batch, shape.groups, *kernel_size, *g.shape[2:])
+            calls["dense window", "grad_weight"] = lambda: involution_cuda.involution_dense_window_backward_weight(
+                g, x, kernel_size, stride, padding, dilation, shape.groups,
+                weight_result(g, weight_shape, is_channels_last(x)), launcher)
     if launcher is not None:  # the chunked kernel beside the op's call where the op takes involution_vectors.cu's
         dispatches = {
             "forward": lambda run, policy=None: involution_cuda.launch_involution(x, w, stride, padding, dilation, run,

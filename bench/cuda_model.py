@@ -115,11 +115,16 @@ STAGED_FORWARD = "staged generated forward"
 # window a dense matrix, both products on tensor cores), which no draw has timed yet.
 DENSE_FORWARD = "dense window generated forward"
 DENSE_GRAD_INPUT = "dense window grad_input"
+# involution's own grad_weight on the same maps (dense_window.cu: the products of grad_output and
+# the input on tensor cores, gathered at the taps), the ``dense_window`` policy's, timed in the
+# grad_weight row's "dense window" column from the next draw on.
+DENSE_WEIGHT = "dense window grad_weight"
 PREDICTED = {GENERATOR: "involution_generated_mma_backward_generator",
              STAGED_GRAD_INPUT: "involution_generated_mma_backward_input_staged",
              STAGED_FORWARD: "involution_generated_mma_staged",
              DENSE_FORWARD: "involution_generated_dense_window",
-             DENSE_GRAD_INPUT: "involution_generated_dense_window_backward_input"}
+             DENSE_GRAD_INPUT: "involution_generated_dense_window_backward_input",
+             DENSE_WEIGHT: "involution_dense_window_backward_weight"}
 
 
 # The table's rows the model leaves out: the generated grad_input's call runs the span conv
@@ -407,6 +412,10 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
         size = [shape.height, shape.width]
         involution_cuda.involution_vectors_backward_input(g, o["weight"], size, *shape.params, result_like(g, size),
                                                           recording)
+    elif fused == "involution_dense_window_backward_weight":
+        w = o["weight"]
+        involution_cuda.involution_dense_window_backward_weight(g, x, [shape.kernel] * 2, *shape.params, shape.groups,
+                                                                torch.empty_like(w), recording)
     elif fused == "involution_generated_mma_backward_generator":
         args = (g, feature, o["span_weight"], x, *window)
         involution_cuda.involution_generated_mma_backward_generator(*args, generator_result(*args), recording)
@@ -839,6 +848,43 @@ def dense_grad_input_lines(data: list[dict], rows: list[dict], constants: Consta
         "",
         *_harness.table([*PREDICTED_COLUMNS, "involution grad_input, measured (us)", "predicted / it",
                          "tensor-core grad_input, measured (us)", "predicted / it"], "llllllrrrlrrrrrrr", cells),
+    ]
+
+
+def dense_weight_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """``PREDICTED``'s dense window grad_weight (involution's own grad_weight, the ``dense_window``
+    policy's) at every row it serves where the draw measured involution's grad_weight: beside its
+    floor, the issue's bar for it (2x the floor, or 10 us where the floor is under 5 us) and
+    involution's grad_weight as the op runs it now."""
+    measured = {_key(r): r["measured_s"] for r in rows}
+    cells, over, against, met = [], [], [], []
+    for entry in (e for e in data if e["kernel"] == DENSE_WEIGHT):
+        key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
+        if f"{key} | grad_weight" not in measured:
+            continue
+        predicted, floor, first = _predicted_candidate(entry, constants, bandwidth, "grad_weight")
+        now = measured.get(f"{key} | {VECTORS_GRAD_WEIGHT}", measured[f"{key} | grad_weight"])
+        over.append(predicted / floor)
+        against.append(predicted / now)
+        met.append(predicted <= max(2.0 * floor, 10e-6 if floor < 5e-6 else 0.0))
+        cells.append([*first, "yes" if met[-1] else "no", f"{now * 1e6:.1f}", f"{against[-1]:.2f}x"])
+    heading = "## Predicted, not yet measured: the dense window grad_weight"
+    if not cells:
+        return [heading, "", "None: the kernel serves no row.", ""]
+    return [
+        heading,
+        "",
+        "dense_window.cu's `involution_dense_window_backward_weight`, involution's grad_weight on maps a block holds "
+        "whole (the `dense_window` launch policy's; the op's default policy does not take it until a draw has timed "
+        "it): per (sample, group), the products of grad_output and the input on tensor cores (float sums), gathered "
+        "at the taps. Predicted with the constants fitted above (the kernel is no row they are fitted on), beside "
+        "its floor, the issue's bar (within 2x the floor, or 10 us where the floor is under 5 us) and involution's "
+        f"grad_weight as the draw measured it. Predicted / floor {ratio_range(over)}; the bar met at "
+        f"{sum(met)} of {len(met)} rows. Predicted / involution's grad_weight: {ratio_range(against)}, faster at "
+        f"{sum(a < 1.0 for a in against)} of {len(against)} rows. No draw has timed it yet.",
+        "",
+        *_harness.table([*PREDICTED_COLUMNS, "within the bar", "involution grad_weight, measured (us)",
+                         "predicted / it"], "llllllrrrlrrrlrr", cells),
     ]
 
 
@@ -1334,6 +1380,7 @@ def sections(rows: list[dict], model: dict, table: list[dict], bandwidth: float)
             *staged_forward_lines(candidates, rows, table, constants, bandwidth), "",
             *dense_forward_lines(candidates, rows, table, constants, bandwidth), "",
             *dense_grad_input_lines(candidates, rows, constants, bandwidth), "",
+            *dense_weight_lines(candidates, rows, constants, bandwidth), "",
             *layer_lines(totals), "", *network_lines(totals, *rednet50_involutions(), models_rows()), "",
             *mma_lines(rows, table, constants, bandwidth)]
 

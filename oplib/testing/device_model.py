@@ -1987,6 +1987,31 @@ def _dense_rows(t: _Tally, thread: Tensor, threads: int, tensor: int, at: int, s
     t.shared(at + row * stride + column // 2, live, 4)
 
 
+def _dense_block(item: Tensor, launch: Launch) -> SimpleNamespace:
+    """A dense_window.cu kernel's thread (``item``, block-major, a block a (group, sample), a warp
+    16 of its output pixels): its lane, warp, fragment row and quad, group, sample and first
+    pixel, the launch's LAST and VECTORS, element size, and the source's constants."""
+    from ..kernels.involution import cuda as involution_cuda
+
+    threads, groups = launch.threads_per_block, launch.scalars[3]
+    block, thread = item // threads, item % threads
+    lane, warp = thread % 32, thread // 32
+    last, vectors = (flag == "true" for flag in launch.specialisation)
+    return SimpleNamespace(thread=thread, threads=threads, lane=lane, warp=warp, row=lane // 4, quad=lane % 4,
+                           group=block % groups, n=block // groups, first=16 * warp, last=last, vectors=vectors,
+                           es=launch.dtype.itemsize,
+                           c=involution_cuda.load_source(involution_cuda.DENSE_WINDOW_SOURCE).constants)
+
+
+def _dense_reached_steps(first: Tensor, P: int, OW: int, sh: int, ph: int, KH: int, dh: int, H: int, W: int):
+    """dense_window.cu's dense_reached_steps: the steps of 16 input pixels, (first, end), that hold
+    the input rows the windows of output pixels first .. first + 15 reach."""
+    top = first // OW * sh - ph
+    bottom = torch.clamp(first + 15, max=P - 1) // OW * sh - ph + (KH - 1) * dh
+    y_first, y_end = top.clamp(min=0), torch.clamp(bottom + 1, max=H)
+    return (torch.where(y_first < y_end, y_first * W // 16, 0), torch.where(y_first < y_end, (y_end * W + 15) // 16, 0))
+
+
 def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch, grad_input: bool = False) -> None:
     """involution_generated_dense_window (dense_window.cu): ``item`` is the thread's index in the
     grid (block-major, 128 threads a block, a block a (group, sample), a warp 16 of its pixels).
@@ -2003,18 +2028,12 @@ def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch, grad_input:
     pixels the warp takes (every fourth) per k-step of the output pixels B's ldmatrix and hi's
     and lo's A (transposed), and grad_input's 16-bit stores. The layout's sizes are the source's
     and its host's."""
-    from ..kernels.involution import cuda as involution_cuda
-
     (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, isn, isc, ish, isw, osn, osc, osh, osw, fsn, fsc, fsh,
      fsw) = launch.scalars
-    last, vectors = (flag == "true" for flag in launch.specialisation)  # LAST, VECTORS
-    c = involution_cuda.load_source(involution_cuda.DENSE_WINDOW_SOURCE).constants
-    es, taps, P, Q, pg, threads = launch.dtype.itemsize, KH * KW, OH * OW, H * W, C // G, launch.threads_per_block
-    block, thread = item // threads, item % threads
-    lane, warp = thread % 32, thread // 32
-    row, quad = lane // 4, lane % 4
-    group, n = block % G, block // G
-    first = 16 * warp
+    b = _dense_block(item, launch)
+    c, es, threads, thread, lane, warp, row, quad = b.c, b.es, b.threads, b.thread, b.lane, b.warp, b.row, b.quad
+    last, vectors, group, n, first = b.last, b.vectors, b.group, b.n, b.first
+    taps, P, Q, pg = KH * KW, OH * OW, H * W, C // G
     r_steps, q_steps, tap_rows = -(-R // 16), -(-Q // 16), 16 * -(-taps // 16)
     reduced_stride, dense_stride = 8 * r_steps + 4, 8 * q_steps + 4
     pixel_stride, channel_stride = c["DENSE_PIXEL_STRIDE"], c["DENSE_CHANNEL_STRIDE"]
@@ -2073,11 +2092,7 @@ def _generated_dense_window(t: _Tally, item: Tensor, launch: Launch, grad_input:
                                    dense_stride, dense_words, pixel_stride, channel_stride, c["DENSE_CHANNELS"])
         return
     # the k-steps of the input rows the warp's windows reach
-    top = first // OW * sh - ph
-    bottom = torch.clamp(first + 15, max=P - 1) // OW * sh - ph + (KH - 1) * dh
-    y_first, y_end = top.clamp(min=0), torch.clamp(bottom + 1, max=H)
-    k_first = torch.where(y_first < y_end, y_first * W // 16, 0)
-    k_end = torch.where(y_first < y_end, (y_end * W + 15) // 16, 0)
+    k_first, k_end = _dense_reached_steps(first, P, OW, sh, ph, KH, dh, H, W)
     for c0 in range(0, pg, c["DENSE_CHANNELS"]):
         chunk = n * isn + (group * pg + c0) * isc
         if last:
@@ -2141,6 +2156,89 @@ def _dense_grad_input_products(t: _Tally, thread, lane, warp, row, quad, group, 
                 channel = c0 + 8 * (v // 2) + 2 * quad + v % 2
                 t.store(4, n * osn + (group * pg + channel) * osc + q // W * osh + q % W * osw,
                         live & (q < Q) & (channel < pg), es)
+
+
+def _dense_window_backward_weight(t: _Tally, item: Tensor, launch: Launch) -> None:
+    """involution_dense_window_backward_weight (dense_window.cu): ``item`` is the thread's index in
+    the grid (block-major, 128 threads a block, a block a (group, sample), a warp 16 of its output
+    pixels). The taps' and the pixels' words; per 16 of the group's channels grad_output and the
+    input staged (channels_last a pixel a row, 16-byte vectors where aligned; NCHW a channel a
+    row, a pixel pair two 16-bit loads), A's ldmatrix, then per step of 16 input pixels the
+    warp's windows reach B's ldmatrix (tensor cores: no term) and the float sums' 8-byte stores
+    (past the first pass, their loads and adds); then the gather, a lane a pixel (or a tap): its
+    entry once, per turn the other index's, the product's load where the tap reads the map and
+    grad_weight's 16-bit store. The layout's sizes are the source's and its host's."""
+    (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, gsn, gsc, gsh, gsw, isn, isc, ish, isw, osn, osg, oskh, oskw,
+     osh, osw) = launch.scalars
+    b = _dense_block(item, launch)
+    c, es, threads, thread, lane, row, quad = b.c, b.es, b.threads, b.thread, b.lane, b.row, b.quad
+    last, vectors, group, n, first = b.last, b.vectors, b.group, b.n, b.first
+    taps, P, Q, pg = KH * KW, OH * OW, H * W, C // G
+    q_steps = -(-Q // 16)
+    product_stride, input_stride = 16 * q_steps + 8, 8 * q_steps + 4
+    pixel_stride, channel_stride = c["DENSE_PIXEL_STRIDE"], c["DENSE_CHANNEL_STRIDE"]
+    grad_at = c["DENSE_PIXELS"] * product_stride
+    input_at = grad_at + (c["DENSE_PIXELS"] * channel_stride if last else c["DENSE_CHANNELS"] * pixel_stride)
+    taps_at = input_at + (16 * q_steps * channel_stride if last else c["DENSE_CHANNELS"] * input_stride)
+    pixels_at = taps_at + 4 * c["DENSE_TAPS"]
+    t.shared(taps_at // 4 + thread, thread < taps, 16)  # the gather's entries
+    t.shared(pixels_at // 4 + thread, thread < P, 16)
+    live = first < P
+    k_first, k_end = _dense_reached_steps(first, P, OW, sh, ph, KH, dh, H, W)
+    for c0 in range(0, pg, c["DENSE_CHANNELS"]):
+        grad_chunk, input_chunk = n * gsn + (group * pg + c0) * gsc, n * isn + (group * pg + c0) * isc
+        if last:
+            _dense_rows(t, thread, threads, 0, grad_at, channel_stride, c["DENSE_PIXELS"], P, 8, grad_chunk, OW, gsh,
+                        gsw, gsc, pg - c0, vectors, es)
+            _dense_rows(t, thread, threads, 1, input_at, channel_stride, 16 * q_steps, Q, 8, input_chunk, W, ish, isw,
+                        isc, pg - c0, vectors, es)
+        else:  # dense_stage_planes: 8 threads a channel
+            for tensor, at, chunk, stride, words, map_w, steps in (
+                    (0, grad_at, grad_chunk, pixel_stride, c["DENSE_PIXELS"] // 2, OW, (gsc, gsh, gsw)),
+                    (1, input_at, input_chunk, input_stride, 8 * q_steps, W, (isc, ish, isw))):
+                channel, word = thread // 8, thread % 8 + 8 * _slots(-(-words // 8))
+                for e in range(2):
+                    q = 2 * word + e
+                    t.load(tensor, chunk + channel * steps[0] + q // map_w * steps[1] + q % map_w * steps[2],
+                           (c0 + channel < pg) & (q < (P if tensor == 0 else Q)) & (word < words), es)
+                t.shared(at + channel * stride + word, word < words, 4)
+        steps = live & (k_first < k_end)
+        if last:
+            t.matrices(grad_at + first * channel_stride + _fragment_a_rows(lane, channel_stride), steps, 4)
+        else:  # oplib_load_fragment_a_transposed
+            t.matrices(grad_at + first // 2 + (lane % 8 + 8 * (lane // 16)) * pixel_stride + 4 * (lane // 8 % 2),
+                       steps, 4)
+        for k in range(q_steps):
+            steps = live & (k >= k_first) & (k < k_end)
+            if last:
+                t.matrices(input_at + 16 * k * channel_stride + _fragment_b_rows(lane, channel_stride, 8 * channel_stride),
+                           steps, 4)
+            else:  # dense_load_b_transposed
+                i = lane // 8
+                t.matrices(input_at + 8 * k + (8 * (i % 2) + lane % 8) * input_stride + 4 * (i // 2), steps, 4)
+            for h in range(4):
+                at = (first + row + 8 * (h // 2)) * product_stride + 16 * k + 8 * (h % 2) + 2 * quad
+                for _ in range(2 if c0 > 0 else 1):  # the earlier passes' sums read, then the store
+                    t.shared(at // 2, steps, 8)
+                if c0 > 0:
+                    t.fma(steps, 2)
+    # the gather: a lane a pixel (a tap where out's stride along pixels is the larger), its entry
+    # read once, then per turn the other index's (a broadcast), the product's load where the tap
+    # reads the map and grad_weight's 16-bit store
+    pixels_inner = osw <= oskw
+    inner, outer = (P, taps) if pixels_inner else (taps, P)
+    lanes = c["DENSE_GATHER_LANES"]
+    index = thread % lanes
+    other = thread // lanes + threads // lanes * _slots(-(-outer // (threads // lanes)))
+    gathers = (index < inner) & (other < outer)
+    p, tap = (index, other) if pixels_inner else (other, index)
+    p, tap = torch.where(gathers, p, 0), torch.where(gathers, tap, 0)
+    t.shared((taps_at if pixels_inner else pixels_at) // 4 + index, index < inner, 16)
+    t.shared((pixels_at if pixels_inner else taps_at) // 4 + other, gathers, 16)
+    y, x = p // OW * sh - ph + tap // KW * dh, p % OW * sw - pw + tap % KW * dw
+    inside = gathers & (y >= 0) & (y < H) & (x >= 0) & (x < W)
+    t.shared(p * product_stride + (y * W + x).clamp(min=0), inside, 4)
+    t.store(2, n * osn + group * osg + tap // KW * oskh + tap % KW * oskw + p // OW * osh + p % OW * osw, gathers, es)
 
 
 def _wide_span_staging(t: _Tally, thread: Tensor, threads: int, group, taps: int, R: int, rows: int,
@@ -2302,12 +2400,13 @@ TRACES: dict[str, Callable[[_Tally, Tensor, Launch], None]] = {
     "involution_generated_mma_backward_generator": _generated_mma_backward_generator,
     "involution_generated_dense_window": _generated_dense_window,
     "involution_generated_dense_window_backward_input": functools.partial(_generated_dense_window, grad_input=True),
+    "involution_dense_window_backward_weight": _dense_window_backward_weight,
 }
 # Tiled kernels: a thread per grid thread (no grid-stride loop), its index block-major.
 TILED = {"involution_generated_tile", "involution_generated_mma", "involution_generated_mma_backward_input",
          "involution_generated_mma_backward_input_staged", "involution_generated_mma_staged",
          "involution_generated_mma_backward_generator", "involution_generated_dense_window",
-         "involution_generated_dense_window_backward_input"}
+         "involution_generated_dense_window_backward_input", "involution_dense_window_backward_weight"}
 
 
 def kernel_work(launch: Launch, gpu: GPU = H200, traced_warps: int = TRACED_WARPS) -> KernelWork:

@@ -43,6 +43,8 @@ VECTORS_SOURCE = "involution/csrc/cuda/involution_vectors.cu"
 SPAN_TILE_SOURCE = "involution/csrc/cuda/span_tile.cu"
 GENERATED_MMA_SOURCE = "involution/csrc/cuda/generated_mma.cu"
 LAST_SOURCE = "involution/csrc/cuda/involution_last.cu"
+# Small maps a block holds whole, each (sample, group) one tensor-core product (its section below).
+DENSE_WINDOW_SOURCE = "involution/csrc/cuda/dense_window.cu"
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,10 @@ class LaunchPolicy:
     ``grad_input_segments``: under ``lanes_on_channels``, a channels_last grad_input takes
     ``involution_last.cu``'s segment kernel where it serves the call (False: the chunked kernel
     at one vector a thread, as ``LAST_VECTOR_GRAD_INPUT``, which the kernel table times beside it
-    until a draw has chosen between them).
+    until a draw has chosen between them). ``dense_window``: a 16-bit grad_weight on a map that
+    ``dense_window.cu``'s grad_weight kernel holds (RedNet-50's last stage) goes to it (a
+    (sample, group) a block, the products on tensor cores); off until a draw has timed it beside
+    the kernels the op takes now (the kernel table's "dense window" column of the grad_weight rows).
     """
 
     kernel_sizes: tuple[int, ...]
@@ -81,6 +86,7 @@ class LaunchPolicy:
     vectors: bool = True
     lanes_on_channels: bool = False
     grad_input_segments: bool = True
+    dense_window: bool = False
 
     @classmethod
     def from_source(cls, source: KernelSource) -> LaunchPolicy:
@@ -348,6 +354,9 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
                                policy: Optional[LaunchPolicy] = None) -> Tensor:
     """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> out: grad_weight (N, G, KH, KW, Ho, Wo)."""
     launcher, policy = launcher or cupy_launcher(), policy or POLICY
+    if policy.dense_window and involution_dense_window_backward_weight(
+            grad_output, input, kernel_size, stride, padding, dilation, groups, out, launcher) is not None:
+        return out
     if policy.vectors and involution_vectors_backward_weight(grad_output, input, kernel_size, stride, padding, dilation,
                                                              groups, out, launcher) is not None:
         return out
@@ -601,9 +610,9 @@ def launch_involution_backward_input(grad_output, weight, input_size, stride, pa
     return involution_backward_input(grad_output, weight, input_size, stride, padding, dilation, out, launcher, policy)
 
 
-@cuda_dispatch("oplib::involution_backward_weight", (SOURCE, VECTORS_SOURCE, LAST_SOURCE),
+@cuda_dispatch("oplib::involution_backward_weight", (SOURCE, VECTORS_SOURCE, LAST_SOURCE, DENSE_WINDOW_SOURCE),
                ["involution_backward_weight", "involution_backward_weight_chunked", "involution_backward_weight_vectors",
-                "involution_backward_weight_last"])
+                "involution_backward_weight_last", "involution_dense_window_backward_weight"])
 def launch_involution_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups: int,
                                       launcher: Launcher, policy=None) -> Tensor:
     shape = (input.shape[0], groups, *kernel_size, *grad_output.shape[2:])
@@ -1342,7 +1351,6 @@ def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight:
 # involution_generated_dense_window): a (sample, group) a block, the window a dense matrix
 # ---------------------------------------------------------------------------------------
 
-DENSE_WINDOW_SOURCE = "involution/csrc/cuda/dense_window.cu"
 # float32 is declined: its products would be 3xTF32, not written yet; float64 has none.
 DENSE_WINDOW_DTYPES = GENERATED_MMA_DTYPES
 
@@ -1459,6 +1467,65 @@ def involution_generated_dense_window_backward_input(grad_output: Tensor, featur
                *grad_output.stride(), *out.stride(), *feature.stride())
     (launcher or cupy_launcher()).launch(source, "involution_generated_dense_window_backward_input", grad_output.dtype,
                                          config, (grad_output, feature, span_weight, bias, out, *scalars),
+                                         tuple("true" if flag else "false" for flag in (last, vectors)))
+    return out
+
+
+def dense_weight_shared_bytes(source: KernelSource, inputs: int, last: bool) -> int:
+    """``involution_dense_window_backward_weight``'s dynamic shared memory (its comment's
+    layout): the float products, the staged grad_output and input, the taps' and the pixels'
+    gather entries (4 words each), for a map of ``inputs`` input pixels."""
+    c = source.constants
+    q_steps = -(-inputs // 16)
+    products = c["DENSE_PIXELS"] * (16 * q_steps + 8)
+    if last:
+        staged = (c["DENSE_PIXELS"] + 16 * q_steps) * c["DENSE_CHANNEL_STRIDE"]
+    else:
+        staged = c["DENSE_CHANNELS"] * (c["DENSE_PIXEL_STRIDE"] + 8 * q_steps + 4)
+    return 4 * (products + staged + 4 * (c["DENSE_TAPS"] + c["DENSE_PIXELS"]))
+
+
+def dense_weight_config(source: KernelSource, dtype: torch.dtype, batch: int, groups: int, in_size, out_size,
+                        kernel_size, last: bool, dilation=(1, 1)) -> Optional[LaunchConfig]:
+    """``involution_dense_window_backward_weight``'s launch: a block of ``DENSE_WARPS`` warps per
+    (group, sample); None where it does not serve the call (what ``dense_window_config``
+    declines, R aside)."""
+    if dense_window_config(source, dtype, batch, groups, in_size, out_size, kernel_size, 1, last,
+                           dilation=dilation) is None:
+        return None
+    return LaunchConfig((groups, batch), (32, source.constants["DENSE_WARPS"]),
+                        dense_weight_shared_bytes(source, in_size[0] * in_size[1], last))
+
+
+def involution_dense_window_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding,
+                                            dilation, groups: int, out: Tensor,
+                                            launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+    """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> out: grad_weight (N, G, KH, KW, Ho, Wo),
+    written by ``dense_window.cu``'s grad_weight kernel (a (sample, group) a block, the products
+    of grad_output and the input on tensor cores, gathered at the taps) in out's own strides
+    (every operand of any strides); None, out untouched, where ``dense_weight_config`` declines
+    the call, a group has no channel, out's offsets within a (sample, group) pass an int (the
+    gather adds them in ints) or the GPU predates sm_80. The instantiation is the
+    input's layout's (channels_last or not) and, channels_last, whether both activations' rows
+    move as 16-byte vectors (``_vector_rows``)."""
+    source = load_source(DENSE_WINDOW_SOURCE)
+    n, channels, height, width = input.shape
+    out_size = tuple(grad_output.shape[2:])
+    last = is_channels_last(input)
+    config = dense_weight_config(source, input.dtype, n, groups, (height, width), out_size, kernel_size, last,
+                                 dilation=dilation)
+    reach = sum((size - 1) * abs(step) for size, step in zip(out.shape[2:], out.stride()[2:]))
+    if config is None or channels == 0 or reach >= 2**31 or (
+            input.is_cuda and torch.cuda.get_device_capability(input.device) < GENERATED_MMA_MIN_CAPABILITY):
+        return None
+    if out.numel() == 0:
+        return out
+    lanes = POLICY.lanes(input.dtype)
+    vectors = last and all(_vector_rows(t, lanes, channels // groups) for t in (grad_output, input))
+    scalars = (channels, height, width, groups, *kernel_size, *out_size, *stride, *padding, *dilation,
+               *grad_output.stride(), *input.stride(), *out.stride())
+    (launcher or cupy_launcher()).launch(source, "involution_dense_window_backward_weight", input.dtype, config,
+                                         (grad_output, input, out, *scalars),
                                          tuple("true" if flag else "false" for flag in (last, vectors)))
     return out
 

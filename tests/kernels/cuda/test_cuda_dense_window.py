@@ -308,9 +308,8 @@ CHANNELS_BARRIER = PlantedBug("channels-barrier",
                               "if (c0 > 0) __syncthreads();  // every warp is done with the previous channels\n",
                               "// every warp is done with the previous channels\n")
 # channels_last's B fragments: the second n-tile's channels and the second k-half's rows swapped.
-LAST_FRAGMENT = PlantedBug("last-fragment",
-                           "(16 * k + 8 * (i & 1) + (lane & 7)) * DENSE_CHANNEL_STRIDE + 4 * (i >> 1), reg);",
-                           "(16 * k + 8 * (i >> 1) + (lane & 7)) * DENSE_CHANNEL_STRIDE + 4 * (i & 1), reg);")
+LAST_FRAGMENT = PlantedBug("last-fragment", "(rows + (8 * (i & 1) + (lane & 7)) * stride + 4 * (i >> 1), reg);",
+                           "(rows + (8 * (i >> 1) + (lane & 7)) * stride + 4 * (i & 1), reg);")
 # NCHW's feature: a pixel pair's two values swapped; NCHW's input likewise.
 FEATURE_PAIR = PlantedBug("feature-pair", "staged_feature[r * DENSE_PIXEL_STRIDE + w] = low_value | high_value << 16;",
                           "staged_feature[r * DENSE_PIXEL_STRIDE + w] = high_value | low_value << 16;")

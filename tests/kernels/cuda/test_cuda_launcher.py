@@ -210,8 +210,9 @@ def test_a_launch_from_a_thread_with_no_cuda_context():
 
 def test_load_loads_every_source_a_dispatch_launches_from(monkeypatch):
     """``oplib.kernels.load("cuda")`` loads each source whose kernels an op's CUDA dispatch may
-    launch: the fused forward's tile and tensor-core sources, involution_vectors.cu and
-    involution_last.cu (grad_weight's, under the ``LAST`` policy) too. It
+    launch: the fused forward's tile and tensor-core sources, involution_vectors.cu,
+    involution_last.cu (grad_weight's, under the ``LAST`` policy) and dense_window.cu
+    (grad_weight's, under the ``dense_window`` policy) too. It
     loaded one source a dispatch before, so those compiled at their first call (inside a CUDA
     graph capture, say)."""
     loaded = []
@@ -219,7 +220,7 @@ def test_load_loads_every_source_a_dispatch_launches_from(monkeypatch):
     monkeypatch.setattr(cuda_launch, "cupy_launcher", lambda: fake)
     oplib.kernels.load("cuda:0")
     assert set(loaded) == {"involution.cu", "involution_generated.cu", "involution_vectors.cu", "span_tile.cu",
-                           "generated_mma.cu", "involution_last.cu"}
+                           "generated_mma.cu", "involution_last.cu", "dense_window.cu"}
     assert len(loaded) == len(set(loaded))
     launched_from = {kernel: source for source in map(load_source, cuda_sources())
                      for kernel in source.kernels}

@@ -1,8 +1,9 @@
 // involution_generated's forward on maps small enough that one block holds a (sample, group)
 // whole (float16, bfloat16): the weights generated on tensor cores, and their aggregation one
 // product on tensor cores as well, by the window written as a dense matrix; and its grad_input
-// the same way, the matrix transposed (involution_generated_dense_window_backward_input, at the
-// end of the file).
+// the same way, the matrix transposed (involution_generated_dense_window_backward_input, further
+// on); and involution's own grad_weight as one product of grad_output and the input, gathered
+// at the taps (involution_dense_window_backward_weight, at the end of the file).
 //
 //   out[n, c, i, j] = sum_{a, b} weight(n, g(c), a*KW + b, i, j) * input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
 //   weight(n, g, t, i, j) = bias[g*T + t] + sum_r span_weight[g*T + t, r] * feature[n, r, i, j]
@@ -177,18 +178,25 @@ __device__ __noinline__ void dense_direct_sums(const unsigned short* input, cons
     }
 }
 
-// B's two n-tiles of k-step k from staged [pixel][channel] rows of DENSE_CHANNEL_STRIDE words
-// (channels_last's staging): a row's channels are B's columns, so ldmatrix transposed, matrix i
-// the rows 16 k + 8 (i & 1) .., channels 8 (i >> 1) ...
-__device__ __forceinline__ void dense_load_rows_b(const unsigned int* staged, int k, OplibFragmentB& low,
-                                                  OplibFragmentB& high) {
+// B's two n-tiles of one k-step from 16 staged [k][n] rows (`stride` words apart) from `rows`,
+// whose words 0-3 are the first n-tile's 8 columns and words 4-7 the second's: ldmatrix
+// transposed, matrix i the rows 8 (i & 1) .., words 4 (i >> 1) ...
+__device__ __forceinline__ void dense_load_b_transposed(const unsigned int* rows, int stride, OplibFragmentB& low,
+                                                        OplibFragmentB& high) {
     const int lane = oplib_lane(), i = lane >> 3;
     unsigned int reg[4];
-    oplib_load_matrices<4, true>(staged + (16 * k + 8 * (i & 1) + (lane & 7)) * DENSE_CHANNEL_STRIDE + 4 * (i >> 1), reg);
+    oplib_load_matrices<4, true>(rows + (8 * (i & 1) + (lane & 7)) * stride + 4 * (i >> 1), reg);
     low.reg[0] = reg[0];
     low.reg[1] = reg[1];
     high.reg[0] = reg[2];
     high.reg[1] = reg[3];
+}
+
+// B's two n-tiles of k-step k from staged [pixel][channel] rows of DENSE_CHANNEL_STRIDE words
+// (channels_last's staging): a row's channels are B's columns.
+__device__ __forceinline__ void dense_load_rows_b(const unsigned int* staged, int k, OplibFragmentB& low,
+                                                  OplibFragmentB& high) {
+    dense_load_b_transposed(staged + 16 * k * DENSE_CHANNEL_STRIDE, DENSE_CHANNEL_STRIDE, low, high);
 }
 
 // The words of the generation's region, from the start of the shared memory: the larger of the
@@ -351,6 +359,18 @@ __device__ __forceinline__ bool dense_form_matrices(unsigned int* shared, unsign
     return oplib_warp_any(non_finite);
 }
 
+// The steps of 16 input pixels (row-major) that hold the input rows the windows of output pixels
+// first .. first + 15 reach: k_first .. k_end - 1 (none where they reach no row of the map).
+__device__ __forceinline__ void dense_reached_steps(int first, int pixels, int out_w, int stride_h, int pad_h,
+                                                    int kernel_h, int dilation_h, int height, int width, int& k_first,
+                                                    int& k_end) {
+    const int last = (first + 15 < pixels ? first + 15 : pixels - 1) / out_w;
+    const int top = first / out_w * stride_h - pad_h, bottom = last * stride_h - pad_h + (kernel_h - 1) * dilation_h;
+    const int y_first = top > 0 ? top : 0, y_end = bottom < height ? bottom + 1 : height;
+    k_first = y_first < y_end ? y_first * width / 16 : 0;
+    k_end = y_first < y_end ? (y_end * width + 15) / 16 : 0;
+}
+
 // VECTORS (the host's dense_window_vectors): the span rows, and in channels_last the feature's
 // and the input's rows, move as 16-byte vectors. A template argument, not a runtime one: each
 // instantiation then holds one way of staging (the runtime flags kept both in the code).
@@ -393,16 +413,8 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
         const unsigned short* group_bias = reinterpret_cast<const unsigned short*>(bias) + (index_t)group * taps;
         // The k-steps of the input rows the warp's windows reach (the matrix's other columns are
         // zeros in its rows: at stride 2 on RedNet-50's 14 x 14 input, about half of them)
-        int k_first = 0, k_end = 0;
-        {
-            const int last = (first + 15 < pixels ? first + 15 : pixels - 1) / out_w;
-            const int top = first / out_w * stride_h - pad_h, bottom = last * stride_h - pad_h + (kernel_h - 1) * dilation_h;
-            const int y_first = top > 0 ? top : 0, y_end = bottom < height ? bottom + 1 : height;
-            if (y_first < y_end) {
-                k_first = y_first * width / 16;
-                k_end = (y_end * width + 15) / 16;
-            }
-        }
+        int k_first, k_end;
+        dense_reached_steps(first, pixels, out_w, stride_h, pad_h, kernel_h, dilation_h, height, width, k_first, k_end);
         __syncthreads();  // the dense matrices are written
 
         // 3. Per DENSE_CHANNELS of the group's channels: the input staged, both products, the outputs.
@@ -606,6 +618,175 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
                         if (c < group_channels) at[c * out_c] = Element<half_t>::store(sums[v >> 1].value[2 * h + (v & 1)]);
                     }
                 }
+            }
+        }
+    }
+#endif
+}
+
+// A lane's two adjacent float sums of the grad_weight kernel's products, stored at once (st.shared.v2).
+struct alignas(8) DenseSumPair {
+    float value[2];
+};
+
+// What the grad_weight kernel's gather adds up for a tap and a pixel, read at once (ld.shared.v4):
+// a tap's row and column offsets, its out offset (a * out_kh + b * out_kw) and its place in a
+// products row (dy * W + dx); a pixel's window's first row and column, its out offset
+// (i * out_hs + j * out_ws) and its window's place in the products (its row's first, plus
+// top * W + left). The host declines an out whose offsets within a (sample, group) pass an int.
+struct alignas(16) DenseGatherEntry {
+    int value[4];
+};
+
+constexpr int DENSE_GATHER_LANES = 64;  // lanes along the gather's inner index: a pixel or a tap each
+static_assert(DENSE_GATHER_LANES >= DENSE_PIXELS && DENSE_GATHER_LANES >= DENSE_TAPS &&
+                  DENSE_THREADS % DENSE_GATHER_LANES == 0 && DENSE_GATHER_LANES % 32 == 0,
+              "a lane every pixel or tap; a warp's lanes on one outer index");
+
+// involution's grad_weight (involution_backward_weight) on the same maps, float16 and bfloat16:
+//   grad_weight[n, g, a, b, i, j] = sum over the group's channels c of grad_output[n, c, i, j] *
+//                                   input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
+// (0 at a tap in the padding), which is the product of the group's grad_output and input
+// gathered at the taps:
+//   products[p, q] = sum_c grad_output[p, c] * input[q, c]         (P x channels) (channels x Q)
+//   grad_weight[t, p] = products[p, q(p, t)]
+// Every term of a gathered sum is one of the direct sum's (the tiles' zeros, past the map and the
+// group's channels, meet zeros or land in sums no tap reads), so infs and nans land where the
+// direct sum puts them with no check; a tap in the padding is 0, as the op's other CUDA kernels
+// make it (they skip it). The products are exact in float (16-bit values), the sums in float.
+//
+// grad_output: (N, C, Ho, Wo), input: (N, C, H, W) of any strides, out: (N, G, KH, KW, Ho, Wo) of
+// any strides. The host sends a call here on what the forward's kernel would hold: P <= DENSE_PIXELS,
+// 1 <= Q <= DENSE_INPUTS, T <= DENSE_TAPS, taps' offsets in 16 bits. A block takes one (sample,
+// group) (grid: groups x samples), warp w the output pixels 16 w .. 16 w + 15 (an m-tile). Per
+// DENSE_CHANNELS of the group's channels the block stages grad_output and the input (zeros past
+// the maps and the channels); each warp multiplies its pixels' grad_output (A, one k-step) by the
+// input's n-tiles in the rows its windows reach, adding the sums in float into its rows of the
+// products. Then the block gathers, a lane a pixel (or a tap, along out's smaller stride of the
+// two) and two taps (pixels) a turn, and stores each. No atomics, every sum in a fixed order:
+// deterministic.
+//
+// Dynamic shared memory, 32-bit words (the host's dense_weight_shared_bytes), with k_q = Q rounded
+// up to 16:
+//   products   DENSE_PIXELS x (k_q + 8) floats        [pixel][input pixel] (a fragment's float2
+//                                                   stores: 4 rows of 8 floats 8 banks apart)
+//   staged grad_output  LAST: DENSE_PIXELS x DENSE_CHANNEL_STRIDE   [pixel][channel]
+//                       else: DENSE_CHANNELS x DENSE_PIXEL_STRIDE   [channel][pixel]
+//   staged input        LAST: k_q x DENSE_CHANNEL_STRIDE            [input pixel][channel]
+//                       else: DENSE_CHANNELS x (k_q / 2 + 4)        [channel][input pixel]
+//   taps       4 x DENSE_TAPS                       a tap's DenseGatherEntry
+//   pixels     4 x DENSE_PIXELS                     a pixel's DenseGatherEntry
+//
+// oplib-instantiate: involution_dense_window_backward_weight
+//
+// Block (32, DENSE_WARPS); grid (groups, N).
+template <typename scalar_t, bool LAST, bool VECTORS>
+__global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_backward_weight(
+    const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, scalar_t* __restrict__ out,
+    int channels, int height, int width, int groups, int kernel_h, int kernel_w, int out_h, int out_w, int stride_h,
+    int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, index_t grad_n, index_t grad_c,
+    index_t grad_h, index_t grad_w, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
+    index_t out_n, index_t out_g, index_t out_kh, index_t out_kw, index_t out_hs, index_t out_ws) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    if constexpr (sizeof(scalar_t) == 2) {
+        typedef scalar_t half_t;
+        const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
+        const int row = lane >> 2, quad = lane & 3;  // a fragment's row (pixel) and column pair
+        const int taps = kernel_h * kernel_w, pixels = out_h * out_w, inputs = height * width;
+        const int group_channels = channels / groups, group = blockIdx.x, first = 16 * warp;
+        const index_t n = blockIdx.y;
+        const int q_steps = (inputs + 15) / 16, product_stride = 16 * q_steps + 8, input_stride = 8 * q_steps + 4;
+        OPLIB_DYNAMIC_SHARED(unsigned int, shared);
+        float* products = reinterpret_cast<float*>(shared);
+        unsigned int* staged_grad = shared + DENSE_PIXELS * product_stride;
+        unsigned int* staged_input =
+            staged_grad + (LAST ? DENSE_PIXELS * DENSE_CHANNEL_STRIDE : DENSE_CHANNELS * DENSE_PIXEL_STRIDE);
+        DenseGatherEntry* tap_entries = reinterpret_cast<DenseGatherEntry*>(
+            staged_input + (LAST ? 16 * q_steps * DENSE_CHANNEL_STRIDE : DENSE_CHANNELS * input_stride));
+        DenseGatherEntry* pixel_entries = tap_entries + DENSE_TAPS;
+        // formed once, so that the gather divides and multiplies nothing
+        if (thread < taps) {
+            const int a = thread / kernel_w, b = thread % kernel_w, dy = a * dilation_h, dx = b * dilation_w;
+            tap_entries[thread] = {{dy, dx, a * (int)out_kh + b * (int)out_kw, dy * width + dx}};
+        }
+        if (thread < pixels) {
+            const int i = thread / out_w, j = thread % out_w, top = i * stride_h - pad_h, left = j * stride_w - pad_w;
+            pixel_entries[thread] = {{top, left, i * (int)out_hs + j * (int)out_ws, thread * product_stride + top * width + left}};
+        }
+        int k_first, k_end;
+        dense_reached_steps(first, pixels, out_w, stride_h, pad_h, kernel_h, dilation_h, height, width, k_first, k_end);
+        if (first >= pixels) k_end = k_first;
+        const unsigned short* grad_bits =
+            reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n + (index_t)group * group_channels * grad_c;
+        const unsigned short* input_bits =
+            reinterpret_cast<const unsigned short*>(input) + n * input_n + (index_t)group * group_channels * input_c;
+        float* low_row = products + (first + row) * product_stride + 2 * quad;  // the lane's C values' places
+        float* high_row = low_row + 8 * product_stride;
+
+        for (int c0 = 0; c0 < group_channels; c0 += DENSE_CHANNELS) {
+            if (c0 > 0) __syncthreads();  // every warp is done with the previous channels' staging
+            if constexpr (LAST) {
+                dense_stage_rows<VECTORS>(staged_grad, DENSE_CHANNEL_STRIDE, DENSE_PIXELS, pixels, DENSE_CHANNELS / 2,
+                                          grad_bits + c0 * grad_c, out_w, grad_h, grad_w, grad_c, group_channels - c0);
+                dense_stage_rows<VECTORS>(staged_input, DENSE_CHANNEL_STRIDE, 16 * q_steps, inputs, DENSE_CHANNELS / 2,
+                                          input_bits + c0 * input_c, width, input_h, input_w, input_c,
+                                          group_channels - c0);
+            } else {
+                dense_stage_planes(staged_grad, DENSE_PIXEL_STRIDE, DENSE_PIXELS / 2, grad_bits + c0 * grad_c, grad_c,
+                                   group_channels - c0, out_w, grad_h, grad_w, pixels);
+                dense_stage_planes(staged_input, input_stride, 8 * q_steps, input_bits + c0 * input_c, input_c,
+                                   group_channels - c0, width, input_h, input_w, inputs);
+            }
+            __syncthreads();  // the channels are staged
+            if (k_first >= k_end) continue;
+            const OplibFragmentA a =
+                LAST ? oplib_load_fragment_a(staged_grad + first * DENSE_CHANNEL_STRIDE, DENSE_CHANNEL_STRIDE)
+                     : oplib_load_fragment_a_transposed(staged_grad + first / 2, DENSE_PIXEL_STRIDE);
+            for (int k = k_first; k < k_end; ++k) {
+                OplibFragmentB low, high;
+                if constexpr (LAST) {
+                    oplib_load_fragments_b(staged_input + 16 * k * DENSE_CHANNEL_STRIDE, DENSE_CHANNEL_STRIDE,
+                                           8 * DENSE_CHANNEL_STRIDE, low, high);
+                } else {
+                    dense_load_b_transposed(staged_input + 8 * k, input_stride, low, high);
+                }
+                OplibFragmentC sums[2] = {};
+                oplib_mma<half_t>(sums[0], a, low);
+                oplib_mma<half_t>(sums[1], a, high);
+#pragma unroll
+                for (int h = 0; h < 4; ++h) {  // n-tile h & 1's values of pixel row + 8 (h >> 1)
+                    DenseSumPair* at = reinterpret_cast<DenseSumPair*>((h >> 1 ? high_row : low_row) + 16 * k + 8 * (h & 1));
+                    DenseSumPair sum = {{sums[h & 1].value[2 * (h >> 1)], sums[h & 1].value[2 * (h >> 1) + 1]}};
+                    if (c0 > 0) {  // the lane's own places: no other lane reads or writes them before the gather
+                        const DenseSumPair before = *at;
+                        sum.value[0] = oplib_add(before.value[0], sum.value[0]);
+                        sum.value[1] = oplib_add(before.value[1], sum.value[1]);
+                    }
+                    *at = sum;
+                }
+            }
+        }
+        __syncthreads();  // the products are summed
+
+        // The gather: a lane along the inner index (pixels where out's stride along them is the
+        // smaller, its NCHW layout; taps where it is not, pixel-major), its entry read once; two
+        // outer indices a turn, a warp's lanes on one (its entry a broadcast).
+        const bool pixels_inner = out_ws <= out_kw;
+        const int inner = pixels_inner ? pixels : taps, outer = pixels_inner ? taps : pixels;
+        const int index = thread % DENSE_GATHER_LANES;
+        if (index < inner) {
+            const DenseGatherEntry mine = (pixels_inner ? pixel_entries : tap_entries)[index];
+            const DenseGatherEntry* others = pixels_inner ? tap_entries : pixel_entries;
+            half_t* out_block = out + n * out_n + (index_t)group * out_g;
+            for (int other_index = thread / DENSE_GATHER_LANES; other_index < outer;
+                 other_index += DENSE_THREADS / DENSE_GATHER_LANES) {
+                const DenseGatherEntry other = others[other_index];
+                const DenseGatherEntry& pixel = pixels_inner ? mine : other;
+                const DenseGatherEntry& tap = pixels_inner ? other : mine;
+                const int y = pixel.value[0] + tap.value[0], x = pixel.value[1] + tap.value[1];
+                const bool inside = (unsigned int)y < (unsigned int)height && (unsigned int)x < (unsigned int)width;
+                const float value = inside ? products[pixel.value[3] + tap.value[3]] : 0.0f;
+                out_block[pixel.value[2] + tap.value[2]] = Element<half_t>::store(value);
             }
         }
     }

@@ -1,0 +1,373 @@
+"""dense_window.cu's involution_dense_window_backward_weight (involution's grad_weight on maps a
+block holds whole: a (sample, group) a block, the products of grad_output and the input on
+tensor cores, gathered at the taps) on the host emulation: against the float64 reference on the
+registry's samples, small maps of every kind and random geometries, in float16 and bfloat16,
+both layouts and every thread order; the same bits whatever the layout and the order; inf and
+nan where the op's other CUDA kernels put them; the op's dispatch under the ``dense_window``
+policy; under AddressSanitizer; and planted bugs that each check must catch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from oplib import registry
+from oplib.kernels import KernelSource
+from oplib.kernels.involution import cuda as involution_cuda
+from oplib.kernels.involution.layouts import is_channels_last, weight_result
+from oplib.testing.cuda_emulation import INTERLEAVED, ORDERS, EmulatedLauncher
+from oplib.testing.toolchain import require_host_compiler
+
+from cuda_test_helpers import _planted, assert_asan_catches, assert_clean_under_asan, random_samples
+from test_cuda_dense_window import DENSE_CASES, FAR_TAP, LAST_FRAGMENT, _random_small_cases, _strided
+from test_cuda_generated_mma import PlantedBug, check_against_reference
+from test_cuda_generated_mma_grad_input import _caught
+
+WEIGHT = registry.get("involution_backward_weight")
+DTYPES = involution_cuda.DENSE_WINDOW_DTYPES
+DENSE_POLICY = dataclasses.replace(involution_cuda.POLICY, dense_window=True)
+
+
+def _source() -> KernelSource:
+    return involution_cuda.load_source(involution_cuda.DENSE_WINDOW_SOURCE)
+
+
+def weight_arguments(forward_args: tuple, groups: int) -> tuple:
+    """involution_backward_weight's arguments for a generated forward call's (a TileCase's): a
+    grad_output of the output's size in the input's layout (a seeded draw, the same values each
+    time), the input, the window and ``groups``."""
+    input, feature, _span_weight, _span_bias, kernel_size, stride, padding, dilation = forward_args
+    generator = torch.Generator().manual_seed(input.numel() + feature.numel() + 1)
+    grad = torch.randn(input.shape[0], input.shape[1], *feature.shape[2:], dtype=torch.float64, generator=generator)
+    last = input.stride(1) == 1 and input.shape[1] > 1
+    grad = grad.to(input.device, input.dtype).contiguous(memory_format=torch.channels_last if last
+                                                         else torch.contiguous_format)
+    return (grad, input, kernel_size, stride, padding, dilation, groups)
+
+
+def _case_arguments(case, dtype) -> tuple:
+    return weight_arguments(case.arguments(dtype), case.groups)
+
+
+def _result(args: tuple, launcher, _unused=None):
+    grad, input, kernel_size, stride, padding, dilation, groups = args
+    out = weight_result(grad, (input.shape[0], groups, *kernel_size, *grad.shape[2:]), is_channels_last(input))
+    return involution_cuda.involution_dense_window_backward_weight(*args, out, launcher), out
+
+
+def _check(args: tuple, launcher, name: str) -> bool:
+    """The kernel's grad_weight against the op's float64 reference; False where it declines."""
+    return check_against_reference(WEIGHT, _result, args, launcher, name)
+
+
+def _declines_only_what_it_cannot_hold(args: tuple) -> bool:
+    """A dtype without the tensor-core product, a map or a window past the kernel's limits, no channel."""
+    c = _source().constants
+    (height, width), (out_h, out_w) = args[1].shape[2:], args[0].shape[2:]
+    return (args[0].dtype not in DTYPES or out_h * out_w > c["DENSE_PIXELS"] or not 1 <= height * width <= c["DENSE_INPUTS"]
+            or args[2][0] * args[2][1] > c["DENSE_TAPS"] or args[1].shape[1] == 0)
+
+
+@pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration)
+                                                for o in (*ORDERS[1:], INTERLEAVED))])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.integration)],
+                         ids=str)
+def test_dense_weight_matches_the_reference(dtype, order):
+    """The registry's samples (channels_last and transposed operands, odd sizes, rectangular
+    windows, strides, dilations, an empty batch: it declines those past its limits), the small
+    maps of the dense window's tests in both layouts (three channel passes of a group among
+    them), and operands in views whose rows are not contiguous."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    served = 0
+    for sample in WEIGHT.sample_inputs("cpu", dtype, False):
+        if _check(sample.args, launcher, sample.name):
+            served += 1
+        else:
+            assert _declines_only_what_it_cannot_hold(sample.args), sample.name
+    assert served >= 3
+    for case in DENSE_CASES:
+        for channels_last in (False, True):
+            assert _check(_case_arguments(case._replace(channels_last=channels_last), dtype), launcher,
+                          f"{case.name}-{channels_last}")
+    for case in DENSE_CASES[:2]:
+        args = _case_arguments(case._replace(channels_last=True), dtype)
+        for aligned in (False, True):
+            strided = _strided((args[1], args[0]), aligned=aligned)  # (views of the input and grad_output)
+            assert _check((strided[1], strided[0], *args[2:]), launcher, f"{case.name}-strided-{aligned}")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dense_weight_matches_the_reference_on_random_geometries(dtype, order):
+    """The spec's random geometries (it declines those past its limits), then random small maps
+    it serves: windows of 1-7 rows and columns, strides 1-3, dilations 1-2, group channels that
+    are and are not multiples of the 16-channel pass, either layout."""
+    require_host_compiler()
+    launcher = EmulatedLauncher(order=order)
+    for index, sample in enumerate(random_samples(WEIGHT, dtype, 16, seed=307 + DTYPES.index(dtype))):
+        if not _check(sample.args, launcher, f"random-{index}"):
+            assert _declines_only_what_it_cannot_hold(sample.args), index
+    for case in _random_small_cases(24, seed=311 + DTYPES.index(dtype)):
+        assert _check(_case_arguments(case, dtype), launcher, case.name), case.name
+
+
+def test_every_layout_and_order_gives_the_same_bits():
+    """Each weight's sum takes the group's channels in 16-channel passes, in order, whatever the
+    layout the operands are staged in and the threads' order: one result (and the output's
+    layout, pixel-major for a channels_last input, changes only where it is stored)."""
+    require_host_compiler()
+    for case in DENSE_CASES[:3]:
+        args = _case_arguments(case, torch.bfloat16)
+        results = []
+        for channels_last in (False, True):
+            memory_format = torch.channels_last if channels_last else torch.contiguous_format
+            laid = (args[0].contiguous(memory_format=memory_format), args[1].contiguous(memory_format=memory_format),
+                    *args[2:])
+            results += [_result(laid, EmulatedLauncher(order=order))[1].contiguous() for order in ORDERS]
+        assert all(torch.equal(results[0], r) for r in results[1:]), case.name
+
+
+def test_dense_weight_declines_what_it_does_not_serve():
+    """What the dense window's forward declines (R aside): float32 and float64, more output pixels
+    than DENSE_PIXELS, no input pixel or more than DENSE_INPUTS, more taps than DENSE_TAPS, a
+    tap's offset past 16 bits; a group of no channel, an out whose offsets within a (sample,
+    group) pass an int: None, out untouched. RedNet-50's last
+    stage at batch 32 (7 x 7 maps out of 7 x 7 and 14 x 14, 32 groups): a block a (group, sample),
+    four an SM of the H200 at stride 1 and three at stride 2."""
+    from oplib.testing import device_model
+
+    source, config = _source(), involution_cuda.dense_weight_config
+    for size, blocks in ((7, 4), (14, 3)):
+        for last in (False, True):
+            chosen = config(source, torch.bfloat16, 32, 32, (size, size), (7, 7), (7, 7), last)
+            assert chosen.grid == (32, 32, 1) and chosen.block == (32, 4, 1), (size, last)
+            assert device_model.resident_blocks(128, 128, chosen.shared_bytes, device_model.H200) >= blocks, (size, last)
+    assert config(source, torch.bfloat16, 2, 4, (16, 16), (8, 8), (7, 7), True) is not None
+    assert config(source, torch.bfloat16, 2, 4, (16, 18), (8, 9), (7, 7), True) is None  # 72 output pixels
+    assert config(source, torch.bfloat16, 2, 4, (17, 16), (6, 6), (7, 7), True) is None  # 272 input pixels
+    assert config(source, torch.bfloat16, 2, 4, (8, 8), (8, 8), (9, 9), True) is None  # 81 taps
+    assert config(source, torch.bfloat16, 2, 4, (7, 0), (7, 2), (1, 3), True) is None  # no input pixel
+    assert config(source, torch.bfloat16, 2, 4, (7, 7), (7, 7), (7, 7), True, dilation=(1, 10923)) is None
+    assert config(source, torch.bfloat16, 65536, 4, (7, 7), (7, 7), (7, 7), True) is None
+    for dtype in (torch.float32, torch.float64):
+        assert config(source, dtype, 2, 4, (7, 7), (7, 7), (7, 7), True) is None
+    for args in (_case_arguments(FAR_TAP, torch.bfloat16), _case_arguments(DENSE_CASES[0], torch.float64),
+                 (torch.zeros(1, 0, 7, 7, dtype=torch.bfloat16), torch.zeros(1, 0, 7, 7, dtype=torch.bfloat16),
+                  [7, 7], [1, 1], [3, 3], [1, 1], 2)):
+        grad, input, kernel_size, *_, groups = args
+        out = torch.full((input.shape[0], groups, *kernel_size, *grad.shape[2:]), 7.0, dtype=grad.dtype)
+        assert involution_cuda.involution_dense_window_backward_weight(*args, out, EmulatedLauncher()) is None
+        assert bool((out == 7).all())
+    # an out whose offsets within a (sample, group) pass an int (the gather adds them in ints)
+    args = _case_arguments(DENSE_CASES[0]._replace(batch=0), torch.bfloat16)
+    far = torch.empty_strided((0, 2, 7, 7, 7, 7), (1, 1, 2**30, 1, 1, 1), dtype=torch.bfloat16)
+    assert involution_cuda.involution_dense_window_backward_weight(*args, far, EmulatedLauncher()) is None
+
+
+def test_the_staging_takes_vectors_only_where_both_activations_rows_are_aligned():
+    """VECTORS in channels_last where grad_output's and the input's rows move as 16-byte vectors
+    (a group's channels a multiple of 8, every pixel's first aligned); not for NCHW, a view from
+    an odd column, 12 channels a group."""
+    from oplib.testing.device_model import RecordingLauncher
+
+    def specialisation(args) -> tuple:
+        launcher = RecordingLauncher()
+        _result(args, launcher)
+        return launcher.launches[0].specialisation
+
+    args = _case_arguments(DENSE_CASES[0], torch.bfloat16)  # channels_last, 16 channels a group
+    assert specialisation(args) == ("true", "true")
+    assert specialisation(_case_arguments(DENSE_CASES[0]._replace(channels_last=False), torch.bfloat16)) == ("false", "false")
+    strided = _strided((args[1], args[0]))
+    assert specialisation((strided[1], strided[0], *args[2:])) == ("false", "false")  # (views: not channels_last)
+    strided = _strided((args[1], args[0]), feature_only=True)  # grad_output a view from an odd column
+    assert specialisation((strided[1], args[1], *args[2:])) == ("true", "false")
+    assert specialisation(_case_arguments(DENSE_CASES[0]._replace(channels=24), torch.bfloat16)) == ("true", "false")
+
+
+def test_the_op_takes_it_under_the_dense_window_policy_only():
+    """involution_backward_weight's CUDA dispatch launches it under ``dense_window`` where it
+    serves the call (and its result is the kernel's), and never under the default policy."""
+    from oplib.testing.device_model import RecordingLauncher
+
+    for case in DENSE_CASES[:2]:
+        args = _case_arguments(case, torch.bfloat16)
+        kernels = {}
+        for name, policy in (("default", involution_cuda.POLICY), ("dense", DENSE_POLICY)):
+            launcher = RecordingLauncher()
+            involution_cuda.launch_involution_backward_weight(*args, launcher, policy)
+            kernels[name] = [launch.kernel for launch in launcher.launches]
+        assert kernels["dense"] == ["involution_dense_window_backward_weight"], case.name
+        assert "involution_dense_window_backward_weight" not in kernels["default"], case.name
+    require_host_compiler()
+    args = _case_arguments(DENSE_CASES[1], torch.bfloat16)
+    out = involution_cuda.launch_involution_backward_weight(*args, EmulatedLauncher(), DENSE_POLICY)
+    assert torch.equal(out, _result(args, EmulatedLauncher())[1])
+    args = _case_arguments(DENSE_CASES[0], torch.float32)  # float32: the op's own kernels
+    launcher = RecordingLauncher()
+    involution_cuda.launch_involution_backward_weight(*args, launcher, DENSE_POLICY)
+    assert "involution_dense_window_backward_weight" not in [launch.kernel for launch in launcher.launches]
+
+
+# inf and nan in grad_output or the input: at an inner pixel, a corner, the edge.
+NON_FINITE_PLACES = {
+    "grad_output interior": (0, (0, 17, 3, 4)),
+    "grad_output corner": (0, (0, 1, 0, 0)),
+    "input interior": (1, (0, 17, 5, 6)),
+    "input right edge": (1, (1, 30, 6, 13)),
+}
+
+
+def _assert_non_finite_as_the_op(args: tuple, launcher, name: str) -> None:
+    """inf and nan at exactly the places of the op's CUDA kernels under the default policy (a tap
+    in the padding skipped: 0 there, where torch's unfold would make inf times 0 a nan), finite
+    values within the op's tolerance of theirs."""
+    result, out = _result(args, launcher)
+    assert result is out, name
+    expected = involution_cuda.launch_involution_backward_weight(*args, EmulatedLauncher(), involution_cuda.POLICY)
+    assert not expected.isfinite().all(), name
+    assert torch.equal(out.isnan(), expected.isnan()), f"{name}: nan at other places"
+    assert torch.equal(out.isinf(), expected.isinf()), f"{name}: inf at other places"
+    finite = expected.isfinite()
+    atol, rtol = WEIGHT.tolerance(out.dtype)
+    torch.testing.assert_close(out.double()[finite], expected.double()[finite], atol=atol, rtol=rtol,
+                               msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("value", [float("inf"), pytest.param(float("nan"), marks=pytest.mark.integration)])
+def test_non_finite_values_land_where_the_op_puts_them(value):
+    """Every term of a gathered sum is one of the direct sum's: the tiles' zeros meet only zeros,
+    so no nan appears where the op's other kernels make none. Strides 1 and 2, both layouts."""
+    require_host_compiler()
+    launcher = EmulatedLauncher()
+    for case in DENSE_CASES[:2]:
+        for channels_last in (False, True):
+            args = _case_arguments(case._replace(channels_last=channels_last), torch.bfloat16)
+            for place, (position, index) in NON_FINITE_PLACES.items():
+                changed = list(args)
+                changed[position] = args[position].clone()
+                changed[position][tuple(min(i, s - 1) for i, s in zip(index, args[position].shape))] = value
+                _assert_non_finite_as_the_op(tuple(changed), launcher, f"{case.name}-{channels_last}-{place}")
+
+
+# ---------------------------------------------------------------------------------------
+# Planted bugs
+# ---------------------------------------------------------------------------------------
+
+def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
+    planted = _planted(tmp_path, involution_cuda.DENSE_WINDOW_SOURCE, bug.text, bug.bug)
+    monkeypatch.setattr(involution_cuda, "load_source", lambda filename: planted)
+    return planted
+
+
+# A pass's sums stored over the earlier passes' instead of added to them.
+PASSES_ADDED = PlantedBug("passes-added", "if (c0 > 0) {  // the lane's own places", "if (c0 < 0) {  // the lane's own places")
+# The next pass staged while warps still multiply the previous one.
+PASS_BARRIER = PlantedBug("pass-barrier", "if (c0 > 0) __syncthreads();  // every warp is done with the previous channels' staging",
+                          "// every warp is done with the previous channels' staging")
+# The products read before every warp has summed them.
+PRODUCTS_BARRIER = PlantedBug("products-barrier", "__syncthreads();  // the products are summed", "// the products are summed")
+# The last step of input pixels a warp's windows reach left out.
+LAST_STEP = PlantedBug("last-step", "    k_end = y_first < y_end ? (y_end * width + 15) / 16 : 0;",
+                       "    k_end = y_first < y_end ? (y_end * width + 15) / 16 - 1 : 0;")
+# A tap's row offset without its dilation.
+TAP_DILATION = PlantedBug("tap-dilation", "dy = a * dilation_h, dx = b * dilation_w;", "dy = a, dx = b * dilation_w;")
+# A pixel's out offset with its row and column swapped (square maps: in bounds).
+PIXEL_OUT = PlantedBug("pixel-out", "i * (int)out_hs + j * (int)out_ws", "j * (int)out_hs + i * (int)out_ws")
+# The transposed B fragments' k rows and n-tile words swapped (here NCHW's staged input; the
+# forward's channels_last input shares the loader).
+B_TRANSPOSED = LAST_FRAGMENT
+# NCHW's grad_output: A from the staged planes untransposed.
+A_NCHW = PlantedBug("a-nchw", ": oplib_load_fragment_a_transposed(staged_grad + first / 2, DENSE_PIXEL_STRIDE);",
+                    ": oplib_load_fragment_a(staged_grad + first / 2, DENSE_PIXEL_STRIDE);")
+
+STRIDE_CASES = (DENSE_CASES[0], DENSE_CASES[1], DENSE_CASES[1]._replace(channels_last=True))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("bug, cases", [
+    (PASSES_ADDED, DENSE_CASES[2:3]), (PASS_BARRIER, DENSE_CASES[2:3]), (PRODUCTS_BARRIER, STRIDE_CASES),
+    (LAST_STEP, STRIDE_CASES), (TAP_DILATION, DENSE_CASES[4:5]), (PIXEL_OUT, STRIDE_CASES),
+    (B_TRANSPOSED, DENSE_CASES[1:3]), (A_NCHW, DENSE_CASES[1:3])], ids=lambda b: getattr(b, "name", ""))
+def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
+    """In every thread order (a race in one of them at least)."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, bug)
+    for case in cases:
+        caught = [_caught(lambda: _check(_case_arguments(case, torch.bfloat16), EmulatedLauncher(order=order),
+                                         f"{bug.name}-{order}"))
+                  for order in ORDERS]
+        races = bug in (PASS_BARRIER, PRODUCTS_BARRIER)
+        assert any(caught) if races else all(caught), (case.name, caught)
+
+
+_RUN_SAMPLES = """
+import torch
+from oplib.testing.cuda_emulation import EmulatedLauncher
+from test_cuda_dense_window import DENSE_CASES, _random_small_cases
+from test_cuda_dense_window_weight import DTYPES, WEIGHT, _case_arguments, _check, _result
+launcher = EmulatedLauncher(sanitize=True)
+for dtype in DTYPES:
+    for sample in WEIGHT.sample_inputs("cpu", dtype, False):
+        _check(sample.args, launcher, sample.name)
+    for case in DENSE_CASES:
+        for last in (False, True):
+            _check(_case_arguments(case._replace(channels_last=last), dtype), launcher, case.name)
+    for case in _random_small_cases(8, seed=5):
+        _check(_case_arguments(case, dtype), launcher, case.name)
+    args = list(_case_arguments(DENSE_CASES[1], dtype))
+    args[0] = args[0].clone()
+    args[0][0, 3, 4, 4] = float("nan")
+    _result(tuple(args), launcher)
+print("clean:", len(launcher.launches), "launches")
+"""
+
+
+@pytest.mark.integration
+def test_dense_weight_is_clean_under_address_sanitizer():
+    """The samples, the small maps, random ones and a nan: no access outside the tensors or the
+    dynamic shared memory (the host's size of it is the kernel's layout)."""
+    require_host_compiler()
+    assert_clean_under_asan(_RUN_SAMPLES)
+
+
+# The pixels' gather entries past the dynamic shared memory's end.
+PIXELS_OVERRUN = PlantedBug("pixels-past-the-end", "DenseGatherEntry* pixel_entries = tap_entries + DENSE_TAPS;",
+                            "DenseGatherEntry* pixel_entries = tap_entries + DENSE_TAPS + DENSE_PIXELS;")
+
+
+@pytest.mark.integration
+def test_address_sanitizer_catches_the_pixels_past_the_end(tmp_path):
+    require_host_compiler()
+    planted = _planted(tmp_path, involution_cuda.DENSE_WINDOW_SOURCE, PIXELS_OVERRUN.text, PIXELS_OVERRUN.bug)
+    assert_asan_catches(planted, """
+        x = torch.randn(1, 16, 8, 8).bfloat16().contiguous(memory_format=torch.channels_last)
+        g = torch.randn(1, 16, 8, 8).bfloat16().contiguous(memory_format=torch.channels_last)
+        ops.involution_dense_window_backward_weight(g, x, [7, 7], [1, 1], [3, 3], [1, 1], 1,
+                                                    torch.empty(1, 1, 7, 7, 8, 8).bfloat16(), launcher)
+    """)
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dense_weight_on_a_gpu_matches_the_reference(dtype):
+    """CuPy's launch, mma.sync and all: the samples, the small maps in both layouts, random
+    ones, and an inf where the op's kernels put it."""
+    samples = [(s.args, s.name) for s in WEIGHT.sample_inputs("cpu", dtype, False)]
+    samples += [(_case_arguments(c._replace(channels_last=last), dtype), c.name) for c in DENSE_CASES for last in (False, True)]
+    samples += [(_case_arguments(c, dtype), c.name) for c in _random_small_cases(12, seed=7)]
+    for args, name in samples:
+        args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+        if not _check(args, None, name):
+            assert _declines_only_what_it_cannot_hold(args), name
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in _case_arguments(DENSE_CASES[0], dtype)]
+    args[0] = args[0].clone()
+    args[0][0, 17, 5, 6] = float("inf")
+    out = _result(tuple(args), None)[1]
+    expected = involution_cuda.launch_involution_backward_weight(*args, involution_cuda.cupy_launcher(),
+                                                                 involution_cuda.POLICY)
+    assert torch.equal(out.isinf(), expected.isinf()) and torch.equal(out.isnan(), expected.isnan())
