@@ -32,8 +32,8 @@ a process of its own through tools/gpu_check.py). Its stages:
   block, the window a dense matrix and the aggregation a tensor-core product), grad_input's
   ``involution_generated_dense_window_backward_input`` (the matrix's transpose times
   grad_output), and grad_weight's ``involution_dense_window_backward_weight`` (the products of
-  grad_output and the input on tensor cores, gathered at the taps: the ``dense_window``
-  policy's grad_weight); where the op runs
+  grad_output and the input on tensor cores, gathered at the taps, a small map whole and a
+  larger one in bands of output rows: the ``dense_window`` policy's grad_weight); where the op runs
   involution_vectors.cu's NCHW kernel (a vector of pixels a lane: the forward, stride-1
   grad_input and grad_weight at widths a multiple of the vector), the "chunked" column is the
   chunked kernel that serves the call without it (the ``CHUNKED`` policy), timed beside it (the
@@ -382,9 +382,9 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             calls["dense window", "grad_input"] = (
                 lambda: involution_cuda.involution_generated_dense_window_backward_input(
                     g, f, s, b, size, kernel_size, stride, padding, dilation, result_like(g, size), launcher))
-        # involution's grad_weight on the same maps (16-bit)
+        # involution's grad_weight on tensor cores (16-bit; small maps whole, larger ones in bands of rows)
         if involution_cuda.dense_weight_config(involution_cuda.load_source(involution_cuda.DENSE_WINDOW_SOURCE), x.dtype,
-                                               shape.batch, shape.groups, size, g.shape[2:], kernel_size,
+                                               shape.batch, shape.groups, size, g.shape[2:], kernel_size, stride,
                                                is_channels_last(x), dilation=dilation) is not None:
             weight_shape = (shape.batch, shape.groups, *kernel_size, *g.shape[2:])
             calls["dense window", "grad_weight"] = lambda: involution_cuda.involution_dense_window_backward_weight(

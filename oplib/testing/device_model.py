@@ -1963,17 +1963,18 @@ def _generated_mma_staged(t: _Tally, item: Tensor, launch: Launch) -> None:
                        (y < OH) & (n < N), es)
 
 
-def _dense_rows(t: _Tally, thread: Tensor, threads: int, tensor: int, at: int, stride: int, rows: int,
-                rows_inside: int, words_per_row: int, base, row_w: int, row_h_step: int, row_w_step: int, step: int,
-                count: int, vectors: bool, es: int) -> None:
+def _dense_rows(t: _Tally, thread: Tensor, threads: int, tensor: int, at, stride, rows, rows_inside, words_per_row: int,
+                base, row_w: int, row_h_step: int, row_w_step: int, step: int, count: int, vectors: bool, es: int,
+                most_rows: Optional[int] = None) -> None:
     """dense_window.cu's dense_stage_rows: ``rows`` rows of ``words_per_row`` words (``stride``
     apart, from word ``at`` of the shared memory), consecutive threads along a row, from tensor
     argument ``tensor`` (row r the pixel (r // row_w, r % row_w) of a map ``row_h_step`` and
     ``row_w_step`` elements a row and a column from ``base``, its values ``step`` apart, ``count``
     of them inside, rows from ``rows_inside`` on zeros): a 16-byte load and store a thread a turn
-    with ``vectors``, else two 16-bit loads and a word's store."""
+    with ``vectors``, else two 16-bit loads and a word's store. ``rows`` (and ``at``, ``stride``,
+    ``rows_inside``) may be a value a lane, at most ``most_rows``."""
     per_row = words_per_row // 4 if vectors else words_per_row
-    turn = thread + threads * _slots(-(-rows * per_row // threads))
+    turn = thread + threads * _slots(-(-(rows if most_rows is None else most_rows) * per_row // threads))
     live = turn < rows * per_row
     row, column = turn // per_row, (8 if vectors else 2) * (turn % per_row)
     inside = live & (row < rows_inside)
@@ -1988,27 +1989,29 @@ def _dense_rows(t: _Tally, thread: Tensor, threads: int, tensor: int, at: int, s
 
 
 def _dense_block(item: Tensor, launch: Launch) -> SimpleNamespace:
-    """A dense_window.cu kernel's thread (``item``, block-major, a block a (group, sample), a warp
-    16 of its output pixels): its lane, warp, fragment row and quad, group, sample and first
-    pixel, the launch's LAST and VECTORS, element size, and the source's constants."""
+    """A dense_window.cu kernel's thread (``item``, block-major, a block a (group, sample, band),
+    a warp 16 of its output pixels): its lane, warp, fragment row and quad, group, sample, band
+    and first pixel, the launch's LAST and VECTORS, element size, and the source's constants."""
     from ..kernels.involution import cuda as involution_cuda
 
-    threads, groups = launch.threads_per_block, launch.scalars[3]
+    threads, (groups, samples, _) = launch.threads_per_block, launch.grid
     block, thread = item // threads, item % threads
     lane, warp = thread % 32, thread // 32
     last, vectors = (flag == "true" for flag in launch.specialisation)
     return SimpleNamespace(thread=thread, threads=threads, lane=lane, warp=warp, row=lane // 4, quad=lane % 4,
-                           group=block % groups, n=block // groups, first=16 * warp, last=last, vectors=vectors,
+                           group=block % groups, n=block // groups % samples, band=block // (groups * samples),
+                           first=16 * warp, last=last, vectors=vectors,
                            es=launch.dtype.itemsize,
                            c=involution_cuda.load_source(involution_cuda.DENSE_WINDOW_SOURCE).constants)
 
 
-def _dense_reached_steps(first: Tensor, P: int, OW: int, sh: int, ph: int, KH: int, dh: int, H: int, W: int):
+def _dense_reached_steps(first: Tensor, P, OW: int, sh: int, ph, KH: int, dh: int, H, W: int):
     """dense_window.cu's dense_reached_steps: the steps of 16 input pixels, (first, end), that hold
-    the input rows the windows of output pixels first .. first + 15 reach."""
+    the input rows the windows of output pixels first .. first + 15 reach (``P``, ``ph``, ``H``
+    ints or a value a lane)."""
     top = first // OW * sh - ph
-    bottom = torch.clamp(first + 15, max=P - 1) // OW * sh - ph + (KH - 1) * dh
-    y_first, y_end = top.clamp(min=0), torch.clamp(bottom + 1, max=H)
+    bottom = torch.minimum(first + 15, torch.as_tensor(P - 1)) // OW * sh - ph + (KH - 1) * dh
+    y_first, y_end = top.clamp(min=0), torch.minimum(bottom + 1, torch.as_tensor(H))
     return (torch.where(y_first < y_end, y_first * W // 16, 0), torch.where(y_first < y_end, (y_end * W + 15) // 16, 0))
 
 
@@ -2168,13 +2171,23 @@ def _dense_window_backward_weight(t: _Tally, item: Tensor, launch: Launch) -> No
     (past the first pass, their loads and adds); then the gather, a lane a pixel (or a tap): its
     entry once, per turn the other index's, the product's load where the tap reads the map and
     grad_weight's 16-bit store. The layout's sizes are the source's and its host's."""
-    (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, gsn, gsc, gsh, gsw, isn, isc, ish, isw, osn, osg, oskh, oskw,
-     osh, osw) = launch.scalars
+    (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, band_rows, gsn, gsc, gsh, gsw, isn, isc, ish, isw, osn, osg,
+     oskh, oskw, osh, osw) = launch.scalars
     b = _dense_block(item, launch)
     c, es, threads, thread, lane, row, quad = b.c, b.es, b.threads, b.thread, b.lane, b.row, b.quad
     last, vectors, group, n, first = b.last, b.vectors, b.group, b.n, b.first
-    taps, P, Q, pg = KH * KW, OH * OW, H * W, C // G
-    q_steps = -(-Q // 16)
+    taps, pg = KH * KW, C // G
+    # the block's band (a value a lane): its output rows and the input rows it stages
+    band_top = b.band * band_rows
+    rows_here = torch.clamp(OH - band_top, max=band_rows)
+    reach_top = band_top * sh - ph
+    reach_end = reach_top + (rows_here - 1) * sh + (KH - 1) * dh + 1
+    band_y = reach_top.clamp(min=0)
+    band_h = (reach_end.clamp(max=H) - band_y).clamp(min=0)
+    band_pad = band_y - reach_top
+    P, Q = rows_here * OW, band_h * W
+    q_steps = (Q + 15) // 16
+    most_q_steps = -(-min(H, (band_rows - 1) * sh + (KH - 1) * dh + 1) * W // 16)  # the loops' bound
     product_stride, input_stride = 16 * q_steps + 8, 8 * q_steps + 4
     pixel_stride, channel_stride = c["DENSE_PIXEL_STRIDE"], c["DENSE_CHANNEL_STRIDE"]
     grad_at = c["DENSE_PIXELS"] * product_stride
@@ -2184,23 +2197,25 @@ def _dense_window_backward_weight(t: _Tally, item: Tensor, launch: Launch) -> No
     t.shared(taps_at // 4 + thread, thread < taps, 16)  # the gather's entries
     t.shared(pixels_at // 4 + thread, thread < P, 16)
     live = first < P
-    k_first, k_end = _dense_reached_steps(first, P, OW, sh, ph, KH, dh, H, W)
+    k_first, k_end = _dense_reached_steps(first, P, OW, sh, band_pad, KH, dh, band_h, W)
     for c0 in range(0, pg, c["DENSE_CHANNELS"]):
-        grad_chunk, input_chunk = n * gsn + (group * pg + c0) * gsc, n * isn + (group * pg + c0) * isc
+        grad_chunk = n * gsn + (group * pg + c0) * gsc + band_top * gsh
+        input_chunk = n * isn + (group * pg + c0) * isc + band_y * ish
         if last:
             _dense_rows(t, thread, threads, 0, grad_at, channel_stride, c["DENSE_PIXELS"], P, 8, grad_chunk, OW, gsh,
                         gsw, gsc, pg - c0, vectors, es)
             _dense_rows(t, thread, threads, 1, input_at, channel_stride, 16 * q_steps, Q, 8, input_chunk, W, ish, isw,
-                        isc, pg - c0, vectors, es)
+                        isc, pg - c0, vectors, es, most_rows=16 * most_q_steps)
         else:  # dense_stage_planes: 8 threads a channel
-            for tensor, at, chunk, stride, words, map_w, steps in (
-                    (0, grad_at, grad_chunk, pixel_stride, c["DENSE_PIXELS"] // 2, OW, (gsc, gsh, gsw)),
-                    (1, input_at, input_chunk, input_stride, 8 * q_steps, W, (isc, ish, isw))):
-                channel, word = thread // 8, thread % 8 + 8 * _slots(-(-words // 8))
+            for tensor, at, chunk, stride, words, most_words, map_w, count, steps in (
+                    (0, grad_at, grad_chunk, pixel_stride, c["DENSE_PIXELS"] // 2, c["DENSE_PIXELS"] // 2, OW, P,
+                     (gsc, gsh, gsw)),
+                    (1, input_at, input_chunk, input_stride, 8 * q_steps, 8 * most_q_steps, W, Q, (isc, ish, isw))):
+                channel, word = thread // 8, thread % 8 + 8 * _slots(-(-most_words // 8))
                 for e in range(2):
                     q = 2 * word + e
                     t.load(tensor, chunk + channel * steps[0] + q // map_w * steps[1] + q % map_w * steps[2],
-                           (c0 + channel < pg) & (q < (P if tensor == 0 else Q)) & (word < words), es)
+                           (c0 + channel < pg) & (q < count) & (word < words), es)
                 t.shared(at + channel * stride + word, word < words, 4)
         steps = live & (k_first < k_end)
         if last:
@@ -2208,7 +2223,7 @@ def _dense_window_backward_weight(t: _Tally, item: Tensor, launch: Launch) -> No
         else:  # oplib_load_fragment_a_transposed
             t.matrices(grad_at + first // 2 + (lane % 8 + 8 * (lane // 16)) * pixel_stride + 4 * (lane // 8 % 2),
                        steps, 4)
-        for k in range(q_steps):
+        for k in range(most_q_steps):
             steps = live & (k >= k_first) & (k < k_end)
             if last:
                 t.matrices(input_at + 16 * k * channel_stride + _fragment_b_rows(lane, channel_stride, 8 * channel_stride),
@@ -2226,19 +2241,21 @@ def _dense_window_backward_weight(t: _Tally, item: Tensor, launch: Launch) -> No
     # read once, then per turn the other index's (a broadcast), the product's load where the tap
     # reads the map and grad_weight's 16-bit store
     pixels_inner = osw <= oskw
-    inner, outer = (P, taps) if pixels_inner else (taps, P)
     lanes = c["DENSE_GATHER_LANES"]
     index = thread % lanes
-    other = thread // lanes + threads // lanes * _slots(-(-outer // (threads // lanes)))
+    most_outer = taps if pixels_inner else min(OH, band_rows) * OW
+    inner, outer = (P, taps) if pixels_inner else (taps, P)
+    other = thread // lanes + threads // lanes * _slots(-(-most_outer // (threads // lanes)))
     gathers = (index < inner) & (other < outer)
     p, tap = (index, other) if pixels_inner else (other, index)
     p, tap = torch.where(gathers, p, 0), torch.where(gathers, tap, 0)
     t.shared((taps_at if pixels_inner else pixels_at) // 4 + index, index < inner, 16)
     t.shared((pixels_at if pixels_inner else taps_at) // 4 + other, gathers, 16)
-    y, x = p // OW * sh - ph + tap // KW * dh, p % OW * sw - pw + tap % KW * dw
-    inside = gathers & (y >= 0) & (y < H) & (x >= 0) & (x < W)
+    y, x = p // OW * sh - band_pad + tap // KW * dh, p % OW * sw - pw + tap % KW * dw
+    inside = gathers & (y >= 0) & (y < band_h) & (x >= 0) & (x < W)
     t.shared(p * product_stride + (y * W + x).clamp(min=0), inside, 4)
-    t.store(2, n * osn + group * osg + tap // KW * oskh + tap % KW * oskw + p // OW * osh + p % OW * osw, gathers, es)
+    t.store(2, n * osn + group * osg + tap // KW * oskh + tap % KW * oskw + (band_top + p // OW) * osh + p % OW * osw,
+            gathers, es)
 
 
 def _wide_span_staging(t: _Tally, thread: Tensor, threads: int, group, taps: int, R: int, rows: int,

@@ -1485,24 +1485,43 @@ def dense_weight_shared_bytes(source: KernelSource, inputs: int, last: bool) -> 
     return 4 * (products + staged + 4 * (c["DENSE_TAPS"] + c["DENSE_PIXELS"]))
 
 
+def dense_weight_band_rows(source: KernelSource, in_size, out_size, kernel_size, stride, dilation) -> Optional[int]:
+    """The output rows of ``involution_dense_window_backward_weight``'s bands: the most whose
+    pixels fit ``DENSE_PIXELS`` and the input rows their windows reach inside the map
+    ``DENSE_INPUTS`` (the whole map where it fits); None where not even one row does."""
+    c = source.constants
+    (in_h, in_w), (out_h, out_w) = in_size, out_size
+    for rows in range(min(out_h, c["DENSE_PIXELS"] // max(out_w, 1)), 0, -1):
+        if min(in_h, (rows - 1) * stride[0] + (kernel_size[0] - 1) * dilation[0] + 1) * in_w <= c["DENSE_INPUTS"]:
+            return rows
+    return None
+
+
 def dense_weight_config(source: KernelSource, dtype: torch.dtype, batch: int, groups: int, in_size, out_size,
-                        kernel_size, last: bool, dilation=(1, 1)) -> Optional[LaunchConfig]:
+                        kernel_size, stride, last: bool, dilation=(1, 1)) -> Optional[LaunchConfig]:
     """``involution_dense_window_backward_weight``'s launch: a block of ``DENSE_WARPS`` warps per
-    (group, sample); None where it does not serve the call (what ``dense_window_config``
-    declines, R aside)."""
-    if dense_window_config(source, dtype, batch, groups, in_size, out_size, kernel_size, 1, last,
-                           dilation=dilation) is None:
+    (group, sample, band of ``dense_weight_band_rows`` output rows); None where it does not serve
+    the call (a dtype without the tensor-core product, no band that fits, no input pixel, more
+    taps than ``DENSE_TAPS``, a tap's offset past 16 bits, a batch or bands past CUDA's grid
+    limits)."""
+    c = source.constants
+    rows = dense_weight_band_rows(source, in_size, out_size, kernel_size, stride, dilation)
+    if (dtype not in DENSE_WINDOW_DTYPES or rows is None or in_size[0] * in_size[1] == 0
+            or kernel_size[0] * kernel_size[1] > c["DENSE_TAPS"] or batch > 65535 or groups >= 2 ** 31
+            or -(-out_size[0] // rows) > 65535 or max((k - 1) * d for k, d in zip(kernel_size, dilation)) >= 2 ** 16):
         return None
-    return LaunchConfig((groups, batch), (32, source.constants["DENSE_WARPS"]),
-                        dense_weight_shared_bytes(source, in_size[0] * in_size[1], last))
+    inputs = min(in_size[0], (rows - 1) * stride[0] + (kernel_size[0] - 1) * dilation[0] + 1) * in_size[1]
+    return LaunchConfig((groups, batch, -(-out_size[0] // rows)), (32, c["DENSE_WARPS"]),
+                        dense_weight_shared_bytes(source, inputs, last))
 
 
 def involution_dense_window_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding,
                                             dilation, groups: int, out: Tensor,
                                             launcher: Optional[Launcher] = None) -> Optional[Tensor]:
     """grad_output: (N, C, Ho, Wo), input: (N, C, H, W) -> out: grad_weight (N, G, KH, KW, Ho, Wo),
-    written by ``dense_window.cu``'s grad_weight kernel (a (sample, group) a block, the products
-    of grad_output and the input on tensor cores, gathered at the taps) in out's own strides
+    written by ``dense_window.cu``'s grad_weight kernel (a (sample, group, band of output rows) a
+    block, the products of grad_output and the input on tensor cores, gathered at the taps) in
+    out's own strides
     (every operand of any strides); None, out untouched, where ``dense_weight_config`` declines
     the call, a group has no channel, out's offsets within a (sample, group) pass an int (the
     gather adds them in ints) or the GPU predates sm_80. The instantiation is the
@@ -1512,7 +1531,7 @@ def involution_dense_window_backward_weight(grad_output: Tensor, input: Tensor, 
     n, channels, height, width = input.shape
     out_size = tuple(grad_output.shape[2:])
     last = is_channels_last(input)
-    config = dense_weight_config(source, input.dtype, n, groups, (height, width), out_size, kernel_size, last,
+    config = dense_weight_config(source, input.dtype, n, groups, (height, width), out_size, kernel_size, stride, last,
                                  dilation=dilation)
     reach = sum((size - 1) * abs(step) for size, step in zip(out.shape[2:], out.stride()[2:]))
     if config is None or channels == 0 or reach >= 2**31 or (
@@ -1522,7 +1541,8 @@ def involution_dense_window_backward_weight(grad_output: Tensor, input: Tensor, 
         return out
     lanes = POLICY.lanes(input.dtype)
     vectors = last and all(_vector_rows(t, lanes, channels // groups) for t in (grad_output, input))
-    scalars = (channels, height, width, groups, *kernel_size, *out_size, *stride, *padding, *dilation,
+    band_rows = dense_weight_band_rows(source, (height, width), out_size, kernel_size, stride, dilation)
+    scalars = (channels, height, width, groups, *kernel_size, *out_size, *stride, *padding, *dilation, band_rows,
                *grad_output.stride(), *input.stride(), *out.stride())
     (launcher or cupy_launcher()).launch(source, "involution_dense_window_backward_weight", input.dtype, config,
                                          (grad_output, input, out, *scalars),

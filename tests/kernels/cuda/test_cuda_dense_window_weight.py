@@ -1,7 +1,8 @@
-"""dense_window.cu's involution_dense_window_backward_weight (involution's grad_weight on maps a
-block holds whole: a (sample, group) a block, the products of grad_output and the input on
-tensor cores, gathered at the taps) on the host emulation: against the float64 reference on the
-registry's samples, small maps of every kind and random geometries, in float16 and bfloat16,
+"""dense_window.cu's involution_dense_window_backward_weight (involution's grad_weight on tensor
+cores: a (sample, group, band of output rows) a block, a small map whole, the products of
+grad_output and the input gathered at the taps) on the host emulation: against the float64
+reference on the registry's samples, small maps and banded ones of every kind and random
+geometries of both, in float16 and bfloat16,
 both layouts and every thread order; the same bits whatever the layout and the order; inf and
 nan where the op's other CUDA kernels put them; the op's dispatch under the ``dense_window``
 policy; under AddressSanitizer; and planted bugs that each check must catch."""
@@ -9,6 +10,7 @@ policy; under AddressSanitizer; and planted bugs that each check must catch."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 import torch
@@ -24,6 +26,7 @@ from cuda_test_helpers import _planted, assert_asan_catches, assert_clean_under_
 from test_cuda_dense_window import DENSE_CASES, FAR_TAP, LAST_FRAGMENT, _random_small_cases, _strided
 from test_cuda_generated_mma import PlantedBug, check_against_reference
 from test_cuda_generated_mma_grad_input import _caught
+from test_cuda_tiles import TileCase
 
 WEIGHT = registry.get("involution_backward_weight")
 DTYPES = involution_cuda.DENSE_WINDOW_DTYPES
@@ -63,11 +66,33 @@ def _check(args: tuple, launcher, name: str) -> bool:
 
 
 def _declines_only_what_it_cannot_hold(args: tuple) -> bool:
-    """A dtype without the tensor-core product, a map or a window past the kernel's limits, no channel."""
-    c = _source().constants
-    (height, width), (out_h, out_w) = args[1].shape[2:], args[0].shape[2:]
-    return (args[0].dtype not in DTYPES or out_h * out_w > c["DENSE_PIXELS"] or not 1 <= height * width <= c["DENSE_INPUTS"]
-            or args[2][0] * args[2][1] > c["DENSE_TAPS"] or args[1].shape[1] == 0)
+    """A dtype without the tensor-core product, a map no band of which fits, no input pixel, a
+    window past the kernel's limits, no channel."""
+    grad, input, kernel_size, stride, _, dilation, _ = args
+    rows = involution_cuda.dense_weight_band_rows(_source(), input.shape[2:], grad.shape[2:], kernel_size, stride,
+                                                  dilation)
+    return (grad.dtype not in DTYPES or rows is None or input.shape[2] * input.shape[3] == 0
+            or kernel_size[0] * kernel_size[1] > _source().constants["DENSE_TAPS"] or input.shape[1] == 0)
+
+
+# Maps larger than a block holds, in bands of output rows: RedNet-50's stage 3 (14 x 14, bands of
+# 4 rows, the last of 2) and stage 2 (28 x 28, bands of 2), its stride-2 stage 3 (28 x 28 in, bands
+# of 2 rows of 14), three channel passes over bands, a rectangular dilated window at unequal
+# strides, a map one row of which is a band (and its windows' rows reach 252 input pixels).
+BAND_CASES = (
+    TileCase(batch=1, channels=32, groups=2, reduced=8, size=(14, 14), kernel_size=(7, 7), stride=(1, 1),
+             padding=(3, 3), dilation=(1, 1), channels_last=True),
+    TileCase(batch=1, channels=16, groups=1, reduced=8, size=(28, 28), kernel_size=(7, 7), stride=(1, 1),
+             padding=(3, 3), dilation=(1, 1), channels_last=False),
+    TileCase(batch=1, channels=16, groups=1, reduced=8, size=(28, 28), kernel_size=(7, 7), stride=(2, 2),
+             padding=(3, 3), dilation=(1, 1), channels_last=True),
+    TileCase(batch=2, channels=40, groups=1, reduced=8, size=(13, 11), kernel_size=(7, 7), stride=(1, 1),
+             padding=(3, 3), dilation=(1, 1), channels_last=False),
+    TileCase(batch=1, channels=24, groups=3, reduced=8, size=(19, 12), kernel_size=(3, 5), stride=(2, 1),
+             padding=(2, 2), dilation=(2, 1), channels_last=True),
+    TileCase(batch=1, channels=16, groups=2, reduced=8, size=(9, 36), kernel_size=(7, 3), stride=(1, 1),
+             padding=(3, 1), dilation=(1, 1), channels_last=False),
+)
 
 
 @pytest.mark.parametrize("order", [ORDERS[0], *(pytest.param(o, marks=pytest.mark.integration)
@@ -77,8 +102,8 @@ def _declines_only_what_it_cannot_hold(args: tuple) -> bool:
 def test_dense_weight_matches_the_reference(dtype, order):
     """The registry's samples (channels_last and transposed operands, odd sizes, rectangular
     windows, strides, dilations, an empty batch: it declines those past its limits), the small
-    maps of the dense window's tests in both layouts (three channel passes of a group among
-    them), and operands in views whose rows are not contiguous."""
+    maps of the dense window's tests and the banded ones above in both layouts (three channel
+    passes of a group among them), and operands in views whose rows are not contiguous."""
     require_host_compiler()
     launcher = EmulatedLauncher(order=order)
     served = 0
@@ -88,11 +113,11 @@ def test_dense_weight_matches_the_reference(dtype, order):
         else:
             assert _declines_only_what_it_cannot_hold(sample.args), sample.name
     assert served >= 3
-    for case in DENSE_CASES:
+    for case in (*DENSE_CASES, *BAND_CASES):
         for channels_last in (False, True):
             assert _check(_case_arguments(case._replace(channels_last=channels_last), dtype), launcher,
                           f"{case.name}-{channels_last}")
-    for case in DENSE_CASES[:2]:
+    for case in (*DENSE_CASES[:2], BAND_CASES[0]):
         args = _case_arguments(case._replace(channels_last=True), dtype)
         for aligned in (False, True):
             strided = _strided((args[1], args[0]), aligned=aligned)  # (views of the input and grad_output)
@@ -113,6 +138,30 @@ def test_dense_weight_matches_the_reference_on_random_geometries(dtype, order):
             assert _declines_only_what_it_cannot_hold(sample.args), index
     for case in _random_small_cases(24, seed=311 + DTYPES.index(dtype)):
         assert _check(_case_arguments(case, dtype), launcher, case.name), case.name
+    for case in _random_band_cases(12, seed=313 + DTYPES.index(dtype)):
+        assert _check(_case_arguments(case, dtype), launcher, case.name), case.name
+
+
+def _random_band_cases(count: int, seed: int) -> list[TileCase]:
+    """Maps of 8-40 rows and columns the kernel serves in bands (more than DENSE_PIXELS output
+    pixels): windows of 1-7 rows and columns, strides 1-3, dilations 1-2, either layout."""
+    source = _source()
+    rng = random.Random(seed)
+    cases = []
+    while len(cases) < count:
+        kernel = (rng.randint(1, 7), rng.randint(1, 7))
+        stride, dilation = (rng.randint(1, 3), rng.randint(1, 3)), (rng.randint(1, 2), rng.randint(1, 2))
+        padding = tuple(rng.randint(0, d * (k - 1) // 2 + 1) for k, d in zip(kernel, dilation))
+        size = (rng.randint(8, 40), rng.randint(8, 40))
+        out = [(s + 2 * p - d * (k - 1) - 1) // st + 1 for s, p, d, k, st in zip(size, padding, dilation, kernel, stride)]
+        if (min(out) < 1 or out[0] * out[1] <= source.constants["DENSE_PIXELS"]
+                or involution_cuda.dense_weight_band_rows(source, size, out, kernel, stride, dilation) is None):
+            continue
+        groups = rng.randint(1, 2)
+        cases.append(TileCase(batch=1, channels=groups * rng.choice([5, 16, 20]), groups=groups, reduced=8, size=size,
+                              kernel_size=kernel, stride=stride, padding=padding, dilation=dilation,
+                              channels_last=rng.random() < 0.5))
+    return cases
 
 
 def test_every_layout_and_order_gives_the_same_bits():
@@ -120,7 +169,7 @@ def test_every_layout_and_order_gives_the_same_bits():
     layout the operands are staged in and the threads' order: one result (and the output's
     layout, pixel-major for a channels_last input, changes only where it is stored)."""
     require_host_compiler()
-    for case in DENSE_CASES[:3]:
+    for case in (*DENSE_CASES[:3], BAND_CASES[0]):
         args = _case_arguments(case, torch.bfloat16)
         results = []
         for channels_last in (False, True):
@@ -137,24 +186,30 @@ def test_dense_weight_declines_what_it_does_not_serve():
     tap's offset past 16 bits; a group of no channel, an out whose offsets within a (sample,
     group) pass an int: None, out untouched. RedNet-50's last
     stage at batch 32 (7 x 7 maps out of 7 x 7 and 14 x 14, 32 groups): a block a (group, sample),
-    four an SM of the H200 at stride 1 and three at stride 2."""
+    four an SM of the H200 at stride 1 and three at stride 2; its stages 3 and 2 in bands of 4
+    and 2 output rows (stride 2: 2 rows of 14), its first stage (56 x 56: a row's windows reach
+    392 input pixels) declined."""
     from oplib.testing import device_model
 
     source, config = _source(), involution_cuda.dense_weight_config
     for size, blocks in ((7, 4), (14, 3)):
         for last in (False, True):
-            chosen = config(source, torch.bfloat16, 32, 32, (size, size), (7, 7), (7, 7), last)
+            chosen = config(source, torch.bfloat16, 32, 32, (size, size), (7, 7), (7, 7), (size // 7, size // 7), last)
             assert chosen.grid == (32, 32, 1) and chosen.block == (32, 4, 1), (size, last)
             assert device_model.resident_blocks(128, 128, chosen.shared_bytes, device_model.H200) >= blocks, (size, last)
-    assert config(source, torch.bfloat16, 2, 4, (16, 16), (8, 8), (7, 7), True) is not None
-    assert config(source, torch.bfloat16, 2, 4, (16, 18), (8, 9), (7, 7), True) is None  # 72 output pixels
-    assert config(source, torch.bfloat16, 2, 4, (17, 16), (6, 6), (7, 7), True) is None  # 272 input pixels
-    assert config(source, torch.bfloat16, 2, 4, (8, 8), (8, 8), (9, 9), True) is None  # 81 taps
-    assert config(source, torch.bfloat16, 2, 4, (7, 0), (7, 2), (1, 3), True) is None  # no input pixel
-    assert config(source, torch.bfloat16, 2, 4, (7, 7), (7, 7), (7, 7), True, dilation=(1, 10923)) is None
-    assert config(source, torch.bfloat16, 65536, 4, (7, 7), (7, 7), (7, 7), True) is None
+    for size, out, stride, bands in ((14, 14, 1, 4), (28, 28, 1, 14), (28, 14, 2, 7), (14, 7, 2, 1), (7, 7, 1, 1)):
+        chosen = config(source, torch.bfloat16, 32, 16, (size, size), (out, out), (7, 7), (stride, stride), True)
+        assert chosen.grid == (16, 32, bands), (size, stride)
+    assert config(source, torch.bfloat16, 32, 4, (56, 56), (56, 56), (7, 7), (1, 1), True) is None
+    assert config(source, torch.bfloat16, 2, 4, (7, 64), (7, 64), (7, 7), (1, 1), True) is None  # 448 input pixels a row
+    assert config(source, torch.bfloat16, 2, 4, (1, 65), (1, 65), (1, 1), (1, 1), True) is None  # 65 pixels a row
+    assert config(source, torch.bfloat16, 2, 4, (9, 36), (9, 36), (7, 3), (1, 1), True) is not None  # a row a band
+    assert config(source, torch.bfloat16, 2, 4, (8, 8), (8, 8), (9, 9), (1, 1), True) is None  # 81 taps
+    assert config(source, torch.bfloat16, 2, 4, (7, 0), (7, 2), (1, 3), (1, 1), True) is None  # no input pixel
+    assert config(source, torch.bfloat16, 2, 4, (7, 7), (7, 7), (7, 7), (1, 1), True, dilation=(1, 10923)) is None
+    assert config(source, torch.bfloat16, 65536, 4, (7, 7), (7, 7), (7, 7), (1, 1), True) is None
     for dtype in (torch.float32, torch.float64):
-        assert config(source, dtype, 2, 4, (7, 7), (7, 7), (7, 7), True) is None
+        assert config(source, dtype, 2, 4, (7, 7), (7, 7), (7, 7), (1, 1), True) is None
     for args in (_case_arguments(FAR_TAP, torch.bfloat16), _case_arguments(DENSE_CASES[0], torch.float64),
                  (torch.zeros(1, 0, 7, 7, dtype=torch.bfloat16), torch.zeros(1, 0, 7, 7, dtype=torch.bfloat16),
                   [7, 7], [1, 1], [3, 3], [1, 1], 2)):
@@ -241,10 +296,11 @@ def _assert_non_finite_as_the_op(args: tuple, launcher, name: str) -> None:
 @pytest.mark.parametrize("value", [float("inf"), pytest.param(float("nan"), marks=pytest.mark.integration)])
 def test_non_finite_values_land_where_the_op_puts_them(value):
     """Every term of a gathered sum is one of the direct sum's: the tiles' zeros meet only zeros,
-    so no nan appears where the op's other kernels make none. Strides 1 and 2, both layouts."""
+    so no nan appears where the op's other kernels make none. Strides 1 and 2, both layouts, a
+    map whole and one in bands."""
     require_host_compiler()
     launcher = EmulatedLauncher()
-    for case in DENSE_CASES[:2]:
+    for case in (*DENSE_CASES[:2], BAND_CASES[0]):
         for channels_last in (False, True):
             args = _case_arguments(case._replace(channels_last=channels_last), torch.bfloat16)
             for place, (position, index) in NON_FINITE_PLACES.items():
@@ -285,6 +341,14 @@ B_TRANSPOSED = LAST_FRAGMENT
 A_NCHW = PlantedBug("a-nchw", ": oplib_load_fragment_a_transposed(staged_grad + first / 2, DENSE_PIXEL_STRIDE);",
                     ": oplib_load_fragment_a(staged_grad + first / 2, DENSE_PIXEL_STRIDE);")
 
+# A band's input staged from its first output row's row, not its windows' first row inside the map.
+BAND_INPUT = PlantedBug("band-input", "(index_t)group * group_channels * input_c + (index_t)band_y * input_h;",
+                        "(index_t)group * group_channels * input_c + (index_t)band_top * input_h;")
+# A band's grad_weight stored at the first band's rows.
+BAND_OUT = PlantedBug("band-out", "(index_t)group * out_g + (index_t)band_top * out_hs;", "(index_t)group * out_g;")
+# A band's windows placed as if its first row's window began at the map's top.
+BAND_PAD = PlantedBug("band-pad", "band_pad_h = band_y - reach_top;", "band_pad_h = pad_h;")
+
 STRIDE_CASES = (DENSE_CASES[0], DENSE_CASES[1], DENSE_CASES[1]._replace(channels_last=True))
 
 
@@ -292,7 +356,8 @@ STRIDE_CASES = (DENSE_CASES[0], DENSE_CASES[1], DENSE_CASES[1]._replace(channels
 @pytest.mark.parametrize("bug, cases", [
     (PASSES_ADDED, DENSE_CASES[2:3]), (PASS_BARRIER, DENSE_CASES[2:3]), (PRODUCTS_BARRIER, STRIDE_CASES),
     (LAST_STEP, STRIDE_CASES), (TAP_DILATION, DENSE_CASES[4:5]), (PIXEL_OUT, STRIDE_CASES),
-    (B_TRANSPOSED, DENSE_CASES[1:3]), (A_NCHW, DENSE_CASES[1:3])], ids=lambda b: getattr(b, "name", ""))
+    (B_TRANSPOSED, DENSE_CASES[1:3]), (A_NCHW, DENSE_CASES[1:3]),
+    *((b, BAND_CASES[:3]) for b in (BAND_INPUT, BAND_OUT, BAND_PAD))], ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_bug_fails_the_reference_check(bug, cases, tmp_path, monkeypatch):
     """In every thread order (a race in one of them at least)."""
     require_host_compiler()
@@ -309,7 +374,7 @@ _RUN_SAMPLES = """
 import torch
 from oplib.testing.cuda_emulation import EmulatedLauncher
 from test_cuda_dense_window import DENSE_CASES, _random_small_cases
-from test_cuda_dense_window_weight import DTYPES, WEIGHT, _case_arguments, _check, _result
+from test_cuda_dense_window_weight import BAND_CASES, DTYPES, WEIGHT, _case_arguments, _check, _random_band_cases, _result
 launcher = EmulatedLauncher(sanitize=True)
 for dtype in DTYPES:
     for sample in WEIGHT.sample_inputs("cpu", dtype, False):
@@ -317,7 +382,7 @@ for dtype in DTYPES:
     for case in DENSE_CASES:
         for last in (False, True):
             _check(_case_arguments(case._replace(channels_last=last), dtype), launcher, case.name)
-    for case in _random_small_cases(8, seed=5):
+    for case in (*_random_small_cases(8, seed=5), *BAND_CASES, *_random_band_cases(4, seed=5)):
         _check(_case_arguments(case, dtype), launcher, case.name)
     args = list(_case_arguments(DENSE_CASES[1], dtype))
     args[0] = args[0].clone()
@@ -329,7 +394,7 @@ print("clean:", len(launcher.launches), "launches")
 
 @pytest.mark.integration
 def test_dense_weight_is_clean_under_address_sanitizer():
-    """The samples, the small maps, random ones and a nan: no access outside the tensors or the
+    """The samples, the small maps and bands, random ones and a nan: no access outside the tensors or the
     dynamic shared memory (the host's size of it is the kernel's layout)."""
     require_host_compiler()
     assert_clean_under_asan(_RUN_SAMPLES)
@@ -359,7 +424,8 @@ def test_dense_weight_on_a_gpu_matches_the_reference(dtype):
     ones, and an inf where the op's kernels put it."""
     samples = [(s.args, s.name) for s in WEIGHT.sample_inputs("cpu", dtype, False)]
     samples += [(_case_arguments(c._replace(channels_last=last), dtype), c.name) for c in DENSE_CASES for last in (False, True)]
-    samples += [(_case_arguments(c, dtype), c.name) for c in _random_small_cases(12, seed=7)]
+    samples += [(_case_arguments(c, dtype), c.name) for c in (*_random_small_cases(12, seed=7), *BAND_CASES,
+                                                             *_random_band_cases(8, seed=7))]
     for args, name in samples:
         args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
         if not _check(args, None, name):

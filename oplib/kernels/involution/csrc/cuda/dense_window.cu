@@ -656,13 +656,16 @@ static_assert(DENSE_GATHER_LANES >= DENSE_PIXELS && DENSE_GATHER_LANES >= DENSE_
 // make it (they skip it). The products are exact in float (16-bit values), the sums in float.
 //
 // grad_output: (N, C, Ho, Wo), input: (N, C, H, W) of any strides, out: (N, G, KH, KW, Ho, Wo) of
-// any strides. The host sends a call here on what the forward's kernel would hold: P <= DENSE_PIXELS,
-// 1 <= Q <= DENSE_INPUTS, T <= DENSE_TAPS, taps' offsets in 16 bits. A block takes one (sample,
-// group) (grid: groups x samples), warp w the output pixels 16 w .. 16 w + 15 (an m-tile). Per
-// DENSE_CHANNELS of the group's channels the block stages grad_output and the input (zeros past
-// the maps and the channels); each warp multiplies its pixels' grad_output (A, one k-step) by the
-// input's n-tiles in the rows its windows reach, adding the sums in float into its rows of the
-// products. Then the block gathers, a lane a pixel (or a tap, along out's smaller stride of the
+// any strides. A map larger than a block holds is cut into bands of band_rows output rows (the
+// host's dense_weight_band_rows: at most DENSE_PIXELS pixels, the input rows their windows reach
+// inside the map at most DENSE_INPUTS pixels; the whole map where it fits, as RedNet-50's last
+// stage, its stages 2 and 3 in bands of 2 and 4 rows), T <= DENSE_TAPS, taps' offsets in 16 bits.
+// A block takes one (sample, group, band) (grid: groups x samples x bands) and works on the band
+// as a map of its own (P its pixels, Q the input pixels it stages); warp w takes the output
+// pixels 16 w .. 16 w + 15 (an m-tile). Per DENSE_CHANNELS of the group's channels the block
+// stages grad_output and the input (zeros past the maps and the channels); each warp multiplies
+// its pixels' grad_output (A, one k-step) by the input's n-tiles in the rows its windows reach,
+// adding the sums in float into its rows of the products. Then the block gathers, a lane a pixel (or a tap, along out's smaller stride of the
 // two) and two taps (pixels) a turn, and stores each. No atomics, every sum in a fixed order:
 // deterministic.
 //
@@ -679,12 +682,12 @@ static_assert(DENSE_GATHER_LANES >= DENSE_PIXELS && DENSE_GATHER_LANES >= DENSE_
 //
 // oplib-instantiate: involution_dense_window_backward_weight
 //
-// Block (32, DENSE_WARPS); grid (groups, N).
+// Block (32, DENSE_WARPS); grid (groups, N, bands).
 template <typename scalar_t, bool LAST, bool VECTORS>
 __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_backward_weight(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, scalar_t* __restrict__ out,
     int channels, int height, int width, int groups, int kernel_h, int kernel_w, int out_h, int out_w, int stride_h,
-    int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, index_t grad_n, index_t grad_c,
+    int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int band_rows, index_t grad_n, index_t grad_c,
     index_t grad_h, index_t grad_w, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
     index_t out_n, index_t out_g, index_t out_kh, index_t out_kw, index_t out_hs, index_t out_ws) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -692,9 +695,17 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_back
         typedef scalar_t half_t;
         const int warp = threadIdx.y, lane = threadIdx.x, thread = lane + 32 * warp;
         const int row = lane >> 2, quad = lane & 3;  // a fragment's row (pixel) and column pair
-        const int taps = kernel_h * kernel_w, pixels = out_h * out_w, inputs = height * width;
-        const int group_channels = channels / groups, group = blockIdx.x, first = 16 * warp;
+        const int taps = kernel_h * kernel_w, group_channels = channels / groups, group = blockIdx.x, first = 16 * warp;
         const index_t n = blockIdx.y;
+        // The block's band: output rows band_top .. band_top + rows - 1, and the input rows their
+        // windows reach inside the map, band_y .. band_y + band_height - 1: the map it stages. A
+        // window's first tap is at its local row i * stride_h - band_pad_h.
+        const int band_top = blockIdx.z * band_rows, rows = out_h - band_top < band_rows ? out_h - band_top : band_rows;
+        const int reach_top = band_top * stride_h - pad_h;
+        const int reach_end = reach_top + (rows - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
+        const int band_y = reach_top > 0 ? reach_top : 0, band_end = reach_end < height ? reach_end : height;
+        const int band_height = band_end > band_y ? band_end - band_y : 0, band_pad_h = band_y - reach_top;
+        const int pixels = rows * out_w, inputs = band_height * width;
         const int q_steps = (inputs + 15) / 16, product_stride = 16 * q_steps + 8, input_stride = 8 * q_steps + 4;
         OPLIB_DYNAMIC_SHARED(unsigned int, shared);
         float* products = reinterpret_cast<float*>(shared);
@@ -710,16 +721,17 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_back
             tap_entries[thread] = {{dy, dx, a * (int)out_kh + b * (int)out_kw, dy * width + dx}};
         }
         if (thread < pixels) {
-            const int i = thread / out_w, j = thread % out_w, top = i * stride_h - pad_h, left = j * stride_w - pad_w;
+            const int i = thread / out_w, j = thread % out_w, top = i * stride_h - band_pad_h, left = j * stride_w - pad_w;
             pixel_entries[thread] = {{top, left, i * (int)out_hs + j * (int)out_ws, thread * product_stride + top * width + left}};
         }
         int k_first, k_end;
-        dense_reached_steps(first, pixels, out_w, stride_h, pad_h, kernel_h, dilation_h, height, width, k_first, k_end);
+        dense_reached_steps(first, pixels, out_w, stride_h, band_pad_h, kernel_h, dilation_h, band_height, width, k_first,
+                            k_end);
         if (first >= pixels) k_end = k_first;
-        const unsigned short* grad_bits =
-            reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n + (index_t)group * group_channels * grad_c;
-        const unsigned short* input_bits =
-            reinterpret_cast<const unsigned short*>(input) + n * input_n + (index_t)group * group_channels * input_c;
+        const unsigned short* grad_bits = reinterpret_cast<const unsigned short*>(grad_output) + n * grad_n +
+                                          (index_t)group * group_channels * grad_c + (index_t)band_top * grad_h;
+        const unsigned short* input_bits = reinterpret_cast<const unsigned short*>(input) + n * input_n +
+                                           (index_t)group * group_channels * input_c + (index_t)band_y * input_h;
         float* low_row = products + (first + row) * product_stride + 2 * quad;  // the lane's C values' places
         float* high_row = low_row + 8 * product_stride;
 
@@ -777,14 +789,14 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_back
         if (index < inner) {
             const DenseGatherEntry mine = (pixels_inner ? pixel_entries : tap_entries)[index];
             const DenseGatherEntry* others = pixels_inner ? tap_entries : pixel_entries;
-            half_t* out_block = out + n * out_n + (index_t)group * out_g;
+            half_t* out_block = out + n * out_n + (index_t)group * out_g + (index_t)band_top * out_hs;
             for (int other_index = thread / DENSE_GATHER_LANES; other_index < outer;
                  other_index += DENSE_THREADS / DENSE_GATHER_LANES) {
                 const DenseGatherEntry other = others[other_index];
                 const DenseGatherEntry& pixel = pixels_inner ? mine : other;
                 const DenseGatherEntry& tap = pixels_inner ? other : mine;
                 const int y = pixel.value[0] + tap.value[0], x = pixel.value[1] + tap.value[1];
-                const bool inside = (unsigned int)y < (unsigned int)height && (unsigned int)x < (unsigned int)width;
+                const bool inside = (unsigned int)y < (unsigned int)band_height && (unsigned int)x < (unsigned int)width;
                 const float value = inside ? products[pixel.value[3] + tap.value[3]] : 0.0f;
                 out_block[pixel.value[2] + tap.value[2]] = Element<half_t>::store(value);
             }
