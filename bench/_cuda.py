@@ -54,7 +54,9 @@ a process of its own through tools/gpu_check.py). Its stages:
   by involution's grad_weight kernels, then cuBLAS's contractions), the op's CUDA path while
   ``GENERATOR_ON_TENSOR_CORES`` is off, and its "tensor cores" column (bfloat16) the op's writer
   with generated_mma.cu's tensor-core kernel (the map never written, its partial sums added up by
-  torch);
+  torch), and its "dense window" column the route through the map written in float32 by the
+  dense window's grad_weight kernel from the 16-bit operands (``generator_grads_through_dense_map``,
+  the ``dense_window`` policy's);
 - ``layer``: the whole ``oplib.nn.Involution2d`` layer, fused (``fused=True``) and unfused
   (``fused=False``; and unfused under the ``LAST`` launch policy, ``launch_policy``), against a
   depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
@@ -446,6 +448,10 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
         # the op's writer with the tensor-core kernel: the kernel and torch's sum of its partials
         calls["tensor cores", "generator grads"] = lambda: involution_cuda.involution_generated_backward_generator(
             *generator, generator_grads_result(*generator), launcher, tensor_cores=True)
+    if launcher is not None and ("dense window", "grad_weight") in calls:
+        # the dense map route: the map in float32 by the dense window's grad_weight, then contracted
+        calls["dense window", "generator grads"] = lambda: involution_cuda.generator_grads_through_dense_map(
+            *generator, generator_grads_result(*generator), launcher)
     conv = (stride, padding, dilation, shape.channels)
     calls["depthwise", "forward"] = lambda: F.conv2d(x, depthwise, None, *conv)
     calls["depthwise", "grad_input"] = lambda: torch.nn.grad.conv2d_input(x.shape, depthwise, g, *conv)

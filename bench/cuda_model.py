@@ -119,12 +119,16 @@ DENSE_GRAD_INPUT = "dense window grad_input"
 # the input on tensor cores, gathered at the taps), the ``dense_window`` policy's, timed in the
 # grad_weight row's "dense window" column from the next draw on.
 DENSE_WEIGHT = "dense window grad_weight"
+# The same kernel writing the map in float32 from 16-bit operands (WIDE): the first step of the
+# fused op's generator gradients under that policy (``generator_grads_through_dense_map``).
+DENSE_MAP = "dense window float32 map"
 PREDICTED = {GENERATOR: "involution_generated_mma_backward_generator",
              STAGED_GRAD_INPUT: "involution_generated_mma_backward_input_staged",
              STAGED_FORWARD: "involution_generated_mma_staged",
              DENSE_FORWARD: "involution_generated_dense_window",
              DENSE_GRAD_INPUT: "involution_generated_dense_window_backward_input",
-             DENSE_WEIGHT: "involution_dense_window_backward_weight"}
+             DENSE_WEIGHT: "involution_dense_window_backward_weight",
+             DENSE_MAP: "involution_dense_window_backward_weight, float32"}
 
 
 # The table's rows the model leaves out: the generated grad_input's call runs the span conv
@@ -412,10 +416,11 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
         size = [shape.height, shape.width]
         involution_cuda.involution_vectors_backward_input(g, o["weight"], size, *shape.params, result_like(g, size),
                                                           recording)
-    elif fused == "involution_dense_window_backward_weight":
+    elif fused.startswith("involution_dense_window_backward_weight"):  # (", float32": the map in float32)
         w = o["weight"]
-        involution_cuda.involution_dense_window_backward_weight(g, x, [shape.kernel] * 2, *shape.params, shape.groups,
-                                                                torch.empty_like(w), recording)
+        involution_cuda.involution_dense_window_backward_weight(
+            g, x, [shape.kernel] * 2, *shape.params, shape.groups,
+            torch.empty_like(w, dtype=torch.float32 if fused.endswith("float32") else w.dtype), recording)
     elif fused == "involution_generated_mma_backward_generator":
         args = (g, feature, o["span_weight"], x, *window)
         involution_cuda.involution_generated_mma_backward_generator(*args, generator_result(*args), recording)
@@ -851,41 +856,59 @@ def dense_grad_input_lines(data: list[dict], rows: list[dict], constants: Consta
     ]
 
 
-def dense_weight_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
-    """``PREDICTED``'s dense window grad_weight (involution's own grad_weight, the ``dense_window``
-    policy's) at every row it serves where the draw measured involution's grad_weight: beside its
-    floor, the issue's bar for it (2x the floor, or 10 us where the floor is under 5 us) and
-    involution's grad_weight as the op runs it now."""
+def _dense_weight_cells(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float, kernel: str,
+                        against: str) -> tuple[list, list, list, list]:
+    """A dense window grad_weight kernel's table (``kernel``, a ``PREDICTED`` row) at every row it
+    serves where the draw measured ``against`` (involution's grad_weight as the op runs it now in
+    the row's dtype, or with ``against`` "float32" in float32): its cells, its prediction over the
+    floor, whether it is within the issue's bar (2x the floor, or 10 us where the floor is under
+    5 us), and its prediction over that kernel."""
     measured = {_key(r): r["measured_s"] for r in rows}
-    cells, over, against, met = [], [], [], []
-    for entry in (e for e in data if e["kernel"] == DENSE_WEIGHT):
-        key = " | ".join((entry["shape"], entry["dtype"], entry["layout"]))
-        if f"{key} | grad_weight" not in measured:
+    cells, over, ratios, met = [], [], [], []
+    for entry in (e for e in data if e["kernel"] == kernel):
+        row = " | ".join((entry["shape"], "float32" if against == "float32" else entry["dtype"], entry["layout"]))
+        if f"{row} | grad_weight" not in measured:
             continue
         predicted, floor, first = _predicted_candidate(entry, constants, bandwidth, "grad_weight")
-        now = measured.get(f"{key} | {VECTORS_GRAD_WEIGHT}", measured[f"{key} | grad_weight"])
+        now = measured.get(f"{row} | {VECTORS_GRAD_WEIGHT}", measured[f"{row} | grad_weight"])
         over.append(predicted / floor)
-        against.append(predicted / now)
+        ratios.append(predicted / now)
         met.append(predicted <= max(2.0 * floor, 10e-6 if floor < 5e-6 else 0.0))
-        cells.append([*first, "yes" if met[-1] else "no", f"{now * 1e6:.1f}", f"{against[-1]:.2f}x"])
-    heading = "## Predicted, not yet measured: the dense window grad_weight"
-    if not cells:
-        return [heading, "", "None: the kernel serves no row.", ""]
-    return [
-        heading,
-        "",
-        "dense_window.cu's `involution_dense_window_backward_weight`, involution's grad_weight on maps a block holds "
-        "whole (the `dense_window` launch policy's; the op's default policy does not take it until a draw has timed "
-        "it): per (sample, group), the products of grad_output and the input on tensor cores (float sums), gathered "
-        "at the taps. Predicted with the constants fitted above (the kernel is no row they are fitted on), beside "
-        "its floor, the issue's bar (within 2x the floor, or 10 us where the floor is under 5 us) and involution's "
-        f"grad_weight as the draw measured it. Predicted / floor {ratio_range(over)}; the bar met at "
-        f"{sum(met)} of {len(met)} rows. Predicted / involution's grad_weight: {ratio_range(against)}, faster at "
-        f"{sum(a < 1.0 for a in against)} of {len(against)} rows. No draw has timed it yet.",
-        "",
-        *_harness.table([*PREDICTED_COLUMNS, "within the bar", "involution grad_weight, measured (us)",
-                         "predicted / it"], "llllllrrrlrrrlrr", cells),
-    ]
+        cells.append([*first, "yes" if met[-1] else "no", f"{now * 1e6:.1f}", f"{ratios[-1]:.2f}x"])
+    return cells, over, ratios, met
+
+
+def dense_weight_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """``PREDICTED``'s dense window grad_weight (involution's own grad_weight, the ``dense_window``
+    policy's) at every row it serves where the draw measured involution's grad_weight, and its
+    float32 map (WIDE, the fused op's generator gradients' first step under that policy) beside
+    involution's float32 grad_weight, which the op's map route runs on float32 copies."""
+    lines = []
+    for kernel, heading, text, against, columns in (
+            (DENSE_WEIGHT, "## Predicted, not yet measured: the dense window grad_weight",
+             "dense_window.cu's `involution_dense_window_backward_weight`, involution's grad_weight on tensor cores (the "
+             "`dense_window` launch policy's; the op's default policy does not take it until a draw has timed it): per "
+             "(sample, group, band of output rows; a map a block holds whole in one band), the products of grad_output "
+             "and the input on tensor cores (float sums), gathered at the taps. Predicted with the constants fitted above "
+             "(the kernel is no row they are fitted on), beside its floor, the issue's bar (within 2x the floor, or 10 us "
+             "where the floor is under 5 us) and involution's grad_weight as the draw measured it.",
+             "", "involution grad_weight, measured (us)"),
+            (DENSE_MAP, "## Predicted, not yet measured: the dense window grad_weight's float32 map",
+             "The same kernel writing the map gw in float32 from the 16-bit operands (`WIDE`): under the `dense_window` "
+             "policy the first step of involution_generated_backward_generator's route through the map "
+             "(`generator_grads_through_dense_map`), whose default route writes it with involution's float32 grad_weight "
+             "from float32 copies of grad_output and the input. Beside its floor (the row's dtype's), the bar, and that "
+             "float32 kernel as the draw measured it.", "float32", "involution float32 grad_weight, measured (us)")):
+        cells, over, ratios, met = _dense_weight_cells(data, rows, constants, bandwidth, kernel, against)
+        if not cells:
+            lines += [heading, "", "None: the kernel serves no row.", ""]
+            continue
+        lines += [heading, "", f"{text} Predicted / floor {ratio_range(over)}; the bar met at {sum(met)} of {len(met)} "
+                  f"rows. Predicted / that kernel: {ratio_range(ratios)}, faster at {sum(r < 1.0 for r in ratios)} of "
+                  f"{len(ratios)} rows. No draw has timed it yet.", "",
+                  *_harness.table([*PREDICTED_COLUMNS, "within the bar", columns, "predicted / it"], "llllllrrrlrrrlrr",
+                                  cells), ""]
+    return lines[:-1]
 
 
 def staged_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
@@ -1033,16 +1056,18 @@ def _layer_sizes(shape_name: str) -> dict[str, int]:
             "weight_map": math.prod(shape.weight_shape)}
 
 
-def generator_map_route_floor(shape_name: str, dtype: torch.dtype, bandwidth: float) -> float:
+def generator_map_route_floor(shape_name: str, dtype: torch.dtype, bandwidth: float, copies: bool = True) -> float:
     """Seconds the op's map route for the generator's gradients (``generator_grads_through_map``)
     takes at least besides involution's float32 grad_weight: grad_output, the input and the
     feature copied to float32 (each read in ``dtype``, written in float32; none in float32), the float32 map gw
     read by each of its three contractions (grad_feature, grad_span_weight, grad_span_bias), the
     float32 feature read and grad_feature written, and grad_feature copied back to ``dtype``,
-    each once over the DRAM bandwidth."""
+    each once over the DRAM bandwidth. Without ``copies`` (the dense map route: its kernel reads
+    the 16-bit operands), grad_output and the input are not copied."""
     sizes, wide = _layer_sizes(shape_name), torch.float32.itemsize
     # (float32 operands are no copies: Tensor.to returns them)
-    copies = 0 if dtype == torch.float32 else (sizes["grad_output"] + sizes["input"] + sizes["feature"]) * (dtype.itemsize + wide)
+    copied = sizes["grad_output"] + sizes["input"] + sizes["feature"] if copies else sizes["feature"]
+    copies = 0 if dtype == torch.float32 else copied * (dtype.itemsize + wide)
     contractions = 3 * sizes["weight_map"] * wide + 2 * sizes["feature"] * wide
     return (copies + contractions + sizes["feature"] * (wide + dtype.itemsize)) / bandwidth
 
@@ -1139,7 +1164,10 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
             grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))),
                                  ("dense window, predicted", predicted.get((DENSE_GRAD_INPUT, row))),
                                  tensor_cores(MMA_GRAD_INPUT), map_input])
-            generator = faster([("tensor cores + sums, predicted", predicted[GENERATOR, row] + partials), map_generator])
+            dense_map = predicted.get((DENSE_MAP, row))
+            generator = faster([("tensor cores + sums, predicted", predicted[GENERATOR, row] + partials), map_generator,
+                                ("dense map, predicted", None if dense_map is None else
+                                 dense_map + generator_map_route_floor(shape_name, torch_dtype, bandwidth, copies=False))])
         else:  # float32: the staged kernels (3xTF32), the tiled one (FMAs), the op's and the map routes
             forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))),
                               (f"tiled, {'expected' if f'{row} | {TILED}' in expected else 'measured'}",
@@ -1191,7 +1219,10 @@ def layer_lines(totals: list[dict]) -> list[str]:
         "expected time from the table of changed kernels); each backward op the fastest of its kernels (grad_input: "
         "the staged and the dense window kernels predicted or the tensor-core one; the generator's gradients: the "
         "tensor-core kernel "
-        "predicted, with torch's sums of its partial sums at their DRAM floor, `generator_partials_floor`) and the op's map route, which its CUDA path runs until a draw confirms the kernels. In float32: "
+        "predicted, with torch's sums of its partial sums at their DRAM floor, `generator_partials_floor`, or the "
+        "dense map route: the dense window grad_weight's float32 map predicted, with the map's three contractions and "
+        "the feature's float32 copy at their DRAM floor, no copies of grad_output and the input) and the op's map "
+        "route, which its CUDA path runs until a draw confirms the kernels. In float32: "
         "its forward the fastest of the staged kernel predicted (3xTF32 on tensor cores), the tiled kernel (FMAs) and "
         "the op's as measured; its grad_input the faster of the staged kernel predicted (3xTF32) and the map route; "
         "its generator's gradients the faster of the tensor-core kernel predicted (3xTF32; with its sums) and the map route. The map "

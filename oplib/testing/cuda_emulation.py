@@ -193,9 +193,11 @@ class EmulatedLauncher:
                args: Sequence[KernelArg], specialisation: tuple[str, ...] = ()) -> None:
         signature = source.kernels[kernel]
         for (ctype, _), arg in zip(signature.params, args):
-            # a pointer to scalar_t takes the launch's dtype; one to float (partial sums), float32
-            expected = torch.float32 if "scalar_t" not in ctype and "float" in ctype else dtype
-            if isinstance(arg, Tensor) and (arg.device.type != "cpu" or arg.dtype != expected):
+            # a pointer to scalar_t takes the launch's dtype; one to float (partial sums), float32;
+            # a void one (a kernel's out in its dtype or in float, a template argument's choice) either
+            expected = ((dtype, torch.float32) if "void" in ctype
+                        else (torch.float32,) if "scalar_t" not in ctype and "float" in ctype else (dtype,))
+            if isinstance(arg, Tensor) and (arg.device.type != "cpu" or arg.dtype not in expected):
                 raise ValueError(f"emulated {kernel}<{CTYPES[dtype]}> got a {arg.dtype} tensor on {arg.device}")
         if specialisation not in source.specialisations[kernel]:
             raise ValueError(f"{kernel} has no instantiation {specialisation} in {source.path.name}")

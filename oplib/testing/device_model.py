@@ -1997,7 +1997,7 @@ def _dense_block(item: Tensor, launch: Launch) -> SimpleNamespace:
     threads, (groups, samples, _) = launch.threads_per_block, launch.grid
     block, thread = item // threads, item % threads
     lane, warp = thread % 32, thread // 32
-    last, vectors = (flag == "true" for flag in launch.specialisation)
+    last, vectors = (flag == "true" for flag in launch.specialisation[:2])
     return SimpleNamespace(thread=thread, threads=threads, lane=lane, warp=warp, row=lane // 4, quad=lane % 4,
                            group=block % groups, n=block // groups % samples, band=block // (groups * samples),
                            first=16 * warp, last=last, vectors=vectors,
@@ -2170,7 +2170,7 @@ def _dense_window_backward_weight(t: _Tally, item: Tensor, launch: Launch) -> No
     warp's windows reach B's ldmatrix (tensor cores: no term) and the float sums' 8-byte stores
     (past the first pass, their loads and adds); then the gather, a lane a pixel (or a tap): its
     entry once, per turn the other index's, the product's load where the tap reads the map and
-    grad_weight's 16-bit store. The layout's sizes are the source's and its host's."""
+    grad_weight's 16-bit store (WIDE: 32-bit). The layout's sizes are the source's and its host's."""
     (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, band_rows, gsn, gsc, gsh, gsw, isn, isc, ish, isw, osn, osg,
      oskh, oskw, osh, osw) = launch.scalars
     b = _dense_block(item, launch)
@@ -2239,7 +2239,7 @@ def _dense_window_backward_weight(t: _Tally, item: Tensor, launch: Launch) -> No
                     t.fma(steps, 2)
     # the gather: a lane a pixel (a tap where out's stride along pixels is the larger), its entry
     # read once, then per turn the other index's (a broadcast), the product's load where the tap
-    # reads the map and grad_weight's 16-bit store
+    # reads the map and grad_weight's store
     pixels_inner = osw <= oskw
     lanes = c["DENSE_GATHER_LANES"]
     index = thread % lanes
@@ -2254,8 +2254,9 @@ def _dense_window_backward_weight(t: _Tally, item: Tensor, launch: Launch) -> No
     y, x = p // OW * sh - band_pad + tap // KW * dh, p % OW * sw - pw + tap % KW * dw
     inside = gathers & (y >= 0) & (y < band_h) & (x >= 0) & (x < W)
     t.shared(p * product_stride + (y * W + x).clamp(min=0), inside, 4)
+    wide = launch.specialisation[2] == "true"  # WIDE: a float out
     t.store(2, n * osn + group * osg + tap // KW * oskh + tap % KW * oskw + (band_top + p // OW) * osh + p % OW * osw,
-            gathers, es)
+            gathers, 4 if wide else es)
 
 
 def _wide_span_staging(t: _Tally, thread: Tensor, threads: int, group, taps: int, R: int, rows: int,

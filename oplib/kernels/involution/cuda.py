@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..cuda_launch import BLOCK_SIZE, MAX_BLOCKS, LaunchConfig, Launcher, cuda_dispatch, cupy_launcher, launch_elementwise
 from ..cuda_source import KernelSource, load_source
-from .cpu import _accumulation_dtype, generated_weight, generator_grads_through_map
+from .cpu import _accumulation_dtype, _contract_generator_map, generated_weight, generator_grads_through_map
 from .layouts import activation_in, is_channels_last, is_pixel_major, result_like, weight_in, weight_result
 
 SOURCE = "involution/csrc/cuda/involution.cu"
@@ -72,8 +72,10 @@ class LaunchPolicy:
     at one vector a thread, as ``LAST_VECTOR_GRAD_INPUT``, which the kernel table times beside it
     until a draw has chosen between them). ``dense_window``: a 16-bit grad_weight on a map that
     ``dense_window.cu``'s grad_weight kernel holds (RedNet-50's last stage) goes to it (a
-    (sample, group) a block, the products on tensor cores); off until a draw has timed it beside
-    the kernels the op takes now (the kernel table's "dense window" column of the grad_weight rows).
+    (sample, group) a block, the products on tensor cores), and the fused op's generator
+    gradients take the map it writes in float32 (``generator_grads_through_dense_map``); off
+    until a draw has timed it beside the kernels the op takes now (the kernel table's "dense
+    window" column of the grad_weight and generator grads rows).
     """
 
     kernel_sizes: tuple[int, ...]
@@ -1524,7 +1526,8 @@ def involution_dense_window_backward_weight(grad_output: Tensor, input: Tensor, 
     out's own strides
     (every operand of any strides); None, out untouched, where ``dense_weight_config`` declines
     the call, a group has no channel, out's offsets within a (sample, group) pass an int (the
-    gather adds them in ints) or the GPU predates sm_80. The instantiation is the
+    gather adds them in ints) or the GPU predates sm_80. ``out`` is in the activations' dtype or
+    in float32 (``WIDE``: the float sums as they are, the fused op's map). The instantiation is the
     input's layout's (channels_last or not) and, channels_last, whether both activations' rows
     move as 16-byte vectors (``_vector_rows``)."""
     source = load_source(DENSE_WINDOW_SOURCE)
@@ -1533,6 +1536,8 @@ def involution_dense_window_backward_weight(grad_output: Tensor, input: Tensor, 
     last = is_channels_last(input)
     config = dense_weight_config(source, input.dtype, n, groups, (height, width), out_size, kernel_size, stride, last,
                                  dilation=dilation)
+    if out.dtype not in (input.dtype, torch.float32):
+        raise ValueError(f"involution_dense_window_backward_weight: out is {out.dtype}, not {input.dtype} or float32")
     reach = sum((size - 1) * abs(step) for size, step in zip(out.shape[2:], out.stride()[2:]))
     if config is None or channels == 0 or reach >= 2**31 or (
             input.is_cuda and torch.cuda.get_device_capability(input.device) < GENERATED_MMA_MIN_CAPABILITY):
@@ -1546,7 +1551,32 @@ def involution_dense_window_backward_weight(grad_output: Tensor, input: Tensor, 
                *grad_output.stride(), *input.stride(), *out.stride())
     (launcher or cupy_launcher()).launch(source, "involution_dense_window_backward_weight", input.dtype, config,
                                          (grad_output, input, out, *scalars),
-                                         tuple("true" if flag else "false" for flag in (last, vectors)))
+                                         tuple("true" if flag else "false"
+                                               for flag in (last, vectors, out.dtype != input.dtype)))
+    return out
+
+
+def generator_grads_through_dense_map(grad_output: Tensor, feature: Tensor, span_weight: Tensor, input: Tensor,
+                                      kernel_size, stride, padding, dilation, out: tuple[Tensor, Tensor, Tensor],
+                                      launcher: Optional[Launcher] = None) -> Optional[tuple[Tensor, Tensor, Tensor]]:
+    """involution_generated_backward_generator through the map gw as ``generator_grads_through_map``
+    takes it, but gw written in float32 straight from the 16-bit operands by the dense window's
+    grad_weight kernel (``involution_dense_window_backward_weight``, WIDE: no float32 copies of
+    grad_output and the input, and its float sums are the float32 kernels' products of the same
+    values), then contracted the same way; None, out untouched, where the kernel declines."""
+    n, _, out_h, out_w = feature.shape
+    rows = span_weight.shape[0]
+    groups = rows // (kernel_size[0] * kernel_size[1])
+    if grad_output.dtype not in DENSE_WINDOW_DTYPES:
+        return None
+    gw = weight_result(grad_output.new_empty(0, dtype=torch.float32), (n, groups, *kernel_size, out_h, out_w),
+                       is_channels_last(input))
+    if involution_dense_window_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups, gw,
+                                               launcher) is None:
+        return None
+    sums = _contract_generator_map(gw.reshape(n, rows, out_h, out_w), feature.float(), span_weight.float())
+    for result, value in zip(out, sums, strict=True):
+        result.copy_(value)
     return out
 
 
@@ -1742,11 +1772,15 @@ def involution_generated_backward_generator(grad_output: Tensor, feature: Tensor
                                             tensor_cores: Optional[bool] = None) -> tuple[Tensor, Tensor, Tensor]:
     """involution_generated_backward_generator's CUDA writer: the map route
     (``generator_grads_through_map``: gw written in float32 by involution's grad_weight kernels,
-    then contracted by cuBLAS), or with ``tensor_cores`` (by default
-    ``GENERATOR_ON_TENSOR_CORES``) the tensor-core kernel where it serves the call
+    then contracted by cuBLAS), under the ``dense_window`` policy the map in float32 by the dense
+    window's grad_weight kernel where it serves the call (``generator_grads_through_dense_map``),
+    or with ``tensor_cores`` (by default ``GENERATOR_ON_TENSOR_CORES``) the tensor-core kernel where it serves the call
     (``involution_generated_mma_backward_generator``: bfloat16, and float32 in 3xTF32, on sm_80 and
     newer, the map never written)."""
     kernel = GENERATOR_ON_TENSOR_CORES if tensor_cores is None else tensor_cores
+    if POLICY.dense_window and generator_grads_through_dense_map(grad_output, feature, span_weight, input, kernel_size,
+                                                                 stride, padding, dilation, out, launcher) is not None:
+        return out
     if kernel and involution_generated_mma_backward_generator(grad_output, feature, span_weight, input, kernel_size,
                                                               stride, padding, dilation, out, launcher) is not None:
         return out

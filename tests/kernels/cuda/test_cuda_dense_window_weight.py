@@ -235,13 +235,14 @@ def test_the_staging_takes_vectors_only_where_both_activations_rows_are_aligned(
         return launcher.launches[0].specialisation
 
     args = _case_arguments(DENSE_CASES[0], torch.bfloat16)  # channels_last, 16 channels a group
-    assert specialisation(args) == ("true", "true")
-    assert specialisation(_case_arguments(DENSE_CASES[0]._replace(channels_last=False), torch.bfloat16)) == ("false", "false")
+    assert specialisation(args) == ("true", "true", "false")
+    assert specialisation(_case_arguments(DENSE_CASES[0]._replace(channels_last=False), torch.bfloat16)) == (
+        "false", "false", "false")
     strided = _strided((args[1], args[0]))
-    assert specialisation((strided[1], strided[0], *args[2:])) == ("false", "false")  # (views: not channels_last)
+    assert specialisation((strided[1], strided[0], *args[2:])) == ("false", "false", "false")  # (views: not channels_last)
     strided = _strided((args[1], args[0]), feature_only=True)  # grad_output a view from an odd column
-    assert specialisation((strided[1], args[1], *args[2:])) == ("true", "false")
-    assert specialisation(_case_arguments(DENSE_CASES[0]._replace(channels=24), torch.bfloat16)) == ("true", "false")
+    assert specialisation((strided[1], args[1], *args[2:])) == ("true", "false", "false")
+    assert specialisation(_case_arguments(DENSE_CASES[0]._replace(channels=24), torch.bfloat16)) == ("true", "false", "false")
 
 
 def test_the_op_takes_it_under_the_dense_window_policy_only():
@@ -374,7 +375,8 @@ _RUN_SAMPLES = """
 import torch
 from oplib.testing.cuda_emulation import EmulatedLauncher
 from test_cuda_dense_window import DENSE_CASES, _random_small_cases
-from test_cuda_dense_window_weight import BAND_CASES, DTYPES, WEIGHT, _case_arguments, _check, _random_band_cases, _result
+from test_cuda_dense_window_weight import (BAND_CASES, DTYPES, WEIGHT, _case_arguments, _check, _random_band_cases,
+                                           _result, _wide)
 launcher = EmulatedLauncher(sanitize=True)
 for dtype in DTYPES:
     for sample in WEIGHT.sample_inputs("cpu", dtype, False):
@@ -388,6 +390,8 @@ for dtype in DTYPES:
     args[0] = args[0].clone()
     args[0][0, 3, 4, 4] = float("nan")
     _result(tuple(args), launcher)
+    for case in (DENSE_CASES[0], BAND_CASES[0]):
+        _wide(_case_arguments(case, dtype), launcher)
 print("clean:", len(launcher.launches), "launches")
 """
 
@@ -437,3 +441,95 @@ def test_dense_weight_on_a_gpu_matches_the_reference(dtype):
     expected = involution_cuda.launch_involution_backward_weight(*args, involution_cuda.cupy_launcher(),
                                                                  involution_cuda.POLICY)
     assert torch.equal(out.isinf(), expected.isinf()) and torch.equal(out.isnan(), expected.isnan())
+    if dtype == torch.bfloat16:  # WIDE: the float32 kernels' map within float32's rounding
+        for case in (DENSE_CASES[0], BAND_CASES[0]):
+            args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in _case_arguments(case, dtype))
+            wide = involution_cuda.launch_involution_backward_weight(args[0].float(), args[1].float(), *args[2:],
+                                                                     involution_cuda.cupy_launcher())
+            torch.testing.assert_close(_wide(args, None), wide, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------
+# WIDE: the map in float32, the fused op's generator gradients through it
+# ---------------------------------------------------------------------------------------
+
+GENERATOR = registry.get("involution_generated_backward_generator")
+
+
+def _wide(args: tuple, launcher) -> torch.Tensor:
+    grad, input, kernel_size, stride, padding, dilation, groups = args
+    out = weight_result(grad.new_empty(0, dtype=torch.float32), (input.shape[0], groups, *kernel_size, *grad.shape[2:]),
+                        is_channels_last(input))
+    assert involution_cuda.involution_dense_window_backward_weight(*args, out, launcher) is out
+    return out
+
+
+def test_the_wide_map_is_the_float32_kernels_map():
+    """WIDE writes the float sums as they are: the float32 kernels' map of the same values (their
+    products exact too, their sums in another order) within float32's rounding, where a map
+    rounded to bfloat16 on the way is off by its 8 bits. A small map whole and one in bands, both
+    layouts; an out in bfloat16 or float32 only."""
+    require_host_compiler()
+    for case in (*DENSE_CASES[:3], *BAND_CASES[:2]):
+        for channels_last in (False, True):
+            args = _case_arguments(case._replace(channels_last=channels_last), torch.bfloat16)
+            out = _wide(args, EmulatedLauncher())
+            wide = involution_cuda.launch_involution_backward_weight(args[0].float(), args[1].float(), *args[2:],
+                                                                     EmulatedLauncher())
+            torch.testing.assert_close(out, wide, atol=1e-5, rtol=1e-5, msg=lambda m: f"{case.name}: {m}")
+            assert not torch.equal(out, out.bfloat16().float()), case.name
+    args = _case_arguments(DENSE_CASES[0], torch.bfloat16)
+    half = torch.empty(2, 2, 7, 7, 7, 7, dtype=torch.float16)
+    with pytest.raises(ValueError, match="not torch.bfloat16 or float32"):
+        involution_cuda.involution_dense_window_backward_weight(*args, half, EmulatedLauncher())
+
+
+def _generator_arguments(case, dtype) -> tuple:
+    input, feature, span_weight, _, *window = case.arguments(dtype)
+    grad = weight_arguments(case.arguments(dtype), case.groups)[0]
+    return (grad, feature, span_weight, input, *window)
+
+
+def test_generator_grads_through_the_dense_map_match_the_reference():
+    """involution_generated_backward_generator by the dense map route, against its float64
+    reference: small maps whole and in bands, both layouts; and the op's CUDA writer takes it
+    under the ``dense_window`` policy (the kernel's WIDE instantiation), not by default."""
+    from oplib.ops.involution_generated import _generator_grads_result as generator_result
+    from oplib.testing.device_model import RecordingLauncher
+
+    require_host_compiler()
+    atol, rtol = GENERATOR.tolerance(torch.bfloat16)
+    for case in (*DENSE_CASES[:3], BAND_CASES[0], BAND_CASES[3]):
+        for channels_last in (False, True):
+            args = _generator_arguments(case._replace(channels_last=channels_last), torch.bfloat16)
+            out = generator_result(*args)
+            assert involution_cuda.generator_grads_through_dense_map(*args, out, EmulatedLauncher()) is out
+            for name, value, expected in zip(("grad_feature", "grad_span_weight", "grad_span_bias"), out,
+                                             GENERATOR.reference(*(a.double() if isinstance(a, torch.Tensor) else a
+                                                                   for a in args))):
+                torch.testing.assert_close(value.double(), expected, atol=atol, rtol=rtol,
+                                           msg=lambda m: f"{case.name} {name}: {m}")
+    args = _generator_arguments(DENSE_CASES[0], torch.bfloat16)
+    for policy, launched in ((involution_cuda.POLICY, False), (DENSE_POLICY, True)):
+        launcher = RecordingLauncher()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(involution_cuda, "POLICY", policy)
+            involution_cuda.involution_generated_backward_generator(*args, generator_result(*args), launcher)
+        kernels = [(launch.kernel, launch.specialisation) for launch in launcher.launches]
+        assert (("involution_dense_window_backward_weight", ("true", "true", "true")) in kernels) == launched, kernels
+
+
+# WIDE's float out written as 16-bit values.
+WIDE_STORE = PlantedBug("wide-store", "if constexpr (WIDE) {\n                    static_cast<float*>(out)[at] = value;",
+                        "if constexpr (false) {\n                    static_cast<float*>(out)[at] = value;")
+
+
+@pytest.mark.integration
+def test_a_planted_wide_bug_fails_the_check(tmp_path, monkeypatch):
+    require_host_compiler()
+    args = _case_arguments(DENSE_CASES[0], torch.bfloat16)
+    expected = involution_cuda.launch_involution_backward_weight(args[0].float(), args[1].float(), *args[2:],
+                                                                 EmulatedLauncher())
+    _plant(monkeypatch, tmp_path, WIDE_STORE)
+    with pytest.raises(AssertionError, match="not close"):
+        torch.testing.assert_close(_wide(args, EmulatedLauncher()), expected, atol=1e-5, rtol=1e-5)

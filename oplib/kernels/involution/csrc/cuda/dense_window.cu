@@ -680,12 +680,16 @@ static_assert(DENSE_GATHER_LANES >= DENSE_PIXELS && DENSE_GATHER_LANES >= DENSE_
 //   taps       4 x DENSE_TAPS                       a tap's DenseGatherEntry
 //   pixels     4 x DENSE_PIXELS                     a pixel's DenseGatherEntry
 //
+// WIDE: out is float (the fused op's generator gradients contract the map in float: the same
+// float sums, never rounded to the storage type), else the storage type.
+//
 // oplib-instantiate: involution_dense_window_backward_weight
+// oplib-template: WIDE = false | true
 //
 // Block (32, DENSE_WARPS); grid (groups, N, bands).
-template <typename scalar_t, bool LAST, bool VECTORS>
+template <typename scalar_t, bool LAST, bool VECTORS, bool WIDE>
 __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_backward_weight(
-    const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, scalar_t* __restrict__ out,
+    const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, void* __restrict__ out,
     int channels, int height, int width, int groups, int kernel_h, int kernel_w, int out_h, int out_w, int stride_h,
     int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int band_rows, index_t grad_n, index_t grad_c,
     index_t grad_h, index_t grad_w, index_t input_n, index_t input_c, index_t input_h, index_t input_w,
@@ -789,7 +793,7 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_back
         if (index < inner) {
             const DenseGatherEntry mine = (pixels_inner ? pixel_entries : tap_entries)[index];
             const DenseGatherEntry* others = pixels_inner ? tap_entries : pixel_entries;
-            half_t* out_block = out + n * out_n + (index_t)group * out_g + (index_t)band_top * out_hs;
+            const index_t out_block = n * out_n + (index_t)group * out_g + (index_t)band_top * out_hs;
             for (int other_index = thread / DENSE_GATHER_LANES; other_index < outer;
                  other_index += DENSE_THREADS / DENSE_GATHER_LANES) {
                 const DenseGatherEntry other = others[other_index];
@@ -798,7 +802,12 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_back
                 const int y = pixel.value[0] + tap.value[0], x = pixel.value[1] + tap.value[1];
                 const bool inside = (unsigned int)y < (unsigned int)band_height && (unsigned int)x < (unsigned int)width;
                 const float value = inside ? products[pixel.value[3] + tap.value[3]] : 0.0f;
-                out_block[pixel.value[2] + tap.value[2]] = Element<half_t>::store(value);
+                const index_t at = out_block + pixel.value[2] + tap.value[2];
+                if constexpr (WIDE) {
+                    static_cast<float*>(out)[at] = value;
+                } else {
+                    static_cast<half_t*>(out)[at] = Element<half_t>::store(value);
+                }
             }
         }
     }
