@@ -119,7 +119,7 @@ DENSE_GRAD_INPUT = "dense window grad_input"
 # the input on tensor cores, gathered at the taps), the ``dense_window`` policy's, timed in the
 # grad_weight row's "dense window" column from the next draw on.
 DENSE_WEIGHT = "dense window grad_weight"
-# The same kernel writing the map in float32 from 16-bit operands (WIDE): the first step of the
+# The same kernel writing the map in float32 from 16-bit operands (DENSE_MAP_WIDE): the first step of the
 # fused op's generator gradients under that policy (``generator_grads_through_dense_map``).
 DENSE_MAP = "dense window float32 map"
 PREDICTED = {GENERATOR: "involution_generated_mma_backward_generator",
@@ -881,7 +881,7 @@ def _dense_weight_cells(data: list[dict], rows: list[dict], constants: Constants
 def dense_weight_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
     """``PREDICTED``'s dense window grad_weight (involution's own grad_weight, the ``dense_window``
     policy's) at every row it serves where the draw measured involution's grad_weight, and its
-    float32 map (WIDE, the fused op's generator gradients' first step under that policy) beside
+    float32 map (DENSE_MAP_WIDE, the fused op's generator gradients' first step under that policy) beside
     involution's float32 grad_weight, which the op's map route runs on float32 copies."""
     lines = []
     for kernel, heading, text, against, columns in (
@@ -894,7 +894,7 @@ def dense_weight_lines(data: list[dict], rows: list[dict], constants: Constants,
              "where the floor is under 5 us) and involution's grad_weight as the draw measured it.",
              "", "involution grad_weight, measured (us)"),
             (DENSE_MAP, "## Predicted, not yet measured: the dense window grad_weight's float32 map",
-             "The same kernel writing the map gw in float32 from the 16-bit operands (`WIDE`): under the `dense_window` "
+             "The same kernel writing the map gw in float32 from the 16-bit operands (`DENSE_MAP_WIDE`): under the `dense_window` "
              "policy the first step of involution_generated_backward_generator's route through the map "
              "(`generator_grads_through_dense_map`), whose default route writes it with involution's float32 grad_weight "
              "from float32 copies of grad_output and the input. Beside its floor (the row's dtype's), the bar, and that "

@@ -2168,9 +2168,10 @@ def _dense_window_backward_weight(t: _Tally, item: Tensor, launch: Launch) -> No
     input staged (channels_last a pixel a row, 16-byte vectors where aligned; NCHW a channel a
     row, a pixel pair two 16-bit loads), A's ldmatrix, then per step of 16 input pixels the
     warp's windows reach B's ldmatrix (tensor cores: no term) and the float sums' 8-byte stores
-    (past the first pass, their loads and adds); then the gather, a lane a pixel (or a tap): its
+    (past the first pass, their loads and adds; with one pass, a rounded pair's 32-bit store);
+    then the gather, a lane a pixel (or a tap): its
     entry once, per turn the other index's, the product's load where the tap reads the map and
-    grad_weight's 16-bit store (WIDE: 32-bit). The layout's sizes are the source's and its host's."""
+    grad_weight's 16-bit store (DENSE_MAP_WIDE: 32-bit). The layout's sizes are the source's and its host's."""
     (C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, band_rows, gsn, gsc, gsh, gsw, isn, isc, ish, isw, osn, osg,
      oskh, oskw, osh, osw) = launch.scalars
     b = _dense_block(item, launch)
@@ -2190,7 +2191,9 @@ def _dense_window_backward_weight(t: _Tally, item: Tensor, launch: Launch) -> No
     most_q_steps = -(-min(H, (band_rows - 1) * sh + (KH - 1) * dh + 1) * W // 16)  # the loops' bound
     product_stride, input_stride = 16 * q_steps + 8, 8 * q_steps + 4
     pixel_stride, channel_stride = c["DENSE_PIXEL_STRIDE"], c["DENSE_CHANNEL_STRIDE"]
-    grad_at = c["DENSE_PIXELS"] * product_stride
+    wide = launch.specialisation[2] == "DENSE_MAP_WIDE"  # a float out
+    narrow = launch.specialisation[2] == "DENSE_MAP_NARROW"  # one pass: the products in 16 bits
+    grad_at = c["DENSE_PIXELS"] * product_stride // (2 if narrow else 1)
     input_at = grad_at + (c["DENSE_PIXELS"] * channel_stride if last else c["DENSE_CHANNELS"] * pixel_stride)
     taps_at = input_at + (16 * q_steps * channel_stride if last else c["DENSE_CHANNELS"] * input_stride)
     pixels_at = taps_at + 4 * c["DENSE_TAPS"]
@@ -2233,6 +2236,9 @@ def _dense_window_backward_weight(t: _Tally, item: Tensor, launch: Launch) -> No
                 t.matrices(input_at + 8 * k + (8 * (i % 2) + lane % 8) * input_stride + 4 * (i // 2), steps, 4)
             for h in range(4):
                 at = (first + row + 8 * (h // 2)) * product_stride + 16 * k + 8 * (h % 2) + 2 * quad
+                if narrow:  # the pair rounded, a 32-bit store
+                    t.shared(at // 2, steps, 4)
+                    continue
                 for _ in range(2 if c0 > 0 else 1):  # the earlier passes' sums read, then the store
                     t.shared(at // 2, steps, 8)
                 if c0 > 0:
@@ -2253,8 +2259,7 @@ def _dense_window_backward_weight(t: _Tally, item: Tensor, launch: Launch) -> No
     t.shared((pixels_at if pixels_inner else taps_at) // 4 + other, gathers, 16)
     y, x = p // OW * sh - band_pad + tap // KW * dh, p % OW * sw - pw + tap % KW * dw
     inside = gathers & (y >= 0) & (y < band_h) & (x >= 0) & (x < W)
-    t.shared(p * product_stride + (y * W + x).clamp(min=0), inside, 4)
-    wide = launch.specialisation[2] == "true"  # WIDE: a float out
+    t.shared(p * product_stride + (y * W + x).clamp(min=0), inside, 2 if narrow else 4)
     t.store(2, n * osn + group * osg + tap // KW * oskh + tap % KW * oskw + (band_top + p // OW) * osh + p % OW * osw,
             gathers, 4 if wide else es)
 

@@ -1473,13 +1473,14 @@ def involution_generated_dense_window_backward_input(grad_output: Tensor, featur
     return out
 
 
-def dense_weight_shared_bytes(source: KernelSource, inputs: int, last: bool) -> int:
+def dense_weight_shared_bytes(source: KernelSource, inputs: int, last: bool, narrow: bool = False) -> int:
     """``involution_dense_window_backward_weight``'s dynamic shared memory (its comment's
-    layout): the float products, the staged grad_output and input, the taps' and the pixels'
+    layout): the products (floats, or with ``narrow`` 16-bit values: one pass over a group's
+    channels into the storage type), the staged grad_output and input, the taps' and the pixels'
     gather entries (4 words each), for a map of ``inputs`` input pixels."""
     c = source.constants
     q_steps = -(-inputs // 16)
-    products = c["DENSE_PIXELS"] * (16 * q_steps + 8)
+    products = c["DENSE_PIXELS"] * (16 * q_steps + 8) // (2 if narrow else 1)
     if last:
         staged = (c["DENSE_PIXELS"] + 16 * q_steps) * c["DENSE_CHANNEL_STRIDE"]
     else:
@@ -1500,12 +1501,12 @@ def dense_weight_band_rows(source: KernelSource, in_size, out_size, kernel_size,
 
 
 def dense_weight_config(source: KernelSource, dtype: torch.dtype, batch: int, groups: int, in_size, out_size,
-                        kernel_size, stride, last: bool, dilation=(1, 1)) -> Optional[LaunchConfig]:
+                        kernel_size, stride, last: bool, dilation=(1, 1), narrow: bool = False) -> Optional[LaunchConfig]:
     """``involution_dense_window_backward_weight``'s launch: a block of ``DENSE_WARPS`` warps per
     (group, sample, band of ``dense_weight_band_rows`` output rows); None where it does not serve
     the call (a dtype without the tensor-core product, no band that fits, no input pixel, more
     taps than ``DENSE_TAPS``, a tap's offset past 16 bits, a batch or bands past CUDA's grid
-    limits)."""
+    limits). ``narrow``: the kernel keeps its products in 16 bits (``dense_weight_narrow``)."""
     c = source.constants
     rows = dense_weight_band_rows(source, in_size, out_size, kernel_size, stride, dilation)
     if (dtype not in DENSE_WINDOW_DTYPES or rows is None or in_size[0] * in_size[1] == 0
@@ -1514,7 +1515,14 @@ def dense_weight_config(source: KernelSource, dtype: torch.dtype, batch: int, gr
         return None
     inputs = min(in_size[0], (rows - 1) * stride[0] + (kernel_size[0] - 1) * dilation[0] + 1) * in_size[1]
     return LaunchConfig((groups, batch, -(-out_size[0] // rows)), (32, c["DENSE_WARPS"]),
-                        dense_weight_shared_bytes(source, inputs, last))
+                        dense_weight_shared_bytes(source, inputs, last, narrow))
+
+
+def dense_weight_narrow(source: KernelSource, dtype: torch.dtype, out_dtype: torch.dtype, channels: int,
+                        groups: int) -> bool:
+    """Whether ``involution_dense_window_backward_weight`` keeps its products in the storage type
+    (its ``DENSE_MAP_NARROW``: one pass over a group's channels, an out in the activations' dtype)."""
+    return out_dtype == dtype and channels // groups <= source.constants["DENSE_CHANNELS"]
 
 
 def involution_dense_window_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding,
@@ -1527,15 +1535,16 @@ def involution_dense_window_backward_weight(grad_output: Tensor, input: Tensor, 
     (every operand of any strides); None, out untouched, where ``dense_weight_config`` declines
     the call, a group has no channel, out's offsets within a (sample, group) pass an int (the
     gather adds them in ints) or the GPU predates sm_80. ``out`` is in the activations' dtype or
-    in float32 (``WIDE``: the float sums as they are, the fused op's map). The instantiation is the
+    in float32 (``DENSE_MAP_WIDE``: the float sums as they are, the fused op's map). The instantiation is the
     input's layout's (channels_last or not) and, channels_last, whether both activations' rows
     move as 16-byte vectors (``_vector_rows``)."""
     source = load_source(DENSE_WINDOW_SOURCE)
     n, channels, height, width = input.shape
     out_size = tuple(grad_output.shape[2:])
     last = is_channels_last(input)
+    narrow = dense_weight_narrow(source, input.dtype, out.dtype, channels, groups)
     config = dense_weight_config(source, input.dtype, n, groups, (height, width), out_size, kernel_size, stride, last,
-                                 dilation=dilation)
+                                 dilation=dilation, narrow=narrow)
     if out.dtype not in (input.dtype, torch.float32):
         raise ValueError(f"involution_dense_window_backward_weight: out is {out.dtype}, not {input.dtype} or float32")
     reach = sum((size - 1) * abs(step) for size, step in zip(out.shape[2:], out.stride()[2:]))
@@ -1551,8 +1560,9 @@ def involution_dense_window_backward_weight(grad_output: Tensor, input: Tensor, 
                *grad_output.stride(), *input.stride(), *out.stride())
     (launcher or cupy_launcher()).launch(source, "involution_dense_window_backward_weight", input.dtype, config,
                                          (grad_output, input, out, *scalars),
-                                         tuple("true" if flag else "false"
-                                               for flag in (last, vectors, out.dtype != input.dtype)))
+                                         (*("true" if flag else "false" for flag in (last, vectors)),
+                                          "DENSE_MAP_WIDE" if out.dtype != input.dtype
+                                          else "DENSE_MAP_NARROW" if narrow else "DENSE_MAP_ROUNDED"))
     return out
 
 
@@ -1561,7 +1571,7 @@ def generator_grads_through_dense_map(grad_output: Tensor, feature: Tensor, span
                                       launcher: Optional[Launcher] = None) -> Optional[tuple[Tensor, Tensor, Tensor]]:
     """involution_generated_backward_generator through the map gw as ``generator_grads_through_map``
     takes it, but gw written in float32 straight from the 16-bit operands by the dense window's
-    grad_weight kernel (``involution_dense_window_backward_weight``, WIDE: no float32 copies of
+    grad_weight kernel (``involution_dense_window_backward_weight``, DENSE_MAP_WIDE: no float32 copies of
     grad_output and the input, and its float sums are the float32 kernels' products of the same
     values), then contracted the same way; None, out untouched, where the kernel declines."""
     n, _, out_h, out_w = feature.shape

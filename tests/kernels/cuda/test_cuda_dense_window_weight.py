@@ -200,6 +200,11 @@ def test_dense_weight_declines_what_it_does_not_serve():
     for size, out, stride, bands in ((14, 14, 1, 4), (28, 28, 1, 14), (28, 14, 2, 7), (14, 7, 2, 1), (7, 7, 1, 1)):
         chosen = config(source, torch.bfloat16, 32, 16, (size, size), (out, out), (7, 7), (stride, stride), True)
         assert chosen.grid == (16, 32, bands), (size, stride)
+    # one pass over a group's channels keeps the products in 16 bits: stage 2's bands (56 pixels
+    # whose windows reach 224 input pixels) four blocks an SM rather than three
+    for narrow, blocks in ((False, 3), (True, 4)):
+        chosen = config(source, torch.bfloat16, 32, 16, (28, 28), (28, 28), (7, 7), (1, 1), True, narrow=narrow)
+        assert device_model.resident_blocks(128, 128, chosen.shared_bytes, device_model.H200) == blocks, narrow
     assert config(source, torch.bfloat16, 32, 4, (56, 56), (56, 56), (7, 7), (1, 1), True) is None
     assert config(source, torch.bfloat16, 2, 4, (7, 64), (7, 64), (7, 7), (1, 1), True) is None  # 448 input pixels a row
     assert config(source, torch.bfloat16, 2, 4, (1, 65), (1, 65), (1, 1), (1, 1), True) is None  # 65 pixels a row
@@ -235,14 +240,20 @@ def test_the_staging_takes_vectors_only_where_both_activations_rows_are_aligned(
         return launcher.launches[0].specialisation
 
     args = _case_arguments(DENSE_CASES[0], torch.bfloat16)  # channels_last, 16 channels a group
-    assert specialisation(args) == ("true", "true", "false")
+    narrow = "DENSE_MAP_NARROW"  # (one pass over 16 channels a group, or 12)
+    assert specialisation(args) == ("true", "true", narrow)
     assert specialisation(_case_arguments(DENSE_CASES[0]._replace(channels_last=False), torch.bfloat16)) == (
-        "false", "false", "false")
+        "false", "false", narrow)
     strided = _strided((args[1], args[0]))
-    assert specialisation((strided[1], strided[0], *args[2:])) == ("false", "false", "false")  # (views: not channels_last)
+    assert specialisation((strided[1], strided[0], *args[2:])) == ("false", "false", narrow)  # (views: not channels_last)
     strided = _strided((args[1], args[0]), feature_only=True)  # grad_output a view from an odd column
-    assert specialisation((strided[1], args[1], *args[2:])) == ("true", "false", "false")
-    assert specialisation(_case_arguments(DENSE_CASES[0]._replace(channels=24), torch.bfloat16)) == ("true", "false", "false")
+    assert specialisation((strided[1], args[1], *args[2:])) == ("true", "false", narrow)
+    assert specialisation(_case_arguments(DENSE_CASES[0]._replace(channels=24), torch.bfloat16)) == ("true", "false", narrow)
+    # three passes (40 channels a group): float products; a float32 out: DENSE_MAP_WIDE
+    assert specialisation(_case_arguments(DENSE_CASES[2], torch.bfloat16))[2] == "DENSE_MAP_ROUNDED"
+    launcher = RecordingLauncher()
+    _wide(args, launcher)
+    assert launcher.launches[0].specialisation == ("true", "true", "DENSE_MAP_WIDE")
 
 
 def test_the_op_takes_it_under_the_dense_window_policy_only():
@@ -441,7 +452,7 @@ def test_dense_weight_on_a_gpu_matches_the_reference(dtype):
     expected = involution_cuda.launch_involution_backward_weight(*args, involution_cuda.cupy_launcher(),
                                                                  involution_cuda.POLICY)
     assert torch.equal(out.isinf(), expected.isinf()) and torch.equal(out.isnan(), expected.isnan())
-    if dtype == torch.bfloat16:  # WIDE: the float32 kernels' map within float32's rounding
+    if dtype == torch.bfloat16:  # DENSE_MAP_WIDE: the float32 kernels' map within float32's rounding
         for case in (DENSE_CASES[0], BAND_CASES[0]):
             args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in _case_arguments(case, dtype))
             wide = involution_cuda.launch_involution_backward_weight(args[0].float(), args[1].float(), *args[2:],
@@ -450,7 +461,7 @@ def test_dense_weight_on_a_gpu_matches_the_reference(dtype):
 
 
 # ---------------------------------------------------------------------------------------
-# WIDE: the map in float32, the fused op's generator gradients through it
+# DENSE_MAP_WIDE: the map in float32, the fused op's generator gradients through it
 # ---------------------------------------------------------------------------------------
 
 GENERATOR = registry.get("involution_generated_backward_generator")
@@ -465,7 +476,7 @@ def _wide(args: tuple, launcher) -> torch.Tensor:
 
 
 def test_the_wide_map_is_the_float32_kernels_map():
-    """WIDE writes the float sums as they are: the float32 kernels' map of the same values (their
+    """DENSE_MAP_WIDE writes the float sums as they are: the float32 kernels' map of the same values (their
     products exact too, their sums in another order) within float32's rounding, where a map
     rounded to bfloat16 on the way is off by its 8 bits. A small map whole and one in bands, both
     layouts; an out in bfloat16 or float32 only."""
@@ -484,6 +495,20 @@ def test_the_wide_map_is_the_float32_kernels_map():
         involution_cuda.involution_dense_window_backward_weight(*args, half, EmulatedLauncher())
 
 
+def test_the_storage_types_map_is_the_wide_map_rounded_once():
+    """Whether the products stay floats (more than one 16-channel pass) or are kept rounded (one
+    pass, RedNet's groups: half the shared memory), the map in the storage type is the float
+    map rounded once, bit for bit; whole maps and bands, one pass and three, both layouts, both
+    16-bit dtypes."""
+    require_host_compiler()
+    for dtype in DTYPES:
+        for case in (DENSE_CASES[0], DENSE_CASES[1], DENSE_CASES[2], BAND_CASES[0], BAND_CASES[3]):
+            for channels_last in (False, True):
+                args = _case_arguments(case._replace(channels_last=channels_last), dtype)
+                assert torch.equal(_result(args, EmulatedLauncher())[1], _wide(args, EmulatedLauncher()).to(dtype)), (
+                    dtype, case.name, channels_last)
+
+
 def _generator_arguments(case, dtype) -> tuple:
     input, feature, span_weight, _, *window = case.arguments(dtype)
     grad = weight_arguments(case.arguments(dtype), case.groups)[0]
@@ -493,7 +518,7 @@ def _generator_arguments(case, dtype) -> tuple:
 def test_generator_grads_through_the_dense_map_match_the_reference():
     """involution_generated_backward_generator by the dense map route, against its float64
     reference: small maps whole and in bands, both layouts; and the op's CUDA writer takes it
-    under the ``dense_window`` policy (the kernel's WIDE instantiation), not by default."""
+    under the ``dense_window`` policy (the kernel's DENSE_MAP_WIDE instantiation), not by default."""
     from oplib.ops.involution_generated import _generator_grads_result as generator_result
     from oplib.testing.device_model import RecordingLauncher
 
@@ -516,12 +541,26 @@ def test_generator_grads_through_the_dense_map_match_the_reference():
             patch.setattr(involution_cuda, "POLICY", policy)
             involution_cuda.involution_generated_backward_generator(*args, generator_result(*args), launcher)
         kernels = [(launch.kernel, launch.specialisation) for launch in launcher.launches]
-        assert (("involution_dense_window_backward_weight", ("true", "true", "true")) in kernels) == launched, kernels
+        assert (("involution_dense_window_backward_weight", ("true", "true", "DENSE_MAP_WIDE")) in kernels) == launched, kernels
 
 
-# WIDE's float out written as 16-bit values.
-WIDE_STORE = PlantedBug("wide-store", "if constexpr (WIDE) {\n                    static_cast<float*>(out)[at] = value;",
-                        "if constexpr (false) {\n                    static_cast<float*>(out)[at] = value;")
+# One pass's rounded pair stored with its two values swapped.
+NARROW_PAIR = PlantedBug("narrow-pair", "sums[h & 1].value[2 * (h >> 1)], sums[h & 1].value[2 * (h >> 1) + 1], half_t());",
+                         "sums[h & 1].value[2 * (h >> 1) + 1], sums[h & 1].value[2 * (h >> 1)], half_t());")
+
+
+@pytest.mark.integration
+def test_a_planted_narrow_bug_fails_the_reference_check(tmp_path, monkeypatch):
+    """One pass (16 channels a group): the products kept rounded; three passes never take that way."""
+    require_host_compiler()
+    _plant(monkeypatch, tmp_path, NARROW_PAIR)
+    assert _caught(lambda: _check(_case_arguments(DENSE_CASES[0], torch.bfloat16), EmulatedLauncher(), "narrow"))
+    assert _check(_case_arguments(DENSE_CASES[2], torch.bfloat16), EmulatedLauncher(), "three passes")
+
+
+# DENSE_MAP_WIDE's float out written as 16-bit values.
+WIDE_STORE = PlantedBug("wide-store", "if constexpr (MAP == DENSE_MAP_WIDE) {\n                    static_cast<float*>(out)[at] =",
+                        "if constexpr (false) {\n                    static_cast<float*>(out)[at] =")
 
 
 @pytest.mark.integration

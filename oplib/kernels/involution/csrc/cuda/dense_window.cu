@@ -638,12 +638,16 @@ struct alignas(16) DenseGatherEntry {
     int value[4];
 };
 
+// The grad_weight kernel's MAP (its comment).
+constexpr int DENSE_MAP_ROUNDED = 0;
+constexpr int DENSE_MAP_NARROW = 1;
+constexpr int DENSE_MAP_WIDE = 2;
 constexpr int DENSE_GATHER_LANES = 64;  // lanes along the gather's inner index: a pixel or a tap each
 static_assert(DENSE_GATHER_LANES >= DENSE_PIXELS && DENSE_GATHER_LANES >= DENSE_TAPS &&
                   DENSE_THREADS % DENSE_GATHER_LANES == 0 && DENSE_GATHER_LANES % 32 == 0,
               "a lane every pixel or tap; a warp's lanes on one outer index");
 
-// involution's grad_weight (involution_backward_weight) on the same maps, float16 and bfloat16:
+// involution's grad_weight (involution_backward_weight) on tensor cores, float16 and bfloat16:
 //   grad_weight[n, g, a, b, i, j] = sum over the group's channels c of grad_output[n, c, i, j] *
 //                                   input[n, c, i*sh - ph + a*dh, j*sw - pw + b*dw]
 // (0 at a tap in the padding), which is the product of the group's grad_output and input
@@ -665,14 +669,15 @@ static_assert(DENSE_GATHER_LANES >= DENSE_PIXELS && DENSE_GATHER_LANES >= DENSE_
 // pixels 16 w .. 16 w + 15 (an m-tile). Per DENSE_CHANNELS of the group's channels the block
 // stages grad_output and the input (zeros past the maps and the channels); each warp multiplies
 // its pixels' grad_output (A, one k-step) by the input's n-tiles in the rows its windows reach,
-// adding the sums in float into its rows of the products. Then the block gathers, a lane a pixel (or a tap, along out's smaller stride of the
-// two) and two taps (pixels) a turn, and stores each. No atomics, every sum in a fixed order:
-// deterministic.
+// adding the sums in float into its rows of the products. Then the block gathers, a lane a pixel
+// (or a tap, along out's smaller stride of the two) and two taps (pixels) a turn, and stores
+// each. No atomics, every sum in a fixed order: deterministic.
 //
 // Dynamic shared memory, 32-bit words (the host's dense_weight_shared_bytes), with k_q = Q rounded
 // up to 16:
 //   products   DENSE_PIXELS x (k_q + 8) floats        [pixel][input pixel] (a fragment's float2
-//                                                   stores: 4 rows of 8 floats 8 banks apart)
+//                                                   stores: 4 rows of 8 floats 8 banks apart), or
+//                                                   16-bit values where one pass makes them final
 //   staged grad_output  LAST: DENSE_PIXELS x DENSE_CHANNEL_STRIDE   [pixel][channel]
 //                       else: DENSE_CHANNELS x DENSE_PIXEL_STRIDE   [channel][pixel]
 //   staged input        LAST: k_q x DENSE_CHANNEL_STRIDE            [input pixel][channel]
@@ -680,14 +685,18 @@ static_assert(DENSE_GATHER_LANES >= DENSE_PIXELS && DENSE_GATHER_LANES >= DENSE_
 //   taps       4 x DENSE_TAPS                       a tap's DenseGatherEntry
 //   pixels     4 x DENSE_PIXELS                     a pixel's DenseGatherEntry
 //
-// WIDE: out is float (the fused op's generator gradients contract the map in float: the same
-// float sums, never rounded to the storage type), else the storage type.
+// MAP, what the products and the out are (a template argument, so that an instantiation holds
+// one way): DENSE_MAP_ROUNDED, float products, out in the storage type; DENSE_MAP_NARROW, one pass
+// over a group's channels (RedNet's 16) makes each product its final sum, kept rounded to the
+// storage type (the rounding the store would make) in half the shared memory; DENSE_MAP_WIDE,
+// float products and a float out (the fused op's generator gradients contract the map in
+// float: the same sums, never rounded).
 //
 // oplib-instantiate: involution_dense_window_backward_weight
-// oplib-template: WIDE = false | true
+// oplib-template: MAP = DENSE_MAP_ROUNDED | DENSE_MAP_NARROW | DENSE_MAP_WIDE
 //
 // Block (32, DENSE_WARPS); grid (groups, N, bands).
-template <typename scalar_t, bool LAST, bool VECTORS, bool WIDE>
+template <typename scalar_t, bool LAST, bool VECTORS, int MAP>
 __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_backward_weight(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, void* __restrict__ out,
     int channels, int height, int width, int groups, int kernel_h, int kernel_w, int out_h, int out_w, int stride_h,
@@ -711,9 +720,11 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_back
         const int band_height = band_end > band_y ? band_end - band_y : 0, band_pad_h = band_y - reach_top;
         const int pixels = rows * out_w, inputs = band_height * width;
         const int q_steps = (inputs + 15) / 16, product_stride = 16 * q_steps + 8, input_stride = 8 * q_steps + 4;
+        constexpr bool narrow = MAP == DENSE_MAP_NARROW;  // (the host's choice where one pass serves)
         OPLIB_DYNAMIC_SHARED(unsigned int, shared);
         float* products = reinterpret_cast<float*>(shared);
-        unsigned int* staged_grad = shared + DENSE_PIXELS * product_stride;
+        unsigned short* narrow_products = reinterpret_cast<unsigned short*>(shared);
+        unsigned int* staged_grad = shared + DENSE_PIXELS * product_stride / (narrow ? 2 : 1);
         unsigned int* staged_input =
             staged_grad + (LAST ? DENSE_PIXELS * DENSE_CHANNEL_STRIDE : DENSE_CHANNELS * DENSE_PIXEL_STRIDE);
         DenseGatherEntry* tap_entries = reinterpret_cast<DenseGatherEntry*>(
@@ -736,8 +747,8 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_back
                                           (index_t)group * group_channels * grad_c + (index_t)band_top * grad_h;
         const unsigned short* input_bits = reinterpret_cast<const unsigned short*>(input) + n * input_n +
                                            (index_t)group * group_channels * input_c + (index_t)band_y * input_h;
-        float* low_row = products + (first + row) * product_stride + 2 * quad;  // the lane's C values' places
-        float* high_row = low_row + 8 * product_stride;
+        const int low_place = (first + row) * product_stride + 2 * quad;  // the lane's C values' places
+        const int high_place = low_place + 8 * product_stride;
 
         for (int c0 = 0; c0 < group_channels; c0 += DENSE_CHANNELS) {
             if (c0 > 0) __syncthreads();  // every warp is done with the previous channels' staging
@@ -771,7 +782,13 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_back
                 oplib_mma<half_t>(sums[1], a, high);
 #pragma unroll
                 for (int h = 0; h < 4; ++h) {  // n-tile h & 1's values of pixel row + 8 (h >> 1)
-                    DenseSumPair* at = reinterpret_cast<DenseSumPair*>((h >> 1 ? high_row : low_row) + 16 * k + 8 * (h & 1));
+                    const int place = (h >> 1 ? high_place : low_place) + 16 * k + 8 * (h & 1);
+                    if constexpr (narrow) {  // the pair rounded, one 32-bit store
+                        *reinterpret_cast<unsigned int*>(narrow_products + place) = mma_round_pair(
+                            sums[h & 1].value[2 * (h >> 1)], sums[h & 1].value[2 * (h >> 1) + 1], half_t());
+                        continue;
+                    }
+                    DenseSumPair* at = reinterpret_cast<DenseSumPair*>(products + place);
                     DenseSumPair sum = {{sums[h & 1].value[2 * (h >> 1)], sums[h & 1].value[2 * (h >> 1) + 1]}};
                     if (c0 > 0) {  // the lane's own places: no other lane reads or writes them before the gather
                         const DenseSumPair before = *at;
@@ -801,12 +818,14 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_dense_window_back
                 const DenseGatherEntry& tap = pixels_inner ? other : mine;
                 const int y = pixel.value[0] + tap.value[0], x = pixel.value[1] + tap.value[1];
                 const bool inside = (unsigned int)y < (unsigned int)band_height && (unsigned int)x < (unsigned int)width;
-                const float value = inside ? products[pixel.value[3] + tap.value[3]] : 0.0f;
+                const int place = pixel.value[3] + tap.value[3];
                 const index_t at = out_block + pixel.value[2] + tap.value[2];
-                if constexpr (WIDE) {
-                    static_cast<float*>(out)[at] = value;
+                if constexpr (MAP == DENSE_MAP_WIDE) {
+                    static_cast<float*>(out)[at] = inside ? products[place] : 0.0f;
+                } else if constexpr (narrow) {  // the rounded sum's bits, or +0
+                    static_cast<unsigned short*>(out)[at] = inside ? narrow_products[place] : (unsigned short)0;
                 } else {
-                    static_cast<half_t*>(out)[at] = Element<half_t>::store(value);
+                    static_cast<half_t*>(out)[at] = Element<half_t>::store(inside ? products[place] : 0.0f);
                 }
             }
         }
