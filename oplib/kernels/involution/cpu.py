@@ -260,7 +260,15 @@ def generator_grads_through_map(grad_output: Tensor, feature: Tensor, span_weigh
     dtype = _accumulation_dtype(grad_output.dtype)
     gw = torch.ops.oplib.involution_backward_weight(grad_output.to(dtype), input.to(dtype), kernel_size, stride, padding,
                                                     dilation, groups)
-    sums = _contract_generator_map(gw.reshape(n, rows, out_h, out_w), feature.to(dtype), span_weight.to(dtype))
+    return contract_generator_map_into(gw.reshape(n, rows, out_h, out_w), feature, span_weight, out)
+
+
+def contract_generator_map_into(gw: Tensor, feature: Tensor, span_weight: Tensor,
+                                out: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """gw: (N, rows, Ho, Wo)'s three contractions (``_contract_generator_map``) with the feature
+    and span_weight in gw's dtype, written into ``out`` (grad_feature, grad_span_weight,
+    grad_span_bias): the last step of every route through the map."""
+    sums = _contract_generator_map(gw, feature.to(gw.dtype), span_weight.to(gw.dtype))
     for result, value in zip(out, sums, strict=True):
         result.copy_(value)
     return out

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..cuda_launch import BLOCK_SIZE, MAX_BLOCKS, LaunchConfig, Launcher, cuda_dispatch, cupy_launcher, launch_elementwise
 from ..cuda_source import KernelSource, load_source
-from .cpu import _accumulation_dtype, _contract_generator_map, generated_weight, generator_grads_through_map
+from .cpu import _accumulation_dtype, contract_generator_map_into, generated_weight, generator_grads_through_map
 from .layouts import activation_in, is_channels_last, is_pixel_major, result_like, weight_in, weight_result
 
 SOURCE = "involution/csrc/cuda/involution.cu"
@@ -1488,14 +1488,19 @@ def dense_weight_shared_bytes(source: KernelSource, inputs: int, last: bool, nar
     return 4 * (products + staged + 4 * (c["DENSE_TAPS"] + c["DENSE_PIXELS"]))
 
 
+def _band_inputs(in_size, rows: int, kernel_size, stride, dilation) -> int:
+    """The most input pixels the windows of a band of ``rows`` output rows reach inside a map of
+    ``in_size``: the pixels ``involution_dense_window_backward_weight`` stages for it."""
+    return min(in_size[0], (rows - 1) * stride[0] + (kernel_size[0] - 1) * dilation[0] + 1) * in_size[1]
+
+
 def dense_weight_band_rows(source: KernelSource, in_size, out_size, kernel_size, stride, dilation) -> Optional[int]:
     """The output rows of ``involution_dense_window_backward_weight``'s bands: the most whose
     pixels fit ``DENSE_PIXELS`` and the input rows their windows reach inside the map
     ``DENSE_INPUTS`` (the whole map where it fits); None where not even one row does."""
     c = source.constants
-    (in_h, in_w), (out_h, out_w) = in_size, out_size
-    for rows in range(min(out_h, c["DENSE_PIXELS"] // max(out_w, 1)), 0, -1):
-        if min(in_h, (rows - 1) * stride[0] + (kernel_size[0] - 1) * dilation[0] + 1) * in_w <= c["DENSE_INPUTS"]:
+    for rows in range(min(out_size[0], c["DENSE_PIXELS"] // max(out_size[1], 1)), 0, -1):
+        if _band_inputs(in_size, rows, kernel_size, stride, dilation) <= c["DENSE_INPUTS"]:
             return rows
     return None
 
@@ -1513,9 +1518,9 @@ def dense_weight_config(source: KernelSource, dtype: torch.dtype, batch: int, gr
             or kernel_size[0] * kernel_size[1] > c["DENSE_TAPS"] or batch > 65535 or groups >= 2 ** 31
             or -(-out_size[0] // rows) > 65535 or max((k - 1) * d for k, d in zip(kernel_size, dilation)) >= 2 ** 16):
         return None
-    inputs = min(in_size[0], (rows - 1) * stride[0] + (kernel_size[0] - 1) * dilation[0] + 1) * in_size[1]
     return LaunchConfig((groups, batch, -(-out_size[0] // rows)), (32, c["DENSE_WARPS"]),
-                        dense_weight_shared_bytes(source, inputs, last, narrow))
+                        dense_weight_shared_bytes(source, _band_inputs(in_size, rows, kernel_size, stride, dilation),
+                                                  last, narrow))
 
 
 def dense_weight_narrow(source: KernelSource, dtype: torch.dtype, out_dtype: torch.dtype, channels: int,
@@ -1584,10 +1589,7 @@ def generator_grads_through_dense_map(grad_output: Tensor, feature: Tensor, span
     if involution_dense_window_backward_weight(grad_output, input, kernel_size, stride, padding, dilation, groups, gw,
                                                launcher) is None:
         return None
-    sums = _contract_generator_map(gw.reshape(n, rows, out_h, out_w), feature.float(), span_weight.float())
-    for result, value in zip(out, sums, strict=True):
-        result.copy_(value)
-    return out
+    return contract_generator_map_into(gw.reshape(n, rows, out_h, out_w), feature, span_weight, out)
 
 
 # ---------------------------------------------------------------------------------------

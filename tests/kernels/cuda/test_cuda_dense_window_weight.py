@@ -510,9 +510,9 @@ def test_the_storage_types_map_is_the_wide_map_rounded_once():
 
 
 def _generator_arguments(case, dtype) -> tuple:
-    input, feature, span_weight, _, *window = case.arguments(dtype)
-    grad = weight_arguments(case.arguments(dtype), case.groups)[0]
-    return (grad, feature, span_weight, input, *window)
+    forward = case.arguments(dtype)
+    input, feature, span_weight, _, *window = forward
+    return (weight_arguments(forward, case.groups)[0], feature, span_weight, input, *window)
 
 
 def test_generator_grads_through_the_dense_map_match_the_reference():
