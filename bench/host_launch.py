@@ -24,6 +24,14 @@ weight map, then involution's grad_input kernel) is never planned and has no one
 set beside a bare op's: the report names it under the table (``NotPlanned``).
 On a GPU ``make gpu-check`` measures the same row with real launches (bench/_cuda.py).
 
+A second table times the ops themselves (``torch.ops.oplib.*``) as a training step calls them,
+their CUDA kernels registered on CPU over the same launcher: with no gradient, forward and
+backward (the backward ops' calls included), and both under autocast (bfloat16 operands), each
+with direct calls (``oplib.ops._common.DIRECT_CALLS``: oplib's autocast and autograd kernels
+call the next kernel themselves where nothing stands between) and through the dispatcher,
+interleaved. Each layer of Python kernels a call crosses costs a crossing from the dispatcher
+into Python; the table says what the direct calls save of them.
+
 Usage (from the repo root)::
 
     python bench/host_launch.py           # about a minute; bench/results/host_launch.md
@@ -42,6 +50,8 @@ import _harness
 from oplib import benchmark, registry
 from oplib.kernels import CUDA_DISPATCH
 from oplib.kernels.cuda_plan import LaunchRecorder
+from oplib.kernels.involution import cuda as involution_cuda
+from oplib.ops import _common
 from oplib.ops._common import register_device_kernel
 from oplib.ops._rules import CONTRACTS, cuda_kernel
 from oplib.testing.recording_launcher import RecordingCuPyLauncher
@@ -105,6 +115,89 @@ def candidates(qualname: str, args: tuple, launcher: RecordingCuPyLauncher) -> d
     }
 
 
+# The ops a training step calls (the backward ops through their backward), and how: no
+# gradient; forward + backward; forward + backward under autocast, the operands bfloat16.
+STEP_OPS = ("oplib::involution", "oplib::involution_generated")
+STEP_MODES = ("no grad", "forward + backward", "forward + backward, autocast")
+GENERATOR = "oplib::involution_generated_backward_generator"
+
+
+def register_cuda_kernels_on_cpu(launcher: RecordingCuPyLauncher) -> None:
+    """Every op's CUDA kernel (its launch plans over ``launcher``; the generator's gradients,
+    whose CUDA kernel is no contract's writer, its CUDA writer) registered on the CPU key as oplib
+    registers them on CUDA's, so that CPU calls of the ops run the CUDA host path."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
+        for qualname in CUDA_DISPATCH:
+            if "cuda" in CONTRACTS[qualname].writers:
+                register_device_kernel(qualname, "cpu", cuda_kernel(CONTRACTS[qualname], lambda: launcher))
+        contract = CONTRACTS[GENERATOR]
+
+        def generator(*args):
+            contract.rules.enforce(*args)
+            return involution_cuda.involution_generated_backward_generator(*args, contract.result(*args), launcher)
+
+        register_device_kernel(GENERATOR, "cpu", generator)
+
+
+def _step(op, args: tuple, mode: str, direct: bool) -> Callable[[], None]:
+    """One call of ``op`` as ``mode`` says, ``DIRECT_CALLS`` set to ``direct`` first; under
+    autocast through its thread-local switch (torch.autocast's context manager costs more than
+    a call)."""
+    if mode == "no grad":
+        plain = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+
+        def call() -> None:
+            _common.DIRECT_CALLS = direct
+            op(*plain)
+
+        return call
+    autocast = mode.endswith("autocast")
+    dtype = torch.bfloat16 if autocast else None
+    leaves = tuple(a.detach().to(dtype or a.dtype).requires_grad_() if isinstance(a, Tensor) and a.is_floating_point()
+                   else a for a in args)
+    grad = torch.randn_like(op(*leaves).detach())
+    step = benchmark.fwd_bwd_step(op, leaves, grad)
+
+    def call() -> None:
+        _common.DIRECT_CALLS = direct
+        if autocast:
+            torch.set_autocast_enabled("cpu", True)
+            torch.set_autocast_dtype("cpu", torch.bfloat16)
+        try:
+            step()
+        finally:
+            if autocast:
+                torch.set_autocast_enabled("cpu", False)
+
+    return call
+
+
+def step_rows(section: _harness.Section, launcher: RecordingCuPyLauncher) -> list[tuple]:
+    """The second table's rows: per op and mode, direct calls against the dispatcher's way."""
+    register_cuda_kernels_on_cpu(launcher)
+    rows = []
+    try:
+        for qualname in STEP_OPS:
+            spec = next(s for s in registry.all_specs() if s.qualname == qualname)
+            sample = next(iter(spec.sample_inputs("cpu", torch.float32, False)))
+            op = getattr(torch.ops.oplib, spec.name).default
+            for mode in STEP_MODES:
+                stmts = {name: benchmark.call(_step(op, sample.args, mode, name == "direct"))
+                         for name in ("direct", "dispatcher")}
+                before = launcher.launches
+                times = section.measure(f"{spec.name} {sample.name}, {mode}", stmts)
+                assert launcher.launches > before, "the calls launched nothing"
+                direct, through = (times[name].median * 1e6 for name in ("direct", "dispatcher"))
+                rows.append((f"{spec.name} ({sample.name})", mode, f"{direct:.1f}", f"{through:.1f}",
+                             f"**{benchmark.ratio(times['direct'], times['dispatcher']):.3f}**"))
+    finally:
+        _common.DIRECT_CALLS = True
+    return rows
+
+
 def main() -> int:
     args = _harness.parser(__doc__, rounds=7, min_run_time=0.3, quick_rounds=2, quick_min_run_time=0.05).parse_args()
     settings = _harness.start(args, __file__)
@@ -132,6 +225,7 @@ def main() -> int:
             failed.append(spec.name)
         cells.append((f"{spec.name} ({sample.name})", *(f"{medians[name]:.1f}" for name in IMPLS),
                       f"**{ratio:.3f}**", f"{before_ratio:.3f}", "PASS" if ratio <= MAX_RATIO else "FAIL"))
+    step_cells = step_rows(section, launcher)
     verdict = (f"**PASS**: every oplib / bare ratio is <= {MAX_RATIO:g}." if not failed
                else f"**FAIL**: oplib / bare > {MAX_RATIO:g} for {', '.join(failed)}.")
     lines = [
@@ -156,6 +250,20 @@ def main() -> int:
         *(["", f"Not planned, so not in the table: {', '.join(not_planned)} (its CUDA path writes the span conv's "
                 "weight map, a temporary, then launches involution's grad_input kernel: every call runs the whole "
                 "host path)."] if not_planned else []),
+        "",
+        "## Per call in a training step: direct calls",
+        "",
+        "The ops as a step calls them (`torch.ops.oplib.*`, their CUDA kernels registered on CPU over the same "
+        "launcher), on the same samples: no gradient; forward and backward (`out.backward(grad)`, the backward ops' "
+        "calls included, the leaves' gradients reset); the same under autocast with bfloat16 operands. `direct`: "
+        "oplib's autocast and autograd kernels call the next kernel themselves where nothing stands between "
+        "(`oplib.ops._common.DIRECT_CALLS`, the default); `dispatcher`: each goes back through the dispatcher, as "
+        "before. Medians of interleaved rounds, microseconds per call or step. involution_generated's backward runs "
+        "torch's own ops on its CPU tensors (the span conv's weight map, the map route's contractions), whose CPU "
+        "time its rows include.",
+        "",
+        *_harness.table(("op (sample)", "calls", "direct (us)", "dispatcher (us)", "direct / dispatcher"), "llrrr",
+                        step_cells),
     ]
     print(_harness.write_report(settings, lines))
     return 1 if failed else 0

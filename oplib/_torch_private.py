@@ -130,6 +130,12 @@ SYMBOLS: dict[str, PrivateSymbol] = {
         "running an op's fake kernel outside compile/export; no public entry",
         "the generated fake-kernel checks (oplib.testing)",
     ),
+    "TorchDispatchMode": PrivateSymbol(
+        "torch.utils._python_dispatch.TorchDispatchMode",
+        "a mode that sees every op below autograd, as the tracers' modes do; "
+        "torch.overrides.TorchFunctionMode sees calls above the dispatcher only",
+        "the test that oplib's direct calls leave a dispatch mode in the call's way (tests only)",
+    ),
     "disable_dynamo_lazily": PrivateSymbol(
         "torch._compile._disable_dynamo",
         "torch.compiler.disable imports torch._dynamo when it wraps (2 s of every `import oplib`, "

@@ -3,7 +3,7 @@ them are in ``_rules.py``), the window output size, autocast policies, pair norm
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -18,8 +18,9 @@ from .._torch_private import (
 )
 
 # One Library object per namespace for the registrations that torch.library has no helper
-# for (autocast kernels that read the autocast dtype at call time); kept alive for the life
-# of the process.
+# for (autocast kernels that read the autocast dtype at call time, device kernels without
+# custom_op's wrappers, the autograd and functorch kernels of ``_transforms.register_jvp``);
+# kept alive for the life of the process.
 _LIBRARIES: dict[str, torch.library.Library] = {}
 
 AutocastPolicy = Literal["lower_precision", "fp32"]
@@ -27,6 +28,26 @@ AutocastPolicy = Literal["lower_precision", "fp32"]
 # qualname -> {device type: policy}, as each op declared it through register_autocast_policy;
 # the registry's specs read it from here.
 AUTOCAST_POLICIES: dict[str, dict[str, AutocastPolicy]] = {}
+
+# Direct calls. Each layer of Python kernels an eager call crosses (autocast, autograd, the
+# device's kernel) costs a crossing from the dispatcher into Python, about 9 us on a 2-core
+# EPYC for involution's schema (its int lists boxed), more than the device kernel's own host
+# path. Where a layer's next stop is a kernel oplib registered in Python and nothing stands
+# between (no mode, subclass, functionalization or tracer: their keys sort higher), the layer
+# calls that kernel itself, under the same dispatch guards, rather than going back through the
+# dispatcher (``direct_kernel``, ``AUTOGRAD_KERNELS``). ``DIRECT_CALLS = False`` turns it off
+# (bench/host_launch.py times both).
+DIRECT_CALLS = True
+# (qualname, dispatch key) -> the kernel ``register_device_kernel`` registered there.
+DIRECT_KERNELS: dict[tuple[str, DispatchKey], Callable] = {}
+# qualname -> the op's Autograd kernel (``_transforms.register_jvp``), ``kernel(keyset, *args)``.
+AUTOGRAD_KERNELS: dict[str, Callable] = {}
+
+
+def direct_kernel(qualname: str, keyset: DispatchKeySet):
+    """The kernel a redispatch of ``qualname`` with ``keyset`` would run, where
+    ``register_device_kernel`` registered it and its key is the set's highest; else None."""
+    return DIRECT_KERNELS.get((qualname, keyset.highestPriorityTypeId())) if DIRECT_CALLS else None
 
 
 # Error messages are templates, formatted by the rules (``_rules.py``) and, with the values a test expects,
@@ -75,8 +96,10 @@ def as_pair(op: str, name: str, value: int | Sequence[int]) -> list[int]:
 def _autocast_cast(value, device_type: str, dtype: torch.dtype):
     # Same eligibility rule as torch's autocast: only floating tensors of the autocast
     # device, never float64.
+    # (a tensor already in ``dtype`` is returned as it is, as ``to`` would, without its call)
     if (
         isinstance(value, Tensor)
+        and value.dtype != dtype
         and value.is_floating_point()
         and value.dtype != torch.float64
         and value.device.type == device_type
@@ -95,20 +118,29 @@ def register_autocast_policy(qualname: str, device_type: str, policy: AutocastPo
     ``fp32``: inputs are cast to float32, as torch does for ``exp`` on CUDA.
     """
     key = "Autocast" + dispatch_key_for_device(device_type)
-    excluded = DispatchKeySet(getattr(DispatchKey, key))
+    autocast_key = getattr(DispatchKey, key)
+    autograd_key = getattr(DispatchKey, "Autograd" + dispatch_key_for_device(device_type))
+    excluded = DispatchKeySet(autocast_key)
     namespace, name = qualname.split("::")
     op = getattr(getattr(torch.ops, namespace), name).default
 
-    def kernel(_keyset, *args):
+    def kernel(keyset, *args):
         dtype = torch.get_autocast_dtype(device_type) if policy == "lower_precision" else torch.float32
         with ExcludeDispatchKeyGuard(excluded):
-            return op(*(_autocast_cast(a, device_type, dtype) for a in args))
+            cast = [_autocast_cast(a, device_type, dtype) for a in args]
+            below = keyset.remove(autocast_key)
+            # (a direct call: see DIRECT_CALLS; the op's next stop is its autograd kernel)
+            autograd = AUTOGRAD_KERNELS.get(qualname) if DIRECT_CALLS else None
+            if autograd is not None and below.highestPriorityTypeId() == autograd_key:
+                return autograd(below, *cast)
+            return op(*cast)
 
-    _library(namespace).impl(name, kernel, key, with_keyset=True)
+    namespace_library(namespace).impl(name, kernel, key, with_keyset=True)
     AUTOCAST_POLICIES.setdefault(qualname, {})[device_type] = policy
 
 
-def _library(namespace: str) -> torch.library.Library:
+def namespace_library(namespace: str) -> torch.library.Library:
+    """The process's one FRAGMENT library of ``namespace`` (``_LIBRARIES``)."""
     if namespace not in _LIBRARIES:
         _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
     return _LIBRARIES[namespace]
@@ -123,4 +155,7 @@ def register_device_kernel(qualname: str, device_type: str, kernel) -> None:
     lazy form of it: ``torch.compiler.disable`` would import dynamo with oplib). For kernels
     that return a fresh tensor (never an input or a view of one)."""
     namespace, name = qualname.split("::")
-    _library(namespace).impl(name, disable_dynamo_lazily(kernel), dispatch_key_for_device(device_type))
+    key = dispatch_key_for_device(device_type)
+    wrapped = disable_dynamo_lazily(kernel)
+    namespace_library(namespace).impl(name, wrapped, key)
+    DIRECT_KERNELS[(qualname, getattr(DispatchKey, key))] = wrapped

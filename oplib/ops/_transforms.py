@@ -24,7 +24,12 @@ it:
 - an ``Autograd`` kernel, in place of custom_op's: an input with a tangent at the active
   forward-AD level goes through the same ``autograd.Function``; otherwise the call takes
   custom_op's own reverse-mode kernel, or a redispatch below autograd when nothing needs a
-  gradient (the path custom_op takes, without its per-call metadata object).
+  gradient (the path custom_op takes, without its per-call metadata object). Where the next
+  stop below autograd is a device kernel oplib registered (``_common.direct_kernel``: an eager
+  call on real tensors) the kernel calls it directly, and a call that needs a gradient goes
+  through a leaner copy of custom_op's ``autograd.Function`` (``_eager_reverse_mode``: the
+  same name, setup_context and backward, without the per-call metadata object, the defaults
+  filled in and the redispatch).
 
 torch.compile, torch.export and AOTInductor trace the op above these keys (dynamo) or through
 custom_op's reverse-mode kernel (AOTAutograd), so what they see is unchanged.
@@ -49,12 +54,11 @@ from .._torch_private import (
     forward_ad_level,
     make_autograd_impl,
 )
+from ._common import AUTOGRAD_KERNELS, direct_kernel, namespace_library
 
 # jvp(inputs, output, tangents) -> the output's tangent. ``inputs`` are the op's arguments,
 # ``tangents`` one per argument: a tensor, or None where the argument has no tangent.
 JvpRule = Callable[[tuple, Tensor, tuple], Tensor]
-
-_LIB = torch.library.Library("oplib", "FRAGMENT")
 
 
 def sum_tangents(*terms: Optional[Tensor]) -> Optional[Tensor]:
@@ -108,6 +112,50 @@ def _function_for(opdef: CustomOpDef, jvp: JvpRule) -> type[torch.autograd.Funct
     )
 
 
+def _is_tensor_list(schema_type) -> bool:
+    """A schema type that holds tensors in a list (``Tensor[]``, ``Tensor?[]``, optional or not)."""
+    text = str(schema_type)
+    return "List[" in text and "Tensor" in text
+
+
+def _eager_reverse_mode(opdef: CustomOpDef) -> Optional[type[torch.autograd.Function]]:
+    """custom_op's reverse-mode ``autograd.Function`` (``make_autograd_impl``'s) for an eager
+    call whose device kernel is known: applied as ``apply(*args, kernel)``, it runs ``kernel``
+    below autograd and the op's ``setup_context``; its backward is the op's, ``needs_input_grad``
+    without the kernel's entry, as custom_op's hides its metadata's. Named as custom_op's, so
+    that a graph's ``grad_fn`` and the profiler's events read the same. None for a schema whose
+    calls custom_op's handles differently (keyword-only arguments, lists of tensors)."""
+    schema = opdef._opoverload._schema
+    if any(a.kwarg_only or _is_tensor_list(a.type) for a in schema.arguments) or any(
+        _is_tensor_list(r.type) for r in schema.returns
+    ):
+        return None
+    setup_context, backward_fn = opdef._setup_context_fn, opdef._backward_fn
+
+    def forward(ctx, *args):
+        kernel, inputs = args[-1], args[:-1]
+        with AutoDispatchBelowAutograd():
+            output = kernel(*inputs)
+        setup_context(ctx=ctx, inputs=inputs, output=output)
+        return output
+
+    def backward(ctx, *grads):
+        needs_input_grad = ctx.needs_input_grad
+        ctx.needs_input_grad = needs_input_grad[:-1]
+        try:
+            result = backward_fn(ctx, *grads)
+        finally:
+            ctx.needs_input_grad = needs_input_grad
+        return (*result, None) if isinstance(result, tuple) else (result, None)
+
+    op = opdef._opoverload
+    return type(
+        f"GeneratedBackwardFor_{op._namespace}_{op._opname}_{op._overloadname}",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+    )
+
+
 def register_jvp(opdef: CustomOpDef, jvp: JvpRule) -> None:
     """Give ``opdef`` forward-mode AD and the torch.func transforms (see the module
     docstring). Call after ``register_autograd`` and ``register_vmap``."""
@@ -115,17 +163,28 @@ def register_jvp(opdef: CustomOpDef, jvp: JvpRule) -> None:
         raise RuntimeError(f"register_jvp({opdef._qualname}): register_autograd and register_vmap come first")
     function = _function_for(opdef, jvp)
     reverse_mode = make_autograd_impl(opdef._opoverload, opdef)
+    eager_reverse_mode = _eager_reverse_mode(opdef)
     op = opdef._opoverload
+    qualname = opdef._qualname
+    library = namespace_library(qualname.split("::")[0])
+    arguments = len(op._schema.arguments)
     after_autograd = after_autograd_keyset
     is_grad_enabled = torch.is_grad_enabled
 
     def autograd_kernel(keyset, *args: Any):
         if forward_ad_level() >= 0 and _has_tangent(args):
             return function.apply(*args)
+        below = keyset & after_autograd
+        kernel = direct_kernel(qualname, below)
         if is_grad_enabled() and any_requires_grad(*args):
+            # (every argument given: custom_op's fills in defaults the dispatcher left out)
+            if kernel is not None and eager_reverse_mode is not None and len(args) == arguments:
+                return eager_reverse_mode.apply(*args, kernel)
             return reverse_mode(keyset, *args)
         with AutoDispatchBelowAutograd():
-            return op.redispatch(keyset & after_autograd, *args)
+            if kernel is not None:
+                return kernel(*args)
+            return op.redispatch(below, *args)
 
     def functorch_kernel(*args: Any):
         return custom_function_call(function, *args)
@@ -134,5 +193,7 @@ def register_jvp(opdef: CustomOpDef, jvp: JvpRule) -> None:
         # torch warns once that a kernel is overridden: replacing custom_op's Autograd kernel
         # is the point here.
         warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
-        _LIB.impl(opdef._name, autograd_kernel, "Autograd", with_keyset=True, allow_override=True)
-    _LIB.impl(opdef._name, functorch_kernel, "FuncTorchDynamicLayerFrontMode")
+        # (the op's own namespace: register_jvp serves any custom op, not only oplib's)
+        library.impl(opdef._name, autograd_kernel, "Autograd", with_keyset=True, allow_override=True)
+    AUTOGRAD_KERNELS[qualname] = autograd_kernel
+    library.impl(opdef._name, functorch_kernel, "FuncTorchDynamicLayerFrontMode")

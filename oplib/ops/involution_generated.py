@@ -50,7 +50,7 @@ from ..kernels.involution import cpu, cuda
 from ..kernels.involution.layouts import result_like
 from . import involution as unfused
 from ._bilinear import fold_batch, unfold_batch
-from ._common import CHANNELS_DIVISIBLE, register_autocast_policy, window_output_size
+from ._common import CHANNELS_DIVISIBLE, register_autocast_policy, register_device_kernel, window_output_size
 from ._rules import Contract, Rule, Rules, register_contract, tensor_rules, window_fits_rules, window_rules
 from ._transforms import register_jvp, sum_tangents
 
@@ -246,7 +246,6 @@ def involution_generated_backward_generator(
                                    dilation)
 
 
-@involution_generated_backward_generator.register_kernel("cuda")
 def _backward_generator_cuda(grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation):
     args = (grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation)
     _BACKWARD_GENERATOR.rules.enforce(*args)
@@ -254,6 +253,9 @@ def _backward_generator_cuda(grad_output, feature, span_weight, input, kernel_si
 
 
 register_contract(involution_generated_backward_generator, _BACKWARD_GENERATOR)
+# (not planned: its writer launches into temporaries; registered as the planned ops' kernels
+# are, so that its eager calls are direct ones too: _common.DIRECT_CALLS)
+register_device_kernel("oplib::involution_generated_backward_generator", "cuda", _backward_generator_cuda)
 
 
 # ---------------------------------------------------------------------------------------

@@ -165,3 +165,25 @@ def test_every_op_of_the_host_launch_table_runs_over_the_recording_launcher():
     assert launcher._driver.opt_ins >= 1  # what failed before
     # the fused op's grad_input writes the span conv's map (a temporary), so it is never planned
     assert not_planned == ["involution_generated_backward_input"]
+
+
+@pytest.mark.integration
+def test_host_launch_times_the_ops_as_a_step_calls_them(tmp_path):
+    """bench/host_launch.py --quick, in a process of its own (it registers the CUDA kernels on
+    the real ops' CPU key): its second table has every op and way of calling it, each timed
+    with direct calls and through the dispatcher."""
+    import json
+    import subprocess
+
+    bench = Path(__file__).resolve().parents[3] / "bench"
+    output = tmp_path / "host_launch.md"
+    subprocess.run([sys.executable, str(bench / "host_launch.py"), "--quick", "--output", str(output)], check=True,
+                   capture_output=True, text=True, timeout=600)
+    tables = json.loads(output.with_suffix(".json").read_text())["tables"]
+    table = next(t for t in tables if t["heading"].startswith("Per call in a training step"))
+    sys.path.insert(0, str(bench))
+    import host_launch
+
+    assert len(table["rows"]) == len(host_launch.STEP_OPS) * len(host_launch.STEP_MODES)
+    assert {row[1] for row in table["rows"]} == set(host_launch.STEP_MODES)
+    assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in table["rows"])
