@@ -207,3 +207,24 @@ def test_jit_trace_under_autocast_records_the_op():
 
     graph = str(torch.jit.trace(f, (x, w)).graph)
     assert QUALNAME in graph and "aten::mul" not in graph, graph
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("autocast", [False, True])
+def test_involution_on_a_gpu_direct_and_through_agree(autocast):
+    """On a GPU: involution's output and gradients (bfloat16 under autocast, float32 without)
+    the same bits with direct calls and through the dispatcher."""
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(2, 16, 9, 9, device="cuda", generator=generator)
+    w = torch.randn(2, 1, 3, 3, 9, 9, device="cuda", generator=generator)
+    u = torch.randn(2, 16, 9, 9, device="cuda", generator=generator)
+    results = []
+    for enabled in (True, False):
+        leaves = (x.clone().requires_grad_(), w.clone().requires_grad_())
+        with direct_calls(enabled), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            out = torch.ops.oplib.involution(*leaves, [1, 1], [1, 1], [1, 1])
+            grads = torch.autograd.grad(out, leaves, u.to(out.dtype))
+        results.append((out, *grads))
+    assert results[0][0].dtype == (torch.bfloat16 if autocast else torch.float32)
+    for ours, theirs in zip(*results):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
