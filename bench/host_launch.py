@@ -25,7 +25,8 @@ set beside a bare op's: the report names it under the table (``NotPlanned``).
 On a GPU ``make gpu-check`` measures the same row with real launches (bench/_cuda.py).
 
 A second table times the ops themselves (``torch.ops.oplib.*``) as a training step calls them,
-their CUDA kernels registered on CPU over the same launcher: with no gradient, forward and
+through their CPU kernels and then with their CUDA kernels registered on CPU over the same
+launcher: with no gradient, forward and
 backward (the backward ops' calls included), and both under autocast (bfloat16 operands), each
 with direct calls (``oplib.ops._common.DIRECT_CALLS``: oplib's autocast and autograd kernels
 call the next kernel themselves where nothing stands between) and through the dispatcher,
@@ -176,23 +177,26 @@ def _step(op, args: tuple, mode: str, direct: bool) -> Callable[[], None]:
 
 
 def step_rows(section: _harness.Section, launcher: RecordingCuPyLauncher) -> list[tuple]:
-    """The second table's rows: per op and mode, direct calls against the dispatcher's way."""
-    register_cuda_kernels_on_cpu(launcher)
+    """The second table's rows: per op and mode, direct calls against the dispatcher's way;
+    first through the ops' CPU kernels (the native ones), then through their CUDA host path."""
     rows = []
     try:
-        for qualname in STEP_OPS:
-            spec = next(s for s in registry.all_specs() if s.qualname == qualname)
-            sample = next(iter(spec.sample_inputs("cpu", torch.float32, False)))
-            op = getattr(torch.ops.oplib, spec.name).default
-            for mode in STEP_MODES:
-                stmts = {name: benchmark.call(_step(op, sample.args, mode, name == "direct"))
-                         for name in ("direct", "dispatcher")}
-                before = launcher.launches
-                times = section.measure(f"{spec.name} {sample.name}, {mode}", stmts)
-                assert launcher.launches > before, "the calls launched nothing"
-                direct, through = (times[name].median * 1e6 for name in ("direct", "dispatcher"))
-                rows.append((f"{spec.name} ({sample.name})", mode, f"{direct:.1f}", f"{through:.1f}",
-                             f"**{benchmark.ratio(times['direct'], times['dispatcher']):.3f}**"))
+        for kernels in ("CPU", "CUDA host path"):
+            if kernels != "CPU":
+                register_cuda_kernels_on_cpu(launcher)
+            for qualname in STEP_OPS:
+                spec = next(s for s in registry.all_specs() if s.qualname == qualname)
+                sample = next(iter(spec.sample_inputs("cpu", torch.float32, False)))
+                op = getattr(torch.ops.oplib, spec.name).default
+                for mode in STEP_MODES:
+                    stmts = {name: benchmark.call(_step(op, sample.args, mode, name == "direct"))
+                             for name in ("direct", "dispatcher")}
+                    before = launcher.launches
+                    times = section.measure(f"{spec.name} {sample.name}, {kernels}, {mode}", stmts)
+                    assert kernels == "CPU" or launcher.launches > before, "the calls launched nothing"
+                    direct, through = (times[name].median * 1e6 for name in ("direct", "dispatcher"))
+                    rows.append((f"{spec.name} ({sample.name})", kernels, mode, f"{direct:.1f}", f"{through:.1f}",
+                                 f"**{benchmark.ratio(times['direct'], times['dispatcher']):.3f}**"))
     finally:
         _common.DIRECT_CALLS = True
     return rows
@@ -253,17 +257,18 @@ def main() -> int:
         "",
         "## Per call in a training step: direct calls",
         "",
-        "The ops as a step calls them (`torch.ops.oplib.*`, their CUDA kernels registered on CPU over the same "
-        "launcher), on the same samples: no gradient; forward and backward (`out.backward(grad)`, the backward ops' "
+        "The ops as a step calls them (`torch.ops.oplib.*`), on the same samples, through their CPU kernels (the "
+        "native ones, their compute included) and through their CUDA host path (their CUDA kernels registered on CPU "
+        "over the same launcher): no gradient; forward and backward (`out.backward(grad)`, the backward ops' "
         "calls included, the leaves' gradients reset); the same under autocast with bfloat16 operands. `direct`: "
         "oplib's autocast and autograd kernels call the next kernel themselves where nothing stands between "
         "(`oplib.ops._common.DIRECT_CALLS`, the default); `dispatcher`: each goes back through the dispatcher, as "
-        "before. Medians of interleaved rounds, microseconds per call or step. involution_generated's backward runs "
-        "torch's own ops on its CPU tensors (the span conv's weight map, the map route's contractions), whose CPU "
-        "time its rows include.",
+        "before. Medians of interleaved rounds, microseconds per call or step. involution_generated's CUDA host path "
+        "runs torch's own ops on its CPU tensors in the backward (the span conv's weight map, the map route's "
+        "contractions), whose CPU time its rows include.",
         "",
-        *_harness.table(("op (sample)", "calls", "direct (us)", "dispatcher (us)", "direct / dispatcher"), "llrrr",
-                        step_cells),
+        *_harness.table(("op (sample)", "kernels", "calls", "direct (us)", "dispatcher (us)", "direct / dispatcher"),
+                        "lllrrr", step_cells),
     ]
     print(_harness.write_report(settings, lines))
     return 1 if failed else 0

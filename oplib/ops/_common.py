@@ -3,6 +3,7 @@ them are in ``_rules.py``), the window output size, autocast policies, pair norm
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -153,9 +154,13 @@ def register_device_kernel(qualname: str, device_type: str, kernel) -> None:
     about 4 us a call; ``torch.compiler.disable`` keeps dynamo out of the kernel's Python, which
     it would otherwise try to trace where an eager call runs inside a compiled function (torch's
     lazy form of it: ``torch.compiler.disable`` would import dynamo with oplib). For kernels
-    that return a fresh tensor (never an input or a view of one)."""
+    that return a fresh tensor (never an input or a view of one). Replaces a kernel custom_op
+    registered for the device (the CPU kernels of ``_rules.register_contract``'s ops)."""
     namespace, name = qualname.split("::")
     key = dispatch_key_for_device(device_type)
     wrapped = disable_dynamo_lazily(kernel)
-    namespace_library(namespace).impl(name, wrapped, key)
+    with warnings.catch_warnings():
+        # torch warns once that a kernel is overridden: replacing custom_op's is the point here.
+        warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
+        namespace_library(namespace).impl(name, wrapped, key, allow_override=True)
     DIRECT_KERNELS[(qualname, getattr(DispatchKey, key))] = wrapped

@@ -17,7 +17,7 @@ from oplib._torch_private import DispatchKey, FakeTensorMode, TorchDispatchMode
 from oplib.ops import _common
 from oplib.ops._bilinear import register_bilinear
 from oplib.ops._common import AUTOGRAD_KERNELS, DIRECT_KERNELS, register_autocast_policy, register_device_kernel
-from oplib.ops._rules import CUDA_KERNELS
+from oplib.ops._rules import CONTRACTS, CUDA_KERNELS
 
 QUALNAME = "oplib_direct_test::scaled_product"
 # (how the kernel was reached, the dtypes it saw) per call
@@ -91,11 +91,13 @@ def _run(enabled: bool, dtype=torch.float64, autocast: bool = False, create_grap
 
 def test_direct_kernels_are_the_registered_ones():
     """Each op with a CUDA kernel of oplib's (and the generator's, registered the same way) has
-    its direct kernel, and each op with a jvp its autograd kernel, in the tables."""
-    cuda = DispatchKey.CUDA
+    its direct kernel on CUDA, each op defined by a contract its CPU kernel too, and each op
+    with a jvp its autograd kernel, in the tables."""
     for qualname in [*CUDA_KERNELS, "oplib::involution_generated_backward_generator"]:
-        assert (qualname, cuda) in DIRECT_KERNELS, qualname
+        assert (qualname, DispatchKey.CUDA) in DIRECT_KERNELS, qualname
         assert qualname in AUTOGRAD_KERNELS, qualname
+    for qualname in CONTRACTS:
+        assert (qualname, DispatchKey.CPU) in DIRECT_KERNELS, qualname
     assert (QUALNAME, DispatchKey.CPU) in DIRECT_KERNELS
 
 

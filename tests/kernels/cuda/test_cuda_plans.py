@@ -170,8 +170,8 @@ def test_every_op_of_the_host_launch_table_runs_over_the_recording_launcher():
 @pytest.mark.integration
 def test_host_launch_times_the_ops_as_a_step_calls_them(tmp_path):
     """bench/host_launch.py --quick, in a process of its own (it registers the CUDA kernels on
-    the real ops' CPU key): its second table has every op and way of calling it, each timed
-    with direct calls and through the dispatcher."""
+    the real ops' CPU key): its second table has every op and way of calling it, through the
+    CPU kernels and the CUDA host path, each timed with direct calls and through the dispatcher."""
     import json
     import subprocess
 
@@ -184,6 +184,7 @@ def test_host_launch_times_the_ops_as_a_step_calls_them(tmp_path):
     sys.path.insert(0, str(bench))
     import host_launch
 
-    assert len(table["rows"]) == len(host_launch.STEP_OPS) * len(host_launch.STEP_MODES)
-    assert {row[1] for row in table["rows"]} == set(host_launch.STEP_MODES)
-    assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in table["rows"])
+    assert len(table["rows"]) == 2 * len(host_launch.STEP_OPS) * len(host_launch.STEP_MODES)
+    assert {row[1] for row in table["rows"]} == {"CPU", "CUDA host path"}
+    assert {row[2] for row in table["rows"]} == set(host_launch.STEP_MODES)
+    assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in table["rows"])
