@@ -22,6 +22,8 @@ from oplib.ops._rules import CONTRACTS, CUDA_KERNELS
 QUALNAME = "oplib_direct_test::scaled_product"
 # (how the kernel was reached, the dtypes it saw) per call
 CALLS: list[tuple[bool, tuple]] = []
+# per call, the op entries above the kernel (``_op_entries``)
+ENTRIES: list[int] = []
 
 
 def _reached_directly() -> bool:
@@ -36,8 +38,15 @@ def _reached_directly() -> bool:
     return False
 
 
+def _op_entries() -> int:
+    """How many times the running call entered an op from Python (OpOverload.__call__ frames):
+    one for the call itself, one more where autocast's kernel called the op again."""
+    return sum(frame.function == "__call__" and frame.filename.endswith("_ops.py") for frame in inspect.stack())
+
+
 def _scaled_product_kernel(x: torch.Tensor, w: torch.Tensor, scale: list[float]) -> torch.Tensor:
     CALLS.append((_reached_directly(), (x.dtype, w.dtype)))
+    ENTRIES.append(_op_entries())
     return x * w * scale[0]
 
 
@@ -128,10 +137,16 @@ def test_kernel_reached_directly_only_when_enabled():
 
 
 def test_autocast_direct_and_through_agree():
-    """Under autocast float32 operands, cast, reach the autograd kernel directly, then the
-    kernel: in bfloat16, the output bfloat16, the gradients float32 as the leaves are, the same
-    as through the dispatcher."""
-    direct, through = _run(True, torch.float32, autocast=True), _run(False, torch.float32, autocast=True)
+    """Under autocast float32 operands, cast, reach the autograd kernel directly (the op not
+    entered a second time), then the kernel: in bfloat16, the output bfloat16, the gradients
+    float32 as the leaves are, the same as through the dispatcher."""
+    ENTRIES.clear()
+    direct = _run(True, torch.float32, autocast=True)
+    direct_entries = list(ENTRIES)
+    ENTRIES.clear()
+    through = _run(False, torch.float32, autocast=True)
+    # the forward: autocast's kernel calls the autograd kernel itself, or enters the op again
+    assert direct_entries[0] == 1 and ENTRIES[0] == 2, (direct_entries, ENTRIES)
     assert direct[0].dtype == torch.bfloat16
     assert direct[4][0] == (True, (torch.bfloat16, torch.bfloat16))
     assert all(how for how, _ in direct[4]) and not any(how for how, _ in through[4])
