@@ -131,6 +131,26 @@ PREDICTED = {GENERATOR: "involution_generated_mma_backward_generator",
              DENSE_MAP: "involution_dense_window_backward_weight, float32"}
 
 
+# The PREDICTED kernels the kernel table times by themselves, each in a column of the row of the
+# call it serves (the "staged" and "dense window" columns, from the draw after the sixth on):
+# row name -> (the table's row, its column). A measured column makes them rows like FUSED's
+# (``measured_rows``), so that they leave the predicted sections for the fitted table.
+PREDICTED_TIMED = {STAGED_GRAD_INPUT: ("grad_input", "staged (ms)"),
+                   STAGED_FORWARD: ("generated forward", "staged (ms)"),
+                   DENSE_FORWARD: ("generated forward", "dense window (ms)"),
+                   DENSE_GRAD_INPUT: ("grad_input", "dense window (ms)"),
+                   DENSE_WEIGHT: ("grad_weight", "dense window (ms)")}
+# The routes the table times whole, which the model has no one kernel for (``route_times``):
+# (the table's row, its column) -> the route's name in ``layer_totals``. The ops' map routes (the
+# rows themselves), the generator's gradients through the tensor-core kernel with torch's sums of
+# its partial sums, and through the dense window's float32 map with the contractions.
+GENERATED_INPUT_ROUTE, GENERATOR_ROUTE = "generated grad_input", "generator grads"
+GENERATOR_SUMS_ROUTE, DENSE_MAP_ROUTE = "tensor cores generator grads + sums", "dense window float32 map route"
+ROUTES = {("generated grad_input", "device (ms)"): GENERATED_INPUT_ROUTE,
+          ("generator grads", "device (ms)"): GENERATOR_ROUTE,
+          ("generator grads", "tensor cores (ms)"): GENERATOR_SUMS_ROUTE,
+          ("generator grads", "dense window (ms)"): DENSE_MAP_ROUTE}
+
 # The table's rows the model leaves out: the generated grad_input's call runs the span conv
 # (cuBLAS's batched products, kernels of torch's the model has no trace of) before involution's
 # grad_input kernel, which the grad_input rows model; the generator grads' op adds its kernel's
@@ -139,26 +159,44 @@ PREDICTED = {GENERATOR: "involution_generated_mma_backward_generator",
 UNMODELLED = ("generated grad_input", "generator grads")
 
 
-def measured_rows(path: Path = MEASURED) -> tuple[float, list[dict]]:
-    """A committed run (by default the H200's): its copy bandwidth (bytes/s) and its kernel rows,
-    each followed by the rows of the fused kernels (``FUSED``) the run timed beside it."""
+def _kernel_table(path: Path) -> list[dict]:
+    """The rows of a committed run's kernel table, each a dict of its columns."""
     data = json.loads(path.read_text())
     table = next(t for t in data["tables"] if t["heading"].startswith("CUDA: each kernel's device time"))
+    return [dict(zip(table["columns"], cells)) for cells in table["rows"]]
+
+
+def measured_rows(path: Path = MEASURED) -> tuple[float, list[dict]]:
+    """A committed run (by default the H200's): its copy bandwidth (bytes/s) and its kernel rows,
+    each followed by the rows of the fused kernels (``FUSED``), candidates (``CANDIDATES``) and
+    predicted kernels (``PREDICTED_TIMED``) the run timed beside it."""
     text = path.with_suffix(".md").read_text()
     bandwidth = float(re.search(r"measured in this run, (\d+(?:\.\d+)?) GB/s", text).group(1)) * 1e9
+    timed_beside = {fused: (kernel, column) for fused, (kernel, column, _) in {**FUSED, **CANDIDATES}.items()}
+    timed_beside.update(PREDICTED_TIMED)
     rows = []
-    for cells in table["rows"]:
-        row = dict(zip(table["columns"], cells))
+    for row in _kernel_table(path):
         if row["kernel"] in UNMODELLED:
             continue
         if row.get("chunked (ms)", "-") != "-":  # the op ran the vectors kernel, the chunked one timed beside it
             row = {**row, "device (ms)": row["chunked (ms)"], "vectors (ms)": row["device (ms)"]}
         rows.append(row)
-        for fused, (kernel, column, _) in {**FUSED, **CANDIDATES}.items():
+        for fused, (kernel, column) in timed_beside.items():
             if row["kernel"] == kernel and row.get(column, "-") != "-":
                 rows.append({"shape": row["shape"], "dtype": row["dtype"], "layout": row["layout"], "kernel": fused,
                              "device (ms)": row[column]})
     return bandwidth, rows
+
+
+def route_times(path: Path = MEASURED) -> dict[str, float]:
+    """The routes a committed run timed whole (``ROUTES``): "shape | dtype | layout | route" ->
+    seconds."""
+    times = {}
+    for row in _kernel_table(path):
+        for (kernel, column), route in ROUTES.items():
+            if row["kernel"] == kernel and row.get(column, "-") != "-":
+                times[" | ".join((row["shape"], row["dtype"], row["layout"], route))] = float(row[column]) * 1e-3
+    return times
 
 
 def _record(case: tuple[str, str, str]) -> list[tuple[str, list]]:
@@ -1093,7 +1131,7 @@ def generator_partials_floor(shape_name: str, dtype: torch.dtype, bandwidth: flo
 
 
 def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table: list[dict], constants: Constants,
-                 bandwidth: float) -> list[dict]:
+                 bandwidth: float, routes: Optional[dict[str, float]] = None) -> list[dict]:
     """Per (shape, dtype, layout), seconds of the fused path and the unfused one, forward and
     backward, for the issue's two bars on the fused path, forward at most 0.5x and forward + backward below
     1.0x of span conv + involution, at each (shape, layout) in bfloat16 where the fused kernels
@@ -1108,7 +1146,8 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
     conv (its span conv + involution less its involution forward), involution's forward,
     grad_input and grad_weight as the op runs them now, and its span conv backward at its DRAM
     floor (unmeasured: a lower bound)."""
-    measured = {_key(r): r["measured_s"] for r in rows}
+    # the routes the draw timed whole (``route_times``; ``routes`` in place of the committed run's)
+    measured = {**(route_times() if routes is None else routes), **{_key(r): r["measured_s"] for r in rows}}
     drawn = dict(measured)  # as the draw measured them, before the changed kernels' scaling
     events_by = {_key(r): r["events"] for r in rows}
     expected = {_key(entry) for entry in changed}
@@ -1128,6 +1167,10 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
 
     def map_route(key: str, estimate: float) -> tuple[str, float]:
         return ("map route, measured", measured[key]) if key in measured else ("map route", estimate)
+
+    def timed(key: str, label: str, estimate: Optional[float]) -> tuple[str, Optional[float]]:
+        """A kernel or route as a draw timed it (``PREDICTED_TIMED``' rows, ``ROUTES``), else predicted."""
+        return (f"{label}, measured", measured[key]) if key in measured else (f"{label}, predicted", estimate)
 
     def as_run(row: str, kernel: str, vectors: str) -> float:
         """involution's ``kernel`` at ``row`` as the op runs it now: the vectors kernel where it serves."""
@@ -1154,28 +1197,31 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
         # float32 (from float32 copies) by involution's float32 grad_weight, then contracted.
         # (a draw from the seventh on times the ops' map routes: their rows replace the estimates)
         wide = " | ".join((shape_name, "float32", layout))
-        map_input = map_route(f"{row} | generated grad_input", span_forward + unfused_input)
-        map_generator = map_route(f"{row} | generator grads", as_run(wide, "grad_weight", VECTORS_GRAD_WEIGHT)
+        map_input = map_route(f"{row} | {GENERATED_INPUT_ROUTE}", span_forward + unfused_input)
+        map_generator = map_route(f"{row} | {GENERATOR_ROUTE}", as_run(wide, "grad_weight", VECTORS_GRAD_WEIGHT)
                                   + generator_map_route_floor(shape_name, torch_dtype, bandwidth))
         partials = generator_partials_floor(shape_name, torch_dtype, bandwidth)
+        def kernel(name: str, label: str) -> tuple[str, Optional[float]]:
+            return timed(f"{row} | {name}", label, predicted.get((name, row)))
+
+        sums = predicted[GENERATOR, row] + partials if (GENERATOR, row) in predicted else None
+        with_sums = timed(f"{row} | {GENERATOR_SUMS_ROUTE}", "tensor cores + sums", sums)
         if dtype == "bfloat16":
-            forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))),
-                              ("dense window, predicted", predicted.get((DENSE_FORWARD, row))), tensor_cores(MMA_FORWARD)])
-            grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))),
-                                 ("dense window, predicted", predicted.get((DENSE_GRAD_INPUT, row))),
+            forward = faster([kernel(STAGED_FORWARD, "staged"), kernel(DENSE_FORWARD, "dense window"),
+                              tensor_cores(MMA_FORWARD)])
+            grad_input = faster([kernel(STAGED_GRAD_INPUT, "staged"), kernel(DENSE_GRAD_INPUT, "dense window"),
                                  tensor_cores(MMA_GRAD_INPUT), map_input])
             dense_map = predicted.get((DENSE_MAP, row))
-            generator = faster([("tensor cores + sums, predicted", predicted[GENERATOR, row] + partials), map_generator,
-                                ("dense map, predicted", None if dense_map is None else
-                                 dense_map + generator_map_route_floor(shape_name, torch_dtype, bandwidth, copies=False))])
+            generator = faster([with_sums, map_generator,
+                                timed(f"{row} | {DENSE_MAP_ROUTE}", "dense map", None if dense_map is None else
+                                      dense_map + generator_map_route_floor(shape_name, torch_dtype, bandwidth,
+                                                                            copies=False))])
         else:  # float32: the staged kernels (3xTF32), the tiled one (FMAs), the op's and the map routes
-            forward = faster([("staged, predicted", predicted.get((STAGED_FORWARD, row))),
+            forward = faster([kernel(STAGED_FORWARD, "staged"),
                               (f"tiled, {'expected' if f'{row} | {TILED}' in expected else 'measured'}",
                                measured.get(f"{row} | {TILED}")), ("the op's, measured", measured[f"{row} | generated forward"])])
-            grad_input = faster([("staged, predicted", predicted.get((STAGED_GRAD_INPUT, row))), map_input])
-            generator = faster([("tensor cores + sums, predicted",
-                                 predicted[GENERATOR, row] + partials if (GENERATOR, row) in predicted else None),
-                                map_generator])
+            grad_input = faster([kernel(STAGED_GRAD_INPUT, "staged"), map_input])
+            generator = faster([with_sums, map_generator])
         totals.append({"shape": shape_name, "dtype": dtype, "layout": layout, "forward": forward,
                        "grad_input": grad_input, "generator": generator,
                        "fused": forward[1] + grad_input[1] + generator[1], "span_forward": span_forward,

@@ -112,6 +112,59 @@ def test_a_measured_map_route_replaces_its_estimate(committed):
     assert sum("map route, measured" in line for line in lines if line.startswith("| stage")) == 1
 
 
+def _run_with(tmp_path, columns: dict[tuple[str, str, str, str], dict[str, str]], extra_rows: list[dict]) -> Path:
+    """A copy of the committed run with ``columns`` ((shape, dtype, layout, kernel) -> {column:
+    value in ms}) added to its kernel table's rows and ``extra_rows`` appended."""
+    data = json.loads(cuda_model.MEASURED.read_text())
+    table = next(t for t in data["tables"] if t["heading"].startswith("CUDA: each kernel's device time"))
+    names = {name for cells in columns.values() for name in cells} | {name for row in extra_rows for name in row}
+    table["columns"] += sorted(names - set(table["columns"]))
+    rows = []
+    for cells in table["rows"]:
+        row = dict(zip(table["columns"], cells))
+        row.update(columns.get((row["shape"], row["dtype"], row["layout"], row["kernel"]), {}))
+        rows.append(row)
+    table["rows"] = [[row.get(name, "-") for name in table["columns"]] for row in rows + extra_rows]
+    path = tmp_path / "involution-cuda.json"
+    path.write_text(json.dumps(data))
+    path.with_suffix(".md").write_text(cuda_model.MEASURED.with_suffix(".md").read_text())
+    return path
+
+
+def test_a_draws_columns_of_the_predicted_kernels_become_rows_and_replace_their_predictions(committed, tmp_path):
+    """A run that times the predicted kernels in their columns ("staged", "dense window") and the
+    generator's routes whole (its row, with the tensor-core kernel and the dense map): the kernels
+    become measured rows (out of the predicted sections, into the fitted table), the routes are
+    read, and the forward + backward section takes each, marked measured, where it is the fastest."""
+    _, model, rows = committed
+    case = ("stage4 512@7 s1", "bfloat16", "channels_last")
+    path = _run_with(tmp_path, {(*case, "generated forward"): {"staged (ms)": "0.0010", "dense window (ms)": "0.0500"},
+                                (*case, "grad_weight"): {"dense window (ms)": "0.0090"}},
+                     [{"shape": case[0], "dtype": case[1], "layout": case[2], "kernel": "generator grads",
+                       "device (ms)": "0.0400", "tensor cores (ms)": "0.0300", "dense window (ms)": "0.0020"}])
+    _, measured = cuda_model.measured_rows(path)
+    timed = {r["kernel"]: float(r["device (ms)"]) for r in measured if (r["shape"], r["dtype"], r["layout"]) == case}
+    assert timed[cuda_model.STAGED_FORWARD] == 0.001 and timed[cuda_model.DENSE_FORWARD] == 0.05
+    assert timed[cuda_model.DENSE_WEIGHT] == 0.009 and "generator grads" not in timed
+    routes = cuda_model.route_times(path)
+    key = " | ".join(case)
+    assert routes == {f"{key} | {cuda_model.GENERATOR_ROUTE}": pytest.approx(40e-6),
+                      f"{key} | {cuda_model.GENERATOR_SUMS_ROUTE}": pytest.approx(30e-6),
+                      f"{key} | {cuda_model.DENSE_MAP_ROUTE}": pytest.approx(2e-6)}
+    row = {**next(r for r in rows if (r["shape"], r["dtype"], r["layout"]) == case), "events": []}
+    lines = cuda_model.layer_lines(cuda_model.layer_totals(
+        model["candidates"], model["changed"], rows + [{**row, "kernel": cuda_model.STAGED_FORWARD, "measured_s": 1e-6}],
+        cuda_model.measured_rows()[1], Constants(**model["constants"]), model["copy_bandwidth_bytes_per_s"], routes))
+    cells = next(line for line in lines if line.startswith(f"| {case[0]} | bfloat16 | channels_last |")).split(" | ")
+    assert cells[3] == "1.0 (staged, measured)" and cells[5] == "2.0 (dense map, measured)", cells
+    # without the run's routes or rows, the same cells are the predictions
+    plain = cuda_model.layer_lines(cuda_model.layer_totals(
+        model["candidates"], model["changed"], rows, cuda_model.measured_rows()[1], Constants(**model["constants"]),
+        model["copy_bandwidth_bytes_per_s"], {}))
+    assert not any("measured)" in cell for line in plain if line.startswith(f"| {case[0]} | bfloat16 | channels_last |")
+                   for cell in line.split(" | ")[3:6] if "tensor cores" not in cell)
+
+
 def test_rednet50s_involutions_are_counted_by_shape():
     """RedNet-50 at 224 px: its bottlenecks' 16 involutions (3, 4, 6 and 3 a stage, the first of
     stages 2-4 at stride 2 on the larger map) and the stem's, which no table row holds."""
