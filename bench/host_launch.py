@@ -258,8 +258,10 @@ def main() -> int:
         "## Per call in a training step: direct calls",
         "",
         "The ops as a step calls them (`torch.ops.oplib.*`), on the same samples, through their CPU kernels (the "
-        "native ones, their compute included) and through their CUDA host path (their CUDA kernels registered on CPU "
-        "over the same launcher): no gradient; forward and backward (`out.backward(grad)`, the backward ops' "
+        "native ones, their compute included; custom_op registers them, so a direct call reaches only their autograd "
+        "kernel, from the autocast one) and through their CUDA host path (their CUDA kernels registered on CPU "
+        "as oplib registers them on CUDA, over the same launcher): no gradient; forward and backward "
+        "(`out.backward(grad)`, the backward ops' "
         "calls included, the leaves' gradients reset); the same under autocast with bfloat16 operands. `direct`: "
         "oplib's autocast and autograd kernels call the next kernel themselves where nothing stands between "
         "(`oplib.ops._common.DIRECT_CALLS`, the default); `dispatcher`: each goes back through the dispatcher, as "

@@ -216,10 +216,12 @@ SYMBOLS: dict[str, PrivateSymbol] = {
 }
 
 # CustomOpDef attributes oplib reads (ops/_transforms.py, registry.py; ``_init_fn``, the
-# function custom_op was given, in the CUDA emulation tests and bench/dense.py); the test
+# function custom_op was given, in the CUDA emulation tests and bench/dense.py; ``_backend_fns``,
+# the kernels register_kernel gave it, which the direct calls leave to the dispatcher); the test
 # checks them on oplib's own ops. Without them: forward AD and the torch.func transforms of
 # oplib ops.
-OPDEF_ATTRIBUTES = ("_opoverload", "_setup_context_fn", "_backward_fn", "_vmap_fn", "_abstract_fn", "_qualname", "_name", "_init_fn")
+OPDEF_ATTRIBUTES = ("_opoverload", "_setup_context_fn", "_backward_fn", "_vmap_fn", "_abstract_fn", "_qualname", "_name",
+                    "_init_fn", "_backend_fns")
 
 
 def resolve(path: str) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 from torch import Tensor
@@ -16,6 +16,7 @@ from .._torch_private import (
     ExcludeDispatchKeyGuard,
     disable_dynamo_lazily,
     dispatch_key_for_device,
+    maybe_get_opdef,
 )
 
 # One Library object per namespace for the registrations that torch.library has no helper
@@ -39,16 +40,27 @@ AUTOCAST_POLICIES: dict[str, dict[str, AutocastPolicy]] = {}
 # dispatcher (``direct_kernel``, ``AUTOGRAD_KERNELS``). ``DIRECT_CALLS = False`` turns it off
 # (bench/host_launch.py times both).
 DIRECT_CALLS = True
-# (qualname, dispatch key) -> the kernel ``register_device_kernel`` registered there.
-DIRECT_KERNELS: dict[tuple[str, DispatchKey], Callable] = {}
+# (qualname, dispatch key) -> (the kernel ``register_device_kernel`` registered there, its
+# device type, custom_op's own kernel for that device type then: ``direct_kernel``).
+DIRECT_KERNELS: dict[tuple[str, DispatchKey], tuple[Callable, str, object]] = {}
 # qualname -> the op's Autograd kernel (``_transforms.register_jvp``), ``kernel(keyset, *args)``.
 AUTOGRAD_KERNELS: dict[str, Callable] = {}
 
 
-def direct_kernel(qualname: str, keyset: DispatchKeySet):
+def direct_kernel(qualname: str, keyset: DispatchKeySet, custom_op_kernels: Optional[dict] = None):
     """The kernel a redispatch of ``qualname`` with ``keyset`` would run, where
-    ``register_device_kernel`` registered it and its key is the set's highest; else None."""
-    return DIRECT_KERNELS.get((qualname, keyset.highestPriorityTypeId())) if DIRECT_CALLS else None
+    ``register_device_kernel`` registered it and its key is the set's highest; else None. None
+    too where ``custom_op_kernels`` (the op's ``CustomOpDef._backend_fns``) holds another kernel
+    for the device than when oplib registered its own: a ``register_kernel``
+    (``torch.library.register_kernel``) made since, which the dispatcher runs instead. (A kernel
+    put over oplib's with ``Library.impl`` itself is not seen: ``DIRECT_CALLS = False`` sends
+    every call through the dispatcher.)"""
+    if not DIRECT_CALLS:
+        return None
+    entry = DIRECT_KERNELS.get((qualname, keyset.highestPriorityTypeId()))
+    if entry is None or (custom_op_kernels or {}).get(entry[1]) is not entry[2]:
+        return None
+    return entry[0]
 
 
 # Error messages are templates, formatted by the rules (``_rules.py``) and, with the values a test expects,
@@ -154,8 +166,8 @@ def register_device_kernel(qualname: str, device_type: str, kernel) -> None:
     about 4 us a call; ``torch.compiler.disable`` keeps dynamo out of the kernel's Python, which
     it would otherwise try to trace where an eager call runs inside a compiled function (torch's
     lazy form of it: ``torch.compiler.disable`` would import dynamo with oplib). For kernels
-    that return a fresh tensor (never an input or a view of one). Replaces a kernel custom_op
-    registered for the device (the CPU kernels of ``_rules.register_contract``'s ops)."""
+    that return a fresh tensor (never an input or a view of one). Replaces a kernel registered
+    for the device before (bench/host_launch.py puts the CUDA kernels over the CPU ones)."""
     namespace, name = qualname.split("::")
     key = dispatch_key_for_device(device_type)
     wrapped = disable_dynamo_lazily(kernel)
@@ -163,4 +175,6 @@ def register_device_kernel(qualname: str, device_type: str, kernel) -> None:
         # torch warns once that a kernel is overridden: replacing custom_op's is the point here.
         warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
         namespace_library(namespace).impl(name, wrapped, key, allow_override=True)
-    DIRECT_KERNELS[(qualname, getattr(DispatchKey, key))] = wrapped
+    opdef = maybe_get_opdef(qualname)
+    custom_op_kernel = None if opdef is None else opdef._backend_fns.get(device_type)
+    DIRECT_KERNELS[(qualname, getattr(DispatchKey, key))] = (wrapped, device_type, custom_op_kernel)

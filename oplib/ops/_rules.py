@@ -219,14 +219,12 @@ def register_contract(op, contract: Contract) -> None:
     over the rules, the result and the writer, so that a repeated call signature skips straight
     to its launches (``oplib.kernels.cuda_plan``), registered without custom_op's per-call
     wrappers (``register_device_kernel``). The CPU kernel is the function ``op`` was defined
-    with, which calls ``contract.run``, registered the same way over custom_op's own
-    registration of it (so that eager CPU calls are direct ones too: ``_common.DIRECT_CALLS``)."""
+    with, which calls ``contract.run``, as custom_op registered it (so that custom_op's
+    ``register_kernel("cpu")`` still replaces it)."""
     if not set(contract.writers) <= {"cpu", "cuda"}:
         raise ValueError(f"{op._qualname}: writers for {sorted(contract.writers)}; oplib's ops run on CPU and CUDA")
     CONTRACTS[op._qualname] = contract
     op.register_fake(contract.fake)
-    if "cpu" in contract.writers:
-        register_device_kernel(op._qualname, "cpu", op._init_fn)
     if "cuda" in contract.writers:
         CUDA_KERNELS[op._qualname] = cuda_kernel(contract)
         register_device_kernel(op._qualname, "cuda", CUDA_KERNELS[op._qualname])

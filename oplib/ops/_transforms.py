@@ -166,6 +166,7 @@ def register_jvp(opdef: CustomOpDef, jvp: JvpRule) -> None:
     eager_reverse_mode = _eager_reverse_mode(opdef)
     op = opdef._opoverload
     qualname = opdef._qualname
+    custom_op_kernels = opdef._backend_fns  # (read at each call: register_kernel adds to it)
     library = namespace_library(qualname.split("::")[0])
     arguments = len(op._schema.arguments)
     after_autograd = after_autograd_keyset
@@ -175,7 +176,7 @@ def register_jvp(opdef: CustomOpDef, jvp: JvpRule) -> None:
         if forward_ad_level() >= 0 and _has_tangent(args):
             return function.apply(*args)
         below = keyset & after_autograd
-        kernel = direct_kernel(qualname, below)
+        kernel = direct_kernel(qualname, below, custom_op_kernels)
         if is_grad_enabled() and any_requires_grad(*args):
             # (every argument given: custom_op's fills in defaults the dispatcher left out)
             if kernel is not None and eager_reverse_mode is not None and len(args) == arguments:

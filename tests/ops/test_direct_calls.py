@@ -17,7 +17,7 @@ from oplib._torch_private import DispatchKey, FakeTensorMode, TorchDispatchMode
 from oplib.ops import _common
 from oplib.ops._bilinear import register_bilinear
 from oplib.ops._common import AUTOGRAD_KERNELS, DIRECT_KERNELS, register_autocast_policy, register_device_kernel
-from oplib.ops._rules import CONTRACTS, CUDA_KERNELS
+from oplib.ops._rules import CUDA_KERNELS
 
 QUALNAME = "oplib_direct_test::scaled_product"
 # (how the kernel was reached, the dtypes it saw) per call
@@ -100,13 +100,13 @@ def _run(enabled: bool, dtype=torch.float64, autocast: bool = False, create_grap
 
 def test_direct_kernels_are_the_registered_ones():
     """Each op with a CUDA kernel of oplib's (and the generator's, registered the same way) has
-    its direct kernel on CUDA, each op defined by a contract its CPU kernel too, and each op
-    with a jvp its autograd kernel, in the tables."""
+    its direct kernel on CUDA, and each op with a jvp its autograd kernel, in the tables; the CPU
+    kernels stay custom_op's (its register_kernel("cpu") replaces them: the CUDA emulation tests
+    route the CUDA kernels through it)."""
     for qualname in [*CUDA_KERNELS, "oplib::involution_generated_backward_generator"]:
         assert (qualname, DispatchKey.CUDA) in DIRECT_KERNELS, qualname
         assert qualname in AUTOGRAD_KERNELS, qualname
-    for qualname in CONTRACTS:
-        assert (qualname, DispatchKey.CPU) in DIRECT_KERNELS, qualname
+    assert not any(key == DispatchKey.CPU and qualname.startswith("oplib::") for qualname, key in DIRECT_KERNELS)
     assert (QUALNAME, DispatchKey.CPU) in DIRECT_KERNELS
 
 
@@ -245,3 +245,22 @@ def test_involution_on_a_gpu_direct_and_through_agree(autocast):
     assert results[0][0].dtype == (torch.bfloat16 if autocast else torch.float32)
     for ours, theirs in zip(*results):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_a_kernel_registered_over_oplibs_is_the_one_that_runs():
+    """torch.library.register_kernel over a kernel oplib registered: the dispatcher runs the new
+    kernel, and so must every call (a direct call to the old one would be a silent wrong result),
+    with a gradient or without."""
+    qualname = "oplib_direct_test::overridden_product"
+    product = torch.library.custom_op(qualname, _cuda_only, mutates_args=(), device_types="cuda",
+                                      schema="(Tensor x, Tensor w, float[] scale) -> Tensor")
+    product.register_fake(_fake)
+    register_device_kernel(qualname, "cpu", _scaled_product_kernel)
+    register_bilinear(product, lambda u, w, xs, ws, p: product(u, w, *p), lambda u, x, xs, ws, p: product(u, x, *p))
+    op = torch.ops.oplib_direct_test.overridden_product.default
+    x, w, _ = _operands()
+    torch.testing.assert_close(op(x, w, [2.0]), 2 * x * w)
+    torch.library.register_kernel(qualname, "cpu", lambda x, w, scale: x * w * scale[0] + 1)
+    torch.testing.assert_close(op(x, w, [2.0]), 2 * x * w + 1)
+    with torch.no_grad():
+        torch.testing.assert_close(op(x, w, [2.0]), 2 * x * w + 1)
