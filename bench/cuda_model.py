@@ -1201,6 +1201,7 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
         map_generator = map_route(f"{row} | {GENERATOR_ROUTE}", as_run(wide, "grad_weight", VECTORS_GRAD_WEIGHT)
                                   + generator_map_route_floor(shape_name, torch_dtype, bandwidth))
         partials = generator_partials_floor(shape_name, torch_dtype, bandwidth)
+
         def kernel(name: str, label: str) -> tuple[str, Optional[float]]:
             return timed(f"{row} | {name}", label, predicted.get((name, row)))
 

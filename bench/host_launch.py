@@ -127,20 +127,16 @@ def register_cuda_kernels_on_cpu(launcher: RecordingCuPyLauncher) -> None:
     """Every op's CUDA kernel (its launch plans over ``launcher``; the generator's gradients,
     whose CUDA kernel is no contract's writer, its CUDA writer) registered on the CPU key as oplib
     registers them on CUDA's, so that CPU calls of the ops run the CUDA host path."""
-    import warnings
+    for qualname in CUDA_DISPATCH:
+        if "cuda" in CONTRACTS[qualname].writers:
+            register_device_kernel(qualname, "cpu", cuda_kernel(CONTRACTS[qualname], lambda: launcher))
+    contract = CONTRACTS[GENERATOR]
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
-        for qualname in CUDA_DISPATCH:
-            if "cuda" in CONTRACTS[qualname].writers:
-                register_device_kernel(qualname, "cpu", cuda_kernel(CONTRACTS[qualname], lambda: launcher))
-        contract = CONTRACTS[GENERATOR]
+    def generator(*args):
+        contract.rules.enforce(*args)
+        return involution_cuda.involution_generated_backward_generator(*args, contract.result(*args), launcher)
 
-        def generator(*args):
-            contract.rules.enforce(*args)
-            return involution_cuda.involution_generated_backward_generator(*args, contract.result(*args), launcher)
-
-        register_device_kernel(GENERATOR, "cpu", generator)
+    register_device_kernel(GENERATOR, "cpu", generator)
 
 
 def _step(op, args: tuple, mode: str, direct: bool) -> Callable[[], None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from typing import Literal, Optional
 
 import torch
@@ -159,6 +160,16 @@ def namespace_library(namespace: str) -> torch.library.Library:
     return _LIBRARIES[namespace]
 
 
+@contextmanager
+def overriding_kernels():
+    """Registrations that replace a kernel on purpose (the Autograd kernels ``register_jvp``
+    puts over custom_op's, a device kernel over an earlier one), without torch's warning that
+    a kernel is overridden."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
+        yield
+
+
 def register_device_kernel(qualname: str, device_type: str, kernel) -> None:
     """``kernel`` as the op's kernel for ``device_type``, registered with ``Library.impl``
     rather than custom_op's ``register_kernel``, whose per-call wrappers (the check that the
@@ -171,9 +182,7 @@ def register_device_kernel(qualname: str, device_type: str, kernel) -> None:
     namespace, name = qualname.split("::")
     key = dispatch_key_for_device(device_type)
     wrapped = disable_dynamo_lazily(kernel)
-    with warnings.catch_warnings():
-        # torch warns once that a kernel is overridden: replacing custom_op's is the point here.
-        warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
+    with overriding_kernels():
         namespace_library(namespace).impl(name, wrapped, key, allow_override=True)
     opdef = maybe_get_opdef(qualname)
     custom_op_kernel = None if opdef is None else opdef._backend_fns.get(device_type)

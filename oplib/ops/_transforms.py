@@ -37,7 +37,6 @@ custom_op's reverse-mode kernel (AOTAutograd), so what they see is unchanged.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -54,7 +53,7 @@ from .._torch_private import (
     forward_ad_level,
     make_autograd_impl,
 )
-from ._common import AUTOGRAD_KERNELS, direct_kernel, namespace_library
+from ._common import AUTOGRAD_KERNELS, direct_kernel, namespace_library, overriding_kernels
 
 # jvp(inputs, output, tangents) -> the output's tangent. ``inputs`` are the op's arguments,
 # ``tangents`` one per argument: a tensor, or None where the argument has no tangent.
@@ -190,10 +189,7 @@ def register_jvp(opdef: CustomOpDef, jvp: JvpRule) -> None:
     def functorch_kernel(*args: Any):
         return custom_function_call(function, *args)
 
-    with warnings.catch_warnings():
-        # torch warns once that a kernel is overridden: replacing custom_op's Autograd kernel
-        # is the point here.
-        warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
+    with overriding_kernels():  # (custom_op's Autograd kernel replaced)
         # (the op's own namespace: register_jvp serves any custom op, not only oplib's)
         library.impl(opdef._name, autograd_kernel, "Autograd", with_keyset=True, allow_override=True)
     AUTOGRAD_KERNELS[qualname] = autograd_kernel
