@@ -1412,6 +1412,39 @@ def dense_window_vectors(input: Tensor, feature: Tensor, span_weight: Tensor, gr
                                                      and _vector_rows(input, lanes, input.shape[1] // groups)))
 
 
+def _launch_dense_window(kernel: str, activation: Tensor, feature: Tensor, span_weight: Tensor,
+                         span_bias: Optional[Tensor], input_size, kernel_size, stride, padding, dilation, out: Tensor,
+                         launcher: Optional[Launcher]) -> Optional[Tensor]:
+    """``kernel`` of dense_window.cu, the forward ("involution_generated_dense_window",
+    ``activation`` the input) or its grad_input ("..._backward_input", ``activation``
+    grad_output), into ``out``: the launch both share, over the input's map ``input_size`` and
+    the feature's; None, out untouched, where ``dense_window_config`` declines the call or the
+    GPU predates sm_80. The instantiation is ``activation``'s layout's and
+    ``dense_window_vectors``'s."""
+    source = load_source(DENSE_WINDOW_SOURCE)
+    n, channels = activation.shape[:2]
+    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
+    grad_input = kernel.endswith("_backward_input")
+    reduced, out_size = feature.shape[1], tuple((activation if grad_input else out).shape[2:])
+    last = is_channels_last(activation)
+    config = dense_window_config(source, activation.dtype, n, groups, tuple(input_size), out_size, kernel_size, reduced,
+                                 last, grad_input=grad_input, dilation=dilation)
+    if config is None or (activation.is_cuda
+                          and torch.cuda.get_device_capability(activation.device) < GENERATED_MMA_MIN_CAPABILITY):
+        return None
+    if out.numel() == 0:
+        return out
+    span_weight = span_weight.contiguous()
+    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
+    vectors = dense_window_vectors(activation, feature, span_weight, groups)
+    scalars = (channels, *input_size, groups, *kernel_size, *out_size, *stride, *padding, *dilation, reduced,
+               *activation.stride(), *out.stride(), *feature.stride())
+    (launcher or cupy_launcher()).launch(source, kernel, activation.dtype, config,
+                                         (activation, feature, span_weight, bias, out, *scalars),
+                                         tuple("true" if flag else "false" for flag in (last, vectors)))
+    return out
+
+
 def involution_generated_dense_window(input: Tensor, feature: Tensor, span_weight: Tensor,
                                       span_bias: Optional[Tensor], kernel_size, stride, padding, dilation, out: Tensor,
                                       launcher: Optional[Launcher] = None) -> Optional[Tensor]:
@@ -1420,26 +1453,8 @@ def involution_generated_dense_window(input: Tensor, feature: Tensor, span_weigh
     where ``dense_window_config`` declines the call or the GPU predates sm_80. The
     instantiation is the input's layout's (channels_last or not: its staged layouts and
     fragment loads) and ``dense_window_vectors``'s."""
-    source = load_source(DENSE_WINDOW_SOURCE)
-    n, channels, height, width = input.shape
-    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
-    reduced, out_size = feature.shape[1], tuple(out.shape[2:])
-    last = is_channels_last(input)
-    config = dense_window_config(source, input.dtype, n, groups, (height, width), out_size, kernel_size, reduced, last,
-                                 dilation=dilation)
-    if config is None or (input.is_cuda and torch.cuda.get_device_capability(input.device) < GENERATED_MMA_MIN_CAPABILITY):
-        return None
-    if out.numel() == 0:
-        return out
-    span_weight = span_weight.contiguous()
-    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
-    vectors = dense_window_vectors(input, feature, span_weight, groups)
-    scalars = (channels, height, width, groups, *kernel_size, *out_size, *stride, *padding, *dilation, reduced,
-               *input.stride(), *out.stride(), *feature.stride())
-    (launcher or cupy_launcher()).launch(source, "involution_generated_dense_window", input.dtype, config,
-                                         (input, feature, span_weight, bias, out, *scalars),
-                                         tuple("true" if flag else "false" for flag in (last, vectors)))
-    return out
+    return _launch_dense_window("involution_generated_dense_window", input, feature, span_weight, span_bias,
+                                input.shape[2:], kernel_size, stride, padding, dilation, out, launcher)
 
 
 def involution_generated_dense_window_backward_input(grad_output: Tensor, feature: Tensor, span_weight: Tensor,
@@ -1450,27 +1465,8 @@ def involution_generated_dense_window_backward_input(grad_output: Tensor, featur
     written by the dense window's grad_input kernel in out's own strides (every operand of any
     strides); None, out untouched, where ``dense_window_config`` declines the call or the GPU
     predates sm_80. The instantiation is grad_output's layout's and ``dense_window_vectors``'s."""
-    source = load_source(DENSE_WINDOW_SOURCE)
-    n, channels = grad_output.shape[:2]
-    groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
-    reduced, out_size = feature.shape[1], tuple(grad_output.shape[2:])
-    last = is_channels_last(grad_output)
-    config = dense_window_config(source, grad_output.dtype, n, groups, tuple(input_size), out_size, kernel_size, reduced,
-                                 last, grad_input=True, dilation=dilation)
-    if config is None or (grad_output.is_cuda
-                          and torch.cuda.get_device_capability(grad_output.device) < GENERATED_MMA_MIN_CAPABILITY):
-        return None
-    if out.numel() == 0:
-        return out
-    span_weight = span_weight.contiguous()
-    bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
-    vectors = dense_window_vectors(grad_output, feature, span_weight, groups)
-    scalars = (channels, *input_size, groups, *kernel_size, *out_size, *stride, *padding, *dilation, reduced,
-               *grad_output.stride(), *out.stride(), *feature.stride())
-    (launcher or cupy_launcher()).launch(source, "involution_generated_dense_window_backward_input", grad_output.dtype,
-                                         config, (grad_output, feature, span_weight, bias, out, *scalars),
-                                         tuple("true" if flag else "false" for flag in (last, vectors)))
-    return out
+    return _launch_dense_window("involution_generated_dense_window_backward_input", grad_output, feature, span_weight,
+                                span_bias, input_size, kernel_size, stride, padding, dilation, out, launcher)
 
 
 def dense_weight_shared_bytes(source: KernelSource, inputs: int, last: bool, narrow: bool = False) -> int:

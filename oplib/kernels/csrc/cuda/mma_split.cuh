@@ -1,12 +1,13 @@
 // What the tensor-core kernels (generated_mma.cu, dense_window.cu) share to hold a float
 // weight in two values of a 16-bit storage type, hi = w rounded and lo = (w - hi) rounded, whose
 // sum keeps a float's 16 top bits and more where hi alone would round w as the span conv's
-// output does: the rounding of two floats into a word, a 16-bit value's float, and the rest.
+// output does: the rounding of two floats into a word, a 16-bit value's float, the rest, the
+// product of a split pair with two n-tiles, and the check of its sums for an inf or a nan.
 //
 // Like element.cuh, no system or CUDA header is included; the host emulation runs all of it.
 #pragma once
 
-#include "element.cuh"
+#include "warp.cuh"
 
 // Whether v is neither inf nor nan: its exponent bits, the sign shifted out, are not all ones
 // (on the bits: NVRTC makes a float comparison a flushing one under CuPy's -ftz=true).
@@ -57,4 +58,27 @@ template <typename half_t>
 __device__ __forceinline__ float mma_rest(float w, unsigned short hi_bits) {
     const float high = mma_to_float(hi_bits, half_t());
     return mma_finite(high) ? oplib_fma(-1.0f, high, w) : 0.0f;
+}
+
+// sums[t] += (hi + lo) x b[t] for the two n-tiles t: a split weight's A fragments, hi's product
+// then lo's into each accumulator (the order every caller's bits rest on).
+template <typename half_t>
+__device__ __forceinline__ void mma_split_products(OplibFragmentC (&sums)[2], const OplibFragmentA& hi,
+                                                   const OplibFragmentA& lo, const OplibFragmentB& low,
+                                                   const OplibFragmentB& high) {
+    oplib_mma<half_t>(sums[0], hi, low);
+    oplib_mma<half_t>(sums[1], hi, high);
+    oplib_mma<half_t>(sums[0], lo, low);
+    oplib_mma<half_t>(sums[1], lo, high);
+}
+
+// Whether any of a warp's two D fragments holds an inf or a nan (every lane gets the answer).
+__device__ __forceinline__ bool mma_any_non_finite(const OplibFragmentC (&sums)[2]) {
+    unsigned int bad = 0;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) bad |= mma_finite(sums[t].value[v]) ? 0u : 1u;
+    }
+    return oplib_warp_any(bad != 0);
 }

@@ -446,22 +446,14 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
                 const OplibFragmentA a_hi = oplib_load_fragment_a(dense + first * dense_stride + 8 * k, dense_stride);
                 const OplibFragmentA a_lo =
                     oplib_load_fragment_a(dense + dense_words + first * dense_stride + 8 * k, dense_stride);
-                oplib_mma<half_t>(sums[0], a_hi, low);
-                oplib_mma<half_t>(sums[1], a_hi, high);
-                oplib_mma<half_t>(sums[0], a_lo, low);
-                oplib_mma<half_t>(sums[1], a_lo, high);
+                mma_split_products<half_t>(sums, a_hi, a_lo, low, high);
             }
-            bool sums_non_finite = false;
-#pragma unroll
-            for (int v = 0; v < 8; ++v) sums_non_finite |= !mma_finite(sums[v >> 2].value[v & 3]);
-            if (oplib_warp_any(sums_non_finite) || warp_non_finite) {  // oplib-cold: an inf or a nan met by the warp
+            if (mma_any_non_finite(sums) || warp_non_finite) {  // oplib-cold: an inf or a nan met by the warp
                 OPLIB_COLD_BLOCK();
-                dense_direct_sums<half_t>(reinterpret_cast<const unsigned short*>(input) + n * input_n +
-                                              (index_t)group * group_channels * input_c,
-                                          feature_bits, group_span, group_bias, out_group, first, c0, group_channels,
-                                          pixels, height, width, out_w, kernel_h, kernel_w, stride_h, stride_w, pad_h,
-                                          pad_w, dilation_h, dilation_w, reduced, input_c, input_h, input_w, out_c,
-                                          out_hs, out_ws, feature_c, feature_h, feature_w);
+                dense_direct_sums<half_t>(input_bits, feature_bits, group_span, group_bias, out_group, first, c0,
+                                          group_channels, pixels, height, width, out_w, kernel_h, kernel_w, stride_h,
+                                          stride_w, pad_h, pad_w, dilation_h, dilation_w, reduced, input_c, input_h,
+                                          input_w, out_c, out_hs, out_ws, feature_c, feature_h, feature_w);
                 continue;
             }
 #pragma unroll
@@ -588,15 +580,9 @@ __global__ void __launch_bounds__(DENSE_THREADS, 4) involution_generated_dense_w
                         oplib_load_fragment_a_transposed(dense + 16 * k * dense_stride + 8 * tile, dense_stride);
                     const OplibFragmentA a_lo =
                         oplib_load_fragment_a_transposed(dense + dense_words + 16 * k * dense_stride + 8 * tile, dense_stride);
-                    oplib_mma<half_t>(sums[0], a_hi, low);
-                    oplib_mma<half_t>(sums[1], a_hi, high);
-                    oplib_mma<half_t>(sums[0], a_lo, low);
-                    oplib_mma<half_t>(sums[1], a_lo, high);
+                    mma_split_products<half_t>(sums, a_hi, a_lo, low, high);
                 }
-                bool sums_non_finite = false;
-#pragma unroll
-                for (int v = 0; v < 8; ++v) sums_non_finite |= !mma_finite(sums[v >> 2].value[v & 3]);
-                if (oplib_warp_any(sums_non_finite)) {  // oplib-cold: an inf or a nan met by the warp
+                if (mma_any_non_finite(sums)) {  // oplib-cold: an inf or a nan met by the warp
                     OPLIB_COLD_BLOCK();
                     dense_direct_grad_input<half_t>(
                         grad_bits, reinterpret_cast<const unsigned short*>(feature) + n * feature_n,

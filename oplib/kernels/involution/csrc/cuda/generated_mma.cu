@@ -278,17 +278,6 @@ __device__ __forceinline__ void mma_band_products(OplibFragmentC (&sums)[2], con
     }
 }
 
-// Whether any of a warp's two D fragments holds an inf or a nan (every lane gets the answer).
-__device__ __forceinline__ bool mma_any_non_finite(const OplibFragmentC (&sums)[2]) {
-    unsigned int bad = 0;
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) bad |= mma_finite(sums[t].value[v]) ? 0u : 1u;
-    }
-    return oplib_warp_any(bad != 0);
-}
-
 // D's elements of the lane's two pixels (fragment rows row and row + 8) to `pixel` and
 // `pixel + high_step` (each pixel's first channel of the chunk, c0 of its group), where
 // low_inside and high_inside say they lie in the map, channels past the group's left out: two
