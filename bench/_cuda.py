@@ -804,17 +804,60 @@ PROFILED_STEPS = 2
 # The host's calls that launch a kernel: the runtime's (torch, cuBLAS, cuDNN), the driver's
 # (CuPy, Triton) and a CUDA graph's replay (reduce-overhead), as torch.profiler names them.
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+# What a device event's name says it is, the first kind whose words it holds (its case kept):
+# a step's device time by kind (``device_kinds``), to tell a model's steps apart where their
+# heaviest kernels alone do not (a layout transpose cuDNN inserts, casts, a BatchNorm's kernels).
+# oplib's own kernels go by their names in its CUDA sources (``oplib_kernel_names``), first.
+DEVICE_KINDS = (
+    ("layout", ("nchwToNhwc", "nhwcToNchw", "ransposeKernel")),
+    ("inductor", ("triton_",)),
+    ("convolution", ("fprop", "dgrad", "wgrad", "conv", "Conv")),
+    ("matmul", ("gemm", "Gemm", "nvjet")),
+    ("batch norm", ("batch_norm", "bn_fw", "bn_bw", "welford")),
+    ("optimizer", ("multi_tensor_apply",)),
+    ("pooling", ("pool",)),
+    ("copy", ("Memcpy", "Memset", "copy")),
+    ("reduction", ("reduce_kernel",)),
+    ("elementwise", ("elementwise",)),
+)
+
+
+@functools.cache
+def oplib_kernel_names() -> tuple[str, ...]:
+    """The names of every kernel in oplib's CUDA sources."""
+    from oplib.kernels.cuda_source import cuda_sources, load_source
+
+    return tuple(sorted({kernel for name in cuda_sources() for kernel in load_source(name).kernels}))
+
+
+def device_kind(name: str) -> str:
+    """The kind of the device event ``name`` (``DEVICE_KINDS``; "oplib" for oplib's kernels,
+    "other" where no kind's words occur)."""
+    if any(kernel in name for kernel in oplib_kernel_names()):
+        return "oplib"
+    return next((kind for kind, words in DEVICE_KINDS if any(word in name for word in words)), "other")
+
+
+def device_kinds(events: Sequence[tuple[str, float]]) -> list[tuple[str, float]]:
+    """(name, device time) events summed by ``device_kind``, the largest first."""
+    sums: dict[str, float] = {}
+    for name, time_us in events:
+        kind = device_kind(name)
+        sums[kind] = sums.get(kind, 0.0) + time_us
+    return sorted(sums.items(), key=lambda item: item[1], reverse=True)
 
 
 def profile_steps(step: Callable[[], None], steps: int, target: Target) -> dict[str, Any]:
     """``steps`` calls of ``step`` under torch.profiler, per step: the device time of what ran
-    on the GPU (kernels, copies, fills; None in a dry run), the host's launch calls
-    (``LAUNCH_CALLS``), the host time inside oplib's ops (``oplib::`` events, their children
-    included), the three kernels taking the most device time (a dry run: the three CPU ops
-    taking the most self time), and the three host events taking the most self time (aten
-    ops, the runtime's and the driver's calls, the autograd engine's nodes), each ``(name,
-    microseconds)``. A step that is mostly host time shows a device time well under its wall
-    time, and its host events say where the host spends it."""
+    on the GPU (kernels, copies, fills; None in a dry run) and the same by kind
+    (``device_kinds``: empty in a dry run), the host's launch calls (``LAUNCH_CALLS``), the aten
+    ops the host ran (every ``aten::`` event, those inside others included), the host time
+    inside oplib's ops (``oplib::`` events, their children included), the three kernels taking
+    the most device time (a dry run: the three CPU ops taking the most self time), and the three
+    host events taking the most self time (aten ops, the runtime's and the driver's calls, the
+    autograd engine's nodes), each ``(name, microseconds)``. A step that is mostly host time
+    shows a device time well under its wall time, and its host events and aten ops say where
+    the host spends it."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -831,7 +874,9 @@ def profile_steps(step: Callable[[], None], steps: int, target: Target) -> dict[
     ranked = sorted(device, key=lambda e: e.self_device_time_total, reverse=True) if not target.is_dry else host
     return {
         "device_us": None if target.is_dry else sum(e.self_device_time_total for e in device) / steps,
+        "device_kinds": device_kinds([(e.key, e.self_device_time_total / steps) for e in device]),
         "launches": sum(e.count for e in events if e.key in LAUNCH_CALLS) / steps,
+        "aten_ops": sum(e.count for e in events if e.device_type == DeviceType.CPU and e.key.startswith("aten::")) / steps,
         "oplib_host_us": sum(e.cpu_time_total for e in events if e.key.startswith("oplib::")) / steps,
         "top": [(e.key, (e.self_cpu_time_total if target.is_dry else e.self_device_time_total) / steps)
                 for e in ranked[:3]],
@@ -842,9 +887,10 @@ def profile_steps(step: Callable[[], None], steps: int, target: Target) -> dict[
 def _profile_row(task: str, mode: str, batch: int, name: str, seconds: float, profiled: dict[str, Any]) -> list[str]:
     device = profiled["device_us"]
     top, host_top = ("; ".join(f"`{key[:60]}` {us:.0f}" for key, us in profiled[part]) for part in ("top", "host_top"))
+    kinds = "; ".join(f"{kind} {us / 1e3:.2f}" for kind, us in profiled.get("device_kinds", ())) or "-"
     return [f"{task}, {mode}", str(batch), name, f"{seconds * 1e3:.2f}", "-" if device is None else f"{device / 1e3:.2f}",
-            "-" if device is None else f"{device / 1e6 / seconds:.2f}", f"{profiled['launches']:.0f}",
-            f"{profiled['oplib_host_us'] / 1e3:.2f}", top, host_top]
+            "-" if device is None else f"{device / 1e6 / seconds:.2f}", kinds, f"{profiled['launches']:.0f}",
+            f"{profiled.get('aten_ops', float('nan')):.0f}", f"{profiled['oplib_host_us'] / 1e3:.2f}", top, host_top]
 
 
 def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequence[str] = MODEL_MODES["all"],
@@ -878,7 +924,7 @@ def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequenc
             try:
                 profiled = profile_steps(step, PROFILED_STEPS, target)
             except Exception as error:  # a diagnostic: its failure is its row's, not the timed table's
-                profiled = {"device_us": None, "launches": float("nan"), "oplib_host_us": float("nan"),
+                profiled = {"device_us": None, "launches": float("nan"), "aten_ops": float("nan"), "oplib_host_us": float("nan"),
                             "top": [(f"profile failed: {type(error).__name__}: {error}", float("nan"))], "host_top": []}
             profiles.append(_profile_row(task, mode, batch, name, seconds[name], profiled))
             del model, step

@@ -794,16 +794,18 @@ def _profile_lines(results: CudaResults) -> list[str]:
         "",
         f"Each row's {_cuda.PROFILED_STEPS} steps after its timing, under torch.profiler, per step: the wall time "
         "(the timing's), the device time of what ran on the GPU (kernels, copies and fills; its share of the wall "
-        "time: well under 1, the host set the pace), the host's kernel launches (the runtime's, the driver's, CUDA "
-        "graph replays), the host time inside oplib's ops (their children included: layout copies, CuPy's launches), "
+        "time: well under 1, the host set the pace), that device time by kind (oplib's kernels by their names; "
+        "the others by the words of their names: `_cuda.DEVICE_KINDS`), the host's kernel launches (the runtime's, "
+        "the driver's, CUDA graph replays), the aten ops the host ran (those inside others included), the host time "
+        "inside oplib's ops (their children included: layout copies, CuPy's launches), "
         "the three kernels with the most device time"
         + (" (this dry run: no device; the three CPU ops with the most self time)" if results.dry else "")
         + ", and the three host events with the most self time (aten ops, the runtime's and the driver's calls, "
         "the autograd engine's nodes: where a step whose device time is well under its wall time spends it).",
         "",
-        *_harness.table(("mode", "batch", "model", "wall (ms)", "device (ms)", "device / wall", "launches",
-                         "in oplib's ops, host (ms)", "most device time (us)", "most host time (us)"), "lllrrrrrll",
-                        results.model_profiles),
+        *_harness.table(("mode", "batch", "model", "wall (ms)", "device (ms)", "device / wall", "device by kind (ms)",
+                         "launches", "aten ops", "in oplib's ops, host (ms)", "most device time (us)",
+                         "most host time (us)"), "lllrrrlrrrll", results.model_profiles),
         "",
     ]
 

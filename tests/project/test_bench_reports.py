@@ -189,13 +189,48 @@ def test_a_profiled_step_counts_the_time_in_oplibs_ops_and_its_heaviest_ops():
 
     step()
     profiled = _cuda.profile_steps(step, 2, _cuda.Target("cpu", None, "cpu"))
-    assert profiled["device_us"] is None and profiled["launches"] == 0
+    assert profiled["device_us"] is None and profiled["device_kinds"] == [] and profiled["launches"] == 0
     assert profiled["oplib_host_us"] > 0
+    # a step's aten ops: the mm, the two randn and what they run inside (normal_, empty, ...)
+    assert 3 <= profiled["aten_ops"] < 40
     assert len(profiled["top"]) == 3 and [t for _, t in profiled["top"]] == sorted((t for _, t in profiled["top"]), reverse=True)
     assert any(name.startswith("oplib::") or name in ("aten::mm", "aten::randn", "aten::normal_") for name, _ in profiled["top"])
     row = _cuda._profile_row("train", "eager", 2, "RedNet-50", 0.01, profiled)
-    assert row[:7] == ["train, eager", "2", "RedNet-50", "10.00", "-", "-", "0"]
-    assert row[7] == f"{profiled['oplib_host_us'] / 1e3:.2f}" and row[8].startswith(f"`{profiled['top'][0][0][:60]}`")
+    assert row[:8] == ["train, eager", "2", "RedNet-50", "10.00", "-", "-", "-", "0"]
+    assert row[8] == f"{profiled['aten_ops']:.0f}" and row[9] == f"{profiled['oplib_host_us'] / 1e3:.2f}"
+    assert row[10].startswith(f"`{profiled['top'][0][0][:60]}`")
     # the host's heaviest events, heaviest first: on the CPU, the heaviest ops
     assert [name for name, _ in profiled["host_top"]] == [name for name, _ in profiled["top"]]
-    assert row[9].startswith(f"`{profiled['host_top'][0][0][:60]}`")
+    assert row[11].startswith(f"`{profiled['host_top'][0][0][:60]}`")
+
+
+def test_a_steps_device_time_is_summed_by_kind():
+    """``device_kinds`` on device event names as torch.profiler gives them on an H200 (oplib's
+    kernels by their source names, the first kind whose words a name holds), the largest
+    first; a profiled row prints them."""
+    import _cuda
+
+    events = [
+        ("void involution_forward_last<__nv_bfloat16, 7, 1>(__nv_bfloat16 const*, ...)", 900.0),
+        ("void involution_generated_dense_window<__nv_bfloat16, true, true>(...)", 100.0),
+        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64", 700.0),
+        ("sm90_xmma_wgrad_implicit_gemm_indexed_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 600.0),
+        ("void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, false, true>", 50.0),
+        ("void at::native::batch_norm_collect_statistics_channels_last_kernel<...>", 80.0),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, ...>", 40.0),
+        ("void at::native::elementwise_kernel<128, 4, at::native::direct_copy_kernel_cuda(...)>", 30.0),
+        ("triton_poi_fused__native_batch_norm_legit_functional_convolution_relu_0", 20.0),
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>", 10.0),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 5.0),
+        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, ...>>", 3.0),
+        ("void something_else(float*)", 1.0),
+    ]
+    kinds = _cuda.device_kinds(events)
+    assert kinds == [("convolution", 1300.0), ("oplib", 1000.0), ("batch norm", 80.0), ("layout", 50.0),
+                     ("elementwise", 40.0), ("copy", 30.0), ("inductor", 20.0), ("optimizer", 10.0), ("matmul", 5.0),
+                     ("reduction", 3.0), ("other", 1.0)]
+    assert "involution_backward_weight_last" in _cuda.oplib_kernel_names()
+    profiled = {"device_us": 4000.0, "device_kinds": kinds[:2], "launches": 3, "aten_ops": 12, "oplib_host_us": 100.0,
+                "top": [], "host_top": []}
+    row = _cuda._profile_row("train", "eager", 32, "RedNet-50", 0.008, profiled)
+    assert row[4:9] == ["4.00", "0.50", "convolution 1.30; oplib 1.00", "3", "12"]
