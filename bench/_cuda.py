@@ -64,7 +64,9 @@ a process of its own through tools/gpu_check.py). Its stages:
   time (``oplib.benchmark``'s CUDA clock: graph replays between events);
 - ``launch``: the host's time per call at a tiny shape, oplib's involution against a bare
   custom op of the same schema (two tensors, three int lists) that allocates its result and
-  launches an empty kernel through the same launcher;
+  launches an empty kernel through the same launcher; and per training step (forward +
+  backward under autocast), the op with direct calls and through the dispatcher, and the
+  Involution2d layer against the 3x3 convolution a ResNet bottleneck has in its place;
 - ``models``: RedNet-50 against a torch.nn ResNet-50 (bench/rednet.py's; no torchvision
   needed), bf16 autocast and channels_last, training step and inference, batch 32 and 128,
   eager, ``torch.compile`` and ``torch.compile(mode="reduce-overhead")``, in images per second,
@@ -700,6 +702,13 @@ TINY = dict(input=(1, 16, 8, 8), weight=(1, 1, 3, 3, 8, 8), window=([1, 1], [1, 
 OPLIB_TINY, BARE_TINY = "oplib involution", "custom_op + empty CuPy kernel"
 KERNEL_TINY, UNPLANNED_TINY = "oplib's CUDA kernel alone (its launch plans)", "oplib's host path without plans"
 PLAN_HELD = "plan held"
+# ... and, in a training step (forward + backward under bf16 autocast), per step: the op with
+# oplib's direct calls and through the dispatcher (``oplib.ops._common.DIRECT_CALLS``), the whole
+# Involution2d layer (7 x 7, the generation branch and all, unfused) and a ResNet bottleneck's
+# 3 x 3 convolution in its place, at the tiny input; 1 / STEP_CALLS_SHARE of the calls each.
+STEP_DIRECT, STEP_DISPATCHER = "op step, direct calls", "op step, through the dispatcher"
+STEP_LAYER, STEP_CONV = "Involution2d step", "Conv2d 3x3 step"
+STEP_CALLS_SHARE = 10
 
 # element.cuh defines the storage types every instantiation names (oplib_half, oplib_bfloat16).
 _EMPTY_KERNEL = ('#include "element.cuh"\n\n'
@@ -741,11 +750,54 @@ def bare_op(launcher: Launcher) -> Callable[..., Tensor]:
     return empty_kernel
 
 
+STEP_NAMES = (STEP_DIRECT, STEP_DISPATCHER, STEP_LAYER, STEP_CONV)
+
+
+def _training_steps(target: Target, args: tuple) -> dict[str, Callable[[], None]]:
+    """A training step's calls at the tiny input, each forward + backward under ``target``'s
+    autocast (bfloat16): the op (``STEP_DIRECT``, ``STEP_DISPATCHER``), the Involution2d layer
+    unfused and the 3 x 3 convolution (``STEP_LAYER``, ``STEP_CONV``), modules in train mode,
+    channels_last, gradients accumulated (never read)."""
+    from oplib.nn import Involution2d
+    from oplib.ops import _common
+
+    x, w, *window = args
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    image = args[0].detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    channels = image.shape[1]
+    layer = Involution2d(channels, 7, group_channels=channels, fused=False).to(image.device, memory_format=torch.channels_last)
+    conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False).to(image.device, memory_format=torch.channels_last)
+
+    def op_step(direct: bool) -> Callable[[], None]:
+        def step() -> None:
+            _common.DIRECT_CALLS = direct
+            try:
+                with target.autocast():
+                    out = torch.ops.oplib.involution(x, w, *window)
+                out.float().sum().backward()
+            finally:
+                _common.DIRECT_CALLS = True
+
+        return step
+
+    def module_step(module: nn.Module) -> Callable[[], None]:
+        def step() -> None:
+            with target.autocast():
+                out = module(image)
+            out.float().sum().backward()
+
+        return step
+
+    return {STEP_DIRECT: op_step(True), STEP_DISPATCHER: op_step(False), STEP_LAYER: module_step(layer),
+            STEP_CONV: module_step(conv)}
+
+
 def run_tiny(target: Optional[Target] = None, plan: Plan = GPU) -> dict[str, float]:
     """Wall seconds per call, interleaved over ``plan.rounds`` rounds: oplib's involution at the
     tiny shape, the bare custom op (``bare_op``) on the same arguments, and the two parts of the
-    op's path (``KERNEL_TINY``, ``UNPLANNED_TINY``); and whether the op held a launch plan for
-    the call (``PLAN_HELD``)."""
+    op's path (``KERNEL_TINY``, ``UNPLANNED_TINY``); per training step, the op, the layer and a
+    3 x 3 convolution (``_training_steps``); and whether the op held a launch plan for the call
+    (``PLAN_HELD``)."""
     from oplib.kernels.cuda_plan import plan_key
     from oplib.ops._rules import CONTRACTS, CUDA_KERNELS, cuda_kernel
 
@@ -762,12 +814,13 @@ def run_tiny(target: Optional[Target] = None, plan: Plan = GPU) -> dict[str, flo
         return contract.writers["cuda"](*args, contract.result(*args), target.launcher)
 
     calls = {OPLIB_TINY: lambda: torch.ops.oplib.involution(*args), BARE_TINY: lambda: empty(*args),
-             KERNEL_TINY: lambda: alone(*args), UNPLANNED_TINY: unplanned}
+             KERNEL_TINY: lambda: alone(*args), UNPLANNED_TINY: unplanned, **_training_steps(target, args)}
     readings: dict = {name: [] for name in calls}
     names = list(calls)
     for r in range(plan.rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            readings[name].append(wall_time(calls[name], plan.tiny_calls, target))
+            count = plan.tiny_calls if name not in STEP_NAMES else max(2, plan.tiny_calls // STEP_CALLS_SHARE)
+            readings[name].append(wall_time(calls[name], count, target))
     result = {name: median(values) for name, values in readings.items()}
     plans = CUDA_KERNELS["oplib::involution"].plans if x.is_cuda else {}
     result[PLAN_HELD] = float("nan") if not plans else float(plans.get(plan_key(args)) is not None)

@@ -742,6 +742,32 @@ def _launch_section(results: CudaResults, target_name: str, plan, models_choice:
               if key in results.tiny)]),
         "",
         *_plan_line(results.tiny.get(_cuda.PLAN_HELD)),
+        *_step_lines(results.tiny),
+    ]
+
+
+def _step_lines(tiny: dict) -> list[str]:
+    """The training-step rows of the launch stage (a run before them has none): where a layer's
+    host time goes in a step whose host sets the pace."""
+    import _cuda
+
+    if _cuda.STEP_LAYER not in tiny:
+        return []
+    direct, conv = tiny[_cuda.STEP_DIRECT], tiny[_cuda.STEP_CONV]
+    rows = [[name, f"{tiny[key] * 1e6:.1f}", f"{tiny[key] / conv:.2f}x"] for key, name in (
+        (_cuda.STEP_DIRECT, "the op, direct calls"),
+        (_cuda.STEP_DISPATCHER, "the op, through the dispatcher"),
+        (_cuda.STEP_LAYER, "Involution2d(16, 7), unfused: the generation branch, the span conv and the op"),
+        (_cuda.STEP_CONV, "torch.nn.Conv2d(16, 16, 3): a ResNet bottleneck's convolution in its place"))]
+    return [
+        f"Per training step at the same input (forward + backward under bf16 autocast, the modules' input "
+        f"channels_last, {_cuda.STEP_CALLS_SHARE}x fewer calls a reading): the op with direct calls / through the dispatcher "
+        f"{direct / tiny[_cuda.STEP_DISPATCHER]:.2f}x; the layer / the convolution "
+        f"{tiny[_cuda.STEP_LAYER] / conv:.2f}x. In a step the host sets the pace, each of RedNet-50's 17 involution "
+        "layers costs the host the layer's row where ResNet-50 pays the convolution's.",
+        "",
+        *_harness.table(("step", "wall per step (us)", "/ the convolution's"), "lrr", rows),
+        "",
     ]
 
 

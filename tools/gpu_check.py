@@ -84,7 +84,7 @@ STAGES = (
     Stage("kernels", "each kernel's device time against its DRAM floor", 65, 300, ("involution-cuda.md",)),
     Stage("layer", "Involution2d fused and unfused against a depthwise 7x7 Conv2d", 70, 180,
           ("involution-cuda-layer.md",)),
-    Stage("launch", "the host's time per call at a tiny shape against a bare custom op", 30, 120,
+    Stage("launch", "the host's time per call at a tiny shape against a bare custom op, and per training step", 30, 120,
           ("involution-cuda-launch.md",)),
     Stage("ncu", "Nsight Compute: DRAM throughput, occupancy, warp stalls of each kernel", 30, 180,
           ("involution-cuda-ncu.md",)),

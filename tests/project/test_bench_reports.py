@@ -234,3 +234,29 @@ def test_a_steps_device_time_is_summed_by_kind():
                 "top": [], "host_top": []}
     row = _cuda._profile_row("train", "eager", 32, "RedNet-50", 0.008, profiled)
     assert row[4:9] == ["4.00", "0.50", "convolution 1.30; oplib 1.00", "3", "12"]
+
+
+def test_the_launch_stage_times_a_training_steps_calls():
+    """bench/_cuda.py's training-step calls at the tiny input (on the CPU: a dry run's target):
+    each a forward and a backward, the op's and the layer's through involution's backward ops,
+    the convolution's through its own; the report's lines give each step against the
+    convolution's."""
+    import _cuda
+    from involution import _step_lines
+    from torch.profiler import ProfilerActivity, profile
+
+    x, w = torch.randn(*_cuda.TINY["input"]), torch.randn(*_cuda.TINY["weight"])
+    steps = _cuda._training_steps(_cuda.Target("cpu", None, "cpu"), (x, w, *_cuda.TINY["window"]))
+    assert list(steps) == list(_cuda.STEP_NAMES)
+    for name, step in steps.items():
+        with profile(activities=[ProfilerActivity.CPU]) as recorded:
+            step()
+        ran = {event.key for event in recorded.key_averages()}
+        backward = "aten::convolution_backward" if name == _cuda.STEP_CONV else "oplib::involution_backward_input"
+        assert backward in ran, name
+        assert (name == _cuda.STEP_LAYER) == ("aten::native_batch_norm_backward" in ran), name
+    lines = _step_lines({_cuda.STEP_DIRECT: 2e-4, _cuda.STEP_DISPATCHER: 2.5e-4, _cuda.STEP_LAYER: 1e-3,
+                         _cuda.STEP_CONV: 2e-4})
+    assert "dispatcher 0.80x" in lines[0] and "the convolution 5.00x" in lines[0]
+    assert "| the op, direct calls | 200.0 | 1.00x |" in lines
+    assert _step_lines({}) == []
