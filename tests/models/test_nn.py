@@ -288,6 +288,41 @@ def test_strided_involution2d_keeps_no_input_sized_map_for_its_pooling(channels_
     torch.testing.assert_close(got, cells(probe.detach()))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kernel,stride,size", [(7, 2, (8, 12)), (3, 3, (12, 6)), (3, (2, 3), (8, 9))],
+                         ids=["k7-s2", "k3-s3", "k3-s2x3"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_strided_pooling_of_whole_cells_makes_no_count_map(dtype, kernel, stride, size, channels_last):
+    """Eager, where every cell lies inside the image (the default padding at sizes the stride
+    divides: RedNet-50's stride-2 layers), the pooling divides each cell's sum by the cell's
+    size: the bits the division by the count map gave, without making the map (the ones, their
+    padding, their sums, the clamp: four ops a call); forward-mode, second-order and vmapped
+    derivatives through it match the cells' means in float64."""
+    torch.manual_seed(0)
+    layer = oplib.nn.Involution2d(8, kernel_size=kernel, stride=stride, group_channels=4)
+    x = torch.randn(2, 8, *size, dtype=dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    out_size = layer.output_size(*size)
+    assert [o * s for o, s in zip(out_size, layer.stride)] == list(size)  # whole cells, no padding
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as recorded:
+        got = layer._pool(x, *out_size)
+    ran = {event.key for event in recorded.key_averages()}
+    assert not ran & {"aten::new_ones", "aten::clamp", "aten::constant_pad_nd"}, ran
+    summed = F.avg_pool2d(x, layer.stride, divisor_override=1)
+    count = F.avg_pool2d(x.new_ones((1, 1, *size)), layer.stride, divisor_override=1)
+    assert torch.equal(got, summed / count.clamp(min=1))
+    if dtype == torch.float64:
+        source = lambda t: layer._pool(t, *out_size)  # noqa: E731
+        cells = lambda t: _cell_means(layer, t, *out_size)  # noqa: E731
+        torch.testing.assert_close(got, cells(x))
+        probe = x.detach().clone().requires_grad_()
+        torch.autograd.gradgradcheck(source, (probe,))
+        tangent = torch.randn_like(probe)
+        torch.testing.assert_close(torch.func.jvp(source, (x,), (tangent,))[1], torch.func.jvp(cells, (x,), (tangent,))[1])
+        torch.testing.assert_close(torch.func.vmap(source)(x.unsqueeze(1)).squeeze(1), cells(x))
+
+
 @pytest.mark.parametrize("padding", [None, "same"], ids=["default", "same"])
 @pytest.mark.parametrize("dilation", [1, 2])
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
