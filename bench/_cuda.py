@@ -763,20 +763,20 @@ def _training_steps(target: Target, args: tuple) -> dict[str, Callable[[], None]
 
     x, w, *window = args
     x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
-    image = args[0].detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    image = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
     channels = image.shape[1]
     layer = Involution2d(channels, 7, group_channels=channels, fused=False).to(image.device, memory_format=torch.channels_last)
     conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False).to(image.device, memory_format=torch.channels_last)
 
     def op_step(direct: bool) -> Callable[[], None]:
         def step() -> None:
-            _common.DIRECT_CALLS = direct
+            previous, _common.DIRECT_CALLS = _common.DIRECT_CALLS, direct
             try:
                 with target.autocast():
                     out = torch.ops.oplib.involution(x, w, *window)
                 out.float().sum().backward()
             finally:
-                _common.DIRECT_CALLS = True
+                _common.DIRECT_CALLS = previous
 
         return step
 
@@ -940,10 +940,10 @@ def profile_steps(step: Callable[[], None], steps: int, target: Target) -> dict[
 def _profile_row(task: str, mode: str, batch: int, name: str, seconds: float, profiled: dict[str, Any]) -> list[str]:
     device = profiled["device_us"]
     top, host_top = ("; ".join(f"`{key[:60]}` {us:.0f}" for key, us in profiled[part]) for part in ("top", "host_top"))
-    kinds = "; ".join(f"{kind} {us / 1e3:.2f}" for kind, us in profiled.get("device_kinds", ())) or "-"
+    kinds = "; ".join(f"{kind} {us / 1e3:.2f}" for kind, us in profiled["device_kinds"]) or "-"
     return [f"{task}, {mode}", str(batch), name, f"{seconds * 1e3:.2f}", "-" if device is None else f"{device / 1e3:.2f}",
             "-" if device is None else f"{device / 1e6 / seconds:.2f}", kinds, f"{profiled['launches']:.0f}",
-            f"{profiled.get('aten_ops', float('nan')):.0f}", f"{profiled['oplib_host_us'] / 1e3:.2f}", top, host_top]
+            f"{profiled['aten_ops']:.0f}", f"{profiled['oplib_host_us'] / 1e3:.2f}", top, host_top]
 
 
 def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequence[str] = MODEL_MODES["all"],
@@ -977,7 +977,8 @@ def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequenc
             try:
                 profiled = profile_steps(step, PROFILED_STEPS, target)
             except Exception as error:  # a diagnostic: its failure is its row's, not the timed table's
-                profiled = {"device_us": None, "launches": float("nan"), "aten_ops": float("nan"), "oplib_host_us": float("nan"),
+                profiled = {"device_us": None, "device_kinds": [], "launches": float("nan"), "aten_ops": float("nan"),
+                            "oplib_host_us": float("nan"),
                             "top": [(f"profile failed: {type(error).__name__}: {error}", float("nan"))], "host_top": []}
             profiles.append(_profile_row(task, mode, batch, name, seconds[name], profiled))
             del model, step

@@ -753,12 +753,12 @@ def _step_lines(tiny: dict) -> list[str]:
 
     if _cuda.STEP_LAYER not in tiny:
         return []
-    direct, conv = tiny[_cuda.STEP_DIRECT], tiny[_cuda.STEP_CONV]
+    direct, conv, channels = tiny[_cuda.STEP_DIRECT], tiny[_cuda.STEP_CONV], _cuda.TINY["input"][1]
     rows = [[name, f"{tiny[key] * 1e6:.1f}", f"{tiny[key] / conv:.2f}x"] for key, name in (
         (_cuda.STEP_DIRECT, "the op, direct calls"),
         (_cuda.STEP_DISPATCHER, "the op, through the dispatcher"),
-        (_cuda.STEP_LAYER, "Involution2d(16, 7), unfused: the generation branch, the span conv and the op"),
-        (_cuda.STEP_CONV, "torch.nn.Conv2d(16, 16, 3): a ResNet bottleneck's convolution in its place"))]
+        (_cuda.STEP_LAYER, f"Involution2d({channels}, 7), unfused: the generation branch, the span conv and the op"),
+        (_cuda.STEP_CONV, f"torch.nn.Conv2d({channels}, {channels}, 3): a ResNet bottleneck's convolution in its place"))]
     return [
         f"Per training step at the same input (forward + backward under bf16 autocast, the modules' input "
         f"channels_last, {_cuda.STEP_CALLS_SHARE}x fewer calls a reading): the op with direct calls / through the dispatcher "
