@@ -62,9 +62,10 @@ from ..kernels.cuda_source import (
 )
 
 CUDA_SOURCES = cuda_sources()
-# The targets oplib's kernels are checked for: every architecture CUDA 13 still compiles,
-# from Turing to consumer Blackwell.
-ARCHITECTURES = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_120")
+# The targets oplib's kernels are checked for: every architecture CUDA 13 still compiles, from
+# Turing to Blackwell, datacenter (sm_100: its own blocks an SM in generated_mma.cu's launch
+# bounds) and consumer (sm_120). Blackwell's other targets (sm_103, sm_110, sm_121) are left out.
+ARCHITECTURES = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
 
 
 def cupy_options(arch: str) -> tuple[str, ...]:
@@ -262,6 +263,7 @@ _SM_LIMITS = {
     "sm_86": (1536, 16),
     "sm_89": (1536, 24),
     "sm_90": (2048, 32),
+    "sm_100": (2048, 32),
     "sm_120": (1536, 24),
 }
 _REGISTERS_PER_SM = 65536
