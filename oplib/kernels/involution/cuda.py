@@ -1064,23 +1064,44 @@ def generated_mma_staged_tile(source: KernelSource, stride: int, runs_w: int) ->
     return stride * (warps // (stride * stride)) * (warps // runs_w), stride * run * runs_w
 
 
-def _best_runs(tile_of, size) -> tuple[int, float]:
+def _best_runs(tile_of, size, warp_of=None) -> tuple[int, float]:
     """(runs_w, fill): of ``GENERATED_STAGED_RUNS_W``, the runs along a row whose tiles
     (``tile_of(runs_w)``) leave the fewest of their pixels outside a map of ``size`` (the wider
-    on a tie), and the share of the tiles' pixels inside."""
-    best = None
+    on a tie), and the share of the tiles' pixels inside. With ``warp_of(runs_w)``, the pixels a
+    warp takes (rows, columns; a tile holds whole warps), those of the tiles that reach
+    ``GENERATED_STAGED_MIN_FILL`` whose warps holding a pixel of the map hold the fewest outside
+    it (``_warp_pixels``), then as above: where a kernel's runs past the map skip their sums (the
+    staged forward's), a warp the map reaches in part still issues every instruction of its
+    sums for all its lanes, one it does not reach none. The tiles' fill decides whether the
+    kernel serves the call either way."""
+    best, best_key = None, None
     for runs_w in GENERATED_STAGED_RUNS_W:
-        covered = math.prod(-(-extent // t) * t for extent, t in zip(size, tile_of(runs_w)))
+        tile = tile_of(runs_w)
+        covered = math.prod(-(-extent // t) * t for extent, t in zip(size, tile))
         fill = math.prod(size) / covered
-        if best is None or fill > best[1]:
-            best = (runs_w, fill)
+        warps = _warp_pixels(size, tile, warp_of(runs_w)) if warp_of is not None else covered
+        # (pixel counts, not ratios: equal shares compare equal, and a tie keeps the wider)
+        key = (warp_of is None or fill >= GENERATED_STAGED_MIN_FILL, -warps, -covered)
+        if best_key is None or key > best_key:
+            best, best_key = (runs_w, fill), key
     return best
+
+
+def _warp_pixels(size, tile, warp) -> int:
+    """The pixels of the warps that hold a pixel of a map of ``size`` covered by tiles of
+    ``tile`` pixels (rows, columns), each tile whole warps of ``warp`` pixels: per axis, a whole
+    tile's warps and those the last tile's part reaches."""
+    reached = 1
+    for extent, t, w in zip(size, tile, warp):
+        whole, rest = divmod(extent, t)
+        reached *= whole * (t // w) + -(-rest // w)
+    return reached * math.prod(warp)
 
 
 def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes_of, dtype: torch.dtype, batch: int,
                    channels: int, groups: int, size, kernel_size, stride, dilation, runs_w: Optional[int],
                    fold_of=lambda runs_w: 1, dtypes: tuple[torch.dtype, ...] = GENERATED_MMA_DTYPES,
-                   chunk: Optional[int] = None) -> Optional[tuple[LaunchConfig, int]]:
+                   chunk: Optional[int] = None, warp_of=None) -> Optional[tuple[LaunchConfig, int]]:
     """The launch of either staged kernel (a block a tile of a map of ``size``, a group and a
     chunk of ``MMA_CHANNELS`` of its channels) and its runs_w: the tiles (``tile_of(runs_w)``)
     that fill the map best, or ``runs_w`` where given (one of ``GENERATED_STAGED_RUNS_W``: the
@@ -1092,7 +1113,8 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
     grid past CUDA's y and z limits. ``fold_of(runs_w)``: the samples a block takes (the
     forward's small maps), ``tile_of`` then a sample's share of the tile. ``dtypes``: those the
     kernel has the tensor-core product for; ``chunk``: the channels a block takes (``MMA_CHANNELS``
-    unless given)."""
+    unless given); ``warp_of(runs_w)``: a warp's pixels, where the tiles are chosen by the warps
+    the map reaches (``_best_runs``)."""
     if dtype not in dtypes or tuple(dilation) != (1, 1):
         return None
     specialisation = (str(kernel_size[0]), str(stride[0]))
@@ -1105,7 +1127,7 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
                          f"runs), got {runs_w}")
     fill, chunks = 1.0, -(-(channels // groups) // (chunk or source.constants["MMA_CHANNELS"]))
     if runs_w is None:
-        runs_w, fill = _best_runs(tile_of, size)
+        runs_w, fill = _best_runs(tile_of, size, warp_of)
     shared_bytes, blocks_z = shared_bytes_of(runs_w), -(-batch // fold_of(runs_w)) * chunks
     if (fill < GENERATED_STAGED_MIN_FILL or shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535
             or blocks_z > 65535):
@@ -1233,6 +1255,12 @@ def generated_mma_staged_forward_span_tiles(kernel: int, stride: int) -> int:
 GENERATED_STAGED_FOLD = 4
 
 
+def generated_mma_staged_forward_warp(source: KernelSource, runs_w: int) -> tuple[int, int]:
+    """(rows, columns) of output pixels a warp of ``involution_generated_mma_staged`` takes: its
+    8 runs of ``STAGED_RUN`` pixels, runs_w along a row."""
+    return 8 // runs_w, source.constants["STAGED_RUN"] * runs_w
+
+
 def generated_mma_staged_forward_fold(source: KernelSource, runs_w: int, out_size) -> int:
     """The samples a block of ``involution_generated_mma_staged`` takes in tiles of ``runs_w``:
     ``GENERATED_STAGED_FOLD`` where a map of ``out_size`` fits that share of the tile's rows,
@@ -1303,15 +1331,19 @@ def generated_mma_staged_forward_config(source: KernelSource, dtype: torch.dtype
                                         groups: int, out_size, kernel_size, stride, dilation, reduced: int,
                                         runs_w: Optional[int] = None) -> Optional[tuple[LaunchConfig, int]]:
     """``involution_generated_mma_staged``'s launch and runs_w (``_staged_launch``: tiles of the
-    output, which fill it best; a map that fits a share of the tallest tiles folded, a block
-    ``GENERATED_STAGED_FOLD`` samples)."""
+    output whose warps the map reaches fill it best; a map that fits a share of the tallest tiles
+    folded, a block ``GENERATED_STAGED_FOLD`` samples). RedNet-50's 56 x 56 maps take tiles of
+    32 x 8, whose warps (4 x 8) lie inside the map or past it, where the 8 x 32 tiles' last
+    column of warps (1 x 32) holds 24 pixels of the map: the offline model puts the first at
+    0.88-0.90x of the second's time on every GPU it has (bench/results/cuda-model.md)."""
     return _staged_launch(source, "involution_generated_mma_staged",
                           lambda r: generated_mma_staged_forward_share(source, r, out_size),
                           lambda r: generated_mma_staged_forward_shared_bytes(source, kernel_size[0], stride[0], r,
                                                                               reduced, out_size, dtype),
                           dtype, batch, channels, groups, out_size, kernel_size, stride, dilation, runs_w,
                           lambda r: generated_mma_staged_forward_fold(source, r, out_size),
-                          GENERATED_STAGED_DTYPES, generated_mma_staged_forward_chunk(source, dtype, stride[0]))
+                          GENERATED_STAGED_DTYPES, generated_mma_staged_forward_chunk(source, dtype, stride[0]),
+                          lambda r: generated_mma_staged_forward_warp(source, r))
 
 
 def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],

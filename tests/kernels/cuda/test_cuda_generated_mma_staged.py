@@ -129,7 +129,7 @@ def test_staged_forward_declines_what_it_does_not_serve():
     source, config = _source(), involution_cuda.generated_mma_staged_forward_config
     # (batch, channels, groups, output size, kernel, stride, R): RedNet-50's shapes at batch 32
     stage1, runs_w = config(source, torch.bfloat16, 32, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16)
-    assert stage1.grid == (14, 4, 32) and stage1.block == (32, 8, 1) and runs_w == 8
+    assert stage1.grid == (14, 4, 32) and stage1.block == (32, 8, 1) and runs_w == 2  # 32 x 8 tiles
     assert config(source, torch.bfloat16, 32, 128, 8, (28, 28), (7, 7), (1, 1), (1, 1), 32)[1] == 8
     assert config(source, torch.bfloat16, 32, 256, 16, (14, 14), (7, 7), (1, 1), (1, 1), 64)[1] == 4
     assert config(source, torch.float16, 32, 128, 8, (28, 28), (7, 7), (2, 2), (1, 1), 32)[0].grid == (4, 8, 32)
@@ -158,6 +158,30 @@ def test_staged_forward_declines_what_it_does_not_serve():
     out = torch.full((1, 64, 11, 10), 7.0, dtype=torch.float64)
     assert involution_cuda.involution_generated_mma_staged(*args, out, EmulatedLauncher()) is None
     assert bool((out == 7).all())
+
+
+def test_the_forward_takes_the_tiles_whose_warps_the_map_reaches_least_in_part():
+    """A warp issues its sums for every lane where one of its runs lies in the map, so the
+    staged forward's tiles are chosen by the pixels of the warps the map reaches: at 56 x 56 the
+    32 x 8 tiles' warps (4 x 8) lie inside the map or wholly past it, where the 8 x 32 tiles, as
+    many pixels past the map, end each row of warps (1 x 32) with a warp 24 pixels in it (the
+    choice before, the wider of equal fills). grad_input, whose warps at stride 2 take a row and
+    column parity each, keeps the tiles' fill. A fill below GENERATED_STAGED_MIN_FILL still
+    declines the call, whatever the warps."""
+    source = _source()
+    warp_pixels = involution_cuda._warp_pixels
+    assert warp_pixels((56, 56), (8, 32), (1, 32)) == 56 * 64 and warp_pixels((56, 56), (32, 8), (4, 8)) == 56 * 56
+    assert warp_pixels((14, 14), (16, 16), (2, 16)) == 14 * 16 and warp_pixels((7, 7), (8, 8), (4, 8)) == 64
+    assert [involution_cuda.generated_mma_staged_forward_warp(source, r) for r in (8, 4, 2)] == [(1, 32), (2, 16), (4, 8)]
+    forward, grad_input = involution_cuda.generated_mma_staged_forward_config, involution_cuda.generated_mma_staged_config
+    for dtype in (torch.bfloat16, torch.float32):
+        assert forward(source, dtype, 32, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16)[1] == 2
+        assert grad_input(source, dtype, 32, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16)[1] == 8
+    # equal warps keep the wider tiles; 30 x 30: the 8 x 32 tiles' warps reach 30 x 32 pixels, the
+    # 32 x 8 tiles' 32 x 32
+    assert forward(source, torch.bfloat16, 2, 64, 4, (28, 28), (7, 7), (1, 1), (1, 1), 16)[1] == 8
+    assert forward(source, torch.bfloat16, 2, 64, 4, (30, 30), (7, 7), (1, 1), (1, 1), 16)[1] == 8
+    assert forward(source, torch.bfloat16, 2, 64, 4, (3, 3), (7, 7), (1, 1), (1, 1), 16) is None
 
 
 def test_the_feature_takes_pixel_pairs_only_where_they_are_aligned_words():
