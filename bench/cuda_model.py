@@ -427,9 +427,11 @@ def report(rows: list[dict], bandwidth: float, h100: Optional[dict] = None) -> t
 # ---------------------------------------------------------------------------------------
 
 
-def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated_tile") -> Optional[Launch]:
+def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated_tile",
+                  runs_w: Optional[int] = None) -> Optional[Launch]:
     """The launch of one of the kernels timed in a column of its own (``fused``, a function of
     oplib.kernels.involution.cuda: a fused forward, ``involution_generated_mma_backward_input``,
+    a staged kernel (``runs_w``: its tiles, the host's where None),
     or one of involution_vectors.cu's: ``involution_vectors``, ``involution_vectors_backward_input``,
     ``involution_vectors_backward_weight``) at one (shape, dtype, layout), recorded on CPU
     tensors; None where the kernel declines it."""
@@ -443,6 +445,7 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     x, feature, g = o["input"], o["feature"], o["grad_output"]
     recording = device_model.RecordingLauncher()
     window = ([shape.kernel] * 2, *shape.params)
+    tiles = {} if runs_w is None else {"runs_w": runs_w}
     if fused == "involution_vectors":
         w = o["weight"]
         involution_cuda.involution_vectors(x, w, *shape.params, result_like(x, w.shape[4:]), recording)
@@ -466,10 +469,10 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
                    "involution_generated_dense_window_backward_input"):
         size = [shape.height, shape.width]
         getattr(involution_cuda, fused)(g, feature, o["span_weight"], o["span_bias"], size, *window,
-                                        result_like(g, size), recording)
+                                        result_like(g, size), recording, **tiles)
     else:
         getattr(involution_cuda, fused)(x, feature, o["span_weight"], o["span_bias"], *window,
-                                        result_like(x, feature.shape[2:]), recording)
+                                        result_like(x, feature.shape[2:]), recording, **tiles)
     return recording.launches[0] if recording.launches else None
 
 
@@ -1443,6 +1446,126 @@ def mma_lines(rows: list[dict], table: list[dict], constants: Constants, bandwid
     return lines[:-1]
 
 
+# The GPUs of the per-architecture table, oldest first: the H200 the constants are fitted on and
+# four it has never measured (their datasheet figures: oplib.testing.device_model).
+ARCH_GPUS = (device_model.A100_SXM, device_model.L40S, device_model.H100_SXM, H200, device_model.B200)
+# The kernels whose tiles the host chooses among ``GENERATED_STAGED_RUNS_W`` (row name -> the
+# function of oplib.kernels.involution.cuda that launches it, ``runs_w`` its tiles).
+TILE_CHOICES = {STAGED_FORWARD: "involution_generated_mma_staged",
+                STAGED_GRAD_INPUT: "involution_generated_mma_backward_input_staged"}
+
+
+def _profiles(source: str, which: tuple, arch: str) -> dict[str, device_model.SassProfile]:
+    """``sass_profile`` of ``which`` for ``arch``, leaving out the instantiations the model
+    declines there (machine code that calls outside the source's cold blocks)."""
+    try:
+        return device_model.sass_profile(source, which, arch)
+    except ValueError:
+        profiles = {}
+        for instantiation in which:
+            try:
+                profiles.update(device_model.sass_profile(source, (instantiation,), arch))
+            except ValueError:
+                pass
+        return profiles
+
+
+def architecture_entries() -> list[dict]:
+    """Each tile choice of each ``TILE_CHOICES`` kernel at every (shape, dtype, layout) of the
+    measured table it serves, recorded on CPU tensors (the host's choice marked), and on each GPU
+    of ``ARCH_GPUS`` its launch's model inputs from the machine code NVRTC compiles for that GPU
+    (``events`` None where the model declines the instantiation there)."""
+    _, rows = measured_rows()
+    cases = list(dict.fromkeys((r["shape"], r["dtype"], r["layout"]) for r in rows))
+    recorded = []
+    for case in cases:
+        for kernel, function in TILE_CHOICES.items():
+            host = _fused_launch(case, function)
+            if host is None:
+                continue
+            for runs_w in involution_cuda.GENERATED_STAGED_RUNS_W:
+                launch = _fused_launch(case, function, runs_w)
+                if launch is not None:
+                    recorded.append((case, kernel, runs_w, launch == host, launch, device_model.kernel_work(launch)))
+    launches = {(e.source, e.kernel, e.dtype, e.specialisation) for *_, e, _ in recorded}
+    entries = []
+    for gpu in ARCH_GPUS:
+        profiles = {}
+        for source in sorted({key[0] for key in launches}):
+            profiles.update(_profiles(source, tuple(sorted((k[1:] for k in launches if k[0] == source), key=str)),
+                                      gpu.arch))
+        for (shape, dtype, layout), kernel, runs_w, host, launch, work in recorded:
+            profile = profiles.get(launch.name)
+            events = None if profile is None else [LaunchInputs(
+                launch.name, launch.blocks, launch.threads_per_block, launch.shared_bytes + profile.shared_bytes,
+                profile.registers, profile.loads_in_flight, profile.widest_load, work, profile.instruction_ratio)]
+            entries.append({"shape": shape, "dtype": dtype, "layout": layout, "kernel": kernel, "runs_w": runs_w,
+                            "host": host, "gpu": gpu.name, "arch": gpu.arch,
+                            "events": None if events is None else events_to_json(events)})
+    return entries
+
+
+def architecture_lines(entries: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """``architecture_entries``' predictions: per (shape, dtype, layout, kernel) and GPU, each
+    tile choice's time with the constants fitted on the H200 and the H200's copy bandwidth scaled
+    by the GPU's datasheet bandwidth, the host's choice in bold, and the host's over the
+    model's best."""
+    gpus = {gpu.name: gpu for gpu in ARCH_GPUS}
+    runs = involution_cuda.GENERATED_STAGED_RUNS_W
+    rows: dict[tuple, dict] = {}
+    for entry in entries:
+        row = rows.setdefault((entry["shape"], entry["dtype"], entry["layout"], entry["kernel"]), {})
+        gpu = gpus[entry["gpu"]]
+        seconds = None if entry["events"] is None else device_model.predict(
+            events_from_json(entry["events"]), gpu, constants, bandwidth * gpu.dram_bytes_per_s / H200.dram_bytes_per_s)
+        row.setdefault(gpu.name, {})[entry["runs_w"]] = seconds
+        if entry["host"]:
+            row["host"] = entry["runs_w"]
+    cells, ratios, declined = [], {name: [] for name in gpus}, {}
+    for (shape, dtype, layout, kernel), row in rows.items():
+        line = [shape, dtype, layout, kernel, str(row["host"])]
+        for name in gpus:
+            times = row.get(name, {})
+            if any(times.get(r) is None for r in times) or row["host"] not in times:
+                declined.setdefault(gpus[name].arch, set()).add(f"{kernel}, {dtype}")
+                line.append("-")
+                continue
+            best = min(times.values())
+            ratios[name].append((times[row["host"]] / best, f"{shape} {dtype} {layout}, {kernel}"))
+            shown = [f"**{times[r] * 1e6:.1f}**" if r == row["host"] else f"{times[r] * 1e6:.1f}" for r in runs if r in times]
+            line.append(f"{' / '.join(shown)} ({times[row['host']] / best:.2f}x)")
+        cells.append(line)
+    summary = []
+    for name, found in ratios.items():
+        if not found:
+            summary.append(f"{name}: no row modelled")
+            continue
+        worst = max(found)
+        summary.append(f"{name} ({gpus[name].arch}): the host's tiles the model's fastest at "
+                       f"{sum(r <= 1.005 for r, _ in found)} of {len(found)} rows"
+                       + ("" if worst[0] <= 1.005 else f", at most {worst[0]:.2f}x its time ({worst[1]})"))
+    unmodelled = "; ".join(f"{arch}: {', '.join(sorted(names))}" for arch, names in sorted(declined.items()))
+    return [
+        "## Predicted per architecture: the staged kernels' tiles",
+        "",
+        "The staged kernels (generated_mma.cu) take their tiles of output (forward) or input (grad_input) pixels in "
+        f"one of {len(runs)} shapes, runs_w = {' / '.join(map(str, runs))} runs of a warp along a row "
+        "(`GENERATED_STAGED_RUNS_W`), which the host chooses by how the tiles fill the map (the forward: by the "
+        "pixels of the warps the map reaches). The tiles do not change the bits. Each choice at each row the kernel "
+        "serves, predicted on five GPUs: its machine code compiled by NVRTC for the GPU's architecture (registers, "
+        "and the blocks an SM its launch bounds ask there), its occupancy from the GPU's shared memory and limits, "
+        "the constants fitted on the H200 above and its copy bandwidth scaled by the GPU's datasheet bandwidth "
+        "(`oplib.testing.device_model.GPUS`: only the H200 was ever measured, so the other four columns are "
+        "extrapolations). Each cell: the times of runs_w "
+        f"{' / '.join(map(str, runs))} in us, the host's choice in bold, and its time over the fastest. "
+        + "; ".join(summary) + ". "
+        + (f"Not modelled (their machine code calls outside the source's cold blocks, which the model does not "
+           f"count): {unmodelled}." if unmodelled else ""),
+        "",
+        *_harness.table(["shape", "dtype", "layout", "kernel", "host's runs_w", *gpus], "lllllrrrrr", cells),
+    ]
+
+
 def sections(rows: list[dict], model: dict, table: list[dict], bandwidth: float) -> list[str]:
     """The page's sections after ``report``'s table, from the model's constants, instructions,
     changed and candidate rows (``model``, as the json keeps them) and the measured ``table``."""
@@ -1460,7 +1583,8 @@ def sections(rows: list[dict], model: dict, table: list[dict], bandwidth: float)
             *dense_grad_input_lines(candidates, rows, constants, bandwidth), "",
             *dense_weight_lines(candidates, rows, constants, bandwidth), "",
             *layer_lines(totals), "", *network_lines(totals, *rednet50_involutions(), models_rows()), "",
-            *mma_lines(rows, table, constants, bandwidth)]
+            *mma_lines(rows, table, constants, bandwidth), "",
+            *architecture_lines(model.get("architectures", []), constants, bandwidth)]
 
 
 def main() -> None:
@@ -1487,6 +1611,7 @@ def main() -> None:
     model["instructions"] = ncu_instructions(rows)
     model["changed"] = changed_rows(rows, current)
     model["candidates"] = [{**entry, "events": events_to_json(entry["events"])} for entry in candidates]
+    model["architectures"] = architecture_entries()
     _harness.write_report(settings, [*lines, "", *sections(rows, model, table, bandwidth)])
     data = json.loads(data_path.read_text())
     data["model"] = model

@@ -102,7 +102,19 @@ H100_SXM = GPU("NVIDIA H100 SXM", "sm_90", sms=132, clock_hz=1.98e9, dram_bytes_
                tensor_macs_per_clock=2048)
 A100_SXM = GPU("NVIDIA A100 SXM 80GB", "sm_80", sms=108, clock_hz=1.41e9, dram_bytes_per_s=2.039e12, fma_per_clock=64,
                tensor_macs_per_clock=1024, shared_bytes=164 * 1024)
-GPUS = {gpu.name: gpu for gpu in (H200, H100_SXM, A100_SXM)}
+# The two Blackwell and Ada data-centre parts, whose NVIDIA pages give totals only: the L40S
+# datasheet (18,176 CUDA cores, 128 an SM: 142 SMs; 91.6 TFLOPS FP32 at its 2520 MHz boost;
+# 362 TFLOPS dense BF16, 506 multiply-adds a clock per SM, taken as Ada's 512; 864 GB/s GDDR6)
+# with sm_89's 100 KB of shared memory, 1536 threads and 24 blocks an SM (CUDA Programming
+# Guide, compute capability 8.9), and the HGX B200 at 1000 W as published pages give it (148
+# SMs at 1980 MHz, 128 FP32 lanes an SM; 2.25 PFLOPS dense BF16, about 4096 multiply-adds a
+# clock per SM at its 1860 MHz tensor clock; 8 TB/s HBM3e) with sm_100's 228 KB, 2048 threads
+# and 32 blocks. Used for the offline model's per-architecture tables only, never fitted.
+L40S = GPU("NVIDIA L40S", "sm_89", sms=142, clock_hz=2.52e9, dram_bytes_per_s=0.864e12, fma_per_clock=128,
+           tensor_macs_per_clock=512, max_threads=1536, max_blocks=24, shared_bytes=100 * 1024)
+B200 = GPU("NVIDIA B200", "sm_100", sms=148, clock_hz=1.98e9, dram_bytes_per_s=8.0e12, fma_per_clock=128,
+           tensor_macs_per_clock=4096)
+GPUS = {gpu.name: gpu for gpu in (H200, H100_SXM, A100_SXM, L40S, B200)}
 
 # The occupancy calculator's allocation rules (CUDA Occupancy Calculator, sm_70 and newer):
 # registers go to a warp in units of 256, the register file is split among 4 schedulers, each

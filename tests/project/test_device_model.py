@@ -95,6 +95,38 @@ def test_the_generator_kernel_is_predicted_at_every_bfloat16_and_float32_row(com
     assert len(generator) == 28
 
 
+def test_the_staged_tiles_are_predicted_on_every_gpu_and_the_hosts_are_the_fastest_on_hopper_and_blackwell(committed):
+    """Each tile choice (runs_w) of both staged kernels, at every row each serves, on the five
+    GPUs of the per-architecture table, one marked the host's; every one modelled on sm_90 and
+    sm_100; there the host's tiles within 5% of the model's fastest, and at RedNet-50's 56 x 56
+    maps the forward's the fastest (its tiles chosen by the warps the map reaches)."""
+    _, model, _ = committed
+    entries, constants = model["architectures"], Constants(**model["constants"])
+    gpus = {gpu.name: gpu for gpu in cuda_model.ARCH_GPUS}
+    assert set(gpus) == set(device_model.GPUS) and len(gpus) == 5
+    rows: dict[tuple, dict] = {}
+    for entry in entries:
+        row = rows.setdefault((entry["shape"], entry["dtype"], entry["layout"], entry["kernel"]), {})
+        row.setdefault(entry["gpu"], {})[entry["runs_w"]] = entry
+    served = {(c["shape"], c["dtype"], c["layout"], c["kernel"]) for c in model["candidates"]
+              if c["kernel"] in cuda_model.TILE_CHOICES}
+    assert set(rows) == served and len(served) == 52
+    for key, row in rows.items():
+        assert set(row) == set(gpus), key
+        hosts = {gpu: [r for r, e in choices.items() if e["host"]] for gpu, choices in row.items()}
+        assert all(len(h) == 1 for h in hosts.values()) and len({h[0] for h in hosts.values()}) == 1, key
+        for name in (H200.name, H100_SXM.name, device_model.B200.name):
+            gpu = gpus[name]
+            bandwidth = model["copy_bandwidth_bytes_per_s"] * gpu.dram_bytes_per_s / H200.dram_bytes_per_s
+            times = {r: device_model.predict(cuda_model.events_from_json(e["events"]), gpu, constants, bandwidth)
+                     for r, e in row[name].items()}
+            assert set(times) == {8, 4, 2}, (key, name)
+            host = hosts[name][0]
+            assert times[host] <= 1.05 * min(times.values()), (key, name, times)
+            if key[0].startswith("stage1") and key[3] == cuda_model.STAGED_FORWARD:
+                assert host == 2 and times[host] == min(times.values()), (key, name)
+
+
 def test_a_measured_map_route_replaces_its_estimate(committed):
     """Where a draw timed an op's map route (the generated grad_input and generator grads rows,
     from the seventh draw on), the forward + backward section takes it in place of its estimate:
@@ -820,3 +852,21 @@ def test_shared_accesses_count_as_instructions():
                       shared_requests=tally.counts["shared_requests"])
     assert tally.counts["shared_requests"] == 6  # 3 slots x 2 warps
     assert work.instructions == 1 + 2 + 4 + 6
+
+
+def test_the_per_architecture_choices_are_the_hosts_tiles_now(committed):
+    """The per-architecture table's launches, recorded again at RedNet-50's first stage: each
+    tile choice's grid and shared memory and the host's mark are what the json keeps, so the
+    table follows the host's choice (a change to it without regenerating the table fails here)."""
+    _, model, _ = committed
+    case = ("stage1 64@56 s1", "bfloat16", "channels_last")
+    for kernel, function in cuda_model.TILE_CHOICES.items():
+        host = cuda_model._fused_launch(case, function)
+        for entry in model["architectures"]:
+            if (entry["shape"], entry["dtype"], entry["layout"], entry["kernel"], entry["gpu"]) != (*case, kernel, H200.name):
+                continue
+            launch = cuda_model._fused_launch(case, function, entry["runs_w"])
+            kept = cuda_model.events_from_json(entry["events"])[0]
+            # (the json's shared memory adds the kernel's static share to the launch's dynamic)
+            assert kept.blocks == launch.blocks and kept.shared_bytes >= launch.shared_bytes, kernel
+            assert entry["host"] == (launch == host), (kernel, entry["runs_w"])

@@ -1335,7 +1335,7 @@ def generated_mma_staged_forward_config(source: KernelSource, dtype: torch.dtype
     folded, a block ``GENERATED_STAGED_FOLD`` samples). RedNet-50's 56 x 56 maps take tiles of
     32 x 8, whose warps (4 x 8) lie inside the map or past it, where the 8 x 32 tiles' last
     column of warps (1 x 32) holds 24 pixels of the map: the offline model puts the first at
-    0.88-0.90x of the second's time on every GPU it has (bench/results/cuda-model.md)."""
+    0.89-0.90x of the second's time on each of the five GPUs it has (bench/results/cuda-model.md)."""
     return _staged_launch(source, "involution_generated_mma_staged",
                           lambda r: generated_mma_staged_forward_share(source, r, out_size),
                           lambda r: generated_mma_staged_forward_shared_bytes(source, kernel_size[0], stride[0], r,
