@@ -428,10 +428,12 @@ def report(rows: list[dict], bandwidth: float, h100: Optional[dict] = None) -> t
 
 
 def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated_tile",
-                  runs_w: Optional[int] = None) -> Optional[Launch]:
+                  runs_w: Optional[int] = None,
+                  recording: Optional[device_model.RecordingLauncher] = None) -> Optional[Launch]:
     """The launch of one of the kernels timed in a column of its own (``fused``, a function of
     oplib.kernels.involution.cuda: a fused forward, ``involution_generated_mma_backward_input``,
-    a staged kernel (``runs_w``: its tiles, the host's where None),
+    a staged kernel (``runs_w``: its tiles, the host's where None, as ``recording`` answers
+    the host's questions: ``_GpuRecorder``),
     or one of involution_vectors.cu's: ``involution_vectors``, ``involution_vectors_backward_input``,
     ``involution_vectors_backward_weight``) at one (shape, dtype, layout), recorded on CPU
     tensors; None where the kernel declines it."""
@@ -443,7 +445,7 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
     o = operands_on(shape, getattr(torch, dtype_name), layout, "cpu")
     x, feature, g = o["input"], o["feature"], o["grad_output"]
-    recording = device_model.RecordingLauncher()
+    recording = recording or device_model.RecordingLauncher()
     window = ([shape.kernel] * 2, *shape.params)
     tiles = {} if runs_w is None else {"runs_w": runs_w}
     if fused == "involution_vectors":
@@ -1470,23 +1472,42 @@ def _profiles(source: str, which: tuple, arch: str) -> dict[str, device_model.Sa
         return profiles
 
 
+class _GpuRecorder(device_model.RecordingLauncher):
+    """A recording launcher that answers the host's occupancy question (``launch_occupancy``) as
+    ``gpu`` would: its resident blocks by the occupancy calculator's rule from the machine code of
+    its architecture (``profiles``), and its SMs; None for an instantiation the model declines."""
+
+    def __init__(self, gpu: device_model.GPU, profiles: dict[str, device_model.SassProfile]):
+        super().__init__()
+        self.gpu, self.profiles = gpu, profiles
+
+    def occupancy(self, source, kernel, dtype, specialisation, device, threads, shared_bytes):
+        from oplib.kernels.cuda_source import name_expression
+
+        profile = self.profiles.get(name_expression(kernel, dtype, specialisation))
+        if profile is None:
+            return None
+        return (device_model.resident_blocks(profile.registers, threads, shared_bytes + profile.shared_bytes, self.gpu),
+                self.gpu.sms)
+
+
 def architecture_entries() -> list[dict]:
     """Each tile choice of each ``TILE_CHOICES`` kernel at every (shape, dtype, layout) of the
-    measured table it serves, recorded on CPU tensors (the host's choice marked), and on each GPU
-    of ``ARCH_GPUS`` its launch's model inputs from the machine code NVRTC compiles for that GPU
-    (``events`` None where the model declines the instantiation there)."""
+    measured table it serves, recorded on CPU tensors, and on each GPU of ``ARCH_GPUS`` its
+    launch's model inputs from the machine code NVRTC compiles for that GPU (``events`` None
+    where the model declines the instantiation there) and whether the host takes it there (its
+    choice with the GPU's occupancy, ``_GpuRecorder``)."""
     _, rows = measured_rows()
     cases = list(dict.fromkeys((r["shape"], r["dtype"], r["layout"]) for r in rows))
     recorded = []
     for case in cases:
         for kernel, function in TILE_CHOICES.items():
-            host = _fused_launch(case, function)
-            if host is None:
+            if _fused_launch(case, function) is None:
                 continue
             for runs_w in involution_cuda.GENERATED_STAGED_RUNS_W:
                 launch = _fused_launch(case, function, runs_w)
                 if launch is not None:
-                    recorded.append((case, kernel, runs_w, launch == host, launch, device_model.kernel_work(launch)))
+                    recorded.append((case, kernel, runs_w, launch, device_model.kernel_work(launch)))
     launches = {(e.source, e.kernel, e.dtype, e.specialisation) for *_, e, _ in recorded}
     entries = []
     for gpu in ARCH_GPUS:
@@ -1494,13 +1515,16 @@ def architecture_entries() -> list[dict]:
         for source in sorted({key[0] for key in launches}):
             profiles.update(_profiles(source, tuple(sorted((k[1:] for k in launches if k[0] == source), key=str)),
                                       gpu.arch))
-        for (shape, dtype, layout), kernel, runs_w, host, launch, work in recorded:
+        hosts = {(case, kernel): _fused_launch(case, TILE_CHOICES[kernel], recording=_GpuRecorder(gpu, profiles))
+                 for case, kernel, *_ in recorded}
+        for case, kernel, runs_w, launch, work in recorded:
+            shape, dtype, layout = case
             profile = profiles.get(launch.name)
             events = None if profile is None else [LaunchInputs(
                 launch.name, launch.blocks, launch.threads_per_block, launch.shared_bytes + profile.shared_bytes,
                 profile.registers, profile.loads_in_flight, profile.widest_load, work, profile.instruction_ratio)]
             entries.append({"shape": shape, "dtype": dtype, "layout": layout, "kernel": kernel, "runs_w": runs_w,
-                            "host": host, "gpu": gpu.name, "arch": gpu.arch,
+                            "host": launch == hosts[case, kernel], "gpu": gpu.name, "arch": gpu.arch,
                             "events": None if events is None else events_to_json(events)})
     return entries
 
@@ -1513,27 +1537,29 @@ def architecture_lines(entries: list[dict], constants: Constants, bandwidth: flo
     gpus = {gpu.name: gpu for gpu in ARCH_GPUS}
     runs = involution_cuda.GENERATED_STAGED_RUNS_W
     rows: dict[tuple, dict] = {}
+    hosts: dict[tuple, dict] = {}
     for entry in entries:
-        row = rows.setdefault((entry["shape"], entry["dtype"], entry["layout"], entry["kernel"]), {})
+        key = (entry["shape"], entry["dtype"], entry["layout"], entry["kernel"])
         gpu = gpus[entry["gpu"]]
         seconds = None if entry["events"] is None else device_model.predict(
             events_from_json(entry["events"]), gpu, constants, bandwidth * gpu.dram_bytes_per_s / H200.dram_bytes_per_s)
-        row.setdefault(gpu.name, {})[entry["runs_w"]] = seconds
+        rows.setdefault(key, {}).setdefault(gpu.name, {})[entry["runs_w"]] = seconds
         if entry["host"]:
-            row["host"] = entry["runs_w"]
+            hosts.setdefault(key, {})[gpu.name] = entry["runs_w"]
     cells, ratios, declined = [], {name: [] for name in gpus}, {}
     for (shape, dtype, layout, kernel), row in rows.items():
-        line = [shape, dtype, layout, kernel, str(row["host"])]
+        chosen = hosts[shape, dtype, layout, kernel]
+        line = [shape, dtype, layout, kernel, " / ".join(str(r) for r in dict.fromkeys(chosen.values()))]
         for name in gpus:
-            times = row.get(name, {})
-            if any(times.get(r) is None for r in times) or row["host"] not in times:
+            times, host = row.get(name, {}), chosen[name]
+            if any(times.get(r) is None for r in times) or host not in times:
                 declined.setdefault(gpus[name].arch, set()).add(f"{kernel}, {dtype}")
                 line.append("-")
                 continue
             best = min(times.values())
-            ratios[name].append((times[row["host"]] / best, f"{shape} {dtype} {layout}, {kernel}"))
-            shown = [f"**{times[r] * 1e6:.1f}**" if r == row["host"] else f"{times[r] * 1e6:.1f}" for r in runs if r in times]
-            line.append(f"{' / '.join(shown)} ({times[row['host']] / best:.2f}x)")
+            ratios[name].append((times[host] / best, f"{shape} {dtype} {layout}, {kernel}"))
+            shown = [f"**{times[r] * 1e6:.1f}**" if r == host else f"{times[r] * 1e6:.1f}" for r in runs if r in times]
+            line.append(f"{' / '.join(shown)} ({times[host] / best:.2f}x)")
         cells.append(line)
     summary = []
     for name, found in ratios.items():
@@ -1551,7 +1577,9 @@ def architecture_lines(entries: list[dict], constants: Constants, bandwidth: flo
         "The staged kernels (generated_mma.cu) take their tiles of output (forward) or input (grad_input) pixels in "
         f"one of {len(runs)} shapes, runs_w = {' / '.join(map(str, runs))} runs of a warp along a row "
         "(`GENERATED_STAGED_RUNS_W`), which the host chooses by how the tiles fill the map (the forward: by the "
-        "pixels of the warps the map reaches). The tiles do not change the bits. Each choice at each row the kernel "
+        "pixels of the warps the map reaches, and first by its time estimated from the GPU's occupancy, which the "
+        "driver gives it on a GPU and the model here: `_staged_estimate`, the column \"host's runs_w\" the choices "
+        "on the five GPUs). The tiles do not change the bits. Each choice at each row the kernel "
         "serves, predicted on five GPUs: its machine code compiled by NVRTC for the GPU's architecture (registers, "
         "and the blocks an SM its launch bounds ask there), its occupancy from the GPU's shared memory and limits, "
         "the constants fitted on the H200 above and its copy bandwidth scaled by the GPU's datasheet bandwidth "

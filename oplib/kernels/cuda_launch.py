@@ -14,7 +14,7 @@ import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, Union
+from typing import Optional, Protocol, Union
 
 import torch
 from torch import Tensor
@@ -258,6 +258,29 @@ class CuPyLauncher:
             self._driver.launchKernel(*arguments)
         finally:
             self._driver.ctxSetCurrent(current)
+
+    def occupancy(self, source: KernelSource, kernel: str, dtype: torch.dtype, specialisation: tuple[str, ...],
+                  device: torch.device, threads: int, shared_bytes: int) -> Optional[tuple[int, int]]:
+        """(the blocks of ``threads`` threads an SM of ``device`` holds at once of ``kernel``'s
+        instantiation with ``shared_bytes`` of dynamic shared memory, by the driver's occupancy
+        calculator (its registers, static shared memory and launch bounds, the GPU's limits),
+        the GPU's SMs): what a launch policy that chooses among tile shapes weighs; None for a
+        device that is no GPU. Compiles the instantiation if it must (its first launch would)."""
+        if device.type != "cuda":
+            return None
+        index = torch.cuda.current_device() if device.index is None else device.index
+        function = self.function(source, kernel, dtype, specialisation, index)
+        if shared_bytes > SHARED_BYTES_WITHOUT_OPT_IN:
+            self._opt_in(function, shared_bytes, index, kernel)
+        context, current = self._contexts[index], self._driver.ctxGetCurrent()
+        if current != context:
+            self._driver.ctxSetCurrent(context)
+        try:
+            blocks = self._driver.occupancyMaxActiveBlocksPerMultiprocessor(function, threads, shared_bytes)
+        finally:
+            if current != context:
+                self._driver.ctxSetCurrent(current)
+        return blocks, torch.cuda.get_device_properties(index).multi_processor_count
 
     def _stream(self, device: int) -> int:
         """PyTorch's current stream on ``device``, read at each launch (so streams and graph

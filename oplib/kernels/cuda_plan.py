@@ -103,6 +103,12 @@ class LaunchRecorder:
         self.launcher.launch(source, kernel, dtype, config, args, specialisation)
         self.launches.append((source, kernel, dtype, config, tuple(args), specialisation))
 
+    @property
+    def occupancy(self):
+        """The wrapped launcher's ``occupancy`` (None where it has none), so that a call planned
+        through the recorder chooses its launch as an unplanned one does."""
+        return getattr(self.launcher, "occupancy", None)
+
 
 class LaunchPlans:
     """An op's CUDA kernel ``(*args) -> result`` with a plan per call signature.

@@ -55,6 +55,10 @@ class RecordingCuPyLauncher(CuPyLauncher):
         self._parameters = threading.local()
         self._handles = itertools.count(1)
 
+    # No GPU to ask: a launch policy that weighs the GPU's occupancy (the staged forward's
+    # tiles) takes its choice without it, as on any launcher that has no ``occupancy``.
+    occupancy = None
+
     @property
     def launches(self) -> int:
         return self._driver.launches

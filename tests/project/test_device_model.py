@@ -95,11 +95,14 @@ def test_the_generator_kernel_is_predicted_at_every_bfloat16_and_float32_row(com
     assert len(generator) == 28
 
 
-def test_the_staged_tiles_are_predicted_on_every_gpu_and_the_hosts_are_the_fastest_on_hopper_and_blackwell(committed):
+def test_the_staged_tiles_are_predicted_on_every_gpu_and_the_hosts_are_the_fastest(committed):
     """Each tile choice (runs_w) of both staged kernels, at every row each serves, on the five
-    GPUs of the per-architecture table, one marked the host's; every one modelled on sm_90 and
-    sm_100; there the host's tiles within 5% of the model's fastest, and at RedNet-50's 56 x 56
-    maps the forward's the fastest (its tiles chosen by the warps the map reaches)."""
+    GPUs of the per-architecture table, one marked the host's on each GPU (its choice with that
+    GPU's occupancy); every one modelled on sm_90 and sm_100; wherever a row is modelled the
+    host's tiles within 5% of the model's fastest; at RedNet-50's 56 x 56 maps the forward's
+    the fastest everywhere (its tiles chosen by the warps the map reaches), and at its 14 x 14
+    maps at stride 1 the 2-run tiles on the L40S (two blocks an SM in its 100 KB, where the
+    4-run tiles fit one) and the 4-run tiles on the H200."""
     _, model, _ = committed
     entries, constants = model["architectures"], Constants(**model["constants"])
     gpus = {gpu.name: gpu for gpu in cuda_model.ARCH_GPUS}
@@ -111,20 +114,25 @@ def test_the_staged_tiles_are_predicted_on_every_gpu_and_the_hosts_are_the_faste
     served = {(c["shape"], c["dtype"], c["layout"], c["kernel"]) for c in model["candidates"]
               if c["kernel"] in cuda_model.TILE_CHOICES}
     assert set(rows) == served and len(served) == 52
+    hosts = {}
     for key, row in rows.items():
         assert set(row) == set(gpus), key
-        hosts = {gpu: [r for r, e in choices.items() if e["host"]] for gpu, choices in row.items()}
-        assert all(len(h) == 1 for h in hosts.values()) and len({h[0] for h in hosts.values()}) == 1, key
-        for name in (H200.name, H100_SXM.name, device_model.B200.name):
+        for name, choices in row.items():
+            (host,) = [r for r, e in choices.items() if e["host"]]
+            hosts[key, name] = host
+            if any(e["events"] is None for e in choices.values()):
+                assert gpus[name].arch in ("sm_80", "sm_89"), (key, name)  # calls the model does not count
+                continue
             gpu = gpus[name]
             bandwidth = model["copy_bandwidth_bytes_per_s"] * gpu.dram_bytes_per_s / H200.dram_bytes_per_s
             times = {r: device_model.predict(cuda_model.events_from_json(e["events"]), gpu, constants, bandwidth)
-                     for r, e in row[name].items()}
+                     for r, e in choices.items()}
             assert set(times) == {8, 4, 2}, (key, name)
-            host = hosts[name][0]
             assert times[host] <= 1.05 * min(times.values()), (key, name, times)
             if key[0].startswith("stage1") and key[3] == cuda_model.STAGED_FORWARD:
                 assert host == 2 and times[host] == min(times.values()), (key, name)
+    stage3 = ("stage3 256@14 s1", "bfloat16", "channels_last", cuda_model.STAGED_FORWARD)
+    assert hosts[stage3, device_model.L40S.name] == 2 and hosts[stage3, H200.name] == 4
 
 
 def test_a_measured_map_route_replaces_its_estimate(committed):

@@ -1053,6 +1053,14 @@ GENERATED_STAGED_RUNS_W = (8, 4, 2)
 # The least share of a launch's tile pixels that lie in the map for the kernel to take the call
 # (a 7x7 map in the smallest tiles fills 49 of 256): below it, the map route serves.
 GENERATED_STAGED_MIN_FILL = 0.5
+# The blocks of 8 warps an SM must hold at once for the staged forward's schedulers to issue
+# every cycle: the offline model's dependent_issue_cycles (8.5, fitted on the H200's table,
+# bench/results/cuda-model.json) over the 2 warps a block gives each of an SM's 4 schedulers.
+# Fewer, and its instructions issue that much slower (device_model.launch_terms' issue term).
+STAGED_ISSUE_BLOCKS = 4.25
+# Tile choices whose estimates (``_staged_estimate``) lie within this share of the least are
+# equal to it: the estimate is coarser than that.
+STAGED_ESTIMATE_TIE = 0.01
 
 
 def generated_mma_staged_tile(source: KernelSource, stride: int, runs_w: int) -> tuple[int, int]:
@@ -1064,27 +1072,61 @@ def generated_mma_staged_tile(source: KernelSource, stride: int, runs_w: int) ->
     return stride * (warps // (stride * stride)) * (warps // runs_w), stride * run * runs_w
 
 
-def _best_runs(tile_of, size, warp_of=None) -> tuple[int, float]:
+def _best_runs(tile_of, size, warp_of=None, estimate=None) -> tuple[int, float]:
     """(runs_w, fill): of ``GENERATED_STAGED_RUNS_W``, the runs along a row whose tiles
     (``tile_of(runs_w)``) leave the fewest of their pixels outside a map of ``size`` (the wider
-    on a tie), and the share of the tiles' pixels inside. With ``warp_of(runs_w)``, the pixels a
+    on a tie), and the share of those tiles' pixels inside. With ``warp_of(runs_w)``, the pixels a
     warp takes (rows, columns; a tile holds whole warps), those of the tiles that reach
     ``GENERATED_STAGED_MIN_FILL`` whose warps holding a pixel of the map hold the fewest outside
     it (``_warp_pixels``), then as above: where a kernel's runs past the map skip their sums (the
     staged forward's), a warp the map reaches in part still issues every instruction of its
-    sums for all its lanes, one it does not reach none. The tiles' fill decides whether the
-    kernel serves the call either way."""
-    best, best_key = None, None
+    sums for all its lanes, one it does not reach none. With ``estimate(runs_w, warp_pixels)``
+    too (the GPU's: ``_staged_estimate``), first the tiles whose estimate is the least (within
+    ``STAGED_ESTIMATE_TIE``; None where it cannot tell), of any fill. ``fill`` is the best share
+    of any choice's tiles: whether the kernel serves the call (``GENERATED_STAGED_MIN_FILL``),
+    whichever tiles it then takes."""
+    candidates = []
     for runs_w in GENERATED_STAGED_RUNS_W:
         tile = tile_of(runs_w)
         covered = math.prod(-(-extent // t) * t for extent, t in zip(size, tile))
-        fill = math.prod(size) / covered
         warps = _warp_pixels(size, tile, warp_of(runs_w)) if warp_of is not None else covered
+        serves = warp_of is None or math.prod(size) >= GENERATED_STAGED_MIN_FILL * covered
+        cost = estimate(runs_w, warps) if estimate is not None else None
+        candidates.append((runs_w, math.prod(size) / covered, serves, warps, covered, cost))
+    costs = [c[5] for c in candidates if c[5] is not None]
+    least = min(costs) if costs else None
+    best, best_key = None, None
+    for runs_w, fill, serves, warps, covered, cost in candidates:
         # (pixel counts, not ratios: equal shares compare equal, and a tie keeps the wider)
-        key = (warp_of is None or fill >= GENERATED_STAGED_MIN_FILL, -warps, -covered)
+        if least is not None:  # the GPU's estimate decides, whatever the tiles' fill
+            key = (cost is not None and cost <= least * (1 + STAGED_ESTIMATE_TIE), -warps, -covered)
+        else:
+            key = (serves, -warps, -covered)
         if best_key is None or key > best_key:
-            best, best_key = (runs_w, fill), key
-    return best
+            best, best_key = runs_w, key
+    # (whether the kernel serves the call: the best fill of any of its tiles)
+    return best, max(c[1] for c in candidates)
+
+
+def _staged_estimate(config_of, occupancy):
+    """The staged forward's time on the GPU ``occupancy`` describes, up to a factor the tile
+    choices share: ``(runs_w, warp_pixels) -> the busiest SM's share of the warps' pixels, over
+    the issue rate its resident blocks allow`` (the offline model's issue term, the work a
+    tile's warps reaching the map), or None where the launch would not fit. ``config_of(runs_w)``:
+    the launch (its blocks and dynamic shared memory); ``occupancy(shared_bytes)``: (blocks of
+    its threads an SM holds with that much dynamic shared memory, the GPU's SMs), or None. A
+    block of the GPU's own count: a small grid leaves an SM fewer blocks than it could hold."""
+    def estimate(runs_w: int, warp_pixels: int):
+        config = config_of(runs_w)
+        held = occupancy(config.shared_bytes)
+        if held is None or held[0] <= 0:
+            return None
+        resident, sms = held
+        blocks = math.prod(config.grid)
+        per_sm = -(-blocks // sms)
+        return per_sm / blocks * warp_pixels * max(1.0, STAGED_ISSUE_BLOCKS / min(resident, per_sm))
+
+    return estimate
 
 
 def _warp_pixels(size, tile, warp) -> int:
@@ -1101,7 +1143,7 @@ def _warp_pixels(size, tile, warp) -> int:
 def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes_of, dtype: torch.dtype, batch: int,
                    channels: int, groups: int, size, kernel_size, stride, dilation, runs_w: Optional[int],
                    fold_of=lambda runs_w: 1, dtypes: tuple[torch.dtype, ...] = GENERATED_MMA_DTYPES,
-                   chunk: Optional[int] = None, warp_of=None) -> Optional[tuple[LaunchConfig, int]]:
+                   chunk: Optional[int] = None, warp_of=None, occupancy=None) -> Optional[tuple[LaunchConfig, int]]:
     """The launch of either staged kernel (a block a tile of a map of ``size``, a group and a
     chunk of ``MMA_CHANNELS`` of its channels) and its runs_w: the tiles (``tile_of(runs_w)``)
     that fill the map best, or ``runs_w`` where given (one of ``GENERATED_STAGED_RUNS_W``: the
@@ -1114,7 +1156,8 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
     forward's small maps), ``tile_of`` then a sample's share of the tile. ``dtypes``: those the
     kernel has the tensor-core product for; ``chunk``: the channels a block takes (``MMA_CHANNELS``
     unless given); ``warp_of(runs_w)``: a warp's pixels, where the tiles are chosen by the warps
-    the map reaches (``_best_runs``)."""
+    the map reaches (``_best_runs``), and with ``occupancy`` (the GPU's, ``launch_occupancy``)
+    by their estimated time there first (``_staged_estimate``)."""
     if dtype not in dtypes or tuple(dilation) != (1, 1):
         return None
     specialisation = (str(kernel_size[0]), str(stride[0]))
@@ -1126,14 +1169,20 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
         raise ValueError(f"runs_w must be one of {GENERATED_STAGED_RUNS_W} (the kernel's warps in whole rows of "
                          f"runs), got {runs_w}")
     fill, chunks = 1.0, -(-(channels // groups) // (chunk or source.constants["MMA_CHANNELS"]))
+
+    def config_of(runs_w: int) -> LaunchConfig:
+        tiles = math.prod(-(-extent // t) for extent, t in zip(size, tile_of(runs_w)))
+        return LaunchConfig((tiles, groups, -(-batch // fold_of(runs_w)) * chunks),
+                            (32, source.constants["MMA_WARPS"]), shared_bytes_of(runs_w))
+
     if runs_w is None:
-        runs_w, fill = _best_runs(tile_of, size, warp_of)
-    shared_bytes, blocks_z = shared_bytes_of(runs_w), -(-batch // fold_of(runs_w)) * chunks
-    if (fill < GENERATED_STAGED_MIN_FILL or shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535
-            or blocks_z > 65535):
+        estimate = None if occupancy is None or warp_of is None else _staged_estimate(config_of, occupancy)
+        runs_w, fill = _best_runs(tile_of, size, warp_of, estimate)
+    config = config_of(runs_w)
+    if (fill < GENERATED_STAGED_MIN_FILL or config.shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535
+            or config.grid[2] > 65535):
         return None
-    tiles = math.prod(-(-extent // t) for extent, t in zip(size, tile_of(runs_w)))
-    return LaunchConfig((tiles, groups, blocks_z), (32, source.constants["MMA_WARPS"]), shared_bytes), runs_w
+    return config, runs_w
 
 
 def generated_mma_staged_shared_bytes(source: KernelSource, kernel: int, stride: int, runs_w: int,
@@ -1329,13 +1378,18 @@ def generated_mma_staged_forward_chunk(source: KernelSource, dtype: torch.dtype,
 
 def generated_mma_staged_forward_config(source: KernelSource, dtype: torch.dtype, batch: int, channels: int,
                                         groups: int, out_size, kernel_size, stride, dilation, reduced: int,
-                                        runs_w: Optional[int] = None) -> Optional[tuple[LaunchConfig, int]]:
+                                        runs_w: Optional[int] = None,
+                                        occupancy=None) -> Optional[tuple[LaunchConfig, int]]:
     """``involution_generated_mma_staged``'s launch and runs_w (``_staged_launch``: tiles of the
     output whose warps the map reaches fill it best; a map that fits a share of the tallest tiles
     folded, a block ``GENERATED_STAGED_FOLD`` samples). RedNet-50's 56 x 56 maps take tiles of
     32 x 8, whose warps (4 x 8) lie inside the map or past it, where the 8 x 32 tiles' last
     column of warps (1 x 32) holds 24 pixels of the map: the offline model puts the first at
-    0.89-0.90x of the second's time on each of the five GPUs it has (bench/results/cuda-model.md)."""
+    0.89-0.90x of the second's time on each of the five GPUs it has (bench/results/cuda-model.md).
+    With ``occupancy`` (the GPU's, ``launch_occupancy``) the tiles of the least estimated time
+    there come first (``_staged_estimate``): where a GPU's shared memory holds fewer blocks of
+    one choice's tiles than another's, as at RedNet-50's 14 x 14 maps on an L40S (100 KB an SM:
+    one block of the 4-run tiles, two of the 2-run), or a grid's blocks leave its SMs idle."""
     return _staged_launch(source, "involution_generated_mma_staged",
                           lambda r: generated_mma_staged_forward_share(source, r, out_size),
                           lambda r: generated_mma_staged_forward_shared_bytes(source, kernel_size[0], stride[0], r,
@@ -1343,7 +1397,7 @@ def generated_mma_staged_forward_config(source: KernelSource, dtype: torch.dtype
                           dtype, batch, channels, groups, out_size, kernel_size, stride, dilation, runs_w,
                           lambda r: generated_mma_staged_forward_fold(source, r, out_size),
                           GENERATED_STAGED_DTYPES, generated_mma_staged_forward_chunk(source, dtype, stride[0]),
-                          lambda r: generated_mma_staged_forward_warp(source, r))
+                          lambda r: generated_mma_staged_forward_warp(source, r), occupancy)
 
 
 def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
@@ -1358,10 +1412,19 @@ def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight:
     n, channels = input.shape[:2]
     groups = span_weight.shape[0] // (kernel_size[0] * kernel_size[1])
     reduced, out_size = feature.shape[1], tuple(out.shape[2:])
+    if input.is_cuda and torch.cuda.get_device_capability(input.device) < GENERATED_MMA_MIN_CAPABILITY:
+        return None
+    vector_input, feature_words, vectors = _staged_vectors(input, feature, out, groups)
+    # (an NCHW feature's pixel pairs as words: the instantiation with that k-step)
+    pairs = "true" if vectors == "false" and not feature_words and generated_mma_feature_pairs(feature) else "false"
+    specialisation = (str(kernel_size[0]), str(stride[0]), vectors, pairs)
+    launcher = launcher or (cupy_launcher() if input.is_cuda else None)
+    occupancy = None if launcher is None else launch_occupancy(
+        launcher, source, "involution_generated_mma_staged", input.dtype, specialisation, input.device,
+        32 * source.constants["MMA_WARPS"])
     chosen = generated_mma_staged_forward_config(source, input.dtype, n, channels, groups, out_size, kernel_size,
-                                                 stride, dilation, reduced, runs_w)
-    if chosen is None or (input.is_cuda
-                          and torch.cuda.get_device_capability(input.device) < GENERATED_MMA_MIN_CAPABILITY):
+                                                 stride, dilation, reduced, runs_w, occupancy)
+    if chosen is None:
         return None
     if out.numel() == 0:
         return out
@@ -1369,15 +1432,25 @@ def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight:
     bias = span_weight.new_zeros(span_weight.shape[0]) if span_bias is None else span_bias.contiguous()
     tiles_w = -(-out_size[1] // generated_mma_staged_forward_tile(source, runs_w)[1])
     fold_shift = generated_mma_staged_forward_fold(source, runs_w, out_size).bit_length() - 1
-    vector_input, feature_words, vectors = _staged_vectors(input, feature, out, groups)
-    # (an NCHW feature's pixel pairs as words: the instantiation with that k-step)
-    pairs = "true" if vectors == "false" and not feature_words and generated_mma_feature_pairs(feature) else "false"
     scalars = (channels, *input.shape[2:], groups, *out_size, *padding, reduced, tiles_w, runs_w, n, fold_shift,
                *input.stride(), *out.stride(), *feature.stride(), vector_input, feature_words)
     (launcher or cupy_launcher()).launch(source, "involution_generated_mma_staged", input.dtype, config,
                                          (input, feature, span_weight.contiguous(), bias, out, *scalars),
-                                         (str(kernel_size[0]), str(stride[0]), vectors, pairs))
+                                         specialisation)
     return out
+
+
+def launch_occupancy(launcher: Launcher, source: KernelSource, kernel: str, dtype: torch.dtype,
+                     specialisation: tuple[str, ...], device: torch.device, threads: int):
+    """The GPU's occupancy for launches of one instantiation, as ``_staged_launch`` weighs it:
+    ``shared_bytes -> (blocks of threads an SM holds with that much dynamic shared memory, the
+    GPU's SMs)`` (None where it cannot tell), from the launcher's ``occupancy`` (CuPy's asks the
+    driver); None where the launcher has none (the recording and emulating ones), and the tiles
+    are chosen without it."""
+    ask = getattr(launcher, "occupancy", None)
+    if ask is None:
+        return None
+    return lambda shared_bytes: ask(source, kernel, dtype, specialisation, device, threads, shared_bytes)
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import torch
 from oplib.kernels import KernelSource
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.kernels.involution.layouts import result_like
+from oplib.testing import device_model
 from oplib.testing.cuda_emulation import INTERLEAVED, ORDERS, EmulatedLauncher
 from oplib.testing.toolchain import require_host_compiler
 
@@ -182,6 +183,44 @@ def test_the_forward_takes_the_tiles_whose_warps_the_map_reaches_least_in_part()
     assert forward(source, torch.bfloat16, 2, 64, 4, (28, 28), (7, 7), (1, 1), (1, 1), 16)[1] == 8
     assert forward(source, torch.bfloat16, 2, 64, 4, (30, 30), (7, 7), (1, 1), (1, 1), 16)[1] == 8
     assert forward(source, torch.bfloat16, 2, 64, 4, (3, 3), (7, 7), (1, 1), (1, 1), 16) is None
+
+
+def test_the_forward_weighs_the_gpus_occupancy_where_the_launcher_gives_it():
+    """Given the GPU's occupancy (a launcher's ``occupancy``: the driver's on a GPU), the
+    forward's tiles are those of the least estimated time there (``_staged_estimate``: the
+    busiest SM's share of the warps' pixels over the issue rate its resident blocks allow), of
+    any fill once the call is served. RedNet-50's 14 x 14 maps: where the GPU's shared memory
+    holds two blocks of the 2-run tiles (47.5 KiB) and one of the 4-run tiles (52.2 KiB), as an
+    L40S's 100 KB does, the 2-run tiles; where it holds four of each (an H200's 228 KB), the
+    4-run tiles, as without it (bench/results/cuda-model.md predicts the choices on five GPUs).
+    A launcher's occupancy reaches the choice through the kernel's own launch."""
+    source, config = _source(), involution_cuda.generated_mma_staged_forward_config
+
+    def gpu(shared_per_sm: int, sms: int):
+        return lambda shared_bytes: (min(4, shared_per_sm // (shared_bytes + 1024)), sms)
+
+    l40s, h200 = gpu(100 * 1024, 142), gpu(228 * 1024, 132)
+    stage3 = (source, torch.bfloat16, 32, 256, 16, (14, 14), (7, 7), (1, 1), (1, 1), 64)
+    assert config(*stage3)[1] == 4 and config(*stage3, occupancy=h200)[1] == 4
+    assert config(*stage3, occupancy=l40s)[1] == 2
+    assert config(*stage3, occupancy=lambda shared_bytes: None)[1] == 4  # a GPU that cannot tell
+    stage1 = (source, torch.bfloat16, 32, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16)
+    assert config(*stage1, occupancy=l40s)[1] == config(*stage1, occupancy=h200)[1] == 2  # equal estimates: the warps
+    assert config(source, torch.bfloat16, 32, 64, 4, (3, 3), (7, 7), (1, 1), (1, 1), 16, occupancy=l40s) is None
+
+    class Recording(device_model.RecordingLauncher):
+        def occupancy(self, source, kernel, dtype, specialisation, device, threads, shared_bytes):
+            assert kernel == "involution_generated_mma_staged" and threads == 256
+            return l40s(shared_bytes)
+
+    x = torch.randn(2, 256, 14, 14, dtype=torch.bfloat16)
+    feature, span_weight = torch.randn(2, 64, 14, 14, dtype=torch.bfloat16), torch.randn(16 * 49, 64, dtype=torch.bfloat16)
+    for launcher, runs_w in ((Recording(), 2), (device_model.RecordingLauncher(), 4)):
+        involution_cuda.involution_generated_mma_staged(x, feature, span_weight, None, (7, 7), (1, 1), (3, 3), (1, 1),
+                                                        torch.empty_like(x), launcher)
+        (launch,) = launcher.launches
+        expected = config(source, torch.bfloat16, 2, 256, 16, (14, 14), (7, 7), (1, 1), (1, 1), 64, runs_w=runs_w)[0]
+        assert (launch.grid, launch.shared_bytes) == (expected.grid, expected.shared_bytes), runs_w
 
 
 def test_the_feature_takes_pixel_pairs_only_where_they_are_aligned_words():

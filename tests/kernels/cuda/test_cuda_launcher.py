@@ -96,6 +96,8 @@ def test_the_fake_cupy_has_the_real_cupys_shape():
     assert "ptr" in dir(Function)
     driver = pytest.importorskip("cupy_backends.cuda.api.driver")
     assert callable(driver.ctxGetCurrent) and callable(driver.launchKernel)
+    # (the occupancy test's driver: func, blockSize, dynamicSMemSize -> blocks)
+    assert "blockSize" in driver.occupancyMaxActiveBlocksPerMultiprocessor.__doc__
 
 
 def test_cupy_launcher_compiles_each_instantiation_once_and_packs_its_arguments(monkeypatch):
@@ -138,6 +140,43 @@ def test_cupy_launcher_compiles_each_instantiation_once_and_packs_its_arguments(
     driver.expected_arguments = args
     launcher.launch(source, "involution_forward_chunked", torch.float64, config, args, specialisation)
     assert fake_cupy.compiled[-1] == ["involution_forward_chunked<double, int, 7, 1, false>"]
+
+
+def test_the_occupancy_is_the_drivers_for_the_compiled_instantiation(monkeypatch):
+    """A launch policy that weighs the GPU's occupancy (the staged forward's tiles) gets the
+    driver's occupancy calculator's answer for the instantiation, compiled if it must be, with
+    its context current and, above 48 KiB, its dynamic shared memory opted into first (past the
+    function's limit the driver answers 0), and the GPU's SMs; a tensor off a GPU gets None."""
+    driver = _FakeDriver()
+    driver.asked, driver.attributes = [], []
+
+    def occupancy(function, threads, shared_bytes):
+        driver.asked.append((function, threads, shared_bytes, driver.context))
+        return 3
+
+    driver.occupancyMaxActiveBlocksPerMultiprocessor = occupancy
+    driver.funcSetAttribute = lambda function, attribute, value: driver.attributes.append((function, attribute, value))
+    fake_cupy = _FakeCupy(driver)
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setitem(sys.modules, "cupy_backends.cuda.api", types.SimpleNamespace(driver=driver))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(
+        multi_processor_count=132 + index, shared_memory_per_block_optin=227 * 1024))
+    launcher = oplib.kernels.CuPyLauncher()
+    source = load_source(involution_cuda.SOURCE)
+
+    def ask(shared_bytes, device=torch.device("cuda", 0)):
+        return launcher.occupancy(source, "involution_forward_chunked", torch.float32, ("int", "7", "1", "false"),
+                                  device, 256, shared_bytes)
+
+    assert ask(1024) == (3, 132)
+    assert fake_cupy.compiled == [["involution_forward_chunked<float, int, 7, 1, false>"]]
+    function = driver.asked[0][0]
+    assert driver.asked == [(function, 256, 1024, 7)] and driver.attributes == []
+    driver.context, driver.contexts_set = 99, []  # another device's context current: 7 made current, 99 given back
+    assert ask(60 * 1024) == (3, 132) and fake_cupy.compiled == [["involution_forward_chunked<float, int, 7, 1, false>"]]
+    assert driver.attributes == [(function, cuda_launch._MAX_DYNAMIC_SHARED_ATTRIBUTE, 60 * 1024)]
+    assert driver.asked[-1] == (function, 256, 60 * 1024, 7) and driver.contexts_set == [7, 99] and driver.context == 99
+    assert ask(1024, torch.device("cpu")) is None and len(driver.asked) == 2
 
 
 @pytest.mark.parametrize("devices", [("cpu", "cpu", "cpu"), ("cpu", "meta", "cpu")], ids=["cpu", "mixed"])
