@@ -1082,9 +1082,10 @@ def _best_runs(tile_of, size, warp_of=None, estimate=None) -> tuple[int, float]:
     staged forward's), a warp the map reaches in part still issues every instruction of its
     sums for all its lanes, one it does not reach none. With ``estimate(runs_w, warp_pixels)``
     too (the GPU's: ``_staged_estimate``), first the tiles whose estimate is the least (within
-    ``STAGED_ESTIMATE_TIE``; None where it cannot tell), of any fill. ``fill`` is the best share
-    of any choice's tiles: whether the kernel serves the call (``GENERATED_STAGED_MIN_FILL``),
-    whichever tiles it then takes."""
+    ``STAGED_ESTIMATE_TIE``) of those it can tell (None: a launch past the shared memory the
+    kernel may take, or a GPU that cannot tell), of any fill. ``fill`` is the best share of the
+    tiles of the choices considered: whether the kernel serves the call
+    (``GENERATED_STAGED_MIN_FILL``), whichever tiles it then takes."""
     candidates = []
     for runs_w in GENERATED_STAGED_RUNS_W:
         tile = tile_of(runs_w)
@@ -1093,31 +1094,36 @@ def _best_runs(tile_of, size, warp_of=None, estimate=None) -> tuple[int, float]:
         serves = warp_of is None or math.prod(size) >= GENERATED_STAGED_MIN_FILL * covered
         cost = estimate(runs_w, warps) if estimate is not None else None
         candidates.append((runs_w, math.prod(size) / covered, serves, warps, covered, cost))
-    costs = [c[5] for c in candidates if c[5] is not None]
-    least = min(costs) if costs else None
+    # (with the GPU's estimate, the choices it can tell, those whose launch fits; else every one)
+    considered = [c for c in candidates if c[5] is not None] or candidates
+    least = min((c[5] for c in considered if c[5] is not None), default=None)
     best, best_key = None, None
-    for runs_w, fill, serves, warps, covered, cost in candidates:
+    for runs_w, fill, serves, warps, covered, cost in considered:
         # (pixel counts, not ratios: equal shares compare equal, and a tie keeps the wider)
         if least is not None:  # the GPU's estimate decides, whatever the tiles' fill
-            key = (cost is not None and cost <= least * (1 + STAGED_ESTIMATE_TIE), -warps, -covered)
+            key = (cost <= least * (1 + STAGED_ESTIMATE_TIE), -warps, -covered)
         else:
             key = (serves, -warps, -covered)
         if best_key is None or key > best_key:
             best, best_key = runs_w, key
-    # (whether the kernel serves the call: the best fill of any of its tiles)
-    return best, max(c[1] for c in candidates)
+    # (whether the kernel serves the call: the best fill of the choices considered)
+    return best, max(c[1] for c in considered)
 
 
 def _staged_estimate(config_of, occupancy):
     """The staged forward's time on the GPU ``occupancy`` describes, up to a factor the tile
     choices share: ``(runs_w, warp_pixels) -> the busiest SM's share of the warps' pixels, over
     the issue rate its resident blocks allow`` (the offline model's issue term, the work a
-    tile's warps reaching the map), or None where the launch would not fit. ``config_of(runs_w)``:
-    the launch (its blocks and dynamic shared memory); ``occupancy(shared_bytes)``: (blocks of
-    its threads an SM holds with that much dynamic shared memory, the GPU's SMs), or None. A
-    block of the GPU's own count: a small grid leaves an SM fewer blocks than it could hold."""
+    tile's warps reaching the map), or None where the launch would not be taken (its shared
+    memory past ``GENERATED_TILE_MAX_SHARED``) or not fit. ``config_of(runs_w)``: the launch (its
+    blocks and dynamic shared memory); ``occupancy(shared_bytes)``: (blocks of its threads an SM
+    holds with that much dynamic shared memory, the GPU's SMs), or None. The busiest SM runs
+    ceil(blocks / SMs) blocks, at most its resident count at once: a small grid leaves it fewer
+    than it could hold."""
     def estimate(runs_w: int, warp_pixels: int):
         config = config_of(runs_w)
+        if config.shared_bytes > GENERATED_TILE_MAX_SHARED:
+            return None
         held = occupancy(config.shared_bytes)
         if held is None or held[0] <= 0:
             return None

@@ -207,6 +207,11 @@ def test_the_forward_weighs_the_gpus_occupancy_where_the_launcher_gives_it():
     stage1 = (source, torch.bfloat16, 32, 64, 4, (56, 56), (7, 7), (1, 1), (1, 1), 16)
     assert config(*stage1, occupancy=l40s)[1] == config(*stage1, occupancy=h200)[1] == 2  # equal estimates: the warps
     assert config(source, torch.bfloat16, 32, 64, 4, (3, 3), (7, 7), (1, 1), (1, 1), 16, occupancy=l40s) is None
+    # a choice past the shared memory the kernel takes is no choice: at R = 384 the folded 2-run
+    # tiles of a 7x7 map at stride 2 need 99.3 KiB, and the others fill the map too little, so the
+    # call is declined with the GPU's occupancy as without it
+    wide_r = (source, torch.bfloat16, 32, 512, 32, (7, 7), (7, 7), (2, 2), (1, 1), 384)
+    assert config(*wide_r) is None and config(*wide_r, occupancy=h200) is None
 
     class Recording(device_model.RecordingLauncher):
         def occupancy(self, source, kernel, dtype, specialisation, device, threads, shared_bytes):
