@@ -246,16 +246,19 @@ class CuPyLauncher:
         return launch
 
     def _launch(self, function: int, geometry: tuple, device: int, pointers) -> None:
-        arguments = (function, *geometry, self._stream(device), ctypes.addressof(pointers), 0)
+        self._in_context(device, self._driver.launchKernel, function, *geometry, self._stream(device),
+                         ctypes.addressof(pointers), 0)
+
+    def _in_context(self, device: int, call: Callable, *arguments):
+        """``call(*arguments)`` (a driver call) with ``device``'s primary context current."""
         context, current = self._contexts[device], self._driver.ctxGetCurrent()
         if current == context:
-            self._driver.launchKernel(*arguments)
-            return
+            return call(*arguments)
         # Another device's context, or none: a thread that never touched CUDA, such as autograd's
         # backward thread, where cupy.cuda.Device would see device 0 "current" and set nothing.
         self._driver.ctxSetCurrent(context)
         try:
-            self._driver.launchKernel(*arguments)
+            return call(*arguments)
         finally:
             self._driver.ctxSetCurrent(current)
 
@@ -272,14 +275,8 @@ class CuPyLauncher:
         function = self.function(source, kernel, dtype, specialisation, index)
         if shared_bytes > SHARED_BYTES_WITHOUT_OPT_IN:
             self._opt_in(function, shared_bytes, index, kernel)
-        context, current = self._contexts[index], self._driver.ctxGetCurrent()
-        if current != context:
-            self._driver.ctxSetCurrent(context)
-        try:
-            blocks = self._driver.occupancyMaxActiveBlocksPerMultiprocessor(function, threads, shared_bytes)
-        finally:
-            if current != context:
-                self._driver.ctxSetCurrent(current)
+        blocks = self._in_context(index, self._driver.occupancyMaxActiveBlocksPerMultiprocessor, function, threads,
+                                  shared_bytes)
         return blocks, torch.cuda.get_device_properties(index).multi_processor_count
 
     def _stream(self, device: int) -> int:
