@@ -222,6 +222,16 @@ def _record(case: tuple[str, str, str]) -> list[tuple[str, list]]:
     return result
 
 
+def _source_profiles(launches: set, arch: str, profile=device_model.sass_profile) -> dict:
+    """``profile(source, instantiations, arch)`` for each source of ``launches`` ((source, kernel,
+    dtype, specialisation) tuples), its instantiations compiled together: name expression ->
+    SassProfile."""
+    profiles = {}
+    for source in sorted({key[0] for key in launches}):
+        profiles.update(profile(source, tuple(sorted((k[1:] for k in launches if k[0] == source), key=str)), arch))
+    return profiles
+
+
 def model_rows(batch: int, workers: int = 2) -> tuple[list[dict], list[dict]]:
     """Every row of the measured table with its events as model inputs (LaunchInputs, Copy),
     and the rows of ``CANDIDATES`` the table does not time and of ``PREDICTED`` (where the kernel
@@ -234,10 +244,8 @@ def model_rows(batch: int, workers: int = 2) -> tuple[list[dict], list[dict]]:
         recorded = dict(zip(cases, pool.map(_record, cases)))
     launches = {(e.source, e.kernel, e.dtype, e.specialisation) for per_case in recorded.values()
                 for _, events in per_case for e, _ in events if isinstance(e, Launch)}
-    profiles = {}
-    for source in sorted({key[0] for key in launches}):
-        which = tuple(sorted((k[1:] for k in launches if k[0] == source), key=str))
-        profiles.update(device_model.sass_profile(source, which, H200.arch))
+    profiles = _source_profiles(launches, H200.arch)
+
     def model_inputs(events) -> list:
         inputs = []
         for event, work in events:
@@ -1511,10 +1519,7 @@ def architecture_entries() -> list[dict]:
     launches = {(e.source, e.kernel, e.dtype, e.specialisation) for *_, e, _ in recorded}
     entries = []
     for gpu in ARCH_GPUS:
-        profiles = {}
-        for source in sorted({key[0] for key in launches}):
-            profiles.update(_profiles(source, tuple(sorted((k[1:] for k in launches if k[0] == source), key=str)),
-                                      gpu.arch))
+        profiles = _source_profiles(launches, gpu.arch, _profiles)
         hosts = {(case, kernel): _fused_launch(case, TILE_CHOICES[kernel], recording=_GpuRecorder(gpu, profiles))
                  for case, kernel, *_ in recorded}
         for case, kernel, runs_w, launch, work in recorded:
