@@ -3,7 +3,7 @@ a process of its own through tools/gpu_check.py). Its stages:
 
 - ``kernels``: per kernel (forward, grad_input, grad_weight, the generated forward and
   grad_input) at
-  RedNet-50's seven shapes, batch 32, float32 and bfloat16, NCHW and channels_last:
+  RedNet-50's eight shapes, batch 32, float32 and bfloat16, NCHW and channels_last:
     - device time: ``REPEATS`` calls captured in one CUDA graph and replayed between CUDA
       events, so the GPU runs them back to back and no host time is in the reading;
     - wall time per call: ``time.perf_counter`` around many calls, synchronised once at the end
@@ -12,7 +12,7 @@ a process of its own through tools/gpu_check.py). Its stages:
       the device-to-device copy bandwidth measured in the same run, and the ratio to it;
     - "generic (before)": the same call forced onto the generic kernels of involution.cu (the
       kernels every geometry took before the specialised ones), timed in the same rounds;
-    - yardsticks: the depthwise 7x7 convolution (its forward for the forward and grad_weight,
+    - yardsticks: the depthwise convolution of the same kernel (its forward for the forward and grad_weight,
       its input gradient for grad_input) and, for the forward, the unfold formulation.
   "generated forward" is ``involution_generated`` (the weight formed inside the kernel from a
   feature map of C/4 channels and the span matrix): its floor is the input, the feature map and
@@ -59,7 +59,7 @@ a process of its own through tools/gpu_check.py). Its stages:
   the ``dense_window`` policy's);
 - ``layer``: the whole ``oplib.nn.Involution2d`` layer, fused (``fused=True``) and unfused
   (``fused=False``; and unfused under the ``LAST`` launch policy, ``launch_policy``), against a
-  depthwise 7x7 ``torch.nn.Conv2d``, at the same shapes, bfloat16
+  depthwise ``torch.nn.Conv2d`` of the same kernel, at the same shapes, bfloat16
   channels_last and float32 NCHW, forward (eval, no_grad) and forward+backward (train), device
   time (``oplib.benchmark``'s CUDA clock: graph replays between events);
 - ``launch``: the host's time per call at a tiny shape, oplib's involution against a bare
@@ -148,11 +148,13 @@ class Plan:
 
 
 GPU = Plan(shapes=tuple(replace(s, batch=BATCH) for s in REDNET50_SHAPES))
-# Tiny: two geometries the specialised kernels serve (stride 1 and 2), batch 2; RedNet-50 at a
-# quarter of its width; each task and each mode of the model rows once, at a batch of 2 (every
-# row of batch 32 compiled both models with inductor on the CPU: most of the dry run's time).
+# Tiny: two geometries the specialised kernels serve (stride 1 and 2), batch 2, and the stem's
+# 3 x 3 kernel on a map the pixel-vector kernels take (a width of 12); RedNet-50 at a quarter
+# of its width; each task and each mode of the model rows once, at a batch of 2 (every row of
+# batch 32 compiled both models with inductor on the CPU: most of the dry run's time).
 DRY = Plan(
-    shapes=(Shape("dry 32@9 s1", 32, 9, 9, 1, batch=2), Shape("dry 32@9 s2", 32, 9, 9, 2, batch=2)),
+    shapes=(Shape("dry 32@9 s1", 32, 9, 9, 1, batch=2), Shape("dry 32@9 s2", 32, 9, 9, 2, batch=2),
+            Shape("dry 32@12 k3 s1", 32, 12, 12, 1, batch=2, kernel=3)),
     repeats=2, rounds=2, wall_calls=2, layer_rounds=1, layer_min_run_time=0.001, tiny_calls=20,
     model_rows=(("train", "eager", 2), ("inference", "compiled", 2), ("train", "reduce-overhead", 2)),
     model_rounds=1, image_size=32, images_per_reading=2, rednet_options=(("width", 16), ("group_channels", 8)),
@@ -551,7 +553,7 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
 
 def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     columns = ["shape", "dtype", "layout", "kernel", "device (ms)", "floor (ms)", "device / floor",
-               "generic (before, ms)", "wall per call (ms)", "depthwise 7x7 (ms)", "unfold (ms)", "tiled (ms)",
+               "generic (before, ms)", "wall per call (ms)", "depthwise (ms)", "unfold (ms)", "tiled (ms)",
                "tensor cores (ms)", "chunked (ms)", "lanes on channels (ms)", "vector a thread (ms)",
                "staged (ms)", "dense window (ms)"]  # fmt: skip
     cells = [
@@ -577,7 +579,7 @@ def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
 # "unfused, LAST": the unfused layer (RedNet's path on CUDA) with involution's kernels under the
 # ``LAST`` launch policy (``launch_policy``), its A/B at the layer level.
 UNFUSED_LAST = "unfused, LAST"
-LAYER_CASES = ("fused", "unfused", UNFUSED_LAST, "depthwise 7x7")
+LAYER_CASES = ("fused", "unfused", UNFUSED_LAST, "depthwise")
 LAYER_MODES = ("forward", "forward+backward")
 # (dtype, memory format): the training setting (bf16 autocast's dtype, channels_last) and float32 NCHW
 LAYER_PRECISIONS = (("bfloat16", "channels_last"), ("float32", "NCHW"))
@@ -619,7 +621,7 @@ def _under(policy: Optional[involution_cuda.LaunchPolicy], fn: Callable[..., Any
 
 def _layer_module(case: str, shape: Shape) -> nn.Module:
     torch.manual_seed(0)
-    if case == "depthwise 7x7":
+    if case == "depthwise":
         return nn.Conv2d(shape.channels, shape.channels, shape.kernel, shape.stride, shape.kernel // 2,
                          groups=shape.channels, bias=False)
     from oplib.nn import Involution2d
@@ -671,20 +673,20 @@ def run_layer(section: Any, target: Target, plan: Plan, on_rows: Optional[Callab
             row = [shape.name, f"{dtype_name}, {layout}"]
             for mode in LAYER_MODES:
                 row += [f"{times[case, mode].median * 1e3:.3f}" for case in LAYER_CASES]
-                row += [f"{ratio(times[case, mode], times['depthwise 7x7', mode]):.2f}x" for case in INVOLUTION_CASES]
+                row += [f"{ratio(times[case, mode], times['depthwise', mode]):.2f}x" for case in INVOLUTION_CASES]
             rows.append(row)
             if on_rows is not None:
                 on_rows(rows)
     return rows
 
 
-INVOLUTION_CASES = tuple(case for case in LAYER_CASES if case != "depthwise 7x7")
+INVOLUTION_CASES = tuple(case for case in LAYER_CASES if case != "depthwise")
 
 
 def layer_columns() -> list[str]:
     columns = ["shape", "precision"]
     for mode in ("fwd", "fwd+bwd"):
-        columns += [f"{mode} {case.replace('depthwise 7x7', 'depthwise')} (ms)" for case in LAYER_CASES]
+        columns += [f"{mode} {case} (ms)" for case in LAYER_CASES]
         columns += [f"{mode} {case} / dw" for case in INVOLUTION_CASES]
     return columns
 

@@ -7,13 +7,13 @@ CPU: forward and forward+backward time, peak extra memory of one forward+backwar
 forward's distance from the memory floor: (bytes of input + weight + output) / (copy bandwidth
 measured in this run). The bar: forward+backward at least 10x faster than unfold and at most
 1/4 of its peak memory at every shape. A second CPU table times each of the three ops on
-both CPU paths (native, where it builds, and plain PyTorch) against its depthwise 7x7
-yardstick: the depthwise forward for the forward and grad_weight (the same multiply-adds),
-the depthwise input gradient for grad_input. With a GPU, the CUDA stages of bench/_cuda.py
-follow (the kernels against their DRAM floor, unfold and a depthwise 7x7 F.conv2d; the
-Involution2d layer; the launch path; RedNet-50 against ResNet-50); ``--cuda-only`` runs them
-alone, ``--cuda-stage STAGE`` one of them into its own file (tools/gpu_check.py, ``make
-gpu-check``, runs each so), and ``--dry`` runs them on the CPU, the CUDA kernels emulated (a
+both CPU paths (native, where it builds, and plain PyTorch) against its depthwise yardstick
+(a depthwise convolution of the same kernel): the depthwise forward for the forward and
+grad_weight (the same multiply-adds), the depthwise input gradient for grad_input. With a GPU,
+the CUDA stages of bench/_cuda.py follow (the kernels against their DRAM floor, unfold and a
+depthwise F.conv2d of the same kernel; the Involution2d layer; the launch path; RedNet-50
+against ResNet-50); ``--cuda-only`` runs them alone, ``--cuda-stage STAGE`` one of them into
+its own file (tools/gpu_check.py, ``make gpu-check``, runs each so), and ``--dry`` runs them on the CPU, the CUDA kernels emulated (a
 check that they run, not figures). With ``--baseline-rev REV``, a
 third CPU table times the native kernels of this tree against those of git revision REV
 (built by REV's own oplib), every entry point, interleaved: the A/B of a change to the
@@ -280,7 +280,7 @@ def _ab_description(rev: str, rounds: int) -> str:
         "revision's own oplib), and in brackets the median of the per-round ratios (below 1: this tree is faster). "
         f"Each op's pair is timed on its own, back to back, in {rounds} rounds of {AB_MIN_RUN_TIME:g} s readings. "
         "Generated ops: C/4 reduced channels; -: the revision has no such entry point. grad_weight / depthwise fwd: "
-        "each build's grad_weight against the depthwise 7x7 forward timed in the same rounds (its yardstick)."
+        "each build's grad_weight against the depthwise forward timed in the same rounds (its yardstick)."
     )
 
 
@@ -345,8 +345,8 @@ def _cpu_report(settings, cpu: Section, cpu_rows, bandwidth: float, verdict: str
             settings,
             "Involution: oplib vs the unfold formulation",
             f"- copy bandwidth measured in this run: {bandwidth / 1e9:.1f} GB/s (bytes read + written)",
-            "- float32, K = 7, 16 channels per group, padding 3; speed-up = median of the per-round "
-            "unfold / oplib fwd+bwd ratios; peak = highest resident memory above the inputs during one "
+            "- float32, K = 7 (the stem's 3), 16 channels per group, padding K // 2; speed-up = median of the "
+            "per-round unfold / oplib fwd+bwd ratios; peak = highest resident memory above the inputs during one "
             "forward+backward (measured after the timings, each in a fresh process)",
         ),
         "## CPU",
@@ -479,7 +479,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     verdict = "**met**." if not failures else f"**not met** at {', '.join(failures)}."
     lines = _cpu_report(settings, cpu, cpu_rows, bandwidth, verdict)
     lines += [
-        "## CPU, per op: native and plain-PyTorch kernels vs a depthwise 7x7 convolution",
+        "## CPU, per op: native and plain-PyTorch kernels vs a depthwise convolution",
         "",
         "Each op's time in ms and, in brackets, its ratio (median of the per-round ratios) to its "
         "yardstick: the depthwise forward for the forward and grad_weight, the depthwise input "
@@ -632,7 +632,7 @@ def run_cuda_only(settings, models_choice: str, stage: str = "all", dry: bool = 
 _CUDA_TITLES = {
     "all": "Involution on CUDA: each kernel against its DRAM floor, the layer, the launch path and the models",
     "kernels": "Involution on CUDA: each kernel against its DRAM floor",
-    "layer": "Involution on CUDA: the Involution2d layer against a depthwise 7x7 convolution",
+    "layer": "Involution on CUDA: the Involution2d layer against a depthwise convolution",
     "launch": "Involution on CUDA: the launch path at a tiny shape",
     "models": "Involution on CUDA: RedNet-50 against ResNet-50",
 }
@@ -667,7 +667,8 @@ def _kernel_section(results: CudaResults, target_name: str, plan, models_choice:
     return [
         title,
         "",
-        f"Batch {rows[0]['batch']}, K = 7, 16 channels per group, padding 3. Device time: {plan.repeats} calls in one "
+        f"Batch {rows[0]['batch']}, K = 7 (the stem's 3), 16 channels per group, padding K // 2. Device time: "
+        f"{plan.repeats} calls in one "
         "CUDA graph, replayed between CUDA events (no host time); the median of "
         f"{plan.rounds} interleaved rounds. Floor: the bytes a kernel must read and write once over the "
         f"device-to-device copy bandwidth measured in this run, {results.bandwidth / 1e9:.0f} GB/s. Generic (before): the "
@@ -692,7 +693,7 @@ def _kernel_section(results: CudaResults, target_name: str, plan, models_choice:
 def _layer_section(results: CudaResults, target_name: str, plan, models_choice: str) -> list[str]:
     import _cuda
 
-    title = f"## CUDA: the Involution2d layer against a depthwise 7x7 convolution ({target_name})"
+    title = f"## CUDA: the Involution2d layer against a depthwise convolution ({target_name})"
     if not results.layer:
         return [title, "", "Not run: the run stopped first.", ""]
     columns = _cuda.layer_columns()
@@ -857,7 +858,7 @@ def _charts(settings, cpu_rows: list[_Row], per_op_rows, cuda_rows, cuda_device:
             ]
             by_op.bar([x + (i - 1) * 0.27 for x in range(len(names))], ratios, width=0.27, label=f"{op} (native)")
         by_op.axhline(1.0, color="black", linewidth=0.8)
-        by_op.set(title="CPU: oplib op time / depthwise 7x7 yardstick (lower is better)", ylabel="ratio")
+        by_op.set(title="CPU: oplib op time / depthwise yardstick (lower is better)", ylabel="ratio")
         against_unfold.bar(range(len(cpu_rows)), [row.speedup for row in cpu_rows], color="tab:green")
         against_unfold.set(title="CPU: forward+backward speed-up over unfold", ylabel="unfold / oplib")
         for axes, labels in ((by_op, names), (against_unfold, [row.shape.name for row in cpu_rows])):

@@ -3,7 +3,7 @@ machine against a depthwise KxK convolution and the unfold formulation of the pa
 code, at RedNet-50's shapes or the shapes given; and the measuring code that
 ``bench/involution.py`` uses too.
 
-    python -m oplib bench                                  # RedNet-50's seven shapes, CPU (and CUDA where present)
+    python -m oplib bench                                  # RedNet-50's eight shapes, CPU (and CUDA where present)
     python -m oplib bench --shape 8x64x56x56 --stride 2    # one shape: batch x channels x height x width
     python -m oplib bench --quick --no-unfold --json       # short timings, no unfold, machine-readable
 
@@ -126,7 +126,9 @@ class Shape:
         )
 
 
-# RedNet-50: the stride-1 involution of each stage, and the stride-2 one that opens stages 2-4.
+# RedNet-50's involutions at 224 px: the stride-1 one of each stage's bottlenecks, the stride-2
+# one that opens stages 2-4, and the stem's (3 x 3 at half the input's resolution: the map
+# with the most pixels, 2 groups of 16 channels).
 REDNET50_SHAPES = [
     Shape("stage1 64@56 s1", 64, 56, 56, 1),
     Shape("stage2 128@28 s1", 128, 28, 28, 1),
@@ -135,6 +137,7 @@ REDNET50_SHAPES = [
     Shape("stage2 128@56 s2", 128, 56, 56, 2),
     Shape("stage3 256@28 s2", 256, 28, 28, 2),
     Shape("stage4 512@14 s2", 512, 14, 14, 2),
+    Shape("stem 32@112 k3 s1", 32, 112, 112, 1, kernel=3),
 ]
 
 

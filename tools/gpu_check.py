@@ -82,7 +82,7 @@ STAGES = (
     Stage("load", "every CUDA kernel loaded before anything, timed", 20, 360),
     Stage("tests", "every needs_cuda test", 145, 300),
     Stage("kernels", "each kernel's device time against its DRAM floor", 65, 300, ("involution-cuda.md",)),
-    Stage("layer", "Involution2d fused and unfused against a depthwise 7x7 Conv2d", 70, 180,
+    Stage("layer", "Involution2d fused and unfused against a depthwise Conv2d", 70, 180,
           ("involution-cuda-layer.md",)),
     Stage("launch", "the host's time per call at a tiny shape against a bare custom op, and per training step", 30, 120,
           ("involution-cuda-launch.md",)),
