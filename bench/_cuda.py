@@ -12,8 +12,8 @@ a process of its own through tools/gpu_check.py). Its stages:
       the device-to-device copy bandwidth measured in the same run, and the ratio to it;
     - "generic (before)": the same call forced onto the generic kernels of involution.cu (the
       kernels every geometry took before the specialised ones), timed in the same rounds;
-    - yardsticks: the depthwise convolution of the same kernel (its forward for the forward and grad_weight,
-      its input gradient for grad_input) and, for the forward, the unfold formulation.
+    - yardsticks: the depthwise convolution of the same kernel (its forward for the forward and
+      grad_weight, its input gradient for grad_input) and, for the forward, the unfold formulation.
   "generated forward" is ``involution_generated`` (the weight formed inside the kernel from a
   feature map of C/4 channels and the span matrix): its floor is the input, the feature map and
   the output (the weight is never touched), and its "generic (before)" column is the path it

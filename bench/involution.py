@@ -13,11 +13,11 @@ grad_weight (the same multiply-adds), the depthwise input gradient for grad_inpu
 the CUDA stages of bench/_cuda.py follow (the kernels against their DRAM floor, unfold and a
 depthwise F.conv2d of the same kernel; the Involution2d layer; the launch path; RedNet-50
 against ResNet-50); ``--cuda-only`` runs them alone, ``--cuda-stage STAGE`` one of them into
-its own file (tools/gpu_check.py, ``make gpu-check``, runs each so), and ``--dry`` runs them on the CPU, the CUDA kernels emulated (a
-check that they run, not figures). With ``--baseline-rev REV``, a
-third CPU table times the native kernels of this tree against those of git revision REV
-(built by REV's own oplib), every entry point, interleaved: the A/B of a change to the
-native sources; ``--ab-only`` runs that table alone, with more rounds, into
+its own file (tools/gpu_check.py, ``make gpu-check``, runs each so), and ``--dry`` runs them
+on the CPU, the CUDA kernels emulated (a check that they run, not figures). With
+``--baseline-rev REV``, a third CPU table times the native kernels of this tree against those
+of git revision REV (built by REV's own oplib), every entry point, interleaved: the A/B of a
+change to the native sources; ``--ab-only`` runs that table alone, with more rounds, into
 ``bench/results/native-ab.md``. The shapes, the candidates and
 their interleaved timing come from oplib.benchmark (which ``python -m oplib bench`` runs for
 users); load monitoring, peak memory and the report from bench/_harness.py. Beside the
