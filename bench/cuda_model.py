@@ -1622,14 +1622,17 @@ class _GpuRecorder(device_model.RecordingLauncher):
 
 def architecture_entries() -> list[dict]:
     """Each tile choice of each ``TILE_CHOICES`` kernel at every (shape, dtype, layout) of the
-    measured table it serves, recorded on CPU tensors, and on each GPU of ``ARCH_GPUS`` its
-    launch's model inputs from the machine code NVRTC compiles for that GPU (``events`` None
-    where the model declines the instantiation there) and whether the host takes it there (its
-    choice with the GPU's occupancy, ``_GpuRecorder``)."""
+    measured table it serves and at the cases no draw has timed (``unmeasured_cases``), recorded
+    on CPU tensors, and on each GPU of ``ARCH_GPUS`` its launch's model inputs from the machine
+    code NVRTC compiles for that GPU (``events`` None where the model declines the instantiation
+    there) and whether the host takes it there (its choice with the GPU's occupancy,
+    ``_GpuRecorder``). The unmeasured cases' instantiations compile in modules of their own, as
+    in ``model_rows``."""
     _, rows = measured_rows()
     cases = list(dict.fromkeys((r["shape"], r["dtype"], r["layout"]) for r in rows))
+    new_cases = unmeasured_cases(rows)
     recorded = []
-    for case in cases:
+    for case in (*cases, *new_cases):
         for kernel, function in TILE_CHOICES.items():
             if _fused_launch(case, function) is None:
                 continue
@@ -1637,10 +1640,15 @@ def architecture_entries() -> list[dict]:
                 launch = _fused_launch(case, function, runs_w)
                 if launch is not None:
                     recorded.append((case, kernel, runs_w, launch, device_model.kernel_work(launch)))
-    launches = {(e.source, e.kernel, e.dtype, e.specialisation) for *_, e, _ in recorded}
+    def launches(measured: bool) -> set:
+        return {(e.source, e.kernel, e.dtype, e.specialisation) for case, *_, e, _ in recorded
+                if (case in new_cases) != measured}
+
     entries = []
     for gpu in ARCH_GPUS:
-        profiles = _source_profiles(launches, gpu.arch, _profiles)
+        # (an instantiation of both sets keeps the measured rows' module)
+        profiles = {**_source_profiles(launches(False), gpu.arch, _profiles),
+                    **_source_profiles(launches(True), gpu.arch, _profiles)}
         hosts = {(case, kernel): _fused_launch(case, TILE_CHOICES[kernel], recording=_GpuRecorder(gpu, profiles))
                  for case, kernel, *_ in recorded}
         for case, kernel, runs_w, launch, work in recorded:
