@@ -542,7 +542,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--shape", action="append", type=_shape, metavar="NxCxHxW",
-        help="an input shape to time instead of RedNet-50's seven (repeatable)",
+        help="an input shape to time instead of RedNet-50's eight (repeatable)",
     )  # fmt: skip
     parser.add_argument("--kernel", type=positive_int, help="with --shape: the kernel size K (default: 7)")
     parser.add_argument("--stride", type=positive_int, help="with --shape: the stride (default: 1)")
