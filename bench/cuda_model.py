@@ -18,6 +18,7 @@ import functools
 import json
 import math
 import re
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Optional
@@ -43,6 +44,11 @@ BAR = 2.0
 def within_bar(predicted: float, floor: float) -> bool:
     """The issue's bar on a kernel: within 2x its floor, or 10 us where the floor is under 5 us."""
     return predicted <= max(2.0 * floor, 10e-6 if floor < 5e-6 else 0.0)
+
+
+def table_shape(name: str) -> Shape:
+    """The ``REDNET50_SHAPES`` entry named ``name`` at the tables' batch, 32."""
+    return next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
 
 
 def calls(shape: Shape, dtype: torch.dtype, layout: str) -> dict[str, tuple[str, tuple]]:
@@ -211,7 +217,7 @@ def _record(case: tuple[str, str, str], chunked: bool = True) -> list[tuple[str,
     or as the ops run them now (the default policy: a row no draw has timed)."""
     name, dtype_name, layout = case
     torch.set_num_threads(1)
-    shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
+    shape = table_shape(name)
     dtype = getattr(torch, dtype_name)
     result = []
     for kernel, (qualname, args) in calls(shape, dtype, layout).items():
@@ -230,10 +236,10 @@ def _record(case: tuple[str, str, str], chunked: bool = True) -> list[tuple[str,
     return result
 
 
-def _source_profiles(launches: set, arch: str, profile=device_model.sass_profile) -> dict:
-    """``profile(source, instantiations, arch)`` for each source of ``launches`` ((source, kernel,
-    dtype, specialisation) tuples), its instantiations compiled together: name expression ->
-    SassProfile."""
+def _source_profiles(recorded: Iterable[Launch], arch: str, profile=device_model.sass_profile) -> dict:
+    """``profile(source, instantiations, arch)`` for each source of the ``recorded`` launches, its
+    instantiations compiled together: name expression -> SassProfile."""
+    launches = {(e.source, e.kernel, e.dtype, e.specialisation) for e in recorded}
     profiles = {}
     for source in sorted({key[0] for key in launches}):
         profiles.update(profile(source, tuple(sorted((k[1:] for k in launches if k[0] == source), key=str)), arch))
@@ -264,9 +270,8 @@ def model_rows(batch: int, workers: int = 2) -> tuple[list[dict], list[dict], li
         recorded = dict(zip(cases, pool.map(_record, cases)))
         recorded_new = dict(zip(new_cases, pool.map(functools.partial(_record, chunked=False), new_cases)))
 
-    def launches(recordings) -> set:
-        return {(e.source, e.kernel, e.dtype, e.specialisation) for per_case in recordings
-                for _, events in per_case for e, _ in events if isinstance(e, Launch)}
+    def launches(recordings) -> Iterator[Launch]:
+        return (e for per_case in recordings for _, events in per_case for e, _ in events if isinstance(e, Launch))
 
     # The cases no draw timed compile in modules of their own: NVVM's inlining depends on the
     # other instantiations of a module, and with the stem's 3 x 3 ones beside them the tensor-core
@@ -481,7 +486,7 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
     from oplib.ops.involution_generated import _generator_grads_result as generator_result
 
     name, dtype_name, layout = case
-    shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
+    shape = table_shape(name)
     o = operands_on(shape, getattr(torch, dtype_name), layout, "cpu")
     x, feature, g = o["input"], o["feature"], o["grad_output"]
     recording = recording or device_model.RecordingLauncher()
@@ -524,7 +529,7 @@ def _lanes_on_channels_launch(case: tuple[str, str, str], kernel: str, policy) -
     channels_last ones that already give a thread one vector), or (``LAST_VECTOR_GRAD_INPUT``)
     what ``LAST`` launches."""
     name, dtype_name, layout = case
-    shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == name)
+    shape = table_shape(name)
     qualname, args = calls(shape, getattr(torch, dtype_name), layout)[kernel]
 
     def launches(policy):
@@ -830,7 +835,7 @@ def _predicted_candidate(entry: dict, constants: Constants, bandwidth: float, op
     terms = device_model.launch_terms(main, H200, constants, bandwidth)
     predicted = device_model.predict(events, H200, constants, bandwidth)
     resident = device_model.resident_blocks(main.registers, main.threads_per_block, main.shared_bytes, H200)
-    shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == entry["shape"])
+    shape = table_shape(entry["shape"])
     floor = floor_bytes(shape, getattr(torch, entry["dtype"]), op) / bandwidth
     cells = [entry["shape"], entry["dtype"], entry["layout"], f"`{main.kernel}`",
              f"{main.blocks} x {main.threads_per_block}", str(main.registers), f"{main.shared_bytes / 1024:.1f}",
@@ -1130,7 +1135,7 @@ def span_conv_backward_floor(shape_name: str, dtype: torch.dtype, bandwidth: flo
 def _layer_sizes(shape_name: str) -> dict[str, int]:
     """Elements of a RedNet-50 layer's tensors at batch 32: input (N, C, H, W), grad_output (N,
     C, Ho, Wo), the feature (N, C/4, Ho, Wo) and the weight map (N, G K^2, Ho, Wo)."""
-    shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == shape_name)
+    shape = table_shape(shape_name)
     out_h, out_w = shape.out_size
     return {"input": shape.batch * shape.channels * shape.height * shape.width,
             "grad_output": shape.batch * shape.channels * out_h * out_w,
@@ -1161,7 +1166,7 @@ def generator_partials_floor(shape_name: str, dtype: torch.dtype, bandwidth: flo
     and sample, and where the groups are split among blocks grad_feature's over the splits (its
     float32 sum then copied into grad_feature's layout and dtype), each read and written once over
     the DRAM bandwidth. The kernel's writes of them are its own traced stores."""
-    shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == shape_name)
+    shape = table_shape(shape_name)
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
     sizes, wide = _layer_sizes(shape_name), torch.float32.itemsize
     reduced, rows, kernel_size = max(1, shape.channels // 4), shape.groups * shape.kernel**2, [shape.kernel] * 2
@@ -1364,27 +1369,16 @@ def unmeasured_lines(data: list[dict], constants: Constants, bandwidth: float) -
         return [heading, "", "None: the measured table has a row of every shape.", ""]
     cells, predicted_by = [], {}
     for entry in data:
-        events = events_from_json(entry["events"])
-        main = next((e for e in events if isinstance(e, LaunchInputs)), None)
-        if main is None:
-            continue
-        terms = device_model.launch_terms(main, H200, constants, bandwidth)
-        predicted = device_model.predict(events, H200, constants, bandwidth)
-        shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == entry["shape"])
-        floor = floor_bytes(shape, getattr(torch, entry["dtype"]), FLOOR_OPS[entry["kernel"]]) / bandwidth
+        predicted, floor, first = _predicted_candidate(entry, constants, bandwidth, FLOOR_OPS[entry["kernel"]])
         predicted_by[entry["shape"], entry["dtype"], entry["layout"], entry["kernel"]] = predicted
-        launches = sum(isinstance(e, LaunchInputs) for e in events)
-        cells.append([entry["shape"], entry["dtype"], entry["layout"], entry["kernel"], f"`{main.kernel}`"
-                      + (f" (+{launches - 1})" if launches > 1 else ""), f"{main.blocks} x {main.threads_per_block}",
-                      str(main.registers), terms.bound, f"{predicted * 1e6:.1f}", f"{floor * 1e6:.1f}",
-                      f"{predicted / floor:.2f}x", "yes" if within_bar(predicted, floor) else "no"])
+        cells.append([*first[:3], entry["kernel"], *first[3:], "yes" if within_bar(predicted, floor) else "no"])
     fused = []
     for shape_name, dtype, layout in dict.fromkeys((e["shape"], e["dtype"], e["layout"]) for e in data):
         forwards = {k: predicted_by[shape_name, dtype, layout, k] for k in FUSED_FORWARDS
                     if (shape_name, dtype, layout, k) in predicted_by}
         if not forwards or (shape_name, dtype, layout, "forward") not in predicted_by:
             continue
-        shape = next(dataclasses.replace(s, batch=32) for s in REDNET50_SHAPES if s.name == shape_name)
+        shape = table_shape(shape_name)
         sizes, itemsize = _layer_sizes(shape_name), getattr(torch, dtype).itemsize
         span_bytes = (sizes["feature"] + sizes["weight_map"]) * itemsize
         span = span_bytes / bandwidth
@@ -1404,11 +1398,10 @@ def unmeasured_lines(data: list[dict], constants: Constants, bandwidth: float) -
         "grad_weight as the ops run them now, and each fused, candidate and predicted kernel where it serves the call, "
         "predicted with the constants fitted above, beside its floor (the bytes of the table's row it serves) and the "
         f"issue's bar on it (2x the floor, or 10 us where the floor is under 5 us): met at {sum(met)} of {len(met)} "
-        "rows. A kernel with launches besides its main one (+n) is predicted with them. The next draw's kernel table "
-        "has a row of each.",
+        "rows. The next draw's kernel table has a row of each.",
         "",
-        *_harness.table(["shape", "dtype", "layout", "kernel", "instantiation", "grid x block", "registers", "bound",
-                         "predicted (us)", "floor (us)", "predicted / floor", "within the bar"], "lllllllrrrrl", cells),
+        *_harness.table([*PREDICTED_COLUMNS[:3], "kernel", *PREDICTED_COLUMNS[3:], "within the bar"],
+                        "lllllllrrrlrrrl", cells),
         "",
         "The fused forward at the same cases: its fastest kernel predicted, against the unfused forward, involution's "
         "forward as the op runs it predicted plus the span conv at its DRAM floor (the feature read and the weight "
@@ -1640,15 +1633,13 @@ def architecture_entries() -> list[dict]:
                 launch = _fused_launch(case, function, runs_w)
                 if launch is not None:
                     recorded.append((case, kernel, runs_w, launch, device_model.kernel_work(launch)))
-    def launches(measured: bool) -> set:
-        return {(e.source, e.kernel, e.dtype, e.specialisation) for case, *_, e, _ in recorded
-                if (case in new_cases) != measured}
-
+    measured = [e for case, *_, e, _ in recorded if case not in new_cases]
+    unmeasured = [e for case, *_, e, _ in recorded if case in new_cases]
     entries = []
     for gpu in ARCH_GPUS:
         # (an instantiation of both sets keeps the measured rows' module)
-        profiles = {**_source_profiles(launches(False), gpu.arch, _profiles),
-                    **_source_profiles(launches(True), gpu.arch, _profiles)}
+        profiles = {**_source_profiles(unmeasured, gpu.arch, _profiles),
+                    **_source_profiles(measured, gpu.arch, _profiles)}
         hosts = {(case, kernel): _fused_launch(case, TILE_CHOICES[kernel], recording=_GpuRecorder(gpu, profiles))
                  for case, kernel, *_ in recorded}
         for case, kernel, runs_w, launch, work in recorded:

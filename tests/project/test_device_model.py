@@ -97,12 +97,13 @@ def test_the_generator_kernel_is_predicted_at_every_bfloat16_and_float32_row(com
 
 def test_the_staged_tiles_are_predicted_on_every_gpu_and_the_hosts_are_the_fastest(committed):
     """Each tile choice (runs_w) of both staged kernels, at every row each serves (the stem's
-    3 x 3 rows, which no draw timed, too), on the five GPUs of the per-architecture table, one marked the host's on each GPU (its choice with that
-    GPU's occupancy); every one modelled on sm_90 and sm_100; wherever a row is modelled the
-    host's tiles within 5% of the model's fastest; at RedNet-50's 56 x 56 maps the forward's
-    the fastest everywhere (its tiles chosen by the warps the map reaches), and at its 14 x 14
-    maps at stride 1 the 2-run tiles on the L40S (two blocks an SM in its 100 KB, where the
-    4-run tiles fit one) and the 4-run tiles on the H200."""
+    3 x 3 rows, which no draw timed, too), on the five GPUs of the per-architecture table, one
+    marked the host's on each GPU (its choice with that GPU's occupancy); every one modelled on
+    sm_90 and sm_100; wherever a row is modelled the host's tiles within 5% of the model's
+    fastest; at RedNet-50's 56 x 56 maps the forward's the fastest everywhere (its tiles chosen
+    by the warps the map reaches), and at its 14 x 14 maps at stride 1 the 2-run tiles on the
+    L40S (two blocks an SM in its 100 KB, where the 4-run tiles fit one) and the 4-run tiles on
+    the H200."""
     _, model, _ = committed
     entries, constants = model["architectures"], Constants(**model["constants"])
     gpus = {gpu.name: gpu for gpu in cuda_model.ARCH_GPUS}
