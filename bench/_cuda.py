@@ -40,10 +40,13 @@ a process of its own through tools/gpu_check.py). Its stages:
   sixth H200 draw, before the vectors kernels became the ops', timed them in a "vectors" column
   beside the chunked kernels); the "lanes on channels" column of a channels_last row is the
   call under the ``LAST`` policy (a lane a 16-byte vector of a group's channels, DCNv4's
-  mapping: involution_last.cu's kernels, grad_input's a block a segment of a band of rows,
-  grad_weight's two pixels a lane, the group summed by shuffles; the "vector a thread" column, grad_input's other
-  candidate under it, the chunked kernel at one vector a thread), timed beside the op's call until
-  a draw has measured it, where it launches something else; "generated grad_input" is ``involution_generated_backward_input``,
+  mapping: involution_last.cu's kernels, the forward's and grad_weight's two pixels a lane
+  (``LAST_PAIRS``), grad_input's a block a segment of a band of rows, grad_weight's group summed
+  by shuffles; the "a pixel a lane" column, the forward's and grad_weight's with one pixel a
+  lane (``LAST_ONE_PIXEL``), which the host takes where pairs leave the GPU short of a wave of
+  blocks; the "vector a thread" column, grad_input's other candidate under it, the chunked kernel
+  at one vector a thread), timed beside the op's call until a draw has measured it, where it
+  launches something else; "generated grad_input" is ``involution_generated_backward_input``,
   which goes through the weight map (the span conv, then involution's grad_input kernel), its
   floor grad_output, the feature map and grad_input, and its "generic (before)" column its
   generic kernel (``involution_generated_backward_input_generic``, the weights formed in
@@ -413,12 +416,19 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             dispatch(probe)
             if probe.launches and probe.launches[0].kernel.endswith("_vectors"):
                 calls["chunked", kernel] = functools.partial(dispatch, launcher, involution_cuda.CHUNKED)
-            # a lane a vector of a group's channels (the ``LAST`` policy) where that launches
-            # something else than the op's policy: beside the op's call, not yet its kernels
+            # a lane a vector of a group's channels (the ``LAST`` policy; the forward's and
+            # grad_weight's lanes two pixels each, whatever the GPU) where that launches something
+            # else than the op's policy: beside the op's call, not yet its kernels; and beside it
+            # the same kernels with a pixel a lane (the host's choice where pairs would leave the
+            # GPU short of a wave, ``last_pixels``)
             lanes_on_channels = RecordingLauncher()
-            dispatch(lanes_on_channels, involution_cuda.LAST)
+            dispatch(lanes_on_channels, involution_cuda.LAST_PAIRS)
             if launched(lanes_on_channels.launches) != launched(probe.launches):
-                calls["lanes on channels", kernel] = functools.partial(dispatch, launcher, involution_cuda.LAST)
+                calls["lanes on channels", kernel] = functools.partial(dispatch, launcher, involution_cuda.LAST_PAIRS)
+            one_pixel = RecordingLauncher()
+            dispatch(one_pixel, involution_cuda.LAST_ONE_PIXEL)
+            if launched(one_pixel.launches) not in (launched(probe.launches), launched(lanes_on_channels.launches)):
+                calls["a pixel a lane", kernel] = functools.partial(dispatch, launcher, involution_cuda.LAST_ONE_PIXEL)
             if kernel != "grad_input":
                 continue
             # grad_input's other candidate under it: the chunked kernel at a vector a thread
@@ -493,6 +503,8 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
             profiled[f"chunked {kernel}"] = calls["chunked", kernel]
         if ("lanes on channels", kernel) in calls:
             profiled[f"lanes on channels {kernel}"] = calls["lanes on channels", kernel]
+        if ("a pixel a lane", kernel) in calls:
+            profiled[f"a pixel a lane {kernel}"] = calls["a pixel a lane", kernel]
         if ("vector a thread", kernel) in calls:
             profiled[f"vector a thread {kernel}"] = calls["vector a thread", kernel]
     return profiled
@@ -536,6 +548,8 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
                         "chunked_ms": device["chunked", kernel] * 1e3 if ("chunked", kernel) in device else None,
                         "lanes_on_channels_ms": (device["lanes on channels", kernel] * 1e3
                                                  if ("lanes on channels", kernel) in device else None),
+                        "a_pixel_a_lane_ms": (device["a pixel a lane", kernel] * 1e3
+                                              if ("a pixel a lane", kernel) in device else None),
                         "vector_a_thread_ms": (device["vector a thread", kernel] * 1e3
                                                if ("vector a thread", kernel) in device else None),
                         "staged_ms": device["staged", kernel] * 1e3 if ("staged", kernel) in device else None,
@@ -555,7 +569,7 @@ def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     columns = ["shape", "dtype", "layout", "kernel", "device (ms)", "floor (ms)", "device / floor",
                "generic (before, ms)", "wall per call (ms)", "depthwise (ms)", "unfold (ms)", "tiled (ms)",
                "tensor cores (ms)", "chunked (ms)", "lanes on channels (ms)", "vector a thread (ms)",
-               "staged (ms)", "dense window (ms)"]  # fmt: skip
+               "staged (ms)", "dense window (ms)", "a pixel a lane (ms)"]  # fmt: skip
     cells = [
         [row["shape"], row["dtype"], row["layout"], row["kernel"], f"{row['device_ms']:.4f}", f"{row['floor_ms']:.4f}",
          f"{row['over_floor']:.2f}x", f"{row['generic_ms']:.4f}", f"{row['wall_ms']:.4f}", f"{row['depthwise_ms']:.4f}",
@@ -566,7 +580,8 @@ def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
          "-" if row.get("lanes_on_channels_ms") is None else f"{row['lanes_on_channels_ms']:.4f}",
          "-" if row.get("vector_a_thread_ms") is None else f"{row['vector_a_thread_ms']:.4f}",
          "-" if row.get("staged_ms") is None else f"{row['staged_ms']:.4f}",
-         "-" if row.get("dense_window_ms") is None else f"{row['dense_window_ms']:.4f}"]
+         "-" if row.get("dense_window_ms") is None else f"{row['dense_window_ms']:.4f}",
+         "-" if row.get("a_pixel_a_lane_ms") is None else f"{row['a_pixel_a_lane_ms']:.4f}"]
         for row in rows
     ]  # fmt: skip
     return columns, cells

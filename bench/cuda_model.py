@@ -95,19 +95,26 @@ VECTORS_ROWS = {VECTORS: ("forward", "vectors (ms)", "involution_vectors"),
                 VECTORS_GRAD_INPUT: ("grad_input", "vectors (ms)", "involution_vectors_backward_input"),
                 VECTORS_GRAD_WEIGHT: ("grad_weight", "vectors (ms)", "involution_vectors_backward_weight")}
 # A lane a 16-byte vector of a group's channels in channels_last calls (the ``LAST`` policy:
-# involution_last.cu's kernels, grad_input's a block a segment of a band of rows), timed in the
-# table's "lanes on channels" column beside the op's call where it launches something else
-# (``_lanes_on_channels_launch``); grad_input's other candidate under it, the chunked kernel at
-# one vector a thread (``LAST_VECTOR_GRAD_INPUT``), in the "vector a thread" column.
-LANES_ON_CHANNELS, VECTOR_A_THREAD = "LAST", "LAST_VECTOR_GRAD_INPUT"
+# involution_last.cu's kernels, the forward's and grad_weight's two pixels a lane, grad_input's a
+# block a segment of a band of rows; ``LAST_PAIRS``), timed in the table's "lanes on channels"
+# column beside the op's call where it launches something else (``_lanes_on_channels_launch``);
+# the forward and grad_weight with a pixel a lane (``LAST_ONE_PIXEL``), in the "a pixel a lane"
+# column; grad_input's other candidate under it, the chunked kernel at one vector a thread
+# (``LAST_VECTOR_GRAD_INPUT``), in the "vector a thread" column.
+LANES_ON_CHANNELS, ONE_PIXEL, VECTOR_A_THREAD = "LAST_PAIRS", "LAST_ONE_PIXEL", "LAST_VECTOR_GRAD_INPUT"
 LAST_FORWARD, LAST_GRAD_INPUT = "lanes on channels forward", "lanes on channels grad_input"
 LAST_GRAD_WEIGHT = "lanes on channels grad_weight"
+ONE_PIXEL_FORWARD, ONE_PIXEL_GRAD_WEIGHT = "a pixel a lane forward", "a pixel a lane grad_weight"
 LAST_GRAD_INPUT_VECTOR = "vector a thread grad_input"
 CANDIDATES = {**VECTORS_ROWS,
               LAST_FORWARD: ("forward", "lanes on channels (ms)", LANES_ON_CHANNELS),
               LAST_GRAD_INPUT: ("grad_input", "lanes on channels (ms)", LANES_ON_CHANNELS),
               LAST_GRAD_WEIGHT: ("grad_weight", "lanes on channels (ms)", LANES_ON_CHANNELS),
+              ONE_PIXEL_FORWARD: ("forward", "a pixel a lane (ms)", ONE_PIXEL),
+              ONE_PIXEL_GRAD_WEIGHT: ("grad_weight", "a pixel a lane (ms)", ONE_PIXEL),
               LAST_GRAD_INPUT_VECTOR: ("grad_input", "vector a thread (ms)", VECTOR_A_THREAD)}
+# Each pixel-a-lane candidate and the pairs' row it stands beside (the host's choice between them).
+ONE_PIXEL_PAIRS = {ONE_PIXEL_FORWARD: LAST_FORWARD, ONE_PIXEL_GRAD_WEIGHT: LAST_GRAD_WEIGHT}
 
 
 # Kernels no row of the measured table serves yet, predicted at every (shape, dtype, layout) they
@@ -226,7 +233,7 @@ def _record(case: tuple[str, str, str], chunked: bool = True) -> list[tuple[str,
         result.append((kernel, [(e, device_model.kernel_work(e) if isinstance(e, Launch) else None) for e in events]))
     for fused, (kernel, _, function) in {**FUSED, **CANDIDATES}.items():
         launch = (_lanes_on_channels_launch(case, kernel, getattr(involution_cuda, function))
-                  if function in (LANES_ON_CHANNELS, VECTOR_A_THREAD) else _fused_launch(case, function))
+                  if function in (LANES_ON_CHANNELS, ONE_PIXEL, VECTOR_A_THREAD) else _fused_launch(case, function))
         if launch is not None:
             result.append((fused, [(launch, device_model.kernel_work(launch))]))
     for predicted, function in PREDICTED.items():
@@ -524,10 +531,10 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
 
 def _lanes_on_channels_launch(case: tuple[str, str, str], kernel: str, policy) -> Optional[Launch]:
     """The launch of the table's ``kernel`` call (forward, grad_input, grad_weight) at one
-    (shape, dtype, layout) under ``policy`` (``LAST`` or ``LAST_VECTOR_GRAD_INPUT``), recorded
-    on CPU tensors; None where it launches what the ops' policy launches (NCHW calls;
-    channels_last ones that already give a thread one vector), or (``LAST_VECTOR_GRAD_INPUT``)
-    what ``LAST`` launches."""
+    (shape, dtype, layout) under ``policy`` (``LAST_PAIRS``, ``LAST_ONE_PIXEL`` or
+    ``LAST_VECTOR_GRAD_INPUT``), recorded on CPU tensors; None where it launches what the ops'
+    policy launches (NCHW calls; channels_last ones that already give a thread one vector), or
+    (the others) what ``LAST_PAIRS`` launches."""
     name, dtype_name, layout = case
     shape = table_shape(name)
     qualname, args = calls(shape, getattr(torch, dtype_name), layout)[kernel]
@@ -536,7 +543,8 @@ def _lanes_on_channels_launch(case: tuple[str, str, str], kernel: str, policy) -
         return [e for e in device_model.record_launches(qualname, *args, policy=policy) if isinstance(e, Launch)]
 
     last = launches(policy)
-    others = [launches(involution_cuda.POLICY)] + ([launches(involution_cuda.LAST)] if policy is not involution_cuda.LAST else [])
+    pairs = involution_cuda.LAST_PAIRS
+    others = [launches(involution_cuda.POLICY)] + ([launches(pairs)] if policy is not pairs else [])
     return None if any(launched(last) == launched(other) for other in others) else last[0]
 
 
@@ -731,6 +739,33 @@ def changed_lines(data: list[dict], rows: list[dict], constants: Constants, band
 
 
 
+def one_pixel_choices(data: list[dict], constants: Constants, bandwidth: float) -> list[tuple[str, bool, bool]]:
+    """For each pixel-a-lane candidate (``ONE_PIXEL_PAIRS``) and its pairs' row at the same call:
+    (the row, whether the host takes a pixel a lane on an H200, whether the model puts the host's
+    choice the faster of the two or equal). The host's rule (``last_pixels``): a pixel a lane
+    where the pairs' grid is under ``LAST_PAIRS_MIN_WAVES`` waves of the blocks the GPU holds at
+    once, here the H200's resident blocks by the pairs' registers and shared memory."""
+    waves = involution_cuda.load_source(involution_cuda.LAST_SOURCE).constants["LAST_PAIRS_MIN_WAVES"]
+    by_key = {(e["shape"], e["dtype"], e["layout"], e["kernel"]): e for e in data}
+    choices = []
+    for entry in (e for e in data if e["kernel"] in ONE_PIXEL_PAIRS):
+        pairs = by_key.get((entry["shape"], entry["dtype"], entry["layout"], ONE_PIXEL_PAIRS[entry["kernel"]]))
+        if pairs is None:
+            continue
+        times = {}
+        for name, candidate in (("one", entry), ("pairs", pairs)):
+            events = events_from_json(candidate["events"])
+            times[name] = device_model.predict(events, H200, constants, bandwidth)
+            if name == "pairs":
+                main = next(e for e in events if isinstance(e, LaunchInputs))
+                held = device_model.resident_blocks(main.registers, main.threads_per_block, main.shared_bytes, H200)
+                one = main.blocks < waves * held * H200.sms
+        chosen, other = (times["one"], times["pairs"]) if one else (times["pairs"], times["one"])
+        label = f"{entry['shape']} {entry['dtype']} {CANDIDATES[entry['kernel']][0]}"
+        choices.append((label, one, chosen <= other))
+    return choices
+
+
 def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], constants: Constants,
                     bandwidth: float) -> list[str]:
     """``CANDIDATES``' rows predicted with the constants fitted above, beside the prediction and
@@ -759,6 +794,8 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
     heading = "## Predicted, not yet measured: kernels waiting for a draw"
     if not cells:
         return [heading, "", "None: the measured table times every candidate kernel.", ""]
+    choices = one_pixel_choices(data, constants, bandwidth)
+    ones = [label for label, one, _ in choices if one]
     return [
         heading,
         "",
@@ -767,12 +804,17 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
         "grad_input and grad_weight, a vector of 4 pixels a lane (2 in float64) and a fixed number of a group's "
         "channels (grad_weight: one kernel row) a thread (widths a multiple of the vector); and the "
         "channels_last calls with a lane a 16-byte vector of a group's channels (\"lanes on channels\", the `LAST` "
-        "policy): `involution_last.cu`'s kernels, the forward's with two adjacent pixels a lane and the warp's "
-        "weights staged in shared memory, "
+        "policy): `involution_last.cu`'s kernels, the forward's with two adjacent pixels a lane (`LAST_PAIRS`) and "
+        "the warp's weights staged in shared memory, "
         "grad_input's a block a segment of a band of two input rows with, for each output row, the band's kernel "
         "rows of its weights staged in shared memory, "
-        "grad_weight's with two adjacent pixels a lane and the group summed by shuffles; and grad_input's other "
-        "candidate under the policy, the chunked "
+        "grad_weight's with two adjacent pixels a lane and the group summed by shuffles; the forward and "
+        "grad_weight with a pixel a lane (\"a pixel a lane\", `LAST_ONE_PIXEL`), which the host takes on a GPU "
+        "where the pairs' grid is under a wave of the blocks it holds at once (`last_pixels`, by the driver's "
+        "occupancy calculator): on an H200, by the pairs' resident blocks, at "
+        f"{len(ones)} of {len(choices)} rows ({', '.join(ones) or 'none'}), the model putting the host's choice the "
+        f"faster of the two (or as fast) at {sum(faster for *_, faster in choices)} of {len(choices)}; and "
+        "grad_input's other candidate under the policy, the chunked "
         "kernel at one vector a thread (\"vector a thread\", `LAST_VECTOR_GRAD_INPUT`). Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
         "that serves the row now: the measured time scaled by the two "
         f"predictions' ratio is what the next draw should find. Predicted / now {ratio_range(ratios)}, faster at "
@@ -1349,12 +1391,10 @@ def layer_lines(totals: list[dict]) -> list[str]:
 # (``floor_bytes``' kernel): a kernel that forms the weights inside has the fused op's floor.
 FLOOR_OPS = {"forward": "forward", "grad_input": "grad_input", "grad_weight": "grad_weight",
              "generated forward": "generated forward", TILED: "generated forward", MMA_FORWARD: "generated forward",
-             MMA_GRAD_INPUT: "generated grad_input", VECTORS: "forward", VECTORS_GRAD_INPUT: "grad_input",
-             VECTORS_GRAD_WEIGHT: "grad_weight", LAST_FORWARD: "forward", LAST_GRAD_INPUT: "grad_input",
-             LAST_GRAD_WEIGHT: "grad_weight", LAST_GRAD_INPUT_VECTOR: "grad_input", GENERATOR: "generator grads",
-             STAGED_GRAD_INPUT: "generated grad_input", STAGED_FORWARD: "generated forward",
-             DENSE_FORWARD: "generated forward", DENSE_GRAD_INPUT: "generated grad_input", DENSE_WEIGHT: "grad_weight",
-             DENSE_MAP: "grad_weight"}
+             MMA_GRAD_INPUT: "generated grad_input", **{name: served for name, (served, *_) in CANDIDATES.items()},
+             GENERATOR: "generator grads", STAGED_GRAD_INPUT: "generated grad_input",
+             STAGED_FORWARD: "generated forward", DENSE_FORWARD: "generated forward",
+             DENSE_GRAD_INPUT: "generated grad_input", DENSE_WEIGHT: "grad_weight", DENSE_MAP: "grad_weight"}
 # The fused forward's kernels (the op's own call and each kernel timed beside it).
 FUSED_FORWARDS = ("generated forward", TILED, MMA_FORWARD, STAGED_FORWARD, DENSE_FORWARD)
 

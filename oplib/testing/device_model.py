@@ -1417,32 +1417,32 @@ def _backward_weight_vectors(t: _Tally, item: Tensor, launch: Launch) -> None:
 
 
 def _pair_item(item: Tensor, launch: Launch):
-    """``LastLaunch::pair_item`` of involution_last.cu: (K, S, element bytes, lanes, parts, n, i,
-    j, the first pixel, the vector's first channel c0, the first pixel's record, whether the
-    second pixel lies in the row, and the warp's runs of records, ``_pair_runs``) of each work
-    item."""
+    """``LastLaunch::pair_item`` of involution_last.cu: (K, S, the pixels P a lane takes, element
+    bytes, lanes, parts, n, i, j, the first pixel, the vector's first channel c0, the first
+    pixel's record, whether a second pixel lies in the row, and the warp's runs of records,
+    ``_pair_runs``) of each work item."""
     total, C, H, W, G, OH, OW, ph, pw = launch.scalars
-    K, S = int(launch.specialisation[0]), int(launch.specialisation[1])
+    K, S, P = (int(v) for v in launch.specialisation[:3])
     es = launch.dtype.itemsize
     lanes = 16 // es
     parts = C // G // lanes
-    pairs = -(-OW // 2)
+    pairs = -(-OW // P)
     unit = item // parts
     g, run = unit % G, unit // G
-    j, i, n = run % pairs * 2, (run // pairs) % OH, run // (pairs * OH)
+    j, i, n = run % pairs * P, (run // pairs) % OH, run // (pairs * OH)
     pixel = (n * OH + i) * OW + j
-    runs = _pair_runs(item - torch.arange(32), total, parts, G, OW)
-    return (K, S, es, lanes, parts, n, i, j, pixel, g * (C // G) + item % parts * lanes, pixel * G + g, j + 1 < OW,
-            runs)
+    runs = _pair_runs(item - torch.arange(32), total, parts, G, OW, P)
+    return (K, S, P, es, lanes, parts, n, i, j, pixel, g * (C // G) + item % parts * lanes, pixel * G + g,
+            (j + 1 < OW) & (P == 2), runs)
 
 
-def _copy_runs(t: _Tally, tensor: int, runs: list[tuple[Tensor, Tensor]], K: int, parts: int, es: int, lanes: int,
-               to_global: bool) -> None:
-    """The warp's runs of records (``_pair_runs``) copied between the weight (tensor argument
-    ``tensor``) and the staging, one after another."""
+def _copy_runs(t: _Tally, tensor: int, runs: list[tuple[Tensor, Tensor]], K: int, P: int, parts: int, es: int,
+               lanes: int, to_global: bool) -> None:
+    """The warp's runs of records (``_pair_runs``; P pixels a lane) copied between the weight
+    (tensor argument ``tensor``) and the staging, one after another."""
     staged = 0
     for start, end in runs:
-        _warp_copy(t, tensor, start * K * K, (end - start) * K * K, 2 * (32 // parts) * K * K, es, lanes, to_global,
+        _warp_copy(t, tensor, start * K * K, (end - start) * K * K, P * (32 // parts) * K * K, es, lanes, to_global,
                    staged=staged * K * K)
         staged = staged + end - start
 
@@ -1463,21 +1463,23 @@ def _warp_copy(t: _Tally, tensor: int, start: Tensor, values: Tensor, most: int,
     (t.store if to_global else t.load)(tensor, start + v, v < values, es)
 
 
-def _pair_runs(base: Tensor, total: int, parts: int, G: int, OW: int) -> list[tuple[Tensor, Tensor]]:
+def _pair_runs(base: Tensor, total: int, parts: int, G: int, OW: int, P: int = 2) -> list[tuple[Tensor, Tensor]]:
     """``LastLaunch::pair_records`` of involution_last.cu: the (start, end) records of the up to
-    three runs of the warp's pair items from ``base`` (empty where they are equal)."""
-    pairs = -(-OW // 2)
+    three runs of the warp's items from ``base``, P pixels a lane (empty where they are equal;
+    one run where P is 1)."""
+    pairs = -(-OW // P)
     last_lane = (total - base).clamp(max=32) - 1
     unit0, unit1 = base // parts, (base + last_lane) // parts
     pair0, pair1 = unit0 // G, unit1 // G
     group0, group1 = unit0 - pair0 * G, unit1 - pair1 * G
-    j0, j1 = pair0 % pairs * 2, pair1 % pairs * 2
+    j0, j1 = pair0 % pairs * P, pair1 % pairs * P
     pixel0, pixel1 = pair0 // pairs * OW + j0, pair1 // pairs * OW + j1
     one_pair = pair0 == pair1
+    two0, two1 = (j0 + 1 < OW) & (P == 2), (j1 + 1 < OW) & (P == 2)
     start0 = pixel0 * G + group0
-    end2 = torch.where(j1 + 1 < OW, pixel1 + 1, pixel1) * G + group1 + 1
-    hole0 = (j0 + 1 < OW) & torch.where(one_pair, group1 - group0 + 1 < G, group0 > 0)
-    hole1 = (j1 + 1 < OW) & ~one_pair & (group1 + 1 < G)
+    end2 = torch.where(two1, pixel1 + 1, pixel1) * G + group1 + 1
+    hole0 = two0 & torch.where(one_pair, group1 - group0 + 1 < G, group0 > 0)
+    hole1 = two1 & ~one_pair & (group1 + 1 < G)
     end0 = torch.where(hole0, pixel0 * G + torch.where(one_pair, group1 + 1, G), start0)
     start1 = torch.where(hole0, (pixel0 + 1) * G + group0, start0)
     end1 = torch.where(hole1, pixel1 * G + group1 + 1, end2)
@@ -1494,24 +1496,25 @@ def _pair_position(record: Tensor, runs: list[tuple[Tensor, Tensor]]) -> Tensor:
 
 def _forward_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_forward_last (involution_last.cu): a lane two adjacent pixels of a row (the
-    second past the row where the width is odd: summed, not stored); the warp's records, both
-    pixels' of each lane, copied into shared memory in up to three runs (``_pair_runs``); per
-    kernel row the K + S input vectors the two pixels read (every one loaded: a column outside
+    second past the row where the width is odd: summed, not stored), or one (P, the
+    instantiation's third argument); the warp's records, every pixel's of each lane, copied into
+    shared memory in up to three runs (``_pair_runs``; one for a pixel a lane); per kernel row the
+    K + (P - 1) S input vectors the pixels read (every one loaded: a column outside
     the image reads the sample's first pixel), and per column inside the image a shared-memory
     load of the weight and LANES multiply-adds for each pixel whose tap it is; a vector store
     per pixel in the row. Vectors traced by their first element."""
     _, C, H, W, G, _, _, ph, pw = launch.scalars
-    K, S, es, lanes, parts, n, i, j, pixel, c0, record, second, runs = _pair_item(item, launch)
-    _copy_runs(t, 1, runs, K, parts, es, lanes, to_global=False)
+    K, S, P, es, lanes, parts, n, i, j, pixel, c0, record, second, runs = _pair_item(item, launch)
+    _copy_runs(t, 1, runs, K, P, parts, es, lanes, to_global=False)
     slot = _pair_position(record, runs)
     second_slot = torch.where(second, _pair_position(record + G, runs), slot)
-    c = _slots(K + S)
+    c = _slots(K + (P - 1) * S)
     x = j * S - pw + c
     for a in range(K):
         y = i * S - ph + a
         inside = (y >= 0) & (y < H) & (x >= 0) & (x < W)
         t.load(0, torch.where(inside, ((n * H + y) * W + x) * C + c0, c0), True, es)
-        first_tap, second_tap = inside & (c < K), inside & (c >= S)
+        first_tap, second_tap = inside & (c < K), inside & (c >= S) & (P == 2)
         t.shared(slot * K * K + a * K + c, first_tap, es)
         t.fma(first_tap, lanes)
         t.shared(second_slot * K * K + a * K + c - S, second_tap, es)
@@ -1522,34 +1525,35 @@ def _forward_last(t: _Tally, item: Tensor, launch: Launch) -> None:
 
 def _backward_weight_last(t: _Tally, item: Tensor, launch: Launch) -> None:
     """involution_backward_weight_last (involution_last.cu): a lane two adjacent pixels of a
-    row (the forward's pair items; the second past the row where the width is odd: not stored)
-    and their grad_output vectors; per kernel row the K + S input vectors the two pixels read
+    row (the forward's pair items; the second past the row where the width is odd: not stored),
+    or one (P), and their grad_output vectors; per kernel row the K + (P - 1) S input vectors the
+    pixels read
     (every one loaded: a column outside the image reads the sample's first pixel), and per
     column LANES multiply-adds for each pixel whose tap it is, the sum added over the group's
     PARTS lanes by log2(PARTS) shuffles (traced as shared-memory passes: the shuffles take the
     same unit's slots) and staged in shared memory by the part whose share the tap is; then the
     warp's records copied out in up to three runs. Vectors traced by their first element."""
     _, C, H, W, G, _, _, ph, pw = launch.scalars
-    K, S, es, lanes, parts, n, i, j, pixel, c0, record, second, runs = _pair_item(item, launch)
+    K, S, P, es, lanes, parts, n, i, j, pixel, c0, record, second, runs = _pair_item(item, launch)
     part = item % parts
     t.load(0, pixel * C + c0, True, es)
     t.load(0, (pixel + 1) * C + c0, second, es)
     slot, second_slot = _pair_position(record, runs), _pair_position(record + G, runs)
-    c = _slots(K + S)
+    c = _slots(K + (P - 1) * S)
     x = j * S - pw + c
-    shuffles = 2 * K * (parts.bit_length() - 1)
+    shuffles = P * K * (parts.bit_length() - 1)
     for a in range(K):
         y = i * S - ph + a
         inside = (y >= 0) & (y < H) & (x >= 0) & (x < W)
         t.load(1, torch.where(inside, ((n * H + y) * W + x) * C + c0, c0), True, es)
-        first_tap, second_tap = torch.ones_like(inside) & (c < K), torch.ones_like(inside) & (c >= S)
+        first_tap, second_tap = torch.ones_like(inside) & (c < K), torch.ones_like(inside) & (c >= S) & (P == 2)
         t.fma(first_tap, lanes)
         t.fma(second_tap, lanes)
         if shuffles:
             t.shared(_slots(shuffles) * 0 + torch.arange(32), True, 4)
         t.shared(slot * K * K + a * K + c, first_tap & (c % parts == part), es)
         t.shared(second_slot * K * K + a * K + c - S, second_tap & second & ((c - S) % parts == part), es)
-    _copy_runs(t, 2, runs, K, parts, es, lanes, to_global=True)
+    _copy_runs(t, 2, runs, K, P, parts, es, lanes, to_global=True)
 
 
 def _backward_input_last(t: _Tally, item: Tensor, launch: Launch) -> None:

@@ -523,6 +523,38 @@ def test_the_lanes_on_channels_grad_weight_trace_counts_a_launch_counted_by_hand
     assert (work.shared_requests, work.fma_requests) == (3 * (12 + 6) + 2, 3 * 6 * 4)
 
 
+def test_the_lanes_on_channels_traces_count_a_pixel_a_lane_by_hand():
+    """The two launches above with a pixel a lane (``LAST_ONE_PIXEL``): 12 work items, warp 0's
+    lanes 0-11, a pixel each; the warp's records 0 to 2 one run, copied as before (2 loads and 2
+    shared stores in the forward, 2 shared reads and 2 stores in grad_weight). Each lane loads
+    the 3 input columns of each kernel row. The forward: in the middle row, 3 taps (a shared read
+    and 4 multiply-adds each), one store. grad_weight: one grad_output load; per row 3 taps of 4
+    multiply-adds, 2 shuffle levels a tap (6 shared passes) and 3 staged: 36 multiply-adds."""
+    from oplib.kernels.involution import cuda as involution_cuda
+    from oplib.kernels.involution.layouts import as_pixel_major, weight_result
+
+    one = involution_cuda.LAST_ONE_PIXEL
+    x = torch.randn(1, 16, 1, 3).to(memory_format=torch.channels_last)
+    w = as_pixel_major(torch.randn(1, 1, 3, 3, 1, 3))
+    forward = device_model.RecordingLauncher()
+    out = torch.empty(1, 16, 1, 3).to(memory_format=torch.channels_last)
+    assert involution_cuda.involution_last(x, w, [1, 1], [1, 1], [1, 1], out, forward, one) is not None
+    (launch,) = forward.launches
+    assert launch.specialisation == ("3", "1", "1") and launch.scalars[0] == 12
+    work = device_model.kernel_work(launch)
+    assert (work.load_requests, work.store_requests) == (2 + 3 * 3, 1)
+    assert (work.shared_requests, work.fma_requests) == (2 + 3, 3 * 4)
+    grad_weight = device_model.RecordingLauncher()
+    out = weight_result(x, (1, 1, 3, 3, 1, 3), True)
+    assert involution_cuda.involution_last_backward_weight(x, x, [3, 3], [1, 1], [1, 1], [1, 1], 1, out,
+                                                           grad_weight, one) is not None
+    (launch,) = grad_weight.launches
+    assert launch.specialisation == ("3", "1", "1") and launch.scalars[0] == 12
+    work = device_model.kernel_work(launch)
+    assert (work.load_requests, work.store_requests) == (1 + 3 * 3, 2)
+    assert (work.shared_requests, work.fma_requests) == (3 * (6 + 3) + 2, 3 * 3 * 4)
+
+
 def test_the_lanes_on_channels_grad_input_trace_counts_a_launch_counted_by_hand():
     """involution_last.cu's grad_input at a 1x4 map of 16 float32 channels (4 vectors a pixel:
     a block a segment of 64 pixels of a band of 2 rows, one block, 8 warps, the first 16 lanes

@@ -75,7 +75,9 @@ class LaunchPolicy:
     (sample, group) a block, the products on tensor cores), and the fused op's generator
     gradients take the map it writes in float32 (``generator_grads_through_dense_map``); off
     until a draw has timed it beside the kernels the op takes now (the kernel table's "dense
-    window" column of the grad_weight and generator grads rows).
+    window" column of the grad_weight and generator grads rows). ``last_pixels``: the output
+    pixels of a row a lane of ``involution_last.cu``'s forward and grad_weight takes, 1 or 2;
+    None: chosen by the GPU's occupancy (``last_pixels``).
     """
 
     kernel_sizes: tuple[int, ...]
@@ -89,6 +91,7 @@ class LaunchPolicy:
     lanes_on_channels: bool = False
     grad_input_segments: bool = True
     dense_window: bool = False
+    last_pixels: Optional[int] = None
 
     @classmethod
     def from_source(cls, source: KernelSource) -> LaunchPolicy:
@@ -142,6 +145,10 @@ LAST = dataclasses.replace(POLICY, lanes_on_channels=True)
 # ``LAST`` with channels_last grad_input on the chunked kernel at one vector a thread: the two
 # grad_input candidates, which the kernel table times side by side until a draw chooses.
 LAST_VECTOR_GRAD_INPUT = dataclasses.replace(LAST, grad_input_segments=False)
+# ``LAST`` with a lane's pixels fixed in involution_last.cu's forward and grad_weight, two or one,
+# whatever the GPU's occupancy (``last_pixels``): what the kernel table times side by side.
+LAST_PAIRS = dataclasses.replace(LAST, last_pixels=2)
+LAST_ONE_PIXEL = dataclasses.replace(LAST, last_pixels=1)
 
 
 def _in_layout(out: Tensor, last: bool, weight: bool = False) -> bool:
@@ -210,7 +217,7 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Te
     if policy.vectors and involution_vectors(input, weight, stride, padding, dilation, out, launcher) is not None:
         return out
     if policy.lanes_on_channels and involution_last(input, weight, stride, padding, dilation, out,
-                                                    launcher) is not None:
+                                                    launcher, policy) is not None:
         return out
     return _channel_chunked("involution_forward", input, weight, stride, padding, dilation, out, launcher, policy)
 
@@ -374,7 +381,7 @@ def involution_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, 
         return _run_generic(launcher, "involution_backward_weight", out, (grad_output, input), scalars)
     grad_output, input = activation_in(grad_output, layout_last), activation_in(input, layout_last)
     if policy.lanes_on_channels and layout_last and involution_last_backward_weight(
-            grad_output, input, kernel_size, stride, padding, dilation, groups, out, launcher) is not None:
+            grad_output, input, kernel_size, stride, padding, dilation, groups, out, launcher, policy) is not None:
         return out
     threads = n * groups * kernel_size[0] * out_h * out_w
     scalars = (threads, channels, height, width, groups, out_h, out_w, *padding)
@@ -396,11 +403,38 @@ def last_parts(source: KernelSource, channels: int, groups: int, dtype: torch.dt
 
 
 def _last_window(source: KernelSource, kernel_size, stride, dilation) -> Optional[tuple[str, str]]:
-    """The (KERNEL, STRIDE) instantiation of ``involution_last.cu``'s kernels for a window, or
-    None: non-square kernels or strides, dilation, sizes without one."""
+    """The (KERNEL, STRIDE) instantiation of ``involution_last.cu``'s kernels for a window (the
+    forward's and grad_weight's take a lane's pixels after them), or None: non-square kernels or
+    strides, dilation, sizes without one."""
     square = kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
     specialisation = (str(kernel_size[0]), str(stride[0]))
-    return specialisation if square and specialisation in source.specialisations["involution_forward_last"] else None
+    served = square and specialisation in source.specialisations["involution_backward_input_last"]
+    return specialisation if served else None
+
+
+def last_pixels(launcher: Optional[Launcher], source: KernelSource, kernel: str, dtype: torch.dtype,
+                specialisation: tuple[str, ...], device: torch.device, pair_threads: int,
+                policy: Optional[LaunchPolicy] = None) -> int:
+    """The output pixels of a row a lane of ``kernel`` (``involution_last.cu``'s forward or
+    grad_weight at the window ``specialisation``) takes: ``policy.last_pixels`` where set; else
+    one where the grid of pairs (``pair_threads`` work items) is under ``LAST_PAIRS_MIN_WAVES``
+    waves of the blocks the GPU holds at once (its occupancy calculator's, for the pairs'
+    instantiation), so that the SMs it would leave idle take a second block; two where the
+    grid fills them, or where the launcher cannot tell (no ``occupancy``: the recording and
+    emulating launchers, whose launches are the GPU-less default).
+
+    Why: a lane's two pixels share the K + S input vectors of a kernel row (2K taps from them),
+    but halve the grid; at RedNet-50's last stage (7 x 7 outputs) in bfloat16, batch 32, the
+    pairs' forward is 224 blocks for an H200's 132 SMs of four."""
+    if policy is not None and policy.last_pixels is not None:
+        return policy.last_pixels
+    occupancy = launch_occupancy(launcher, source, kernel, dtype, (*specialisation, "2"), device, BLOCK_SIZE)
+    held = None if occupancy is None else occupancy(0)
+    if not held or not held[0]:
+        return 2
+    blocks_per_sm, sms = held
+    blocks = min(MAX_BLOCKS, -(-pair_threads // BLOCK_SIZE))
+    return 1 if blocks < source.constants["LAST_PAIRS_MIN_WAVES"] * blocks_per_sm * sms else 2
 
 
 def _last_serves(source: KernelSource, kernel_size, stride, dilation, activations: tuple[Tensor, Tensor],
@@ -422,11 +456,11 @@ def _last_serves(source: KernelSource, kernel_size, stride, dilation, activation
 
 def _launch_last(kernel: str, activations: tuple[Tensor, Tensor], weight: Tensor, input_shape, groups: int,
                  kernel_size, stride, padding, dilation, out: Tensor, launcher: Optional[Launcher],
-                 columns: int = 1) -> Optional[Tensor]:
-    """Launch ``kernel`` of ``involution_last.cu`` into ``out`` over the output pixels of the
-    pixel-major ``weight`` (the tensor read or written there), ``columns`` adjacent pixels of a
-    row a work item, or None, nothing launched, where it declines: what ``_last_serves``
-    declines, more work items than an int counts."""
+                 policy: Optional[LaunchPolicy] = None) -> Optional[Tensor]:
+    """Launch ``kernel`` of ``involution_last.cu`` (its forward or grad_weight) into ``out`` over
+    the output pixels of the pixel-major ``weight`` (the tensor read or written there), one or
+    two adjacent pixels of a row a work item (``last_pixels``), or None, nothing launched, where
+    it declines: what ``_last_serves`` declines, more work items than an int counts."""
     source = load_source(LAST_SOURCE)
     n, channels, height, width = input_shape
     served = _last_serves(source, kernel_size, stride, dilation, activations, weight, channels, groups)
@@ -434,26 +468,28 @@ def _launch_last(kernel: str, activations: tuple[Tensor, Tensor], weight: Tensor
         return None
     specialisation, parts = served
     out_h, out_w = weight.shape[4:]
-    threads = n * out_h * -(-out_w // columns) * groups * parts
+    launcher = launcher or cupy_launcher()
+    pair_threads = n * out_h * -(-out_w // 2) * groups * parts
+    pixels = last_pixels(launcher, source, kernel, out.dtype, specialisation, out.device, pair_threads, policy)
+    threads = n * out_h * -(-out_w // pixels) * groups * parts
     if threads > POLICY.index32_limit:  # the kernel counts its work items in an int
         return None
     operands = tuple(t for t in (*activations, weight) if t is not out)
-    _run(launcher or cupy_launcher(), kernel, out, True, operands,
-         (threads, channels, height, width, groups, out_h, out_w, *padding), threads, specialisation, LAST_SOURCE)
+    _run(launcher, kernel, out, True, operands, (threads, channels, height, width, groups, out_h, out_w, *padding),
+         threads, (*specialisation, str(pixels)), LAST_SOURCE)
     return out
 
 
 def involution_last(input: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
-                    launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+                    launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Optional[Tensor]:
     """input: (N, C, H, W) channels_last, weight: (N, G, K, K, Ho, Wo) pixel-major -> out:
     (N, C, Ho, Wo) channels_last, by the kernel whose lanes each own a 16-byte vector of a
-    group's channels at ``LAST_FORWARD_COLUMNS`` adjacent pixels of a row, the warp's weights
+    group's channels at one or two adjacent pixels of a row (``last_pixels``), the warp's weights
     staged in shared memory; None, out untouched, where it declines (``_launch_last``). The
     same bits as ``involution``'s chunked kernel."""
     groups, kh, kw = weight.shape[1:4]
-    columns = load_source(LAST_SOURCE).constants["LAST_FORWARD_COLUMNS"]
     return _launch_last("involution_forward_last", (input, out), weight, input.shape, groups, (kh, kw), stride,
-                        padding, dilation, out, launcher, columns)
+                        padding, dilation, out, launcher, policy)
 
 
 def involution_last_backward_input(grad_output: Tensor, weight: Tensor, input_size, stride, padding, dilation,
@@ -495,14 +531,14 @@ def involution_last_backward_input(grad_output: Tensor, weight: Tensor, input_si
 
 
 def involution_last_backward_weight(grad_output: Tensor, input: Tensor, kernel_size, stride, padding, dilation,
-                                    groups: int, out: Tensor, launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+                                    groups: int, out: Tensor, launcher: Optional[Launcher] = None,
+                                    policy: Optional[LaunchPolicy] = None) -> Optional[Tensor]:
     """grad_output: (N, C, Ho, Wo), input: (N, C, H, W), both channels_last -> out: grad_weight
     (N, G, K, K, Ho, Wo), pixel-major, by the kernel whose lanes lie along a group's channels (a
-    16-byte vector each) at ``LAST_WEIGHT_COLUMNS`` adjacent pixels of a row and sum the group by
-    shuffles; None, out untouched, where it declines (``_launch_last``)."""
-    columns = load_source(LAST_SOURCE).constants["LAST_WEIGHT_COLUMNS"]
+    16-byte vector each) at one or two adjacent pixels of a row (``last_pixels``) and sum the
+    group by shuffles; None, out untouched, where it declines (``_launch_last``)."""
     return _launch_last("involution_backward_weight_last", (grad_output, input), out, input.shape, groups, kernel_size,
-                        stride, padding, dilation, out, launcher, columns)
+                        stride, padding, dilation, out, launcher, policy)
 
 
 def _generated(kernel: str, activation: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],

@@ -1,7 +1,7 @@
 """A lane a 16-byte vector of a group's channels in channels_last calls (the ``LAST`` policy,
-DCNv4's mapping). involution_last.cu's forward (two adjacent pixels a lane, the warp's weights
-staged in shared memory) and grad_weight (two adjacent pixels a lane, the group summed by
-shuffles) through the host emulation, the warps one after another and in turns: against the
+DCNv4's mapping). involution_last.cu's forward (two adjacent pixels a lane, or one, the warp's
+weights staged in shared memory) and grad_weight (two adjacent pixels a lane, or one, the group
+summed by shuffles) through the host emulation, each pixel count, the warps one after another and in turns: against the
 float64 reference on random geometries (every instantiation and dtype, any padding, groups of 2
 to 32 lanes, partial last warps, weights aligned to a vector and not, odd widths: a pair with a
 pixel past the row; warps that take part of a pair's groups), the forward bit for bit
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 import torch
@@ -38,12 +38,14 @@ LAST = torch.channels_last
 
 @dataclass(frozen=True)
 class Kind:
-    """One of the source's kernels: its name, the op whose reference it is checked against and
-    the host function that launches it."""
+    """One of the source's kernels: its name, the op whose reference it is checked against, the
+    host function that launches it and the pixels of a row a lane takes (None: the kernel has
+    no choice)."""
 
     kernel: str
     op: str
     launch: Callable
+    pixels: Optional[int] = None
 
     @property
     def grad_weight(self) -> bool:
@@ -54,17 +56,36 @@ class Kind:
         return self.op == "involution_backward_input"
 
 
-FORWARD = Kind("involution_forward_last", "involution", involution_cuda.involution_last)
+# The forward and grad_weight with a lane's pixels fixed (``last_pixels``); a launcher without
+# an occupancy calculator, the emulation's, takes pairs.
+PAIRS, ONE_PIXEL = involution_cuda.LAST_PAIRS, involution_cuda.LAST_ONE_PIXEL
+
+
+def _one_pixel(launch: Callable) -> Callable:
+    """``launch`` (a host function ending in ``out, launcher``) with a pixel a lane."""
+    return lambda *args: launch(*args, ONE_PIXEL)
+
+
+FORWARD = Kind("involution_forward_last", "involution", involution_cuda.involution_last, 2)
 GRAD_WEIGHT = Kind("involution_backward_weight_last", "involution_backward_weight",
-                   involution_cuda.involution_last_backward_weight)
+                   involution_cuda.involution_last_backward_weight, 2)
+FORWARD_ONE = Kind(FORWARD.kernel, FORWARD.op, _one_pixel(involution_cuda.involution_last), 1)
+GRAD_WEIGHT_ONE = Kind(GRAD_WEIGHT.kernel, GRAD_WEIGHT.op, _one_pixel(involution_cuda.involution_last_backward_weight), 1)
 GRAD_INPUT = Kind("involution_backward_input_last", "involution_backward_input",
                   involution_cuda.involution_last_backward_input)
-KINDS = {"forward": FORWARD, "grad_weight": GRAD_WEIGHT, "grad_input": GRAD_INPUT}
+KINDS = {"forward": FORWARD, "forward, a pixel a lane": FORWARD_ONE, "grad_weight": GRAD_WEIGHT,
+         "grad_weight, a pixel a lane": GRAD_WEIGHT_ONE, "grad_input": GRAD_INPUT}
+
+
+def _specialisations(kind: Kind) -> set[tuple[str, ...]]:
+    """The kernel's instantiations that ``kind`` launches: those of its pixels a lane."""
+    return {s for s in load_source(involution_cuda.LAST_SOURCE).specialisations[kind.kernel]
+            if kind.pixels is None or s[2] == str(kind.pixels)}
 
 
 def _instantiations(kind: Kind = GRAD_WEIGHT) -> list[tuple[int, int]]:
-    """(kernel size, stride) of each instantiation."""
-    return [(int(k), int(s)) for k, s in load_source(involution_cuda.LAST_SOURCE).specialisations[kind.kernel]]
+    """(kernel size, stride) of each instantiated window."""
+    return sorted({(int(s[0]), int(s[1])) for s in _specialisations(kind)})
 
 
 def _result(args: tuple, kind: Kind = GRAD_WEIGHT) -> torch.Tensor:
@@ -154,7 +175,7 @@ def test_last_matches_the_reference(kind, order):
     require_host_compiler()
     kind = KINDS[kind]
     launched = _check_random(EmulatedLauncher(order=order), cases=3, seed=5, kind=kind)
-    assert launched == {(kind.kernel, s) for s in load_source(involution_cuda.LAST_SOURCE).specialisations[kind.kernel]}
+    assert launched == {(kind.kernel, s) for s in _specialisations(kind)}
 
 
 def test_every_grouping_and_both_copies_are_exercised():
@@ -192,15 +213,16 @@ def pairs_of_many_groups():
 
 
 def _check_pairs_of_many_groups(launcher, device: str = "cpu") -> None:
-    """The forward on ``pairs_of_many_groups``: the float64 reference and the chunked kernel's
-    bits."""
+    """The forward on ``pairs_of_many_groups``, two pixels a lane and one: the float64 reference
+    and the chunked kernel's bits."""
     spec = registry.get(FORWARD.op)
     for name, cpu_args in pairs_of_many_groups():
         args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in cpu_args)
-        out = FORWARD.launch(*args, _result(args, FORWARD), launcher)
-        assert out is not None
-        assert_matches_reference(spec, registry.SampleInput(cpu_args, name), out.cpu(), cpu_args[0].dtype)
-        assert torch.equal(out, _chunked(FORWARD, args)), name
+        for kind in (FORWARD, FORWARD_ONE):
+            out = kind.launch(*args, _result(args, FORWARD), launcher)
+            assert out is not None
+            assert_matches_reference(spec, registry.SampleInput(cpu_args, name), out.cpu(), cpu_args[0].dtype)
+            assert torch.equal(out, _chunked(FORWARD, args)), (name, kind.pixels)
 
 
 @pytest.mark.parametrize("order", [ORDERS[0], INTERLEAVED])
@@ -222,15 +244,17 @@ def _infinite_grad_output(launcher, dtypes=registry.FLOAT_DTYPES) -> None:
             g[0, 21, 0, 0] = float("inf")
             args = (g.to(memory_format=LAST), x.to(memory_format=LAST), [kernel, kernel], [stride, stride], [pad, pad],
                     [1, 1], 2)
-            out = involution_cuda.involution_last_backward_weight(*args, _result(args), launcher)
             expected = involution_cuda.involution_backward_weight(*args, _result(args), EmulatedLauncher(),
                                                                   involution_cuda.CHUNKED)
-            assert torch.isinf(expected).any() and not torch.isnan(out).any(), (dtype, kernel, stride)
-            assert torch.equal(torch.isinf(out), torch.isinf(expected)), (dtype, kernel, stride)
-            infinite = torch.isinf(expected)
-            assert torch.equal(out[infinite], expected[infinite])
-            zero = expected.view(bits) == 0
-            assert zero.any() and torch.equal(out.view(bits)[zero], expected.view(bits)[zero]), (dtype, kernel, stride)
+            for kind in (GRAD_WEIGHT, GRAD_WEIGHT_ONE):
+                case = (dtype, kernel, stride, kind.pixels)
+                out = kind.launch(*args, _result(args), launcher)
+                assert torch.isinf(expected).any() and not torch.isnan(out).any(), case
+                assert torch.equal(torch.isinf(out), torch.isinf(expected)), case
+                infinite = torch.isinf(expected)
+                assert torch.equal(out[infinite], expected[infinite])
+                zero = expected.view(bits) == 0
+                assert zero.any() and torch.equal(out.view(bits)[zero], expected.view(bits)[zero]), case
 
 
 def sixteen_bit_weight_views(samples: int, offset: int):
@@ -300,9 +324,10 @@ def _infinite_weights_outside(launcher, dtypes=registry.FLOAT_DTYPES) -> None:
             w[0, 1] = torch.where(outside, torch.tensor(float("-inf"), dtype=dtype), w[0, 1])
             args = (torch.randn(1, 32, 6, 16, dtype=dtype).to(memory_format=LAST), as_pixel_major(w),
                     [stride, stride], [pad, pad], [1, 1])
-            out = involution_cuda.involution_last(*args, _result(args, FORWARD), launcher)
             expected = _chunked(FORWARD, args)
-            assert torch.isfinite(expected).all() and torch.equal(out, expected), (dtype, kernel, stride)
+            for kind in (FORWARD, FORWARD_ONE):
+                out = kind.launch(*args, _result(args, FORWARD), launcher)
+                assert torch.isfinite(expected).all() and torch.equal(out, expected), (dtype, kernel, stride, kind.pixels)
 
 
 def test_infinite_weights_at_taps_outside_add_nothing():
@@ -421,10 +446,12 @@ def _narrow(kind: Kind, args: tuple) -> tuple:
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_op_takes_the_last_kernel_under_its_policy(kind):
     """The op's CUDA dispatch under ``LAST`` runs the kernel for every channels_last call it
-    serves (the reference's values), the chunked kernel for the calls it declines; the ops'
-    default policy keeps the chunked kernel until a draw has timed the two."""
+    serves (the reference's values; with the kind's pixels a lane), the chunked kernel for the
+    calls it declines; the ops' default policy keeps the chunked kernel until a draw has timed
+    the two."""
     require_host_compiler()
     kind = KINDS[kind]
+    policy = ONE_PIXEL if kind.pixels == 1 else involution_cuda.LAST
     dispatch = CUDA_DISPATCH[f"oplib::{kind.op}"]
     spec, rng = registry.get(kind.op), random.Random(3)
     chunked = kind.kernel.replace("_last", "_chunked")
@@ -433,15 +460,61 @@ def test_the_op_takes_the_last_kernel_under_its_policy(kind):
         for dtype in (torch.float32, torch.bfloat16):
             args = _case(rng, kernel, stride, dtype, kind)
             routed, default = EmulatedLauncher(), EmulatedLauncher()
-            out = dispatch(*args, routed, involution_cuda.LAST)
+            out = dispatch(*args, routed, policy)
             assert [launch[0] for launch in routed.launches] == [kind.kernel]
+            assert kind.pixels is None or routed.launches[0][4][2] == str(kind.pixels)
             assert_matches_reference(spec, registry.SampleInput(args, "routed"), out, dtype)
             dispatch(*args, default)
             assert [launch[0] for launch in default.launches] == [chunked]
             narrow, fallback = _narrow(kind, args), EmulatedLauncher()
-            result = dispatch(*narrow, fallback, involution_cuda.LAST)
+            result = dispatch(*narrow, fallback, policy)
             assert [launch[0] for launch in fallback.launches] == [chunked]
             assert_matches_reference(spec, registry.SampleInput(narrow, "narrow"), result, dtype)
+
+
+class _Occupancy(device_model.RecordingLauncher):
+    """A recording launcher whose GPU holds ``blocks`` blocks an SM on ``sms`` SMs, as CuPy's
+    asks the driver's occupancy calculator; ``asked`` the instantiations asked about."""
+
+    def __init__(self, blocks: int, sms: int):
+        super().__init__()
+        self.blocks, self.sms, self.asked = blocks, sms, []
+
+    def occupancy(self, source, kernel, dtype, specialisation, device, threads, shared_bytes):
+        self.asked.append((kernel, specialisation, threads, shared_bytes))
+        return self.blocks, self.sms
+
+
+@pytest.mark.parametrize("kind", [FORWARD, GRAD_WEIGHT], ids=["forward", "grad_weight"])
+def test_a_lane_takes_one_pixel_where_pairs_leave_the_gpu_short_of_a_wave(kind):
+    """``last_pixels``: with the GPU's occupancy known, a lane takes a pixel where the grid of
+    pairs is under ``LAST_PAIRS_MIN_WAVES`` waves of resident blocks (RedNet-50's last stage in
+    bfloat16, batch 32, on an H200's 132 SMs of four blocks: 224 blocks of pairs), two where it
+    fills them or nothing tells (no occupancy); a policy's ``last_pixels`` decides alone. The
+    launch covers the row's pixels either way (its work items' count)."""
+    source = load_source(involution_cuda.LAST_SOURCE)
+    assert source.constants["LAST_PAIRS_MIN_WAVES"] == 1
+    dispatch = CUDA_DISPATCH[f"oplib::{kind.op}"]
+    x = torch.randn(32, 512, 7, 7, dtype=torch.bfloat16).to(memory_format=LAST)
+    window = ([1, 1], [3, 3], [1, 1])
+    args = ((x, x, [7, 7], *window, 32) if kind.grad_weight
+            else (x, as_pixel_major(torch.randn(32, 32, 7, 7, 7, 7, dtype=torch.bfloat16)), *window))
+    pairs = 32 * 7 * 4 * 32 * 2  # samples x rows x pairs of a row x groups x lanes a group
+
+    def launched(launcher, policy=involution_cuda.LAST):
+        dispatch(*args, launcher, policy)
+        (launch,) = launcher.launches
+        assert launch.kernel == kind.kernel
+        return int(launch.specialisation[2]), launch.scalars[0]
+
+    assert launched(device_model.RecordingLauncher()) == (2, pairs)
+    h200 = _Occupancy(4, 132)
+    assert launched(h200) == (1, 32 * 7 * 7 * 32 * 2) and -(-pairs // BLOCK_SIZE) == 224
+    assert h200.asked == [(kind.kernel, ("7", "1", "2"), BLOCK_SIZE, 0)]
+    assert launched(_Occupancy(1, 132)) == (2, pairs)  # 224 blocks fill a wave of 132
+    assert launched(_Occupancy(4, 132), PAIRS) == (2, pairs)
+    assert launched(device_model.RecordingLauncher(), ONE_PIXEL)[0] == 1
+    assert launched(_Occupancy(0, 132)) == (2, pairs)  # the calculator finds no room: no basis
 
 
 def test_lanes_on_channels_grad_input_takes_the_segment_kernel_or_a_vector_a_thread():
@@ -551,8 +624,9 @@ PLANTS = {
                                  "runs.start[1] = (pixel0 + 1) * G + group0 + 1;"),
     "second-run-a-record-short": (("forward",), "runs.end[1] = pixel1 * G + group1 + 1;",
                                   "runs.end[1] = pixel1 * G + group1;"),
-    "second-pixel-past-the-row-stored": (("forward",), "const bool second = it.active && it.j + 1 < launch.OW;",
-                                         "const bool second = it.active;"),
+    "second-pixel-past-the-row-stored": (("forward",),
+                                         "const bool second = PIXELS == 2 && it.active && it.j + 1 < launch.OW;",
+                                         "const bool second = PIXELS == 2 && it.active;"),
     "outside-sums-kept": (("grad_weight",), "if (!((inside >> c) & 1u)) sum[r] = 0;", ";"),
     "last-shuffle-skipped": (("grad_weight",), "if (offset >= parts) continue;", "if (offset >= parts / 2) continue;"),
     "next-row-not-advanced": (("grad_weight",), "row += W * C;  // the next kernel row", ";"),
@@ -563,7 +637,14 @@ PLANTS = {
     "second-pixel-tap-misplaced": (("grad_weight",), "second_taps[a * KERNEL + c - STRIDE] = Element",
                                    "second_taps[a * KERNEL + c - (STRIDE > 1)] = Element"),
     "grad-weight-second-pixel-past-the-row-stored": (
-        ("grad_weight",), "second = active && it.j + 1 < launch.OW;", "second = active;"),
+        ("grad_weight",), "second = PIXELS == 2 && active && it.j + 1 < launch.OW;", "second = PIXELS == 2 && active;"),
+    # a pixel a lane: the forward's sums taking a second pixel's taps, and the warp's records
+    # staged and read as a pair's (runs past its last pixel's)
+    "one-pixel-sums-a-second-pixel": (("forward, a pixel a lane",), "if (PIXELS == 2 && c >= STRIDE) {",
+                                      "if (c >= STRIDE) {"),
+    "one-pixel-records-as-pairs": (("forward, a pixel a lane", "grad_weight, a pixel a lane"),
+                                   "const bool two0 = PIXELS == 2 && j0 + 1 < OW, two1 = PIXELS == 2 && j1 + 1 < OW;",
+                                   "const bool two0 = j0 + 1 < OW, two1 = j1 + 1 < OW;"),
     "copy-one-past": (("forward", "grad_weight"), "v < count; v += 32) to[v] = from[v];",
                       "v <= count; v += 32) to[v] = from[v];"),
     "window-one-column-late": (("grad_input",), "x_first + pw - (KERNEL - 1);", "x_first + pw - (KERNEL - 2);"),

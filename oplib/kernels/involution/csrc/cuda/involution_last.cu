@@ -157,18 +157,19 @@ struct LastLaunch {
           step((int)gridDim.x * LAST_THREADS), C(channels), H(height), W(width) {}
 
     // The lane's work item in the round from `base`: a vector of `lanes` channels of one group
-    // at the output pixels (i, j) and (i, j + 1), j even (the second past the row where OW is
-    // odd). Items run over (n, i, j / 2, g, part), part fastest; `record` and `pixel` are the
-    // first pixel's (the warp's records, both pixels' of each item, and their places in the
-    // staging: PairRecords).
+    // at the output pixels (i, j) and, PIXELS 2, (i, j + 1), j a multiple of PIXELS (the second
+    // past the row where OW is odd). Items run over (n, i, j / PIXELS, g, part), part fastest;
+    // `record` and `pixel` are the first pixel's (the warp's records, every pixel's of each
+    // item, and their places in the staging: PairRecords).
+    template <int PIXELS>
     __device__ __forceinline__ LastItem pair_item(int base, int lanes) const {
         LastItem it;
-        const int item = base + lane, pairs = (OW + 1) / 2;
+        const int item = base + lane, pairs = (OW + PIXELS - 1) / PIXELS;
         it.active = item < items;
         const int unit = item / parts;
         it.part = item - unit * parts;
         const int g = unit % G, run = unit / G;
-        it.j = run % pairs * 2;
+        it.j = run % pairs * PIXELS;
         it.i = (run / pairs) % OH;
         it.n = run / (pairs * OH);
         it.pixel = (it.n * OH + it.i) * OW + it.j;
@@ -178,16 +179,19 @@ struct LastLaunch {
     }
 
     // The records of the warp's pair items in the round from `base` (PairRecords).
+    template <int PIXELS>
     __device__ __forceinline__ PairRecords pair_records(int base) const;
 };
 
+// With a pixel a lane (PIXELS 1) the warp's records are one run.
+template <int PIXELS>
 __device__ __forceinline__ PairRecords LastLaunch::pair_records(int base) const {
-    const int pairs = (OW + 1) / 2, last_lane = (items - base < 32 ? items - base : 32) - 1;
+    const int pairs = (OW + PIXELS - 1) / PIXELS, last_lane = (items - base < 32 ? items - base : 32) - 1;
     const int unit0 = base / parts, unit1 = (base + last_lane) / parts;  // the first and last units
     const int pair0 = unit0 / G, pair1 = unit1 / G, group0 = unit0 - pair0 * G, group1 = unit1 - pair1 * G;
-    const int j0 = pair0 % pairs * 2, j1 = pair1 % pairs * 2;
+    const int j0 = pair0 % pairs * PIXELS, j1 = pair1 % pairs * PIXELS;
     const int pixel0 = pair0 / pairs * OW + j0, pixel1 = pair1 / pairs * OW + j1;  // the pairs' first pixels
-    const bool two0 = j0 + 1 < OW, two1 = j1 + 1 < OW;
+    const bool two0 = PIXELS == 2 && j0 + 1 < OW, two1 = PIXELS == 2 && j1 + 1 < OW;
     PairRecords runs;
     runs.start[0] = pixel0 * G + group0;
     runs.end[2] = (two1 ? pixel1 + 1 : pixel1) * G + group1 + 1;
@@ -220,10 +224,11 @@ __device__ __forceinline__ void warp_copy(scalar_t* to, const scalar_t* from, in
 }
 
 // The forward: a lane owns a 16-byte vector of a group's channels at two adjacent output
-// pixels of a row; the warp's records' weights (both pixels' of each lane) are first copied
-// into shared memory in whole runs (PairRecords), then each input vector of a kernel row is
-// one load, widened once, and serves a tap of each pixel (column c of the row: tap c of the
-// first, tap c - S of the second), each a shared-memory read of its weight. The taps of each pixel are added in
+// pixels of a row (PIXELS 2; at PIXELS 1, one: a kernel row's K vectors, one run of records);
+// the warp's records' weights (both pixels' of each lane) are first copied into shared memory
+// in whole runs (PairRecords), then each input vector of a kernel row is one load, widened
+// once, and serves a tap of each pixel (column c of the row: tap c of the first, tap c - S of
+// the second), each a shared-memory read of its weight. The taps of each pixel are added in
 // involution.cu's chunked kernel's order, those outside the image dropped: its bits.
 //
 // Why two pixels: with a lane one pixel (this kernel before) each tap's input load, its
@@ -232,11 +237,19 @@ __device__ __forceinline__ void warp_copy(scalar_t* to, const scalar_t* from, in
 // 3.8 then (bfloat16, stride 1, sm_90) and predicts 0.72x of the time at RedNet-50's first
 // stage, float32 bound by DRAM at its first three (bench/results/cuda-model.md). The vectors
 // are loaded LAST_FORWARD_LOADED at a time, as grad_input's, within the 64 registers four
-// blocks leave. Pairs halve the grid: at RedNet-50's stage 4 (7 x 7 outputs) in bfloat16, 224
-// blocks at batch 32 for an H200's 132 SMs, the model puts this kernel slower than a pixel a
-// lane, as grad_input's bands there.
+// blocks leave.
+//
+// Why a pixel a lane too (PIXELS 1, this kernel and grad_weight): pairs halve the grid. At
+// RedNet-50's stage 4 (7 x 7 outputs) in bfloat16, batch 32, pairs are 224 blocks for an H200's
+// 132 SMs of four, and the offline model puts both kernels there faster with a pixel a lane (392
+// blocks, each tap's vector serving one pixel), as grad_input's bands there. The host takes a
+// pixel a lane where the grid of pairs is under LAST_PAIRS_MIN_WAVES waves of the blocks the GPU
+// holds at once (the driver's occupancy calculator, for the pairs' instantiation), and pairs
+// where it cannot tell (oplib.kernels.involution.cuda.last_pixels).
 constexpr int LAST_FORWARD_COLUMNS = 2;
 constexpr int LAST_FORWARD_LOADED = 2;
+constexpr int LAST_PAIRS_MIN_WAVES = 1;
+static_assert(LAST_PAIRS_MIN_WAVES >= 1, "pairs wherever they fill less than a wave would never run");
 
 // The forward's blocks an SM is asked to hold: float64's took more registers than four blocks
 // leave once a warp's records were staged in runs (16 bytes spilled on sm_75, sm_80 and sm_90),
@@ -249,7 +262,8 @@ struct LastForwardMinBlocks {
 // oplib-instantiate: involution_forward_last, involution_backward_weight_last, involution_backward_input_last
 // oplib-template: KERNEL = 3 | 5 | 7
 // oplib-template: STRIDE = 1 | 2
-template <typename scalar_t, int KERNEL, int STRIDE>
+// oplib-template: PIXELS = 2 | 1
+template <typename scalar_t, int KERNEL, int STRIDE, int PIXELS>
 __global__ void __launch_bounds__(LAST_THREADS, LastForwardMinBlocks<scalar_t>::value) involution_forward_last(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ weight, scalar_t* __restrict__ output,
     index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t out_w,
@@ -257,11 +271,10 @@ __global__ void __launch_bounds__(LAST_THREADS, LastForwardMinBlocks<scalar_t>::
     typedef typename Element<scalar_t>::acc_t acc_t;
     constexpr int LANES = Vector16<scalar_t>::lanes;
     constexpr int TAPS = KERNEL * KERNEL;
-    constexpr int COLUMNS = KERNEL + STRIDE;  // the input columns of a kernel row the two pixels read
+    constexpr int COLUMNS = KERNEL + (PIXELS - 1) * STRIDE;  // the input columns of a kernel row the pixels read
     constexpr int LOADED = LAST_FORWARD_LOADED;
-    static_assert(LAST_FORWARD_COLUMNS == 2, "a lane's two pixels");
-    __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS]
-                                                [LAST_FORWARD_COLUMNS * LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
+    static_assert(PIXELS == 1 || PIXELS == LAST_FORWARD_COLUMNS, "a lane's one or two pixels");
+    __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS][PIXELS * LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
     const LastLaunch launch(total, channels, height, width, groups, out_h, out_w, LANES);
     const index_t C = launch.C, H = launch.H, W = launch.W;
     scalar_t* staged = reinterpret_cast<scalar_t*>(staged_vectors[launch.warp]);
@@ -270,7 +283,7 @@ __global__ void __launch_bounds__(LAST_THREADS, LastForwardMinBlocks<scalar_t>::
         // across it, they took registers the taps' loop needed (spills at 64 a thread).
 #pragma unroll 1
         for (int r = 0; r < 3; ++r) {
-            const PairRecords records = launch.pair_records(base);
+            const PairRecords records = launch.template pair_records<PIXELS>(base);
             // selects, not records.start[r]: an array indexed by the loop's counter would live
             // in local memory
             const int start = r == 0 ? records.start[0] : r == 1 ? records.start[1] : records.start[2];
@@ -279,19 +292,21 @@ __global__ void __launch_bounds__(LAST_THREADS, LastForwardMinBlocks<scalar_t>::
                       launch.lane);
         }
         __syncwarp();
-        const LastItem it = launch.pair_item(base, LANES);
-        const bool second = it.active && it.j + 1 < launch.OW;
+        const LastItem it = launch.template pair_item<PIXELS>(base, LANES);
+        const bool second = PIXELS == 2 && it.active && it.j + 1 < launch.OW;
         const int y0 = it.i * STRIDE - (int)pad_h, x0 = it.j * STRIDE - (int)pad_w;
         const unsigned int columns = it.active ? columns_inside<COLUMNS>(x0, W) : 0u;
         // A second pixel past the row reads the first's weights (its sums are not stored).
-        const PairRecords records = launch.pair_records(base);
+        const PairRecords records = launch.template pair_records<PIXELS>(base);
         const int first_at = records.position(it.record);
         const scalar_t* taps = staged + first_at * TAPS;
         const scalar_t* second_taps = taps + (second ? records.position(it.record + launch.G) - first_at : 0) * TAPS;
         const scalar_t* row = input + (((index_t)it.n * H + y0) * W + x0) * C + it.c0;
-        acc_t sum[LAST_FORWARD_COLUMNS][LANES];
+        acc_t sum[PIXELS][LANES];
 #pragma unroll
-        for (int e = 0; e < LANES; ++e) sum[0][e] = sum[1][e] = 0;
+        for (int r = 0; r < PIXELS; ++r)
+#pragma unroll
+            for (int e = 0; e < LANES; ++e) sum[r][e] = 0;
         for (int a = 0; a < KERNEL; ++a, row += W * C) {
             const unsigned int inside = row_inside(y0 + a, H) ? columns : 0u;
 #pragma unroll
@@ -309,16 +324,16 @@ __global__ void __launch_bounds__(LAST_THREADS, LastForwardMinBlocks<scalar_t>::
 #pragma unroll
                         for (int e = 0; e < LANES; ++e) sum[0][e] = oplib_fma(w, x[e], sum[0][e]);
                     }
-                    if (c >= STRIDE) {
+                    if (PIXELS == 2 && c >= STRIDE) {
                         const acc_t w = widen(second_taps[a * KERNEL + c - STRIDE]);
 #pragma unroll
-                        for (int e = 0; e < LANES; ++e) sum[1][e] = oplib_fma(w, x[e], sum[1][e]);
+                        for (int e = 0; e < LANES; ++e) sum[PIXELS - 1][e] = oplib_fma(w, x[e], sum[PIXELS - 1][e]);
                     }
                 }
             }
         }
 #pragma unroll
-        for (int r = 0; r < LAST_FORWARD_COLUMNS; ++r) {
+        for (int r = 0; r < PIXELS; ++r) {
             if (!(r == 0 ? it.active : second)) continue;
             Vector16<scalar_t> result;
 #pragma unroll
@@ -337,7 +352,7 @@ struct LastWeightMinBlocks {
 };
 
 // grad_weight, the same mapping, a lane a vector of a group's channels at two adjacent output
-// pixels of a row (the forward's pair items): the lane's two grad_output vectors are loaded
+// pixels of a row (the forward's pair items; at PIXELS 1, one): the lane's two grad_output vectors are loaded
 // once for all taps; per kernel row the K + S input vectors the two pixels read are each one
 // load, widened once, and serve a tap of each pixel (column c: tap c of the first, tap c - S of
 // the second). A tap's partial sum over a lane's channels is added across the group's PARTS
@@ -355,12 +370,12 @@ struct LastWeightMinBlocks {
 // spilled (bfloat16 and float16 at K = 7, sm_90). The vectors are loaded LAST_WEIGHT_LOADED at a
 // time: at two (the forward's), the offline model found float32 bound by their latency; at four,
 // by DRAM at RedNet-50's first three stages, and bfloat16 as at two (by instruction issue), with
-// no spill on any target. Pairs halve the grid: at RedNet-50's stage 4 (7 x 7 outputs) the
-// model puts this kernel slower than a pixel a lane, as the forward and grad_input there.
+// no spill on any target. Pairs halve the grid: where they leave the GPU short of a wave, a
+// pixel a lane (PIXELS 1; the forward's comment above).
 constexpr int LAST_WEIGHT_COLUMNS = 2;
 constexpr int LAST_WEIGHT_LOADED = 4;
 
-template <typename scalar_t, int KERNEL, int STRIDE>
+template <typename scalar_t, int KERNEL, int STRIDE, int PIXELS>
 __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::value) involution_backward_weight_last(
     const scalar_t* __restrict__ grad_output, const scalar_t* __restrict__ input, scalar_t* __restrict__ grad_weight,
     index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t out_w,
@@ -368,22 +383,21 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
     typedef typename Element<scalar_t>::acc_t acc_t;
     constexpr int LANES = Vector16<scalar_t>::lanes;
     constexpr int TAPS = KERNEL * KERNEL;
-    constexpr int COLUMNS = KERNEL + STRIDE;  // the input columns of a kernel row the two pixels read
+    constexpr int COLUMNS = KERNEL + (PIXELS - 1) * STRIDE;  // the input columns of a kernel row the pixels read
     constexpr int LOADED = LAST_WEIGHT_LOADED;
-    static_assert(LAST_WEIGHT_COLUMNS == 2, "a lane's two pixels");
-    __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS]
-                                                [LAST_WEIGHT_COLUMNS * LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
+    static_assert(PIXELS == 1 || PIXELS == LAST_WEIGHT_COLUMNS, "a lane's one or two pixels");
+    __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS][PIXELS * LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
     const LastLaunch launch(total, channels, height, width, groups, out_h, out_w, LANES);
     const index_t C = launch.C, H = launch.H, W = launch.W;
     const int parts = launch.parts;
     scalar_t* staged = reinterpret_cast<scalar_t*>(staged_vectors[launch.warp]);
     for (int base = launch.first; base < launch.items; base += launch.step) {
-        const LastItem it = launch.pair_item(base, LANES);
-        const bool active = it.active, second = active && it.j + 1 < launch.OW;
+        const LastItem it = launch.template pair_item<PIXELS>(base, LANES);
+        const bool active = it.active, second = PIXELS == 2 && active && it.j + 1 < launch.OW;
         const index_t c0 = it.c0;
-        acc_t grad[LAST_WEIGHT_COLUMNS][LANES];
+        acc_t grad[PIXELS][LANES];
 #pragma unroll
-        for (int r = 0; r < LAST_WEIGHT_COLUMNS; ++r) {
+        for (int r = 0; r < PIXELS; ++r) {
             const bool present = r == 0 ? active : second;
             Vector16<scalar_t> values;
             if (present) values = *reinterpret_cast<const Vector16<scalar_t>*>(grad_output + ((index_t)it.pixel + r) * C + c0);
@@ -402,7 +416,7 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
         {
             // computed again for the copy below: live across the rows, the runs' bounds took
             // registers the taps needed
-            const PairRecords records = launch.pair_records(base);
+            const PairRecords records = launch.template pair_records<PIXELS>(base);
             first_taps = staged + records.position(it.record) * TAPS;
             second_taps = staged + records.position(it.record + launch.G) * TAPS;
         }
@@ -418,9 +432,10 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
                     const int c = c_first + u;
                     acc_t x[LANES];
                     widen_vector<scalar_t>(x, values[u]);
-                    acc_t sum[LAST_WEIGHT_COLUMNS] = {0, 0};
+                    acc_t sum[PIXELS];
 #pragma unroll
-                    for (int r = 0; r < LAST_WEIGHT_COLUMNS; ++r) {
+                    for (int r = 0; r < PIXELS; ++r) {
+                        sum[r] = 0;
                         if (r == 0 ? c >= KERNEL : c < STRIDE) continue;  // no tap of pixel r
 #pragma unroll
                         for (int e = 0; e < LANES; ++e) sum[r] = oplib_fma(grad[r][e], x[e], sum[r]);
@@ -431,15 +446,15 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
                     for (int offset = LAST_MAX_PARTS / 2; offset >= 1; offset >>= 1) {
                         if (offset >= parts) continue;
 #pragma unroll
-                        for (int r = 0; r < LAST_WEIGHT_COLUMNS; ++r) {
+                        for (int r = 0; r < PIXELS; ++r) {
                             if (r == 0 ? c >= KERNEL : c < STRIDE) continue;
                             sum[r] = oplib_add(sum[r], __shfl_xor_sync(OPLIB_FULL_WARP, sum[r], offset));
                         }
                     }
                     if (c < KERNEL && active && (staged_taps >> c) & 1u)
                         first_taps[a * KERNEL + c] = Element<scalar_t>::store(sum[0]);
-                    if (c >= STRIDE && second && (staged_taps >> (c - STRIDE)) & 1u)
-                        second_taps[a * KERNEL + c - STRIDE] = Element<scalar_t>::store(sum[1]);
+                    if (PIXELS == 2 && c >= STRIDE && second && (staged_taps >> (c - STRIDE)) & 1u)
+                        second_taps[a * KERNEL + c - STRIDE] = Element<scalar_t>::store(sum[PIXELS - 1]);
                 }
             }
             row += W * C;  // the next kernel row
@@ -448,7 +463,7 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
         // The warp's records, in runs, out whole.
 #pragma unroll 1
         for (int r = 0; r < 3; ++r) {
-            const PairRecords records = launch.pair_records(base);
+            const PairRecords records = launch.template pair_records<PIXELS>(base);
             const int start = r == 0 ? records.start[0] : r == 1 ? records.start[1] : records.start[2];
             const int count = (r == 0 ? records.end[0] : r == 1 ? records.end[1] : records.end[2]) - start;
             warp_copy(grad_weight + (index_t)start * TAPS, staged + records.position(start) * TAPS, count * TAPS,
