@@ -1694,13 +1694,15 @@ def architecture_entries() -> list[dict]:
     return entries
 
 
-def architecture_lines(entries: list[dict], constants: Constants, bandwidth: float) -> list[str]:
-    """``architecture_entries``' predictions: per (shape, dtype, layout, kernel) and GPU, each
-    tile choice's time with the constants fitted on the H200 and the H200's copy bandwidth scaled
-    by the GPU's datasheet bandwidth, the host's choice in bold, and the host's over the
-    model's best."""
+def _choice_cells(entries: list[dict], constants: Constants, bandwidth: float, choice: str,
+                  choices: tuple, what: str) -> tuple[list[list[str]], str, str]:
+    """The per-architecture table of one host choice (``choice``, the entries' key of the choice
+    each launch takes: one of ``choices``): per (shape, dtype, layout, kernel) and GPU, each
+    choice's time with the constants fitted on the H200 and the H200's copy bandwidth scaled by
+    the GPU's datasheet bandwidth, the host's choice in bold, and the host's over the model's
+    best; the summary per GPU (the host's ``what`` the model's fastest at how many rows) and
+    the kernels not modelled where."""
     gpus = {gpu.name: gpu for gpu in ARCH_GPUS}
-    runs = involution_cuda.GENERATED_STAGED_RUNS_W
     rows: dict[tuple, dict] = {}
     hosts: dict[tuple, dict] = {}
     for entry in entries:
@@ -1708,9 +1710,9 @@ def architecture_lines(entries: list[dict], constants: Constants, bandwidth: flo
         gpu = gpus[entry["gpu"]]
         seconds = None if entry["events"] is None else device_model.predict(
             events_from_json(entry["events"]), gpu, constants, bandwidth * gpu.dram_bytes_per_s / H200.dram_bytes_per_s)
-        rows.setdefault(key, {}).setdefault(gpu.name, {})[entry["runs_w"]] = seconds
+        rows.setdefault(key, {}).setdefault(gpu.name, {})[entry[choice]] = seconds
         if entry["host"]:
-            hosts.setdefault(key, {})[gpu.name] = entry["runs_w"]
+            hosts.setdefault(key, {})[gpu.name] = entry[choice]
     cells, ratios, declined = [], {name: [] for name in gpus}, {}
     for (shape, dtype, layout, kernel), row in rows.items():
         chosen = hosts[shape, dtype, layout, kernel]
@@ -1723,7 +1725,7 @@ def architecture_lines(entries: list[dict], constants: Constants, bandwidth: flo
                 continue
             best = min(times.values())
             ratios[name].append((times[host] / best, f"{shape} {dtype} {layout}, {kernel}"))
-            shown = [f"**{times[r] * 1e6:.1f}**" if r == host else f"{times[r] * 1e6:.1f}" for r in runs if r in times]
+            shown = [f"**{times[r] * 1e6:.1f}**" if r == host else f"{times[r] * 1e6:.1f}" for r in choices if r in times]
             line.append(f"{' / '.join(shown)} ({times[host] / best:.2f}x)")
         cells.append(line)
     summary = []
@@ -1732,10 +1734,18 @@ def architecture_lines(entries: list[dict], constants: Constants, bandwidth: flo
             summary.append(f"{name}: no row modelled")
             continue
         worst = max(found)
-        summary.append(f"{name} ({gpus[name].arch}): the host's tiles the model's fastest at "
+        summary.append(f"{name} ({gpus[name].arch}): the host's {what} the model's fastest at "
                        f"{sum(r <= 1.005 for r, _ in found)} of {len(found)} rows"
                        + ("" if worst[0] <= 1.005 else f", at most {worst[0]:.2f}x its time ({worst[1]})"))
     unmodelled = "; ".join(f"{arch}: {', '.join(sorted(names))}" for arch, names in sorted(declined.items()))
+    return cells, "; ".join(summary), unmodelled
+
+
+def architecture_lines(entries: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """``architecture_entries``' predictions: the staged kernels' tiles (``_choice_cells``)."""
+    gpus = [gpu.name for gpu in ARCH_GPUS]
+    runs = involution_cuda.GENERATED_STAGED_RUNS_W
+    cells, summary, unmodelled = _choice_cells(entries, constants, bandwidth, "runs_w", runs, "tiles")
     return [
         "## Predicted per architecture: the staged kernels' tiles",
         "",
@@ -1751,11 +1761,82 @@ def architecture_lines(entries: list[dict], constants: Constants, bandwidth: flo
         "(`oplib.testing.device_model.GPUS`: only the H200 was ever measured, so the other four columns are "
         "extrapolations). Each cell: the times of runs_w "
         f"{' / '.join(map(str, runs))} in us, the host's choice in bold, and its time over the fastest. "
-        + "; ".join(summary) + ". "
+        + summary + ". "
         + (f"Not modelled (their machine code calls outside the source's cold blocks, which the model does not "
            f"count): {unmodelled}." if unmodelled else ""),
         "",
         *_harness.table(["shape", "dtype", "layout", "kernel", "host's runs_w", *gpus], "lllllrrrrr", cells),
+    ]
+
+
+# involution_last.cu's kernels whose lanes take one or two pixels of a row (``last_pixels``):
+# the row name of their pairs -> the kernel table's call.
+PIXEL_CHOICES = {LAST_FORWARD: "forward", LAST_GRAD_WEIGHT: "grad_weight"}
+LANE_PIXELS = (2, 1)
+
+
+def pixel_entries() -> list[dict]:
+    """involution_last.cu's forward and grad_weight with two pixels a lane and with one
+    (``LAST_PAIRS``, ``LAST_ONE_PIXEL``) at every channels_last (shape, dtype) of the measured
+    table and at the cases no draw has timed, recorded on CPU tensors, and on each GPU of
+    ``ARCH_GPUS`` each launch's model inputs from the machine code NVRTC compiles for that GPU
+    (one module a source, every launch's instantiations) and whether the host takes it there
+    (``last_pixels`` with the GPU's occupancy, ``_GpuRecorder``, under ``LAST``)."""
+    _, rows = measured_rows()
+    cases = [case for case in dict.fromkeys((r["shape"], r["dtype"], r["layout"]) for r in rows)]
+    cases += unmeasured_cases(rows)
+    recorded = []
+    for case in (c for c in cases if c[2] == "channels_last"):
+        shape, dtype = table_shape(case[0]), getattr(torch, case[1])
+        for kernel, call in PIXEL_CHOICES.items():
+            qualname, args = calls(shape, dtype, case[2])[call]
+            for pixels, policy in zip(LANE_PIXELS, (involution_cuda.LAST_PAIRS, involution_cuda.LAST_ONE_PIXEL)):
+                launches = [e for e in device_model.record_launches(qualname, *args, policy=policy)
+                            if isinstance(e, Launch)]
+                if launches[0].source == involution_cuda.LAST_SOURCE:
+                    recorded.append((case, kernel, pixels, launches[0], device_model.kernel_work(launches[0])))
+    entries = []
+    for gpu in ARCH_GPUS:
+        profiles = _source_profiles([e for *_, e, _ in recorded], gpu.arch, _profiles)
+        hosts = {}
+        for case, kernel, *_ in recorded:
+            qualname, args = calls(table_shape(case[0]), getattr(torch, case[1]), case[2])[PIXEL_CHOICES[kernel]]
+            hosts[case, kernel] = next(e for e in device_model.record_launches(
+                qualname, *args, policy=involution_cuda.LAST, launcher=_GpuRecorder(gpu, profiles))
+                if isinstance(e, Launch))
+        for case, kernel, pixels, launch, work in recorded:
+            profile = profiles.get(launch.name)
+            events = None if profile is None else [LaunchInputs(
+                launch.name, launch.blocks, launch.threads_per_block, launch.shared_bytes + profile.shared_bytes,
+                profile.registers, profile.loads_in_flight, profile.widest_load, work, profile.instruction_ratio)]
+            entries.append({"shape": case[0], "dtype": case[1], "layout": case[2], "kernel": kernel, "pixels": pixels,
+                            "host": launch == hosts[case, kernel], "gpu": gpu.name, "arch": gpu.arch,
+                            "events": None if events is None else events_to_json(events)})
+    return entries
+
+
+def pixel_lines(entries: list[dict], constants: Constants, bandwidth: float) -> list[str]:
+    """``pixel_entries``' predictions (``_choice_cells``)."""
+    gpus = [gpu.name for gpu in ARCH_GPUS]
+    cells, summary, unmodelled = _choice_cells(entries, constants, bandwidth, "pixels", LANE_PIXELS, "pixels a lane")
+    waves = involution_cuda.load_source(involution_cuda.LAST_SOURCE).constants["LAST_PAIRS_MIN_WAVES"]
+    return [
+        "## Predicted per architecture: a lane's pixels in involution_last.cu",
+        "",
+        "involution_last.cu's forward and grad_weight give a lane two adjacent pixels of a row or one "
+        "(`PIXELS`): pairs load each input vector of a kernel row once for a tap of each, but halve the grid. The "
+        f"host takes one where the grid of pairs is under {waves} wave(s) of the blocks the GPU holds at once (the "
+        "driver's occupancy calculator for the pairs' instantiation on a GPU, the model's resident blocks here; "
+        "`last_pixels`), pairs elsewhere; the choice does not change the bits. Each choice at each channels_last "
+        "row the kernels serve (the stem's too), predicted on five GPUs as the staged kernels' tiles below: "
+        "machine code compiled by NVRTC for each architecture (the launches' instantiations in one module a "
+        "source), the constants fitted on the H200 and its copy bandwidth scaled by the GPU's datasheet bandwidth "
+        "(extrapolations but for the H200). Each cell: the times with 2 / 1 pixels a lane in us, the host's "
+        "choice in bold, and its time over the fastest. " + summary + ". "
+        + (f"Not modelled (their machine code calls outside the source's cold blocks, which the model does not "
+           f"count): {unmodelled}." if unmodelled else ""),
+        "",
+        *_harness.table(["shape", "dtype", "layout", "kernel", "host's pixels", *gpus], "lllllrrrrr", cells),
     ]
 
 
@@ -1778,7 +1859,8 @@ def sections(rows: list[dict], model: dict, table: list[dict], bandwidth: float)
             *unmeasured_lines(model.get("unmeasured", []), constants, bandwidth), "",
             *layer_lines(totals), "", *network_lines(totals, *rednet50_involutions(), models_rows()), "",
             *mma_lines(rows, table, constants, bandwidth), "",
-            *architecture_lines(model.get("architectures", []), constants, bandwidth)]
+            *architecture_lines(model.get("architectures", []), constants, bandwidth), "",
+            *pixel_lines(model.get("pixels", []), constants, bandwidth)]
 
 
 def main() -> None:
@@ -1807,6 +1889,7 @@ def main() -> None:
     model["candidates"] = [{**entry, "events": events_to_json(entry["events"])} for entry in candidates]
     model["unmeasured"] = [{**entry, "events": events_to_json(entry["events"])} for entry in unmeasured]
     model["architectures"] = architecture_entries()
+    model["pixels"] = pixel_entries()
     _harness.write_report(settings, [*lines, "", *sections(rows, model, table, bandwidth)])
     data = json.loads(data_path.read_text())
     data["model"] = model

@@ -199,17 +199,20 @@ class RecordingLauncher:
                                     scalars, tensors))
 
 
-def record_launches(qualname: str, *args: Any, policy: Any = None) -> list[Launch | Copy]:
+def record_launches(qualname: str, *args: Any, policy: Any = None,
+                    launcher: Optional[RecordingLauncher] = None) -> list[Launch | Copy]:
     """Run the CUDA dispatch of op ``qualname`` (``oplib.kernels.CUDA_DISPATCH``) on ``args``
     (CPU tensors of the real shapes and layouts: the dispatch reads pointers' alignment) with a
-    recording launcher, and ``policy`` where given (involution's ops: a ``LaunchPolicy``);
-    returns its launches and the copies torch makes around them, in order."""
+    recording launcher (``launcher``, a new one where None: one that answers the host's
+    questions of a GPU, such as its occupancy, records the launches the host chooses there),
+    and ``policy`` where given (involution's ops: a ``LaunchPolicy``); returns its launches and
+    the copies torch makes around them, in order."""
     from torch.overrides import TorchFunctionMode
 
     from ..kernels import CUDA_DISPATCH
 
     events: list[Launch | Copy] = []
-    launcher = RecordingLauncher()
+    launcher = RecordingLauncher() if launcher is None else launcher
     copying = (Tensor.contiguous, Tensor.clone, Tensor.copy_)
 
     class _Copies(TorchFunctionMode):

@@ -930,6 +930,48 @@ def test_shared_accesses_count_as_instructions():
     assert work.instructions == 1 + 2 + 4 + 6
 
 
+def test_a_lanes_pixels_are_predicted_on_every_gpu_and_the_hosts_follow_the_rule(committed):
+    """involution_last.cu's forward and grad_weight with two pixels a lane and one, at every
+    channels_last row they serve (the stem's too), on the five GPUs: one marked the host's on
+    each (its choice with that GPU's occupancy), every one modelled on sm_90 and sm_100; the
+    host's choice on the H200 the candidates table's (``one_pixel_choices``), a pixel a lane at
+    RedNet-50's last stage in bfloat16 on every modelled GPU, and on the H200 the host's time
+    within 15% of the faster wherever it chooses."""
+    _, model, _ = committed
+    entries, constants = model["pixels"], Constants(**model["constants"])
+    gpus = {gpu.name: gpu for gpu in cuda_model.ARCH_GPUS}
+    rows: dict[tuple, dict] = {}
+    for entry in entries:
+        rows.setdefault((entry["shape"], entry["dtype"], entry["layout"], entry["kernel"]), {}).setdefault(
+            entry["gpu"], {})[entry["pixels"]] = entry
+    served = {(c["shape"], c["dtype"], c["layout"], c["kernel"]) for c in model["candidates"] + model["unmeasured"]
+              if c["kernel"] in cuda_model.PIXEL_CHOICES}
+    assert set(rows) == served and len(served) == 32
+    hosts = {}
+    for key, row in rows.items():
+        assert set(row) == set(gpus), key
+        for name, choices in row.items():
+            assert set(choices) == {1, 2}, (key, name)
+            (host,) = [p for p, e in choices.items() if e["host"]]
+            hosts[key, name] = host
+            modelled = all(e["events"] is not None for e in choices.values())
+            assert modelled or gpus[name].arch in ("sm_80", "sm_89"), (key, name)
+            if name == H200.name:
+                times = {p: device_model.predict(cuda_model.events_from_json(e["events"]), H200, constants,
+                                                 model["copy_bandwidth_bytes_per_s"]) for p, e in choices.items()}
+                assert times[host] <= 1.15 * min(times.values()), (key, times)
+    by_label = {label: one for label, one, _ in cuda_model.one_pixel_choices(
+        model["candidates"], constants, model["copy_bandwidth_bytes_per_s"])}
+    for (shape, dtype, layout, kernel), row in rows.items():
+        label = f"{shape} {dtype} {cuda_model.PIXEL_CHOICES[kernel]}"
+        if label in by_label:
+            assert (hosts[(shape, dtype, layout, kernel), H200.name] == 1) == by_label[label], label
+        if shape == "stage4 512@7 s1" and dtype == "bfloat16":
+            for name, choices in row.items():
+                if all(e["events"] is not None for e in choices.values()):
+                    assert hosts[(shape, dtype, layout, kernel), name] == 1, (kernel, name)
+
+
 def test_the_per_architecture_choices_are_the_hosts_tiles_now(committed):
     """The per-architecture table's launches, recorded again at RedNet-50's first stage: each
     tile choice's grid and shared memory and the host's mark are what the json keeps, so the
