@@ -62,8 +62,9 @@ PAIRS, ONE_PIXEL = involution_cuda.LAST_PAIRS, involution_cuda.LAST_ONE_PIXEL
 
 
 def _one_pixel(launch: Callable) -> Callable:
-    """``launch`` (a host function ending in ``out, launcher``) with a pixel a lane."""
-    return lambda *args: launch(*args, ONE_PIXEL)
+    """``launch`` (a host function taking ``out``, then ``launcher``, which a GPU call leaves
+    out, then ``policy``) with a pixel a lane."""
+    return lambda *args: launch(*args, policy=ONE_PIXEL)
 
 
 FORWARD = Kind("involution_forward_last", "involution", involution_cuda.involution_last, 2)
