@@ -1832,7 +1832,11 @@ def pixel_lines(entries: list[dict], constants: Constants, bandwidth: float) -> 
         "machine code compiled by NVRTC for each architecture (the launches' instantiations in one module a "
         "source), the constants fitted on the H200 and its copy bandwidth scaled by the GPU's datasheet bandwidth "
         "(extrapolations but for the H200). Each cell: the times with 2 / 1 pixels a lane in us, the host's "
-        "choice in bold, and its time over the fastest. " + summary + ". "
+        "choice in bold, and its time over the fastest. " + summary + ". The instruction ratio (all of a kernel's "
+        "instructions over those a trace counts) is read from the machine code with one trip count for every "
+        "loop, so it moves with how ptxas unrolls and nests the loops on each architecture: the pairs' grad_weight "
+        "has about as many instructions on sm_100 as on sm_90 (in its code, counted once each) but twice the "
+        "ratio, so the B200's pairs grad_weight is likely overpredicted. "
         + (f"Not modelled (their machine code calls outside the source's cold blocks, which the model does not "
            f"count): {unmodelled}." if unmodelled else ""),
         "",
