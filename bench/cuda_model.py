@@ -739,35 +739,29 @@ def changed_lines(data: list[dict], rows: list[dict], constants: Constants, band
 
 
 
-def one_pixel_choices(data: list[dict], constants: Constants, bandwidth: float) -> list[tuple[str, bool, bool]]:
+def one_pixel_choices(data: list[dict], pixels: list[dict], constants: Constants,
+                      bandwidth: float) -> list[tuple[str, bool, bool]]:
     """For each pixel-a-lane candidate (``ONE_PIXEL_PAIRS``) and its pairs' row at the same call:
-    (the row, whether the host takes a pixel a lane on an H200, whether the model puts the host's
-    choice the faster of the two or equal). The host's rule (``last_pixels``): a pixel a lane
-    where the pairs' grid is under ``LAST_PAIRS_MIN_WAVES`` waves of the blocks the GPU holds at
-    once, here the H200's resident blocks by the pairs' registers and shared memory."""
-    waves = involution_cuda.load_source(involution_cuda.LAST_SOURCE).constants["LAST_PAIRS_MIN_WAVES"]
+    (the row, whether the host takes a pixel a lane on an H200, as ``pixel_entries`` recorded it
+    there, whether the model puts the host's choice the faster of the two or equal)."""
     by_key = {(e["shape"], e["dtype"], e["layout"], e["kernel"]): e for e in data}
+    hosts = {(e["shape"], e["dtype"], e["layout"], e["kernel"]): e["pixels"] for e in pixels
+             if e["gpu"] == H200.name and e["host"]}
     choices = []
     for entry in (e for e in data if e["kernel"] in ONE_PIXEL_PAIRS):
-        pairs = by_key.get((entry["shape"], entry["dtype"], entry["layout"], ONE_PIXEL_PAIRS[entry["kernel"]]))
-        if pairs is None:
+        key = (entry["shape"], entry["dtype"], entry["layout"], ONE_PIXEL_PAIRS[entry["kernel"]])
+        if key not in by_key or key not in hosts:
             continue
-        times = {}
-        for name, candidate in (("one", entry), ("pairs", pairs)):
-            events = events_from_json(candidate["events"])
-            times[name] = device_model.predict(events, H200, constants, bandwidth)
-            if name == "pairs":
-                main = next(e for e in events if isinstance(e, LaunchInputs))
-                held = device_model.resident_blocks(main.registers, main.threads_per_block, main.shared_bytes, H200)
-                one = main.blocks < waves * held * H200.sms
-        chosen, other = (times["one"], times["pairs"]) if one else (times["pairs"], times["one"])
+        one, pairs = (device_model.predict(events_from_json(e["events"]), H200, constants, bandwidth)
+                      for e in (entry, by_key[key]))
+        chosen, other = (one, pairs) if hosts[key] == 1 else (pairs, one)
         label = f"{entry['shape']} {entry['dtype']} {CANDIDATES[entry['kernel']][0]}"
-        choices.append((label, one, chosen <= other))
+        choices.append((label, hosts[key] == 1, chosen <= other))
     return choices
 
 
 def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], constants: Constants,
-                    bandwidth: float) -> list[str]:
+                    bandwidth: float, pixels: list[dict]) -> list[str]:
     """``CANDIDATES``' rows predicted with the constants fitted above, beside the prediction and
     the measurement of the kernel that serves the call now (the table's row), and its floor
     (``table``, ``measured_rows``' rows): the measured time scaled by the two predictions' ratio
@@ -794,7 +788,7 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
     heading = "## Predicted, not yet measured: kernels waiting for a draw"
     if not cells:
         return [heading, "", "None: the measured table times every candidate kernel.", ""]
-    choices = one_pixel_choices(data, constants, bandwidth)
+    choices = one_pixel_choices(data, pixels, constants, bandwidth)
     ones = [label for label, one, _ in choices if one]
     return [
         heading,
@@ -1681,7 +1675,7 @@ def architecture_entries() -> list[dict]:
         profiles = {**_source_profiles(unmeasured, gpu.arch, _profiles),
                     **_source_profiles(measured, gpu.arch, _profiles)}
         hosts = {(case, kernel): _fused_launch(case, TILE_CHOICES[kernel], recording=_GpuRecorder(gpu, profiles))
-                 for case, kernel, *_ in recorded}
+                 for case, kernel in dict.fromkeys((case, kernel) for case, kernel, *_ in recorded)}
         for case, kernel, runs_w, launch, work in recorded:
             shape, dtype, layout = case
             profile = profiles.get(launch.name)
@@ -1785,25 +1779,24 @@ def pixel_entries() -> list[dict]:
     _, rows = measured_rows()
     cases = [case for case in dict.fromkeys((r["shape"], r["dtype"], r["layout"]) for r in rows)]
     cases += unmeasured_cases(rows)
-    recorded = []
+    recorded, served = [], {}  # served: (case, kernel) -> the call's (op, arguments)
     for case in (c for c in cases if c[2] == "channels_last"):
-        shape, dtype = table_shape(case[0]), getattr(torch, case[1])
+        case_calls = calls(table_shape(case[0]), getattr(torch, case[1]), case[2])
         for kernel, call in PIXEL_CHOICES.items():
-            qualname, args = calls(shape, dtype, case[2])[call]
+            qualname, args = case_calls[call]
             for pixels, policy in zip(LANE_PIXELS, (involution_cuda.LAST_PAIRS, involution_cuda.LAST_ONE_PIXEL)):
                 launches = [e for e in device_model.record_launches(qualname, *args, policy=policy)
                             if isinstance(e, Launch)]
                 if launches[0].source == involution_cuda.LAST_SOURCE:
                     recorded.append((case, kernel, pixels, launches[0], device_model.kernel_work(launches[0])))
+                    served[case, kernel] = case_calls[call]
     entries = []
     for gpu in ARCH_GPUS:
         profiles = _source_profiles([e for *_, e, _ in recorded], gpu.arch, _profiles)
-        hosts = {}
-        for case, kernel, *_ in recorded:
-            qualname, args = calls(table_shape(case[0]), getattr(torch, case[1]), case[2])[PIXEL_CHOICES[kernel]]
-            hosts[case, kernel] = next(e for e in device_model.record_launches(
-                qualname, *args, policy=involution_cuda.LAST, launcher=_GpuRecorder(gpu, profiles))
-                if isinstance(e, Launch))
+        hosts = {key: next(e for e in device_model.record_launches(
+                     qualname, *args, policy=involution_cuda.LAST, launcher=_GpuRecorder(gpu, profiles))
+                     if isinstance(e, Launch))
+                 for key, (qualname, args) in served.items()}
         for case, kernel, pixels, launch, work in recorded:
             profile = profiles.get(launch.name)
             events = None if profile is None else [LaunchInputs(
@@ -1853,7 +1846,7 @@ def sections(rows: list[dict], model: dict, table: list[dict], bandwidth: float)
     return [*tiled_lines(rows, constants, bandwidth), "", *instruction_lines(model["instructions"]), "",
             *changed_lines(model["changed"], rows, constants, bandwidth), "",
             *vectors_lines(rows, table, constants, bandwidth), "",
-            *candidate_lines(candidates, rows, table, constants, bandwidth), "",
+            *candidate_lines(candidates, rows, table, constants, bandwidth, model.get("pixels", [])), "",
             *generator_lines(candidates, rows, constants, bandwidth), "",
             *staged_lines(candidates, rows, constants, bandwidth), "",
             *staged_forward_lines(candidates, rows, table, constants, bandwidth), "",

@@ -933,10 +933,14 @@ def test_shared_accesses_count_as_instructions():
 def test_a_lanes_pixels_are_predicted_on_every_gpu_and_the_hosts_follow_the_rule(committed):
     """involution_last.cu's forward and grad_weight with two pixels a lane and one, at every
     channels_last row they serve (the stem's too), on the five GPUs: one marked the host's on
-    each (its choice with that GPU's occupancy), every one modelled on sm_90 and sm_100; the
-    host's choice on the H200 the candidates table's (``one_pixel_choices``), a pixel a lane at
-    RedNet-50's last stage in bfloat16 on every modelled GPU, and on the H200 the host's time
-    within 15% of the faster wherever it chooses."""
+    each (its choice with that GPU's occupancy), every one modelled on sm_90 and sm_100; on the
+    H200 the host's choice the rule's, worked out here from the pairs' launch (one pixel a lane
+    where its blocks are under LAST_PAIRS_MIN_WAVES waves of those the H200 holds) and the
+    candidates table's (``one_pixel_choices``) at every row it has; a pixel a lane at RedNet-50's
+    last stage in bfloat16 on every modelled GPU, and on the H200 the host's time within 15% of
+    the faster wherever it chooses."""
+    from oplib.kernels.involution import cuda as involution_cuda
+
     _, model, _ = committed
     entries, constants = model["pixels"], Constants(**model["constants"])
     gpus = {gpu.name: gpu for gpu in cuda_model.ARCH_GPUS}
@@ -947,6 +951,7 @@ def test_a_lanes_pixels_are_predicted_on_every_gpu_and_the_hosts_follow_the_rule
     served = {(c["shape"], c["dtype"], c["layout"], c["kernel"]) for c in model["candidates"] + model["unmeasured"]
               if c["kernel"] in cuda_model.PIXEL_CHOICES}
     assert set(rows) == served and len(served) == 32
+    waves = involution_cuda.load_source(involution_cuda.LAST_SOURCE).constants["LAST_PAIRS_MIN_WAVES"]
     hosts = {}
     for key, row in rows.items():
         assert set(row) == set(gpus), key
@@ -960,8 +965,12 @@ def test_a_lanes_pixels_are_predicted_on_every_gpu_and_the_hosts_follow_the_rule
                 times = {p: device_model.predict(cuda_model.events_from_json(e["events"]), H200, constants,
                                                  model["copy_bandwidth_bytes_per_s"]) for p, e in choices.items()}
                 assert times[host] <= 1.15 * min(times.values()), (key, times)
+                pairs = cuda_model.events_from_json(choices[2]["events"])[0]
+                held = device_model.resident_blocks(pairs.registers, pairs.threads_per_block, pairs.shared_bytes, H200)
+                assert (host == 1) == (pairs.blocks < waves * held * H200.sms), key
     by_label = {label: one for label, one, _ in cuda_model.one_pixel_choices(
-        model["candidates"], constants, model["copy_bandwidth_bytes_per_s"])}
+        model["candidates"], entries, constants, model["copy_bandwidth_bytes_per_s"])}
+    assert len(by_label) == 28
     for (shape, dtype, layout, kernel), row in rows.items():
         label = f"{shape} {dtype} {cuda_model.PIXEL_CHOICES[kernel]}"
         if label in by_label:
