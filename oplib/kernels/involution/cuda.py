@@ -147,7 +147,7 @@ LAST = dataclasses.replace(POLICY, lanes_on_channels=True)
 LAST_VECTOR_GRAD_INPUT = dataclasses.replace(LAST, grad_input_segments=False)
 # ``LAST`` with a lane's pixels fixed in involution_last.cu's forward and grad_weight, two or one,
 # whatever the GPU's occupancy (``last_pixels``): what the kernel table times side by side.
-LAST_PAIRS = dataclasses.replace(LAST, last_pixels=2)
+LAST_PAIRS = dataclasses.replace(LAST, last_pixels=load_source(LAST_SOURCE).constants["LAST_PAIR_PIXELS"])
 LAST_ONE_PIXEL = dataclasses.replace(LAST, last_pixels=1)
 
 
@@ -428,13 +428,14 @@ def last_pixels(launcher: Optional[Launcher], source: KernelSource, kernel: str,
     pairs' forward is 224 blocks for an H200's 132 SMs of four."""
     if policy is not None and policy.last_pixels is not None:
         return policy.last_pixels
-    occupancy = launch_occupancy(launcher, source, kernel, dtype, (*specialisation, "2"), device, BLOCK_SIZE)
+    pair = source.constants["LAST_PAIR_PIXELS"]
+    occupancy = launch_occupancy(launcher, source, kernel, dtype, (*specialisation, str(pair)), device, BLOCK_SIZE)
     held = None if occupancy is None else occupancy(0)
     if not held or not held[0]:
-        return 2
+        return pair
     blocks_per_sm, sms = held
     blocks = min(MAX_BLOCKS, -(-pair_threads // BLOCK_SIZE))
-    return 1 if blocks < source.constants["LAST_PAIRS_MIN_WAVES"] * blocks_per_sm * sms else 2
+    return 1 if blocks < source.constants["LAST_PAIRS_MIN_WAVES"] * blocks_per_sm * sms else pair
 
 
 def _last_serves(source: KernelSource, kernel_size, stride, dilation, activations: tuple[Tensor, Tensor],
@@ -469,7 +470,7 @@ def _launch_last(kernel: str, activations: tuple[Tensor, Tensor], weight: Tensor
     specialisation, parts = served
     out_h, out_w = weight.shape[4:]
     launcher = launcher or cupy_launcher()
-    pair_threads = n * out_h * -(-out_w // 2) * groups * parts
+    pair_threads = n * out_h * -(-out_w // source.constants["LAST_PAIR_PIXELS"]) * groups * parts
     pixels = last_pixels(launcher, source, kernel, out.dtype, specialisation, out.device, pair_threads, policy)
     threads = n * out_h * -(-out_w // pixels) * groups * parts
     if threads > POLICY.index32_limit:  # the kernel counts its work items in an int

@@ -245,8 +245,9 @@ __device__ __forceinline__ void warp_copy(scalar_t* to, const scalar_t* from, in
 // blocks, each tap's vector serving one pixel), as grad_input's bands there. The host takes a
 // pixel a lane where the grid of pairs is under LAST_PAIRS_MIN_WAVES waves of the blocks the GPU
 // holds at once (the driver's occupancy calculator, for the pairs' instantiation), and pairs
-// where it cannot tell (oplib.kernels.involution.cuda.last_pixels).
-constexpr int LAST_FORWARD_COLUMNS = 2;
+// where it cannot tell (oplib.kernels.involution.cuda.last_pixels), which reads these lines: a
+// pair's pixels, the instantiation it asks the GPU's occupancy of.
+constexpr int LAST_PAIR_PIXELS = 2;
 constexpr int LAST_FORWARD_LOADED = 2;
 constexpr int LAST_PAIRS_MIN_WAVES = 1;
 static_assert(LAST_PAIRS_MIN_WAVES >= 1, "pairs wherever they fill less than a wave would never run");
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(LAST_THREADS, LastForwardMinBlocks<scalar_t>::
     constexpr int TAPS = KERNEL * KERNEL;
     constexpr int COLUMNS = KERNEL + (PIXELS - 1) * STRIDE;  // the input columns of a kernel row the pixels read
     constexpr int LOADED = LAST_FORWARD_LOADED;
-    static_assert(PIXELS == 1 || PIXELS == LAST_FORWARD_COLUMNS, "a lane's one or two pixels");
+    static_assert(PIXELS == 1 || PIXELS == LAST_PAIR_PIXELS, "a lane's one or two pixels");
     __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS][PIXELS * LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
     const LastLaunch launch(total, channels, height, width, groups, out_h, out_w, LANES);
     const index_t C = launch.C, H = launch.H, W = launch.W;
@@ -352,8 +353,8 @@ struct LastWeightMinBlocks {
 };
 
 // grad_weight, the same mapping, a lane a vector of a group's channels at two adjacent output
-// pixels of a row (the forward's pair items; at PIXELS 1, one): the lane's two grad_output vectors are loaded
-// once for all taps; per kernel row the K + S input vectors the two pixels read are each one
+// pixels of a row (the forward's pair items; at PIXELS 1, one): the lane's two grad_output
+// vectors are loaded once for all taps; per kernel row the K + S input vectors the two pixels read are each one
 // load, widened once, and serve a tap of each pixel (column c: tap c of the first, tap c - S of
 // the second). A tap's partial sum over a lane's channels is added across the group's PARTS
 // lanes by shuffles (a butterfly: every lane of the group gets the same bits) as soon as it is
@@ -372,7 +373,6 @@ struct LastWeightMinBlocks {
 // by DRAM at RedNet-50's first three stages, and bfloat16 as at two (by instruction issue), with
 // no spill on any target. Pairs halve the grid: where they leave the GPU short of a wave, a
 // pixel a lane (PIXELS 1; the forward's comment above).
-constexpr int LAST_WEIGHT_COLUMNS = 2;
 constexpr int LAST_WEIGHT_LOADED = 4;
 
 template <typename scalar_t, int KERNEL, int STRIDE, int PIXELS>
@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(LAST_THREADS, LastWeightMinBlocks<scalar_t>::v
     constexpr int TAPS = KERNEL * KERNEL;
     constexpr int COLUMNS = KERNEL + (PIXELS - 1) * STRIDE;  // the input columns of a kernel row the pixels read
     constexpr int LOADED = LAST_WEIGHT_LOADED;
-    static_assert(PIXELS == 1 || PIXELS == LAST_WEIGHT_COLUMNS, "a lane's one or two pixels");
+    static_assert(PIXELS == 1 || PIXELS == LAST_PAIR_PIXELS, "a lane's one or two pixels");
     __shared__ Vector16<scalar_t> staged_vectors[LAST_WARPS][PIXELS * LAST_STAGED_BYTES_PER_TAP * TAPS / VECTOR_BYTES];
     const LastLaunch launch(total, channels, height, width, groups, out_h, out_w, LANES);
     const index_t C = launch.C, H = launch.H, W = launch.W;
