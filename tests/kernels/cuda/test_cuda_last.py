@@ -1,8 +1,8 @@
 """A lane a 16-byte vector of a group's channels in channels_last calls (the ``LAST`` policy,
 DCNv4's mapping). involution_last.cu's forward (two adjacent pixels a lane, or one, the warp's
 weights staged in shared memory) and grad_weight (two adjacent pixels a lane, or one, the group
-summed by shuffles) through the host emulation, each pixel count, the warps one after another and in turns: against the
-float64 reference on random geometries (every instantiation and dtype, any padding, groups of 2
+summed by shuffles) through the host emulation, each pixel count, the warps one after another
+and in turns: against the float64 reference on random geometries (every instantiation and dtype, any padding, groups of 2
 to 32 lanes, partial last warps, weights aligned to a vector and not, odd widths: a pair with a
 pixel past the row; warps that take part of a pair's groups), the forward bit for bit
 against involution.cu's chunked kernel, infinite values at taps outside the image, the
@@ -56,22 +56,24 @@ class Kind:
         return self.op == "involution_backward_input"
 
 
-# The forward and grad_weight with a lane's pixels fixed (``last_pixels``); a launcher without
-# an occupancy calculator, the emulation's, takes pairs.
+# The forward and grad_weight with a lane's pixels fixed (``last_pixels``), so that each kind
+# launches its own pixels whatever the launcher: on a GPU the host's choice would take a pixel a
+# lane at every small random geometry, and the pairs would go untested there.
 PAIRS, ONE_PIXEL = involution_cuda.LAST_PAIRS, involution_cuda.LAST_ONE_PIXEL
 
 
-def _one_pixel(launch: Callable) -> Callable:
+def _with_policy(launch: Callable, policy: involution_cuda.LaunchPolicy) -> Callable:
     """``launch`` (a host function taking ``out``, then ``launcher``, which a GPU call leaves
-    out, then ``policy``) with a pixel a lane."""
-    return lambda *args: launch(*args, policy=ONE_PIXEL)
+    out, then ``policy``) under ``policy``."""
+    return lambda *args: launch(*args, policy=policy)
 
 
-FORWARD = Kind("involution_forward_last", "involution", involution_cuda.involution_last, 2)
+FORWARD = Kind("involution_forward_last", "involution", _with_policy(involution_cuda.involution_last, PAIRS), 2)
 GRAD_WEIGHT = Kind("involution_backward_weight_last", "involution_backward_weight",
-                   involution_cuda.involution_last_backward_weight, 2)
-FORWARD_ONE = Kind(FORWARD.kernel, FORWARD.op, _one_pixel(involution_cuda.involution_last), 1)
-GRAD_WEIGHT_ONE = Kind(GRAD_WEIGHT.kernel, GRAD_WEIGHT.op, _one_pixel(involution_cuda.involution_last_backward_weight), 1)
+                   _with_policy(involution_cuda.involution_last_backward_weight, PAIRS), 2)
+FORWARD_ONE = Kind(FORWARD.kernel, FORWARD.op, _with_policy(involution_cuda.involution_last, ONE_PIXEL), 1)
+GRAD_WEIGHT_ONE = Kind(GRAD_WEIGHT.kernel, GRAD_WEIGHT.op,
+                       _with_policy(involution_cuda.involution_last_backward_weight, ONE_PIXEL), 1)
 GRAD_INPUT = Kind("involution_backward_input_last", "involution_backward_input",
                   involution_cuda.involution_last_backward_input)
 KINDS = {"forward": FORWARD, "forward, a pixel a lane": FORWARD_ONE, "grad_weight": GRAD_WEIGHT,
