@@ -38,7 +38,10 @@ a process of its own through tools/gpu_check.py). Its stages:
   grad_input and grad_weight at widths a multiple of the vector), the "chunked" column is the
   chunked kernel that serves the call without it (the ``CHUNKED`` policy), timed beside it (the
   sixth H200 draw, before the vectors kernels became the ops', timed them in a "vectors" column
-  beside the chunked kernels); the "lanes on channels" column of a channels_last row is the
+  beside the chunked kernels), and the forward's "vectors, narrow" and "vectors, wide" columns
+  the vectors forward at a thread's channels (``VECTORS_NARROW``) and at twice as many (its WIDE
+  instantiations, ``VECTORS_WIDE``; the op takes them where the GPU's build of them does not
+  spill, ``vectors_wide``); the "lanes on channels" column of a channels_last row is the
   call under the ``LAST`` policy (a lane a 16-byte vector of a group's channels, DCNv4's
   mapping: involution_last.cu's kernels, the forward's and grad_weight's two pixels a lane
   (``LAST_PAIRS``), grad_input's a block a segment of a band of rows, grad_weight's group summed
@@ -336,6 +339,24 @@ def launched(launches: Sequence[Any]) -> list[tuple]:
     return [(launch.kernel, launch.specialisation, launch.scalars) for launch in launches]
 
 
+class _Probe(RecordingLauncher):
+    """A launcher that records the op's launches instead of making them (a launch here would be a
+    kernel of no call in Nsight Compute's list), answering the host's questions of the GPU's build
+    (``local_bytes`` and ``occupancy``: the vectors forward's width) through ``launcher`` where it
+    can, so that it records what the op's call launches there."""
+
+    def __init__(self, launcher: Optional[Launcher]):
+        super().__init__()
+        self._local_bytes = getattr(launcher, "local_bytes", None)
+        self._occupancy = getattr(launcher, "occupancy", None)
+
+    def local_bytes(self, *question):
+        return None if self._local_bytes is None else self._local_bytes(*question)
+
+    def occupancy(self, *question):
+        return None if self._occupancy is None else self._occupancy(*question)
+
+
 def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str, str], Callable[[], object]]:
     """(candidate, kernel) -> a call, for oplib, its generic kernels, and the yardsticks. On
     CUDA tensors the launches go through CuPy's launcher; on CPU tensors through ``launcher``
@@ -412,10 +433,18 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             # which kernel the op's dispatch takes, asked of a launcher that records instead of
             # launching: a launch here would be a kernel of no call in Nsight Compute's list (the
             # sixth draw's were)
-            probe = RecordingLauncher()
+            probe = _Probe(launcher)
             dispatch(probe)
             if probe.launches and probe.launches[0].kernel.endswith("_vectors"):
                 calls["chunked", kernel] = functools.partial(dispatch, launcher, involution_cuda.CHUNKED)
+                # the vectors forward at a thread's channels and at twice as many (its WIDE
+                # instantiations, which the host takes where the GPU's build does not spill): the
+                # one the op's call does not take, beside it
+                for width, policy in (("narrow", involution_cuda.VECTORS_NARROW), ("wide", involution_cuda.VECTORS_WIDE)):
+                    other = RecordingLauncher()
+                    dispatch(other, policy)
+                    if launched(other.launches) != launched(probe.launches):
+                        calls[f"vectors {width}", kernel] = functools.partial(dispatch, launcher, policy)
             # a lane a vector of a group's channels (the ``LAST`` policy; the forward's and
             # grad_weight's lanes two pixels each, whatever the GPU) where that launches something
             # else than the op's policy: beside the op's call, not yet its kernels; and beside it
@@ -505,6 +534,9 @@ def profiled_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[str, Ca
             profiled[f"lanes on channels {kernel}"] = calls["lanes on channels", kernel]
         if ("a pixel a lane", kernel) in calls:
             profiled[f"a pixel a lane {kernel}"] = calls["a pixel a lane", kernel]
+        for width in ("narrow", "wide"):
+            if (f"vectors {width}", kernel) in calls:
+                profiled[f"vectors {width} {kernel}"] = calls[f"vectors {width}", kernel]
         if ("vector a thread", kernel) in calls:
             profiled[f"vector a thread {kernel}"] = calls["vector a thread", kernel]
     return profiled
@@ -550,6 +582,10 @@ def run_kernels(shapes: Sequence[Shape], on_rows: Optional[Callable[[float, list
                                                  if ("lanes on channels", kernel) in device else None),
                         "a_pixel_a_lane_ms": (device["a pixel a lane", kernel] * 1e3
                                               if ("a pixel a lane", kernel) in device else None),
+                        "vectors_narrow_ms": (device["vectors narrow", kernel] * 1e3
+                                              if ("vectors narrow", kernel) in device else None),
+                        "vectors_wide_ms": (device["vectors wide", kernel] * 1e3
+                                            if ("vectors wide", kernel) in device else None),
                         "vector_a_thread_ms": (device["vector a thread", kernel] * 1e3
                                                if ("vector a thread", kernel) in device else None),
                         "staged_ms": device["staged", kernel] * 1e3 if ("staged", kernel) in device else None,
@@ -569,7 +605,8 @@ def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     columns = ["shape", "dtype", "layout", "kernel", "device (ms)", "floor (ms)", "device / floor",
                "generic (before, ms)", "wall per call (ms)", "depthwise (ms)", "unfold (ms)", "tiled (ms)",
                "tensor cores (ms)", "chunked (ms)", "lanes on channels (ms)", "vector a thread (ms)",
-               "staged (ms)", "dense window (ms)", "a pixel a lane (ms)"]  # fmt: skip
+               "staged (ms)", "dense window (ms)", "a pixel a lane (ms)", "vectors, narrow (ms)",
+               "vectors, wide (ms)"]  # fmt: skip
     cells = [
         [row["shape"], row["dtype"], row["layout"], row["kernel"], f"{row['device_ms']:.4f}", f"{row['floor_ms']:.4f}",
          f"{row['over_floor']:.2f}x", f"{row['generic_ms']:.4f}", f"{row['wall_ms']:.4f}", f"{row['depthwise_ms']:.4f}",
@@ -581,7 +618,9 @@ def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
          "-" if row.get("vector_a_thread_ms") is None else f"{row['vector_a_thread_ms']:.4f}",
          "-" if row.get("staged_ms") is None else f"{row['staged_ms']:.4f}",
          "-" if row.get("dense_window_ms") is None else f"{row['dense_window_ms']:.4f}",
-         "-" if row.get("a_pixel_a_lane_ms") is None else f"{row['a_pixel_a_lane_ms']:.4f}"]
+         "-" if row.get("a_pixel_a_lane_ms") is None else f"{row['a_pixel_a_lane_ms']:.4f}",
+         "-" if row.get("vectors_narrow_ms") is None else f"{row['vectors_narrow_ms']:.4f}",
+         "-" if row.get("vectors_wide_ms") is None else f"{row['vectors_wide_ms']:.4f}"]
         for row in rows
     ]  # fmt: skip
     return columns, cells

@@ -100,21 +100,30 @@ VECTORS_ROWS = {VECTORS: ("forward", "vectors (ms)", "involution_vectors"),
 # column beside the op's call where it launches something else (``_lanes_on_channels_launch``);
 # the forward and grad_weight with a pixel a lane (``LAST_ONE_PIXEL``), in the "a pixel a lane"
 # column; grad_input's other candidate under it, the chunked kernel at one vector a thread
-# (``LAST_VECTOR_GRAD_INPUT``), in the "vector a thread" column.
+# (``LAST_VECTOR_GRAD_INPUT``), in the "vector a thread" column. involution_vectors.cu's NCHW
+# forward with twice a thread's channels (its WIDE instantiations, ``VECTORS_WIDE``; the host's
+# where the GPU's build of them does not spill, ``vectors_wide``), in the "vectors, wide" column.
 LANES_ON_CHANNELS, ONE_PIXEL, VECTOR_A_THREAD = "LAST_PAIRS", "LAST_ONE_PIXEL", "LAST_VECTOR_GRAD_INPUT"
+WIDE_VECTORS = "VECTORS_WIDE"
+POLICY_CANDIDATES = (LANES_ON_CHANNELS, ONE_PIXEL, VECTOR_A_THREAD, WIDE_VECTORS)
 LAST_FORWARD, LAST_GRAD_INPUT = "lanes on channels forward", "lanes on channels grad_input"
 LAST_GRAD_WEIGHT = "lanes on channels grad_weight"
 ONE_PIXEL_FORWARD, ONE_PIXEL_GRAD_WEIGHT = "a pixel a lane forward", "a pixel a lane grad_weight"
 LAST_GRAD_INPUT_VECTOR = "vector a thread grad_input"
+VECTORS_WIDE_FORWARD = "vectors forward, wide"
 CANDIDATES = {**VECTORS_ROWS,
               LAST_FORWARD: ("forward", "lanes on channels (ms)", LANES_ON_CHANNELS),
               LAST_GRAD_INPUT: ("grad_input", "lanes on channels (ms)", LANES_ON_CHANNELS),
               LAST_GRAD_WEIGHT: ("grad_weight", "lanes on channels (ms)", LANES_ON_CHANNELS),
               ONE_PIXEL_FORWARD: ("forward", "a pixel a lane (ms)", ONE_PIXEL),
               ONE_PIXEL_GRAD_WEIGHT: ("grad_weight", "a pixel a lane (ms)", ONE_PIXEL),
-              LAST_GRAD_INPUT_VECTOR: ("grad_input", "vector a thread (ms)", VECTOR_A_THREAD)}
+              LAST_GRAD_INPUT_VECTOR: ("grad_input", "vector a thread (ms)", VECTOR_A_THREAD),
+              VECTORS_WIDE_FORWARD: ("forward", "vectors, wide (ms)", WIDE_VECTORS)}
 # Each pixel-a-lane candidate and the pairs' row it stands beside (the host's choice between them).
 ONE_PIXEL_PAIRS = {ONE_PIXEL_FORWARD: LAST_FORWARD, ONE_PIXEL_GRAD_WEIGHT: LAST_GRAD_WEIGHT}
+# The measured row a candidate stands beside where it is not its call's (the table's row of its
+# kernel): the wide vectors forward beside the narrow one the draw timed, the op's forward now.
+CANDIDATE_BESIDE = {VECTORS_WIDE_FORWARD: VECTORS}
 
 
 # Kernels no row of the measured table serves yet, predicted at every (shape, dtype, layout) they
@@ -233,7 +242,7 @@ def _record(case: tuple[str, str, str], chunked: bool = True) -> list[tuple[str,
         result.append((kernel, [(e, device_model.kernel_work(e) if isinstance(e, Launch) else None) for e in events]))
     for fused, (kernel, _, function) in {**FUSED, **CANDIDATES}.items():
         launch = (_lanes_on_channels_launch(case, kernel, getattr(involution_cuda, function))
-                  if function in (LANES_ON_CHANNELS, ONE_PIXEL, VECTOR_A_THREAD) else _fused_launch(case, function))
+                  if function in POLICY_CANDIDATES else _fused_launch(case, function))
         if launch is not None:
             result.append((fused, [(launch, device_model.kernel_work(launch))]))
     for predicted, function in PREDICTED.items():
@@ -531,10 +540,11 @@ def _fused_launch(case: tuple[str, str, str], fused: str = "involution_generated
 
 def _lanes_on_channels_launch(case: tuple[str, str, str], kernel: str, policy) -> Optional[Launch]:
     """The launch of the table's ``kernel`` call (forward, grad_input, grad_weight) at one
-    (shape, dtype, layout) under ``policy`` (``LAST_PAIRS``, ``LAST_ONE_PIXEL`` or
-    ``LAST_VECTOR_GRAD_INPUT``), recorded on CPU tensors; None where it launches what the ops'
-    policy launches (NCHW calls; channels_last ones that already give a thread one vector), or
-    (the others) what ``LAST_PAIRS`` launches."""
+    (shape, dtype, layout) under ``policy`` (``LAST_PAIRS``, ``LAST_ONE_PIXEL``,
+    ``LAST_VECTOR_GRAD_INPUT`` or ``VECTORS_WIDE``), recorded on CPU tensors (which take the
+    vectors forward's narrow instantiations); None where it launches what the ops' policy
+    launches (NCHW calls but the wide vectors forward's; channels_last ones that already give a
+    thread one vector), or (the others) what ``LAST_PAIRS`` launches."""
     name, dtype_name, layout = case
     shape = table_shape(name)
     qualname, args = calls(shape, getattr(torch, dtype_name), layout)[kernel]
@@ -698,12 +708,19 @@ def instruction_lines(data: list[dict]) -> list[str]:
 # ---------------------------------------------------------------------------------------
 
 
+def _unnamed(events: list) -> list:
+    """``events`` with each launch's instantiation name left out: what its SASS and trace give."""
+    return [dataclasses.replace(e, kernel="") if isinstance(e, LaunchInputs) else e for e in events]
+
+
 def changed_rows(rows: list[dict], current: list[dict]) -> list[dict]:
     """The rows whose model inputs the current kernels change (their SASS or their trace): each
-    with the current inputs, as the json keeps them."""
+    with the current inputs, as the json keeps them. An instantiation renamed alone (a template
+    argument added, whose first value is the kernel as it was: the vectors forward's WIDE) is no
+    change."""
     now = {_key(r): r["events"] for r in current}
     return [{"shape": r["shape"], "dtype": r["dtype"], "layout": r["layout"], "kernel": r["kernel"],
-             "events": events_to_json(now[_key(r)])} for r in rows if now[_key(r)] != r["events"]]
+             "events": events_to_json(now[_key(r)])} for r in rows if _unnamed(now[_key(r)]) != _unnamed(r["events"])]
 
 
 def changed_lines(data: list[dict], rows: list[dict], constants: Constants, bandwidth: float) -> list[str]:
@@ -760,6 +777,32 @@ def one_pixel_choices(data: list[dict], pixels: list[dict], constants: Constants
     return choices
 
 
+def builds_on(arch: str, source_name: str) -> dict:
+    """Each instantiation of a source (by name) -> ptxas's report of NVRTC's compile of it with
+    CuPy's options for ``arch`` (``oplib.testing.nvrtc.KernelResources``: its registers and
+    spills), what the driver tells the host of the build (``vectors_wide``) on a GPU of that
+    architecture."""
+    from oplib.kernels.cuda_source import name_expression
+    from oplib.testing import nvrtc
+
+    return {name_expression(u.kernel, u.dtype, u.specialisation): u
+            for u in nvrtc.resource_usage(involution_cuda.load_source(source_name), arch)}
+
+
+def mark_h200_wide(candidates: list[dict]) -> None:
+    """Each wide vectors forward candidate marked with whether the host takes it on an H200
+    (``h200_host``, ``vectors_wide``'s rule): where sm_90's build of its instantiation does not
+    spill and leaves as many blocks resident as the narrow one's."""
+    builds = builds_on(H200.arch, involution_cuda.VECTORS_SOURCE)
+    for entry in candidates:
+        if entry["kernel"] == VECTORS_WIDE_FORWARD:
+            main = next(e for e in entry["events"] if isinstance(e, LaunchInputs))
+            wide, narrow = builds[main.kernel], builds[main.kernel.replace(", true>", ", false>")]
+            held = [device_model.resident_blocks(b.registers, main.threads_per_block, b.shared_memory, H200)
+                    for b in (wide, narrow)]
+            entry["h200_host"] = wide.spill_stores + wide.spill_loads == 0 and held[0] >= held[1]
+
+
 def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], constants: Constants,
                     bandwidth: float, pixels: list[dict]) -> list[str]:
     """``CANDIDATES``' rows predicted with the constants fitted above, beside the prediction and
@@ -771,13 +814,15 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
     cells, ratios = [], []
     for entry in (e for e in data if e["kernel"] in CANDIDATES):
         served = CANDIDATES[entry["kernel"]][0]
-        row = measured[" | ".join((entry["shape"], entry["dtype"], entry["layout"], served))]
+        case = (entry["shape"], entry["dtype"], entry["layout"])
+        row = measured.get(" | ".join((*case, CANDIDATE_BESIDE.get(entry["kernel"], served))))
+        row = row or measured[" | ".join((*case, served))]
         events = events_from_json(entry["events"])
         now = device_model.predict(row["events"], H200, constants, bandwidth)
         predicted = device_model.predict(events, H200, constants, bandwidth)
         main = next(e for e in events if isinstance(e, LaunchInputs))
         terms = device_model.launch_terms(main, H200, constants, bandwidth)
-        floor = floors[_key(row)]
+        floor = floors[" | ".join((*case, served))]
         expected = row["measured_s"] * predicted / now
         ratios.append(predicted / now)
         cells.append([entry["shape"], entry["dtype"], entry["layout"], entry["kernel"], f"`{main.kernel}`",
@@ -790,6 +835,8 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
         return [heading, "", "None: the measured table times every candidate kernel.", ""]
     choices = one_pixel_choices(data, pixels, constants, bandwidth)
     ones = [label for label, one, _ in choices if one]
+    widths = [(f"{e['shape']} {e['dtype']}", e.get("h200_host")) for e in data if e["kernel"] == VECTORS_WIDE_FORWARD]
+    wides = [label for label, taken in widths if taken]
     return [
         heading,
         "",
@@ -809,7 +856,13 @@ def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], const
         f"{len(ones)} of {len(choices)} rows ({', '.join(ones) or 'none'}), the model putting the host's choice the "
         f"faster of the two (or as fast) at {sum(faster for *_, faster in choices)} of {len(choices)}; and "
         "grad_input's other candidate under the policy, the chunked "
-        "kernel at one vector a thread (\"vector a thread\", `LAST_VECTOR_GRAD_INPUT`). Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
+        "kernel at one vector a thread (\"vector a thread\", `LAST_VECTOR_GRAD_INPUT`); and `involution_vectors.cu`'s "
+        "NCHW forward with twice a thread's channels (\"vectors, wide\", `VECTORS_WIDE`: each kernel row's weights "
+        "loaded and converted once for twice the multiply-adds), which the host takes on a GPU where its build keeps "
+        "them in registers and as many blocks resident as the narrow one's (`vectors_wide`, by the driver's local "
+        "memory of the build and its occupancy calculator; ptxas spills them at stride 2 on sm_80 to sm_90 and from "
+        f"sm_100 on): on an H200, by sm_90's build, at {len(wides)} of {len(widths)} rows ({', '.join(wides) or 'none'}), "
+        "each beside the narrow vectors forward, the op's kernel there now, as the draw measured it. Predicted with the constants fitted above, beside the prediction and the H200's measurement of the kernel "
         "that serves the row now: the measured time scaled by the two "
         f"predictions' ratio is what the next draw should find. Predicted / now {ratio_range(ratios)}, faster at "
         f"{sum(r < 1.0 for r in ratios)} of {len(ratios)} rows.",
@@ -1229,8 +1282,10 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
     ops the fastest of its kernels (predicted or measured) and the op's map route, at least its
     measured kernels and its other traffic at its DRAM floor. The unfused path: the draw's span
     conv (its span conv + involution less its involution forward), involution's forward,
-    grad_input and grad_weight as the op runs them now, and its span conv backward at its DRAM
-    floor (unmeasured: a lower bound)."""
+    grad_input and grad_weight as the op runs them now on an H200 (the forward: the wide vectors
+    forward where the H200 takes it, ``h200_host``, at its expected time: the narrow one's
+    measured time scaled by their two predictions), and its span conv backward at its DRAM floor
+    (unmeasured: a lower bound)."""
     # the routes the draw timed whole (``route_times``; ``routes`` in place of the committed run's)
     measured = {**(route_times() if routes is None else routes), **{_key(r): r["measured_s"] for r in rows}}
     drawn = dict(measured)  # as the draw measured them, before the changed kernels' scaling
@@ -1261,6 +1316,18 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
         """involution's ``kernel`` at ``row`` as the op runs it now: the vectors kernel where it serves."""
         return measured.get(f"{row} | {vectors}", measured[f"{row} | {kernel}"])
 
+    wide = {" | ".join((e["shape"], e["dtype"], e["layout"])): e for e in data
+            if e["kernel"] == VECTORS_WIDE_FORWARD and e.get("h200_host")}
+
+    def forward_as_run(row: str) -> float:
+        """involution's forward at ``row`` as the op runs it now on an H200: the wide vectors
+        forward where it takes it, the narrow one's measured time scaled by their predictions."""
+        narrow = as_run(row, "forward", VECTORS)
+        if row not in wide or f"{row} | {VECTORS}" not in events_by:
+            return narrow
+        return narrow * (device_model.predict(events_from_json(wide[row]["events"]), H200, constants, bandwidth)
+                         / device_model.predict(events_by[f"{row} | {VECTORS}"], H200, constants, bandwidth))
+
     totals = []
     for key, span_and_involution in before.items():
         shape_name, dtype, layout = key.split(" | ")[:3]
@@ -1273,7 +1340,7 @@ def layer_totals(data: list[dict], changed: list[dict], rows: list[dict], table:
 
         # The draw's span conv: its span conv + involution ran involution's forward as the op did then.
         span_forward = span_and_involution - drawn[f"{row} | forward"]
-        unfused_forward = span_forward + as_run(row, "forward", VECTORS)
+        unfused_forward = span_forward + forward_as_run(row)
         unfused_input = as_run(row, "grad_input", VECTORS_GRAD_INPUT)
         unfused_weight = as_run(row, "grad_weight", VECTORS_GRAD_WEIGHT)
         torch_dtype = getattr(torch, dtype)
@@ -1364,8 +1431,10 @@ def layer_lines(totals: list[dict]) -> list[str]:
         "floor (`generator_grads_through_map`; a lower bound), or each as a draw measured it (\"map route, measured\": "
         "the generated grad_input and generator grads rows, from the seventh draw on). The unfused path: the draw's span conv (its span "
         "conv + involution less the involution forward it ran), involution's forward, grad_input and grad_weight as "
-        "the op runs them now (the vectors kernels where they serve the call: what the next draw's span conv + "
-        "involution runs), and the span conv's backward at its DRAM floor (the weight map's gradient and the "
+        "the op runs them now on an H200 (the vectors kernels where they serve the call: what the next draw's span "
+        "conv + involution runs; the forward's wide instantiations where the H200's build of them does not spill, "
+        "at their expected time: the narrow forward's measured time scaled by the two predictions), and the span "
+        "conv's backward at its DRAM floor (the weight map's gradient and the "
         "feature read and grad_feature written once; unmeasured, so the unfused total is a lower bound and the "
         f"fused / unfused ratio an upper bound). Fused / unfused: {'; '.join(verdicts)}. In bfloat16 the map route "
         f"is the faster grad_input at {by_map[0]} of {len(routes)} rows and the faster generator's gradients at "
@@ -1883,6 +1952,7 @@ def main() -> None:
     lines, model = report(rows, bandwidth, h100_measured())
     model["instructions"] = ncu_instructions(rows)
     model["changed"] = changed_rows(rows, current)
+    mark_h200_wide(candidates)
     model["candidates"] = [{**entry, "events": events_to_json(entry["events"])} for entry in candidates]
     model["unmeasured"] = [{**entry, "events": events_to_json(entry["events"])} for entry in unmeasured]
     model["architectures"] = architecture_entries()

@@ -65,6 +65,8 @@ MAX_BLOCK = (1024, 1024, 64)
 SHARED_BYTES_WITHOUT_OPT_IN = 48 * 1024
 # cudaFuncAttributeMaxDynamicSharedMemorySize (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
 _MAX_DYNAMIC_SHARED_ATTRIBUTE = 8
+# CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: a kernel's local memory a thread (``local_bytes``).
+_LOCAL_SIZE_ATTRIBUTE = 3
 
 
 def _dim3(value: int | Sequence[int]) -> tuple[int, int, int]:
@@ -278,6 +280,18 @@ class CuPyLauncher:
         blocks = self._in_context(index, self._driver.occupancyMaxActiveBlocksPerMultiprocessor, function, threads,
                                   shared_bytes)
         return blocks, torch.cuda.get_device_properties(index).multi_processor_count
+
+    def local_bytes(self, source: KernelSource, kernel: str, dtype: torch.dtype, specialisation: tuple[str, ...],
+                    device: torch.device) -> Optional[int]:
+        """The local memory a thread of ``kernel``'s instantiation takes on ``device``, by the
+        driver (``CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES``: what ptxas spilled, and arrays it kept out
+        of registers): what a launch policy that chooses a wider instantiation where it did not
+        spill weighs; None for a device that is no GPU. Compiles the instantiation if it must."""
+        if device.type != "cuda":
+            return None
+        index = torch.cuda.current_device() if device.index is None else device.index
+        function = self.function(source, kernel, dtype, specialisation, index)
+        return self._in_context(index, self._driver.funcGetAttribute, _LOCAL_SIZE_ATTRIBUTE, function)
 
     def _stream(self, device: int) -> int:
         """PyTorch's current stream on ``device``, read at each launch (so streams and graph

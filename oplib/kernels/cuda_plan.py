@@ -109,6 +109,11 @@ class LaunchRecorder:
         through the recorder chooses its launch as an unplanned one does."""
         return getattr(self.launcher, "occupancy", None)
 
+    @property
+    def local_bytes(self):
+        """The wrapped launcher's ``local_bytes`` (None where it has none), as ``occupancy``."""
+        return getattr(self.launcher, "local_bytes", None)
+
 
 class LaunchPlans:
     """An op's CUDA kernel ``(*args) -> result`` with a plan per call signature.

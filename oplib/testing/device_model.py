@@ -1325,15 +1325,18 @@ def _generated_mma_backward_generator_wide(t: _Tally, item: Tensor, launch: Laun
 
 def _vectors_item(launch: Launch, item: Tensor, columns: int, rows: int, parts: Optional[int] = None):
     """``decode_vector_item`` of involution_vectors.cu over rows of ``columns`` pixels, with the
-    kernel's pixels a lane and channels a thread read from its source, as the host reads them:
-    (pixels, channels, vector s, row, part k, group g, sample n) of each work item. ``parts``:
-    kernel rows, or by default the chunks of a group's channels."""
+    kernel's pixels a lane and channels a thread read from its source, as the host reads them
+    (the forward's WIDE instantiations, its third argument, twice as many): (pixels, channels,
+    vector s, row, part k, group g, sample n) of each work item. ``parts``: kernel rows, or by
+    default the chunks of a group's channels."""
     from ..kernels.cuda_source import load_source
     from ..kernels.involution import cuda as involution_cuda
 
     source = load_source(launch.source)
     P = involution_cuda.vectors_pixels(source, launch.dtype)
-    chunk = involution_cuda.vectors_channels(source, launch.dtype, launch.kernel == "involution_backward_input_vectors")
+    wide = launch.kernel == "involution_forward_vectors" and launch.specialisation[2] == "true"
+    chunk = involution_cuda.vectors_channels(source, launch.dtype, launch.kernel == "involution_backward_input_vectors",
+                                             wide)
     C, G = launch.scalars[1], launch.scalars[4]
     parts = parts or C // G // chunk
     s, rest = item % (columns // P), item // (columns // P)

@@ -320,6 +320,8 @@ def resource_table(usage: list[KernelResources]) -> str:
         "",
         f"- register budget: {REGISTER_BUDGET} per thread, the most at which {MIN_RESIDENT_BLOCKS} blocks stay resident on",
         "  an SM of every target; `tests/kernels/cuda/test_cuda_compile.py` requires every kernel within it, with no spills",
+        "  but in instantiations the host takes only where the GPU's build uses no local memory (involution_vectors.cu's",
+        "  WIDE forward, `oplib.kernels.involution.cuda.vectors_wide`): their spills are summed in its rows below",
         f"- most registers: {max(u.registers for u in usage)}; spilled bytes in all: {spills}; "
         f"most static shared memory: {max(u.shared_memory for u in usage)} B",
         "",

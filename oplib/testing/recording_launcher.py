@@ -56,8 +56,10 @@ class RecordingCuPyLauncher(CuPyLauncher):
         self._handles = itertools.count(1)
 
     # No GPU to ask: a launch policy that weighs the GPU's occupancy (the staged forward's
-    # tiles) takes its choice without it, as on any launcher that has no ``occupancy``.
+    # tiles) or its build's local memory (involution_vectors.cu's channels a thread) takes its
+    # choice without it, as on any launcher that has neither.
     occupancy = None
+    local_bytes = None
 
     @property
     def launches(self) -> int:

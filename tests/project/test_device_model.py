@@ -458,6 +458,27 @@ def test_the_vectors_traces_count_a_launch_counted_by_hand(kernel):
     assert work.fma_requests == rows * 4 * 3 * 4
 
 
+def test_the_wide_vectors_forward_trace_counts_a_launch_counted_by_hand():
+    """The forward's WIDE instantiation at the same row with 8 channels in one group: 8 channels
+    a thread, still one warp a row. Per kernel row inside the image the row's 3 weight vectors,
+    then per channel 3 window vectors (two lines each); 12 multiply-adds a channel; a vector
+    store a channel."""
+    from oplib.kernels.involution import cuda as involution_cuda
+
+    x, w = torch.randn(1, 8, 8, 128, dtype=torch.bfloat16), torch.randn(1, 1, 3, 3, 8, 128, dtype=torch.bfloat16)
+    recording = device_model.RecordingLauncher()
+    assert involution_cuda.involution_vectors(x, w, [1, 1], [1, 1], [1, 1], torch.empty_like(x), recording,
+                                              involution_cuda.VECTORS_WIDE) is not None
+    (launch,) = recording.launches
+    assert launch.specialisation == ("3", "1", "true")
+    work = device_model.kernel_work(launch)
+    rows, loads = 6 * 3 + 2 * 2, 3 + 8 * 3
+    assert work.warps == 8
+    assert (work.load_requests, work.load_lines) == (rows * loads, rows * loads * 2)
+    assert (work.store_requests, work.store_lines) == (8 * 8, 8 * 8 * 2)
+    assert work.fma_requests == rows * 8 * 3 * 4
+
+
 def test_the_vectors_grad_weight_trace_counts_a_launch_counted_by_hand():
     """involution_vectors.cu's grad_weight at the same launch: a warp a (kernel row, output row)
     pair, 24 warps, 22 of them reading a row inside the image. Per channel (4) a grad_output

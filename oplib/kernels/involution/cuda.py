@@ -77,7 +77,10 @@ class LaunchPolicy:
     until a draw has timed it beside the kernels the op takes now (the kernel table's "dense
     window" column of the grad_weight and generator grads rows). ``last_pixels``: the output
     pixels of a row a lane of ``involution_last.cu``'s forward and grad_weight takes, 1 or 2;
-    None: chosen by the GPU's occupancy (``last_pixels``).
+    None: chosen by the GPU's occupancy (``last_pixels``). ``vectors_wide``: whether
+    ``involution_vectors.cu``'s forward takes ``VECTORS_WIDE_FACTOR`` times its channels a thread
+    (its WIDE instantiations); None: where the GPU's build of them keeps everything in registers
+    (``vectors_wide``).
     """
 
     kernel_sizes: tuple[int, ...]
@@ -92,6 +95,7 @@ class LaunchPolicy:
     grad_input_segments: bool = True
     dense_window: bool = False
     last_pixels: Optional[int] = None
+    vectors_wide: Optional[bool] = None
 
     @classmethod
     def from_source(cls, source: KernelSource) -> LaunchPolicy:
@@ -140,6 +144,11 @@ class LaunchPolicy:
 POLICY = LaunchPolicy.from_source(load_source(SOURCE))
 # The chunked kernels wherever they serve, with none of involution_vectors.cu's.
 CHUNKED = dataclasses.replace(POLICY, vectors=False)
+# The ops' policy with involution_vectors.cu's forward at its channels a thread fixed, whatever
+# the GPU's build of its WIDE instantiations (``vectors_wide``): what the kernel table times side
+# by side.
+VECTORS_NARROW = dataclasses.replace(POLICY, vectors_wide=False)
+VECTORS_WIDE = dataclasses.replace(POLICY, vectors_wide=True)
 # The ops' policy with a lane a vector of a group's channels in every channels_last call.
 LAST = dataclasses.replace(POLICY, lanes_on_channels=True)
 # ``LAST`` with channels_last grad_input on the chunked kernel at one vector a thread: the two
@@ -214,7 +223,8 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Te
                launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Tensor:
     """input: (N, C, H, W), weight: (N, G, KH, KW, Ho, Wo) -> out: (N, C, Ho, Wo)."""
     policy = policy or POLICY
-    if policy.vectors and involution_vectors(input, weight, stride, padding, dilation, out, launcher) is not None:
+    if policy.vectors and involution_vectors(input, weight, stride, padding, dilation, out, launcher,
+                                             policy) is not None:
         return out
     if policy.lanes_on_channels and involution_last(input, weight, stride, padding, dilation, out,
                                                     launcher, policy) is not None:
@@ -230,11 +240,12 @@ def involution(input: Tensor, weight: Tensor, stride, padding, dilation, out: Te
 
 
 def vectors_specialisation(source: KernelSource, kernel_size, stride, dilation) -> Optional[tuple[str, str]]:
-    """The (KERNEL, STRIDE) instantiation of ``involution_forward_vectors`` for a window, or
-    None where the source has none (non-square kernels or strides, dilation, other sizes)."""
+    """The (KERNEL, STRIDE) instantiation of ``involution_forward_vectors`` (its WIDE argument
+    after them) and ``involution_backward_weight_vectors`` for a window, or None where the source
+    has none (non-square kernels or strides, dilation, other sizes)."""
     fixed = (str(kernel_size[0]), str(stride[0]))
     square = kernel_size[0] == kernel_size[1] and stride[0] == stride[1] and tuple(dilation) == (1, 1)
-    return fixed if square and fixed in source.specialisations["involution_forward_vectors"] else None
+    return fixed if square and fixed in source.specialisations["involution_backward_weight_vectors"] else None
 
 
 def vectors_pixels(source: KernelSource, dtype: torch.dtype) -> int:
@@ -242,10 +253,41 @@ def vectors_pixels(source: KernelSource, dtype: torch.dtype) -> int:
     return source.constants["VECTORS_PIXELS_8_BYTE" if dtype.itemsize == 8 else "VECTORS_PIXELS"]
 
 
-def vectors_channels(source: KernelSource, dtype: torch.dtype, grad_input: bool = False) -> int:
-    """Channels one thread of ``involution_forward_vectors`` owns (``Vectors::channels``), or of
+def vectors_channels(source: KernelSource, dtype: torch.dtype, grad_input: bool = False, wide: bool = False) -> int:
+    """Channels one thread of ``involution_forward_vectors`` owns (``Vectors::channels``; ``wide``:
+    its WIDE instantiations', ``VECTORS_WIDE_FACTOR`` times as many), or of
     ``involution_backward_input_vectors`` (``Vectors::grad_input_channels``)."""
-    return source.constants[f"VECTORS_{'GRAD_INPUT_' if grad_input else ''}CHANNELS_{dtype.itemsize}_BYTE"]
+    channels = source.constants[f"VECTORS_{'GRAD_INPUT_' if grad_input else ''}CHANNELS_{dtype.itemsize}_BYTE"]
+    return channels * (source.constants["VECTORS_WIDE_FACTOR"] if wide else 1)
+
+
+def vectors_wide(launcher: Optional[Launcher], source: KernelSource, dtype: torch.dtype,
+                 specialisation: tuple[str, ...], device: torch.device, policy: Optional[LaunchPolicy] = None) -> bool:
+    """Whether ``involution_forward_vectors`` at the window ``specialisation`` takes its WIDE
+    instantiation: ``policy.vectors_wide`` where set; else where the launcher's GPU builds it
+    without local memory (the driver's ``CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES``: ptxas kept its sums
+    and weights in registers) and holds as many of its blocks at once as of the narrow one's (the
+    driver's occupancy calculator); the narrow one where it spilled, where its registers cost a
+    resident block, and where the launcher cannot tell (no ``local_bytes`` or no ``occupancy``:
+    the recording and emulating launchers, whose launches are the GPU-less default).
+
+    Why: a thread's more channels load and convert each kernel row's weights once for twice the
+    multiply-adds (the offline model: 0.82x of the time in bfloat16, 0.77x in float32, at
+    RedNet-50's first stage on an H200), but fill the registers two blocks an SM leave: ptxas
+    spills them on some targets (its comment in involution_vectors.cu), and at a 3 x 3 window,
+    whose three weights a row leave little to save, they leave sm_90 two blocks of the narrow
+    one's three, and the model puts them slower (RedNet-50's stem in bfloat16)."""
+    if policy is not None and policy.vectors_wide is not None:
+        return policy.vectors_wide
+    local_bytes, occupancy = getattr(launcher, "local_bytes", None), getattr(launcher, "occupancy", None)
+    if local_bytes is None or occupancy is None:
+        return False
+    kernel = "involution_forward_vectors"
+    if local_bytes(source, kernel, dtype, (*specialisation, "true"), device) != 0:
+        return False
+    wide, narrow = (occupancy(source, kernel, dtype, (*specialisation, width), device, BLOCK_SIZE, 0)
+                    for width in ("true", "false"))
+    return wide is not None and narrow is not None and wide[0] >= narrow[0]
 
 
 def _vectors_window(source: KernelSource, kernel_size, stride, padding, dilation, tensors: tuple, width: int,
@@ -264,11 +306,19 @@ def _vectors_window(source: KernelSource, kernel_size, stride, padding, dilation
     return None if width % pixels or out_width % pixels else specialisation
 
 
+def taken_without_spills(source_name: str, kernel: str, specialisation: tuple[str, ...]) -> bool:
+    """Whether the host launches this instantiation only where the GPU's build of it uses no
+    local memory (``vectors_wide``: involution_vectors.cu's WIDE forward), so that ptxas spilling
+    it on some target costs nothing there: the register-budget test lets it spill."""
+    return source_name == VECTORS_SOURCE and kernel == "involution_forward_vectors" and specialisation[2] == "true"
+
+
 def involution_vectors(input: Tensor, weight: Tensor, stride, padding, dilation, out: Tensor,
-                       launcher: Optional[Launcher] = None) -> Optional[Tensor]:
+                       launcher: Optional[Launcher] = None, policy: Optional[LaunchPolicy] = None) -> Optional[Tensor]:
     """input: (N, C, H, W), weight: (N, G, K, K, Ho, Wo) -> out: (N, C, Ho, Wo), all contiguous
     (NCHW), by the kernel that gives a lane a vector of adjacent output pixels and a thread a
-    fixed number of a group's channels; None, out untouched, where it declines: another
+    fixed number of a group's channels (twice as many where ``vectors_wide`` takes its WIDE
+    instantiation and a group's channels are a multiple); None, out untouched, where it declines: another
     layout, a window without an instantiation, a horizontal padding other than K // 2, a width
     or output width not a multiple of the vector, a pointer not aligned to it, a group's
     channels not a multiple of a thread's, or more work items than an int counts. The same bits as
@@ -281,12 +331,16 @@ def involution_vectors(input: Tensor, weight: Tensor, stride, padding, dilation,
     pixels, per_thread = vectors_pixels(source, input.dtype), vectors_channels(source, input.dtype)
     if specialisation is None or (channels // groups) % per_thread:
         return None
+    launcher = launcher or cupy_launcher()
+    wide = (channels // groups) % vectors_channels(source, input.dtype, wide=True) == 0 and vectors_wide(
+        launcher, source, input.dtype, specialisation, input.device, policy)
+    per_thread = vectors_channels(source, input.dtype, wide=wide)
     threads = n * (channels // per_thread) * out_h * (out_w // pixels)
     if threads > POLICY.index32_limit:  # the kernel counts its work items in an int
         return None
-    _run(launcher or cupy_launcher(), "involution_forward_vectors", out, True, (input, weight),
-         (threads, channels, height, width, groups, out_h, out_w, padding[0]), threads, specialisation,
-         VECTORS_SOURCE)
+    _run(launcher, "involution_forward_vectors", out, True, (input, weight),
+         (threads, channels, height, width, groups, out_h, out_w, padding[0]), threads,
+         (*specialisation, "true" if wide else "false"), VECTORS_SOURCE)
     return out
 
 

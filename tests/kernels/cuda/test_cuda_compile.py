@@ -184,13 +184,18 @@ def test_cupy_hands_nvrtc_the_options_the_nvrtc_tests_use(arch, monkeypatch):
 @pytest.mark.parametrize("filename", CUDA_SOURCES)
 def test_kernels_stay_within_the_register_budget(filename, arch, covering):
     """No spills, and at most nvrtc.REGISTER_BUDGET registers a thread, so that two blocks of
-    the launch size stay resident on an SM of every target (see oplib/testing/nvrtc.py)."""
+    the launch size stay resident on an SM of every target (see oplib/testing/nvrtc.py); an
+    instantiation the host takes only where the GPU's build keeps it in registers
+    (``taken_without_spills``: involution_vectors.cu's WIDE forward) may spill, and on sm_90,
+    the GPU the tables are measured on, keeps its stride-1 instantiations in registers."""
     source = load_source(filename)
     usage = nvrtc.resource_usage(source, arch, covering)
     assert len(usage) == len(_compiled_instantiations(source, covering))
     for u in usage:
         where = f"{u.kernel} {u.dtype} {arch}"
-        assert u.spill_stores == 0 and u.spill_loads == 0, f"{where} spills: {u}"
+        checked = involution_cuda.taken_without_spills(filename, u.kernel, u.specialisation)
+        if not checked or (arch == "sm_90" and u.specialisation[1] == "1"):
+            assert u.spill_stores == 0 and u.spill_loads == 0, f"{where} spills: {u}"
         assert u.registers <= nvrtc.REGISTER_BUDGET, f"{where} uses {u.registers} registers"
 
 

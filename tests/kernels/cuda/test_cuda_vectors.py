@@ -1,5 +1,6 @@
 """involution_vectors.cu (involution's NCHW forward, stride-1 grad_input and grad_weight, a vector
-of pixels a lane) through the host emulation: against the float64 reference on the registry's samples and
+of pixels a lane; the forward with a thread's channels and with twice as many, its WIDE
+instantiations) through the host emulation: against the float64 reference on the registry's samples and
 random geometries (borders on every side, every kernel size and, for the forward, both strides;
 every dtype), the same bits as involution.cu's chunked kernels, infinite weights at taps
 outside the image, the cases they decline, AddressSanitizer, and planted bugs that these checks
@@ -10,16 +11,18 @@ from __future__ import annotations
 import functools
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 import torch
 
 from oplib import registry
 from oplib.kernels import CUDA_DISPATCH, load_source
+from oplib.kernels.cuda_launch import CuPyLauncher
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.testing import assert_matches_reference
 from oplib.testing.cuda_emulation import EmulatedLauncher
+from oplib.testing.device_model import RecordingLauncher
 from oplib.testing.toolchain import require_host_compiler
 
 from cuda_test_helpers import _planted, assert_asan_catches, assert_clean_under_asan
@@ -27,8 +30,9 @@ from cuda_test_helpers import _planted, assert_asan_catches, assert_clean_under_
 
 @dataclass(frozen=True)
 class Kind:
-    """One of the source's two kernels: its name, the op whose reference it is checked against,
-    the host function that launches it, and the chunked kernel's (same arguments)."""
+    """One of the source's kernels: its name, the op whose reference it is checked against,
+    the host function that launches it, and the chunked kernel's (same arguments); the forward's
+    ``wide``: whether it launches the WIDE instantiations (``vectors_wide``)."""
 
     kernel: str
     op: str
@@ -36,16 +40,21 @@ class Kind:
     chunked: Callable
     grad_input: bool = False
     grad_weight: bool = False
+    wide: Optional[bool] = None
 
     @property
     def chunked_kernel(self) -> str:
         """The name of involution.cu's chunked kernel that serves the same calls."""
         return self.kernel.replace("_vectors", "_chunked")
 
+    def instantiations(self) -> list[tuple[str, ...]]:
+        """The kernel's instantiations the kind launches (the forward's of its width)."""
+        listed = load_source(involution_cuda.VECTORS_SOURCE).specialisations[self.kernel]
+        return [s for s in listed if self.wide is None or s[2] == ("true" if self.wide else "false")]
+
     def specialisations(self) -> list[tuple[int, int]]:
         """(kernel size, stride) of each instantiation (grad_input: stride 1)."""
-        listed = load_source(involution_cuda.VECTORS_SOURCE).specialisations[self.kernel]
-        return [(int(s[0]), int(s[1]) if len(s) > 1 else 1) for s in listed]
+        return [(int(s[0]), int(s[1]) if len(s) > 1 else 1) for s in self.instantiations()]
 
 
 def _chunked(function: Callable) -> Callable:
@@ -54,15 +63,22 @@ def _chunked(function: Callable) -> Callable:
     return functools.partial(function, policy=involution_cuda.CHUNKED)
 
 
-FORWARD = Kind("involution_forward_vectors", "involution", involution_cuda.involution_vectors,
-               _chunked(involution_cuda.involution), grad_input=False)
+# The forward with its width fixed (``vectors_wide``), so that each kind launches its own whatever
+# the launcher: on a GPU the host's choice would take the WIDE instantiations wherever they do not
+# spill, and the narrow ones would go untested there.
+FORWARD = Kind("involution_forward_vectors", "involution",
+               functools.partial(involution_cuda.involution_vectors, policy=involution_cuda.VECTORS_NARROW),
+               _chunked(involution_cuda.involution), wide=False)
+FORWARD_WIDE = Kind(FORWARD.kernel, FORWARD.op,
+                    functools.partial(involution_cuda.involution_vectors, policy=involution_cuda.VECTORS_WIDE),
+                    FORWARD.chunked, wide=True)
 GRAD_INPUT = Kind("involution_backward_input_vectors", "involution_backward_input",
                   involution_cuda.involution_vectors_backward_input, _chunked(involution_cuda.involution_backward_input),
                   grad_input=True)
 GRAD_WEIGHT = Kind("involution_backward_weight_vectors", "involution_backward_weight",
                    involution_cuda.involution_vectors_backward_weight,
                    _chunked(involution_cuda.involution_backward_weight), grad_weight=True)
-KINDS = {"forward": FORWARD, "grad_input": GRAD_INPUT, "grad_weight": GRAD_WEIGHT}
+KINDS = {"forward": FORWARD, "forward, wide": FORWARD_WIDE, "grad_input": GRAD_INPUT, "grad_weight": GRAD_WEIGHT}
 
 
 def _result(kind: Kind, args: tuple) -> torch.Tensor:
@@ -81,7 +97,8 @@ def _case(kind: Kind, rng: random.Random, kernel: int, stride: int, dtype: torch
     any vertical padding; a group's channels one or two threads'."""
     source = load_source(involution_cuda.VECTORS_SOURCE)
     pixels = involution_cuda.vectors_pixels(source, dtype)
-    per_thread = 1 if kind.grad_weight else involution_cuda.vectors_channels(source, dtype, kind.grad_input)
+    per_thread = 1 if kind.grad_weight else involution_cuda.vectors_channels(source, dtype, kind.grad_input,
+                                                                             bool(kind.wide))
     groups, per_group = rng.choice([1, 2, 3]), per_thread * rng.choice([1, 2])
     n, height = rng.choice([1, 2]), rng.randint(1, 10)
     width = pixels * stride * rng.randint(1, 5)  # the output width a multiple of the vector too
@@ -124,8 +141,7 @@ def test_vectors_match_the_reference_and_the_chunked_kernels_bits(kind):
     require_host_compiler()
     kind = KINDS[kind]
     launched = _check_random(kind, EmulatedLauncher(), cases=3, seed=5)
-    instantiations = load_source(involution_cuda.VECTORS_SOURCE).specialisations[kind.kernel]
-    assert launched == {(kind.kernel, s) for s in instantiations}
+    assert launched == {(kind.kernel, s) for s in kind.instantiations()}
 
 
 @pytest.mark.needs_cuda
@@ -183,12 +199,15 @@ def test_the_ops_take_the_vectors_kernels_where_they_serve(kind):
     require_host_compiler()
     kind = KINDS[kind]
     dispatch, spec, rng = CUDA_DISPATCH[f"oplib::{kind.op}"], registry.get(kind.op), random.Random(3)
+    # (the forward's width as the kind's: the emulation, which cannot tell, takes the narrow one)
+    policy = (involution_cuda.VECTORS_WIDE,) if kind.wide else ()
     for kernel, stride in kind.specialisations():
         for dtype in (torch.float32, torch.bfloat16):
             args = _case(kind, rng, kernel, stride, dtype)
             routed, chunked = EmulatedLauncher(), EmulatedLauncher()
-            out = dispatch(*args, routed)
+            out = dispatch(*args, routed, *policy)
             assert [launch[0] for launch in routed.launches] == [kind.kernel]
+            assert kind.wide is None or routed.launches[0][4] in kind.instantiations()
             assert torch.equal(out, dispatch(*args, chunked, involution_cuda.CHUNKED))
             assert [launch[0] for launch in chunked.launches] == [kind.chunked_kernel]
             for name, declined in _declined_variants(kind, args).items():
@@ -196,6 +215,86 @@ def test_the_ops_take_the_vectors_kernels_where_they_serve(kind):
                 result = dispatch(*declined, fallback)
                 assert [launch[0] for launch in fallback.launches] == [kind.chunked_kernel], name
                 assert_matches_reference(spec, registry.SampleInput(declined, name), result, dtype)
+
+
+class _Builds(RecordingLauncher):
+    """A recording launcher that answers ``local_bytes`` and ``occupancy`` as a GPU of 132 SMs
+    whose build of each instantiation takes ``local[specialisation]`` bytes of local memory and
+    leaves ``blocks[specialisation]`` blocks an SM would, and keeps what it was asked."""
+
+    def __init__(self, local: dict, blocks: Optional[dict] = None):
+        super().__init__()
+        self.local, self.blocks, self.asked = local, blocks or {}, []
+
+    def local_bytes(self, source, kernel, dtype, specialisation, device):
+        self.asked.append(("local_bytes", kernel, dtype, specialisation, device.type))
+        return self.local[specialisation]
+
+    def occupancy(self, source, kernel, dtype, specialisation, device, threads, shared_bytes):
+        self.asked.append(("occupancy", kernel, specialisation, threads, shared_bytes))
+        return self.blocks.get(specialisation, 2), 132
+
+
+def test_the_forward_takes_the_wide_instantiation_where_the_gpu_keeps_it_in_registers():
+    """``vectors_wide``: the WIDE instantiation where the launcher's GPU builds it without local
+    memory (no spill) and holds as many of its blocks at once as of the narrow one's; the narrow
+    one where it spilled, where it leaves fewer blocks resident (a 3 x 3 window's on sm_90), where
+    the launcher cannot tell (the recording and emulating launchers: no ``local_bytes``) and
+    where a group's channels are no multiple of a wide thread's; a policy's ``vectors_wide``
+    decides alone. The launch covers the channels either way (its work items' count)."""
+    source = load_source(involution_cuda.VECTORS_SOURCE)
+    x, w = torch.randn(2, 16, 8, 8, dtype=torch.bfloat16), torch.randn(2, 2, 7, 7, 8, 8, dtype=torch.bfloat16)
+    window = ([1, 1], [3, 3], [1, 1])
+
+    def launched(launcher, policy=None, args=(x, w)):
+        out = _result(FORWARD, (*args, *window))
+        assert involution_cuda.involution_vectors(*args, *window, out, launcher, policy) is out
+        (launch,) = launcher.launches
+        return launch.specialisation[2], launch.scalars[0]  # (total: the work items)
+
+    per_thread = involution_cuda.vectors_channels(source, torch.bfloat16)
+    narrow_items, wide_items = 2 * 16 // per_thread * 8 * 2, 2 * 16 // (2 * per_thread) * 8 * 2
+    kept, spilled = _Builds({("7", "1", "true"): 0}), _Builds({("7", "1", "true"): 16})
+    assert launched(kept) == ("true", wide_items)
+    assert kept.asked == [("local_bytes", "involution_forward_vectors", torch.bfloat16, ("7", "1", "true"), "cpu"),
+                          ("occupancy", "involution_forward_vectors", ("7", "1", "true"), 256, 0),
+                          ("occupancy", "involution_forward_vectors", ("7", "1", "false"), 256, 0)]
+    assert launched(spilled) == ("false", narrow_items)
+    fewer = _Builds({("7", "1", "true"): 0}, {("7", "1", "true"): 2, ("7", "1", "false"): 3})
+    assert launched(fewer) == ("false", narrow_items)
+    assert launched(RecordingLauncher()) == ("false", narrow_items)
+    assert launched(_Builds({("7", "1", "true"): 0}), involution_cuda.VECTORS_NARROW) == ("false", narrow_items)
+    assert launched(RecordingLauncher(), involution_cuda.VECTORS_WIDE) == ("true", wide_items)
+    # a group of 4 channels: one narrow thread's, no wide one's
+    four = (torch.randn(2, 8, 8, 8, dtype=torch.bfloat16), w)
+    assert launched(_Builds({("7", "1", "true"): 0}), args=four)[0] == "false"
+
+
+def test_cupys_launcher_asks_the_driver_for_a_builds_local_memory():
+    """CuPyLauncher.local_bytes: the driver's CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES (3) of the
+    instantiation's own function, in its device's context; None for a device that is no GPU."""
+    from oplib.testing.recording_launcher import RecordingCuPyLauncher
+
+    class Driver:
+        def __init__(self):
+            self.asked = []
+
+        def ctxGetCurrent(self):
+            return 0
+
+        def funcGetAttribute(self, attribute, function):
+            self.asked.append((attribute, function))
+            return 24
+
+    source = load_source(involution_cuda.VECTORS_SOURCE)
+    launcher = RecordingCuPyLauncher()  # (which hides local_bytes: no GPU to ask; CuPy's own is called)
+    launcher._driver = Driver()
+    wide = ("involution_forward_vectors", torch.bfloat16, ("7", "1", "true"))
+    launcher.load(source, 0, [wide])
+    function = launcher.function(source, *wide, 0)
+    assert CuPyLauncher.local_bytes(launcher, source, *wide, torch.device("cuda", 0)) == 24
+    assert launcher._driver.asked == [(3, function)]
+    assert CuPyLauncher.local_bytes(launcher, source, *wide, torch.device("cpu")) is None
 
 
 def _infinite_weights_outside(kind: Kind, launcher, dtypes=registry.FLOAT_DTYPES) -> None:
@@ -225,8 +324,8 @@ def _infinite_weights_outside(kind: Kind, launcher, dtypes=registry.FLOAT_DTYPES
                 continue
             if kind.grad_input:
                 args = (torch.randn(1, 8, 6 // stride, 16 // stride, dtype=dtype), w, [6, 16], *window)
-            else:
-                args = (torch.randn(1, 8, 6, 16, dtype=dtype), w, *window)
+            else:  # (the wide forward's: a 16-bit thread's 8 channels a group)
+                args = (torch.randn(1, 16 if kind.wide else 8, 6, 16, dtype=dtype), w, *window)
             out = kind.launch(*args, _result(kind, args), launcher)
             expected = kind.chunked(*args, _result(kind, args), EmulatedLauncher())
             assert torch.isfinite(expected).all()
@@ -315,9 +414,11 @@ def test_vectors_decline_what_they_do_not_serve():
 # times the window's -0 is NaN); in grad_weight, the sums of taps outside not reset to +0 (an
 # infinite grad_output times the window's -0). grad_input has no such weight to keep: a tap
 # outside its row reads no weight (the vector is not loaded), and its zeroing only keeps a -0
-# sum's sign.
+# sum's sign. The forward's WIDE instantiations share its code, so its first plant is checked
+# there too.
 PLANTS = {
     ("forward", "row-bound-one-past"): ("if (y < 0 || y >= H) continue;", "if (y < 0 || y > H) continue;"),
+    ("forward, wide", "row-bound-one-past"): ("if (y < 0 || y >= H) continue;", "if (y < 0 || y > H) continue;"),
     ("forward", "vector-bound-one-past"): ("first + v * PIXELS < width;", "first + v * PIXELS <= width;"),
     ("forward", "outside-weights-kept"): ("if (!vector_inside[(OFFSET + p * STRIDE + b) / PIXELS]) w[b][p] = 0;", ";"),
     ("grad_input", "row-bound-one-past"): ("if (i < 0 || i >= OH) continue;", "if (i < 0 || i > OH) continue;"),
@@ -329,6 +430,12 @@ PLANTS = {
 }
 VALUE_PLANTS = [key for key in PLANTS if key[1] != "outside-weights-kept"]
 WEIGHT_PLANTS = [key for key in PLANTS if key[1] == "outside-weights-kept"]
+# A bug of the WIDE instantiations alone, which the reference check must catch (it reads
+# nothing it should not: half of each item's channels are never written): a thread of them
+# taking a narrow thread's channels.
+WIDE_PLANTS = {("forward, wide", "wide-takes-narrow-channels"): (
+    "constexpr int CHANNELS = Vectors<scalar_t>::channels * (WIDE ? VECTORS_WIDE_FACTOR : 1);",
+    "constexpr int CHANNELS = Vectors<scalar_t>::channels;")}
 
 
 def _use(monkeypatch, planted) -> None:
@@ -337,10 +444,10 @@ def _use(monkeypatch, planted) -> None:
                         lambda name: planted if name == involution_cuda.VECTORS_SOURCE else real_load(name))
 
 
-@pytest.mark.parametrize("plant", VALUE_PLANTS, ids="-".join)
+@pytest.mark.parametrize("plant", VALUE_PLANTS + list(WIDE_PLANTS), ids="-".join)
 def test_a_planted_bug_fails_the_reference_check(plant, tmp_path, monkeypatch):
     require_host_compiler()
-    _use(monkeypatch, _planted(tmp_path, involution_cuda.VECTORS_SOURCE, *PLANTS[plant]))
+    _use(monkeypatch, _planted(tmp_path, involution_cuda.VECTORS_SOURCE, *{**PLANTS, **WIDE_PLANTS}[plant]))
     with pytest.raises(AssertionError):
         _check_random(KINDS[plant[0]], EmulatedLauncher(), cases=12, seed=5, dtypes=(torch.float32,))
 
@@ -355,6 +462,7 @@ def test_kept_outside_weights_fail_the_infinite_weight_check(plant, tmp_path, mo
 
 _RUN_RANDOM = """
 from oplib.testing.cuda_emulation import EmulatedLauncher
+from oplib.testing.device_model import RecordingLauncher
 from test_cuda_vectors import KINDS, _check_random
 launcher = EmulatedLauncher(sanitize=True)
 for kind in KINDS.values():
@@ -386,7 +494,13 @@ _GRAD_WEIGHT_CALL = """
     ops.involution_vectors_backward_weight(g, x, [3, 3], [1, 1], [1, 1], [1, 1], 1, torch.empty(1, 1, 3, 3, 4, 8),
                                            launcher)
 """
-ASAN_CALLS = {"forward": _FORWARD_CALL, "grad_input": _GRAD_INPUT_CALL, "grad_weight": _GRAD_WEIGHT_CALL}
+_WIDE_FORWARD_CALL = """
+    x, w = torch.randn(1, 4, 4, 8), torch.randn(1, 1, 3, 3, 4, 8)
+    ops.involution_vectors(x, w, [1, 1], [1, 1], [1, 1], torch.empty(1, 4, 4, 8), launcher, ops.VECTORS_WIDE)
+    assert launcher.launches[-1][4] == ("3", "1", "true")
+"""
+ASAN_CALLS = {"forward": _FORWARD_CALL, "forward, wide": _WIDE_FORWARD_CALL, "grad_input": _GRAD_INPUT_CALL,
+              "grad_weight": _GRAD_WEIGHT_CALL}
 
 
 @pytest.mark.integration

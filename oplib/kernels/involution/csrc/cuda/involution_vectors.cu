@@ -37,15 +37,23 @@
 
 // Adjacent output pixels a lane owns (one vector: 8 bytes of bfloat16/float16, 16 of float32
 // and float64), and channels a thread owns, by the bytes of a value (the host takes this kernel
-// only where a group's channels are a multiple). More channels load and convert a kernel row's
-// weights fewer times (the offline model put 8 of bfloat16 and 4 of float32 at 0.83x and 0.77x
-// of these ones' sm_90 time at RedNet-50's first stage), but ptxas spilled them on sm_120.
-// The host reads these lines.
+// only where a group's channels are a multiple), or in the forward's WIDE instantiations
+// VECTORS_WIDE_FACTOR times as many. More channels load and convert a kernel row's weights
+// fewer times: the offline model puts 8 of bfloat16 and 4 of float32 at 0.82x and 0.77x of
+// these ones' sm_90 time at RedNet-50's first stage (bench/results/cuda-model.md). But their
+// sums and weights fill the 128 registers two blocks an SM leave: ptxas spilled them at stride 2
+// (7 x 7, every 16-bit dtype and float32, sm_80 to sm_90) and from sm_100 on at stride 1 too,
+// and at a 3 x 3 window, whose three weights a row leave little to save, they cost sm_90 one of
+// three resident blocks. So the host takes WIDE where the GPU's build of it uses no local memory
+// (no spill; the driver's CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES) and leaves as many blocks resident
+// as these channels' (its occupancy calculator; oplib.kernels.involution.cuda.vectors_wide),
+// these channels elsewhere. The host reads these lines.
 constexpr int VECTORS_PIXELS = 4;
 constexpr int VECTORS_PIXELS_8_BYTE = 2;
 constexpr int VECTORS_CHANNELS_2_BYTE = 4;
 constexpr int VECTORS_CHANNELS_4_BYTE = 2;
 constexpr int VECTORS_CHANNELS_8_BYTE = 2;
+constexpr int VECTORS_WIDE_FACTOR = 2;
 // grad_input's: its weights are not aligned to the pixel vector (tap b reads columns x + pw - b),
 // so a kernel row costs it twice the weight loads and a selection, which more channels share;
 // float32 at 4 stays within the budget on every target there (8 of bfloat16 spilled on sm_90).
@@ -196,10 +204,12 @@ struct OutputWindow {
 // oplib-instantiate: involution_forward_vectors, involution_backward_input_vectors, involution_backward_weight_vectors
 // oplib-template: KERNEL = 3 | 5 | 7
 // oplib-template: STRIDE = 1 | 2
+// oplib-template: WIDE = false | true
 //
 // One work item per (sample n, group g, chunk k of the group's channels, output row i, vector
 // s of the row's pixels): the vector varies fastest, so adjacent lanes read adjacent vectors.
-template <typename scalar_t, int KERNEL, int STRIDE>
+// A chunk: Vectors::channels channels, VECTORS_WIDE_FACTOR times as many where WIDE.
+template <typename scalar_t, int KERNEL, int STRIDE, bool WIDE>
 __global__ void __launch_bounds__(VECTORS_THREADS, VECTORS_MIN_BLOCKS) involution_forward_vectors(
     const scalar_t* __restrict__ input, const scalar_t* __restrict__ weight, scalar_t* __restrict__ output,
     index_t total, index_t channels, index_t height, index_t width, index_t groups, index_t out_h, index_t out_w,
@@ -207,7 +217,7 @@ __global__ void __launch_bounds__(VECTORS_THREADS, VECTORS_MIN_BLOCKS) involutio
     typedef typename Element<scalar_t>::acc_t acc_t;
     typedef OutputWindow<scalar_t, KERNEL, STRIDE> Window;
     constexpr int PIXELS = Window::PIXELS, PAD_W = Window::PAD_W, OFFSET = Window::OFFSET, LOADS = Window::LOADS;
-    constexpr int CHANNELS = Vectors<scalar_t>::channels;
+    constexpr int CHANNELS = Vectors<scalar_t>::channels * (WIDE ? VECTORS_WIDE_FACTOR : 1);
     constexpr int TAPS = KERNEL * KERNEL;
     const index_t C = channels, H = height, W = width, G = groups, OH = out_h, OW = out_w;
     const index_t per_group = C / G, chunks = per_group / CHANNELS, vectors = OW / PIXELS, plane = OH * OW;
