@@ -41,7 +41,8 @@ a process of its own through tools/gpu_check.py). Its stages:
   beside the chunked kernels), and the forward's "vectors, narrow" and "vectors, wide" columns
   the vectors forward at a thread's channels (``VECTORS_NARROW``) and at twice as many (its WIDE
   instantiations, ``VECTORS_WIDE``; the op takes them where the GPU's build of them does not
-  spill, ``vectors_wide``); the "lanes on channels" column of a channels_last row is the
+  spill nor cost a resident block, ``vectors_wide``), the one the op's call does not take; the
+  "lanes on channels" column of a channels_last row is the
   call under the ``LAST`` policy (a lane a 16-byte vector of a group's channels, DCNv4's
   mapping: involution_last.cu's kernels, the forward's and grad_weight's two pixels a lane
   (``LAST_PAIRS``), grad_input's a block a segment of a band of rows, grad_weight's group summed
@@ -438,8 +439,8 @@ def kernel_calls(o: dict, launcher: Optional[Launcher] = None) -> dict[tuple[str
             if probe.launches and probe.launches[0].kernel.endswith("_vectors"):
                 calls["chunked", kernel] = functools.partial(dispatch, launcher, involution_cuda.CHUNKED)
                 # the vectors forward at a thread's channels and at twice as many (its WIDE
-                # instantiations, which the host takes where the GPU's build does not spill): the
-                # one the op's call does not take, beside it
+                # instantiations, which the host takes where the GPU's build neither spills nor
+                # costs a resident block): the one the op's call does not take, beside it
                 for width, policy in (("narrow", involution_cuda.VECTORS_NARROW), ("wide", involution_cuda.VECTORS_WIDE)):
                     other = RecordingLauncher()
                     dispatch(other, policy)

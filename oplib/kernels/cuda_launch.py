@@ -285,8 +285,9 @@ class CuPyLauncher:
                     device: torch.device) -> Optional[int]:
         """The local memory a thread of ``kernel``'s instantiation takes on ``device``, by the
         driver (``CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES``: what ptxas spilled, and arrays it kept out
-        of registers): what a launch policy that chooses a wider instantiation where it did not
-        spill weighs; None for a device that is no GPU. Compiles the instantiation if it must."""
+        of registers): what a launch policy that takes a wider instantiation only where it did
+        not spill weighs (``vectors_wide``); None for a device that is no GPU. Compiles the
+        instantiation if it must."""
         if device.type != "cuda":
             return None
         index = torch.cuda.current_device() if device.index is None else device.index

@@ -80,7 +80,7 @@ class LaunchPolicy:
     None: chosen by the GPU's occupancy (``last_pixels``). ``vectors_wide``: whether
     ``involution_vectors.cu``'s forward takes ``VECTORS_WIDE_FACTOR`` times its channels a thread
     (its WIDE instantiations); None: where the GPU's build of them keeps everything in registers
-    (``vectors_wide``).
+    and as many blocks resident as the narrow ones' (``vectors_wide``).
     """
 
     kernel_sizes: tuple[int, ...]
