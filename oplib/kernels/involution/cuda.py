@@ -279,14 +279,14 @@ def vectors_wide(launcher: Optional[Launcher], source: KernelSource, dtype: torc
     one's three, and the model puts them slower (RedNet-50's stem in bfloat16)."""
     if policy is not None and policy.vectors_wide is not None:
         return policy.vectors_wide
-    local_bytes, occupancy = getattr(launcher, "local_bytes", None), getattr(launcher, "occupancy", None)
-    if local_bytes is None or occupancy is None:
+    kernel, local_bytes = "involution_forward_vectors", getattr(launcher, "local_bytes", None)
+    occupancies = [launch_occupancy(launcher, source, kernel, dtype, (*specialisation, width), device, BLOCK_SIZE)
+                   for width in ("true", "false")]
+    if local_bytes is None or occupancies[0] is None:
         return False
-    kernel = "involution_forward_vectors"
     if local_bytes(source, kernel, dtype, (*specialisation, "true"), device) != 0:
         return False
-    wide, narrow = (occupancy(source, kernel, dtype, (*specialisation, width), device, BLOCK_SIZE, 0)
-                    for width in ("true", "false"))
+    wide, narrow = (occupancy(0) for occupancy in occupancies)
     return wide is not None and narrow is not None and wide[0] >= narrow[0]
 
 
