@@ -791,16 +791,20 @@ def builds_on(arch: str, source_name: str) -> dict:
 
 def mark_h200_wide(candidates: list[dict]) -> None:
     """Each wide vectors forward candidate marked with whether the host takes it on an H200
-    (``h200_host``, ``vectors_wide``'s rule): where sm_90's build of its instantiation does not
-    spill and leaves as many blocks resident as the narrow one's."""
+    (``h200_host``): the op's forward at its case recorded through the host's own choice
+    (``vectors_wide``), its questions answered as sm_90's build would (``_GpuRecorder``: ptxas's
+    spills, the resident blocks of each width's registers)."""
     builds = builds_on(H200.arch, involution_cuda.VECTORS_SOURCE)
-    for entry in candidates:
-        if entry["kernel"] == VECTORS_WIDE_FORWARD:
-            main = next(e for e in entry["events"] if isinstance(e, LaunchInputs))
-            wide, narrow = builds[main.kernel], builds[main.kernel.replace(", true>", ", false>")]
-            held = [device_model.resident_blocks(b.registers, main.threads_per_block, b.shared_memory, H200)
-                    for b in (wide, narrow)]
-            entry["h200_host"] = wide.spill_stores + wide.spill_loads == 0 and held[0] >= held[1]
+    for entry in (e for e in candidates if e["kernel"] == VECTORS_WIDE_FORWARD):
+        qualname, args = calls(table_shape(entry["shape"]), getattr(torch, entry["dtype"]), entry["layout"])["forward"]
+
+        def launch(policy=None, launcher=None) -> Launch:
+            events = device_model.record_launches(qualname, *args, policy=policy, launcher=launcher)
+            return next(e for e in events if isinstance(e, Launch))
+
+        wide, narrow = launch(involution_cuda.VECTORS_WIDE), launch(involution_cuda.VECTORS_NARROW)
+        recorder = _GpuRecorder(H200, _source_profiles([wide, narrow], H200.arch, _profiles), builds)
+        entry["h200_host"] = launch(launcher=recorder) == wide
 
 
 def candidate_lines(data: list[dict], rows: list[dict], table: list[dict], constants: Constants,
@@ -1700,11 +1704,20 @@ def _profiles(source: str, which: tuple, arch: str) -> dict[str, device_model.Sa
 class _GpuRecorder(device_model.RecordingLauncher):
     """A recording launcher that answers the host's occupancy question (``launch_occupancy``) as
     ``gpu`` would: its resident blocks by the occupancy calculator's rule from the machine code of
-    its architecture (``profiles``), and its SMs; None for an instantiation the model declines."""
+    its architecture (``profiles``), and its SMs; None for an instantiation the model declines.
+    With ``builds`` (``builds_on`` the GPU's architecture) it answers the host's question of a
+    build's local memory (``local_bytes``) too: the bytes ptxas spilled there; None without."""
 
-    def __init__(self, gpu: device_model.GPU, profiles: dict[str, device_model.SassProfile]):
+    def __init__(self, gpu: device_model.GPU, profiles: dict[str, device_model.SassProfile],
+                 builds: Optional[dict] = None):
         super().__init__()
-        self.gpu, self.profiles = gpu, profiles
+        self.gpu, self.profiles, self.builds = gpu, profiles, builds or {}
+
+    def local_bytes(self, source, kernel, dtype, specialisation, device):
+        from oplib.kernels.cuda_source import name_expression
+
+        build = self.builds.get(name_expression(kernel, dtype, specialisation))
+        return None if build is None else build.spill_stores + build.spill_loads
 
     def occupancy(self, source, kernel, dtype, specialisation, device, threads, shared_bytes):
         from oplib.kernels.cuda_source import name_expression
