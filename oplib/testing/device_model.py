@@ -1062,7 +1062,8 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     vectors and 4 word stores a unit, or a word of two channels at a time), grad_output's A
     fragment from global memory, per kernel row and n-tile the input's B fragment and the band's
     gw stores (a load and a store from the second chunk on; none in a warp whose row is past the
-    map, nor past the n-tiles of the band with a tap of a pixel inside it); each warp's split of
+    map, nor, in a window read from the arguments, past the n-tiles of the band with a tap of a
+    pixel inside it: a fixed window's instantiation forms and stores them all); each warp's split of
     its rows (the floats' loads, the hi and lo words' stores, the bias's adds as multiply-adds)
     and, in R range 0, its bias sums' store; then grad_feature's products (gw's hi and lo A
     fragments of the warp's m-tile and the span's B fragments by ldmatrix, none past the map),
@@ -1083,6 +1084,7 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     c = source.constants
     es, taps, pg, threads = launch.dtype.itemsize, KH * KW, C // G, launch.threads_per_block
     narrow = launch.specialisation[2] == "true"  # tiles 8 wide, twice the R range
+    fixed = launch.specialisation[0] != "0"  # a window of the instantiation (KERNEL > 0), not the arguments'
     tile_w, span_r = involution_cuda.generated_mma_generator_tile(source, narrow)
     in_h, columns = involution_cuda.generated_mma_generator_extent(source, (KH, KW), (sh, sw), (dh, dw), narrow)
     n_tiles, pixel_words, column_words = columns // 8, 8 * tile_w // 2 + 4, c["GEN_GRAD_COLUMN_WORDS"]
@@ -1140,7 +1142,11 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
             for a in range(KH):
                 input_row = staged_at + (warp * sh + a * dh) * columns * column_words
                 for n_tile in range(n_tiles):
-                    live = (oy < OH) & (n_tile < live_tiles)
+                    # a fixed window forms and stores every n-tile of the band (those past the live
+                    # ones hold taps of pixels past the map only); a window read from the
+                    # arguments the live ones, as a narrow tile at stride 2 does before sm_90
+                    # (GenGradUnrolled; at RedNet-50's 7 x 7 maps every n-tile of it is live)
+                    live = (oy < OH) & ((n_tile < live_tiles) | fixed)
                     column = 8 * n_tile + lane % 8  # an ldmatrix row: its words' halves swapped in columns 4-7
                     t.matrices(input_row + column * column_words + ((4 * (lane // 8 % 2)) ^ (column & 4)), live, 2)
                     _gen_grad_store_product(t, place, gw_at + warp * tile_w * gw_stride, gw_stride, a, n_tile, launch,
@@ -2563,7 +2569,13 @@ _INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s*(?:@!?U?P\w+\s+)?(?P<op>[A-Z][\
 # instructions at their real trips rose 8-14%. A rolled loop that runs more than 4 times weighs
 # too little: the 16-bit staged grad_input's sums over its 7 kernel rows, rolled, put its
 # bfloat16 channels_last ratio at 4.93, unrolled (as they are) at 3.88, with about the same
-# instructions at their real trips.
+# instructions at their real trips. The other way round: the 16-bit generator gradients' band
+# products unrolled over a fixed window's n-tiles (each store's tap its lane's and a constant,
+# the taps no lane meets left out at compile time) run about 35 instructions a warp and kernel
+# row where they ran 128 (7x7 at stride 1; about 50 where 216 at stride 2: the SASS's
+# first-chunk path, counted by hand; the largest part of a group's instructions), and its split
+# takes 2 rows a barrier: the static ratio fell only 7.53 -> 7.43 (a rolled loop of 3 trips had
+# weighed 4, its stores with it).
 LOOP_TRIPS = 4
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _TARGET = re.compile(r"`\((\.L_x_\d+)\)")

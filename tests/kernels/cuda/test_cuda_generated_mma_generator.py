@@ -322,6 +322,14 @@ def test_non_finite_values_land_where_torch_puts_them(value, dtype, channels_las
 
 # A product's element read as the neighbouring tap: the band one column off.
 BAND_TAP = PlantedBug("band-tap", "const int b = offset / dilation_w;", "const int b = offset / dilation_w + 1;")
+# A fixed window's band: fragment rows 0-7 of every n-tile left out at compile time, as if they
+# met no tap of their pixels (the first n-tile's taps 0-6 of pixels 0-7 among them).
+BAND_PRUNED = PlantedBug("band-pruned", "if (KERNEL > 0 && (column + 6 - 8 * high * STRIDE < 0 ||",
+                         "if (KERNEL > 0 && (column + 6 - 8 * STRIDE < 0 ||")
+# A fixed window's products formed a batch at a time: every product of a batch from its first
+# n-tile's columns.
+BAND_BATCH = PlantedBug("band-batch", "gen_grad_load_columns(input_row, 8 * (t0 + u))",
+                        "gen_grad_load_columns(input_row, 8 * t0)")
 # The input chunk read before the block staged it.
 STAGED_BARRIER = PlantedBug("staged-barrier", "__syncthreads();  // the input chunk (and, the first, the span rows) staged",
                             "// the input chunk (and, the first, the span rows) staged")
@@ -388,21 +396,23 @@ def _plant(monkeypatch, tmp_path, bug: PlantedBug) -> KernelSource:
 @pytest.mark.parametrize("bug", [pytest.param(BAND_TAP),
                                  *(pytest.param(b, marks=pytest.mark.integration)
                                    for b in (STAGED_BARRIER, GW_BARRIER, CHUNKS_ADDED, BIAS_PARTS, SPLIT_SYNC,
-                                             FEATURE_LO, SPAN_TRANSPOSED, LIVE_PIXELS, LIVE_TILES, SPAN_BATCH))],
+                                             FEATURE_LO, SPAN_TRANSPOSED, LIVE_PIXELS, LIVE_TILES, SPAN_BATCH,
+                                             BAND_PRUNED, BAND_BATCH))],
                          ids=lambda b: b.name)
 def test_a_planted_bug_fails_the_reference_check(bug, tmp_path, monkeypatch):
     """Each on the two-chunk geometry (stride 1, NCHW) and the stride-2 channels_last one, in
     both orders: every one of them must fail the float64 reference check, or a barrier left out
     may stop the emulation first at an ldmatrix whose row another lane of the warp wrote after
     the reading lane got there. (The bias's last part is the tile's row 7, which only the first
-    geometry's 11 output rows reach.)"""
+    geometry's 11 output rows reach. The live n-tiles of a run's band bound the products only in
+    the instantiation that reads the window from the arguments: a fixed window's forms them all.)"""
     require_host_compiler()
     _plant(monkeypatch, tmp_path, bug)
     for order in ORDERS:
         for case in (TWO_CHANNEL_CHUNKS, *((STRIDE_2_CHUNKS,) if bug is not BIAS_PARTS else ())):
             with planted_bug_caught():
                 _check(generator_arguments(case.arguments(torch.bfloat16)), EmulatedLauncher(order=order),
-                       f"{bug.name}-{order}")
+                       f"{bug.name}-{order}", specialised=bug is not LIVE_TILES)
 
 
 def test_a_planted_split_without_its_long_way_fails_the_non_finite_check(tmp_path, monkeypatch):

@@ -2501,12 +2501,15 @@ __global__ void __launch_bounds__(MMA_THREADS, STAGED_FORWARD_BLOCKS<scalar_t, S
 //   1. the tile's gw, in float in shared memory: per kernel row a, a run's products with the
 //      input row its windows read are, over all of that row's columns, one product, the run's
 //      grad_output (16 pixels x 16 channels; NARROW, 8 pixels and 8 rows of zeros) times the
-//      staged input row (16 channels x K columns) on tensor cores, the n-tiles of K with a tap
-//      of a pixel inside the map only; pixel j's tap b is its element (j, j*sw + b*dw), and the
-//      others are dropped (the forward's band, read the other way round). A chunk of
-//      MMA_CHANNELS of the group's channels at a time, added up in place;
+//      staged input row (16 channels x K columns) on tensor cores: a fixed window's n-tiles of
+//      K all, three at a time (unrolled: the products back to back, each store's place its
+//      lane's and a constant), a window read from the arguments those with a tap of a pixel
+//      inside the map only; pixel j's tap b is its element (j, j*sw + b*dw), and the others are
+//      dropped (the forward's band, read the other way round). A chunk of MMA_CHANNELS of the
+//      group's channels at a time, added up in place;
 //   2. each warp splits its rows of gw in place, once, into the two values of the storage type
-//      both products take (below), and sums them per tap for grad_span_bias;
+//      both products take (below), two rows a lane between warp barriers, and sums them per
+//      tap for grad_span_bias (a pixel past the map as zeros, whatever its products left);
 //   3. each warp's share of grad_feature, (16 pixels x T)(T x GEN_GRAD_R) on tensor cores (the
 //      16 pixels its row's, or NARROW two rows' of 8, and half the R range),
 //      summed over the block's groups in registers and stored at the end: as the result where
@@ -2634,6 +2637,33 @@ __device__ __forceinline__ float gen_grad_direct_sum(const unsigned int* rows, i
 
 // A generator block's tile (MMA_TILE_H output rows, a warp each, of tile_w columns), R range
 // (span_r of R's channels) and split of the groups, and its warp's pixels: both ways'.
+// The products of a fixed window's band a warp holds at once (12 registers; the five of a 7-wide
+// window at stride 2 at once spilled on sm_90 at 80 registers).
+constexpr int GEN_GRAD_PRODUCTS_LIVE = 3;
+
+// Whether a fixed window's band products are unrolled: but for a narrow tile at stride 2 from
+// sm_80 to sm_89, whose unrolled products spilled 8-16 bytes on sm_80 at its 80 registers (sm_86
+// and sm_89 held them; thresholds only, as every architecture test of the sources). The host's
+// emulation (no __CUDA_ARCH__) unrolls them.
+#define OPLIB_GEN_GRAD_NARROW_STRIDED_UNROLLED OPLIB_BLOCKS_BY_ARCH(true, false, true, true)
+template <int KERNEL, int STRIDE, bool NARROW>
+struct GenGradUnrolled {
+    static constexpr bool value = KERNEL > 0 && (!NARROW || STRIDE == 1 || OPLIB_GEN_GRAD_NARROW_STRIDED_UNROLLED);
+};
+
+// The rows of gw a lane splits at once (two of every other row: 8 floats), between one warp
+// barrier and the next; a tile's rows (16, or 8 narrow) a whole number of such batches. Four
+// spilled on sm_80 at its 80 registers.
+constexpr int GEN_GRAD_SPLIT_ROWS = 2;
+static_assert((MMA_TILE_W / 2) % (2 * GEN_GRAD_SPLIT_ROWS) == 0, "whole batches of rows in either tile");
+
+// The n-tiles of 8 columns a run's band of a fixed window spans (KERNEL > 0, no dilation): a
+// tile's row of pixels reads (tile_w - 1) S + KERNEL columns.
+template <int KERNEL, int STRIDE, bool NARROW>
+struct GenGradBandTiles {
+    static constexpr int value = (((NARROW ? MMA_TILE_W / 2 : MMA_TILE_W) - 1) * STRIDE + KERNEL + 7) / 8;
+};
+
 template <bool NARROW>
 struct GenGradTile {
     static constexpr int tile_w = NARROW ? MMA_TILE_W / 2 : MMA_TILE_W, span_r = NARROW ? 2 * GEN_GRAD_R : GEN_GRAD_R;
@@ -2673,20 +2703,28 @@ struct GenGradTile {
 
 // A run's product with n-tile t of the input row its kernel row a reads into the warp's gw
 // ([pixel][tap], gw_stride floats a pixel): the product's element (j, k) is pixel j's tap b
-// where k = j sw + b dw, the others dropped; 0 at a pixel past the map; the first chunk's
-// stored, the others' added.
-template <bool NARROW>
+// where k = j sw + b dw, the others dropped; the first chunk's stored, the others' added. A
+// pixel past the map keeps what its product holds (0 times an inf is a nan): the split (step 2)
+// reads only the map's pixels and takes the others as zeros. KERNEL > 0 (a fixed window, the
+// caller's n-tiles unrolled, t a constant): a fragment row and column whose lanes meet no tap
+// of their pixels at any lane are left out at compile time (at stride 1 of a 7-wide window, the
+// first n-tile's rows 8-15 and the last's rows 0-7), and each element's tap is its lane's offset
+// and a constant.
+template <bool NARROW, int KERNEL, int STRIDE>
 __device__ __forceinline__ void gen_grad_store_product(const OplibFragmentC& product, float* warp_gw, int gw_stride,
                                                        int a, int t, int kernel_w, int stride_w, int dilation_w,
-                                                       bool low_inside, bool high_inside, bool first) {
+                                                       bool first) {
     const int row = threadIdx.x >> 2, quad = threadIdx.x & 3;
 #pragma unroll
     for (int v = 0; v < (NARROW ? 2 : 4); ++v) {  // NARROW: pixels 8-15 are no tile's
-        const int j = row + 8 * (v >> 1), offset = 8 * t + 2 * quad + (v & 1) - j * stride_w;
+        const int high = v >> 1, column = 8 * t + (v & 1);  // (the lanes add row and 2 quad)
+        // the taps of this element at the lanes: column + 2 quad - (row + 8 high) S, quad 0-3, row 0-7
+        if (KERNEL > 0 && (column + 6 - 8 * high * STRIDE < 0 || column - (7 + 8 * high) * STRIDE >= KERNEL)) continue;
+        const int j = row + 8 * high, offset = column + 2 * quad - j * stride_w;
         const int b = offset / dilation_w;
         if (offset < 0 || offset != b * dilation_w || b >= kernel_w) continue;
         float* at = warp_gw + j * gw_stride + a * kernel_w + b;
-        const float value = (v >> 1 ? high_inside : low_inside) ? product.value[v] : 0.0f;
+        const float value = product.value[v];
         *at = first ? value : oplib_add(*at, value);
     }
 }
@@ -2934,8 +2972,8 @@ __device__ __forceinline__ void generator_wide(
                             product.value[v] = sum;
                         }
                     }
-                    gen_grad_store_product<NARROW>(product, warp_gw, tap_stride, a, t, kernel_w, stride_w, dilation_w,
-                                                   tile.low_inside, tile.high_inside, c0 == 0);
+                    gen_grad_store_product<NARROW, 0, 0>(product, warp_gw, tap_stride, a, t, kernel_w, stride_w,
+                                                         dilation_w, c0 == 0);
                 }
             }
         }
@@ -3240,14 +3278,33 @@ __global__ void __launch_bounds__(MMA_THREADS, GEN_GRAD_BLOCKS<scalar_t, KERNEL>
 #pragma unroll 1
                 for (int a = 0; a < kernel_h && out_y < out_h; ++a) {
                     const unsigned int* input_row = staged + (warp * stride_h + a * dilation_h) * columns * GEN_GRAD_COLUMN_WORDS;
-                    // An n-tile of columns at a time (the product's element (j, k) is pixel j's tap
-                    // b where k = j*sw + b*dw) to gw, 0 past the map: one tile's values live at once.
+                    // The products (the product's element (j, k) is pixel j's tap b where
+                    // k = j*sw + b*dw) to gw. A fixed window's n-tiles all formed, then stored
+                    // (GenGradBandTiles, a constant: the products issue back to back and each
+                    // store's place is its lane's and a constant; GenGradUnrolled); a tile past the
+                    // live ones holds taps of pixels past the map only, which the split does not
+                    // read. Else the live n-tiles, one tile's values at a time.
+                    if constexpr (GenGradUnrolled<KERNEL, STRIDE, NARROW>::value) {
+                        constexpr int band_tiles = GenGradBandTiles<KERNEL, STRIDE, NARROW>::value;
+#pragma unroll
+                        for (int t0 = 0; t0 < band_tiles; t0 += GEN_GRAD_PRODUCTS_LIVE) {
+                            OplibFragmentC products[GEN_GRAD_PRODUCTS_LIVE] = {};
+#pragma unroll
+                            for (int u = 0; u < GEN_GRAD_PRODUCTS_LIVE && t0 + u < band_tiles; ++u)
+                                oplib_mma<half_t>(products[u], run, gen_grad_load_columns(input_row, 8 * (t0 + u)));
+#pragma unroll
+                            for (int u = 0; u < GEN_GRAD_PRODUCTS_LIVE && t0 + u < band_tiles; ++u)
+                                gen_grad_store_product<NARROW, KERNEL, STRIDE>(products[u], warp_gw, gw_stride, a, t0 + u,
+                                                                               kernel_w, stride_w, dilation_w, c0 == 0);
+                        }
+                    } else {
 #pragma unroll 1
-                    for (int t = 0; t < live_tiles; ++t) {
-                        OplibFragmentC product = {};
-                        oplib_mma<half_t>(product, run, gen_grad_load_columns(input_row, 8 * t));
-                        gen_grad_store_product<NARROW>(product, warp_gw, gw_stride, a, t, kernel_w, stride_w, dilation_w,
-                                                       low_inside, high_inside, c0 == 0);
+                        for (int t = 0; t < live_tiles; ++t) {
+                            OplibFragmentC product = {};
+                            oplib_mma<half_t>(product, run, gen_grad_load_columns(input_row, 8 * t));
+                            gen_grad_store_product<NARROW, 0, 0>(product, warp_gw, gw_stride, a, t, kernel_w, stride_w,
+                                                                 dilation_w, c0 == 0);
+                        }
                     }
                 }
             }
@@ -3255,40 +3312,48 @@ __global__ void __launch_bounds__(MMA_THREADS, GEN_GRAD_BLOCKS<scalar_t, KERNEL>
             // its hi words first and its lo words tap_pad / 2 after them (taps past T, and pixels
             // past the map, whose floats the products leave as they were, as zeros); and sums its
             // pixels' gw per tap, in float, for grad_span_bias. A lane 4 taps of every other row
-            // (a row's floats read whole, those past T dropped); every lane reads its words of the
-            // two rows before any lane writes over them.
+            // (a row's floats read whole, those past T dropped), GEN_GRAD_SPLIT_ROWS rows at a
+            // time: every lane reads its words of the rows before any lane writes over them (one
+            // warp barrier for the rows, not one a row).
             const int lane_taps = 4 * (lane & 15);
+            const bool lane_live = lane_taps < tap_pad;
             float bias[4] = {};
             __syncwarp();  // every lane's products are in the warp's rows
 #pragma unroll 1
-            for (int j = lane >> 4; j < tile_w; j += 2) {
-                float* gw_row = warp_gw + j * gw_stride;
-                const bool pixel_inside = out_y < out_h && out_x0 + j < out_w;
-                float w[4] = {};
-                if (pixel_inside && lane_taps < tap_pad) {
-                    const Vector16<float> four = *reinterpret_cast<const Vector16<float>*>(gw_row + lane_taps);
+            for (int j0 = lane >> 4; j0 < tile_w; j0 += 2 * GEN_GRAD_SPLIT_ROWS) {
+                float w[GEN_GRAD_SPLIT_ROWS][4] = {};
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) w[e] = lane_taps + e < taps ? four.lane[e] : 0.0f;
+                for (int i = 0; i < GEN_GRAD_SPLIT_ROWS; ++i) {
+                    const int j = j0 + 2 * i;
+                    const bool pixel_inside = out_y < out_h && out_x0 + j < out_w;
+                    if (pixel_inside && lane_live) {
+                        const Vector16<float> four = *reinterpret_cast<const Vector16<float>*>(warp_gw + j * gw_stride + lane_taps);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) w[i][e] = lane_taps + e < taps ? four.lane[e] : 0.0f;
+                    }
                 }
-                unsigned int hi[2], lo[2], non_finite = 0;
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    hi[h] = mma_round_pair(w[2 * h], w[2 * h + 1], half_t());
-                    non_finite |= mma_non_finite_halves(hi[h], half_t());
-                    lo[h] = mma_rest_pair_finite<half_t>(w[2 * h], w[2 * h + 1], hi[h]);
-                }
-                if (non_finite != 0) {  // oplib-cold: a hi is an inf or a nan
-                    OPLIB_COLD_BLOCK();
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) lo[h] = mma_rest_pair<half_t>(w[2 * h], w[2 * h + 1], hi[h]);
-                }
-#pragma unroll
-                for (int e = 0; e < 4; ++e) bias[e] = oplib_add(bias[e], w[e]);
                 __syncwarp();  // the row's words read, by every lane, before any is written over
-                if (lane_taps < tap_pad) {
-                    unsigned int* words = reinterpret_cast<unsigned int*>(gw_row) + lane_taps / 2;
-                    *reinterpret_cast<GenGradWords*>(words) = {{hi[0], hi[1]}};
-                    *reinterpret_cast<GenGradWords*>(words + tap_pad / 2) = {{lo[0], lo[1]}};
+#pragma unroll
+                for (int i = 0; i < GEN_GRAD_SPLIT_ROWS; ++i) {
+                    unsigned int hi[2], lo[2], non_finite = 0;
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        hi[h] = mma_round_pair(w[i][2 * h], w[i][2 * h + 1], half_t());
+                        non_finite |= mma_non_finite_halves(hi[h], half_t());
+                        lo[h] = mma_rest_pair_finite<half_t>(w[i][2 * h], w[i][2 * h + 1], hi[h]);
+                    }
+                    if (non_finite != 0) {  // oplib-cold: a hi is an inf or a nan
+                        OPLIB_COLD_BLOCK();
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) lo[h] = mma_rest_pair<half_t>(w[i][2 * h], w[i][2 * h + 1], hi[h]);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) bias[e] = oplib_add(bias[e], w[i][e]);
+                    if (lane_live) {
+                        unsigned int* words = reinterpret_cast<unsigned int*>(warp_gw + (j0 + 2 * i) * gw_stride) + lane_taps / 2;
+                        *reinterpret_cast<GenGradWords*>(words) = {{hi[0], hi[1]}};
+                        *reinterpret_cast<GenGradWords*>(words + tap_pad / 2) = {{lo[0], lo[1]}};
+                    }
                 }
             }
 #pragma unroll
