@@ -101,11 +101,9 @@ def test_the_staged_tiles_are_predicted_on_every_gpu_and_the_hosts_are_the_faste
     marked the host's on each GPU (its choice with that GPU's occupancy); every one modelled on
     every GPU; the host's tiles within 6% of the model's fastest (5.1% at most: the staged
     grad_input's at RedNet-50's second stage at stride 2 in NCHW bfloat16, on the A100; 4.9% on
-    the others), but for the A100's float32
-    forward at RedNet-50's last stage (within 25%: the host's estimate counts the warps the map
-    reaches, not the weights every tile slot forms, which in 3xTF32 at an R of 128 weigh about
-    as much and on the A100 (two blocks an SM, one of the 2-run tiles) tip its choice to the
-    4-run tiles, a block a sample); at RedNet-50's 56 x 56 maps the forward's the fastest
+    the others), the A100's float32 forward at RedNet-50's last stage too (its estimate counts
+    the weights every tile pixel forms, STAGED_FORMED_PIXEL: without them it took the 4-run
+    tiles there, 1.12-1.21x the 2-run ones); at RedNet-50's 56 x 56 maps the forward's the fastest
     everywhere (its tiles chosen by the warps the map reaches), and at its 14 x 14 maps at stride
     1 the 2-run tiles on the L40S (two blocks an SM in its 100 KB, where the 4-run tiles fit one)
     and the 4-run tiles on the H200."""
@@ -134,8 +132,7 @@ def test_the_staged_tiles_are_predicted_on_every_gpu_and_the_hosts_are_the_faste
             times = {r: device_model.predict(cuda_model.events_from_json(e["events"]), gpu, constants, bandwidth)
                      for r, e in choices.items()}
             assert set(times) == {8, 4, 2}, (key, name)
-            a100_last_stage = gpu.arch == "sm_80" and key[0].startswith("stage4") and key[1] == "float32"
-            assert times[host] <= (1.25 if a100_last_stage else 1.06) * min(times.values()), (key, name, times)
+            assert times[host] <= 1.06 * min(times.values()), (key, name, times)
             if key[0].startswith("stage1") and key[3] == cuda_model.STAGED_FORWARD:
                 assert host == 2 and times[host] == min(times.values()), (key, name)
     stage3 = ("stage3 256@14 s1", "bfloat16", "channels_last", cuda_model.STAGED_FORWARD)

@@ -1149,6 +1149,15 @@ GENERATED_STAGED_MIN_FILL = 0.5
 # bench/results/cuda-model.json) over the 2 warps a block gives each of an SM's 4 schedulers.
 # Fewer, and its instructions issue that much slower (device_model.launch_terms' issue term).
 STAGED_ISSUE_BLOCKS = 4.25
+# What a tile pixel's weights cost the staged forward to form, over a summed pixel of a warp, at
+# R = 128 (the forming scales with R; the sums do not): every pixel of a tile is formed, inside
+# the map or not, so tiles that cover a small map with more pixels past it form more. From the
+# SASS of the 16-bit instantiation, about 0.18 (per 16 pixels an m-tile, R / 16 k-steps of
+# T / 8 products and their loads, against T taps' sums of 16 channels a warp pixel); the
+# offline model's per-architecture table (bench/results/cuda-model.md) agrees with the choices
+# from 0.05 to 0.2, and without it took the A100's 4-run tiles at RedNet-50's last stage in
+# float32, 1.12-1.21x the 2-run ones.
+STAGED_FORMED_PIXEL = 0.15
 # Tile choices whose estimates (``_staged_estimate``) lie within this share of the least are
 # equal to it: the estimate is coarser than that.
 STAGED_ESTIMATE_TIE = 0.01
@@ -1171,8 +1180,9 @@ def _best_runs(tile_of, size, warp_of=None, estimate=None) -> tuple[int, float]:
     ``GENERATED_STAGED_MIN_FILL`` whose warps holding a pixel of the map hold the fewest outside
     it (``_warp_pixels``), then as above: where a kernel's runs past the map skip their sums (the
     staged forward's), a warp the map reaches in part still issues every instruction of its
-    sums for all its lanes, one it does not reach none. With ``estimate(runs_w, warp_pixels)``
-    too (the GPU's: ``_staged_estimate``), first the tiles whose estimate is the least (within
+    sums for all its lanes, one it does not reach none. With ``estimate(runs_w, warp_pixels,
+    covered)`` too (the GPU's: ``_staged_estimate``; ``covered`` the pixels of the tiles that
+    cover the map), first the tiles whose estimate is the least (within
     ``STAGED_ESTIMATE_TIE``) of those it can tell (None: a launch past the shared memory the
     kernel may take, or a GPU that cannot tell), of any fill. ``fill`` is the best share of the
     tiles of the choices considered: whether the kernel serves the call
@@ -1183,7 +1193,7 @@ def _best_runs(tile_of, size, warp_of=None, estimate=None) -> tuple[int, float]:
         covered = math.prod(-(-extent // t) * t for extent, t in zip(size, tile))
         warps = _warp_pixels(size, tile, warp_of(runs_w)) if warp_of is not None else covered
         serves = warp_of is None or math.prod(size) >= GENERATED_STAGED_MIN_FILL * covered
-        cost = estimate(runs_w, warps) if estimate is not None else None
+        cost = estimate(runs_w, warps, covered) if estimate is not None else None
         candidates.append((runs_w, math.prod(size) / covered, serves, warps, covered, cost))
     # (with the GPU's estimate, the choices it can tell, those whose launch fits; else every one)
     considered = [c for c in candidates if c[5] is not None] or candidates
@@ -1201,17 +1211,18 @@ def _best_runs(tile_of, size, warp_of=None, estimate=None) -> tuple[int, float]:
     return best, max(c[1] for c in considered)
 
 
-def _staged_estimate(config_of, occupancy):
+def _staged_estimate(config_of, occupancy, formed_weight: float = 0.0):
     """The staged forward's time on the GPU ``occupancy`` describes, up to a factor the tile
-    choices share: ``(runs_w, warp_pixels) -> the busiest SM's share of the warps' pixels, over
-    the issue rate its resident blocks allow`` (the offline model's issue term, the work a
-    tile's warps reaching the map), or None where the launch would not be taken (its shared
-    memory past ``GENERATED_TILE_MAX_SHARED``) or not fit. ``config_of(runs_w)``: the launch (its
-    blocks and dynamic shared memory); ``occupancy(shared_bytes)``: (blocks of its threads an SM
-    holds with that much dynamic shared memory, the GPU's SMs), or None. The busiest SM runs
-    ceil(blocks / SMs) blocks, at most its resident count at once: a small grid leaves it fewer
-    than it could hold."""
-    def estimate(runs_w: int, warp_pixels: int):
+    choices share: ``(runs_w, warp_pixels, covered) -> the busiest SM's share of the warps'
+    pixels and of the tile pixels whose weights they form (formed_weight each), over the issue
+    rate its resident blocks allow`` (the offline model's issue term, the work of a tile's warps
+    reaching the map and of its weights, formed at every pixel of the tile), or None where the
+    launch would not be taken (its shared memory past ``GENERATED_TILE_MAX_SHARED``) or not fit.
+    ``config_of(runs_w)``: the launch (its blocks and dynamic shared memory);
+    ``occupancy(shared_bytes)``: (blocks of its threads an SM holds with that much dynamic
+    shared memory, the GPU's SMs), or None. The busiest SM runs ceil(blocks / SMs) blocks, at
+    most its resident count at once: a small grid leaves it fewer than it could hold."""
+    def estimate(runs_w: int, warp_pixels: int, covered: int):
         config = config_of(runs_w)
         if config.shared_bytes > GENERATED_TILE_MAX_SHARED:
             return None
@@ -1221,7 +1232,8 @@ def _staged_estimate(config_of, occupancy):
         resident, sms = held
         blocks = math.prod(config.grid)
         per_sm = -(-blocks // sms)
-        return per_sm / blocks * warp_pixels * max(1.0, STAGED_ISSUE_BLOCKS / min(resident, per_sm))
+        work = warp_pixels + formed_weight * covered
+        return per_sm / blocks * work * max(1.0, STAGED_ISSUE_BLOCKS / min(resident, per_sm))
 
     return estimate
 
@@ -1240,7 +1252,8 @@ def _warp_pixels(size, tile, warp) -> int:
 def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes_of, dtype: torch.dtype, batch: int,
                    channels: int, groups: int, size, kernel_size, stride, dilation, runs_w: Optional[int],
                    fold_of=lambda runs_w: 1, dtypes: tuple[torch.dtype, ...] = GENERATED_MMA_DTYPES,
-                   chunk: Optional[int] = None, warp_of=None, occupancy=None) -> Optional[tuple[LaunchConfig, int]]:
+                   chunk: Optional[int] = None, warp_of=None, occupancy=None,
+                   formed_weight: float = 0.0) -> Optional[tuple[LaunchConfig, int]]:
     """The launch of either staged kernel (a block a tile of a map of ``size``, a group and a
     chunk of ``MMA_CHANNELS`` of its channels) and its runs_w: the tiles (``tile_of(runs_w)``)
     that fill the map best, or ``runs_w`` where given (one of ``GENERATED_STAGED_RUNS_W``: the
@@ -1254,7 +1267,8 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
     kernel has the tensor-core product for; ``chunk``: the channels a block takes (``MMA_CHANNELS``
     unless given); ``warp_of(runs_w)``: a warp's pixels, where the tiles are chosen by the warps
     the map reaches (``_best_runs``), and with ``occupancy`` (the GPU's, ``launch_occupancy``)
-    by their estimated time there first (``_staged_estimate``)."""
+    by their estimated time there first (``_staged_estimate``, a formed tile pixel weighing
+    ``formed_weight`` of a summed one)."""
     if dtype not in dtypes or tuple(dilation) != (1, 1):
         return None
     specialisation = (str(kernel_size[0]), str(stride[0]))
@@ -1273,7 +1287,8 @@ def _staged_launch(source: KernelSource, kernel_name: str, tile_of, shared_bytes
                             (32, source.constants["MMA_WARPS"]), shared_bytes_of(runs_w))
 
     if runs_w is None:
-        estimate = None if occupancy is None or warp_of is None else _staged_estimate(config_of, occupancy)
+        estimate = (None if occupancy is None or warp_of is None
+                    else _staged_estimate(config_of, occupancy, formed_weight))
         runs_w, fill = _best_runs(tile_of, size, warp_of, estimate)
     config = config_of(runs_w)
     if (fill < GENERATED_STAGED_MIN_FILL or config.shared_bytes > GENERATED_TILE_MAX_SHARED or groups > 65535
@@ -1494,7 +1509,8 @@ def generated_mma_staged_forward_config(source: KernelSource, dtype: torch.dtype
                           dtype, batch, channels, groups, out_size, kernel_size, stride, dilation, runs_w,
                           lambda r: generated_mma_staged_forward_fold(source, r, out_size),
                           GENERATED_STAGED_DTYPES, generated_mma_staged_forward_chunk(source, dtype, stride[0]),
-                          lambda r: generated_mma_staged_forward_warp(source, r), occupancy)
+                          lambda r: generated_mma_staged_forward_warp(source, r), occupancy,
+                          STAGED_FORMED_PIXEL * reduced / 128)
 
 
 def involution_generated_mma_staged(input: Tensor, feature: Tensor, span_weight: Tensor, span_bias: Optional[Tensor],
