@@ -2635,8 +2635,6 @@ __device__ __forceinline__ float gen_grad_direct_sum(const unsigned int* rows, i
     return sum;
 }
 
-// A generator block's tile (MMA_TILE_H output rows, a warp each, of tile_w columns), R range
-// (span_r of R's channels) and split of the groups, and its warp's pixels: both ways'.
 // The products of a fixed window's band a warp holds at once (12 registers; the five of a 7-wide
 // window at stride 2 at once spilled on sm_90 at 80 registers).
 constexpr int GEN_GRAD_PRODUCTS_LIVE = 3;
@@ -2664,6 +2662,8 @@ struct GenGradBandTiles {
     static constexpr int value = (((NARROW ? MMA_TILE_W / 2 : MMA_TILE_W) - 1) * STRIDE + KERNEL + 7) / 8;
 };
 
+// A generator block's tile (MMA_TILE_H output rows, a warp each, of tile_w columns), R range
+// (span_r of R's channels) and split of the groups, and its warp's pixels: both ways'.
 template <bool NARROW>
 struct GenGradTile {
     static constexpr int tile_w = NARROW ? MMA_TILE_W / 2 : MMA_TILE_W, span_r = NARROW ? 2 * GEN_GRAD_R : GEN_GRAD_R;
