@@ -2638,6 +2638,7 @@ __device__ __forceinline__ float gen_grad_direct_sum(const unsigned int* rows, i
 // The products of a fixed window's band a warp holds at once (12 registers; the five of a 7-wide
 // window at stride 2 at once spilled on sm_90 at 80 registers).
 constexpr int GEN_GRAD_PRODUCTS_LIVE = 3;
+static_assert(GEN_GRAD_PRODUCTS_LIVE >= 1, "a product at least (and the constant referenced where sm_75 compiles the kernels out)");
 
 // Whether a fixed window's band products are unrolled: but for a narrow tile at stride 2 from
 // sm_80 to sm_89, whose unrolled products spilled 8-16 bytes on sm_80 at its 80 registers (sm_86
