@@ -1212,14 +1212,15 @@ def _generated_mma_backward_generator_wide(t: _Tally, item: Tensor, launch: Laun
     store); per k-step of 8 of its channels the input rows (a unit of 4 channels: a 16-byte
     load, or 4 loads, and a 16-byte store), grad_output's A fragment (a pair an 8-byte load, or
     two), per kernel row and n-tile the input's B fragment (an 8-byte shared load), three TF32
-    products and the band's gw stores; each warp's pass over its rows (a 16-byte load and
-    store a lane and row, the bias's adds); grad_feature's products (per k-step of 8 taps, gw's
-    A fragment in two 8-byte loads and per n-tile the span's B in one, three TF32 products);
-    the block's grad_span_weight tiles, two n-tiles at a time (per k-step of 8 pixels inside the
-    map gw's two 8-byte loads, its rows paired, the feature's B fragments of both by ldmatrix,
-    three TF32 products an n-tile); grad_span_bias's sum
-    of the warps' sums; at the end grad_feature's float stores. Tensor cores: their term (TF32,
-    half the BF16 rate)."""
+    products and the band's gw stores (every n-tile of the band in a fixed window's
+    instantiation, the live ones in the one that reads the window from the arguments); each
+    warp's pass over its rows (a 16-byte load and store a lane and row, the bias's adds);
+    grad_feature's products (per k-step of 8 taps, gw's A fragment in two 8-byte loads and per
+    n-tile the span's B in one, three TF32 products); the block's grad_span_weight tiles, two
+    n-tiles at a time (per k-step of 8 pixels inside the map gw's two 8-byte loads, its rows
+    paired, the feature's B fragments of both by ldmatrix, three TF32 products an n-tile);
+    grad_span_bias's sum of the warps' sums; at the end grad_feature's float stores. Tensor
+    cores: their term (TF32, half the BF16 rate)."""
     from ..kernels.involution import cuda as involution_cuda
 
     (splits, C, H, W, G, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, R, tiles_w, gsn, gsc, gsh, gsw, isn, isc, ish, isw,
@@ -1228,6 +1229,7 @@ def _generated_mma_backward_generator_wide(t: _Tally, item: Tensor, launch: Laun
     c = source.constants
     taps, pg, threads, CH = KH * KW, C // G, launch.threads_per_block, c["GEN_GRAD_WIDE_CHANNELS"]
     narrow = launch.specialisation[2] == "true"  # tiles 8 wide, twice the R range
+    fixed = launch.specialisation[0] != "0"  # a window of the instantiation (KERNEL > 0), not the arguments'
     tile_w, span_r = involution_cuda.generated_mma_generator_tile(source, narrow)
     in_h, columns = involution_cuda.generated_mma_generator_extent(source, (KH, KW), (sh, sw), (dh, dw), narrow)
     n_tiles, tile_pixels = columns // 8, 8 * tile_w
@@ -1280,7 +1282,7 @@ def _generated_mma_backward_generator_wide(t: _Tally, item: Tensor, launch: Laun
             for a in range(KH):
                 input_row = staged_at + (warp * sh + a * dh) * columns * CH
                 for n_tile in range(n_tiles):
-                    live = (oy < OH) & (n_tile < live_tiles)
+                    live = (oy < OH) & ((n_tile < live_tiles) | fixed)  # a fixed window's: all (the 16-bit way's)
                     t.shared((input_row + (8 * n_tile + row) * CH + 2 * quad) // 2, live, 8)
                     t.tf32_products(live, 3)
                     _gen_grad_store_product(t, place, gw_at + warp * tile_w * tap_stride, tap_stride, a, n_tile, launch,
@@ -2575,7 +2577,11 @@ _INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s*(?:@!?U?P\w+\s+)?(?P<op>[A-Z][\
 # row where they ran 128 (7x7 at stride 1; about 50 where 216 at stride 2: the SASS's
 # first-chunk path, counted by hand; the largest part of a group's instructions), and its split
 # takes 2 rows a barrier: the static ratio fell only 7.53 -> 7.43 (a rolled loop of 3 trips had
-# weighed 4, its stores with it).
+# weighed 4, its stores with it). Its float32 (3xTF32) band products unrolled the same way, two
+# products to a warp vote: a kernel row's product loop on sm_90 (hand count) fell about a fifth
+# (7x7 at stride 1, tiles 16 wide, 513 -> 426 instructions; at stride 2, 855 -> 662), and the
+# static ratio 8.62 -> 7.42 (the rolled loop of live tiles it replaced, a vote and a cold block
+# a product, had weighed 4 where it ran 2 or 3 trips).
 LOOP_TRIPS = 4
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _TARGET = re.compile(r"`\((\.L_x_\d+)\)")

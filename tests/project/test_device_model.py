@@ -761,32 +761,38 @@ def test_the_float32_generator_trace_counts_a_launch_counted_by_hand():
     assert work.store_requests == 4 + 1 + 8 * 2 * 2
 
 
-def test_a_fixed_window_generator_trace_forms_every_n_tile_of_the_band():
-    """generated_mma.cu's 16-bit generator gradients at an 8 x 10 map (a tile of 8 rows x 16
-    columns, a warp a row), 7x7 at stride 1: a run's band spans 3 n-tiles (22 columns), of which
-    the map's 10 columns reach 2. The fixed window's instantiation forms and stores all 3 (its
-    n-tiles unrolled); the one that reads the window from the arguments the 2 live ones. The
-    third n-tile's instructions a warp and kernel row: its ldmatrix and the two stores of its
-    fragment rows 8-15 (rows 0-7 meet no tap of theirs there: taps 9 and up): 8 warps x 7 kernel
-    rows x 3."""
+@pytest.mark.parametrize("dtype, third_tile_requests", [
+    (torch.bfloat16, 3),  # one 16-channel chunk: the ldmatrix and two stores
+    (torch.float32, 2 * 1 + 2 + 2 * 2),  # two k-steps of 8: a load each; two stores, then two loads and stores
+])
+def test_a_fixed_window_generator_trace_forms_every_n_tile_of_the_band(dtype, third_tile_requests):
+    """generated_mma.cu's generator gradients at an 8 x 10 map (a tile of 8 rows x 16 columns, a
+    warp a row), 7x7 at stride 1, 16 channels a group: a run's band spans 3 n-tiles (22 columns),
+    of which the map's 10 columns reach 2. The fixed window's instantiation forms and stores all
+    3 (its n-tiles unrolled, the 16-bit way's and float32's); the one that reads the window from
+    the arguments the 2 live ones. The third n-tile's shared requests a warp and kernel row: its
+    B fragment and the stores of its fragment rows 8-15 (rows 0-7 meet no tap of theirs there:
+    taps 9 and up), per chunk of the group's channels (the 16-bit way's one of 16, float32's
+    two k-steps of 8, the second adding to gw: a load before each store): 8 warps x 7 kernel
+    rows x those."""
     from oplib.kernels.involution import cuda as involution_cuda
     from oplib.ops.involution_generated import _generator_grads_result
 
     channels_last = torch.channels_last
-    g = torch.randn(1, 16, 8, 10).bfloat16().to(memory_format=channels_last)
-    f = torch.randn(1, 8, 8, 10).bfloat16().to(memory_format=channels_last)
-    x = torch.randn(1, 16, 8, 10).bfloat16().to(memory_format=channels_last)
-    args = (g, f, torch.randn(49, 8).bfloat16(), x, [7, 7], [1, 1], [3, 3], [1, 1])
+    g = torch.randn(1, 16, 8, 10).to(dtype, memory_format=channels_last)
+    f = torch.randn(1, 8, 8, 10).to(dtype, memory_format=channels_last)
+    x = torch.randn(1, 16, 8, 10).to(dtype, memory_format=channels_last)
+    args = (g, f, torch.randn(49, 8).to(dtype), x, [7, 7], [1, 1], [3, 3], [1, 1])
     works = {}
     for specialised in (True, False):
         recording = device_model.RecordingLauncher()
         assert involution_cuda.involution_generated_mma_backward_generator(
             *args, _generator_grads_result(*args), recording, specialised) is not None
         (launch,) = recording.launches
-        assert launch.blocks == 1 and (launch.specialisation[0] == "7") == specialised
+        assert launch.blocks == 1 and launch.dtype == dtype and (launch.specialisation[0] == "7") == specialised
         works[specialised] = device_model.kernel_work(launch)
     fixed, read = works[True], works[False]
-    assert fixed.shared_requests - read.shared_requests == 8 * 7 * 3
+    assert fixed.shared_requests - read.shared_requests == 8 * 7 * third_tile_requests
     assert (fixed.load_requests, fixed.store_requests, fixed.fma_requests) == (
         read.load_requests, read.store_requests, read.fma_requests)
 

@@ -543,16 +543,29 @@ WIDE_NARROW_PAIRS = PlantedBug("wide-narrow-pairs", "for (int u0 = 0; u0 < span_
 WIDE_PIXELS_PAST_THE_MAP = PlantedBug("wide-pixels-past-the-map",
                                       "four.lane[e] = pixel_inside && lane_taps + e < taps ? four.lane[e] : 0.0f;",
                                       "(void)pixel_inside, four.lane[e] = lane_taps + e < taps ? four.lane[e] : 0.0f;")
+# A fixed window's products formed a batch at a time: every product of a batch from its first
+# n-tile's columns.
+WIDE_BAND_BATCH = PlantedBug("wide-band-batch", "gen_grad_wide_product(products[u], run_hi, run_lo, input_row, t0 + u)",
+                             "gen_grad_wide_product(products[u], run_hi, run_lo, input_row, t0)")
 # gw's pass before every lane of the warp has stored its products.
 WIDE_PRODUCTS_SYNC = PlantedBug("wide-products-sync", "__syncwarp();  // every lane's products are in the warp's gw rows",
                                 "// every lane's products are in the warp's gw rows")
+
+
+# Maps wide enough that a row's last batch of products (a fixed window's n-tiles, two at a time on
+# the host) holds a tap of a pixel inside the map: a batch's products synchronise the warp's
+# lanes, so only the stores after the last batch's may race the pass over gw (16 columns at
+# stride 1, the third n-tile; 15 at stride 2, the fifth, whose taps there read columns inside
+# the image: at 14 they read the padding, zeros either way).
+LAST_BATCH_LIVE = (TWO_CHANNEL_CHUNKS._replace(size=(11, 16)), STRIDE_2_CHUNKS._replace(size=(11, 30)))
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("bug, cases, group_splits", [
     *((b, (TWO_CHANNEL_CHUNKS, STRIDE_2_CHUNKS), None)
       for b in (WIDE_K_ORDER, WIDE_STAGED_BARRIER, WIDE_STAGED_HALVES, WIDE_ONE_PRODUCT, WIDE_FEATURE_STEPS,
-                WIDE_SPAN_PAIRED, WIDE_PRODUCTS_SYNC)),
+                WIDE_SPAN_PAIRED, WIDE_BAND_BATCH)),
+    (WIDE_PRODUCTS_SYNC, LAST_BATCH_LIVE, None),
     (WIDE_NARROW_PAIRS, NARROW_CASES, None), (WIDE_PIXELS_PAST_THE_MAP, (FOUR_GROUPS,), 1)],
     ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_float32_bug_fails_the_reference_check(bug, cases, group_splits, tmp_path, monkeypatch):
@@ -569,9 +582,12 @@ def test_a_planted_float32_bug_fails_the_reference_check(bug, cases, group_split
 # The direct sums, which only a product, group or block that met an inf or a nan runs, each a term
 # short: gw's products (an inf in grad_output), grad_feature's (in span_weight), grad_span_weight's
 # (in the feature).
-WIDE_COLD_PRODUCT = PlantedBug("wide-cold-product",
-                               "for (int k = 0; k < count && (v >> 1 ? tile.high_inside : tile.low_inside); ++k)",
-                               "for (int k = 1; k < count && (v >> 1 ? tile.high_inside : tile.low_inside); ++k)")
+WIDE_COLD_PRODUCT = PlantedBug("wide-cold-product", "for (int k = 0; k < count && (v >> 1 ? high_inside : low_inside); ++k)",
+                               "for (int k = 1; k < count && (v >> 1 ? high_inside : low_inside); ++k)")
+# A fixed window's batch of products: the direct sum for its first product only, the second's
+# 3xTF32 nan kept (grad_output's interior inf is pixel 4's: its taps reach n-tiles 0 and 1, a batch).
+WIDE_COLD_BATCH = PlantedBug("wide-cold-batch", "if (oplib_warp_any(non_finite[u]))",
+                             "if (u == 0 && oplib_warp_any(non_finite[u]))")
 WIDE_COLD_FEATURE = PlantedBug("wide-cold-feature", "for (int tap = 0; tap < taps; ++tap) sum = oplib_fma(gw_row[tap],",
                                "for (int tap = 1; tap < taps; ++tap) sum = oplib_fma(gw_row[tap],")
 WIDE_COLD_SPAN = PlantedBug("wide-cold-span", "for (int p = 0; p < live_pixels; ++p)", "for (int p = 1; p < live_pixels; ++p)")
@@ -579,7 +595,8 @@ WIDE_COLD_SPAN = PlantedBug("wide-cold-span", "for (int p = 0; p < live_pixels; 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("bug, place", [(WIDE_COLD_PRODUCT, "grad_output interior"), (WIDE_COLD_FEATURE, "span_weight"),
-                                        (WIDE_COLD_SPAN, "feature")], ids=lambda b: getattr(b, "name", ""))
+                                        (WIDE_COLD_SPAN, "feature"), (WIDE_COLD_BATCH, "grad_output interior")],
+                         ids=lambda b: getattr(b, "name", ""))
 def test_a_planted_float32_cold_path_bug_fails_the_non_finite_check(bug, place, tmp_path, monkeypatch):
     """Finite values never reach the direct sums; an inf at the place that sends its products
     there does."""

@@ -2824,6 +2824,51 @@ static_assert(MMA_TILE_H * 8 * GEN_GRAD_WIDE_CHANNELS >= MMA_WARPS * MMA_TAPS,
 // Whether v's TF32 hi (v rounded) is finite: 3xTF32 takes v whole where it is.
 __device__ __forceinline__ bool gen_grad_wide_finite(float v) { return mma_finite(oplib_round_tf32(v)); }
 
+// The products of a fixed window's band a warp holds at once in float32 (the 16-bit way's
+// GEN_GRAD_PRODUCTS_LIVE, its operands in hi and lo): two, but one for a tile 16 wide at stride 2
+// on sm_90, whose two spilled 32 bytes at its 80 registers (sm_100 and sm_120 held them).
+#define OPLIB_GEN_GRAD_WIDE_STRIDED_LIVE OPLIB_BLOCKS_BY_ARCH(2, 2, 1, 2)
+template <int STRIDE, bool NARROW>
+constexpr int GEN_GRAD_WIDE_PRODUCTS_LIVE = STRIDE > 1 && !NARROW ? OPLIB_GEN_GRAD_WIDE_STRIDED_LIVE : 2;
+
+// A run's product (run_hi + run_lo, pixels x the k-step's channels) with n-tile t of the staged
+// input row `input_row` ([column][channel], CH floats a column), in 3xTF32, into `product`
+// (zeroed); whether the lane's four results are finite.
+__device__ __forceinline__ bool gen_grad_wide_product(OplibFragmentC& product, const OplibFragmentTf32A& run_hi,
+                                                      const OplibFragmentTf32A& run_lo, const float* input_row, int t) {
+    const int row = threadIdx.x >> 2, quad = threadIdx.x & 3;
+    const StagedWidePair in =
+        *reinterpret_cast<const StagedWidePair*>(input_row + (8 * t + row) * GEN_GRAD_WIDE_CHANNELS + 2 * quad);
+    OplibFragmentTf32B in_hi, in_lo;
+    oplib_split_tf32_into(in_hi, in_lo, 0, in.value[0]);
+    oplib_split_tf32_into(in_hi, in_lo, 1, in.value[1]);
+    oplib_mma_3xtf32(product, run_hi, run_lo, in_hi, in_lo);
+    bool finite = true;
+#pragma unroll
+    for (int v = 0; v < 4; ++v) finite &= mma_finite(product.value[v]);
+    return finite;
+}
+
+// The same product as the direct sum in float, from grad_output's k-step again (`low` and `high`:
+// the lane's fragment rows' pixels at the k-step's first channel, a channel `grad_c` apart, `left`
+// of the group's channels from there): inf and nan where torch puts them, where 3xTF32 gives nan.
+__device__ __forceinline__ void gen_grad_wide_direct_product(OplibFragmentC& product, const float* input_row, int t,
+                                                             const float* low, const float* high, index_t grad_c,
+                                                             int left, bool low_inside, bool high_inside) {
+    const int quad = threadIdx.x & 3;
+    const int count = left < GEN_GRAD_WIDE_CHANNELS ? left : GEN_GRAD_WIDE_CHANNELS;
+#pragma unroll 1
+    for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x column 8 t + 2 quad (+ 1)
+        const float* grad_at = v >> 1 ? high : low;
+        const float* column = input_row + (8 * t + 2 * quad + (v & 1)) * GEN_GRAD_WIDE_CHANNELS;
+        float sum = 0.0f;
+#pragma unroll 1
+        for (int k = 0; k < count && (v >> 1 ? high_inside : low_inside); ++k)
+            sum = oplib_fma(__ldg(grad_at + k * grad_c), column[k], sum);
+        product.value[v] = sum;
+    }
+}
+
 template <int KERNEL, int STRIDE, bool NARROW>
 __device__ __forceinline__ void generator_wide(
     const float* __restrict__ grad_output, const float* __restrict__ input, const float* __restrict__ feature,
@@ -2948,33 +2993,50 @@ __device__ __forceinline__ void generator_wide(
 #pragma unroll 1
             for (int a = 0; a < kernel_h && out_y < out_h; ++a) {
                 const float* input_row = staged + (warp * stride_h + a * dilation_h) * columns * CH;
-#pragma unroll 1
-                for (int t = 0; t < tile.live_tiles; ++t) {
-                    const StagedWidePair in = *reinterpret_cast<const StagedWidePair*>(input_row + (8 * t + row) * CH + 2 * quad);
-                    OplibFragmentTf32B in_hi, in_lo;
-                    oplib_split_tf32_into(in_hi, in_lo, 0, in.value[0]);
-                    oplib_split_tf32_into(in_hi, in_lo, 1, in.value[1]);
-                    OplibFragmentC product = {};
-                    oplib_mma_3xtf32(product, run_hi, run_lo, in_hi, in_lo);
-                    bool non_finite = false;
+                // A fixed window's n-tiles all formed, GEN_GRAD_WIDE_PRODUCTS_LIVE at a time, then
+                // stored (the 16-bit way's unrolled products above: a tile past the live ones holds
+                // taps of pixels past the map only, which step 2 writes as zeros); else the live
+                // n-tiles one at a time.
+                if constexpr (KERNEL > 0) {
+                    constexpr int band_tiles = GenGradBandTiles<KERNEL, STRIDE, NARROW>::value;
+                    constexpr int held = GEN_GRAD_WIDE_PRODUCTS_LIVE<STRIDE, NARROW>;
 #pragma unroll
-                    for (int v = 0; v < 4; ++v) non_finite |= !mma_finite(product.value[v]);
-                    if (oplib_warp_any(non_finite)) {  // oplib-cold: an inf or a nan among the warp's products
-                        OPLIB_COLD_BLOCK();
-#pragma unroll 1
-                        for (int v = 0; v < 4; ++v) {  // pixel row (+ 8) x column 8 t + 2 quad (+ 1)
-                            const float* grad_at = (v >> 1 ? high_grad : low_grad) + chunk_grad;
-                            const float* column = input_row + (8 * t + 2 * quad + (v & 1)) * CH;
-                            const int count = group_channels - c0 < CH ? group_channels - c0 : CH;
-                            float sum = 0.0f;
-#pragma unroll 1
-                            for (int k = 0; k < count && (v >> 1 ? tile.high_inside : tile.low_inside); ++k)
-                                sum = oplib_fma(__ldg(grad_at + k * grad_c), column[k], sum);
-                            product.value[v] = sum;
+                    for (int t0 = 0; t0 < band_tiles; t0 += held) {
+                        OplibFragmentC products[held] = {};
+                        bool non_finite[held] = {};
+#pragma unroll
+                        for (int u = 0; u < held && t0 + u < band_tiles; ++u)
+                            non_finite[u] = !gen_grad_wide_product(products[u], run_hi, run_lo, input_row, t0 + u);
+                        bool any_non_finite = false;
+#pragma unroll
+                        for (int u = 0; u < held; ++u) any_non_finite |= non_finite[u];
+                        if (oplib_warp_any(any_non_finite)) {  // oplib-cold: an inf or a nan among the warp's products
+                            OPLIB_COLD_BLOCK();
+#pragma unroll
+                            for (int u = 0; u < held && t0 + u < band_tiles; ++u)
+                                if (oplib_warp_any(non_finite[u]))
+                                    gen_grad_wide_direct_product(products[u], input_row, t0 + u, low_grad + chunk_grad,
+                                                                 high_grad + chunk_grad, grad_c, group_channels - c0,
+                                                                 tile.low_inside, tile.high_inside);
                         }
+#pragma unroll
+                        for (int u = 0; u < held && t0 + u < band_tiles; ++u)
+                            gen_grad_store_product<NARROW, KERNEL, STRIDE>(products[u], warp_gw, tap_stride, a, t0 + u,
+                                                                           kernel_w, stride_w, dilation_w, c0 == 0);
                     }
-                    gen_grad_store_product<NARROW, 0, 0>(product, warp_gw, tap_stride, a, t, kernel_w, stride_w,
-                                                         dilation_w, c0 == 0);
+                } else {
+#pragma unroll 1
+                    for (int t = 0; t < tile.live_tiles; ++t) {
+                        OplibFragmentC product = {};
+                        const bool finite = gen_grad_wide_product(product, run_hi, run_lo, input_row, t);
+                        if (oplib_warp_any(!finite)) {  // oplib-cold: an inf or a nan among the warp's products
+                            OPLIB_COLD_BLOCK();
+                            gen_grad_wide_direct_product(product, input_row, t, low_grad + chunk_grad, high_grad + chunk_grad,
+                                                         grad_c, group_channels - c0, tile.low_inside, tile.high_inside);
+                        }
+                        gen_grad_store_product<NARROW, 0, 0>(product, warp_gw, tap_stride, a, t, kernel_w, stride_w,
+                                                             dilation_w, c0 == 0);
+                    }
                 }
             }
         }
@@ -3125,8 +3187,9 @@ __device__ __forceinline__ void generator_wide(
 // Instantiated for the forward's windows (the oplib-template line above). Three blocks per SM
 // (at most 80 registers) for the instantiations that fix the window, which the model puts at
 // about half the time of two: the kernel is issue-bound, and two blocks leave a scheduler four
-// warps to hide each one's dependent instructions. Its loops over staging and over a row's
-// n-tiles stay rolled for it: unrolled, their hoisted indices spilled. The one that reads the
+// warps to hide each one's dependent instructions. Its loops over staging stay rolled for it
+// (unrolled, their hoisted indices spilled), and a row's n-tiles are unrolled a few products at
+// a time (GEN_GRAD_PRODUCTS_LIVE, GEN_GRAD_WIDE_PRODUCTS_LIVE). The one that reads the
 // window from its arguments keeps two (its runtime sizes take more registers).
 //
 // Block (32, MMA_WARPS); grid (tiles_h * tiles_w, R ranges x group splits, N), tiles of the output.
