@@ -987,11 +987,11 @@ def _gen_grad_tile(item: Tensor, launch: Launch, narrow: bool) -> SimpleNamespac
     """The generator kernel's block and warp places (generated_mma.cu's GenGradTile), both ways':
     the thread's lane parts, its block's tile (tile_y, ox0), R range (r0), split of the groups
     (split: group_first to group_end), sample (n) and partial sums' slot; its warp's output row (oy), the
-    live n-tiles of a run's products, the fragment rows' pixels (inside the map where
-    ``inside``) and grad_feature's m-tile (m_pixel, m_y, r_half)."""
+    n-tiles of a run's products it forms (formed_tiles), the fragment rows' pixels (inside the map
+    where ``inside``) and grad_feature's m-tile (m_pixel, m_y, r_half)."""
     from ..kernels.involution import cuda as involution_cuda
 
-    splits, G, KW, OH, OW, sw, dw, tiles_w = (launch.scalars[i] for i in (0, 4, 6, 7, 8, 10, 14, 16))
+    splits, G, KH, KW, OH, OW, sh, sw, dh, dw, tiles_w = (launch.scalars[i] for i in (0, 4, 5, 6, 7, 8, 9, 10, 13, 14, 16))
     source = involution_cuda.load_source(involution_cuda.GENERATED_MMA_SOURCE)
     tile_w, span_r = involution_cuda.generated_mma_generator_tile(source, narrow)
     threads = launch.threads_per_block
@@ -1001,13 +1001,22 @@ def _gen_grad_tile(item: Tensor, launch: Launch, narrow: bool) -> SimpleNamespac
     r_range, split = y_block // splits, y_block % splits
     n = block // (launch.grid[0] * launch.grid[1])
     tile_y, ox0 = tile // tiles_w, tile % tiles_w * tile_w
-    live_w = (OW - ox0).clamp(max=tile_w)  # the n-tiles of products with a tap of a pixel inside the map
+    # The n-tiles a run forms and stores: where the instantiation fixes the window (KERNEL > 0),
+    # every one of its band (unrolled; those past the live ones hold taps of pixels past the map
+    # only); where it reads the window from the arguments, the live ones (a tap of a pixel inside
+    # the map). The 16-bit way's narrow tile at stride 2 keeps the live ones before sm_90
+    # (GenGradUnrolled), where at RedNet-50's 7 x 7 maps every n-tile of it is live.
+    if launch.specialisation[0] != "0":
+        formed_tiles = involution_cuda.generated_mma_generator_extent(source, (KH, KW), (sh, sw), (dh, dw), narrow)[1] // 8
+    else:
+        live_w = (OW - ox0).clamp(max=tile_w)
+        formed_tiles = ((live_w - 1) * sw + (KW - 1) * dw) // 8 + 1
     pixels = lane // 4 + 8 * _slots(2, 4)  # a fragment's two rows of pixels
     oy = tile_y * 8 + warp
     return SimpleNamespace(
         thread=thread, warp=warp, lane=lane, row=lane // 4, quad=lane % 4, r_range=r_range, r0=r_range * span_r,
         split=split, group_first=split * G // splits, group_end=(split + 1) * G // splits, n=n, slot=tile + launch.grid[0] * n,
-        tile_y=tile_y, ox0=ox0, oy=oy, live_tiles=((live_w - 1) * sw + (KW - 1) * dw) // 8 + 1, pixels=pixels,
+        tile_y=tile_y, ox0=ox0, oy=oy, formed_tiles=formed_tiles, pixels=pixels,
         inside=(oy < OH) & (ox0 + pixels < OW) & (pixels < tile_w),
         # grad_feature's m-tile of the warp: 16 pixels from m_pixel (narrow: rows m_y, m_y + 1), and
         # its channels of the range from r_half
@@ -1084,7 +1093,6 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
     c = source.constants
     es, taps, pg, threads = launch.dtype.itemsize, KH * KW, C // G, launch.threads_per_block
     narrow = launch.specialisation[2] == "true"  # tiles 8 wide, twice the R range
-    fixed = launch.specialisation[0] != "0"  # a window of the instantiation (KERNEL > 0), not the arguments'
     tile_w, span_r = involution_cuda.generated_mma_generator_tile(source, narrow)
     in_h, columns = involution_cuda.generated_mma_generator_extent(source, (KH, KW), (sh, sw), (dh, dw), narrow)
     n_tiles, pixel_words, column_words = columns // 8, 8 * tile_w // 2 + 4, c["GEN_GRAD_COLUMN_WORDS"]
@@ -1104,7 +1112,7 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
         t.load(2, n * fsn + (r0 + r) * fsc + y * fsh + (x + h) * fsw, (r0 + r < R) & (y < OH) & (x + h < OW), es)
     t.shared(features_at + r * pixel_words + pair, True, 4)
     top, left = tile_y * 8 * sh - ph, ox0 * sw - pw
-    live_tiles, pixels, inside = place.live_tiles, place.pixels, place.inside
+    formed_tiles, pixels, inside = place.formed_tiles, place.pixels, place.inside
     m_pixel, m_y, r_half = place.m_pixel, place.m_y, place.r_half
     everywhere = t.active
     for index in range(-(-G // splits)):  # the block's groups, the most any split takes
@@ -1142,11 +1150,7 @@ def _generated_mma_backward_generator(t: _Tally, item: Tensor, launch: Launch) -
             for a in range(KH):
                 input_row = staged_at + (warp * sh + a * dh) * columns * column_words
                 for n_tile in range(n_tiles):
-                    # a fixed window forms and stores every n-tile of the band (those past the live
-                    # ones hold taps of pixels past the map only); a window read from the
-                    # arguments the live ones, as a narrow tile at stride 2 does before sm_90
-                    # (GenGradUnrolled; at RedNet-50's 7 x 7 maps every n-tile of it is live)
-                    live = (oy < OH) & ((n_tile < live_tiles) | fixed)
+                    live = (oy < OH) & (n_tile < formed_tiles)
                     column = 8 * n_tile + lane % 8  # an ldmatrix row: its words' halves swapped in columns 4-7
                     t.matrices(input_row + column * column_words + ((4 * (lane // 8 % 2)) ^ (column & 4)), live, 2)
                     _gen_grad_store_product(t, place, gw_at + warp * tile_w * gw_stride, gw_stride, a, n_tile, launch,
@@ -1229,7 +1233,6 @@ def _generated_mma_backward_generator_wide(t: _Tally, item: Tensor, launch: Laun
     c = source.constants
     taps, pg, threads, CH = KH * KW, C // G, launch.threads_per_block, c["GEN_GRAD_WIDE_CHANNELS"]
     narrow = launch.specialisation[2] == "true"  # tiles 8 wide, twice the R range
-    fixed = launch.specialisation[0] != "0"  # a window of the instantiation (KERNEL > 0), not the arguments'
     tile_w, span_r = involution_cuda.generated_mma_generator_tile(source, narrow)
     in_h, columns = involution_cuda.generated_mma_generator_extent(source, (KH, KW), (sh, sw), (dh, dw), narrow)
     n_tiles, tile_pixels = columns // 8, 8 * tile_w
@@ -1248,7 +1251,7 @@ def _generated_mma_backward_generator_wide(t: _Tally, item: Tensor, launch: Laun
     t.load(2, n * fsn + (r0 + r) * fsc + y * fsh + x * fsw, (r0 + r < R) & (y < OH) & (x < OW), 4)
     t.shared(features_at + r * feature_stride + p, True, 4)
     top, left = tile_y * 8 * sh - ph, ox0 * sw - pw
-    live_tiles, pixels, inside = place.live_tiles, place.pixels, place.inside
+    formed_tiles, pixels, inside = place.formed_tiles, place.pixels, place.inside
     m_pixel, m_y, r_half = place.m_pixel, place.m_y, place.r_half
     everywhere = t.active
     for index in range(-(-G // splits)):  # the block's groups, the most any split takes
@@ -1282,7 +1285,7 @@ def _generated_mma_backward_generator_wide(t: _Tally, item: Tensor, launch: Laun
             for a in range(KH):
                 input_row = staged_at + (warp * sh + a * dh) * columns * CH
                 for n_tile in range(n_tiles):
-                    live = (oy < OH) & ((n_tile < live_tiles) | fixed)  # a fixed window's: all (the 16-bit way's)
+                    live = (oy < OH) & (n_tile < formed_tiles)
                     t.shared((input_row + (8 * n_tile + row) * CH + 2 * quad) // 2, live, 8)
                     t.tf32_products(live, 3)
                     _gen_grad_store_product(t, place, gw_at + warp * tile_w * tap_stride, tap_stride, a, n_tile, launch,
