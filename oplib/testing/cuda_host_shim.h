@@ -159,8 +159,11 @@ struct Site {
     const char* file;
     int line;
 
+    // The same call's strings are one literal (one address) almost always: compared by address
+    // first, by text only where the addresses differ (strcmp was 7% of an emulated run's time).
     bool operator==(const Site& other) const {
-        return line == other.line && std::strcmp(what, other.what) == 0 && std::strcmp(file, other.file) == 0;
+        return line == other.line && (what == other.what || std::strcmp(what, other.what) == 0) &&
+               (file == other.file || std::strcmp(file, other.file) == 0);
     }
 };
 
@@ -280,6 +283,7 @@ class Block {
           shared_((unsigned char*)std::malloc((size_t)shared_bytes)), shared_bytes_(shared_bytes) {
         if (shared_bytes > 0) std::memset(shared_, 0xff, (size_t)shared_bytes);
         while ((int)fiber_pool.size() < threads_) fiber_pool.push_back(std::make_unique<Fiber>());
+        fibers_ = fiber_pool.data();
     }
 
     ~Block() { std::free(shared_); }
@@ -290,7 +294,7 @@ class Block {
     // interleaved, in turns, each to its next wait, until none can run.
     bool run() {
         current_block = this;
-        for (int t = 0; t < threads_; ++t) arm(*fiber_pool[t]);
+        for (int t = 0; t < threads_; ++t) arm(*fibers_[t]);
         const int warps = (threads_ + warpSize - 1) / warpSize;
         bool finished = false;
         while (!finished && error_.empty()) {
@@ -302,7 +306,7 @@ class Block {
             } else {
                 for (int w = 0; w < warps && error_.empty(); ++w) run_warp(descending_ ? warps - 1 - w : w);
             }
-            finished = std::all_of(fiber_pool.begin(), fiber_pool.begin() + threads_,
+            finished = std::all_of(fibers_, fibers_ + threads_,
                                    [](const auto& f) { return f->state == State::finished; });
             if (!finished && error_.empty()) release_barrier();
         }
@@ -310,7 +314,7 @@ class Block {
         if (error_.empty()) return true;
         // The fibers left waiting never resume: the next block starts them afresh.
         for (int t = 0; t < threads_; ++t) {
-            if (fiber_pool[t]->state != State::finished) fiber_pool[t]->armed = false;
+            if (fibers_[t]->state != State::finished) fibers_[t]->armed = false;
         }
         return false;
     }
@@ -335,7 +339,7 @@ class Block {
 
     // The running thread waits at a __syncthreads.
     void block_barrier(const Site& site) {
-        Fiber& self = *fiber_pool[running_];
+        Fiber& self = *fibers_[running_];
         self.state = State::block_barrier;
         self.site = site;
         wait();
@@ -344,7 +348,7 @@ class Block {
     // The running thread offers `value` to a warp collective over the lanes of `mask`, and
     // gets the value lane `source` offered.
     unsigned long long warp_collective(const Site& site, unsigned int mask, unsigned long long value, int source) {
-        Fiber& self = *fiber_pool[running_];
+        Fiber& self = *fibers_[running_];
         if (!(mask >> lane(running_) & 1u)) {
             fail(describe(site) + ": the mask " + hex(mask) + " leaves out the calling lane " +
                  std::to_string(lane(running_)) + " (thread " + std::to_string(running_) + ")");
@@ -386,7 +390,7 @@ class Block {
 
     // The running thread returned from the kernel.
     void finished() {
-        fiber_pool[running_]->state = State::finished;
+        fibers_[running_]->state = State::finished;
         wait();
     }
 
@@ -414,7 +418,7 @@ class Block {
         const int base = w * warpSize, lanes = std::min(warpSize, threads_ - base);
         for (int p = t < 0 ? 0 : position(t - base, lanes) + 1; p < lanes; ++p) {
             const int next = base + position(p, lanes);  // the order is its own inverse
-            if (fiber_pool[next]->state == State::runnable) return next;
+            if (fibers_[next]->state == State::runnable) return next;
         }
         return -1;
     }
@@ -438,7 +442,7 @@ class Block {
         if (!error_.empty()) return false;
         const int base = w * warpSize, lanes = std::min(warpSize, threads_ - base);
         for (int t = base; t < base + lanes; ++t) {
-            if (fiber_pool[t]->state == State::warp_collective && !release_collective(t)) return false;
+            if (fibers_[t]->state == State::warp_collective && !release_collective(t)) return false;
         }
         return true;
     }
@@ -447,15 +451,15 @@ class Block {
         running_ = t;
         threadIdx = {(unsigned int)t % dims_.x, (unsigned int)t / dims_.x % dims_.y,
                      (unsigned int)t / (dims_.x * dims_.y)};
-        transfer(from, fiber_pool[t]->context);
+        transfer(from, fibers_[t]->context);
     }
 
-    void switch_to_scheduler() { transfer(fiber_pool[running_]->context, scheduler_); }
+    void switch_to_scheduler() { transfer(fibers_[running_]->context, scheduler_); }
 
     // The running thread waits: the next runnable lane of its warp in the run order runs, or,
     // at the end of the warp's pass, the scheduler releases what it can.
     void wait() {
-        Fiber& self = *fiber_pool[running_];
+        Fiber& self = *fibers_[running_];
         const int next = next_runnable(running_ / warpSize, running_);
         if (next >= 0) {
             switch_to(self.context, next);
@@ -470,7 +474,7 @@ class Block {
         const Fiber* waiting = nullptr;
         bool uniform = true, any_finished = false;
         for (int t = 0; t < threads_; ++t) {
-            const Fiber& fiber = *fiber_pool[t];
+            const Fiber& fiber = *fibers_[t];
             if (fiber.state == State::finished) {
                 any_finished = true;
             } else if (waiting == nullptr) {
@@ -480,7 +484,7 @@ class Block {
             }
         }
         if (uniform && !any_finished) {
-            for (int t = 0; t < threads_; ++t) fiber_pool[t]->state = State::runnable;
+            for (int t = 0; t < threads_; ++t) fibers_[t]->state = State::runnable;
             return;
         }
         error_ = describe(waiting->site) + " is not reached by every thread of the block: " + census();
@@ -489,13 +493,13 @@ class Block {
     // Release the collective thread `t` waits at, where every lane of its mask waits there too;
     // false (error_) where one never will (with no lane of the warp left to run).
     bool release_collective(int t) {
-        const Fiber& fiber = *fiber_pool[t];
+        const Fiber& fiber = *fibers_[t];
         const int base = t - lane(t);
         const int lanes = std::min(warpSize, threads_ - base);  // the last warp of a block may be partial
         const unsigned int present = lanes == warpSize ? 0xffffffffu : (1u << lanes) - 1u;
         const unsigned int members = fiber.mask & present;
         for (int l = 0; l < lanes; ++l) {
-            const Fiber& other = *fiber_pool[base + l];
+            const Fiber& other = *fibers_[base + l];
             if (!(members >> l & 1u)) continue;
             if (other.state != State::warp_collective || !(other.site == fiber.site) || other.mask != fiber.mask) {
                 error_ = describe(fiber.site) + " with mask " + hex(fiber.mask) + " in warp " +
@@ -512,8 +516,8 @@ class Block {
         }
         for (int l = 0; l < lanes; ++l) {
             if (!(members >> l & 1u)) continue;
-            Fiber& other = *fiber_pool[base + l];
-            other.result = fiber_pool[base + other.source]->value;
+            Fiber& other = *fibers_[base + l];
+            other.result = fibers_[base + other.source]->value;
             other.state = State::runnable;
         }
         return true;
@@ -535,7 +539,7 @@ class Block {
     std::string census() const {
         std::vector<std::pair<std::string, std::vector<int>>> groups;
         for (int t = 0; t < threads_; ++t) {
-            const Fiber& fiber = *fiber_pool[t];
+            const Fiber& fiber = *fibers_[t];
             const std::string where = fiber.state == State::finished ? "returned" : "wait at " + describe(fiber.site);
             auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == where; });
             if (group == groups.end()) {
@@ -571,6 +575,11 @@ class Block {
     bool descending_, interleaved_;
     unsigned char* shared_;
     long long shared_bytes_;
+    // fiber_pool's fibers, which no other Block grows while this one runs (one a thread at a
+    // time): a thread_local with a constructor is a call to its TLS wrapper and __tls_get_addr
+    // at each use, and the scheduler's loops over a warp's lanes used it at each lane (a fifth
+    // of an emulated run's time).
+    std::unique_ptr<Fiber>* fibers_ = nullptr;
     Context scheduler_;  // the OS thread's own stack, where run() switches from
     bool from_scheduler_ = false;
     int running_ = -1;
