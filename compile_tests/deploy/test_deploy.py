@@ -1,7 +1,10 @@
 """``python -m oplib export``: the file is written, loaded back as a deployment would load it,
-and checked against eager by the command itself; here it is loaded once more, at another batch
-and size. ``--features-only`` (a backbone returning a list of maps) in each format, the
-classifier in pt2 and ONNX, and ``oplib.deploy.export`` of a narrow backbone in the unit tier."""
+and checked against eager by the command itself; here it is loaded once more, at other batches
+and sizes. ``--features-only`` (a backbone returning a list of maps) in each format, the
+classifier in pt2 and ONNX, and ``oplib.deploy.export`` of a narrow backbone in the unit tier.
+These are also the RedNet-26 ONNX round trips of the suite (tests/deploy/test_onnx.py exports
+the ops and a layer): the command's export is ``oplib.onnx.export`` with a dynamic batch and
+size, and a second export of the same network there took 100 s of the integration tier."""
 
 from __future__ import annotations
 
@@ -66,11 +69,13 @@ def test_export_command_writes_a_checked_file(fmt, tmp_path):
     out = tmp_path / ("rednet26-aoti.pt2" if fmt == "aoti" else f"rednet26.{fmt}")
     summary = _export(fmt, out, "--weights", str(weights))
     assert summary["format"] == fmt and out.is_file() and summary["relative_error"] <= 1e-4
-    # Loaded again elsewhere, at another size and batch (dynamic): the same logits as eager.
-    x = torch.randn(3, 3, 71, 90)
-    with torch.no_grad():
-        expected = model(x)
-    _assert_close_to(_run_exported(fmt, out, x), [expected])
+    # Loaded again elsewhere, at other sizes and batches (dynamic; odd sides, whose stride-2
+    # layers leave a last cell half outside, and a wide one): the same logits as eager.
+    for shape in [(3, 3, 71, 90), (1, 3, 64, 64), (3, 3, 97, 81), (2, 3, 45, 224)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            expected = model(x)
+        _assert_close_to(_run_exported(fmt, out, x), [expected])
 
 
 @pytest.mark.integration
@@ -78,7 +83,7 @@ def test_export_command_writes_a_checked_file(fmt, tmp_path):
 def test_export_command_writes_a_checked_backbone(fmt, tmp_path):
     """``--features-only --out-indices 0,2,4`` from a classifier's checkpoint (its head left
     out): the stem's, the second stage's and the last stage's maps, named ``features_<level>``
-    in ONNX, equal to eager's at another batch and size."""
+    in ONNX with a symbolic batch and size each, equal to eager's at other batches and sizes."""
     weights = tmp_path / "weights.pth"
     # Non-trivial BatchNorms: a fresh RedNet's blocks compute their shortcut alone in eval mode.
     model = with_batch_norm_statistics(oplib.models.rednet26()).eval()
@@ -90,11 +95,16 @@ def test_export_command_writes_a_checked_backbone(fmt, tmp_path):
     if fmt == "onnx":
         import onnx
 
-        assert [output.name for output in onnx.load(out).graph.output] == ["features_0", "features_2", "features_4"]
-    x = torch.randn(3, 3, 71, 90)
-    with torch.no_grad():
-        expected = model.as_features((0, 2, 4))(x)
-    _assert_close_to(_run_exported(fmt, out, x), expected)
+        outputs = onnx.load(out).graph.output
+        assert [output.name for output in outputs] == ["features_0", "features_2", "features_4"]
+        for output in outputs:
+            batch, _, height, width = output.type.tensor_type.shape.dim
+            assert batch.dim_param and height.dim_param and width.dim_param, output  # not fixed sizes
+    for shape in [(3, 3, 71, 90), (1, 3, 33, 47)]:  # the smallest size the export allows, odd sides
+        x = torch.randn(shape)
+        with torch.no_grad():
+            expected = model.as_features((0, 2, 4))(x)
+        _assert_close_to(_run_exported(fmt, out, x), expected)
 
 
 def test_backbone_exports_with_dynamic_batch_and_size(tmp_path):

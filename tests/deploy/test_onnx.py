@@ -1,7 +1,9 @@
 """ONNX export, generated from the registry: every op on its sample inputs exports to standard
 ONNX (opset 18, no custom domain), passes the ONNX checker and runs in ONNX Runtime (CPU)
-with eager's results; RedNets export with dynamic batch and image size, the classifier and
-the features_only backbone (one named output per map)."""
+with eager's results; Involution2d exports with a dynamic batch and image size. RedNet-26's
+round trips, the classifier and the features_only backbone (one named output per map, each
+with a symbolic batch and size), are compile_tests/deploy/test_deploy.py's: through
+``python -m oplib export``, which is ``oplib.onnx.export`` with a dynamic batch and size."""
 
 from __future__ import annotations
 
@@ -14,11 +16,10 @@ import torch
 from torch.export import Dim
 
 import oplib.deploy
-import oplib.models
 import oplib.nn
 import oplib.onnx
 from oplib import registry
-from oplib.testing import OpCall, spec_params, with_batch_norm_statistics
+from oplib.testing import OpCall, spec_params
 from oplib.testing.helpers import outputs
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
@@ -118,35 +119,3 @@ def test_involution2d_at_stride_2_matches_eager_at_odd_sizes(tmp_path):
     torch.manual_seed(0)
     model = oplib.nn.Involution2d(16, kernel_size=3, stride=2, group_channels=8).eval()
     _round_trip(model, tmp_path / "involution.onnx", [(1, 16, 9, 12), (2, 16, 11, 9), (1, 16, 10, 12)], (2, 16, 10, 10), 4)
-
-
-def _rednet_round_trip(depth: int, tmp_path):
-    torch.manual_seed(0)
-    model = getattr(oplib.models, f"rednet{depth}")().eval()
-    _round_trip(model, tmp_path / f"rednet{depth}.onnx", [(1, 3, 64, 64), (3, 3, 97, 81), (2, 3, 45, 224)])
-
-
-# RedNet-26 only: RedNet-50 is the same stem, blocks and head in more repeats (3-4-6-3
-# bottlenecks against 1-2-4-1), nothing its export translates that RedNet-26's does not, and
-# its round trip took 10 of CI's 60 minutes on the 2-core machine.
-@pytest.mark.integration
-def test_rednet26_exports_with_dynamic_batch_and_size(tmp_path):
-    _rednet_round_trip(26, tmp_path)
-
-
-# About 50 s on the 2-core machine, nearly all of it torch.onnx's translation and optimisation
-# of the 49-tap involutions.
-@pytest.mark.integration
-def test_rednet26_backbone_exports_with_a_named_output_per_map(tmp_path):
-    """A narrow features_only RedNet-26: four ONNX outputs, ``features_1`` to ``features_4``
-    (``oplib.deploy.output_names``), each with a dynamic batch and image size, equal to eager's
-    maps at an odd size and an even one."""
-    torch.manual_seed(0)
-    model = with_batch_norm_statistics(oplib.models.rednet26(width=16, group_channels=8, features_only=True)).eval()
-    path = tmp_path / "backbone.onnx"
-    _round_trip(model, path, [(1, 3, 33, 47), (3, 3, 64, 64)], output_names=oplib.deploy.output_names(model))
-    outputs = onnx.load(path).graph.output
-    assert [output.name for output in outputs] == ["features_1", "features_2", "features_3", "features_4"]
-    for output in outputs:
-        batch, _, height, width = output.type.tensor_type.shape.dim
-        assert batch.dim_param and height.dim_param and width.dim_param, output  # symbolic, not fixed sizes
