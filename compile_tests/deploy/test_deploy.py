@@ -55,6 +55,16 @@ def _assert_close_to(got: list[torch.Tensor], expected: list[torch.Tensor]) -> N
         assert float((g - e).abs().max()) <= 1e-4 * float(e.abs().max())
 
 
+def _assert_matches_eager(fmt: str, path: Path, forward, shapes) -> None:
+    """The file at ``path`` run on a random input of each of ``shapes`` (a dynamic batch and
+    size): its outputs close to eager's ``forward`` (a tensor or a list of them)."""
+    for shape in shapes:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            expected = forward(x)
+        _assert_close_to(_run_exported(fmt, path, x), [expected] if isinstance(expected, torch.Tensor) else expected)
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("fmt", ["pt2", "onnx"])
 def test_export_command_writes_a_checked_file(fmt, tmp_path):
@@ -71,11 +81,7 @@ def test_export_command_writes_a_checked_file(fmt, tmp_path):
     assert summary["format"] == fmt and out.is_file() and summary["relative_error"] <= 1e-4
     # Loaded again elsewhere, at other sizes and batches (dynamic; odd sides, whose stride-2
     # layers leave a last cell half outside, and a wide one): the same logits as eager.
-    for shape in [(3, 3, 71, 90), (1, 3, 64, 64), (3, 3, 97, 81), (2, 3, 45, 224)]:
-        x = torch.randn(shape)
-        with torch.no_grad():
-            expected = model(x)
-        _assert_close_to(_run_exported(fmt, out, x), [expected])
+    _assert_matches_eager(fmt, out, model, [(3, 3, 71, 90), (1, 3, 64, 64), (3, 3, 97, 81), (2, 3, 45, 224)])
 
 
 @pytest.mark.integration
@@ -100,11 +106,8 @@ def test_export_command_writes_a_checked_backbone(fmt, tmp_path):
         for output in outputs:
             batch, _, height, width = output.type.tensor_type.shape.dim
             assert batch.dim_param and height.dim_param and width.dim_param, output  # not fixed sizes
-    for shape in [(3, 3, 71, 90), (1, 3, 33, 47)]:  # the smallest size the export allows, odd sides
-        x = torch.randn(shape)
-        with torch.no_grad():
-            expected = model.as_features((0, 2, 4))(x)
-        _assert_close_to(_run_exported(fmt, out, x), expected)
+    # (1, 3, 33, 47): the smallest size the export allows, odd sides
+    _assert_matches_eager(fmt, out, model.as_features((0, 2, 4)), [(3, 3, 71, 90), (1, 3, 33, 47)])
 
 
 def test_backbone_exports_with_dynamic_batch_and_size(tmp_path):

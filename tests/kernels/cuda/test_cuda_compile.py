@@ -67,10 +67,8 @@ def _nvcc(source: KernelSource, arch: str, tmp_path: Path, instantiate: bool = T
     unit = tmp_path / "instantiate.cu"
     unit.write_text(_instantiations(source) if instantiate else f'#include "{source.path}"\n')
     return subprocess.run(
-        [nvcc, f"-gencode=arch=compute_{arch[3:]},code=compute_{arch[3:]}", "-std=c++17", f"-I{INCLUDE_DIR}", "-Werror", "all-warnings", "-Xcompiler", "-Wall",
-
-
-         "-c", str(unit), "-o", str(tmp_path / "instantiate.o")],
+        [nvcc, f"-gencode=arch=compute_{arch[3:]},code=compute_{arch[3:]}", "-std=c++17", f"-I{INCLUDE_DIR}",
+         "-Werror", "all-warnings", "-Xcompiler", "-Wall", "-c", str(unit), "-o", str(tmp_path / "instantiate.o")],
         capture_output=True, text=True, timeout=600,
     )
 
