@@ -33,9 +33,15 @@ call the next kernel themselves where nothing stands between) and through the di
 interleaved. Each layer of Python kernels a call crosses costs a crossing from the dispatcher
 into Python; the table says what the direct calls save of them.
 
+A third table times whole steps of RedNet-50 and ResNet-50 (bf16 autocast, channels_last),
+both narrowed until their CPU compute is small, with the same kernels registered on CPU: what a
+step costs the host, which a GPU step waits for wherever its kernels are faster than their
+launches (RedNet-50's eager steps at batch 32 on an H200). Beside them RedNet-50 on the fused
+op and RedNet-50 with its involution layers free, the most any involution kernel could give.
+
 Usage (from the repo root)::
 
-    python bench/host_launch.py           # about a minute; bench/results/host_launch.md
+    python bench/host_launch.py           # about two minutes; bench/results/host_launch.md
     python bench/host_launch.py --quick   # smoke test
 """
 
@@ -47,6 +53,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+import _cuda
 import _harness
 from oplib import benchmark, registry
 from oplib.kernels import CUDA_DISPATCH
@@ -198,6 +205,80 @@ def step_rows(section: _harness.Section, launcher: RecordingCuPyLauncher) -> lis
     return rows
 
 
+# RedNet-50 and ResNet-50 steps as the host runs them: both models narrowed to MODEL_WIDTH
+# channels (RedNet-50 with MODEL_GROUP_CHANNELS a group, as the GPU command's dry run) and fed
+# MODEL_BATCH images of MODEL_SIZE px, so that their CPU compute is small beside the host's
+# work, which does not shrink with them (every layer's ops, oplib's CUDA host path). At width 32
+# (16 channels a group) ResNet-50's step took 1.8x its time at 16 on this 2-core machine, its
+# compute (the weights' gradients and the optimizer, which scale with the width squared) no
+# longer small.
+MODEL_WIDTH, MODEL_GROUP_CHANNELS, MODEL_BATCH, MODEL_SIZE = 16, 8, 2, 32
+MODEL_CANDIDATES = ("RedNet-50", "RedNet-50, fused", "RedNet-50, free involutions", "ResNet-50")
+MODEL_TASKS = ("train", "inference")
+
+
+def _model(name: str) -> torch.nn.Module:
+    """``name`` of ``MODEL_CANDIDATES`` at ``MODEL_WIDTH``, channels_last. RedNet-50's layers
+    take the path CUDA takes (``FUSED_BY_DEVICE``: unfused), or the fused op where the name
+    says so, whatever the device."""
+    from rednet import rednet50_free_involutions, resnet50
+
+    from oplib.models import rednet50
+    from oplib.nn import FUSED_BY_DEVICE, Involution2d
+
+    torch.manual_seed(0)
+    if name == "ResNet-50":
+        model = resnet50(width=MODEL_WIDTH)
+    elif name.endswith("free involutions"):
+        model = rednet50_free_involutions(width=MODEL_WIDTH, group_channels=MODEL_GROUP_CHANNELS)
+    else:
+        model = rednet50(width=MODEL_WIDTH, group_channels=MODEL_GROUP_CHANNELS)
+        for module in model.modules():
+            if isinstance(module, Involution2d):
+                module.fused = name.endswith("fused") or FUSED_BY_DEVICE.get("cuda", False)
+    return model.to(memory_format=torch.channels_last)
+
+
+def _profiled(step: Callable[[], None]) -> tuple[int, float]:
+    """One call of ``step`` under torch.profiler: its aten ops (every ``aten::`` event, those
+    inside others included) and the host time inside oplib's ops (``oplib::`` events, their
+    children included; what their kernels and launch path cost, the autograd engine's nodes
+    around them not), in microseconds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as recorded:
+        step()
+    events = recorded.key_averages()
+    aten = sum(e.count for e in events if e.key.startswith("aten::"))
+    return aten, sum(e.cpu_time_total for e in events if e.key.startswith("oplib::"))
+
+
+def model_rows(section: _harness.Section, launcher: RecordingCuPyLauncher) -> list[tuple]:
+    """The third table's rows: per task, the candidates' steps interleaved (oplib's CUDA kernels
+    registered on CPU over ``launcher``), then each profiled once."""
+    register_cuda_kernels_on_cpu(launcher)
+    # the GPU command's steps (bench/_cuda.py: bfloat16 autocast, SGD), on the CPU and eager
+    host = _cuda.Target("cpu", launcher, "the CPU")
+    images = torch.randn(MODEL_BATCH, 3, MODEL_SIZE, MODEL_SIZE).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (MODEL_BATCH,))
+    rows = []
+    for task in MODEL_TASKS:
+        models = {name: _model(name) for name in MODEL_CANDIDATES}
+        steps = {name: _cuda._model_step(host, model, model, task, "eager", images, labels)
+                 for name, model in models.items()}
+        for step in steps.values():
+            step()  # the launch plans, the autocast casts' caches, the optimizer's state
+        before = launcher.launches
+        times = section.measure(f"models, {task}", {name: benchmark.call(step) for name, step in steps.items()})
+        assert launcher.launches > before, "RedNet-50's steps launched nothing"
+        for name, step in steps.items():
+            aten, oplib_us = _profiled(step)
+            rows.append((task, name, f"{times[name].median * 1e3:.2f}",
+                         f"**{benchmark.ratio(times[name], times['ResNet-50']):.2f}x**", str(aten),
+                         f"{oplib_us / 1e3:.2f}"))
+    return rows
+
+
 def main() -> int:
     args = _harness.parser(__doc__, rounds=7, min_run_time=0.3, quick_rounds=2, quick_min_run_time=0.05).parse_args()
     settings = _harness.start(args, __file__)
@@ -226,6 +307,7 @@ def main() -> int:
         cells.append((f"{spec.name} ({sample.name})", *(f"{medians[name]:.1f}" for name in IMPLS),
                       f"**{ratio:.3f}**", f"{before_ratio:.3f}", "PASS" if ratio <= MAX_RATIO else "FAIL"))
     step_cells = step_rows(section, launcher)
+    model_cells = model_rows(section, launcher)
     verdict = (f"**PASS**: every oplib / bare ratio is <= {MAX_RATIO:g}." if not failed
                else f"**FAIL**: oplib / bare > {MAX_RATIO:g} for {', '.join(failed)}.")
     lines = [
@@ -267,6 +349,24 @@ def main() -> int:
         "",
         *_harness.table(("op (sample)", "kernels", "calls", "direct (us)", "dispatcher (us)", "direct / dispatcher"),
                         "lllrrr", step_cells),
+        "",
+        "## RedNet-50 against ResNet-50: a step's host time",
+        "",
+        f"Both models narrowed to width {MODEL_WIDTH} (the stem's channels and the first stage's bottleneck width; "
+        f"64 in the paper and in torchvision; RedNet-50 with {MODEL_GROUP_CHANNELS} channels a group), {MODEL_BATCH} images of {MODEL_SIZE} x {MODEL_SIZE} px, channels_last, "
+        "bfloat16 autocast: every layer's ops are there, their CPU compute is small, so a step's time is mostly what "
+        "the host spends on it, which a GPU step that outruns its launches waits for. oplib's CUDA kernels are "
+        "registered on CPU over the same launcher. train: forward + cross-entropy + backward + SGD step; inference: "
+        "eval mode under no_grad. RedNet-50: its involution layers unfused (span conv + `involution`), as on CUDA; "
+        "fused: `involution_generated`, whose CUDA host path runs torch's ops for its backward (the span conv's "
+        "weight map, the map route); free involutions: every involution layer, generation branch and all, replaced "
+        "by its input (strided where the layer is), the most any involution implementation could bring RedNet-50 "
+        "to. / ResNet-50: the median of the per-round ratios of the step times (below 1: faster than ResNet-50). "
+        "aten ops: a step's `aten::` events (those inside others included); oplib host: the time inside oplib's "
+        "ops (`oplib::` events), both from one step under torch.profiler, which slows it.",
+        "",
+        *_harness.table(("task", "model", "step (ms)", "/ ResNet-50", "aten ops a step", "oplib host (ms)"),
+                        "llrrrr", model_cells),
     ]
     print(_harness.write_report(settings, lines))
     return 1 if failed else 0

@@ -207,15 +207,16 @@ class _ResNetBottleneck(nn.Module):
         return torch.relu(self.branch(x) + self.shortcut(x))
 
 
-def resnet50(num_classes: int = 1000) -> nn.Sequential:
+def resnet50(num_classes: int = 1000, width: int = 64) -> nn.Sequential:
     """ResNet-50 (He et al., 2016, as torchvision builds it; 25.56 M parameters) from torch.nn,
-    torch's default initialisation. input: (N, 3, H, W) -> logits (N, num_classes)."""
+    torch's default initialisation; ``width`` the stem's channels and the first stage's
+    bottleneck width, as RedNet's (64: torchvision's). input: (N, 3, H, W) -> logits (N, num_classes)."""
     layers: list[nn.Module] = [
-        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
+        nn.Conv2d(3, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
     ]  # fmt: skip
-    channels = 64
+    channels = width
     for index, count in enumerate((3, 4, 6, 3)):
-        out_channels = 256 * 2**index
+        out_channels = 4 * width * 2**index
         for block in range(count):
             layers.append(_ResNetBottleneck(channels, out_channels, 2 if index > 0 and block == 0 else 1))
             channels = out_channels
@@ -234,10 +235,11 @@ class _FreeInvolution(nn.Module):
         return x if self.stride == (1, 1) else x[:, :, :: self.stride[0], :: self.stride[1]]
 
 
-def rednet50_free_involutions() -> nn.Module:
-    """RedNet-50 with every involution layer (generation branch and all) costing nothing: what
-    RedNet-50 could at most reach against ResNet-50, whatever the involution kernels."""
-    model = rednet50()
+def rednet50_free_involutions(**kwargs) -> nn.Module:
+    """RedNet-50 (``rednet50(**kwargs)``) with every involution layer (generation branch and
+    all) costing nothing: what RedNet-50 could at most reach against ResNet-50, whatever the
+    involution kernels."""
+    model = rednet50(**kwargs)
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if isinstance(child, Involution2d):

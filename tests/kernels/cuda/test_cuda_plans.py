@@ -171,7 +171,8 @@ def test_every_op_of_the_host_launch_table_runs_over_the_recording_launcher():
 def test_host_launch_times_the_ops_as_a_step_calls_them(tmp_path):
     """bench/host_launch.py --quick, in a process of its own (it registers the CUDA kernels on
     the real ops' CPU key): its second table has every op and way of calling it, through the
-    CPU kernels and the CUDA host path, each timed with direct calls and through the dispatcher."""
+    CPU kernels and the CUDA host path, each timed with direct calls and through the dispatcher;
+    its third every model's step in each task."""
     import json
     import subprocess
 
@@ -188,3 +189,13 @@ def test_host_launch_times_the_ops_as_a_step_calls_them(tmp_path):
     assert {row[1] for row in table["rows"]} == {"CPU", "CUDA host path"}
     assert {row[2] for row in table["rows"]} == set(host_launch.STEP_MODES)
     assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in table["rows"])
+    # the third: each model's step in each task, its host path's work in its columns
+    models = next(t for t in tables if t["heading"].startswith("RedNet-50 against ResNet-50"))
+    rows = {(row[0], row[1]): row for row in models["rows"]}
+    assert set(rows) == {(task, name) for task in host_launch.MODEL_TASKS for name in host_launch.MODEL_CANDIDATES}
+    for task in host_launch.MODEL_TASKS:
+        assert rows[task, "ResNet-50"][3] == "**1.00x**"
+        assert float(rows[task, "ResNet-50"][5]) == 0 and float(rows[task, "RedNet-50, free involutions"][5]) == 0
+        # the involution layers are there, through oplib's ops, and cost the host their ops
+        assert float(rows[task, "RedNet-50"][5]) > 0 and float(rows[task, "RedNet-50, fused"][5]) > 0
+        assert int(rows[task, "RedNet-50"][4]) > int(rows[task, "RedNet-50, free involutions"][4])
