@@ -914,6 +914,12 @@ PROFILED_STEPS = 2
 # The host's calls that launch a kernel: the runtime's (torch, cuBLAS, cuDNN), the driver's
 # (CuPy, Triton) and a CUDA graph's replay (reduce-overhead), as torch.profiler names them.
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+# The host's calls that wait for the GPU, the runtime's and the driver's: a synchronisation, or a
+# copy to or from host memory that returns once the GPU has made it. A step that makes one waits
+# there for every kernel it has launched, so its host and device times add up instead of
+# overlapping. ``profile_steps`` ends with one ``cudaDeviceSynchronize`` of its own, not counted.
+WAIT_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2")
 # What a device event's name says it is, the first kind whose words it holds (its case kept):
 # a step's device time by kind (``device_kinds``), to tell a model's steps apart where their
 # heaviest kernels alone do not (a layout transpose cuDNN inserts, casts, a BatchNorm's kernels).
@@ -957,6 +963,16 @@ def device_kinds(events: Sequence[tuple[str, float]]) -> list[tuple[str, float]]
     return sorted(sums.items(), key=lambda item: item[1], reverse=True)
 
 
+def host_waits(events: Sequence[tuple[str, float, float]], steps: int) -> tuple[float, float]:
+    """Per step, the host's calls that wait for the GPU (``WAIT_CALLS``) among ``events``, each
+    (name, start, self microseconds) as torch.profiler records them, and the host time they
+    took: the last synchronisation to start, the profile's own after its steps, left out."""
+    waits = sorted((start, name, us) for name, start, us in events if name in WAIT_CALLS)
+    if waits and waits[-1][1] in ("cudaDeviceSynchronize", "cuCtxSynchronize"):
+        waits.pop()
+    return len(waits) / steps, sum(us for _, _, us in waits) / steps
+
+
 def profile_steps(step: Callable[[], None], steps: int, target: Target) -> dict[str, Any]:
     """``steps`` calls of ``step`` under torch.profiler, per step: the device time of what ran
     on the GPU (kernels, copies, fills; None in a dry run) and the same by kind
@@ -965,9 +981,10 @@ def profile_steps(step: Callable[[], None], steps: int, target: Target) -> dict[
     inside oplib's ops (``oplib::`` events, their children included), the three kernels taking
     the most device time (a dry run: the three CPU ops taking the most self time), and the three
     host events taking the most self time (aten ops, the runtime's and the driver's calls, the
-    autograd engine's nodes), each ``(name, microseconds)``. A step that is mostly host time
-    shows a device time well under its wall time, and its host events and aten ops say where
-    the host spends it."""
+    autograd engine's nodes), each ``(name, microseconds)``; and the host's calls that wait for
+    the GPU (``WAIT_CALLS``, the profile's own final synchronisation left out) and their time. A
+    step that is mostly host time shows a device time well under its wall time, and its host
+    events and aten ops say where the host spends it; one that waits for the GPU shows it there."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -991,6 +1008,8 @@ def profile_steps(step: Callable[[], None], steps: int, target: Target) -> dict[
         "top": [(e.key, (e.self_cpu_time_total if target.is_dry else e.self_device_time_total) / steps)
                 for e in ranked[:3]],
         "host_top": [(e.key, e.self_cpu_time_total / steps) for e in host[:3]],
+        **dict(zip(("waits", "wait_us"), (None, None) if target.is_dry else host_waits(
+            [(e.name, e.time_range.start, e.self_cpu_time_total) for e in recorded.events()], steps))),
     }
 
 
@@ -1000,7 +1019,8 @@ def _profile_row(task: str, mode: str, batch: int, name: str, seconds: float, pr
     kinds = "; ".join(f"{kind} {us / 1e3:.2f}" for kind, us in profiled["device_kinds"]) or "-"
     return [f"{task}, {mode}", str(batch), name, f"{seconds * 1e3:.2f}", "-" if device is None else f"{device / 1e3:.2f}",
             "-" if device is None else f"{device / 1e6 / seconds:.2f}", kinds, f"{profiled['launches']:.0f}",
-            f"{profiled['aten_ops']:.0f}", f"{profiled['oplib_host_us'] / 1e3:.2f}", top, host_top]
+            f"{profiled['aten_ops']:.0f}", f"{profiled['oplib_host_us'] / 1e3:.2f}", top, host_top,
+            "-" if profiled.get("waits") is None else f"{profiled['waits']:.0f} ({profiled['wait_us'] / 1e3:.2f})"]
 
 
 def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequence[str] = MODEL_MODES["all"],

@@ -827,12 +827,15 @@ def _profile_lines(results: CudaResults) -> list[str]:
         "inside oplib's ops (their children included: layout copies, CuPy's launches), "
         "the three kernels with the most device time"
         + (" (this dry run: no device; the three CPU ops with the most self time)" if results.dry else "")
-        + ", and the three host events with the most self time (aten ops, the runtime's and the driver's calls, "
-        "the autograd engine's nodes: where a step whose device time is well under its wall time spends it).",
+        + ", the three host events with the most self time (aten ops, the runtime's and the driver's calls, "
+        "the autograd engine's nodes: where a step whose device time is well under its wall time spends it), and "
+        "the host's calls that wait for the GPU (synchronisations, blocking copies: `_cuda.WAIT_CALLS`; the "
+        "profile's own last synchronisation not counted) with the host time they took: at each, the host's and "
+        "the device's work stop overlapping.",
         "",
         *_harness.table(("mode", "batch", "model", "wall (ms)", "device (ms)", "device / wall", "device by kind (ms)",
                          "launches", "aten ops", "in oplib's ops, host (ms)", "most device time (us)",
-                         "most host time (us)"), "lllrrrlrrrll", results.model_profiles),
+                         "most host time (us)", "waits for the GPU (ms)"), "lllrrrlrrrllr", results.model_profiles),
         "",
     ]
 

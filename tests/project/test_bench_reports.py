@@ -202,6 +202,24 @@ def test_a_profiled_step_counts_the_time_in_oplibs_ops_and_its_heaviest_ops():
     # the host's heaviest events, heaviest first: on the CPU, the heaviest ops
     assert [name for name, _ in profiled["host_top"]] == [name for name, _ in profiled["top"]]
     assert row[11].startswith(f"`{profiled['host_top'][0][0][:60]}`")
+    assert profiled["waits"] is None and row[12] == "-"  # a dry run has no GPU to wait for
+
+
+def test_a_steps_waits_for_the_gpu_are_counted_without_the_profiles_own():
+    """``host_waits`` on host events as torch.profiler records them on a GPU: the runtime's and
+    the driver's synchronisations and blocking copies counted per step with their host time, the
+    profile's closing synchronisation (the last to start) left out, launches and async copies not
+    counted."""
+    import _cuda
+
+    events = [("cudaLaunchKernel", 1.0, 5.0), ("cudaStreamSynchronize", 2.0, 300.0), ("cuLaunchKernel", 3.0, 4.0),
+              ("cudaMemcpyAsync", 4.0, 6.0), ("cudaMemcpy", 5.0, 40.0), ("cudaDeviceSynchronize", 9.0, 900.0),
+              ("cuStreamSynchronize", 6.0, 60.0)]
+    assert _cuda.host_waits(events, 2) == (1.5, 200.0)
+    # a step of no waits: only the profile's own closing one, which is not the step's
+    assert _cuda.host_waits([("cudaLaunchKernel", 1.0, 5.0), ("cudaDeviceSynchronize", 2.0, 50.0)], 2) == (0.0, 0.0)
+    # a step that synchronises the device itself: all but the last counted
+    assert _cuda.host_waits([("cudaDeviceSynchronize", 1.0, 10.0), ("cudaDeviceSynchronize", 2.0, 50.0)], 1) == (1.0, 10.0)
 
 
 def test_a_steps_device_time_is_summed_by_kind():
