@@ -206,12 +206,11 @@ def step_rows(section: _harness.Section, launcher: RecordingCuPyLauncher) -> lis
 
 
 # RedNet-50 and ResNet-50 steps as the host runs them: both models narrowed to MODEL_WIDTH
-# channels (RedNet-50 with MODEL_GROUP_CHANNELS a group, as the GPU command's dry run) and fed
+# channels (RedNet-50 with MODEL_GROUP_CHANNELS a group: the GPU command's dry run's sizes) and fed
 # MODEL_BATCH images of MODEL_SIZE px, so that their CPU compute is small beside the host's
-# work, which does not shrink with them (every layer's ops, oplib's CUDA host path). At width 32
-# (16 channels a group) ResNet-50's step took 1.8x its time at 16 on this 2-core machine, its
-# compute (the weights' gradients and the optimizer, which scale with the width squared) no
-# longer small.
+# work, which does not shrink with them (every layer's ops, oplib's CUDA host path). Smaller
+# images would not shrink all of it: the weights' gradients and the optimizer's update grow with
+# the width squared, whatever the images, which is why the width is narrowed, not the images.
 MODEL_WIDTH, MODEL_GROUP_CHANNELS, MODEL_BATCH, MODEL_SIZE = 16, 8, 2, 32
 MODEL_CANDIDATES = ("RedNet-50", "RedNet-50, fused", "RedNet-50, free involutions", "ResNet-50")
 MODEL_TASKS = ("train", "inference")
@@ -353,10 +352,11 @@ def main() -> int:
         "## RedNet-50 against ResNet-50: a step's host time",
         "",
         f"Both models narrowed to width {MODEL_WIDTH} (the stem's channels and the first stage's bottleneck width; "
-        f"64 in the paper and in torchvision; RedNet-50 with {MODEL_GROUP_CHANNELS} channels a group), {MODEL_BATCH} images of {MODEL_SIZE} x {MODEL_SIZE} px, channels_last, "
-        "bfloat16 autocast: every layer's ops are there, their CPU compute is small, so a step's time is mostly what "
-        "the host spends on it, which a GPU step that outruns its launches waits for. oplib's CUDA kernels are "
-        "registered on CPU over the same launcher. train: forward + cross-entropy + backward + SGD step; inference: "
+        f"64 in the paper and in torchvision; RedNet-50 with {MODEL_GROUP_CHANNELS} channels a group), "
+        f"{MODEL_BATCH} images of {MODEL_SIZE} x {MODEL_SIZE} px, channels_last, bfloat16 autocast: every layer's "
+        "ops are there, their CPU compute is small, so a step's time is mostly what the host spends on it, which "
+        "a GPU step that outruns its launches waits for. oplib's CUDA kernels are registered on CPU over the same "
+        "launcher. train: forward + cross-entropy + backward + SGD step; inference: "
         "eval mode under no_grad. RedNet-50: its involution layers unfused (span conv + `involution`), as on CUDA; "
         "fused: `involution_generated`, whose CUDA host path runs torch's ops for its backward (the span conv's "
         "weight map, the map route); free involutions: every involution layer, generation branch and all, replaced "
