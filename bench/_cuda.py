@@ -999,6 +999,8 @@ def profile_steps(step: Callable[[], None], steps: int, target: Target) -> dict[
     host = sorted((e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.self_cpu_time_total,
                   reverse=True)
     ranked = sorted(device, key=lambda e: e.self_device_time_total, reverse=True) if not target.is_dry else host
+    waits, wait_us = (None, None) if target.is_dry else host_waits(
+        [(e.name, e.time_range.start, e.self_cpu_time_total) for e in recorded.events()], steps)
     return {
         "device_us": None if target.is_dry else sum(e.self_device_time_total for e in device) / steps,
         "device_kinds": device_kinds([(e.key, e.self_device_time_total / steps) for e in device]),
@@ -1008,8 +1010,8 @@ def profile_steps(step: Callable[[], None], steps: int, target: Target) -> dict[
         "top": [(e.key, (e.self_cpu_time_total if target.is_dry else e.self_device_time_total) / steps)
                 for e in ranked[:3]],
         "host_top": [(e.key, e.self_cpu_time_total / steps) for e in host[:3]],
-        **dict(zip(("waits", "wait_us"), (None, None) if target.is_dry else host_waits(
-            [(e.name, e.time_range.start, e.self_cpu_time_total) for e in recorded.events()], steps))),
+        "waits": waits,
+        "wait_us": wait_us,
     }
 
 

@@ -238,23 +238,10 @@ def _model(name: str) -> torch.nn.Module:
     return model.to(memory_format=torch.channels_last)
 
 
-def _profiled(step: Callable[[], None]) -> tuple[int, float]:
-    """One call of ``step`` under torch.profiler: its aten ops (every ``aten::`` event, those
-    inside others included) and the host time inside oplib's ops (``oplib::`` events, their
-    children included; what their kernels and launch path cost, the autograd engine's nodes
-    around them not), in microseconds."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as recorded:
-        step()
-    events = recorded.key_averages()
-    aten = sum(e.count for e in events if e.key.startswith("aten::"))
-    return aten, sum(e.cpu_time_total for e in events if e.key.startswith("oplib::"))
-
-
 def model_rows(section: _harness.Section, launcher: RecordingCuPyLauncher) -> list[tuple]:
     """The third table's rows: per task, the candidates' steps interleaved (oplib's CUDA kernels
-    registered on CPU over ``launcher``), then each profiled once."""
+    registered on CPU over ``launcher``), then each profiled once (``_cuda.profile_steps``: its aten
+    ops and the host time inside oplib's ops)."""
     register_cuda_kernels_on_cpu(launcher)
     # the GPU command's steps (bench/_cuda.py: bfloat16 autocast, SGD), on the CPU and eager
     host = _cuda.Target("cpu", launcher, "the CPU")
@@ -271,10 +258,10 @@ def model_rows(section: _harness.Section, launcher: RecordingCuPyLauncher) -> li
         times = section.measure(f"models, {task}", {name: benchmark.call(step) for name, step in steps.items()})
         assert launcher.launches > before, "RedNet-50's steps launched nothing"
         for name, step in steps.items():
-            aten, oplib_us = _profiled(step)
+            profiled = _cuda.profile_steps(step, 1, host)
             rows.append((task, name, f"{times[name].median * 1e3:.2f}",
-                         f"**{benchmark.ratio(times[name], times['ResNet-50']):.2f}x**", str(aten),
-                         f"{oplib_us / 1e3:.2f}"))
+                         f"**{benchmark.ratio(times[name], times['ResNet-50']):.2f}x**", f"{profiled['aten_ops']:.0f}",
+                         f"{profiled['oplib_host_us'] / 1e3:.2f}"))
     return rows
 
 
