@@ -74,6 +74,13 @@ a process of its own through tools/gpu_check.py). Its stages:
   launches an empty kernel through the same launcher; and per training step (forward +
   backward under autocast), the op with direct calls and through the dispatcher, and the
   Involution2d layer against the 3x3 convolution a ResNet bottleneck has in its place;
+- ``tuning``: RedNet-50 with oplib's kernels tuned (``oplib.kernels.cuda_plan.set_cuda_tuning``:
+  at each new call signature every candidate writer of the op timed on the GPU, the fastest
+  kept), unfused and fused, beside RedNet-50 on its default kernels and ResNet-50, batch 32,
+  bf16 autocast, channels_last: eager training and inference steps in wall time, and inference
+  replayed from a CUDA graph of the eager forward (device time: what reduce-overhead gives
+  without inductor); and every signature tuning met, each candidate's device time and the one
+  kept (``tuning_choices``);
 - ``models``: RedNet-50 against a torch.nn ResNet-50 (bench/rednet.py's; no torchvision
   needed), bf16 autocast and channels_last, training step and inference, batch 32 and 128,
   eager, ``torch.compile`` and ``torch.compile(mode="reduce-overhead")``, in images per second,
@@ -1074,3 +1081,171 @@ def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequenc
         if on_row is not None:
             on_row(rows, profiles)
     return rows, profiles
+
+
+# ---------------------------------------------------------------------------------------
+# tuning
+# ---------------------------------------------------------------------------------------
+
+# The tuning stage's models: a first phase with tuning off, then one with it on (switching it
+# starts every op's plans over, so the phases cannot be interleaved); ResNet-50 in both, each
+# phase's ratios to its own.
+TUNING_PHASES = ((False, ("RedNet-50", "ResNet-50")),
+                 (True, ("RedNet-50, tuned", "RedNet-50, fused, tuned", "ResNet-50")))
+TUNING_TASKS = (("train", "eager"), ("inference", "eager"), ("inference", "CUDA graph"))
+
+
+class HostTimedEmulation:
+    """A dry run's launcher for the tuning stage: the host emulation's, with a clock
+    (``time_calls``) that reads the host's time of each call, the least of two."""
+
+    def __init__(self):
+        from oplib.testing.cuda_emulation import EmulatedLauncher
+
+        self.emulation = EmulatedLauncher()
+
+    def launch(self, *args, **kwargs) -> None:
+        self.emulation.launch(*args, **kwargs)
+
+    def time_calls(self, calls: Sequence[Callable[[], object]], device: Optional[int]) -> list[float]:
+        def seconds(run: Callable[[], object]) -> float:
+            start = time.perf_counter()
+            run()
+            return time.perf_counter() - start
+
+        return [min(seconds(run) for _ in range(2)) for run in calls]
+
+
+def cuda_kernels_on_cpu(launcher: Launcher) -> dict[str, Any]:
+    """Every op's CUDA kernel (its launch plans, candidates and all) over ``launcher``,
+    registered on the CPU key as oplib registers them on CUDA's, so that CPU calls of the ops
+    take the CUDA host path; by qualname."""
+    from oplib.kernels.cuda_plan import LaunchPlans
+    from oplib.ops._common import register_device_kernel
+    from oplib.ops._rules import CONTRACTS, cuda_kernel
+    from oplib.ops.involution_generated import BACKWARD_GENERATOR_CUDA
+
+    kernels = {qualname: cuda_kernel(CONTRACTS[qualname], lambda: launcher) for qualname in CUDA_DISPATCH
+               if "cuda" in CONTRACTS[qualname].writers}
+    generator = BACKWARD_GENERATOR_CUDA
+    kernels["oplib::involution_generated_backward_generator"] = LaunchPlans(
+        generator.enforce, generator.result, generator.writer, lambda: launcher, generator.candidates)
+    for qualname, kernel in kernels.items():
+        register_device_kernel(qualname, "cpu", kernel)
+    return kernels
+
+
+def cuda_kernels() -> dict[str, Any]:
+    """Every op's registered CUDA kernel (its launch plans), by qualname."""
+    from oplib.ops._rules import CUDA_KERNELS
+    from oplib.ops.involution_generated import BACKWARD_GENERATOR_CUDA
+
+    return {**CUDA_KERNELS, "oplib::involution_generated_backward_generator": BACKWARD_GENERATOR_CUDA}
+
+
+def _graphed_inference(target: Target, model: nn.Module, images: Tensor) -> Callable[[], None]:
+    """Inference replayed from a CUDA graph of the eager forward (bf16 autocast, no_grad),
+    captured after the warm-up calls ``capture_graph`` makes (tuning among them)."""
+    model.eval()
+
+    def forward() -> None:
+        with target.autocast(), torch.no_grad():
+            model(images)
+
+    return capture_graph(forward, 1).replay
+
+
+def _tuning_model(name: str, plan: Plan) -> nn.Module:
+    from oplib.models import rednet50
+    from oplib.nn import Involution2d
+    from rednet import resnet50
+
+    torch.manual_seed(0)
+    if name == "ResNet-50":
+        model = resnet50(**({"width": dict(plan.rednet_options)["width"]} if plan.rednet_options else {}))
+    else:
+        model = rednet50(**dict(plan.rednet_options))
+        for module in model.modules():
+            if isinstance(module, Involution2d):
+                module.fused = "fused" in name
+    return model
+
+
+def tuning_choices(kernels: dict[str, Any]) -> list[list[str]]:
+    """Per op and call signature that tuning met (``kernels``: qualname -> launch plans), the
+    call (its first operand's shape, dtype and layout), each candidate's device time per call
+    (those skipped: declined, or the launches of one before them), the one kept, and its time
+    over the op's choice's; then per op, the sums over its signatures."""
+    rows, sums = [], {}
+    for qualname, kernel in kernels.items():
+        op = qualname.split("::")[1]
+        for key, tuned in kernel.tuned.items():
+            shape, stride, dtype = key[0][:3]
+            meta = torch.empty_strided(shape, stride, device="meta")
+            layout = "channels_last" if meta.dim() == 4 and not meta.is_contiguous() and meta.is_contiguous(
+                memory_format=torch.channels_last) else "NCHW"
+            mine, kept = tuned.seconds["the op's choice"], tuned.seconds[tuned.chosen]
+            total = sums.setdefault(op, [0.0, 0.0, 0])
+            total[0], total[1], total[2] = total[0] + mine, total[1] + kept, total[2] + 1
+            rows.append([op, f"{tuple(shape)} {str(dtype).removeprefix('torch.')} {layout}",
+                         "; ".join(f"{name} {us * 1e6:.1f}" for name, us in tuned.seconds.items()),
+                         ", ".join(tuned.skipped) or "-", tuned.chosen,
+                         f"{kept / mine:.2f}x" if mine else "-"])
+    for op, (mine, kept, count) in sums.items():
+        rows.append([f"**{op}**", f"{count} signatures", f"the op's choice {mine * 1e6:.1f} in all", "-",
+                     f"kept {kept * 1e6:.1f} in all", f"**{kept / mine:.2f}x**" if mine else "-"])
+    return rows
+
+
+def run_tuning(target: Optional[Target] = None, plan: Plan = GPU,
+               on_rows: Optional[Callable[[list[list[str]], list[list[str]]], object]] = None
+               ) -> tuple[list[list[str]], list[list[str]]]:
+    """The tuning stage: per phase of ``TUNING_PHASES`` (tuning off, then on) and task of
+    ``TUNING_TASKS``, the phase's models' steps at ``BATCH`` (a dry run: the plan's sizes, CPU
+    calls of the ops through their CUDA kernels over the host emulation, no CUDA graph) in
+    interleaved rounds: (task, model, tuning, step ms, img/s, / ResNet-50 of the phase); then
+    ``tuning_choices``. ``on_rows`` sees both after each task."""
+    from oplib.kernels.cuda_plan import set_cuda_tuning
+
+    target = target or Target.cuda()
+    kernels = cuda_kernels_on_cpu(HostTimedEmulation()) if target.is_dry else cuda_kernels()
+    batch = min(b for _, _, b in plan.model_rows) if target.is_dry else BATCH
+    images = torch.randn(batch, 3, plan.image_size, plan.image_size, device=target.device)
+    images = images.contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (batch,), device=target.device)
+    rows: list[list[str]] = []
+    was = set_cuda_tuning(False)
+    try:
+        for tuned, names in TUNING_PHASES:
+            set_cuda_tuning(tuned)
+            for task, mode in TUNING_TASKS:
+                if mode == "CUDA graph" and target.is_dry:
+                    continue
+                steps = {}
+                for name in names:
+                    model = _tuning_model(name, plan).to(target.device).to(memory_format=torch.channels_last)
+                    if mode == "CUDA graph":
+                        steps[name] = _graphed_inference(target, model, images)
+                    else:
+                        steps[name] = _model_step(target, model, model, task, "eager", images, labels)
+                        for _ in range(3):
+                            steps[name]()  # tuning, cuDNN's and oplib's caches, the optimizer's state
+                seconds = {name: [] for name in names}
+                for _ in range(plan.model_rounds):
+                    for name, step in steps.items():
+                        seconds[name].append(wall_time(step, plan.steps(batch), target))
+                best = {name: median(values) for name, values in seconds.items()}
+                for name in names:
+                    rows.append([f"{task}, {mode}", name, "on" if tuned else "off", f"{best[name] * 1e3:.2f}",
+                                 f"{batch / best[name]:.0f}", f"{best['ResNet-50'] / best[name]:.2f}x"])
+                    print(" | ".join(rows[-1]), flush=True)
+                del steps
+                if not target.is_dry:
+                    torch.cuda.empty_cache()
+                if on_rows is not None:
+                    on_rows(rows, tuning_choices(kernels))
+        choices = tuning_choices(kernels)
+    finally:
+        set_cuda_tuning(was)
+    return rows, choices
+

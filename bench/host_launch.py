@@ -58,7 +58,6 @@ import _harness
 from oplib import benchmark, registry
 from oplib.kernels import CUDA_DISPATCH
 from oplib.kernels.cuda_plan import LaunchRecorder
-from oplib.kernels.involution import cuda as involution_cuda
 from oplib.ops import _common
 from oplib.ops._common import register_device_kernel
 from oplib.ops._rules import CONTRACTS, cuda_kernel
@@ -127,23 +126,11 @@ def candidates(qualname: str, args: tuple, launcher: RecordingCuPyLauncher) -> d
 # gradient; forward + backward; forward + backward under autocast, the operands bfloat16.
 STEP_OPS = ("oplib::involution", "oplib::involution_generated")
 STEP_MODES = ("no grad", "forward + backward", "forward + backward, autocast")
-GENERATOR = "oplib::involution_generated_backward_generator"
-
-
 def register_cuda_kernels_on_cpu(launcher: RecordingCuPyLauncher) -> None:
-    """Every op's CUDA kernel (its launch plans over ``launcher``; the generator's gradients,
-    whose CUDA kernel is no contract's writer, its CUDA writer) registered on the CPU key as oplib
+    """Every op's CUDA kernel (its launch plans over ``launcher``, the generator's gradients' as
+    on CUDA: tuned where tuning is on, never planned) registered on the CPU key as oplib
     registers them on CUDA's, so that CPU calls of the ops run the CUDA host path."""
-    for qualname in CUDA_DISPATCH:
-        if "cuda" in CONTRACTS[qualname].writers:
-            register_device_kernel(qualname, "cpu", cuda_kernel(CONTRACTS[qualname], lambda: launcher))
-    contract = CONTRACTS[GENERATOR]
-
-    def generator(*args):
-        contract.rules.enforce(*args)
-        return involution_cuda.involution_generated_backward_generator(*args, contract.result(*args), launcher)
-
-    register_device_kernel(GENERATOR, "cpu", generator)
+    _cuda.cuda_kernels_on_cpu(launcher)
 
 
 def _step(op, args: tuple, mode: str, direct: bool) -> Callable[[], None]:

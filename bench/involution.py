@@ -524,10 +524,10 @@ def main(argv: Optional[list[str]] = None) -> int:
 # The CUDA stages (bench/_cuda.py), in the order a run takes them, and the file each writes when
 # run alone (--cuda-only --cuda-stage STAGE; tools/gpu_check.py runs each so, in a process of its
 # own). "all" writes every section into involution-cuda.md.
-CUDA_STAGES = ("kernels", "layer", "launch", "models")
+CUDA_STAGES = ("kernels", "layer", "launch", "tuning", "models")
 CUDA_STAGE_FILES = {"kernels": "involution-cuda.md", "layer": "involution-cuda-layer.md",
-                    "launch": "involution-cuda-launch.md", "models": "involution-cuda-models.md",
-                    "all": "involution-cuda.md"}  # fmt: skip
+                    "launch": "involution-cuda-launch.md", "tuning": "involution-cuda-tuning.md",
+                    "models": "involution-cuda-models.md", "all": "involution-cuda.md"}  # fmt: skip
 
 
 @dataclass
@@ -541,6 +541,8 @@ class CudaResults:
     tiny: Optional[dict[str, float]] = None
     models: Optional[list[list[str]]] = None
     model_profiles: Optional[list[list[str]]] = None  # the models' steps under torch.profiler
+    tuning: Optional[list[list[str]]] = None  # RedNet-50 tuned and not, beside ResNet-50
+    tuning_choices: Optional[list[list[str]]] = None  # what tuning chose, per op and signature
     dry: bool = False
 
 
@@ -586,6 +588,14 @@ def run_cuda(settings, models_choice: str, report: Callable[[CudaResults], objec
         _cuda.run_layer(section, target, plan, layer_rows)
     if "launch" in stages:
         results.tiny = _cuda.run_tiny(target, plan)
+        report(results)
+    if "tuning" in stages:
+
+        def tuning_rows(rows: list[list[str]], choices: list[list[str]]) -> None:
+            results.tuning, results.tuning_choices = rows, choices
+            report(results)
+
+        results.tuning, results.tuning_choices = _cuda.run_tuning(target, plan, tuning_rows)
         report(results)
     if "models" in stages:
 
@@ -634,6 +644,7 @@ _CUDA_TITLES = {
     "kernels": "Involution on CUDA: each kernel against its DRAM floor",
     "layer": "Involution on CUDA: the Involution2d layer against a depthwise convolution",
     "launch": "Involution on CUDA: the launch path at a tiny shape",
+    "tuning": "Involution on CUDA: RedNet-50 with its kernels tuned",
     "models": "Involution on CUDA: RedNet-50 against ResNet-50",
 }
 
@@ -840,8 +851,46 @@ def _profile_lines(results: CudaResults) -> list[str]:
     ]
 
 
+def _tuning_section(results: CudaResults, target_name: str, plan, models_choice: str) -> list[str]:
+    import _cuda
+
+    title = f"## CUDA: RedNet-50 with its kernels tuned, bf16 autocast, channels_last ({target_name})"
+    if not results.tuning:
+        return [title, "", "Not run (or the run stopped first).", ""]
+    batch = min(b for _, _, b in plan.model_rows) if results.dry else _cuda.BATCH
+    return [
+        title,
+        "",
+        "RedNet-50 on its default kernels and ResNet-50 with tuning off, then RedNet-50 unfused and fused with it on "
+        "(`oplib.kernels.cuda_plan.set_cuda_tuning`: at each new call signature every candidate writer of the op "
+        "timed on the GPU and the fastest kept; switching it starts every op's plans over, so the two phases run one "
+        "after the other, each with ResNet-50 and its ratios to it), batch "
+        f"{batch}: a training step and an inference (no_grad) in wall time ({plan.steps(batch)} steps, after 3 "
+        "warm-up steps, tuning among them), and inference replayed from a CUDA graph of the eager forward "
+        "(`capture_graph`; wall time of back-to-back replays: the GPU's time, as under reduce-overhead)"
+        + (" (this dry run: no CUDA graph; the ops' CUDA host path over the host emulation, tuned by the host's "
+           "time)" if results.dry else "") + f"; median of {plan.model_rounds} interleaved rounds.",
+        "",
+        *_harness.table(("task", "model", "tuning", "step (ms)", "img/s", "/ ResNet-50 (its phase)"), "lllrrr",
+                        results.tuning),
+        "",
+        "### What tuning chose",
+        "",
+        "Every call signature tuning met in the second phase, per op: the call (its first operand), each timed "
+        "candidate's device time per call in us (the op's choice first: what it runs with tuning off; "
+        "`oplib.kernels.involution.cuda.TUNING_CANDIDATES`), the candidates skipped (they declined the call, or made "
+        "the launches of one before them), the one kept (a candidate replaces the op's choice only below "
+        "`TUNING_MARGIN` of its time) and its time over the op's choice's; each op's last row sums its signatures "
+        "(each once, whatever its calls a step).",
+        "",
+        *_harness.table(("op", "call", "candidates (us)", "skipped", "kept", "kept / the op's choice"), "lllllr",
+                        results.tuning_choices or []),
+        "",
+    ]
+
+
 _CUDA_SECTIONS = {"kernels": _kernel_section, "layer": _layer_section, "launch": _launch_section,
-                  "models": _models_section}
+                  "tuning": _tuning_section, "models": _models_section}
 
 
 def _charts(settings, cpu_rows: list[_Row], per_op_rows, cuda_rows, cuda_device: Optional[str] = None) -> None:

@@ -189,7 +189,9 @@ SYMBOLS: dict[str, PrivateSymbol] = {
     "cuda_sleep": PrivateSymbol(
         "torch.cuda._sleep",
         "a GPU-side wait of a given number of cycles, to keep a stream busy; no public one",
-        "the side-stream test of the CUDA ops (a launch on the wrong stream would pass unseen)",
+        "the side-stream test of the CUDA ops (a launch on the wrong stream would pass unseen); "
+        "tuning's timing (CuPyLauncher.time_calls) would read the host's launch rate where a "
+        "writer's kernels are shorter than its launches",
     ),
     "get_allowed_globals": PrivateSymbol(
         "torch._weights_only_unpickler._get_allowed_globals",

@@ -117,6 +117,11 @@ def _cuda_section() -> dict[str, str]:
         section["GPUs"] = "; ".join(devices)
     else:
         section["GPUs"] = "none (torch.cuda.is_available() is False)"
+    from .kernels.cuda_plan import cuda_tuning_enabled
+
+    section["kernel tuning"] = ("on (each call signature's candidate kernels timed, the fastest kept)"
+                                if cuda_tuning_enabled() else
+                                "off (oplib.kernels.set_cuda_tuning(True) or OPLIB_CUDA_TUNING=1 turns it on)")
     cupy = _distributions_of("cupy")
     if not cupy:
         from ._extras import install_hint

@@ -18,6 +18,9 @@ The stages, in order, with their budgets on an H100 or H200 (``STAGES``; 8 minut
   occupancy, the top warp stall reasons;
 - ``memcheck``: every op with kernels of its own under compute-sanitizer's memcheck
   (tools/cuda_sanitize.py);
+- ``tuning``: RedNet-50 with oplib's kernels tuned on the GPU (each op's candidate kernels timed
+  at each of its call signatures, the fastest kept), unfused and fused, beside its default
+  kernels and ResNet-50; and what tuning chose at each signature (the next defaults);
 - ``models``: RedNet-50 against ResNet-50, eager and compiled (its rows most wanted first; the
   compiled ones take minutes each, so it gets the time left), and each row's steps under
   torch.profiler: where a step's time goes.
@@ -89,7 +92,9 @@ STAGES = (
     Stage("ncu", "Nsight Compute: DRAM throughput, occupancy, warp stalls of each kernel", 30, 180,
           ("involution-cuda-ncu.md",)),
     Stage("memcheck", "compute-sanitizer memcheck of every op with kernels of its own", 25, 180),
-    Stage("models", "RedNet-50 against ResNet-50, eager and compiled", 90, 600, ("involution-cuda-models.md",)),
+    Stage("tuning", "RedNet-50 with its kernels tuned, beside its default kernels and ResNet-50", 40, 300,
+          ("involution-cuda-tuning.md",)),
+    Stage("models", "RedNet-50 against ResNet-50, eager and compiled", 50, 600, ("involution-cuda-models.md",)),
 )  # fmt: skip
 BY_NAME = {stage.name: stage for stage in STAGES}
 
@@ -526,7 +531,7 @@ def stage_ncu(ctx: Context) -> Outcome:
 
 RUNNERS: dict[str, Callable[[Context], Outcome]] = {
     "load": stage_load, "tests": stage_tests, "memcheck": stage_memcheck, "ncu": stage_ncu,
-    **{name: _bench_stage(name) for name in ("kernels", "layer", "launch", "models")},
+    **{name: _bench_stage(name) for name in ("kernels", "layer", "launch", "tuning", "models")},
 }  # fmt: skip
 
 

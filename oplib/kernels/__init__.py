@@ -10,7 +10,9 @@ shape on both sides, over the machinery all ops share.
 - ``native``: the build of the native CPU kernels (first use, or ``python -m oplib build``);
 - ``cuda_source``: the CUDA sources as the host reads them (signatures, template values,
   constants, launch bounds); ``cuda_launch``: the launch contract and CuPy's launcher (on
-  a GPU; ``oplib.testing.cuda_emulation`` runs the same launches on the host in the tests).
+  a GPU; ``oplib.testing.cuda_emulation`` runs the same launches on the host in the tests);
+  ``cuda_plan``: each op's CUDA host path done once per call signature, and tuning among its
+  candidate kernels (``set_cuda_tuning``).
 
 This file only hands on the names most callers want.
 """
@@ -29,6 +31,7 @@ from .cuda_launch import (
     linear_config,
     load,
 )
+from .cuda_plan import cuda_tuning_enabled, set_cuda_tuning
 from .cuda_source import (
     CTYPES,
     INCLUDE_DIR,
@@ -60,6 +63,7 @@ __all__ = [
     "KernelSource",
     "Launcher",
     "cuda_dispatch",
+    "cuda_tuning_enabled",
     "covering_instantiations",
     "cupy_launcher",
     "instantiations",
@@ -69,4 +73,5 @@ __all__ = [
     "load_source",
     "name_expression",
     "name_expressions",
+    "set_cuda_tuning",
 ]

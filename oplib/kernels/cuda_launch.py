@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Optional, Protocol, Union
 import torch
 from torch import Tensor
 
+from .. import _torch_private
 from . import cuda_prebuilt
 from .cuda_source import NVRTC_OPTIONS, KernelArg, KernelSignature, KernelSource, instantiations, load_source, name_expression
 
@@ -67,6 +69,11 @@ SHARED_BYTES_WITHOUT_OPT_IN = 48 * 1024
 _MAX_DYNAMIC_SHARED_ATTRIBUTE = 8
 # CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: a kernel's local memory a thread (``local_bytes``).
 _LOCAL_SIZE_ATTRIBUTE = 3
+# CuPyLauncher.time_calls: rounds, calls a round, and the spin (GPU cycles, about a millisecond)
+# each run waits behind, longer than the host takes to queue a run of the slowest writer.
+TIMING_ROUNDS = 3
+TIMING_REPEATS = 5
+TIMING_SPIN_CYCLES = 2_000_000
 
 
 def _dim3(value: int | Sequence[int]) -> tuple[int, int, int]:
@@ -293,6 +300,35 @@ class CuPyLauncher:
         index = torch.cuda.current_device() if device.index is None else device.index
         function = self.function(source, kernel, dtype, specialisation, index)
         return self._in_context(index, self._driver.funcGetAttribute, _LOCAL_SIZE_ATTRIBUTE, function)
+
+    def time_calls(self, calls: Sequence[Callable[[], object]], device: Optional[int]) -> Optional[list[float]]:
+        """Each of ``calls``' device time per call in seconds on ``device``'s current stream, for
+        tuning (``oplib.kernels.cuda_plan``): each called once first (its kernels loaded, its
+        shared memory opted into, the ops it calls tuned themselves), then ``TIMING_ROUNDS``
+        interleaved rounds of ``TIMING_REPEATS`` calls of each between two CUDA events, each run
+        queued behind a spin of ``TIMING_SPIN_CYCLES`` so that the GPU waits for none of the
+        host's launches and the events read device time; the least of a call's rounds. None
+        while the stream is capturing a CUDA graph."""
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        with torch.cuda.device(device):
+            for call in calls:
+                call()
+            best = [math.inf] * len(calls)
+            for _ in range(TIMING_ROUNDS):
+                events = []
+                for call in calls:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    _torch_private.cuda_sleep(TIMING_SPIN_CYCLES)
+                    start.record()
+                    for _ in range(TIMING_REPEATS):
+                        call()
+                    end.record()
+                    events.append((start, end))
+                events[-1][1].synchronize()
+                for index, (start, end) in enumerate(events):
+                    best[index] = min(best[index], start.elapsed_time(end) / 1e3 / TIMING_REPEATS)
+        return best
 
     def _stream(self, device: int) -> int:
         """PyTorch's current stream on ``device``, read at each launch (so streams and graph

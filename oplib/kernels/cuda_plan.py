@@ -14,10 +14,24 @@ torch (``out.copy_``, a zero fill) is not planned: the recorder sees a tensor th
 an argument nor the result, or a version counter that moved, and that signature takes the
 whole path every time. A plan never changes what a call computes, only how much Python runs
 before the same launches.
+
+Tuning (off unless ``set_cuda_tuning(True)`` or ``OPLIB_CUDA_TUNING=1``; torch's
+``cudnn.benchmark`` for oplib's kernels): an op may name other writers of the same result
+(``candidates``: a policy, a kernel the op does not take by default), each proven as the op's
+own but waiting for a GPU to choose among them. With tuning on, the first call of a signature
+runs every candidate once through a recorder, drops those that decline the call or make the
+same launches as another, times the rest on the GPU (the launcher's ``time_calls``: device
+time between CUDA events) and keeps the fastest, planned where its launches allow, else as the
+writer that signature's calls take. Every candidate is a correct writer, so tuning changes
+which kernels run and how fast, never what is computed beyond their rounding; like cuDNN's
+benchmark mode, which one wins may differ between runs.
 """
 
 from __future__ import annotations
 
+import os
+import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Optional
 
@@ -34,6 +48,30 @@ ALIGNMENT = 16
 MAX_PLANS = 1024
 
 _MISS = object()
+
+# A candidate replaces the op's own choice only where it takes less than this share of its
+# time: a near tie, which the timing's noise could decide either way from run to run, keeps the
+# op's choice.
+TUNING_MARGIN = 0.97
+# Whether a new call signature times its op's candidate writers and keeps the fastest
+# (``set_cuda_tuning``); read at each new signature.
+_TUNING = os.environ.get("OPLIB_CUDA_TUNING", "") == "1"
+# Every op's plans, so that switching tuning starts them over.
+_ALL_PLANS: "weakref.WeakSet[LaunchPlans]" = weakref.WeakSet()
+
+
+def set_cuda_tuning(enabled: bool) -> bool:
+    """Turn tuning on or off (see the module docstring), and return whether it was on. Every
+    op's plans start over, so that signatures planned before are chosen again the new way."""
+    global _TUNING
+    was, _TUNING = _TUNING, bool(enabled)
+    for plans in list(_ALL_PLANS):
+        plans.clear()
+    return was
+
+
+def cuda_tuning_enabled() -> bool:
+    return _TUNING
 
 
 def plan_key(args: Sequence[Any]) -> Optional[tuple]:
@@ -115,6 +153,16 @@ class LaunchRecorder:
         return getattr(self.launcher, "local_bytes", None)
 
 
+class Tuned(NamedTuple):
+    """What tuning found for one call signature: each timed candidate's device time per call
+    in seconds (by name, in the candidates' order), the chosen one's name, and the candidates
+    that declined the call or made the launches of one named before them."""
+
+    seconds: dict[str, float]
+    chosen: str
+    skipped: tuple[str, ...]
+
+
 class LaunchPlans:
     """An op's CUDA kernel ``(*args) -> result`` with a plan per call signature.
 
@@ -122,15 +170,28 @@ class LaunchPlans:
     fake's layout, ``writer(*args, out, launcher)`` launches the kernels that write it;
     ``launcher()`` gives the launcher (CuPy's, created at the first call so that a missing CuPy
     is reported then). A plan's signature covers everything the rules read, so a planned call
-    skips them too.
+    skips them too. ``candidates``: name -> another writer of the result, ``(*args, out,
+    launcher) -> out``, or None where it declines the call, which tuning times beside ``writer``
+    (see the module docstring). A result that is not one tensor (a tuple) is never planned.
     """
 
     def __init__(self, enforce: Callable[..., None], result: Callable[..., Tensor], writer: Callable[..., Tensor],
-                 launcher: Callable[[], Launcher]):
+                 launcher: Callable[[], Launcher], candidates: Optional[dict[str, Callable[..., Any]]] = None):
         self.enforce, self.result, self.writer = enforce, result, writer
+        self.candidates = dict(candidates or {})
         self._launcher_factory = launcher
         self._launcher: Optional[Launcher] = None
         self.plans: dict[tuple, Optional[LaunchPlan]] = {}
+        # Signatures whose tuning chose a writer that cannot be planned: that writer, every call.
+        self.writers: dict[tuple, Callable[..., Any]] = {}
+        self.tuned: dict[tuple, Tuned] = {}
+        _ALL_PLANS.add(self)
+
+    def clear(self) -> None:
+        """Forget every signature's plan and tuning."""
+        self.plans.clear()
+        self.writers.clear()
+        self.tuned.clear()
 
     def __call__(self, *args) -> Tensor:
         key = plan_key(args)
@@ -139,18 +200,81 @@ class LaunchPlans:
             return plan.run(args)
         launcher = self._launcher or self._make_launcher()
         self.enforce(*args)
-        out = self.result(*args)
         if plan is None:  # not plannable: the whole path, every call
-            return self.writer(*args, out, launcher)
-        recorder = LaunchRecorder(launcher)
-        versions = [a._version for a in args if type(a) is Tensor]
-        version = out._version
-        written = self.writer(*args, out, recorder)
-        unchanged = out._version == version and versions == [a._version for a in args if type(a) is Tensor]
+            return self.writers.get(key, self.writer)(*args, self.result(*args), launcher)
         if len(self.plans) >= MAX_PLANS:
-            self.plans.clear()
-        self.plans[key] = self._plan(args, out, recorder.launches) if written is out and unchanged else None
+            self.clear()
+        if _TUNING and self.candidates and getattr(launcher, "time_calls", None) is not None:
+            if _capturing(args):  # what a capture launches is not run: nothing to time, nothing kept
+                return self.writer(*args, self.result(*args), launcher)
+            return self._tune(key, args, launcher)
+        out = self.result(*args)
+        recorder = LaunchRecorder(launcher)
+        written, plannable = self._record(self.writer, args, out, recorder)
+        self.plans[key] = self._plan(args, out, recorder.launches) if plannable else None
         return written
+
+    @staticmethod
+    def _record(writer: Callable[..., Any], args: tuple, out, recorder: LaunchRecorder) -> tuple[Any, bool]:
+        """``writer``'s call into ``out`` through ``recorder``: what it returned, and whether its
+        launches could be a plan (it wrote ``out`` itself, one tensor, and moved no version)."""
+        versions = [a._version for a in args if type(a) is Tensor]
+        version = out._version if type(out) is Tensor else None
+        written = writer(*args, out, recorder)
+        plannable = (type(out) is Tensor and written is out and out._version == version
+                     and versions == [a._version for a in args if type(a) is Tensor])
+        return written, plannable
+
+    def _tune(self, key: tuple, args: tuple, launcher: Launcher) -> Optional[Any]:
+        """The first call of ``key`` with tuning on: every writer once (the op's own first), the
+        ones that declined, failed (a warning) or repeated another's launches dropped, the rest
+        timed by ``launcher.time_calls`` and the fastest kept for ``key``; its result, by one
+        more call of it. Where the launcher could not time them, nothing is kept and the result
+        is the op's choice's."""
+        runs, names, skipped, seen = [], [], [], set()
+        kept = {}
+        for name, writer in (("the op's choice", self.writer), *self.candidates.items()):
+            out = self.result(*args)
+            recorder = LaunchRecorder(launcher)
+            try:
+                written, plannable = self._record(writer, args, out, recorder)
+            except Exception as error:
+                if not kept:  # the op's own choice: its error is the call's
+                    raise
+                # A candidate is a correct writer wherever it does not decline; one that fails
+                # instead is a bug to report, not a reason to fail the user's call.
+                warnings.warn(f"oplib's kernel tuning: the candidate {name!r} failed and was skipped "
+                              f"({type(error).__name__}: {error})", RuntimeWarning, stacklevel=2)
+                skipped.append(name)
+                continue
+            launches = tuple((source.sha256, kernel, dtype, config, specialisation,
+                              tuple(None if isinstance(a, Tensor) else a for a in kernel_args))
+                             for source, kernel, dtype, config, kernel_args, specialisation in recorder.launches)
+            if written is None or (launches and launches in seen):
+                skipped.append(name)
+                continue
+            seen.add(launches)
+            plan = self._plan(args, out, recorder.launches) if plannable else None
+            kept[name] = (writer, plan)
+            names.append(name)
+            del out, written  # one candidate's result alive at a time
+            runs.append((lambda plan=plan: plan.run(args)) if plan is not None
+                        else (lambda writer=writer: writer(*args, self.result(*args), launcher)))
+        seconds = launcher.time_calls(runs, self._device(args)) if len(runs) > 1 else [0.0]
+        if seconds is None:
+            return runs[0]()
+        fastest = min(range(1, len(names)), key=lambda i: seconds[i], default=0)
+        chosen = fastest if seconds[fastest] < TUNING_MARGIN * seconds[0] else 0
+        writer, plan = kept[names[chosen]]
+        self.plans[key] = plan
+        if plan is None:
+            self.writers[key] = writer
+        self.tuned[key] = Tuned(dict(zip(names, seconds)), names[chosen], tuple(skipped))
+        return runs[chosen]()
+
+    @staticmethod
+    def _device(args: tuple) -> Optional[int]:
+        return next((a.device.index for a in args if type(a) is Tensor), None)
 
     def _make_launcher(self) -> Launcher:
         self._launcher = self._launcher_factory()
@@ -175,3 +299,9 @@ class LaunchPlans:
             launch = prepare(self._launcher, source, kernel, dtype, config, specialisation, out.device.index)
             planned.append((launch, tuple(slots)))
         return LaunchPlan(tuple(out.shape), out.stride(), out.dtype, out.device, tuple(planned))
+
+
+def _capturing(args: tuple) -> bool:
+    """Whether the call's CUDA device's current stream is capturing a CUDA graph."""
+    device = next((a.device for a in args if type(a) is Tensor), None)
+    return device is not None and device.type == "cuda" and torch.cuda.is_current_stream_capturing()

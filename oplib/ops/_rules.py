@@ -16,7 +16,7 @@ ask a SymBool for its truth value, which specialises the size.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -192,11 +192,14 @@ def window_fits_rules(op: str, size: Callable, kernel: Callable, padding: Callab
 class Contract(NamedTuple):
     """What an op promises on every device: its rules, and its result (uninitialised, in the
     layout the fake returns, ``result(*args)``), which each device's backend writes
-    (``writers``: device type -> ``writer(*args, out)``)."""
+    (``writers``: device type -> ``writer(*args, out)``). ``cuda_candidates``: other writers of
+    the CUDA result, by name, which tuning times beside the writer
+    (``oplib.kernels.cuda_plan``)."""
 
     rules: Rules
     result: Callable[..., Any]
     writers: dict[str, Callable[..., Any]]
+    cuda_candidates: Optional[dict[str, Callable[..., Any]]] = None
 
     def run(self, device: str, *args):
         """The op's kernel on ``device``: the rules, the result allocated, the backend's writer."""
@@ -233,4 +236,5 @@ def register_contract(op, contract: Contract) -> None:
 def cuda_kernel(contract: Contract, launcher: Callable[[], Any] = cupy_launcher) -> LaunchPlans:
     """The op's CUDA kernel: ``contract`` with a plan per call signature, launching through
     ``launcher()`` (CuPy's; the host-time benchmark passes a launcher that only records)."""
-    return LaunchPlans(contract.rules.enforce, contract.result, contract.writers["cuda"], launcher)
+    return LaunchPlans(contract.rules.enforce, contract.result, contract.writers["cuda"], launcher,
+                       contract.cuda_candidates)

@@ -161,11 +161,14 @@ def _backward_weight_result(grad_output, input, kernel_size, stride, padding, di
 
 
 _INVOLUTION = Contract(_INVOLUTION_RULES, lambda input, weight, *_: result_like(input, weight.shape[4:]),
-                       {"cpu": cpu.involution, "cuda": cuda.involution})
+                       {"cpu": cpu.involution, "cuda": cuda.involution},
+                       cuda.TUNING_CANDIDATES["oplib::involution"])
 _BACKWARD_INPUT = Contract(_BACKWARD_INPUT_RULES, lambda grad, _, size, *__: result_like(grad, size),
-                           {"cpu": cpu.involution_backward_input, "cuda": cuda.involution_backward_input})
+                           {"cpu": cpu.involution_backward_input, "cuda": cuda.involution_backward_input},
+                           cuda.TUNING_CANDIDATES["oplib::involution_backward_input"])
 _BACKWARD_WEIGHT = Contract(_BACKWARD_WEIGHT_RULES, _backward_weight_result,
-                            {"cpu": cpu.involution_backward_weight, "cuda": cuda.involution_backward_weight})
+                            {"cpu": cpu.involution_backward_weight, "cuda": cuda.involution_backward_weight},
+                            cuda.TUNING_CANDIDATES["oplib::involution_backward_weight"])
 
 
 def _involution_cpu(input: Tensor, weight: Tensor, stride: list[int], padding: list[int], dilation: list[int]) -> Tensor:

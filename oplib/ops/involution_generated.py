@@ -46,6 +46,8 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from ..kernels.cuda_launch import cupy_launcher
+from ..kernels.cuda_plan import LaunchPlans
 from ..kernels.involution import cpu, cuda
 from ..kernels.involution.layouts import result_like
 from . import involution as unfused
@@ -163,10 +165,12 @@ _BACKWARD_GENERATOR_RULES = Rules("oplib::involution_generated_backward_generato
 
 
 _FORWARD = Contract(_FORWARD_RULES, lambda input, feature, *_: result_like(input, feature.shape[2:]),
-                    {"cpu": cpu.involution_generated, "cuda": cuda.involution_generated})
+                    {"cpu": cpu.involution_generated, "cuda": cuda.involution_generated},
+                    cuda.TUNING_CANDIDATES["oplib::involution_generated"])
 _BACKWARD_INPUT = Contract(_BACKWARD_INPUT_RULES, lambda grad, feature, weight, bias, size, *_: result_like(grad, size),
                            {"cpu": cpu.involution_generated_backward_input,
-                            "cuda": cuda.involution_generated_backward_input})
+                            "cuda": cuda.involution_generated_backward_input},
+                           cuda.TUNING_CANDIDATES["oplib::involution_generated_backward_input"])
 
 
 @torch.library.custom_op("oplib::involution_generated", mutates_args=(), device_types="cpu")
@@ -246,16 +250,15 @@ def involution_generated_backward_generator(
                                    dilation)
 
 
-def _backward_generator_cuda(grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation):
-    args = (grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation)
-    _BACKWARD_GENERATOR.rules.enforce(*args)
-    return cuda.involution_generated_backward_generator(*args, _generator_grads_result(*args))
-
-
 register_contract(involution_generated_backward_generator, _BACKWARD_GENERATOR)
-# (not planned: its writer launches into temporaries; registered as the planned ops' kernels
-# are, so that its eager calls are direct ones too: _common.DIRECT_CALLS)
-register_device_kernel("oplib::involution_generated_backward_generator", "cuda", _backward_generator_cuda)
+# Its CUDA kernel: the rules, the result and the writer as a planned op's are, never planned (its
+# result is three tensors, and its writer launches into temporaries), but tuned among its
+# kernels where tuning is on (oplib.kernels.cuda_plan); registered as the planned ops' kernels
+# are, so that its eager calls are direct ones too (_common.DIRECT_CALLS).
+BACKWARD_GENERATOR_CUDA = LaunchPlans(_BACKWARD_GENERATOR_RULES.enforce, _generator_grads_result,
+                                      cuda.involution_generated_backward_generator, cupy_launcher,
+                                      cuda.TUNING_CANDIDATES[f"oplib::{BACKWARD_GENERATOR}"])
+register_device_kernel("oplib::involution_generated_backward_generator", "cuda", BACKWARD_GENERATOR_CUDA)
 
 
 # ---------------------------------------------------------------------------------------

@@ -24,8 +24,10 @@ tests pass a changed policy (``dataclasses.replace``) instead of patching module
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import functools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -2012,3 +2014,56 @@ def involution_generated_backward_generator(grad_output: Tensor, feature: Tensor
         return out
     return generator_grads_through_map(grad_output, feature, span_weight, input, kernel_size, stride, padding, dilation,
                                        out)
+
+
+# ---------------------------------------------------------------------------------------
+# Tuning's candidates: the writers each op's CUDA kernel times beside its own choice where
+# tuning is on (oplib.kernels.cuda_plan), each called (*op args, out, launcher) and returning
+# None where it declines the call. They are the kernels proven offline and timed by the kernel
+# table beside the op's choice, which no draw has yet made a default: the policies' other
+# kernels, and the fused op's tiled, staged, dense-window and tensor-core kernels.
+# ---------------------------------------------------------------------------------------
+
+
+def _under(writer: Callable, policy: LaunchPolicy) -> Callable:
+    return functools.partial(writer, policy=policy)
+
+
+DENSE_WINDOW_POLICY = dataclasses.replace(POLICY, dense_window=True)
+
+TUNING_CANDIDATES: dict[str, dict[str, Callable]] = {
+    "oplib::involution": {
+        "chunked": _under(involution, CHUNKED),
+        "vectors, narrow": _under(involution, VECTORS_NARROW),
+        "vectors, wide": _under(involution, VECTORS_WIDE),
+        "lanes on channels, pairs": _under(involution, LAST_PAIRS),
+        "lanes on channels, a pixel a lane": _under(involution, LAST_ONE_PIXEL),
+    },
+    "oplib::involution_backward_input": {
+        "chunked": _under(involution_backward_input, CHUNKED),
+        "lanes on channels, segments": _under(involution_backward_input, LAST),
+        "lanes on channels, a vector a thread": _under(involution_backward_input, LAST_VECTOR_GRAD_INPUT),
+    },
+    "oplib::involution_backward_weight": {
+        "chunked": _under(involution_backward_weight, CHUNKED),
+        "lanes on channels, pairs": _under(involution_backward_weight, LAST_PAIRS),
+        "lanes on channels, a pixel a lane": _under(involution_backward_weight, LAST_ONE_PIXEL),
+        "dense window": _under(involution_backward_weight, DENSE_WINDOW_POLICY),
+    },
+    "oplib::involution_generated": {
+        "tensor cores": involution_generated_mma,
+        "tiled": involution_generated_tile,
+        "staged": involution_generated_mma_staged,
+        "dense window": involution_generated_dense_window,
+    },
+    "oplib::involution_generated_backward_input": {
+        "generic": involution_generated_backward_input_generic,
+        "tensor cores": involution_generated_mma_backward_input,
+        "staged": involution_generated_mma_backward_input_staged,
+        "dense window": involution_generated_dense_window_backward_input,
+    },
+    "oplib::involution_generated_backward_generator": {
+        "tensor cores": involution_generated_mma_backward_generator,
+        "dense map": generator_grads_through_dense_map,
+    },
+}

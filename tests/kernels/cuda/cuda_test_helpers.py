@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+import torch
 
 from oplib import registry
 from oplib.kernels import CUDA_DISPATCH, INCLUDE_DIR, KernelSource, load_source
@@ -131,6 +132,18 @@ for dtype in {dtypes}:
     _assert_non_finite_as_torch(tuple(args), launcher, "nan")
 print("clean:", len(launcher.launches), "launches")
 """
+
+
+def window_operands(seed: int, channels_last: bool = False):
+    """An input (2, 16, 9, 9) and a 7x7 weight of one group for it, random; channels_last: the
+    input so, the weight pixel-major (as a channels_last span conv's output viewed as it)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 16, 9, 9, generator=generator)
+    w = torch.randn(2, 1, 7, 7, 9, 9, generator=generator)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+        w = w.permute(0, 4, 5, 1, 2, 3).contiguous().permute(0, 3, 4, 5, 1, 2)
+    return x, w
 
 
 def random_samples(spec, dtype, count, seed):

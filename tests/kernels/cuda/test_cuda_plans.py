@@ -19,22 +19,14 @@ from oplib.testing.recording_launcher import RecordingCuPyLauncher
 from oplib.testing.specs.involution import reference
 from oplib.testing.toolchain import require_host_compiler
 
+from cuda_test_helpers import window_operands
+
 WINDOW = ([1, 1], [3, 3], [1, 1])
 
 
 def _kernel(qualname: str) -> tuple[LaunchPlans, EmulatedLauncher]:
     launcher = EmulatedLauncher()
     return cuda_kernel(CONTRACTS[qualname], lambda: launcher), launcher
-
-
-def _operands(seed: int, channels_last: bool = False):
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(2, 16, 9, 9, generator=generator)
-    w = torch.randn(2, 1, 7, 7, 9, 9, generator=generator)
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-        w = w.permute(0, 4, 5, 1, 2, 3).contiguous().permute(0, 3, 4, 5, 1, 2)
-    return x, w
 
 
 def test_a_repeated_signature_replays_the_same_launches_on_the_new_tensors():
@@ -45,7 +37,7 @@ def test_a_repeated_signature_replays_the_same_launches_on_the_new_tensors():
     kernel.writer = lambda *args: (calls.append(1), writer(*args))[1]
     for channels_last in (False, True):
         for seed in range(3):
-            x, w = _operands(seed, channels_last)
+            x, w = window_operands(seed, channels_last)
             out = kernel(x, w, *WINDOW)
             torch.testing.assert_close(out, reference(x, w, *WINDOW))
             assert out.is_contiguous(memory_format=torch.channels_last) == channels_last
@@ -61,7 +53,7 @@ def test_a_copy_or_a_temporary_is_never_planned():
     the whole path on every call, and give the reference's result each time."""
     require_host_compiler()
     kernel, _ = _kernel("oplib::involution")
-    x, w = _operands(0)
+    x, w = window_operands(0)
     strided = torch.randn(2, 16, 9, 18)[..., ::2]
     for _ in range(2):
         torch.testing.assert_close(kernel(strided, w, *WINDOW), reference(strided, w, *WINDOW))
@@ -78,7 +70,7 @@ def test_a_copy_or_a_temporary_is_never_planned():
 def test_the_key_holds_everything_a_launch_decision_reads():
     """Strides, alignment, dtype and the int arguments each make another signature; a tensor
     subclass (a fake tensor while tracing) is never planned; invalid arguments still raise."""
-    x, w = _operands(0)
+    x, w = window_operands(0)
     base = plan_key((x, w, *WINDOW))
     offset = torch.empty(x.numel() + 1)[1:].view_as(x)
     others = [
@@ -128,7 +120,7 @@ def test_the_registered_cuda_kernel_plans_and_replays_on_a_gpu():
     """On a GPU: the second call of a signature is a replay (one plan, no second one made),
     and both calls give the CPU path's result."""
     kernel = CUDA_KERNELS["oplib::involution"]
-    x, w = _operands(5)
+    x, w = window_operands(5)
     expected = reference(x.double(), w.double(), *WINDOW).float()
     kernel.plans.clear()
     first = torch.ops.oplib.involution(x.cuda(), w.cuda(), *WINDOW)
