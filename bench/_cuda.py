@@ -1175,25 +1175,30 @@ def tuning_choices(kernels: dict[str, Any]) -> list[list[str]]:
     """Per op and call signature that tuning met (``kernels``: qualname -> launch plans), the
     call (its first operand's shape, dtype and layout), each candidate's device time per call
     (those skipped: declined, or the launches of one before them), the one kept, and its time
-    over the op's choice's; then per op, the sums over its signatures."""
-    rows, sums = [], {}
+    over the op's choice's; then per op, the sums over its signatures and how often each
+    writer was kept."""
+    rows, sums, counts = [], {}, {}
     for qualname, kernel in kernels.items():
         op = qualname.split("::")[1]
         for key, tuned in kernel.tuned.items():
             shape, stride, dtype = key[0][:3]
             meta = torch.empty_strided(shape, stride, device="meta")
-            layout = "channels_last" if meta.dim() == 4 and not meta.is_contiguous() and meta.is_contiguous(
-                memory_format=torch.channels_last) else "NCHW"
+            last = meta.dim() == 4 and meta.is_contiguous(memory_format=torch.channels_last)
+            layout = {(True, True): "NCHW = channels_last", (True, False): "NCHW", (False, True): "channels_last",
+                      (False, False): "strided"}[meta.is_contiguous(), last]
             mine, kept = tuned.seconds["the op's choice"], tuned.seconds[tuned.chosen]
             total = sums.setdefault(op, [0.0, 0.0, 0])
             total[0], total[1], total[2] = total[0] + mine, total[1] + kept, total[2] + 1
+            kept_by = counts.setdefault(op, {})
+            kept_by[tuned.chosen] = kept_by.get(tuned.chosen, 0) + 1
             rows.append([op, f"{tuple(shape)} {str(dtype).removeprefix('torch.')} {layout}",
                          "; ".join(f"{name} {us * 1e6:.1f}" for name, us in tuned.seconds.items()),
                          ", ".join(tuned.skipped) or "-", tuned.chosen,
                          f"{kept / mine:.2f}x" if mine else "-"])
     for op, (mine, kept, count) in sums.items():
+        chosen = ", ".join(f"{name} x{times}" for name, times in sorted(counts[op].items(), key=lambda c: -c[1]))
         rows.append([f"**{op}**", f"{count} signatures", f"the op's choice {mine * 1e6:.1f} in all", "-",
-                     f"kept {kept * 1e6:.1f} in all", f"**{kept / mine:.2f}x**" if mine else "-"])
+                     f"{chosen}: {kept * 1e6:.1f} in all", f"**{kept / mine:.2f}x**" if mine else "-"])
     return rows
 
 

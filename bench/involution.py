@@ -881,7 +881,7 @@ def _tuning_section(results: CudaResults, target_name: str, plan, models_choice:
         "`oplib.kernels.involution.cuda.TUNING_CANDIDATES`), the candidates skipped (they declined the call, or made "
         "the launches of one before them), the one kept (a candidate replaces the op's choice only below "
         "`TUNING_MARGIN` of its time) and its time over the op's choice's; each op's last row sums its signatures "
-        "(each once, whatever its calls a step).",
+        "(each once, whatever its calls a step) and counts the signatures each writer was kept at.",
         "",
         *_harness.table(("op", "call", "candidates (us)", "skipped", "kept", "kept / the op's choice"), "lllllr",
                         results.tuning_choices or []),

@@ -61,8 +61,19 @@ _ALL_PLANS: "weakref.WeakSet[LaunchPlans]" = weakref.WeakSet()
 
 
 def set_cuda_tuning(enabled: bool) -> bool:
-    """Turn tuning on or off (see the module docstring), and return whether it was on. Every
-    op's plans start over, so that signatures planned before are chosen again the new way."""
+    """Turn kernel tuning on or off, and return whether it was on.
+
+    With it on, the first CUDA call of each call signature (shapes, strides, dtypes, device,
+    alignment, the int arguments) of an op with candidate kernels times them on the GPU and
+    keeps the fastest for that signature; its later calls run it at once. As with
+    ``torch.backends.cudnn.benchmark``, those first calls are slower, and which kernel wins may
+    differ between runs and GPUs (every candidate meets the op's float64 reference). Every op's
+    plans start over, so that signatures met before are chosen again the new way.
+    ``OPLIB_CUDA_TUNING=1`` turns it on at import::
+
+        oplib.kernels.set_cuda_tuning(True)
+        model(images)  # each new signature tuned, then replayed
+    """
     global _TUNING
     was, _TUNING = _TUNING, bool(enabled)
     for plans in list(_ALL_PLANS):
@@ -71,6 +82,7 @@ def set_cuda_tuning(enabled: bool) -> bool:
 
 
 def cuda_tuning_enabled() -> bool:
+    """Whether kernel tuning is on (``set_cuda_tuning``)."""
     return _TUNING
 
 

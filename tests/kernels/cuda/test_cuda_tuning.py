@@ -130,7 +130,8 @@ def test_an_unplannable_winner_is_the_writer_of_its_signature(tuning):
     for kernel_name in ("involution_backward_input_vectors", "involution_generated_backward_input",
                         "involution_generated_mma_backward_input_staged"):
         launcher = ClockedEmulation(lambda launch, kernel_name=kernel_name: launch[0] == kernel_name)
-        kernel = cuda_kernel(CONTRACTS["oplib::involution_generated_backward_input"], lambda launcher=launcher: launcher)
+        kernel = cuda_kernel(CONTRACTS["oplib::involution_generated_backward_input"],
+                             lambda launcher=launcher: launcher)
         for _ in range(2):
             torch.testing.assert_close(kernel(*args), expected, rtol=1e-4, atol=1e-4)
         (key, tuned), = kernel.tuned.items()
@@ -150,8 +151,9 @@ def test_the_generators_gradients_are_tuned_never_planned(tuning):
     require_host_compiler()
     launcher = ClockedEmulation(lambda launch: launch[0] == "involution_generated_mma_backward_generator")
     contract = CONTRACTS[GENERATOR]
-    kernel = LaunchPlans(contract.rules.enforce, contract.result, involution_cuda.involution_generated_backward_generator,
-                         lambda: launcher, involution_cuda.TUNING_CANDIDATES[GENERATOR])
+    kernel = LaunchPlans(contract.rules.enforce, contract.result,
+                         involution_cuda.involution_generated_backward_generator, lambda: launcher,
+                         involution_cuda.TUNING_CANDIDATES[GENERATOR])
     generator = torch.Generator().manual_seed(0)
     args = (torch.randn(2, 16, 9, 9, generator=generator), torch.randn(2, 4, 9, 9, generator=generator),
             torch.randn(49, 4, generator=generator), torch.randn(2, 16, 9, 9, generator=generator), [7, 7], *WINDOW)
@@ -227,18 +229,22 @@ def _filled_maps(qualname: str, dtype: torch.dtype) -> list[SampleInput]:
     return samples
 
 
+@pytest.mark.parametrize("dtypes", [CANDIDATE_DTYPES,
+                                    pytest.param(registry.FLOAT_DTYPES, marks=pytest.mark.integration)],
+                         ids=("float32, bfloat16", "every dtype"))
 @pytest.mark.parametrize("qualname", list(involution_cuda.TUNING_CANDIDATES))
-def test_every_candidate_matches_the_reference_wherever_it_serves(qualname):
+def test_every_candidate_matches_the_reference_wherever_it_serves(qualname, dtypes):
     """Each candidate writer, called as tuning calls it on the registry's samples and random
-    ones (float32 and bfloat16, both layouts), either declines or matches the float64 reference
-    within the op's tolerance; and each serves at least one of them (none is dead)."""
+    ones (float32 and bfloat16, both layouts; the integration tier float64 and float16 too),
+    either declines or matches the float64 reference within the op's tolerance, never raising;
+    and each serves at least one of them (none is dead)."""
     require_host_compiler()
     spec = registry.get(qualname.split("::")[1])
     contract = CONTRACTS[qualname]
     result = contract.result if qualname != GENERATOR else generated_op._generator_grads_result
     launcher = EmulatedLauncher()
     served = dict.fromkeys(involution_cuda.TUNING_CANDIDATES[qualname], 0)
-    for dtype in CANDIDATE_DTYPES:
+    for dtype in dtypes:
         samples = [*spec.sample_inputs("cpu", dtype, False), *random_samples(spec, dtype, 6, seed=11),
                    *_filled_maps(qualname, dtype)]
         for sample in samples:
