@@ -861,10 +861,10 @@ def _tuning_section(results: CudaResults, target_name: str, plan, models_choice:
     return [
         title,
         "",
-        "RedNet-50 on its default kernels and ResNet-50 with tuning off, then RedNet-50 unfused and fused with it on "
-        "(`oplib.kernels.cuda_plan.set_cuda_tuning`: at each new call signature every candidate writer of the op "
-        "timed on the GPU and the fastest kept; switching it starts every op's plans over, so the two phases run one "
-        "after the other, each with ResNet-50 and its ratios to it), batch "
+        "RedNet-50 unfused and fused with tuning on (`oplib.kernels.cuda_plan.set_cuda_tuning`: at each new call "
+        "signature every candidate writer of the op timed on the GPU and the fastest kept), then RedNet-50 on its "
+        "default kernels with it off (switching it starts every op's plans over, so the two phases run one after "
+        "the other, each with ResNet-50 and its ratios to it), batch "
         f"{batch}: a training step and an inference (no_grad) in wall time ({plan.steps(batch)} steps, after 3 "
         "warm-up steps, tuning among them), and inference replayed from a CUDA graph of the eager forward "
         "(`capture_graph`; wall time of back-to-back replays: the GPU's time, as under reduce-overhead)"
@@ -876,7 +876,7 @@ def _tuning_section(results: CudaResults, target_name: str, plan, models_choice:
         "",
         "### What tuning chose",
         "",
-        "Every call signature tuning met in the second phase, per op: the call (its first operand), each timed "
+        "Every call signature tuning met in the first phase, per op: the call (its first operand), each timed "
         "candidate's device time per call in us (the op's choice first: what it runs with tuning off; "
         "`oplib.kernels.involution.cuda.TUNING_CANDIDATES`), the candidates skipped (they declined the call, or made "
         "the launches of one before them), the one kept (a candidate replaces the op's choice only below "
