@@ -641,7 +641,10 @@ def kernel_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
 # "unfused, LAST": the unfused layer (RedNet's path on CUDA) with involution's kernels under the
 # ``LAST`` launch policy (``launch_policy``), its A/B at the layer level.
 UNFUSED_LAST = "unfused, LAST"
-LAYER_CASES = ("fused", "unfused", UNFUSED_LAST, "depthwise")
+# The layer with oplib's kernels tuned (``tuned``), each path: which of the two is the faster at
+# each shape with the fastest kernels there are.
+TUNED_CASES = ("fused, tuned", "unfused, tuned")
+LAYER_CASES = ("fused", "unfused", UNFUSED_LAST, *TUNED_CASES, "depthwise")
 LAYER_MODES = ("forward", "forward+backward")
 # (dtype, memory format): the training setting (bf16 autocast's dtype, channels_last) and float32 NCHW
 LAYER_PRECISIONS = (("bfloat16", "channels_last"), ("float32", "NCHW"))
@@ -681,6 +684,20 @@ def _under(policy: Optional[involution_cuda.LaunchPolicy], fn: Callable[..., Any
     return run
 
 
+def tuned(fn: Callable[..., Any], enabled: bool = True) -> Callable[..., Any]:
+    """``fn`` with oplib's kernel tuning ``enabled`` (``set_cuda_tuning``) during its calls."""
+    from oplib.kernels.cuda_plan import set_cuda_tuning
+
+    def run(*args: Any) -> Any:
+        was = set_cuda_tuning(enabled)
+        try:
+            return fn(*args)
+        finally:
+            set_cuda_tuning(was)
+
+    return run
+
+
 def _layer_module(case: str, shape: Shape) -> nn.Module:
     torch.manual_seed(0)
     if case == "depthwise":
@@ -689,13 +706,15 @@ def _layer_module(case: str, shape: Shape) -> nn.Module:
     from oplib.nn import Involution2d
 
     return Involution2d(shape.channels, shape.kernel, shape.stride, group_channels=shape.group_channels,
-                        fused=case == "fused")  # the unfused cases: fused=False
+                        fused=case.startswith("fused"))  # the unfused cases: fused=False
 
 
 def layer_stmts(shape: Shape, dtype: torch.dtype, layout: str, device: str) -> dict:
     """(case, mode) -> a statement: each layer in eval mode under no_grad ("forward"), and in
     train mode with a fixed grad_output backpropagated to the input and every parameter, the
-    gradients then dropped ("forward+backward")."""
+    gradients then dropped ("forward+backward"); the tuned cases' calls with oplib's kernel
+    tuning on (their first call tunes each signature; a CUDA graph then replays the kept
+    kernels), the others' with it off."""
     fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     inputs = shape.inputs(device, dtype)
     x = inputs.input.contiguous(memory_format=fmt)
@@ -711,8 +730,9 @@ def layer_stmts(shape: Shape, dtype: torch.dtype, layout: str, device: str) -> d
             training.zero_grad(set_to_none=True)
 
         policy = involution_cuda.LAST if case == UNFUSED_LAST else None
-        stmts[case, "forward"] = call(_under(policy, torch.no_grad()(inference)), x)
-        stmts[case, "forward+backward"] = call(_under(policy, forward_backward))
+        tuning = case in TUNED_CASES  # the others with tuning off, whatever the process's setting
+        stmts[case, "forward"] = call(tuned(_under(policy, torch.no_grad()(inference)), tuning), x)
+        stmts[case, "forward+backward"] = call(tuned(_under(policy, forward_backward), tuning))
     return stmts
 
 
@@ -1087,12 +1107,10 @@ def run_models(target: Optional[Target] = None, plan: Plan = GPU, modes: Sequenc
 # tuning
 # ---------------------------------------------------------------------------------------
 
-# The tuning stage's models: a phase with tuning on, then one with it off (switching it starts
-# every op's plans over, so the phases cannot be interleaved); ResNet-50 in both, each phase's
-# ratios to its own. The tuned phase first: a stage stopped at its deadline keeps it, and the
-# models stage times RedNet-50 on its default kernels anyway.
-TUNING_PHASES = ((True, ("RedNet-50, tuned", "RedNet-50, fused, tuned", "ResNet-50")),
-                 (False, ("RedNet-50", "ResNet-50")))
+# The tuning stage's models, interleaved in each round: RedNet-50 on its default kernels and
+# tuned (unfused, and on the fused op), and ResNet-50. Each step of a tuned one runs with tuning
+# on (``tuned``), the others with it off: the two modes keep plans of their own.
+TUNING_MODELS = ("RedNet-50", "RedNet-50, tuned", "RedNet-50, fused, tuned", "ResNet-50")
 TUNING_TASKS = (("train", "eager"), ("inference", "eager"), ("inference", "CUDA graph"))
 
 
@@ -1181,20 +1199,20 @@ def tuning_choices(kernels: dict[str, Any]) -> list[list[str]]:
     rows, sums, counts = [], {}, {}
     for qualname, kernel in kernels.items():
         op = qualname.split("::")[1]
-        for key, tuned in kernel.tuned.items():
+        for key, found in kernel.tuned.items():
             shape, stride, dtype = key[0][:3]
             meta = torch.empty_strided(shape, stride, device="meta")
             last = meta.dim() == 4 and meta.is_contiguous(memory_format=torch.channels_last)
             layout = {(True, True): "NCHW = channels_last", (True, False): "NCHW", (False, True): "channels_last",
                       (False, False): "strided"}[meta.is_contiguous(), last]
-            mine, kept = tuned.seconds["the op's choice"], tuned.seconds[tuned.chosen]
+            mine, kept = found.seconds["the op's choice"], found.seconds[found.chosen]
             total = sums.setdefault(op, [0.0, 0.0, 0])
             total[0], total[1], total[2] = total[0] + mine, total[1] + kept, total[2] + 1
             kept_by = counts.setdefault(op, {})
-            kept_by[tuned.chosen] = kept_by.get(tuned.chosen, 0) + 1
+            kept_by[found.chosen] = kept_by.get(found.chosen, 0) + 1
             rows.append([op, f"{tuple(shape)} {str(dtype).removeprefix('torch.')} {layout}",
-                         "; ".join(f"{name} {us * 1e6:.1f}" for name, us in tuned.seconds.items()),
-                         ", ".join(tuned.skipped) or "-", tuned.chosen,
+                         "; ".join(f"{name} {us * 1e6:.1f}" for name, us in found.seconds.items()),
+                         ", ".join(found.skipped) or "-", found.chosen,
                          f"{kept / mine:.2f}x" if mine else "-"])
     for op, (mine, kept, count) in sums.items():
         chosen = ", ".join(f"{name} x{times}" for name, times in sorted(counts[op].items(), key=lambda c: -c[1]))
@@ -1206,13 +1224,10 @@ def tuning_choices(kernels: dict[str, Any]) -> list[list[str]]:
 def run_tuning(target: Optional[Target] = None, plan: Plan = GPU,
                on_rows: Optional[Callable[[list[list[str]], list[list[str]]], object]] = None
                ) -> tuple[list[list[str]], list[list[str]]]:
-    """The tuning stage: per phase of ``TUNING_PHASES`` (tuning on, then off) and task of
-    ``TUNING_TASKS``, the phase's models' steps at ``BATCH`` (a dry run: the plan's sizes, CPU
-    calls of the ops through their CUDA kernels over the host emulation, no CUDA graph) in
-    interleaved rounds: (task, model, tuning, step ms, img/s, / ResNet-50 of the phase); then
-    ``tuning_choices``. ``on_rows`` sees both after each task."""
-    from oplib.kernels.cuda_plan import set_cuda_tuning
-
+    """The tuning stage: per task of ``TUNING_TASKS``, the steps of ``TUNING_MODELS`` at
+    ``BATCH`` (a dry run: the plan's sizes, CPU calls of the ops through their CUDA kernels over
+    the host emulation, no CUDA graph) in interleaved rounds: (task, model, step ms, img/s,
+    / ResNet-50); then ``tuning_choices``. ``on_rows`` sees both after each task."""
     target = target or Target.cuda()
     kernels = cuda_kernels_on_cpu(HostTimedEmulation()) if target.is_dry else cuda_kernels()
     batch = min(b for _, _, b in plan.model_rows) if target.is_dry else BATCH
@@ -1220,40 +1235,31 @@ def run_tuning(target: Optional[Target] = None, plan: Plan = GPU,
     images = images.contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (batch,), device=target.device)
     rows: list[list[str]] = []
-    choices: list[list[str]] = []
-    was = set_cuda_tuning(False)
-    try:
-        for tuned, names in TUNING_PHASES:
-            set_cuda_tuning(tuned)
-            for task, mode in TUNING_TASKS:
-                if mode == "CUDA graph" and target.is_dry:
-                    continue
-                steps = {}
-                for name in names:
-                    model = _tuning_model(name, plan).to(target.device).to(memory_format=torch.channels_last)
-                    if mode == "CUDA graph":
-                        steps[name] = _graphed_inference(target, model, images)
-                    else:
-                        steps[name] = _model_step(target, model, model, task, "eager", images, labels)
-                        for _ in range(3):
-                            steps[name]()  # tuning, cuDNN's and oplib's caches, the optimizer's state
-                seconds = {name: [] for name in names}
-                for _ in range(plan.model_rounds):
-                    for name, step in steps.items():
-                        seconds[name].append(wall_time(step, plan.steps(batch), target))
-                medians = {name: median(values) for name, values in seconds.items()}
-                for name in names:
-                    rows.append([f"{task}, {mode}", name, "on" if tuned else "off", f"{medians[name] * 1e3:.2f}",
-                                 f"{batch / medians[name]:.0f}", f"{medians['ResNet-50'] / medians[name]:.2f}x"])
-                    print(" | ".join(rows[-1]), flush=True)
-                del steps
-                if not target.is_dry:
-                    torch.cuda.empty_cache()
-                if tuned:
-                    choices = tuning_choices(kernels)  # switching tuning off forgets them
-                if on_rows is not None:
-                    on_rows(rows, choices)
-    finally:
-        set_cuda_tuning(was)
-    return rows, choices
-
+    for task, mode in TUNING_TASKS:
+        if mode == "CUDA graph" and target.is_dry:
+            continue
+        steps = {}
+        for name in TUNING_MODELS:
+            model = _tuning_model(name, plan).to(target.device).to(memory_format=torch.channels_last)
+            if mode == "CUDA graph":
+                step = tuned(lambda model=model: _graphed_inference(target, model, images), "tuned" in name)()
+            else:
+                step = tuned(_model_step(target, model, model, task, "eager", images, labels), "tuned" in name)
+                for _ in range(3):
+                    step()  # tuning, cuDNN's and oplib's caches, the optimizer's state
+            steps[name] = step
+        seconds = {name: [] for name in TUNING_MODELS}
+        for _ in range(plan.model_rounds):
+            for name, step in steps.items():
+                seconds[name].append(wall_time(step, plan.steps(batch), target))
+        medians = {name: median(values) for name, values in seconds.items()}
+        for name in TUNING_MODELS:
+            rows.append([f"{task}, {mode}", name, f"{medians[name] * 1e3:.2f}", f"{batch / medians[name]:.0f}",
+                         f"{medians['ResNet-50'] / medians[name]:.2f}x"])
+            print(" | ".join(rows[-1]), flush=True)
+        del steps
+        if not target.is_dry:
+            torch.cuda.empty_cache()
+        if on_rows is not None:
+            on_rows(rows, tuning_choices(kernels))
+    return rows, tuning_choices(kernels)

@@ -714,7 +714,8 @@ def _layer_section(results: CudaResults, target_name: str, plan, models_choice: 
         "`oplib.nn.Involution2d(C, 7, stride, group_channels=16)` with the weight generated inside the op "
         "(`fused=True`: involution_generated) and written by the span conv (`fused=False`: span conv + involution; "
         "\"unfused, LAST\": the same under the `LAST` launch policy, a lane a 16-byte vector of a group's channels in "
-        "channels_last calls, not yet the ops' policy), "
+        "channels_last calls, not yet the ops' policy; \"fused, tuned\" and \"unfused, tuned\": each path with oplib's "
+        "kernels tuned, `set_cuda_tuning`, the fastest candidate kept at each signature), "
         f"against `torch.nn.Conv2d(C, C, 7, stride, groups=C)`, batch {plan.shapes[0].batch}, each module and its "
         "input in the row's dtype and memory format. fwd: eval mode under no_grad; fwd+bwd: train mode, a fixed "
         "grad_output backpropagated to the input and every parameter. Device time in ms (`oplib.benchmark`'s CUDA "
@@ -861,22 +862,21 @@ def _tuning_section(results: CudaResults, target_name: str, plan, models_choice:
     return [
         title,
         "",
-        "RedNet-50 unfused and fused with tuning on (`oplib.kernels.cuda_plan.set_cuda_tuning`: at each new call "
-        "signature every candidate writer of the op timed on the GPU and the fastest kept), then RedNet-50 on its "
-        "default kernels with it off (switching it starts every op's plans over, so the two phases run one after "
-        "the other, each with ResNet-50 and its ratios to it), batch "
-        f"{batch}: a training step and an inference (no_grad) in wall time ({plan.steps(batch)} steps, after 3 "
-        "warm-up steps, tuning among them), and inference replayed from a CUDA graph of the eager forward "
-        "(`capture_graph`; wall time of back-to-back replays: the GPU's time, as under reduce-overhead)"
+        "RedNet-50 on its default kernels, and tuned (`oplib.kernels.cuda_plan.set_cuda_tuning`: at each new call "
+        "signature every candidate writer of the op timed on the GPU and the fastest kept) unfused and on the fused "
+        "op, beside ResNet-50, interleaved (a tuned model's steps with tuning on, the others with it off: each mode "
+        f"keeps plans of its own), batch {batch}: a training step and an inference (no_grad) in wall time "
+        f"({plan.steps(batch)} steps, after 3 warm-up steps, tuning among them), and inference replayed from a CUDA "
+        "graph of the eager forward (`capture_graph`; wall time of back-to-back replays: the GPU's time, as under "
+        "reduce-overhead)"
         + (" (this dry run: no CUDA graph; the ops' CUDA host path over the host emulation, tuned by the host's "
            "time)" if results.dry else "") + f"; median of {plan.model_rounds} interleaved rounds.",
         "",
-        *_harness.table(("task", "model", "tuning", "step (ms)", "img/s", "/ ResNet-50 (its phase)"), "lllrrr",
-                        results.tuning),
+        *_harness.table(("task", "model", "step (ms)", "img/s", "/ ResNet-50"), "llrrr", results.tuning),
         "",
         "### What tuning chose",
         "",
-        "Every call signature tuning met in the first phase, per op: the call (its first operand), each timed "
+        "Every call signature tuning met, per op: the call (its first operand), each timed "
         "candidate's device time per call in us (the op's choice first: what it runs with tuning off; "
         "`oplib.kernels.involution.cuda.TUNING_CANDIDATES`), the candidates skipped (they declined the call, or made "
         "the launches of one before them), the one kept (a candidate replaces the op's choice only below "

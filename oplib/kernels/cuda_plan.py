@@ -22,7 +22,8 @@ own but waiting for a GPU to choose among them. With tuning on, the first call o
 runs every candidate once through a recorder, drops those that decline the call or make the
 same launches as another, times the rest on the GPU (the launcher's ``time_calls``: device
 time between CUDA events) and keeps the fastest, planned where its launches allow, else as the
-writer that signature's calls take. Every candidate is a correct writer, so tuning changes
+writer that signature's calls take; the tuned plans apart from the untuned ones, so that
+switching tuning re-times nothing. Every candidate is a correct writer, so tuning changes
 which kernels run and how fast, never what is computed beyond their rounding; like cuDNN's
 benchmark mode, which one wins may differ between runs.
 """
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import os
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Optional
 
@@ -53,11 +53,9 @@ _MISS = object()
 # time: a near tie, which the timing's noise could decide either way from run to run, keeps the
 # op's choice.
 TUNING_MARGIN = 0.97
-# Whether a new call signature times its op's candidate writers and keeps the fastest
-# (``set_cuda_tuning``); read at each new signature.
+# Whether calls take the tuned plans (a new call signature timing its op's candidate writers
+# and keeping the fastest) or the untuned ones (``set_cuda_tuning``); read at each call.
 _TUNING = os.environ.get("OPLIB_CUDA_TUNING", "") == "1"
-# Every op's plans, so that switching tuning starts them over.
-_ALL_PLANS: "weakref.WeakSet[LaunchPlans]" = weakref.WeakSet()
 
 
 def set_cuda_tuning(enabled: bool) -> bool:
@@ -67,17 +65,15 @@ def set_cuda_tuning(enabled: bool) -> bool:
     alignment, the int arguments) of an op with candidate kernels times them on the GPU and
     keeps the fastest for that signature; its later calls run it at once. As with
     ``torch.backends.cudnn.benchmark``, those first calls are slower, and which kernel wins may
-    differ between runs and GPUs (every candidate meets the op's float64 reference). Every op's
-    plans start over, so that signatures met before are chosen again the new way.
-    ``OPLIB_CUDA_TUNING=1`` turns it on at import::
+    differ between runs and GPUs (every candidate meets the op's float64 reference). The plans
+    made with tuning on and with it off are kept apart, so switching back and forth times
+    nothing again. ``OPLIB_CUDA_TUNING=1`` turns it on at import::
 
         oplib.kernels.set_cuda_tuning(True)
         model(images)  # each new signature tuned, then replayed
     """
     global _TUNING
     was, _TUNING = _TUNING, bool(enabled)
-    for plans in list(_ALL_PLANS):
-        plans.clear()
     return was
 
 
@@ -194,36 +190,41 @@ class LaunchPlans:
         self._launcher_factory = launcher
         self._launcher: Optional[Launcher] = None
         self.plans: dict[tuple, Optional[LaunchPlan]] = {}
-        # Signatures whose tuning chose a writer that cannot be planned: that writer, every call.
+        # With tuning on: the plans of the writers tuning kept, and the writers it kept that
+        # cannot be planned (their signatures' plan None), which their calls take every time.
+        self.tuned_plans: dict[tuple, Optional[LaunchPlan]] = {}
         self.writers: dict[tuple, Callable[..., Any]] = {}
         self.tuned: dict[tuple, Tuned] = {}
-        _ALL_PLANS.add(self)
 
     def clear(self) -> None:
-        """Forget every signature's plan and tuning."""
+        """Forget every signature's plans and tuning."""
         self.plans.clear()
+        self.tuned_plans.clear()
         self.writers.clear()
         self.tuned.clear()
 
     def __call__(self, *args) -> Tensor:
         key = plan_key(args)
-        plan = self.plans.get(key, _MISS) if key is not None else None
+        tuning = _TUNING and bool(self.candidates)
+        plans = self.tuned_plans if tuning else self.plans
+        plan = plans.get(key, _MISS) if key is not None else None
         if plan is not _MISS and plan is not None:
             return plan.run(args)
         launcher = self._launcher or self._make_launcher()
         self.enforce(*args)
         if plan is None:  # not plannable: the whole path, every call
-            return self.writers.get(key, self.writer)(*args, self.result(*args), launcher)
-        if len(self.plans) >= MAX_PLANS:
+            writer = self.writers.get(key, self.writer) if tuning else self.writer
+            return writer(*args, self.result(*args), launcher)
+        if len(plans) >= MAX_PLANS:
             self.clear()
-        if _TUNING and self.candidates and getattr(launcher, "time_calls", None) is not None:
+        if tuning and getattr(launcher, "time_calls", None) is not None:
             if _capturing(args):  # what a capture launches is not run: nothing to time, nothing kept
                 return self.writer(*args, self.result(*args), launcher)
             return self._tune(key, args, launcher)
         out = self.result(*args)
         recorder = LaunchRecorder(launcher)
         written, plannable = self._record(self.writer, args, out, recorder)
-        self.plans[key] = self._plan(args, out, recorder.launches) if plannable else None
+        plans[key] = self._plan(args, out, recorder.launches) if plannable else None
         return written
 
     @staticmethod
@@ -278,7 +279,7 @@ class LaunchPlans:
         fastest = min(range(1, len(names)), key=lambda i: seconds[i], default=0)
         chosen = fastest if seconds[fastest] < TUNING_MARGIN * seconds[0] else 0
         writer, plan = kept[names[chosen]]
-        self.plans[key] = plan
+        self.tuned_plans[key] = plan
         if plan is None:
             self.writers[key] = writer
         self.tuned[key] = Tuned(dict(zip(names, seconds)), names[chosen], tuple(skipped))

@@ -198,10 +198,9 @@ def test_the_dry_run_runs_every_stage_and_writes_its_table(gpu_check, tmp_path):
             assert (out / table).with_suffix(".json").exists(), table
     models = (out / "involution-cuda-models.md").read_text()
     assert "### Where a step's time goes" in models and "| train, eager | 2 | RedNet-50 |" in models
-    # tuning ran both phases, and at some signature kept a candidate other than the op's choice
+    # tuning timed every model, and at some signature kept a candidate other than the op's choice
     tuning = (out / "involution-cuda-tuning.md").read_text()
-    assert "| train, eager | RedNet-50 | off |" in tuning
-    assert "| inference, eager | RedNet-50, fused, tuned | on |" in tuning
+    assert "| train, eager | RedNet-50 |" in tuning and "| inference, eager | RedNet-50, fused, tuned |" in tuning
     assert re.search(r"\| (tiled|staged|dense window|tensor cores|generic) \| 0\.\d\dx \|", tuning), tuning[-3000:]
     summary = (out / "gpu-check.md").read_text()
     assert "## Kernels loaded" in summary and "## needs_cuda tests" in summary and "## compute-sanitizer memcheck" in summary

@@ -38,4 +38,4 @@ def test_the_layer_phase_tool_runs_here_and_times_every_statement(tmp_path):
     import _cuda
 
     statements = len(_cuda.LAYER_CASES) * len(_cuda.LAYER_MODES) * len(_cuda.LAYER_PRECISIONS)
-    assert sum("clock (capture)" in line for line in lines) == statements == 16, lines
+    assert sum("clock (capture)" in line for line in lines) == statements == 24, lines

@@ -76,7 +76,7 @@ def test_tuning_keeps_the_fastest_candidate_and_replays_it(tuning, favoured):
     assert list(tuned.seconds) == ["the op's choice", "lanes on channels, pairs", "lanes on channels, a pixel a lane"]
     assert set(tuned.skipped) == {"chunked", "vectors, narrow", "vectors, wide"}
     assert tuned.seconds[tuned.chosen] == 1.0 and sum(s == 1.0 for s in tuned.seconds.values()) == 1
-    assert kernel.plans[key] is not None
+    assert kernel.tuned_plans[key] is not None
     timed = len(launcher.timed)
     before = len(launcher.launches)
     x, w = window_operands(1, True)
@@ -136,7 +136,7 @@ def test_an_unplannable_winner_is_the_writer_of_its_signature(tuning):
             torch.testing.assert_close(kernel(*args), expected, rtol=1e-4, atol=1e-4)
         (key, tuned), = kernel.tuned.items()
         chosen[kernel_name] = tuned.chosen
-        planned = kernel.plans[key] is not None
+        planned = kernel.tuned_plans[key] is not None
         assert planned == (tuned.chosen != "the op's choice")
         assert (key in kernel.writers) == (not planned)
         assert launcher.launches[-1][0] == kernel_name
@@ -163,14 +163,15 @@ def test_the_generators_gradients_are_tuned_never_planned(tuning):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert launcher.launches[-1][0] == "involution_generated_mma_backward_generator"
     (key, tuned), = kernel.tuned.items()
-    assert tuned.chosen == "tensor cores" and kernel.plans[key] is None and key in kernel.writers
+    assert tuned.chosen == "tensor cores" and kernel.tuned_plans[key] is None and key in kernel.writers
     assert "dense map" in tuned.skipped  # float32: the dense window's map is 16-bit only
 
 
 def test_untimed_calls_keep_nothing_and_tuning_off_times_nothing():
     """A launcher that cannot time now (a capture) leaves the signature to be tuned at its next
-    call, with the op's choice's result meanwhile; with tuning off nothing is timed at all, and
-    switching it starts every op's plans over."""
+    call, with the op's choice's result meanwhile; with tuning off nothing is timed at all; the
+    plans made with tuning on and off are kept apart, so switching back and forth times nothing
+    again and each mode replays its own launches."""
     require_host_compiler()
     x, w = window_operands(0, True)
     launcher = ClockedEmulation(seconds=None)
@@ -178,17 +179,22 @@ def test_untimed_calls_keep_nothing_and_tuning_off_times_nothing():
     kernel = cuda_kernel(CONTRACTS["oplib::involution"], lambda: launcher)
     with _tuning(True):
         torch.testing.assert_close(kernel(x, w, *WINDOW), reference(x, w, *WINDOW))
-        assert kernel.plans == {} and kernel.tuned == {}
-    clocked = ClockedEmulation()
+        assert kernel.plans == kernel.tuned_plans == {} and kernel.tuned == {}
+    clocked = ClockedEmulation(lambda launch: launch[0] == "involution_forward_last" and launch[4][-1] == "1")
     kernel = cuda_kernel(CONTRACTS["oplib::involution"], lambda: clocked)
+    key = plan_key((x, w, *WINDOW))
     with _tuning(False):
         kernel(x, w, *WINDOW)
-        assert clocked.timed == [] and kernel.tuned == {} and len(kernel.plans) == 1
+        assert clocked.timed == [] and kernel.tuned == {} and list(kernel.plans) == [key]
+    for _ in range(2):
         with _tuning(True):
-            assert kernel.plans == {}
-            kernel(x, w, *WINDOW)
-            assert clocked.timed and list(kernel.tuned) == [plan_key((x, w, *WINDOW))]
-        assert kernel.plans == {} and kernel.tuned == {}
+            torch.testing.assert_close(kernel(x, w, *WINDOW), reference(x, w, *WINDOW))
+            assert clocked.launches[-1][0] == "involution_forward_last"
+        with _tuning(False):
+            torch.testing.assert_close(kernel(x, w, *WINDOW), reference(x, w, *WINDOW))
+            assert clocked.launches[-1][0] == "involution_forward_chunked"
+    assert list(kernel.tuned) == list(kernel.tuned_plans) == [key] and list(kernel.plans) == [key]
+    assert len(clocked.timed) == 3  # the three candidates, timed once
 
 
 @contextlib.contextmanager
@@ -346,7 +352,7 @@ def test_on_a_gpu_a_capture_tunes_nothing_and_the_next_eager_call_does(tuning):
     with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
         out = torch.ops.oplib.involution(x, w, *WINDOW)
     torch.cuda.current_stream().wait_stream(side)
-    assert key not in kernel.tuned and key not in kernel.plans
+    assert key not in kernel.tuned and key not in kernel.tuned_plans
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, reference(x, w, *WINDOW))
