@@ -685,15 +685,12 @@ def _under(policy: Optional[involution_cuda.LaunchPolicy], fn: Callable[..., Any
 
 
 def tuned(fn: Callable[..., Any], enabled: bool = True) -> Callable[..., Any]:
-    """``fn`` with oplib's kernel tuning ``enabled`` (``set_cuda_tuning``) during its calls."""
-    from oplib.kernels.cuda_plan import set_cuda_tuning
+    """``fn`` with oplib's kernel tuning ``enabled`` (``oplib.kernels.cuda_tuning``) during its calls."""
+    from oplib.kernels import cuda_tuning
 
     def run(*args: Any) -> Any:
-        was = set_cuda_tuning(enabled)
-        try:
+        with cuda_tuning(enabled):
             return fn(*args)
-        finally:
-            set_cuda_tuning(was)
 
     return run
 
@@ -1221,6 +1218,11 @@ def tuning_choices(kernels: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def tuning_batch(plan: Plan, dry: bool) -> int:
+    """The tuning stage's batch: ``BATCH``, or a dry run's model batch."""
+    return min(b for _, _, b in plan.model_rows) if dry else BATCH
+
+
 def run_tuning(target: Optional[Target] = None, plan: Plan = GPU,
                on_rows: Optional[Callable[[list[list[str]], list[list[str]]], object]] = None
                ) -> tuple[list[list[str]], list[list[str]]]:
@@ -1230,7 +1232,7 @@ def run_tuning(target: Optional[Target] = None, plan: Plan = GPU,
     / ResNet-50); then ``tuning_choices``. ``on_rows`` sees both after each task."""
     target = target or Target.cuda()
     kernels = cuda_kernels_on_cpu(HostTimedEmulation()) if target.is_dry else cuda_kernels()
-    batch = min(b for _, _, b in plan.model_rows) if target.is_dry else BATCH
+    batch = tuning_batch(plan, target.is_dry)
     images = torch.randn(batch, 3, plan.image_size, plan.image_size, device=target.device)
     images = images.contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (batch,), device=target.device)

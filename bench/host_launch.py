@@ -126,13 +126,6 @@ def candidates(qualname: str, args: tuple, launcher: RecordingCuPyLauncher) -> d
 # gradient; forward + backward; forward + backward under autocast, the operands bfloat16.
 STEP_OPS = ("oplib::involution", "oplib::involution_generated")
 STEP_MODES = ("no grad", "forward + backward", "forward + backward, autocast")
-def register_cuda_kernels_on_cpu(launcher: RecordingCuPyLauncher) -> None:
-    """Every op's CUDA kernel (its launch plans over ``launcher``, the generator's gradients' as
-    on CUDA: tuned where tuning is on, never planned) registered on the CPU key as oplib
-    registers them on CUDA's, so that CPU calls of the ops run the CUDA host path."""
-    _cuda.cuda_kernels_on_cpu(launcher)
-
-
 def _step(op, args: tuple, mode: str, direct: bool) -> Callable[[], None]:
     """One call of ``op`` as ``mode`` says, ``DIRECT_CALLS`` set to ``direct`` first; under
     autocast through its thread-local switch (torch.autocast's context manager costs more than
@@ -173,7 +166,7 @@ def step_rows(section: _harness.Section, launcher: RecordingCuPyLauncher) -> lis
     try:
         for kernels in ("CPU", "CUDA host path"):
             if kernels != "CPU":
-                register_cuda_kernels_on_cpu(launcher)
+                _cuda.cuda_kernels_on_cpu(launcher)
             for qualname in STEP_OPS:
                 spec = next(s for s in registry.all_specs() if s.qualname == qualname)
                 sample = next(iter(spec.sample_inputs("cpu", torch.float32, False)))
@@ -229,7 +222,7 @@ def model_rows(section: _harness.Section, launcher: RecordingCuPyLauncher) -> li
     """The third table's rows: per task, the candidates' steps interleaved (oplib's CUDA kernels
     registered on CPU over ``launcher``), then each profiled once (``_cuda.profile_steps``: its aten
     ops and the host time inside oplib's ops)."""
-    register_cuda_kernels_on_cpu(launcher)
+    _cuda.cuda_kernels_on_cpu(launcher)
     # the GPU command's steps (bench/_cuda.py: bfloat16 autocast, SGD), on the CPU and eager
     host = _cuda.Target("cpu", launcher, "the CPU")
     images = torch.randn(MODEL_BATCH, 3, MODEL_SIZE, MODEL_SIZE).contiguous(memory_format=torch.channels_last)

@@ -858,7 +858,7 @@ def _tuning_section(results: CudaResults, target_name: str, plan, models_choice:
     title = f"## CUDA: RedNet-50 with its kernels tuned, bf16 autocast, channels_last ({target_name})"
     if not results.tuning:
         return [title, "", "Not run (or the run stopped first).", ""]
-    batch = min(b for _, _, b in plan.model_rows) if results.dry else _cuda.BATCH
+    batch = _cuda.tuning_batch(plan, results.dry)
     return [
         title,
         "",

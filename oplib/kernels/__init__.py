@@ -31,7 +31,7 @@ from .cuda_launch import (
     linear_config,
     load,
 )
-from .cuda_plan import cuda_tuning_enabled, set_cuda_tuning
+from .cuda_plan import cuda_tuning, cuda_tuning_enabled, set_cuda_tuning
 from .cuda_source import (
     CTYPES,
     INCLUDE_DIR,
@@ -63,6 +63,7 @@ __all__ = [
     "KernelSource",
     "Launcher",
     "cuda_dispatch",
+    "cuda_tuning",
     "cuda_tuning_enabled",
     "covering_instantiations",
     "cupy_launcher",

@@ -30,9 +30,10 @@ benchmark mode, which one wins may differ between runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -80,6 +81,16 @@ def set_cuda_tuning(enabled: bool) -> bool:
 def cuda_tuning_enabled() -> bool:
     """Whether kernel tuning is on (``set_cuda_tuning``)."""
     return _TUNING
+
+
+@contextlib.contextmanager
+def cuda_tuning(enabled: bool = True) -> Iterator[None]:
+    """Kernel tuning ``enabled`` inside the block (``set_cuda_tuning``), as it was after it."""
+    was = set_cuda_tuning(enabled)
+    try:
+        yield
+    finally:
+        set_cuda_tuning(was)
 
 
 def plan_key(args: Sequence[Any]) -> Optional[tuple]:
@@ -164,7 +175,7 @@ class LaunchRecorder:
 class Tuned(NamedTuple):
     """What tuning found for one call signature: each timed candidate's device time per call
     in seconds (by name, in the candidates' order), the chosen one's name, and the candidates
-    that declined the call or made the launches of one named before them."""
+    that declined the call, failed, or made the launches of one named before them."""
 
     seconds: dict[str, float]
     chosen: str
@@ -244,8 +255,8 @@ class LaunchPlans:
         timed by ``launcher.time_calls`` and the fastest kept for ``key``; its result, by one
         more call of it. Where the launcher could not time them, nothing is kept and the result
         is the op's choice's."""
-        runs, names, skipped, seen = [], [], [], set()
-        kept = {}
+        runs, skipped, seen = [], [], set()
+        kept = {}  # name -> (writer, plan), in the order of ``runs``
         for name, writer in (("the op's choice", self.writer), *self.candidates.items()):
             out = self.result(*args)
             recorder = LaunchRecorder(launcher)
@@ -269,10 +280,10 @@ class LaunchPlans:
             seen.add(launches)
             plan = self._plan(args, out, recorder.launches) if plannable else None
             kept[name] = (writer, plan)
-            names.append(name)
             del out, written  # one candidate's result alive at a time
             runs.append((lambda plan=plan: plan.run(args)) if plan is not None
                         else (lambda writer=writer: writer(*args, self.result(*args), launcher)))
+        names = list(kept)
         seconds = launcher.time_calls(runs, self._device(args)) if len(runs) > 1 else [0.0]
         if seconds is None:
             return runs[0]()

@@ -15,7 +15,7 @@ import torch
 from oplib import registry
 from oplib.registry import SampleInput
 from oplib.kernels import cuda_launch, cuda_plan
-from oplib.kernels.cuda_plan import LaunchPlans, plan_key, set_cuda_tuning
+from oplib.kernels.cuda_plan import LaunchPlans, cuda_tuning, plan_key
 from oplib.kernels.involution import cuda as involution_cuda
 from oplib.ops import involution_generated as generated_op
 from oplib.ops._rules import CONTRACTS, cuda_kernel
@@ -54,9 +54,8 @@ class ClockedEmulation(EmulatedLauncher):
 
 @pytest.fixture
 def tuning():
-    was = set_cuda_tuning(True)
-    yield
-    set_cuda_tuning(was)
+    with cuda_tuning(True):
+        yield
 
 
 @pytest.mark.parametrize("favoured", [("involution_forward_chunked", None), ("involution_forward_last", "2"),
@@ -177,33 +176,24 @@ def test_untimed_calls_keep_nothing_and_tuning_off_times_nothing():
     launcher = ClockedEmulation(seconds=None)
     launcher.time_calls = lambda calls, device: None
     kernel = cuda_kernel(CONTRACTS["oplib::involution"], lambda: launcher)
-    with _tuning(True):
+    with cuda_tuning(True):
         torch.testing.assert_close(kernel(x, w, *WINDOW), reference(x, w, *WINDOW))
         assert kernel.plans == kernel.tuned_plans == {} and kernel.tuned == {}
     clocked = ClockedEmulation(lambda launch: launch[0] == "involution_forward_last" and launch[4][-1] == "1")
     kernel = cuda_kernel(CONTRACTS["oplib::involution"], lambda: clocked)
     key = plan_key((x, w, *WINDOW))
-    with _tuning(False):
+    with cuda_tuning(False):
         kernel(x, w, *WINDOW)
         assert clocked.timed == [] and kernel.tuned == {} and list(kernel.plans) == [key]
     for _ in range(2):
-        with _tuning(True):
+        with cuda_tuning(True):
             torch.testing.assert_close(kernel(x, w, *WINDOW), reference(x, w, *WINDOW))
             assert clocked.launches[-1][0] == "involution_forward_last"
-        with _tuning(False):
+        with cuda_tuning(False):
             torch.testing.assert_close(kernel(x, w, *WINDOW), reference(x, w, *WINDOW))
             assert clocked.launches[-1][0] == "involution_forward_chunked"
     assert list(kernel.tuned) == list(kernel.tuned_plans) == [key] and list(kernel.plans) == [key]
     assert len(clocked.timed) == 3  # the three candidates, timed once
-
-
-@contextlib.contextmanager
-def _tuning(enabled: bool):
-    was = set_cuda_tuning(enabled)
-    try:
-        yield
-    finally:
-        set_cuda_tuning(was)
 
 
 # The dtypes the candidates serve among them (the tensor-core and dense window kernels take
